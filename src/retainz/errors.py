@@ -1,0 +1,187 @@
+"""RetainZ's exceptions.
+
+Device errors are named after the NVMe Zoned Namespace status codes (NVMe ZNS Command Set
+specification 1.1, section 3.4, "Zoned Namespace Command Set Specific Status Values") and derive
+from :class:`OSError` so that ``except OSError`` keeps working for callers that do not import
+RetainZ.  Every device error carries the zone index and the byte numbers that made it fail, and,
+where the kernel reported one, the ``errno``.
+
+Errors that are not about the device (bad arguments, a foreign file, a corrupt header) derive
+from the closest builtin (``ValueError``, ``FileNotFoundError``...), as fsspec does.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+
+__all__ = [
+    "RetainZError",
+    "ZonedDeviceError",
+    "ZoneBoundaryError",
+    "ZoneFullError",
+    "ZoneReadOnlyError",
+    "ZoneOfflineError",
+    "ZoneInvalidWriteError",
+    "TooManyActiveZonesError",
+    "TooManyOpenZonesError",
+    "InvalidZoneTransitionError",
+    "MisalignedIOError",
+    "OutOfRangeError",
+    "ZoneOpNotSupportedError",
+    "NoPayloadError",
+    "PowerCutError",
+    "InjectedIOError",
+    "DeviceFormatError",
+    "NotADeviceError",
+    "CorruptDeviceError",
+    "DeviceBusyError",
+]
+
+
+class RetainZError(Exception):
+    """Base class of every error RetainZ raises on purpose."""
+
+
+class ZonedDeviceError(RetainZError, OSError):
+    """A zoned device refused an operation.
+
+    Attributes:
+        zone: index of the zone concerned, or ``None`` when the error is not about one zone.
+        offset: byte offset of the request on the device, when there was one.
+        length: byte length of the request, when there was one.
+        errno: the errno the operation maps to (the kernel's, on a real device).
+        status: the NVMe ZNS status code the error is named after, or ``None``.
+    """
+
+    status: int | None = None
+    default_errno: int = _errno.EIO
+
+    def __init__(self, message: str, *, zone: int | None = None, offset: int | None = None,
+                 length: int | None = None, errno: int | None = None):
+        code = self.default_errno if errno is None else errno
+        OSError.__init__(self, code, message)
+        self.zone = zone
+        self.offset = offset
+        self.length = length
+
+    def __str__(self) -> str:  # OSError's default prefixes "[Errno 5]"; keep the message readable
+        return str(self.strerror)
+
+    def __reduce__(self):
+        return (_rebuild_device_error,
+                (type(self), self.strerror, self.zone, self.offset, self.length, self.errno))
+
+
+def _rebuild_device_error(cls, message, zone, offset, length, errno):
+    return cls(message, zone=zone, offset=offset, length=length, errno=errno)
+
+
+class ZoneBoundaryError(ZonedDeviceError):
+    """A write would cross the zone's writable capacity (ZNS status 0xB8, Zone Boundary Error)."""
+
+    status = 0xB8
+
+
+class ZoneFullError(ZonedDeviceError):
+    """A write or append to a zone in the Full state (ZNS status 0xB9, Zone Is Full)."""
+
+    status = 0xB9
+
+
+class ZoneReadOnlyError(ZonedDeviceError):
+    """A write or zone operation on a Read Only zone (ZNS status 0xBA, Zone Is Read Only)."""
+
+    status = 0xBA
+
+
+class ZoneOfflineError(ZonedDeviceError):
+    """Any access to an Offline zone (ZNS status 0xBB, Zone Is Offline)."""
+
+    status = 0xBB
+
+
+class ZoneInvalidWriteError(ZonedDeviceError):
+    """A write that does not start at the zone's write pointer (ZNS status 0xBC, Zone Invalid Write)."""
+
+    status = 0xBC
+
+
+class TooManyActiveZonesError(ZonedDeviceError):
+    """Opening a zone would exceed the device's max active zones (ZNS status 0xBD).
+
+    Linux reports it as ``EOVERFLOW``.
+    """
+
+    status = 0xBD
+    default_errno = _errno.EOVERFLOW
+
+
+class TooManyOpenZonesError(ZonedDeviceError):
+    """Opening a zone would exceed max open zones and no implicitly open zone can be closed
+    to make room (ZNS status 0xBE).  Linux reports it as ``ETOOMANYREFS``."""
+
+    status = 0xBE
+    default_errno = _errno.ETOOMANYREFS
+
+
+class InvalidZoneTransitionError(ZonedDeviceError):
+    """A zone management operation not allowed from the zone's current state
+    (ZNS status 0xBF, Invalid Zone State Transition), e.g. opening a Full zone."""
+
+    status = 0xBF
+
+
+class MisalignedIOError(ZonedDeviceError):
+    """An offset or length that is not a multiple of the block size, or a zero length (EINVAL)."""
+
+    default_errno = _errno.EINVAL
+
+
+class OutOfRangeError(ZonedDeviceError):
+    """An offset, length or zone index outside the device (LBA Out of Range, EINVAL)."""
+
+    default_errno = _errno.EINVAL
+
+
+class ZoneOpNotSupportedError(ZonedDeviceError):
+    """The device does not support the operation (libzbd maps ENOTTY/ENOIOCTLCMD to ENOTSUP)."""
+
+    default_errno = _errno.ENOTSUP
+
+
+class NoPayloadError(ZonedDeviceError):
+    """A read of bytes a payload-less device counted but did not keep."""
+
+    default_errno = _errno.ENODATA
+
+
+class PowerCutError(ZonedDeviceError):
+    """An injected power cut: the device is dead until :meth:`FaultyDevice.reboot`."""
+
+    default_errno = _errno.EIO
+
+
+class InjectedIOError(ZonedDeviceError):
+    """An I/O error injected by :class:`~retainz.zoned.faulty.FaultyDevice`."""
+
+
+class DeviceFormatError(RetainZError, ValueError):
+    """A device geometry or a device specification that makes no sense (e.g. capacity > size)."""
+
+
+class NotADeviceError(RetainZError, ValueError):
+    """A path that does not hold a RetainZ device (wrong magic); nothing was changed."""
+
+
+class CorruptDeviceError(RetainZError, ValueError):
+    """A RetainZ device file whose zone-state header fails its checksum in both copies."""
+
+
+class DeviceBusyError(RetainZError, OSError):
+    """Another process holds the device's exclusive lock."""
+
+    def __init__(self, message: str):
+        OSError.__init__(self, _errno.EBUSY, message)
+
+    def __str__(self) -> str:
+        return str(self.strerror)

@@ -1,0 +1,146 @@
+"""The zoned device interface every backend implements.
+
+A device is a small, flat set of verbs in bytes, after libzbd: report zones, write at the write pointer,
+zone append, read, the four zone management operations, flush.  The store talks only to this interface,
+so the same store code runs on a :class:`~retainz.zoned.memory.MemoryDevice`, a
+:class:`~retainz.zoned.file.FileDevice` and a :class:`~retainz.zoned.linux.LinuxZonedDevice`.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from retainz.zoned.model import DeviceInfo, Geometry, Zone
+
+__all__ = ["ZoneOp", "ZonedDevice", "WriteData"]
+
+#: What :meth:`ZonedDevice.write` accepts: bytes-like data, or an ``int`` byte count on a device whose
+#: ``info.payload`` is False (the bytes are counted, not kept: trace replay).
+WriteData = bytes | bytearray | memoryview | int
+
+
+class ZoneOp(enum.Enum):
+    """Zone management operations (NVMe ZNS Zone Management Send actions; Linux BLK*ZONE ioctls)."""
+
+    OPEN = "open"
+    CLOSE = "close"
+    FINISH = "finish"
+    RESET = "reset"
+
+
+class ZonedDevice(abc.ABC):
+    """A host-managed zoned block device.
+
+    All offsets and lengths are bytes on the device.  Writes and reads must be block aligned
+    (``geometry.block_size``).  Zone management takes a zone index.
+
+    Rules every implementation follows (tested by ``tests/test_device_conformance.py``):
+
+    * A write must start exactly at its zone's write pointer (else :class:`ZoneInvalidWriteError`),
+      must not cross the zone capacity (:class:`ZoneBoundaryError`), and fails on a Full zone
+      (:class:`ZoneFullError`).  A write that reaches the capacity makes the zone Full.
+    * Writing to an Empty or Closed zone opens it implicitly.  When the open limit is reached, the
+      oldest implicitly open zone is closed to make room (NVMe ZNS 1.1, 2.1.1.4.1); when every open
+      zone is explicitly open the write fails with :class:`TooManyOpenZonesError`.  An Empty zone also
+      needs an active resource: :class:`TooManyActiveZonesError` when the active limit is reached.
+    * Finish makes a zone Full and its reported write pointer ``start + size`` (as Linux reports a Full
+      zone); reset makes it Empty and its data reads back as zeros.
+    * Reads of unwritten space (past the write pointer, or past the data of a finished zone) return
+      zeros.
+
+    Implementations are not thread-safe; the store serialises access.
+    """
+
+    # -- description -------------------------------------------------------------------------------
+    @property
+    @abc.abstractmethod
+    def info(self) -> DeviceInfo:
+        """The device's geometry and kind."""
+
+    @property
+    def geometry(self) -> Geometry:
+        return self.info.geometry
+
+    # -- zones -------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def report_zones(self, start: int = 0, count: int = 0) -> list[Zone]:
+        """Report zones ``start .. start+count-1`` (``count=0``: to the last zone).
+
+        Raises:
+            OutOfRangeError: ``start`` or ``count`` outside the device.
+        """
+
+    def zone(self, index: int) -> Zone:
+        """Report one zone."""
+        return self.report_zones(index, 1)[0]
+
+    @abc.abstractmethod
+    def zone_op(self, op: ZoneOp, zone: int) -> None:
+        """Apply a zone management operation to one zone.
+
+        Raises:
+            InvalidZoneTransitionError: the operation is not allowed from the zone's condition.
+            TooManyOpenZonesError / TooManyActiveZonesError: opening would exceed a limit.
+            ZoneReadOnlyError / ZoneOfflineError: the zone is read-only or offline.
+            OutOfRangeError: no such zone.
+        """
+
+    def open_zone(self, zone: int) -> None:
+        """Explicitly open a zone (Empty, Closed or implicitly open -> explicitly open)."""
+        self.zone_op(ZoneOp.OPEN, zone)
+
+    def close_zone(self, zone: int) -> None:
+        """Close an open zone (-> Closed, or Empty when nothing was written)."""
+        self.zone_op(ZoneOp.CLOSE, zone)
+
+    def finish_zone(self, zone: int) -> None:
+        """Finish a zone (-> Full; its unwritten capacity can no longer be used)."""
+        self.zone_op(ZoneOp.FINISH, zone)
+
+    def reset_zone(self, zone: int) -> None:
+        """Reset a zone (-> Empty; its data is gone and reads back as zeros)."""
+        self.zone_op(ZoneOp.RESET, zone)
+
+    # -- data --------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def write(self, offset: int, data: WriteData) -> None:
+        """Write ``data`` at device byte ``offset``, which must be its zone's write pointer.
+
+        ``data`` is bytes-like, or an ``int`` byte count on a device with ``info.payload`` False.
+
+        Raises:
+            MisalignedIOError, OutOfRangeError, ZoneFullError, ZoneInvalidWriteError,
+            ZoneBoundaryError, TooManyOpenZonesError, TooManyActiveZonesError, ZoneReadOnlyError,
+            ZoneOfflineError; TypeError for an ``int`` on a device that keeps payload.
+        """
+
+    @abc.abstractmethod
+    def append(self, zone: int, data: WriteData) -> int:
+        """Zone append: write ``data`` at the zone's write pointer and return the device byte offset
+        where it landed.  Same errors as :meth:`write`, except never ZoneInvalidWriteError."""
+
+    @abc.abstractmethod
+    def read(self, offset: int, length: int) -> bytes:
+        """Read ``length`` bytes from device byte ``offset`` (block aligned; may span zones).
+
+        Raises:
+            MisalignedIOError, OutOfRangeError, ZoneOfflineError, NoPayloadError.
+        """
+
+    @abc.abstractmethod
+    def flush(self) -> None:
+        """Make every completed write durable (NVMe Flush; ``fsync`` on a file)."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release the device (file handles, locks).  Idempotent."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self) -> str:
+        g = self.geometry
+        return (f"{type(self).__name__}({self.info.path or self.info.kind!r}, zones={g.nr_zones}, "
+                f"zone_size={g.zone_size}, zone_capacity={g.zone_capacity})")

@@ -1,0 +1,267 @@
+"""The embedded default: a zoned device emulated in a regular (sparse) file.
+
+File layout (little endian; every region block aligned):
+
+=============================  =================================================================
+offset                         content
+=============================  =================================================================
+0                              label block (4096 B), written once at creation: magic ``RETAINZD``,
+                               format version, geometry, state-slot size, uuid, crc32c
+4096                           zone-state slot A
+4096 + slot_size               zone-state slot B
+data_offset = 4096 + 2 * slot  zone 0, then zone 1, ... each ``zone_size`` bytes (sparse)
+=============================  =================================================================
+
+A zone-state slot holds ``RZSTATE\\0``, a sequence number, every zone's condition (u8) and written
+bytes (u64), and a crc32c.  Slots are written alternately; the valid slot with the highest sequence
+wins, so a torn slot write leaves the previous state readable.
+
+What survives a power cut or a killed process: every zone's data up to its write pointer as recorded
+at the last :meth:`flush` (or the last finish/reset of that zone, which are durable on completion),
+and the zone conditions recorded then.  Data written after it is not visible after reopen.  A clean
+:meth:`close` records the exact state, open zones included.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import fcntl
+import os
+import struct
+import uuid as uuidlib
+
+import crc32c
+
+from retainz.errors import CorruptDeviceError, DeviceBusyError, NotADeviceError
+from retainz.zoned.device import WriteData
+from retainz.zoned.emulated import EmulatedZonedDevice
+from retainz.zoned.model import Geometry, ZoneCond
+
+__all__ = ["FileDevice", "FILE_DEVICE_MAGIC"]
+
+FILE_DEVICE_MAGIC = b"RETAINZD"
+_STATE_MAGIC = b"RZSTATE\0"
+_VERSION = 1
+_LABEL = struct.Struct("<8sIIQQIIIQ16s")
+_SLOT_HEAD = struct.Struct("<8sQ")
+_LABEL_SIZE = 4096
+
+
+def _round_up(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
+def _slot_size(nr_zones: int) -> int:
+    return _round_up(_SLOT_HEAD.size + 9 * nr_zones + 4, 4096)
+
+
+class FileDevice(EmulatedZonedDevice):
+    """A zoned device in a file (see the module docstring for the layout and durability).
+
+    Create one with :meth:`create` (or ``retainz device create``); open an existing one with the
+    constructor.  The device takes an ``flock`` on the file: exclusive for read-write, shared for
+    ``readonly=True``.
+
+    Raises:
+        FileNotFoundError: no such file.
+        NotADeviceError: the file is not a RetainZ device file (nothing is changed).
+        CorruptDeviceError: the label or both zone-state slots fail their checksums.
+        DeviceBusyError: another process holds the lock.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, readonly: bool = False):
+        self._fd = -1
+        path = os.fspath(path)
+        label, geometry, slot_size, dev_uuid = self._read_label(path)
+        del label
+        super().__init__(geometry, kind="file", path=path, payload=True)
+        self.uuid = dev_uuid
+        self.readonly = readonly
+        self._slot_size = slot_size
+        self._data_offset = _LABEL_SIZE + 2 * slot_size
+        self._fd = os.open(path, os.O_RDONLY if readonly else os.O_RDWR)
+        try:
+            fcntl.flock(self._fd, (fcntl.LOCK_SH if readonly else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._fd)
+            self._fd = -1
+            raise DeviceBusyError(f"{path}: the device is in use by another process") from None
+        conds, written, self._seq = self._read_state()
+        self._restore(conds, written)
+
+    # -- creation ----------------------------------------------------------------------------------
+    @classmethod
+    def create(cls, path: str | os.PathLike, geometry: Geometry, *, force: bool = False) -> FileDevice:
+        """Create a device file (sparse: it takes disk space only as zones are written).
+
+        Args:
+            path: where to create it.
+            geometry: the device geometry.
+            force: overwrite an existing non-empty file.  Without it an existing file is refused and
+                left untouched.
+
+        Raises:
+            FileExistsError: the path exists and is not empty, and ``force`` is False.
+        """
+        path = os.fspath(path)
+        if os.path.exists(path) and os.path.getsize(path) > 0 and not force:
+            raise FileExistsError(f"{path} exists and is not empty; pass force=True (--force) to "
+                                  "overwrite it")
+        slot = _slot_size(geometry.nr_zones)
+        g = geometry
+        label = _LABEL.pack(FILE_DEVICE_MAGIC, _VERSION, g.block_size, g.zone_size, g.zone_capacity,
+                            g.nr_zones, g.max_open, g.max_active, slot, uuidlib.uuid4().bytes)
+        label += struct.pack("<I", crc32c.crc32c(label))
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.pwrite(fd, label.ljust(_LABEL_SIZE, b"\0"), 0)
+            empty = _encode_slot(1, [ZoneCond.EMPTY] * g.nr_zones, [0] * g.nr_zones, slot)
+            os.pwrite(fd, empty, _LABEL_SIZE)
+            os.ftruncate(fd, _LABEL_SIZE + 2 * slot + g.size)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return cls(path)
+
+    @staticmethod
+    def _read_label(path: str) -> tuple[bytes, Geometry, int, uuidlib.UUID]:
+        with open(path, "rb") as f:
+            raw = f.read(_LABEL.size + 4)
+        if len(raw) < _LABEL.size + 4 or raw[:8] != FILE_DEVICE_MAGIC:
+            raise NotADeviceError(f"{path} is not a RetainZ device file (no {FILE_DEVICE_MAGIC.decode()} "
+                                  "label); nothing was changed. Create one with `retainz device create`.")
+        (crc,) = struct.unpack_from("<I", raw, _LABEL.size)
+        if crc32c.crc32c(raw[:_LABEL.size]) != crc:
+            raise CorruptDeviceError(f"{path}: the device label fails its checksum")
+        (_, version, bs, zsize, zcap, nz, mopen, mactive, slot, raw_uuid) = _LABEL.unpack_from(raw)
+        if version != _VERSION:
+            raise NotADeviceError(f"{path}: device file format version {version} is not supported "
+                                  f"(this RetainZ reads version {_VERSION})")
+        geometry = Geometry(nr_zones=nz, zone_size=zsize, zone_capacity=zcap, block_size=bs,
+                            max_open=mopen, max_active=mactive)
+        if slot != _slot_size(nz):
+            raise CorruptDeviceError(f"{path}: the label's state-slot size {slot} does not match its "
+                                     f"{nz} zones")
+        size = os.path.getsize(path)
+        if size < _LABEL_SIZE + 2 * slot + geometry.size:
+            raise CorruptDeviceError(f"{path} is {size} bytes, shorter than its geometry "
+                                     f"({_LABEL_SIZE + 2 * slot + geometry.size} bytes): truncated?")
+        return raw, geometry, slot, uuidlib.UUID(bytes=raw_uuid)
+
+    def _read_state(self) -> tuple[list[ZoneCond], list[int], int]:
+        best = None
+        for i in range(2):
+            raw = os.pread(self._fd, self._slot_size, _LABEL_SIZE + i * self._slot_size)
+            decoded = _decode_slot(raw, self._nz)
+            if decoded and (best is None or decoded[0] > best[0]):
+                best = decoded
+        if best is None:
+            raise CorruptDeviceError(f"{self._info.path}: both zone-state copies fail their checksums")
+        seq, conds, written = best
+        for z, (c, w) in enumerate(zip(conds, written, strict=True)):
+            if c not in ZoneCond.__members__.values() or w > self._zcap:
+                raise CorruptDeviceError(f"{self._info.path}: zone {z} state ({c}, {w}) is impossible")
+        return [ZoneCond(c) for c in conds], written, seq
+
+    # -- storage hooks -----------------------------------------------------------------------------
+    def _store(self, zone: int, pos: int, data: WriteData) -> None:
+        self._check_rw()
+        view = memoryview(data)
+        off = self._data_offset + zone * self._zsize + pos
+        while view:
+            n = os.pwrite(self._fd, view, off)
+            view = view[n:]
+            off += n
+
+    def _load(self, zone: int, pos: int, length: int) -> bytes:
+        off = self._data_offset + zone * self._zsize + pos
+        out = os.pread(self._fd, length, off)
+        if len(out) < length:  # a sparse tail reads short only past EOF; the file is full size
+            out += bytes(length - len(out))
+        return out
+
+    def _discard(self, zone: int, keep: int) -> None:
+        if self._fd < 0 or self.readonly:
+            return
+        start = _round_up(keep, 4096)
+        if start < self._zcap:
+            _punch_hole(self._fd, self._data_offset + zone * self._zsize + start, self._zcap - start)
+
+    def _sync_data(self) -> None:
+        self._check_rw()
+        os.fsync(self._fd)
+
+    def _persist(self) -> None:
+        if self._fd < 0 or self.readonly:
+            return
+        self._seq += 1
+        slot = _encode_slot(self._seq, self._dcond, self._dwritten, self._slot_size)
+        os.pwrite(self._fd, slot, _LABEL_SIZE + (self._seq % 2) * self._slot_size)
+        os.fsync(self._fd)
+
+    def _check_rw(self) -> None:
+        if self._fd < 0:
+            raise ValueError(f"{self._info.path}: device is closed")
+        if self.readonly:
+            raise PermissionError(f"{self._info.path}: device was opened read-only")
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def power_loss(self, keep_unflushed: bool = False) -> None:
+        super().power_loss(keep_unflushed)
+        conds, written, self._seq = self._read_state()  # what a reopen would see
+        self._restore(conds, written)
+
+    def close(self) -> None:
+        """Flush and record the exact zone state (open zones included), then release the file."""
+        if self._fd < 0:
+            return
+        try:
+            if not self.readonly:
+                self.flush()
+                if self._dcond != self._cond:
+                    self._dcond = list(self._cond)
+                    self._persist()
+        finally:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __del__(self):
+        if getattr(self, "_fd", -1) >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def _encode_slot(seq: int, conds, written, slot_size: int) -> bytes:
+    body = bytearray(_SLOT_HEAD.pack(_STATE_MAGIC, seq))
+    body += bytes(int(c) for c in conds)
+    body += struct.pack(f"<{len(written)}Q", *written)
+    body += struct.pack("<I", crc32c.crc32c(body))
+    return bytes(body.ljust(slot_size, b"\0"))
+
+
+def _decode_slot(raw: bytes, nr_zones: int) -> tuple[int, list[int], list[int]] | None:
+    end = _SLOT_HEAD.size + 9 * nr_zones
+    if len(raw) < end + 4 or raw[:8] != _STATE_MAGIC:
+        return None
+    (crc,) = struct.unpack_from("<I", raw, end)
+    if crc32c.crc32c(raw[:end]) != crc:
+        return None
+    _, seq = _SLOT_HEAD.unpack_from(raw)
+    conds = list(raw[_SLOT_HEAD.size:_SLOT_HEAD.size + nr_zones])
+    written = list(struct.unpack_from(f"<{nr_zones}Q", raw, _SLOT_HEAD.size + nr_zones))
+    return seq, conds, written
+
+
+_libc = None
+_FALLOC_FL_KEEP_SIZE, _FALLOC_FL_PUNCH_HOLE = 0x01, 0x02
+
+
+def _punch_hole(fd: int, offset: int, length: int) -> None:
+    """Give a reset zone's blocks back to the file system (best effort: reads past the write pointer
+    return zeros whatever the file holds)."""
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    _libc.fallocate(fd, _FALLOC_FL_KEEP_SIZE | _FALLOC_FL_PUNCH_HOLE, offset, length)

@@ -1,0 +1,99 @@
+"""Device specifications: the strings users pass on the command line.
+
+=================================  ===============================================================
+spec                               device
+=================================  ===============================================================
+``PATH`` or ``file:PATH``          :class:`FileDevice` at PATH (created by ``retainz device create``)
+``/dev/NAME`` or ``zbd:/dev/NAME``  ``LinuxZonedDevice`` (a real zoned block device)
+``mem:KEY=VALUE,...``              a fresh :class:`MemoryDevice`; keys are the geometry's
+                                   (``zones``, ``zone_size``, ``zone_capacity``, ``block_size``,
+                                   ``max_open``, ``max_active``) plus ``payload=true|false``
+=================================  ===============================================================
+"""
+
+from __future__ import annotations
+
+import os
+
+from retainz.errors import DeviceFormatError
+from retainz.zoned.device import ZonedDevice
+from retainz.zoned.model import Geometry, parse_size
+
+__all__ = ["open_device", "parse_geometry", "GEOMETRY_KEYS"]
+
+GEOMETRY_KEYS = ("zones", "zone_size", "zone_capacity", "block_size", "max_open", "max_active")
+_DEFAULTS = {"zones": "64", "zone_size": "1MiB", "zone_capacity": "", "block_size": "4096",
+             "max_open": "14", "max_active": "14"}
+
+
+def parse_geometry(options: dict[str, str]) -> Geometry:
+    """Build a :class:`Geometry` from string options (``zones``, ``zone_size`` with units...).
+
+    Missing keys take small defaults (64 zones of 1 MiB, capacity = size, 14 open/active).
+
+    Raises:
+        DeviceFormatError: an unknown key, an unparseable value or an inconsistent geometry.
+    """
+    unknown = set(options) - set(GEOMETRY_KEYS)
+    if unknown:
+        raise DeviceFormatError(f"unknown geometry key(s) {', '.join(sorted(unknown))}; valid: "
+                                + ", ".join(GEOMETRY_KEYS))
+    opts = {**_DEFAULTS, **options}
+    try:
+        zone_size = parse_size(opts["zone_size"])
+        return Geometry(nr_zones=int(opts["zones"]), zone_size=zone_size,
+                        zone_capacity=parse_size(opts["zone_capacity"]) if opts["zone_capacity"] else zone_size,
+                        block_size=parse_size(opts["block_size"]), max_open=int(opts["max_open"]),
+                        max_active=int(opts["max_active"]))
+    except ValueError as e:
+        if isinstance(e, DeviceFormatError):
+            raise
+        raise DeviceFormatError(f"bad geometry: {e}") from None
+
+
+def open_device(spec: str, *, readonly: bool = False) -> ZonedDevice:
+    """Open the device a specification string names (see the module docstring).
+
+    Raises:
+        FileNotFoundError: no such path.
+        NotADeviceError: the path is not a RetainZ device file nor a zoned block device.
+        DeviceFormatError: a malformed ``mem:`` specification.
+    """
+    if spec.startswith("mem:") or spec == "mem":
+        from retainz.zoned.memory import MemoryDevice
+
+        body = spec[4:]
+        opts: dict[str, str] = {}
+        for item in filter(None, body.split(",")):
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise DeviceFormatError(f"bad device spec {spec!r}: {item!r} is not KEY=VALUE")
+            opts[key.strip()] = value.strip()
+        payload = opts.pop("payload", "true").lower()
+        if payload not in ("true", "false"):
+            raise DeviceFormatError(f"bad device spec {spec!r}: payload must be true or false")
+        return MemoryDevice(parse_geometry(opts), payload=payload == "true")
+    if spec.startswith("zbd:"):
+        spec = spec[4:]
+        return _open_linux(spec, readonly)
+    if spec.startswith("file:"):
+        spec = spec[5:]
+    elif spec.startswith("/dev/") or (os.path.exists(spec) and _is_block_device(spec)):
+        return _open_linux(spec, readonly)
+    if not os.path.exists(spec):
+        raise FileNotFoundError(f"{spec}: no such device file")
+    from retainz.zoned.file import FileDevice
+
+    return FileDevice(spec, readonly=readonly)
+
+
+def _is_block_device(path: str) -> bool:
+    import stat
+
+    return stat.S_ISBLK(os.stat(path).st_mode)
+
+
+def _open_linux(path: str, readonly: bool) -> ZonedDevice:
+    from retainz.zoned.linux import LinuxZonedDevice
+
+    return LinuxZonedDevice(path, readonly=readonly)

@@ -1,0 +1,47 @@
+"""Shared fixtures: a zoned device of every kind, for the conformance suite and the store tests.
+
+Set ``RETAINZ_TEST_ZBD=/dev/nvme0n1[,/dev/nullb0]`` (the QEMU guest lane does) to add real Linux zoned
+block devices to the ``any_device`` parametrization; they are skipped otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from retainz.zoned import FaultyDevice, FileDevice, Geometry, MemoryDevice
+
+#: The conformance geometry: capacity < size, small limits, 4 KiB blocks.
+SMALL = Geometry(nr_zones=8, zone_size=64 * 1024, zone_capacity=48 * 1024, block_size=4096,
+                 max_open=3, max_active=4)
+
+_REAL = [p for p in os.environ.get("RETAINZ_TEST_ZBD", "").split(",") if p]
+DEVICE_KINDS = ["memory", "file", "faulty-memory", "faulty-file"] + [f"linux:{p}" for p in _REAL]
+
+
+def make_device(kind: str, tmp_path, geometry: Geometry = SMALL):
+    if kind == "memory":
+        return MemoryDevice(geometry)
+    if kind == "file":
+        return FileDevice.create(tmp_path / "dev.img", geometry)
+    if kind == "faulty-memory":
+        return FaultyDevice(MemoryDevice(geometry))
+    if kind == "faulty-file":
+        return FaultyDevice(FileDevice.create(tmp_path / "dev.img", geometry))
+    if kind.startswith("linux:"):
+        from retainz.zoned.linux import LinuxZonedDevice
+
+        dev = LinuxZonedDevice(kind[6:])
+        for z in range(dev.geometry.nr_zones):
+            dev.reset_zone(z)
+        return dev
+    raise ValueError(kind)
+
+
+@pytest.fixture(params=DEVICE_KINDS)
+def any_device(request, tmp_path):
+    """A fresh, all-empty device of each kind (a real one is reset zone by zone first)."""
+    dev = make_device(request.param, tmp_path)
+    yield dev
+    dev.close()
