@@ -1,0 +1,66 @@
+"""The ``retainz`` command.
+
+Each command group lives in its own module under ``retainz.cli`` and exposes
+``register(subparsers)``, which adds its sub-commands and sets ``func`` on each parser; ``func(args)``
+returns the exit status.  Add a module to :data:`COMMAND_MODULES` to add commands.
+
+Exit status: 0 success; 1 the operation failed (a device or store error, a failed check);
+2 bad usage or bad input (unknown option, missing device file, malformed value), with one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from retainz import __version__
+from retainz.errors import RetainZError
+
+#: Command modules, each with ``register(subparsers)``.
+COMMAND_MODULES = [
+    "retainz.cli.device",
+    "retainz.cli.demo",
+]
+
+
+class UsageError(Exception):
+    """Bad command-line input: exit status 2 with one line."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one clear line, status 2 (argparse prints usage + message)
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="retainz", description="Retention-aware checkpoint storage on zoned SSDs.")
+    parser.add_argument("--version", action="version", version=f"retainz {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the ``retainz`` command; returns the exit status."""
+    try:
+        args = build_parser().parse_args(argv)
+        return int(args.func(args) or 0)
+    except UsageError as e:
+        print(str(e), file=sys.stderr)
+        return 2
+    except (FileNotFoundError, FileExistsError, IsADirectoryError, ValueError) as e:
+        print(f"retainz: error: {e}", file=sys.stderr)
+        return 2
+    except (RetainZError, OSError) as e:
+        print(f"retainz: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("retainz: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

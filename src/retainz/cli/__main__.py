@@ -1,0 +1,5 @@
+import sys
+
+from retainz.cli import main
+
+sys.exit(main())

@@ -1,0 +1,53 @@
+"""``retainz demo``: the main job on the embedded default (a file-backed zoned device).
+
+For now it creates a file device, writes a few checkpoint-sized streams into zones with write-pointer
+discipline, finishes and resets zones, and prints the zone report.  The experiment runner replaces it
+as the main job once it exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from retainz.zoned import FileDevice, Geometry, ZoneCond, format_size
+
+
+def register(sub) -> None:
+    p = sub.add_parser("demo", help="run the main job on the embedded default device")
+    p.add_argument("--out", default="out/demo", help="output folder (default: out/demo)")
+    p.set_defaults(func=_demo)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "zns.img")
+    geometry = Geometry(nr_zones=16, zone_size=4 << 20, zone_capacity=3 << 20, max_open=4, max_active=6)
+    dev = FileDevice.create(path, geometry, force=True)
+    chunk = bytes(range(256)) * 4096  # 1 MiB
+    # three "generations", each 5 MiB, written sequentially zone after zone
+    zone = 0
+    for gen in range(3):
+        left = 5 << 20
+        while left:
+            z = dev.zone(zone)
+            if z.remaining == 0:
+                zone += 1
+                continue
+            n = min(left, z.remaining, len(chunk))
+            dev.write(z.wp, chunk[:n])
+            left -= n
+        print(f"generation {gen}: 5 MiB written, now in zone {zone}")
+    dev.flush()
+    dev.finish_zone(zone)
+    dev.reset_zone(0)
+    dev.close()
+    with FileDevice(path, readonly=True) as dev:
+        for z in dev.report_zones():
+            if z.cond != ZoneCond.EMPTY or z.index < 2:
+                print(f"Zone {z.index:05d}: {z.type.short}, ofst {z.start:014d}, len {z.size:014d}, "
+                      f"cap {z.capacity:014d}, wp {z.wp:014d}, {z.cond.short}")
+        used = sum(z.written for z in dev.report_zones())
+    print(f"device {path}: {format_size(used)} written across {geometry.nr_zones} zones "
+          "(zone 0 reset, last zone finished)")
+    return 0

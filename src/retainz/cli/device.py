@@ -1,0 +1,112 @@
+"""``retainz device create|info`` and ``retainz zones report|reset|finish|open|close``.
+
+The zone report prints libzbd's ``zbd report`` line format, so output can be diffed against
+``zbd report`` on a real device::
+
+    Zone 00003: swr, ofst 00000000196608, len 00000000065536, cap 00000000049152, wp 00000000197120, oi, non_seq 0, reset 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from retainz.zoned import FileDevice, Geometry, ZoneCond, ZoneOp, format_size, open_device, parse_size
+
+
+def register(sub) -> None:
+    dev = sub.add_parser("device", help="create or describe a zoned device")
+    dsub = dev.add_subparsers(dest="device_command", metavar="ACTION", required=True)
+    create = dsub.add_parser("create", help="create a file-backed zoned device (sparse file)")
+    create.add_argument("path")
+    create.add_argument("--zones", type=int, required=True, help="number of zones")
+    create.add_argument("--zone-size", type=parse_size, required=True, help="zone size, e.g. 64MiB")
+    create.add_argument("--zone-capacity", type=parse_size, help="writable bytes per zone (default: size)")
+    create.add_argument("--block-size", type=int, default=4096, choices=(512, 4096))
+    create.add_argument("--max-open", type=int, default=14, help="max open zones (0 = unlimited)")
+    create.add_argument("--max-active", type=int, default=14, help="max active zones (0 = unlimited)")
+    create.add_argument("--force", action="store_true", help="overwrite an existing file")
+    create.set_defaults(func=_create)
+    info = dsub.add_parser("info", help="print a device's geometry")
+    info.add_argument("device")
+    info.add_argument("--json", action="store_true")
+    info.set_defaults(func=_info)
+
+    zones = sub.add_parser("zones", help="report or manage zones (like blkzone / zbd)")
+    zsub = zones.add_subparsers(dest="zones_command", metavar="ACTION", required=True)
+    report = zsub.add_parser("report", help="report zones")
+    report.add_argument("device")
+    report.add_argument("--json", action="store_true")
+    report.add_argument("--csv", action="store_true", help="zbd report -csv format")
+    report.add_argument("--start", type=int, default=0, help="first zone")
+    report.add_argument("--count", type=int, default=0, help="number of zones (0 = to the end)")
+    report.add_argument("-ro", "--cond", choices=[c.short for c in ZoneCond],
+                        help="only zones in this condition (zbd's short codes)")
+    report.set_defaults(func=_report)
+    for op in ZoneOp:
+        p = zsub.add_parser(op.value, help=f"{op.value} one zone")
+        p.add_argument("device")
+        p.add_argument("zone", type=int)
+        p.set_defaults(func=_zone_op, op=op)
+
+
+def _create(args: argparse.Namespace) -> int:
+    geometry = Geometry(nr_zones=args.zones, zone_size=args.zone_size,
+                        zone_capacity=args.zone_capacity or args.zone_size, block_size=args.block_size,
+                        max_open=args.max_open, max_active=args.max_active)
+    with FileDevice.create(args.path, geometry, force=args.force) as dev:
+        print(f"created {args.path}: {geometry.nr_zones} zones of {format_size(geometry.zone_size)} "
+              f"(capacity {format_size(geometry.zone_capacity)}), uuid {dev.uuid}")
+    return 0
+
+
+def _info(args: argparse.Namespace) -> int:
+    with open_device(args.device, readonly=True) as dev:
+        info = dev.info.to_dict()
+        zones = dev.report_zones()
+    info["zones_by_condition"] = {c.long: sum(z.cond == c for z in zones) for c in ZoneCond
+                                  if any(z.cond == c for z in zones)}
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    lim = lambda n: "no limit" if n == 0 else str(n)  # noqa: E731
+    print(f"Device: {info['path'] or info['kind']} ({info['kind']})")
+    print(f"    Zone model: {info['model']}")
+    print(f"    Capacity: {format_size(info['capacity'])} writable, {format_size(info['size'])} LBA space")
+    print(f"    Logical block size: {info['block_size']} B")
+    print(f"    Number of zones: {info['nr_zones']}")
+    print(f"    Zone size: {format_size(info['zone_size'])}, capacity {format_size(info['zone_capacity'])}")
+    print(f"    Maximum number of open zones: {lim(info['max_open'])}")
+    print(f"    Maximum number of active zones: {lim(info['max_active'])}")
+    print("    Zones: " + ", ".join(f"{n} {c}" for c, n in info["zones_by_condition"].items()))
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    with open_device(args.device, readonly=True) as dev:
+        zones = dev.report_zones(args.start, args.count)
+    if args.cond:
+        zones = [z for z in zones if z.cond == ZoneCond.from_short(args.cond)]
+    if args.json:
+        print(json.dumps([z.to_dict() for z in zones], indent=2))
+    elif args.csv:
+        print("zone num, type, ofst, len, cap, wp, cond, non_seq, reset")
+        for z in zones:
+            print(f"{z.index:05d}, {int(z.type)}, {z.start:014d}, {z.size:014d}, {z.capacity:014d}, "
+                  f"{z.wp:014d}, 0x{int(z.cond):01x}, 0, 0")
+    else:
+        for z in zones:
+            print(f"Zone {z.index:05d}: {z.type.short}, ofst {z.start:014d}, len {z.size:014d}, "
+                  f"cap {z.capacity:014d}, wp {z.wp:014d}, {z.cond.short}, non_seq 0, reset 0")
+    return 0
+
+
+def _zone_op(args: argparse.Namespace) -> int:
+    with open_device(args.device) as dev:
+        if not 0 <= args.zone < dev.geometry.nr_zones:
+            raise ValueError(f"zone {args.zone} does not exist: the device has zones "
+                             f"0..{dev.geometry.nr_zones - 1}")
+        dev.zone_op(args.op, args.zone)
+        z = dev.zone(args.zone)
+    print(f"zone {z.index}: {z.cond.long}, wp {z.wp}")
+    return 0
