@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import enum
+
 from retainz.zoned.model import DeviceInfo, Geometry, Zone
 
 __all__ = ["ZoneOp", "ZonedDevice", "WriteData"]
