@@ -1,0 +1,74 @@
+"""Placement policies behind one interface (:mod:`retainz.placement.base`).
+
+Policies are selected by name with optional parameters: ``NAME[:param=value,...]`` (the
+``--policy`` option).  :data:`POLICIES` maps each name to ``"module:Class"``; modules are imported
+on first use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+
+from retainz.placement.base import (
+    NO_SPACE,
+    PERMANENT,
+    Allocator,
+    Decision,
+    ExtentRequest,
+    Hint,
+    ZoneSummary,
+    ZoneTable,
+)
+
+__all__ = ["POLICIES", "make_allocator", "Allocator", "Decision", "ExtentRequest", "Hint", "NO_SPACE",
+           "PERMANENT", "ZoneSummary", "ZoneTable"]
+
+#: Policy name -> "module:Class".
+POLICIES: dict[str, str] = {
+    "greedy": "retainz.placement.greedy:Greedy",
+}
+
+
+def make_allocator(spec: str) -> Allocator:
+    """Build an allocator from ``NAME[:param=value,...]``.
+
+    Parameter values are converted to the type of the dataclass field's default (int, float, bool,
+    str).
+
+    Raises:
+        ValueError: unknown policy (lists the valid ones), unknown parameter (lists the valid ones)
+            or a value of the wrong type.
+    """
+    name, _, params = spec.partition(":")
+    name = name.strip()
+    if name not in POLICIES:
+        raise ValueError(f"unknown policy {name!r}; valid: {', '.join(sorted(POLICIES))}")
+    module, _, cls_name = POLICIES[name].partition(":")
+    cls = getattr(importlib.import_module(module), cls_name)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    kwargs = {}
+    for item in filter(None, (p.strip() for p in params.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"policy {name}: {item!r} is not param=value")
+        if key not in fields:
+            raise ValueError(f"policy {name} has no parameter {key!r}; valid: "
+                             + (", ".join(fields) or "none"))
+        kwargs[key] = _convert(name, key, value, fields[key].default)
+    return cls(**kwargs)
+
+
+def _convert(policy: str, key: str, value: str, default):
+    try:
+        if isinstance(default, bool):
+            if value.lower() not in ("true", "false", "1", "0"):
+                raise ValueError(value)
+            return value.lower() in ("true", "1")
+        if isinstance(default, int):
+            return int(value)
+        if isinstance(default, float):
+            return float(value)
+    except ValueError:
+        raise ValueError(f"policy {policy}: {key}={value!r} is not a {type(default).__name__}") from None
+    return value

@@ -1,0 +1,415 @@
+"""The placement interface: allocators decide, the store acts (DESIGN.md principle 2).
+
+An :class:`Allocator` is a decision function over a :class:`ZoneTable`, the store's incrementally
+maintained summary of every data zone.  The store calls, in order:
+
+1. ``allocator.bind(table)`` once per store open (after recovery has rebuilt the table);
+2. for every extent to place: ``allocator.place(request) -> Decision``; the store executes the
+   decision (finishes the zones it names, then writes ``min(request.nbytes, zone.remaining)`` bytes
+   into ``decision.zone``) and asks again for the rest of the shard;
+3. after deletions and before admitting a generation: ``allocator.gc_victims()``; the store copies the
+   live extents of each victim (placing each copy with ``request.gc = True``), journals the move and
+   resets the victim.
+
+Allocators never touch the device nor mutate the table; they may keep private indexes, updated from
+:meth:`Allocator.zone_changed`, which the table calls after every change to a zone.  Everything an
+allocator's decisions depend on must be derivable from the table (which the store journals), so a
+remounted store decides exactly as before.
+
+Logical time: ``step`` values are training steps the runtime reports (DESIGN.md principle 3); the
+store never passes wall time.
+"""
+
+from __future__ import annotations
+
+import abc
+import heapq
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from retainz.zoned.model import ZoneCond
+
+__all__ = [
+    "PERMANENT",
+    "Hint",
+    "ExtentRequest",
+    "Decision",
+    "NO_SPACE",
+    "ZoneSummary",
+    "ZoneTable",
+    "Allocator",
+]
+
+#: The reclaim step of data that never retires.
+PERMANENT = math.inf
+
+
+@dataclass(frozen=True, slots=True)
+class Hint:
+    """What the runtime told the store about a generation's death, as recorded at save time.
+
+    Attributes:
+        reclaim_step: predicted reclaim step (training step at which the generation's data becomes
+            garbage); :data:`PERMANENT` (``math.inf``) for data never retired; ``None`` if unknown.
+        lifetime: ZenFS write-lifetime hint class for the same prediction (``WLTH_*``: 0 NOT_SET,
+            1 NONE, 2 SHORT, 3 MEDIUM, 4 LONG, 5 EXTREME), as the retention module maps it.
+        condition: the retirement condition, as a short string (e.g. ``"after_newer:k=10"``), for
+            records and reports only.
+        actual_reclaim_step: the step at which the generation is really deleted, when known in
+            advance (trace replay only; the ``oracle`` control reads it, every other policy must not).
+    """
+
+    reclaim_step: float | None = None
+    lifetime: int = 0
+    condition: str = ""
+    actual_reclaim_step: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ExtentRequest:
+    """An extent the store needs a zone for.
+
+    Attributes:
+        nbytes: bytes still to place for the current shard (> 0).  The store writes at most the
+            chosen zone's remaining capacity and asks again for the rest.
+        generation: the generation id.
+        step: the generation's training step.
+        hint: the generation's :class:`Hint`.
+        now: the current training step (the latest step the store has seen).
+        gc: True when the bytes are live data being migrated by garbage collection.
+    """
+
+    nbytes: int
+    generation: str
+    step: int
+    hint: Hint
+    now: int
+    gc: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """An allocator's answer.
+
+    Attributes:
+        zone: write into this zone: an active data zone with remaining capacity, or an empty data zone
+            to open; ``None`` means no space (the store then tries GC, then refuses).
+        finish: zones to finish before writing (their unwritten capacity becomes unusable until
+            reset: "unused capacity").  Finishing releases active-zone resources.
+        reclaim_step: the reclaim step the allocator assigns to these bytes (its view of the hint:
+            exact, coarse, noisy, none or oracle).  The store records it as the zone's reclaim step
+            (the max over the zone's data) and journals it.
+    """
+
+    zone: int | None
+    finish: tuple[int, ...] = ()
+    reclaim_step: float | None = None
+
+
+NO_SPACE = Decision(None)
+
+
+@dataclass(slots=True)
+class ZoneSummary:
+    """What the store knows about one data zone.  Owned by the store; allocators only read it.
+
+    Attributes:
+        index: device zone index.
+        capacity: writable bytes (zone capacity).
+        cond: ``EMPTY``, ``FULL`` or ``IMP_OPEN`` (the table's view: any non-empty, non-full zone is
+            "open" for placement, whether the device reports it open or closed).
+        written: bytes written since the last reset.
+        live: bytes of data that is still needed (committed and not retired, or being written).
+        dead: bytes of data no longer needed (retired generations, aborted writes, copies left behind
+            by GC) that a reset would reclaim.
+        reclaim_step: the latest reclaim step of any data placed in the zone since its last reset
+            (``None`` for an empty zone or when every placement was hint-less).
+        lifetime: the ZenFS lifetime class given to the zone when it was opened (ZenFS sets it once,
+            from the first file that gets the empty zone).
+        opened_step: the training step at which the zone was opened (0 when empty).
+    """
+
+    index: int
+    capacity: int
+    cond: ZoneCond = ZoneCond.EMPTY
+    written: int = 0
+    live: int = 0
+    dead: int = 0
+    reclaim_step: float | None = None
+    lifetime: int = 0
+    opened_step: int = 0
+
+    @property
+    def remaining(self) -> int:
+        """Bytes that can still be written (0 for a full zone)."""
+        return 0 if self.cond == ZoneCond.FULL else self.capacity - self.written
+
+    @property
+    def unused(self) -> int:
+        """Capacity lost to an early finish (``capacity - written`` of a full zone, else 0)."""
+        return self.capacity - self.written if self.cond == ZoneCond.FULL else 0
+
+    def key(self) -> tuple:
+        """Every field, for equality checks against a recomputation."""
+        return (self.index, self.capacity, int(self.cond), self.written, self.live, self.dead,
+                self.reclaim_step, self.lifetime, self.opened_step)
+
+
+class _EmptySet:
+    """Empty zone indexes with O(log n) lowest-index lookup (a min-heap with lazy deletion)."""
+
+    __slots__ = ("_heap", "_member", "count")
+
+    def __init__(self, n: int):
+        self._heap: list[int] = []
+        self._member = bytearray(n)
+        self.count = 0
+
+    def add(self, z: int) -> None:
+        if not self._member[z]:
+            self._member[z] = 1
+            self.count += 1
+            heapq.heappush(self._heap, z)
+
+    def discard(self, z: int) -> None:
+        if self._member[z]:
+            self._member[z] = 0
+            self.count -= 1
+
+    def __contains__(self, z: int) -> bool:
+        return bool(self._member[z])
+
+    def first(self) -> int | None:
+        heap, member = self._heap, self._member
+        while heap and not member[heap[0]]:
+            heapq.heappop(heap)
+        return heap[0] if heap else None
+
+    def __iter__(self) -> Iterator[int]:
+        return (z for z in range(len(self._member)) if self._member[z])
+
+
+class ZoneTable:
+    """Incrementally maintained summaries of the data zones (meta zones are not in it).
+
+    Args:
+        capacities: ``{zone index: zone capacity}`` for every data zone.
+        max_open: open-zone budget for data (0 = unlimited), after the store's own reservations.
+        max_active: active-zone budget for data (0 = unlimited), likewise.
+
+    Attributes:
+        zones: ``{index: ZoneSummary}`` for every data zone (ascending index order).
+        open: ``{index: ZoneSummary}`` of zones that hold data and are not full (the placement
+            candidates; each holds one active resource).
+        live, dead, written, unused: totals over all data zones, in bytes.
+        now: the latest training step the store has reported.
+
+    The store reports every change through the ``on_*`` methods; each notifies listeners
+    (:meth:`Allocator.zone_changed`).  :meth:`key` is the whole state, for the cached-summary
+    equivalence test.
+    """
+
+    def __init__(self, capacities: dict[int, int], *, max_open: int = 0, max_active: int = 0):
+        self.zones: dict[int, ZoneSummary] = {z: ZoneSummary(index=z, capacity=c)
+                                              for z, c in sorted(capacities.items())}
+        self.order: list[int] = list(self.zones)
+        self.max_open = max_open
+        self.max_active = max_active
+        self.open: dict[int, ZoneSummary] = {}
+        self._empty = _EmptySet(max(self.zones, default=-1) + 1)
+        for z in self.zones:
+            self._empty.add(z)
+        self.live = self.dead = self.written = self.unused = 0
+        self.now = 0
+        self.listeners: list[Callable[[ZoneSummary], None]] = []
+
+    # -- queries -----------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.zones)
+
+    def __iter__(self) -> Iterator[ZoneSummary]:
+        return iter(self.zones.values())
+
+    def __getitem__(self, z: int) -> ZoneSummary:
+        return self.zones[z]
+
+    @property
+    def n_empty(self) -> int:
+        return self._empty.count
+
+    def first_empty(self) -> int | None:
+        """Lowest-index empty data zone (ZenFS AllocateEmptyZone order), O(log zones)."""
+        return self._empty.first()
+
+    def is_empty(self, z: int) -> bool:
+        return z in self._empty
+
+    def empty_zones(self) -> Iterator[int]:
+        return iter(self._empty)
+
+    @property
+    def can_open(self) -> bool:
+        """True when an empty zone can be opened without finishing one (active budget)."""
+        return self._empty.count > 0 and (not self.max_active or len(self.open) < self.max_active)
+
+    @property
+    def capacity(self) -> int:
+        return sum(s.capacity for s in self.zones.values())
+
+    @property
+    def free(self) -> int:
+        """Bytes writable without a reset: remaining capacity of open zones plus empty zones."""
+        return (sum(s.remaining for s in self.open.values())
+                + sum(self.zones[z].capacity for z in self._empty))
+
+    def key(self) -> tuple:
+        """The whole state (every summary and total), for equality with a recomputation."""
+        return (tuple(s.key() for s in self.zones.values()), tuple(sorted(self.open)),
+                tuple(sorted(self._empty)), self.live, self.dead, self.written, self.unused)
+
+    # -- updates (store only) ----------------------------------------------------------------------
+    def _changed(self, s: ZoneSummary) -> None:
+        for fn in self.listeners:
+            fn(s)
+
+    def on_write(self, z: int, nbytes: int, *, reclaim_step: float | None, lifetime: int,
+                 step: int, live: bool = True) -> None:
+        """``nbytes`` were written at zone ``z``'s write pointer (live data unless ``live=False``,
+        e.g. bytes that are garbage from the start)."""
+        s = self.zones[z]
+        if s.cond == ZoneCond.EMPTY:
+            self._empty.discard(z)
+            self.open[z] = s
+            s.cond = ZoneCond.IMP_OPEN
+            s.lifetime = lifetime
+            s.opened_step = step
+        if reclaim_step is not None and (s.reclaim_step is None or reclaim_step > s.reclaim_step):
+            s.reclaim_step = reclaim_step
+        s.written += nbytes
+        self.written += nbytes
+        if live:
+            s.live += nbytes
+            self.live += nbytes
+        else:
+            s.dead += nbytes
+            self.dead += nbytes
+        if s.written >= s.capacity:
+            s.cond = ZoneCond.FULL
+            del self.open[z]
+        self._changed(s)
+
+    def on_finish(self, z: int) -> None:
+        """Zone ``z`` was finished: its remaining capacity is unused until reset."""
+        s = self.zones[z]
+        if s.cond == ZoneCond.FULL:
+            return
+        if s.cond == ZoneCond.EMPTY:
+            self._empty.discard(z)
+        else:
+            del self.open[z]
+        s.cond = ZoneCond.FULL
+        self.unused += s.capacity - s.written
+        self._changed(s)
+
+    def on_kill(self, z: int, nbytes: int) -> None:
+        """``nbytes`` of live data in zone ``z`` became dead (retired, aborted, or moved by GC)."""
+        s = self.zones[z]
+        s.live -= nbytes
+        s.dead += nbytes
+        self.live -= nbytes
+        self.dead += nbytes
+        self._changed(s)
+
+    def on_reset(self, z: int) -> None:
+        """Zone ``z`` was reset: empty again."""
+        s = self.zones[z]
+        if s.cond == ZoneCond.EMPTY and s.written == 0:
+            return
+        self.unused -= s.unused
+        self.written -= s.written
+        self.live -= s.live
+        self.dead -= s.dead
+        self.open.pop(z, None)
+        s.cond, s.written, s.live, s.dead = ZoneCond.EMPTY, 0, 0, 0
+        s.reclaim_step, s.lifetime, s.opened_step = None, 0, 0
+        self._empty.add(z)
+        self._changed(s)
+
+    def restore(self, summaries: list[ZoneSummary]) -> None:
+        """Replace every summary (recovery), recomputing the open/empty sets and totals."""
+        self.open.clear()
+        self._empty = _EmptySet(max(self.zones, default=-1) + 1)
+        self.live = self.dead = self.written = self.unused = 0
+        for s in summaries:
+            self.zones[s.index] = s
+        for s in self.zones.values():
+            if s.cond == ZoneCond.EMPTY:
+                self._empty.add(s.index)
+            elif s.cond != ZoneCond.FULL:
+                self.open[s.index] = s
+            self.live += s.live
+            self.dead += s.dead
+            self.written += s.written
+            self.unused += s.unused
+        for s in self.zones.values():
+            self._changed(s)
+
+
+@dataclass
+class Allocator(abc.ABC):
+    """A placement policy.  Subclasses are dataclasses whose fields are their parameters
+    (``--policy NAME:param=value``).
+
+    Contract:
+      * :meth:`place` is deterministic given the table state and the request (seeded randomness
+        only, e.g. the noisy-hint control), and must not modify the table.
+      * A returned zone is either in ``table.open`` with ``remaining > 0`` or empty; zones in
+        ``finish`` are open; if the zone is empty, ``len(table.open) - len(finish) <
+        table.max_active`` (or no limit).  The store checks and raises ``ValueError`` otherwise.
+
+    Example, the simplest policy (one log)::
+
+        @dataclass
+        class Greedy(Allocator):
+            name = "greedy"
+            def place(self, req):
+                for z in self.table.open:  # the single open zone, if any
+                    return Decision(z, reclaim_step=req.hint.reclaim_step)
+                z = self.table.first_empty()
+                return Decision(z, reclaim_step=req.hint.reclaim_step) if z is not None else NO_SPACE
+    """
+
+    name = "abstract"
+    table: ZoneTable = field(init=False, repr=False, compare=False)
+
+    def bind(self, table: ZoneTable) -> None:
+        """Attach to the store's table (once per store open, after recovery).  Override to build
+        private indexes; call ``super().bind(table)``."""
+        self.table = table
+        table.listeners.append(self.zone_changed)
+
+    def zone_changed(self, zone: ZoneSummary) -> None:  # noqa: B027 - optional hook
+        """Called after every change to a zone summary (incremental indexes)."""
+
+    @abc.abstractmethod
+    def place(self, req: ExtentRequest) -> Decision:
+        """Choose where ``req`` goes (see the class contract)."""
+
+    def gc_victims(self, reserve_zones: int) -> list[int]:
+        """Zones to garbage-collect now, most urgent first (empty list: no GC).
+
+        The default collects while fewer than ``reserve_zones`` zones are empty: full zones with
+        dead bytes, most dead bytes first (ties: lowest index), until enough would be freed.
+        """
+        t = self.table
+        if t.n_empty >= reserve_zones:
+            return []
+        full = [s for s in t if s.cond == ZoneCond.FULL and s.dead > 0]
+        full.sort(key=lambda s: (-s.dead, s.index))
+        return [s.index for s in full[:reserve_zones - t.n_empty]]
+
+    def describe(self) -> str:
+        """``NAME:param=value,...`` as given on the command line."""
+        params = {k: v for k, v in self.__dict__.items() if k != "table" and not k.startswith("_")}
+        return self.name + (":" + ",".join(f"{k}={v}" for k, v in params.items()) if params else "")

@@ -1,0 +1,244 @@
+"""Find or install what the QEMU guest lane needs: QEMU, static busybox, cpio, kmod and a Debian kernel.
+
+Host tools come from Debian's packages (``apt-get install``); the guest kernel is ``apt-get download``-ed
+and unpacked with ``dpkg-deb -x`` into a private cache folder (``cache/vm/`` under the repository by
+default, ``$RETAINZ_VM_CACHE`` otherwise), then ``depmod -b`` indexes its modules.  Nothing is installed
+into ``/boot`` and no initramfs tool runs.  Every step is idempotent: a second call finds everything and
+runs no package command at all.
+
+Run it as ``python -m retainz.vm.setup`` (``tools/vm-setup.sh`` and ``make vm-setup`` do).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["VMSetupError", "Kernel", "HOST_PACKAGES", "default_cache_dir", "ensure_host_tools",
+           "ensure_kernel", "ensure_all", "find_qemu", "find_busybox"]
+
+#: Debian packages the lane installs on the host.
+HOST_PACKAGES = ("qemu-system-x86", "busybox-static", "cpio", "kmod")
+#: The meta-package whose dependency names the current kernel image package.
+KERNEL_META = "linux-image-amd64"
+
+
+class VMSetupError(RuntimeError):
+    """Something the guest lane needs is missing and could not be installed (the message says what
+    to do).  ``reason`` is a short machine-readable cause: ``"no-root"``, ``"registry"``,
+    ``"not-found"``."""
+
+    def __init__(self, message: str, reason: str = "not-found"):
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """An unpacked guest kernel.
+
+    Attributes:
+        root: the folder the package was unpacked into (holds ``boot/`` and ``lib/modules/``).
+        release: the kernel release, e.g. ``6.1.0-57-amd64``.
+        vmlinuz: path of the bootable image.
+    """
+
+    root: Path
+    release: str
+    vmlinuz: Path
+
+    @property
+    def modules_dir(self) -> Path:
+        return self.root / "lib" / "modules" / self.release
+
+
+def default_cache_dir() -> Path:
+    """``$RETAINZ_VM_CACHE``, else ``cache/vm`` in the repository holding this package (a git-ignored
+    folder), else ``~/.cache/retainz/vm`` for an installed copy."""
+    env = os.environ.get("RETAINZ_VM_CACHE")
+    if env:
+        return Path(env)
+    here = Path(__file__).resolve()
+    for parent in here.parents:
+        if (parent / "pyproject.toml").exists() and (parent / "src" / "retainz").is_dir():
+            return parent / "cache" / "vm"
+    return Path.home() / ".cache" / "retainz" / "vm"
+
+
+def _log(msg: str) -> None:
+    print(f"retainz vm setup: {msg}", file=sys.stderr, flush=True)
+
+
+_apt_updated = False
+
+
+def _apt(args: list[str], what: str, cwd: Path | None = None) -> None:
+    global _apt_updated
+    if os.geteuid() != 0:
+        raise VMSetupError(f"{what} needs root (apt-get); run `sudo make vm-setup` or install "
+                           f"{', '.join(HOST_PACKAGES)} yourself", reason="no-root")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    if not _apt_updated:
+        _log("apt-get update")
+        r = subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise VMSetupError(f"apt-get update failed (is Debian's package registry reachable?):\n"
+                               f"{r.stderr.strip()[-2000:]}", reason="registry")
+        _apt_updated = True
+    _log(" ".join(["apt-get", *args]))
+    r = subprocess.run(["apt-get", *args], env=env, capture_output=True, text=True, cwd=cwd)
+    if r.returncode != 0:
+        raise VMSetupError(f"{what}: `apt-get {' '.join(args)}` failed (is Debian's package registry "
+                           f"reachable?):\n{r.stderr.strip()[-2000:]}", reason="registry")
+
+
+def find_qemu() -> str | None:
+    """Path of ``qemu-system-x86_64`` (``$RETAINZ_QEMU`` wins), or None."""
+    return os.environ.get("RETAINZ_QEMU") or shutil.which("qemu-system-x86_64")
+
+
+def find_busybox() -> str | None:
+    """Path of a statically linked busybox, or None (a dynamic one cannot run in the bare initramfs
+    before the root is mounted)."""
+    for cand in (os.environ.get("RETAINZ_BUSYBOX"), "/bin/busybox", "/usr/bin/busybox"):
+        if cand and os.path.exists(cand) and _is_static(cand):
+            return cand
+    return None
+
+
+def _is_static(path: str) -> bool:
+    with open(path, "rb") as f:
+        head = f.read(1 << 16)
+    return b"ld-linux" not in head  # a dynamic ELF names its interpreter in the first pages
+
+
+def _missing_host_tools() -> list[str]:
+    missing = []
+    if not find_qemu():
+        missing.append("qemu-system-x86")
+    if not find_busybox():
+        missing.append("busybox-static")
+    if not shutil.which("cpio"):
+        missing.append("cpio")
+    if not (shutil.which("depmod") or os.path.exists("/sbin/depmod")):
+        missing.append("kmod")
+    return missing
+
+
+def ensure_host_tools(install: bool = True) -> None:
+    """Make sure QEMU, static busybox, cpio and kmod are on the host.
+
+    Raises:
+        VMSetupError: something is missing and ``install`` is False, we are not root, or apt-get
+            failed (no registry).
+    """
+    missing = _missing_host_tools()
+    if not missing:
+        return
+    if not install:
+        raise VMSetupError(f"missing host packages: {', '.join(missing)} (run `make vm-setup`)")
+    _apt(["install", "-y", "-q", "--no-install-recommends", *missing], "installing " + ", ".join(missing))
+    still = _missing_host_tools()
+    if still:
+        raise VMSetupError(f"installed {', '.join(missing)} but still missing: {', '.join(still)}")
+
+
+def _cached_kernels(cache: Path) -> list[Kernel]:
+    out = []
+    for vmlinuz in sorted(glob.glob(str(cache / "kernel" / "*" / "boot" / "vmlinuz-*"))):
+        p = Path(vmlinuz)
+        root = p.parent.parent
+        release = p.name[len("vmlinuz-"):]
+        if (root / "lib" / "modules" / release / "modules.dep").exists():
+            out.append(Kernel(root=root, release=release, vmlinuz=p))
+    return out
+
+
+def _kernel_package_name() -> str | None:
+    r = subprocess.run(["apt-cache", "depends", KERNEL_META], capture_output=True, text=True)
+    for line in r.stdout.splitlines():
+        line = line.strip()
+        if line.startswith("Depends:") and "linux-image-" in line:
+            return line.split(":", 1)[1].strip()
+    return None
+
+
+def ensure_kernel(cache: Path | None = None, install: bool = True) -> Kernel:
+    """Return an unpacked Debian kernel, downloading it into ``cache/kernel/`` if none is there.
+
+    ``$RETAINZ_VM_KERNEL_DIR`` may name an unpacked kernel folder to use instead.
+
+    Raises:
+        VMSetupError: no cached kernel and it cannot be downloaded (no root, no registry).
+    """
+    env_dir = os.environ.get("RETAINZ_VM_KERNEL_DIR")
+    if env_dir:
+        found = _cached_kernels(Path(env_dir).parent) if Path(env_dir).is_dir() else []
+        for k in found:
+            if k.root == Path(env_dir):
+                return k
+        raise VMSetupError(f"RETAINZ_VM_KERNEL_DIR={env_dir} holds no boot/vmlinuz-* with indexed modules")
+    cache = cache or default_cache_dir()
+    have = _cached_kernels(cache)
+    if have:
+        return have[-1]
+    if not install:
+        raise VMSetupError(f"no guest kernel in {cache}/kernel (run `make vm-setup`)")
+    if not shutil.which("dpkg-deb"):
+        raise VMSetupError("dpkg-deb not found: the guest kernel is unpacked from a Debian package")
+    name = _kernel_package_name()
+    if name is None:
+        _apt(["install", "-y", "-q", "--no-install-recommends", "--print-uris", KERNEL_META],
+             "finding the kernel package")  # forces apt-get update, then retry the lookup
+        name = _kernel_package_name()
+    if name is None:
+        raise VMSetupError(f"apt-cache does not know {KERNEL_META}: is Debian's package registry "
+                           "configured? (apt-get update)", reason="registry")
+    debs = cache / "debs"
+    debs.mkdir(parents=True, exist_ok=True)
+    if not glob.glob(str(debs / f"{name}_*.deb")):
+        _apt(["download", "-q", name], f"downloading {name}", cwd=debs)
+    deb = sorted(glob.glob(str(debs / f"{name}_*.deb")))[-1]
+    root = cache / "kernel" / name
+    tmp = root.with_name(name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    _log(f"unpacking {Path(deb).name}")
+    subprocess.run(["dpkg-deb", "-x", deb, str(tmp)], check=True)
+    releases = [p.name[len("vmlinuz-"):] for p in (tmp / "boot").glob("vmlinuz-*")]
+    if len(releases) != 1:
+        raise VMSetupError(f"{deb}: expected one boot/vmlinuz-*, found {releases}")
+    depmod = shutil.which("depmod") or "/sbin/depmod"
+    subprocess.run([depmod, "-b", str(tmp), releases[0]], check=True)
+    shutil.rmtree(root, ignore_errors=True)
+    tmp.rename(root)
+    os.unlink(deb)  # 70 MB; the unpacked tree is what we keep
+    return _cached_kernels(cache)[-1]
+
+
+def ensure_all(cache: Path | None = None, install: bool = True) -> Kernel:
+    """:func:`ensure_host_tools` then :func:`ensure_kernel`; returns the kernel."""
+    ensure_host_tools(install)
+    return ensure_kernel(cache, install)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m retainz.vm.setup [--check]``: install what is missing (or, with --check, only say)."""
+    argv = sys.argv[1:] if argv is None else argv
+    install = "--check" not in argv
+    try:
+        k = ensure_all(install=install)
+    except VMSetupError as e:
+        print(f"retainz vm setup: error: {e}", file=sys.stderr)
+        return 1
+    print(f"qemu: {find_qemu()}\nbusybox: {find_busybox()}\nkernel: {k.release} ({k.vmlinuz})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
