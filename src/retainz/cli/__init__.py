@@ -24,6 +24,16 @@ COMMAND_MODULES = [
 ]
 
 
+def size_arg(text: str) -> int:
+    """argparse type for byte sizes with units (``64MiB``); the error names the problem."""
+    from retainz.zoned.model import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 class UsageError(Exception):
     """Bad command-line input: exit status 2 with one line."""
 

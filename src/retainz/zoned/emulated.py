@@ -358,14 +358,20 @@ class EmulatedZonedDevice(ZonedDevice):
         self._persist()
 
     # -- restoring state (file device open) ---------------------------------------------------------
-    def _restore(self, conds: list[ZoneCond], written: list[int]) -> None:
-        """Load a zone state saved by :meth:`_persist` (recounting open/active resources)."""
+    def _restore(self, conds: list[ZoneCond], written: list[int], imp_order: list[int] = ()) -> None:
+        """Load a zone state saved by :meth:`_persist` (recounting open/active resources).
+
+        ``imp_order`` lists implicitly open zones oldest first (the eviction order); others follow
+        in zone order."""
         self._imp_open.clear()
         self._exp_open.clear()
         self._nr_closed = 0
         self._cond = [_E] * self._nz
+        for z in imp_order:
+            self._set_cond(z, _IO)
         for z, cond in enumerate(conds):
-            self._set_cond(z, ZoneCond(cond))
+            if self._cond[z] != cond:
+                self._set_cond(z, ZoneCond(cond))
         self._written = list(written)
         self._dcond = list(self._cond)
         self._dwritten = list(self._written)

@@ -13,7 +13,8 @@ data_offset = 4096 + 2 * slot  zone 0, then zone 1, ... each ``zone_size`` bytes
 =============================  =================================================================
 
 A zone-state slot holds ``RZSTATE\\0``, a sequence number, every zone's condition (u8) and written
-bytes (u64), and a crc32c.  Slots are written alternately; the valid slot with the highest sequence
+bytes (u64), the implicitly open zones oldest first (u32 count + u32 each: the order in which the open
+limit closes them), and a crc32c.  Slots are written alternately; the valid slot with the highest sequence
 wins, so a torn slot write leaves the previous state readable.
 
 What survives a power cut or a killed process: every zone's data up to its write pointer as recorded
@@ -53,7 +54,7 @@ def _round_up(n: int, to: int) -> int:
 
 
 def _slot_size(nr_zones: int) -> int:
-    return _round_up(_SLOT_HEAD.size + 9 * nr_zones + 4, 4096)
+    return _round_up(_SLOT_HEAD.size + 13 * nr_zones + 8, 4096)
 
 
 class FileDevice(EmulatedZonedDevice):
@@ -88,7 +89,7 @@ class FileDevice(EmulatedZonedDevice):
             self._fd = -1
             raise DeviceBusyError(f"{path}: the device is in use by another process") from None
         conds, written, self._seq = self._read_state()
-        self._restore(conds, written)
+        self._restore(conds, written, self._restore_order)
 
     # -- creation ----------------------------------------------------------------------------------
     @classmethod
@@ -158,10 +159,13 @@ class FileDevice(EmulatedZonedDevice):
                 best = decoded
         if best is None:
             raise CorruptDeviceError(f"{self._info.path}: both zone-state copies fail their checksums")
-        seq, conds, written = best
+        seq, conds, written, order = best
         for z, (c, w) in enumerate(zip(conds, written, strict=True)):
             if c not in ZoneCond.__members__.values() or w > self._zcap:
                 raise CorruptDeviceError(f"{self._info.path}: zone {z} state ({c}, {w}) is impossible")
+        if any(z >= self._nz or conds[z] != ZoneCond.IMP_OPEN for z in order):
+            raise CorruptDeviceError(f"{self._info.path}: implicit-open order {order} is impossible")
+        self._restore_order = order
         return [ZoneCond(c) for c in conds], written, seq
 
     # -- storage hooks -----------------------------------------------------------------------------
@@ -196,7 +200,7 @@ class FileDevice(EmulatedZonedDevice):
         if self._fd < 0 or self.readonly:
             return
         self._seq += 1
-        slot = _encode_slot(self._seq, self._dcond, self._dwritten, self._slot_size)
+        slot = _encode_slot(self._seq, self._dcond, self._dwritten, self._slot_size, self._imp_open)
         os.pwrite(self._fd, slot, _LABEL_SIZE + (self._seq % 2) * self._slot_size)
         os.fsync(self._fd)
 
@@ -210,7 +214,7 @@ class FileDevice(EmulatedZonedDevice):
     def power_loss(self, keep_unflushed: bool = False) -> None:
         super().power_loss(keep_unflushed)
         conds, written, self._seq = self._read_state()  # what a reopen would see
-        self._restore(conds, written)
+        self._restore(conds, written, self._restore_order)
 
     def close(self) -> None:
         """Flush and record the exact zone state (open zones included), then release the file."""
@@ -232,25 +236,33 @@ class FileDevice(EmulatedZonedDevice):
             self._fd = -1
 
 
-def _encode_slot(seq: int, conds, written, slot_size: int) -> bytes:
+def _encode_slot(seq: int, conds, written, slot_size: int, imp_order=()) -> bytes:
     body = bytearray(_SLOT_HEAD.pack(_STATE_MAGIC, seq))
     body += bytes(int(c) for c in conds)
     body += struct.pack(f"<{len(written)}Q", *written)
+    order = [z for z in imp_order if conds[z] == ZoneCond.IMP_OPEN]
+    order += [z for z, c in enumerate(conds) if c == ZoneCond.IMP_OPEN and z not in set(order)]
+    body += struct.pack(f"<I{len(order)}I", len(order), *order)
     body += struct.pack("<I", crc32c.crc32c(body))
     return bytes(body.ljust(slot_size, b"\0"))
 
 
-def _decode_slot(raw: bytes, nr_zones: int) -> tuple[int, list[int], list[int]] | None:
+def _decode_slot(raw: bytes, nr_zones: int) -> tuple[int, list[int], list[int], list[int]] | None:
     end = _SLOT_HEAD.size + 9 * nr_zones
-    if len(raw) < end + 4 or raw[:8] != _STATE_MAGIC:
+    if len(raw) < end + 8 or raw[:8] != _STATE_MAGIC:
         return None
+    (n_order,) = struct.unpack_from("<I", raw, end)
+    if n_order > nr_zones:
+        return None
+    end += 4 + 4 * n_order
     (crc,) = struct.unpack_from("<I", raw, end)
     if crc32c.crc32c(raw[:end]) != crc:
         return None
     _, seq = _SLOT_HEAD.unpack_from(raw)
     conds = list(raw[_SLOT_HEAD.size:_SLOT_HEAD.size + nr_zones])
     written = list(struct.unpack_from(f"<{nr_zones}Q", raw, _SLOT_HEAD.size + nr_zones))
-    return seq, conds, written
+    order = list(struct.unpack_from(f"<{n_order}I", raw, end - 4 * n_order))
+    return seq, conds, written, order
 
 
 _libc = None

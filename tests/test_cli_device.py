@@ -1,0 +1,74 @@
+"""The device CLI: create, info, zones report/ops, and the exit statuses for bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from retainz.cli import main
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_create_info_report_and_ops(tmp_path, capsys):
+    dev = str(tmp_path / "d.img")
+    code, out, _ = run(capsys, "device", "create", dev, "--zones", "8", "--zone-size", "1MiB",
+                       "--zone-capacity", "768KiB", "--max-open", "2", "--max-active", "3")
+    assert code == 0 and "8 zones of 1 MiB" in out
+    code, out, _ = run(capsys, "device", "info", dev, "--json")
+    info = json.loads(out)
+    assert (info["nr_zones"], info["zone_capacity"], info["max_active"]) == (8, 768 << 10, 3)
+    assert run(capsys, "zones", "open", dev, "2")[0] == 0
+    assert run(capsys, "zones", "finish", dev, "5")[0] == 0
+    code, out, _ = run(capsys, "zones", "report", dev)
+    lines = out.splitlines()
+    assert len(lines) == 8
+    assert lines[2] == ("Zone 00002: swr, ofst 00000002097152, len 00000001048576, cap 00000000786432, "
+                        "wp 00000002097152, oe, non_seq 0, reset 0")
+    assert ", fu," in lines[5] and "wp 00000006291456" in lines[5]
+    code, out, _ = run(capsys, "zones", "report", dev, "-ro", "fu", "--csv")
+    assert out.splitlines() == ["zone num, type, ofst, len, cap, wp, cond, non_seq, reset",
+                                "00005, 2, 00000005242880, 00000001048576, 00000000786432, "
+                                "00000006291456, 0xe, 0, 0"]
+    code, out, _ = run(capsys, "zones", "report", dev, "--json", "--start", "5", "--count", "1")
+    assert json.loads(out)[0]["cond"] == "full"
+    assert run(capsys, "zones", "reset", dev, "5")[0] == 0
+    code, out, _ = run(capsys, "zones", "report", dev, "-ro", "fu")
+    assert out == ""
+
+
+@pytest.mark.parametrize("argv, needle, status", [
+    (["zones", "report", "/nonexistent/d.img"], "no such device file", 2),
+    (["zones", "reset", "{dev}", "99"], "zone 99 does not exist", 2),
+    (["zones", "close", "{dev}", "0"], "only an open zone can be closed", 1),
+    (["device", "create", "{dev}", "--zones", "4", "--zone-size", "1MiB"], "exists", 2),
+    (["device", "create", "{tmp}/n.img", "--zones", "4", "--zone-size", "1 furlong"], "bad size", 2),
+    (["device", "create", "{tmp}/n.img", "--zones", "4", "--zone-size", "1MiB", "--zone-capacity", "2MiB"],
+     "capacity", 2),
+    (["zones", "report", "{foreign}"], "not a RetainZ device", 2),
+    (["zones", "explode", "{dev}", "0"], "invalid choice", 2),
+    (["frobnicate"], "invalid choice", 2),
+])
+def test_bad_input_exits_with_one_clear_line(tmp_path, capsys, argv, needle, status):
+    dev = tmp_path / "d.img"
+    main(["device", "create", str(dev), "--zones", "4", "--zone-size", "1MiB"])
+    foreign = tmp_path / "foreign.bin"
+    foreign.write_bytes(b"hello" * 100)
+    capsys.readouterr()
+    argv = [a.format(dev=dev, tmp=tmp_path, foreign=foreign) for a in argv]
+    code, out, err = run(capsys, *argv)
+    assert code == status
+    assert needle in err
+    assert len(err.strip().splitlines()) == 1, err
+    assert foreign.read_bytes() == b"hello" * 100
+
+
+def test_demo_runs(tmp_path, capsys):
+    code, out, _ = run(capsys, "demo", "--out", str(tmp_path / "demo"))
+    assert code == 0
+    assert "zone 0 reset" in out

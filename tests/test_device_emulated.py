@@ -1,0 +1,264 @@
+"""Behaviour specific to the emulated devices: durability, foreign/corrupt files, locking, read-only and
+offline zones, payload-less memory, geometry validation and device specifications."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from retainz import errors
+from retainz.zoned import FileDevice, Geometry, MemoryDevice, ZoneCond, open_device, parse_size
+from retainz.zoned.file import _LABEL_SIZE
+
+from .conftest import SMALL
+
+BS = SMALL.block_size
+
+
+def data(n: int, seed: int = 0) -> bytes:
+    return bytes([(seed + i) % 256 for i in range(n)]) * BS
+
+
+def _kill(dev: FileDevice) -> None:
+    """What a killed process leaves: the fd goes away without a clean close."""
+    os.close(dev._fd)
+    dev._fd = -1
+
+
+# -- durability -------------------------------------------------------------------------------------
+
+def test_file_device_reopen_sees_flushed_state_only(tmp_path):
+    path = tmp_path / "d.img"
+    dev = FileDevice.create(path, SMALL)
+    dev.write(0, data(2, 1))
+    dev.flush()
+    dev.write(2 * BS, data(1, 2))        # not flushed
+    dev.write(SMALL.zone_size, data(1, 3))  # zone 1, not flushed
+    _kill(dev)
+    dev = FileDevice(path)
+    assert dev.zone(0).wp == 2 * BS
+    assert dev.zone(0).cond == ZoneCond.IMP_OPEN  # the drive stayed powered: only the process died
+    assert dev.zone(1).cond == ZoneCond.EMPTY
+    assert dev.read(0, 3 * BS) == data(2, 1) + bytes(BS)
+    dev.write(2 * BS, data(1, 4))  # writable at the durable write pointer
+    dev.close()
+
+
+def test_file_device_clean_close_keeps_exact_state_including_open_zones(tmp_path):
+    path = tmp_path / "d.img"
+    with FileDevice.create(path, SMALL) as dev:
+        dev.open_zone(3)
+        dev.write(0, data(1))
+        dev.write(SMALL.zone_size, data(1))
+        dev.finish_zone(5)
+        before = dev.report_zones()
+    with FileDevice(path) as dev:
+        assert dev.report_zones() == before
+        assert dev.open_counts() == (3, 3)
+
+
+def test_finish_and_reset_are_durable_on_completion(tmp_path):
+    path = tmp_path / "d.img"
+    dev = FileDevice.create(path, SMALL)
+    dev.write(0, data(1))
+    dev.finish_zone(0)        # durable with its data
+    dev.write(SMALL.zone_size, data(1))
+    dev.flush()
+    dev.reset_zone(1)         # durable
+    _kill(dev)
+    with FileDevice(path) as dev:
+        assert dev.zone(0).cond == ZoneCond.FULL and dev.read(0, BS) == data(1)
+        assert dev.zone(1).cond == ZoneCond.EMPTY and dev.read(SMALL.zone_size, BS) == bytes(BS)
+
+
+@pytest.mark.parametrize("kind", ["memory", "file"])
+@pytest.mark.parametrize("keep", [True, False])
+def test_power_loss_keeps_or_drops_unflushed_and_closes_open_zones(tmp_path, kind, keep):
+    dev = MemoryDevice(SMALL) if kind == "memory" else FileDevice.create(tmp_path / "d.img", SMALL)
+    dev.write(0, data(1, 1))
+    dev.open_zone(2)
+    dev.flush()
+    dev.write(BS, data(1, 2))            # unflushed
+    dev.write(SMALL.zone_size, data(1, 3))  # unflushed, zone 1 was empty
+    dev.power_loss(keep_unflushed=keep)
+    z0, z1, z2 = dev.report_zones(0, 3)
+    assert z2.cond == ZoneCond.EMPTY  # explicitly open with nothing written -> empty
+    assert z0.cond == ZoneCond.CLOSED
+    if keep:
+        assert z0.wp == 2 * BS and dev.read(0, 2 * BS) == data(1, 1) + data(1, 2)
+        assert z1.cond == ZoneCond.CLOSED and dev.read(SMALL.zone_size, BS) == data(1, 3)
+    else:
+        assert z0.wp == BS and dev.read(0, 2 * BS) == data(1, 1) + bytes(BS)
+        assert z1.cond == ZoneCond.EMPTY and dev.read(SMALL.zone_size, BS) == bytes(BS)
+    assert dev.open_counts() == (0, 1 + keep)
+    dev.close()
+
+
+# -- foreign, corrupt, busy files -------------------------------------------------------------------
+
+def test_foreign_file_is_refused_and_left_unchanged(tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_bytes(b"precious data\n" * 1000)
+    before = path.read_bytes()
+    with pytest.raises(errors.NotADeviceError, match="not a RetainZ device"):
+        FileDevice(path)
+    with pytest.raises(FileExistsError):
+        FileDevice.create(path, SMALL)
+    assert path.read_bytes() == before
+    with pytest.raises(FileNotFoundError):
+        open_device(str(tmp_path / "missing.img"))
+
+
+def test_create_force_overwrites(tmp_path):
+    path = tmp_path / "d.img"
+    path.write_bytes(b"x" * 10)
+    with FileDevice.create(path, SMALL, force=True) as dev:
+        assert dev.geometry == SMALL
+
+
+def _flip(path, offset):
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0x10]))
+
+
+def test_corrupt_label_is_detected(tmp_path):
+    path = tmp_path / "d.img"
+    FileDevice.create(path, SMALL).close()
+    _flip(path, 20)
+    with pytest.raises(errors.CorruptDeviceError, match="label"):
+        FileDevice(path)
+
+
+def test_one_corrupt_state_copy_falls_back_to_the_other(tmp_path):
+    path = tmp_path / "d.img"
+    dev = FileDevice.create(path, SMALL)
+    dev.write(0, data(1))
+    dev.flush()            # state seq 2 -> slot 0
+    dev.write(BS, data(1))
+    dev.flush()            # state seq 3 -> slot 1
+    seq = dev._seq
+    slot = dev._slot_size
+    dev.close()
+    _flip(path, _LABEL_SIZE + (seq % 2) * slot + 20)  # corrupt the newest copy
+    with FileDevice(path) as dev:
+        assert dev.zone(0).wp == BS  # the previous state
+    _flip(path, _LABEL_SIZE + ((seq + 1) % 2) * slot + 20)  # now both
+    with pytest.raises(errors.CorruptDeviceError, match="both zone-state copies"):
+        FileDevice(path)
+
+
+def test_truncated_device_file_is_detected(tmp_path):
+    path = tmp_path / "d.img"
+    FileDevice.create(path, SMALL).close()
+    os.truncate(path, os.path.getsize(path) - SMALL.zone_size)
+    with pytest.raises(errors.CorruptDeviceError, match="shorter"):
+        FileDevice(path)
+
+
+def test_second_writer_is_refused_readers_share(tmp_path):
+    path = tmp_path / "d.img"
+    FileDevice.create(path, SMALL).close()
+    with FileDevice(path):
+        with pytest.raises(errors.DeviceBusyError, match="in use"):
+            FileDevice(path)
+    with FileDevice(path, readonly=True) as r1, FileDevice(path, readonly=True) as r2:
+        assert r1.report_zones() == r2.report_zones()
+        with pytest.raises(PermissionError):
+            r1.write(0, data(1))
+
+
+# -- read-only and offline zones ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["memory", "file"])
+def test_read_only_and_offline_zones(tmp_path, kind):
+    dev = MemoryDevice(SMALL) if kind == "memory" else FileDevice.create(tmp_path / "d.img", SMALL)
+    dev.write(0, data(1, 5))
+    dev.set_condition(0, ZoneCond.READONLY)
+    dev.set_condition(1, ZoneCond.OFFLINE)
+    assert dev.read(0, BS) == data(1, 5)  # read-only zones stay readable
+    with pytest.raises(errors.ZoneReadOnlyError):
+        dev.write(BS, data(1))
+    for op in ("open", "close", "finish", "reset"):
+        with pytest.raises(errors.ZoneReadOnlyError):
+            getattr(dev, f"{op}_zone")(0)
+        with pytest.raises(errors.ZoneOfflineError):
+            getattr(dev, f"{op}_zone")(1)
+    with pytest.raises(errors.ZoneOfflineError):
+        dev.read(SMALL.zone_size, BS)
+    with pytest.raises(errors.ZoneOfflineError):
+        dev.append(1, data(1))
+    assert dev.open_counts() == (0, 0)  # a read-only zone holds no resources
+    with pytest.raises(ValueError):
+        dev.set_condition(2, ZoneCond.FULL)
+    if kind == "file":
+        dev.close()
+        dev = FileDevice(tmp_path / "d.img")
+        assert [z.cond for z in dev.report_zones(0, 2)] == [ZoneCond.READONLY, ZoneCond.OFFLINE]
+        dev.close()
+
+
+# -- payload-less memory --------------------------------------------------------------------------------
+
+def test_payloadless_memory_counts_sizes_and_keeps_real_bytes():
+    dev = MemoryDevice(SMALL, payload=False)
+    dev.write(0, 5 * BS)  # counted only
+    assert dev.zone(0).wp == 5 * BS
+    with pytest.raises(errors.NoPayloadError):
+        dev.read(0, BS)
+    assert dev.read(5 * BS, BS) == bytes(BS)
+    dev.write(SMALL.zone_size, data(2, 7))  # real bytes (a journal) are kept
+    assert dev.read(SMALL.zone_size, 2 * BS) == data(2, 7)
+    assert dev.append(0, 2 * BS) == 5 * BS
+    dev.reset_zone(0)
+    dev.write(0, data(1, 8))
+    assert dev.read(0, BS) == data(1, 8)
+    with pytest.raises(TypeError, match="keeps payload"):
+        MemoryDevice(SMALL).write(0, BS)
+
+
+# -- geometry, sizes, specs -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(nr_zones=0, zone_size=4096, zone_capacity=4096), "zone count"),
+    (dict(nr_zones=4, zone_size=4096, zone_capacity=8192), "capacity"),
+    (dict(nr_zones=4, zone_size=5000, zone_capacity=4096), "zone size"),
+    (dict(nr_zones=4, zone_size=8192, zone_capacity=4096, block_size=1024), "block size"),
+    (dict(nr_zones=4, zone_size=8192, zone_capacity=4096, max_open=5, max_active=4), "max open"),
+    (dict(nr_zones=4, zone_size=8192, zone_capacity=4096, max_open=-1), "negative"),
+])
+def test_geometry_validation_names_the_problem(kwargs, message):
+    with pytest.raises(errors.DeviceFormatError, match=message):
+        Geometry(**kwargs)
+
+
+def test_512_byte_blocks_work():
+    g = Geometry(nr_zones=2, zone_size=8 * 512, zone_capacity=6 * 512, block_size=512)
+    dev = MemoryDevice(g)
+    dev.write(0, b"\1" * 512)
+    assert dev.zone(0).wp == 512
+    with pytest.raises(errors.MisalignedIOError):
+        dev.write(512, b"\1" * 100)
+
+
+def test_parse_size():
+    assert parse_size("64MiB") == parse_size("64M") == 64 << 20
+    assert parse_size("1GB") == 10 ** 9
+    assert parse_size("4096") == 4096
+    with pytest.raises(ValueError, match="bad size"):
+        parse_size("12 parsecs")
+
+
+def test_open_device_specs(tmp_path):
+    dev = open_device("mem:zones=4,zone_size=64KiB,zone_capacity=48KiB,payload=false")
+    assert (dev.geometry.nr_zones, dev.geometry.zone_capacity, dev.info.payload) == (4, 48 << 10, False)
+    with pytest.raises(errors.DeviceFormatError, match="unknown geometry key"):
+        open_device("mem:zonez=4")
+    with pytest.raises(errors.DeviceFormatError, match="KEY=VALUE"):
+        open_device("mem:zones")
+    FileDevice.create(tmp_path / "d.img", SMALL).close()
+    with open_device(f"file:{tmp_path / 'd.img'}") as d:
+        assert d.geometry == SMALL
