@@ -35,6 +35,19 @@ __all__ = [
     "NotADeviceError",
     "CorruptDeviceError",
     "DeviceBusyError",
+    # store
+    "StoreError",
+    "NoSpaceError",
+    "GenerationExistsError",
+    "GenerationNotFoundError",
+    "ShardNotFoundError",
+    "ChecksumError",
+    "CorruptJournalError",
+    "StoreLockedError",
+    "ForeignDeviceError",
+    "InvalidIdError",
+    "ShardSizeError",
+    "SummaryMismatchError",
 ]
 
 
@@ -185,3 +198,107 @@ class DeviceBusyError(RetainZError, OSError):
 
     def __str__(self) -> str:
         return str(self.strerror)
+
+
+# -- store errors (retainz.store) --------------------------------------------------------------------
+# Named after LevelDB's Status codes where one fits (NotFound, Corruption, InvalidArgument, IOError);
+# each also derives from the closest builtin so callers need not import RetainZ to catch it.
+
+
+class StoreError(RetainZError):
+    """Base class of the store's own errors (not device errors)."""
+
+
+class NoSpaceError(StoreError, OSError):
+    """A generation was refused at admission, or an allocation or metadata append found no space.
+
+    Attributes:
+        needed: bytes the operation needed (0 when unknown).
+        available: bytes that were available to it.
+    """
+
+    def __init__(self, message: str, *, needed: int = 0, available: int = 0):
+        OSError.__init__(self, _errno.ENOSPC, message)
+        self.needed = needed
+        self.available = available
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+    def __reduce__(self):
+        return (_rebuild_nospace, (self.strerror, self.needed, self.available))
+
+
+def _rebuild_nospace(message, needed, available):
+    return NoSpaceError(message, needed=needed, available=available)
+
+
+class GenerationExistsError(StoreError, FileExistsError):
+    """``begin_generation`` with an id that is committed or being written."""
+
+
+class GenerationNotFoundError(StoreError, KeyError, FileNotFoundError):
+    """No committed generation with that id (also a ``KeyError`` and a ``FileNotFoundError``)."""
+
+    def __str__(self) -> str:  # KeyError quotes its argument; keep the message readable
+        return str(self.args[0]) if self.args else ""
+
+
+class ShardNotFoundError(StoreError, KeyError, FileNotFoundError):
+    """The generation exists but has no shard of that name."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class ChecksumError(StoreError, ValueError):
+    """Data read back does not match its crc32c.
+
+    Attributes:
+        generation, shard: what was being read (``None`` when not known, e.g. during GC of a zone).
+        zone: the zone index; offset: byte offset of the extent inside the zone; length: its bytes.
+        expected, actual: the two crc32c values.
+    """
+
+    def __init__(self, message: str, *, generation: str | None = None, shard: str | None = None,
+                 zone: int | None = None, offset: int | None = None, length: int | None = None,
+                 expected: int | None = None, actual: int | None = None):
+        super().__init__(message)
+        self.generation, self.shard = generation, shard
+        self.zone, self.offset, self.length = zone, offset, length
+        self.expected, self.actual = expected, actual
+
+
+class CorruptJournalError(StoreError, ValueError):
+    """The metadata journal or superblock is damaged in a way a crash cannot explain (a checksum
+    mismatch inside a complete record, a missing superblock, committed data missing on the device).
+    Recovery refuses to guess; the message names the zone and byte."""
+
+
+class StoreLockedError(StoreError, BlockingIOError):
+    """The store is already open for writing (in this process, or another holds the device lock)."""
+
+    def __init__(self, message: str):
+        OSError.__init__(self, _errno.EBUSY, message)
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+class ForeignDeviceError(StoreError, ValueError):
+    """``Store.format`` refused a device holding data it does not recognise (or an existing RetainZ
+    store) without ``force``; ``Store.open`` on a device that holds no RetainZ store."""
+
+
+class InvalidIdError(StoreError, ValueError):
+    """A generation id or shard name that is empty, longer than 255 bytes (UTF-8), ``.``/``..`` or
+    containing ``..``, a path separator, NUL or a control character."""
+
+
+class ShardSizeError(StoreError, ValueError):
+    """More bytes than declared: a shard longer than its ``size=``, or a generation past its
+    ``declared_size``.  Nothing is committed by the failing call."""
+
+
+class SummaryMismatchError(StoreError, AssertionError):
+    """``verify_summaries`` mode found cached zone summaries that differ from a recomputation."""

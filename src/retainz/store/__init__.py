@@ -1,0 +1,27 @@
+"""The store: the backend that executes everything (DESIGN.md "Layers", issue 4).
+
+Public surface (everything else in this package is private)::
+
+    from retainz.store import Store
+    with Store.format(device) as store:          # or Store.open(device)
+        w = store.begin_generation("step-100", 100, hint=Hint(reclaim_step=300), declared_size=n)
+        w.write_shard("__0_0.distcp", chunks)      # streaming; or size=N on a payload-less device
+        w.commit()                                 # the commit record is durable when this returns
+        for chunk in store.read_shard("step-100", "__0_0.distcp"): ...
+        store.delete("step-100", step=300)
+"""
+
+from retainz.store.store import GenerationWriter, Store
+from retainz.store.types import (
+    Extent,
+    FsckReport,
+    GCReport,
+    GenerationInfo,
+    GenState,
+    ShardInfo,
+    SpaceReport,
+    StoreMetrics,
+)
+
+__all__ = ["Store", "GenerationWriter", "Extent", "FsckReport", "GCReport", "GenerationInfo", "GenState",
+           "ShardInfo", "SpaceReport", "StoreMetrics"]

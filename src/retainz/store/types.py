@@ -1,0 +1,218 @@
+"""What the store hands back: catalog entries, metrics and reports (data only).
+
+Extents are plain tuples ``(zone, offset, length, crc)`` on the hot path (no per-extent objects):
+
+* ``zone``: device zone index;
+* ``offset``: byte offset of the extent inside the zone (block aligned);
+* ``length``: bytes of shard data in the extent (only a shard's last extent may end mid-block; the
+  extent occupies ``length`` rounded up to the block size on the device);
+* ``crc``: crc32c of the ``length`` data bytes, or ``None`` for a counted extent written by size on a
+  payload-less device (trace replay).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field
+
+from retainz.placement.base import Hint
+
+__all__ = ["Extent", "GenState", "ShardInfo", "GenerationInfo", "StoreMetrics", "GCReport",
+           "FsckReport", "SpaceReport"]
+
+#: ``(zone, offset in zone, length in bytes, crc32c or None)``.
+Extent = tuple[int, int, int, "int | None"]
+
+
+class GenState(enum.Enum):
+    """A generation's life (DESIGN.md domain model): writing -> committed -> deleted."""
+
+    WRITING = "writing"
+    COMMITTED = "committed"
+    ABORTED = "aborted"
+    DELETED = "deleted"
+
+
+@dataclass(slots=True)
+class ShardInfo:
+    """One shard of a generation.  Read-only for callers.
+
+    Attributes:
+        name: shard name (a file name, e.g. ``__0_0.distcp``).
+        size: bytes of data.
+        crc: crc32c of the whole shard, ``None`` for a counted (payload-less) shard.
+        extents: the shard's :data:`Extent` tuples, in data order.
+    """
+
+    name: str
+    size: int
+    crc: int | None
+    extents: tuple = ()
+
+
+@dataclass(slots=True)
+class GenerationInfo:
+    """One generation (a checkpoint save).  Read-only for callers.
+
+    Attributes:
+        id: the generation id.
+        step: the training step it was saved at.
+        hint: the retention hint given at ``begin_generation`` (journaled with the commit).
+        state: :class:`GenState`.
+        shards: ``{name: ShardInfo}`` in write order.
+        commit_seq: position of its commit record in the journal (0 while writing), a total order
+            of commits.
+    """
+
+    id: str
+    step: int
+    hint: Hint = field(default_factory=Hint)
+    state: GenState = GenState.WRITING
+    shards: dict[str, ShardInfo] = field(default_factory=dict)
+    commit_seq: int = 0
+
+    @property
+    def size(self) -> int:
+        """Bytes of shard data."""
+        return sum(s.size for s in self.shards.values())
+
+
+@dataclass
+class StoreMetrics:
+    """Counters the store keeps (DESIGN.md "Metrics").  Bytes are device bytes (block-rounded);
+    byte-steps integrate bytes over training steps reported through ``advance``.
+
+    They are journaled with every snapshot and at a clean close; after a crash they resume from the
+    last snapshot or close (the bytes of the lost session are not recounted).
+
+    Attributes:
+        host_bytes: bytes written on behalf of users (shard data, block-rounded).
+        gc_bytes: bytes copied by garbage collection.
+        resets: data-zone resets.
+        finishes: data-zone finishes (allocator decisions).
+        unused_capacity_bytes: capacity lost to finishes so far (sum over finishes of the capacity
+            left unwritten).
+        unused_capacity_byte_steps: integral over steps of the capacity currently lost to finished
+            zones not yet reset.
+        dead_space_byte_steps: integral over steps of dead-but-unreclaimed bytes.
+        peak_occupancy: the largest live + dead bytes seen (sampled after every shard, commit and
+            deletion).
+        decisions: allocator ``place`` calls.
+        decision_cpu_seconds: time spent inside ``place`` (``time.perf_counter``; the store is
+            single-threaded under its lock, so this is the decisions' CPU cost).
+        journal_bytes: bytes written to meta zones (records, padding, superblocks, snapshots).
+        journal_records: records appended.
+        rollovers: journal rollovers.
+        generations_committed, generations_deleted, generations_aborted: counts.
+    """
+
+    host_bytes: int = 0
+    gc_bytes: int = 0
+    resets: int = 0
+    finishes: int = 0
+    unused_capacity_bytes: int = 0
+    unused_capacity_byte_steps: int = 0
+    dead_space_byte_steps: int = 0
+    peak_occupancy: int = 0
+    decisions: int = 0
+    decision_cpu_seconds: float = 0.0
+    journal_bytes: int = 0
+    journal_records: int = 0
+    rollovers: int = 0
+    generations_committed: int = 0
+    generations_deleted: int = 0
+    generations_aborted: int = 0
+
+    @property
+    def waf(self) -> float:
+        """Write amplification factor: ``(host_bytes + gc_bytes) / host_bytes`` (1.0 when no host
+        bytes)."""
+        return (self.host_bytes + self.gc_bytes) / self.host_bytes if self.host_bytes else 1.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["waf"] = self.waf
+        return d
+
+
+@dataclass
+class GCReport:
+    """What one ``gc()`` call did.
+
+    Attributes:
+        victims: zones collected (copied and reset), in order.
+        skipped: zones the allocator named but GC left alone (holding data of a generation still
+            being written, or not full).
+        extents_moved: extents copied.
+        bytes_copied: bytes copied (block-rounded).
+        zones_reset: zones reset, victims and all-dead zones.
+    """
+
+    victims: list[int] = field(default_factory=list)
+    skipped: list[int] = field(default_factory=list)
+    extents_moved: int = 0
+    bytes_copied: int = 0
+    zones_reset: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class FsckReport:
+    """What ``fsck()`` found.  ``ok`` is True when ``problems`` is empty.
+
+    Attributes:
+        generations, shards, extents: counts checked.
+        bytes_verified: shard bytes read and checksummed.
+        unverifiable_bytes: bytes of counted (payload-less) extents, which carry no checksum.
+        problems: one line per problem (checksum mismatch, extent past a write pointer, summary
+            mismatch...).
+    """
+
+    generations: int = 0
+    shards: int = 0
+    extents: int = 0
+    bytes_verified: int = 0
+    unverifiable_bytes: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["ok"] = self.ok
+        return d
+
+
+@dataclass
+class SpaceReport:
+    """Space accounting, like ``zenfs df`` (bytes).
+
+    Attributes:
+        capacity: writable bytes of the data zones.
+        free: bytes writable without a reset (remaining capacity of open and empty zones).
+        used: live bytes.
+        reclaimable: dead bytes plus capacity lost to early finishes (what resets give back).
+        space_amplification: ``(used + reclaimable) / used`` in percent over 100, as zenfs prints
+            ``Space amplification: N %`` ((written-to space / live) - 1, in percent).
+        data_zones, meta_zones, empty_zones, open_zones, full_zones: zone counts.
+        generations: committed generations.
+    """
+
+    capacity: int = 0
+    free: int = 0
+    used: int = 0
+    reclaimable: int = 0
+    space_amplification: float = 0.0
+    data_zones: int = 0
+    meta_zones: int = 0
+    empty_zones: int = 0
+    open_zones: int = 0
+    full_zones: int = 0
+    generations: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
