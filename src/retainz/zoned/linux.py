@@ -1,18 +1,598 @@
-"""A real Linux zoned block device (``/dev/nvmeXnY``, null_blk zoned...) through the kernel's ioctls.
+"""A real Linux zoned block device (``/dev/nvmeXnY``, null_blk zoned, an emulator's namespace) through
+the kernel's zoned block ioctls, with the standard library only (``fcntl``, ``struct``, ``mmap``).
 
-Not implemented yet: it is the subject of the "Real zoned block devices" issue.  Opening one raises
-:class:`~retainz.errors.ZoneOpNotSupportedError` with that explanation.
+How it maps the :class:`~retainz.zoned.device.ZonedDevice` verbs onto the kernel:
+
+* geometry: ``/sys/block/<dev>/queue`` (``zoned``, ``chunk_sectors``, ``nr_zones``, ``max_open_zones``,
+  ``max_active_zones``, ``logical_block_size``) plus the capacity of zone 0 from ``BLKREPORTZONE``;
+* :meth:`~LinuxZonedDevice.report_zones`: ``BLKREPORTZONE``; zone management: ``BLKOPENZONE``,
+  ``BLKCLOSEZONE``, ``BLKFINISHZONE``, ``BLKRESETZONE`` (all in 512-byte sectors, whatever the block
+  size; converted to bytes here and nowhere else);
+* writes: ``os.pwrite`` on an ``O_DIRECT`` descriptor from a page-aligned buffer (a caller's
+  page-aligned writable buffer, e.g. an ``mmap`` or :meth:`LinuxZonedDevice.aligned_buffer`, is used
+  as it is; anything else is copied into one).  Linux 6.1 does not order writes to a zone unless the
+  queue's scheduler is ``mq-deadline`` (6.10+ has zone write plugging), and it splits a large write
+  into ``max_sectors_kb`` requests that may then be reordered: so each zone has a lock that keeps one
+  write in flight, and when the scheduler is not ``mq-deadline`` a write is issued in pieces of at most
+  ``max_sectors_kb``, one after the other;
+* reads: ``os.preadv`` into a page-aligned buffer; bytes past a zone's written data (its write
+  pointer, or its capacity) read as zeros whatever the device returns there (null_blk returns a 0xFF
+  pattern past the write pointer, QEMU zeros), which costs one zone report when the write pointers of
+  the zones read are not cached;
+* :meth:`~LinuxZonedDevice.append`: Linux 6.1 has no zone append from user space, so it is
+  **emulated**: under the zone's lock, a write at the cached write pointer, which returns the offset
+  where the data landed.  Correct as long as nothing else writes the zone (the device is opened
+  ``O_EXCL``; a non-exclusive writer elsewhere could still move the write pointer, in which case one
+  retry after re-reading the write pointer is made);
+* flush: ``fsync`` (the kernel sends a device cache flush).
+
+Errors: the kernel answers most zone errors with a bare ``EIO``.  :func:`classify_write_error` and
+:func:`classify_zone_op_error` turn an errno plus a fresh report of the zone into the same exception
+types the emulated devices raise (Zone Is Full, Zone Invalid Write, Invalid Zone State Transition...).
+Requests whose outcome the arithmetic alone decides (misaligned, out of range, crossing the zone
+capacity) are refused before any I/O, as the emulators do: in particular a write crossing the capacity
+would otherwise land its first pieces and then fail, leaving the write pointer moved.
+
+Reported write pointers are normalised to the model's rule: a Full zone reports ``start + size``
+(the NVMe driver already does; null_blk reports ``start + capacity`` for a zone filled by writes).
 """
 
 from __future__ import annotations
 
-from retainz.errors import ZoneOpNotSupportedError
+import errno as _errno
+import fcntl
+import mmap
+import os
+import stat
+import struct
+import threading
+from dataclasses import dataclass
+from pathlib import Path
 
-__all__ = ["LinuxZonedDevice"]
+from retainz.errors import (
+    DeviceBusyError,
+    InvalidZoneTransitionError,
+    MisalignedIOError,
+    NotADeviceError,
+    OutOfRangeError,
+    TooManyActiveZonesError,
+    TooManyOpenZonesError,
+    ZoneBoundaryError,
+    ZonedDeviceError,
+    ZoneFullError,
+    ZoneInvalidWriteError,
+    ZoneOfflineError,
+    ZoneOpNotSupportedError,
+    ZoneReadOnlyError,
+)
+from retainz.zoned.device import WriteData, ZonedDevice, ZoneOp
+from retainz.zoned.model import DeviceInfo, Geometry, Zone, ZoneCond, ZoneType
+
+__all__ = [
+    "LinuxZonedDevice",
+    "RawZone",
+    "BLKREPORTZONE", "BLKRESETZONE", "BLKGETZONESZ", "BLKGETNRZONES", "BLKOPENZONE", "BLKCLOSEZONE",
+    "BLKFINISHZONE",
+    "REPORT_HEADER", "BLK_ZONE", "BLK_ZONE_RANGE", "BLK_ZONE_REP_CAPACITY", "SECTOR",
+    "pack_report_request", "parse_report", "pack_zone_range", "raw_to_zone",
+    "classify_write_error", "classify_zone_op_error", "sysfs_queue_dir",
+]
+
+# -- <linux/blkzoned.h> (checked with sizeof/offsetof; see shared/reference/qemu-zns.md) ------------
+BLKREPORTZONE = 0xC0101282
+BLKRESETZONE = 0x40101283
+BLKGETZONESZ = 0x80041284
+BLKGETNRZONES = 0x80041285
+BLKOPENZONE = 0x40101286
+BLKCLOSEZONE = 0x40101287
+BLKFINISHZONE = 0x40101288
+
+#: struct blk_zone_report header: sector, nr_zones, flags; the zones follow at offset 16.
+REPORT_HEADER = struct.Struct("<QII")
+#: struct blk_zone: start, len, wp, type, cond, non_seq, reset, resv[4], capacity, reserved[24].
+BLK_ZONE = struct.Struct("<QQQBBBB4xQ24x")
+#: struct blk_zone_range: sector, nr_sectors.
+BLK_ZONE_RANGE = struct.Struct("<QQ")
+#: Report header flag: the ``capacity`` fields are valid.
+BLK_ZONE_REP_CAPACITY = 1 << 0
+#: Every zone ioctl counts 512-byte sectors.
+SECTOR = 512
+
+_OP_IOCTL = {ZoneOp.OPEN: BLKOPENZONE, ZoneOp.CLOSE: BLKCLOSEZONE, ZoneOp.FINISH: BLKFINISHZONE,
+             ZoneOp.RESET: BLKRESETZONE}
+_REPORT_BATCH = 256  # zones per BLKREPORTZONE call (16 KiB buffer)
+_PAGE = mmap.PAGESIZE
 
 
-class LinuxZonedDevice:
-    """Placeholder until the real-device issue lands."""
+@dataclass(frozen=True, slots=True)
+class RawZone:
+    """One ``struct blk_zone`` as the kernel filled it (sectors, not bytes)."""
 
-    def __init__(self, path: str, *, readonly: bool = False):
-        raise ZoneOpNotSupportedError(f"{path}: real zoned block devices are not supported yet")
+    start: int
+    len: int
+    wp: int
+    type: int
+    cond: int
+    non_seq: int
+    reset: int
+    capacity: int
+
+
+def pack_report_request(sector: int, nr_zones: int) -> bytearray:
+    """The mutable buffer ``BLKREPORTZONE`` fills: a header asking for ``nr_zones`` zones from 512-byte
+    ``sector`` on, followed by room for that many ``struct blk_zone`` (64 bytes each)."""
+    buf = bytearray(REPORT_HEADER.size + nr_zones * BLK_ZONE.size)
+    REPORT_HEADER.pack_into(buf, 0, sector, nr_zones, 0)
+    return buf
+
+
+def parse_report(buf: bytes | bytearray) -> tuple[int, list[RawZone]]:
+    """Decode a filled ``BLKREPORTZONE`` buffer into ``(flags, zones)``; the header's ``nr_zones`` is
+    how many zones the kernel reported.
+
+    Raises:
+        ValueError: the buffer is shorter than its header says.
+    """
+    _, n, flags = REPORT_HEADER.unpack_from(buf, 0)
+    if REPORT_HEADER.size + n * BLK_ZONE.size > len(buf):
+        raise ValueError(f"zone report claims {n} zones but the buffer holds "
+                         f"{(len(buf) - REPORT_HEADER.size) // BLK_ZONE.size}")
+    zones = [RawZone(*BLK_ZONE.unpack_from(buf, REPORT_HEADER.size + i * BLK_ZONE.size)) for i in range(n)]
+    return flags, zones
+
+
+def pack_zone_range(sector: int, nr_sectors: int) -> bytes:
+    """A ``struct blk_zone_range`` for the zone management ioctls (512-byte sectors)."""
+    return BLK_ZONE_RANGE.pack(sector, nr_sectors)
+
+
+def raw_to_zone(raw: RawZone, flags: int, zone_sectors: int) -> Zone:
+    """Convert a kernel zone to the model's :class:`Zone` in bytes.
+
+    The capacity is the report's when ``flags`` has :data:`BLK_ZONE_REP_CAPACITY`, else the zone length.
+    A Full (or read-only / offline) zone reports ``wp = start + size``.
+    """
+    start, size = raw.start * SECTOR, raw.len * SECTOR
+    capacity = raw.capacity * SECTOR if flags & BLK_ZONE_REP_CAPACITY else size
+    cond = ZoneCond(raw.cond)
+    wp = start + size if cond in (ZoneCond.FULL, ZoneCond.READONLY, ZoneCond.OFFLINE) else raw.wp * SECTOR
+    return Zone(index=raw.start // zone_sectors, start=start, size=size, capacity=capacity, wp=wp,
+                cond=cond, type=ZoneType(raw.type))
+
+
+# -- errno -> exception ---------------------------------------------------------------------------------
+
+def classify_write_error(err: int, zone: Zone, offset: int, length: int, *, block_size: int = 4096,
+                         written_before: int | None = None) -> ZonedDeviceError:
+    """The exception a write that failed with ``err`` stands for, given the zone's state *after* it.
+
+    Args:
+        err: the errno of the failed ``pwrite`` (``EIO``, ``ETOOMANYREFS``, ``EOVERFLOW``, ``EINVAL``...).
+        zone: a fresh report of the written zone.
+        offset: device byte offset of the write.  length: its byte length.
+        block_size: the logical block size, to tell a misaligned ``EINVAL``.
+        written_before: bytes of the zone written before the request (None when unknown): when the
+            zone is Full now but was not full before, the write started at the write pointer and ran
+            into the capacity.
+
+    Linux answers every zone status NVMe has with ``EIO`` except Too Many Open Zones (``ETOOMANYREFS``)
+    and Too Many Active Zones (``EOVERFLOW``), so an ``EIO`` is told apart by the zone's condition and
+    write pointer, in the emulators' order: read-only, offline, full, not at the write pointer, past
+    the capacity.
+    """
+    kw = {"zone": zone.index, "offset": offset, "length": length, "errno": err}
+    z, pos = zone.index, offset - zone.start
+    if err == _errno.ETOOMANYREFS:
+        return TooManyOpenZonesError(f"zone {z}: cannot open it implicitly: the device's open zone "
+                                     f"limit is reached and every open zone is explicitly open", **kw)
+    if err == _errno.EOVERFLOW:
+        return TooManyActiveZonesError(f"zone {z}: cannot activate it: the device's active zone limit "
+                                       "is reached", **kw)
+    if err == _errno.EINVAL:
+        if offset % block_size or length % block_size or length <= 0:
+            return MisalignedIOError(f"offset {offset} and length {length} must be positive multiples of "
+                                     f"the {block_size}-byte block size", **kw)
+        return OutOfRangeError(f"write {offset}+{length} refused with EINVAL (out of range)", **kw)
+    if err == _errno.EIO:
+        if zone.cond == ZoneCond.READONLY:
+            return ZoneReadOnlyError(f"zone {z} is read-only", **kw)
+        if zone.cond == ZoneCond.OFFLINE:
+            return ZoneOfflineError(f"zone {z} is offline", **kw)
+        if zone.cond == ZoneCond.FULL:
+            if written_before is not None and written_before == pos and pos + length > zone.capacity:
+                return ZoneBoundaryError(f"zone {z}: write of {length} bytes at byte {pos} crosses the "
+                                         f"zone capacity {zone.capacity}", **kw)
+            return ZoneFullError(f"zone {z} is full", **kw)
+        wp = zone.wp - zone.start
+        if pos != wp and (written_before is None or pos != written_before):
+            return ZoneInvalidWriteError(f"zone {z}: write at byte {pos} of the zone, but its write "
+                                         f"pointer is at byte {wp}", **kw)
+        if pos + length > zone.capacity:
+            return ZoneBoundaryError(f"zone {z}: write of {length} bytes at byte {pos} crosses the zone "
+                                     f"capacity {zone.capacity}", **kw)
+    return ZonedDeviceError(f"zone {z}: write {offset}+{length} failed: {os.strerror(err)} (zone "
+                            f"{zone.cond.long}, write pointer at byte {zone.wp - zone.start})", **kw)
+
+
+def classify_zone_op_error(op: ZoneOp, err: int, zone: Zone) -> ZonedDeviceError:
+    """The exception a zone management ioctl that failed with ``err`` stands for, given the zone's
+    state after it (see :func:`classify_write_error` for why the state is needed)."""
+    z = zone.index
+    kw = {"zone": z, "errno": err}
+    if err == _errno.ETOOMANYREFS:
+        return TooManyOpenZonesError(f"zone {z}: cannot {op.value} it: the open zone limit is reached",
+                                     **kw)
+    if err == _errno.EOVERFLOW:
+        return TooManyActiveZonesError(f"zone {z}: cannot {op.value} it: the active zone limit is "
+                                       "reached", **kw)
+    if err in (_errno.ENOTTY, _errno.EOPNOTSUPP):
+        return ZoneOpNotSupportedError(f"zone {z}: the device does not support zone {op.value}", **kw)
+    if err == _errno.EINVAL:
+        return OutOfRangeError(f"zone {z}: {op.value} refused with EINVAL", **kw)
+    if zone.cond == ZoneCond.READONLY:
+        return ZoneReadOnlyError(f"zone {z} is read-only: cannot {op.value} it", **kw)
+    if zone.cond == ZoneCond.OFFLINE:
+        return ZoneOfflineError(f"zone {z} is offline: cannot {op.value} it", **kw)
+    if err == _errno.EIO:
+        if zone.type == ZoneType.CONVENTIONAL:
+            return ZoneOpNotSupportedError(f"zone {z} is conventional: no zone {op.value}", **kw)
+        if (op is ZoneOp.OPEN and zone.cond == ZoneCond.FULL) or (
+                op is ZoneOp.CLOSE and zone.cond in (ZoneCond.EMPTY, ZoneCond.FULL)):
+            return InvalidZoneTransitionError(f"zone {z} is {zone.cond.long}: cannot {op.value} it", **kw)
+    return ZonedDeviceError(f"zone {z}: {op.value} failed: {os.strerror(err)} (zone {zone.cond.long})",
+                            **kw)
+
+
+# -- sysfs ------------------------------------------------------------------------------------------
+
+def sysfs_queue_dir(path: str, sys_root: str = "/sys") -> Path:
+    """``/sys/class/block/<name>/queue`` of a block device node (its parent's for a partition).
+
+    Raises:
+        NotADeviceError: the node has no sysfs entry.
+    """
+    st = os.stat(path)
+    major, minor = os.major(st.st_rdev), os.minor(st.st_rdev)
+    dev_dir = Path(sys_root) / "dev" / "block" / f"{major}:{minor}"
+    if not dev_dir.exists():
+        raise NotADeviceError(f"{path}: block device {major}:{minor} has no {dev_dir}")
+    real = dev_dir.resolve()
+    if (real / "partition").exists():
+        real = real.parent
+    return real / "queue"
+
+
+def _read_sysfs(queue: Path, name: str, default: str = "") -> str:
+    try:
+        return (queue / name).read_text().strip()
+    except OSError:
+        return default
+
+
+class LinuxZonedDevice(ZonedDevice):
+    """A host-managed zoned block device driven through the Linux zoned block ioctls.
+
+    Args:
+        path: the device node, e.g. ``/dev/nvme0n1`` or ``/dev/nullb0``.
+        readonly: open ``O_RDONLY`` (reports and reads only); otherwise ``O_RDWR | O_DIRECT | O_EXCL``.
+
+    Raises:
+        FileNotFoundError: no such path.
+        NotADeviceError: the path is not a block device, or a block device that is not zoned
+            (a regular file, a loop device: ``BLKREPORTZONE`` answers ``ENOTTY``), or not host-managed.
+        DeviceBusyError: another process holds the device exclusively (``EBUSY``).
+        PermissionError: no permission to open the device (run as root or join the ``disk`` group).
+
+    See the module docstring for the I/O rules and for how append is emulated.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, readonly: bool = False):
+        self._fd = -1
+        path = os.fspath(path)
+        st = os.stat(path)
+        if not stat.S_ISBLK(st.st_mode):
+            kind = "a regular file" if stat.S_ISREG(st.st_mode) else "not a block device"
+            hint = " (a file-backed zoned device is opened as file:PATH)" if stat.S_ISREG(st.st_mode) else ""
+            raise NotADeviceError(f"{path} is {kind}, not a zoned block device{hint}")
+        self.readonly = readonly
+        flags = os.O_RDONLY if readonly else os.O_RDWR | os.O_DIRECT | os.O_EXCL
+        try:
+            fd = os.open(path, flags | os.O_CLOEXEC)
+        except OSError as e:
+            if e.errno == _errno.EBUSY:
+                raise DeviceBusyError(f"{path}: the device is in use (mounted or opened exclusively "
+                                      "by another process)") from None
+            raise
+        self._fd = fd
+        try:
+            self._init_geometry(path)
+        except BaseException:
+            os.close(fd)
+            self._fd = -1
+            raise
+        self._locks = [threading.Lock() for _ in range(self._nz)]
+        self._wp_cache: dict[int, int] = {}  # zone -> bytes written (capacity when full)
+        self._buf: mmap.mmap | None = None
+
+    def _init_geometry(self, path: str) -> None:
+        zone_sectors = struct.unpack("<I", self._ioctl_get(BLKGETZONESZ, path))[0]
+        queue = sysfs_queue_dir(path)
+        model = _read_sysfs(queue, "zoned", "none")
+        if zone_sectors == 0 or model == "none":
+            raise NotADeviceError(f"{path} is a block device but not a zoned one (BLKGETZONESZ = 0, "
+                                  f"{queue}/zoned = {model!r})")
+        if model != "host-managed":
+            raise NotADeviceError(f"{path} is a {model} zoned device; RetainZ drives host-managed "
+                                  "devices only")
+        nr_zones = struct.unpack("<I", self._ioctl_get(BLKGETNRZONES, path))[0]
+        block_size = int(_read_sysfs(queue, "logical_block_size", "512"))
+        chunk = int(_read_sysfs(queue, "chunk_sectors", "0") or 0)
+        if chunk and chunk != zone_sectors:
+            raise NotADeviceError(f"{path}: chunk_sectors {chunk} differs from the zone size "
+                                  f"{zone_sectors} sectors")
+        sys_nr = int(_read_sysfs(queue, "nr_zones", "0") or 0)
+        if sys_nr and sys_nr != nr_zones:
+            raise NotADeviceError(f"{path}: BLKGETNRZONES says {nr_zones} zones, sysfs {sys_nr}")
+        self._zone_sectors = zone_sectors
+        self._nz = nr_zones
+        self._zsize = zone_sectors * SECTOR
+        self._bs = block_size
+        flags, raw = self._report_raw(0, 1)
+        if not raw:
+            raise NotADeviceError(f"{path}: BLKREPORTZONE reported no zone")
+        first = raw_to_zone(raw[0], flags, zone_sectors)
+        self._zcap = first.capacity
+        scheduler = _read_sysfs(queue, "scheduler")
+        self.scheduler = scheduler[scheduler.find("[") + 1:scheduler.find("]")] if "[" in scheduler else scheduler
+        #: Largest single write issued to the kernel (bytes); 0 = no limit (mq-deadline orders them).
+        max_kb = int(_read_sysfs(queue, "max_sectors_kb", "0") or 0)
+        self.max_write = 0 if self.scheduler == "mq-deadline" or not max_kb else max_kb * 1024
+        geometry = Geometry(nr_zones=nr_zones, zone_size=self._zsize, zone_capacity=self._zcap,
+                            block_size=block_size,
+                            max_open=int(_read_sysfs(queue, "max_open_zones", "0") or 0),
+                            max_active=int(_read_sysfs(queue, "max_active_zones", "0") or 0))
+        self._info = DeviceInfo(geometry=geometry, kind="linux", path=path, payload=True, model=model)
+
+    def _ioctl_get(self, request: int, path: str) -> bytes:
+        try:
+            return fcntl.ioctl(self._fd, request, bytes(4))
+        except OSError as e:
+            if e.errno in (_errno.ENOTTY, _errno.EINVAL, _errno.EOPNOTSUPP):
+                raise NotADeviceError(f"{path} is a block device but not a zoned one (the zone ioctls "
+                                      f"answer {_errno.errorcode.get(e.errno, e.errno)})") from None
+            raise
+
+    # -- description -------------------------------------------------------------------------------
+    @property
+    def info(self) -> DeviceInfo:
+        return self._info
+
+    def _report_raw(self, start: int, count: int) -> tuple[int, list[RawZone]]:
+        out: list[RawZone] = []
+        flags = 0
+        zone = start
+        while len(out) < count:
+            n = min(_REPORT_BATCH, count - len(out))
+            buf = pack_report_request(zone * self._zone_sectors, n)
+            fcntl.ioctl(self._check_open(), BLKREPORTZONE, buf, True)
+            flags, got = parse_report(buf)
+            if not got:
+                break
+            out.extend(got)
+            zone = got[-1].start // self._zone_sectors + 1
+        return flags, out
+
+    def report_zones(self, start: int = 0, count: int = 0) -> list[Zone]:
+        if start < 0 or start >= self._nz:
+            raise OutOfRangeError(f"zone {start} does not exist: the device has zones 0..{self._nz - 1}",
+                                  zone=start)
+        end = self._nz if count == 0 else start + count
+        if count < 0 or end > self._nz:
+            raise OutOfRangeError(f"report of {count} zones from zone {start} runs past the last zone "
+                                  f"{self._nz - 1}", zone=start)
+        flags, raw = self._report_raw(start, end - start)
+        zones = [raw_to_zone(r, flags, self._zone_sectors) for r in raw]
+        for z in zones:
+            self._wp_cache[z.index] = z.written
+        return zones
+
+    # -- zone management ---------------------------------------------------------------------------
+    def zone_op(self, op: ZoneOp, zone: int) -> None:
+        if not isinstance(zone, int) or zone < 0 or zone >= self._nz:
+            raise OutOfRangeError(f"zone {zone} does not exist: the device has zones 0..{self._nz - 1}",
+                                  zone=zone if isinstance(zone, int) else None)
+        fd = self._check_rw()
+        with self._locks[zone]:
+            self._wp_cache.pop(zone, None)
+            try:
+                fcntl.ioctl(fd, _OP_IOCTL[op], pack_zone_range(zone * self._zone_sectors,
+                                                               self._zone_sectors))
+            except OSError as e:
+                raise classify_zone_op_error(op, e.errno, self.zone(zone)) from None
+            if op is ZoneOp.RESET:
+                self._wp_cache[zone] = 0
+            elif op is ZoneOp.FINISH:
+                self._wp_cache[zone] = self._zcap
+
+    # -- data --------------------------------------------------------------------------------------
+    def aligned_buffer(self, length: int) -> mmap.mmap:
+        """A new page-aligned, zero-filled buffer of ``length`` bytes: fill it and pass it to
+        :meth:`write` to skip the copy into the device's own aligned buffer."""
+        return mmap.mmap(-1, max(length, 1))
+
+    def _check_open(self) -> int:
+        if self._fd < 0:
+            raise ValueError(f"{self._info.path}: device is closed")
+        return self._fd
+
+    def _check_rw(self) -> int:
+        fd = self._check_open()
+        if self.readonly:
+            raise PermissionError(f"{self._info.path}: device was opened read-only")
+        return fd
+
+    def _check_range(self, offset: int, length: int) -> None:
+        if offset < 0 or length <= 0 or offset % self._bs or length % self._bs:
+            raise MisalignedIOError(
+                f"offset {offset} and length {length} must be positive multiples of the "
+                f"{self._bs}-byte block size", offset=offset, length=length)
+        if offset + length > self._nz * self._zsize:
+            raise OutOfRangeError(f"range {offset}+{length} runs past the device end "
+                                  f"{self._nz * self._zsize}", offset=offset, length=length)
+
+    def _aligned_view(self, data: WriteData, length: int) -> memoryview:
+        if isinstance(data, int):
+            raise TypeError(f"{type(self).__name__} keeps payload: write bytes, not a byte count")
+        view = memoryview(data).cast("B")
+        if not view.readonly and view.c_contiguous and _address(view) % _PAGE == 0:
+            return view
+        if self._buf is None or len(self._buf) < length:
+            if self._buf is not None:
+                self._buf.close()
+            self._buf = mmap.mmap(-1, -(-length // _PAGE) * _PAGE)
+        self._buf[:length] = view
+        return memoryview(self._buf)[:length]
+
+    def write(self, offset: int, data: WriteData) -> None:
+        if isinstance(data, int):
+            raise TypeError(f"{type(self).__name__} keeps payload: write bytes, not a byte count")
+        length = memoryview(data).nbytes
+        self._check_range(offset, length)
+        fd = self._check_rw()
+        z = offset // self._zsize
+        with self._locks[z]:
+            self._write_locked(fd, z, offset, data, length)
+
+    def _write_locked(self, fd: int, z: int, offset: int, data: WriteData, length: int) -> None:
+        zstart = z * self._zsize
+        pos = offset - zstart
+        if pos + length > self._zcap:
+            # Decide from the zone's state, before any I/O: the kernel would land the first pieces.
+            zone = self.zone(z)
+            raise classify_write_error(_errno.EIO, zone, offset, length, block_size=self._bs,
+                                       written_before=None if zone.cond == ZoneCond.FULL else zone.written)
+        view = self._aligned_view(data, length)
+        before = self._wp_cache.get(z)
+        step = self.max_write or length
+        done = 0
+        try:
+            while done < length:
+                n = os.pwrite(fd, view[done:done + step], offset + done)
+                if n <= 0:
+                    raise OSError(_errno.EIO, "short write")
+                done += n
+        except OSError as e:
+            self._wp_cache.pop(z, None)
+            zone = self.zone(z)
+            err = classify_write_error(e.errno or _errno.EIO, zone, offset + done, length - done,
+                                       block_size=self._bs, written_before=before)
+            if done:
+                err.strerror = f"{err.strerror} (after {done} of {length} bytes were written)"
+            raise err from None
+        finally:
+            view.release()
+        if before is not None and before == pos:
+            self._wp_cache[z] = pos + length
+        else:
+            self._wp_cache.pop(z, None)
+
+    def append(self, zone: int, data: WriteData) -> int:
+        """Emulated zone append (Linux 6.1 has none from user space): under the zone's lock, write at
+        the cached write pointer (read from the device when unknown) and return the device byte offset
+        where the data landed.  Same errors as :meth:`write`, except never ZoneInvalidWriteError."""
+        if not isinstance(zone, int) or zone < 0 or zone >= self._nz:
+            raise OutOfRangeError(f"zone {zone} does not exist: the device has zones 0..{self._nz - 1}",
+                                  zone=zone if isinstance(zone, int) else None)
+        if isinstance(data, int):
+            raise TypeError(f"{type(self).__name__} keeps payload: write bytes, not a byte count")
+        length = memoryview(data).nbytes
+        fd = self._check_rw()
+        start = zone * self._zsize
+        with self._locks[zone]:
+            for attempt in range(2):
+                written = self._wp_cache.get(zone)
+                if written is None:
+                    written = self.zone(zone).written
+                if written >= self._zcap:
+                    raise ZoneFullError(f"zone {zone} is full", zone=zone, offset=start, length=length)
+                self._check_range(start + written, length)
+                try:
+                    self._write_locked(fd, zone, start + written, data, length)
+                except ZoneInvalidWriteError:
+                    self._wp_cache.pop(zone, None)  # someone else moved the write pointer: re-read
+                    if attempt:
+                        raise
+                    continue
+                return start + written
+        raise AssertionError("unreachable")
+
+    def read(self, offset: int, length: int) -> bytes:
+        self._check_range(offset, length)
+        fd = self._check_open()
+        buf = mmap.mmap(-1, -(-length // _PAGE) * _PAGE)
+        try:
+            view = memoryview(buf)
+            done = 0
+            while done < length:
+                n = os.preadv(fd, [view[done:length]], offset + done)
+                if n <= 0:
+                    break
+                done += n
+            view.release()
+            if done < length:
+                raise OutOfRangeError(f"read {offset}+{length} ended after {done} bytes",
+                                      offset=offset, length=length)
+            self._zero_unwritten(buf, offset, length)
+            return buf[:length]
+        except OSError as e:
+            if isinstance(e, ZonedDeviceError):
+                raise
+            z = offset // self._zsize
+            zone = self.zone(z)
+            if zone.cond == ZoneCond.OFFLINE:
+                raise ZoneOfflineError(f"zone {z} is offline", zone=z, offset=offset, length=length,
+                                       errno=e.errno) from None
+            raise
+        finally:
+            buf.close()
+
+    def _zero_unwritten(self, buf: mmap.mmap, offset: int, length: int) -> None:
+        """Zero what the read returned past each zone's written data: devices differ there (QEMU
+        returns the backing file's zeros, null_blk a 0xFF pattern); the model says zeros."""
+        first, last = offset // self._zsize, (offset + length - 1) // self._zsize
+        if any(z not in self._wp_cache for z in range(first, last + 1)):
+            self.report_zones(first, last - first + 1)
+        for z in range(first, last + 1):
+            zstart = z * self._zsize
+            valid_end = zstart + min(self._wp_cache.get(z, self._zcap), self._zcap)
+            lo, hi = max(offset, valid_end), min(offset + length, zstart + self._zsize)
+            if lo < hi:
+                buf[lo - offset:hi - offset] = bytes(hi - lo)
+
+    def flush(self) -> None:
+        """``fsync`` the device: the kernel sends a cache flush, so every completed write is durable."""
+        os.fsync(self._check_open())
+
+    def close(self) -> None:
+        """Close the device node.  Idempotent."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        if getattr(self, "_buf", None) is not None:
+            self._buf.close()
+            self._buf = None
+
+    def __del__(self):
+        if getattr(self, "_fd", -1) >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def _address(view: memoryview) -> int:
+    """Memory address of a writable buffer (``ctypes`` only needs it to check page alignment)."""
+    import ctypes
+
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(view))
+    except (TypeError, ValueError):
+        return 1  # not addressable: treat as unaligned (copied)
