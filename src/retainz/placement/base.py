@@ -78,6 +78,10 @@ class ExtentRequest:
         hint: the generation's :class:`Hint`.
         now: the current training step (the latest step the store has seen).
         gc: True when the bytes are live data being migrated by garbage collection.
+        pending: bytes of the same generation still to be placed after this request (its other
+            shards), when the store knows them at admission; 0 when unknown.  Policies use
+            ``nbytes + pending`` as the size of the group still to come (how much of a fresh zone
+            the group will fill).
     """
 
     nbytes: int
@@ -86,6 +90,7 @@ class ExtentRequest:
     hint: Hint
     now: int
     gc: bool = False
+    pending: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,11 +105,17 @@ class Decision:
         reclaim_step: the reclaim step the allocator assigns to these bytes (its view of the hint:
             exact, coarse, noisy, none or oracle).  The store records it as the zone's reclaim step
             (the max over the zone's data) and journals it.
+        lifetime: the ZenFS lifetime class to record for the zone when this decision opens it
+            (``ZoneSummary.lifetime``); ``None`` means ``request.hint.lifetime``.
+
+    A decision with ``zone=None`` may still name zones in ``finish``: ZenFS finishes a zone and
+    then fails to find an empty one ("Zone allocation failure"); the store finishes them anyway.
     """
 
     zone: int | None
     finish: tuple[int, ...] = ()
     reclaim_step: float | None = None
+    lifetime: int | None = None
 
 
 NO_SPACE = Decision(None)
@@ -197,6 +208,9 @@ class ZoneTable:
         capacities: ``{zone index: zone capacity}`` for every data zone.
         max_open: open-zone budget for data (0 = unlimited), after the store's own reservations.
         max_active: active-zone budget for data (0 = unlimited), likewise.
+        reserved_active: active zones the store keeps for itself (meta zones), so that
+            ``max_active + reserved_active`` is the device's limit (0 when ``max_active`` is 0).
+            The ZenFS port needs it to apply ZenFS's own "device max - 2" rule.
 
     Attributes:
         zones: ``{index: ZoneSummary}`` for every data zone (ascending index order).
@@ -210,12 +224,14 @@ class ZoneTable:
     equivalence test.
     """
 
-    def __init__(self, capacities: dict[int, int], *, max_open: int = 0, max_active: int = 0):
+    def __init__(self, capacities: dict[int, int], *, max_open: int = 0, max_active: int = 0,
+                 reserved_active: int = 0):
         self.zones: dict[int, ZoneSummary] = {z: ZoneSummary(index=z, capacity=c)
                                               for z, c in sorted(capacities.items())}
         self.order: list[int] = list(self.zones)
         self.max_open = max_open
         self.max_active = max_active
+        self.reserved_active = reserved_active
         self.open: dict[int, ZoneSummary] = {}
         self._empty = _EmptySet(max(self.zones, default=-1) + 1)
         for z in self.zones:
