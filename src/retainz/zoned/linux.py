@@ -33,8 +33,21 @@ Requests whose outcome the arithmetic alone decides (misaligned, out of range, c
 capacity) are refused before any I/O, as the emulators do: in particular a write crossing the capacity
 would otherwise land its first pieces and then fail, leaving the write pointer moved.
 
-Reported write pointers are normalised to the model's rule: a Full zone reports ``start + size``
-(the NVMe driver already does; null_blk reports ``start + capacity`` for a zone filled by writes).
+Where real devices differ from the model (``retainz.zoned.emulated``), this class presents the model's
+semantics, so the store sees one behaviour (each point was found by the conformance suite in the QEMU
+guest lane, Linux 6.1, QEMU 7.2):
+
+* a Full zone reports ``wp = start + size`` (the NVMe driver already does; null_blk reports
+  ``start + capacity`` for a zone filled by writes);
+* unwritten space reads as zeros (null_blk returns a 0xFF pattern past the write pointer);
+* closing an open zone with nothing written leaves it Empty: QEMU's NVMe ZNS makes it Closed (holding
+  an active resource, as ZNS allows), so such a close is followed by a reset, which loses nothing;
+* finishing an Empty zone needs a free active resource (as null_blk and the model): QEMU takes
+  Empty -> Full directly, a legal ZNS transition, so the check is made here first (a zone report);
+* a write to, an open of, or a finish of a Closed zone when the open limit is reached closes the least
+  recently written implicitly open zone (ZNS 2.1.1.4.1; QEMU does it itself, and finishes a Closed zone
+  without an open resource): null_blk refuses these with ``ETOOMANYREFS`` when the active limit is
+  reached too, so the close is done from here and the request retried once.
 """
 
 from __future__ import annotations
@@ -312,6 +325,7 @@ class LinuxZonedDevice(ZonedDevice):
             raise
         self._locks = [threading.Lock() for _ in range(self._nz)]
         self._wp_cache: dict[int, int] = {}  # zone -> bytes written (capacity when full)
+        self._recent: dict[int, None] = {}  # zones in order of their last write (oldest first)
         self._buf: mmap.mmap | None = None
 
     def _init_geometry(self, path: str) -> None:
@@ -403,16 +417,44 @@ class LinuxZonedDevice(ZonedDevice):
                                   zone=zone if isinstance(zone, int) else None)
         fd = self._check_rw()
         with self._locks[zone]:
+            if op is ZoneOp.FINISH and self.geometry.max_active:
+                self._check_finish_of_empty(zone)
             self._wp_cache.pop(zone, None)
             try:
-                fcntl.ioctl(fd, _OP_IOCTL[op], pack_zone_range(zone * self._zone_sectors,
-                                                               self._zone_sectors))
-            except OSError as e:
-                raise classify_zone_op_error(op, e.errno, self.zone(zone)) from None
+                self._ioctl_zone(fd, op, zone)
+            except TooManyOpenZonesError:
+                if op not in (ZoneOp.OPEN, ZoneOp.FINISH) or not self._close_implicitly_open(zone):
+                    raise
+                self._ioctl_zone(fd, op, zone)
             if op is ZoneOp.RESET:
                 self._wp_cache[zone] = 0
             elif op is ZoneOp.FINISH:
                 self._wp_cache[zone] = self._zcap
+            elif op is ZoneOp.CLOSE:
+                z = self.zone(zone)
+                if z.cond == ZoneCond.CLOSED and z.wp == z.start:
+                    # NVMe ZNS (QEMU) keeps a closed zone with nothing written Closed, holding an active
+                    # resource; null_blk and the model make it Empty.  Nothing is lost by a reset.
+                    self._ioctl_zone(fd, ZoneOp.RESET, zone)
+                    self._wp_cache[zone] = 0
+
+    def _ioctl_zone(self, fd: int, op: ZoneOp, zone: int) -> None:
+        try:
+            fcntl.ioctl(fd, _OP_IOCTL[op], pack_zone_range(zone * self._zone_sectors, self._zone_sectors))
+        except OSError as e:
+            raise classify_zone_op_error(op, e.errno, self.zone(zone)) from None
+
+    def _check_finish_of_empty(self, zone: int) -> None:
+        """The model (and null_blk) need a free active resource to finish an Empty zone; QEMU's NVMe
+        ZNS takes Empty -> Full directly (a legal ZNS transition).  Refuse it here the model's way."""
+        zones = self.report_zones()
+        if zones[zone].cond != ZoneCond.EMPTY:
+            return
+        n_active = sum(z.cond.is_active for z in zones)
+        if n_active >= self.geometry.max_active:
+            raise TooManyActiveZonesError(
+                f"zone {zone}: cannot finish an empty zone: {n_active} zones are active (open or "
+                f"closed), the device allows {self.geometry.max_active}", zone=zone)
 
     # -- data --------------------------------------------------------------------------------------
     def aligned_buffer(self, length: int) -> mmap.mmap:
@@ -463,7 +505,8 @@ class LinuxZonedDevice(ZonedDevice):
         with self._locks[z]:
             self._write_locked(fd, z, offset, data, length)
 
-    def _write_locked(self, fd: int, z: int, offset: int, data: WriteData, length: int) -> None:
+    def _write_locked(self, fd: int, z: int, offset: int, data: WriteData, length: int, *,
+                      _retried: bool = False) -> None:
         zstart = z * self._zsize
         pos = offset - zstart
         if pos + length > self._zcap:
@@ -483,6 +526,10 @@ class LinuxZonedDevice(ZonedDevice):
                 done += n
         except OSError as e:
             self._wp_cache.pop(z, None)
+            if (e.errno == _errno.ETOOMANYREFS and done == 0 and not _retried
+                    and self._close_implicitly_open(z)):
+                view.release()
+                return self._write_locked(fd, z, offset, data, length, _retried=True)
             zone = self.zone(z)
             err = classify_write_error(e.errno or _errno.EIO, zone, offset + done, length - done,
                                        block_size=self._bs, written_before=before)
@@ -495,6 +542,25 @@ class LinuxZonedDevice(ZonedDevice):
             self._wp_cache[z] = pos + length
         else:
             self._wp_cache.pop(z, None)
+        self._recent.pop(z, None)
+        self._recent[z] = None
+
+    def _close_implicitly_open(self, target: int) -> bool:
+        """Host-side implicit close (NVMe ZNS 2.1.1.4.1): null_blk answers a write to (or an open or
+        finish of) a Closed zone with ETOOMANYREFS when both the open and the active limits are reached
+        (it wants a free active resource before closing an implicitly open zone, though the Closed zone
+        already holds one).
+        Close the implicitly open zone this device wrote least recently, so the write can be retried.
+        Returns False when the target is not Closed or no zone is implicitly open."""
+        zones = self.report_zones()
+        if zones[target].cond != ZoneCond.CLOSED:
+            return False
+        imp = [z.index for z in zones if z.cond == ZoneCond.IMP_OPEN]
+        if not imp:
+            return False
+        victim = next((z for z in self._recent if z in imp), imp[0])
+        self._ioctl_zone(self._check_rw(), ZoneOp.CLOSE, victim)
+        return True
 
     def append(self, zone: int, data: WriteData) -> int:
         """Emulated zone append (Linux 6.1 has none from user space): under the zone's lock, write at
