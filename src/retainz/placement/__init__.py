@@ -26,6 +26,14 @@ __all__ = ["POLICIES", "make_allocator", "Allocator", "Decision", "ExtentRequest
 
 #: Policy name -> "module:Class".
 POLICIES: dict[str, str] = {
+    "retainz": "retainz.placement.retainz:RetainZ",
+    "retainz-nohint": "retainz.placement.retainz:RetainZNoHint",
+    "retainz-coarse": "retainz.placement.retainz:RetainZCoarse",
+    "retainz-noisy": "retainz.placement.retainz:RetainZNoisy",
+    "oracle": "retainz.placement.retainz:Oracle",
+    "zenfs": "retainz.placement.zenfs:ZenFS",
+    "common": "retainz.placement.controls:Common",
+    "dedicated": "retainz.placement.controls:Dedicated",
     "greedy": "retainz.placement.greedy:Greedy",
 }
 

@@ -1,0 +1,88 @@
+"""Matched controls that change how generations share zones: ``common`` and ``dedicated``.
+
+The hint controls (``retainz-nohint``, ``retainz-coarse``, ``retainz-noisy``, ``oracle``) live with
+the RetainZ rule in :mod:`retainz.placement.retainz`; ``greedy`` (one log) in
+:mod:`retainz.placement.greedy`.  Each control records the exact reclaim step it was given (for
+reports) but places without it.  GC victims are the base rule (most dead bytes first).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from retainz.placement.base import NO_SPACE, Allocator, Decision, ExtentRequest, ZoneSummary, ZoneTable
+from retainz.zoned.model import ZoneCond
+
+__all__ = ["Common", "Dedicated"]
+
+
+@dataclass
+class Common(Allocator):
+    """``common``: every generation is admitted to the same set of open zones (no separation by
+    reclaim step).  Up to ``width`` zones are kept open; each extent goes to the open zone with the
+    most remaining capacity (ties: lowest index), so every save is spread over all of them.
+
+    Attributes:
+        width: open zones shared by all data; 0 means the active-zone budget (4 if unlimited).
+    """
+
+    name = "common"
+    width: int = 0
+
+    def place(self, req: ExtentRequest) -> Decision:
+        t = self.table
+        r = req.hint.reclaim_step
+        width = self.width or t.max_active or 4
+        if len(t.open) < width and t.can_open:
+            return Decision(t.first_empty(), reclaim_step=r)
+        if not t.open:
+            return NO_SPACE
+        s = max(t.open.values(), key=lambda s: (s.remaining, -s.index))  # O(width)
+        return Decision(s.index, reclaim_step=r)
+
+
+@dataclass
+class Dedicated(Allocator):
+    """``dedicated``: each generation gets zones of its own (no sharing, user data and GC copies
+    alike).  A generation writes into its current zone until it is full, then opens the first
+    empty zone; when the active budget is spent, the open zone with the least remaining capacity
+    (ties: lowest index) is finished first.
+
+    Zone ownership is private state (the table does not record generations): after a remount
+    earlier zones have no owner and are finished when the budget needs them.
+    """
+
+    name = "dedicated"
+
+    def __post_init__(self) -> None:
+        self._owner: dict[int, str] = {}      # zone -> generation
+        self._current: dict[str, int] = {}    # generation -> its open zone
+
+    def bind(self, table: ZoneTable) -> None:
+        super().bind(table)
+        self._owner.clear()
+        self._current.clear()
+
+    def zone_changed(self, s: ZoneSummary) -> None:
+        if s.cond in (ZoneCond.EMPTY, ZoneCond.FULL) and s.index in self._owner:
+            gen = self._owner.pop(s.index)
+            if self._current.get(gen) == s.index:
+                del self._current[gen]
+
+    def place(self, req: ExtentRequest) -> Decision:
+        t = self.table
+        r = req.hint.reclaim_step
+        z = self._current.get(req.generation)
+        if z is not None and z in t.open and self._owner.get(z) == req.generation:
+            return Decision(z, reclaim_step=r)
+        e = t.first_empty()
+        if e is None:
+            return NO_SPACE
+        finish: tuple[int, ...] = ()
+        if t.max_active and len(t.open) >= t.max_active:
+            need = len(t.open) - t.max_active + 1
+            finish = tuple(s.index for s in sorted(t.open.values(),
+                                                   key=lambda s: (s.remaining, s.index))[:need])
+        self._owner[e] = req.generation
+        self._current[req.generation] = e
+        return Decision(e, finish=finish, reclaim_step=r)

@@ -1,0 +1,152 @@
+"""What a policy is allowed to know about a generation's death: hint views and lifetime classes.
+
+The matched controls differ from ``retainz`` only in the view of the hint they place by
+(issue 5, "Matched controls"): exact, none, coarse (four classes), noisy (seeded error) or oracle
+(the actual deletion step).  Every view is a pure function of the request, so a generation gets the
+same view for every extent, and a remounted store sees the same values.
+
+The lifetime-class rule (:func:`lifetime_class`) is also what the ``zenfs`` baseline uses when a
+hint carries no class: it is the information a ZenFS-style write-lifetime hint could carry about a
+retirement condition.  A retention module mapping, when present, travels in ``Hint.lifetime`` and
+takes precedence.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+from retainz.placement.base import PERMANENT, ExtentRequest, Hint
+
+__all__ = [
+    "WLTH_NOT_SET", "WLTH_NONE", "WLTH_SHORT", "WLTH_MEDIUM", "WLTH_LONG", "WLTH_EXTREME",
+    "DEFAULT_SHORT", "DEFAULT_MEDIUM", "lifetime_class", "class_reclaim_step", "view_reclaim_step",
+    "VIEWS",
+]
+
+#: ZenFS / RocksDB ``Env::WriteLifeTimeHint`` values (reference section 1).
+WLTH_NOT_SET, WLTH_NONE, WLTH_SHORT, WLTH_MEDIUM, WLTH_LONG, WLTH_EXTREME = range(6)
+
+#: Default class bounds, in steps of remaining lifetime: 2 and 20 TorchTitan save intervals (500).
+DEFAULT_SHORT = 1000
+DEFAULT_MEDIUM = 10000
+
+
+def lifetime_class(reclaim_step: float | None, step: int, *, short: int = DEFAULT_SHORT,
+                   medium: int = DEFAULT_MEDIUM) -> int:
+    """Map a predicted reclaim step to a ZenFS write-lifetime class.
+
+    The rule, over the predicted lifetime ``L = reclaim_step - step`` (steps):
+
+    ======================  =================  ===============================================
+    prediction              class              typical retirement condition
+    ======================  =================  ===============================================
+    unknown (``None``)      ``WLTH_NOT_SET``   uncertain (top-k by a metric), no hint
+    ``L <= short``          ``WLTH_SHORT``     keep-latest with small k, non-persistent saves
+    ``L <= medium``         ``WLTH_MEDIUM``    TorchTitan ``keep_latest_k=10`` at interval 500
+    finite, ``L > medium``  ``WLTH_LONG``      long keep-latest windows, known far step
+    ``math.inf``            ``WLTH_EXTREME``   permanent (every R-th, final save)
+    ======================  =================  ===============================================
+
+    Args:
+        reclaim_step: predicted reclaim step (step), ``math.inf`` for permanent, ``None`` if unknown.
+        step: the generation's training step.
+        short: upper bound of SHORT, in steps of lifetime.
+        medium: upper bound of MEDIUM, in steps of lifetime.
+
+    Returns:
+        A ``WLTH_*`` value (0, 2, 3, 4 or 5; ``WLTH_NONE`` is never produced).
+    """
+    if reclaim_step is None:
+        return WLTH_NOT_SET
+    if reclaim_step == PERMANENT:
+        return WLTH_EXTREME
+    life = reclaim_step - step
+    if life <= short:
+        return WLTH_SHORT
+    if life <= medium:
+        return WLTH_MEDIUM
+    return WLTH_LONG
+
+
+def class_reclaim_step(cls: int, step: int, *, short: int = DEFAULT_SHORT,
+                       medium: int = DEFAULT_MEDIUM) -> float | None:
+    """The reclaim step a policy can infer from a lifetime class alone (the coarse view).
+
+    Each finite class stands for the geometric middle of its lifetime range: SHORT ``short/2``,
+    MEDIUM ``sqrt(short*medium)``, LONG ``4*medium`` steps after ``step``; EXTREME is permanent;
+    NOT_SET and NONE are unknown.
+
+    Args:
+        cls: a ``WLTH_*`` value.
+        step: the generation's training step.
+        short, medium: the class bounds of :func:`lifetime_class` (steps).
+
+    Returns:
+        The inferred reclaim step (step), ``math.inf`` or ``None``.
+    """
+    if cls == WLTH_SHORT:
+        return step + short / 2
+    if cls == WLTH_MEDIUM:
+        return step + math.sqrt(short * medium)
+    if cls == WLTH_LONG:
+        return step + 4.0 * medium
+    if cls == WLTH_EXTREME:
+        return PERMANENT
+    return None
+
+
+def _noisy(hint: Hint, generation: str, step: int, error: float, seed: int) -> float | None:
+    r = hint.reclaim_step
+    if r is None or r == PERMANENT or error <= 0:
+        return r
+    life = max(0.0, r - step)
+    # One draw per (seed, generation): every extent and every GC copy of a generation agrees.
+    eps = random.Random(f"{seed}:{generation}").uniform(-error, error)
+    return step + life * (1.0 + eps)
+
+
+#: The hint views of the controls, by name.
+VIEWS = ("exact", "none", "coarse", "noisy", "oracle")
+
+
+def view_reclaim_step(req: ExtentRequest, view: str, *, error: float = 0.0, seed: int = 0,
+                      short: int = DEFAULT_SHORT, medium: int = DEFAULT_MEDIUM) -> float | None:
+    """The predicted reclaim step a policy sees for ``req`` under a hint view.
+
+    Views:
+        * ``exact``: ``hint.reclaim_step`` as the retention module predicted it.
+        * ``none``: always ``None`` (unknown).
+        * ``coarse``: the class of :func:`lifetime_class` (or ``hint.lifetime`` when the hint
+          carries a class but no step), turned back into a step by :func:`class_reclaim_step`.
+        * ``noisy``: ``step + L * (1 + e)`` with ``L`` the predicted lifetime and ``e`` drawn
+          uniformly from ``[-error, +error]`` once per generation (seeded by ``seed`` and the
+          generation id); permanent and unknown stay as they are.
+        * ``oracle``: ``hint.actual_reclaim_step`` (trace replay knows it), falling back to the
+          prediction when the trace does not give it (the generation outlives the run).
+
+    Args:
+        req: the extent request.
+        view: one of :data:`VIEWS`.
+        error: relative error size for ``noisy`` (0.5 = up to +-50 % of the lifetime).
+        seed: seed for ``noisy``.
+        short, medium: class bounds for ``coarse`` (steps).
+
+    Returns:
+        A reclaim step (step), ``math.inf`` for permanent, or ``None`` for unknown.
+    """
+    hint = req.hint
+    if view == "exact":
+        return hint.reclaim_step
+    if view == "none":
+        return None
+    if view == "coarse":
+        cls = (lifetime_class(hint.reclaim_step, req.step, short=short, medium=medium)
+               if hint.reclaim_step is not None else hint.lifetime)
+        return class_reclaim_step(cls, req.step, short=short, medium=medium)
+    if view == "noisy":
+        return _noisy(hint, req.generation, req.step, error, seed)
+    if view == "oracle":
+        a = hint.actual_reclaim_step
+        return hint.reclaim_step if a is None else a
+    raise ValueError(f"unknown hint view {view!r}; valid: {', '.join(VIEWS)}")

@@ -1,0 +1,312 @@
+"""``retainz``: place each extent where it costs the least space-time (DESIGN.md "RetainZ placement").
+
+The cost model
+--------------
+Every cost is a space-time product in byte-steps (bytes x training steps).  For an extent of a
+generation whose (viewed) reclaim step is ``r``, with ``E = nbytes + pending`` bytes of its group
+still to come, at step ``now``, the options are:
+
+* **join** an open zone ``z`` (capacity ``C``, ``W`` bytes written, ``rem`` remaining, reclaim step
+  ``R``), which takes ``f = min(E, rem)`` bytes of the group:
+
+  - ``r <= R`` (the zone outlives us): *delayed reclamation* of our bytes, dead from ``r`` until
+    the zone can be reset at ``R``: ``f * (R - r)``.
+  - ``r > R`` (we outlive the zone): the zone's ``W`` written bytes (live ones die by ``R``, dead
+    ones are already dead: all of them are garbage at ``R``) are held until ``r``, and so is the
+    capacity we leave unfilled: ``(W + rem - f) * (r - R) = (C - f) * (r - R)``.  Against that,
+    the ``f`` bytes we write use capacity that would otherwise stay *unused* until ``R``: a zone
+    whose group is older than ours (``R < r``) gets no more data of its own, so we credit
+    ``f * (R - now)``.
+
+* **open** the first empty zone (capacity ``C``): *unused capacity* ``max(0, C - E) * (r - now)``,
+  the part of the zone our group will not fill, unusable until the zone is reset near ``r``.
+  Permanent data pays nothing here: later permanent saves top the zone up.
+
+* **finish** ``X`` **then open**, only when the active-zone budget is spent: the open cost plus
+  ``rem_X * (R_X - now)``, the capacity finishing wastes until ``X`` is reset, unless ``X`` is
+  already orphaned (``R_X < r``: its capacity was going to be left unused anyway, and the join
+  credit above counts the same thing).
+
+Steps before ``now`` count as ``now``.  A cost is a pair ``(bytes held forever, byte-steps)``
+compared lexicographically, so permanent data (``r = inf``) never shares with finite data while any
+finite-cost option exists: permanent packs with permanent (join cost 0).  An unknown reclaim step
+(``None``) is estimated as ``step + unknown_lifetime`` (age order), for the extent and for a zone
+whose recorded reclaim step is unknown (``opened_step + unknown_lifetime``); the estimate is what
+the decision records.  Ties go to joining (nearest reclaim step, then lowest zone), then opening,
+then finishing.  GC migration uses the same rule: migrated bytes keep their generation's reclaim
+step.
+
+Worked example (TorchTitan ``keep_latest_k=10``, a save every 500 steps, zone capacity 100 MiB, 250
+MiB per save; generation ``g`` saved at step 1000 dies at ``r_g = 6000``)::
+
+    g writes zones A, B (full) and Z (W = 50 MiB, R = 6000).
+    g+1 at now = 1500, r = 6500, E = 250 MiB:
+      join Z:   (100 - 50) * (6500 - 6000) - 50 * (6000 - 1500) = 25,000 - 225,000
+                = -200,000 MiB-steps
+      open new: max(0, 100 - 250) * (6500 - 1500) = 0
+    -> g+1's first 50 MiB fill Z: g's 50 MiB are held dead 500 steps (25,000 MiB-steps) instead of
+       Z's free 50 MiB lying unused for 4,500 steps.
+    The final save (40 MiB, permanent) next to open zone Y (R = 6500):
+      join Y:   (100 - 40) MiB held forever          -> (60 MiB, ...)
+      open new: 0 (permanent)                        -> chosen; later permanent data joins it at 0.
+
+Complexity: open zones are indexed by reclaim step (a sorted list kept current by
+:meth:`zone_changed`); a decision bisects to ``r`` and prices only the ``neighbors`` nearest zones
+on each side, plus the first empty zone (``O(log zones)``); when the active budget is spent it also
+prices finishing each open zone (at most ``max_active``, a device constant).  ``recompute=True``
+rebuilds the index from the table before every decision (the equivalence mode: decisions must be
+identical).
+
+GC victims (:meth:`RetainZ.gc_victims`): cost-benefit.  Collecting a full zone now frees its
+``C - live`` bytes ``R - now`` steps earlier than waiting for its data to die, at the price of
+copying ``live`` bytes: zones are ranked by ``(C - live) * (R - now) / live``, so data that will
+not die soon and zones with much garbage go first.  A zone whose reclaim step is near (``R - now
+<= max(wait_steps, wait_frac * (now - opened_step))``) is never picked while an empty zone is left
+to wait on: it will reset itself for free.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from retainz.placement.base import (
+    NO_SPACE,
+    PERMANENT,
+    Allocator,
+    Decision,
+    ExtentRequest,
+    ZoneSummary,
+    ZoneTable,
+)
+from retainz.placement.hints import DEFAULT_MEDIUM, DEFAULT_SHORT, view_reclaim_step
+from retainz.zoned.model import ZoneCond
+
+__all__ = ["RetainZ", "RetainZNoHint", "RetainZCoarse", "RetainZNoisy", "Oracle", "Cost"]
+
+#: A cost: (bytes held forever, byte-steps).  Compared lexicographically.
+Cost = tuple[int, float]
+_ZERO: Cost = (0, 0.0)
+
+
+def held(nbytes: int, start: float, end: float) -> Cost:
+    """Cost of ``nbytes`` held (dead or unusable) from step ``start`` to ``end`` (may be inf)."""
+    if nbytes <= 0 or end <= start:
+        return _ZERO
+    if end == PERMANENT:
+        return (nbytes, 0.0)
+    return (0, nbytes * (end - start))
+
+
+@dataclass
+class RetainZ(Allocator):
+    """Least space-time cost placement (module docstring).
+
+    Attributes:
+        unknown_lifetime: steps assumed between a save and its deletion when the reclaim step is
+            unknown.
+        neighbors: open zones priced on each side of the extent's reclaim step.
+        wait_frac: GC skips a zone whose remaining life is at most this fraction of its age.
+        wait_steps: GC skips a zone whose reclaim step is at most this many steps away.
+        recompute: rebuild the reclaim-step index before every decision (equivalence mode).
+    """
+
+    name = "retainz"
+    view = "exact"  # the hint view (retainz.placement.hints.VIEWS); the controls change only this
+
+    unknown_lifetime: int = 5000
+    neighbors: int = 2
+    wait_frac: float = 0.1
+    wait_steps: int = 0
+    recompute: bool = False
+
+    def __post_init__(self) -> None:
+        self._index: list[tuple[float, int]] = []   # (zone reclaim step, zone) of open zones
+        self._key: dict[int, tuple[float, int]] = {}
+
+    # -- the hint view ------------------------------------------------------------------------------
+    def _view_kwargs(self) -> dict:
+        return {}
+
+    def reclaim_of(self, req: ExtentRequest) -> float:
+        """The reclaim step this policy places ``req`` by (and records), in steps."""
+        r = view_reclaim_step(req, self.view, **self._view_kwargs())
+        return req.step + self.unknown_lifetime if r is None else r
+
+    def zone_reclaim(self, s: ZoneSummary) -> float:
+        """A zone's reclaim step, or its estimate when unknown."""
+        return s.opened_step + self.unknown_lifetime if s.reclaim_step is None else s.reclaim_step
+
+    # -- the index ----------------------------------------------------------------------------------
+    def bind(self, table: ZoneTable) -> None:
+        super().bind(table)
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        self._key = {z: (self.zone_reclaim(s), z) for z, s in self.table.open.items()}
+        self._index = sorted(self._key.values())
+
+    def zone_changed(self, s: ZoneSummary) -> None:
+        if self.recompute:
+            return
+        old = self._key.pop(s.index, None)
+        if old is not None:
+            del self._index[bisect.bisect_left(self._index, old)]
+        if s.cond != ZoneCond.EMPTY and s.cond != ZoneCond.FULL:
+            key = (self.zone_reclaim(s), s.index)
+            bisect.insort(self._index, key)
+            self._key[s.index] = key
+
+    def index_keys(self) -> list[tuple[float, int]]:
+        """The reclaim-step index, ascending (for tests)."""
+        return list(self._index)
+
+    # -- costs --------------------------------------------------------------------------------------
+    def join_cost(self, s: ZoneSummary, r: float, group: int, now: int) -> Cost:
+        """Cost of writing the group's next bytes (``group`` bytes to come, reclaim step ``r``)
+        into open zone ``s``."""
+        big_r, rn = max(self.zone_reclaim(s), now), max(r, now)
+        f = min(group, s.remaining)
+        if rn <= big_r:
+            return held(f, rn, big_r)
+        forever, steps = held(s.capacity - f, big_r, rn)
+        return (forever, steps - f * (big_r - now))
+
+    @staticmethod
+    def open_cost(capacity: int, r: float, group: int, now: int) -> Cost:
+        """Cost of opening an empty zone of ``capacity`` bytes for the group."""
+        if r == PERMANENT:
+            return _ZERO
+        return held(capacity - group, now, max(r, now))
+
+    def finish_cost(self, s: ZoneSummary, r: float, now: int) -> Cost:
+        """Cost of finishing open zone ``s`` to make room for data with reclaim step ``r``."""
+        big_r = max(self.zone_reclaim(s), now)
+        if big_r < max(r, now):
+            return _ZERO  # orphaned: its free capacity was going unused until big_r anyway
+        return held(s.remaining, now, big_r)
+
+    # -- decisions ----------------------------------------------------------------------------------
+    def candidates(self, r: float) -> list[ZoneSummary]:
+        """The open zones priced for reclaim step ``r``: the ``neighbors`` nearest on each side."""
+        i = bisect.bisect_left(self._index, (r, -1))
+        k = self.neighbors
+        zones = self.table.zones
+        return [zones[z] for _, z in self._index[max(0, i - k):i + k]]
+
+    def place(self, req: ExtentRequest) -> Decision:
+        t = self.table
+        if self.recompute:
+            self._rebuild()
+        now, r = req.now, self.reclaim_of(req)
+        group = req.nbytes + req.pending
+        best: tuple | None = None
+        for s in self.candidates(r):
+            zr = self.zone_reclaim(s)
+            key = (self.join_cost(s, r, group, now), 0, 0.0 if zr == r else abs(zr - r), s.index)
+            if best is None or key < best[0]:
+                best = (key, Decision(s.index, reclaim_step=r))
+        e = t.first_empty()
+        if e is not None:
+            cost = self.open_cost(t.zones[e].capacity, r, group, now)
+            if not t.max_active or len(t.open) < t.max_active:
+                key = (cost, 1, 0.0, e)
+                decision = Decision(e, reclaim_step=r)
+            else:
+                need = len(t.open) - t.max_active + 1
+                priced = sorted((self.finish_cost(s, r, now), s.remaining, s.index)
+                                for s in t.open.values())[:need]
+                for c, _, _ in priced:
+                    cost = (cost[0] + c[0], cost[1] + c[1])
+                key = (cost, 2, 0.0, e)
+                decision = Decision(e, finish=tuple(z for _, _, z in priced), reclaim_step=r)
+            if best is None or key < best[0]:
+                best = (key, decision)
+        return NO_SPACE if best is None else best[1]
+
+    # -- GC -----------------------------------------------------------------------------------------
+    def gc_victims(self, reserve_zones: int) -> list[int]:
+        """Cost-benefit victims (module docstring), until the reserve would be restored.
+
+        Args:
+            reserve_zones: empty zones the store wants to keep.
+
+        Returns:
+            Full zones with reclaimable space (dead or unused bytes) and live data, best first;
+            empty when at least ``reserve_zones`` zones are empty.  Scans every zone (GC is rare).
+        """
+        t = self.table
+        if t.n_empty >= reserve_zones:
+            return []
+        now = t.now
+        ranked = []
+        for s in t:
+            if s.cond != ZoneCond.FULL or s.live == 0 or s.live >= s.capacity:
+                continue
+            big_r = max(self.zone_reclaim(s), now)
+            near = max(self.wait_steps, self.wait_frac * (now - s.opened_step))
+            if t.n_empty > 0 and big_r - now <= near:
+                continue  # it resets itself soon: waiting is free while the reserve lasts
+            forever, steps = held(s.capacity - s.live, now, big_r)
+            ranked.append((-forever / s.live, -steps / s.live, s.index, s))
+        ranked.sort(key=lambda x: x[:3])
+        victims, gain, need = [], 0.0, reserve_zones - t.n_empty
+        for *_, s in ranked:
+            if gain >= need:
+                break
+            victims.append(s.index)
+            gain += (s.capacity - s.live) / s.capacity
+        return victims
+
+
+@dataclass
+class RetainZNoHint(RetainZ):
+    """``retainz-nohint``: every reclaim step unknown (``step + unknown_lifetime``: age order)."""
+
+    name = "retainz-nohint"
+    view = "none"
+
+
+@dataclass
+class RetainZCoarse(RetainZ):
+    """``retainz-coarse``: reclaim steps quantized to the four ZenFS lifetime classes
+    (:func:`retainz.placement.hints.lifetime_class`), each class standing for one lifetime.
+
+    Attributes:
+        short, medium: class bounds in steps of lifetime.
+    """
+
+    name = "retainz-coarse"
+    view = "coarse"
+    short: int = DEFAULT_SHORT
+    medium: int = DEFAULT_MEDIUM
+
+    def _view_kwargs(self) -> dict:
+        return {"short": self.short, "medium": self.medium}
+
+
+@dataclass
+class RetainZNoisy(RetainZ):
+    """``retainz-noisy``: predicted lifetimes scaled by ``1 + e``, ``e`` uniform in
+    ``[-error, +error]``, one seeded draw per generation.
+
+    Attributes:
+        error: relative error size (0.5 = up to +-50 % of the predicted lifetime).
+        seed: random seed.
+    """
+
+    name = "retainz-noisy"
+    view = "noisy"
+    error: float = 0.5
+    seed: int = 0
+
+    def _view_kwargs(self) -> dict:
+        return {"error": self.error, "seed": self.seed}
+
+
+@dataclass
+class Oracle(RetainZ):
+    """``oracle``: the RetainZ rule on the actual deletion step of every generation (the bound)."""
+
+    name = "oracle"
+    view = "oracle"

@@ -1,0 +1,224 @@
+"""``zenfs``: a port of upstream ZenFS's data-file zone allocator (the ZenFS-Alloc baseline).
+
+Behaviour ported from westerndigitalcorporation/zenfs (HEAD 919c2eb; fs/zbd_zenfs.cc,
+fs/io_zenfs.cc, fs/fs_zenfs.cc) as recorded in ``shared/reference/zenfs-allocator.md``; no code is
+copied.  One :meth:`ZenFS.place` call is one ``ZonedBlockDevice::AllocateIOZone`` call: our store
+asks when a shard (a ZenFS file) starts and whenever its zone is full, which is when ZenFS
+allocates.  ZenFS knows nothing of reclaim steps: it places by the file's write-lifetime class only.
+
+Mapping onto our store, and the decisions a faithful port has to make:
+
+* **Lifetime hint.**  ``hint.lifetime`` when the retention module set one, else
+  :func:`retainz.placement.hints.lifetime_class` (unknown -> NOT_SET, permanent -> EXTREME, else
+  SHORT/MEDIUM/LONG by predicted lifetime).  The zone's class is set once, from the file that
+  opens it (``Decision.lifetime``), like ``Zone::lifetime_``; our store journals it, so upstream
+  issue #266 (classes lost on remount) is not reproduced.
+* **Active tokens.**  ZenFS allows ``device max_active - reserved_zones`` (2) active I/O zones, or
+  every zone when the device reports no limit.  Our table's budget is the device's minus the
+  store's own meta-zone reservation (``table.reserved_active``), so the port's budget is
+  ``min(table.max_active, table.max_active + table.reserved_active - reserved_zones)``: ZenFS's
+  reservation and ours overlap rather than stack.  The count of tokens taken is the number of
+  open (non-empty, non-full) data zones, read from the table, never a private counter.
+* **Open tokens** bound concurrent writers (``max_open - 1`` non-WAL).  Our store writes one extent
+  at a time, so ``WaitForOpenIOZoneToken`` never blocks and open tokens do not change a decision.
+* **Busy zones** (held by another writer or by GC) are invisible to ZenFS's scans; our store has a
+  single writer and calls us between extents, so no zone is busy when we decide.
+* **ResetUnusedIOZones** (reset every non-empty zone with no live data, however much is written:
+  issue #253) is the store's reset rule: the store resets zones whose data is all dead, which
+  releases the zone's active resource.  :func:`unused_zones` lists what ZenFS would reset.
+* **No space.**  ``Decision(None, finish=...)``: ZenFS finishes zones (finish threshold, cheapest
+  zone) before it finds that no empty zone exists, and those finishes stand.
+* **GC** (``GCWorker``): :meth:`ZenFS.gc_victims` ignores the store's reserve and applies ZenFS's
+  start level (free <= 20 %), slope (threshold ``100 - 3 * (20 - free_pct)``) and garbage window;
+  a GC request (``req.gc``) goes only into a partly filled zone with live data and room for the
+  whole extent (any lifetime difference), else ``NO_SPACE``: the store skips that extent.
+
+Upstream quirks (reference section 7):
+
+* **Q1** (a buffered write that fills a zone exactly allocates a new zone with no data left, leaking
+  an active token): not reproduced.  Our store asks for a zone only with bytes left to place; the
+  leak is an artifact of ZenFS's write path, not of its placement rule.
+* **Q2** (GC filling a target zone exactly never returns its active token): not reproduced.  Tokens
+  are counted from the table (the device's truth), so a full zone never holds one.  Reproducing
+  the leak would shrink the budget by one per occurrence until the budget is gone, which measures
+  a bug, not the allocator.
+* **Q6** (the finish loop spins when no zone is finishable but no token is free): cannot arise
+  with table-derived counts unless the budget is 0 or less (device ``max_active <=
+  reserved_zones``); then :meth:`ZenFS.place` answers no space instead of hanging.
+* **Tie rules** kept: GetBestOpenZoneMatch takes the *last* zone of equal difference (``<=``),
+  AllocateEmptyZone and FinishCheapestIOZone the *first* (lowest index).
+
+Cost: every decision scans all data zones (GetBestOpenZoneMatch, ApplyFinishThreshold and
+FinishCheapestIOZone walk the whole zone list upstream): ``O(zones)``, kept on purpose.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from retainz.placement.base import NO_SPACE, Allocator, Decision, ExtentRequest, Hint, ZoneTable
+from retainz.placement.hints import (
+    DEFAULT_MEDIUM,
+    DEFAULT_SHORT,
+    WLTH_NONE,
+    WLTH_NOT_SET,
+    lifetime_class,
+)
+from retainz.zoned.model import ZoneCond
+
+__all__ = ["ZenFS", "lifetime_diff", "unused_zones", "LIFETIME_DIFF_NOT_GOOD",
+           "LIFETIME_DIFF_COULD_BE_WORSE", "GC_START_LEVEL", "GC_SLOPE"]
+
+LIFETIME_DIFF_NOT_GOOD = 100
+LIFETIME_DIFF_COULD_BE_WORSE = 50
+GC_START_LEVEL = 20  # percent free at or below which GC runs
+GC_SLOPE = 3
+
+
+def lifetime_diff(zone_lifetime: int, file_lifetime: int) -> int:
+    """ZenFS ``GetLifeTimeDiff``: how badly a file of ``file_lifetime`` fits a zone.
+
+    A file without a hint (NOT_SET or NONE) fits only a zone of the same value (0), else 100.
+    Otherwise a longer-lived zone costs the class difference, an equal one 50, a shorter-lived one
+    (NOT_SET and NONE count as shorter) 100.
+    """
+    if file_lifetime in (WLTH_NOT_SET, WLTH_NONE):
+        return 0 if zone_lifetime == file_lifetime else LIFETIME_DIFF_NOT_GOOD
+    if zone_lifetime > file_lifetime:
+        return zone_lifetime - file_lifetime
+    if zone_lifetime == file_lifetime:
+        return LIFETIME_DIFF_COULD_BE_WORSE
+    return LIFETIME_DIFF_NOT_GOOD
+
+
+def unused_zones(table: ZoneTable) -> list[int]:
+    """Zones ZenFS ``ResetUnusedIOZones`` resets: non-empty, no live data (ascending)."""
+    return [s.index for s in table if s.cond != ZoneCond.EMPTY and s.live == 0]
+
+
+@dataclass
+class ZenFS(Allocator):
+    """ZenFS-Alloc (module docstring).
+
+    Attributes:
+        finish_threshold: percent; before every allocation, finish every open zone whose remaining
+            capacity is below ``capacity * finish_threshold // 100`` (0 disables: ZenFS default).
+        reserved_zones: active zones ZenFS keeps out of the data budget (2 upstream).
+        short, medium: lifetime class bounds (steps) for hints that carry no class.
+    """
+
+    name = "zenfs"
+    finish_threshold: int = 0
+    reserved_zones: int = 2
+    short: int = DEFAULT_SHORT
+    medium: int = DEFAULT_MEDIUM
+
+    # -- inputs -------------------------------------------------------------------------------------
+    def lifetime_of(self, hint: Hint, step: int) -> int:
+        """The file's write-lifetime class."""
+        if hint.lifetime:
+            return hint.lifetime
+        return lifetime_class(hint.reclaim_step, step, short=self.short, medium=self.medium)
+
+    @property
+    def active_budget(self) -> int:
+        """``max_nr_active_io_zones`` (see the module docstring for the mapping)."""
+        t = self.table
+        if not t.max_active:
+            return len(t)
+        return min(t.max_active, t.max_active + t.reserved_active - self.reserved_zones)
+
+    # -- the scans (all zones, ascending) -----------------------------------------------------------
+    def best_open_match(self, lifetime: int, min_capacity: int = 0,
+                        exclude: frozenset[int] | set[int] = frozenset()) -> tuple[int | None, int]:
+        """``GetBestOpenZoneMatch``: among zones with live data, not full and with at least
+        ``min_capacity`` bytes left, the one of least lifetime difference; equal differences go to
+        the LAST zone scanned.  Returns ``(zone or None, best difference)`` (100 when none)."""
+        best, cand = LIFETIME_DIFF_NOT_GOOD, None
+        for s in self.table.zones.values():
+            if (s.live > 0 and s.cond != ZoneCond.FULL and s.capacity - s.written >= min_capacity
+                    and s.index not in exclude):
+                diff = lifetime_diff(s.lifetime, lifetime)
+                if diff <= best:
+                    cand, best = s.index, diff
+        return cand, best
+
+    def finish_threshold_zones(self) -> list[int]:
+        """``ApplyFinishThreshold``: every non-empty, non-full zone with remaining capacity below
+        ``capacity * finish_threshold // 100`` (none when the threshold is 0)."""
+        thr = self.finish_threshold
+        if not thr:
+            return []
+        return [s.index for s in self.table.zones.values()
+                if s.cond == ZoneCond.IMP_OPEN and s.capacity - s.written < s.capacity * thr // 100]
+
+    def cheapest_zone(self, exclude: set[int]) -> int | None:
+        """``FinishCheapestIOZone``'s victim: the non-empty, non-full zone with the least remaining
+        capacity; ties go to the FIRST zone scanned."""
+        victim, least = None, None
+        for s in self.table.zones.values():
+            if s.cond == ZoneCond.IMP_OPEN and s.index not in exclude:
+                rem = s.capacity - s.written
+                if least is None or rem < least:
+                    victim, least = s.index, rem
+        return victim
+
+    # -- AllocateIOZone -----------------------------------------------------------------------------
+    def place(self, req: ExtentRequest) -> Decision:
+        t = self.table
+        lt = self.lifetime_of(req.hint, req.step)
+        r = req.hint.reclaim_step
+        if req.gc:  # GC migration: a partly filled zone with live data and room, any difference
+            cand, _ = self.best_open_match(lt, min_capacity=req.nbytes)
+            return NO_SPACE if cand is None else Decision(cand, reclaim_step=r, lifetime=lt)
+        finish = self.finish_threshold_zones()
+        gone = set(finish)
+        cand, best = self.best_open_match(lt, 0, gone)
+        if best < LIFETIME_DIFF_COULD_BE_WORSE:
+            return Decision(cand, finish=tuple(finish), reclaim_step=r, lifetime=lt)
+        active = len(t.open) - len(finish)
+        got = active < self.active_budget
+        if cand is not None and not got and best == LIFETIME_DIFF_COULD_BE_WORSE:
+            return Decision(cand, finish=tuple(finish), reclaim_step=r, lifetime=lt)
+        while active >= self.active_budget:   # FinishCheapestIOZone until a token is free
+            victim = self.cheapest_zone(gone)
+            if victim is None:                 # Q6: upstream spins; we report no space
+                return Decision(None, finish=tuple(finish))
+            finish.append(victim)
+            gone.add(victim)
+            active -= 1
+        z = t.first_empty()                    # AllocateEmptyZone: the first empty zone
+        if z is None:                          # "Zone allocation failure"
+            return Decision(None, finish=tuple(finish))
+        return Decision(z, finish=tuple(finish), reclaim_step=r, lifetime=lt)
+
+    # -- GCWorker -----------------------------------------------------------------------------------
+    def gc_level(self) -> tuple[int, int | None]:
+        """``(free_pct, garbage threshold)``; the threshold is ``None`` when GC would not run."""
+        t = self.table
+        used = t.live
+        reclaim = sum(s.capacity - s.live for s in t if s.cond == ZoneCond.FULL)
+        free = t.free
+        total = free + used + reclaim
+        if not total:
+            return 100, None
+        free_pct = 100 * free // total
+        if free_pct > GC_START_LEVEL:
+            return free_pct, None
+        return free_pct, 100 - GC_SLOPE * (GC_START_LEVEL - free_pct)
+
+    def gc_victims(self, reserve_zones: int) -> list[int]:
+        """ZenFS GC: full zones with ``threshold < garbage < 100`` where ``garbage = 100 - 100 *
+        live // capacity``, ascending; nothing while more than 20 % of the space is free.  The
+        store's ``reserve_zones`` is ignored (ZenFS's worker runs on its own level)."""
+        del reserve_zones  # Ignored by this policy.
+        _, threshold = self.gc_level()
+        if threshold is None:
+            return []
+        out = []
+        for s in self.table:
+            if s.cond == ZoneCond.FULL:
+                garbage = 100 - (100 * s.live) // s.capacity
+                if threshold < garbage < 100:
+                    out.append(s.index)
+        return out
