@@ -1,0 +1,317 @@
+"""Retirement conditions: what a runtime can honestly say, at save time, about a checkpoint's death.
+
+A condition is a frozen dataclass.  Given the save schedule (the steps at which the runtime will save,
+and the class of each save), :meth:`Condition.predict` turns it into a *predicted reclaim step*: the
+training step at which the generation's data becomes garbage (logical time, DESIGN.md principle 3).
+
+* :class:`AfterNewer` - retired when the k-th newer save of a class reaches a point of its life
+  (keep-latest-k style: TorchTitan ``keep_latest_k``, Megatron ``--save-retain-interval``,
+  HF ``save_total_limit``, Orbax ``LatestN``...);
+* :class:`Permanent` - never retired during the run (every R-th, the final step, keep-all);
+* :class:`AtStep` - retired at a known step;
+* :class:`Uncertain` - a probabilistic death time (top-k by a metric: it depends on future values).
+
+Predicted reclaim steps are ``int`` steps, :data:`NEVER` (``math.inf``) for data that survives the run,
+or ``None`` when unknown.
+
+:func:`lifetime_class` maps a prediction to the four coarse ZenFS write-lifetime classes (the hint the
+ZenFS baseline and the ``retainz-coarse`` control consume).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from bisect import bisect_right
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+__all__ = [
+    "NEVER",
+    "Timing",
+    "PlannedSave",
+    "SaveSchedule",
+    "Condition",
+    "AfterNewer",
+    "Permanent",
+    "AtStep",
+    "Uncertain",
+    "Lifetime",
+    "lifetime_class",
+    "Hint",
+]
+
+#: Predicted reclaim step of data that is never retired during the run.
+NEVER = math.inf
+
+
+class Timing(enum.StrEnum):
+    """When, relative to the triggering save, the runtime deletes a retired generation.
+
+    The deletion is recorded at the triggering save's step in every case; the timing fixes its *order*
+    relative to that save's events:
+
+    * ``BEFORE_SAVE`` - before the new save starts (Megatron global non-persistent, Accelerate);
+    * ``AFTER_DISPATCH`` - right after the new save is dispatched, before it commits (TorchTitan async);
+    * ``AFTER_COMMIT`` - once the new save is complete (TorchTitan sync, Megatron retain, HF Trainer,
+      Lightning, Orbax, NVRx local).
+    """
+
+    BEFORE_SAVE = "before_save"
+    AFTER_DISPATCH = "after_dispatch"
+    AFTER_COMMIT = "after_commit"
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedSave:
+    """One save a runtime will make.
+
+    Attributes:
+        step: training step of the save (steps).
+        cls: the save's class, e.g. ``"interval"``, ``"final"``, ``"persistent"``, ``"non_persistent"``.
+        name: checkpoint id as the runtime names it (``step-500``, ``iter_0001000``, ``checkpoint-500``).
+        model_only: True when the runtime saves the model weights only (TorchTitan's last step).
+    """
+
+    step: int
+    cls: str
+    name: str
+    model_only: bool = False
+
+
+@dataclass(frozen=True)
+class SaveSchedule:
+    """The ordered saves of a run, for predictions.
+
+    Attributes:
+        saves: the planned saves in the order the runtime makes them (steps non-decreasing).
+    """
+
+    saves: tuple[PlannedSave, ...]
+    _by_class: dict[str, list[int]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        by_class: dict[str, list[int]] = {}
+        for s in self.saves:
+            by_class.setdefault(s.cls, []).append(s.step)
+        object.__setattr__(self, "_by_class", by_class)
+
+    def nth_after(self, step: int, of_class: str | Sequence[str], k: int) -> float:
+        """Step of the k-th save of ``of_class`` strictly after ``step``; :data:`NEVER` if there is none.
+
+        Args:
+            step: the reference step (steps).
+            of_class: a save class, or several (their saves are merged).
+            k: which newer save (1 = the next one).
+        """
+        classes = (of_class,) if isinstance(of_class, str) else tuple(of_class)
+        if len(classes) == 1:
+            steps = self._by_class.get(classes[0], [])
+        else:
+            steps = sorted(s for c in classes for s in self._by_class.get(c, []))
+        i = bisect_right(steps, step) + k - 1
+        return steps[i] if i < len(steps) else NEVER
+
+    def __len__(self) -> int:
+        return len(self.saves)
+
+
+def _jsonable(v):
+    if isinstance(v, enum.Enum):
+        return v.value
+    if isinstance(v, tuple):
+        return list(v)
+    if isinstance(v, float):
+        if math.isinf(v):
+            return "inf"
+        if v.is_integer():
+            return int(v)
+    return v
+
+
+class Condition:
+    """Base of the retirement conditions (frozen dataclasses)."""
+
+    kind: str = ""
+
+    def predict(self, step: int, schedule: SaveSchedule) -> float | None:
+        """Predicted reclaim step of a generation saved at ``step``.
+
+        Args:
+            step: the generation's training step (steps).
+            schedule: the run's save schedule.
+
+        Returns:
+            The step at which the generation is deleted (steps), :data:`NEVER` if it survives the run,
+            ``None`` if unknown.
+        """
+        raise NotImplementedError
+
+    def to_json(self) -> dict:
+        """The condition as a JSON object: ``{"kind": ..., <fields>}`` (trace format v1)."""
+        out: dict = {"kind": self.kind}
+        for name in self.__dataclass_fields__:  # type: ignore[attr-defined]
+            out[name] = _jsonable(getattr(self, name))
+        return out
+
+    def describe(self) -> str:
+        """A short string, e.g. ``"after_newer:k=10,of=interval,timing=after_commit"``."""
+        fields = self.to_json()
+        fields.pop("kind")
+        return self.kind + (":" + ",".join(f"{k}={v}" for k, v in fields.items()) if fields else "")
+
+
+@dataclass(frozen=True)
+class AfterNewer(Condition):
+    """Retired when the k-th newer save of a class reaches ``timing``.
+
+    Attributes:
+        k: how many newer saves of ``of_class`` the generation survives (>= 1).
+        of_class: the class (or classes, as a tuple) whose newer saves count.
+        timing: when relative to that save the deletion happens.
+    """
+
+    k: int
+    of_class: str | tuple[str, ...]
+    timing: Timing = Timing.AFTER_COMMIT
+    kind = "after_newer"
+
+    def predict(self, step: int, schedule: SaveSchedule) -> float | None:
+        return schedule.nth_after(step, self.of_class, self.k)
+
+
+@dataclass(frozen=True)
+class Permanent(Condition):
+    """Never retired during the run.
+
+    Attributes:
+        reason: why (``"final"``, ``"retain_interval"``, ``"keep_all"``, ``"every_steps"``...).
+    """
+
+    reason: str = ""
+    kind = "permanent"
+
+    def predict(self, step: int, schedule: SaveSchedule) -> float | None:
+        del step, schedule  # Ignored by this condition.
+        return NEVER
+
+
+@dataclass(frozen=True)
+class AtStep(Condition):
+    """Retired at a known training step.
+
+    Attributes:
+        at: the step of the deletion (steps).
+    """
+
+    at: int
+    kind = "at_step"
+
+    def predict(self, step: int, schedule: SaveSchedule) -> float | None:
+        del step, schedule  # Ignored by this condition.
+        return self.at
+
+
+@dataclass(frozen=True)
+class Uncertain(Condition):
+    """A probabilistic death time (top-k by a monitored metric).
+
+    The generation can be retired no earlier than ``earliest`` (the step of the soonest save that could
+    push it out of the top k); whether and when depends on future metric values.
+
+    Attributes:
+        earliest: earliest possible reclaim step (steps), :data:`NEVER` if no later save could evict it.
+        probability: estimated probability that it is retired before the run ends (0..1).
+        expected: estimated reclaim step given that it is retired (steps), or ``None`` without an estimate.
+        basis: how the estimate was made (for records), e.g. ``"empirical:rank=2,n=14"``.
+    """
+
+    earliest: float
+    probability: float
+    expected: float | None = None
+    basis: str = ""
+    kind = "uncertain"
+
+    def predict(self, step: int, schedule: SaveSchedule) -> float | None:
+        """Predicted reclaim step: ``expected`` when the estimate says retirement is more likely than not,
+        :data:`NEVER` when it says survival is, ``None`` without an estimate."""
+        del step, schedule  # The estimate was made with the schedule already.
+        if self.expected is None:
+            return None
+        return self.expected if self.probability >= 0.5 else NEVER
+
+
+class Lifetime(enum.IntEnum):
+    """ZenFS write-lifetime hints (``WLTH_*``, values as in ``fcntl(F_SET_RW_HINT)``)."""
+
+    NOT_SET = 0
+    NONE = 1
+    SHORT = 2
+    MEDIUM = 3
+    LONG = 4
+    EXTREME = 5
+
+
+#: Upper bounds (in save intervals, inclusive) of the SHORT and MEDIUM classes.
+SHORT_MAX_INTERVALS = 2
+MEDIUM_MAX_INTERVALS = 20
+
+
+def lifetime_class(save_step: int, reclaim_step: float | None, interval: int) -> Lifetime:
+    """Coarse lifetime class of a generation (the rule the ZenFS baseline and ``retainz-coarse`` use).
+
+    With ``L = reclaim_step - save_step`` (steps) and ``I`` the runtime's save interval (steps):
+
+    ======================  ==========
+    lifetime                class
+    ======================  ==========
+    unknown (``None``)      NOT_SET (0)
+    ``L <= 2 I``            SHORT (2)
+    ``2 I < L <= 20 I``     MEDIUM (3)
+    ``20 I < L < inf``      LONG (4)
+    ``inf`` (permanent)     EXTREME (5)
+    ======================  ==========
+
+    So keep-latest-2 and Megatron's global non-persistent saves are SHORT, keep-latest-3..20 (TorchTitan's
+    default keep_latest_k=10 included) MEDIUM, longer windows LONG, every-R-th and final saves EXTREME.
+    At TorchTitan's default interval (500 steps) the bounds are 1,000 and 10,000 steps, the defaults of
+    ``retainz.placement.hints.lifetime_class`` (which takes absolute bounds).
+
+    Args:
+        save_step: the generation's step (steps).
+        reclaim_step: its predicted reclaim step (steps), ``math.inf``, or ``None``.
+        interval: the runtime's base save interval (steps, >= 1).
+    """
+    if reclaim_step is None:
+        return Lifetime.NOT_SET
+    if math.isinf(reclaim_step):
+        return Lifetime.EXTREME
+    if interval < 1:
+        raise ValueError(f"interval must be >= 1 step, got {interval}")
+    life = reclaim_step - save_step
+    if life <= SHORT_MAX_INTERVALS * interval:
+        return Lifetime.SHORT
+    if life <= MEDIUM_MAX_INTERVALS * interval:
+        return Lifetime.MEDIUM
+    return Lifetime.LONG
+
+
+@dataclass(frozen=True)
+class Hint:
+    """What a runtime hints at save time.
+
+    Attributes:
+        condition: the retirement condition.
+        predicted_reclaim_step: from the condition and the schedule (steps; ``math.inf``; ``None``).
+        lifetime: the coarse class of that prediction (:func:`lifetime_class`).
+    """
+
+    condition: Condition
+    predicted_reclaim_step: float | None
+    lifetime: Lifetime
+
+    def to_json(self) -> dict:
+        """JSON object of trace format v1 (``"inf"`` for a permanent prediction)."""
+        p = self.predicted_reclaim_step
+        return {"condition": self.condition.to_json(), "predicted_reclaim_step": _jsonable(p),
+                "lifetime": self.lifetime.name}
