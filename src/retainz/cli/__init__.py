@@ -19,8 +19,10 @@ from retainz.errors import RetainZError
 
 #: Command modules, each with ``register(subparsers)``.
 COMMAND_MODULES = [
+    "retainz.cli.trace",
     "retainz.cli.device",
     "retainz.cli.demo",
+    "retainz.cli.vm",
 ]
 
 

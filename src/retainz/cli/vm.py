@@ -1,0 +1,92 @@
+"""``retainz vm setup`` and ``retainz vm run``: a QEMU guest with real zoned block devices.
+
+::
+
+    retainz vm setup                      # install QEMU, busybox, cpio, kmod; fetch a Debian kernel
+    retainz vm run -- blkzone report /dev/nvme0n1
+    retainz vm run --zones 32 --zone-size 64MiB --zone-capacity 48MiB --max-open 4 --max-active 6 \\
+        --out out/vm -- .venv/bin/python -m bench.device_write --guest-part
+
+``run`` returns the command's exit status (124 if the guest hung and was killed, 125 if it stopped
+without recording one); the command's files are in ``--out`` and the console log in
+``<out>/.retainz-guest/console.log``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from retainz.zoned.model import parse_size
+
+
+def register(sub) -> None:
+    vm = sub.add_parser("vm", help="boot a QEMU guest with an NVMe ZNS namespace and null_blk zoned")
+    vsub = vm.add_subparsers(dest="vm_command", metavar="ACTION", required=True)
+    setup = vsub.add_parser("setup", help="install or find QEMU, busybox and a guest kernel")
+    setup.add_argument("--check", action="store_true", help="only report what is missing")
+    setup.set_defaults(func=_setup)
+    run = vsub.add_parser("run", help="run a command in a fresh guest: retainz vm run [OPTIONS] -- CMD...")
+    run.add_argument("--zones", type=int, default=16, help="NVMe ZNS zones (default 16)")
+    run.add_argument("--zone-size", type=parse_size, default=1 << 20,
+                     help="zone size, a power of two (default 1MiB)")
+    run.add_argument("--zone-capacity", type=parse_size, default=768 << 10,
+                     help="writable bytes per zone (default 768KiB)")
+    run.add_argument("--max-open", type=int, default=3, help="max open zones (default 3; 0 = unlimited)")
+    run.add_argument("--max-active", type=int, default=4, help="max active zones (default 4; 0 = unlimited)")
+    run.add_argument("--block-size", type=int, default=4096, choices=(512, 4096))
+    run.add_argument("--no-nvme", action="store_true", help="no NVMe ZNS namespace")
+    run.add_argument("--no-nullblk", action="store_true", help="no null_blk zoned device (/dev/nullb0)")
+    run.add_argument("--nullblk-zones", type=int, default=16)
+    run.add_argument("--nullblk-zone-size-mb", type=int, default=2)
+    run.add_argument("--nullblk-zone-capacity-mb", type=int, default=1)
+    run.add_argument("--out", default="out/vm", help="output folder shared read-write (default out/vm)")
+    run.add_argument("--timeout", type=float, default=600.0, help="kill a hung guest after this many s")
+    run.add_argument("--memory", type=int, default=512, help="guest RAM in MiB")
+    run.add_argument("--cpus", type=int, default=2)
+    run.add_argument("--scheduler", default="", help="I/O scheduler for the zoned devices, e.g. mq-deadline")
+    run.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                     help="environment variable for the command (repeatable)")
+    run.add_argument("--quiet", action="store_true", help="do not stream the guest console")
+    run.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run")
+    run.set_defaults(func=_run)
+
+
+def _setup(args: argparse.Namespace) -> int:
+    from retainz.vm.setup import main
+
+    return main(["--check"] if args.check else [])
+
+
+def _run(args: argparse.Namespace) -> int:
+    from retainz.vm.guest import GuestConfig, NullBlkConfig, ZNSConfig, run_in_guest
+    from retainz.vm.setup import VMSetupError
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise ValueError("no command: use `retainz vm run [OPTIONS] -- CMD...`")
+    env = {}
+    for item in args.env:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--env {item!r} is not KEY=VALUE")
+        env[key] = value
+    zns = None if args.no_nvme else ZNSConfig(
+        zones=args.zones, zone_size=args.zone_size, zone_capacity=args.zone_capacity,
+        max_open=args.max_open, max_active=args.max_active, block_size=args.block_size)
+    nullblk = None if args.no_nullblk else NullBlkConfig(
+        zones=args.nullblk_zones, zone_size_mb=args.nullblk_zone_size_mb,
+        zone_capacity_mb=args.nullblk_zone_capacity_mb, max_open=args.max_open,
+        max_active=args.max_active, block_size=args.block_size)
+    cfg = GuestConfig(zns=zns, nullblk=nullblk, memory_mb=args.memory, cpus=args.cpus,
+                      timeout=args.timeout, env=env, scheduler=args.scheduler)
+    try:
+        result = run_in_guest(command, args.out, cfg, stream=not args.quiet)
+    except VMSetupError as e:
+        print(f"retainz: error: {e}", file=sys.stderr)
+        return 1
+    print(f"\nretainz vm: exit status {result.status} after {result.seconds:.1f} s; output in "
+          f"{result.out_dir}; console log {result.console_log}", file=sys.stderr)
+    return result.status
