@@ -1,0 +1,113 @@
+"""``retainz trace``: checkpoint layouts, retention rules, trace generation and validation.
+
+* ``retainz trace layouts`` - the layouts with their files, sizes and sources;
+* ``retainz trace rules`` - the retention rules and their keys;
+* ``retainz trace generate --layout NAME --retention SPEC --steps N [--seed S] [--crash-every N] -o FILE``;
+* ``retainz trace validate FILE`` - exit 0 if valid, 1 with ``FILE:LINE: what`` if not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from retainz.retention import RULES, rule_keys
+from retainz.trace.format import TraceFormatError, TraceReader
+from retainz.trace.generate import write_generated
+from retainz.trace.layouts import list_layouts
+
+
+def register(sub) -> None:
+    p = sub.add_parser("trace", help="checkpoint layouts, retention rules, trace generation and validation")
+    tsub = p.add_subparsers(dest="trace_command", metavar="SUBCOMMAND", parser_class=type(p))
+    tsub.required = True
+
+    q = tsub.add_parser("layouts", help="list checkpoint layouts with their files and sources")
+    q.set_defaults(func=_layouts)
+
+    q = tsub.add_parser("rules", help="list retention rules and their keys")
+    q.set_defaults(func=_rules)
+
+    q = tsub.add_parser("generate", help="generate a trace from a layout and a retention rule")
+    q.add_argument("--layout", required=True, help="layout name, e.g. llama3-8b-fsdp:ranks=8")
+    q.add_argument("--retention", required=True, help="RULE:key=value,... e.g. torchtitan:interval=500,keep_latest_k=10")
+    q.add_argument("--steps", required=True, type=_positive_int, help="training steps of the run")
+    q.add_argument("--seed", type=int, default=0, help="seed for synthetic metrics (default 0)")
+    q.add_argument("--crash-every", type=_positive_int, default=None, metavar="N",
+                   help="crash during every N-th save (it never commits and is repeated)")
+    q.add_argument("-o", "--output", required=True, help="trace file to write ('-' for stdout)")
+    q.set_defaults(func=_generate)
+
+    q = tsub.add_parser("validate", help="validate a trace file")
+    q.add_argument("file", help="trace file")
+    q.set_defaults(func=_validate)
+
+
+def _positive_int(raw: str) -> int:
+    try:
+        v = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {raw!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {raw!r}")
+    return v
+
+
+def _layouts(args: argparse.Namespace) -> int:
+    del args
+    for lay in list_layouts():
+        print(f"{lay.name}: {lay.description}")
+        print(f"  full save {lay.total_bytes:,} B in {len(lay.shards)} files; "
+              f"model-only {lay.model_only_bytes:,} B in {len(lay.model_only)} files; sources: {lay.source}")
+        for label, files in (("full", lay.shards), ("model-only", lay.model_only)):
+            groups: dict[tuple[int, str], list[str]] = {}
+            for s in files:
+                groups.setdefault((s.nbytes, s.source), []).append(s.name)
+            for (nbytes, source), names in groups.items():
+                shown = names[0] if len(names) == 1 else f"{len(names)} files {names[0]} .. {names[-1]}"
+                print(f"  [{label}] {shown}: {nbytes:,} B each" if len(names) > 1 else
+                      f"  [{label}] {shown}: {nbytes:,} B")
+                print(f"      {source}")
+        for note in lay.notes:
+            print(f"  note: {note}")
+        print()
+    return 0
+
+
+def _rules(args: argparse.Namespace) -> int:
+    del args
+    for name, cls in RULES.items():
+        print(f"{name}: {cls.source}")
+        for k in rule_keys(cls):
+            req = "required" if k["required"] else f"default {k['default']}"
+            choices = f"; one of {'|'.join(k['choices'])}" if k["choices"] else ""
+            print(f"  {k['key']} ({k['type']}, {req}{choices}): {k['help']}")
+    return 0
+
+
+def _generate(args: argparse.Namespace) -> int:
+    t0 = time.perf_counter()
+    target = sys.stdout if args.output == "-" else args.output
+    st = write_generated(target, args.layout, args.retention, args.steps, seed=args.seed,
+                         crash_every=args.crash_every)
+    dt = time.perf_counter() - t0
+    print(f"{args.output}: {st.saves} saves, {st.commits} commits, {st.deletes} deletes, {st.crashes} crashes; "
+          f"{st.bytes_saved:,} B saved, peak live {st.peak_live_bytes:,} B; trace {st.trace_bytes:,} B "
+          f"in {dt:.2f} s", file=sys.stderr if target is sys.stdout else sys.stdout)
+    return 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    counts = {"save": 0, "commit": 0, "delete": 0, "crash": 0}
+    try:
+        with TraceReader(args.file) as r:
+            for ev in r:
+                counts[ev.type] += 1
+            header = r.header
+    except TraceFormatError as e:
+        print(f"retainz: invalid trace: {e}", file=sys.stderr)
+        return 1
+    print(f"{args.file}: valid trace v{header.version}: layout {header.layout['name']}, retention {header.retention}, "
+          f"{counts['save']} saves, {counts['commit']} commits, {counts['delete']} deletes, {counts['crash']} crashes")
+    return 0
