@@ -20,7 +20,6 @@ from retainz.errors import RetainZError
 #: Command modules, each with ``register(subparsers)``.
 COMMAND_MODULES = [
     "retainz.cli.trace",
-    "retainz.cli.trace",
     "retainz.cli.device",
     "retainz.cli.demo",
     "retainz.cli.vm",
