@@ -1,63 +1,209 @@
-"""The :class:`Store` front object and :class:`GenerationWriter` (skeleton: contract first)."""
+"""The :class:`Store` front object: format, open, the read/delete API and shared bookkeeping.
+
+The write path lives in :mod:`.writer`, garbage collection in :mod:`.gc`, mount and recovery in
+:mod:`.recovery`, fsck and df in :mod:`.check`; they are mixins over the state kept here.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import threading
+import uuid as uuidlib
+from collections.abc import Iterator
 
-from retainz.placement.base import Allocator, Hint, ZoneTable
-from retainz.store.types import FsckReport, GCReport, GenerationInfo, ShardInfo, SpaceReport, StoreMetrics
+import crc32c
+
+from retainz.errors import (
+    ChecksumError,
+    ForeignDeviceError,
+    GenerationExistsError,
+    GenerationNotFoundError,
+    NoSpaceError,
+    ShardNotFoundError,
+    StoreLockedError,
+    SummaryMismatchError,
+)
+from retainz.placement import make_allocator
+from retainz.placement.base import Hint, ZoneSummary, ZoneTable
+from retainz.store.catalog import encode
+from retainz.store.check import CheckMixin
+from retainz.store.format import Superblock, check_id, round_up
+from retainz.store.gc import GCMixin
+from retainz.store.journal import MAX_META_ZONES, frame
+from retainz.store.recovery import RecoveryMixin
+from retainz.store.types import GenerationInfo, GenState, StoreMetrics
+from retainz.store.writer import GenerationWriter, WriteMixin
 from retainz.zoned.device import ZonedDevice
+from retainz.zoned.model import ZoneCond
 
 __all__ = ["Store", "GenerationWriter"]
 
+_OPEN_STORES: set = set()
+_OPEN_LOCK = threading.Lock()
 
-class GenerationWriter:
-    """Writes one generation: ``write_shard`` any number of times, then ``commit()`` or ``abort()``.
 
-    Several writers may be open at once (async saves overlap); every call takes the store's lock.
+def _device_key(device: ZonedDevice):
+    return device.info.path or id(device)
+
+
+class Store(WriteMixin, GCMixin, RecoveryMixin, CheckMixin):
+    """A checkpoint store on a zoned device.
+
+    Create one with :meth:`format` or :meth:`open` (never the constructor).  Call sequence::
+
+        store = Store.open(device)                 # replays the journal, recovers
+        w = store.begin_generation(id, step, hint=..., declared_size=...)   # admission
+        w.write_shard(name, chunks); ...; w.commit()  # or w.abort()
+        store.generations(); store.read_shard(id, name)
+        store.advance(step); store.delete(id)       # retire; all-dead zones are reset
+        store.gc()                                  # copying GC when empty zones < reserve
+        store.close()
+
+    Thread safety: every public method takes one ``threading.RLock``; several writers may be open
+    at once, and a reader thread sees only committed generations.
+
+    Attributes:
+        device: the zoned device.
+        table: the :class:`~retainz.placement.base.ZoneTable` of data-zone summaries (maintained
+            incrementally; equal to :meth:`recompute_table` after every operation).
+        allocator: the placement policy (selected by name, ``policy=``).
+        metrics: :class:`~retainz.store.types.StoreMetrics`.
+        uuid: the store's identity.
+        meta_zones: meta zones at the start of the device.
+        gc_reserve_zones: GC runs when fewer data zones than this are empty.
+        policy: the allocator spec in use.
+        recovery: what the last open found and did (a :class:`~retainz.store.recovery.RecoveryReport`).
     """
 
-    def write_shard(self, name: str, chunks: Iterable[bytes | bytearray | memoryview] | None = None, *,
-                    size: int | None = None) -> ShardInfo:
-        """Stream a shard into the store (never holds the whole shard in memory).
-
-        Args:
-            name: shard name (same rules as generation ids).
-            chunks: the shard's bytes, in order.  ``None`` with ``size=`` on a payload-less device
-                writes a counted extent with no checksum (trace replay).
-            size: the shard's length in bytes, if known; the chunks must add up to exactly it.
-
-        Raises:
-            InvalidIdError, ShardSizeError, NoSpaceError, ValueError (duplicate shard, size without
-            chunks on a payload device, writer already committed or aborted).
-        """
-        raise NotImplementedError
-
-    def commit(self) -> GenerationInfo:
-        """Flush the data, then append and flush the commit record (the commit point)."""
-        raise NotImplementedError
-
-    def abort(self) -> None:
-        """Drop the generation; its bytes become dead and all-dead zones are reset."""
-        raise NotImplementedError
-
-
-class Store:
-    """A checkpoint store on a zoned device (see the package docstring)."""
+    # -- creation ----------------------------------------------------------------------------------
+    def __init__(self, *_args, **_kw):
+        raise TypeError("use Store.format(device) or Store.open(device)")
 
     @classmethod
     def format(cls, device: ZonedDevice, *, meta_zones: int = 3, policy: str = "greedy",
                gc_reserve_zones: int = 2, force: bool = False, verify_summaries: bool = False) -> Store:
-        """Write a fresh store on ``device`` and open it."""
-        raise NotImplementedError
+        """Write a fresh, empty store on ``device`` and open it.
+
+        Args:
+            device: the zoned device (all zones empty, or ``force``).
+            meta_zones: zones reserved for the journal (2 .. 64; ZenFS uses 3).  A rollover needs
+                the snapshot to fit the meta zones the current chain does not use, so more meta
+                zones allow a bigger catalog.
+            policy: allocator spec ``NAME[:param=value,...]`` (recorded in the superblock).
+            gc_reserve_zones: copying GC starts when fewer data zones than this are empty; admission
+                keeps this many zones' capacity free for it.
+            force: reset every zone first, whatever it holds.
+            verify_summaries: see :meth:`open`.
+
+        Raises:
+            ForeignDeviceError: a zone is not empty and ``force`` is False (the message says whether
+                it already holds a RetainZ store).  Nothing is written.
+            ValueError: an unknown policy, or a geometry too small (fewer than meta zones + reserve
+                + 2 zones, zone capacity under 4 blocks, max active zones under 2).
+        """
+        g = device.geometry
+        make_allocator(policy)
+        if not 2 <= meta_zones <= MAX_META_ZONES:
+            raise ValueError(f"meta_zones must be 2..{MAX_META_ZONES}, not {meta_zones}")
+        if gc_reserve_zones < 0:
+            raise ValueError(f"gc_reserve_zones cannot be negative ({gc_reserve_zones})")
+        if g.nr_zones < meta_zones + gc_reserve_zones + 2:
+            raise ValueError(f"the device has {g.nr_zones} zones; a store needs at least "
+                             f"{meta_zones + gc_reserve_zones + 2} ({meta_zones} meta, {gc_reserve_zones} "
+                             "GC reserve, 2 data)")
+        if g.zone_capacity < 4 * g.block_size:
+            raise ValueError(f"zone capacity {g.zone_capacity} is under 4 blocks: too small for a journal")
+        if g.max_active and g.max_active < 2:
+            raise ValueError("the device allows fewer than 2 active zones (one is the journal's)")
+        zones = device.report_zones()
+        used = [z.index for z in zones if z.cond != ZoneCond.EMPTY]
+        if used and not force:
+            ours = [z for z in used[:MAX_META_ZONES]
+                    if Superblock.has_magic(device.read(zones[z].start, g.block_size))]
+            if ours:
+                raise ForeignDeviceError(f"{device!r} already holds a RetainZ store (superblock in zone "
+                                         f"{ours[0]}); pass force=True (--force) to erase it")
+            raise ForeignDeviceError(f"{device!r} holds data RetainZ does not recognise ({len(used)} "
+                                     f"non-empty zones, first {used[0]}); pass force=True (--force) to "
+                                     "erase it")
+        for z in used:
+            device.reset_zone(z)
+        sb = Superblock(uuid=uuidlib.uuid4(), sequence=1, part=0, geometry=g, meta_zones=meta_zones,
+                        gc_reserve_zones=gc_reserve_zones, policy=policy)
+        snap = [encode("snap", {"now": 0, "commit_seq": 0, "metrics": {}}), encode("sz", {"z": []}),
+                encode("send", {"n": 0})]
+        device.write(0, sb.encode() + b"".join(frame(p, g.block_size) for p in snap))
+        device.flush()
+        return cls.open(device, verify_summaries=verify_summaries)
 
     @classmethod
     def open(cls, device: ZonedDevice, *, policy: str | None = None, verify_summaries: bool = False) -> Store:
-        """Open (and recover) the store on ``device``."""
-        raise NotImplementedError
+        """Open the store on ``device``: replay the journal and recover (see :mod:`.recovery`).
+
+        Args:
+            device: the device (a FileDevice already holds the file's exclusive lock).
+            policy: allocator spec; ``None`` uses the one recorded at format.
+            verify_summaries: rebuild the zone summaries from the catalog before every allocation
+                decision and check them against the cached ones (slow; decisions must be identical
+                to the cached mode).
+
+        Raises:
+            StoreLockedError: the store on this device is already open in this process.
+            ForeignDeviceError: the device holds no RetainZ store.
+            CorruptJournalError: the journal or superblock is damaged, or committed data is missing.
+        """
+        key = _device_key(device)
+        with _OPEN_LOCK:
+            if key in _OPEN_STORES:
+                raise StoreLockedError(f"{device!r}: the store is already open in this process")
+            _OPEN_STORES.add(key)
+        self = object.__new__(cls)
+        self._key = key
+        self._closed = True
+        try:
+            self._init_state(device, verify_summaries)
+            self._mount(policy)
+        except BaseException:
+            with _OPEN_LOCK:
+                _OPEN_STORES.discard(key)
+            raise
+        return self
+
+    def _init_state(self, device: ZonedDevice, verify: bool) -> None:
+        g = device.geometry
+        self.device = device
+        self._lock = threading.RLock()
+        self._bs = g.block_size
+        self._zsize = g.zone_size
+        self._cap = g.zone_capacity
+        self._verify = verify
+        self._writers: dict[str, GenerationWriter] = {}
+        self._dirty: set[int] = set()
+        self._reserved = 0
+        self._now = 0
+        self._in_gc = False
+        self._partial: dict | None = None
+        self.metrics = StoreMetrics()
+
+    def _new_table(self) -> ZoneTable:
+        g = self.device.geometry
+        caps = {z: g.zone_capacity for z in range(self.meta_zones, g.nr_zones)}
+        return ZoneTable(caps, max_open=max(g.max_open - 1, 0) if g.max_open else 0,
+                         max_active=self._max_active)
 
     def close(self) -> None:
-        raise NotImplementedError
+        """Abort open writers, journal the zone attributes and metrics (a ``sync`` record), flush and
+        release the store.  The device stays open (the caller owns it).  Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            try:
+                for w in list(self._writers.values()):
+                    w.abort()
+                self._append("x", {"now": self._now, "metrics": self._metrics_state()})
+            finally:
+                self._closed = True
+                with _OPEN_LOCK:
+                    _OPEN_STORES.discard(self._key)
 
     def __enter__(self) -> Store:
         return self
@@ -65,37 +211,265 @@ class Store:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def __repr__(self) -> str:
+        return (f"Store({self.device!r}, policy={self.policy!r}, generations={len(self.catalog.gens)}, "
+                f"{'closed' if self._closed else 'open'})")
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError("the store is closed")
+
+    # -- generations -------------------------------------------------------------------------------
     def begin_generation(self, gen_id: str, step: int, *, hint: Hint | None = None,
                          declared_size: int | None = None) -> GenerationWriter:
-        raise NotImplementedError
+        """Admit a new generation and return its writer.
+
+        Admission reserves ``declared_size`` bytes (rounded up to a block): the data zones' free
+        bytes, less the GC reserve and other writers' reservations, must cover it, after a GC pass
+        if needed; otherwise the generation is refused before anything is written.  The store's
+        logical time advances to ``step`` if it is later.
+
+        Args:
+            gen_id: the generation id (see :func:`~retainz.store.format.check_id`).
+            step: the training step of the save (>= 0).
+            hint: what the runtime knows about the generation's death (journaled with the commit).
+            declared_size: bytes of shard data the generation will write (``None``: no reservation
+                and no size check).
+
+        Raises:
+            InvalidIdError: a bad id.  GenerationExistsError: the id is committed or being written.
+            NoSpaceError: the declared size cannot be reserved (``needed``/``available`` bytes).
+            ValueError: a negative step or size.
+        """
+        with self._lock:
+            self._check_open()
+            check_id(gen_id)
+            if not isinstance(step, int) or step < 0:
+                raise ValueError(f"step must be a non-negative int, not {step!r}")
+            if declared_size is not None and (not isinstance(declared_size, int) or declared_size < 0):
+                raise ValueError(f"declared_size must be a non-negative int, not {declared_size!r}")
+            if gen_id in self.catalog.gens or gen_id in self._writers:
+                raise GenerationExistsError(f"generation {gen_id!r} already exists")
+            self._advance(step)
+            if self.table.n_empty < self.gc_reserve_zones and self.table.dead:
+                self._gc(force=False)
+            need = round_up(declared_size, self._bs) if declared_size else 0
+            if need:
+                avail = self._admittable()
+                if need > avail and self.table.dead:
+                    self._gc(force=True)
+                    avail = self._admittable()
+                if need > avail:
+                    raise NoSpaceError(f"generation {gen_id!r} needs {need} bytes; {max(avail, 0)} can be "
+                                       f"reserved ({self._free()} free, {self._reserved} reserved by other "
+                                       f"writers, {self.gc_reserve_zones} zones kept for GC)",
+                                       needed=need, available=max(avail, 0))
+            gen = GenerationInfo(id=gen_id, step=step, hint=hint or Hint())
+            w = GenerationWriter(self, gen, declared_size, need)
+            self._reserved += need
+            self._writers[gen_id] = w
+            return w
 
     def generations(self) -> list[GenerationInfo]:
-        raise NotImplementedError
+        """Committed generations, ascending step then id."""
+        with self._lock:
+            return self.catalog.ordered()
 
     def generation(self, gen_id: str) -> GenerationInfo:
-        raise NotImplementedError
+        """The committed generation ``gen_id``.
+
+        Raises:
+            GenerationNotFoundError: no committed generation has that id.
+        """
+        with self._lock:
+            gen = self.catalog.gens.get(gen_id)
+            if gen is None:
+                raise GenerationNotFoundError(f"no committed generation {gen_id!r}")
+            return gen
 
     def read_shard(self, gen_id: str, name: str) -> Iterator[bytes]:
-        raise NotImplementedError
+        """Stream a committed shard's bytes, extent by extent, each verified before it is yielded.
+
+        GC may move the shard while it is being read; the reader follows the move.
+
+        Raises:
+            GenerationNotFoundError, ShardNotFoundError: no such committed generation or shard
+                (also raised mid-stream if the generation is deleted while being read).
+            ChecksumError: an extent's or the whole shard's crc32c does not match (names generation,
+                shard, zone and offset).
+            NoPayloadError: a counted (payload-less) shard.
+        """
+        shard = self._shard(gen_id, name)
+        return self._read_iter(gen_id, name, shard)
+
+    def _shard(self, gen_id: str, name: str):
+        gen = self.generation(gen_id)
+        shard = gen.shards.get(name)
+        if shard is None:
+            raise ShardNotFoundError(f"generation {gen_id!r} has no shard {name!r}")
+        return shard
+
+    def _read_iter(self, gen_id: str, name: str, shard) -> Iterator[bytes]:
+        done = 0
+        crc = 0
+        while done < shard.size or (done == 0 and not shard.extents):
+            with self._lock:
+                gen = self.catalog.gens.get(gen_id)
+                if gen is None or gen.shards.get(name) is not shard:
+                    raise GenerationNotFoundError(f"generation {gen_id!r} was deleted while being read")
+                pos = 0
+                for e in shard.extents:   # the extent starting at data byte `done` (GC may split)
+                    if pos >= done:
+                        break
+                    pos += e[2]
+                if not shard.extents:
+                    break
+                z, off, length, ecrc = e
+                data = self.device.read(z * self._zsize + off, round_up(length, self._bs))[:length]
+            if ecrc is not None and crc32c.crc32c(data) != ecrc:
+                raise ChecksumError(f"generation {gen_id!r} shard {name!r}: extent at zone {z} offset {off} "
+                                    f"({length} bytes) fails its crc32c", generation=gen_id, shard=name,
+                                    zone=z, offset=off, length=length, expected=ecrc,
+                                    actual=crc32c.crc32c(data))
+            crc = crc32c.crc32c(data, crc)
+            done += length
+            if done >= shard.size and shard.crc is not None and crc != shard.crc:
+                raise ChecksumError(f"generation {gen_id!r} shard {name!r}: whole-shard crc32c mismatch",
+                                    generation=gen_id, shard=name, expected=shard.crc, actual=crc)
+            yield data
 
     def delete(self, gen_id: str, *, step: int | None = None) -> None:
-        raise NotImplementedError
+        """Retire a committed generation: journal a deletion record (flushed), then reset the zones
+        it leaves with no live data.  Other zones keep its bytes as dead until GC.
+
+        Args:
+            step: the training step of the retirement; logical time advances to it if later.
+
+        Raises:
+            GenerationNotFoundError: no committed generation has that id.
+        """
+        with self._lock:
+            self._check_open()
+            if step is not None:
+                self._advance(step)
+            gen = self.catalog.gens.get(gen_id)
+            if gen is None:
+                raise GenerationNotFoundError(f"no committed generation {gen_id!r}")
+            bs = self._bs
+            zb: dict[int, int] = {}
+            for s in gen.shards.values():
+                for e in s.extents:
+                    zb[e[0]] = zb.get(e[0], 0) + round_up(e[2], bs)
+            zones = self.table.zones
+            resets = [z for z, n in zb.items() if zones[z].live == n]
+            self._append("d", {"g": gen_id, "r": resets, "now": self._now})
+            self.catalog.remove(gen_id)
+            gen.state = GenState.DELETED
+            for z, n in zb.items():
+                self.table.on_kill(z, n)
+            for z in resets:
+                self._reset_zone(z)
+            self.metrics.generations_deleted += 1
 
     def advance(self, step: int) -> None:
-        raise NotImplementedError
+        """Move logical time to training step ``step`` (no-op if not later than the current step).
+        Dead-space and unused-capacity byte-steps integrate over it."""
+        with self._lock:
+            self._advance(step)
 
-    def gc(self, *, force: bool = False) -> GCReport:
-        raise NotImplementedError
+    @property
+    def now(self) -> int:
+        """The latest training step the store has seen."""
+        return self._now
 
-    def fsck(self) -> FsckReport:
-        raise NotImplementedError
+    def _advance(self, step: int) -> None:
+        dt = step - self._now
+        if dt > 0:
+            m = self.metrics
+            m.dead_space_byte_steps += self.table.dead * dt
+            m.unused_capacity_byte_steps += self.table.unused * dt
+            self._now = step
+            self.table.now = step
 
-    def df(self) -> SpaceReport:
-        raise NotImplementedError
+    # -- shared bookkeeping --------------------------------------------------------------------------
+    def _free(self) -> int:
+        """Bytes writable without a reset, O(1): capacity - written - capacity lost to finishes."""
+        t = self.table
+        return self._data_capacity - t.written - t.unused
 
-    metrics: StoreMetrics
-    table: ZoneTable
-    allocator: Allocator
+    def _admittable(self) -> int:
+        return self._free() - self._reserved - self.gc_reserve_zones * self._cap
 
+    def _attrs(self, z: int) -> list:
+        s = self.table.zones[z]
+        return [z, s.written, 1 if s.cond == ZoneCond.FULL else 0, s.reclaim_step, s.lifetime, s.opened_step]
+
+    def _append(self, kind: str, body: dict) -> None:
+        """Append a record carrying the zone attributes changed since the last one (flushed)."""
+        dirty = self._dirty
+        self._dirty = set()
+        body["z"] = [self._attrs(z) for z in sorted(dirty)]
+        j = self.journal
+        try:
+            j.append(encode(kind, body))
+        except BaseException:
+            self._dirty |= dirty
+            raise
+        m = self.metrics
+        m.journal_bytes, m.journal_records, m.rollovers = j.bytes_written, j.records, j.rollovers
+
+    def _reset_zone(self, z: int) -> None:
+        self.device.reset_zone(z)
+        self.table.on_reset(z)
+        self.metrics.resets += 1
+        self._dirty.add(z)
+
+    def _reset_dead(self, zones) -> int:
+        """Reset the zones among ``zones`` that hold bytes but no live data."""
+        n = 0
+        for z in list(zones):
+            s = self.table.zones[z]
+            if s.written and not s.live:
+                self._reset_zone(z)
+                n += 1
+        return n
+
+    def _metrics_state(self) -> dict:
+        m = self.metrics.to_dict()
+        m.pop("waf")
+        m["journal_bytes"] = self.journal.bytes_written
+        m["journal_records"] = self.journal.records
+        m["rollovers"] = self.journal.rollovers
+        return m
+
+    # -- summaries ---------------------------------------------------------------------------------
     def recompute_table(self) -> ZoneTable:
-        raise NotImplementedError
+        """A zone table rebuilt from scratch: live bytes from the catalog's committed extents and the
+        open writers' extents; written bytes, finish state, reclaim step, lifetime and opening step
+        as journaled (the zone attributes); dead = written - live; open/empty sets and totals
+        recomputed.  ``store.table.key() == store.recompute_table().key()`` must always hold."""
+        with self._lock:
+            bs = self._bs
+            live: dict[int, int] = {}
+            gens = list(self.catalog.gens.values()) + [w.gen for w in self._writers.values()]
+            for gen in gens:
+                for s in gen.shards.values():
+                    for e in s.extents:
+                        live[e[0]] = live.get(e[0], 0) + round_up(e[2], bs)
+            t = self._new_table()
+            t.now = self._now
+            out = []
+            for z, s in self.table.zones.items():
+                lv = live.get(z, 0)
+                out.append(ZoneSummary(index=z, capacity=s.capacity, cond=s.cond, written=s.written, live=lv,
+                                       dead=s.written - lv, reclaim_step=s.reclaim_step, lifetime=s.lifetime,
+                                       opened_step=s.opened_step))
+            t.restore(out)
+            return t
+
+    def _rebuild_summaries(self) -> None:
+        fresh = self.recompute_table()
+        if fresh.key() != self.table.key():
+            bad = [z for z in self.table.zones if fresh.zones[z].key() != self.table.zones[z].key()]
+            raise SummaryMismatchError(f"cached zone summaries differ from a recomputation in zones {bad[:8]}")
+        self.table.restore(list(fresh.zones.values()))

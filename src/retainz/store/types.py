@@ -146,6 +146,7 @@ class GCReport:
         extents_moved: extents copied.
         bytes_copied: bytes copied (block-rounded).
         zones_reset: zones reset, victims and all-dead zones.
+        errors: why a victim was given up (checksum mismatch while copying, no space), one line each.
     """
 
     victims: list[int] = field(default_factory=list)
@@ -153,6 +154,7 @@ class GCReport:
     extents_moved: int = 0
     bytes_copied: int = 0
     zones_reset: int = 0
+    errors: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -1,0 +1,123 @@
+"""On-device format: layout, the superblock, id rules.
+
+Layout of a store on a device of N zones (``meta_zones`` = M, default 3 as in ZenFS):
+
+========================  ==================================================================
+zones 0 .. M-1            meta zones: the metadata journal (:mod:`retainz.store.journal`)
+zones M .. N-1            data zones: shard extents, placed by the allocator
+========================  ==================================================================
+
+Every meta zone in use starts with a one-block **superblock** (little endian)::
+
+    magic "RETAINZS" | u32 format version | u32 flags | 16 B uuid | u64 sequence | u32 part
+    | u32 nr_zones | u64 zone_size | u64 zone_capacity | u32 block_size | u32 meta_zones
+    | u32 gc_reserve_zones | 64 B policy (UTF-8, NUL padded) | u32 crc32c of everything before
+
+``sequence`` numbers journal generations (ZenFS's superblock sequence): a rollover writes the new
+snapshot under ``sequence + 1``; ``part`` is the zone's place in a snapshot that spills across meta
+zones.  The rest of the block is zero.
+"""
+
+from __future__ import annotations
+
+import struct
+import uuid as uuidlib
+from dataclasses import dataclass
+
+import crc32c
+
+from retainz.errors import InvalidIdError
+from retainz.zoned.model import Geometry
+
+__all__ = ["MAGIC", "FORMAT_VERSION", "Superblock", "check_id", "round_up", "MAX_ID_BYTES"]
+
+MAGIC = b"RETAINZS"
+FORMAT_VERSION = 1
+MAX_ID_BYTES = 255
+_SB = struct.Struct("<8sII16sQIIQQIII64s")
+
+
+def round_up(n: int, to: int) -> int:
+    """``n`` rounded up to a multiple of ``to``."""
+    return -(-n // to) * to
+
+
+@dataclass(frozen=True)
+class Superblock:
+    """The first block of every meta zone in use (see the module docstring).
+
+    Attributes:
+        uuid: the store's identity (same in every meta zone of one store).
+        sequence: journal generation; higher wins at mount.
+        part: index of this zone in its journal chain (0 = first).
+        geometry: the device geometry at format (checked at open).
+        meta_zones: M.
+        gc_reserve_zones: GC starts when fewer data zones than this are empty.
+        policy: the allocator spec recorded at format (``Store.open(policy=None)`` uses it).
+        flags: reserved (0).
+        version: format version.
+    """
+
+    uuid: uuidlib.UUID
+    sequence: int
+    part: int
+    geometry: Geometry
+    meta_zones: int
+    gc_reserve_zones: int
+    policy: str
+    flags: int = 0
+    version: int = FORMAT_VERSION
+
+    def encode(self) -> bytes:
+        g = self.geometry
+        policy = self.policy.encode()
+        if len(policy) > 64:
+            raise ValueError(f"policy spec {self.policy!r} is longer than 64 bytes")
+        body = _SB.pack(MAGIC, self.version, self.flags, self.uuid.bytes, self.sequence, self.part,
+                        g.nr_zones, g.zone_size, g.zone_capacity, g.block_size, self.meta_zones,
+                        self.gc_reserve_zones, policy)
+        body += struct.pack("<I", crc32c.crc32c(body))
+        return body.ljust(g.block_size, b"\0")
+
+    @staticmethod
+    def has_magic(block: bytes) -> bool:
+        return block[:8] == MAGIC
+
+    @classmethod
+    def decode(cls, block: bytes, device_geometry: Geometry) -> Superblock | None:
+        """Parse a superblock; ``None`` if the magic is absent or the checksum fails."""
+        if len(block) < _SB.size + 4 or block[:8] != MAGIC:
+            return None
+        (crc,) = struct.unpack_from("<I", block, _SB.size)
+        if crc32c.crc32c(block[:_SB.size]) != crc:
+            return None
+        (_, version, flags, raw_uuid, seq, part, nz, zsize, zcap, bs, meta, reserve,
+         policy) = _SB.unpack_from(block)
+        g = device_geometry
+        geometry = Geometry(nr_zones=nz, zone_size=zsize, zone_capacity=zcap, block_size=bs,
+                            max_open=g.max_open, max_active=g.max_active)
+        return cls(uuid=uuidlib.UUID(bytes=raw_uuid), sequence=seq, part=part, geometry=geometry,
+                   meta_zones=meta, gc_reserve_zones=reserve, policy=policy.rstrip(b"\0").decode(),
+                   flags=flags, version=version)
+
+
+def check_id(value: str, what: str = "generation id") -> str:
+    """Validate a generation id or shard name: it becomes a file name in ``retainz get``.
+
+    Raises:
+        InvalidIdError: not a str, empty, ``.``, contains ``..``, ``/``, ``\\``, NUL or another
+            control character, or longer than 255 bytes in UTF-8.
+    """
+    if not isinstance(value, str):
+        raise InvalidIdError(f"{what} must be a str, not {type(value).__name__}")
+    if not value:
+        raise InvalidIdError(f"{what} is empty")
+    if value == "." or ".." in value:
+        raise InvalidIdError(f"{what} {value!r} is '.' or contains '..'")
+    if "/" in value or "\\" in value:
+        raise InvalidIdError(f"{what} {value!r} contains a path separator")
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise InvalidIdError(f"{what} {value!r} contains NUL or a control character")
+    if len(value.encode("utf-8", "surrogatepass")) > MAX_ID_BYTES:
+        raise InvalidIdError(f"{what} is longer than {MAX_ID_BYTES} bytes")
+    return value

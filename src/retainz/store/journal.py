@@ -1,0 +1,346 @@
+"""The metadata journal: record framing, meta-zone chains, rollover and the mount scan.
+
+**Framing** (after ZenFS's ``ZenMetaLog`` and LevelDB's log): each record is::
+
+    u32 masked crc32c over (u32 length || payload) | u32 length | payload | zero padding to a block
+
+A record never spans zones.  A zero header (crc 0, length 0) ends a zone's records (the padding of
+a finished zone reads back as zeros).  The payload is ``KIND b" " JSON`` (see :mod:`.records`).
+
+**Chains.**  The journal lives in a *chain* of meta zones sharing one superblock ``sequence``; each
+zone starts with a superblock whose ``part`` numbers it in the chain.  A chain opens with a complete
+snapshot (``snap`` ... ``send`` records) that may spill over several zones, then takes appended
+records in its last zone.
+
+**Rollover** (ZenFS ``ZenFS::RollMetaZoneLocked``), when the last zone has no room for a record, and
+at mount after a torn tail: (1) the whole snapshot is framed in memory and packed into the meta zones
+*not* in the current chain; if it needs more zones than there are, :class:`NoSpaceError` is raised
+before anything is written, so a roll never loops (ZenFS issue #293); (2) the old chain's last zone
+is finished (it releases its active-zone resource, so metadata never needs more than one); (3) the
+new zones get superblock ``sequence + 1`` and the snapshot, each finished before the next is used;
+(4) flush; (5) only then the old chain's zones are reset.  A crash before (4) leaves the old chain
+intact and the new one without its ``send`` record, so mount falls back to the old chain.
+
+**Mount** reads the first block of every meta zone, tries the chains from the highest sequence down
+and takes the first whose snapshot is complete.  A record that runs past the write pointer of the
+chain's last zone is a *torn tail* (what a power cut leaves) and is dropped, provided no valid record
+starts after it; a checksum mismatch inside the written area, a non-empty meta zone whose superblock
+fails its checksum, or a gap in a chain is :class:`CorruptJournalError` (never skipped silently).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import crc32c
+
+from retainz.errors import CorruptJournalError, ForeignDeviceError, NoSpaceError
+from retainz.store.format import Superblock, round_up
+from retainz.zoned.device import ZonedDevice
+from retainz.zoned.model import ZoneCond
+
+__all__ = ["frame", "parse_zone", "Journal", "MountScan", "scan", "MAX_META_ZONES"]
+
+_HEADER = struct.Struct("<II")
+_LEN = struct.Struct("<I")
+_MASK_DELTA = 0xA282EAD8
+#: Meta zones are the first zones; at most this many.
+MAX_META_ZONES = 64
+
+
+def _mask(crc: int) -> int:
+    """LevelDB's crc mask (a crc stored next to the data it covers is masked)."""
+    return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+def frame(payload: bytes, block_size: int) -> bytes:
+    """Frame one record: header, payload, zero padding to ``block_size``."""
+    n = len(payload)
+    crc = _mask(crc32c.crc32c(payload, crc32c.crc32c(_LEN.pack(n))))
+    head = _HEADER.pack(crc, n)
+    pad = -(n + 8) % block_size
+    return head + payload + bytes(pad)
+
+
+def _valid_at(buf: bytes | memoryview, pos: int, end: int, bs: int) -> bool:
+    if pos + 8 > end:
+        return False
+    crc, n = _HEADER.unpack_from(buf, pos)
+    if n == 0 and crc == 0:
+        return False
+    total = round_up(8 + n, bs)
+    if pos + total > end:
+        return False
+    return _mask(crc32c.crc32c(buf[pos + 8:pos + 8 + n], crc32c.crc32c(_LEN.pack(n)))) == crc
+
+
+@dataclass
+class ZoneParse:
+    """Records found in one meta zone.
+
+    Attributes:
+        payloads: the records' payloads in order.
+        end: byte (relative to the zone start) after the last valid record.
+        torn: bytes dropped as a torn tail (0: none).
+    """
+
+    payloads: list[bytes] = field(default_factory=list)
+    end: int = 0
+    torn: int = 0
+
+
+def parse_zone(buf: bytes, start: int, end: int, bs: int, *, zone: int, tail: bool) -> ZoneParse:
+    """Parse the records in ``buf[start:end]`` (``buf`` is the zone's data from byte 0).
+
+    Args:
+        tail: True for the last zone of a chain, where a record that runs past ``end`` (the write
+            pointer) is a torn tail; elsewhere it is corruption.
+
+    Raises:
+        CorruptJournalError: a checksum mismatch inside ``end``, or a record past ``end`` that is not
+            the last thing written.
+    """
+    out = ZoneParse(end=start)
+    pos = start
+    view = memoryview(buf)
+    while pos + 8 <= end:
+        crc, n = _HEADER.unpack_from(buf, pos)
+        if crc == 0 and n == 0:
+            break
+        total = round_up(8 + n, bs)
+        if pos + total > end:
+            later = next((p for p in range(pos + bs, end, bs) if _valid_at(view, p, end, bs)), None)
+            if not tail or later is not None:
+                raise CorruptJournalError(
+                    f"meta zone {zone}: record at byte {pos} claims {n} bytes, past the end of the "
+                    f"written area ({end})" + (f", and a valid record follows at byte {later}"
+                                               if later is not None else "") + ": corrupt journal")
+            out.torn = end - pos
+            break
+        payload = bytes(view[pos + 8:pos + 8 + n])
+        if _mask(crc32c.crc32c(payload, crc32c.crc32c(_LEN.pack(n)))) != crc:
+            raise CorruptJournalError(f"meta zone {zone}: record at byte {pos} ({n} bytes) fails its "
+                                      "checksum: corrupt journal")
+        out.payloads.append(payload)
+        pos += total
+        out.end = pos
+    return out
+
+
+@dataclass
+class MountScan:
+    """What :func:`scan` found.
+
+    Attributes:
+        sb: the superblock of the chosen chain (its part 0).
+        chain: meta zone indexes of the chain, in part order.
+        payloads: every record of the chain in order (snapshot first).
+        end: write position (relative) after the last valid record of the chain's last zone.
+        torn: bytes dropped as a torn tail.
+        stale: non-empty meta zones outside the chain (older or incomplete chains) to reset.
+        fallbacks: newer chains skipped because their snapshot was incomplete (a crashed roll).
+    """
+
+    sb: Superblock
+    chain: list[int]
+    payloads: list[bytes]
+    end: int
+    torn: int
+    stale: list[int]
+    fallbacks: int = 0
+
+
+def _kind(payload: bytes) -> bytes:
+    return payload.split(b" ", 1)[0]
+
+
+def scan(device: ZonedDevice) -> MountScan:
+    """Find the current journal chain on ``device`` and read its records.
+
+    Raises:
+        ForeignDeviceError: no meta zone holds a RetainZ superblock.
+        CorruptJournalError: see the module docstring.
+    """
+    g = device.geometry
+    bs = g.block_size
+    zones = device.report_zones(0, min(g.nr_zones, MAX_META_ZONES))
+    sbs: dict[int, Superblock] = {}
+    bad: list[int] = []
+    n_meta = len(zones)
+    for z in zones:
+        if z.index >= n_meta:
+            break
+        if z.cond == ZoneCond.EMPTY:
+            continue
+        block = device.read(z.start, bs)
+        sb = Superblock.decode(block, g)
+        if sb is None:
+            if Superblock.has_magic(block):
+                bad.append(z.index)
+            continue
+        if not sbs:
+            n_meta = min(sb.meta_zones, len(zones))
+        sbs[z.index] = sb
+    bad = [z for z in bad if z < n_meta]
+    if not sbs:
+        if bad:
+            raise CorruptJournalError(f"meta zone(s) {bad}: the RetainZ superblock fails its checksum "
+                                      "and no other copy exists: corrupt store")
+        raise ForeignDeviceError(f"{device!r} holds no RetainZ store (no superblock in its first zones)")
+    if bad:
+        raise CorruptJournalError(f"meta zone(s) {bad}: superblock fails its checksum: corrupt store")
+    if len({sb.uuid for sb in sbs.values()}) > 1:
+        raise CorruptJournalError("meta zones hold superblocks of different stores: "
+                                  + ", ".join(f"zone {z}: {sb.uuid}" for z, sb in sorted(sbs.items())))
+    by_seq: dict[int, dict[int, int]] = {}
+    for z, sb in sbs.items():
+        parts = by_seq.setdefault(sb.sequence, {})
+        if sb.part in parts:
+            raise CorruptJournalError(f"meta zones {parts[sb.part]} and {z} both claim part {sb.part} of "
+                                      f"journal sequence {sb.sequence}")
+        parts[sb.part] = z
+    fallbacks = 0
+    for seq in sorted(by_seq, reverse=True):
+        parts = by_seq[seq]
+        chain = [parts[p] for p in sorted(parts)]
+        if sorted(parts) != list(range(len(parts))):
+            raise CorruptJournalError(f"journal sequence {seq} has parts {sorted(parts)}: a part is missing")
+        payloads: list[bytes] = []
+        end = torn = 0
+        for i, zi in enumerate(chain):
+            z = zones[zi]
+            last = i == len(chain) - 1
+            written = z.capacity if z.cond == ZoneCond.FULL else z.wp - z.start
+            buf = device.read(z.start, written)
+            parsed = parse_zone(buf, bs, written, bs, zone=zi, tail=last)
+            payloads += parsed.payloads
+            end, torn = parsed.end, parsed.torn
+        kinds = [_kind(p) for p in payloads[:1]]
+        complete = kinds == [b"snap"] and any(_kind(p) == b"send" for p in payloads)
+        if not complete:
+            fallbacks += 1
+            continue
+        stale = [z.index for z in zones[:n_meta] if z.cond != ZoneCond.EMPTY and z.index not in chain]
+        return MountScan(sb=sbs[chain[0]], chain=chain, payloads=payloads, end=end, torn=torn,
+                         stale=stale, fallbacks=fallbacks)
+    raise CorruptJournalError("no journal chain with a complete snapshot: corrupt store")
+
+
+class Journal:
+    """Appends records to the current chain and rolls it over.
+
+    Args:
+        device: the device.
+        sb: the superblock of the current chain (``part`` ignored).
+        chain: the chain's meta zones, in order.
+        end: write position in the chain's last zone (bytes from its start).
+        snapshot: callable returning the snapshot payloads of the store's current state (used by
+            :meth:`roll`).
+    """
+
+    def __init__(self, device: ZonedDevice, sb: Superblock, chain: list[int], end: int,
+                 snapshot: Callable[[], list[bytes]]):
+        self.device = device
+        self.sb = sb
+        self.chain = list(chain)
+        self.end = end
+        self.snapshot = snapshot
+        g = device.geometry
+        self.bs = g.block_size
+        self.zone_size = g.zone_size
+        self.capacity = g.zone_capacity
+        self.meta = list(range(sb.meta_zones))
+        self.bytes_written = 0
+        self.records = 0
+        self.rollovers = 0
+
+    @property
+    def max_record(self) -> int:
+        """Largest payload that fits a meta zone after its superblock."""
+        return self.capacity - self.bs - 8
+
+    def room(self) -> int:
+        """Bytes left in the chain's last zone."""
+        return self.capacity - self.end
+
+    def append(self, payload: bytes, *, flush: bool = True) -> None:
+        """Append one record (rolling over first if the last zone has no room) and flush.
+
+        Raises:
+            NoSpaceError: the record is larger than a meta zone, or a needed rollover does not fit
+                the free meta zones (nothing was written).
+        """
+        rec = frame(payload, self.bs)
+        if len(rec) > self.capacity - self.bs:
+            raise NoSpaceError(f"journal record of {len(payload)} bytes does not fit a meta zone "
+                               f"({self.capacity - self.bs} bytes after the superblock)",
+                               needed=len(rec), available=self.capacity - self.bs)
+        if self.end + len(rec) > self.capacity:
+            self.roll()
+        z = self.chain[-1]
+        self.device.write(z * self.zone_size + self.end, rec)
+        self.end += len(rec)
+        self.bytes_written += len(rec)
+        self.records += 1
+        if flush:
+            self.device.flush()
+
+    def roll(self, payloads: list[bytes] | None = None) -> None:
+        """Write a fresh snapshot under ``sequence + 1`` into free meta zones, then reset the old
+        chain (see the module docstring).
+
+        Raises:
+            NoSpaceError: the snapshot needs more meta zones than are free (nothing was written).
+        """
+        payloads = self.snapshot() if payloads is None else payloads
+        frames = [frame(p, self.bs) for p in payloads]
+        free = [z for z in self.meta if z not in self.chain]
+        plan: list[list[bytes]] = [[]]
+        used = self.bs
+        for f in frames:
+            if len(f) > self.capacity - self.bs:
+                raise NoSpaceError(f"a journal snapshot record of {len(f)} bytes does not fit a meta zone",
+                                   needed=len(f), available=self.capacity - self.bs)
+            if used + len(f) > self.capacity:
+                plan.append([])
+                used = self.bs
+            plan[-1].append(f)
+            used += len(f)
+        total = sum(map(len, frames)) + self.bs * len(plan)
+        if len(plan) > len(free):
+            raise NoSpaceError(
+                f"journal snapshot of {total} bytes needs {len(plan)} meta zones but {len(free)} are free "
+                f"({len(self.meta)} meta zones of {self.capacity} bytes); format with more meta zones",
+                needed=total, available=len(free) * self.capacity)
+        dev = self.device
+        for z in free:
+            if dev.zone(z).cond != ZoneCond.EMPTY:
+                dev.reset_zone(z)
+        old = self.chain
+        if old and dev.zone(old[-1]).cond not in (ZoneCond.FULL, ZoneCond.EMPTY):
+            dev.finish_zone(old[-1])
+        seq = self.sb.sequence + 1
+        new: list[int] = []
+        for part, group in enumerate(plan):
+            z = free[part]
+            if new:
+                dev.finish_zone(new[-1])
+            sb = Superblock(uuid=self.sb.uuid, sequence=seq, part=part, geometry=self.sb.geometry,
+                            meta_zones=self.sb.meta_zones, gc_reserve_zones=self.sb.gc_reserve_zones,
+                            policy=self.sb.policy, flags=self.sb.flags)
+            data = sb.encode() + b"".join(group)
+            dev.write(z * self.zone_size, data)
+            self.bytes_written += len(data)
+            self.records += len(group)
+            new.append(z)
+            self.end = len(data)
+        dev.flush()
+        for z in old:
+            dev.reset_zone(z)
+        self.sb = Superblock(uuid=self.sb.uuid, sequence=seq, part=0, geometry=self.sb.geometry,
+                             meta_zones=self.sb.meta_zones, gc_reserve_zones=self.sb.gc_reserve_zones,
+                             policy=self.sb.policy, flags=self.sb.flags)
+        self.chain = new
+        self.rollovers += 1

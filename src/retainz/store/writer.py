@@ -1,0 +1,347 @@
+"""The write path: :class:`GenerationWriter`, placement execution, commit and abort.
+
+Per extent the store asks the allocator once (``place``), executes the decision (finishes the zones
+it names, writes at the chosen zone's write pointer) and updates the zone table incrementally.  No
+journal record and no flush is issued per extent: a generation's extents are buffered in memory and
+journaled with its commit record.  Durability order of a commit (DESIGN.md principle 5):
+
+1. every data write of the generation is flushed (``device.flush``);
+2. the commit record (the generation, its shards and extents, the zone attributes changed since the
+   last record) is appended to the journal and flushed;
+3. only then does ``commit()`` return.  A generation is committed iff its commit record is durable.
+
+Payload writes are cut into extents of at most :data:`WRITE_BUFFER` bytes (each one device write
+with its own crc32c), so a reader verifies every extent before handing out a byte of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from time import perf_counter
+
+import crc32c
+
+from retainz.errors import NoSpaceError, ShardSizeError
+from retainz.placement.base import Decision, ExtentRequest
+from retainz.store.catalog import encode_gen
+from retainz.store.format import check_id, round_up
+from retainz.store.types import GenerationInfo, GenState, ShardInfo
+from retainz.zoned.model import ZoneCond
+
+__all__ = ["GenerationWriter", "WRITE_BUFFER", "WriteMixin"]
+
+#: Bytes per payload extent (one device write, one crc32c): ZenFS's 1 MiB write buffer.
+WRITE_BUFFER = 1 << 20
+_EMPTY, _FULL = ZoneCond.EMPTY, ZoneCond.FULL
+
+
+class GenerationWriter:
+    """Writes one generation.  Returned by :meth:`Store.begin_generation`.
+
+    Call sequence: ``write_shard`` any number of times (one shard per call, streamed), then exactly
+    one of ``commit()`` or ``abort()``.  Several writers may be open at once (overlapping async
+    saves); every call takes the store's lock, so readers never see a generation before its commit
+    record is durable.  As a context manager it commits on a normal exit and aborts on an exception.
+
+    Attributes:
+        gen: the :class:`GenerationInfo` being written (state ``WRITING`` until committed).
+        declared_size: bytes declared at admission (``None``: none declared).
+    """
+
+    __slots__ = ("_store", "gen", "declared_size", "_reserve", "_data", "_zone_bytes")
+
+    def __init__(self, store, gen: GenerationInfo, declared_size: int | None, reserve: int):
+        self._store = store
+        self.gen = gen
+        self.declared_size = declared_size
+        self._reserve = reserve        # bytes of the admission reservation not yet written
+        self._data = 0                 # shard bytes written so far
+        self._zone_bytes: dict[int, int] = {}  # zone -> device bytes this generation holds there
+
+    @property
+    def id(self) -> str:
+        return self.gen.id
+
+    @property
+    def state(self) -> GenState:
+        return self.gen.state
+
+    def write_shard(self, name: str, chunks: Iterable[bytes | bytearray | memoryview] | None = None, *,
+                    size: int | None = None) -> ShardInfo:
+        """Stream one shard into the store; returns its :class:`ShardInfo` (extents, crc32c).
+
+        The shard is never held in memory whole: chunks are written in extents of up to 1 MiB as
+        they arrive.  It becomes visible to readers with the generation's commit.
+
+        Args:
+            name: shard name (same rules as generation ids: :func:`retainz.store.format.check_id`).
+            chunks: the shard's bytes, in order (any bytes-like objects).  ``None`` together with
+                ``size=`` on a payload-less device (``info.payload`` False) writes a counted shard
+                with no checksum (trace replay).
+            size: the shard's length in bytes, if known; the chunks must add up to exactly it.
+
+        Raises:
+            InvalidIdError: a bad name.
+            ShardSizeError: the chunks exceed ``size`` (or fall short of it), or the generation
+                exceeds its ``declared_size``.  The shard's bytes written so far become dead; the
+                writer stays usable.
+            NoSpaceError: no zone could take the data even after GC (the shard is dropped likewise).
+            ValueError: a duplicate shard name, a negative size, ``size`` without chunks on a device
+                that keeps payload, or a writer that is no longer writing.
+        """
+        return self._store._write_shard(self, name, chunks, size)
+
+    def commit(self) -> GenerationInfo:
+        """Make the generation durable and visible: flush its data, then append and flush its commit
+        record (see the module docstring).
+
+        Raises:
+            NoSpaceError: the commit record does not fit the journal (the generation stays
+                uncommitted and can be aborted).
+            ValueError: the writer is not writing (already committed or aborted).
+        """
+        return self._store._commit(self)
+
+    def abort(self) -> None:
+        """Drop the generation: its bytes become dead and zones left with no live data are reset.
+        Nothing is journaled (after a crash an uncommitted generation is garbage anyway).  A no-op
+        on an aborted writer."""
+        self._store._abort(self)
+
+    def __enter__(self) -> GenerationWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self.gen.state is not GenState.WRITING:
+            return
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+
+    def __repr__(self) -> str:
+        return f"GenerationWriter({self.gen.id!r}, step={self.gen.step}, {self.gen.state.value})"
+
+
+class WriteMixin:
+    """Write-path methods of :class:`~retainz.store.store.Store` (state lives on the store)."""
+
+    # -- placement -----------------------------------------------------------------------------------
+    def _decide(self, gen: GenerationInfo, nbytes: int, gc: bool) -> Decision | None:
+        """Ask the allocator where ``nbytes`` go and execute its finishes; ``None`` = no space."""
+        if self._verify:
+            self._rebuild_summaries()
+        req = ExtentRequest(nbytes, gen.id, gen.step, gen.hint, self._now, gc)
+        t0 = perf_counter()
+        d = self.allocator.place(req)
+        m = self.metrics
+        m.decision_cpu_seconds += perf_counter() - t0
+        m.decisions += 1
+        z = d.zone
+        if z is None:
+            return None
+        for f in d.finish:
+            self._finish_zone(f)
+        s = self.table.zones.get(z)
+        if s is None or s.cond is _FULL:
+            raise ValueError(f"allocator {self.allocator.name} chose zone {z}, which is not a data zone "
+                             "with room")
+        if s.cond is _EMPTY and self._max_active and len(self.table.open) >= self._max_active:
+            raise ValueError(f"allocator {self.allocator.name} opened zone {z} beyond the active-zone "
+                             f"budget {self._max_active}")
+        return d
+
+    def _decide_or_gc(self, gen: GenerationInfo, nbytes: int, gc: bool) -> Decision:
+        d = self._decide(gen, nbytes, gc)
+        if d is None and not gc and not self._in_gc:
+            if self.table.dead:
+                self._gc(force=True)
+                d = self._decide(gen, nbytes, gc)
+        if d is None:
+            raise NoSpaceError(f"no zone can take {nbytes} bytes of generation {gen.id!r} "
+                               f"({self._free()} bytes free in zones)", needed=nbytes,
+                               available=self._free())
+        return d
+
+    def _finish_zone(self, z: int) -> None:
+        s = self.table.zones.get(z)
+        if s is None or z not in self.table.open:
+            raise ValueError(f"allocator {self.allocator.name} asked to finish zone {z}, which is not "
+                             "an open data zone")
+        self.device.finish_zone(z)
+        self.metrics.finishes += 1
+        self.metrics.unused_capacity_bytes += s.capacity - s.written
+        self.table.on_finish(z)
+        self._dirty.add(z)
+
+    def _put(self, gen: GenerationInfo, data, data_len: int, extents: list, zone_bytes: dict,
+             gc: bool) -> int:
+        """Write ``data`` (bytes-like of a block multiple, or an int count) at zones the allocator
+        picks; append ``(zone, offset, length, crc)`` extents.  Returns device bytes written."""
+        counted = isinstance(data, int)
+        left = data if counted else len(data)
+        total = left
+        pos = 0
+        table, zones, dev, zsize = self.table, self.table.zones, self.device, self._zsize
+        lifetime = gen.hint.lifetime
+        while left:
+            d = self._decide_or_gc(gen, left, gc)
+            z = d.zone
+            s = zones[z]
+            off = s.written
+            n = s.capacity - off
+            if n > left:
+                n = left
+            el = data_len - pos
+            if el > n:
+                el = n
+            if counted:
+                dev.write(z * zsize + off, n)
+                crc = None
+            else:
+                piece = data[pos:pos + n]
+                dev.write(z * zsize + off, piece)
+                crc = crc32c.crc32c(piece[:el]) if el < n else crc32c.crc32c(piece)
+            table.on_write(z, n, reclaim_step=d.reclaim_step, lifetime=lifetime, step=self._now)
+            self._dirty.add(z)
+            zone_bytes[z] = zone_bytes.get(z, 0) + n
+            extents.append((z, off, el, crc))
+            pos += n
+            left -= n
+        return total
+
+    # -- shards ------------------------------------------------------------------------------------
+    def _write_shard(self, w: GenerationWriter, name: str, chunks, size: int | None) -> ShardInfo:
+        with self._lock:
+            self._check_open()
+            gen = w.gen
+            if gen.state is not GenState.WRITING:
+                raise ValueError(f"generation {gen.id!r} is {gen.state.value}, not writing")
+            check_id(name, "shard name")
+            if name in gen.shards:
+                raise ValueError(f"generation {gen.id!r} already has a shard {name!r}")
+            if size is not None and (not isinstance(size, int) or size < 0):
+                raise ValueError(f"shard {name!r}: size must be a non-negative int, not {size!r}")
+            extents: list = []
+            zb: dict[int, int] = {}
+            self._partial = zb  # GC must not collect zones holding this shard's bytes
+            try:
+                if chunks is None:
+                    if size is None:
+                        raise ValueError(f"shard {name!r}: give chunks, or size= on a payload-less device")
+                    if self.device.info.payload:
+                        raise ValueError(f"shard {name!r}: size= without chunks needs a payload-less "
+                                         f"device; {self.device!r} keeps payload")
+                    self._check_declared(w, name, size)
+                    padded = round_up(size, self._bs)
+                    self._put(gen, padded, size, extents, zb, False) if padded else None
+                    total, crc = size, None
+                else:
+                    total, crc, padded = self._write_stream(w, name, chunks, size, extents, zb)
+            except BaseException:
+                self._partial = None
+                self._drop_partial(zb)
+                raise
+            self._partial = None
+            w._data += total
+            self._take_reserve(w, padded)
+            self.metrics.host_bytes += padded
+            wz = w._zone_bytes
+            for z, n in zb.items():
+                wz[z] = wz.get(z, 0) + n
+            shard = ShardInfo(name, total, crc, tuple(extents))
+            gen.shards[name] = shard
+            occ = self.table.live + self.table.dead
+            if occ > self.metrics.peak_occupancy:
+                self.metrics.peak_occupancy = occ
+            return shard
+
+    def _check_declared(self, w: GenerationWriter, name: str, total: int) -> None:
+        if w.declared_size is not None and w._data + total > w.declared_size:
+            raise ShardSizeError(f"generation {w.gen.id!r}: shard {name!r} brings it to {w._data + total} "
+                                 f"bytes, more than the {w.declared_size} declared")
+
+    def _write_stream(self, w: GenerationWriter, name: str, chunks, size: int | None, extents: list,
+                      zb: dict) -> tuple[int, int, int]:
+        bs, wbuf, gen = self._bs, WRITE_BUFFER, w.gen
+        buf = bytearray()
+        total = crc = padded = 0
+        for chunk in chunks:
+            mv = memoryview(chunk).cast("B")
+            n = mv.nbytes
+            total += n
+            if size is not None and total > size:
+                raise ShardSizeError(f"shard {name!r}: more than the {size} bytes given as its size")
+            self._check_declared(w, name, total)
+            crc = crc32c.crc32c(mv, crc)
+            pos = 0
+            if buf:
+                pos = min(wbuf - len(buf), n)
+                buf += mv[:pos]
+                if len(buf) == wbuf:
+                    padded += self._put(gen, buf, wbuf, extents, zb, False)
+                    buf = bytearray()
+            while n - pos >= wbuf:
+                padded += self._put(gen, mv[pos:pos + wbuf], wbuf, extents, zb, False)
+                pos += wbuf
+            if pos < n:
+                buf += mv[pos:]
+        if size is not None and total != size:
+            raise ShardSizeError(f"shard {name!r}: {total} bytes, not the {size} given as its size")
+        if buf:
+            data_len = len(buf)
+            buf += bytes(-data_len % bs)
+            padded += self._put(gen, buf, data_len, extents, zb, False)
+        return total, crc, padded
+
+    def _drop_partial(self, zb: dict[int, int]) -> None:
+        """A shard failed part-way: its bytes are dead now; reset zones left all dead."""
+        for z, n in zb.items():
+            self.table.on_kill(z, n)
+        self._reset_dead(zb)
+
+    def _take_reserve(self, w: GenerationWriter, n: int) -> None:
+        take = min(n, w._reserve)
+        w._reserve -= take
+        self._reserved -= take
+
+    # -- commit / abort ----------------------------------------------------------------------------
+    def _commit(self, w: GenerationWriter) -> GenerationInfo:
+        with self._lock:
+            self._check_open()
+            gen = w.gen
+            if gen.state is not GenState.WRITING:
+                raise ValueError(f"generation {gen.id!r} is {gen.state.value}: cannot commit it")
+            self.device.flush()
+            gen.commit_seq = self.catalog.commit_seq + 1
+            try:
+                self._append("c", {"g": encode_gen(gen), "now": self._now})
+            except BaseException:
+                gen.commit_seq = 0
+                raise
+            gen.state = GenState.COMMITTED
+            self.catalog.add(gen)
+            self._end_writer(w)
+            self.metrics.generations_committed += 1
+            return gen
+
+    def _abort(self, w: GenerationWriter) -> None:
+        with self._lock:
+            gen = w.gen
+            if gen.state is not GenState.WRITING:
+                if gen.state is GenState.ABORTED:
+                    return
+                raise ValueError(f"generation {gen.id!r} is {gen.state.value}: cannot abort it")
+            gen.state = GenState.ABORTED
+            self._end_writer(w)
+            if self._closed:
+                return
+            for z, n in w._zone_bytes.items():
+                self.table.on_kill(z, n)
+            self._reset_dead(w._zone_bytes)
+            self.metrics.generations_aborted += 1
+
+    def _end_writer(self, w: GenerationWriter) -> None:
+        self._reserved -= w._reserve
+        w._reserve = 0
+        self._writers.pop(w.gen.id, None)
