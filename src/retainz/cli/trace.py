@@ -80,7 +80,9 @@ def _rules(args: argparse.Namespace) -> int:
     for name, cls in RULES.items():
         print(f"{name}: {cls.source}")
         for k in rule_keys(cls):
-            req = "required" if k["required"] else f"default {k['default']}"
+            d = k["default"]
+            shown = "unset" if d is None else str(d).lower() if isinstance(d, bool) else d
+            req = "required" if k["required"] else f"default {shown}"
             choices = f"; one of {'|'.join(k['choices'])}" if k["choices"] else ""
             print(f"  {k['key']} ({k['type']}, {req}{choices}): {k['help']}")
     return 0
