@@ -1,0 +1,110 @@
+"""Process-wide shared store handles for the integrations (private).
+
+A :class:`~retainz.zoned.FileDevice` takes an exclusive ``flock`` per process, and a store is opened
+once per device.  DCP writers, readers and the fsspec filesystem of one process may use the same device
+at once (an async save writing while a load reads the last committed checkpoint), so they share one
+open :class:`~retainz.store.Store` per device path, reference counted; the last release closes it.
+
+Another *process* holding the device (another rank reading a peer's device) makes the open fail with
+``DeviceBusyError``/``StoreLockedError``; :func:`using` retries until ``wait`` seconds have passed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from retainz.errors import DeviceBusyError, StoreLockedError
+
+__all__ = ["using", "is_store", "open_count"]
+
+_lock = threading.Lock()
+_open: dict[str, list[Any]] = {}  # realpath -> [store, refs]
+
+
+def is_store(obj: Any) -> bool:
+    """True for an already-open store object (anything with the store API), as opposed to a path."""
+    return hasattr(obj, "begin_generation") and hasattr(obj, "read_shard")
+
+
+def open_count() -> int:
+    """Devices this process currently holds open through the integrations (tests check for leaks)."""
+    with _lock:
+        return len(_open)
+
+
+def _open_store(path: str, geometry, policy: str | None):
+    from retainz.store import Store
+    from retainz.zoned import FileDevice
+
+    if not os.path.exists(path):
+        if geometry is None:
+            raise FileNotFoundError(f"{path}: no such device file (create it with `retainz device create` "
+                                    "or pass geometry= to create and format it)")
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        dev = FileDevice.create(path, geometry)
+        try:
+            return Store.format(dev, **({"policy": policy} if policy else {}))
+        except BaseException:
+            dev.close()
+            raise
+    dev = FileDevice(path)
+    try:
+        return Store.open(dev, policy=policy)
+    except BaseException:
+        dev.close()
+        raise
+
+
+@contextlib.contextmanager
+def using(device: Any, *, geometry=None, policy: str | None = None, wait: float = 120.0) -> Iterator[Any]:
+    """Yield an open store for ``device`` (a store object, or a device file path).
+
+    Args:
+        device: an open store (yielded as is, never closed here) or a path to a FileDevice file.
+        geometry: create and format the device file with this :class:`~retainz.zoned.Geometry` if it
+            does not exist.
+        policy: placement policy name for ``Store.format``/``Store.open`` (``None``: the store's).
+        wait: seconds to keep retrying while another process holds the device.
+
+    Raises:
+        TimeoutError: the device stayed busy for ``wait`` seconds (the message names the device).
+    """
+    if is_store(device):
+        yield device
+        return
+    path = os.path.realpath(os.fspath(device))
+    deadline = time.monotonic() + wait
+    delay = 0.005
+    while True:
+        with _lock:
+            entry = _open.get(path)
+            if entry is not None:
+                entry[1] += 1
+                break
+            try:
+                entry = _open[path] = [_open_store(path, geometry, policy), 1]
+                break
+            except (DeviceBusyError, StoreLockedError) as e:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{path}: device busy in another process for {wait:.0f} s ({e})") from e
+        time.sleep(delay)
+        delay = min(delay * 2, 0.2)
+    try:
+        yield entry[0]
+    finally:
+        with _lock:
+            entry[1] -= 1
+            if entry[1] == 0:
+                del _open[path]
+                store = entry[0]
+                device_obj = getattr(store, "device", None)
+                store.close()
+                close = getattr(device_obj, "close", None)
+                if close is not None:
+                    with contextlib.suppress(Exception):
+                        close()

@@ -1,0 +1,560 @@
+"""PyTorch Distributed Checkpoint (DCP) storage plugin: ``dcp.save``/``dcp.load`` onto a zoned device.
+
+One checkpoint id is one store generation.  The generation id is the id's last path component
+(``/ckpt/step-500`` -> ``step-500``), the step is parsed from it (``retainz.retention.steps.parse_step``)
+and the runtime's retention rule turns both into the placement hint (:mod:`retainz.integrations.hints`).
+
+Layout (one device per rank; ``device`` is a directory ``DIR`` or a path containing ``{rank}``)::
+
+    DIR/rank0.img   generation "step-500": __0_0.distcp (rank 0's items), .metadata (DCP Metadata)
+    DIR/rank1.img   generation "step-500": __1_0.distcp (rank 1's items)
+    ...
+
+A single device file (no process group, or world size 1) holds both shards in one generation.
+
+Commit protocol (torch 2.13 call order: ``reset`` -> ``set_up_storage_writer`` -> ``prepare_local_plan``
+-> (coordinator) ``prepare_global_plan`` -> ``write_data`` -> (coordinator) ``finish``):
+
+1. every rank streams its items into one shard ``__{rank}_0.distcp`` of the generation on its own
+   device (tensor bytes straight from the tensor's storage, no whole-shard copy);
+2. a non-coordinator rank commits its generation at the end of ``write_data`` (DCP gathers the write
+   results only after every ``write_data`` returned, so all ranks have committed before ``finish``);
+3. the coordinator's ``finish`` writes the pickled ``Metadata`` (with ``storage_data`` = every item's
+   :class:`ZonedLocation`) as the shard ``.metadata`` of its own generation and commits it: that commit
+   record is the checkpoint's commit point, the counterpart of ``.metadata.tmp`` -> fsync -> rename.
+
+A load needs the committed generation with ``.metadata`` on the coordinator's device and checks that
+each rank generation it reads from is committed; an id that never committed fails with
+:class:`CheckpointNotFoundError`.  Readers see committed generations only, so a load while a newer
+save is still being written sees the last committed checkpoint.
+
+Tensor items are stored as raw bytes (C order, the tensor's dtype), not ``torch.save`` pickles; byte
+items as the planner's serialized ``BytesIO``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import os
+import pickle
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
+from torch.distributed.checkpoint.planner import (
+    LoadPlan,
+    LoadPlanner,
+    ReadItem,
+    SavePlan,
+    SavePlanner,
+    WriteItemType,
+)
+from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
+from torch.futures import Future
+
+from retainz.errors import GenerationExistsError, GenerationNotFoundError, InvalidIdError, RetainZError
+from retainz.integrations import _stores
+from retainz.integrations.hints import retention_hint, step_of
+from retainz.placement.base import Hint
+
+__all__ = [
+    "ZonedStorageWriter",
+    "ZonedStorageReader",
+    "ZonedLocation",
+    "CheckpointNotFoundError",
+    "generation_id",
+    "device_path",
+    "METADATA_SHARD",
+]
+
+#: Shard holding the pickled DCP ``Metadata``; its commit is the checkpoint's commit point.
+METADATA_SHARD = ".metadata"
+#: Bytes handed to the store per ``write_shard`` chunk (views of the tensor's storage, not copies).
+CHUNK_BYTES = 8 << 20
+
+
+class CheckpointNotFoundError(RetainZError, FileNotFoundError):
+    """No committed checkpoint with that id on the device (never committed, still being written, or
+    deleted), or a rank's data generation it references is missing."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ZonedLocation:
+    """Where one write item lives (DCP's ``WriteResult.storage_data``, like ``_StorageInfo``).
+
+    Attributes:
+        rank: the rank whose device holds the bytes (``DIR/rank{rank}.img``).
+        shard: shard name in the generation (``__{rank}_0.distcp``).
+        offset: byte offset of the item in the shard.
+        length: bytes of the item.
+        dtype: tensor dtype name (``"float32"``), ``None`` for a byte item.
+        shape: the stored chunk's shape (the local chunk, not the global tensor), ``None`` for bytes.
+    """
+
+    rank: int
+    shard: str
+    offset: int
+    length: int
+    dtype: str | None = None
+    shape: tuple[int, ...] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _RankStream:
+    rank: int
+
+
+def generation_id(checkpoint_id: str | os.PathLike) -> str:
+    """The generation id for a DCP checkpoint id: its last path component (``.../step-500`` ->
+    ``step-500``; a ``retainz://`` URL likewise).
+
+    Raises:
+        InvalidIdError: the id has no usable last component.
+    """
+    text = os.fspath(checkpoint_id).rstrip("/")
+    name = text.rsplit("/", 1)[-1]
+    if not name or name in (".", ".."):
+        raise InvalidIdError(f"checkpoint id {os.fspath(checkpoint_id)!r} has no last path component to "
+                             "use as a generation id")
+    return name
+
+
+def device_path(device: str | os.PathLike, rank: int) -> str:
+    """The device file of ``rank``: ``device`` formatted with ``{rank}``, ``DIR/rank{rank}.img`` for a
+    directory (existing, or a path ending in ``/``), else the file itself (rank 0 only).
+
+    Raises:
+        ValueError: a single device file for a rank other than 0.
+    """
+    text = os.fspath(device)
+    if "{rank}" in text:
+        return text.format(rank=rank)
+    if os.path.isdir(text) or text.endswith("/"):
+        return os.path.join(text, f"rank{rank}.img")
+    if rank != 0:
+        raise ValueError(f"{text}: rank {rank} needs its own device; pass a directory (DIR/rank{{N}}.img) "
+                         "or a path containing {rank}")
+    return text
+
+
+def _current_rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _tensor_chunks(t: torch.Tensor) -> Iterator[memoryview]:
+    """Views of ``t``'s bytes in C order, ``CHUNK_BYTES`` at a time (a copy only if not contiguous)."""
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    if t.numel() == 0:
+        return
+    raw = memoryview(t.reshape(-1).view(torch.uint8).numpy())
+    for start in range(0, len(raw), CHUNK_BYTES):
+        yield raw[start:start + CHUNK_BYTES]
+
+
+class ZonedStorageWriter(StorageWriter):
+    """DCP ``StorageWriter`` that writes each checkpoint as one generation of a RetainZ store.
+
+    Calls, in order (torch 2.13 ``dcp.save``/``dcp.async_save``; THREAD mode runs them on an executor
+    thread): ``reset(checkpoint_id)`` (all ranks, when ``checkpoint_id`` is passed),
+    ``set_up_storage_writer`` (all ranks), ``prepare_local_plan`` (all), ``prepare_global_plan``
+    (coordinator), ``write_data`` (all), ``finish`` (coordinator).
+
+    Args:
+        device: an open store (single process), a FileDevice path, a directory (one
+            ``rank{N}.img`` per rank) or a path containing ``{rank}``.
+        checkpoint_id: the checkpoint id if not passed to ``dcp.save`` (e.g. ``"/ckpt/step-500"``).
+        retention: the runtime's retention rule, e.g. ``"torchtitan:interval=500,keep_latest_k=10"``
+            (see :mod:`retainz.integrations.hints`).
+        condition: an explicit retention condition for the next saves (wins over ``retention``):
+            ``"permanent"``, ``"at_step:N"``, ``"after:N"`` or a ``Hint``; change it per save with
+            :meth:`set_condition`.
+        step: the training step, when the id names none (``parse_step`` otherwise).
+        geometry: create and format missing device files with this ``Geometry``.
+        policy: placement policy for a device this writer formats or opens.
+        overwrite: replace a committed generation of the same id (deleted first, so a crash between
+            the delete and the new commit loses both); default False raises ``GenerationExistsError``.
+        wait: seconds to wait for a device another process holds.
+    """
+
+    def __init__(self, device: Any, checkpoint_id: str | os.PathLike | None = None, *,
+                 retention: str | None = None, condition: str | Hint | None = None,
+                 step: int | None = None, geometry=None, policy: str | None = None,
+                 overwrite: bool = False, wait: float = 120.0):
+        super().__init__()
+        self.device = device
+        self.retention = retention
+        self.condition = condition
+        self.explicit_step = step
+        self.geometry, self.policy, self.overwrite, self.wait = geometry, policy, overwrite, wait
+        self.checkpoint_id: str | None = None
+        self.rank = 0
+        self.is_coordinator = True
+        self.save_id = uuid.uuid4().hex
+        self._held = contextlib.ExitStack()
+        self._store: Any = None
+        self._gen: Any = None
+        if checkpoint_id is not None:
+            self.reset(checkpoint_id)
+
+    # -- properties ---------------------------------------------------------------------------------
+    @property
+    def generation(self) -> str:
+        """The generation id of the current checkpoint."""
+        if self.checkpoint_id is None:
+            raise ValueError("no checkpoint_id: pass it to ZonedStorageWriter or to dcp.save")
+        return generation_id(self.checkpoint_id)
+
+    @property
+    def step(self) -> int:
+        """The training step recorded with the generation (0 when the id names none)."""
+        if self.explicit_step is not None:
+            return self.explicit_step
+        parsed = step_of(self.checkpoint_id) if self.checkpoint_id is not None else None
+        return parsed if parsed is not None else 0
+
+    def hint(self) -> Hint | None:
+        """The placement hint for the current checkpoint (rule or explicit condition + step)."""
+        step = self.explicit_step if self.explicit_step is not None else (
+            step_of(self.checkpoint_id) if self.checkpoint_id is not None else None)
+        return retention_hint(step, rule=self.retention, condition=self.condition)
+
+    def set_condition(self, condition: str | Hint | None) -> None:
+        """Set the explicit retention condition for the following saves (``None``: use the rule)."""
+        self.condition = condition
+
+    # -- StorageWriter ------------------------------------------------------------------------------
+    def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
+        """Start a new checkpoint write (DCP calls it when ``checkpoint_id`` is passed to ``save``).
+
+        A generation left open by a failed earlier save of this writer is aborted.
+        """
+        self._release(abort=True)
+        if checkpoint_id is not None:
+            self.checkpoint_id = os.fspath(checkpoint_id)
+            generation_id(self.checkpoint_id)  # validate early
+        self.save_id = uuid.uuid4().hex
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        """Record the role and rank (``rank=`` is passed by torch 2.13 since the method takes
+        ``**kwargs``; the process group rank otherwise)."""
+        self.is_coordinator = is_coordinator
+        rank = kwargs.get("rank")
+        self.rank = int(rank) if rank is not None else _current_rank()
+
+    def storage_meta(self) -> StorageMeta | None:
+        return StorageMeta(checkpoint_id=self.checkpoint_id, save_id=self.save_id)
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        """Open this rank's device and begin the generation (refuses an existing id unless
+        ``overwrite``); tags the plan with this rank's stream."""
+        gen = self.generation
+        self._release(abort=True)
+        store = self._held.enter_context(_stores.using(device_path_for(self.device, self.rank),
+                                                       geometry=self.geometry, policy=self.policy,
+                                                       wait=self.wait))
+        self._store = store
+        try:
+            store.generation(gen)
+            exists = True
+        except GenerationNotFoundError:
+            exists = False
+        if exists:
+            if not self.overwrite:
+                self._release()
+                raise GenerationExistsError(f"checkpoint {self.checkpoint_id!r}: generation {gen!r} is "
+                                            "already committed (pass overwrite=True to replace it)")
+            store.delete(gen, step=self.step)
+        self._gen = store.begin_generation(gen, self.step, hint=self.hint())
+        return dataclasses.replace(plan, storage_data=_RankStream(self.rank))
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        """Keep each rank's own stream (one device per rank)."""
+        return [p if p.storage_data is not None else dataclasses.replace(p, storage_data=_RankStream(i))
+                for i, p in enumerate(plans)]
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        """Stream this rank's items into the shard ``__{rank}_0.distcp`` and, on a non-coordinator,
+        commit the rank's generation.
+
+        Byte items go first (the planner serializes them to ``BytesIO``), then tensors in plan order;
+        tensor bytes are handed to the store as views of the tensor's storage, ``CHUNK_BYTES`` at a
+        time, and ``planner.resolve_data`` is called lazily per item as the store consumes them.
+        """
+        if self._gen is None:
+            raise RuntimeError("write_data before prepare_local_plan")
+        rank = plan.storage_data.rank if isinstance(plan.storage_data, _RankStream) else self.rank
+        shard = f"__{rank}_0.distcp"
+        items = ([i for i in plan.items if i.type == WriteItemType.BYTE_IO]
+                 + [i for i in plan.items if i.type != WriteItemType.BYTE_IO])
+        results: list[WriteResult] = []
+
+        def chunks() -> Iterator[memoryview]:
+            offset = 0
+            for item in items:
+                data = planner.resolve_data(item)
+                length, loc_dtype, loc_shape = 0, None, None
+                if item.type == WriteItemType.BYTE_IO:
+                    buf = data.getbuffer() if isinstance(data, io.BytesIO) else memoryview(bytes(data))
+                    length = len(buf)
+                    if length:
+                        yield buf
+                else:
+                    tensor = data.detach()
+                    loc_dtype = str(tensor.dtype).removeprefix("torch.")
+                    loc_shape = tuple(tensor.shape)
+                    for view in _tensor_chunks(tensor):
+                        length += len(view)
+                        yield view
+                results.append(WriteResult(index=item.index, size_in_bytes=length,
+                                           storage_data=ZonedLocation(rank, shard, offset, length,
+                                                                      loc_dtype, loc_shape)))
+                offset += length
+
+        try:
+            self._gen.write_shard(shard, chunks())
+            if not self.is_coordinator:
+                self._gen.commit()
+                self._gen = None
+                self._release()
+        except BaseException:
+            self._release(abort=True)
+            raise
+        fut: Future[list[WriteResult]] = Future()
+        fut.set_result(results)
+        return fut
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        """Write DCP's ``Metadata`` as the shard ``.metadata`` and commit: the commit point."""
+        if self._gen is None:
+            raise RuntimeError("finish before write_data")
+        try:
+            metadata.storage_data = {wr.index: wr.storage_data for rl in results for wr in rl}
+            metadata.storage_meta = self.storage_meta()
+            blob = pickle.dumps(metadata, protocol=pickle.HIGHEST_PROTOCOL)
+            self._gen.write_shard(METADATA_SHARD, [blob])
+            self._gen.commit()
+            self._gen = None
+        finally:
+            self._release(abort=True)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
+        try:
+            generation_id(checkpoint_id)
+        except InvalidIdError:
+            return False
+        return True
+
+    # -- helpers ------------------------------------------------------------------------------------
+    def _release(self, abort: bool = False) -> None:
+        if self._gen is not None and abort:
+            with contextlib.suppress(Exception):
+                self._gen.abort()
+        self._gen = None
+        self._store = None
+        self._held.close()
+        self._held = contextlib.ExitStack()
+
+    def close(self) -> None:
+        """Abort an unfinished generation and release the device."""
+        self._release(abort=True)
+
+
+def device_path_for(device: Any, rank: int) -> Any:
+    """``device`` itself for an open store, else :func:`device_path`."""
+    return device if _stores.is_store(device) else device_path(device, rank)
+
+
+class _ShardCursor:
+    """Sequential reader over ``store.read_shard`` chunks: skip forward, read into buffers."""
+
+    def __init__(self, chunks: Iterator[bytes]):
+        self._it = iter(chunks)
+        self._buf = memoryview(b"")
+        self.pos = 0
+
+    def _fill(self) -> bool:
+        while not len(self._buf):
+            try:
+                self._buf = memoryview(next(self._it))
+            except StopIteration:
+                return False
+        return True
+
+    def skip_to(self, offset: int) -> None:
+        if offset < self.pos:
+            raise ValueError("cursor cannot go back")
+        while self.pos < offset:
+            if not self._fill():
+                raise EOFError(f"shard ends at {self.pos}, item at {offset}")
+            n = min(len(self._buf), offset - self.pos)
+            self._buf, self.pos = self._buf[n:], self.pos + n
+
+    def read_into(self, out: memoryview) -> None:
+        done = 0
+        while done < len(out):
+            if not self._fill():
+                raise EOFError(f"shard ends at {self.pos}, {len(out) - done} bytes short")
+            n = min(len(self._buf), len(out) - done)
+            out[done:done + n] = self._buf[:n]
+            self._buf, self.pos, done = self._buf[n:], self.pos + n, done + n
+
+
+class ZonedStorageReader(StorageReader):
+    """DCP ``StorageReader`` for checkpoints written by :class:`ZonedStorageWriter`.
+
+    Calls, in order (torch 2.13 ``dcp.load``): ``reset(checkpoint_id)``, ``read_metadata`` (all ranks),
+    ``set_up_storage_reader``, ``prepare_local_plan``, (coordinator) ``prepare_global_plan``,
+    ``read_data`` (all ranks).
+
+    Args:
+        device: as for :class:`ZonedStorageWriter`.
+        checkpoint_id: the checkpoint id if not passed to ``dcp.load``.
+        wait: seconds to wait for a device another process holds (another rank reading it).
+    """
+
+    def __init__(self, device: Any, checkpoint_id: str | os.PathLike | None = None, *, wait: float = 120.0):
+        super().__init__()
+        self.device = device
+        self.wait = wait
+        self.checkpoint_id = os.fspath(checkpoint_id) if checkpoint_id is not None else None
+        self.storage_data: dict[MetadataIndex, ZonedLocation] = {}
+        self.load_id = uuid.uuid4().hex
+        self.rank = 0
+
+    @property
+    def generation(self) -> str:
+        if self.checkpoint_id is None:
+            raise ValueError("no checkpoint_id: pass it to ZonedStorageReader or to dcp.load")
+        return generation_id(self.checkpoint_id)
+
+    def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
+        self.storage_data = {}
+        if checkpoint_id is not None:
+            self.checkpoint_id = os.fspath(checkpoint_id)
+        self.load_id = uuid.uuid4().hex
+
+    def _committed(self, store: Any, rank: int) -> Any:
+        gen = self.generation
+        try:
+            return store.generation(gen)
+        except GenerationNotFoundError:
+            raise CheckpointNotFoundError(
+                f"checkpoint {self.checkpoint_id!r}: no committed generation {gen!r} on "
+                f"{device_path_for(self.device, rank)} (never committed, still being written, or deleted)"
+            ) from None
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        """Read ``.metadata`` of the committed generation on rank 0's device (every rank does; the
+        device is opened in turn when ranks run in separate processes)."""
+        with _stores.using(device_path_for(self.device, 0), wait=self.wait) as store:
+            info = self._committed(store, 0)
+            if METADATA_SHARD not in info.shards:
+                raise CheckpointNotFoundError(f"checkpoint {self.checkpoint_id!r}: generation "
+                                              f"{self.generation!r} has no {METADATA_SHARD} shard")
+            metadata = pickle.loads(b"".join(store.read_shard(self.generation, METADATA_SHARD)))
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        self.storage_data = metadata.storage_data
+        rank = kwargs.get("rank")
+        self.rank = int(rank) if rank is not None else _current_rank()
+        if self.storage_data is None:
+            raise CheckpointNotFoundError(f"checkpoint {self.checkpoint_id!r}: metadata has no storage_data")
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        return plans
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        """Stream each needed shard once, in offset order, copying items into the planner's tensors.
+
+        Items on this rank's device are read first; then each other rank's device in turn (holding
+        at most one device at a time, so ranks reading each other's devices cannot deadlock).
+        """
+        groups: dict[tuple[int, str], list[ReadItem]] = {}
+        for req in plan.items:
+            loc: ZonedLocation = self.storage_data[req.storage_index]
+            groups.setdefault((loc.rank, loc.shard), []).append(req)
+        ranks = sorted({r for r, _ in groups}, key=lambda r: (r != self.rank, r))
+        for rank in ranks:
+            with _stores.using(device_path_for(self.device, rank), wait=self.wait) as store:
+                info = self._committed(store, rank)
+                for (r, shard), reqs in sorted(groups.items()):
+                    if r != rank:
+                        continue
+                    if shard not in info.shards:
+                        raise CheckpointNotFoundError(f"checkpoint {self.checkpoint_id!r}: rank {rank}'s "
+                                                      f"generation has no shard {shard!r}")
+                    self._read_shard(store, shard, reqs, planner)
+        fut: Future[None] = Future()
+        fut.set_result(None)
+        return fut
+
+    def _read_shard(self, store: Any, shard: str, reqs: list[ReadItem], planner: LoadPlanner) -> None:
+        by_item: dict[MetadataIndex, list[ReadItem]] = {}
+        for req in reqs:
+            by_item.setdefault(req.storage_index, []).append(req)
+        order = sorted(by_item, key=lambda idx: self.storage_data[idx].offset)
+        cursor = _ShardCursor(store.read_shard(self.generation, shard))
+        for idx in order:
+            loc = self.storage_data[idx]
+            cursor.skip_to(loc.offset)
+            items = by_item[idx]
+            if loc.dtype is None:  # byte item: small, serialized by the planner
+                buf = bytearray(loc.length)
+                cursor.read_into(memoryview(buf))
+                for req in items:
+                    planner.load_bytes(req, io.BytesIO(bytes(buf)))
+                continue
+            dtype = getattr(torch, loc.dtype)
+            whole = [r for r in items if all(o == 0 for o in r.storage_offsets)
+                     and tuple(r.lengths) == tuple(loc.shape)]
+            if len(items) == 1 and whole:
+                req = items[0]
+                target = planner.resolve_tensor(req).detach()
+                if (target.device.type == "cpu" and target.is_contiguous() and target.dtype == dtype
+                        and tuple(target.shape) == tuple(loc.shape)):
+                    if loc.length:  # straight into the destination tensor's bytes
+                        cursor.read_into(memoryview(target.reshape(-1).view(torch.uint8).numpy()))
+                    planner.commit_tensor(req, target)
+                    continue
+                stored = self._read_tensor(cursor, loc, dtype)
+                target.copy_(stored)
+                planner.commit_tensor(req, target)
+                continue
+            stored = self._read_tensor(cursor, loc, dtype)
+            for req in items:
+                piece = stored
+                for dim, (start, length) in enumerate(zip(req.storage_offsets, req.lengths, strict=True)):
+                    piece = piece.narrow(dim, start, length)
+                target = planner.resolve_tensor(req).detach()
+                if target.size() != piece.size():
+                    raise AssertionError(f"{req.storage_index}: size {tuple(target.size())} vs stored "
+                                         f"{tuple(piece.size())}")
+                target.copy_(piece)
+                planner.commit_tensor(req, target)
+
+    @staticmethod
+    def _read_tensor(cursor: _ShardCursor, loc: ZonedLocation, dtype: torch.dtype) -> torch.Tensor:
+        out = torch.empty(loc.shape, dtype=dtype)
+        if loc.length:
+            cursor.read_into(memoryview(out.reshape(-1).view(torch.uint8).numpy()))
+        return out
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
+        return ZonedStorageWriter.validate_checkpoint_id(checkpoint_id)
