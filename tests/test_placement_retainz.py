@@ -1,0 +1,247 @@
+"""RetainZ: the cost model, its index, GC victims, and decision equivalence under recomputation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from retainz.placement import NO_SPACE, POLICIES, Decision, ExtentRequest, Hint, ZoneTable
+from retainz.placement.retainz import RetainZ
+from tests.placement_driver import run
+
+M = 1 << 20
+INF = math.inf
+
+
+def table(n=8, cap=100 * M, max_active=0):
+    return ZoneTable({z: cap for z in range(n)}, max_active=max_active)
+
+
+def put(t, z, nbytes, r, step=0, dead=0):
+    t.on_write(z, nbytes, reclaim_step=r, lifetime=0, step=step)
+    if dead:
+        t.on_kill(z, dead)
+
+
+def req(nbytes, r, now, step=None, pending=0, gen="g", gc=False, actual=None):
+    return ExtentRequest(nbytes=nbytes, generation=gen, step=now if step is None else step,
+                         hint=Hint(reclaim_step=r, actual_reclaim_step=actual), now=now,
+                         pending=pending, gc=gc)
+
+
+def bound(t, **kw):
+    a = RetainZ(**kw)
+    a.bind(t)
+    return a
+
+
+# -- the docstring's worked example ---------------------------------------------------------------
+def test_worked_example():
+    t = table()
+    put(t, 0, 100 * M, 6000.0, step=1000)
+    put(t, 1, 100 * M, 6000.0, step=1000)
+    put(t, 2, 50 * M, 6000.0, step=1000)
+    a = bound(t)
+    assert a.join_cost(t[2], 6500.0, 250 * M, 1500) == (0, -200_000 * M)
+    assert a.open_cost(100 * M, 6500.0, 250 * M, 1500) == (0, 0.0)
+    assert a.place(req(250 * M, 6500.0, 1500)) == Decision(2, reclaim_step=6500.0)
+
+    # the final, permanent save next to an open zone Y (R = 6500)
+    t = table()
+    put(t, 0, 60 * M, 6500.0, step=1500)
+    a = bound(t)
+    assert a.join_cost(t[0], INF, 40 * M, 50000)[0] == 60 * M
+    assert a.place(req(40 * M, INF, 50000)) == Decision(1, reclaim_step=INF)
+    put(t, 1, 40 * M, INF, step=50000)
+    assert a.place(req(10 * M, INF, 50100)) == Decision(1, reclaim_step=INF)   # packs at cost 0
+
+
+def test_equal_reclaim_steps_share():
+    t = table()
+    put(t, 0, 30 * M, 6000.0, step=1000)             # generation A, dies at 6000
+    a = bound(t)
+    d = a.place(req(30 * M, 6000.0, 1500, gen="B"))  # B, saved later, dies at the same step
+    assert d == Decision(0, reclaim_step=6000.0)
+    assert a.join_cost(t[0], 6000.0, 30 * M, 1500) == (0, 0.0)
+
+
+@pytest.mark.parametrize("group, expect", [(30 * M, 0), (100 * M, 1)])
+def test_zone_that_outlives_us(group, expect):
+    # Z dies at 9000; our 30 MiB die at 6000: held 3,000 steps (90,000 MiB-steps) vs opening a
+    # zone our group leaves 70 MiB of unused for 5,000 steps (350,000); a group that fills the
+    # new zone opens it at no cost
+    t = table()
+    put(t, 0, 30 * M, 9000.0, step=1000)
+    a = bound(t)
+    assert a.join_cost(t[0], 6000.0, 30 * M, 1000) == (0, 90_000.0 * M)
+    assert a.place(req(30 * M, 6000.0, 1000, pending=group - 30 * M)).zone == expect
+
+
+# -- decisions at the active-zone limit -------------------------------------------------------------
+def limit_table(q_written, q_reclaim):
+    t = table(max_active=2)
+    put(t, 0, 50 * M, INF)                        # P: permanent, 50 MiB free
+    put(t, 1, q_written, q_reclaim)               # Q
+    return t
+
+
+def test_limit_finish_an_orphan_rather_than_hold_its_data():
+    # Q is 95 % full of data dying at 1000; holding it to 6000 costs 95 MiB x 5,000 steps, while
+    # finishing it wastes only capacity that nothing would use before 1000 anyway
+    t = limit_table(95 * M, 1000.0)
+    a = bound(t)
+    assert a.join_cost(t[1], 6000.0, 200 * M, 900) == (0, 474_500.0 * M)
+    assert a.finish_cost(t[1], 6000.0, 900) == (0, 0.0)
+    assert a.finish_cost(t[0], 6000.0, 900) == (50 * M, 0.0)   # never finish the permanent zone
+    assert a.place(req(200 * M, 6000.0, 900)) == Decision(2, finish=(1,), reclaim_step=6000.0)
+
+
+def test_limit_fill_an_orphan_that_dies_late():
+    t = limit_table(10 * M, 5500.0)
+    a = bound(t)
+    assert a.join_cost(t[1], 6000.0, 200 * M, 900) == (0, -409_000.0 * M)
+    assert a.place(req(200 * M, 6000.0, 900)) == Decision(1, reclaim_step=6000.0)
+
+
+def test_limit_nothing_but_bad_joins():
+    t = table(n=2, max_active=2)
+    put(t, 0, 50 * M, INF)
+    put(t, 1, 50 * M, 1000.0)
+    a = bound(t)
+    assert a.place(req(10 * M, 6000.0, 900)) == Decision(1, reclaim_step=6000.0)
+    assert a.place(req(10 * M, INF, 900)) == Decision(0, reclaim_step=INF)
+    t.on_write(0, 50 * M, reclaim_step=INF, lifetime=0, step=0)
+    t.on_write(1, 50 * M, reclaim_step=INF, lifetime=0, step=0)
+    assert a.place(req(10 * M, INF, 900)) == NO_SPACE
+
+
+def test_unknown_reclaim_step_is_estimated_and_recorded():
+    t = table()
+    a = bound(t, unknown_lifetime=3000)
+    assert a.place(req(10 * M, None, 700)) == Decision(0, reclaim_step=3700)
+    put(t, 0, 10 * M, None, step=700)
+    assert a.zone_reclaim(t[0]) == 3700
+
+
+# -- permanent data packs with permanent data (through the driver) -----------------------------------
+def mixed_trace(saves=60, interval=100, size=70, every=3, keep=2):
+    """Keep the latest ``keep`` saves, plus every ``every``-th save permanently."""
+    events = []
+    for i in range(1, saves + 1):
+        step = i * interval
+        perm = i % every == 0
+        r = INF if perm else float(step + keep * interval)
+        events.append(("save", f"g{step}", step, [size // 2, size - size // 2],
+                       Hint(reclaim_step=r, actual_reclaim_step=r)))
+        old = step - keep * interval
+        if old > 0 and (old // interval) % every:
+            events.append(("delete", f"g{old}", step))
+    return events
+
+
+def test_permanent_packs_with_permanent():
+    d = run("retainz", mixed_trace(), zones=40, capacity=100, max_active=6)
+    assert d.metrics()["stop_step"] is None
+    perm = {g for g, gen in d.gens.items() if gen.hint.reclaim_step == INF}
+    assert len(perm) == 20
+    for log in d.zlog.values():
+        gens = {e.gen for e in log.extents if e.live}
+        assert not gens or gens <= perm or not gens & perm, gens
+
+
+# -- the reclaim-step index ----------------------------------------------------------------------------
+R_VALUES = st.sampled_from([None, INF, 100.0, 200.0, 250.0, 300.0, 1000.0])
+OPS = st.lists(st.tuples(st.sampled_from(["write", "kill", "finish", "reset", "place"]),
+                         st.integers(0, 15), st.integers(1, 60), R_VALUES), max_size=60)
+
+
+def brute_force(a: RetainZ, t: ZoneTable, rq: ExtentRequest) -> Decision:
+    """Price every open zone, the first empty zone and every finish choice (no index)."""
+    r, now, group = a.reclaim_of(rq), rq.now, rq.nbytes + rq.pending
+    options = []
+    for s in t.open.values():
+        zr = a.zone_reclaim(s)
+        options.append(((a.join_cost(s, r, group, now), 0, 0.0 if zr == r else abs(zr - r), s.index),
+                        Decision(s.index, reclaim_step=r)))
+    e = t.first_empty()
+    if e is not None:
+        cost = a.open_cost(t[e].capacity, r, group, now)
+        if not t.max_active or len(t.open) < t.max_active:
+            options.append(((cost, 1, 0.0, e), Decision(e, reclaim_step=r)))
+        else:
+            need = len(t.open) - t.max_active + 1
+            fin = sorted((a.finish_cost(s, r, now), s.remaining, s.index) for s in t.open.values())
+            for c, _, _ in fin[:need]:
+                cost = (cost[0] + c[0], cost[1] + c[1])
+            options.append(((cost, 2, 0.0, e),
+                            Decision(e, finish=tuple(z for *_, z in fin[:need]), reclaim_step=r)))
+    return min(options, key=lambda o: o[0])[1] if options else NO_SPACE
+
+
+@settings(max_examples=200, deadline=None)
+@given(OPS, st.sampled_from([0, 3, 5]))
+def test_index_matches_a_brute_force_scan(ops, max_active):
+    t = table(n=16, cap=100, max_active=max_active)
+    a, fresh, every = bound(t), bound(t, recompute=True), bound(t, neighbors=10 ** 6)
+    now = 0
+    for op, z, n, r in ops:
+        now += 10
+        s = t[z]
+        if op == "write" and (s.remaining > 0) and (z in t.open or t.can_open):
+            t.on_write(z, min(n, s.remaining), reclaim_step=r, lifetime=0, step=now)
+        elif op == "kill" and s.live:
+            t.on_kill(z, min(n, s.live))
+        elif op == "finish" and z in t.open:
+            t.on_finish(z)
+        elif op == "reset":
+            t.on_reset(z)
+        elif op == "place":
+            rq = req(n, r, now, step=now - 5)
+            d = a.place(rq)
+            assert d == fresh.place(rq)
+            assert every.place(rq) == brute_force(every, t, rq)
+            if len(t.open) <= a.neighbors:   # every open zone is a neighbour: same answer
+                assert d == every.place(rq)
+        assert a.index_keys() == sorted((a.zone_reclaim(s), z) for z, s in t.open.items())
+
+
+# -- GC victims ------------------------------------------------------------------------------------------
+def gc_table(n_empty):
+    t = table(n=3 + n_empty, cap=100)
+    put(t, 0, 100, 9000.0, step=0, dead=90)      # A: 10 live, dies far away
+    put(t, 1, 100, 9000.0, step=0, dead=50)      # B: 50 live, dies far away
+    put(t, 2, 100, 1010.0, step=0, dead=90)      # C: 10 live, dies 10 steps from now
+    t.now = 1000
+    return t
+
+
+def test_gc_cost_benefit_and_waiting():
+    a = bound(gc_table(n_empty=1))
+    assert a.gc_victims(reserve_zones=1) == []
+    assert a.gc_victims(reserve_zones=3) == [0, 1]         # C is left to die: waiting is free
+    a = bound(gc_table(n_empty=0))
+    assert a.gc_victims(reserve_zones=2) == [0, 1, 2]      # no reserve to wait on
+
+
+def test_gc_prefers_permanent_zones_with_garbage():
+    t = table(n=3, cap=100)
+    put(t, 0, 100, 9000.0, dead=90)
+    put(t, 1, 100, INF, dead=10)
+    put(t, 2, 100, 9000.0, dead=20)
+    t.now = 1000
+    assert bound(t).gc_victims(reserve_zones=1) == [1, 0]
+
+
+# -- equivalence: cached summaries, and decisions under recomputation ---------------------------------
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_recompute_mode_gives_identical_decisions(policy):
+    kw = dict(zones=26, capacity=100, max_active=4, reserved_active=2)
+    events = mixed_trace(saves=60, interval=100, size=90, every=4, keep=3)
+    base = run(policy, events, **kw)
+    again = run(policy, events, recompute=True, **kw)   # also asserts summaries == catalog
+    assert repr(base.decisions) == repr(again.decisions)
+    assert base.metrics() == again.metrics()
+    assert base.metrics()["decisions"] > 100
