@@ -1,0 +1,464 @@
+"""Retention rules driven as their runtimes drive them.
+
+Expected tables are written out by hand from each runtime's documented semantics
+(shared/reference/retention-runtimes.md), not computed by the code under test.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from retainz.retention import (
+    NEVER,
+    AfterNewer,
+    AtStep,
+    Lifetime,
+    Permanent,
+    PlannedSave,
+    SaveSchedule,
+    Timing,
+    Uncertain,
+    committed_steps,
+    drive,
+    lifetime_class,
+    parse_rule,
+    parse_step,
+)
+from retainz.retention.base import EmpiricalLifetimes
+
+
+def run(spec: str, steps: int, *, seed: int = 0, crash_every: int | None = None):
+    return list(drive(parse_rule(spec).start(steps, seed=seed), crash_every=crash_every))
+
+
+def existing_after_each_step(actions) -> dict[int, set[str]]:
+    """Names of committed, undeleted generations once all actions of a step are done."""
+    live: dict[int, str] = {}
+    committed: set[int] = set()
+    out: dict[int, set[str]] = {}
+    for a in actions:
+        if a.kind == "save":
+            live[a.gen] = a.name
+        elif a.kind == "commit":
+            committed.add(a.gen)
+        elif a.kind in ("delete", "crash"):
+            live.pop(a.gen)
+        out[a.step] = {n for g, n in live.items() if g in committed}
+    return out
+
+
+def predicted_vs_actual(actions):
+    """(predicted reclaim step, actual delete step or inf) for every committed generation."""
+    pred = {a.gen: a.hint.predicted_reclaim_step for a in actions if a.kind == "save"}
+    actual = {a.gen: a.step for a in actions if a.kind == "delete"}
+    committed = [a.gen for a in actions if a.kind == "commit"]
+    return [(pred[g], actual.get(g, NEVER)) for g in committed]
+
+
+def steps_of(names):
+    return {int(n.rsplit("-", 1)[-1]) if "-" in n else n for n in names}
+
+
+# -- step parser -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("cid, step", [
+    ("step-500", 500), ("/ckpt/run1/step-0", 0), ("outputs/step-12/", 12), ("step-007", 7),
+    ("iter_0001000", 1000), ("save/iter_0000123", 123), ("iter_12345678", 12345678),
+    ("checkpoint-500", 500), ("out/checkpoint-1", 1), ("global_step500", 500), ("a/b/global_step7", 7),
+])
+def test_parse_step_accepts_the_four_naming_schemes(cid, step):
+    assert parse_step(cid) == step
+
+
+@pytest.mark.parametrize("cid", [
+    "", "/", "step-", "step-abc", "step--5", "step-+5", "step-5.tmp", "step-10-unfinished", "xstep-10",
+    "step-10 ", " step-10", "step_10", "Step-10", "step-１２", "step-١٢", "iter_", "iter_12a", "iter-0001",
+    "checkpoint-", "checkpoint-12/extra", "checkpoint_12", "global_step", "global_step-5", "global_step5x",
+    "step-10/.metadata", "last.ckpt", "epoch=0-step=500.ckpt", "500", "step-" + "9" * 19, "step-10//",
+    "step-10\n",
+])
+def test_parse_step_refuses_everything_else(cid):
+    assert parse_step(cid) is None
+
+
+def test_parse_step_uses_the_last_path_component_only():
+    assert parse_step("step-10/checkpoint-20") == 20
+    assert parse_step("checkpoint-20/junk") is None
+
+
+def test_committed_steps_never_counts_incomplete_generations():
+    ids = ["step-30", "step-10", "step-20", "junk", "step-40"]
+    assert committed_steps(ids, {"step-10", "step-30", "junk"}) == [(10, "step-10"), (30, "step-30")]
+
+
+# -- parsing rules -------------------------------------------------------------------------------------
+
+def test_parse_rule_examples_from_the_issue():
+    r = parse_rule("torchtitan:interval=500,keep_latest_k=10,async=true")
+    assert (r.interval, r.keep_latest_k, r.async_mode) == (500, 10, True)
+    r = parse_rule("megatron:save_interval=1000,retain_interval=5000,non_persistent_interval=100,non_persistent=local")
+    assert (r.save_interval, r.retain_interval, r.non_persistent_interval, r.non_persistent) == (1000, 5000, 100, "local")
+    assert parse_rule("megatron:save_interval=1000,non_persistent_interval=100").non_persistent == "global"
+    r = parse_rule("lightning:every_n_train_steps=500,save_top_k=3,metric=synthetic")
+    assert (r.every_n_train_steps, r.save_top_k, r.metric) == (500, 3, "synthetic")
+    r = parse_rule("hf:save_steps=500,save_total_limit=3")
+    assert (r.save_steps, r.save_total_limit, r.metric) == (500, 3, None)
+    r = parse_rule("orbax:latest=3,every_steps=10000")
+    assert (r.latest, r.every_steps, r.save_interval_steps) == (3, 10000, 1)
+
+
+@pytest.mark.parametrize("spec", [
+    "torchtitan:interval=500,keep_latest_k=10,async=true", "megatron:save_interval=1000,retain_interval=5000",
+    "lightning:every_n_train_steps=5,save_top_k=2,save_last=true", "lightning:every_n_train_steps=5,metric=none",
+    "hf:save_steps=7,save_total_limit=2,metric=synthetic", "accelerate:save_steps=3,total_limit=4",
+    "orbax:latest=3,every_steps=100,save_interval_steps=10",
+])
+def test_spec_round_trips(spec):
+    r = parse_rule(spec)
+    assert parse_rule(r.spec()) == r
+
+
+@pytest.mark.parametrize("spec, fragments", [
+    ("nosuch:x=1", ["unknown retention rule 'nosuch'", "torchtitan", "megatron", "lightning", "hf", "orbax"]),
+    ("", ["empty retention rule", "torchtitan"]),
+    ("torchtitan:interval=500,keep=3", ["unknown key 'keep'", "interval (int)", "keep_latest_k (int)", "async (bool)"]),
+    ("torchtitan:interval=five", ["key interval expects int, got 'five'"]),
+    ("torchtitan:async=maybe", ["key async expects bool"]),
+    ("torchtitan:interval=5,interval=6", ["key interval given twice"]),
+    ("torchtitan:interval", ["expected key=value"]),
+    ("torchtitan:keep_latest_k=1", ["keep_latest_k=1 is rejected"]),
+    ("torchtitan:keep_latest_k=-2", ["cannot be negative"]),
+    ("torchtitan:interval=0", ["interval must be >= 1"]),
+    ("megatron:retain_interval=5000", ["missing save_interval"]),
+    ("megatron:save_interval=1000,retain_interval=1500", ["must be a multiple of save_interval"]),
+    ("megatron:save_interval=1000,non_persistent=local", ["non_persistent needs non_persistent_interval"]),
+    ("megatron:save_interval=10,non_persistent_interval=2,non_persistent=both", ["must be one of global, local"]),
+    ("lightning:every_n_train_steps=5,save_top_k=3,metric=none", ["needs a monitored metric"]),
+    ("lightning:every_n_train_steps=5,mode=avg", ["must be one of min, max"]),
+    ("hf:save_total_limit=0", ["save_total_limit must be >= 1"]),
+    ("accelerate:total_limit=2", ["missing save_steps"]),
+])
+def test_parse_rule_errors_say_what_is_valid(spec, fragments):
+    with pytest.raises(ValueError) as e:
+        parse_rule(spec)
+    for f in fragments:
+        assert f in str(e.value)
+
+
+# -- TorchTitan --------------------------------------------------------------------------------------
+
+TT_K3 = {  # keep_latest_k=3, interval=10, 100 steps: step -> steps on disk after it
+    10: {10}, 20: {10, 20}, 30: {10, 20, 30}, 40: {20, 30, 40}, 50: {30, 40, 50}, 60: {40, 50, 60},
+    70: {50, 60, 70}, 80: {60, 70, 80}, 90: {70, 80, 90}, 100: {70, 80, 90, 100},
+}
+
+
+@pytest.mark.parametrize("async_mode", ["false", "true"])
+def test_torchtitan_keep_latest_3_table(async_mode):
+    acts = run(f"torchtitan:interval=10,keep_latest_k=3,async={async_mode}", 100)
+    got = {s: steps_of(n) for s, n in existing_after_each_step(acts).items()}
+    assert got == TT_K3
+
+
+def test_torchtitan_sync_predicted_reclaim_equals_actual_deletion():
+    acts = run("torchtitan:interval=10,keep_latest_k=3", 100)
+    pairs = predicted_vs_actual(acts)
+    assert pairs == [(40, 40), (50, 50), (60, 60), (70, 70), (80, 80), (90, 90),
+                     (NEVER, NEVER), (NEVER, NEVER), (NEVER, NEVER), (NEVER, NEVER)]
+
+
+def test_torchtitan_sync_deletes_after_the_new_save_commits():
+    acts = run("torchtitan:interval=10,keep_latest_k=3", 100)
+    kinds = [(a.kind, a.step) for a in acts if a.step == 40]
+    assert kinds == [("save", 40), ("commit", 40), ("delete", 40)]
+
+
+def test_torchtitan_async_deletes_before_the_new_save_commits():
+    acts = run("torchtitan:interval=10,keep_latest_k=3,async=true", 100)
+    for i, a in enumerate(acts):
+        if a.kind == "delete":
+            same = [(b.kind, b.step) for b in acts if b.step == a.step]
+            assert same == [("save", a.step), ("delete", a.step), ("commit", a.step)]
+            assert acts[i - 1].kind == "save" and acts[i + 1].kind == "commit"
+    assert sum(a.kind == "delete" for a in acts) == 6
+    assert {a.hint.condition.timing for a in acts if a.kind == "save" and a.cls == "interval"} == {Timing.AFTER_DISPATCH}
+
+
+def test_torchtitan_final_step_is_permanent_model_only_and_never_deleted():
+    for steps in (95, 100):  # off and on the interval
+        acts = run("torchtitan:interval=10,keep_latest_k=2", steps)
+        final = [a for a in acts if a.kind == "save" and a.step == steps]
+        assert len(final) == 1 and final[0].cls == "final" and final[0].model_only
+        assert final[0].hint.condition == Permanent("final")
+        assert final[0].hint.predicted_reclaim_step == math.inf
+        assert final[0].hint.lifetime == Lifetime.EXTREME
+        assert all(not (a.kind == "delete" and a.gen == final[0].gen) for a in acts)
+    # the last step's save does not purge: two interval saves plus the final one survive
+    assert steps_of(existing_after_each_step(acts)[100]) == {80, 90, 100}
+
+
+def test_torchtitan_keep_all():
+    acts = run("torchtitan:interval=10,keep_latest_k=0", 50)
+    assert not [a for a in acts if a.kind == "delete"]
+    assert all(a.hint.predicted_reclaim_step == math.inf for a in acts if a.kind == "save")
+
+
+def test_torchtitan_purges_by_parsed_step_number_not_by_save_order():
+    from retainz.retention.base import Gen
+
+    session = parse_rule("torchtitan:interval=10,keep_latest_k=2").start(60)
+    # a rolled-back run (load_step) left a higher-numbered checkpoint behind
+    session.live.append(Gen(100, "step-90", 90, "interval", committed=True))
+    acts = list(drive(session))
+    deletes = [(a.step, a.name) for a in acts if a.kind == "delete"]
+    # the newer but lower-numbered checkpoints go first; step-90 survives every purge
+    assert deletes == [(20, "step-10"), (30, "step-20"), (40, "step-30"), (50, "step-40")]
+
+
+# -- Megatron ----------------------------------------------------------------------------------------
+
+def test_megatron_retain_interval_table_and_exact_prediction():
+    acts = run("megatron:save_interval=10,retain_interval=30", 100)
+    got = {s: {int(n[5:]) for n in names} for s, names in existing_after_each_step(acts).items()}
+    assert got == {10: {10}, 20: {20}, 30: {30}, 40: {30, 40}, 50: {30, 50}, 60: {30, 60}, 70: {30, 60, 70},
+                   80: {30, 60, 80}, 90: {30, 60, 90}, 100: {30, 60, 90, 100}}
+    for pred, actual in predicted_vs_actual(acts):
+        assert pred == actual
+    conds = {a.step: a.hint.condition for a in acts if a.kind == "save"}
+    assert conds[30] == Permanent("retain_interval") and conds[40] == AfterNewer(1, "persistent", Timing.AFTER_COMMIT)
+
+
+def test_megatron_retain_deletes_only_after_the_new_one_commits():
+    acts = run("megatron:save_interval=10,retain_interval=30", 50)
+    assert [(a.kind, a.name) for a in acts if a.step == 20] == [
+        ("save", "iter_0000020"), ("commit", "iter_0000020"), ("delete", "iter_0000010")]
+
+
+def test_megatron_end_of_training_save_when_not_on_the_interval():
+    acts = run("megatron:save_interval=10,retain_interval=30", 45)
+    saves = [a.name for a in acts if a.kind == "save"]
+    assert saves[-1] == "iter_0000045"
+    assert steps_of_megatron(existing_after_each_step(acts)[45]) == {30, 45}
+
+
+def steps_of_megatron(names):
+    return {int(n.rsplit("_", 1)[-1]) for n in names}
+
+
+def test_megatron_without_retain_keeps_every_persistent_checkpoint():
+    acts = run("megatron:save_interval=10", 50)
+    assert not [a for a in acts if a.kind == "delete"]
+    assert {a.hint.condition for a in acts if a.kind == "save"} == {Permanent("keep_all")}
+
+
+def test_megatron_non_persistent_global_deletes_before_the_next_save_starts():
+    acts = run("megatron:save_interval=10,non_persistent_interval=2", 20)
+    np_on_disk = {s: steps_of_megatron(n for n in names if n.startswith("non_persistent/"))
+                  for s, names in existing_after_each_step(acts).items()}
+    assert np_on_disk == {2: {2}, 4: {2, 4}, 6: {4, 6}, 8: {6, 8}, 10: {6, 8}, 12: {8, 12}, 14: {12, 14},
+                          16: {14, 16}, 18: {16, 18}, 20: {16, 18}}
+    for i, a in enumerate(acts):
+        if a.kind == "delete":  # the next save starts only after the delete
+            nxt = next(b for b in acts[i + 1:] if b.kind != "delete")
+            assert (nxt.kind, nxt.step, nxt.cls) == ("save", a.step, "non_persistent")
+    for pred, actual in predicted_vs_actual([a for a in acts if a.cls == "non_persistent"]):
+        assert pred == actual  # checkpoint j goes at the second-next non-persistent save
+    hint2 = next(a.hint for a in acts if a.kind == "save" and a.step == 2)
+    assert hint2.condition == AfterNewer(2, "non_persistent", Timing.BEFORE_SAVE)
+    assert hint2.predicted_reclaim_step == 6 and hint2.lifetime == Lifetime.SHORT
+    hint8 = next(a.hint for a in acts if a.kind == "save" and a.step == 8)
+    assert hint8.predicted_reclaim_step == 14  # the persistent save at 10 does not count
+
+
+def test_megatron_non_persistent_local_deletes_older_after_commit():
+    acts = run("megatron:save_interval=10,non_persistent_interval=2,non_persistent=local", 14)
+    assert [(a.kind, a.name) for a in acts if a.step == 4] == [
+        ("save", "local/iter_0000004"), ("commit", "local/iter_0000004"), ("delete", "local/iter_0000002")]
+    np_on_disk = {s: steps_of_megatron(n for n in names if n.startswith("local/"))
+                  for s, names in existing_after_each_step(acts).items()}
+    assert np_on_disk == {2: {2}, 4: {4}, 6: {6}, 8: {8}, 10: {8}, 12: {12}, 14: {14}}
+    for pred, actual in predicted_vs_actual([a for a in acts if a.cls == "non_persistent"]):
+        assert pred == actual
+
+
+# -- Lightning -----------------------------------------------------------------------------------------
+
+@pytest.fixture
+def metric_file(tmp_path):
+    p = tmp_path / "val_loss.txt"
+    p.write_text("# step value\n10 5.0\n20 4.0\n30,4.5\n40 6.0\n\n50 3.0\n60 4.2\n70 2.0\n")
+    return str(p)
+
+
+def test_lightning_top2_by_metric_file(metric_file):
+    acts = run(f"lightning:every_n_train_steps=10,save_top_k=2,metric={metric_file}", 60)
+    saved = [a.step for a in acts if a.kind == "save"]
+    assert saved == [10, 20, 30, 50]  # 40 (6.0) and 60 (4.2) never enter the top 2
+    on_disk = {s: {int(n.split("=")[-1].split(".")[0]) for n in names}
+               for s, names in existing_after_each_step(acts).items()}
+    assert on_disk == {10: {10}, 20: {10, 20}, 30: {20, 30}, 50: {20, 50}}
+    assert [(a.kind, a.step) for a in acts if a.step == 30] == [("save", 30), ("commit", 30), ("delete", 30)]
+    h30 = next(a.hint for a in acts if a.kind == "save" and a.step == 30).condition
+    assert isinstance(h30, Uncertain) and h30.earliest == 40  # rank 2 of 2: one better save evicts it
+    h20 = next(a.hint for a in acts if a.kind == "save" and a.step == 20).condition
+    assert h20.earliest == 40  # rank 1 of 2: two better saves needed
+
+
+def test_lightning_uncertain_earliest_beyond_the_run_is_never(metric_file):
+    acts = run(f"lightning:every_n_train_steps=10,save_top_k=2,metric={metric_file}", 60)
+    h50 = next(a.hint for a in acts if a.kind == "save" and a.step == 50).condition
+    assert h50.earliest == math.inf and h50.probability == 0.0
+
+
+def test_lightning_metric_file_missing_a_step_names_it(metric_file):
+    with pytest.raises(ValueError, match="no value for step 80"):
+        parse_rule(f"lightning:every_n_train_steps=10,save_top_k=2,metric={metric_file}").start(80)
+
+
+def test_lightning_without_monitor_keeps_the_latest_one_and_last_ckpt():
+    acts = run("lightning:every_n_train_steps=10,save_top_k=1,metric=none,save_last=true", 40)
+    on_disk = existing_after_each_step(acts)
+    assert on_disk[40] == {"epoch=0-step=40.ckpt", "last.ckpt"}
+    assert sum(1 for a in acts if a.kind == "save" and a.name == "last.ckpt") == 4
+    for pred, actual in predicted_vs_actual(acts):
+        assert pred == actual
+    # the new last.ckpt commits before the old one goes (atomic replace)
+    assert [(a.kind, a.name) for a in acts if a.step == 20][-3:] == [
+        ("save", "last.ckpt"), ("commit", "last.ckpt"), ("delete", "last.ckpt")]
+
+
+def test_lightning_synthetic_metric_is_seeded():
+    a = run("lightning:every_n_train_steps=10,save_top_k=3", 3000, seed=1)
+    b = run("lightning:every_n_train_steps=10,save_top_k=3", 3000, seed=1)
+    c = run("lightning:every_n_train_steps=10,save_top_k=3", 3000, seed=2)
+    assert a == b
+    assert [x.step for x in a if x.kind == "save"] != [x.step for x in c if x.kind == "save"]
+    live = existing_after_each_step(a)
+    assert max(len(v) for v in live.values()) == 3
+
+
+# -- HF Trainer / Accelerate ---------------------------------------------------------------------------
+
+def test_hf_save_total_limit_table_and_exact_prediction():
+    acts = run("hf:save_steps=10,save_total_limit=2", 55)
+    got = {s: steps_of(n) for s, n in existing_after_each_step(acts).items()}
+    assert got == {10: {10}, 20: {10, 20}, 30: {20, 30}, 40: {30, 40}, 50: {40, 50}, 55: {50, 55}}
+    for pred, actual in predicted_vs_actual(acts):
+        assert pred == actual
+    assert [(a.kind, a.step) for a in acts if a.step == 30] == [("save", 30), ("commit", 30), ("delete", 30)]
+
+
+def test_hf_keeps_the_best_checkpoint(tmp_path):
+    p = tmp_path / "eval_loss.txt"
+    p.write_text("10 1.0\n20 2.0\n30 3.0\n40 0.5\n50 0.9\n60 2.0\n70 2.0\n")
+    acts = run(f"hf:save_steps=10,save_total_limit=2,metric={p}", 70)
+    got = {s: steps_of(n) for s, n in existing_after_each_step(acts).items()}
+    assert got == {10: {10}, 20: {10, 20}, 30: {10, 30}, 40: {30, 40}, 50: {40, 50}, 60: {40, 60}, 70: {40, 70}}
+    assert all(isinstance(a.hint.condition, Uncertain) for a in acts if a.kind == "save")
+
+
+def test_hf_limit_one_keeps_two_when_the_best_is_old(tmp_path):
+    p = tmp_path / "m.txt"
+    p.write_text("10 1.0\n20 2.0\n30 3.0\n")
+    acts = run(f"hf:save_steps=10,save_total_limit=1,metric={p}", 30)
+    assert {s: steps_of(n) for s, n in existing_after_each_step(acts).items()} == {10: {10}, 20: {10, 20}, 30: {10, 30}}
+
+
+def test_accelerate_deletes_before_the_new_save():
+    acts = run("accelerate:save_steps=10,total_limit=2", 50)
+    assert [(a.kind, a.name) for a in acts if a.step == 30] == [
+        ("delete", "checkpoints/checkpoint_0"), ("save", "checkpoints/checkpoint_2"), ("commit", "checkpoints/checkpoint_2")]
+    on_disk = existing_after_each_step(acts)
+    assert on_disk[50] == {"checkpoints/checkpoint_3", "checkpoints/checkpoint_4"}
+    for pred, actual in predicted_vs_actual(acts):
+        assert pred == actual
+
+
+# -- Orbax ---------------------------------------------------------------------------------------------
+
+def test_orbax_latest_n_or_every_n_steps():
+    acts = run("orbax:latest=2,every_steps=30,save_interval_steps=10", 70)
+    got = {s: {int(n) for n in names} for s, names in existing_after_each_step(acts).items()}
+    assert got == {10: {10}, 20: {10, 20}, 30: {20, 30}, 40: {30, 40}, 50: {30, 40, 50}, 60: {30, 50, 60},
+                   70: {30, 60, 70}}
+    for pred, actual in predicted_vs_actual(acts):
+        assert pred == actual
+    assert next(a.hint.condition for a in acts if a.kind == "save" and a.step == 30) == Permanent("every_steps")
+
+
+# -- crashes ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("spec", ["torchtitan:interval=10,keep_latest_k=3", "torchtitan:interval=10,keep_latest_k=3,async=true",
+                                  "megatron:save_interval=10,retain_interval=30,non_persistent_interval=5",
+                                  "hf:save_steps=10,save_total_limit=2", "accelerate:save_steps=10,total_limit=2"])
+def test_crashed_saves_are_abandoned_and_repeated(spec):
+    clean = run(spec, 100)
+    crashy = run(spec, 100, crash_every=3)
+    crashes = [a for a in crashy if a.kind == "crash"]
+    assert len(crashes) == len([a for a in clean if a.kind == "save"]) // 3
+    commits = [a.name for a in crashy if a.kind == "commit"]
+    assert commits == [a.name for a in clean if a.kind == "commit"]  # every planned save commits once
+    abandoned = {a.gen for a in crashes}
+    assert not [a for a in crashy if a.kind in ("commit", "delete") and a.gen in abandoned]
+    for c in crashes:  # the same name is saved again right after, under a new generation
+        i = crashy.index(c)
+        again = next(a for a in crashy[i:] if a.kind == "save")
+        assert again.name == c.name and again.gen > c.gen
+    # what is on disk at the end is the same
+    assert existing_after_each_step(crashy)[100] == existing_after_each_step(clean)[100]
+
+
+# -- conditions and classes ----------------------------------------------------------------------------
+
+def test_lifetime_class_bounds():
+    assert lifetime_class(100, None, 10) == Lifetime.NOT_SET
+    assert lifetime_class(100, 120, 10) == Lifetime.SHORT
+    assert lifetime_class(100, 121, 10) == Lifetime.MEDIUM
+    assert lifetime_class(100, 300, 10) == Lifetime.MEDIUM
+    assert lifetime_class(100, 301, 10) == Lifetime.LONG
+    assert lifetime_class(100, math.inf, 10) == Lifetime.EXTREME
+    with pytest.raises(ValueError):
+        lifetime_class(0, 5, 0)
+
+
+def test_lifetime_classes_of_runtime_defaults():
+    def classes(spec, steps):
+        return {a.hint.lifetime for a in run(spec, steps) if a.kind == "save" and a.hint.predicted_reclaim_step < NEVER}
+    assert classes("torchtitan:interval=500,keep_latest_k=10", 20000) == {Lifetime.MEDIUM}
+    assert classes("torchtitan:interval=500,keep_latest_k=2", 5000) == {Lifetime.SHORT}
+    assert classes("torchtitan:interval=10,keep_latest_k=25", 1000) == {Lifetime.LONG}
+
+
+def test_schedule_nth_after_merges_classes():
+    sched = SaveSchedule(tuple(PlannedSave(s, c, str(s)) for s, c in [(2, "a"), (4, "b"), (6, "a"), (8, "b")]))
+    assert sched.nth_after(2, "a", 1) == 6
+    assert sched.nth_after(2, "a", 2) == NEVER
+    assert sched.nth_after(2, ("a", "b"), 2) == 6
+    assert sched.nth_after(0, "b", 2) == 8
+
+
+def test_condition_predictions_and_json():
+    sched = SaveSchedule(tuple(PlannedSave(s, "x", str(s)) for s in (10, 20, 30)))
+    assert AfterNewer(2, "x").predict(10, sched) == 30
+    assert AtStep(77).predict(10, sched) == 77
+    assert Permanent("final").predict(10, sched) == math.inf
+    assert Uncertain(20, 0.8, 40.0).predict(10, sched) == 40.0
+    assert Uncertain(20, 0.2, 40.0).predict(10, sched) == math.inf
+    assert Uncertain(20, 0.8, None).predict(10, sched) is None
+    assert Uncertain(math.inf, 0.0).to_json() == {"kind": "uncertain", "earliest": "inf", "probability": 0.0,
+                                                   "expected": None, "basis": ""}
+    assert AfterNewer(3, "interval", Timing.BEFORE_SAVE).describe() == "after_newer:k=3,of_class=interval,timing=before_save"
+
+
+def test_empirical_lifetimes_learn_from_the_past_only():
+    est = EmpiricalLifetimes()
+    first = est.estimate("r1", 10, 30)
+    assert first.expected is None and first.probability == 0.5
+    est.admit(1, "r1", 10)
+    est.retire(1, 40)  # lived 30 steps
+    est.admit(2, "r1", 20)
+    u = est.estimate("r1", 50, 60)
+    assert u.expected == 80 and u.probability == pytest.approx(2 / 4)
+    assert est.estimate("r1", 50, 100).expected == 100  # never earlier than the earliest possible step
