@@ -1,0 +1,239 @@
+"""``paper_claims.json``: every number the paper states, with its rounding and the runs it comes from.
+
+Format (``docs/experiments.md``)::
+
+    {"format": 1, "source": "<records folder>",
+     "claims": [{"id": "...", "value": 1.02 | null, "rounding": 2, "runs": ["<case id>", ...],
+                 "text": "what the number is"}, ...]}
+
+``value`` is already rounded to ``rounding`` decimals (null when the quantity does not exist, e.g. no
+capacity stop within the sweep).  :func:`check` compares the claims with an expected file by id and
+rounded value.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+from retainz.analysis.records import (
+    GIB,
+    Runs,
+    base_policy,
+    mean_gib,
+    policy_name,
+    rule_family,
+    slug,
+    zones_of,
+)
+
+__all__ = ["compute_claims", "check", "write_claims", "stop_pressure", "REFERENCE_PRESSURE"]
+
+#: The pressure the headline WAF claims are stated at.
+REFERENCE_PRESSURE = 0.9
+
+
+def _claim(out: list, cid: str, value, rounding: int, runs: list[dict], text: str) -> None:
+    if value is not None:
+        value = round(float(value), rounding)
+        if rounding == 0:
+            value = int(value)
+    out.append({"id": cid, "value": value, "rounding": rounding, "runs": sorted(r["id"] for r in runs),
+                "text": text})
+
+
+def stop_pressure(records: list[dict]) -> tuple[float | None, list[dict]]:
+    """Lowest pressure at which a run hit a capacity stop (None if none did), and the runs that show it
+    (every run at or below that pressure, or all runs when none stopped)."""
+    stops = sorted(r["inputs"]["pressure"] for r in records if r["capacity_stop_step"] is not None)
+    if not stops:
+        return None, records
+    p = stops[0]
+    return p, [r for r in records if r["inputs"]["pressure"] <= p]
+
+
+def _pressure_claims(runs: Runs, out: list) -> None:
+    recs = runs.of("pressure")
+    workloads = []
+    for r in recs:
+        w = (r["inputs"]["layout"], r["inputs"]["rule"])
+        if w not in workloads:
+            workloads.append(w)
+    best = {"retainz": [], "zenfs": []}
+    for layout, rule in workloads:
+        wl = f"{slug(layout)}.{slug(rule.partition(':')[0])}"
+        wrecs = [r for r in recs if r["inputs"]["layout"] == layout and r["inputs"]["rule"] == rule]
+        policies = []
+        for r in wrecs:
+            if r["inputs"]["policy"] not in policies:
+                policies.append(r["inputs"]["policy"])
+        for pol in policies:
+            precs = [r for r in wrecs if r["inputs"]["policy"] == pol]
+            p, used = stop_pressure(precs)
+            name = f"{policy_name(pol)} on {layout} / {rule_family(rule)}"
+            _claim(out, f"pressure.{wl}.{slug(pol)}.stop_pressure", p, 2, used,
+                   f"lowest pressure with a capacity stop for {name} (null: none up to "
+                   f"{max(r['inputs']['pressure'] for r in precs)})")
+            at = [r for r in precs if r["inputs"]["pressure"] == REFERENCE_PRESSURE]
+            if len(at) == 1:
+                _claim(out, f"pressure.{wl}.{slug(pol)}.waf_p{REFERENCE_PRESSURE}", at[0]["metrics"]["waf"], 2, at,
+                       f"WAF of {name} at pressure {REFERENCE_PRESSURE}")
+                if pol in best:
+                    best[pol].append(at[0])
+        rz = [r for r in wrecs if r["inputs"]["policy"] == "retainz" and r["inputs"]["pressure"] == REFERENCE_PRESSURE]
+        zf = [r for r in wrecs if r["inputs"]["policy"] == "zenfs" and r["inputs"]["pressure"] == REFERENCE_PRESSURE]
+        if len(rz) == 1 and len(zf) == 1:
+            _claim(out, f"pressure.{wl}.gc_bytes_zenfs_over_retainz_p{REFERENCE_PRESSURE}",
+                   zf[0]["metrics"]["gc_bytes"] / rz[0]["metrics"]["gc_bytes"] if rz[0]["metrics"]["gc_bytes"]
+                   else None, 1, rz + zf,
+                   f"GC bytes of ZenFS-Alloc over RetainZ on {layout} / {rule_family(rule)} at pressure "
+                   f"{REFERENCE_PRESSURE} (null: RetainZ copied nothing)")
+    if best["retainz"] and best["zenfs"]:
+        _claim(out, f"principal.waf_retainz_max_p{REFERENCE_PRESSURE}",
+               max(r["metrics"]["waf"] for r in best["retainz"]), 2, best["retainz"],
+               f"highest RetainZ WAF over all pressure-sweep workloads at pressure {REFERENCE_PRESSURE}")
+        _claim(out, f"principal.waf_zenfs_min_p{REFERENCE_PRESSURE}",
+               min(r["metrics"]["waf"] for r in best["zenfs"]), 2, best["zenfs"],
+               f"lowest ZenFS-Alloc WAF over all pressure-sweep workloads at pressure {REFERENCE_PRESSURE}")
+    for pol in ("retainz", "zenfs"):
+        prs = [r for r in recs if r["inputs"]["policy"] == pol]
+        if not prs:
+            continue
+        stops = []
+        for layout, rule in workloads:
+            p, _ = stop_pressure([r for r in prs if r["inputs"]["layout"] == layout and r["inputs"]["rule"] == rule])
+            stops.append(p)
+        no_stop = sum(p is None for p in stops)
+        _claim(out, f"principal.workloads_without_stop.{pol}", no_stop, 0, prs,
+               f"pressure-sweep workloads (of {len(stops)}) where {policy_name(pol)} never hit a capacity stop")
+        found = [p for p in stops if p is not None]
+        _claim(out, f"principal.stop_pressure_min.{pol}", min(found) if found else None, 2, prs,
+               f"lowest capacity-stop pressure of {policy_name(pol)} over all workloads (null: none)")
+
+
+def _placement_claims(runs: Runs, out: list) -> None:
+    for r in runs.of("placement"):
+        row = slug(r["tags"]["label"] or r["inputs"]["policy"])
+        pol = slug(r["inputs"]["policy"].partition(":")[0])
+        m, what = r["metrics"], f"placement row '{r['tags']['label']}' under {policy_name(r['inputs']['policy'])}"
+        _claim(out, f"placement.{row}.{pol}.waf", m["waf"], 2, [r], f"WAF, {what}")
+        _claim(out, f"placement.{row}.{pol}.gc_gib", m["gc_bytes"] / GIB, 1, [r], f"GC GiB copied, {what}")
+        _claim(out, f"placement.{row}.{pol}.dead_gib", mean_gib(r, "dead_space_byte_steps"), 1, [r],
+               f"mean dead-but-unreclaimed GiB over the run, {what}")
+        _claim(out, f"placement.{row}.{pol}.unused_gib", mean_gib(r, "unused_capacity_byte_steps"), 1, [r],
+               f"mean unusable (finished unwritten) GiB over the run, {what}")
+        _claim(out, f"placement.{row}.{pol}.capacity_stop_step", r["capacity_stop_step"], 0, [r],
+               f"capacity stop step (null: none), {what}")
+
+
+def _cost_claims(runs: Runs, out: list) -> None:
+    recs = [r for r in runs.of("cost") if r["metrics"]["decisions"]]
+    variants: dict[str, list[dict]] = {}
+    for r in recs:
+        v = base_policy(r["inputs"]["policy"]) + ("-recompute" if r["inputs"]["verify_summaries"] else "")
+        variants.setdefault(v, []).append(r)
+    for v, rs in variants.items():
+        rs = sorted(rs, key=lambda r: zones_of(r) or 0)
+        for r in rs:
+            us = 1e6 * r["metrics"]["decision_cpu_seconds"] / r["metrics"]["decisions"]
+            _claim(out, f"cost.{v}.us_per_decision.z{zones_of(r)}", us, 2, [r],
+                   f"decision CPU microseconds per extent, {v}, {zones_of(r)} zones")
+        if len(rs) >= 2:
+            lo, hi = rs[0], rs[-1]
+            f = lambda r: r["metrics"]["decision_cpu_seconds"] / r["metrics"]["decisions"]  # noqa: E731
+            _claim(out, f"cost.{v}.growth", f(hi) / f(lo) if f(lo) else None, 1, [lo, hi],
+                   f"decision cost at {zones_of(hi)} zones over that at {zones_of(lo)} zones ({v}; "
+                   f"zone count grew {zones_of(hi) / max(1, zones_of(lo) or 1):.0f}x)")
+    # cached summaries vs recompute: same decisions, so the same metrics (timing aside)
+    same, pairs = True, []
+    timing = {"decision_cpu_seconds"}
+    for r in variants.get("retainz-recompute", []):
+        twin = [c for c in variants.get("retainz", []) if c["inputs"]["zone_size"] == r["inputs"]["zone_size"]
+                and c["inputs"]["zone_capacity"] == r["inputs"]["zone_capacity"]]
+        if len(twin) == 1:
+            pairs += [r, twin[0]]
+            a = {k: v for k, v in r["metrics"].items() if k not in timing}
+            b = {k: v for k, v in twin[0]["metrics"].items() if k not in timing}
+            same &= a == b
+    if pairs:
+        _claim(out, "cost.recompute_identical", 1 if same else 0, 0, pairs,
+               "1 when every recompute-mode run has exactly the metrics of its cached-summary twin")
+
+
+def _hint_claims(runs: Runs, out: list) -> None:
+    for r in runs.of("hints"):
+        _claim(out, f"hints.{slug(r['inputs']['rule'].partition(':')[0])}.{slug(r['inputs']['policy'])}.waf",
+               r["metrics"]["waf"], 2, [r],
+               f"WAF with hints '{policy_name(r['inputs']['policy'])}', {rule_family(r['inputs']['rule'])}, "
+               f"pressure {r['inputs']['pressure']}")
+
+
+def _admission_claims(runs: Runs, out: list) -> None:
+    for r in runs.of("admission"):
+        i = r["inputs"]
+        _claim(out, f"admission.{slug(i['rule'].partition(':')[0])}.{slug(i['policy'])}.p{i['pressure']}.waf",
+               r["metrics"]["waf"], 2, [r],
+               f"WAF of {policy_name(i['policy'])}, {rule_family(i['rule'])}, pressure {i['pressure']}")
+
+
+def _capacity_claims(runs: Runs, out: list) -> None:
+    recs = runs.of("capacity")
+    files = [r for r in recs if r["inputs"]["device"] == "file"]
+    if not files:
+        return
+    verified = sum(int(r["metrics"].get("payload_bytes_verified", 0)) for r in files)
+    _claim(out, "capacity.payload_gib_verified", verified / GIB, 2, files,
+           "GiB of pattern payload written to FileDevice, read back and checked (all file-device trials)")
+    _claim(out, "capacity.file_trials", len(files), 0, files, "capacity trials run on FileDevice with payload")
+    agree, pairs = True, []
+    keys = ("host_bytes", "gc_bytes", "resets", "capacity_stop_step", "generations_committed")
+    for r in files:
+        twin = [m for m in recs if m["inputs"]["device"] == "memory"
+                and {k: v for k, v in m["inputs"].items() if k != "device"}
+                == {k: v for k, v in r["inputs"].items() if k != "device"}]
+        if len(twin) == 1:
+            pairs += [r, twin[0]]
+            agree &= all(r["metrics"][k] == twin[0]["metrics"][k] for k in keys)
+    if pairs:
+        _claim(out, "capacity.file_matches_memory", 1 if agree else 0, 0, pairs,
+               "1 when every FileDevice trial has the host bytes, GC bytes, resets, capacity stop and "
+               "commits of the same case on the in-memory device")
+    stops = [r for r in files if r["capacity_stop_step"] is not None]
+    _claim(out, "capacity.file_trials_with_stop", len(stops), 0, files,
+           "FileDevice trials that ended in a capacity stop (committed data intact: verified on read-back)")
+
+
+def compute_claims(runs: Runs) -> list[dict]:
+    """Every claim computable from the records, in a stable order."""
+    out: list[dict] = []
+    for part in (_pressure_claims, _placement_claims, _cost_claims, _hint_claims, _admission_claims,
+                 _capacity_claims):
+        part(runs, out)
+    ids = [c["id"] for c in out]
+    assert len(ids) == len(set(ids)), "claim ids must be unique"
+    return out
+
+
+def write_claims(path: str, claims: list[dict], source: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({"format": 1, "source": source, "claims": claims}, f, indent=1)
+        f.write("\n")
+
+
+def check(claims: list[dict], expected_path: str) -> list[str]:
+    """Differences between ``claims`` and the expected file (by id and rounded value)."""
+    with open(expected_path, encoding="utf-8") as f:
+        exp = {c["id"]: c for c in json.load(f)["claims"]}
+    got = {c["id"]: c for c in claims}
+    diffs = []
+    for cid in sorted(set(exp) | set(got)):
+        if cid not in got:
+            diffs.append(f"{cid}: expected {exp[cid]['value']!r}, not computed")
+        elif cid not in exp:
+            diffs.append(f"{cid}: computed {got[cid]['value']!r}, not in the expected file")
+        else:
+            a, b = got[cid]["value"], exp[cid]["value"]
+            same = a == b or (isinstance(a, float) and isinstance(b, float) and math.isclose(a, b, abs_tol=1e-12))
+            if not same:
+                diffs.append(f"{cid}: computed {a!r}, expected {b!r}")
+    return diffs

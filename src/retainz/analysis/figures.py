@@ -1,0 +1,203 @@
+"""Figures (matplotlib, Agg, DejaVu Serif, one paper column wide); each saved as PDF and PNG.
+
+* ``pressure.pdf``: WAF against space pressure, one panel per workload (layout x retention rule), one
+  line per policy; a cross marks the lowest pressure at which a policy hit a capacity stop.
+* ``mechanisms.pdf``: (a) decision CPU per extent against zone count (RetainZ cached summaries,
+  RetainZ recomputing, ZenFS-Alloc), (b) WAF against hint precision, (c) WAF of RetainZ against common
+  admission and dedicated zones across pressures.
+"""
+
+from __future__ import annotations
+
+import os
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from retainz.analysis.records import (  # noqa: E402
+    POLICY_STYLE,
+    Runs,
+    base_policy,
+    layout_name,
+    layout_rank,
+    policy_name,
+    policy_rank,
+    rule_family,
+    rule_rank,
+    zones_of,
+)
+
+__all__ = ["setup_style", "pressure_figure", "mechanisms_figure", "save", "COLUMN_WIDTH"]
+
+#: One column of a two-column paper, inches.
+COLUMN_WIDTH = 3.3
+
+
+def setup_style() -> None:
+    plt.rcParams.update({
+        "font.family": "serif", "font.serif": ["DejaVu Serif"], "font.size": 7, "axes.titlesize": 7,
+        "axes.labelsize": 7, "legend.fontsize": 6, "xtick.labelsize": 6, "ytick.labelsize": 6,
+        "lines.linewidth": 1.0, "lines.markersize": 3, "axes.linewidth": 0.6, "grid.linewidth": 0.4,
+        "pdf.fonttype": 42, "savefig.dpi": 200, "axes.spines.top": False, "axes.spines.right": False,
+    })
+
+
+def save(fig, out_dir: str, name: str) -> list[str]:
+    """Save ``fig`` as ``name.pdf`` and ``name.png``; returns the paths."""
+    paths = []
+    for ext in ("pdf", "png"):
+        p = os.path.join(out_dir, f"{name}.{ext}")
+        fig.savefig(p, bbox_inches="tight", pad_inches=0.02, metadata={"CreationDate": None} if ext == "pdf" else None)
+        paths.append(p)
+    plt.close(fig)
+    return paths
+
+
+def _style(policy: str):
+    return POLICY_STYLE.get(base_policy(policy), ("#555555", ".", "-"))
+
+
+def pressure_figure(runs: Runs, out_dir: str) -> list[str]:
+    """``pressure.pdf``/``.png`` (empty list when the records have no pressure sweep)."""
+    recs = runs.of("pressure")
+    if not recs:
+        return []
+    layouts = sorted(runs.values("pressure", "layout"), key=layout_rank)
+    rules = sorted(runs.values("pressure", "rule"), key=rule_rank)
+    policies = sorted({r["inputs"]["policy"] for r in recs}, key=policy_rank)
+    nrow, ncol = len(layouts), len(rules)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(COLUMN_WIDTH, 0.35 + 1.15 * nrow), squeeze=False,
+                             sharex=True)
+    handles = {}
+    for i, layout in enumerate(layouts):
+        for j, rule in enumerate(rules):
+            ax = axes[i][j]
+            for pol in policies:
+                rs = sorted((r for r in recs if r["inputs"]["layout"] == layout and r["inputs"]["rule"] == rule
+                             and r["inputs"]["policy"] == pol), key=lambda r: r["inputs"]["pressure"])
+                if not rs:
+                    continue
+                color, marker, ls = _style(pol)
+                ok = [r for r in rs if r["capacity_stop_step"] is None]
+                stopped = [r for r in rs if r["capacity_stop_step"] is not None]
+                first_stop = min((r["inputs"]["pressure"] for r in stopped), default=None)
+                ok = [r for r in ok if first_stop is None or r["inputs"]["pressure"] < first_stop]
+                (h,) = ax.plot([r["inputs"]["pressure"] for r in ok], [r["metrics"]["waf"] for r in ok],
+                               color=color, marker=marker, linestyle=ls, markerfacecolor="none", markeredgewidth=0.7)
+                handles.setdefault(pol, h)
+                if first_stop is not None:
+                    s = [r for r in stopped if r["inputs"]["pressure"] == first_stop][0]
+                    ax.plot([first_stop], [s["metrics"]["waf"]], color=color, marker="X", markersize=5,
+                            linestyle="none", markeredgewidth=0.3, markeredgecolor="white")
+            ax.grid(True, alpha=0.4)
+            if i == 0:
+                ax.set_title(rule_family(rule), pad=3)
+            if i == nrow - 1:
+                ax.set_xlabel("space pressure")
+            if j == 0:
+                ax.set_ylabel(f"{layout_name(layout)}\nWAF")
+    (stop_handle,) = axes[0][0].plot([], [], color="#444444", marker="X", linestyle="none", markersize=5)
+    labels = [policy_name(p) for p in handles] + ["capacity stop"]
+    fig.legend(list(handles.values()) + [stop_handle], labels, loc="upper center", ncol=3, frameon=False,
+               bbox_to_anchor=(0.5, 1.0), handlelength=1.8, columnspacing=0.8)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.48 / (0.35 + 1.15 * nrow)), h_pad=0.6, w_pad=0.4)
+    return save(fig, out_dir, "pressure")
+
+
+def mechanisms_figure(runs: Runs, out_dir: str) -> list[str]:
+    """``mechanisms.pdf``/``.png`` with whichever of its three panels the records support."""
+    cost, hints, adm = runs.of("cost"), runs.of("hints"), runs.of("admission")
+    panels = [p for p, rs in (("cost", cost), ("hints", hints), ("admission", adm)) if rs]
+    if not panels:
+        return []
+    fig, axes = plt.subplots(len(panels), 1, figsize=(COLUMN_WIDTH, 1.55 * len(panels) + 0.1), squeeze=False)
+    for ax, panel, letter in zip((a[0] for a in axes), panels, "abc", strict=False):
+        if panel == "cost":
+            variants: dict[str, list] = {}
+            for r in cost:
+                if not r["metrics"]["decisions"]:
+                    continue
+                pol = base_policy(r["inputs"]["policy"])
+                key = (pol, r["inputs"]["verify_summaries"])
+                variants.setdefault(key, []).append((zones_of(r), 1e6 * r["metrics"]["decision_cpu_seconds"]
+                                                     / r["metrics"]["decisions"]))
+            for (pol, recompute), pts in sorted(variants.items(), key=lambda kv: (policy_rank(kv[0][0]), kv[0][1])):
+                pts.sort()
+                color, marker, _ = _style(pol)
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color, marker=marker,
+                        linestyle="--" if recompute else "-", markerfacecolor="none",
+                        label=policy_name(pol) + (" (recompute summaries)" if recompute else ""))
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_xlabel("zones")
+            ax.set_ylabel("decision CPU (µs/extent)")
+            ax.legend(frameon=False, loc="upper left")
+        elif panel == "hints":
+            rules = sorted(runs.values("hints", "rule"), key=rule_rank)
+            pols = sorted({r["inputs"]["policy"] for r in hints}, key=_hint_rank)
+            width = 0.8 / max(1, len(rules))
+            for k, rule in enumerate(rules):
+                xs, ys = [], []
+                for x, pol in enumerate(pols):
+                    r = runs.one("hints", rule=rule, policy=pol)
+                    if r is not None:
+                        xs.append(x + (k - (len(rules) - 1) / 2) * width)
+                        ys.append(r["metrics"]["waf"])
+                ax.bar(xs, ys, width=width * 0.92, color=["#1f4e9c", "#e6a23c", "#7fb7a4"][k % 3],
+                       label=rule_family(rule))
+            ax.set_xticks(range(len(pols)))
+            ax.set_xticklabels([_hint_label(p) for p in pols], rotation=0)
+            ax.set_ylabel("WAF")
+            lo = min(r["metrics"]["waf"] for r in hints)
+            ax.set_ylim(max(0.0, min(1.0, lo) - 0.02), None)
+            ax.set_xlabel("hint precision (RetainZ)")
+            if len(rules) > 1:
+                ax.legend(frameon=False, loc="upper left")
+        else:
+            rules = sorted(runs.values("admission", "rule"), key=rule_rank)
+            pols = sorted({r["inputs"]["policy"] for r in adm}, key=policy_rank)
+            for pol in pols:
+                for k, rule in enumerate(rules):
+                    rs = sorted(runs.of("admission", rule=rule, policy=pol), key=lambda r: r["inputs"]["pressure"])
+                    color, marker, _ = _style(pol)
+                    xs = [r["inputs"]["pressure"] for r in rs]
+                    if len(xs) == 1:
+                        ax.bar([pols.index(pol) + 0.4 * k], [rs[0]["metrics"]["waf"]], width=0.36, color=color,
+                               label=f"{policy_name(pol)}" + (f", {rule_family(rule)}" if len(rules) > 1 else ""))
+                        continue
+                    ax.plot(xs, [r["metrics"]["waf"] for r in rs], color=color, marker=marker,
+                            linestyle=["-", "--", ":"][k % 3], markerfacecolor="none",
+                            label=f"{policy_name(pol)}, {rule_family(rule).split()[0]}")
+            if len(runs.values("admission", "pressure")) == 1:
+                ax.set_xticks(range(len(pols)))
+                ax.set_xticklabels([policy_name(p) for p in pols])
+                ax.set_xlabel(f"admission (pressure {runs.values('admission', 'pressure')[0]})")
+            else:
+                ax.set_xlabel("space pressure")
+            ax.set_ylabel("WAF")
+            ax.legend(frameon=False, loc="upper left", ncol=2)
+        ax.grid(True, alpha=0.4)
+        ax.set_title(f"({letter}) " + {"cost": "allocation cost", "hints": "hint precision",
+                                       "admission": "common admission"}[panel], loc="left", pad=2)
+    fig.tight_layout(h_pad=0.8)
+    return save(fig, out_dir, "mechanisms")
+
+
+def _hint_rank(policy: str) -> tuple:
+    base, _, params = policy.partition(":")
+    order = {"retainz": 0, "retainz-coarse": 1, "retainz-noisy": 2, "retainz-nohint": 9}
+    err = 0.0
+    if base == "retainz-noisy":
+        kv = dict(p.split("=", 1) for p in params.split(",") if "=" in p)
+        err = float(kv.get("error", 0))
+    return (order.get(base, 5), err, policy)
+
+
+def _hint_label(policy: str) -> str:
+    base, _, params = policy.partition(":")
+    if base == "retainz-noisy":
+        kv = dict(p.split("=", 1) for p in params.split(",") if "=" in p)
+        return f"±{kv.get('error', '?')}"
+    return {"retainz": "exact", "retainz-coarse": "coarse", "retainz-nohint": "none"}.get(base, base)

@@ -1,0 +1,142 @@
+"""Reading run records for analysis (JSON only: analysis never imports the store).
+
+Helpers turn a record into the quantities figures, the table and the claims use.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+__all__ = ["load", "Runs", "policy_name", "POLICY_ORDER", "POLICY_STYLE", "rule_family", "layout_name",
+           "zones_of", "mean_gib", "GIB", "slug", "layout_rank", "rule_rank", "policy_rank", "base_policy"]
+
+GIB = float(1 << 30)
+
+#: Policies in display order: (base name, display name).
+POLICY_ORDER = [("retainz", "RetainZ"), ("retainz-coarse", "RetainZ coarse"), ("retainz-noisy", "RetainZ noisy"),
+                ("retainz-nohint", "RetainZ no-hint"), ("oracle", "Oracle"), ("dedicated", "Dedicated"),
+                ("common", "Common"), ("greedy", "Greedy log"), ("zenfs", "ZenFS-Alloc")]
+#: base policy -> (color, marker, linestyle)
+POLICY_STYLE = {
+    "retainz": ("#1f4e9c", "o", "-"), "retainz-coarse": ("#4f9fd8", "s", "-"),
+    "retainz-noisy": ("#7fb7a4", "D", "-"), "retainz-nohint": ("#9a7fc1", "v", "-"),
+    "oracle": ("#222222", "", ":"), "dedicated": ("#e6a23c", "^", "--"), "common": ("#b5651d", "<", "--"),
+    "greedy": ("#8c8c8c", ">", "--"), "zenfs": ("#c0392b", "x", "-"),
+}
+
+
+def slug(text: str) -> str:
+    """``llama3-8b-fsdp:ranks=8`` -> ``llama3-8b-fsdp-ranks-8`` (claim ids)."""
+    return re.sub(r"[^a-z0-9.]+", "-", str(text).lower()).strip("-")
+
+
+def base_policy(spec: str) -> str:
+    return spec.partition(":")[0]
+
+
+def policy_name(spec: str) -> str:
+    """Display name of a policy spec (``retainz-noisy:error=0.5,seed=1`` -> ``RetainZ noisy e=0.5``)."""
+    base, _, params = spec.partition(":")
+    name = dict(POLICY_ORDER).get(base, base)
+    if base == "retainz-noisy":
+        kv = dict(p.split("=", 1) for p in params.split(",") if "=" in p)
+        name += f" e={kv.get('error', '?')}"
+    return name
+
+
+def policy_rank(spec: str) -> tuple:
+    bases = [b for b, _ in POLICY_ORDER]
+    base = base_policy(spec)
+    return (bases.index(base) if base in bases else len(bases), spec)
+
+
+def rule_family(rule: str) -> str:
+    """Display name of a retention rule (``torchtitan:...,async=true`` -> ``TorchTitan async``)."""
+    name, _, params = rule.partition(":")
+    kv = dict(p.split("=", 1) for p in params.split(",") if "=" in p)
+    if name == "torchtitan":
+        return f"TorchTitan keep {kv.get('keep_latest_k', '?')}" + (" async" if kv.get("async") == "true" else "")
+    if name == "megatron":
+        return f"Megatron retain {kv.get('retain_interval', '?')}"
+    if name == "lightning":
+        return f"Lightning top-{kv.get('save_top_k', '?')}"
+    return name
+
+
+def layout_rank(layout: str) -> tuple:
+    """Sort key: small models first."""
+    order = ["smollm2", "pythia", "llama3"]
+    return (next((i for i, o in enumerate(order) if layout.startswith(o)), len(order)), layout)
+
+
+def rule_rank(rule: str) -> tuple:
+    order = ["torchtitan", "megatron", "lightning", "hf", "orbax"]
+    name = rule.partition(":")[0]
+    return (order.index(name) if name in order else len(order), rule)
+
+
+def layout_name(layout: str) -> str:
+    names = {"smollm2-135m-dcp": "SmolLM2-135M", "pythia-1b": "Pythia-1B"}
+    if layout.startswith("llama3-8b-fsdp"):
+        ranks = layout.partition("ranks=")[2]
+        return "Llama-3-8B FSDP" + (f" x{ranks}" if ranks else "")
+    return names.get(layout, layout)
+
+
+def zones_of(rec: dict) -> int | None:
+    """The device's data-zone count from the replay's geometry (or the case's explicit zones)."""
+    m = rec.get("metrics", {})
+    g = m.get("geometry") or {}
+    for k in ("zones", "data_zones", "nr_zones"):
+        if isinstance(g.get(k), int):
+            return g[k]
+        if isinstance(m.get(k), int):
+            return m[k]
+    return rec["inputs"].get("zones")
+
+
+def mean_gib(rec: dict, key: str) -> float:
+    """A byte-steps metric divided by the trace's steps, in GiB (the mean over the run)."""
+    return rec["metrics"][key] / rec["inputs"]["steps"] / GIB
+
+
+class Runs:
+    """The ok records of a folder, with the failed ones counted."""
+
+    def __init__(self, records: list[dict], failed: list[dict], source: str):
+        self.records = records
+        self.failed = failed
+        self.source = source
+
+    def of(self, experiment: str, **inputs) -> list[dict]:
+        """Ok records of one experiment whose inputs equal the given values."""
+        return [r for r in self.records if r["tags"]["experiment"] == experiment
+                and all(r["inputs"].get(k) == v for k, v in inputs.items())]
+
+    def one(self, experiment: str, **inputs) -> dict | None:
+        rs = self.of(experiment, **inputs)
+        return rs[0] if len(rs) == 1 else None
+
+    def values(self, experiment: str, key: str) -> list:
+        """Distinct values of an input key among an experiment's records, in first-seen order."""
+        out = []
+        for r in self.records:
+            if r["tags"]["experiment"] == experiment and r["inputs"].get(key) not in out:
+                out.append(r["inputs"].get(key))
+        return out
+
+
+def load(directory: str) -> Runs:
+    """Read every record (``*.json``) directly in ``directory``."""
+    ok, failed = [], []
+    for name in sorted(os.listdir(directory)):
+        if not name.endswith(".json") or name.startswith("."):
+            continue
+        with open(os.path.join(directory, name), encoding="utf-8") as f:
+            rec = json.load(f)
+        if not isinstance(rec, dict) or "tags" not in rec or "inputs" not in rec:
+            continue
+        (ok if rec.get("status") == "ok" else failed).append(rec)
+    return Runs(ok, failed, directory)

@@ -1,0 +1,103 @@
+"""``retainz run``, ``retainz verify`` and ``retainz analyze``: the experiment pipeline.
+
+* ``retainz run MANIFEST [--output DIR] [--jobs N] [--resume]``: run a manifest's cases in parallel and
+  write one JSON record per case (``docs/experiments.md``); exit 1 if any case failed.
+* ``retainz verify DIR``: validate records (schema, digests, trace hashes, waf consistency); exit 1 on
+  any problem.
+* ``retainz analyze DIR [--out DIR] [--check]``: figures, the placement table, the claims file and the
+  zone map, from the records alone; ``--check`` diffs the rounded claims with the expected file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def register(sub) -> None:
+    p = sub.add_parser("run", help="run an experiment manifest (experiments/*.json)")
+    p.add_argument("manifest", help="manifest file, e.g. experiments/quick.json")
+    p.add_argument("--output", "-o", help="records folder (default: out/runs/<manifest name>)")
+    p.add_argument("--jobs", "-j", type=int, default=None, help="worker processes (default: number of cores)")
+    p.add_argument("--resume", action="store_true",
+                   help="run only the cases without a record (default: refuse if any record exists)")
+    p.add_argument("--trace-cache", help="generated traces (default: <output>/traces)")
+    p.add_argument("--device", choices=("memory", "file", "guest"),
+                   help="run every case on this device instead of the one the manifest names")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_run)
+
+    p = sub.add_parser("verify", help="validate run records (schema, hashes, consistency)")
+    p.add_argument("dir", help="records folder")
+    p.set_defaults(func=_verify)
+
+    p = sub.add_parser("analyze", help="figures, table and claims from run records")
+    p.add_argument("dir", help="records folder")
+    p.add_argument("--out", default=None, help="output folder (default: results/analysis)")
+    p.add_argument("--check", action="store_true",
+                   help="compare the rounded claims with --expected; exit 1 on any difference")
+    p.add_argument("--expected", default="results/expected_claims.json",
+                   help="expected claims for --check (default: results/expected_claims.json)")
+    p.add_argument("--write-expected", action="store_true",
+                   help="write the computed claims as the expected file (after a new recorded matrix)")
+    p.set_defaults(func=_analyze)
+
+
+def _run(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from retainz.experiments.manifest import ManifestError, load_manifest
+    from retainz.experiments.runner import RecordExistsError, run_cases
+
+    try:
+        m, cases = load_manifest(args.manifest)
+    except ManifestError as e:
+        raise ValueError(str(e)) from None
+    if args.device:
+        from retainz.experiments.manifest import case_id
+
+        moved = []
+        for c in cases:
+            inputs = {**c.inputs, "device": args.device}
+            moved.append(dataclasses.replace(c, id=case_id(c.tags, inputs), inputs=inputs))
+        cases = moved
+    if args.jobs is not None and args.jobs < 1:
+        raise ValueError("--jobs must be >= 1")
+    out = args.output or os.path.join("out", "runs", m["manifest"])
+    print(f"{m['manifest']}: {len(cases)} cases -> {out}", file=sys.stderr)
+    try:
+        summary = run_cases(cases, out, jobs=args.jobs, trace_dir=args.trace_cache, resume=args.resume,
+                            progress=not args.no_progress)
+    except RecordExistsError as e:
+        raise FileExistsError(str(e)) from None
+    print(summary.line())
+    for cid in summary.failed[:20]:
+        print(f"failed: {os.path.join(out, cid + '.json')}")
+    print(f"records: {out}")
+    return 1 if summary.failed else 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from retainz.experiments.verify import verify_dir
+
+    if not os.path.isdir(args.dir):
+        raise FileNotFoundError(f"no records folder {args.dir}")
+    n, problems = verify_dir(args.dir)
+    for line in problems:
+        print(line)
+    print(f"{n} records checked, {len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
+def _analyze(args: argparse.Namespace) -> int:
+    from retainz.analysis import analyze
+
+    if not os.path.isdir(args.dir):
+        raise FileNotFoundError(f"no records folder {args.dir}")
+    out = args.out or os.path.join("results", "analysis")
+    report = analyze(args.dir, out, check=args.check, expected=args.expected,
+                     write_expected=args.write_expected)
+    for line in report.lines:
+        print(line)
+    return 1 if report.failed else 0

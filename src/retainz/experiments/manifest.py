@@ -1,0 +1,350 @@
+"""Experiment manifests: a documented JSON file that expands into a list of cases.
+
+A manifest (``experiments/*.json``, documented in ``docs/experiments.md``)::
+
+    {
+      "manifest": "pressure",                 # name (required)
+      "description": "...",                   # free text
+      "format": 1,                            # manifest format version (required, 1)
+      "include": ["other.json"],              # optional: every case of these manifests (paths relative
+                                              #   to this file), e.g. paper.json = all the others
+      "defaults": {CASE FIELDS},              # optional: for every block
+      "blocks": [                             # optional (a manifest needs blocks or include)
+        {"experiment": "pressure",            # tag: which analysis uses the cases
+         "defaults": {CASE FIELDS},           # block defaults (over the manifest defaults)
+         "axes": {"FIELD": [v1, v2, ...],     # cartesian product over these fields; an axis with
+                  "NAME": [{FIELDS}, ...]},   #   another name zips fields (e.g. zone_size + capacity)
+         "rows": [{CASE FIELDS}, ...]}        # explicit rows; a list value in a row expands that row
+      ]
+    }
+
+A block's cases are ``rows x product(axes)`` (just the product when there are no rows, just the rows
+when there are no axes).  A row is laid over the axes, which are laid over the block defaults, over the
+manifest defaults, over :data:`CASE_DEFAULTS`.  Each case must then have every field of
+:data:`CASE_FIELDS`; an unknown field, a bad value or a missing field is a :class:`ManifestError` that
+names the manifest, the block and the key.
+
+A case is identified by :func:`case_id`: ``<experiment>-<policy slug>-<12 hex digits of sha256 over the
+canonical JSON of its tags and inputs>``, stable across runs, machines and manifest reorderings.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+__all__ = ["ManifestError", "Case", "TraceSpec", "CASE_FIELDS", "CASE_DEFAULTS", "TAG_FIELDS",
+           "DEVICES", "load_manifest", "expand", "case_id", "canonical_json", "parse_scale"]
+
+#: Manifest format version understood here.
+FORMAT = 1
+#: Devices a case can name: the in-memory replay device, FileDevice with payload, the QEMU ZNS guest.
+DEVICES = ("memory", "file", "guest")
+#: Fields that label a case for analysis (part of the id, not passed to replay).
+TAG_FIELDS = ("experiment", "label")
+
+#: Every case field: name -> (accepted types, description).  Sizes accept ``"64MiB"``-style strings.
+CASE_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
+    "experiment": ((str,), "analysis tag: pressure, cost, hints, admission, placement, capacity"),
+    "label": ((str, type(None)), "row label (placement table, figure legend), or null"),
+    "layout": ((str,), "checkpoint layout, e.g. smollm2-135m-dcp, pythia-1b, llama3-8b-fsdp:ranks=8"),
+    "rule": ((str,), "retention rule spec, e.g. torchtitan:interval=500,keep_latest_k=10"),
+    "steps": ((int,), "training steps the trace covers"),
+    "trace_seed": ((int,), "trace generator seed"),
+    "scale": ((str, int), "shard-size scale factor, 1 or a fraction such as \"1/1024\""),
+    "policy": ((str,), "placement policy spec, e.g. retainz, zenfs, retainz-noisy:error=0.5,seed=1"),
+    "pressure": ((int, float, type(None)), "peak live bytes / usable capacity (exclusive with zones)"),
+    "zones": ((int, type(None)), "number of data zones (exclusive with pressure)"),
+    "reserve_zones": ((int,), "free zones GC keeps in reserve (added on top of the pressure sizing)"),
+    "zone_size": ((int, str), "zone size (LBA span), bytes or \"2GiB\""),
+    "zone_capacity": ((int, str), "writable bytes per zone, <= zone_size"),
+    "max_active": ((int,), "active-zone limit"),
+    "max_open": ((int,), "open-zone limit"),
+    "device": ((str,), "memory (default), file (FileDevice with payload) or guest (QEMU ZNS guest)"),
+    "seed": ((int,), "replay seed"),
+    "verify_summaries": ((bool,), "store recomputes zone summaries on every decision (recompute mode)"),
+    "zone_map": ((bool,), "ask replay for the zone-state timeline (zone-map figure)"),
+}
+
+#: Defaults below every manifest's own defaults.
+CASE_DEFAULTS: dict[str, Any] = {
+    "label": None,
+    "trace_seed": 0,
+    "scale": 1,
+    "pressure": None,
+    "zones": None,
+    "reserve_zones": 4,
+    "device": "memory",
+    "seed": 0,
+    "verify_summaries": False,
+    "zone_map": False,
+}
+
+
+class ManifestError(ValueError):
+    """A manifest that cannot be expanded; the message names the file, the block and the key."""
+
+
+def canonical_json(obj: Any) -> str:
+    """Sorted-key, compact JSON: the text that ids and digests are computed over."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def parse_scale(value: str | int) -> Fraction:
+    """``1``, ``"1"``, ``"1/1024"`` -> a positive :class:`~fractions.Fraction` (ValueError otherwise)."""
+    try:
+        f = Fraction(str(value).strip())
+    except (ValueError, ZeroDivisionError):
+        raise ValueError(f"scale {value!r} is not a number or fraction like \"1/1024\"") from None
+    if f <= 0 or f > 1:
+        raise ValueError(f"scale {value!r} must be in (0, 1]")
+    return f
+
+
+@dataclass(frozen=True)
+class TraceSpec:
+    """What the trace generator needs; equal specs share one generated trace.
+
+    Attributes: layout, rule, steps, seed (the trace seed) and scale (``"1"`` or ``"1/1024"``).
+    """
+
+    layout: str
+    rule: str
+    steps: int
+    seed: int
+    scale: str
+
+    def key(self) -> str:
+        """16 hex digits of sha256 over the spec: the trace's cache name."""
+        return hashlib.sha256(canonical_json(self.__dict__).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One experiment case: tags (``experiment``, ``label``) and replay inputs.
+
+    Attributes:
+        id: stable id (:func:`case_id`).
+        manifest: name of the manifest the case came from.
+        tags: ``{"experiment": ..., "label": ...}``.
+        inputs: every other field of :data:`CASE_FIELDS`, sizes in bytes, scale normalized.
+    """
+
+    id: str
+    manifest: str
+    tags: dict = field(hash=False)
+    inputs: dict = field(hash=False)
+
+    @property
+    def trace(self) -> TraceSpec:
+        i = self.inputs
+        return TraceSpec(i["layout"], i["rule"], i["steps"], i["trace_seed"], i["scale"])
+
+    def to_dict(self) -> dict:
+        return {"id": self.id, "manifest": self.manifest, "tags": dict(self.tags), "inputs": dict(self.inputs)}
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9.]+", "-", text.lower()).strip("-")[:40] or "case"
+
+
+def case_id(tags: dict, inputs: dict) -> str:
+    """The stable id of a case: ``<experiment>-<policy slug>-<sha256[:12] of tags + inputs>``."""
+    digest = hashlib.sha256(canonical_json({"tags": tags, "inputs": inputs}).encode()).hexdigest()[:12]
+    return f"{_slug(tags['experiment'])}-{_slug(inputs['policy'])}-{digest}"
+
+
+def _check_fields(where: str, d: Any, *, allow_lists: bool) -> None:
+    if not isinstance(d, dict):
+        raise ManifestError(f"{where}: expected an object of case fields, got {type(d).__name__}")
+    for k, v in d.items():
+        if k not in CASE_FIELDS:
+            raise ManifestError(f"{where}: unknown key {k!r} (valid: {', '.join(CASE_FIELDS)})")
+        if allow_lists and isinstance(v, list):
+            if not v:
+                raise ManifestError(f"{where}: key {k!r} has an empty list")
+            for x in v:
+                _check_value(where, k, x)
+        else:
+            _check_value(where, k, v)
+
+
+def _check_value(where: str, key: str, v: Any) -> None:
+    types = CASE_FIELDS[key][0]
+    ok = isinstance(v, types) and not (isinstance(v, bool) and bool not in types)
+    if not ok:
+        names = " or ".join("null" if t is type(None) else t.__name__ for t in types)
+        raise ManifestError(f"{where}: key {key!r} must be {names}, got {v!r}")
+
+
+def _normalize(where: str, case: dict) -> dict:
+    """Fill, check and normalize one fully-merged case (sizes to bytes, scale to a fraction string)."""
+    from retainz.zoned.model import parse_size
+
+    missing = [k for k in CASE_FIELDS if k not in case]
+    if missing:
+        raise ManifestError(f"{where}: missing key {missing[0]!r} (a case needs {', '.join(missing)})")
+    c = dict(case)
+    for k in ("zone_size", "zone_capacity"):
+        try:
+            c[k] = parse_size(c[k])
+        except ValueError as e:
+            raise ManifestError(f"{where}: key {k!r}: {e}") from None
+    if not 0 < c["zone_capacity"] <= c["zone_size"]:
+        raise ManifestError(f"{where}: key 'zone_capacity' ({c['zone_capacity']}) must be in (0, zone_size]")
+    try:
+        c["scale"] = str(parse_scale(c["scale"]))
+    except ValueError as e:
+        raise ManifestError(f"{where}: key 'scale': {e}") from None
+    if (c["pressure"] is None) == (c["zones"] is None):
+        raise ManifestError(f"{where}: key 'pressure'/'zones': give exactly one of them "
+                            f"(pressure={c['pressure']!r}, zones={c['zones']!r})")
+    if c["pressure"] is not None:
+        if not 0 < c["pressure"] < 1:
+            raise ManifestError(f"{where}: key 'pressure' must be in (0, 1), got {c['pressure']!r}")
+        c["pressure"] = float(c["pressure"])
+    if c["device"] not in DEVICES:
+        raise ManifestError(f"{where}: key 'device' must be one of {', '.join(DEVICES)}, got {c['device']!r}")
+    if c["device"] == "guest" and c["zones"] is None:
+        raise ManifestError(f"{where}: key 'zones': a guest case needs an explicit zone count")
+    for k in ("steps", "max_active", "max_open"):
+        if c[k] <= 0:
+            raise ManifestError(f"{where}: key {k!r} must be positive, got {c[k]!r}")
+    if c["reserve_zones"] < 0:
+        raise ManifestError(f"{where}: key 'reserve_zones' must be >= 0")
+    if c["max_open"] > c["max_active"]:
+        raise ManifestError(f"{where}: key 'max_open' ({c['max_open']}) exceeds 'max_active' ({c['max_active']})")
+    return c
+
+
+def _product(where: str, axes: dict) -> list[dict]:
+    """Cartesian product of the axes.  An axis named after a case field lists values of that field; an
+    axis with any other name (e.g. ``"workload"``, ``"geometry"``) lists objects of case fields that
+    vary together (a zipped axis)."""
+    if not isinstance(axes, dict):
+        raise ManifestError(f"{where}: key 'axes' must be an object")
+    levels = []
+    for k, v in axes.items():
+        if not isinstance(v, list) or not v:
+            raise ManifestError(f"{where} axes: key {k!r} must be a non-empty list of values")
+        if k in CASE_FIELDS:
+            for x in v:
+                _check_value(f"{where} axes", k, x)
+            levels.append([{k: x} for x in v])
+        else:
+            for j, x in enumerate(v):
+                if not isinstance(x, dict):
+                    raise ManifestError(f"{where} axes: key {k!r} is not a case field, so its values must be "
+                                        f"objects of case fields (a zipped axis); value {j} is {x!r}")
+                _check_fields(f"{where} axes {k}[{j}]", x, allow_lists=False)
+            levels.append(v)
+    out = []
+    for combo in itertools.product(*levels):
+        d: dict = {}
+        for part in combo:
+            d.update(part)
+        out.append(d)
+    return out
+
+
+def _expand_row(row: dict) -> list[dict]:
+    list_keys = [k for k, v in row.items() if isinstance(v, list)]
+    if not list_keys:
+        return [row]
+    out = []
+    for vals in itertools.product(*(row[k] for k in list_keys)):
+        r = dict(row)
+        r.update(zip(list_keys, vals, strict=True))
+        out.append(r)
+    return out
+
+
+def load_manifest(path: str | os.PathLike, _seen: tuple = ()) -> tuple[dict, list[Case]]:
+    """Read a manifest and expand it.
+
+    Args:
+        path: the manifest file.
+
+    Returns:
+        ``(manifest dict, cases)``; cases in manifest order, includes first.
+
+    Raises:
+        ManifestError: unreadable JSON, unknown or missing keys, bad values, duplicate cases,
+            include cycles.  The message names the file and the key.
+    """
+    path = os.path.abspath(path)
+    name = os.path.basename(path)
+    if path in _seen:
+        raise ManifestError(f"{name}: key 'include': cycle through {name}")
+    try:
+        with open(path, encoding="utf-8") as f:
+            m = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ManifestError(f"{name}: not valid JSON: {e}") from None
+    return m, expand(m, name=name, base_dir=os.path.dirname(path), _seen=_seen + (path,))
+
+
+def expand(m: dict, *, name: str = "<manifest>", base_dir: str = ".", _seen: tuple = ()) -> list[Case]:
+    """Expand a parsed manifest into cases (see the module docstring).  Raises :class:`ManifestError`."""
+    if not isinstance(m, dict):
+        raise ManifestError(f"{name}: a manifest is a JSON object")
+    known = {"manifest", "description", "format", "include", "defaults", "blocks", "notes"}
+    for k in m:
+        if k not in known:
+            raise ManifestError(f"{name}: unknown top-level key {k!r} (valid: {', '.join(sorted(known))})")
+    if m.get("format") != FORMAT:
+        raise ManifestError(f"{name}: key 'format' must be {FORMAT}, got {m.get('format')!r}")
+    if not isinstance(m.get("manifest"), str) or not m["manifest"]:
+        raise ManifestError(f"{name}: key 'manifest' (the manifest's name) is required")
+    if "blocks" not in m and "include" not in m:
+        raise ManifestError(f"{name}: key 'blocks' or 'include' is required")
+    mname = m["manifest"]
+    cases: list[Case] = []
+    for inc in m.get("include", []):
+        if not isinstance(inc, str):
+            raise ManifestError(f"{name}: key 'include' must list file names")
+        _, sub = load_manifest(os.path.join(base_dir, inc), _seen)
+        cases.extend(sub)
+    top = m.get("defaults", {})
+    _check_fields(f"{name} defaults", top, allow_lists=False)
+    blocks = m.get("blocks", [])
+    if not isinstance(blocks, list):
+        raise ManifestError(f"{name}: key 'blocks' must be a list")
+    for bi, block in enumerate(blocks):
+        where = f"{name} block {bi}"
+        if not isinstance(block, dict):
+            raise ManifestError(f"{where}: a block is an object")
+        for k in block:
+            if k not in ("experiment", "defaults", "axes", "rows", "description"):
+                raise ManifestError(f"{where}: unknown key {k!r} (valid: experiment, description, defaults, "
+                                    "axes, rows)")
+        if not isinstance(block.get("experiment"), str):
+            raise ManifestError(f"{where}: key 'experiment' is required")
+        where = f"{name} block {bi} ({block['experiment']})"
+        bdef = block.get("defaults", {})
+        _check_fields(f"{where} defaults", bdef, allow_lists=False)
+        combos = _product(where, block.get("axes", {}))
+        rows = block.get("rows", [{}])
+        if not isinstance(rows, list) or not rows:
+            raise ManifestError(f"{where}: key 'rows' must be a non-empty list")
+        for ri, row in enumerate(rows):
+            _check_fields(f"{where} row {ri}", row, allow_lists=True)
+            for r in _expand_row(row):
+                for combo in combos:
+                    merged = {**CASE_DEFAULTS, **top, **bdef, "experiment": block["experiment"], **combo, **r}
+                    c = _normalize(f"{where} row {ri}", merged)
+                    tags = {k: c.pop(k) for k in TAG_FIELDS}
+                    cases.append(Case(case_id(tags, c), mname, tags, c))
+    seen: dict[str, Case] = {}
+    for c in cases:
+        if c.id in seen:
+            raise ManifestError(f"{name}: duplicate case {c.id} (same experiment, label and inputs twice: "
+                                f"policy {c.inputs['policy']!r})")
+        seen[c.id] = c
+    return cases

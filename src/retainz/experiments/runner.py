@@ -1,0 +1,356 @@
+"""``retainz run``: run a manifest's cases in parallel processes, one JSON record per case.
+
+Phases:
+
+1. expand the manifest (:mod:`retainz.experiments.manifest`); refuse if any case already has a record
+   in the output folder (use another ``--output`` for a repeat, or ``--resume`` to fill in the rest);
+2. generate the traces the cases need, once per distinct :class:`~retainz.experiments.manifest.TraceSpec`,
+   cached by the spec's hash under the trace cache (default ``<output>/traces``);
+3. run each case in a worker process (``--jobs``, default: the number of cores) and write its record
+   atomically (a temporary file linked into place, so a record is never half-written nor overwritten).
+
+A case that raises is recorded with ``status: "failed"`` and its error and traceback; the others go on.
+
+The record schema is :data:`retainz.experiments.record.SCHEMA` (see ``docs/experiments.md``).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextlib
+import hashlib
+import io
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+from retainz.experiments.manifest import Case, TraceSpec, load_manifest
+from retainz.experiments.record import finalize, provenance
+
+__all__ = ["Backend", "RetainZBackend", "RunSummary", "run_manifest", "run_cases", "execute_case",
+           "sha256_file", "RecordExistsError"]
+
+
+class RecordExistsError(FileExistsError):
+    """The output folder already holds records of these cases."""
+
+
+def sha256_file(path: str) -> str:
+    """Hex sha256 of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class Backend:
+    """How a case becomes a result: trace generation and replay.  The runner passes an instance to
+    its workers (so it must pickle).  :class:`RetainZBackend` is the real one.
+    """
+
+    name = "abstract"
+
+    def generate_trace(self, spec: TraceSpec, path: str) -> None:  # pragma: no cover - interface
+        """Write the trace for ``spec`` to ``path``."""
+        raise NotImplementedError
+
+    def replay(self, trace_path: str, case: Case, workdir: str) -> dict:  # pragma: no cover
+        """Replay the trace under the case's inputs; returns the replay's JSON-able result dict."""
+        raise NotImplementedError
+
+
+class RetainZBackend(Backend):
+    """The real thing: ``retainz trace generate`` and :func:`retainz.trace.replay.replay`.
+
+    Devices: ``memory`` (the in-memory replay device), ``file`` (a FileDevice with payload in the
+    case's work folder, deleted afterwards) and ``guest`` (the replay command run inside the QEMU ZNS
+    guest of :mod:`retainz.vm.guest` against ``/dev/nvme0n1``).
+    """
+
+    name = "retainz"
+
+    def generate_trace(self, spec: TraceSpec, path: str) -> None:
+        from retainz.cli import main
+
+        argv = ["trace", "generate", "--layout", spec.layout, "--retention", spec.rule,
+                "--steps", str(spec.steps), "--seed", str(spec.seed), "-o", path]
+        if Fraction(spec.scale) != 1:
+            argv[-2:-2] = ["--scale", spec.scale]
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            status = main(argv)
+        if status != 0:
+            raise RuntimeError(f"retainz {' '.join(argv)} failed ({status}): "
+                               f"{(err.getvalue() or out.getvalue()).strip()}")
+
+    def replay(self, trace_path: str, case: Case, workdir: str) -> dict:
+        i = case.inputs
+        if i["device"] == "guest":
+            return _replay_in_guest(trace_path, case, workdir)
+        from retainz.trace.replay import replay
+
+        extra = {}
+        if i["verify_summaries"]:
+            extra["verify_summaries"] = True
+        if i["zone_map"]:
+            extra["zone_map"] = True
+        device = "memory"
+        img = None
+        if i["device"] == "file":
+            img = os.path.join(workdir, f"{case.id}.img")
+            device = f"file:{img}"
+        try:
+            return replay(trace_path, policy=i["policy"], zones=i["zones"], pressure=i["pressure"],
+                          reserve_zones=i["reserve_zones"], zone_size=i["zone_size"],
+                          zone_capacity=i["zone_capacity"], max_active=i["max_active"],
+                          max_open=i["max_open"], device=device, seed=i["seed"], **extra)
+        finally:
+            if img and os.path.exists(img):
+                os.unlink(img)
+
+
+def replay_argv(trace_path: str, case: Case, device: str) -> list[str]:
+    """The ``retainz replay`` command line equivalent to a case (used inside the guest)."""
+    i = case.inputs
+    argv = [sys.executable, "-m", "retainz.cli", "replay", trace_path, "--policy", i["policy"]]
+    argv += ["--zones", str(i["zones"])] if i["zones"] is not None else ["--pressure", str(i["pressure"])]
+    argv += ["--reserve-zones", str(i["reserve_zones"]), "--zone-size", str(i["zone_size"]),
+             "--zone-capacity", str(i["zone_capacity"]), "--max-active", str(i["max_active"]),
+             "--max-open", str(i["max_open"]), "--device", device, "--seed", str(i["seed"]), "--json"]
+    return argv
+
+
+def _replay_in_guest(trace_path: str, case: Case, workdir: str) -> dict:
+    """Run ``retainz replay`` inside the QEMU ZNS guest on ``/dev/nvme0n1`` with the case's geometry."""
+    try:
+        from retainz.vm.guest import GuestConfig, ZNSConfig, run_in_guest
+    except ImportError as e:  # pragma: no cover - depends on the vm lane
+        raise RuntimeError(f"device 'guest' needs the QEMU guest tooling (retainz.vm.guest): {e}") from None
+    i = case.inputs
+    out = os.path.join(os.path.abspath(workdir), case.id)
+    os.makedirs(out, exist_ok=True)
+    result_file = os.path.join(out, "replay.json")
+    argv = replay_argv(os.path.abspath(trace_path), case, "/dev/nvme0n1")
+    shell = " ".join(_shq(a) for a in argv) + f" > {_shq(result_file)}"
+    zns = ZNSConfig(zones=i["zones"] + i["reserve_zones"] + 4, zone_size=i["zone_size"],
+                    zone_capacity=i["zone_capacity"], max_open=i["max_open"], max_active=i["max_active"])
+    res = run_in_guest(["/bin/sh", "-c", shell], out, GuestConfig(zns=zns, nullblk=None))
+    if res.status != 0:
+        raise RuntimeError(f"replay in the guest exited {res.status}:\n{res.console_tail()}")
+    with open(result_file, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _shq(s: str) -> str:
+    import shlex
+
+    return shlex.quote(s)
+
+
+def _write_new(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` atomically; FileExistsError if ``path`` exists (never overwrites)."""
+    d = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.link(tmp, path)  # atomic, and fails if the record exists
+    finally:
+        os.unlink(tmp)
+
+
+def _generate(backend: Backend, spec: TraceSpec, trace_dir: str) -> tuple[str, str, float]:
+    """Generate (or reuse) the trace of ``spec``; returns (path, sha256, seconds)."""
+    path = os.path.join(trace_dir, f"{spec.key()}.jsonl")
+    t0 = time.perf_counter()
+    if not os.path.exists(path):
+        fd, tmp = tempfile.mkstemp(dir=trace_dir, prefix=".tmp-", suffix=".jsonl")
+        os.close(fd)
+        try:
+            backend.generate_trace(spec, tmp)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    return path, sha256_file(path), time.perf_counter() - t0
+
+
+def execute_case(case: Case, trace: dict | None, output: str, backend: Backend, prov: dict,
+                 error: str | None = None) -> dict:
+    """Run one case and write its record to ``<output>/<case id>.json``; returns the record.
+
+    Args:
+        case: the case.
+        trace: ``{"key", "path", "sha256", "bytes", "seconds"}`` of its trace, or None when trace
+            generation failed (then ``error`` says why and the case is recorded as failed).
+        output: the records folder.
+        backend: trace generation and replay.
+        prov: provenance (:func:`retainz.experiments.record.provenance`).
+        error: a failure that happened before the case could run.
+    """
+    rec: dict = {"id": case.id, "manifest": case.manifest, "tags": case.tags, "inputs": case.inputs,
+                 "backend": backend.name, "provenance": prov}
+    if trace is not None:
+        rec["trace"] = {"key": trace["key"], "sha256": trace["sha256"], "bytes": trace["bytes"],
+                        "file": os.path.relpath(trace["path"], output) if trace["path"] else None}
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    try:
+        if error is not None:
+            raise RuntimeError(error)
+        workdir = os.path.join(output, ".work")
+        os.makedirs(workdir, exist_ok=True)
+        result = dict(backend.replay(trace["path"], case, workdir))
+        zone_map = result.pop("zone_map", None)
+        rec["status"] = "ok"
+        rec["metrics"] = result
+        rec["capacity_stop_step"] = result.get("capacity_stop_step")
+        if zone_map is not None:
+            rec["zone_map"] = zone_map
+    except Exception as e:  # noqa: BLE001 - every failure becomes a failed record
+        rec["status"] = "failed"
+        rec["error"] = {"type": type(e).__name__, "message": str(e), "traceback": traceback.format_exc()}
+    rec["timing"] = {"wall_seconds": time.perf_counter() - wall0, "cpu_seconds": time.process_time() - cpu0,
+                     "trace_seconds": trace["seconds"] if trace else None}
+    rec = finalize(rec)
+    _write_new(os.path.join(output, f"{case.id}.json"), json.dumps(rec, indent=1, sort_keys=True) + "\n")
+    return rec
+
+
+@dataclass
+class RunSummary:
+    """What :func:`run_cases` did: counts and the ids of failed cases."""
+
+    total: int = 0
+    ok: int = 0
+    failed: list[str] = field(default_factory=list)
+    skipped: int = 0
+    capacity_stops: int = 0
+    seconds: float = 0.0
+
+    def line(self) -> str:
+        return (f"{self.total} cases: {self.ok} ok ({self.capacity_stops} with a capacity stop), "
+                f"{len(self.failed)} failed, {self.skipped} already recorded; {self.seconds:.1f} s")
+
+
+def _progress(total: int, desc: str, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="case", file=sys.stderr, mininterval=1.0, smoothing=0.1,
+                dynamic_ncols=True)
+
+
+def run_cases(cases: list[Case], output: str, *, jobs: int | None = None, backend: Backend | None = None,
+              trace_dir: str | None = None, resume: bool = False, progress: bool = True) -> RunSummary:
+    """Run ``cases`` and write their records into ``output``.
+
+    Args:
+        cases: expanded cases (:func:`~retainz.experiments.manifest.load_manifest`).
+        output: records folder (created).
+        jobs: worker processes (default: the number of cores; 1 runs in this process).
+        backend: default :class:`RetainZBackend`.
+        trace_dir: trace cache (default ``<output>/traces``).
+        resume: skip cases already recorded instead of refusing.
+        progress: show a progress bar (cases done, rate, ETA) on stderr.
+
+    Raises:
+        RecordExistsError: a case already has a record and ``resume`` is False (nothing is run).
+    """
+    t0 = time.perf_counter()
+    backend = backend or RetainZBackend()
+    jobs = jobs or os.cpu_count() or 1
+    os.makedirs(output, exist_ok=True)
+    trace_dir = trace_dir or os.path.join(output, "traces")
+    os.makedirs(trace_dir, exist_ok=True)
+    summary = RunSummary(total=len(cases))
+    existing = [c for c in cases if os.path.exists(os.path.join(output, f"{c.id}.json"))]
+    if existing and not resume:
+        raise RecordExistsError(f"{output} already holds {len(existing)} of these {len(cases)} records "
+                                f"(e.g. {existing[0].id}.json); refusing to overwrite: choose another "
+                                "--output, or --resume to run only the missing cases")
+    done = {c.id for c in existing}
+    todo = [c for c in cases if c.id not in done]
+    summary.skipped = len(existing)
+    prov = provenance()
+
+    specs = sorted({c.trace for c in todo}, key=lambda s: s.key())
+    traces: dict[TraceSpec, dict] = {}
+    trace_errors: dict[TraceSpec, str] = {}
+
+    def on_trace(spec, fut):
+        try:
+            path, sha, secs = fut.result()
+            traces[spec] = {"key": spec.key(), "path": path, "sha256": sha, "bytes": os.path.getsize(path),
+                            "seconds": secs}
+        except Exception as e:  # noqa: BLE001
+            trace_errors[spec] = f"trace generation failed for {spec}: {type(e).__name__}: {e}"
+
+    def on_case(case, fut):
+        try:
+            rec = fut.result()
+        except Exception as e:  # noqa: BLE001 - a worker that died: record it here
+            rec = execute_case(case, None, output, backend, prov,
+                               error=f"worker process failed: {type(e).__name__}: {e}")
+        if rec["status"] == "ok":
+            summary.ok += 1
+            if rec.get("capacity_stop_step") is not None:
+                summary.capacity_stops += 1
+        else:
+            summary.failed.append(case.id)
+
+    def args_of(c):
+        spec = c.trace
+        return (c, traces.get(spec), output, backend, prov, trace_errors.get(spec))
+
+    if jobs == 1:
+        bar = _progress(len(specs), "traces", progress and bool(specs))
+        for s in specs:
+            f = cf.Future()
+            try:
+                f.set_result(_generate(backend, s, trace_dir))
+            except Exception as e:  # noqa: BLE001
+                f.set_exception(e)
+            on_trace(s, f)
+            bar and bar.update()
+        bar and bar.close()
+        bar = _progress(len(todo), "cases", progress)
+        for c in todo:
+            f = cf.Future()
+            try:
+                f.set_result(execute_case(*args_of(c)))
+            except Exception as e:  # noqa: BLE001
+                f.set_exception(e)
+            on_case(c, f)
+            bar and bar.update()
+        bar and bar.close()
+    else:
+        with cf.ProcessPoolExecutor(max_workers=jobs) as pool:
+            bar = _progress(len(specs), "traces", progress and bool(specs))
+            futs = {pool.submit(_generate, backend, s, trace_dir): s for s in specs}
+            for f in cf.as_completed(futs):
+                on_trace(futs[f], f)
+                bar and bar.update()
+            bar and bar.close()
+            bar = _progress(len(todo), "cases", progress)
+            futs = {pool.submit(execute_case, *args_of(c)): c for c in todo}
+            for f in cf.as_completed(futs):
+                on_case(futs[f], f)
+                bar and bar.update()
+            bar and bar.close()
+    summary.seconds = time.perf_counter() - t0
+    return summary
+
+
+def run_manifest(manifest: str, output: str, **kw) -> RunSummary:
+    """Expand ``manifest`` and :func:`run_cases` it; keyword arguments as there."""
+    _, cases = load_manifest(manifest)
+    return run_cases(cases, output, **kw)
