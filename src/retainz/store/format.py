@@ -20,6 +20,7 @@ zones.  The rest of the block is zero.
 
 from __future__ import annotations
 
+import re
 import struct
 import uuid as uuidlib
 from dataclasses import dataclass
@@ -101,6 +102,10 @@ class Superblock:
                    flags=flags, version=version)
 
 
+_BAD_ID = re.compile(r"[\x00-\x1f\x7f/\\]|\.\.")
+_VALID_IDS: dict[str, None] = {}  # a bounded cache: shard names repeat across generations
+
+
 def check_id(value: str, what: str = "generation id") -> str:
     """Validate a generation id or shard name: it becomes a file name in ``retainz get``.
 
@@ -108,6 +113,8 @@ def check_id(value: str, what: str = "generation id") -> str:
         InvalidIdError: not a str, empty, ``.``, contains ``..``, ``/``, ``\\``, NUL or another
             control character, or longer than 255 bytes in UTF-8.
     """
+    if type(value) is str and value in _VALID_IDS:
+        return value
     if not isinstance(value, str):
         raise InvalidIdError(f"{what} must be a str, not {type(value).__name__}")
     if not value:
@@ -120,4 +127,8 @@ def check_id(value: str, what: str = "generation id") -> str:
         raise InvalidIdError(f"{what} {value!r} contains NUL or a control character")
     if len(value.encode("utf-8", "surrogatepass")) > MAX_ID_BYTES:
         raise InvalidIdError(f"{what} is longer than {MAX_ID_BYTES} bytes")
+    if _BAD_ID.search(value):  # pragma: no cover - the checks above are exhaustive
+        raise InvalidIdError(f"{what} {value!r} is not allowed")
+    if len(_VALID_IDS) < 65536:
+        _VALID_IDS[value] = None
     return value
