@@ -117,8 +117,9 @@ def view_reclaim_step(req: ExtentRequest, view: str, *, error: float = 0.0, seed
     Views:
         * ``exact``: ``hint.reclaim_step`` as the retention module predicted it.
         * ``none``: always ``None`` (unknown).
-        * ``coarse``: the class of :func:`lifetime_class` (or ``hint.lifetime`` when the hint
-          carries a class but no step), turned back into a step by :func:`class_reclaim_step`.
+        * ``coarse``: the hint's class (``hint.lifetime``, the retention module's mapping,
+          ``retainz.retention.lifetime_class``), or :func:`lifetime_class` of the predicted step
+          when the hint carries no class, turned back into a step by :func:`class_reclaim_step`.
         * ``noisy``: ``step + L * (1 + e)`` with ``L`` the predicted lifetime and ``e`` drawn
           uniformly from ``[-error, +error]`` once per generation (seeded by ``seed`` and the
           generation id); permanent and unknown stay as they are.
@@ -141,8 +142,8 @@ def view_reclaim_step(req: ExtentRequest, view: str, *, error: float = 0.0, seed
     if view == "none":
         return None
     if view == "coarse":
-        cls = (lifetime_class(hint.reclaim_step, req.step, short=short, medium=medium)
-               if hint.reclaim_step is not None else hint.lifetime)
+        cls = (hint.lifetime if hint.lifetime else
+               lifetime_class(hint.reclaim_step, req.step, short=short, medium=medium))
         return class_reclaim_step(cls, req.step, short=short, medium=medium)
     if view == "noisy":
         return _noisy(hint, req.generation, req.step, error, seed)

@@ -1,0 +1,179 @@
+"""Matched controls: each differs from ``retainz`` in exactly one thing; the registry parses specs."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from retainz.placement import POLICIES, Decision, ExtentRequest, Hint, ZoneTable, make_allocator
+from retainz.placement.hints import (
+    WLTH_EXTREME,
+    WLTH_LONG,
+    WLTH_MEDIUM,
+    class_reclaim_step,
+    view_reclaim_step,
+)
+from retainz.placement.retainz import RetainZ
+from tests.placement_driver import keep_latest_trace, run
+from tests.test_placement_retainz import mixed_trace
+
+INF = math.inf
+
+
+def req(r, step=1000, now=1000, gen="g1", actual=None, lifetime=0, nbytes=10):
+    return ExtentRequest(nbytes=nbytes, generation=gen, step=step, now=now,
+                         hint=Hint(reclaim_step=r, lifetime=lifetime, actual_reclaim_step=actual))
+
+
+# -- registry ------------------------------------------------------------------------------------------
+def test_every_policy_is_registered():
+    assert set(POLICIES) == {"retainz", "retainz-nohint", "retainz-coarse", "retainz-noisy", "common",
+                             "dedicated", "greedy", "oracle", "zenfs"}
+    for name in POLICIES:
+        assert make_allocator(name).name == name
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("bogus", "unknown policy 'bogus'; valid: common, dedicated, greedy, oracle, retainz, "
+              "retainz-coarse, retainz-nohint, retainz-noisy, zenfs"),
+    ("retainz-noisy:sigma=1", "policy retainz-noisy has no parameter 'sigma'; valid: unknown_lifetime, "
+                              "neighbors, wait_frac, wait_steps, recompute, error, seed"),
+    ("greedy:x=1", "policy greedy has no parameter 'x'; valid: none"),
+    ("zenfs:finish_threshold=ten", "policy zenfs: finish_threshold='ten' is not a int"),
+    ("retainz:recompute=maybe", "policy retainz: recompute='maybe' is not a bool"),
+    ("retainz:neighbors", "policy retainz: 'neighbors' is not param=value"),
+])
+def test_registry_errors_list_valid_names(spec, message):
+    with pytest.raises(ValueError) as e:
+        make_allocator(spec)
+    assert str(e.value) == message
+
+
+def test_registry_parses_parameters():
+    a = make_allocator("retainz-noisy:error=0.25,seed=7")
+    assert (a.error, a.seed) == (0.25, 7)
+    assert a.describe() == ("retainz-noisy:unknown_lifetime=5000,neighbors=2,wait_frac=0.1,"
+                            "wait_steps=0,recompute=False,error=0.25,seed=7")
+
+
+# -- the hint views --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("view, r, kw, expect", [
+    ("exact", 6000.0, {}, 6000.0),
+    ("none", 6000.0, {}, None),
+    ("coarse", 6000.0, {}, 1000 + math.sqrt(1000 * 10000)),      # MEDIUM
+    ("coarse", 1500.0, {}, 1500.0),                               # SHORT: 1000 + 1000/2
+    ("coarse", 20000.0, {}, 41000.0),                             # LONG: 1000 + 4 * 10000
+    ("coarse", INF, {}, INF),
+    ("coarse", None, {}, None),
+    ("oracle", 6000.0, {}, 6000.0),                               # no actual step: the prediction
+    ("noisy", INF, {"error": 0.5}, INF),
+    ("noisy", None, {"error": 0.5}, None),
+    ("noisy", 6000.0, {"error": 0.0}, 6000.0),
+])
+def test_views(view, r, kw, expect):
+    assert view_reclaim_step(req(r), view, **kw) == expect
+
+
+def test_coarse_uses_the_hints_class_when_it_has_no_step():
+    assert view_reclaim_step(req(None, lifetime=WLTH_LONG), "coarse") == 41000.0
+    assert class_reclaim_step(WLTH_EXTREME, 5) == INF
+    assert class_reclaim_step(WLTH_MEDIUM, 0) == pytest.approx(3162.2776601683795)
+
+
+def test_oracle_reads_the_actual_step():
+    assert view_reclaim_step(req(6000.0, actual=7500.0), "oracle") == 7500.0
+
+
+def test_noise_is_bounded_seeded_and_per_generation():
+    seen = set()
+    for g in range(50):
+        v = view_reclaim_step(req(6000.0, gen=f"g{g}"), "noisy", error=0.5, seed=1)
+        assert 1000 + 5000 * 0.5 <= v <= 1000 + 5000 * 1.5
+        assert v == view_reclaim_step(req(6000.0, gen=f"g{g}", nbytes=99), "noisy", error=0.5, seed=1)
+        seen.add(v)
+    assert len(seen) == 50
+    assert view_reclaim_step(req(6000.0), "noisy", error=0.5, seed=1) != \
+        view_reclaim_step(req(6000.0), "noisy", error=0.5, seed=2)
+
+
+# -- each hint control is retainz on its view, nothing else ---------------------------------------------
+def twin_tables():
+    out = []
+    for _ in range(2):
+        t = ZoneTable({z: 100 for z in range(8)}, max_active=3)
+        t.on_write(0, 40, reclaim_step=3000.0, lifetime=0, step=0)
+        t.on_write(1, 70, reclaim_step=6500.0, lifetime=0, step=500)
+        t.on_write(2, 10, reclaim_step=INF, lifetime=0, step=500)
+        out.append(t)
+    return out
+
+
+@pytest.mark.parametrize("spec", ["retainz-nohint", "retainz-coarse", "retainz-noisy:error=0.4,seed=3",
+                                  "oracle"])
+@pytest.mark.parametrize("r, actual", [(6000.0, 9000.0), (INF, INF), (2000.0, 1500.0), (None, None)])
+def test_hint_control_is_retainz_on_its_view(spec, r, actual):
+    control = make_allocator(spec)
+    plain = RetainZ()
+    tc, tp = twin_tables()
+    control.bind(tc)
+    plain.bind(tp)
+    rq = req(r, actual=actual, nbytes=30)
+    viewed = dataclasses.replace(rq, hint=Hint(reclaim_step=view_reclaim_step(
+        rq, control.view, **control._view_kwargs())))
+    assert control.place(rq) == plain.place(viewed)
+
+
+@pytest.mark.parametrize("spec", ["retainz-noisy:error=0", "oracle"])
+def test_controls_equal_retainz_when_their_view_is_exact(spec):
+    # keep-latest: the actual deletion step is the prediction (or absent, at the end of the run)
+    events = keep_latest_trace(saves=40, gen_bytes=250, shards=4, interval=100, k=3)
+    kw = dict(zones=20, capacity=100, max_active=4)
+    assert repr(run(spec, events, **kw).decisions) == repr(run("retainz", events, **kw).decisions)
+
+
+# -- common, dedicated, greedy -------------------------------------------------------------------------
+def zone_gens(d):
+    return [{e.gen for e in log.extents if e.nbytes} for log in d.zlog.values()]
+
+
+def test_dedicated_never_shares_a_zone():
+    d = run("dedicated", mixed_trace(saves=30, size=90), zones=60, capacity=100, max_active=4)
+    assert d.metrics()["stop_step"] is None
+    assert all(len(g) <= 1 for g in zone_gens(d))
+    assert d.metrics()["finished_unused"] > 0    # the budget forces finishing partly used zones
+
+
+def test_common_spreads_every_generation_over_the_shared_zones():
+    d = run("common", [ev for ev in mixed_trace(saves=4, size=90) if ev[0] == "save"], zones=20,
+            capacity=100, max_active=3)
+    assert len(d.table.open) == 3
+    shared = [g for g in zone_gens(d) if len(g) > 1]
+    assert len(shared) >= 2
+
+
+def test_common_width_parameter():
+    t = ZoneTable({z: 100 for z in range(8)})
+    a = make_allocator("common:width=2")
+    a.bind(t)
+    assert a.place(req(5000.0)) == Decision(0, reclaim_step=5000.0)
+    t.on_write(0, 10, reclaim_step=5000.0, lifetime=0, step=0)
+    assert a.place(req(5000.0)).zone == 1
+    t.on_write(1, 20, reclaim_step=5000.0, lifetime=0, step=0)
+    assert a.place(req(9000.0)).zone == 0      # the most remaining capacity, whatever the step
+
+
+def test_greedy_keeps_one_log():
+    d = run("greedy", mixed_trace(saves=30, size=90), zones=40, capacity=100, max_active=4)
+    assert d.metrics()["stop_step"] is None
+    assert len(d.table.open) <= 1
+
+
+@pytest.mark.parametrize("policy", ["common", "dedicated", "greedy"])
+def test_sharing_controls_ignore_the_reclaim_step(policy):
+    # the same bytes with different (or no) hints go to the same zones
+    a = run(policy, mixed_trace(saves=20, size=90), zones=40, capacity=100, max_active=4)
+    events = [ev if ev[0] == "delete" else (*ev[:4], Hint()) for ev in mixed_trace(saves=20, size=90)]
+    b = run(policy, events, zones=40, capacity=100, max_active=4)
+    assert [d[3].zone for d in a.decisions] == [d[3].zone for d in b.decisions]
