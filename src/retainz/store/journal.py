@@ -278,7 +278,7 @@ class Journal:
                                f"({self.capacity - self.bs} bytes after the superblock)",
                                needed=len(rec), available=self.capacity - self.bs)
         if self.end + len(rec) > self.capacity:
-            self.roll()
+            self.roll(reserve=len(rec))
         z = self.chain[-1]
         self.device.write(z * self.zone_size + self.end, rec)
         self.end += len(rec)
@@ -287,9 +287,10 @@ class Journal:
         if flush:
             self.device.flush()
 
-    def roll(self, payloads: list[bytes] | None = None) -> None:
+    def roll(self, payloads: list[bytes] | None = None, *, reserve: int = 0) -> None:
         """Write a fresh snapshot under ``sequence + 1`` into free meta zones, then reset the old
-        chain (see the module docstring).
+        chain (see the module docstring).  The new chain's last zone keeps at least ``reserve``
+        bytes free (the record that triggered the roll), so one roll always suffices.
 
         Raises:
             NoSpaceError: the snapshot needs more meta zones than are free (nothing was written).
@@ -308,6 +309,8 @@ class Journal:
                 used = self.bs
             plan[-1].append(f)
             used += len(f)
+        if used + reserve > self.capacity:
+            plan.append([])
         total = sum(map(len, frames)) + self.bs * len(plan)
         if len(plan) > len(free):
             raise NoSpaceError(

@@ -203,7 +203,8 @@ class RecoveryMixin:
 
     # -- snapshot ----------------------------------------------------------------------------------
     def _snapshot(self) -> list[bytes]:
-        """The store's committed state as snapshot record payloads (each <= 64 KiB where possible)."""
+        """The store's committed state as snapshot record payloads (each at most 64 KiB or a quarter of
+        a meta zone, except a single generation larger than that)."""
         out = [encode("snap", {"now": self._now, "commit_seq": self.catalog.commit_seq,
                                "metrics": self._metrics_state()})]
         zones = [self._attrs(s.index) for s in self.table if s.written or s.cond != ZoneCond.EMPTY]
@@ -211,12 +212,13 @@ class RecoveryMixin:
             out.append(encode("sz", {"z": zones[i:i + 2000]}))
         batch: list = []
         size = 0
+        limit = min(_SNAPSHOT_RECORD, self.journal.max_record // 4)
         for gen in self.catalog.gens.values():
             if gen.state is not GenState.COMMITTED:
                 continue
             item = encode_gen(gen)
             n = len(dumps(item)) + 1
-            if batch and size + n > _SNAPSHOT_RECORD:
+            if batch and size + n > limit:
                 out.append(encode("sg", {"g": batch}))
                 batch, size = [], 0
             batch.append(item)

@@ -192,14 +192,21 @@ class Store(WriteMixin, GCMixin, RecoveryMixin, CheckMixin):
 
     def close(self) -> None:
         """Abort open writers, journal the zone attributes and metrics (a ``sync`` record), flush and
-        release the store.  The device stays open (the caller owns it).  Idempotent."""
+        release the store.  The device stays open (the caller owns it).  Idempotent.
+
+        If the sync record cannot be appended because the journal is full (:class:`NoSpaceError`),
+        it is skipped: recovery derives the same zone state from the device, and only the metrics of
+        this session since the last record are lost."""
         with self._lock:
             if self._closed:
                 return
             try:
                 for w in list(self._writers.values()):
                     w.abort()
-                self._append("x", {"now": self._now, "metrics": self._metrics_state()})
+                try:
+                    self._append("x", {"now": self._now, "metrics": self._metrics_state()})
+                except NoSpaceError:
+                    pass
             finally:
                 self._closed = True
                 with _OPEN_LOCK:
