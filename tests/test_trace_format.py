@@ -19,6 +19,7 @@ from retainz.trace import (
     TraceHeader,
     TraceReader,
     TraceWriter,
+    actual_reclaim_steps,
     generate_trace,
     read_trace,
     write_generated,
@@ -275,3 +276,15 @@ def test_cli_lists_layouts_and_rules(capsys):
     for fragment in ("torchtitan:", "megatron:", "lightning:", "hf:", "accelerate:", "orbax:",
                      "keep_latest_k (int, default 10)", "save_interval (int, required)"):
         assert fragment in out
+
+
+def test_actual_reclaim_steps_match_exact_predictions():
+    trace = generate_trace("pythia-1b", "megatron:save_interval=10,retain_interval=30", 100, crash_every=4)
+    actual = actual_reclaim_steps(trace.events)
+    crashed = {e.gen for e in trace.events if e.type == "crash"}
+    assert crashed and all(actual[g] < math.inf for g in crashed)
+    for e in trace.events:
+        if e.type == "save" and e.gen not in crashed:
+            assert actual[e.gen] == e.hint.predicted_reclaim_step
+    assert sorted(g for g, s in actual.items() if s == math.inf) == [
+        e.gen for e in trace.events if e.type == "save" and e.step in (30, 60, 90, 100) and e.gen not in crashed]

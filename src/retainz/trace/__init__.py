@@ -23,6 +23,7 @@ from retainz.trace.format import (
     TraceHint,
     TraceReader,
     TraceWriter,
+    actual_reclaim_steps,
     read_trace,
     write_trace,
 )
@@ -32,6 +33,6 @@ from retainz.trace.layouts import LAYOUTS, Layout, ShardSpec, get_layout, list_l
 __all__ = [
     "LAYOUTS", "VERSION", "CommitEvent", "CrashEvent", "DeleteEvent", "Event", "GenerateStats", "Layout",
     "SaveEvent", "Shard", "ShardSpec", "Trace", "TraceFormatError", "TraceHeader", "TraceHint", "TraceReader",
-    "TraceWriter", "generate", "generate_trace", "get_layout", "list_layouts", "read_trace", "write_generated",
+    "TraceWriter", "actual_reclaim_steps", "generate", "generate_trace", "get_layout", "list_layouts", "read_trace", "write_generated",
     "write_trace",
 ]

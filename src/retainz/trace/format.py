@@ -42,6 +42,7 @@ __all__ = [
     "read_trace",
     "write_trace",
     "Validator",
+    "actual_reclaim_steps",
 ]
 
 #: The version this module writes and the only one it reads.
@@ -454,6 +455,25 @@ class Validator:
                     raise _Bad(f"crash names generation {ev.gen}, which is {st}, not in flight")
                 self.state[ev.gen] = "abandoned"
         self.last_step = ev.step
+
+
+def actual_reclaim_steps(events) -> dict[int, float]:
+    """When each generation's data really becomes garbage (what the ``oracle`` control may know).
+
+    Args:
+        events: the events of a trace, in order.
+
+    Returns:
+        gen -> the step of its ``delete`` (steps), of the ``crash`` that abandoned it, or ``math.inf``
+        if it survives the trace.
+    """
+    out: dict[int, float] = {}
+    for ev in events:
+        if isinstance(ev, SaveEvent):
+            out[ev.gen] = math.inf
+        elif isinstance(ev, (DeleteEvent, CrashEvent)) and ev.gen is not None:
+            out[ev.gen] = ev.step
+    return out
 
 
 # -- reading ------------------------------------------------------------------------------------------
