@@ -270,3 +270,43 @@ def run(policy: str | Allocator, events, **kw) -> Driver:
     except CapacityStop:
         pass
     return d
+
+
+def replay_store(policy: str, events, device, *, verify: bool = False, payload: bool = False,
+                 gc_reserve_zones: int = 2):
+    """Replay ``events`` through the real store on ``device``; returns ``(store metrics dict,
+    decision log, capacity stop step or None)``.  ``payload=True`` writes real bytes (needed on a
+    device that keeps payload)."""
+    from retainz.errors import NoSpaceError
+    from retainz.store import Store
+
+    st = Store.format(device, policy=policy, verify_summaries=verify,
+                      gc_reserve_zones=gc_reserve_zones)
+    log: list = []
+    place = st.allocator.place
+
+    def logged(req):
+        d = place(req)
+        log.append((req.generation, req.nbytes, req.gc, d))
+        return d
+
+    st.allocator.place = logged
+    stop = None
+    try:
+        for ev in events:
+            if ev[0] == "save":
+                _, gen, step, sizes, hint = ev
+                w = st.begin_generation(gen, step, hint=hint, declared_size=sum(sizes))
+                for i, n in enumerate(sizes):
+                    if payload:
+                        w.write_shard(f"s{i}", [bytes([i % 251]) * n])
+                    else:
+                        w.write_shard(f"s{i}", size=n)
+                w.commit()
+            else:
+                st.delete(ev[1], step=ev[2])
+    except NoSpaceError:
+        stop = ev[2]
+    m = st.metrics.to_dict()
+    st.close()
+    return m, log, stop
