@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import time
 
 from retainz.experiments.runner import Backend
 
@@ -33,6 +35,9 @@ class SyntheticReplayDouble(Backend):
 
     name = "synthetic-double"
 
+    def __init__(self, delay: float = 0.0):
+        self.delay = delay
+
     def generate_trace(self, spec, path: str) -> None:
         with open(path, "w") as f:
             f.write(json.dumps({"version": 1, "double": True, **spec.__dict__}) + "\n")
@@ -41,6 +46,8 @@ class SyntheticReplayDouble(Backend):
 
     def replay(self, trace_path: str, case, workdir: str) -> dict:
         i = case.inputs
+        if self.delay:
+            time.sleep(self.delay)
         if i["policy"].startswith("fail"):
             raise ValueError("injected failure for policy fail")
         with open(trace_path) as f:
@@ -70,7 +77,7 @@ class SyntheticReplayDouble(Backend):
             "unused_capacity_bytes": gens * 4096, "unused_capacity_byte_steps": gens * 4096 * 500,
             "peak_occupancy": int(peak_live * (1 + overhead)), "capacity_stop_step": stop,
             "generations_committed": gens if stop is None else stop // 500, "decisions": decisions,
-            "decision_cpu_seconds": decisions * per, "trace_sha256": None,
+            "decision_cpu_seconds": decisions * per, "trace_sha256": None, "worker_pid": os.getpid(),
             "geometry": {"zones": zones, "zone_size": i["zone_size"], "zone_capacity": cap,
                          "max_active": i["max_active"], "max_open": i["max_open"],
                          "reserve_zones": i["reserve_zones"]},

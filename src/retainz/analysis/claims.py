@@ -29,6 +29,11 @@ from retainz.analysis.records import (
 
 __all__ = ["compute_claims", "check", "write_claims", "stop_pressure", "REFERENCE_PRESSURE"]
 
+#: Metrics that are outcomes of placement (not timing): equal inputs and decisions must give equal values.
+OUTCOME_KEYS = ("host_bytes", "gc_bytes", "waf", "resets", "finishes", "dead_space_byte_steps",
+                "unused_capacity_bytes", "unused_capacity_byte_steps", "peak_occupancy", "capacity_stop_step",
+                "generations_committed", "decisions")
+
 #: The pressure the headline WAF claims are stated at.
 REFERENCE_PRESSURE = 0.9
 
@@ -146,15 +151,12 @@ def _cost_claims(runs: Runs, out: list) -> None:
                    f"zone count grew {zones_of(hi) / max(1, zones_of(lo) or 1):.0f}x)")
     # cached summaries vs recompute: same decisions, so the same metrics (timing aside)
     same, pairs = True, []
-    timing = {"decision_cpu_seconds"}
     for r in variants.get("retainz-recompute", []):
         twin = [c for c in variants.get("retainz", []) if c["inputs"]["zone_size"] == r["inputs"]["zone_size"]
                 and c["inputs"]["zone_capacity"] == r["inputs"]["zone_capacity"]]
         if len(twin) == 1:
             pairs += [r, twin[0]]
-            a = {k: v for k, v in r["metrics"].items() if k not in timing}
-            b = {k: v for k, v in twin[0]["metrics"].items() if k not in timing}
-            same &= a == b
+            same &= all(r["metrics"].get(k) == twin[0]["metrics"].get(k) for k in OUTCOME_KEYS)
     if pairs:
         _claim(out, "cost.recompute_identical", 1 if same else 0, 0, pairs,
                "1 when every recompute-mode run has exactly the metrics of its cached-summary twin")
@@ -186,7 +188,7 @@ def _capacity_claims(runs: Runs, out: list) -> None:
            "GiB of pattern payload written to FileDevice, read back and checked (all file-device trials)")
     _claim(out, "capacity.file_trials", len(files), 0, files, "capacity trials run on FileDevice with payload")
     agree, pairs = True, []
-    keys = ("host_bytes", "gc_bytes", "resets", "capacity_stop_step", "generations_committed")
+    keys = OUTCOME_KEYS
     for r in files:
         twin = [m for m in recs if m["inputs"]["device"] == "memory"
                 and {k: v for k, v in m["inputs"].items() if k != "device"}
@@ -196,8 +198,8 @@ def _capacity_claims(runs: Runs, out: list) -> None:
             agree &= all(r["metrics"][k] == twin[0]["metrics"][k] for k in keys)
     if pairs:
         _claim(out, "capacity.file_matches_memory", 1 if agree else 0, 0, pairs,
-               "1 when every FileDevice trial has the host bytes, GC bytes, resets, capacity stop and "
-               "commits of the same case on the in-memory device")
+               "1 when every FileDevice trial has exactly the placement outcome (bytes, GC, resets, "
+               "dead/unused byte-steps, capacity stop, commits, decisions) of the same case on the in-memory device")
     stops = [r for r in files if r["capacity_stop_step"] is not None]
     _claim(out, "capacity.file_trials_with_stop", len(stops), 0, files,
            "FileDevice trials that ended in a capacity stop (committed data intact: verified on read-back)")

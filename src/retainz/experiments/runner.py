@@ -17,9 +17,7 @@ The record schema is :data:`retainz.experiments.record.SCHEMA` (see ``docs/exper
 from __future__ import annotations
 
 import concurrent.futures as cf
-import contextlib
 import hashlib
-import io
 import json
 import os
 import sys
@@ -76,18 +74,9 @@ class RetainZBackend(Backend):
     name = "retainz"
 
     def generate_trace(self, spec: TraceSpec, path: str) -> None:
-        from retainz.cli import main
+        from retainz.trace.generate import write_generated
 
-        argv = ["trace", "generate", "--layout", spec.layout, "--retention", spec.rule,
-                "--steps", str(spec.steps), "--seed", str(spec.seed), "-o", path]
-        if Fraction(spec.scale) != 1:
-            argv[-2:-2] = ["--scale", spec.scale]
-        out, err = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            status = main(argv)
-        if status != 0:
-            raise RuntimeError(f"retainz {' '.join(argv)} failed ({status}): "
-                               f"{(err.getvalue() or out.getvalue()).strip()}")
+        write_generated(path, scaled_layout(spec.layout, spec.scale), spec.rule, spec.steps, seed=spec.seed)
 
     def replay(self, trace_path: str, case: Case, workdir: str) -> dict:
         i = case.inputs
@@ -113,6 +102,28 @@ class RetainZBackend(Backend):
         finally:
             if img and os.path.exists(img):
                 os.unlink(img)
+
+
+def scaled_layout(name: str, scale: str):
+    """The layout ``name`` with every file's size multiplied by ``scale`` (rounded down, at least one
+    byte); the name gains ``@scale=1/1024`` and each file's source says it was scaled.  Scale 1 returns
+    the layout itself."""
+    import dataclasses
+
+    from retainz.trace.layouts import ShardSpec, get_layout
+
+    lay = get_layout(name)
+    f = Fraction(scale)
+    if f == 1:
+        return lay
+
+    def sc(files):
+        return tuple(ShardSpec(s.name, max(1, s.nbytes * f.numerator // f.denominator),
+                               f"{s.source} (size scaled by {f})") for s in files)
+
+    return dataclasses.replace(lay, name=f"{lay.name}@scale={f}", shards=sc(lay.shards),
+                               model_only=sc(lay.model_only),
+                               notes=lay.notes + (f"every file size scaled by {f} for a capacity trial",))
 
 
 def replay_argv(trace_path: str, case: Case, device: str) -> list[str]:

@@ -107,13 +107,10 @@ def verify_record(name: str, rec: dict, directory: str | None = None) -> list[st
     if absent:
         p.append(f"{name}: metrics lack {', '.join(absent)}")
         return p
-    for k in METRIC_KEYS:
-        if k == "capacity_stop_step":
-            continue
-        if not _num(m[k]) or m[k] < 0:
-            p.append(f"{name}: metric {k} must be a non-negative number, got {m[k]!r}")
-    if p:
-        return p
+    bad = [f"{name}: metric {k} must be a non-negative number, got {m[k]!r}" for k in METRIC_KEYS
+           if k != "capacity_stop_step" and (not _num(m[k]) or m[k] < 0)]
+    if bad:
+        return p + bad
     host, gc = m["host_bytes"], m["gc_bytes"]
     want = (host + gc) / host if host else 1.0
     if not math.isclose(m["waf"], want, rel_tol=1e-9, abs_tol=1e-12):

@@ -1,0 +1,148 @@
+"""Analysis: figures, the 14-row placement table, claims traced to run ids, --check, and no store import.
+
+Records come from the quick matrix run with the synthetic replay double (fast, closed-form metrics);
+``test_experiments_real.py`` runs the real replay.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from retainz.analysis import analyze
+from retainz.cli import main
+from retainz.experiments.manifest import load_manifest
+from retainz.experiments.record import finalize
+from retainz.experiments.runner import run_cases
+from tests.replay_double import SyntheticReplayDouble
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def quick_runs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("quick")
+    _, cases = load_manifest(os.path.join(ROOT, "experiments", "quick.json"))
+    s = run_cases(cases, str(d / "runs"), jobs=2, backend=SyntheticReplayDouble(), progress=False)
+    assert s.ok == 80
+    return d / "runs"
+
+
+@pytest.fixture(scope="module")
+def analysed(quick_runs, tmp_path_factory):
+    out = tmp_path_factory.mktemp("analysis")
+    rep = analyze(str(quick_runs), str(out))
+    assert not rep.failed
+    return out, rep
+
+
+def records(d):
+    return {n[:-5]: json.load(open(os.path.join(d, n))) for n in os.listdir(d) if n.endswith(".json")}
+
+
+def test_figures_are_written_as_pdf_and_png_in_dejavu_serif(analysed):
+    out, rep = analysed
+    for name in ("pressure", "mechanisms", "zonemap"):
+        pdf, png = out / f"{name}.pdf", out / f"{name}.png"
+        assert pdf.read_bytes().startswith(b"%PDF") and str(pdf) in rep.outputs
+        assert b"DejaVuSerif" in pdf.read_bytes()
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        w = int.from_bytes(png.read_bytes()[16:20], "big")   # IHDR width at 200 dpi
+        assert 500 <= w <= 700                                # ~3.3 in: one paper column
+
+
+def test_placement_table_has_the_fourteen_rows_in_order(analysed, quick_runs):
+    out, _ = analysed
+    tex = (out / "placement_table.tex").read_text()
+    body = tex.split(r"\midrule", 1)[1].split(r"\bottomrule")[0]
+    rows = [ln for ln in body.splitlines() if ln.endswith(r"\\")]
+    labels = [r.split(" & ")[0] for r in rows]
+    assert len(rows) == 14
+    assert labels[0] == "RetainZ" and labels[7] == "ZenFS-Alloc"
+    assert labels[8:] == ["Zone size 1/2", "Zone size 2x", "Active zones 6", "Noisy hints (0.5)",
+                          "Async retention", "Top-3 by metric"]
+    assert tex.count(r"\midrule") == 2 and r"\begin{tabular*}{\columnwidth}" in tex
+    recs = records(quick_runs)
+    rz = [r for r in recs.values() if r["tags"]["label"] == "RetainZ"][0]
+    zf = [r for r in recs.values() if r["tags"]["label"] == "Active zones 6" and r["inputs"]["policy"] == "zenfs"][0]
+    assert rows[0].split(" & ")[1] == f"{rz['metrics']['waf']:.2f}"
+    assert rows[10].split(" & ")[-1].rstrip(" \\") == f"{zf['metrics']['waf']:.2f}"
+
+
+def test_claims_trace_to_run_ids_and_equal_the_records(analysed, quick_runs):
+    out, _ = analysed
+    claims = json.load(open(out / "paper_claims.json"))["claims"]
+    recs = records(quick_runs)
+    assert len(claims) > 50
+    for c in claims:
+        assert c["runs"], c["id"]
+        assert set(c["runs"]) <= set(recs), c["id"]
+        assert isinstance(c["rounding"], int) and c["text"]
+        if c["value"] is not None:
+            assert round(c["value"], c["rounding"]) == c["value"]
+    by_id = {c["id"]: c for c in claims}
+    c = by_id["placement.retainz.retainz.waf"]
+    (rid,) = c["runs"]
+    assert recs[rid]["tags"]["label"] == "RetainZ"
+    assert c["value"] == round(recs[rid]["metrics"]["waf"], 2)
+    # the principal result exists and points at both policies' runs
+    assert {recs[r]["inputs"]["policy"] for r in by_id["principal.stop_pressure_min.zenfs"]["runs"]} == {"zenfs"}
+    # the double's zenfs stops above 0.9 and retainz above 0.97: the sweep sees both
+    assert by_id["principal.stop_pressure_min.zenfs"]["value"] == 0.95
+    assert by_id["principal.stop_pressure_min.retainz"]["value"] == 0.98
+    assert by_id["cost.recompute_identical"]["value"] == 1
+    assert by_id["capacity.file_matches_memory"]["value"] == 1
+
+
+def test_check_passes_on_itself_and_detects_a_changed_value(quick_runs, tmp_path, capsys):
+    runs = tmp_path / "runs"
+    shutil.copytree(quick_runs, runs)
+    expected = tmp_path / "expected.json"
+    assert main(["analyze", str(runs), "--out", str(tmp_path / "a"), "--expected", str(expected),
+                 "--write-expected"]) == 0
+    assert main(["analyze", str(runs), "--out", str(tmp_path / "a"), "--check", "--expected", str(expected)]) == 0
+    assert "claims match" in capsys.readouterr().out
+    # change one recorded number: the claim that uses it differs, and only that one
+    rid = json.load(open(expected))["claims"]
+    target = [c for c in rid if c["id"] == "placement.retainz.retainz.waf"][0]["runs"][0]
+    p = runs / f"{target}.json"
+    rec = json.load(open(p))
+    rec["metrics"]["gc_bytes"] *= 3
+    rec["metrics"]["waf"] = (rec["metrics"]["host_bytes"] + rec["metrics"]["gc_bytes"]) / rec["metrics"]["host_bytes"]
+    json.dump(finalize(rec), open(p, "w"))
+    assert main(["analyze", str(runs), "--out", str(tmp_path / "a"), "--check", "--expected", str(expected)]) == 1
+    out = capsys.readouterr().out
+    assert "differs: placement.retainz.retainz.waf: computed" in out
+    assert "differs: placement.retainz.retainz.gc_gib" in out
+    assert "differs: placement.zone-size-1-2" not in out
+
+
+def test_check_without_expected_file_fails(quick_runs, tmp_path):
+    rep = analyze(str(quick_runs), str(tmp_path), check=True, expected=str(tmp_path / "none.json"))
+    assert rep.failed and "no expected claims file" in rep.lines[-1]
+
+
+def test_analysis_never_imports_the_store():
+    code = ("import sys, json; sys.path.insert(0, sys.argv[1]); "
+            "import retainz.analysis, retainz.analysis.figures, retainz.analysis.table, retainz.analysis.zonemap, "
+            "retainz.analysis.claims; "
+            "bad = [m for m in sys.modules if m.split('.')[0] == 'retainz' and m.split('.')[1:2] and "
+            "m.split('.')[1] not in ('analysis',)]; print(json.dumps(bad))")
+    r = subprocess.run([sys.executable, "-c", code, os.path.join(ROOT, "src")], capture_output=True, text=True,
+                       check=True)
+    assert json.loads(r.stdout) == []
+
+
+def test_analyze_cli_runs_without_store_modules(quick_runs, tmp_path):
+    code = ("import sys, json; from retainz.analysis import analyze; analyze(sys.argv[1], sys.argv[2]); "
+            "print(json.dumps(sorted(m for m in sys.modules if m.startswith(('retainz.store', 'retainz.placement', "
+            "'retainz.zoned', 'retainz.trace', 'retainz.experiments')))))")
+    r = subprocess.run([sys.executable, "-c", code, str(quick_runs), str(tmp_path)], capture_output=True,
+                       text=True, check=True)
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == []
+    assert (tmp_path / "placement_table.tex").exists()

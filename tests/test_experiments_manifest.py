@@ -1,0 +1,155 @@
+"""Manifest expansion: case counts of the committed manifests, stable ids, clear errors for bad input."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+
+import pytest
+
+from retainz.experiments.manifest import ManifestError, case_id, expand, load_manifest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXP = os.path.join(ROOT, "experiments")
+
+BASE = {"layout": "smollm2-135m-dcp", "rule": "torchtitan:interval=500,keep_latest_k=10", "steps": 5000,
+        "zone_size": "64MiB", "zone_capacity": "48MiB", "max_active": 14, "max_open": 14, "pressure": 0.9}
+
+
+def manifest(blocks, **top):
+    return {"manifest": "t", "format": 1, "defaults": dict(BASE), "blocks": blocks, **top}
+
+
+@pytest.mark.parametrize("name,total,per_experiment", [
+    ("pressure", 432, {"pressure": 432}),
+    ("mechanisms", 47, {"cost": 15, "hints": 14, "admission": 18}),
+    ("placement", 20, {"placement": 20}),
+    ("capacity", 16, {"capacity": 16}),
+    ("paper", 515, {"pressure": 432, "cost": 15, "hints": 14, "admission": 18, "placement": 20, "capacity": 16}),
+    ("quick", 80, {"pressure": 40, "cost": 9, "hints": 4, "admission": 3, "placement": 20, "capacity": 4}),
+])
+def test_committed_manifests_expand_to_documented_counts(name, total, per_experiment):
+    m, cases = load_manifest(os.path.join(EXP, f"{name}.json"))
+    assert m["manifest"] == name
+    assert len(cases) == total
+    assert dict(collections.Counter(c.tags["experiment"] for c in cases)) == per_experiment
+    assert len({c.id for c in cases}) == total
+
+
+def test_pressure_manifest_covers_layouts_rules_policies_pressures():
+    _, cases = load_manifest(os.path.join(EXP, "pressure.json"))
+    assert {c.inputs["layout"] for c in cases} == {"smollm2-135m-dcp", "pythia-1b", "llama3-8b-fsdp:ranks=8"}
+    assert {c.inputs["rule"].partition(":")[0] for c in cases} == {"torchtitan", "megatron"}
+    assert {c.inputs["policy"].partition(":")[0] for c in cases} == {
+        "retainz", "retainz-nohint", "retainz-coarse", "retainz-noisy", "common", "dedicated", "greedy", "oracle",
+        "zenfs"}
+    ps = sorted({c.inputs["pressure"] for c in cases})
+    assert ps[0] == 0.5 and ps[-1] == 0.98
+    assert {c.inputs["reserve_zones"] for c in cases} == {4}          # a fixed reserve
+    assert {c.inputs["zone_capacity"] for c in cases} == {1077 << 20}  # sizes parsed to bytes
+
+
+def test_placement_manifest_has_fourteen_labelled_rows():
+    _, cases = load_manifest(os.path.join(EXP, "placement.json"))
+    labels = list(dict.fromkeys(c.tags["label"] for c in cases))
+    assert len(labels) == 14
+    assert labels[:2] == ["RetainZ", "RetainZ, no hints"] and labels[-1] == "Top-3 by metric"
+    zm = sorted(c.inputs["policy"] for c in cases if c.inputs["zone_map"])
+    assert zm == ["retainz", "zenfs"]
+
+
+def test_capacity_manifest_scales_pythia_on_the_file_device():
+    _, cases = load_manifest(os.path.join(EXP, "capacity.json"))
+    assert {c.inputs["layout"] for c in cases} == {"pythia-1b"}
+    assert {c.inputs["scale"] for c in cases} == {"1/1024"}
+    assert collections.Counter(c.inputs["device"] for c in cases) == {"file": 8, "memory": 8}
+
+
+def test_quick_has_the_shape_of_paper_and_no_guest_cases():
+    _, quick = load_manifest(os.path.join(EXP, "quick.json"))
+    _, paper = load_manifest(os.path.join(EXP, "paper.json"))
+    assert {c.tags["experiment"] for c in quick} == {c.tags["experiment"] for c in paper}
+    assert "guest" not in {c.inputs["device"] for c in quick}
+
+
+def test_ids_are_stable_and_independent_of_axis_order():
+    a = expand(manifest([{"experiment": "pressure", "axes": {"policy": ["retainz", "zenfs"], "pressure": [0.5, 0.9]}}]))
+    b = expand(manifest([{"experiment": "pressure", "axes": {"pressure": [0.9, 0.5], "policy": ["zenfs", "retainz"]}}]))
+    assert len(a) == 4
+    assert sorted(c.id for c in a) == sorted(c.id for c in b)
+    one = [c for c in a if c.inputs["policy"] == "retainz" and c.inputs["pressure"] == 0.9][0]
+    assert one.id == case_id(one.tags, one.inputs)
+    assert one.id.startswith("pressure-retainz-") and len(one.id.rsplit("-", 1)[1]) == 12
+    # pinned: the id is a pure function of tags + inputs, so it never changes across releases
+    assert one.id == "pressure-retainz-" + __import__("hashlib").sha256(
+        json.dumps({"tags": one.tags, "inputs": one.inputs}, sort_keys=True, separators=(",", ":")).encode()
+    ).hexdigest()[:12]
+
+
+def test_rows_axes_zipped_axes_and_row_lists():
+    cases = expand(manifest([{
+        "experiment": "cost",
+        "axes": {"geometry": [{"zone_size": "16MiB", "zone_capacity": "16MiB"},
+                              {"zone_size": "4MiB", "zone_capacity": "4MiB"}]},
+        "rows": [{"policy": ["retainz", "zenfs"]}, {"policy": "retainz", "verify_summaries": True, "label": "r"}],
+    }]))
+    assert len(cases) == 6
+    assert {(c.inputs["zone_size"], c.inputs["zone_capacity"]) for c in cases} == {(16 << 20, 16 << 20),
+                                                                                  (4 << 20, 4 << 20)}
+    assert sum(c.inputs["verify_summaries"] for c in cases) == 2
+
+
+@pytest.mark.parametrize("mutate,needle", [
+    (lambda m: m["defaults"].update(polcy="retainz"), "unknown key 'polcy'"),
+    (lambda m: m["defaults"].pop("layout"), "missing key 'layout'"),
+    (lambda m: m["defaults"].update(steps="many"), "key 'steps' must be int"),
+    (lambda m: m["defaults"].update(zones=10), "key 'pressure'/'zones'"),
+    (lambda m: m["defaults"].update(pressure=1.5), "key 'pressure' must be in (0, 1)"),
+    (lambda m: m["defaults"].update(zone_capacity="128MiB"), "key 'zone_capacity'"),
+    (lambda m: m["defaults"].update(zone_size="64 parsecs"), "key 'zone_size'"),
+    (lambda m: m["defaults"].update(scale="2"), "key 'scale'"),
+    (lambda m: m["defaults"].update(device="tape"), "key 'device'"),
+    (lambda m: m["defaults"].update(max_open=20), "key 'max_open'"),
+    (lambda m: m["defaults"].update(verify_summaries=1), "key 'verify_summaries' must be bool"),
+    (lambda m: m.update(format=2), "key 'format'"),
+    (lambda m: m.update(colour="blue"), "unknown top-level key 'colour'"),
+    (lambda m: m["blocks"][0].pop("experiment"), "key 'experiment' is required"),
+    (lambda m: m["blocks"][0]["axes"].update(policy=[]), "key 'policy' must be a non-empty list"),
+    (lambda m: m["blocks"][0]["axes"].update(geometry=["x"]), "key 'geometry' is not a case field"),
+    (lambda m: m["blocks"][0].update(rows=[{"label": "a"}, {"label": "a"}]), "duplicate case"),
+])
+def test_bad_manifests_fail_with_an_error_naming_the_key(mutate, needle):
+    m = manifest([{"experiment": "pressure", "axes": {"policy": ["retainz"]}}])
+    mutate(m)
+    with pytest.raises(ManifestError) as e:
+        expand(m, name="bad.json")
+    assert needle in str(e.value)
+    assert str(e.value).startswith("bad.json")
+
+
+def test_guest_cases_need_explicit_zones():
+    m = manifest([{"experiment": "x", "defaults": {"device": "guest"}, "axes": {"policy": ["retainz"]}}])
+    with pytest.raises(ManifestError, match="guest case needs an explicit zone count"):
+        expand(m)
+
+
+def test_include_cycle_and_bad_json(tmp_path):
+    (tmp_path / "a.json").write_text(json.dumps({"manifest": "a", "format": 1, "include": ["b.json"]}))
+    (tmp_path / "b.json").write_text(json.dumps({"manifest": "b", "format": 1, "include": ["a.json"]}))
+    with pytest.raises(ManifestError, match="cycle"):
+        load_manifest(tmp_path / "a.json")
+    (tmp_path / "c.json").write_text("{not json")
+    with pytest.raises(ManifestError, match="c.json: not valid JSON"):
+        load_manifest(tmp_path / "c.json")
+
+
+def test_cli_run_reports_a_bad_manifest_with_status_2(tmp_path, capsys):
+    from retainz.cli import main
+
+    bad = manifest([{"experiment": "pressure", "axes": {"policy": ["retainz"]}}])
+    bad["defaults"]["steps"] = -1
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    assert main(["run", str(tmp_path / "bad.json"), "--output", str(tmp_path / "out")]) == 2
+    assert "key 'steps' must be positive" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
