@@ -22,6 +22,7 @@ COMMAND_MODULES = [
     "retainz.cli.trace",
     "retainz.cli.device",
     "retainz.cli.demo",
+    "retainz.cli.store",
     "retainz.cli.experiments",
     "retainz.cli.vm",
 ]

@@ -37,7 +37,9 @@ GEOMETRY = Geometry(nr_zones=12, zone_size=64 * 1024, zone_capacity=48 * 1024, b
                     max_open=3, max_active=4)
 #: (torn_blocks, keep_unflushed) crash variants.
 VARIANTS = [(None, True), (None, False), (0, True), (1, True), (0, False), (1, False)]
-WORKLOADS = ("basic", "gc", "rollover", "mixed")
+WORKLOADS = ("basic", "gc", "rollover", "spill", "mixed")
+#: Meta zones per workload (``spill`` needs room for a snapshot spread over two zones).
+META_ZONES = {"spill": 6}
 
 
 def workload(name: str, seed: int = 0) -> list[tuple]:
@@ -60,6 +62,13 @@ def workload(name: str, seed: int = 0) -> list[tuple]:
                     ("commit", f"g{i}")]
             if i >= 2:
                 ops += [("delete", f"g{i - 2}", 10 * i), ("gc",)]
+    elif name == "spill":  # long shard names: the snapshot outgrows one meta zone and spills
+        for i in range(32):
+            ops.append(("begin", f"g{i}", i, i + 100))
+            ops += [("write", f"g{i}", f"{j}-" + "n" * 200, 0) for j in range(8)]
+            ops.append(("commit", f"g{i}"))
+            if i == 12:
+                ops += [("delete", "g0", i), ("reopen",)]
     elif name == "rollover":
         for i in range(14):
             ops += [("begin", f"g{i}", i, i + 3), ("write", f"g{i}", "s", 100 + i), ("commit", f"g{i}")]
@@ -139,7 +148,7 @@ def _run(store: Store, dev, ops: list[tuple], model: _Model) -> Store:
 
 def _label(dev, offset: int, data) -> str:
     z = offset // dev.geometry.zone_size
-    if isinstance(data, int) or z >= 3:   # crash campaigns use 3 meta zones
+    if isinstance(data, int) or z >= dev.meta_zones:
         return "gc-copy" if getattr(dev, "_in_gc", False) else "shard-data"
     head = bytes(memoryview(data)[:16])
     if head[:8] == MAGIC:
@@ -152,8 +161,9 @@ def _label(dev, offset: int, data) -> str:
 class _LabelingDevice(FaultyDevice):
     """Records a label for every write (dry run only)."""
 
-    def __init__(self, inner):
+    def __init__(self, inner, meta_zones: int):
         super().__init__(inner)
+        self.meta_zones = meta_zones
         self.labels: list[str] = []
         self.store: Store | None = None
 
@@ -200,7 +210,7 @@ def campaign(name: str = "mixed", seed: int = 0, *, geometry: Geometry = GEOMETR
     Args:
         name: workload name (:data:`WORKLOADS`).
         seed: workload seed.
-        geometry: device geometry (3 meta zones are used).
+        geometry: device geometry (3 meta zones are used, 6 for ``spill``).
         variants: ``(torn_blocks, keep_unflushed)`` pairs.
         points: write boundaries to cut at (default: every one).
         make_device: builds a fresh emulated device (default: a payload ``MemoryDevice``).
@@ -209,8 +219,9 @@ def campaign(name: str = "mixed", seed: int = 0, *, geometry: Geometry = GEOMETR
     make = make_device or (lambda g: MemoryDevice(g))
     ops = workload(name, seed)
     rep = CampaignReport(workload=name, seed=seed)
-    dry = _LabelingDevice(make(geometry))
-    store = Store.format(dry, meta_zones=3)
+    meta = META_ZONES.get(name, 3)
+    dry = _LabelingDevice(make(geometry), meta)
+    store = Store.format(dry, meta_zones=meta)
     dry.store = store
     start = dry.writes
     dry.labels.clear()
@@ -227,7 +238,7 @@ def campaign(name: str = "mixed", seed: int = 0, *, geometry: Geometry = GEOMETR
             label = labels[k - 1]
             rep.classes[label] = rep.classes.get(label, 0) + 1
             try:
-                _point(rep, make, geometry, ops, k, torn, keep)
+                _point(rep, make, geometry, meta, ops, k, torn, keep)
             except Exception as e:  # noqa: BLE001 - a failed point is reported, never hidden
                 rep.failures.append(f"cut at write {k} ({label}), torn={torn}, keep_unflushed={keep}: "
                                     f"{type(e).__name__}: {e}")
@@ -236,9 +247,9 @@ def campaign(name: str = "mixed", seed: int = 0, *, geometry: Geometry = GEOMETR
     return rep
 
 
-def _point(rep: CampaignReport, make, geometry, ops, k: int, torn, keep: bool) -> None:
+def _point(rep: CampaignReport, make, geometry, meta: int, ops, k: int, torn, keep: bool) -> None:
     dev = FaultyDevice(make(geometry), torn_blocks=torn, keep_unflushed=keep)
-    store = Store.format(dev, meta_zones=3)
+    store = Store.format(dev, meta_zones=meta)
     dev.cut_after_writes = dev.writes + k
     model = _Model()
     try:
@@ -253,7 +264,11 @@ def _point(rep: CampaignReport, make, geometry, ops, k: int, torn, keep: bool) -
         except PowerCutError:
             pass
     dev.reboot()
-    store = Store.open(dev)
+    try:
+        store = Store.open(dev)
+    except BaseException:
+        dev.close()
+        raise
     try:
         got = {g.id for g in store.generations()}
         base = set(model.acked)
@@ -279,6 +294,7 @@ def _point(rep: CampaignReport, make, geometry, ops, k: int, torn, keep: bool) -
         _verify(rep, store, got, expect, count=False)
     finally:
         store.close()
+        dev.close()
 
 
 def _verify(rep: CampaignReport, store: Store, got: set, expect: dict, count: bool = True) -> None:

@@ -88,6 +88,8 @@ class GCMixin:
         cat = self.catalog
         moves: list[tuple] = []       # (gen, shard, new extents, old bytes in v)
         copies: dict[int, int] = {}   # zone -> bytes of copies written (for rollback)
+        copy_ext: list = []           # the copies, live but not in the catalog until the move record
+        self._inflight.append(copy_ext)
         moved = copied = 0
         try:
             for gid in list(cat.zone_gens.get(v, ())):
@@ -101,7 +103,9 @@ class GCMixin:
                             continue
                         if new is None:
                             new = list(shard.extents[:i])
+                        before = len(new)
                         copied += self._copy_extent(gen, shard.name, e, new, copies)
+                        copy_ext.extend(new[before:])
                         moved += 1
                     if new is not None:
                         moves.append((gen, shard, tuple(new)))
@@ -109,10 +113,12 @@ class GCMixin:
             self._append("m", {"s": [[g.id, s.name, ext] for g, s, ext in moves], "r": [v],
                                "now": self._now})
         except BaseException:
+            self._inflight.remove(copy_ext)
             for z, n in copies.items():
                 self.table.on_kill(z, n)
             self._reset_dead(copies)
             raise
+        self._inflight.remove(copy_ext)
         live_v = 0
         for gen, shard, ext in moves:
             old = cat.replace_extents(gen.id, shard.name, ext)

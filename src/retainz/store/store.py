@@ -182,6 +182,7 @@ class Store(WriteMixin, GCMixin, RecoveryMixin, CheckMixin):
         self._now = 0
         self._in_gc = False
         self._partial: dict | None = None
+        self._inflight: list[list] = []  # extent lists written but not yet in any shard
         self.metrics = StoreMetrics()
 
     def _new_table(self) -> ZoneTable:
@@ -454,15 +455,16 @@ class Store(WriteMixin, GCMixin, RecoveryMixin, CheckMixin):
         """A zone table rebuilt from scratch: live bytes from the catalog's committed extents and the
         open writers' extents; written bytes, finish state, reclaim step, lifetime and opening step
         as journaled (the zone attributes); dead = written - live; open/empty sets and totals
-        recomputed.  ``store.table.key() == store.recompute_table().key()`` must always hold."""
+        recomputed.  Extents being written (the shard in progress, GC copies before their move record)
+        count as live.  ``store.table.key() == store.recompute_table().key()`` must always hold."""
         with self._lock:
             bs = self._bs
             live: dict[int, int] = {}
             gens = list(self.catalog.gens.values()) + [w.gen for w in self._writers.values()]
-            for gen in gens:
-                for s in gen.shards.values():
-                    for e in s.extents:
-                        live[e[0]] = live.get(e[0], 0) + round_up(e[2], bs)
+            lists = [s.extents for gen in gens for s in gen.shards.values()] + self._inflight
+            for extents in lists:
+                for e in extents:
+                    live[e[0]] = live.get(e[0], 0) + round_up(e[2], bs)
             t = self._new_table()
             t.now = self._now
             out = []

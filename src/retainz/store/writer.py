@@ -244,6 +244,7 @@ class WriteMixin:
             extents: list = []
             zb: dict[int, int] = {}
             self._partial = zb  # GC must not collect zones holding this shard's bytes
+            self._inflight.append(extents)  # recompute_table counts them (live, not yet in a shard)
             try:
                 if chunks is None:
                     if size is None:
@@ -259,9 +260,11 @@ class WriteMixin:
                     total, crc, padded = self._write_stream(w, name, chunks, size, extents, zb)
             except BaseException:
                 self._partial = None
+                self._inflight.remove(extents)
                 self._drop_partial(zb)
                 raise
             self._partial = None
+            self._inflight.remove(extents)
             w._data += total
             self._take_reserve(w, padded)
             self.metrics.host_bytes += padded

@@ -1,0 +1,304 @@
+"""``retainz mkfs|ls|put|get|rm|gc|fsck|df|crashtest``: the store from the command line.
+
+``DEV`` is a device specification (:func:`retainz.zoned.open_device`): a device-file path for the
+embedded default.  Exit status: 0 success, 1 a failed operation or check, 2 bad input (one line).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from retainz.errors import DeviceBusyError, StoreLockedError
+from retainz.placement.base import PERMANENT, Hint
+from retainz.zoned import format_size, open_device
+
+
+def register(sub) -> None:
+    p = sub.add_parser("mkfs", help="format a device as a RetainZ store")
+    p.add_argument("device", metavar="DEV")
+    p.add_argument("--meta-zones", type=int, default=3, help="journal zones (default 3)")
+    p.add_argument("--policy", default="greedy", help="placement policy NAME[:k=v,...] (default greedy)")
+    p.add_argument("--gc-reserve", type=int, default=2, help="empty zones kept for GC (default 2)")
+    p.add_argument("--force", action="store_true", help="erase a device that holds data")
+    p.set_defaults(func=_mkfs)
+
+    p = sub.add_parser("ls", help="list committed generations")
+    p.add_argument("device", metavar="DEV")
+    p.add_argument("-l", "--long", action="store_true", help="also list shards")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_ls)
+
+    p = sub.add_parser("put", help="store local files as the shards of a new generation")
+    p.add_argument("device", metavar="DEV")
+    p.add_argument("generation", metavar="GEN")
+    p.add_argument("files", metavar="FILE", nargs="+")
+    p.add_argument("--step", type=int, required=True, help="training step of the generation")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--reclaim-step", type=int, help="predicted step at which it will be deleted")
+    g.add_argument("--permanent", action="store_true", help="never deleted")
+    p.set_defaults(func=_put)
+
+    p = sub.add_parser("get", help="read shards back into files (checksums verified)")
+    p.add_argument("device", metavar="DEV")
+    p.add_argument("generation", metavar="GEN")
+    p.add_argument("shards", metavar="SHARD", nargs="*", help="default: every shard")
+    p.add_argument("-o", "--out", default=".", help="output directory (default .), or - for stdout")
+    p.set_defaults(func=_get)
+
+    p = sub.add_parser("rm", help="delete generations")
+    p.add_argument("device", metavar="DEV")
+    p.add_argument("generations", metavar="GEN", nargs="+")
+    p.add_argument("--step", type=int, help="training step of the deletion")
+    p.set_defaults(func=_rm)
+
+    p = sub.add_parser("gc", help="run copying garbage collection")
+    p.add_argument("device", metavar="DEV")
+    p.add_argument("--force", action="store_true", help="collect every full zone with dead bytes")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_gc)
+
+    p = sub.add_parser("fsck", help="verify every checksum; cross-check catalog and write pointers")
+    p.add_argument("device", metavar="DEV")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_fsck)
+
+    p = sub.add_parser("df", help="free, used, reclaimable space and space amplification")
+    p.add_argument("device", metavar="DEV")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_df)
+
+    p = sub.add_parser("crashtest", help="power-cut campaign: cut at every write, recover, verify")
+    p.add_argument("device", metavar="DEV-SPEC",
+                   help="mem:KEY=VALUE,... (a fresh memory device per point) or a device-file path (a "
+                        "scratch file recreated per point with that geometry; never a store)")
+    p.add_argument("--workload", default="mixed",
+                   help="basic, gc, rollover, spill, mixed or all (default mixed)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-points", type=int, default=0, help="cut at most this many boundaries (0: all)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_crashtest)
+
+
+def _open(spec: str):
+    from retainz.store import Store
+
+    try:
+        dev = open_device(spec)
+    except DeviceBusyError as e:
+        raise StoreLockedError(f"{spec}: the store is open in another process ({e})") from None
+    try:
+        return Store.open(dev), dev
+    except BaseException:
+        dev.close()
+        raise
+
+
+class _Session:
+    def __init__(self, spec: str):
+        self.spec = spec
+
+    def __enter__(self):
+        self.store, self.dev = _open(self.spec)
+        return self.store
+
+    def __exit__(self, *exc):
+        try:
+            self.store.close()
+        finally:
+            self.dev.close()
+
+
+def _mkfs(args) -> int:
+    from retainz.store import Store
+
+    dev = open_device(args.device)
+    try:
+        store = Store.format(dev, meta_zones=args.meta_zones, policy=args.policy,
+                             gc_reserve_zones=args.gc_reserve, force=args.force)
+        g = dev.geometry
+        print(f"{args.device}: RetainZ store {store.uuid}: {g.nr_zones - args.meta_zones} data zones of "
+              f"{format_size(g.zone_capacity)}, {args.meta_zones} meta zones, policy {store.policy}")
+        store.close()
+    finally:
+        dev.close()
+    return 0
+
+
+def _ls(args) -> int:
+    with _Session(args.device) as store:
+        gens = store.generations()
+        if args.json:
+            print(json.dumps([{"id": g.id, "step": g.step, "size": g.size,
+                               "reclaim_step": g.hint.reclaim_step, "condition": g.hint.condition,
+                               "shards": [{"name": s.name, "size": s.size, "crc32c": s.crc,
+                                           "extents": len(s.extents)} for s in g.shards.values()]}
+                              for g in gens], indent=2))
+            return 0
+        for g in gens:
+            rs = g.hint.reclaim_step
+            rs = "-" if rs is None else ("permanent" if rs == PERMANENT else str(rs))
+            print(f"{g.id}\tstep {g.step}\t{format_size(g.size)}\t{len(g.shards)} shards\treclaim {rs}")
+            if args.long:
+                for s in g.shards.values():
+                    crc = "-" if s.crc is None else f"{s.crc:08x}"
+                    print(f"    {s.name}\t{s.size} B\tcrc32c {crc}\t{len(s.extents)} extents")
+    return 0
+
+
+def _chunks(path: str, size: int = 1 << 20):
+    with open(path, "rb") as f:
+        while chunk := f.read(size):
+            yield chunk
+
+
+def _put(args) -> int:
+    for path in args.files:
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{path}: no such file")
+    if args.step < 0:
+        raise ValueError(f"--step must be >= 0, not {args.step}")
+    names = [os.path.basename(p) for p in args.files]
+    if len(set(names)) != len(names):
+        raise ValueError("two files have the same name; shard names must be unique")
+    rs = PERMANENT if args.permanent else args.reclaim_step
+    with _Session(args.device) as store:
+        declared = sum(os.path.getsize(p) for p in args.files)
+        w = store.begin_generation(args.generation, args.step, declared_size=declared,
+                                   hint=Hint(reclaim_step=rs))
+        try:
+            for path, name in zip(args.files, names, strict=True):
+                w.write_shard(name, _chunks(path), size=os.path.getsize(path))
+            gen = w.commit()
+        except BaseException:
+            w.abort()
+            raise
+    print(f"{gen.id}: {len(gen.shards)} shards, {format_size(gen.size)} committed at step {gen.step}")
+    return 0
+
+
+def _get(args) -> int:
+    with _Session(args.device) as store:
+        gen = store.generation(args.generation)
+        names = args.shards or list(gen.shards)
+        for name in names:
+            if name not in gen.shards:
+                raise FileNotFoundError(f"generation {gen.id!r} has no shard {name!r}")
+        if args.out == "-":
+            for name in names:
+                for chunk in store.read_shard(gen.id, name):
+                    sys.stdout.buffer.write(chunk)
+            sys.stdout.buffer.flush()
+            return 0
+        os.makedirs(args.out, exist_ok=True)
+        for name in names:
+            dest = os.path.join(args.out, name)
+            tmp = dest + ".part"
+            with open(tmp, "wb") as f:
+                for chunk in store.read_shard(gen.id, name):
+                    f.write(chunk)
+            os.replace(tmp, dest)
+            print(f"{dest}: {gen.shards[name].size} bytes, crc32c verified", file=sys.stderr)
+    return 0
+
+
+def _rm(args) -> int:
+    with _Session(args.device) as store:
+        for gid in args.generations:
+            store.generation(gid)
+        for gid in args.generations:
+            store.delete(gid, step=args.step)
+            print(f"{gid}: deleted")
+    return 0
+
+
+def _gc(args) -> int:
+    with _Session(args.device) as store:
+        rep = store.gc(force=args.force)
+    if args.json:
+        print(json.dumps(rep.to_dict(), indent=2))
+    else:
+        print(f"GC: {len(rep.victims)} zones collected {rep.victims}, {rep.extents_moved} extents "
+              f"({format_size(rep.bytes_copied)}) moved, {rep.zones_reset} zones reset")
+        for e in rep.errors:
+            print(f"  gave up: {e}")
+    return 1 if rep.errors else 0
+
+
+def _fsck(args) -> int:
+    with _Session(args.device) as store:
+        rep = store.fsck()
+    if args.json:
+        print(json.dumps(rep.to_dict(), indent=2))
+    else:
+        print(f"fsck: {rep.generations} generations, {rep.shards} shards, {rep.extents} extents, "
+              f"{format_size(rep.bytes_verified)} verified"
+              + (f", {format_size(rep.unverifiable_bytes)} counted only" if rep.unverifiable_bytes else ""))
+        for p in rep.problems:
+            print(f"  problem: {p}")
+        print("clean" if rep.ok else f"{len(rep.problems)} problems")
+    return 0 if rep.ok else 1
+
+
+def _df(args) -> int:
+    with _Session(args.device) as store:
+        rep = store.df()
+        metrics = store.metrics.to_dict()
+    if args.json:
+        print(json.dumps({**rep.to_dict(), "metrics": metrics}, indent=2))
+        return 0
+    mb = 1 << 20
+    print(f"Free: {rep.free // mb} MB")
+    print(f"Used: {rep.used // mb} MB")
+    print(f"Reclaimable: {rep.reclaimable // mb} MB")
+    print(f"Space amplification: {int(rep.space_amplification)}%")
+    print(f"Zones: {rep.data_zones} data ({rep.empty_zones} empty, {rep.open_zones} open, {rep.full_zones} "
+          f"full), {rep.meta_zones} meta; {rep.generations} generations; WAF {metrics['waf']:.3f}")
+    return 0
+
+
+def _crashtest(args) -> int:
+    from retainz.store.crashtest import WORKLOADS, campaign
+    from retainz.zoned import FileDevice, MemoryDevice
+
+    names = list(WORKLOADS) if args.workload == "all" else [args.workload]
+    for n in names:
+        if n not in WORKLOADS:
+            raise ValueError(f"unknown workload {n!r}; valid: {', '.join(WORKLOADS)}, all")
+    spec = args.device
+    if spec.startswith("mem:") or spec == "mem":
+        probe = open_device(spec)
+        geometry = probe.geometry
+        make = lambda g: MemoryDevice(g)  # noqa: E731
+    else:
+        path = spec[5:] if spec.startswith("file:") else spec
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{path}: no such device file (create one with `retainz device create`)")
+        with FileDevice(path) as dev:
+            geometry = dev.geometry
+            if any(z.cond.name != "EMPTY" for z in dev.report_zones()):
+                raise ValueError(f"{path} is not empty; crashtest recreates it at every point, so give it "
+                                 "an empty scratch device")
+        make = lambda g: FileDevice.create(path, g, force=True)  # noqa: E731
+    results = []
+    failed = False
+    for n in names:
+        points = list(range(1, args.max_points + 1)) if args.max_points else None
+        rep = campaign(n, args.seed, geometry=geometry, points=points, make_device=make)
+        failed |= not rep.ok
+        results.append(rep)
+        if not args.json:
+            print(f"{n}: {rep.points} crash points tried ({rep.write_boundaries} write boundaries x 6 variants), "
+                  f"{rep.generations_recovered} generations recovered, {format_size(rep.bytes_verified)} "
+                  f"verified, {len(rep.failures)} failures")
+            print("    classes: " + ", ".join(f"{k} {v}" for k, v in sorted(rep.classes.items())))
+            for f in rep.failures[:20]:
+                print(f"    FAIL {f}")
+    if args.json:
+        print(json.dumps([{"workload": r.workload, "seed": r.seed, "write_boundaries": r.write_boundaries,
+                           "points": r.points, "classes": r.classes,
+                           "generations_recovered": r.generations_recovered,
+                           "bytes_verified": r.bytes_verified, "failures": r.failures} for r in results],
+                         indent=2))
+    return 1 if failed else 0
