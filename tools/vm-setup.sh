@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Install what the QEMU ZNS guest lane needs, idempotently: Debian's qemu-system-x86, busybox-static,
+# cpio and kmod (apt-get update once, then apt-get install -y), and a Debian kernel unpacked into
+# cache/vm/kernel/ (apt-get download + dpkg-deb -x + depmod -b; nothing goes into /boot).
+# A second run finds everything and runs no package command.  Called by `make vm-setup` (and so by
+# `make test` and .ci/run).  Under CI=true a failure is fatal; locally the guest lane then skips with
+# the reason.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PY:-.venv/bin/python}"
+if "$PY" -m retainz.vm.setup "$@"; then
+    exit 0
+fi
+if [ "${CI:-}" = "true" ] || [ "${CI:-}" = "1" ]; then
+    echo "tools/vm-setup.sh: the QEMU ZNS guest lane cannot be set up on this CI machine" >&2
+    exit 1
+fi
+echo "tools/vm-setup.sh: warning: the QEMU ZNS guest lane will be skipped (see the error above)" >&2
+exit 0
