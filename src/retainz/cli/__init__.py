@@ -25,6 +25,7 @@ COMMAND_MODULES = [
     "retainz.cli.store",
     "retainz.cli.experiments",
     "retainz.cli.vm",
+    "retainz.cli.payload",
 ]
 
 
