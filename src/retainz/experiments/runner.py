@@ -141,6 +141,7 @@ def _replay_in_guest(trace_path: str, case: Case, workdir: str) -> dict:
     """Run ``retainz replay`` inside the QEMU ZNS guest on ``/dev/nvme0n1`` with the case's geometry."""
     try:
         from retainz.vm.guest import GuestConfig, ZNSConfig, run_in_guest
+        from retainz.vm.setup import VMSetupError
     except ImportError as e:  # pragma: no cover - depends on the vm lane
         raise RuntimeError(f"device 'guest' needs the QEMU guest tooling (retainz.vm.guest): {e}") from None
     i = case.inputs
@@ -151,7 +152,12 @@ def _replay_in_guest(trace_path: str, case: Case, workdir: str) -> dict:
     shell = " ".join(_shq(a) for a in argv) + f" > {_shq(result_file)}"
     zns = ZNSConfig(zones=i["zones"] + i["reserve_zones"] + 4, zone_size=i["zone_size"],
                     zone_capacity=i["zone_capacity"], max_open=i["max_open"], max_active=i["max_active"])
-    res = run_in_guest(["/bin/sh", "-c", shell], out, GuestConfig(zns=zns, nullblk=None))
+    try:
+        res = run_in_guest(["/bin/sh", "-c", shell], out, GuestConfig(zns=zns, nullblk=None, timeout=6 * 3600.0),
+                           install=False)
+    except VMSetupError as e:
+        raise RuntimeError(f"device 'guest' is unavailable: {e} (run `retainz vm setup`, or point RETAINZ_QEMU "
+                           "and RETAINZ_VM_KERNEL_DIR at your own QEMU/FEMU binary and kernel)") from None
     if res.status != 0:
         raise RuntimeError(f"replay in the guest exited {res.status}:\n{res.console_tail()}")
     with open(result_file, encoding="utf-8") as f:
