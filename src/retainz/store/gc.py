@@ -103,9 +103,9 @@ class GCMixin:
                             continue
                         if new is None:
                             new = list(shard.extents[:i])
-                        before = len(new)
-                        copied += self._copy_extent(gen, shard.name, e, new, copies)
-                        copy_ext.extend(new[before:])
+                        before = len(copy_ext)
+                        copied += self._copy_extent(gen, shard.name, e, copy_ext, copies)
+                        new.extend(copy_ext[before:])
                         moved += 1
                     if new is not None:
                         moves.append((gen, shard, tuple(new)))

@@ -1,0 +1,321 @@
+"""Store API: round trips, admission, bad input, format refusal, locking, concurrency, metrics."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import pytest
+
+from retainz.errors import (
+    DeviceBusyError,
+    ForeignDeviceError,
+    GenerationExistsError,
+    GenerationNotFoundError,
+    InvalidIdError,
+    NoPayloadError,
+    NoSpaceError,
+    ShardNotFoundError,
+    ShardSizeError,
+    StoreLockedError,
+)
+from retainz.placement.base import PERMANENT, Hint
+from retainz.store import GenState, Store
+from retainz.zoned import FileDevice, Geometry, MemoryDevice, ZoneCond
+
+KiB = 1024
+GEOM = Geometry(nr_zones=16, zone_size=64 * KiB, zone_capacity=48 * KiB, block_size=4096, max_open=3,
+                max_active=4)
+
+
+def blob(n: int, seed: int = 0) -> bytes:
+    return random.Random(seed * 7919 + n).randbytes(n)
+
+
+@pytest.fixture
+def store():
+    s = Store.format(MemoryDevice(GEOM))
+    yield s
+    s.close()
+
+
+def put(store, gid, step, shards: dict[str, bytes], **kw):
+    w = store.begin_generation(gid, step, **kw)
+    for name, data in shards.items():
+        w.write_shard(name, [data])
+    return w.commit()
+
+
+def read(store, gid, name) -> bytes:
+    return b"".join(store.read_shard(gid, name))
+
+
+def test_round_trip_streams_in_chunks_and_survives_reopen():
+    dev = MemoryDevice(GEOM)
+    data = blob(150_000)
+    with Store.format(dev) as s:
+        w = s.begin_generation("g1", 10, hint=Hint(reclaim_step=30, lifetime=2), declared_size=len(data))
+        info = w.write_shard("model", (data[i:i + 7000] for i in range(0, len(data), 7000)))
+        assert info.size == len(data) and len(info.extents) >= 4   # crosses zones (48 KiB each)
+        assert all(e[2] <= 1 << 20 for e in info.extents)
+        assert w.commit().state is GenState.COMMITTED
+        assert read(s, "g1", "model") == data
+    with Store.open(dev) as s:
+        g = s.generation("g1")
+        assert (g.step, g.hint.reclaim_step, g.hint.lifetime) == (10, 30, 2)
+        assert read(s, "g1", "model") == data
+        assert [c for c in s.read_shard("g1", "model")][0] == data[:len(next(s.read_shard("g1", "model")))]
+
+
+def test_generations_sorted_by_step_then_id_and_only_committed(store):
+    put(store, "b", 5, {"s": b"x"})
+    put(store, "a", 5, {"s": b"y"})
+    put(store, "c", 1, {"s": b"z"})
+    w = store.begin_generation("inflight", 0)
+    w.write_shard("s", [b"hidden"])
+    assert [g.id for g in store.generations()] == ["c", "a", "b"]
+    with pytest.raises(GenerationNotFoundError):
+        store.generation("inflight")
+    w.abort()
+    assert w.state is GenState.ABORTED
+
+
+def test_bad_ids_are_refused_with_invalid_id_error(store):
+    for bad in ["", "a/b", "a\\b", "..", "x/../y", "a\x00b", "tab\there", "x" * 256, ".", "é" * 128]:
+        with pytest.raises(InvalidIdError):
+            store.begin_generation(bad, 1)
+    w = store.begin_generation("ok", 1)
+    with pytest.raises(InvalidIdError):
+        w.write_shard("../escape", [b"x"])
+    assert isinstance(InvalidIdError("x"), ValueError)
+    store.begin_generation("é" * 127, 1).abort()   # 254 bytes: fine
+
+
+def test_bad_sizes_and_steps(store):
+    with pytest.raises(ValueError):
+        store.begin_generation("g", -1)
+    with pytest.raises(ValueError):
+        store.begin_generation("g", 1, declared_size=-5)
+    w = store.begin_generation("g", 1, declared_size=10_000)
+    with pytest.raises(ValueError):
+        w.write_shard("s", [b"x"], size=-1)
+    with pytest.raises(ValueError):     # size without chunks on a payload device
+        w.write_shard("s", size=100)
+    with pytest.raises(ShardSizeError):
+        w.write_shard("s", [b"x" * 200], size=100)
+    with pytest.raises(ShardSizeError):
+        w.write_shard("s", [b"x" * 50], size=100)
+    with pytest.raises(ShardSizeError):  # past the declared size
+        w.write_shard("big", [b"x" * 6000, b"y" * 6000])
+    w.write_shard("s", [b"x" * 100], size=100)
+    with pytest.raises(ValueError):
+        w.write_shard("s", [b"again"])
+    gen = w.commit()
+    assert list(gen.shards) == ["s"]        # the failed shards left nothing behind
+    assert store.table.key() == store.recompute_table().key()
+    assert store.fsck().ok
+
+
+def test_a_shard_larger_than_declared_loses_nothing_committed(store):
+    put(store, "keep", 1, {"a": blob(30_000, 1)})
+    w = store.begin_generation("over", 2, declared_size=40_000)
+    with pytest.raises(ShardSizeError):
+        w.write_shard("s", [blob(30_000), blob(30_000)])
+    w.abort()
+    assert [g.id for g in store.generations()] == ["keep"]
+    assert read(store, "keep", "a") == store_bytes(store, "keep", "a")
+    assert store.fsck().ok
+
+
+def store_bytes(store, gid, name):
+    return b"".join(store.read_shard(gid, name))
+
+
+def test_duplicate_and_missing_generations(store):
+    put(store, "g", 1, {"s": b"1"})
+    with pytest.raises(GenerationExistsError):
+        store.begin_generation("g", 2)
+    w = store.begin_generation("h", 2)
+    with pytest.raises(GenerationExistsError):
+        store.begin_generation("h", 3)
+    w.abort()
+    with pytest.raises(GenerationNotFoundError) as e:
+        store.delete("nope")
+    assert isinstance(e.value, KeyError) and isinstance(e.value, FileNotFoundError)
+    with pytest.raises(ShardNotFoundError):
+        store.read_shard("g", "other")
+    with pytest.raises(ValueError):
+        w.commit()          # aborted
+
+
+def test_admission_refuses_a_generation_that_cannot_fit_before_writing(store):
+    free = store.df().free
+    with pytest.raises(NoSpaceError) as e:
+        store.begin_generation("huge", 1, declared_size=free)
+    assert e.value.needed >= free and e.value.available < e.value.needed
+    assert store.table.written == 0          # nothing was written
+    w = store.begin_generation("fits", 1, declared_size=free // 2)
+    with pytest.raises(NoSpaceError):        # the first writer's reservation counts
+        store.begin_generation("second", 1, declared_size=free // 2)
+    w.abort()
+    store.begin_generation("second", 1, declared_size=free // 2).abort()
+
+
+def test_admission_runs_gc_to_make_room():
+    with Store.format(MemoryDevice(GEOM), gc_reserve_zones=1) as s:
+        data = blob(40 * KiB)
+        for i in range(8):
+            put(s, f"g{i}", i, {"s": data})
+            if i >= 2:
+                s.delete(f"g{i - 2}")
+        assert [g.id for g in s.generations()] == ["g6", "g7"]
+        for i in range(8, 20):
+            put(s, f"g{i}", i, {"s": data}, declared_size=len(data))
+            s.delete(f"g{i - 2}")
+        assert read(s, "g19", "s") == data and s.fsck().ok
+
+
+def test_delete_resets_all_dead_zones_and_counts_the_rest_dead(store):
+    a, b = blob(60 * KiB, 1), blob(20 * KiB, 2)
+    put(store, "a", 1, {"s": a})
+    put(store, "b", 2, {"s": b})
+    zones_a = {e[0] for e in store.generation("a").shards["s"].extents}
+    shared = zones_a & {e[0] for e in store.generation("b").shards["s"].extents}
+    resets = store.metrics.resets
+    store.delete("a", step=3)
+    assert store.metrics.resets == resets + len(zones_a - shared)
+    for z in zones_a - shared:
+        assert store.table[z].cond == ZoneCond.EMPTY and store.device.zone(z).cond == ZoneCond.EMPTY
+    for z in shared:
+        assert store.table[z].dead > 0
+    assert read(store, "b", "s") == b
+
+
+def test_format_refuses_foreign_and_existing_stores(tmp_path):
+    dev = MemoryDevice(GEOM)
+    dev.write(5 * GEOM.zone_size, b"\x01" * 4096)
+    with pytest.raises(ForeignDeviceError, match="does not recognise"):
+        Store.format(dev)
+    assert dev.zone(5).cond != ZoneCond.EMPTY      # nothing changed
+    Store.format(dev, force=True).close()
+    with pytest.raises(ForeignDeviceError, match="already holds a RetainZ store"):
+        Store.format(dev)
+    fresh = FileDevice.create(tmp_path / "d.img", GEOM)    # created, never formatted: empty
+    Store.format(fresh).close()
+    fresh.close()
+    with pytest.raises(ForeignDeviceError):
+        Store.open(MemoryDevice(GEOM))
+
+
+def test_format_checks_geometry_and_policy():
+    with pytest.raises(ValueError, match="unknown policy"):
+        Store.format(MemoryDevice(GEOM), policy="nope")
+    with pytest.raises(ValueError, match="meta_zones"):
+        Store.format(MemoryDevice(GEOM), meta_zones=1)
+    with pytest.raises(ValueError, match="zones"):
+        Store.format(MemoryDevice(Geometry(nr_zones=5, zone_size=65536, zone_capacity=65536)))
+
+
+def test_second_writer_gets_a_clear_error(tmp_path):
+    dev = MemoryDevice(GEOM)
+    s = Store.format(dev)
+    with pytest.raises(StoreLockedError, match="already open"):
+        Store.open(dev)
+    s.close()
+    Store.open(dev).close()
+    fd = FileDevice.create(tmp_path / "d.img", GEOM)
+    Store.format(fd).close()
+    with pytest.raises(DeviceBusyError):    # another opener of the file: the device's flock
+        FileDevice(tmp_path / "d.img")
+    fd.close()
+
+
+def test_overlapping_writers_and_a_reader_thread_sees_only_committed(store):
+    a, b = blob(30 * KiB, 1), blob(30 * KiB, 2)
+    wa = store.begin_generation("a", 1)
+    wb = store.begin_generation("b", 2)
+    seen: list[set] = []
+    stop = threading.Event()
+
+    def reader():
+        while not stop.is_set():
+            ids = {g.id for g in store.generations()}
+            for gid in ids:
+                for name in store.generation(gid).shards:
+                    assert b"".join(store.read_shard(gid, name))
+            seen.append(ids)
+
+    t = threading.Thread(target=reader)
+    t.start()
+    wa.write_shard("s", [a[:10000], a[10000:]])
+    wb.write_shard("s", [b])
+    wb.commit()
+    wa.commit()
+    stop.set()
+    t.join()
+    assert all(ids <= {"a", "b"} for ids in seen)
+    assert read(store, "a", "s") == a and read(store, "b", "s") == b
+    assert store.table.key() == store.recompute_table().key()
+
+
+def test_payload_less_device_counts_extents_without_crc():
+    g = Geometry(nr_zones=64, zone_size=1 << 20, zone_capacity=1 << 20)
+    with Store.format(MemoryDevice(g, payload=False)) as s:
+        w = s.begin_generation("g", 1, hint=Hint(reclaim_step=PERMANENT))
+        info = w.write_shard("s", size=3_000_001)
+        assert info.crc is None and all(e[3] is None for e in info.extents)
+        assert sum(e[2] for e in info.extents) == 3_000_001 and len(info.extents) == 3
+        w.commit()
+        with pytest.raises(NoPayloadError):
+            read(s, "g", "s")
+        rep = s.fsck()
+        assert rep.ok and rep.unverifiable_bytes == 3_000_001 and rep.bytes_verified == 0
+        assert s.metrics.host_bytes == 3_002_368
+
+
+def test_metrics_integrate_over_logical_time(store):
+    put(store, "a", 0, {"s": blob(48 * KiB)})     # fills one zone exactly
+    put(store, "b", 0, {"s": blob(4096)})         # b and c share the next zone
+    put(store, "c", 0, {"s": blob(4096)})
+    store.delete("b")
+    assert store.table.dead == 4096 and store.metrics.dead_space_byte_steps == 0
+    store.advance(10)
+    store.advance(5)                               # time never goes back
+    assert store.now == 10 and store.metrics.dead_space_byte_steps == 4096 * 10
+    store.delete("c", step=12)                     # zone all dead: reset
+    assert store.table.dead == 0 and store.metrics.dead_space_byte_steps == 4096 * 12
+    m = store.metrics
+    assert m.host_bytes == 48 * KiB + 2 * 4096 and m.gc_bytes == 0 and m.waf == 1.0
+    assert m.peak_occupancy == 48 * KiB + 2 * 4096
+    assert m.decisions == 3 and m.generations_committed == 3 and m.generations_deleted == 2
+    assert m.resets == 1 and m.journal_records >= 5
+
+
+def test_context_manager_commits_on_success_and_aborts_on_error(store):
+    with store.begin_generation("ok", 1) as w:
+        w.write_shard("s", [b"data"])
+    assert store.generation("ok").state is GenState.COMMITTED
+    with pytest.raises(RuntimeError):
+        with store.begin_generation("bad", 2) as w:
+            w.write_shard("s", [b"data"])
+            raise RuntimeError("boom")
+    assert [g.id for g in store.generations()] == ["ok"]
+    assert store.table.key() == store.recompute_table().key()
+
+
+def test_verify_summaries_mode_decides_exactly_as_the_cached_mode():
+    def run(verify):
+        dev = MemoryDevice(GEOM)
+        with Store.format(dev, verify_summaries=verify) as s:
+            for i in range(10):
+                put(s, f"g{i}", i, {"a": blob(9000 + 3000 * i, i), "b": blob(5000, i)},
+                    hint=Hint(reclaim_step=i + 3))
+                if i >= 3:
+                    s.delete(f"g{i - 3}", step=i)
+                if i % 4 == 3:
+                    s.gc(force=True)
+            state = (s.table.key(), [(g.id, {n: sh.extents for n, sh in g.shards.items()})
+                                     for g in s.generations()], s.metrics.decisions)
+        return state, [(z.cond, z.wp) for z in dev.report_zones()]
+
+    assert run(False) == run(True)
