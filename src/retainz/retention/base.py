@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import typing
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -107,27 +108,33 @@ class EmpiricalLifetimes:
     Generations are admitted with a key (e.g. their rank in the top-k when saved).  For a new
     generation with key ``q`` it estimates, from the generations admitted earlier with the same key:
     the probability of retirement ``(retired + 1) / (admitted + 2)`` (Laplace), and the reclaim step
-    ``step + median(observed lifetimes)``.  Only the past is used.  The estimate is biased towards short
+    ``step + median(observed lifetimes)`` over the last :attr:`WINDOW` lifetimes observed with that key
+    (a sliding window: cheap, and it follows a run whose metric changes regime).  Only the past is used.  The estimate is biased towards short
     lifetimes early in a run (long ones have not been observed yet); it says so in its ``basis``.
     """
+
+    #: Lifetimes kept per key for the median.
+    WINDOW = 256
 
     def __init__(self) -> None:
         self._alive: dict[int, tuple[Any, int]] = {}
         self._admitted: dict[Any, int] = {}
-        self._lifetimes: dict[Any, list[int]] = {}
+        self._retired: dict[Any, int] = {}
+        self._lifetimes: dict[Any, deque[int]] = {}
 
     def estimate(self, key: Any, step: int, earliest: float) -> Uncertain:
         """Uncertain condition for a generation saved at ``step`` with ``key``, retired no earlier
         than ``earliest`` (steps)."""
         n = self._admitted.get(key, 0)
-        lives = self._lifetimes.get(key, [])
+        retired = self._retired.get(key, 0)
+        lives = self._lifetimes.get(key)
         if earliest == float("inf"):
             return Uncertain(earliest, 0.0, None, f"empirical:key={key},n={n},unreachable")
-        p = (len(lives) + 1) / (n + 2)
+        p = (retired + 1) / (n + 2)
         expected = None
         if lives:
             expected = max(float(earliest), step + statistics.median_low(lives))
-        return Uncertain(earliest, round(p, 6), expected, f"empirical:key={key},n={n},retired={len(lives)}")
+        return Uncertain(earliest, round(p, 6), expected, f"empirical:key={key},n={n},retired={retired}")
 
     def admit(self, gen: int, key: Any, step: int) -> None:
         self._alive[gen] = (key, step)
@@ -137,7 +144,8 @@ class EmpiricalLifetimes:
         entry = self._alive.pop(gen, None)
         if entry is not None:
             key, saved = entry
-            self._lifetimes.setdefault(key, []).append(step - saved)
+            self._retired[key] = self._retired.get(key, 0) + 1
+            self._lifetimes.setdefault(key, deque(maxlen=self.WINDOW)).append(step - saved)
 
     def forget(self, gen: int) -> None:
         """Drop an abandoned (crashed) generation without counting it."""
