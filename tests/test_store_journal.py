@@ -1,0 +1,198 @@
+"""Journal framing, torn tails, rollover and spill (LevelDB ``log_test`` style: named after the
+invariant, bytes corrupted directly)."""
+
+from __future__ import annotations
+
+import pytest
+
+from retainz.errors import CorruptJournalError, NoSpaceError, PowerCutError
+from retainz.placement.base import Hint
+from retainz.store import Store
+from retainz.store.journal import frame, parse_zone, scan
+from retainz.zoned import FaultyDevice, Geometry, MemoryDevice, ZoneCond
+
+BS = 4096
+GEOM = Geometry(nr_zones=16, zone_size=64 * 1024, zone_capacity=48 * 1024, block_size=BS, max_open=3,
+                max_active=4)
+
+
+def zone_image(*payloads: bytes) -> bytes:
+    """A meta zone's bytes: a superblock block (ignored by parse_zone) then the records."""
+    return bytes(BS) + b"".join(frame(p, BS) for p in payloads)
+
+
+def test_records_round_trip_and_are_block_padded():
+    recs = [b"c {}", b"x" * 5000, b""]
+    img = zone_image(*recs)
+    assert len(img) == BS + BS + 2 * BS + BS
+    out = parse_zone(img, BS, len(img), BS, zone=0, tail=True)
+    assert out.payloads == recs and out.torn == 0 and out.end == len(img)
+
+
+def test_zero_header_ends_the_zone():
+    img = zone_image(b"a", b"b") + bytes(3 * BS)
+    out = parse_zone(img, BS, len(img), BS, zone=0, tail=False)
+    assert out.payloads == [b"a", b"b"] and out.end == 3 * BS
+
+
+def test_truncated_trailing_record_is_ignored():
+    img = zone_image(b"a", b"y" * 9000)     # the second record spans 3 blocks
+    torn = img[:-BS]                          # only its first 2 blocks landed
+    out = parse_zone(torn, BS, len(torn), BS, zone=0, tail=True)
+    assert out.payloads == [b"a"] and out.torn == 2 * BS and out.end == 2 * BS
+
+
+def test_truncated_record_not_at_the_tail_is_corruption():
+    img = zone_image(b"a", b"y" * 9000)[:-BS]
+    with pytest.raises(CorruptJournalError, match="past the end"):
+        parse_zone(img, BS, len(img), BS, zone=0, tail=False)
+
+
+def test_bad_length_followed_by_a_valid_record_is_corruption():
+    img = bytearray(zone_image(b"a", b"b", b"c"))
+    img[2 * BS + 6] = 0x01                    # record "b" now claims 64 KiB more
+    with pytest.raises(CorruptJournalError, match="a valid record follows at byte 12288"):
+        parse_zone(bytes(img), BS, len(img), BS, zone=3, tail=True)
+
+
+def test_bad_length_at_end_is_ignored():
+    img = bytearray(zone_image(b"a", b"b"))
+    img[2 * BS + 5] = 0x7F                    # the last record's length runs past the end
+    out = parse_zone(bytes(img), BS, len(img), BS, zone=0, tail=True)
+    assert out.payloads == [b"a"] and out.torn == BS
+
+
+def test_checksum_mismatch_is_reported_with_zone_and_byte():
+    img = bytearray(zone_image(b"a", b"hello world", b"c"))
+    img[2 * BS + 10] ^= 0x01                  # a bit of "hello world"
+    with pytest.raises(CorruptJournalError, match="meta zone 2: record at byte 8192 .* fails its checksum"):
+        parse_zone(bytes(img), BS, len(img), BS, zone=2, tail=True)
+
+
+def _fill(store, n, start=0, names=1, name_len=8, data=True):
+    for i in range(start, start + n):
+        w = store.begin_generation(f"g{i:04d}", i, hint=Hint(reclaim_step=i + 7, lifetime=3 + i % 2))
+        for j in range(names):
+            w.write_shard(f"{j}-" + "n" * name_len, [b"%d" % i] if data else [])
+        w.commit()
+
+
+def crash_close(store):
+    """Drop a store whose device lost power (a real crash ends the process)."""
+    with pytest.raises(PowerCutError):
+        store.close()
+    assert store._closed
+
+
+def test_rollover_writes_a_new_chain_and_resets_the_old():
+    dev = MemoryDevice(GEOM)
+    with Store.format(dev) as s:
+        first = list(s.journal.chain)
+        _fill(s, 6)
+        s.delete("g0000")
+        for i in range(1, 5):
+            s.delete(f"g{i:04d}")
+        _fill(s, 20, start=10)
+        assert s.metrics.rollovers >= 1 and s.journal.sb.sequence == 1 + s.metrics.rollovers
+        chain = list(s.journal.chain)
+    for z in range(3):
+        assert (dev.zone(z).cond == ZoneCond.EMPTY) == (z not in chain)
+    assert chain != first or s.metrics.rollovers > 1
+    with Store.open(dev) as s:
+        assert [g.id for g in s.generations()] == ["g0005"] + [f"g{i:04d}" for i in range(10, 30)]
+        assert b"".join(s.read_shard("g0020", "0-nnnnnnnn")) == b"20"
+
+
+def test_snapshot_larger_than_a_meta_zone_spills_across_zones():
+    dev = MemoryDevice(Geometry(nr_zones=24, zone_size=64 * 1024, zone_capacity=48 * 1024, max_open=3,
+                                max_active=4))
+    with Store.format(dev, meta_zones=6) as s:
+        _fill(s, 30, names=8, name_len=200, data=False)   # ~ 60 KiB of shard names
+        spilled = len(s._snapshot()) and sum(map(len, s._snapshot())) > 48 * 1024
+        assert spilled
+        while len(s.journal.chain) < 2:
+            _fill(s, 1, start=100 + s.metrics.rollovers, names=8, name_len=200, data=False)
+        chain = list(s.journal.chain)
+    assert len(chain) >= 2
+    found = scan(dev)
+    assert found.chain == chain and [p.split(b" ")[0] for p in found.payloads][:1] == [b"snap"]
+    with Store.open(dev) as s:
+        assert len(s.generations()) >= 30 and s.fsck().ok
+
+
+def test_snapshot_that_cannot_fit_the_free_meta_zones_is_refused_never_looped():
+    dev = MemoryDevice(Geometry(nr_zones=40, zone_size=64 * 1024, zone_capacity=48 * 1024, max_open=3,
+                                max_active=4))
+    with Store.format(dev, meta_zones=2) as s:
+        with pytest.raises(NoSpaceError, match="meta zones"):
+            _fill(s, 200, names=8, name_len=200, data=False)
+        n = len(s.generations())
+        assert n > 0
+        rolls = s.metrics.rollovers
+        with pytest.raises(NoSpaceError):            # the same refusal, no retry storm
+            _fill(s, 1, start=500, names=8, name_len=200, data=False)
+        assert s.metrics.rollovers == rolls
+    with Store.open(dev) as s:                        # everything committed is still there
+        assert len(s.generations()) == n and s.fsck().ok
+
+
+def test_a_record_larger_than_a_meta_zone_is_refused_cleanly():
+    with Store.format(MemoryDevice(GEOM)) as s:
+        w = s.begin_generation("wide", 1)
+        for j in range(200):
+            w.write_shard(f"{j}-" + "n" * 240, [])
+        with pytest.raises(NoSpaceError, match="does not fit a meta zone"):
+            w.commit()
+        w.abort()
+        assert s.generations() == [] and s.table.key() == s.recompute_table().key()
+
+
+def test_crashed_rollover_falls_back_to_the_old_chain():
+    inner = MemoryDevice(GEOM)
+    dev = FaultyDevice(inner, torn_blocks=0)
+    s = Store.format(dev)
+    _fill(s, 3)
+    seq = s.journal.sb.sequence
+    dev.cut_after_writes = dev.writes + 1           # the superblock + snapshot write of the roll
+    with pytest.raises(PowerCutError):
+        s.journal.roll()
+    crash_close(s)
+    dev.reboot()
+    with Store.open(dev) as s2:
+        assert [g.id for g in s2.generations()] == ["g0000", "g0001", "g0002"]
+        assert s2.journal.sb.sequence >= seq
+
+
+def test_torn_tail_is_dropped_and_the_journal_rolled_at_mount():
+    inner = MemoryDevice(GEOM)
+    dev = FaultyDevice(inner, torn_blocks=1)
+    s = Store.format(dev)
+    _fill(s, 2)
+    w = s.begin_generation("big", 9)
+    for j in range(30):
+        w.write_shard(f"{j}-" + "n" * 200, [b"x"])
+    dev.cut_after_writes = dev.writes + 1           # the commit record (2+ blocks) is torn
+    with pytest.raises(PowerCutError):
+        w.commit()
+    crash_close(s)
+    dev.reboot()
+    with Store.open(dev) as s2:
+        assert s2.recovery.torn_bytes == BS and s2.recovery.rolled
+        assert [g.id for g in s2.generations()] == ["g0000", "g0001"]
+        _fill(s2, 1, start=7)
+    with Store.open(dev) as s3:                       # the new chain has no garbage behind records
+        assert [g.id for g in s3.generations()] == ["g0000", "g0001", "g0007"]
+        assert s3.recovery.torn_bytes == 0
+
+
+def test_zone_hints_survive_a_remount():
+    """ZenFS issue #266: zone lifetime hints were lost on remount; ours are journaled."""
+    dev = MemoryDevice(GEOM)
+    with Store.format(dev) as s:
+        _fill(s, 5)
+        before = s.table.key()
+        lifetimes = {z.index: (z.lifetime, z.reclaim_step, z.opened_step) for z in s.table if z.written}
+    with Store.open(dev) as s:
+        assert s.table.key() == before
+        assert {z.index: (z.lifetime, z.reclaim_step, z.opened_step) for z in s.table if z.written} == lifetimes
+        assert any(lt for lt, _, _ in lifetimes.values())
