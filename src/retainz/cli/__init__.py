@@ -23,6 +23,7 @@ COMMAND_MODULES = [
     "retainz.cli.device",
     "retainz.cli.demo",
     "retainz.cli.store",
+    "retainz.cli.replay",
     "retainz.cli.experiments",
     "retainz.cli.vm",
     "retainz.cli.payload",

@@ -99,6 +99,11 @@ class FaultyDevice(ZonedDevice):
             raise ValueError("mask must be a non-zero byte")
         self.corruptions[offset] = mask
 
+    def cut_now(self) -> None:
+        """Cut the power now: every later operation raises :class:`PowerCutError` until
+        :meth:`reboot` (trace replay's ``crash`` event)."""
+        self.dead = True
+
     def reboot(self) -> EmulatedZonedDevice:
         """Power-cycle: the inner device becomes what survives the cut; faults stay armed but the
         power-cut trigger is disarmed.  Returns the inner device."""

@@ -1,0 +1,149 @@
+"""Trace replay through the real store: sizing, determinism, capacity stops, crashes, payload
+read-back, recompute mode and the zone map."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from retainz.cli import main
+from retainz.experiments.runner import scaled_layout
+from retainz.trace.format import DeleteEvent, SaveEvent, TraceReader
+from retainz.trace.generate import write_generated
+from retainz.trace.replay import replay, trace_stats
+
+# Small geometry: 256 KiB zones of 192 KiB capacity; SmolLM2 layout scaled by 1/16384 (~105 KiB/save).
+GEO = dict(zone_size=256 << 10, zone_capacity=192 << 10, max_active=6, max_open=6)
+TIMING = ("decision_cpu_seconds", "wall_seconds")
+
+
+def _trace(tmp_path, rule="torchtitan:interval=10,keep_latest_k=3", steps=400, name="t.jsonl", **kw):
+    path = str(tmp_path / name)
+    write_generated(path, scaled_layout("smollm2-135m-dcp", "1/16384"), rule, steps, **kw)
+    return path
+
+
+def _survivors(path):
+    saved = {}
+    for ev in TraceReader(path):
+        if isinstance(ev, SaveEvent):
+            saved[ev.gen] = ev
+        elif isinstance(ev, DeleteEvent):
+            del saved[ev.gen]
+    return list(saved.values())
+
+
+def _strip(r):
+    return {k: v for k, v in r.items() if k not in TIMING}
+
+
+def test_pressure_sizes_the_device_from_peak_live_bytes(tmp_path):
+    t = _trace(tmp_path)
+    st = trace_stats(t)
+    r = replay(t, policy="greedy", pressure=0.5, **GEO)
+    assert r["zones"] == math.ceil(st.peak_live_bytes / (0.5 * GEO["zone_capacity"]))
+    assert r["geometry"]["nr_zones"] == r["zones"] + 3 + 2
+    assert r["peak_live_bytes"] == st.peak_live_bytes
+    assert r["effective_pressure"] <= 0.5
+
+
+def test_replay_runs_the_store_and_counts_every_host_byte(tmp_path):
+    t = _trace(tmp_path)
+    st = trace_stats(t)
+    r = replay(t, policy="retainz", pressure=0.5, **GEO)
+    assert r["capacity_stop_step"] is None
+    assert r["generations_committed"] == st.saves == 40
+    saves = [ev for ev in TraceReader(t) if isinstance(ev, SaveEvent)]
+    assert r["host_bytes"] == sum(-(-s.nbytes // 4096) * 4096 for ev in saves for s in ev.shards)
+    assert r["waf"] == (r["host_bytes"] + r["gc_bytes"]) / r["host_bytes"]
+    assert r["generations_deleted"] == 40 - 4  # keep_latest_k=3 plus the final, permanent save
+    assert r["trace_sha256"] == st.sha256
+
+
+def test_replay_is_deterministic(tmp_path):
+    t = _trace(tmp_path, rule="megatron:save_interval=10,retain_interval=50")
+    a = replay(t, policy="retainz", pressure=0.9, **GEO)
+    b = replay(t, policy="retainz", pressure=0.9, **GEO)
+    assert json.dumps(_strip(a), sort_keys=True) == json.dumps(_strip(b), sort_keys=True)
+
+
+@pytest.mark.parametrize("policy", ["greedy", "retainz", "zenfs", "oracle", "dedicated", "common"])
+def test_recompute_mode_decides_exactly_as_cached_mode(tmp_path, policy):
+    t = _trace(tmp_path, rule="megatron:save_interval=10,retain_interval=50")
+    cached = replay(t, policy=policy, pressure=0.8, **GEO)
+    checked = replay(t, policy=policy, pressure=0.8, verify_summaries=True, **GEO)
+    a, b = _strip(cached), _strip(checked)
+    a.pop("verify_summaries"), b.pop("verify_summaries")
+    assert a == b
+
+
+def test_capacity_stop_ends_cleanly_with_the_step(tmp_path):
+    t = _trace(tmp_path, rule="torchtitan:interval=10,keep_latest_k=0")  # keeps everything
+    r = replay(t, policy="greedy", zones=4, **GEO)
+    assert r["capacity_stop_step"] is not None and 10 <= r["capacity_stop_step"] <= 400
+    assert r["generations_committed"] == r["capacity_stop_step"] // 10 - 1
+
+
+def test_crash_events_recover_and_payload_reads_back(tmp_path):
+    t = _trace(tmp_path, rule="megatron:save_interval=10,retain_interval=50", crash_every=7)
+    st = trace_stats(t)
+    assert st.header.crash_every == 7
+    r = replay(t, policy="retainz", pressure=0.8, device="memory-payload", **GEO)
+    assert r["crashes"] >= 3
+    assert r["capacity_stop_step"] is None
+    assert r["bytes_verified"] > 0
+    counted = replay(t, policy="retainz", pressure=0.8, **GEO)
+    assert counted["crashes"] == r["crashes"]
+    assert counted["host_bytes"] == r["host_bytes"]
+
+
+def test_file_device_payload_is_verified(tmp_path):
+    t = _trace(tmp_path, steps=120)
+    r = replay(t, policy="retainz", pressure=0.7, device=f"file:{tmp_path / 'r.img'}", **GEO)
+    survivors = _survivors(t)
+    assert len(survivors) == 4  # keep_latest_k=3 and the final, permanent save
+    assert r["bytes_verified"] == sum(s.nbytes for ev in survivors for s in ev.shards)
+    assert r["device"] == "file"
+
+
+def test_zone_map_shape(tmp_path):
+    t = _trace(tmp_path)
+    r = replay(t, policy="retainz", pressure=0.8, zone_map=True, **GEO)
+    zm = r["zone_map"]
+    assert zm["format"] == 1 and zm["zones"] == r["zones"] + 2  # the GC reserve zones are data zones too
+    assert zm["groups"] == zm["zones"]
+    assert 1 < len(zm["steps"]) <= 200 and zm["steps"] == sorted(zm["steps"])
+    for key in ("live", "dead", "unused"):
+        assert len(zm[key]) == len(zm["steps"]) and all(len(row) == zm["groups"] for row in zm[key])
+    assert all(0 <= lv + d + u <= 100 for b in range(len(zm["steps"]))
+               for lv, d, u in zip(zm["live"][b], zm["dead"][b], zm["unused"][b], strict=True))
+    assert max(max(row) for row in zm["live"]) > 0
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(zones=4, pressure=0.5), "exactly one"),
+    (dict(), "exactly one"),
+    (dict(pressure=1.5), "pressure"),
+    (dict(zones=0), "at least 1"),
+    (dict(zones=4, device="tape"), "unknown replay device"),
+    (dict(zones=4, policy="nope"), "unknown policy"),
+])
+def test_bad_arguments(tmp_path, kwargs, message):
+    t = _trace(tmp_path, steps=50)
+    with pytest.raises(ValueError, match=message):
+        replay(t, **{**GEO, **kwargs})
+
+
+def test_cli_json_and_errors(tmp_path, capsys):
+    t = _trace(tmp_path, steps=60)
+    assert main(["replay", t, "--policy", "retainz", "--pressure", "0.8", "--zone-size", "256KiB",
+                 "--zone-capacity", "192KiB", "--max-active", "6", "--max-open", "6", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["policy"] == "retainz" and out["generations_committed"] == 6
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(open(t).readline() + '{"type": "save", "step": "ten"}\n')
+    assert main(["replay", str(bad), "--zones", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "bad.jsonl:2:" in err and len(err.strip().splitlines()) == 1
