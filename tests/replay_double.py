@@ -84,7 +84,7 @@ class SyntheticReplayDouble(Backend):
         }
         if i["device"] == "file":
             out["payload_bytes_written"] = host
-            out["payload_bytes_verified"] = host
+            out["bytes_verified"] = host
         if i["zone_map"]:
             nb, nz = min(20, gens), min(zones, 16)
             live = [[(b * 7 + z * 13) % 60 for z in range(nz)] for b in range(nb)]

@@ -21,6 +21,7 @@ from retainz.analysis.records import (
     Runs,
     base_policy,
     mean_gib,
+    payload_verified,
     policy_name,
     rule_family,
     slug,
@@ -183,7 +184,7 @@ def _capacity_claims(runs: Runs, out: list) -> None:
     files = [r for r in recs if r["inputs"]["device"] == "file"]
     if not files:
         return
-    verified = sum(int(r["metrics"].get("payload_bytes_verified", 0)) for r in files)
+    verified = sum(payload_verified(r) for r in files)
     _claim(out, "capacity.payload_gib_verified", verified / GIB, 2, files,
            "GiB of pattern payload written to FileDevice, read back and checked (all file-device trials)")
     _claim(out, "capacity.file_trials", len(files), 0, files, "capacity trials run on FileDevice with payload")

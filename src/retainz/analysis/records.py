@@ -10,7 +10,7 @@ import os
 import re
 
 __all__ = ["load", "Runs", "policy_name", "POLICY_ORDER", "POLICY_STYLE", "rule_family", "layout_name",
-           "zones_of", "mean_gib", "GIB", "slug", "layout_rank", "rule_rank", "policy_rank", "base_policy"]
+           "zones_of", "payload_verified", "mean_gib", "GIB", "slug", "layout_rank", "rule_rank", "policy_rank", "base_policy"]
 
 GIB = float(1 << 30)
 
@@ -86,15 +86,22 @@ def layout_name(layout: str) -> str:
 
 
 def zones_of(rec: dict) -> int | None:
-    """The device's data-zone count from the replay's geometry (or the case's explicit zones)."""
+    """The device's data-zone count: the replay's ``zones`` (data zones, meta and reserve excluded),
+    else its geometry, else the case's explicit zones."""
     m = rec.get("metrics", {})
+    if isinstance(m.get("zones"), int):
+        return m["zones"]
     g = m.get("geometry") or {}
     for k in ("zones", "data_zones", "nr_zones"):
         if isinstance(g.get(k), int):
             return g[k]
-        if isinstance(m.get(k), int):
-            return m[k]
     return rec["inputs"].get("zones")
+
+
+def payload_verified(rec: dict) -> int:
+    """Payload bytes the replay read back and checked (0 on the payload-less device)."""
+    m = rec.get("metrics", {})
+    return int(m.get("bytes_verified", m.get("payload_bytes_verified", 0)) or 0)
 
 
 def mean_gib(rec: dict, key: str) -> float:
