@@ -1,0 +1,616 @@
+"""The ``retainz://`` fsspec filesystem: a checkpoint folder on a zoned device, for runtimes' own code.
+
+URL: ``retainz:///path/to/device.img/checkpoints/step-500/__0_0.distcp``: the first path component that
+is an existing file is the device (a FileDevice made by ``retainz device create``); the rest is a path
+inside it.  The store is flat (generations of shards); this filesystem maps paths onto it:
+
+* **checkpoint directories** (DCP): the DCP files (``*.distcp``, ``.metadata``, ``.metadata.tmp``,
+  ``__N.metadata``) of directory ``D`` are the shards of one generation, id ``quote(D)``
+  (``checkpoints/step-500`` -> ``checkpoints%2Fstep-500``).  Data files stream into the store as they are
+  written.  ``.metadata`` (written directly, or DCP's ``.metadata.tmp`` renamed to it) is written last and
+  **commits** the generation: the commit point.  Until then the directory exists only in the writing
+  filesystem instance, and ``D/.metadata`` does not exist, so runtimes that look for ``.metadata``
+  (TorchTitan's load discovery, DCP) never see an uncommitted checkpoint.
+* **checkpoint files** (any other name, e.g. Lightning's ``epoch=0-step=10.ckpt``): each file is its
+  own generation, id ``@`` + ``quote(path)``, committed when the file is closed (or when an fsspec
+  transaction commits).
+* **directories** are implied by the generations under them (plus, within one instance, those made
+  by ``mkdir``/``makedirs``).
+* ``rm -r D`` retires every generation under ``D`` (``store.delete``): the runtimes' purge.  Removing
+  ``D/.metadata`` retires ``D``'s generation (invalidate-first, as OLMo-core does).
+
+Append-only: a committed file cannot be changed or partly removed (``PermissionError``); writing a
+checkpoint file that exists replaces it by deleting the old generation first (not atomic: the store has
+no rename); ``mv`` other than ``X.tmp`` -> ``X`` inside an uncommitted directory is copy + delete.
+
+Storage options (``fsspec.filesystem("retainz", retention=...)``, or for runtimes that call
+``url_to_fs`` without options, ``fsspec.config.conf["retainz"]`` / the environment variable
+``FSSPEC_RETAINZ_RETENTION``):
+
+* ``retention``: the runtime's retention rule (``"torchtitan:interval=500,keep_latest_k=10"``), or a
+  ``{folder: rule}`` dict keyed by the folder inside the device: it becomes each generation's placement
+  hint, with the step parsed from the name (``step-N``, ``iter_N``, ``checkpoint-N``, ``global_stepN``,
+  Lightning's ``step=N``);
+* ``wait``: seconds to wait for a device another process holds (default 120).
+
+Registered under the protocol ``retainz`` through the ``fsspec.specs`` entry point (pyproject.toml) and
+:func:`register`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import posixpath
+import queue
+import re
+import threading
+from typing import Any
+from urllib.parse import quote, unquote
+
+from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
+
+from retainz.errors import GenerationNotFoundError
+from retainz.integrations import _stores
+from retainz.integrations.hints import retention_hint
+
+__all__ = ["RetainZFileSystem", "register", "generation_for", "is_dcp_name"]
+
+_DCP_NAME = re.compile(r"(.*\.distcp|(__\d+)?\.metadata(\.tmp)?)")
+_LIGHTNING_STEP = re.compile(r"(?:^|[-_])step=(\d+)")
+_FILE_SHARD = "file"
+
+
+def is_dcp_name(name: str) -> bool:
+    """True for DCP's file names (``*.distcp``, ``.metadata``, ``.metadata.tmp``, ``__N.metadata``):
+    these are shards of their directory's generation; any other file is a generation of its own."""
+    return bool(_DCP_NAME.fullmatch(name))
+
+
+def generation_for(inner: str) -> tuple[str, str, bool]:
+    """``(generation id, shard name, is_directory_generation)`` for a file path inside a device."""
+    parent, name = posixpath.split(inner)
+    if is_dcp_name(name):
+        if not parent:
+            raise ValueError(f"{inner}: DCP files must be inside a checkpoint directory")
+        return quote(parent, safe=""), name, True
+    return "@" + quote(inner, safe=""), _FILE_SHARD, False
+
+
+def _step_of(inner: str) -> int | None:
+    from retainz.retention.steps import parse_step
+
+    name = posixpath.basename(inner)
+    step = parse_step(name)
+    if step is None:
+        m = _LIGHTNING_STEP.search(name)
+        step = int(m.group(1)) if m else None
+    return step
+
+
+class _Pending:
+    """An uncommitted directory generation being written by this instance."""
+
+    def __init__(self, writer: Any, directory: str):
+        self.writer = writer
+        self.directory = directory
+        self.files: dict[str, int | None] = {}     # shard name -> size (None while streaming)
+        self.tmp: dict[str, bytes] = {}            # buffered .metadata.tmp (renamed to commit)
+        self.lock = threading.Lock()               # one shard at a time per generation
+        self.release = lambda: None                # releases the device (set by the filesystem)
+
+
+class _Sink:
+    """Pushes ``write()`` data into ``GenerationWriter.write_shard`` (which pulls an iterable) on a
+    helper thread, through a bounded queue: the shard streams, it is never whole in memory."""
+
+    def __init__(self, write_shard, name: str, lock: threading.Lock):
+        self.q: queue.Queue = queue.Queue(maxsize=4)
+        self.error: BaseException | None = None
+        self.info = None
+        self._thread = threading.Thread(target=self._run, args=(write_shard, name, lock), daemon=True)
+        self._thread.start()
+
+    def _chunks(self):
+        while (chunk := self.q.get()) is not None:
+            yield chunk
+
+    def _run(self, write_shard, name, lock):
+        try:
+            with lock:
+                self.info = write_shard(name, self._chunks())
+        except BaseException as e:  # noqa: BLE001 - re-raised in the writing thread
+            self.error = e
+            while True:                      # drain so producers never block on a dead consumer
+                with contextlib.suppress(queue.Empty):
+                    if self.q.get(timeout=0.1) is None:
+                        break
+
+    def put(self, item) -> None:
+        while True:
+            if self.error is not None:
+                raise self.error
+            try:
+                self.q.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                if not self._thread.is_alive() and self.error is None:
+                    raise RuntimeError("shard writer thread ended early") from None
+
+    def finish(self):
+        self.put(None)
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.info
+
+
+class RetainZFileSystem(AbstractFileSystem):
+    """fsspec filesystem over RetainZ stores on FileDevice files (see the module docstring)."""
+
+    protocol = "retainz"
+    root_marker = "/"
+    cachable = True
+
+    def __init__(self, retention: str | dict[str, str] | None = None, wait: float = 120.0, **kwargs):
+        super().__init__(**kwargs)
+        self.retention = retention
+        self.wait = float(wait)
+        self._lock = threading.RLock()
+        self._pending: dict[tuple[str, str], _Pending] = {}
+        self._dirs: dict[str, set[str]] = {}
+
+    # -- paths -------------------------------------------------------------------------------------
+    @classmethod
+    def _strip_protocol(cls, path):
+        path = super()._strip_protocol(path)
+        return "/" + path.lstrip("/") if path else "/"
+
+    def _split(self, path: str) -> tuple[str, str]:
+        """``(device file, path inside it)``; raises FileNotFoundError if no component is a file."""
+        path = self._strip_protocol(path)
+        parts = [p for p in path.split("/") if p]
+        cur = "/"
+        for i, part in enumerate(parts):
+            cur = os.path.join(cur, part)
+            if os.path.isfile(cur):
+                inner = "/".join(parts[i + 1:])
+                if any(p in (".", "..") for p in parts[i + 1:]):
+                    raise ValueError(f"{path}: '.' and '..' are not allowed inside a device")
+                return cur, inner
+            if not os.path.isdir(cur):
+                break
+        raise FileNotFoundError(f"{path}: no RetainZ device file on this path")
+
+    def _full(self, device: str, inner: str) -> str:
+        return device + ("/" + inner if inner else "")
+
+    def _rule(self, inner: str) -> str | None:
+        if isinstance(self.retention, dict):
+            best = None
+            for folder, rule in self.retention.items():
+                f = folder.strip("/")
+                if (not f or inner == f or inner.startswith(f + "/")) and (best is None or len(f) > len(best[0])):
+                    best = (f, rule)
+            return best[1] if best else None
+        return self.retention
+
+    def _store(self, device: str):
+        return _stores.using(device, wait=self.wait)
+
+    # -- the namespace -----------------------------------------------------------------------------
+    def _catalog(self, device: str) -> tuple[dict[str, int], set[str]]:
+        """``({file: size}, {directories})`` inside ``device``: committed generations plus this
+        instance's uncommitted ones and made directories."""
+        files: dict[str, int] = {}
+        with self._store(device) as store:
+            gens = store.generations()
+        for g in gens:
+            if g.id.startswith("@"):
+                if _FILE_SHARD in g.shards:
+                    files[unquote(g.id[1:])] = g.shards[_FILE_SHARD].size
+            else:
+                d = unquote(g.id)
+                for name, s in g.shards.items():
+                    files[f"{d}/{name}"] = s.size
+        dirs = {""}
+        with self._lock:
+            for (dev, _), p in self._pending.items():
+                if dev == device:
+                    dirs.add(p.directory)
+                    for name, size in p.files.items():
+                        files[f"{p.directory}/{name}"] = size or 0
+                    for name, blob in p.tmp.items():
+                        files[f"{p.directory}/{name}"] = len(blob)
+            dirs |= self._dirs.get(device, set())
+        for f in list(files) + list(dirs):
+            parent = posixpath.dirname(f)
+            while parent:
+                dirs.add(parent)
+                parent = posixpath.dirname(parent)
+        return files, dirs
+
+    def ls(self, path, detail=True, **kwargs):
+        device, inner = self._split(path)
+        files, dirs = self._catalog(device)
+        if inner in files:
+            entries = [{"name": self._full(device, inner), "size": files[inner], "type": "file"}]
+        elif inner in dirs:
+            prefix = inner + "/" if inner else ""
+            entries = []
+            for f, size in sorted(files.items()):
+                if f.startswith(prefix) and "/" not in f[len(prefix):]:
+                    entries.append({"name": self._full(device, f), "size": size, "type": "file"})
+            for d in sorted(dirs):
+                if d and d.startswith(prefix) and "/" not in d[len(prefix):]:
+                    entries.append({"name": self._full(device, d), "size": 0, "type": "directory"})
+        else:
+            raise FileNotFoundError(self._full(device, inner))
+        return entries if detail else [e["name"] for e in entries]
+
+    def info(self, path, **kwargs):
+        device, inner = self._split(path)
+        files, dirs = self._catalog(device)
+        if inner in files:
+            return {"name": self._full(device, inner), "size": files[inner], "type": "file"}
+        if inner in dirs:
+            return {"name": self._full(device, inner), "size": 0, "type": "directory"}
+        raise FileNotFoundError(self._full(device, inner))
+
+    def mkdir(self, path, create_parents=True, **kwargs):
+        device, inner = self._split(path)
+        if inner:
+            files, dirs = self._catalog(device)
+            if inner in files or inner in dirs:
+                raise FileExistsError(self._full(device, inner))
+            if not create_parents and posixpath.dirname(inner) not in dirs:
+                raise FileNotFoundError(self._full(device, posixpath.dirname(inner)))
+            with self._lock:
+                self._dirs.setdefault(device, set()).add(inner)
+
+    def makedirs(self, path, exist_ok=False):
+        device, inner = self._split(path)
+        files, dirs = self._catalog(device)
+        if inner in files:
+            raise FileExistsError(self._full(device, inner))
+        if inner in dirs:
+            if not exist_ok:
+                raise FileExistsError(self._full(device, inner))
+            return
+        with self._lock:
+            self._dirs.setdefault(device, set()).add(inner)
+
+    def rmdir(self, path):
+        device, inner = self._split(path)
+        files, dirs = self._catalog(device)
+        if inner not in dirs:
+            raise FileNotFoundError(self._full(device, inner))
+        prefix = inner + "/"
+        if any(f.startswith(prefix) for f in files) or any(d.startswith(prefix) for d in dirs):
+            raise OSError(39, "Directory not empty", self._full(device, inner))
+        with self._lock:
+            self._dirs.get(device, set()).discard(inner)
+
+    # -- removal: the runtimes' purge --------------------------------------------------------------
+    def rm(self, path, recursive=False, maxdepth=None):
+        paths = path if isinstance(path, (list, tuple)) else [path]
+        for p in paths:
+            for one in (self.expand_path(p, recursive=recursive, maxdepth=maxdepth)
+                        if any(c in str(p) for c in "*?[") else [p]):
+                self._rm_one(one, recursive)
+
+    def _rm_one(self, path: str, recursive: bool) -> None:
+        device, inner = self._split(path)
+        files, dirs = self._catalog(device)
+        if inner in files:
+            self._rm_file(device, inner)
+            return
+        if inner not in dirs:
+            raise FileNotFoundError(self._full(device, inner))
+        prefix = inner + "/" if inner else ""
+        has_children = any(f.startswith(prefix) for f in files) or any(d != inner and d.startswith(prefix)
+                                                                      for d in dirs)
+        if has_children and not recursive:
+            raise IsADirectoryError(f"{self._full(device, inner)}: a directory (use recursive=True)")
+        with self._store(device) as store:
+            for g in store.generations():
+                gpath = unquote(g.id[1:] if g.id.startswith("@") else g.id)
+                if not inner or gpath == inner or gpath.startswith(prefix):
+                    with contextlib.suppress(GenerationNotFoundError):
+                        store.delete(g.id)
+            with self._lock:
+                for key, p in list(self._pending.items()):
+                    if key[0] == device and (not inner or p.directory == inner or p.directory.startswith(prefix)):
+                        self._abort(key)
+                made = self._dirs.get(device, set())
+                for d in list(made):
+                    if not inner or d == inner or d.startswith(prefix):
+                        made.discard(d)
+
+    def _rm_file(self, device: str, inner: str) -> None:
+        gen, name, is_dir = generation_for(inner)
+        with self._lock:
+            pending = self._pending.get((device, gen))
+            if pending is not None:
+                if name in pending.tmp:
+                    del pending.tmp[name]
+                else:                       # a partly written data file: the save failed
+                    self._abort((device, gen))
+                return
+        with self._store(device) as store:
+            if is_dir and name not in (".metadata",):
+                raise PermissionError(f"{self._full(device, inner)}: append-only store: a committed checkpoint's "
+                                      "files cannot be removed one by one (rm -r the directory, or rm its "
+                                      ".metadata to retire it)")
+            store.delete(gen)
+
+    def _rm(self, path):
+        self._rm_one(path, recursive=False)
+
+    def rm_file(self, path):
+        self._rm_one(path, recursive=False)
+
+    def _abort(self, key) -> None:
+        p = self._pending.pop(key, None)
+        if p is not None:
+            with contextlib.suppress(Exception):
+                p.writer.abort()
+            p.release()
+
+    # -- writing -------------------------------------------------------------------------------------
+    def _pending_for(self, device: str, inner: str) -> _Pending:
+        gen, _, _ = generation_for(inner)
+        key = (device, gen)
+        with self._lock:
+            p = self._pending.get(key)
+            if p is not None:
+                return p
+            directory = posixpath.dirname(inner)
+            stack = contextlib.ExitStack()
+            store = stack.enter_context(self._store(device))
+            try:
+                try:
+                    store.generation(gen)
+                    raise FileExistsError(f"{self._full(device, directory)}: checkpoint already committed "
+                                          "(append-only: rm -r it before writing it again)")
+                except GenerationNotFoundError:
+                    pass
+                step = _step_of(directory)
+                hint = retention_hint(step, rule=self._rule(directory))
+                writer = store.begin_generation(gen, step or 0, hint=hint)
+            except BaseException:
+                stack.close()
+                raise
+            p = self._pending[key] = _Pending(writer, directory)
+            p.release = stack.close
+            return p
+
+    def _open(self, path, mode="rb", block_size=None, autocommit=True, cache_options=None, **kwargs):
+        path = self._strip_protocol(path)
+        if mode == "rb":
+            return _ReadFile(self, path, mode, block_size=block_size or "default",
+                             cache_options=cache_options, **kwargs)
+        if mode not in ("wb", "xb"):
+            raise NotImplementedError(f"mode {mode!r}: the store is append-only (rb, wb, xb)")
+        device, inner = self._split(path)
+        if not inner:
+            raise IsADirectoryError(path)
+        if mode == "xb" and self.exists(path):
+            raise FileExistsError(path)
+        return _WriteFile(self, path, mode, block_size=block_size or "default", autocommit=autocommit, **kwargs)
+
+    def mv(self, path1, path2, recursive=False, maxdepth=None, **kwargs):
+        """``X.tmp`` -> ``X`` in an uncommitted checkpoint directory (DCP's commit of ``.metadata``)
+        is the commit; anything else is copy + delete."""
+        d1, i1 = self._split(path1)
+        d2, i2 = self._split(path2)
+        g1, n1, dir1 = generation_for(i1) if i1 else ("", "", False)
+        g2, n2, dir2 = generation_for(i2) if i2 else ("", "", False)
+        with self._lock:
+            p = self._pending.get((d1, g1))
+            if d1 == d2 and dir1 and dir2 and g1 == g2 and p is not None and n1 in p.tmp:
+                blob = p.tmp.pop(n1)
+                self._write_small(d1, i2, blob)
+                return
+        super().mv(path1, path2, recursive=recursive, maxdepth=maxdepth, **kwargs)
+
+    def _write_small(self, device: str, inner: str, blob: bytes) -> None:
+        with self.open(self._full(device, inner), "wb") as f:
+            f.write(blob)
+
+    def cp_file(self, path1, path2, **kwargs):
+        """Copy by streaming the bytes through (the store has no server-side copy)."""
+        if self.isdir(path1):
+            self.makedirs(path2, exist_ok=True)
+            return
+        with self.open(path1, "rb") as src, self.open(path2, "wb") as dst:
+            while block := src.read(8 << 20):
+                dst.write(block)
+
+    def created(self, path):
+        raise NotImplementedError("the store keeps no wall-clock times (logical time only)")
+
+    def modified(self, path):
+        raise NotImplementedError("the store keeps no wall-clock times (logical time only)")
+
+    # -- reading -------------------------------------------------------------------------------------
+    def _read_range(self, device: str, inner: str, start: int, end: int, window: dict) -> bytes:
+        """Bytes ``[start, end)`` of a committed file: whole extents are read and crc32c-checked."""
+        import crc32c
+
+        gen, name, _ = generation_for(inner)
+        out = bytearray()
+        with self._store(device) as store:
+            lock = getattr(store, "_lock", contextlib.nullcontext())
+            pos = start
+            while pos < end:
+                w = window.get("data")
+                if w is not None and window["start"] <= pos < window["start"] + len(w):
+                    take = w[pos - window["start"]:end - window["start"]]
+                    out += take
+                    pos += len(take)
+                    continue
+                with lock:
+                    shard = store.generation(gen).shards[name]
+                    at = 0
+                    for ext in shard.extents:
+                        if at <= pos < at + ext[2]:
+                            break
+                        at += ext[2]
+                    else:
+                        break
+                    zone, off, length, crc = ext
+                    geo = store.device.geometry
+                    bs = geo.block_size
+                    data = store.device.read(zone * geo.zone_size + off, -(-length // bs) * bs)[:length]
+                if crc is not None and crc32c.crc32c(data) != crc:
+                    from retainz.errors import ChecksumError
+
+                    raise ChecksumError(f"{inner}: extent at zone {zone} offset {off} fails its crc32c",
+                                        generation=gen, shard=name, zone=zone, offset=off, length=length)
+                window["start"], window["data"] = at, memoryview(data)
+        return bytes(out)
+
+
+class _ReadFile(AbstractBufferedFile):
+    DEFAULT_BLOCK_SIZE = 4 << 20
+
+    def __init__(self, fs, path, mode, **kwargs):
+        self._window: dict = {}
+        super().__init__(fs, path, mode, **kwargs)
+        self._device, self._inner = fs._split(path)
+
+    def _fetch_range(self, start, end):
+        return self.fs._read_range(self._device, self._inner, start, min(end, self.size), self._window)
+
+
+class _WriteFile(AbstractBufferedFile):
+    DEFAULT_BLOCK_SIZE = 8 << 20
+
+    def __init__(self, fs, path, mode, **kwargs):
+        super().__init__(fs, path, mode, **kwargs)
+        self._device, self._inner = fs._split(path)
+        self._gen, self._name, self._dir = generation_for(self._inner)
+        self._sink: _Sink | None = None
+        self._single: tuple | None = None      # (ExitStack, writer) of a checkpoint-file generation
+        self._tmpbuf: io.BytesIO | None = io.BytesIO() if self._is_buffered() else None
+        self._done = False
+
+    def _is_buffered(self) -> bool:
+        return self._dir and (self._name.endswith(".tmp") or self._name.endswith(".metadata"))
+
+    def _initiate_upload(self):
+        fs = self.fs
+        if self._tmpbuf is not None:
+            return
+        if self._dir:
+            p = fs._pending_for(self._device, self._inner)
+            p.files[self._name] = None
+            self._sink = _Sink(p.writer.write_shard, self._name, p.lock)
+            return
+        stack = contextlib.ExitStack()
+        store = stack.enter_context(fs._store(self._device))
+        try:
+            with contextlib.suppress(GenerationNotFoundError):
+                store.generation(self._gen)
+                store.delete(self._gen)           # replacing a checkpoint file (not atomic)
+            step = _step_of(self._inner)
+            writer = store.begin_generation(self._gen, step or 0,
+                                            hint=retention_hint(step, rule=fs._rule(posixpath.dirname(self._inner))))
+        except BaseException:
+            stack.close()
+            raise
+        self._single = (stack, writer)
+        self._sink = _Sink(writer.write_shard, _FILE_SHARD, threading.Lock())
+
+    def _upload_chunk(self, final=False):
+        data = self.buffer.getvalue()
+        if self._tmpbuf is not None:
+            self._tmpbuf.write(data)
+        elif data:
+            self._sink.put(data)
+        if final:
+            self._finish()
+        return True
+
+    def _finish(self):
+        fs = self.fs
+        if self._tmpbuf is not None:
+            blob = self._tmpbuf.getvalue()
+            if self._name.endswith(".tmp"):
+                p = fs._pending_for(self._device, self._inner)
+                with fs._lock:
+                    p.tmp[self._name] = blob
+                return
+            # .metadata (or __N.metadata): the last shard; .metadata commits the generation
+            p = fs._pending_for(self._device, self._inner)
+            with p.lock:
+                p.writer.write_shard(self._name, [blob])
+            p.files[self._name] = len(blob)
+            if self._name == ".metadata" and self.autocommit:
+                self._commit_dir()
+            return
+        info = self._sink.finish()
+        if self._dir:
+            p = fs._pending[(self._device, self._gen)]
+            p.files[self._name] = info.size if info is not None else 0
+        elif self.autocommit:
+            self.commit()
+
+    def _commit_dir(self):
+        fs = self.fs
+        key = (self._device, self._gen)
+        with fs._lock:
+            p = fs._pending.pop(key)
+        try:
+            p.writer.commit()
+        finally:
+            p.release()
+
+    def commit(self):
+        if self._done:
+            return
+        self._done = True
+        if self._single is not None:
+            stack, writer = self._single
+            try:
+                writer.commit()
+            finally:
+                stack.close()
+        elif self._dir and self._name == ".metadata" and not self.autocommit:
+            self._commit_dir()
+
+    def discard(self):
+        if self._done:
+            return
+        self._done = True
+        if self._single is not None:
+            stack, writer = self._single
+            with contextlib.suppress(Exception):
+                writer.abort()
+            stack.close()
+        elif self._dir:
+            with self.fs._lock:
+                self.fs._abort((self._device, self._gen))
+
+    def close(self):
+        if self.closed:
+            return
+        try:
+            super().close()
+        except BaseException:
+            if self._sink is not None:
+                with contextlib.suppress(Exception):
+                    self._sink.q.put_nowait(None)
+            self.discard()
+            raise
+
+
+def register(clobber: bool = True) -> None:
+    """Register ``retainz`` with fsspec in this process (the entry point does it for installed
+    packages; this is for source checkouts)."""
+    import fsspec
+
+    fsspec.register_implementation("retainz", RetainZFileSystem, clobber=clobber)
+

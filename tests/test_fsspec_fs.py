@@ -1,0 +1,126 @@
+"""The retainz:// fsspec filesystem: DCP's own fsspec writer/reader over the store, commit on
+.metadata, invisibility of uncommitted checkpoints, rm -r as retirement, retention hints."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch", reason="needs the torch extra (make setup-torch)")
+fsspec = pytest.importorskip("fsspec")
+
+import torch  # noqa: E402
+import torch.distributed.checkpoint as dcp  # noqa: E402
+
+from retainz.integrations import _stores  # noqa: E402
+from tests.storecheck import require_store  # noqa: E402
+
+pytestmark = pytest.mark.dcp
+
+
+@pytest.fixture
+def device(tmp_path):
+    require_store()
+    from retainz.store import Store
+    from retainz.zoned import FileDevice, Geometry
+
+    path = tmp_path / "dev.img"
+    dev = FileDevice.create(path, Geometry(nr_zones=48, zone_size=1 << 20, zone_capacity=1 << 20))
+    Store.format(dev).close()
+    dev.close()
+    fsspec.config.conf.pop("retainz", None)
+    yield str(path)
+    fsspec.config.conf.pop("retainz", None)
+    fsspec.filesystem("retainz").clear_instance_cache()
+    assert _stores.open_count() == 0
+
+
+def _gens(device):
+    with _stores.using(device) as store:
+        return {g.id: g for g in store.generations()}
+
+
+def test_protocol_is_registered_by_entry_point():
+    from retainz.integrations.fsspec_fs import RetainZFileSystem
+
+    assert fsspec.get_filesystem_class("retainz") is RetainZFileSystem
+
+
+def test_dcp_fsspec_writer_and_reader_unmodified(device):
+    """dcp.save with a retainz:// checkpoint_id and no storage_writer picks DCP's own FsspecWriter."""
+    fsspec.config.conf["retainz"] = {"retention": "torchtitan:interval=10,keep_latest_k=3"}
+    sd = {"w": torch.randn(300, 7), "i": torch.arange(5), "meta": {"epoch": 3}}
+    url = f"retainz://{device}/ckpt/step-20"
+    dcp.save(sd, checkpoint_id=url)
+    gens = _gens(device)
+    assert list(gens) == ["ckpt%2Fstep-20"]
+    g = gens["ckpt%2Fstep-20"]
+    assert g.step == 20 and g.hint.reclaim_step == 20 + 3 * 10
+    assert list(g.shards)[-1] == ".metadata" and "__0_0.distcp" in g.shards
+    out = {"w": torch.zeros(300, 7), "i": torch.zeros(5, dtype=torch.int64), "meta": {"epoch": 0}}
+    dcp.load(out, checkpoint_id=url)
+    assert torch.equal(out["w"], sd["w"]) and torch.equal(out["i"], sd["i"]) and out["meta"] == {"epoch": 3}
+
+
+def test_uncommitted_directory_is_invisible_until_metadata(device):
+    fs = fsspec.filesystem("retainz")
+    d = f"{device}/ckpt/step-30"
+    with fs.open(f"{d}/__0_0.distcp", "wb") as f:
+        f.write(b"\1" * 100_000)
+    other = fsspec.filesystem("retainz", wait=5)          # another instance (another process's view)
+    assert not other.exists(d) and not fs.exists(f"{d}/.metadata")
+    assert fs.ls(d, detail=False) == [f"{d}/__0_0.distcp"]    # the writer sees its own files
+    with fs.open(f"{d}/.metadata.tmp", "wb") as f:
+        f.write(b"md")
+    assert not other.exists(f"{d}/.metadata")
+    fs.mv(f"{d}/.metadata.tmp", f"{d}/.metadata")         # DCP's rename: the commit point
+    assert other.isfile(f"{d}/.metadata") and other.cat(f"{d}/.metadata") == b"md"
+    assert other.cat(f"{d}/__0_0.distcp") == b"\1" * 100_000
+    assert _gens(device)["ckpt%2Fstep-30"].shards[".metadata"].size == 2
+
+
+def test_rm_recursive_retires_generations(device):
+    fs = fsspec.filesystem("retainz")
+    for step in (10, 20, 30):
+        fs.pipe(f"{device}/ckpt/step-{step}/__0_0.distcp", b"d" * step)
+        fs.pipe(f"{device}/ckpt/step-{step}/.metadata", b"m")
+    fs.pipe(f"{device}/other/epoch=1-step=7.ckpt", b"lightning")
+    assert fs.ls(f"{device}/ckpt", detail=False) == [f"{device}/ckpt/step-{s}" for s in (10, 20, 30)]
+    fs.rm(f"{device}/ckpt/step-10", recursive=True)
+    assert sorted(_gens(device)) == ["@other%2Fepoch%3D1-step%3D7.ckpt", "ckpt%2Fstep-20", "ckpt%2Fstep-30"]
+    fs.rm(f"{device}/ckpt/step-20/.metadata")              # invalidate-first retires the checkpoint
+    assert sorted(_gens(device)) == ["@other%2Fepoch%3D1-step%3D7.ckpt", "ckpt%2Fstep-30"]
+    with pytest.raises(PermissionError, match="append-only"):
+        fs.rm(f"{device}/ckpt/step-30/__0_0.distcp")
+    with pytest.raises(IsADirectoryError):
+        fs.rm(f"{device}/ckpt")
+    fs.rm(f"{device}/ckpt", recursive=True)
+    assert sorted(_gens(device)) == ["@other%2Fepoch%3D1-step%3D7.ckpt"]
+    assert _gens(device)["@other%2Fepoch%3D1-step%3D7.ckpt"].step == 7
+    with pytest.raises(FileNotFoundError):
+        fs.rm(f"{device}/ckpt/step-10", recursive=True)
+
+
+def test_committed_checkpoint_is_append_only(device):
+    fs = fsspec.filesystem("retainz")
+    fs.pipe(f"{device}/c/step-1/__0_0.distcp", b"x")
+    fs.pipe(f"{device}/c/step-1/.metadata", b"m")
+    with pytest.raises(FileExistsError, match="already committed"):
+        fs.pipe(f"{device}/c/step-1/__0_0.distcp", b"y")
+    with pytest.raises(NotImplementedError, match="append-only"):
+        fs.open(f"{device}/c/step-1/x.bin", "ab")
+
+
+def test_failed_write_aborts_the_generation(device):
+    fs = fsspec.filesystem("retainz")
+    with pytest.raises(RuntimeError, match="boom"), fs.open(f"{device}/c/step-2/__0_0.distcp", "wb") as f:
+        f.write(b"z" * (9 << 20))      # past one block: already streaming into the store
+        raise RuntimeError("boom")
+    fs.rm_file(f"{device}/c/step-2/__0_0.distcp")           # what DCP's create_stream does on error
+    assert _gens(device) == {}
+    assert not fs.exists(f"{device}/c/step-2")
+
+
+def test_no_device_on_path_is_a_clear_error(tmp_path):
+    fs = fsspec.filesystem("retainz")
+    with pytest.raises(FileNotFoundError, match="no RetainZ device file on this path"):
+        fs.ls(f"{tmp_path}/nothing/here")
