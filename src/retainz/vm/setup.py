@@ -78,6 +78,11 @@ _apt_updated = False
 
 
 def _apt(args: list[str], what: str, cwd: Path | None = None) -> None:
+    """Run ``apt-get ARGS`` (after one ``apt-get update`` per process); ``args=[]`` only updates.
+
+    Raises:
+        VMSetupError: not root (reason ``no-root``), or apt-get failed (reason ``registry``).
+    """
     global _apt_updated
     if os.geteuid() != 0:
         raise VMSetupError(f"{what} needs root (apt-get); run `sudo make vm-setup` or install "
@@ -90,6 +95,8 @@ def _apt(args: list[str], what: str, cwd: Path | None = None) -> None:
             raise VMSetupError(f"apt-get update failed (is Debian's package registry reachable?):\n"
                                f"{r.stderr.strip()[-2000:]}", reason="registry")
         _apt_updated = True
+    if not args:
+        return
     _log(" ".join(["apt-get", *args]))
     r = subprocess.run(["apt-get", *args], env=env, capture_output=True, text=True, cwd=cwd)
     if r.returncode != 0:
@@ -191,11 +198,8 @@ def ensure_kernel(cache: Path | None = None, install: bool = True) -> Kernel:
         raise VMSetupError(f"no guest kernel in {cache}/kernel (run `make vm-setup`)")
     if not shutil.which("dpkg-deb"):
         raise VMSetupError("dpkg-deb not found: the guest kernel is unpacked from a Debian package")
+    _apt([], "updating the package lists")  # the current kernel ABI name comes from fresh lists
     name = _kernel_package_name()
-    if name is None:
-        _apt(["install", "-y", "-q", "--no-install-recommends", "--print-uris", KERNEL_META],
-             "finding the kernel package")  # forces apt-get update, then retry the lookup
-        name = _kernel_package_name()
     if name is None:
         raise VMSetupError(f"apt-cache does not know {KERNEL_META}: is Debian's package registry "
                            "configured? (apt-get update)", reason="registry")
