@@ -462,3 +462,57 @@ def test_empirical_lifetimes_learn_from_the_past_only():
     u = est.estimate("r1", 50, 60)
     assert u.expected == 80 and u.probability == pytest.approx(2 / 4)
     assert est.estimate("r1", 50, 100).expected == 100  # never earlier than the earliest possible step
+
+
+# -- online hints ----------------------------------------------------------------------------------------
+
+EXACT = ["torchtitan:interval=10,keep_latest_k=3", "torchtitan:interval=10,keep_latest_k=2,async=true",
+         "megatron:save_interval=10,retain_interval=30,non_persistent_interval=3",
+         "megatron:save_interval=10,non_persistent_interval=4,non_persistent=local",
+         "hf:save_steps=10,save_total_limit=2", "accelerate:save_steps=10,total_limit=3",
+         "orbax:latest=2,every_steps=30,save_interval_steps=5", "lightning:every_n_train_steps=10,metric=none,save_last=true"]
+
+
+@pytest.mark.parametrize("spec", EXACT)
+def test_save_hint_equals_the_hint_of_the_driven_run(spec):
+    from retainz.retention import save_hint
+
+    rule = parse_rule(spec)
+    for a in run(spec, 95):
+        if a.kind == "save":
+            assert save_hint(rule, a.step, total_steps=95, cls=a.cls) == a.hint, (a.step, a.cls)
+
+
+@pytest.mark.parametrize("spec", EXACT)
+def test_save_hint_without_a_known_end_matches_a_long_run(spec):
+    from retainz.retention import save_hint
+
+    rule = parse_rule(spec)
+    for a in run(spec, 3000):
+        if a.kind == "save" and 200 <= a.step <= 2000:
+            assert save_hint(rule, a.step, cls=a.cls) == a.hint, (a.step, a.cls)
+
+
+def test_hint_for_save_gives_placement_hints():
+    from retainz.placement.base import Hint as PlacementHint
+    from retainz.retention import hint_for_save
+
+    tt = parse_rule("torchtitan:interval=500,keep_latest_k=10")
+    assert hint_for_save(tt, 1000) == PlacementHint(6000, 3, "after_newer:k=10,of_class=interval,timing=after_commit")
+    assert hint_for_save(tt, 1234) == PlacementHint(math.inf, 5, "permanent:reason=final")  # off-interval: the last step
+    mg = parse_rule("megatron:save_interval=1000,retain_interval=5000")
+    assert hint_for_save(mg, 5000).reclaim_step == math.inf
+    assert hint_for_save(mg, 6000).reclaim_step == 7000
+    top = hint_for_save(parse_rule("lightning:every_n_train_steps=500,save_top_k=3"), 1500)
+    assert top.reclaim_step is None and top.lifetime == 0 and top.condition.startswith("uncertain:earliest=3000")
+
+
+def test_a_resumed_run_plans_saves_from_its_first_step():
+    s = parse_rule("megatron:save_interval=10,non_persistent_interval=4").start(40, first_step=21)
+    assert [(p.step, p.cls) for p in s.schedule.saves] == [(24, "non_persistent"), (28, "non_persistent"),
+                                                           (30, "persistent"), (32, "non_persistent"),
+                                                           (36, "non_persistent"), (40, "persistent")]
+    acc = parse_rule("accelerate:save_steps=10").start(40, first_step=25)
+    assert [p.name for p in acc.schedule.saves] == ["checkpoints/checkpoint_2", "checkpoints/checkpoint_3"]
+    with pytest.raises(ValueError, match="first_step"):
+        parse_rule("hf").start(10, first_step=11)

@@ -227,8 +227,15 @@ class Rule:
         """The runtime's base save interval (steps), the unit of :func:`lifetime_class`."""
         raise NotImplementedError
 
-    def start(self, total_steps: int, *, seed: int = 0) -> Session:
-        """A session for a run of steps ``1..total_steps``; ``seed`` seeds synthetic metrics."""
+    def start(self, total_steps: int, *, seed: int = 0, first_step: int = 1) -> Session:
+        """A session for a run of steps ``first_step..total_steps``.
+
+        Args:
+            total_steps: the run's last training step (steps).
+            seed: seeds synthetic metric series.
+            first_step: the first step of the run (a resumed run, or a window for :func:`save_hint`);
+                no save before it is planned.
+        """
         raise NotImplementedError
 
     def spec(self) -> str:

@@ -38,9 +38,16 @@ def _positive(rule: str, **values: int | None) -> None:
             raise ValueError(f"retention rule {rule}: {key} must be >= 1, got {v}")
 
 
-def _check_steps(total_steps: int) -> None:
+def _check_steps(total_steps: int, first_step: int = 1) -> None:
     if total_steps < 1:
         raise ValueError(f"a run needs at least 1 training step, got {total_steps}")
+    if not 1 <= first_step <= total_steps:
+        raise ValueError(f"first_step must be in 1..{total_steps}, got {first_step}")
+
+
+def _multiples(interval: int, first: int, last: int) -> range:
+    """Multiples of ``interval`` in ``[first, last]``."""
+    return range(-(-first // interval) * interval, last + 1, interval)
 
 
 def _metric_series(metric: str, steps: list[int], seed: int) -> MetricSeries:
@@ -97,11 +104,11 @@ class TorchTitan(Rule):
     def base_interval(self) -> int:
         return self.interval
 
-    def start(self, total_steps: int, *, seed: int = 0) -> Session:
+    def start(self, total_steps: int, *, seed: int = 0, first_step: int = 1) -> Session:
         del seed  # Ignored by this rule.
-        _check_steps(total_steps)
+        _check_steps(total_steps, first_step)
         saves = [PlannedSave(s, "interval", f"step-{s}")
-                 for s in range(self.interval, total_steps, self.interval)]
+                 for s in _multiples(self.interval, first_step, total_steps - 1)]
         saves.append(PlannedSave(total_steps, "final", f"step-{total_steps}", self.last_save_model_only))
         return _TorchTitanSession(self, total_steps, saves)
 
@@ -183,13 +190,13 @@ class Megatron(Rule):
     def base_interval(self) -> int:
         return min(self.save_interval, self.non_persistent_interval or self.save_interval)
 
-    def start(self, total_steps: int, *, seed: int = 0) -> Session:
+    def start(self, total_steps: int, *, seed: int = 0, first_step: int = 1) -> Session:
         del seed  # Ignored by this rule.
-        _check_steps(total_steps)
+        _check_steps(total_steps, first_step)
         saves = []
         npi = self.non_persistent_interval
         prefix = "non_persistent/" if self.non_persistent == "global" else "local/"
-        for it in range(1, total_steps + 1):
+        for it in range(first_step, total_steps + 1):
             if it % self.save_interval == 0:
                 saves.append(PlannedSave(it, "persistent", f"iter_{it:07d}"))
             elif npi and it % npi == 0:
@@ -326,10 +333,10 @@ class Lightning(Rule):
     def base_interval(self) -> int:
         return self.every_n_train_steps
 
-    def start(self, total_steps: int, *, seed: int = 0) -> Session:
-        _check_steps(total_steps)
+    def start(self, total_steps: int, *, seed: int = 0, first_step: int = 1) -> Session:
+        _check_steps(total_steps, first_step)
         n = self.every_n_train_steps
-        triggers = list(range(n, total_steps + 1, n))
+        triggers = list(_multiples(n, first_step, total_steps))
         series = _metric_series(self.metric, triggers, seed) if self.monitored else None
         saves = []
         topk = _TopK(self.save_top_k, self.mode)
@@ -427,9 +434,9 @@ class HFTrainer(Rule):
     def base_interval(self) -> int:
         return self.save_steps
 
-    def start(self, total_steps: int, *, seed: int = 0) -> Session:
-        _check_steps(total_steps)
-        steps = list(range(self.save_steps, total_steps + 1, self.save_steps))
+    def start(self, total_steps: int, *, seed: int = 0, first_step: int = 1) -> Session:
+        _check_steps(total_steps, first_step)
+        steps = list(_multiples(self.save_steps, first_step, total_steps))
         if not steps or steps[-1] != total_steps:
             steps.append(total_steps)
         series = _metric_series(self.metric, steps, seed) if self.metric else None
@@ -519,11 +526,11 @@ class Accelerate(Rule):
     def base_interval(self) -> int:
         return self.save_steps
 
-    def start(self, total_steps: int, *, seed: int = 0) -> Session:
+    def start(self, total_steps: int, *, seed: int = 0, first_step: int = 1) -> Session:
         del seed  # Ignored by this rule.
-        _check_steps(total_steps)
-        saves = [PlannedSave(s, "checkpoint", f"checkpoints/checkpoint_{i}")
-                 for i, s in enumerate(range(self.save_steps, total_steps + 1, self.save_steps))]
+        _check_steps(total_steps, first_step)
+        saves = [PlannedSave(s, "checkpoint", f"checkpoints/checkpoint_{s // self.save_steps - 1}")
+                 for s in _multiples(self.save_steps, first_step, total_steps)]
         return _AccelerateSession(self, total_steps, saves)
 
 
@@ -575,11 +582,11 @@ class Orbax(Rule):
     def base_interval(self) -> int:
         return self.save_interval_steps
 
-    def start(self, total_steps: int, *, seed: int = 0) -> Session:
+    def start(self, total_steps: int, *, seed: int = 0, first_step: int = 1) -> Session:
         del seed  # Ignored by this rule.
-        _check_steps(total_steps)
+        _check_steps(total_steps, first_step)
         saves = [PlannedSave(s, "step", str(s))
-                 for s in range(self.save_interval_steps, total_steps + 1, self.save_interval_steps)]
+                 for s in _multiples(self.save_interval_steps, first_step, total_steps)]
         return _OrbaxSession(self, total_steps, saves)
 
 
