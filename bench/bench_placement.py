@@ -1,0 +1,133 @@
+"""Decision cost per extent of every placement policy at 256, 4,096 and 65,536 zones, in one run.
+
+For each zone count and policy: a ZoneTable is prefilled to a steady state (80 % of the zones full
+with mixed live/dead bytes and reclaim steps, the active budget open, the rest empty), then
+``place`` is timed for a stream of extents (keep-latest saves, a few permanent ones, 5 % GC copies)
+whose decisions are applied as the store applies them (finish, write, and untimed resets that keep
+empty zones available).  Only ``place`` is timed (``time.perf_counter_ns``).
+
+Two configurations: the device limits of a ZN540-like drive (14 active zones, one kept for the
+journal, as the store does) and an unlimited device where a sixteenth of the zones are open, which
+is where an index over open zones matters.
+
+Usage: ``python bench/bench_placement.py [--json out.json] [--quick]`` (``make bench-placement``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from retainz.placement import POLICIES, ExtentRequest, Hint, ZoneTable, make_allocator  # noqa: E402
+from retainz.placement.hints import lifetime_class  # noqa: E402
+from retainz.zoned.model import ZoneCond  # noqa: E402
+
+MiB = 1 << 20
+SIZES = (256, 4096, 65536)
+INTERVAL, K = 500, 10
+
+
+def prefill(n: int, max_active: int, n_open: int, seed: int) -> ZoneTable:
+    rnd = random.Random(seed)
+    t = ZoneTable({z: MiB for z in range(n)}, max_active=max_active,
+                  reserved_active=1 if max_active else 0)
+    now = 100 * INTERVAL
+    t.now = now
+    n_full = int(n * 0.8)
+    for z in range(n_full + n_open):
+        r = float("inf") if rnd.random() < 0.05 else float(now + rnd.randint(0, K) * INTERVAL)
+        step = int(now - INTERVAL * rnd.randint(0, K)) if r != float("inf") else now
+        w = MiB if z < n_full else rnd.randint(1, MiB - 1)
+        t.on_write(z, w, reclaim_step=r, lifetime=lifetime_class(r, step), step=step)
+        dead = rnd.randint(0, w - 1)
+        if dead:
+            t.on_kill(z, dead)
+    return t
+
+
+def requests(count: int, seed: int):
+    rnd = random.Random(seed)
+    now = 100 * INTERVAL
+    for i in range(count):
+        if i % 16 == 0:
+            now += INTERVAL
+        gen = f"g{now}"
+        r = float("inf") if rnd.random() < 0.05 else float(now + K * INTERVAL)
+        gc = rnd.random() < 0.05
+        step = now - rnd.randint(1, K) * INTERVAL if gc else now
+        yield ExtentRequest(nbytes=256 * 1024, generation=gen, step=step, now=now, gc=gc,
+                            hint=Hint(reclaim_step=r, lifetime=lifetime_class(r, step),
+                                      actual_reclaim_step=r),
+                            pending=0 if gc else rnd.randint(0, 4) * MiB)
+
+
+def bench_one(policy: str, n: int, max_active: int, n_open: int, count: int) -> float:
+    """Mean ``place`` time (microseconds) over ``count`` applied decisions."""
+    t = prefill(n, max_active, n_open, seed=n)
+    a = make_allocator(policy)
+    a.bind(t)
+    t.first_empty()   # untimed: drop the prefill's lazily deleted entries from the empty-zone heap
+    rnd = random.Random(1)
+    total = 0
+    for req in requests(count, seed=2):
+        t.now = req.now
+        t0 = time.perf_counter_ns()
+        d = a.place(req)
+        total += time.perf_counter_ns() - t0
+        for f in d.finish:
+            t.on_finish(f)
+        if d.zone is not None:
+            s = t[d.zone]
+            t.on_write(d.zone, min(req.nbytes, s.remaining), reclaim_step=d.reclaim_step,
+                       lifetime=req.hint.lifetime, step=req.now)
+        while t.n_empty < max(4, n // 64):   # untimed: deletions reset zones
+            z = rnd.randrange(n)
+            s = t[z]
+            if s.cond != ZoneCond.EMPTY:
+                if s.live:
+                    t.on_kill(z, s.live)
+                t.on_reset(z)
+    return total / count / 1000
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--quick", action="store_true", help="fewer decisions (a smoke test)")
+    args = ap.parse_args(argv)
+    configs = [("ZN540-like: 14 active", 14, lambda n: 12),
+               ("unlimited: zones/16 open", 0, lambda n: n // 16)]
+    results: dict = {}
+    for label, max_active, n_open in configs:
+        print(f"\n## decision cost per extent (microseconds), {label}\n")
+        print(f"| policy | {' | '.join(f'{n:,} zones' for n in SIZES)} |")
+        print("|---|" + "---:|" * len(SIZES))
+        for policy in sorted(POLICIES):
+            row = []
+            for n in SIZES:
+                scan = policy == "zenfs"
+                count = max(40, min(1500, 3_000_000 // n)) if scan else 1500
+                if args.quick:
+                    count = max(10, count // 20)
+                us = bench_one(policy, n, max_active - 1 if max_active else 0, n_open(n), count)
+                results.setdefault(label, {}).setdefault(policy, {})[n] = us
+                row.append(f"{us:,.1f}")
+            print(f"| {policy} | {' | '.join(row)} |", flush=True)
+        r = results[label]
+        ratio = r["retainz"][4096] / r["zenfs"][4096]
+        growth = r["retainz"][65536] / r["retainz"][256]
+        print(f"\nretainz / zenfs at 4,096 zones: {ratio:.3f}; retainz 65,536 / 256 zones: "
+              f"{growth:.2f} (zone count x256); zenfs: {r['zenfs'][65536] / r['zenfs'][256]:.1f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
