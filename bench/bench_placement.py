@@ -10,7 +10,13 @@ Two configurations: the device limits of a ZN540-like drive (14 active zones, on
 journal, as the store does) and an unlimited device where a sixteenth of the zones are open, which
 is where an index over open zones matters.
 
-Usage: ``python bench/bench_placement.py [--json out.json] [--quick]`` (``make bench-placement``).
+``--compare`` instead replays one TorchTitan ``keep_latest_k=10`` trace (the project's generator,
+Llama-3-8B FSDP on 8 ranks, a save every 500 steps) through the real store on a payload-free
+MemoryDevice sized for a space pressure (peak live bytes / data capacity, 2 GC-reserve zones on top)
+and prints each policy's WAF, GC bytes, dead-space-time and unused capacity side by side.
+
+Usage: ``python bench/bench_placement.py [--json out.json] [--quick]`` (``make bench-placement``);
+``python bench/bench_placement.py --compare [--pressure 0.9] [--steps 50000]``.
 """
 
 from __future__ import annotations
@@ -96,11 +102,70 @@ def bench_one(policy: str, n: int, max_active: int, n_open: int, count: int) -> 
     return total / count / 1000
 
 
+def torchtitan_events(steps: int, layout: str):
+    """``(events, peak live bytes)`` of a generated TorchTitan keep_latest_k=10 trace, with each
+    save's actual deletion step attached for the oracle."""
+    from retainz.trace.generate import generate_trace
+
+    tr = generate_trace(layout, "torchtitan:interval=500,keep_latest_k=10", steps)
+    deleted = {e.gen: e.step for e in tr.events if e.type == "delete"}
+    events, live, peak = [], {}, 0
+    for e in tr.events:
+        if e.type == "save":
+            h = e.hint
+            hint = Hint(reclaim_step=h.predicted_reclaim_step, lifetime=h.lifetime_value,
+                        condition=h.condition_string(), actual_reclaim_step=deleted.get(e.gen))
+            events.append(("save", f"g{e.gen}", e.step, [s.nbytes for s in e.shards], hint))
+            live[e.gen] = e.nbytes
+            peak = max(peak, sum(live.values()))
+        elif e.type == "delete":
+            events.append(("delete", f"g{e.gen}", e.step))
+            live.pop(e.gen)
+    return events, peak
+
+
+def compare(pressure: float, steps: int, layout: str) -> dict:
+    from retainz.zoned import Geometry, MemoryDevice
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.placement_driver import replay_store
+
+    events, peak = torchtitan_events(steps, layout)
+    cap = 1077 * MiB                                  # ZN540-like: 1,077 MiB zones, 14 active
+    data_zones = -(-int(peak / pressure) // cap) + 2  # + GC reserve
+    geom = Geometry(nr_zones=data_zones + 3, zone_size=2048 * MiB, zone_capacity=cap,
+                    block_size=4096, max_open=14, max_active=14)
+    print(f"\n## {layout}, torchtitan keep_latest_k=10, {steps} steps, peak live "
+          f"{peak / 2**30:,.0f} GiB, pressure {pressure}: {data_zones} data zones of 1,077 MiB\n")
+    print("| policy | WAF | GC GiB | dead-space-time (TiB-steps) | unused GiB (finished) | "
+          "unused (TiB-steps) | resets | capacity stop | decisions | us/decision |")
+    print("|---|---:|---:|---:|---:|---:|---:|---|---:|---:|")
+    out = {}
+    for policy in sorted(POLICIES):
+        m, log, stop = replay_store(policy, events, MemoryDevice(geom, payload=False))
+        out[policy] = dict(m, stop_step=stop)
+        us = m["decision_cpu_seconds"] / max(m["decisions"], 1) * 1e6
+        print(f"| {policy} | {m['waf']:.3f} | {m['gc_bytes'] / 2**30:,.0f} | "
+              f"{m['dead_space_byte_steps'] / 2**40:,.0f} | {m['unused_capacity_bytes'] / 2**30:,.0f} | "
+              f"{m['unused_capacity_byte_steps'] / 2**40:,.0f} | {m['resets']} | "
+              f"{stop if stop is not None else 'none'} | {m['decisions']} | {us:,.1f} |", flush=True)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--quick", action="store_true", help="fewer decisions (a smoke test)")
+    ap.add_argument("--compare", action="store_true", help="policy metrics on a TorchTitan trace")
+    ap.add_argument("--pressure", type=float, default=0.9)
+    ap.add_argument("--steps", type=int, default=50000)
+    ap.add_argument("--layout", default="llama3-8b-fsdp:ranks=8")
     args = ap.parse_args(argv)
+    if args.compare:
+        res = compare(args.pressure, args.steps, args.layout)
+        if args.json:
+            Path(args.json).write_text(json.dumps(res, indent=1, default=str))
+        return 0
     configs = [("ZN540-like: 14 active", 14, lambda n: 12),
                ("unlimited: zones/16 open", 0, lambda n: n // 16)]
     results: dict = {}
