@@ -1,0 +1,100 @@
+"""Corruption: flipped bits in data, journal records and the superblock give clear errors, never
+silent wrong data."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from retainz.errors import ChecksumError, CorruptJournalError, RetainZError
+from retainz.store import Store
+from retainz.zoned import FaultyDevice, Geometry, MemoryDevice
+
+KiB = 1024
+GEOM = Geometry(nr_zones=12, zone_size=64 * KiB, zone_capacity=48 * KiB, block_size=4096, max_open=3,
+                max_active=4)
+
+
+def blob(i, n=20 * KiB):
+    return random.Random(i).randbytes(n)
+
+
+def make(dev):
+    s = Store.format(dev)
+    for i in range(3):
+        w = s.begin_generation(f"g{i}", i)
+        w.write_shard("a", [blob(i)])
+        w.write_shard("b", [blob(i + 10, 3000)])
+        w.commit()
+    return s
+
+
+def flip(dev: MemoryDevice, offset: int, mask: int = 0x10) -> None:
+    """Flip bits of the stored bytes (silent media corruption that survives a reopen)."""
+    z, pos = divmod(offset, dev.geometry.zone_size)
+    dev._data[z][pos] ^= mask
+
+
+def test_flipped_bit_in_a_data_block_raises_checksum_error_naming_where():
+    dev = MemoryDevice(GEOM)
+    s = make(dev)
+    z, off, length, _ = s.generation("g1").shards["a"].extents[0]
+    flip(dev, z * GEOM.zone_size + off + 777)
+    with pytest.raises(ChecksumError) as e:
+        b"".join(s.read_shard("g1", "a"))
+    err = e.value
+    assert (err.generation, err.shard, err.zone, err.offset) == ("g1", "a", z, off)
+    assert f"zone {z} offset {off}" in str(err) and isinstance(err, RetainZError)
+    chunks = []
+    with pytest.raises(ChecksumError):
+        for c in s.read_shard("g1", "a"):
+            chunks.append(c)
+    assert chunks == []                       # nothing of the bad extent was handed out
+    assert b"".join(s.read_shard("g2", "a")) == blob(2)
+    rep = s.fsck()
+    assert not rep.ok and len(rep.problems) == 2   # the extent and the whole-shard crc
+    assert f"zone {z} offset {off}" in rep.problems[0]
+    s.close()
+
+
+def test_corrupt_read_from_the_device_is_caught_on_every_path():
+    dev = FaultyDevice(MemoryDevice(GEOM))
+    s = make(dev)
+    z, off, _, _ = s.generation("g0").shards["b"].extents[0]
+    dev.corrupt(z * GEOM.zone_size + off + 5)
+    with pytest.raises(ChecksumError):
+        b"".join(s.read_shard("g0", "b"))
+    assert not s.fsck().ok
+    dev.corruptions.clear()
+    assert s.fsck().ok
+    s.close()
+
+
+def test_flipped_bit_in_a_journal_record_fails_the_mount_clearly():
+    dev = MemoryDevice(GEOM)
+    make(dev).close()
+    z = next(i for i in range(3) if dev._data[i])
+    flip(dev, z * GEOM.zone_size + 4 * 4096 + 20)        # inside the first commit record
+    with pytest.raises(CorruptJournalError, match=f"meta zone {z}: record at byte 16384 .* fails its checksum"):
+        Store.open(dev)
+
+
+def test_flipped_bit_in_the_superblock_fails_the_mount_clearly():
+    dev = MemoryDevice(GEOM)
+    make(dev).close()
+    z = next(i for i in range(3) if dev._data[i])
+    flip(dev, z * GEOM.zone_size + 40)
+    with pytest.raises(CorruptJournalError, match="superblock fails its checksum"):
+        Store.open(dev)
+
+
+def test_corrupt_journal_is_not_mistaken_for_an_empty_device():
+    dev = MemoryDevice(GEOM)
+    make(dev).close()
+    z = next(i for i in range(3) if dev._data[i])
+    flip(dev, z * GEOM.zone_size + 40)
+    from retainz.errors import ForeignDeviceError
+
+    with pytest.raises(ForeignDeviceError, match="already holds a RetainZ store"):
+        Store.format(dev)                      # still recognised: no accidental reformat
