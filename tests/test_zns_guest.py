@@ -7,7 +7,8 @@ writes junit XML into the shared output folder ``out/zns_guest/``.  The tests he
 a failure inside the guest shows up by name.  The console log stays in ``out/zns_guest/.retainz-guest/``.
 
 Run with ``pytest -m zns_guest`` (``make test`` does).  Where QEMU cannot be had (no root, no package
-registry) the lane skips locally with the reason, and fails under ``CI=true``.
+registry) the lane skips locally with the reason, and fails under ``CI=true``.  The unmarked tests at the
+end check the runner's pieces on the host without booting anything.
 """
 
 from __future__ import annotations
@@ -19,8 +20,6 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-
-pytestmark = pytest.mark.zns_guest
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Test files run inside the guest.  Add the store's crash and recovery tests here once they use
@@ -81,6 +80,7 @@ def _parse_junit(path: Path) -> list[dict]:
     return cases
 
 
+@pytest.mark.zns_guest
 def test_guest_ran_the_suite_and_exited_zero(zns_guest_run):
     result, cases = zns_guest_run
     assert not result.timed_out, (f"the guest hung and was killed after {GUEST_TIMEOUT:.0f} s; log:\n"
@@ -92,6 +92,7 @@ def test_guest_ran_the_suite_and_exited_zero(zns_guest_run):
     assert result.status == 0, f"guest pytest exited {result.status}; console:\n{result.console_tail()}"
 
 
+@pytest.mark.zns_guest
 @pytest.mark.parametrize("kind", sorted(DEVICES))
 def test_conformance_passes_on_real_device(zns_guest_run, kind):
     _, cases = zns_guest_run
@@ -104,3 +105,99 @@ def test_conformance_passes_on_real_device(zns_guest_run, kind):
     # the limit tests must have run, not skipped (the guest geometry has 0 < max_open < max_active)
     limit_tests = [c for c in mine if "limit" in c["name"]]
     assert limit_tests and all(c["outcome"] == "passed" for c in limit_tests), limit_tests
+
+
+@pytest.mark.zns_guest
+def test_hung_guest_is_killed_with_its_log_and_files_kept(tmp_path):
+    """A command that never ends: the guest is killed at the timeout (status 124), the console log and
+    the files written before the hang stay.  The 20 KB argument would not fit the kernel command line
+    (~2 KiB): it travels in the script file."""
+    from retainz.vm.guest import EXIT_TIMEOUT, GuestConfig, run_in_guest
+    from retainz.vm.setup import VMSetupError, ensure_all
+
+    try:
+        ensure_all(install=True)
+    except VMSetupError as e:
+        _unavailable(str(e))
+    long_arg = "x" * 20000
+    out = OUT / "hang"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "long.txt").unlink(missing_ok=True)
+    cfg = GuestConfig(zns=None, nullblk=None, memory_mb=256, timeout=45)
+    cmd = ["sh", "-c", f'printf %s "$1" > {out}/long.txt; echo hanging-now; sleep 600', "sh", long_arg]
+    result = run_in_guest(cmd, out, cfg)
+    assert result.timed_out and result.status == EXIT_TIMEOUT
+    assert (out / "long.txt").read_text() == long_arg
+    assert "hanging-now" in result.console_log.read_text(errors="replace")
+
+
+# -- host-side pieces of the runner (no guest) -------------------------------------------------------
+
+def test_qemu_command_is_tcg_with_zns_properties_and_no_command_on_the_kernel_line(tmp_path):
+    from retainz.vm.guest import GuestConfig, ZNSConfig, qemu_command
+    from retainz.vm.setup import Kernel
+
+    k = Kernel(root=tmp_path, release="6.1.0-x", vmlinuz=tmp_path / "boot" / "vmlinuz-6.1.0-x")
+    cfg = GuestConfig(zns=ZNSConfig(zones=16, zone_size=1 << 20, zone_capacity=768 << 10, max_open=3,
+                                    max_active=4))
+    cmd = qemu_command("qemu-system-x86_64", k, tmp_path / "i.cpio", tmp_path / "out", cfg,
+                       tmp_path / "zns.raw", tmp_path / "console.log")
+    assert cmd[cmd.index("-accel") + 1] == "tcg"
+    assert not any("kvm" in a for a in cmd)
+    ns = next(a for a in cmd if a.startswith("nvme-ns,"))
+    for prop in ("zoned=true", "zoned.zone_size=1048576", "zoned.zone_capacity=786432", "zoned.max_open=3",
+                 "zoned.max_active=4", "logical_block_size=4096"):
+        assert prop in ns.split(",")
+    append = cmd[cmd.index("-append") + 1]
+    assert len(append) < 200 and "rdinit=/init" in append
+    assert any(a.startswith("local,id=rootfs,path=/,") and "readonly=on" in a for a in cmd)
+
+
+def test_zns_config_rejects_what_linux_or_qemu_would():
+    from retainz.vm.guest import ZNSConfig
+
+    with pytest.raises(ValueError, match="power of two"):
+        ZNSConfig(zone_size=3 << 20).check()
+    with pytest.raises(ValueError, match="capacity"):
+        ZNSConfig(zone_size=1 << 20, zone_capacity=2 << 20).check()
+    with pytest.raises(ValueError, match="max open 5 exceeds max active 4"):
+        ZNSConfig(max_open=5, max_active=4).check()
+
+
+def test_nullblk_config_shell_lines():
+    from retainz.vm.guest import NullBlkConfig
+
+    sh = NullBlkConfig(zones=16, zone_size_mb=2, zone_capacity_mb=1, max_open=3, max_active=4).shell()
+    lines = sh.splitlines()
+    assert lines[0] == "mkdir /sys/kernel/config/nullb/nullb0"
+    assert "echo 32 > /sys/kernel/config/nullb/nullb0/size" in lines  # MiB
+    assert "echo 1 > /sys/kernel/config/nullb/nullb0/memory_backed" in lines
+    assert lines[-1] == "echo 1 > /sys/kernel/config/nullb/nullb0/power"
+
+
+def test_missing_package_registry_gives_a_clear_message(monkeypatch):
+    import subprocess
+
+    from retainz.vm import setup
+
+    def fake_run(args, **kw):
+        return subprocess.CompletedProcess(args, 100, "", "E: Failed to fetch ... Temporary failure "
+                                                          "resolving 'deb.debian.org'")
+
+    monkeypatch.setattr(setup.subprocess, "run", fake_run)
+    monkeypatch.setattr(setup, "_apt_updated", False)
+    monkeypatch.setattr(setup.os, "geteuid", lambda: 0)
+    with pytest.raises(setup.VMSetupError, match="apt-get update failed .is Debian's package registry "
+                                                 "reachable") as ei:
+        setup._apt(["install", "-y", "qemu-system-x86"], "installing qemu-system-x86")
+    assert ei.value.reason == "registry"
+    assert "Temporary failure resolving" in str(ei.value)
+
+
+def test_not_root_gives_a_clear_message(monkeypatch):
+    from retainz.vm import setup
+
+    monkeypatch.setattr(setup.os, "geteuid", lambda: 1000)
+    with pytest.raises(setup.VMSetupError, match="needs root") as ei:
+        setup._apt(["install", "-y", "cpio"], "installing cpio")
+    assert ei.value.reason == "no-root"

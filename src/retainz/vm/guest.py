@@ -6,7 +6,8 @@ The guest:
   the modules ``virtio_pci``, ``9p``/``9pnet_virtio``, ``nvme`` and ``null_blk`` with their dependencies,
   and the ``init`` script below) - nothing is installed into ``/boot``;
 * mounts the host's root read-only over 9p (so it uses the host's python and ``.venv``) and the
-  output folder read-write at the same path, with a tmpfs on ``/tmp`` (``TMPDIR``);
+  output folder read-write at the same path, with a tmpfs on ``/dev/shm`` (``TMPDIR`` and ``HOME``;
+  not on ``/tmp``, which would hide a checkout living under the host's ``/tmp``);
 * has an emulated NVMe ZNS namespace (``/dev/nvme0n1``) backed by a sparse raw file, and optionally a
   memory-backed null_blk zoned device (``/dev/nullb0``) made through configfs;
 * runs the command from a script file in the output folder (the kernel command line holds ~2 KiB, so
@@ -34,12 +35,15 @@ from retainz.vm.setup import Kernel, VMSetupError, default_cache_dir, ensure_all
 from retainz.zoned.model import format_size
 
 __all__ = ["ZNSConfig", "NullBlkConfig", "GuestConfig", "GuestResult", "run_in_guest", "build_initramfs",
-           "qemu_command", "GUEST_MODULES", "STATE_DIR", "EXIT_TIMEOUT", "EXIT_NO_STATUS"]
+           "qemu_command", "GUEST_MODULES", "GUEST_TMP", "STATE_DIR", "EXIT_TIMEOUT", "EXIT_NO_STATUS"]
 
 #: Modules loaded in the guest (with their dependencies, in ``modprobe --show-depends`` order).
 GUEST_MODULES = ("virtio_pci", "9pnet_virtio", "9p", "nvme", "null_blk")
 #: Folder inside the output folder that holds the run's script, status and console log.
 STATE_DIR = ".retainz-guest"
+#: The guest's writable scratch space (a tmpfs; ``TMPDIR`` and ``HOME``).  Not ``/tmp``: a tmpfs there
+#: would hide the host's ``/tmp``, where a checkout (and its ``.venv``) may live.
+GUEST_TMP = "/dev/shm"
 #: Exit status :func:`run_in_guest` returns for a guest killed at the timeout (as ``timeout(1)``).
 EXIT_TIMEOUT = 124
 #: Exit status when the guest stopped without recording the command's status (crash, panic).
@@ -186,7 +190,8 @@ mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000,cache=loose,ro root /n
 mount -t proc proc /newroot/proc
 mount -t sysfs sysfs /newroot/sys
 mount -t devtmpfs devtmpfs /newroot/dev
-mount -t tmpfs -o mode=1777 tmpfs /newroot/tmp
+mkdir -p /newroot/dev/shm
+mount -t tmpfs -o mode=1777 tmpfs /newroot/dev/shm
 mkdir -p "/newroot$RETAINZ_OUT" 2>/dev/null
 mount --move /out "/newroot$RETAINZ_OUT" || fail "cannot move the output share to $RETAINZ_OUT"
 if [ -n "$RETAINZ_NULLBLK" ]; then
@@ -289,7 +294,7 @@ def qemu_command(qemu: str, kernel: Kernel, initramfs: Path, out_dir: Path, cfg:
 
 def _guest_env(cfg: GuestConfig) -> dict[str, str]:
     env = {"PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"),
-           "HOME": "/tmp", "TMPDIR": "/tmp", "PYTHONDONTWRITEBYTECODE": "1", "LANG": "C.UTF-8",
+           "HOME": GUEST_TMP, "TMPDIR": GUEST_TMP, "PYTHONDONTWRITEBYTECODE": "1", "LANG": "C.UTF-8",
            "TERM": "dumb"}
     for key in ("VIRTUAL_ENV",):
         if key in os.environ:

@@ -325,7 +325,8 @@ class LinuxZonedDevice(ZonedDevice):
             raise
         self._locks = [threading.Lock() for _ in range(self._nz)]
         self._wp_cache: dict[int, int] = {}  # zone -> bytes written (capacity when full)
-        self._recent: dict[int, None] = {}  # zones in order of their last write (oldest first)
+        self._last_write = [0] * self._nz  # per zone: the write counter at its last write
+        self._tick = 0
         self._buf: mmap.mmap | None = None
 
     def _init_geometry(self, path: str) -> None:
@@ -350,6 +351,7 @@ class LinuxZonedDevice(ZonedDevice):
         self._zone_sectors = zone_sectors
         self._nz = nr_zones
         self._zsize = zone_sectors * SECTOR
+        self._end = nr_zones * self._zsize
         self._bs = block_size
         flags, raw = self._report_raw(0, 1)
         if not raw:
@@ -496,39 +498,51 @@ class LinuxZonedDevice(ZonedDevice):
         return memoryview(self._buf)[:length]
 
     def write(self, offset: int, data: WriteData) -> None:
-        if isinstance(data, int):
+        t = type(data)
+        if t is mmap.mmap or t is bytes or t is bytearray:
+            length = len(data)
+        elif t is int:
             raise TypeError(f"{type(self).__name__} keeps payload: write bytes, not a byte count")
-        length = memoryview(data).nbytes
-        self._check_range(offset, length)
-        fd = self._check_rw()
+        else:
+            length = memoryview(data).nbytes
+        bs = self._bs
+        if offset < 0 or length <= 0 or offset % bs or length % bs or offset + length > self._end:
+            self._check_range(offset, length)
+        fd = self._fd
+        if fd < 0 or self.readonly:
+            fd = self._check_rw()
         z = offset // self._zsize
         with self._locks[z]:
             self._write_locked(fd, z, offset, data, length)
 
     def _write_locked(self, fd: int, z: int, offset: int, data: WriteData, length: int, *,
                       _retried: bool = False) -> None:
-        zstart = z * self._zsize
-        pos = offset - zstart
+        pos = offset - z * self._zsize
         if pos + length > self._zcap:
             # Decide from the zone's state, before any I/O: the kernel would land the first pieces.
             zone = self.zone(z)
             raise classify_write_error(_errno.EIO, zone, offset, length, block_size=self._bs,
                                        written_before=None if zone.cond == ZoneCond.FULL else zone.written)
-        view = self._aligned_view(data, length)
         before = self._wp_cache.get(z)
         step = self.max_write or length
         done = 0
+        # Fast path: an mmap is page aligned, and one request needs no splitting.
+        view = data if type(data) is mmap.mmap and step >= length else self._aligned_view(data, length)
         try:
-            while done < length:
-                n = os.pwrite(fd, view[done:done + step], offset + done)
-                if n <= 0:
+            if view is data:
+                done = os.pwrite(fd, view, offset)
+                if done != length:
                     raise OSError(_errno.EIO, "short write")
-                done += n
+            else:
+                while done < length:
+                    n = os.pwrite(fd, view[done:done + step], offset + done)
+                    if n <= 0:
+                        raise OSError(_errno.EIO, "short write")
+                    done += n
         except OSError as e:
             self._wp_cache.pop(z, None)
             if (e.errno == _errno.ETOOMANYREFS and done == 0 and not _retried
                     and self._close_implicitly_open(z)):
-                view.release()
                 return self._write_locked(fd, z, offset, data, length, _retried=True)
             zone = self.zone(z)
             err = classify_write_error(e.errno or _errno.EIO, zone, offset + done, length - done,
@@ -537,13 +551,14 @@ class LinuxZonedDevice(ZonedDevice):
                 err.strerror = f"{err.strerror} (after {done} of {length} bytes were written)"
             raise err from None
         finally:
-            view.release()
-        if before is not None and before == pos:
+            if view is not data:
+                view.release()
+        if before == pos:
             self._wp_cache[z] = pos + length
-        else:
-            self._wp_cache.pop(z, None)
-        self._recent.pop(z, None)
-        self._recent[z] = None
+        elif before is not None:
+            del self._wp_cache[z]
+        self._tick += 1
+        self._last_write[z] = self._tick
 
     def _close_implicitly_open(self, target: int) -> bool:
         """Host-side implicit close (NVMe ZNS 2.1.1.4.1): null_blk answers a write to (or an open or
@@ -558,7 +573,7 @@ class LinuxZonedDevice(ZonedDevice):
         imp = [z.index for z in zones if z.cond == ZoneCond.IMP_OPEN]
         if not imp:
             return False
-        victim = next((z for z in self._recent if z in imp), imp[0])
+        victim = min(imp, key=lambda z: self._last_write[z])
         self._ioctl_zone(self._check_rw(), ZoneOp.CLOSE, victim)
         return True
 
