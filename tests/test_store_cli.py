@@ -1,0 +1,144 @@
+"""``retainz mkfs|ls|put|get|rm|gc|fsck|df|crashtest`` and examples/lifecycle.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from retainz.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def dev(tmp_path, capsys):
+    path = tmp_path / "dev.img"
+    assert run(capsys, "device", "create", path, "--zones", 16, "--zone-size", "256KiB",
+               "--zone-capacity", "192KiB", "--max-open", 4, "--max-active", 4)[0] == 0
+    return path
+
+
+def test_mkfs_put_ls_get_rm_gc_fsck_df(dev, tmp_path, capsys):
+    code, out, _ = run(capsys, "mkfs", dev)
+    assert code == 0 and "RetainZ store" in out
+    code, _, err = run(capsys, "mkfs", dev)
+    assert code == 2 and "already holds a RetainZ store" in err and err.count("\n") == 1
+    assert run(capsys, "mkfs", dev, "--force")[0] == 0
+
+    a = tmp_path / "model.bin"
+    a.write_bytes(os.urandom(500_000))
+    b = tmp_path / "meta.json"
+    b.write_text('{"step": 100}')
+    assert run(capsys, "put", dev, "step-100", a, b, "--step", 100, "--reclaim-step", 300)[0] == 0
+    assert run(capsys, "put", dev, "step-200", a, "--step", 200, "--permanent")[0] == 0
+
+    code, out, _ = run(capsys, "ls", dev, "--json")
+    gens = json.loads(out)
+    assert [g["id"] for g in gens] == ["step-100", "step-200"]
+    assert gens[0]["shards"][0]["size"] == 500_000 and gens[1]["reclaim_step"] == float("inf")
+    code, out, _ = run(capsys, "ls", dev, "-l")
+    assert "step-100\tstep 100" in out and "model.bin\t500000 B" in out
+
+    outdir = tmp_path / "out"
+    assert run(capsys, "get", dev, "step-100", "-o", outdir)[0] == 0
+    assert (outdir / "model.bin").read_bytes() == a.read_bytes()
+    assert (outdir / "meta.json").read_text() == '{"step": 100}'
+    code, out, _ = run(capsys, "get", dev, "step-100", "meta.json", "-o", "-")
+    assert out == '{"step": 100}'
+
+    code, out, _ = run(capsys, "df", dev)
+    assert code == 0 and out.splitlines()[0].startswith("Free: ") and "Space amplification: 0%" in out
+    assert run(capsys, "rm", dev, "step-100", "--step", 300)[0] == 0
+    code, out, _ = run(capsys, "df", dev, "--json")
+    d = json.loads(out)
+    assert d["generations"] == 1 and d["used"] >= 500_000 and d["metrics"]["generations_deleted"] == 1
+    code, out, _ = run(capsys, "gc", dev, "--force", "--json")
+    assert code == 0 and "victims" in json.loads(out)
+    code, out, _ = run(capsys, "fsck", dev, "--json")
+    rep = json.loads(out)
+    assert code == 0 and rep["ok"] and rep["bytes_verified"] == 500_000
+
+
+def test_bad_input_exits_2_with_one_line(dev, tmp_path, capsys):
+    run(capsys, "mkfs", dev)
+    f = tmp_path / "x.bin"
+    f.write_bytes(b"x")
+    for argv, needle in [
+        (("put", dev, "../evil", f, "--step", 1), "contains '..'"),
+        (("put", dev, "a/b", f, "--step", 1), "path separator"),
+        (("put", dev, "g", tmp_path / "missing", "--step", 1), "no such file"),
+        (("put", dev, "g", f, "--step", -1), "--step"),
+        (("get", dev, "nope"), "no committed generation"),
+        (("rm", dev, "nope"), "no committed generation"),
+        (("ls", tmp_path / "nodev.img"), "no such device file"),
+        (("crashtest", "mem:zones=12", "--workload", "nope"), "unknown workload"),
+    ]:
+        code, _, err = run(capsys, *argv)
+        assert code == 2, argv
+        assert needle in err and err.count("\n") == 1, (argv, err)
+    assert json.loads(run(capsys, "ls", dev, "--json")[1]) == []     # nothing was committed
+
+
+def test_open_store_in_another_process_is_refused(dev, capsys):
+    run(capsys, "mkfs", dev)
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from retainz.zoned import FileDevice; d = FileDevice(sys.argv[1]); "
+        "print('ready', flush=True); time.sleep(30)"), str(dev)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        code, _, err = run(capsys, "ls", dev)
+        assert code == 1 and "open in another process" in err
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_crashtest_reports_points_and_exits_0(capsys):
+    code, out, _ = run(capsys, "crashtest", "mem:zones=12,zone_size=64K,zone_capacity=48K,max_open=3,"
+                       "max_active=4", "--workload", "basic", "--json")
+    rep = json.loads(out)[0]
+    assert code == 0 and rep["failures"] == [] and rep["points"] == 6 * rep["write_boundaries"] > 60
+    assert rep["generations_recovered"] > 0 and rep["bytes_verified"] > 0
+    assert {"commit-record", "shard-data"} <= set(rep["classes"])
+
+
+def test_crashtest_exits_1_on_a_failure(capsys, monkeypatch):
+    from retainz.store import crashtest
+
+    real = crashtest.campaign
+
+    def broken(*a, **kw):
+        rep = real(*a, **kw)
+        rep.failures.append("cut at write 1: AssertionError: injected")
+        return rep
+
+    monkeypatch.setattr(crashtest, "campaign", broken)
+    code, out, _ = run(capsys, "crashtest", "mem:zones=12,zone_size=64K,zone_capacity=48K", "--workload",
+                       "basic", "--max-points", 2)
+    assert code == 1 and "FAIL cut at write 1" in out and "12 crash points tried" in out
+
+
+def test_crashtest_on_a_device_file(tmp_path, capsys):
+    path = tmp_path / "scratch.img"
+    run(capsys, "device", "create", path, "--zones", 12, "--zone-size", "64KiB", "--zone-capacity", "48KiB",
+        "--max-open", 3, "--max-active", 4)
+    code, out, _ = run(capsys, "crashtest", path, "--workload", "basic", "--max-points", 3)
+    assert code == 0 and "18 crash points tried" in out and "0 failures" in out
+
+
+def test_lifecycle_example_runs():
+    res = subprocess.run([sys.executable, str(ROOT / "examples" / "lifecycle.py")], capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "read back step-300: 2 shards" in res.stdout and res.stdout.rstrip().endswith("done")
