@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 TORCH_STAMP := $(VENV)/.torch-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: setup demo test lint bench bench-placement bench-device vm-setup setup-torch bench-dcp clean
+.PHONY: setup demo test lint bench bench-placement bench-store bench-device vm-setup setup-torch bench-dcp clean
 
 setup: $(STAMP)
 
@@ -54,6 +54,10 @@ bench: setup
 # Decision cost per extent of every placement policy at 256, 4,096 and 65,536 zones, in one run.
 bench-placement: setup
 	$(PY) bench/bench_placement.py
+
+# Store: write vs pwrite, GC copy vs raw copy (FileDevice, same disk), mount of ~100k records, replay rate.
+bench-store: setup
+	$(PY) bench/bench_store.py --dir out/bench --json out/bench/bench_store.json
 
 # LinuxZonedDevice vs os.pwrite in the QEMU guest, FileDevice vs os.pwrite on the host: both ratios.
 bench-device: vm-setup
