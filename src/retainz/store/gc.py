@@ -9,9 +9,10 @@ call for):
    where the allocator places it (``ExtentRequest.gc = True``; a copy may be split across zones);
    the copies count as live in their zones but nothing refers to them yet;
 2. ``flush`` - the copies are durable;
-3. one ``m`` (move) record per victim, holding every affected shard's complete new extent list and
-   the victim to reset, is appended and flushed: the move's commit point;
-4. the catalog switches to the new extents (the old ones become dead) and the victim is reset.
+3. one ``m`` (move) record per GC pass, holding every affected shard's complete new extent list and
+   the victims to reset, is appended and flushed: the move's commit point (one record and two
+   flushes per pass, not per victim);
+4. the catalog switches to the new extents (the old ones become dead) and the victims are reset.
 
 A crash before (3) leaves the old extents in force and the copies as garbage (dead bytes, or reset
 zones at mount); a crash after (3) leaves the move in force and mount redoes the victim's reset.
@@ -19,7 +20,8 @@ Readers never see a half-moved extent: the catalog changes under the store lock 
 
 Zones holding data of a generation still being written are never collected (its extents are not in
 the catalog yet).  A victim whose copy fails (no space, a checksum mismatch) is given up: its copies
-become dead and the error is listed in the :class:`GCReport`; GC never loops: one pass per call.
+become dead, the victims copied before it are still moved, and the error is listed in the
+:class:`GCReport`; GC never loops: one pass per call.
 """
 
 from __future__ import annotations
@@ -65,72 +67,99 @@ class GCMixin:
         for w in self._writers.values():
             busy.update(w._zone_bytes)
         self._in_gc = True
+        pending: dict[tuple, list] = {}   # (generation id, shard) -> its new extent list
+        copies: dict[int, int] = {}       # zone -> bytes of copies written (for rollback)
+        copy_ext: list = []               # the copies: live, not in the catalog until the record
+        self._inflight.append(copy_ext)
+        done: list[int] = []
         try:
             for v in victims:
                 s = t.zones.get(v)
                 if s is None or s.cond != ZoneCond.FULL or v in busy or s.written == 0:
                     rep.skipped.append(v)
                     continue
+                saved = dict(pending)
+                vcopies: dict[int, int] = {}
+                mark = len(copy_ext)
                 try:
-                    self._collect(v, rep)
+                    moved, copied = self._copy_zone(v, pending, copy_ext, vcopies)
                 except (NoSpaceError, ChecksumError) as e:
+                    for z, n in vcopies.items():      # give this victim up; keep the others
+                        self.table.on_kill(z, n)
+                    del copy_ext[mark:]
+                    pending = saved
                     rep.skipped.append(v)
                     rep.errors.append(f"zone {v}: {e}")
                     if isinstance(e, NoSpaceError):
                         break
-        finally:
-            self._in_gc = False
-        return rep
-
-    def _collect(self, v: int, rep: GCReport) -> None:
-        """Move the live extents out of zone ``v`` and reset it (steps 1-4 of the module docstring)."""
-        bs = self._bs
-        cat = self.catalog
-        moves: list[tuple] = []       # (gen, shard, new extents, old bytes in v)
-        copies: dict[int, int] = {}   # zone -> bytes of copies written (for rollback)
-        copy_ext: list = []           # the copies, live but not in the catalog until the move record
-        self._inflight.append(copy_ext)
-        moved = copied = 0
-        try:
-            for gid in list(cat.zone_gens.get(v, ())):
-                gen = cat.gens[gid]
-                for shard in gen.shards.values():
-                    new = None
-                    for i, e in enumerate(shard.extents):
-                        if e[0] != v:
-                            if new is not None:
-                                new.append(e)
-                            continue
-                        if new is None:
-                            new = list(shard.extents[:i])
-                        before = len(copy_ext)
-                        copied += self._copy_extent(gen, shard.name, e, copy_ext, copies)
-                        new.extend(copy_ext[before:])
-                        moved += 1
-                    if new is not None:
-                        moves.append((gen, shard, tuple(new)))
-            self.device.flush()
-            self._append("m", {"s": [[g.id, s.name, ext] for g, s, ext in moves], "r": [v],
-                               "now": self._now})
+                    continue
+                for z, n in vcopies.items():
+                    copies[z] = copies.get(z, 0) + n
+                done.append(v)
+                rep.extents_moved += moved
+                rep.bytes_copied += copied
+            if done:
+                self.device.flush()
+                self._append("m", {"s": [[gid, name, ext] for (gid, name), ext in pending.items()],
+                                   "r": done, "now": self._now})
         except BaseException:
             self._inflight.remove(copy_ext)
             for z, n in copies.items():
                 self.table.on_kill(z, n)
             self._reset_dead(copies)
+            self._in_gc = False
             raise
         self._inflight.remove(copy_ext)
-        live_v = 0
-        for gen, shard, ext in moves:
-            old = cat.replace_extents(gen.id, shard.name, ext)
-            live_v += sum(round_up(e[2], bs) for e in old if e[0] == v)
-        if live_v:
-            self.table.on_kill(v, live_v)
-        self._reset_zone(v)
-        rep.victims.append(v)
-        rep.extents_moved += moved
-        rep.bytes_copied += copied
-        rep.zones_reset += 1
-        self.metrics.gc_bytes += copied
+        try:
+            self._apply_moves(pending, done, rep)
+            self._reset_dead(copies)   # copies of a victim given up may have left all-dead zones
+        finally:
+            self._in_gc = False
+        return rep
+
+    def _copy_zone(self, v: int, pending: dict, copy_ext: list, vcopies: dict) -> tuple[int, int]:
+        """Copy every committed extent in zone ``v`` (step 1); record each affected shard's new
+        extent list in ``pending``.  Returns (extents moved, bytes copied)."""
+        cat = self.catalog
+        moved = copied = 0
+        for gid in list(cat.zone_gens.get(v, ())):
+            gen = cat.gens[gid]
+            for shard in gen.shards.values():
+                key = (gid, shard.name)
+                current = pending.get(key, shard.extents)
+                new = None
+                for i, e in enumerate(current):
+                    if e[0] != v:
+                        if new is not None:
+                            new.append(e)
+                        continue
+                    if new is None:
+                        new = list(current[:i])
+                    before = len(copy_ext)
+                    copied += self._copy_extent(gen, shard.name, e, copy_ext, vcopies)
+                    new.extend(copy_ext[before:])
+                    moved += 1
+                if new is not None:
+                    pending[key] = new
+        return moved, copied
+
+    def _apply_moves(self, pending: dict, done: list[int], rep: GCReport) -> None:
+        """Step 4: the catalog takes the new extents; the victims' old extents die; reset them."""
+        bs = self._bs
+        victims = set(done)
+        killed: dict[int, int] = {}
+        for (gid, name), ext in pending.items():
+            old = self.catalog.replace_extents(gid, name, tuple(ext))
+            for e in old:
+                if e[0] in victims:
+                    killed[e[0]] = killed.get(e[0], 0) + round_up(e[2], bs)
+        for z, n in killed.items():
+            self.table.on_kill(z, n)
+        for v in done:
+            self._reset_zone(v)
+            rep.victims.append(v)
+            rep.zones_reset += 1
+        self.metrics.gc_bytes += rep.bytes_copied
 
     def _copy_extent(self, gen, shard_name: str, e: tuple, out: list, copies: dict) -> int:
         """Copy one extent to where the allocator places it; appends the new extent(s) to ``out``."""
