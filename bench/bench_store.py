@@ -104,18 +104,16 @@ def bench_mount(records: int) -> dict:
     return {"records": n, "seconds": dt, "records_per_s": n / dt, "rollovers_while_building": rolls}
 
 
-def bench_gc(d: str, mib: int) -> dict:
-    zone = 4 * MiB
-    geometry = Geometry(nr_zones=(2 * mib) // 4 + 12, zone_size=zone, zone_capacity=zone, max_open=14,
+def bench_gc(d: str, mib: int, zone: int = 32 * MiB, save: int = 2 * MiB) -> dict:
+    geometry = Geometry(nr_zones=(2 * mib * save) // zone + 12, zone_size=zone, zone_capacity=zone, max_open=14,
                         max_active=14)
     dpath = os.path.join(d, "gc.img")
     dev = FileDevice.create(dpath, geometry, force=True)
     s = Store.format(dev, gc_reserve_zones=0)
     rnd = random.Random(2)
-    half = MiB // 2
-    for i in range(2 * mib):   # alternate 512 KiB permanent / temporary saves: zones mix them
+    for i in range(2 * mib):   # alternate permanent / temporary saves: every zone mixes them
         w = s.begin_generation(f"g{i}", i, hint=Hint(reclaim_step=PERMANENT if i % 2 else i + 1))
-        w.write_shard("s", [rnd.randbytes(half)])
+        w.write_shard("s", [rnd.randbytes(save)])
         w.commit()
     for i in range(0, 2 * mib, 2):
         s.delete(f"g{i}")
@@ -177,7 +175,7 @@ def main(argv=None) -> int:
         res = {
             "write": bench_write(d, args.mib, reps=3),
             "mount": bench_mount(args.records),
-            "gc": bench_gc(d, max(args.mib // 4, 16)),
+            "gc": bench_gc(d, max(args.mib // 8, 32)),
             "replay": bench_replay(2000 if args.quick else 20000),
         }
     finally:
