@@ -29,7 +29,7 @@ def quick_runs(tmp_path_factory):
     d = tmp_path_factory.mktemp("quick")
     _, cases = load_manifest(os.path.join(ROOT, "experiments", "quick.json"))
     s = run_cases(cases, str(d / "runs"), jobs=2, backend=SyntheticReplayDouble(), progress=False)
-    assert s.ok == 80
+    assert s.ok == 184
     return d / "runs"
 
 
@@ -64,7 +64,7 @@ def test_placement_table_has_the_fourteen_rows_in_order(analysed, quick_runs):
     labels = [r.split(" & ")[0] for r in rows]
     assert len(rows) == 14
     assert labels[0] == "RetainZ" and labels[7] == "ZenFS-Alloc"
-    assert labels[8:] == ["Zone size 1/2", "Zone size 2x", "Active zones 6", "Noisy hints (0.5)",
+    assert labels[8:] == ["Zone size 1/2", "Zone size 2x", "Active zones 6", "Hint noise 0.5",
                           "Async retention", "Top-3 by metric"]
     assert tex.count(r"\midrule") == 2 and r"\begin{tabular*}{\columnwidth}" in tex
     recs = records(quick_runs)

@@ -23,11 +23,11 @@ def manifest(blocks, **top):
 
 @pytest.mark.parametrize("name,total,per_experiment", [
     ("pressure", 432, {"pressure": 432}),
-    ("mechanisms", 47, {"cost": 15, "hints": 14, "admission": 18}),
+    ("mechanisms", 46, {"cost": 14, "hints": 14, "admission": 18}),
     ("placement", 20, {"placement": 20}),
     ("capacity", 16, {"capacity": 16}),
-    ("paper", 515, {"pressure": 432, "cost": 15, "hints": 14, "admission": 18, "placement": 20, "capacity": 16}),
-    ("quick", 80, {"pressure": 40, "cost": 9, "hints": 4, "admission": 3, "placement": 20, "capacity": 4}),
+    ("paper", 514, {"pressure": 432, "cost": 14, "hints": 14, "admission": 18, "placement": 20, "capacity": 16}),
+    ("quick", 184, {"pressure": 144, "cost": 9, "hints": 4, "admission": 3, "placement": 20, "capacity": 4}),
 ])
 def test_committed_manifests_expand_to_documented_counts(name, total, per_experiment):
     m, cases = load_manifest(os.path.join(EXP, f"{name}.json"))
@@ -54,7 +54,7 @@ def test_placement_manifest_has_fourteen_labelled_rows():
     _, cases = load_manifest(os.path.join(EXP, "placement.json"))
     labels = list(dict.fromkeys(c.tags["label"] for c in cases))
     assert len(labels) == 14
-    assert labels[:2] == ["RetainZ", "RetainZ, no hints"] and labels[-1] == "Top-3 by metric"
+    assert labels[:2] == ["RetainZ", "No hints"] and labels[-1] == "Top-3 by metric"
     zm = sorted(c.inputs["policy"] for c in cases if c.inputs["zone_map"])
     assert zm == ["retainz", "zenfs"]
 

@@ -144,6 +144,10 @@ def _cost_claims(runs: Runs, out: list) -> None:
             us = 1e6 * r["metrics"]["decision_cpu_seconds"] / r["metrics"]["decisions"]
             _claim(out, f"cost.{v}.us_per_decision.z{zones_of(r)}", us, 2, [r],
                    f"decision CPU microseconds per extent, {v}, {zones_of(r)} zones")
+            _claim(out, f"cost.{v}.replay_cpu_us_per_extent.z{zones_of(r)}",
+                   1e6 * r["timing"]["cpu_seconds"] / r["metrics"]["decisions"], 2, [r],
+                   f"CPU microseconds of the whole replay per extent placed (process time), {v}, "
+                   f"{zones_of(r)} zones")
         if len(rs) >= 2:
             lo, hi = rs[0], rs[-1]
             f = lambda r: r["metrics"]["decision_cpu_seconds"] / r["metrics"]["decisions"]  # noqa: E731
@@ -158,6 +162,12 @@ def _cost_claims(runs: Runs, out: list) -> None:
         if len(twin) == 1:
             pairs += [r, twin[0]]
             same &= all(r["metrics"].get(k) == twin[0]["metrics"].get(k) for k in OUTCOME_KEYS)
+            twin = twin[0]
+            if twin["timing"]["cpu_seconds"] > 0:
+                _claim(out, f"cost.recompute_slowdown.z{zones_of(r)}",
+                       r["timing"]["cpu_seconds"] / twin["timing"]["cpu_seconds"], 1, [r, twin],
+                       f"replay CPU with summaries recomputed on every decision over replay CPU with cached "
+                       f"summaries, {zones_of(r)} zones")
     if pairs:
         _claim(out, "cost.recompute_identical", 1 if same else 0, 0, pairs,
                "1 when every recompute-mode run has exactly the metrics of its cached-summary twin")
@@ -189,7 +199,8 @@ def _capacity_claims(runs: Runs, out: list) -> None:
            "GiB of pattern payload written to FileDevice, read back and checked (all file-device trials)")
     _claim(out, "capacity.file_trials", len(files), 0, files, "capacity trials run on FileDevice with payload")
     agree, pairs = True, []
-    keys = OUTCOME_KEYS
+    keys = [k for k in OUTCOME_KEYS if k != "decisions"]
+    ddiff = 0
     for r in files:
         twin = [m for m in recs if m["inputs"]["device"] == "memory"
                 and {k: v for k, v in m["inputs"].items() if k != "device"}
@@ -197,10 +208,14 @@ def _capacity_claims(runs: Runs, out: list) -> None:
         if len(twin) == 1:
             pairs += [r, twin[0]]
             agree &= all(r["metrics"][k] == twin[0]["metrics"][k] for k in keys)
+            ddiff = max(ddiff, abs(r["metrics"]["decisions"] - twin[0]["metrics"]["decisions"]))
     if pairs:
         _claim(out, "capacity.file_matches_memory", 1 if agree else 0, 0, pairs,
-               "1 when every FileDevice trial has exactly the placement outcome (bytes, GC, resets, "
-               "dead/unused byte-steps, capacity stop, commits, decisions) of the same case on the in-memory device")
+               "1 when every FileDevice trial has exactly the placement outcome (bytes, GC, resets, finishes, "
+               "dead/unused byte-steps, peak occupancy, capacity stop, commits) of the same case on the "
+               "in-memory device")
+        _claim(out, "capacity.max_decision_difference", ddiff, 0, pairs,
+               "largest difference in allocation decisions between a FileDevice trial and its in-memory twin")
     stops = [r for r in files if r["capacity_stop_step"] is not None]
     _claim(out, "capacity.file_trials_with_stop", len(stops), 0, files,
            "FileDevice trials that ended in a capacity stop (committed data intact: verified on read-back)")

@@ -2,8 +2,8 @@
 
 * ``pressure.pdf``: WAF against space pressure, one panel per workload (layout x retention rule), one
   line per policy; a cross marks the lowest pressure at which a policy hit a capacity stop.
-* ``mechanisms.pdf``: (a) decision CPU per extent against zone count (RetainZ cached summaries,
-  RetainZ recomputing, ZenFS-Alloc), (b) WAF against hint precision, (c) WAF of RetainZ against common
+* ``mechanisms.pdf``: (a) CPU per extent against zone count: inside the allocator's decisions
+  (RetainZ, ZenFS-Alloc) and for the whole replay (RetainZ with cached vs recomputed summaries), (b) WAF against hint precision, (c) WAF of RetainZ against common
   admission and dedicated zones across pressures.
 """
 
@@ -15,6 +15,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 
 from retainz.analysis.records import (  # noqa: E402
     POLICY_STYLE,
@@ -68,8 +69,9 @@ def pressure_figure(runs: Runs, out_dir: str) -> list[str]:
     rules = sorted(runs.values("pressure", "rule"), key=rule_rank)
     policies = sorted({r["inputs"]["policy"] for r in recs}, key=policy_rank)
     nrow, ncol = len(layouts), len(rules)
-    fig, axes = plt.subplots(nrow, ncol, figsize=(COLUMN_WIDTH, 0.35 + 1.15 * nrow), squeeze=False,
-                             sharex=True)
+    legend_h = 0.14 * -(-(len(policies) + 1) // 3) + 0.08     # inches: rows of a 3-column legend
+    height = legend_h + 0.35 + 1.15 * nrow
+    fig, axes = plt.subplots(nrow, ncol, figsize=(COLUMN_WIDTH, height), squeeze=False, sharex=True)
     handles = {}
     for i, layout in enumerate(layouts):
         for j, rule in enumerate(rules):
@@ -102,7 +104,7 @@ def pressure_figure(runs: Runs, out_dir: str) -> list[str]:
     labels = [policy_name(p) for p in handles] + ["capacity stop"]
     fig.legend(list(handles.values()) + [stop_handle], labels, loc="upper center", ncol=3, frameon=False,
                bbox_to_anchor=(0.5, 1.0), handlelength=1.8, columnspacing=0.8)
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.48 / (0.35 + 1.15 * nrow)), h_pad=0.6, w_pad=0.4)
+    fig.tight_layout(rect=(0, 0, 1, 1 - legend_h / height), h_pad=0.6, w_pad=0.4)
     return save(fig, out_dir, "pressure")
 
 
@@ -115,25 +117,41 @@ def mechanisms_figure(runs: Runs, out_dir: str) -> list[str]:
     fig, axes = plt.subplots(len(panels), 1, figsize=(COLUMN_WIDTH, 1.55 * len(panels) + 0.1), squeeze=False)
     for ax, panel, letter in zip((a[0] for a in axes), panels, "abc", strict=False):
         if panel == "cost":
-            variants: dict[str, list] = {}
+            # solid: CPU inside the allocator's decisions (replay's decision_cpu_seconds);
+            # dashed/dotted: CPU of the whole replay (process time) per extent, cached vs recompute
+            lines: dict[tuple, list] = {}
             for r in cost:
-                if not r["metrics"]["decisions"]:
+                n = r["metrics"]["decisions"]
+                if not n:
                     continue
-                pol = base_policy(r["inputs"]["policy"])
-                key = (pol, r["inputs"]["verify_summaries"])
-                variants.setdefault(key, []).append((zones_of(r), 1e6 * r["metrics"]["decision_cpu_seconds"]
-                                                     / r["metrics"]["decisions"]))
-            for (pol, recompute), pts in sorted(variants.items(), key=lambda kv: (policy_rank(kv[0][0]), kv[0][1])):
+                pol, recompute = base_policy(r["inputs"]["policy"]), r["inputs"]["verify_summaries"]
+                if not recompute:
+                    lines.setdefault((pol, "decision"), []).append(
+                        (zones_of(r), 1e6 * r["metrics"]["decision_cpu_seconds"] / n))
+                if pol == "retainz":
+                    lines.setdefault((pol, "recompute" if recompute else "replay"), []).append(
+                        (zones_of(r), 1e6 * r["timing"]["cpu_seconds"] / n))
+            names = {"decision": "decisions", "replay": "whole replay, cached summaries",
+                     "recompute": "whole replay, recomputed summaries"}
+            styles = {"decision": "-", "replay": ":", "recompute": "--"}
+            for (pol, kind), pts in sorted(lines.items(), key=lambda kv: (policy_rank(kv[0][0]), kv[0][1])):
                 pts.sort()
                 color, marker, _ = _style(pol)
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color, marker=marker,
-                        linestyle="--" if recompute else "-", markerfacecolor="none",
-                        label=policy_name(pol) + (" (recompute summaries)" if recompute else ""))
+                        linestyle=styles[kind], markerfacecolor="none",
+                        label=f"{policy_name(pol)}: {names[kind]}")
             ax.set_xscale("log")
             ax.set_yscale("log")
-            ax.set_xlabel("zones")
-            ax.set_ylabel("decision CPU (µs/extent)")
-            ax.legend(frameon=False, loc="upper left")
+            xs = sorted({p[0] for pts in lines.values() for p in pts})
+            ax.set_xticks(xs)
+            ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.0f}"))
+            ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+            ys = [p[1] for pts in lines.values() for p in pts if p[1] > 0]
+            if ys:
+                ax.set_ylim(min(ys) / 2, max(ys) * 80)      # room for the legend above the data
+            ax.set_xlabel("data zones")
+            ax.set_ylabel("CPU per extent (µs)")
+            ax.legend(frameon=False, loc="upper left", fontsize=5.5, ncol=1)
         elif panel == "hints":
             rules = sorted(runs.values("hints", "rule"), key=rule_rank)
             pols = sorted({r["inputs"]["policy"] for r in hints}, key=_hint_rank)
@@ -145,6 +163,8 @@ def mechanisms_figure(runs: Runs, out_dir: str) -> list[str]:
                     if r is not None:
                         xs.append(x + (k - (len(rules) - 1) / 2) * width)
                         ys.append(r["metrics"]["waf"])
+                        if r["capacity_stop_step"] is not None:
+                            ax.text(xs[-1], ys[-1], "stop", ha="center", va="bottom", fontsize=5)
                 ax.bar(xs, ys, width=width * 0.92, color=["#1f4e9c", "#e6a23c", "#7fb7a4"][k % 3],
                        label=rule_family(rule))
             ax.set_xticks(range(len(pols)))
@@ -164,20 +184,32 @@ def mechanisms_figure(runs: Runs, out_dir: str) -> list[str]:
                     color, marker, _ = _style(pol)
                     xs = [r["inputs"]["pressure"] for r in rs]
                     if len(xs) == 1:
-                        ax.bar([pols.index(pol) + 0.4 * k], [rs[0]["metrics"]["waf"]], width=0.36, color=color,
+                        x = pols.index(pol) + 0.4 * k
+                        ax.bar([x], [rs[0]["metrics"]["waf"]], width=0.36, color=color,
                                label=f"{policy_name(pol)}" + (f", {rule_family(rule)}" if len(rules) > 1 else ""))
+                        if rs[0]["capacity_stop_step"] is not None:
+                            ax.text(x, rs[0]["metrics"]["waf"], f"stop at {rs[0]['capacity_stop_step']:,}",
+                                    ha="center", va="bottom", fontsize=5)
                         continue
                     ax.plot(xs, [r["metrics"]["waf"] for r in rs], color=color, marker=marker,
                             linestyle=["-", "--", ":"][k % 3], markerfacecolor="none",
                             label=f"{policy_name(pol)}, {rule_family(rule).split()[0]}")
+                    stops = [r for r in rs if r["capacity_stop_step"] is not None]
+                    ax.plot([r["inputs"]["pressure"] for r in stops], [r["metrics"]["waf"] for r in stops],
+                            color=color, marker="X", markersize=5, linestyle="none", markeredgewidth=0.3,
+                            markeredgecolor="white")
             if len(runs.values("admission", "pressure")) == 1:
+                lo = min(r["metrics"]["waf"] for r in adm)
+                ax.set_ylim(max(0.0, min(1.0, lo) - 0.02), None)
                 ax.set_xticks(range(len(pols)))
                 ax.set_xticklabels([policy_name(p) for p in pols])
                 ax.set_xlabel(f"admission (pressure {runs.values('admission', 'pressure')[0]})")
+                if len(rules) > 1:
+                    ax.legend(frameon=False, loc="upper left", ncol=2)
             else:
                 ax.set_xlabel("space pressure")
+                ax.legend(frameon=False, loc="upper left", ncol=2)
             ax.set_ylabel("WAF")
-            ax.legend(frameon=False, loc="upper left", ncol=2)
         ax.grid(True, alpha=0.4)
         ax.set_title(f"({letter}) " + {"cost": "allocation cost", "hints": "hint precision",
                                        "admission": "common admission"}[panel], loc="left", pad=2)
