@@ -27,6 +27,7 @@ def manifest(blocks, **top):
     ("placement", 20, {"placement": 20}),
     ("capacity", 16, {"capacity": 16}),
     ("paper", 514, {"pressure": 432, "cost": 14, "hints": 14, "admission": 18, "placement": 20, "capacity": 16}),
+    ("guest", 4, {"guest": 4}),
     ("quick", 184, {"pressure": 144, "cost": 9, "hints": 4, "admission": 3, "placement": 20, "capacity": 4}),
 ])
 def test_committed_manifests_expand_to_documented_counts(name, total, per_experiment):

@@ -221,11 +221,31 @@ def _capacity_claims(runs: Runs, out: list) -> None:
            "FileDevice trials that ended in a capacity stop (committed data intact: verified on read-back)")
 
 
+def _guest_claims(runs: Runs, out: list) -> None:
+    recs = runs.of("guest")
+    guests = [r for r in recs if r["inputs"]["device"] == "guest"]
+    if not guests:
+        return
+    keys = [k for k in OUTCOME_KEYS if k != "decisions"]
+    agree, pairs = True, []
+    for r in guests:
+        twin = [m for m in recs if m["inputs"]["device"] == "memory"
+                and {k: v for k, v in m["inputs"].items() if k != "device"}
+                == {k: v for k, v in r["inputs"].items() if k != "device"}]
+        if len(twin) == 1:
+            pairs += [r, twin[0]]
+            agree &= all(r["metrics"][k] == twin[0]["metrics"][k] for k in keys)
+    if pairs:
+        _claim(out, "guest.matches_memory", 1 if agree else 0, 0, pairs,
+               "1 when every replay on the QEMU NVMe ZNS guest has exactly the placement outcome of the same "
+               "case on the in-memory device")
+
+
 def compute_claims(runs: Runs) -> list[dict]:
     """Every claim computable from the records, in a stable order."""
     out: list[dict] = []
     for part in (_pressure_claims, _placement_claims, _cost_claims, _hint_claims, _admission_claims,
-                 _capacity_claims):
+                 _capacity_claims, _guest_claims):
         part(runs, out)
     ids = [c["id"] for c in out]
     assert len(ids) == len(set(ids)), "claim ids must be unique"

@@ -134,7 +134,15 @@ def replay_argv(trace_path: str, case: Case, device: str) -> list[str]:
     argv += ["--reserve-zones", str(i["reserve_zones"]), "--zone-size", str(i["zone_size"]),
              "--zone-capacity", str(i["zone_capacity"]), "--max-active", str(i["max_active"]),
              "--max-open", str(i["max_open"]), "--device", device, "--seed", str(i["seed"]), "--json"]
+    if i["zone_map"]:
+        argv.append("--zone-map")
+    if i["verify_summaries"]:
+        argv.append("--verify-summaries")
     return argv
+
+
+#: Journal zones replay puts in front of the data zones (``retainz replay --meta-zones`` default).
+GUEST_META_ZONES = 3
 
 
 def _replay_in_guest(trace_path: str, case: Case, workdir: str) -> dict:
@@ -150,7 +158,7 @@ def _replay_in_guest(trace_path: str, case: Case, workdir: str) -> dict:
     result_file = os.path.join(out, "replay.json")
     argv = replay_argv(os.path.abspath(trace_path), case, "/dev/nvme0n1")
     shell = " ".join(_shq(a) for a in argv) + f" > {_shq(result_file)}"
-    zns = ZNSConfig(zones=i["zones"] + i["reserve_zones"] + 4, zone_size=i["zone_size"],
+    zns = ZNSConfig(zones=i["zones"] + i["reserve_zones"] + GUEST_META_ZONES, zone_size=i["zone_size"],
                     zone_capacity=i["zone_capacity"], max_open=i["max_open"], max_active=i["max_active"])
     try:
         res = run_in_guest(["/bin/sh", "-c", shell], out, GuestConfig(zns=zns, nullblk=None, timeout=6 * 3600.0),
