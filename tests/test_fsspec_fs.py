@@ -30,7 +30,10 @@ def device(tmp_path):
     fsspec.config.conf.pop("retainz", None)
     yield str(path)
     fsspec.config.conf.pop("retainz", None)
-    fsspec.filesystem("retainz").clear_instance_cache()
+    from retainz.integrations.fsspec_fs import RetainZFileSystem
+
+    RetainZFileSystem.close_all()
+    RetainZFileSystem.clear_instance_cache()
     assert _stores.open_count() == 0
 
 

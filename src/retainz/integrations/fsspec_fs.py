@@ -14,8 +14,8 @@ inside it.  The store is flat (generations of shards); this filesystem maps path
 * **checkpoint files** (any other name, e.g. Lightning's ``epoch=0-step=10.ckpt``): each file is its
   own generation, id ``@`` + ``quote(path)``, committed when the file is closed (or when an fsspec
   transaction commits).
-* **directories** are implied by the generations under them (plus, within one instance, those made
-  by ``mkdir``/``makedirs``).
+* **directories** are implied by the files under them (no empty directories, as on an object store:
+  ``mkdir`` is a no-op).
 * ``rm -r D`` retires every generation under ``D`` (``store.delete``): the runtimes' purge.  Removing
   ``D/.metadata`` retires ``D``'s generation (invalidate-first, as OLMo-core does).
 
@@ -33,6 +33,11 @@ Storage options (``fsspec.filesystem("retainz", retention=...)``, or for runtime
   Lightning's ``step=N``);
 * ``wait``: seconds to wait for a device another process holds (default 120).
 
+A filesystem instance holds each device it touches open until :meth:`RetainZFileSystem.close_devices`
+(or :meth:`RetainZFileSystem.close_all`): a device file is locked by one process at a time, so a
+``retainz://`` device is used by one process; multi-rank jobs use ``ZonedStorageWriter`` with one device
+per rank (:mod:`retainz.integrations.dcp`).
+
 Registered under the protocol ``retainz`` through the ``fsspec.specs`` entry point (pyproject.toml) and
 :func:`register`.
 """
@@ -46,6 +51,7 @@ import posixpath
 import queue
 import re
 import threading
+import weakref
 from typing import Any
 from urllib.parse import quote, unquote
 
@@ -159,7 +165,8 @@ class RetainZFileSystem(AbstractFileSystem):
         self.wait = float(wait)
         self._lock = threading.RLock()
         self._pending: dict[tuple[str, str], _Pending] = {}
-        self._dirs: dict[str, set[str]] = {}
+        self._held: dict[str, contextlib.ExitStack] = {}
+        weakref.finalize(self, _release_all, self._held, self._lock)
 
     # -- paths -------------------------------------------------------------------------------------
     @classmethod
@@ -197,7 +204,30 @@ class RetainZFileSystem(AbstractFileSystem):
         return self.retention
 
     def _store(self, device: str):
-        return _stores.using(device, wait=self.wait)
+        """The open store of ``device``: opened on first use and held by this instance until
+        :meth:`close_devices` (opening a store replays its journal; closing journals and flushes)."""
+        with self._lock:
+            stack = self._held.get(device)
+            if stack is None:
+                stack = contextlib.ExitStack()
+                store = stack.enter_context(_stores.using(device, wait=self.wait))
+                stack.store = store
+                self._held[device] = stack
+            return contextlib.nullcontext(stack.store)
+
+    @classmethod
+    def close_all(cls) -> None:
+        """:meth:`close_devices` on every cached instance."""
+        for inst in list(cls._cache.values()):
+            inst.close_devices()
+
+    def close_devices(self) -> None:
+        """Abort this instance's uncommitted generations and release every device it holds (the
+        device file's lock is per process: another process can open it only after this)."""
+        with self._lock:
+            for key in list(self._pending):
+                self._abort(key)
+        _release_all(self._held, self._lock)
 
     # -- the namespace -----------------------------------------------------------------------------
     def _catalog(self, device: str) -> tuple[dict[str, int], set[str]]:
@@ -223,7 +253,6 @@ class RetainZFileSystem(AbstractFileSystem):
                         files[f"{p.directory}/{name}"] = size or 0
                     for name, blob in p.tmp.items():
                         files[f"{p.directory}/{name}"] = len(blob)
-            dirs |= self._dirs.get(device, set())
         for f in list(files) + list(dirs):
             parent = posixpath.dirname(f)
             while parent:
@@ -259,38 +288,22 @@ class RetainZFileSystem(AbstractFileSystem):
         raise FileNotFoundError(self._full(device, inner))
 
     def mkdir(self, path, create_parents=True, **kwargs):
+        """No-op: directories exist through the files under them (no empty directories, as on an
+        object store); a path holding a file is refused."""
         device, inner = self._split(path)
-        if inner:
-            files, dirs = self._catalog(device)
-            if inner in files or inner in dirs:
-                raise FileExistsError(self._full(device, inner))
-            if not create_parents and posixpath.dirname(inner) not in dirs:
-                raise FileNotFoundError(self._full(device, posixpath.dirname(inner)))
-            with self._lock:
-                self._dirs.setdefault(device, set()).add(inner)
+        if inner and self._catalog(device)[0].get(inner) is not None:
+            raise FileExistsError(self._full(device, inner))
 
     def makedirs(self, path, exist_ok=False):
-        device, inner = self._split(path)
-        files, dirs = self._catalog(device)
-        if inner in files:
-            raise FileExistsError(self._full(device, inner))
-        if inner in dirs:
-            if not exist_ok:
-                raise FileExistsError(self._full(device, inner))
-            return
-        with self._lock:
-            self._dirs.setdefault(device, set()).add(inner)
+        self.mkdir(path)
 
     def rmdir(self, path):
+        """No-op for a directory with nothing under it; refuses a non-empty one."""
         device, inner = self._split(path)
         files, dirs = self._catalog(device)
-        if inner not in dirs:
-            raise FileNotFoundError(self._full(device, inner))
         prefix = inner + "/"
-        if any(f.startswith(prefix) for f in files) or any(d.startswith(prefix) for d in dirs):
+        if any(f.startswith(prefix) for f in files):
             raise OSError(39, "Directory not empty", self._full(device, inner))
-        with self._lock:
-            self._dirs.get(device, set()).discard(inner)
 
     # -- removal: the runtimes' purge --------------------------------------------------------------
     def rm(self, path, recursive=False, maxdepth=None):
@@ -323,10 +336,6 @@ class RetainZFileSystem(AbstractFileSystem):
                 for key, p in list(self._pending.items()):
                     if key[0] == device and (not inner or p.directory == inner or p.directory.startswith(prefix)):
                         self._abort(key)
-                made = self._dirs.get(device, set())
-                for d in list(made):
-                    if not inner or d == inner or d.startswith(prefix):
-                        made.discard(d)
 
     def _rm_file(self, device: str, inner: str) -> None:
         gen, name, is_dir = generation_for(inner)
@@ -605,6 +614,14 @@ class _WriteFile(AbstractBufferedFile):
                     self._sink.q.put_nowait(None)
             self.discard()
             raise
+
+
+def _release_all(held: dict, lock) -> None:
+    with lock:
+        for stack in held.values():
+            with contextlib.suppress(Exception):
+                stack.close()
+        held.clear()
 
 
 def register(clobber: bool = True) -> None:
