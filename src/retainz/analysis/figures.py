@@ -94,6 +94,9 @@ def pressure_figure(runs: Runs, out_dir: str) -> list[str]:
                     ax.plot([first_stop], [s["metrics"]["waf"]], color=color, marker="X", markersize=5,
                             linestyle="none", markeredgewidth=0.3, markeredgecolor="white")
             ax.grid(True, alpha=0.4)
+            ax.ticklabel_format(axis="y", useOffset=False)
+            lo, hi = ax.get_ylim()
+            ax.set_ylim(min(lo, 0.995), max(hi, 1.05))        # a flat WAF = 1 stays readable
             if i == 0:
                 ax.set_title(rule_family(rule), pad=3)
             if i == nrow - 1:

@@ -70,6 +70,7 @@ def zonemap_figure(runs: Runs, out_dir: str) -> list[str]:
         steps = zm["steps"]
         ax.imshow(img, aspect="auto", interpolation="nearest",
                   extent=(steps[0], steps[-1], zm["zones"], 0))
+        ax.set_xlim(0, max(r["inputs"]["steps"] for r in pair))   # one time axis for both panels
         stop = r.get("capacity_stop_step")
         ax.set_title(policy_name(r["inputs"]["policy"]) + (f" (stop at {stop:,})" if stop is not None else ""),
                      pad=2)
