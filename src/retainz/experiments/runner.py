@@ -271,7 +271,7 @@ def _progress(total: int, desc: str, enabled: bool):
         return None
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, unit="case", file=sys.stderr, mininterval=1.0, smoothing=0.1,
+    return tqdm(total=total, desc=desc, unit=desc.rstrip("s"), file=sys.stderr, mininterval=1.0, smoothing=0.1,
                 dynamic_ncols=True)
 
 
