@@ -5,9 +5,10 @@ A storage plugin sees only a checkpoint id; the step comes from the id (``parse_
 given as a rule string (``"torchtitan:interval=500,keep_latest_k=10"``) or an explicit condition per
 save.  All of it is a *hint*: placement uses it, correctness never depends on it.
 
-:func:`retention_hint` is the one switch point between this module's small built-in predictor and
-``retainz.retention`` (the project's retention rules): when ``retainz.retention`` provides
-``parse_rule``, rules are parsed and predicted there.
+:func:`retention_hint` is the one switch point between ``retainz.retention`` (the project's retention
+rules: ``parse_rule`` + ``hint_for_save``, used for every rule it knows: torchtitan, megatron,
+lightning, hf, accelerate, orbax) and this module's small built-in predictor, used for rule names the
+project's module does not know (``megatron-nonpersistent``, ``keep_all``) and for step 0.
 
 Built-in predictions (steps; ``PERMANENT`` = never retired during the run):
 
@@ -140,6 +141,12 @@ def retention_hint(step: int | None, *, rule: str | None = None, condition: str 
     retention = importlib.import_module("retainz.retention")
     parse_rule = getattr(retention, "parse_rule", None)
     hint_fn = getattr(retention, "hint_for_save", None)
-    if parse_rule is not None and hint_fn is not None:  # the project's retention module, once it lands
-        return hint_fn(parse_rule(rule), step)
+    if parse_rule is not None and hint_fn is not None and step >= 1:   # the project's retention rules
+        try:
+            parsed = parse_rule(rule)
+        except ValueError as e:
+            if not str(e).startswith("unknown retention rule"):
+                raise
+        else:
+            return hint_fn(parsed, step)
     return _builtin(rule, step)
