@@ -119,3 +119,16 @@ def test_cli_run_verify_analyze(tmp_path, capsys):
     assert main(["verify", str(out)]) == 0
     assert main(["analyze", str(out), "--out", str(tmp_path / "a")]) == 0
     assert (tmp_path / "a" / "pressure.png").exists()
+
+
+def test_cli_device_override_runs_every_case_on_a_file_device_with_payload(tmp_path):
+    cap = TINY["blocks"][3]
+    m = dict(TINY, blocks=[{"experiment": "capacity", "defaults": dict(cap["defaults"], policy="zenfs")}])
+    (tmp_path / "m.json").write_text(json.dumps(m))
+    out = tmp_path / "runs"
+    assert main(["run", str(tmp_path / "m.json"), "--output", str(out), "--device", "file", "--no-progress"]) == 0
+    (rec,) = [json.load(open(out / n)) for n in os.listdir(out) if n.endswith(".json")]
+    assert rec["inputs"]["device"] == "file" and rec["metrics"]["device"] == "file"
+    assert rec["metrics"]["bytes_verified"] > 0
+    assert not os.listdir(out / ".work")                 # the scratch device file is removed
+    assert verify_dir(str(out)) == (1, [])
