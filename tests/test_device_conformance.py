@@ -327,3 +327,38 @@ def test_reset_and_full_release_resources(any_device):
     assert sum(c.is_active for c in conds(dev)) == max_active - 1
     dev.write(dev.zone(max_active + 1).start, blocks(dev, 1))
     assert dev.zone(max_active + 1).cond == IO
+
+
+@pytest.mark.parametrize("target", ["empty", "closed"])
+def test_finish_takes_no_open_resource_when_every_open_zone_is_explicit(any_device, target):
+    """ZNS 2.1.1: finish takes a zone to Full directly; it needs no open resource (an Empty zone
+    needs a free active one, as the model has it).  With every open resource held by an explicitly
+    open zone, an Empty or a Closed zone still finishes, and the explicitly open zones stay as they
+    were (null_blk wants a free open resource here: LinuxZonedDevice lends one, see its docstring)."""
+    dev = any_device
+    g = dev.geometry
+    max_open, max_active = _limits(dev)
+    t = max_open  # the zone to finish
+    kept = blocks(dev, 2, seed=3)
+    if target == "closed":
+        dev.write(dev.zone(t).start, kept)
+        dev.close_zone(t)
+        assert dev.zone(t).cond == C
+    for z in range(max_open):
+        dev.open_zone(z)
+    dev.write(dev.zone(0).start, blocks(dev, 1, seed=4))  # one lender candidate holds data
+    before = dev.report_zones()
+    assert [z.cond for z in before[:max_open]] == [EO] * max_open
+    assert sum(z.cond.is_active for z in before) == max_open + (target == "closed") <= max_active
+    dev.finish_zone(t)
+    after = dev.report_zones()
+    assert (after[t].cond, after[t].wp) == (F, after[t].start + g.zone_size)
+    assert [(z.cond, z.wp) for z in after[:max_open]] == [(EO, z.wp) for z in before[:max_open]]
+    assert [z.cond for z in after[t + 1:]] == [E] * (g.nr_zones - t - 1)
+    assert dev.read(dev.zone(0).start, g.block_size) == blocks(dev, 1, seed=4)
+    if target == "closed":
+        assert dev.read(dev.zone(t).start, 2 * g.block_size) == kept
+    with pytest.raises(TooManyOpenZonesError):  # the open resources are all still held
+        dev.open_zone(t + 1)
+    dev.write(dev.zone(1).start, blocks(dev, 1, seed=5))  # the explicitly open zones still take writes
+    assert dev.zone(1).cond == EO

@@ -1,10 +1,14 @@
-"""The QEMU ZNS guest lane: the device conformance suite against real Linux zoned block devices.
+"""The QEMU ZNS guest lane: the device conformance suite and the store's device tests (write, read,
+delete, GC, reopen, crash recovery) against real Linux zoned block devices.
 
 One guest is booted for the whole session (``zns_guest_run``): it has an emulated NVMe ZNS namespace
 (``/dev/nvme0n1``) and a null_blk zoned device (``/dev/nullb0``), runs pytest on :data:`GUEST_TEST_FILES`
 with ``RETAINZ_TEST_ZBD`` naming both devices (``-k linux`` keeps only the real-device parameters), and
 writes junit XML into the shared output folder ``out/zns_guest/``.  The tests here assert on that XML, so
 a failure inside the guest shows up by name.  The console log stays in ``out/zns_guest/.retainz-guest/``.
+
+The guest geometry (16 zones of 1 MiB / 768 KiB capacity on NVMe, 16 of 2 MiB / 1 MiB on null_blk; 3
+open / 4 active zones) holds a store: 3 meta zones, 2 zones of GC reserve and 11 data zones.
 
 Run with ``pytest -m zns_guest`` (``make test`` does).  Where QEMU cannot be had (no root, no package
 registry) the lane skips locally with the reason, and fails under ``CI=true``.  The unmarked tests at the
@@ -22,9 +26,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-#: Test files run inside the guest.  Add the store's crash and recovery tests here once they use
-#: ``any_device`` (they then run against the real devices too).
-GUEST_TEST_FILES = ["tests/test_device_conformance.py"]
+#: Test files run inside the guest (their ``linux:`` parameters: see tests/conftest.py).  The store's
+#: other test files (tests/test_store_*.py) build emulated devices of their own (FaultyDevice power-cut
+#: campaigns, hypothesis machines): tests/test_store_device.py is their real-device counterpart.
+GUEST_TEST_FILES = ["tests/test_device_conformance.py", "tests/test_store_device.py"]
+#: Real-device cases of tests/test_store_device.py per device (each must pass, none may skip).
+STORE_CASES = {"test_format_refuses_a_non_empty_device_unless_forced": 1,
+               "test_generations_round_trip_delete_gc_and_reopen": 1,
+               "test_process_crash_while_writing_a_generation": 3,
+               "test_process_crash_during_a_commit": 3,
+               "test_killed_process_leaves_the_committed_set_exact": 2}
 OUT = ROOT / "out" / "zns_guest"
 JUNIT = OUT / "junit.xml"
 #: Seconds before a hung guest is killed (the lane's budget is 5 minutes in all).
@@ -97,7 +108,7 @@ def test_guest_ran_the_suite_and_exited_zero(zns_guest_run):
 def test_conformance_passes_on_real_device(zns_guest_run, kind):
     _, cases = zns_guest_run
     dev = DEVICES[kind]
-    mine = [c for c in cases if f"linux:{dev}" in c["name"]]
+    mine = [c for c in cases if f"linux:{dev}" in c["name"] and "test_device_conformance" in c["name"]]
     passed = [c for c in mine if c["outcome"] == "passed"]
     failed = [c["name"] for c in mine if c["outcome"] in ("failed", "error")]
     assert not failed, f"{dev}: {len(failed)} failed: {failed}"
@@ -105,6 +116,24 @@ def test_conformance_passes_on_real_device(zns_guest_run, kind):
     # the limit tests must have run, not skipped (the guest geometry has 0 < max_open < max_active)
     limit_tests = [c for c in mine if "limit" in c["name"]]
     assert limit_tests and all(c["outcome"] == "passed" for c in limit_tests), limit_tests
+    # finish of an Empty / a Closed zone while every open zone is explicitly open (null_blk wants an
+    # open resource there; LinuxZonedDevice lends one)
+    finish = [c for c in mine if "finish_takes_no_open_resource" in c["name"]]
+    assert len(finish) == 2 and all(c["outcome"] == "passed" for c in finish), finish
+
+
+@pytest.mark.zns_guest
+@pytest.mark.parametrize("kind", sorted(DEVICES))
+def test_store_passes_on_real_device(zns_guest_run, kind):
+    """The store's device tests (format, round trip, delete, GC, reopen, process crashes in a
+    generation and in a commit, torn write, SIGKILLed process) all ran and passed on the device."""
+    _, cases = zns_guest_run
+    dev = DEVICES[kind]
+    mine = [c for c in cases if f"linux:{dev}" in c["name"] and "test_store_device" in c["name"]]
+    bad = [(c["name"], c["outcome"], c["message"][:800]) for c in mine if c["outcome"] != "passed"]
+    assert not bad, f"{dev}: {bad}"
+    ran = {name: sum(f"::{name}[" in c["name"] for c in mine) for name in STORE_CASES}
+    assert ran == STORE_CASES, f"{dev}: store device cases that passed {ran}, expected {STORE_CASES}"
 
 
 @pytest.mark.zns_guest

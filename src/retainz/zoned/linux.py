@@ -44,6 +44,11 @@ guest lane, Linux 6.1, QEMU 7.2):
   an active resource, as ZNS allows), so such a close is followed by a reset, which loses nothing;
 * finishing an Empty zone needs a free active resource (as null_blk and the model): QEMU takes
   Empty -> Full directly, a legal ZNS transition, so the check is made here first (a zone report);
+* finishing an Empty or a Closed zone needs no open resource (the model; QEMU checks none): null_blk
+  wants a free one (``ETOOMANYREFS`` when every open zone is explicitly open), so an explicitly open
+  zone lends its resource: it is closed, the finish is issued, and it is opened explicitly again
+  (its write pointer and data are untouched; it ends explicitly open as before).  Only when no zone
+  is explicitly open is an implicitly open zone closed instead (next point);
 * a write to, an open of, or a finish of a Closed zone when the open limit is reached closes the least
   recently written implicitly open zone (ZNS 2.1.1.4.1; QEMU does it itself, and finishes a Closed zone
   without an open resource): null_blk refuses these with ``ETOOMANYREFS`` when the active limit is
@@ -425,9 +430,12 @@ class LinuxZonedDevice(ZonedDevice):
             try:
                 self._ioctl_zone(fd, op, zone)
             except TooManyOpenZonesError:
-                if op not in (ZoneOp.OPEN, ZoneOp.FINISH) or not self._close_implicitly_open(zone):
+                if op is ZoneOp.FINISH and self._finish_with_lent_open_resource(fd, zone):
+                    pass
+                elif op not in (ZoneOp.OPEN, ZoneOp.FINISH) or not self._close_implicitly_open(zone):
                     raise
-                self._ioctl_zone(fd, op, zone)
+                else:
+                    self._ioctl_zone(fd, op, zone)
             if op is ZoneOp.RESET:
                 self._wp_cache[zone] = 0
             elif op is ZoneOp.FINISH:
@@ -457,6 +465,30 @@ class LinuxZonedDevice(ZonedDevice):
             raise TooManyActiveZonesError(
                 f"zone {zone}: cannot finish an empty zone: {n_active} zones are active (open or "
                 f"closed), the device allows {self.geometry.max_active}", zone=zone)
+
+    def _finish_with_lent_open_resource(self, fd: int, zone: int) -> bool:
+        """Finish ``zone`` (Empty or Closed) on a device that wants a free open resource for it
+        (null_blk) while every open zone is explicitly open: close one explicitly open zone (the
+        lender), finish, open the lender explicitly again.  The model needs no open resource for a
+        finish, and leaves every other zone as it was; so does this, seen from outside.
+
+        Returns False (nothing done) when no other zone is explicitly open.  Raises what the finish
+        raises, after the lender is open again."""
+        zones = self.report_zones()
+        if zones[zone].cond not in (ZoneCond.EMPTY, ZoneCond.CLOSED):
+            return False
+        lenders = [z.index for z in zones if z.cond == ZoneCond.EXP_OPEN and z.index != zone]
+        if not lenders:
+            return False
+        # A lender with data stays active when closed (Closed); an empty one becomes Empty and takes
+        # its active resource back when reopened, which the finish of a Full-bound zone leaves free.
+        lender = min(lenders, key=lambda z: (zones[z].written == 0, z))
+        self._ioctl_zone(fd, ZoneOp.CLOSE, lender)
+        try:
+            self._ioctl_zone(fd, ZoneOp.FINISH, zone)
+        finally:
+            self._ioctl_zone(fd, ZoneOp.OPEN, lender)
+        return True
 
     # -- data --------------------------------------------------------------------------------------
     def aligned_buffer(self, length: int) -> mmap.mmap:
