@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 TORCH_STAMP := $(VENV)/.torch-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: setup demo test lint bench bench-placement bench-store bench-device vm-setup setup-torch bench-dcp clean
+.PHONY: setup main demo test lint bench bench-placement bench-store bench-device vm-setup setup-torch bench-dcp clean
 
 setup: $(STAMP)
 
@@ -16,7 +16,13 @@ $(STAMP): pyproject.toml
 	rm -f $(VENV)/.installed-*
 	touch $@
 
-# The main job on the embedded default (a file-backed zoned device).
+# The main job: the quick experiment matrix (real layouts x real retention rules x every policy, replayed
+# through the store) and its analysis; figures, table and claims land in out/quick/analysis.
+main: setup
+	$(VENV)/bin/retainz run experiments/quick.json -o out/quick --resume
+	$(VENV)/bin/retainz analyze out/quick --out out/quick/analysis
+
+# A short tour of the embedded default device (a file-backed zoned device).
 demo: setup
 	$(VENV)/bin/retainz demo --out out/demo
 
