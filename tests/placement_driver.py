@@ -50,6 +50,7 @@ class ZoneLog:
     reclaim_step: float | None = None
     lifetime: int = 0
     opened_step: int = 0
+    open_seq: int = 0
 
 
 class CapacityStop(Exception):
@@ -74,6 +75,7 @@ class Driver:
         self.gens: dict[str, Gen] = {}
         self.zlog: dict[int, ZoneLog] = {z: ZoneLog() for z in range(zones)}
         self.decisions: list[tuple] = []
+        self.opens = 0  # zones opened so far (the opening order, ZoneSummary.open_seq)
         self.m = dict(host_bytes=0, gc_bytes=0, resets=0, finished_unused=0, dead_space_time=0,
                       unused_time=0, peak_occupancy=0, decisions=0, decision_ns=0, stop_step=None,
                       skipped_gc_extents=0)
@@ -106,7 +108,8 @@ class Driver:
                 cond = ZoneCond.EMPTY
             out.append(ZoneSummary(index=z, capacity=self.capacity, cond=cond, written=written,
                                    live=live, dead=written - live, reclaim_step=log.reclaim_step,
-                                   lifetime=log.lifetime, opened_step=log.opened_step))
+                                   lifetime=log.lifetime, opened_step=log.opened_step,
+                                   open_seq=log.open_seq))
         return out
 
     def check_summaries(self) -> list[ZoneSummary]:
@@ -160,7 +163,8 @@ class Driver:
             log = self.zlog[d.zone]
             lifetime = g.hint.lifetime if d.lifetime is None else d.lifetime
             if s.cond == ZoneCond.EMPTY:
-                log.lifetime, log.opened_step = lifetime, self.now
+                self.opens += 1
+                log.lifetime, log.opened_step, log.open_seq = lifetime, self.now, self.opens
             if d.reclaim_step is not None and (log.reclaim_step is None
                                                or d.reclaim_step > log.reclaim_step):
                 log.reclaim_step = d.reclaim_step

@@ -139,6 +139,9 @@ class ZoneSummary:
         lifetime: the ZenFS lifetime class given to the zone when it was opened (ZenFS sets it once,
             from the first file that gets the empty zone).
         opened_step: the training step at which the zone was opened (0 when empty).
+        open_seq: the zone's place in the table's opening order (the table's count of zone
+            openings when this zone was opened; 0 when empty).  ``ZoneTable.open`` iterates open
+            zones in this order, and the store journals it, so the order survives a remount.
     """
 
     index: int
@@ -150,6 +153,7 @@ class ZoneSummary:
     reclaim_step: float | None = None
     lifetime: int = 0
     opened_step: int = 0
+    open_seq: int = 0
 
     @property
     def remaining(self) -> int:
@@ -164,7 +168,7 @@ class ZoneSummary:
     def key(self) -> tuple:
         """Every field, for equality checks against a recomputation."""
         return (self.index, self.capacity, int(self.cond), self.written, self.live, self.dead,
-                self.reclaim_step, self.lifetime, self.opened_step)
+                self.reclaim_step, self.lifetime, self.opened_step, self.open_seq)
 
 
 class _EmptySet:
@@ -215,7 +219,9 @@ class ZoneTable:
     Attributes:
         zones: ``{index: ZoneSummary}`` for every data zone (ascending index order).
         open: ``{index: ZoneSummary}`` of zones that hold data and are not full (the placement
-            candidates; each holds one active resource).
+            candidates; each holds one active resource), in opening order (``open_seq``), also
+            after :meth:`restore`: a policy may depend on it (greedy writes to the first).
+        open_seq: zone openings counted so far (the last ``ZoneSummary.open_seq`` handed out).
         live, dead, written, unused: totals over all data zones, in bytes.
         now: the latest training step the store has reported.
 
@@ -238,6 +244,7 @@ class ZoneTable:
             self._empty.add(z)
         self.live = self.dead = self.written = self.unused = 0
         self.now = 0
+        self.open_seq = 0
         self.listeners: list[Callable[[ZoneSummary], None]] = []
 
     # -- queries -----------------------------------------------------------------------------------
@@ -281,7 +288,7 @@ class ZoneTable:
 
     def key(self) -> tuple:
         """The whole state (every summary and total), for equality with a recomputation."""
-        return (tuple(s.key() for s in self.zones.values()), tuple(sorted(self.open)),
+        return (tuple(s.key() for s in self.zones.values()), tuple(self.open),
                 tuple(sorted(self._empty)), self.live, self.dead, self.written, self.unused)
 
     # -- updates (store only) ----------------------------------------------------------------------
@@ -300,6 +307,8 @@ class ZoneTable:
             s.cond = ZoneCond.IMP_OPEN
             s.lifetime = lifetime
             s.opened_step = step
+            self.open_seq += 1
+            s.open_seq = self.open_seq
         if reclaim_step is not None and (s.reclaim_step is None or reclaim_step > s.reclaim_step):
             s.reclaim_step = reclaim_step
         s.written += nbytes
@@ -348,26 +357,35 @@ class ZoneTable:
         self.dead -= s.dead
         self.open.pop(z, None)
         s.cond, s.written, s.live, s.dead = ZoneCond.EMPTY, 0, 0, 0
-        s.reclaim_step, s.lifetime, s.opened_step = None, 0, 0
+        s.reclaim_step, s.lifetime, s.opened_step, s.open_seq = None, 0, 0, 0
         self._empty.add(z)
         self._changed(s)
 
     def restore(self, summaries: list[ZoneSummary]) -> None:
-        """Replace every summary (recovery), recomputing the open/empty sets and totals."""
+        """Replace every summary (recovery), recomputing the open/empty sets and totals.
+
+        ``open`` is rebuilt in opening order (``open_seq``, then index), and the opening counter
+        continues from the highest ``open_seq`` (or the current count, if higher)."""
         self.open.clear()
         self._empty = _EmptySet(max(self.zones, default=-1) + 1)
         self.live = self.dead = self.written = self.unused = 0
         for s in summaries:
             self.zones[s.index] = s
+        opened = []
         for s in self.zones.values():
             if s.cond == ZoneCond.EMPTY:
                 self._empty.add(s.index)
             elif s.cond != ZoneCond.FULL:
-                self.open[s.index] = s
+                opened.append(s)
+            if s.open_seq > self.open_seq:
+                self.open_seq = s.open_seq
             self.live += s.live
             self.dead += s.dead
             self.written += s.written
             self.unused += s.unused
+        opened.sort(key=lambda s: (s.open_seq, s.index))
+        for s in opened:
+            self.open[s.index] = s
         for s in self.zones.values():
             self._changed(s)
 

@@ -6,7 +6,8 @@ step).  Kinds:
 
 ======  ==================================================================================
 snap    snapshot head: ``now``, ``commit_seq``, ``metrics``
-sz      snapshot: zone attributes ``[[zone, written, full, reclaim_step, lifetime, opened_step]...]``
+sz      snapshot: zone attributes ``[[zone, written, full, reclaim_step, lifetime, opened_step,
+        open_seq]...]``
 sg      snapshot: a batch of committed generations (the :func:`encode_gen` form)
 send    snapshot end: ``n`` generations (a chain is usable only once this is durable)
 c       commit: one generation, its extents, and the zone attributes changed since the last record
@@ -15,10 +16,15 @@ m       GC move: ``[[generation, shard, new extent list]...]``, victim zones to 
 x       sync (clean close): zone attributes, ``now``, ``metrics``
 ======  ==================================================================================
 
+Every record but ``sz``/``sg``/``send`` also carries ``o``, the zone table's opening counter
+(``ZoneTable.open_seq``).
+
 Zone attributes are absolute (replaying one twice is harmless).  They carry what placement
 decisions depend on and the catalog cannot give: each zone's reclaim step, lifetime class, opening
-step, written bytes and whether it was finished (so a remount decides exactly as before: ZenFS
-issue #266, zone hints lost on remount).
+step, written bytes, whether it was finished, and its place in the opening order (``open_seq``:
+``ZoneTable.open`` iterates in it, and greedy writes to the first open zone), so a remount decides
+exactly as before (ZenFS issue #266, zone hints lost on remount).  Older journals without
+``open_seq`` read as 0 (zone-index order).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ call for):
    the copies count as live in their zones but nothing refers to them yet;
 2. ``flush`` - the copies are durable;
 3. one ``m`` (move) record per GC pass, holding every affected shard's complete new extent list and
-   the victims to reset, is appended and flushed: the move's commit point (one record and two
+   the victims to reset (those left with no live data), is appended and flushed: the move's commit point (one record and two
    flushes per pass, not per victim);
 4. the catalog switches to the new extents (the old ones become dead) and the victims are reset.
 
@@ -19,9 +19,14 @@ zones at mount); a crash after (3) leaves the move in force and mount redoes the
 Readers never see a half-moved extent: the catalog changes under the store lock only at step 4.
 
 Zones holding data of a generation still being written are never collected (its extents are not in
-the catalog yet).  A victim whose copy fails (no space, a checksum mismatch) is given up: its copies
-become dead, the victims copied before it are still moved, and the error is listed in the
-:class:`GCReport`; GC never loops: one pass per call.
+the catalog yet).  An extent the policy has no room for (``NO_SPACE`` on its GC request) is skipped
+alone, as ZenFS's ``MigrateExtents`` does: the extents already moved stay moved, the victim keeps
+the skipped ones and is not reset (``GCReport.partial``).  A victim whose copy fails its checksum
+is given up: its copies become dead, the victims copied before it are still moved, and the error
+is listed in the :class:`GCReport`; GC never loops: one pass per call.
+
+Which zones are victims is always the policy's rule (``Allocator.gc_victims``), forced or not
+(:meth:`GCMixin._gc` says what forced means per policy).
 """
 
 from __future__ import annotations
@@ -43,8 +48,8 @@ class GCMixin:
         """Run one pass of copying GC.
 
         Args:
-            force: collect every full zone holding dead bytes (most dead first), not only what the
-                allocator asks for below the reserve.
+            force: ask the policy for victims as if every data zone had to be empty (see
+                :meth:`_gc`), not only when fewer than ``gc_reserve_zones`` zones are empty.
 
         Returns:
             a :class:`GCReport`.
@@ -54,15 +59,29 @@ class GCMixin:
             return self._gc(force=force)
 
     def _gc(self, *, force: bool) -> GCReport:
+        """One GC pass over the policy's victims.
+
+        Victims always come from the policy's rule (``Allocator.gc_victims``).  Unforced, it is
+        asked with the store's reserve (``gc_reserve_zones``).  Forced (``gc(force=True)``, and the
+        store's own retry when admission or a placement finds no space), it is asked with a reserve
+        of every data zone, so that what "forced" means is the policy's own rule at its most
+        eager:
+
+        * base rule (``greedy``, ``common``, ``dedicated``): every full zone holding dead bytes,
+          most dead bytes first;
+        * ``retainz`` and its hint controls: every full zone with live data and reclaimable space,
+          by cost-benefit, except zones about to reset themselves while an empty zone is left;
+        * ``zenfs``: unchanged: ZenFS's worker ignores the reserve and collects only at or below
+          its free-space start level (20 %), with its garbage threshold.
+
+        If the rule names nothing, nothing is collected: a placement that still finds no space is
+        then a capacity stop (:class:`NoSpaceError`), never a bypass of the policy.
+        """
         rep = GCReport()
         if self._in_gc:
             return rep
         t = self.table
-        if force:
-            victims = [s.index for s in sorted((s for s in t if s.cond == ZoneCond.FULL and s.dead > 0),
-                                               key=lambda s: (-s.dead, s.index))]
-        else:
-            victims = self.allocator.gc_victims(self.gc_reserve_zones)
+        victims = self.allocator.gc_victims(len(t) if force else self.gc_reserve_zones)
         busy = set(self._partial or ())
         for w in self._writers.values():
             busy.update(w._zone_bytes)
@@ -70,6 +89,8 @@ class GCMixin:
         pending: dict[tuple, list] = {}   # (generation id, shard) -> its new extent list
         copies: dict[int, int] = {}       # zone -> bytes of copies written (for rollback)
         copy_ext: list = []               # the copies: live, not in the catalog until the record
+        moved_out: list = []              # the extents the copies replace (dead once moved)
+        touched: set[int] = set()         # zones holding copies undone (all dead: reset them)
         self._inflight.append(copy_ext)
         done: list[int] = []
         try:
@@ -78,27 +99,33 @@ class GCMixin:
                 if s is None or s.cond != ZoneCond.FULL or v in busy or s.written == 0:
                     rep.skipped.append(v)
                     continue
-                saved = dict(pending)
+                saved, mark_out = dict(pending), len(moved_out)
                 vcopies: dict[int, int] = {}
                 mark = len(copy_ext)
                 try:
-                    moved, copied = self._copy_zone(v, pending, copy_ext, vcopies)
-                except (NoSpaceError, ChecksumError) as e:
+                    moved, copied, left, left_bytes = self._copy_zone(v, pending, copy_ext, vcopies,
+                                                                      moved_out, touched)
+                except ChecksumError as e:
                     for z, n in vcopies.items():      # give this victim up; keep the others
                         self.table.on_kill(z, n)
+                        touched.add(z)
                     del copy_ext[mark:]
+                    del moved_out[mark_out:]
                     pending = saved
                     rep.skipped.append(v)
                     rep.errors.append(f"zone {v}: {e}")
-                    if isinstance(e, NoSpaceError):
-                        break
                     continue
                 for z, n in vcopies.items():
                     copies[z] = copies.get(z, 0) + n
-                done.append(v)
                 rep.extents_moved += moved
                 rep.bytes_copied += copied
-            if done:
+                if left:    # no space for some extents: they stay; the victim keeps live data
+                    rep.partial.append(v)
+                    rep.extents_skipped += left
+                    rep.errors.append(f"zone {v}: {left} extents ({left_bytes} bytes) not moved: no space")
+                else:
+                    done.append(v)
+            if pending:
                 self.device.flush()
                 self._append("m", {"s": [[gid, name, ext] for (gid, name), ext in pending.items()],
                                    "r": done, "now": self._now})
@@ -106,28 +133,35 @@ class GCMixin:
             self._inflight.remove(copy_ext)
             for z, n in copies.items():
                 self.table.on_kill(z, n)
-            self._reset_dead(copies)
+            self._reset_dead(set(copies) | touched)
             self._in_gc = False
             raise
         self._inflight.remove(copy_ext)
         try:
-            self._apply_moves(pending, done, rep)
-            self._reset_dead(copies)   # copies of a victim given up may have left all-dead zones
+            self._apply_moves(pending, moved_out, done, rep)
+            self._reset_dead(set(copies) | touched)   # copies undone may have left all-dead zones
         finally:
             self._in_gc = False
         return rep
 
-    def _copy_zone(self, v: int, pending: dict, copy_ext: list, vcopies: dict) -> tuple[int, int]:
+    def _copy_zone(self, v: int, pending: dict, copy_ext: list, vcopies: dict, moved_out: list,
+                   touched: set) -> tuple[int, int, int, int]:
         """Copy every committed extent in zone ``v`` (step 1); record each affected shard's new
-        extent list in ``pending``.  Returns (extents moved, bytes copied)."""
-        cat = self.catalog
-        moved = copied = 0
+        extent list in ``pending`` and each replaced extent in ``moved_out``.
+
+        An extent the policy finds no room for (``NO_SPACE`` on its GC request) is skipped, as
+        ZenFS's ``MigrateExtents`` does: it stays where it is (pieces of it already copied are
+        undone: dead, their zones in ``touched``), and the extents moved before and after it stay
+        moved.  Returns (extents moved, bytes copied, extents skipped, bytes skipped)."""
+        cat, bs, table = self.catalog, self._bs, self.table
+        moved = copied = left = left_bytes = 0
         for gid in list(cat.zone_gens.get(v, ())):
             gen = cat.gens[gid]
             for shard in gen.shards.values():
                 key = (gid, shard.name)
                 current = pending.get(key, shard.extents)
                 new = None
+                changed = False
                 for i, e in enumerate(current):
                     if e[0] != v:
                         if new is not None:
@@ -136,23 +170,38 @@ class GCMixin:
                     if new is None:
                         new = list(current[:i])
                     before = len(copy_ext)
-                    copied += self._copy_extent(gen, shard.name, e, copy_ext, vcopies)
+                    try:
+                        copied += self._copy_extent(gen, shard.name, e, copy_ext, vcopies)
+                    except NoSpaceError:
+                        for p in copy_ext[before:]:    # a split copy placed part-way: undo it
+                            n = round_up(p[2], bs)
+                            table.on_kill(p[0], n)
+                            vcopies[p[0]] -= n
+                            if not vcopies[p[0]]:
+                                del vcopies[p[0]]
+                            touched.add(p[0])
+                        del copy_ext[before:]
+                        new.append(e)
+                        left += 1
+                        left_bytes += round_up(e[2], bs)
+                        continue
                     new.extend(copy_ext[before:])
+                    moved_out.append(e)
+                    changed = True
                     moved += 1
-                if new is not None:
+                if changed:
                     pending[key] = new
-        return moved, copied
+        return moved, copied, left, left_bytes
 
-    def _apply_moves(self, pending: dict, done: list[int], rep: GCReport) -> None:
-        """Step 4: the catalog takes the new extents; the victims' old extents die; reset them."""
+    def _apply_moves(self, pending: dict, moved_out: list, done: list[int], rep: GCReport) -> None:
+        """Step 4: the catalog takes the new extents; the replaced extents die; the victims left
+        with no live data are reset (a victim with skipped extents stays full, its summary exact)."""
         bs = self._bs
-        victims = set(done)
-        killed: dict[int, int] = {}
         for (gid, name), ext in pending.items():
-            old = self.catalog.replace_extents(gid, name, tuple(ext))
-            for e in old:
-                if e[0] in victims:
-                    killed[e[0]] = killed.get(e[0], 0) + round_up(e[2], bs)
+            self.catalog.replace_extents(gid, name, tuple(ext))
+        killed: dict[int, int] = {}
+        for e in moved_out:
+            killed[e[0]] = killed.get(e[0], 0) + round_up(e[2], bs)
         for z, n in killed.items():
             self.table.on_kill(z, n)
         for v in done:

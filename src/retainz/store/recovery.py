@@ -55,6 +55,9 @@ from retainz.zoned.model import ZoneCond
 __all__ = ["RecoveryMixin", "RecoveryReport"]
 
 _SNAPSHOT_RECORD = 64 * 1024
+#: Zone attributes of a zone the journal says nothing about (an empty zone): written, full,
+#: reclaim step, lifetime, opening step, opening sequence number.
+_NO_ATTRS = [0, 0, None, 0, 0, 0]
 
 
 @dataclass
@@ -123,14 +126,20 @@ class RecoveryMixin:
         rep.records_per_second = rep.records / rep.seconds if rep.seconds else 0.0
 
     def _replay(self, payloads: list[bytes]) -> dict[int, list]:
-        """Rebuild the catalog, logical time and metrics; return the zone attributes by zone."""
+        """Rebuild the catalog, logical time and metrics; return the zone attributes by zone
+        (``[written, full, reclaim_step, lifetime, opened_step, open_seq]``; attributes journaled
+        by an older version lack the trailing fields, which default to 0)."""
         cat = self.catalog
         attrs: dict[int, list] = {}
-        empty = [0, 0, None, 0, 0]
+        empty = _NO_ATTRS
+        n = len(_NO_ATTRS)
+        self._open_seq = 0
         for p in payloads:
             kind, body = decode(p)
             for a in body.get("z", ()):
-                attrs[a[0]] = a[1:]
+                attrs[a[0]] = a[1:] if len(a) > n else a[1:] + _NO_ATTRS[len(a) - 1:]
+            if "o" in body:
+                self._open_seq = max(self._open_seq, body["o"])
             if "now" in body:
                 self._now = max(self._now, body["now"])
             if kind == "c":
@@ -171,7 +180,7 @@ class RecoveryMixin:
         out = []
         for zr in dev.report_zones(self.meta_zones, dev.geometry.nr_zones - self.meta_zones):
             z = zr.index
-            a = attrs.get(z, [0, 0, None, 0, 0])
+            a = attrs.get(z, _NO_ATTRS)
             lv = live.get(z, 0)
             s = ZoneSummary(index=z, capacity=zr.capacity)
             if zr.cond == ZoneCond.EMPTY:
@@ -194,11 +203,11 @@ class RecoveryMixin:
                                               f"below the end of a committed extent ({top[z]}): data lost")
                 rep.dead_bytes_found += max(0, written - max(a[0], top.get(z, 0)))
                 s.written, s.live, s.dead = written, lv, written - lv
-                s.reclaim_step, s.lifetime, s.opened_step = a[2], a[3], a[4]
+                s.reclaim_step, s.lifetime, s.opened_step, s.open_seq = a[2], a[3], a[4], a[5]
             out.append(s)
-            if [s.written, 1 if s.cond == ZoneCond.FULL else 0, s.reclaim_step, s.lifetime,
-                    s.opened_step] != list(a):
+            if self._attrs_of(s) != list(a):
                 self._dirty.add(z)
+        self.table.open_seq = self._open_seq
         self.table.restore(out)
 
     # -- snapshot ----------------------------------------------------------------------------------
@@ -206,7 +215,7 @@ class RecoveryMixin:
         """The store's committed state as snapshot record payloads (each at most 64 KiB or a quarter of
         a meta zone, except a single generation larger than that)."""
         out = [encode("snap", {"now": self._now, "commit_seq": self.catalog.commit_seq,
-                               "metrics": self._metrics_state()})]
+                               "metrics": self._metrics_state(), "o": self.table.open_seq})]
         zones = [self._attrs(s.index) for s in self.table if s.written or s.cond != ZoneCond.EMPTY]
         for i in range(0, len(zones), 2000):
             out.append(encode("sz", {"z": zones[i:i + 2000]}))

@@ -188,8 +188,11 @@ class Store(WriteMixin, GCMixin, RecoveryMixin, CheckMixin):
     def _new_table(self) -> ZoneTable:
         g = self.device.geometry
         caps = {z: g.zone_capacity for z in range(self.meta_zones, g.nr_zones)}
+        # The journal keeps one meta zone active (a rollover finishes the old zone before it opens
+        # the next), so data gets the device's limits minus one, and ``reserved_active`` tells
+        # policies (ZenFS's "device max - 2") what the device's own limit is.
         return ZoneTable(caps, max_open=max(g.max_open - 1, 0) if g.max_open else 0,
-                         max_active=self._max_active)
+                         max_active=self._max_active, reserved_active=1 if self._max_active else 0)
 
     def close(self) -> None:
         """Abort open writers, journal the zone attributes and metrics (a ``sync`` record), flush and
@@ -409,14 +412,21 @@ class Store(WriteMixin, GCMixin, RecoveryMixin, CheckMixin):
         return self._free() - self._reserved - self.gc_reserve_zones * self._cap
 
     def _attrs(self, z: int) -> list:
-        s = self.table.zones[z]
-        return [z, s.written, 1 if s.cond == ZoneCond.FULL else 0, s.reclaim_step, s.lifetime, s.opened_step]
+        """Zone ``z``'s journaled attributes: ``[zone] + _attrs_of(summary)``."""
+        return [z] + self._attrs_of(self.table.zones[z])
+
+    @staticmethod
+    def _attrs_of(s: ZoneSummary) -> list:
+        """``[written, full, reclaim_step, lifetime, opened_step, open_seq]`` (catalog module)."""
+        return [s.written, 1 if s.cond == ZoneCond.FULL else 0, s.reclaim_step, s.lifetime, s.opened_step,
+                s.open_seq]
 
     def _append(self, kind: str, body: dict) -> None:
         """Append a record carrying the zone attributes changed since the last one (flushed)."""
         dirty = self._dirty
         self._dirty = set()
         body["z"] = [self._attrs(z) for z in sorted(dirty)]
+        body["o"] = self.table.open_seq
         j = self.journal
         try:
             j.append(encode(kind, body))
@@ -472,7 +482,7 @@ class Store(WriteMixin, GCMixin, RecoveryMixin, CheckMixin):
                 lv = live.get(z, 0)
                 out.append(ZoneSummary(index=z, capacity=s.capacity, cond=s.cond, written=s.written, live=lv,
                                        dead=s.written - lv, reclaim_step=s.reclaim_step, lifetime=s.lifetime,
-                                       opened_step=s.opened_step))
+                                       opened_step=s.opened_step, open_seq=s.open_seq))
             t.restore(out)
             return t
 

@@ -49,7 +49,7 @@ class GenerationWriter:
         declared_size: bytes declared at admission (``None``: none declared).
     """
 
-    __slots__ = ("_store", "gen", "declared_size", "_reserve", "_data", "_zone_bytes")
+    __slots__ = ("_store", "gen", "declared_size", "_reserve", "_data", "_zone_bytes", "_need", "_placed")
 
     def __init__(self, store, gen: GenerationInfo, declared_size: int | None, reserve: int):
         self._store = store
@@ -58,6 +58,8 @@ class GenerationWriter:
         self._reserve = reserve        # bytes of the admission reservation not yet written
         self._data = 0                 # shard bytes written so far
         self._zone_bytes: dict[int, int] = {}  # zone -> device bytes this generation holds there
+        self._need = reserve           # the declared size, block-rounded (0: none declared)
+        self._placed = 0               # device bytes placed for the generation so far
 
     @property
     def id(self) -> str:
@@ -128,24 +130,26 @@ class WriteMixin:
     """Write-path methods of :class:`~retainz.store.store.Store` (state lives on the store)."""
 
     # -- placement -----------------------------------------------------------------------------------
-    def _decide(self, gen: GenerationInfo, nbytes: int, gc: bool) -> Decision | None:
+    def _decide(self, gen: GenerationInfo, nbytes: int, gc: bool, pending: int = 0) -> Decision | None:
         """Ask the allocator where ``nbytes`` go and execute its finishes; ``None`` = no space."""
         if self._verify:
             self._rebuild_summaries()
         t0 = perf_counter()
-        d = self.allocator.place(ExtentRequest(nbytes, gen.id, gen.step, gen.hint, self._now, gc))
+        d = self.allocator.place(ExtentRequest(nbytes, gen.id, gen.step, gen.hint, self._now, gc, pending))
         m = self.metrics
         m.decision_cpu_seconds += perf_counter() - t0
         m.decisions += 1
         return self._execute(d)
 
     def _execute(self, d: Decision) -> Decision | None:
-        """Check a decision against the contract and perform its finishes."""
+        """Check a decision against the contract and perform its finishes, also those of a
+        decision without a zone (ZenFS finishes zones, then finds no empty one: "Zone allocation
+        failure"; the finishes stand)."""
+        for f in d.finish:
+            self._finish_zone(f)
         z = d.zone
         if z is None:
             return None
-        for f in d.finish:
-            self._finish_zone(f)
         s = self.table.zones.get(z)
         if s is None or s.cond is _FULL:
             raise ValueError(f"allocator {self.allocator.name} chose zone {z}, which is not a data zone "
@@ -155,12 +159,13 @@ class WriteMixin:
                              f"budget {self._max_active}")
         return d
 
-    def _decide_or_gc(self, gen: GenerationInfo, nbytes: int, gc: bool, d: Decision | None = None) -> Decision:
-        d = self._decide(gen, nbytes, gc) if d is None else self._execute(d)
+    def _decide_or_gc(self, gen: GenerationInfo, nbytes: int, gc: bool, d: Decision | None = None,
+                      pending: int = 0) -> Decision:
+        d = self._decide(gen, nbytes, gc, pending) if d is None else self._execute(d)
         if d is None and not gc and not self._in_gc:
             if self.table.dead:
                 self._gc(force=True)
-                d = self._decide(gen, nbytes, gc)
+                d = self._decide(gen, nbytes, gc, pending)
         if d is None:
             raise NoSpaceError(f"no zone can take {nbytes} bytes of generation {gen.id!r} "
                                f"({self._free()} bytes free in zones)", needed=nbytes,
@@ -179,10 +184,15 @@ class WriteMixin:
         self._dirty.add(z)
 
     def _put(self, gen: GenerationInfo, data, data_len: int, extents: list, zone_bytes: dict,
-             gc: bool, acc: list | None = None) -> int:
+             gc: bool, acc: list | None = None, pending: int = 0) -> int:
         """Write ``data`` (bytes-like of a block multiple, or an int count) at zones the allocator
         picks; append ``(zone, offset, length, crc)`` extents.  Returns device bytes written.
         ``acc[0]``, if given, accumulates the crc32c of the data (the shard's), each byte read once.
+        ``pending`` is ``ExtentRequest.pending``: bytes of the generation still to come after
+        these (constant over the call: what one piece places, ``nbytes`` loses).
+
+        Every decision's zone gets ``decision.lifetime`` as its lifetime class when the decision
+        opens it, or the generation's ``hint.lifetime`` when that is ``None``.
 
         The hot path of trace replay: one ``place`` call, one device write and one table update per
         extent, nothing proportional to the number of zones."""
@@ -200,13 +210,13 @@ class WriteMixin:
             if self._verify:
                 self._rebuild_summaries()
             t0 = perf_counter()
-            d = place(ExtentRequest(left, gid, step, hint, now, gc))
+            d = place(ExtentRequest(left, gid, step, hint, now, gc, pending))
             m.decision_cpu_seconds += perf_counter() - t0
             m.decisions += 1
             z = d.zone
             s = zones.get(z)
             if s is None or d.finish or s.cond is not _IO or s.written >= s.capacity:
-                d = self._decide_or_gc(gen, left, gc, d)  # finishes, an empty zone, no space, errors
+                d = self._decide_or_gc(gen, left, gc, d, pending)  # finishes, empty zone, no space
                 z = d.zone
                 s = zones[z]
             off = s.written
@@ -226,7 +236,9 @@ class WriteMixin:
                 if acc is not None:
                     acc[0] = (crc32c_combine(acc[0], crc, el) if el == WRITE_BUFFER
                               else crc32c.crc32c(piece[:el], acc[0]))
-            table.on_write(z, n, reclaim_step=d.reclaim_step, lifetime=lifetime, step=now)
+            lt = d.lifetime
+            table.on_write(z, n, reclaim_step=d.reclaim_step, lifetime=lifetime if lt is None else lt,
+                           step=now)
             dirty.add(z)
             zone_bytes[z] = zone_bytes.get(z, 0) + n
             extents.append((z, off, el, crc))
@@ -259,7 +271,10 @@ class WriteMixin:
                                          f"device; {self.device!r} keeps payload")
                     self._check_declared(w, name, size)
                     padded = round_up(size, self._bs)
-                    self._put(gen, padded, size, extents, zb, False) if padded else None
+                    if padded:
+                        self._put(gen, padded, size, extents, zb, False,
+                                  pending=max(0, w._need - w._placed - padded))
+                        w._placed += padded
                     total, crc = size, None
                 else:
                     total, crc, padded = self._write_stream(w, name, chunks, size, extents, zb)
@@ -306,10 +321,14 @@ class WriteMixin:
                 pos = min(wbuf - len(buf), n)
                 buf += mv[:pos]
                 if len(buf) == wbuf:
-                    padded += self._put(gen, buf, wbuf, extents, zb, False, acc)
+                    padded += self._put(gen, buf, wbuf, extents, zb, False, acc,
+                                        max(0, w._need - w._placed - wbuf))
+                    w._placed += wbuf
                     buf = bytearray()
             while n - pos >= wbuf:
-                padded += self._put(gen, mv[pos:pos + wbuf], wbuf, extents, zb, False, acc)
+                padded += self._put(gen, mv[pos:pos + wbuf], wbuf, extents, zb, False, acc,
+                                    max(0, w._need - w._placed - wbuf))
+                w._placed += wbuf
                 pos += wbuf
             if pos < n:
                 buf += mv[pos:]
@@ -318,7 +337,9 @@ class WriteMixin:
         if buf:
             data_len = len(buf)
             buf += bytes(-data_len % bs)
-            padded += self._put(gen, buf, data_len, extents, zb, False, acc)
+            padded += self._put(gen, buf, data_len, extents, zb, False, acc,
+                                max(0, w._need - w._placed - len(buf)))
+            w._placed += len(buf)
         return total, acc[0], padded
 
     def _drop_partial(self, zb: dict[int, int]) -> None:

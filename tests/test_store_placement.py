@@ -1,0 +1,359 @@
+"""How the store executes placement: pending bytes, the active-zone reservation, finishes without a
+zone, lifetime classes, GC through the policy's rule, skipped GC extents, and the opening order
+across a remount."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import pytest
+
+from retainz.errors import NoSpaceError
+from retainz.placement import NO_SPACE, POLICIES, Allocator, Decision, ExtentRequest, Hint
+from retainz.placement.greedy import Greedy
+from retainz.placement.hints import WLTH_LONG, WLTH_MEDIUM, lifetime_class
+from retainz.store import Store
+from retainz.zoned import Geometry, MemoryDevice, ZoneCond
+from tests.test_placement_retainz import mixed_trace
+
+KiB, MiB = 1024, 1 << 20
+GEOM = Geometry(nr_zones=16, zone_size=64 * KiB, zone_capacity=48 * KiB, block_size=4096, max_open=6,
+                max_active=6)
+
+
+def spy(store: Store) -> list[ExtentRequest]:
+    """Record every request the store's allocator gets."""
+    reqs: list[ExtentRequest] = []
+    place = store.allocator.place
+
+    def logged(req):
+        reqs.append(req)
+        return place(req)
+
+    store.allocator.place = logged
+    return reqs
+
+
+def swap(store: Store, alloc: Allocator) -> Allocator:
+    alloc.bind(store.table)
+    store.allocator = alloc
+    return alloc
+
+
+def put(store, gid, step, sizes, **kw):
+    w = store.begin_generation(gid, step, **kw)
+    for i, n in enumerate(sizes):
+        w.write_shard(f"s{i}", size=n)
+    return w.commit()
+
+
+# -- 1a: ExtentRequest.pending ---------------------------------------------------------------------
+def test_pending_is_declared_minus_placed_minus_the_request_counted():
+    with Store.format(MemoryDevice(GEOM, payload=False)) as s:
+        reqs = spy(s)
+        put(s, "g", 1, [8 * KiB, 8 * KiB, 6 * KiB], declared_size=22 * KiB)
+        # declared 22 KiB = 24 KiB in blocks; shards placed 8, 8 and 8 (6 KiB padded) KiB
+        assert [(r.nbytes, r.pending) for r in reqs] == [(8 * KiB, 16 * KiB), (8 * KiB, 8 * KiB),
+                                                         (8 * KiB, 0)]
+        reqs.clear()
+        put(s, "u", 2, [8 * KiB, 8 * KiB])            # nothing declared: pending 0
+        assert [r.pending for r in reqs] == [0, 0]
+
+
+def test_pending_of_a_split_request_and_of_streamed_buffers():
+    g = Geometry(nr_zones=8, zone_size=4 * MiB, zone_capacity=5 * MiB // 2, max_open=6, max_active=6)
+    with Store.format(MemoryDevice(g)) as s:
+        reqs = spy(s)
+        w = s.begin_generation("g", 1, declared_size=4 * MiB)
+        w.write_shard("a", (b"x" * MiB for _ in range(2)))     # two 1 MiB buffers
+        w.write_shard("b", [b"y" * (2 * MiB)])
+        w.commit()
+        # b's first buffer is split by the zone capacity (2.5 MiB): the rest is asked for again,
+        # with the same pending bytes
+        assert [(r.nbytes, r.pending) for r in reqs] == [
+            (MiB, 3 * MiB), (MiB, 2 * MiB), (MiB, MiB), (MiB // 2, MiB), (MiB, 0)]
+        assert s.fsck().ok
+
+
+def test_gc_requests_have_no_pending():
+    with Store.format(MemoryDevice(GEOM, payload=False), gc_reserve_zones=0) as s:
+        for i in range(6):
+            put(s, f"g{i}", i, [20 * KiB], declared_size=20 * KiB)
+        s.delete("g1")
+        reqs = spy(s)
+        rep = s.gc(force=True)
+        assert rep.extents_moved and all(r.gc and r.pending == 0 for r in reqs)
+
+
+# -- 1b: reserved_active ----------------------------------------------------------------------------
+def test_table_reserves_the_journal_zone_and_zenfs_gets_device_max_minus_two():
+    g = Geometry(nr_zones=40, zone_size=64 * KiB, zone_capacity=48 * KiB, max_open=14, max_active=14)
+    dev = MemoryDevice(g, payload=False)
+    with Store.format(dev, policy="zenfs") as s:
+        t = s.table
+        assert (t.max_active, t.reserved_active, t.max_open) == (13, 1, 13)
+        assert s.allocator.active_budget == 12
+        # every shard of one lifetime class opens a zone while ZenFS has a token (difference 50)
+        w = s.begin_generation("g", 1, hint=Hint(reclaim_step=5000, lifetime=WLTH_MEDIUM))
+        for i in range(20):
+            w.write_shard(f"s{i}", size=4 * KiB)
+        w.commit()
+        assert len(t.open) == 12
+        assert dev.open_counts()[1] == 13        # 12 data zones + the journal's zone
+    u = Geometry(nr_zones=20, zone_size=64 * KiB, zone_capacity=48 * KiB)
+    with Store.format(MemoryDevice(u, payload=False), policy="zenfs") as s:
+        assert (s.table.max_active, s.table.reserved_active) == (0, 0)
+        assert s.allocator.active_budget == len(s.table)
+
+
+# -- 1c: finishes of a decision without a zone ------------------------------------------------------
+@dataclass
+class FinishThenFail(Allocator):
+    """Greedy until ``fail`` is set; then finish every open zone and answer no zone."""
+
+    name = "test-finish-then-fail"
+    fail: bool = False
+
+    def place(self, req):
+        if self.fail:
+            return Decision(None, finish=tuple(self.table.open))
+        return Greedy.place(self, req)
+
+
+def test_finishes_of_a_failed_decision_are_executed():
+    dev = MemoryDevice(GEOM, payload=False)
+    with Store.format(dev) as s:
+        a = swap(s, FinishThenFail())
+        put(s, "g", 1, [20 * KiB])
+        (z,) = s.table.open
+        a.fail = True
+        with pytest.raises(NoSpaceError):
+            put(s, "h", 2, [4 * KiB])
+        assert s.table[z].cond == ZoneCond.FULL and dev.zone(z).cond == ZoneCond.FULL
+        assert s.metrics.finishes == 1 and s.metrics.unused_capacity_bytes == 28 * KiB
+        assert s.table.unused == 28 * KiB and s.table.key() == s.recompute_table().key()
+    with Store.open(dev) as s:          # the finish was journaled
+        assert s.table[z].cond == ZoneCond.FULL and s.table[z].written == 20 * KiB
+
+
+# -- 1d: the lifetime class of an opened zone -------------------------------------------------------
+def test_zone_lifetime_is_the_decisions_else_the_hints():
+    dev = MemoryDevice(GEOM, payload=False)
+    with Store.format(dev, policy="zenfs") as s:
+        put(s, "g", 100, [8 * KiB], hint=Hint(reclaim_step=20_000))   # no class: ZenFS derives one
+        (z,) = s.table.open
+        assert lifetime_class(20_000, 100) == WLTH_LONG
+        assert s.table[z].lifetime == WLTH_LONG
+    with Store.open(dev) as s:
+        assert s.table[z].lifetime == WLTH_LONG
+        swap(s, Greedy())                           # Decision.lifetime None: the hint's class
+        put(s, "h", 200, [48 * KiB], hint=Hint(reclaim_step=300, lifetime=WLTH_MEDIUM))
+        opened = [x for x in s.table.zones if x != z and s.table[x].written]
+        assert opened and all(s.table[x].lifetime == WLTH_MEDIUM for x in opened)
+
+
+# -- 1e: forced GC goes through the policy's rule ---------------------------------------------------
+@dataclass
+class SpyGreedy(Greedy):
+    name = "test-spy-greedy"
+
+    def __post_init__(self):
+        self.asked: list[int] = []
+
+    def gc_victims(self, reserve_zones):
+        self.asked.append(reserve_zones)
+        return super().gc_victims(reserve_zones)
+
+
+def fill_with_garbage(s, n=9):
+    """``n`` 40 KiB saves, every other one deleted: full zones with dead bytes."""
+    for i in range(n):
+        put(s, f"g{i}", i, [40 * KiB], declared_size=40 * KiB)
+    for i in range(0, n, 2):
+        s.delete(f"g{i}")
+
+
+def test_failed_admission_asks_the_policy_with_a_reserve_of_every_zone():
+    with Store.format(MemoryDevice(GEOM, payload=False), gc_reserve_zones=0) as s:
+        a = swap(s, SpyGreedy())
+        fill_with_garbage(s)
+        a.asked.clear()
+        put(s, "big", 20, [400 * KiB], declared_size=400 * KiB)   # needs GC to be admitted
+        assert a.asked and a.asked[0] == len(s.table)
+        assert s.metrics.gc_bytes > 0
+
+
+def test_forced_gc_of_zenfs_follows_its_start_level():
+    """ZenFS collects only at or below 20 % free: where greedy's forced GC makes room, ZenFS's
+    rule names nothing and the admission is a capacity stop."""
+    stops = {}
+    for policy in ("greedy", "zenfs"):
+        with Store.format(MemoryDevice(GEOM, payload=False), gc_reserve_zones=0, policy=policy) as s:
+            fill_with_garbage(s)
+            free_pct, threshold = (s.allocator.gc_level() if policy == "zenfs" else (None, None))
+            try:
+                put(s, "big", 20, [400 * KiB], declared_size=400 * KiB)
+                stops[policy] = None
+            except NoSpaceError:
+                stops[policy] = s.metrics.gc_bytes
+            if policy == "zenfs":
+                assert free_pct > 20 and threshold is None
+    assert stops == {"greedy": None, "zenfs": 0}
+
+
+# -- 1f: a GC extent the policy has no room for is skipped alone ------------------------------------
+@dataclass
+class NoRoomFor(Greedy):
+    """Greedy, but GC requests of generation ``refuse`` get NO_SPACE."""
+
+    name = "test-no-room-for"
+    refuse: str = ""
+
+    def place(self, req):
+        if req.gc and req.generation == self.refuse:
+            return NO_SPACE
+        return super().place(req)
+
+
+def test_gc_skips_only_the_extent_without_room():
+    dev = MemoryDevice(GEOM)
+    blobs = {f"g{i}": random.Random(i).randbytes(8 * KiB) for i in range(6)}
+    with Store.format(dev, gc_reserve_zones=0) as s:
+        swap(s, NoRoomFor(refuse="g2"))
+        for i, (gid, b) in enumerate(blobs.items()):
+            w = s.begin_generation(gid, i)
+            w.write_shard("s", [b])
+            w.commit()
+        (v,) = [z for z in s.table.zones if s.table[z].cond == ZoneCond.FULL]  # g0..g5 in one zone
+        s.delete("g0")
+        s.delete("g4")
+        rep = s.gc(force=True)
+        assert rep.victims == [] and rep.partial == [v] and rep.extents_skipped == 1
+        assert rep.extents_moved == 3 and rep.bytes_copied == 24 * KiB
+        sv = s.table[v]
+        assert (sv.cond, sv.written, sv.live, sv.dead) == (ZoneCond.FULL, 48 * KiB, 8 * KiB, 40 * KiB)
+        assert s.generation("g2").shards["s"].extents[0][0] == v
+        assert all(e[0] != v for g in ("g1", "g3", "g5") for e in s.generation(g).shards["s"].extents)
+        assert s.table.key() == s.recompute_table().key() and s.fsck().ok
+        for gid in ("g1", "g2", "g3", "g5"):
+            assert b"".join(s.read_shard(gid, "s")) == blobs[gid]
+        key = s.table.key()
+    with Store.open(dev) as s:
+        assert s.table.key() == key and s.fsck().ok
+        s.delete("g2")                        # the skipped extent's zone resets once it dies
+        assert s.table[v].cond == ZoneCond.EMPTY
+
+
+# -- 1g: the opening order survives a remount -------------------------------------------------------
+@dataclass
+class FirstFit(Allocator):
+    """Test policy that depends on ``table.open`` order: the first open zone (in opening order)
+    with room for the whole request, else a new zone while fewer than ``width`` are open, else the
+    first open zone."""
+
+    name = "test-first-fit"
+    width: int = 3
+
+    def place(self, req):
+        t = self.table
+        for s in t.open.values():
+            if s.remaining >= req.nbytes:
+                return Decision(s.index)
+        if len(t.open) < self.width and t.can_open:
+            return Decision(t.first_empty())
+        for z in t.open:
+            return Decision(z)
+        z = t.first_empty()
+        return NO_SPACE if z is None else Decision(z)
+
+
+def churn(seed: int, n: int, start: int = 0):
+    """Saves of 4..40 KiB, each kept for 1..4 saves: ``("save", gid, step, size)`` / ``("delete",
+    gid, step)``."""
+    rnd = random.Random(seed)
+    events, due = [], {}
+    for i in range(start, start + n):
+        for gid in [g for g, d in due.items() if d <= i]:
+            events.append(("delete", gid, i))
+            del due[gid]
+        gid = f"g{i}"
+        events.append(("save", gid, i, rnd.randrange(1, 11) * 4 * KiB))
+        due[gid] = i + rnd.randrange(1, 5)
+    return events
+
+
+def drive(s, events):
+    for ev in events:
+        if ev[0] == "save":
+            w = s.begin_generation(ev[1], ev[2])
+            w.write_shard("s", size=ev[3])
+            w.commit()
+        elif ev[1] in s.catalog.gens:
+            s.delete(ev[1], step=ev[2])
+
+
+def decisions_after(dev, events, later, reopen: bool, policy: str):
+    s = Store.format(dev, policy=policy)
+    drive(s, events)
+    if reopen:
+        s.close()
+        s = Store.open(dev)
+    order = list(s.table.open)
+    log = []
+    place = s.allocator.place
+
+    def logged(req):
+        d = place(req)
+        log.append((req.generation, req.nbytes, d.zone, d.finish))
+        return d
+
+    s.allocator.place = logged
+    drive(s, later)
+    s.close()
+    return order, log
+
+
+def test_opening_order_survives_a_remount(monkeypatch):
+    monkeypatch.setitem(POLICIES, "test-first-fit", "tests.test_store_placement:FirstFit")
+    g = Geometry(nr_zones=24, zone_size=64 * KiB, zone_capacity=48 * KiB, max_open=8, max_active=8)
+    full = churn(3, 70)
+    first, later = full[:19], full[19:]      # cut where three zones are open out of index order
+    a_order, a = decisions_after(MemoryDevice(g, payload=False), first, later, False, "test-first-fit")
+    b_order, b = decisions_after(MemoryDevice(g, payload=False), first, later, True, "test-first-fit")
+    assert a_order == [3, 5, 4]              # the opening order is not the zone order
+    assert b_order == a_order
+    assert a == b and len(a) > 20
+
+
+@pytest.mark.parametrize("policy", sorted(set(POLICIES) - {"dedicated"}))
+def test_every_policy_decides_the_same_after_a_remount(policy):
+    """``dedicated`` keeps zone ownership privately (documented): excluded."""
+    g = Geometry(nr_zones=40, zone_size=64 * KiB, zone_capacity=48 * KiB, max_open=6, max_active=6)
+    events = mixed_trace(saves=40, interval=100, size=40 * KiB, every=4, keep=3)
+    cut = 50
+
+    def run(reopen):
+        dev = MemoryDevice(g, payload=False)
+        s = Store.format(dev, policy=policy)
+        log = []
+        for i, ev in enumerate(events):
+            if i == cut and reopen:
+                s.close()
+                s = Store.open(dev)
+            if i == cut:
+                place = s.allocator.place
+                s.allocator.place = lambda req, place=place: log.append(place(req)) or log[-1]
+            if ev[0] == "save":
+                _, gen, step, sizes, hint = ev
+                w = s.begin_generation(gen, step, hint=hint, declared_size=sum(sizes))
+                for j, n in enumerate(sizes):
+                    w.write_shard(f"s{j}", size=n)
+                w.commit()
+            else:
+                s.delete(ev[1], step=ev[2])
+        s.close()
+        return log
+
+    a, b = run(False), run(True)
+    assert a == b and len(a) > 20
