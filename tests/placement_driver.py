@@ -51,6 +51,7 @@ class ZoneLog:
     lifetime: int = 0
     opened_step: int = 0
     open_seq: int = 0
+    last_write_step: int = 0
 
 
 class CapacityStop(Exception):
@@ -109,7 +110,7 @@ class Driver:
             out.append(ZoneSummary(index=z, capacity=self.capacity, cond=cond, written=written,
                                    live=live, dead=written - live, reclaim_step=log.reclaim_step,
                                    lifetime=log.lifetime, opened_step=log.opened_step,
-                                   open_seq=log.open_seq))
+                                   open_seq=log.open_seq, last_write_step=log.last_write_step))
         return out
 
     def check_summaries(self) -> list[ZoneSummary]:
@@ -165,6 +166,7 @@ class Driver:
             if s.cond == ZoneCond.EMPTY:
                 self.opens += 1
                 log.lifetime, log.opened_step, log.open_seq = lifetime, self.now, self.opens
+            log.last_write_step = self.now
             if d.reclaim_step is not None and (log.reclaim_step is None
                                                or d.reclaim_step > log.reclaim_step):
                 log.reclaim_step = d.reclaim_step

@@ -142,6 +142,9 @@ class ZoneSummary:
         open_seq: the zone's place in the table's opening order (the table's count of zone
             openings when this zone was opened; 0 when empty).  ``ZoneTable.open`` iterates open
             zones in this order, and the store journals it, so the order survives a remount.
+        last_write_step: the training step of the zone's latest write (0 when empty): the store
+            charges a zone reset while part-empty ``(capacity - written) x (reset step -
+            last_write_step)`` byte-steps of unused capacity.
     """
 
     index: int
@@ -154,6 +157,7 @@ class ZoneSummary:
     lifetime: int = 0
     opened_step: int = 0
     open_seq: int = 0
+    last_write_step: int = 0
 
     @property
     def remaining(self) -> int:
@@ -168,7 +172,7 @@ class ZoneSummary:
     def key(self) -> tuple:
         """Every field, for equality checks against a recomputation."""
         return (self.index, self.capacity, int(self.cond), self.written, self.live, self.dead,
-                self.reclaim_step, self.lifetime, self.opened_step, self.open_seq)
+                self.reclaim_step, self.lifetime, self.opened_step, self.open_seq, self.last_write_step)
 
 
 class _EmptySet:
@@ -299,7 +303,8 @@ class ZoneTable:
     def on_write(self, z: int, nbytes: int, *, reclaim_step: float | None, lifetime: int,
                  step: int, live: bool = True) -> None:
         """``nbytes`` were written at zone ``z``'s write pointer (live data unless ``live=False``,
-        e.g. bytes that are garbage from the start)."""
+        e.g. bytes that are garbage from the start) at training step ``step`` (the zone's opening
+        step if it was empty, and its last write step)."""
         s = self.zones[z]
         if s.cond == ZoneCond.EMPTY:
             self._empty.discard(z)
@@ -312,6 +317,7 @@ class ZoneTable:
         if reclaim_step is not None and (s.reclaim_step is None or reclaim_step > s.reclaim_step):
             s.reclaim_step = reclaim_step
         s.written += nbytes
+        s.last_write_step = step
         self.written += nbytes
         if live:
             s.live += nbytes
@@ -357,7 +363,7 @@ class ZoneTable:
         self.dead -= s.dead
         self.open.pop(z, None)
         s.cond, s.written, s.live, s.dead = ZoneCond.EMPTY, 0, 0, 0
-        s.reclaim_step, s.lifetime, s.opened_step, s.open_seq = None, 0, 0, 0
+        s.reclaim_step, s.lifetime, s.opened_step, s.open_seq, s.last_write_step = None, 0, 0, 0, 0
         self._empty.add(z)
         self._changed(s)
 

@@ -56,8 +56,8 @@ __all__ = ["RecoveryMixin", "RecoveryReport"]
 
 _SNAPSHOT_RECORD = 64 * 1024
 #: Zone attributes of a zone the journal says nothing about (an empty zone): written, full,
-#: reclaim step, lifetime, opening step, opening sequence number.
-_NO_ATTRS = [0, 0, None, 0, 0, 0]
+#: reclaim step, lifetime, opening step, opening sequence number, last write step.
+_NO_ATTRS = [0, 0, None, 0, 0, 0, 0]
 
 
 @dataclass
@@ -127,7 +127,8 @@ class RecoveryMixin:
 
     def _replay(self, payloads: list[bytes]) -> dict[int, list]:
         """Rebuild the catalog, logical time and metrics; return the zone attributes by zone
-        (``[written, full, reclaim_step, lifetime, opened_step, open_seq]``; attributes journaled
+        (``[written, full, reclaim_step, lifetime, opened_step, open_seq, last_write_step]``;
+        attributes journaled
         by an older version lack the trailing fields, which default to 0)."""
         cat = self.catalog
         attrs: dict[int, list] = {}
@@ -191,6 +192,10 @@ class RecoveryMixin:
                 dev.reset_zone(z)
                 rep.zones_reset.append(z)
                 self.metrics.resets += 1
+                written = zr.wp - zr.start
+                # part-empty: charged like any reset (last write step: see below)
+                self._charge_part_empty(zr.capacity, written, zr.cond == ZoneCond.FULL,
+                                        a[6] if a[0] == written else self._now)
             else:
                 if zr.cond == ZoneCond.FULL:
                     written = a[0] if a[1] else zr.capacity
@@ -204,6 +209,9 @@ class RecoveryMixin:
                 rep.dead_bytes_found += max(0, written - max(a[0], top.get(z, 0)))
                 s.written, s.live, s.dead = written, lv, written - lv
                 s.reclaim_step, s.lifetime, s.opened_step, s.open_seq = a[2], a[3], a[4], a[5]
+                # the journaled last write step, unless the device holds bytes written after the
+                # last record: then the latest step the journal knows (a lower bound)
+                s.last_write_step = a[6] if written == a[0] else self._now
             out.append(s)
             if self._attrs_of(s) != list(a):
                 self._dirty.add(z)

@@ -417,9 +417,10 @@ class Store(WriteMixin, GCMixin, RecoveryMixin, CheckMixin):
 
     @staticmethod
     def _attrs_of(s: ZoneSummary) -> list:
-        """``[written, full, reclaim_step, lifetime, opened_step, open_seq]`` (catalog module)."""
+        """``[written, full, reclaim_step, lifetime, opened_step, open_seq, last_write_step]``
+        (catalog module)."""
         return [s.written, 1 if s.cond == ZoneCond.FULL else 0, s.reclaim_step, s.lifetime, s.opened_step,
-                s.open_seq]
+                s.open_seq, s.last_write_step]
 
     def _append(self, kind: str, body: dict) -> None:
         """Append a record carrying the zone attributes changed since the last one (flushed)."""
@@ -437,10 +438,25 @@ class Store(WriteMixin, GCMixin, RecoveryMixin, CheckMixin):
         m.journal_bytes, m.journal_records, m.rollovers = j.bytes_written, j.records, j.rollovers
 
     def _reset_zone(self, z: int) -> None:
+        """Reset data zone ``z``.  A zone reset while part-empty (not full) is charged its unused
+        capacity (:class:`~retainz.store.types.StoreMetrics`)."""
+        s = self.table.zones[z]
         self.device.reset_zone(z)
+        self._charge_part_empty(s.capacity, s.written, s.cond is ZoneCond.FULL, s.last_write_step)
         self.table.on_reset(z)
         self.metrics.resets += 1
         self._dirty.add(z)
+
+    def _charge_part_empty(self, capacity: int, written: int, full: bool, last_write_step: int) -> None:
+        """Unused capacity of a zone reset while part-empty: ``capacity - written`` bytes, held
+        from its last write to now (byte-steps).  A full zone was charged at its finish (or has
+        none)."""
+        if full or not written:
+            return
+        m = self.metrics
+        unused = capacity - written
+        m.unused_capacity_bytes += unused
+        m.unused_capacity_byte_steps += unused * max(0, self._now - last_write_step)
 
     def _reset_dead(self, zones) -> int:
         """Reset the zones among ``zones`` that hold bytes but no live data."""
@@ -482,7 +498,8 @@ class Store(WriteMixin, GCMixin, RecoveryMixin, CheckMixin):
                 lv = live.get(z, 0)
                 out.append(ZoneSummary(index=z, capacity=s.capacity, cond=s.cond, written=s.written, live=lv,
                                        dead=s.written - lv, reclaim_step=s.reclaim_step, lifetime=s.lifetime,
-                                       opened_step=s.opened_step, open_seq=s.open_seq))
+                                       opened_step=s.opened_step, open_seq=s.open_seq,
+                                       last_write_step=s.last_write_step))
             t.restore(out)
             return t
 

@@ -90,10 +90,18 @@ class StoreMetrics:
         gc_bytes: bytes copied by garbage collection.
         resets: data-zone resets.
         finishes: data-zone finishes (allocator decisions).
-        unused_capacity_bytes: capacity lost to finishes so far (sum over finishes of the capacity
-            left unwritten).
-        unused_capacity_byte_steps: integral over steps of the capacity currently lost to finished
-            zones not yet reset.
+        unused_capacity_bytes: zone capacity never written between a zone's opening and its finish
+            or reset (bytes), summed over zones: ``capacity - written`` counted when a zone is
+            finished, and when a zone that is not full is reset (a zone left part-empty until its
+            data died: what a policy that never finishes pays instead of dead space).  Zones
+            still open at the end of a run are not counted.
+        unused_capacity_byte_steps: the same capacity integrated over the steps it lies unusable
+            (byte-steps): for a finished zone, ``(capacity - written) x`` the steps from its finish
+            to its reset (integrated as time advances); for a zone reset while part-empty,
+            ``(capacity - written) x`` the steps from its last write (``ZoneSummary.last_write_step``,
+            journaled) to its reset, charged at the reset.  A zone reset at recovery counts alike,
+            from the journaled last write step (or, when the device holds bytes written after the
+            last record, from the latest step the journal knows).
         dead_space_byte_steps: integral over steps of dead-but-unreclaimed bytes.
         peak_occupancy: the largest live + dead bytes seen (sampled after every shard, commit and
             deletion).
