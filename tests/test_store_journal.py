@@ -196,3 +196,47 @@ def test_zone_hints_survive_a_remount():
         assert s.table.key() == before
         assert {z.index: (z.lifetime, z.reclaim_step, z.opened_step) for z in s.table if z.written} == lifetimes
         assert any(lt for lt, _, _ in lifetimes.values())
+
+
+def test_admission_refuses_on_journal_space_so_deleting_everything_still_works():
+    """A catalog that grows until the journal could no longer roll over twice is refused at
+    admission (naming the journal); deleting every generation then journals fine (with rollovers),
+    and the store admits generations again."""
+    dev = MemoryDevice(Geometry(nr_zones=40, zone_size=64 * 1024, zone_capacity=48 * 1024, max_open=3,
+                                max_active=4), payload=False)
+    s = Store.format(dev, meta_zones=3)
+    names = [f"{j}-" + "n" * 200 for j in range(6)]
+    n = 0
+    with pytest.raises(NoSpaceError, match="journal is full") as err:
+        while True:
+            w = s.begin_generation(f"g{n:04d}", n)
+            for name in names:
+                w.write_shard(name, size=4096)
+            w.commit()
+            n += 1
+    assert n > 10 and "meta zones" in str(err.value)
+    assert len(s.generations()) == n and not s._writers
+    rolls = s.metrics.rollovers
+    for i in range(n):
+        s.delete(f"g{i:04d}", step=n + i)
+    assert s.generations() == [] and s.metrics.rollovers > rolls
+    for i in range(3):                               # usable again
+        w = s.begin_generation(f"again{i}", 10 * n + i)
+        w.write_shard("s", size=4096)
+        w.commit()
+    s.close()
+    with Store.open(dev) as s:
+        assert [g.id for g in s.generations()] == ["again0", "again1", "again2"] and s.fsck().ok
+
+
+def test_default_meta_zones_follow_the_geometry():
+    from retainz.store.journal import default_meta_zones
+
+    assert default_meta_zones(904, 1077 << 20, 4096, 2) == 3          # ZN540-like: ZenFS's 3
+    assert default_meta_zones(65536, 1 << 20, 4096, 2) == 28         # many 1 MiB zones
+    assert default_meta_zones(12, 48 * 1024, 4096, 2) == 3
+    big = Geometry(nr_zones=65536, zone_size=1 << 20, zone_capacity=1 << 20)
+    with Store.format(MemoryDevice(big, payload=False)) as s:
+        assert s.meta_zones == 28 and min(s.table.zones) == 28
+    with Store.format(MemoryDevice(GEOM)) as s:
+        assert s.meta_zones == 3

@@ -199,6 +199,8 @@ class GCMixin:
         bs = self._bs
         for (gid, name), ext in pending.items():
             self.catalog.replace_extents(gid, name, tuple(ext))
+        for gid in {gid for gid, _ in pending}:
+            self._journal_entry(self.catalog.gens[gid])
         killed: dict[int, int] = {}
         for e in moved_out:
             killed[e[0]] = killed.get(e[0], 0) + round_up(e[2], bs)

@@ -41,13 +41,123 @@ from retainz.store.format import Superblock, round_up
 from retainz.zoned.device import ZonedDevice
 from retainz.zoned.model import ZoneCond
 
-__all__ = ["frame", "parse_zone", "Journal", "MountScan", "scan", "MAX_META_ZONES"]
+__all__ = ["frame", "parse_zone", "Journal", "MountScan", "scan", "MAX_META_ZONES", "SNAPSHOT_RECORD",
+           "snapshot_record_limit", "snapshot_zones", "pack_zones", "default_meta_zones"]
 
 _HEADER = struct.Struct("<II")
 _LEN = struct.Struct("<I")
 _MASK_DELTA = 0xA282EAD8
 #: Meta zones are the first zones; at most this many.
 MAX_META_ZONES = 64
+
+
+#: Snapshot records batch generations up to this many bytes (or a quarter of a meta zone).
+SNAPSHOT_RECORD = 64 * 1024
+#: Bytes of one zone's attributes in a snapshot ``sz`` record, at most (eight JSON numbers).
+ZONE_ATTR_BYTES = 112
+#: Bytes of a snapshot's fixed records (``snap`` head with the metrics, ``send``), at most.
+SNAPSHOT_HEAD_BYTES = 2048
+#: Bytes of one extent in a snapshot, at most (``[zone,offset,length,crc],``).
+EXTENT_BYTES = 48
+
+
+def snapshot_record_limit(zone_capacity: int, block_size: int) -> int:
+    """Bytes of generations batched into one snapshot record (``sg``)."""
+    return min(SNAPSHOT_RECORD, (zone_capacity - block_size - 8) // 4)
+
+
+def snapshot_zones(gen_bytes: int, zone_capacity: int, block_size: int, *, items: int | None = None,
+                   biggest: int = 0, zones: int = 0) -> int:
+    """Meta zones a snapshot takes when :meth:`Journal.roll` packs it, with room left for one more
+    record (the one that triggers the roll): an upper bound.
+
+    Args:
+        gen_bytes: bytes of the generations' snapshot entries (``encode_gen`` JSON + 1 each).
+        zone_capacity, block_size: bytes.
+        items: generations (``None``: unknown, as many as ``gen_bytes`` allows).
+        biggest: the largest entry, in bytes.
+        zones: zone attribute entries (``sz`` records batch 2,000 each).
+
+    The bound: batching closes a generation record before it passes the limit
+    (:func:`snapshot_record_limit`), so each record but the last holds more than ``limit -
+    biggest`` bytes and at least ``limit // biggest`` entries (an entry larger than half the limit
+    may get a record of its own); every
+    record frame adds a header and less than a block of padding.  The frames total ``T`` (head,
+    end, ``sz`` frames of ``ZONE_ATTR_BYTES`` per zone, the generation frames, and a frame as
+    large as the largest entry for the next record).  Everything fits one zone when ``T`` fits
+    its capacity after the superblock; otherwise every zone but the last is filled to within one
+    frame (``F``, the largest) of its end, so ``ceil(T / (capacity - superblock - F))`` zones.
+    """
+    limit = snapshot_record_limit(zone_capacity, block_size)
+    usable = zone_capacity - block_size
+    pad = 8 + block_size - 1
+    attr_records = -(-zones // 2000)
+    attr_frames = zones * ZONE_ATTR_BYTES + attr_records * pad
+    if gen_bytes <= 0:
+        n_gen = 0
+    elif biggest >= limit // 2:
+        n_gen = -(-gen_bytes // (limit // 2)) if items is None else items
+    else:
+        n_gen = -(-gen_bytes // (limit - biggest)) + 1
+        if items is not None:   # a batch takes at least limit // biggest entries
+            n_gen = min(n_gen, items, -(-items // (limit // max(biggest, 1))))
+    nxt = round_up(max(biggest, 1024) + pad, block_size)
+    total = (round_up(SNAPSHOT_HEAD_BYTES + 8, block_size) + block_size + attr_frames
+             + gen_bytes + n_gen * pad + nxt)
+    if total <= usable:
+        return 1
+    frame_max = round_up(max(limit, biggest, min(zones, 2000) * ZONE_ATTR_BYTES) + pad, block_size)
+    return -(-total // max(usable - frame_max, usable // 4, block_size))
+
+
+def pack_zones(entries, zone_capacity: int, block_size: int, *, zones: int = 0, reserve: int = 0) -> int:
+    """Meta zones a snapshot takes, packed exactly as ``_snapshot`` batches and :meth:`Journal.roll`
+    packs it, for generation entries of the given sizes (bytes, in catalog order), ``zones``
+    attribute entries of at most ``ZONE_ATTR_BYTES`` each and a head of at most
+    ``SNAPSHOT_HEAD_BYTES``, keeping ``reserve`` bytes free in the last zone.  O(entries)."""
+    limit = snapshot_record_limit(zone_capacity, block_size)
+    payloads = [SNAPSHOT_HEAD_BYTES]
+    for i in range(0, zones, 2000):
+        payloads.append(16 + min(2000, zones - i) * ZONE_ATTR_BYTES)
+    size = 0
+    for n in entries:
+        if size and size + n > limit:
+            payloads.append(size + 16)
+            size = 0
+        size += n
+    if size:
+        payloads.append(size + 16)
+    payloads.append(64)
+    count, used = 1, block_size
+    for p in payloads:
+        f = round_up(p + 8, block_size)
+        if used + f > zone_capacity:
+            count += 1
+            used = block_size
+        used += f
+    if used + reserve > zone_capacity:
+        count += 1
+    return count
+
+
+def default_meta_zones(nr_zones: int, zone_capacity: int, block_size: int, gc_reserve_zones: int) -> int:
+    """The meta-zone count ``Store.format`` picks when the caller gives none.
+
+    Rule: twice the meta zones a snapshot of a device full of 1 MiB extents takes (every data zone
+    non-empty, ``ZONE_ATTR_BYTES`` each; one extent of ``EXTENT_BYTES`` per MiB of data capacity,
+    or per zone when zones are smaller; 12.5 % slack for GC splits), since a rollover writes the
+    new snapshot next to the old chain (the admission rule keeps ``2 x snapshot zones <= meta
+    zones``).  At least 3 (ZenFS's count), at most 64 and at most an eighth of the zones (but
+    never below 3, nor so many that fewer than ``gc_reserve_zones + 2`` data zones remain).
+
+    Examples: a ZN540-like device (1077 MiB zone capacity, 904 zones) gets 3; 65,536 zones of
+    1 MiB get 28 (a full snapshot is about 11.5 MiB).
+    """
+    data = max(nr_zones - 3, 1)
+    nbytes = data * max(1, zone_capacity // (1 << 20)) * EXTENT_BYTES
+    z = snapshot_zones(nbytes + nbytes // 8, zone_capacity, block_size, zones=data)
+    m = max(3, min(MAX_META_ZONES, nr_zones // 8, 2 * z))
+    return max(2, min(m, nr_zones - gc_reserve_zones - 2))
 
 
 def _mask(crc: int) -> int:

@@ -48,13 +48,12 @@ from retainz.placement import make_allocator
 from retainz.placement.base import ZoneSummary
 from retainz.store.catalog import Catalog, decode, decode_gen, dumps, encode, encode_gen
 from retainz.store.format import round_up
-from retainz.store.journal import Journal, scan
+from retainz.store.journal import Journal, scan, snapshot_record_limit
 from retainz.store.types import GenState
 from retainz.zoned.model import ZoneCond
 
 __all__ = ["RecoveryMixin", "RecoveryReport"]
 
-_SNAPSHOT_RECORD = 64 * 1024
 #: Zone attributes of a zone the journal says nothing about (an empty zone): written, full,
 #: reclaim step, lifetime, opening step, opening sequence number, last write step.
 _NO_ATTRS = [0, 0, None, 0, 0, 0, 0]
@@ -119,6 +118,8 @@ class RecoveryMixin:
         if found.torn or last.cond == ZoneCond.FULL or self.journal.room() < 2 * g.block_size:
             self.journal.roll()
             rep.rolled = True
+        for gen in self.catalog.gens.values():
+            self._journal_entry(gen)
         self.allocator = make_allocator(self.policy)
         self.allocator.bind(self.table)
         self._closed = False
@@ -229,7 +230,7 @@ class RecoveryMixin:
             out.append(encode("sz", {"z": zones[i:i + 2000]}))
         batch: list = []
         size = 0
-        limit = min(_SNAPSHOT_RECORD, self.journal.max_record // 4)
+        limit = snapshot_record_limit(self.journal.capacity, self.journal.bs)
         for gen in self.catalog.gens.values():
             if gen.state is not GenState.COMMITTED:
                 continue

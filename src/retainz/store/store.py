@@ -24,11 +24,20 @@ from retainz.errors import (
 )
 from retainz.placement import make_allocator
 from retainz.placement.base import Hint, ZoneSummary, ZoneTable
-from retainz.store.catalog import encode
+from retainz.store.catalog import dumps, encode, encode_gen
 from retainz.store.check import CheckMixin
 from retainz.store.format import Superblock, check_id, round_up
 from retainz.store.gc import GCMixin
-from retainz.store.journal import MAX_META_ZONES, frame
+from retainz.store.journal import (
+    EXTENT_BYTES,
+    MAX_META_ZONES,
+    SNAPSHOT_HEAD_BYTES,
+    ZONE_ATTR_BYTES,
+    default_meta_zones,
+    frame,
+    pack_zones,
+    snapshot_zones,
+)
 from retainz.store.recovery import RecoveryMixin
 from retainz.store.types import GenerationInfo, GenState, StoreMetrics
 from retainz.store.writer import GenerationWriter, WriteMixin
@@ -79,7 +88,7 @@ class Store(WriteMixin, GCMixin, RecoveryMixin, CheckMixin):
         raise TypeError("use Store.format(device) or Store.open(device)")
 
     @classmethod
-    def format(cls, device: ZonedDevice, *, meta_zones: int = 3, policy: str = "greedy",
+    def format(cls, device: ZonedDevice, *, meta_zones: int | None = None, policy: str = "greedy",
                gc_reserve_zones: int = 2, force: bool = False, verify_summaries: bool = False) -> Store:
         """Write a fresh, empty store on ``device`` and open it.
 
@@ -87,7 +96,10 @@ class Store(WriteMixin, GCMixin, RecoveryMixin, CheckMixin):
             device: the zoned device (all zones empty, or ``force``).
             meta_zones: zones reserved for the journal (2 .. 64; ZenFS uses 3).  A rollover needs
                 the snapshot to fit the meta zones the current chain does not use, so more meta
-                zones allow a bigger catalog.
+                zones allow a bigger catalog (admission keeps the journal able to delete
+                everything: :meth:`begin_generation`).  ``None`` picks the count from the geometry
+                (:func:`~retainz.store.journal.default_meta_zones`: 3 for large zones, more for
+                many small zones).
             policy: allocator spec ``NAME[:param=value,...]`` (recorded in the superblock).
             gc_reserve_zones: copying GC starts when fewer data zones than this are empty; admission
                 keeps this many zones' capacity free for it.
@@ -102,6 +114,8 @@ class Store(WriteMixin, GCMixin, RecoveryMixin, CheckMixin):
         """
         g = device.geometry
         make_allocator(policy)
+        if meta_zones is None:
+            meta_zones = default_meta_zones(g.nr_zones, g.zone_capacity, g.block_size, gc_reserve_zones)
         if not 2 <= meta_zones <= MAX_META_ZONES:
             raise ValueError(f"meta_zones must be 2..{MAX_META_ZONES}, not {meta_zones}")
         if gc_reserve_zones < 0:
@@ -183,6 +197,10 @@ class Store(WriteMixin, GCMixin, RecoveryMixin, CheckMixin):
         self._in_gc = False
         self._partial: dict | None = None
         self._inflight: list[list] = []  # extent lists written but not yet in any shard
+        self._jgen: dict[str, int] = {}  # committed generation -> bytes of its snapshot entry
+        self._jgen_total = 0             # sum of _jgen
+        self._jbig = 0                   # the largest snapshot entry seen (bytes)
+        self._jreserved = 0              # estimated snapshot bytes of the writers in flight
         self.metrics = StoreMetrics()
 
     def _new_table(self) -> ZoneTable:
@@ -240,6 +258,14 @@ class Store(WriteMixin, GCMixin, RecoveryMixin, CheckMixin):
         if needed; otherwise the generation is refused before anything is written.  The store's
         logical time advances to ``step`` if it is later.
 
+        Journal space is admitted too (:meth:`_check_journal`): the generation is refused when,
+        with it (estimated: ``EXTENT_BYTES`` per 1 MiB extent of its declared size, or per zone
+        on a payload-less device) and every writer in flight committed, a journal snapshot could
+        not be rolled over twice: once into the meta zones the current chain leaves free, and
+        once more after that.  Deleting shrinks the snapshot, so this keeps the room for the
+        records that delete everything and for GC moves (12.5 % slack for extents GC splits): a
+        full journal never blocks the deletions that would shrink it.
+
         Args:
             gen_id: the generation id (see :func:`~retainz.store.format.check_id`).
             step: the training step of the save (>= 0).
@@ -249,7 +275,10 @@ class Store(WriteMixin, GCMixin, RecoveryMixin, CheckMixin):
 
         Raises:
             InvalidIdError: a bad id.  GenerationExistsError: the id is committed or being written.
-            NoSpaceError: the declared size cannot be reserved (``needed``/``available`` bytes).
+            NoSpaceError: the declared size cannot be reserved (``needed``/``available`` bytes), or
+                the journal could not hold the generation's records and those that delete
+                everything (the message names the journal; ``needed``/``available`` in bytes of
+                snapshot).
             ValueError: a negative step or size.
         """
         with self._lock:
@@ -275,8 +304,12 @@ class Store(WriteMixin, GCMixin, RecoveryMixin, CheckMixin):
                                        f"reserved ({self._free()} free, {self._reserved} reserved by other "
                                        f"writers, {self.gc_reserve_zones} zones kept for GC)",
                                        needed=need, available=max(avail, 0))
+            est = self._journal_estimate(gen_id, need)
+            self._check_journal(est, f"generation {gen_id!r}")
             gen = GenerationInfo(id=gen_id, step=step, hint=hint or Hint())
             w = GenerationWriter(self, gen, declared_size, need)
+            w._jest = est
+            self._jreserved += est
             self._reserved += need
             self._writers[gen_id] = w
             return w
@@ -375,6 +408,7 @@ class Store(WriteMixin, GCMixin, RecoveryMixin, CheckMixin):
             resets = [z for z, n in zb.items() if zones[z].live == n]
             self._append("d", {"g": gen_id, "r": resets, "now": self._now})
             self.catalog.remove(gen_id)
+            self._jgen_total -= self._jgen.pop(gen_id, 0)
             gen.state = GenState.DELETED
             for z, n in zb.items():
                 self.table.on_kill(z, n)
@@ -410,6 +444,69 @@ class Store(WriteMixin, GCMixin, RecoveryMixin, CheckMixin):
 
     def _admittable(self) -> int:
         return self._free() - self._reserved - self.gc_reserve_zones * self._cap
+
+    # -- journal space -----------------------------------------------------------------------------
+    def _journal_estimate(self, gen_id: str, need: int) -> int:
+        """Snapshot bytes a generation being admitted may take (an estimate: its extents are not
+        known yet): ``EXTENT_BYTES`` per extent, one per 1 MiB of its block-rounded declared size
+        (payload extents) or per zone (counted ones), plus 8 for shard tails and zone splits, and
+        256 bytes of id, hint and shard names; at least the mean entry of the committed ones."""
+        ext = 1 << 20 if self.device.info.payload else self._cap
+        est = 256 + len(gen_id) + EXTENT_BYTES * (-(-need // ext) + 8)
+        if self._jgen:
+            est = max(est, self._jgen_total // len(self._jgen))
+        return est
+
+    def _journal_need(self, extra: int, exclude=None) -> tuple[int, int]:
+        """``(snapshot bytes, meta zones)`` of a snapshot holding the committed generations, the
+        writers in flight (their estimates; not ``exclude``) and an entry of ``extra`` bytes,
+        with every non-empty data zone's attributes (and 8 more), every entry 12.5 % larger (GC
+        moves split extents), and room for one more record as large as the largest entry.
+
+        The O(1) bound of :func:`~retainz.store.journal.snapshot_zones` first; when it does not
+        fit, the exact packing (:func:`~retainz.store.journal.pack_zones`, O(generations)) for up
+        to 4,096 generations (small meta zones make the bound loose)."""
+        j, t = self.journal, self.table
+        inflight = self._jreserved - (exclude._jest if exclude is not None else 0)
+        gens = self._jgen_total + inflight + extra
+        gens += gens // 8
+        zones = len(t) - t.n_empty + 8
+        items = len(self._jgen) + len(self._writers) + 1
+        biggest = max(self._jbig, extra)
+        nbytes = SNAPSHOT_HEAD_BYTES + zones * ZONE_ATTR_BYTES + gens
+        z = snapshot_zones(gens, j.capacity, j.bs, items=items, biggest=biggest, zones=zones)
+        if 2 * z > len(j.meta) and items <= 4096:
+            entries = [n + n // 8 for n in self._jgen.values()]
+            entries += [w._jest + w._jest // 8 for w in self._writers.values() if w is not exclude]
+            entries.append(extra + extra // 8)
+            reserve = round_up(max(biggest, 1024) + 8, j.bs)
+            z = min(z, pack_zones(entries, j.capacity, j.bs, zones=zones, reserve=reserve))
+        return nbytes, z
+
+    def _check_journal(self, extra: int, what: str, exclude=None) -> None:
+        """Raise :class:`NoSpaceError` unless a snapshot with an entry of ``extra`` bytes more
+        (:meth:`_journal_need`) takes at most the meta zones the current chain leaves free, and at
+        most half of all of them: the rollover after the next one writes beside the chain the
+        next one makes, and deleting only shrinks the snapshot, so every deletion (and GC move)
+        until the catalog is empty can be journaled."""
+        nbytes, z = self._journal_need(extra, exclude)
+        j = self.journal
+        m, free = len(j.meta), len(j.meta) - len(j.chain)
+        if 2 * z > m or z > free:
+            cap = j.capacity
+            raise NoSpaceError(f"{what}: the journal is full: a snapshot with it would take {z} meta zones "
+                               f"({nbytes} bytes); {m} meta zones of {cap} bytes keep room for 2 x "
+                               f"{m // 2} ({free} free beside the current chain), so deletions can always "
+                               "be journaled; delete generations, or format with more meta zones",
+                               needed=nbytes, available=(min(m // 2, free)) * cap)
+
+    def _journal_entry(self, gen) -> None:
+        """Record the snapshot bytes of committed generation ``gen`` (its ``encode_gen`` form)."""
+        n = len(dumps(encode_gen(gen))) + 1
+        self._jgen_total += n - self._jgen.get(gen.id, 0)
+        self._jgen[gen.id] = n
+        if n > self._jbig:
+            self._jbig = n
 
     def _attrs(self, z: int) -> list:
         """Zone ``z``'s journaled attributes: ``[zone] + _attrs_of(summary)``."""

@@ -23,7 +23,7 @@ import crc32c
 
 from retainz.errors import NoSpaceError, ShardSizeError
 from retainz.placement.base import Decision, ExtentRequest
-from retainz.store.catalog import encode_gen
+from retainz.store.catalog import dumps, encode_gen
 from retainz.store.crc import crc32c_combine
 from retainz.store.format import check_id, round_up
 from retainz.store.types import GenerationInfo, GenState, ShardInfo
@@ -49,7 +49,8 @@ class GenerationWriter:
         declared_size: bytes declared at admission (``None``: none declared).
     """
 
-    __slots__ = ("_store", "gen", "declared_size", "_reserve", "_data", "_zone_bytes", "_need", "_placed")
+    __slots__ = ("_store", "gen", "declared_size", "_reserve", "_data", "_zone_bytes", "_need", "_placed",
+                 "_jest")
 
     def __init__(self, store, gen: GenerationInfo, declared_size: int | None, reserve: int):
         self._store = store
@@ -60,6 +61,7 @@ class GenerationWriter:
         self._zone_bytes: dict[int, int] = {}  # zone -> device bytes this generation holds there
         self._need = reserve           # the declared size, block-rounded (0: none declared)
         self._placed = 0               # device bytes placed for the generation so far
+        self._jest = 0                 # snapshot bytes reserved in the journal (an estimate)
 
     @property
     def id(self) -> str:
@@ -99,8 +101,9 @@ class GenerationWriter:
         record (see the module docstring).
 
         Raises:
-            NoSpaceError: the commit record does not fit the journal (the generation stays
-                uncommitted and can be aborted).
+            NoSpaceError: the commit record does not fit the journal, or the journal could not
+                also hold the records that delete everything (see ``Store.begin_generation``);
+                the generation stays uncommitted and can be aborted.
             ValueError: the writer is not writing (already committed or aborted).
         """
         return self._store._commit(self)
@@ -360,15 +363,26 @@ class WriteMixin:
             gen = w.gen
             if gen.state is not GenState.WRITING:
                 raise ValueError(f"generation {gen.id!r} is {gen.state.value}: cannot commit it")
-            self.device.flush()
             gen.commit_seq = self.catalog.commit_seq + 1
+            item = encode_gen(gen)
+            n = len(dumps(item)) + 1
             try:
-                self._append("c", {"g": encode_gen(gen), "now": self._now})
+                if n + 256 > self.journal.max_record:    # the append would refuse it: say so first
+                    raise NoSpaceError(f"journal record of about {n} bytes (generation {gen.id!r}) does not "
+                                       f"fit a meta zone ({self.journal.max_record} bytes)",
+                                       needed=n, available=self.journal.max_record)
+                self._check_journal(n, f"commit of generation {gen.id!r}", exclude=w)
+                self.device.flush()
+                self._append("c", {"g": item, "now": self._now})
             except BaseException:
                 gen.commit_seq = 0
                 raise
             gen.state = GenState.COMMITTED
             self.catalog.add(gen)
+            self._jgen[gen.id] = n
+            self._jgen_total += n
+            if n > self._jbig:
+                self._jbig = n
             self._end_writer(w)
             self.metrics.generations_committed += 1
             return gen
@@ -392,4 +406,6 @@ class WriteMixin:
     def _end_writer(self, w: GenerationWriter) -> None:
         self._reserved -= w._reserve
         w._reserve = 0
+        self._jreserved -= w._jest
+        w._jest = 0
         self._writers.pop(w.gen.id, None)
