@@ -300,5 +300,9 @@ class ShardSizeError(StoreError, ValueError):
     ``declared_size``.  Nothing is committed by the failing call."""
 
 
+class ReadOnlyStoreError(StoreError, PermissionError):
+    """A write operation (begin_generation, delete, gc) on a store opened with ``readonly=True``."""
+
+
 class SummaryMismatchError(StoreError, AssertionError):
     """``verify_summaries`` mode found cached zone summaries that differ from a recomputation."""

@@ -18,7 +18,8 @@ from retainz.zoned import format_size, open_device
 def register(sub) -> None:
     p = sub.add_parser("mkfs", help="format a device as a RetainZ store")
     p.add_argument("device", metavar="DEV")
-    p.add_argument("--meta-zones", type=int, default=3, help="journal zones (default 3)")
+    p.add_argument("--meta-zones", type=int, default=None,
+                   help="journal zones (default: from the geometry, at least 3; see default_meta_zones)")
     p.add_argument("--policy", default="greedy", help="placement policy NAME[:k=v,...] (default greedy)")
     p.add_argument("--gc-reserve", type=int, default=2, help="empty zones kept for GC (default 2)")
     p.add_argument("--force", action="store_true", help="erase a device that holds data")
@@ -81,26 +82,30 @@ def register(sub) -> None:
     p.set_defaults(func=_crashtest)
 
 
-def _open(spec: str):
+def _open(spec: str, readonly: bool = False):
     from retainz.store import Store
 
     try:
-        dev = open_device(spec)
+        dev = open_device(spec, readonly=readonly)
     except DeviceBusyError as e:
         raise StoreLockedError(f"{spec}: the store is open in another process ({e})") from None
     try:
-        return Store.open(dev), dev
+        return Store.open(dev, readonly=readonly), dev
     except BaseException:
         dev.close()
         raise
 
 
 class _Session:
-    def __init__(self, spec: str):
+    """A store open for one command; ``readonly`` (ls, get, df, fsck) writes nothing to the device:
+    no recovery repair, no journal record (``Store.open(readonly=True)``)."""
+
+    def __init__(self, spec: str, readonly: bool = False):
         self.spec = spec
+        self.readonly = readonly
 
     def __enter__(self):
-        self.store, self.dev = _open(self.spec)
+        self.store, self.dev = _open(self.spec, self.readonly)
         return self.store
 
     def __exit__(self, *exc):
@@ -118,8 +123,8 @@ def _mkfs(args) -> int:
         store = Store.format(dev, meta_zones=args.meta_zones, policy=args.policy,
                              gc_reserve_zones=args.gc_reserve, force=args.force)
         g = dev.geometry
-        print(f"{args.device}: RetainZ store {store.uuid}: {g.nr_zones - args.meta_zones} data zones of "
-              f"{format_size(g.zone_capacity)}, {args.meta_zones} meta zones, policy {store.policy}")
+        print(f"{args.device}: RetainZ store {store.uuid}: {g.nr_zones - store.meta_zones} data zones of "
+              f"{format_size(g.zone_capacity)}, {store.meta_zones} meta zones, policy {store.policy}")
         store.close()
     finally:
         dev.close()
@@ -127,7 +132,7 @@ def _mkfs(args) -> int:
 
 
 def _ls(args) -> int:
-    with _Session(args.device) as store:
+    with _Session(args.device, readonly=True) as store:
         gens = store.generations()
         if args.json:
             print(json.dumps([{"id": g.id, "step": g.step, "size": g.size,
@@ -179,7 +184,7 @@ def _put(args) -> int:
 
 
 def _get(args) -> int:
-    with _Session(args.device) as store:
+    with _Session(args.device, readonly=True) as store:
         gen = store.generation(args.generation)
         names = args.shards or list(gen.shards)
         for name in names:
@@ -227,7 +232,7 @@ def _gc(args) -> int:
 
 
 def _fsck(args) -> int:
-    with _Session(args.device) as store:
+    with _Session(args.device, readonly=True) as store:
         rep = store.fsck()
     if args.json:
         print(json.dumps(rep.to_dict(), indent=2))
@@ -237,12 +242,14 @@ def _fsck(args) -> int:
               + (f", {format_size(rep.unverifiable_bytes)} counted only" if rep.unverifiable_bytes else ""))
         for p in rep.problems:
             print(f"  problem: {p}")
+        for r in rep.repairs:
+            print(f"  a read-write open would: {r}")
         print("clean" if rep.ok else f"{len(rep.problems)} problems")
     return 0 if rep.ok else 1
 
 
 def _df(args) -> int:
-    with _Session(args.device) as store:
+    with _Session(args.device, readonly=True) as store:
         rep = store.df()
         metrics = store.metrics.to_dict()
     if args.json:

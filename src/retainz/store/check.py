@@ -22,11 +22,12 @@ class CheckMixin:
         device's write pointer; no two extents overlap; every extent with a checksum reads back with
         it and every shard's bytes match the shard crc32c; shard sizes equal their extents' lengths;
         the cached zone summaries equal a recomputation; every data zone's condition and written
-        bytes agree with the device report.
+        bytes agree with the device report.  On a read-only store, ``repairs`` lists what a
+        read-write open would repair (``RecoveryReport.repairs``).  Nothing is written.
         """
         with self._lock:
             self._check_open()
-            rep = FsckReport()
+            rep = FsckReport(repairs=list(self.recovery.repairs))
             bs, zsize = self._bs, self._zsize
             zones = {z.index: z for z in self.device.report_zones()}
             spans: dict[int, list] = {}

@@ -55,7 +55,7 @@ class GCMixin:
             a :class:`GCReport`.
         """
         with self._lock:
-            self._check_open()
+            self._check_writable()
             return self._gc(force=force)
 
     def _gc(self, *, force: bool) -> GCReport:

@@ -36,6 +36,10 @@
    chain's last zone has no room.
 5. Bind the allocator to the rebuilt table.  Zones whose attributes recovery changed are marked so
    the next record journals them.
+
+A read-only open (``Store.open(readonly=True)``) runs 1-3 and 5 without writing: zones step 3 would
+reset are summarised as all dead, and what steps 3 and 4 would do is listed in
+``RecoveryReport.repairs``.
 """
 
 from __future__ import annotations
@@ -71,6 +75,9 @@ class RecoveryReport:
         zones_reset: data zones reset (uncommitted data, interrupted deletions and GC moves).
         dead_bytes_found: bytes past the last committed extent in zones kept open.
         rolled: True if the journal was rolled over at mount.
+        repairs: what a read-write open would do and a read-only open did not (one line each:
+            data zones to reset, stale meta zones to reset, a journal rollover); empty for a
+            read-write open, which did them.
         seconds: wall time of the whole open.
         records_per_second: replay rate.
     """
@@ -81,6 +88,7 @@ class RecoveryReport:
     zones_reset: list[int] = field(default_factory=list)
     dead_bytes_found: int = 0
     rolled: bool = False
+    repairs: list[str] = field(default_factory=list)
     seconds: float = 0.0
     records_per_second: float = 0.0
 
@@ -112,12 +120,20 @@ class RecoveryMixin:
         m = self.metrics
         j.bytes_written, j.records, j.rollovers = m.journal_bytes, m.journal_records, m.rollovers
         self._reconcile(attrs, rep)
+        ro = self.readonly
         for z in found.stale:
-            dev.reset_zone(z)
+            if ro:
+                rep.repairs.append(f"reset stale meta zone {z} (an older or incomplete journal chain)")
+            else:
+                dev.reset_zone(z)
         last = dev.zone(self.journal.chain[-1])
         if found.torn or last.cond == ZoneCond.FULL or self.journal.room() < 2 * g.block_size:
-            self.journal.roll()
-            rep.rolled = True
+            if ro:
+                why = f"drop a torn tail of {found.torn} bytes" if found.torn else "its last zone is full"
+                rep.repairs.append(f"roll the journal over to a fresh chain ({why})")
+            else:
+                self.journal.roll()
+                rep.rolled = True
         for gen in self.catalog.gens.values():
             self._journal_entry(gen)
         self.allocator = make_allocator(self.policy)
@@ -189,6 +205,13 @@ class RecoveryMixin:
                 if lv:
                     raise CorruptJournalError(f"zone {z} is empty on the device but the journal has "
                                               f"{lv} bytes of committed data in it: data lost")
+            elif not lv and self.readonly:     # what a read-write open resets: all dead here
+                written = (a[0] if a[1] else zr.capacity) if zr.cond == ZoneCond.FULL else zr.wp - zr.start
+                s.cond = ZoneCond.FULL if zr.cond == ZoneCond.FULL or written >= zr.capacity else ZoneCond.IMP_OPEN
+                s.written, s.dead = written, written
+                s.reclaim_step, s.lifetime, s.opened_step, s.open_seq = a[2], a[3], a[4], a[5]
+                s.last_write_step = a[6] if written == a[0] else self._now
+                rep.repairs.append(f"reset data zone {z} ({written} bytes written, no committed data)")
             elif not lv:
                 dev.reset_zone(z)
                 rep.zones_reset.append(z)

@@ -18,6 +18,7 @@ from retainz.errors import (
     GenerationExistsError,
     GenerationNotFoundError,
     NoSpaceError,
+    ReadOnlyStoreError,
     ShardNotFoundError,
     StoreLockedError,
     SummaryMismatchError,
@@ -150,15 +151,23 @@ class Store(WriteMixin, GCMixin, RecoveryMixin, CheckMixin):
         return cls.open(device, verify_summaries=verify_summaries)
 
     @classmethod
-    def open(cls, device: ZonedDevice, *, policy: str | None = None, verify_summaries: bool = False) -> Store:
+    def open(cls, device: ZonedDevice, *, policy: str | None = None, verify_summaries: bool = False,
+             readonly: bool = False) -> Store:
         """Open the store on ``device``: replay the journal and recover (see :mod:`.recovery`).
 
         Args:
-            device: the device (a FileDevice already holds the file's exclusive lock).
+            device: the device (a FileDevice already holds the file's exclusive lock, or a shared
+                one when opened ``readonly=True``).
             policy: allocator spec; ``None`` uses the one recorded at format.
             verify_summaries: rebuild the zone summaries from the catalog before every allocation
                 decision and check them against the cached ones (slow; decisions must be identical
                 to the cached mode).
+            readonly: replay the journal and reconcile with the device without writing anything:
+                no zone reset, no journal rollover, no stale meta zone reset, no sync record at
+                close.  What a read-write open would repair is listed in ``recovery.repairs`` (and
+                by :meth:`fsck`); zones it would reset are summarised as holding only dead bytes.
+                ``generations``, ``generation``, ``read_shard``, ``fsck`` and ``df`` work;
+                ``begin_generation``, ``delete`` and ``gc`` raise :class:`ReadOnlyStoreError`.
 
         Raises:
             StoreLockedError: the store on this device is already open in this process.
@@ -175,6 +184,7 @@ class Store(WriteMixin, GCMixin, RecoveryMixin, CheckMixin):
         self._closed = True
         try:
             self._init_state(device, verify_summaries)
+            self.readonly = readonly
             self._mount(policy)
         except BaseException:
             with _OPEN_LOCK:
@@ -225,10 +235,11 @@ class Store(WriteMixin, GCMixin, RecoveryMixin, CheckMixin):
             try:
                 for w in list(self._writers.values()):
                     w.abort()
-                try:
-                    self._append("x", {"now": self._now, "metrics": self._metrics_state()})
-                except NoSpaceError:
-                    pass
+                if not self.readonly:
+                    try:
+                        self._append("x", {"now": self._now, "metrics": self._metrics_state()})
+                    except NoSpaceError:
+                        pass
             finally:
                 self._closed = True
                 with _OPEN_LOCK:
@@ -247,6 +258,11 @@ class Store(WriteMixin, GCMixin, RecoveryMixin, CheckMixin):
     def _check_open(self) -> None:
         if self._closed:
             raise ValueError("the store is closed")
+
+    def _check_writable(self) -> None:
+        self._check_open()
+        if self.readonly:
+            raise ReadOnlyStoreError(f"{self.device!r}: the store was opened read-only")
 
     # -- generations -------------------------------------------------------------------------------
     def begin_generation(self, gen_id: str, step: int, *, hint: Hint | None = None,
@@ -282,7 +298,7 @@ class Store(WriteMixin, GCMixin, RecoveryMixin, CheckMixin):
             ValueError: a negative step or size.
         """
         with self._lock:
-            self._check_open()
+            self._check_writable()
             check_id(gen_id)
             if not isinstance(step, int) or step < 0:
                 raise ValueError(f"step must be a non-negative int, not {step!r}")
@@ -393,7 +409,7 @@ class Store(WriteMixin, GCMixin, RecoveryMixin, CheckMixin):
             GenerationNotFoundError: no committed generation has that id.
         """
         with self._lock:
-            self._check_open()
+            self._check_writable()
             if step is not None:
                 self._advance(step)
             gen = self.catalog.gens.get(gen_id)

@@ -183,6 +183,8 @@ class FsckReport:
         unverifiable_bytes: bytes of counted (payload-less) extents, which carry no checksum.
         problems: one line per problem (checksum mismatch, extent past a write pointer, summary
             mismatch...).
+        repairs: on a store opened read-only, what a read-write open would repair (the normal
+            recovery of a crash: zones to reset, a journal rollover); not problems.
     """
 
     generations: int = 0
@@ -191,6 +193,7 @@ class FsckReport:
     bytes_verified: int = 0
     unverifiable_bytes: int = 0
     problems: list[str] = field(default_factory=list)
+    repairs: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
