@@ -247,3 +247,125 @@ def test_zone_op_resource_and_support_errors():
     assert type(classify_zone_op_error(ZoneOp.RESET, errno.EIO, conv)) is ZoneOpNotSupportedError
     generic = classify_zone_op_error(ZoneOp.RESET, errno.EIO, z)
     assert type(generic) is ZonedDeviceError and generic.errno == errno.EIO
+
+
+# -- zone management against a fake null_blk (no kernel) -----------------------------------------------
+
+class _FakeNullBlk:
+    """null_blk's zone resource rules (drivers/block/null_blk/zoned.c, Linux 6.1) for the zone
+    management ioctls: an Empty zone's finish checks the active limit, then the open limit; a
+    Closed zone's finish checks the open limit; a full open limit is relieved by closing an
+    implicitly open zone only while the active limit allows it (ETOOMANYREFS otherwise)."""
+
+    E, IO, EO, C, F = ZoneCond.EMPTY, ZoneCond.IMP_OPEN, ZoneCond.EXP_OPEN, ZoneCond.CLOSED, ZoneCond.FULL
+
+    def __init__(self, nz=8, max_open=3, max_active=4):
+        self.cond = [self.E] * nz
+        self.written = [0] * nz
+        self.max_open, self.max_active = max_open, max_active
+        self.log: list[tuple[str, int]] = []
+
+    def _n(self, *conds):
+        return sum(c in conds for c in self.cond)
+
+    def _check_active(self):
+        if self._n(self.IO, self.EO, self.C) >= self.max_active:
+            raise TooManyActiveZonesError("active")
+
+    def _check_open(self):
+        if self._n(self.IO, self.EO) < self.max_open:
+            return
+        if self.IO in self.cond and self._n(self.IO, self.EO, self.C) < self.max_active:
+            self.cond[self.cond.index(self.IO)] = self.C
+            return
+        raise TooManyOpenZonesError("open")
+
+    def ioctl(self, _fd, op: ZoneOp, z: int) -> None:
+        c = self.cond[z]
+        if op is ZoneOp.OPEN and c in (self.E, self.C):
+            if c == self.E:
+                self._check_active()
+            self._check_open()
+        elif op is ZoneOp.FINISH and c in (self.E, self.C):
+            if c == self.E:
+                self._check_active()
+            self._check_open()
+        self.log.append((op.value, z))
+        if op is ZoneOp.OPEN and c != self.F:
+            self.cond[z] = self.EO
+        elif op is ZoneOp.CLOSE and c in (self.IO, self.EO):
+            self.cond[z] = self.C if self.written[z] else self.E
+        elif op is ZoneOp.FINISH:
+            self.cond[z] = self.F
+        elif op is ZoneOp.RESET:
+            self.cond[z], self.written[z] = self.E, 0
+
+
+def _fake_linux_device(fake: _FakeNullBlk) -> LinuxZonedDevice:
+    """A LinuxZonedDevice whose zone ioctls and reports go to ``fake`` (bypassing ``__init__``)."""
+    import threading
+
+    from retainz.zoned import Geometry
+    from retainz.zoned.model import DeviceInfo
+
+    nz, zsize, zcap = len(fake.cond), 2 * MiB, MiB
+    dev = object.__new__(LinuxZonedDevice)
+    dev._fd, dev.readonly, dev._buf = os.open(os.devnull, os.O_RDONLY), False, None  # closed by __del__
+    dev._nz, dev._zone_sectors, dev._zsize, dev._zcap, dev._bs = nz, zsize // 512, zsize, zcap, 4096
+    dev._end = nz * zsize
+    dev._locks = [threading.Lock() for _ in range(nz)]
+    dev._wp_cache, dev._last_write, dev._tick = {}, [0] * nz, 0
+    g = Geometry(nr_zones=nz, zone_size=zsize, zone_capacity=zcap, block_size=4096,
+                 max_open=fake.max_open, max_active=fake.max_active)
+    dev._info = DeviceInfo(geometry=g, kind="linux", path="/dev/fake")
+    dev._ioctl_zone = fake.ioctl
+
+    def report(start=0, count=0):
+        end = nz if count == 0 else start + count
+        return [Zone(index=z, start=z * zsize, size=zsize, capacity=zcap,
+                     wp=z * zsize + (zsize if fake.cond[z] == ZoneCond.FULL else fake.written[z]),
+                     cond=fake.cond[z], type=ZoneType.SEQ_WRITE_REQUIRED) for z in range(start, end)]
+
+    dev.report_zones = report
+    return dev
+
+
+@pytest.mark.parametrize("target", ["empty", "closed"])
+def test_finish_with_every_open_zone_explicit_borrows_an_open_resource_on_null_blk(target):
+    """null_blk refuses this finish (the model and QEMU do not): an explicitly open zone holding data
+    is closed, the finish issued, and the zone opened explicitly again; nothing else changes."""
+    fake = _FakeNullBlk()
+    dev = _fake_linux_device(fake)
+    if target == "closed":
+        fake.cond[3], fake.written[3] = ZoneCond.CLOSED, 8192
+    fake.cond[:3] = [ZoneCond.EXP_OPEN] * 3
+    fake.written[1] = 4096                      # the lender: an explicitly open zone with data
+    with pytest.raises(TooManyOpenZonesError):
+        fake.ioctl(99, ZoneOp.FINISH, 3)        # what the kernel answers
+    fake.log.clear()
+    dev.finish_zone(3)
+    assert fake.log == [("close", 1), ("finish", 3), ("open", 1)]
+    assert fake.cond[:4] == [ZoneCond.EXP_OPEN] * 3 + [ZoneCond.FULL]
+    assert fake.written[:4] == [0, 4096, 0, 8192 if target == "closed" else 0]
+    assert dev._wp_cache[3] == MiB
+
+
+def test_finish_of_a_closed_zone_without_a_lender_closes_the_oldest_implicitly_open_zone():
+    fake = _FakeNullBlk()
+    dev = _fake_linux_device(fake)
+    fake.cond[:4] = [ZoneCond.IMP_OPEN] * 3 + [ZoneCond.CLOSED]    # open and active limits reached
+    fake.written[:4] = [4096] * 4
+    dev._last_write[:3] = [5, 2, 9]
+    dev.finish_zone(3)
+    assert fake.log == [("close", 1), ("finish", 3)]
+    assert fake.cond[:4] == [ZoneCond.IMP_OPEN, ZoneCond.CLOSED, ZoneCond.IMP_OPEN, ZoneCond.FULL]
+
+
+def test_finish_of_an_empty_zone_beyond_the_active_limit_is_refused_before_any_ioctl():
+    fake = _FakeNullBlk()
+    dev = _fake_linux_device(fake)
+    fake.cond[:4] = [ZoneCond.EXP_OPEN] * 3 + [ZoneCond.CLOSED]
+    fake.written[3] = 4096
+    with pytest.raises(TooManyActiveZonesError):
+        dev.finish_zone(4)
+    assert fake.log == [] and fake.cond[4] == ZoneCond.EMPTY

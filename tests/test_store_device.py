@@ -461,7 +461,7 @@ def test_killed_process_leaves_the_committed_set_exact(persistent_rig, point):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     child = subprocess.run([sys.executable, "-c", _CHILD, "file" if rig.kind == "file" else "linux",
                             str(path), point, str(rig.g.zone_capacity)], capture_output=True, text=True,
-                           timeout=300, cwd=root)
+                           timeout=120, cwd=root)
     assert child.returncode == -signal.SIGKILL, (child.returncode, child.stdout, child.stderr)
     assert "shard a written" in child.stdout and "not killed" not in child.stdout
     if point == "mid-commit":

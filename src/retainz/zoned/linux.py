@@ -45,10 +45,11 @@ guest lane, Linux 6.1, QEMU 7.2):
 * finishing an Empty zone needs a free active resource (as null_blk and the model): QEMU takes
   Empty -> Full directly, a legal ZNS transition, so the check is made here first (a zone report);
 * finishing an Empty or a Closed zone needs no open resource (the model; QEMU checks none): null_blk
-  wants a free one (``ETOOMANYREFS`` when every open zone is explicitly open), so an explicitly open
-  zone lends its resource: it is closed, the finish is issued, and it is opened explicitly again
-  (its write pointer and data are untouched; it ends explicitly open as before).  Only when no zone
-  is explicitly open is an implicitly open zone closed instead (next point);
+  wants a free one, and answers ``ETOOMANYREFS`` when it cannot make one by closing an implicitly
+  open zone itself (every open zone explicitly open; or, for a Closed zone, the active limit reached
+  too).  Then an explicitly open zone lends its resource: it is closed, the finish is issued, and it
+  is opened explicitly again (its write pointer and data are untouched; it ends explicitly open as
+  before).  With no explicitly open zone to lend, the next point applies;
 * a write to, an open of, or a finish of a Closed zone when the open limit is reached closes the least
   recently written implicitly open zone (ZNS 2.1.1.4.1; QEMU does it itself, and finishes a Closed zone
   without an open resource): null_blk refuses these with ``ETOOMANYREFS`` when the active limit is
