@@ -1,0 +1,211 @@
+"""Runtime retention callbacks over the store's delete, for runtimes whose code cannot run here.
+
+Megatron-LM's retention lives in ``megatron/training`` (``checkpointing.py``), which no wheel ships, and
+NVIDIA Resiliency Extension's local checkpoint manager needs its own stack.  These adapters reproduce
+their documented purge (shared/reference/retention-runtimes.md; Megatron-LM d98e8a6, nvidia-resiliency-ext
+d8686d9) on top of ``store.delete``.  The training loop calls, per save::
+
+    cb.before_save(store, step)     # deletions that happen before the new save starts
+    ... write and commit the generation cb.generation_id(step) with hint=cb.hint(step) ...
+    cb.after_commit(store, step)    # deletions that happen once the new save is complete
+
+Every method returns the generation ids it deleted, in order.  The adapters count **committed**
+generations only (the store shows nothing else): a save still in flight is never counted, so the
+checkpoint a tracker names is never deleted before its successor commits.
+
+TorchTitan's purge runs as TorchTitan's own code through the ``retainz://`` filesystem
+(:mod:`retainz.integrations.fsspec_fs`); :class:`KeepLatestK` is the same rule for users of
+:class:`~retainz.integrations.dcp.ZonedStorageWriter` without TorchTitan.
+
+No torch needed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from retainz.errors import GenerationNotFoundError
+from retainz.integrations.hints import retention_hint
+
+__all__ = ["RetentionCallback", "MegatronRetainInterval", "MegatronNonPersistentGlobal",
+           "MegatronNonPersistentLocal", "KeepLatestK"]
+
+
+def _delete(store: Any, ids: Iterable[str], step: int) -> list[str]:
+    done = []
+    for gid in ids:
+        try:
+            store.delete(gid, step=step)
+        except GenerationNotFoundError:   # already gone (deleted by hand, or never committed)
+            continue
+        done.append(gid)
+    return done
+
+
+class RetentionCallback:
+    """Base: a naming scheme, a retention rule for hints, and the two purge points.
+
+    Attributes:
+        rule: the retention rule string the hints come from (``retainz.integrations.hints``).
+    """
+
+    rule: str | None = None
+
+    def generation_id(self, step: int) -> str:
+        raise NotImplementedError
+
+    def hint(self, step: int):
+        """The placement hint for the save at ``step`` (from :attr:`rule`)."""
+        return retention_hint(step, rule=self.rule)
+
+    def before_save(self, store: Any, step: int) -> list[str]:
+        return []
+
+    def after_commit(self, store: Any, step: int) -> list[str]:
+        return []
+
+    def _mine(self, store: Any) -> list[tuple[int, str]]:
+        """``(step, id)`` of the committed generations this callback names, oldest first."""
+        out = []
+        for g in store.generations():
+            if g.id == self.generation_id(g.step):
+                out.append((g.step, g.id))
+        return sorted(out)
+
+
+class MegatronRetainInterval(RetentionCallback):
+    """Megatron-LM persistent checkpoints with ``--save-retain-interval R``.
+
+    Directory ``{save}/iter_{N:07d}``; tracker ``latest_checkpointed_iteration.txt``.  At finalize of
+    the save at iteration ``it`` (after it is complete): read ``prev`` from the tracker, write ``it`` to
+    the tracker, delete ``iter_{prev}`` if ``prev != it`` and ``prev % R != 0``.  Net: the latest plus
+    every R-th.  Without ``R`` Megatron deletes nothing.
+
+    Args:
+        save_interval: ``--save-interval`` (steps).
+        retain_interval: ``--save-retain-interval`` (a multiple of ``save_interval``), or ``None``.
+    """
+
+    def __init__(self, save_interval: int, retain_interval: int | None = None):
+        if retain_interval is not None and retain_interval % save_interval:
+            raise ValueError(f"--save-retain-interval {retain_interval} must be a multiple of "
+                             f"--save-interval {save_interval}")
+        self.save_interval, self.retain_interval = save_interval, retain_interval
+        self.rule = f"megatron:save_interval={save_interval}" + (
+            f",retain_interval={retain_interval}" if retain_interval else "")
+        self.tracker: int | None = None
+
+    def generation_id(self, step: int) -> str:
+        return f"iter_{step:07d}"
+
+    def recover(self, store: Any) -> int | None:
+        """Set the tracker from the store after a restart: the newest committed ``iter_*``."""
+        mine = self._mine(store)
+        self.tracker = mine[-1][0] if mine else None
+        return self.tracker
+
+    def after_commit(self, store: Any, step: int) -> list[str]:
+        prev, self.tracker = self.tracker, step
+        if self.retain_interval and prev is not None and prev != step and prev % self.retain_interval != 0:
+            return _delete(store, [self.generation_id(prev)], step)
+        return []
+
+
+class MegatronNonPersistentGlobal(RetentionCallback):
+    """Megatron-LM non-persistent checkpoints, ``--non-persistent-ckpt-type global``.
+
+    Before writing a new non-persistent checkpoint, keep the single newest ``iter_*`` of the
+    non-persistent folder and delete the rest: checkpoint ``j`` is deleted at the start of the
+    second-next non-persistent save (two on disk in steady state).
+
+    Args:
+        interval: ``--non-persistent-save-interval`` (steps).
+        save_interval: ``--save-interval`` (persistent saves take precedence at their steps).
+    """
+
+    def __init__(self, interval: int, save_interval: int | None = None):
+        self.interval, self.save_interval = interval, save_interval
+        # the rule needs a persistent interval; without one, none falls inside the hint's horizon
+        self.rule = (f"megatron:save_interval={save_interval or 100 * interval},non_persistent_interval={interval},"
+                     "non_persistent=global")
+
+    def generation_id(self, step: int) -> str:
+        return f"non_persistent-iter_{step:07d}"
+
+    def is_save_step(self, step: int) -> bool:
+        """Megatron saves non-persistently at ``step`` (not a persistent save step)."""
+        return step % self.interval == 0 and not (self.save_interval and step % self.save_interval == 0)
+
+    def before_save(self, store: Any, step: int) -> list[str]:
+        mine = self._mine(store)
+        return _delete(store, [gid for _, gid in mine[:-1]], step)
+
+
+class MegatronNonPersistentLocal(RetentionCallback):
+    """NVIDIA Resiliency Extension ``LocalCheckpointManager`` (Megatron ``--non-persistent-ckpt-type
+    local``): per-rank ``iter_{N:07d}_{rank}_local.pt`` written as ``.dirty`` then renamed; at finalize,
+    after every rank confirmed the new iteration, all older iterations are unlinked on every rank.
+
+    One store per rank (``stores[rank]``); :meth:`after_commit_all` takes them all.
+
+    Args:
+        interval: ``--non-persistent-save-interval`` (steps).
+        ranks: number of ranks.
+    """
+
+    def __init__(self, interval: int, ranks: int):
+        self.interval, self.ranks = interval, ranks
+        self.rule = f"megatron:save_interval={100 * interval},non_persistent_interval={interval},non_persistent=local"
+
+    def generation_id(self, step: int, rank: int = 0) -> str:
+        return f"iter_{step:07d}_{rank}_local"
+
+    def _mine_rank(self, store: Any, rank: int) -> list[tuple[int, str]]:
+        return sorted((g.step, g.id) for g in store.generations() if g.id == self.generation_id(g.step, rank))
+
+    def after_commit_all(self, stores: Sequence[Any], step: int) -> list[list[str]]:
+        """Once every rank's ``iter_{step}`` is committed, delete all older iterations on every rank.
+
+        Raises:
+            RuntimeError: a rank has not committed ``step`` (nothing is deleted anywhere).
+        """
+        for rank, store in enumerate(stores):
+            try:
+                store.generation(self.generation_id(step, rank))
+            except GenerationNotFoundError:
+                raise RuntimeError(f"rank {rank} has not committed iteration {step}: nothing is deleted") from None
+        return [_delete(store, [gid for s, gid in self._mine_rank(store, rank) if s < step], step)
+                for rank, store in enumerate(stores)]
+
+
+class KeepLatestK(RetentionCallback):
+    """TorchTitan's purge (``CheckpointManager._purge_stale_checkpoints``) over the store: list the
+    generations whose id matches ``step-(\\d+)``, sort by parsed step, delete all but the last ``k``.
+
+    TorchTitan runs it after each save is dispatched (sync: after it completes; async: right after
+    dispatch).  Committed generations only: an in-flight save is not counted.
+
+    Args:
+        k: ``keep_latest_k`` (>= 2; 0 keeps all).
+        interval: ``[checkpoint] interval`` (for the hint).
+    """
+
+    _PATTERN = re.compile(r"step-(\d+)")
+
+    def __init__(self, k: int, interval: int = 500):
+        if k == 1:
+            raise ValueError("keep_latest_k=1 is rejected by TorchTitan: the last checkpoint may still be saving")
+        self.k, self.interval = k, interval
+        self.rule = f"torchtitan:interval={interval},keep_latest_k={k}"
+
+    def generation_id(self, step: int) -> str:
+        return f"step-{step}"
+
+    def after_commit(self, store: Any, step: int) -> list[str]:
+        if self.k <= 0:
+            return []
+        found = sorted((int(m.group(1)), g.id) for g in store.generations()
+                       if (m := self._PATTERN.search(g.id)))
+        return _delete(store, [gid for _, gid in found[:-self.k]], step)
