@@ -43,6 +43,7 @@ __all__ = [
 
 #: The reclaim step of data that never retires.
 PERMANENT = math.inf
+_EMPTY_C, _OPEN_C, _FULL_C = ZoneCond.EMPTY, ZoneCond.IMP_OPEN, ZoneCond.FULL
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,9 +67,13 @@ class Hint:
     actual_reclaim_step: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class ExtentRequest:
     """An extent the store needs a zone for.
+
+    Built once per extent on the replay hot path, so a plain slots dataclass (its ``__init__``
+    assigns; a frozen dataclass's costs about five times more): treat it as immutable.  Construct
+    it by position or keyword; ``dataclasses.replace`` works.
 
     Attributes:
         nbytes: bytes still to place for the current shard (> 0).  The store writes at most the
@@ -79,9 +84,10 @@ class ExtentRequest:
         now: the current training step (the latest step the store has seen).
         gc: True when the bytes are live data being migrated by garbage collection.
         pending: bytes of the same generation still to be placed after this request (its other
-            shards), when the store knows them at admission; 0 when unknown.  Policies use
-            ``nbytes + pending`` as the size of the group still to come (how much of a fresh zone
-            the group will fill).
+            shards): the declared size (block-rounded) less the bytes already placed for the
+            generation and less ``nbytes``; 0 when no size was declared, and for GC requests.
+            Policies use ``nbytes + pending`` as the size of the group still to come (how much
+            of a fresh zone the group will fill).
     """
 
     nbytes: int
@@ -93,9 +99,10 @@ class ExtentRequest:
     pending: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Decision:
-    """An allocator's answer.
+    """An allocator's answer (a lean slots dataclass like :class:`ExtentRequest`: treat it as
+    immutable; :data:`NO_SPACE` is shared).
 
     Attributes:
         zone: write into this zone: an active data zone with remaining capacity, or an empty data zone
@@ -300,23 +307,27 @@ class ZoneTable:
         for fn in self.listeners:
             fn(s)
 
-    def on_write(self, z: int, nbytes: int, *, reclaim_step: float | None, lifetime: int,
-                 step: int, live: bool = True) -> None:
+    def on_write(self, z: int, nbytes: int, reclaim_step: float | None, lifetime: int, step: int,
+                 live: bool = True) -> None:
         """``nbytes`` were written at zone ``z``'s write pointer (live data unless ``live=False``,
         e.g. bytes that are garbage from the start) at training step ``step`` (the zone's opening
-        step if it was empty, and its last write step)."""
+        step if it was empty, and its last write step).  O(log zones) when it opens the zone,
+        O(1) otherwise (the replay hot path)."""
         s = self.zones[z]
-        if s.cond == ZoneCond.EMPTY:
+        if s.cond is _EMPTY_C:
             self._empty.discard(z)
             self.open[z] = s
-            s.cond = ZoneCond.IMP_OPEN
+            s.cond = _OPEN_C
             s.lifetime = lifetime
             s.opened_step = step
             self.open_seq += 1
             s.open_seq = self.open_seq
-        if reclaim_step is not None and (s.reclaim_step is None or reclaim_step > s.reclaim_step):
-            s.reclaim_step = reclaim_step
-        s.written += nbytes
+        if reclaim_step is not None:
+            r = s.reclaim_step
+            if r is None or reclaim_step > r:
+                s.reclaim_step = reclaim_step
+        w = s.written + nbytes
+        s.written = w
         s.last_write_step = step
         self.written += nbytes
         if live:
@@ -325,10 +336,12 @@ class ZoneTable:
         else:
             s.dead += nbytes
             self.dead += nbytes
-        if s.written >= s.capacity:
-            s.cond = ZoneCond.FULL
+        if w >= s.capacity:
+            s.cond = _FULL_C
             del self.open[z]
-        self._changed(s)
+        if self.listeners:
+            for fn in self.listeners:
+                fn(s)
 
     def on_finish(self, z: int) -> None:
         """Zone ``z`` was finished: its remaining capacity is unused until reset."""
@@ -350,22 +363,28 @@ class ZoneTable:
         s.dead += nbytes
         self.live -= nbytes
         self.dead += nbytes
-        self._changed(s)
+        if self.listeners:
+            self._changed(s)
 
     def on_reset(self, z: int) -> None:
         """Zone ``z`` was reset: empty again."""
         s = self.zones[z]
-        if s.cond == ZoneCond.EMPTY and s.written == 0:
+        cond = s.cond
+        if cond is _EMPTY_C and s.written == 0:
             return
-        self.unused -= s.unused
+        if cond is _FULL_C:
+            self.unused -= s.capacity - s.written
+        else:
+            self.open.pop(z, None)
         self.written -= s.written
         self.live -= s.live
         self.dead -= s.dead
-        self.open.pop(z, None)
-        s.cond, s.written, s.live, s.dead = ZoneCond.EMPTY, 0, 0, 0
-        s.reclaim_step, s.lifetime, s.opened_step, s.open_seq, s.last_write_step = None, 0, 0, 0, 0
+        s.cond = _EMPTY_C
+        s.written = s.live = s.dead = s.lifetime = s.opened_step = s.open_seq = s.last_write_step = 0
+        s.reclaim_step = None
         self._empty.add(z)
-        self._changed(s)
+        if self.listeners:
+            self._changed(s)
 
     def restore(self, summaries: list[ZoneSummary]) -> None:
         """Replace every summary (recovery), recomputing the open/empty sets and totals.
@@ -425,9 +444,11 @@ class Allocator(abc.ABC):
 
     def bind(self, table: ZoneTable) -> None:
         """Attach to the store's table (once per store open, after recovery).  Override to build
-        private indexes; call ``super().bind(table)``."""
+        private indexes; call ``super().bind(table)``.  :meth:`zone_changed` is registered as a
+        table listener only when the policy overrides it (no call per change otherwise)."""
         self.table = table
-        table.listeners.append(self.zone_changed)
+        if type(self).zone_changed is not Allocator.zone_changed:
+            table.listeners.append(self.zone_changed)
 
     def zone_changed(self, zone: ZoneSummary) -> None:  # noqa: B027 - optional hook
         """Called after every change to a zone summary (incremental indexes)."""

@@ -18,7 +18,8 @@ class Greedy(Allocator):
 
     def place(self, req: ExtentRequest) -> Decision:
         r = req.hint.reclaim_step
-        for z in self.table.open:  # dict order is opening order; the log has one open zone
-            return Decision(z, reclaim_step=r)
-        z = self.table.first_empty()
-        return NO_SPACE if z is None else Decision(z, reclaim_step=r)
+        t = self.table
+        for z in t.open:  # dict order is opening order; the log has one open zone
+            return Decision(z, (), r)
+        z = t.first_empty()
+        return NO_SPACE if z is None else Decision(z, (), r)

@@ -82,6 +82,8 @@ from retainz.placement.base import (
 from retainz.placement.hints import DEFAULT_MEDIUM, DEFAULT_SHORT, view_reclaim_step
 from retainz.zoned.model import ZoneCond
 
+_EMPTY, _FULL = ZoneCond.EMPTY, ZoneCond.FULL
+
 __all__ = ["RetainZ", "RetainZNoHint", "RetainZCoarse", "RetainZNoisy", "Oracle", "Cost"]
 
 #: A cost: (bytes held forever, byte-steps).  Compared lexicographically.
@@ -130,7 +132,10 @@ class RetainZ(Allocator):
 
     def reclaim_of(self, req: ExtentRequest) -> float:
         """The reclaim step this policy places ``req`` by (and records), in steps."""
-        r = view_reclaim_step(req, self.view, **self._view_kwargs())
+        if self.view == "exact":       # the common case, without building the view's kwargs
+            r = req.hint.reclaim_step
+        else:
+            r = view_reclaim_step(req, self.view, **self._view_kwargs())
         return req.step + self.unknown_lifetime if r is None else r
 
     def zone_reclaim(self, s: ZoneSummary) -> float:
@@ -149,13 +154,19 @@ class RetainZ(Allocator):
     def zone_changed(self, s: ZoneSummary) -> None:
         if self.recompute:
             return
-        old = self._key.pop(s.index, None)
+        z = s.index
+        is_open = s.cond is not _EMPTY and s.cond is not _FULL
+        old = self._key.get(z)
+        if is_open:
+            key = (self.zone_reclaim(s), z)
+            if key == old:
+                return                 # still open, same reclaim step: the index is current
         if old is not None:
+            del self._key[z]
             del self._index[bisect.bisect_left(self._index, old)]
-        if s.cond != ZoneCond.EMPTY and s.cond != ZoneCond.FULL:
-            key = (self.zone_reclaim(s), s.index)
+        if is_open:
             bisect.insort(self._index, key)
-            self._key[s.index] = key
+            self._key[z] = key
 
     def index_keys(self) -> list[tuple[float, int]]:
         """The reclaim-step index, ascending (for tests)."""
@@ -205,13 +216,13 @@ class RetainZ(Allocator):
             zr = self.zone_reclaim(s)
             key = (self.join_cost(s, r, group, now), 0, 0.0 if zr == r else abs(zr - r), s.index)
             if best is None or key < best[0]:
-                best = (key, Decision(s.index, reclaim_step=r))
+                best = (key, Decision(s.index, (), r))
         e = t.first_empty()
         if e is not None:
             cost = self.open_cost(t.zones[e].capacity, r, group, now)
             if not t.max_active or len(t.open) < t.max_active:
                 key = (cost, 1, 0.0, e)
-                decision = Decision(e, reclaim_step=r)
+                decision = Decision(e, (), r)
             else:
                 need = len(t.open) - t.max_active + 1
                 priced = sorted((self.finish_cost(s, r, now), s.remaining, s.index)

@@ -206,10 +206,9 @@ class GCMixin:
             killed[e[0]] = killed.get(e[0], 0) + round_up(e[2], bs)
         for z, n in killed.items():
             self.table.on_kill(z, n)
-        for v in done:
-            self._reset_zone(v)
-            rep.victims.append(v)
-            rep.zones_reset += 1
+        self._reset_journaled(done)     # the move record names them
+        rep.victims.extend(done)
+        rep.zones_reset += len(done)
         self.metrics.gc_bytes += rep.bytes_copied
 
     def _copy_extent(self, gen, shard_name: str, e: tuple, out: list, copies: dict) -> int:

@@ -45,6 +45,8 @@ from retainz.store.writer import GenerationWriter, WriteMixin
 from retainz.zoned.device import ZonedDevice
 from retainz.zoned.model import ZoneCond
 
+_FULL = ZoneCond.FULL
+
 __all__ = ["Store", "GenerationWriter"]
 
 _OPEN_STORES: set = set()
@@ -417,19 +419,28 @@ class Store(WriteMixin, GCMixin, RecoveryMixin, CheckMixin):
                 raise GenerationNotFoundError(f"no committed generation {gen_id!r}")
             bs = self._bs
             zb: dict[int, int] = {}
+            get = zb.get
             for s in gen.shards.values():
                 for e in s.extents:
-                    zb[e[0]] = zb.get(e[0], 0) + round_up(e[2], bs)
+                    zb[e[0]] = get(e[0], 0) - (-e[2] // bs) * bs
             zones = self.table.zones
             resets = [z for z, n in zb.items() if zones[z].live == n]
             self._append("d", {"g": gen_id, "r": resets, "now": self._now})
             self.catalog.remove(gen_id)
             self._jgen_total -= self._jgen.pop(gen_id, 0)
             gen.state = GenState.DELETED
-            for z, n in zb.items():
-                self.table.on_kill(z, n)
-            for z in resets:
-                self._reset_zone(z)
+            on_kill = self.table.on_kill
+            if len(resets) == len(zb):
+                pass                   # every zone resets: the reset drops its live bytes
+            elif resets:
+                gone = set(resets)
+                for z, n in zb.items():
+                    if z not in gone:
+                        on_kill(z, n)
+            else:
+                for z, n in zb.items():
+                    on_kill(z, n)
+            self._reset_journaled(resets)
             self.metrics.generations_deleted += 1
 
     def advance(self, step: int) -> None:
@@ -535,15 +546,27 @@ class Store(WriteMixin, GCMixin, RecoveryMixin, CheckMixin):
         return [s.written, 1 if s.cond == ZoneCond.FULL else 0, s.reclaim_step, s.lifetime, s.opened_step,
                 s.open_seq, s.last_write_step]
 
-    def _append(self, kind: str, body: dict) -> None:
-        """Append a record carrying the zone attributes changed since the last one (flushed)."""
+    def _append(self, kind: str, body: dict, raw: bytes = b"") -> None:
+        """Append a record carrying the zone attributes changed since the last one (flushed).
+
+        ``raw``, if given, is a pre-encoded JSON member (``b'"g":[...]'``) spliced in first, so a
+        commit encodes its generation once."""
         dirty = self._dirty
         self._dirty = set()
-        body["z"] = [self._attrs(z) for z in sorted(dirty)]
+        zones = self.table.zones
+        attrs = []
+        for z in sorted(dirty):
+            s = zones[z]
+            attrs.append([z, s.written, 1 if s.cond is _FULL else 0, s.reclaim_step, s.lifetime,
+                          s.opened_step, s.open_seq, s.last_write_step])
+        body["z"] = attrs
         body["o"] = self.table.open_seq
         j = self.journal
         try:
-            j.append(encode(kind, body))
+            if raw:
+                j.append(kind.encode() + b' {' + raw + b',' + dumps(body)[1:].encode())
+            else:
+                j.append(encode(kind, body))
         except BaseException:
             self._dirty |= dirty
             raise
@@ -559,6 +582,23 @@ class Store(WriteMixin, GCMixin, RecoveryMixin, CheckMixin):
         self.table.on_reset(z)
         self.metrics.resets += 1
         self._dirty.add(z)
+
+    def _reset_journaled(self, zs: list[int]) -> None:
+        """Reset data zones a journaled record already names for reset (``r`` of a deletion or a
+        GC move): one batched device reset, and no re-journaling of their (empty) attributes,
+        since replaying that record resets them."""
+        if not zs:
+            return
+        self.device.reset_zones(zs)
+        zones, on_reset, m, now = self.table.zones, self.table.on_reset, self.metrics, self._now
+        for z in zs:
+            s = zones[z]
+            if s.cond is not _FULL and s.written:
+                unused = s.capacity - s.written
+                m.unused_capacity_bytes += unused
+                m.unused_capacity_byte_steps += unused * max(0, now - s.last_write_step)
+            on_reset(z)
+        m.resets += len(zs)
 
     def _charge_part_empty(self, capacity: int, written: int, full: bool, last_write_step: int) -> None:
         """Unused capacity of a zone reset while part-empty: ``capacity - written`` bytes, held

@@ -204,49 +204,57 @@ class WriteMixin:
         total = left
         pos = 0
         table, dev, zsize, dirty = self.table, self.device, self._zsize, self._dirty
-        zones = table.zones
+        zones, opened = table.zones, table.open
+        max_active = self._max_active
         gid, step, hint, now = gen.id, gen.step, gen.hint, self._now
         lifetime = hint.lifetime
         place = self.allocator.place
+        on_write = table.on_write
+        verify = self._verify
         m = self.metrics
-        while left:
-            if self._verify:
-                self._rebuild_summaries()
-            t0 = perf_counter()
-            d = place(ExtentRequest(left, gid, step, hint, now, gc, pending))
-            m.decision_cpu_seconds += perf_counter() - t0
-            m.decisions += 1
-            z = d.zone
-            s = zones.get(z)
-            if s is None or d.finish or s.cond is not _IO or s.written >= s.capacity:
-                d = self._decide_or_gc(gen, left, gc, d, pending)  # finishes, empty zone, no space
+        cpu = 0.0
+        ndec = 0
+        try:
+            while left:
+                if verify:
+                    self._rebuild_summaries()
+                t0 = perf_counter()
+                d = place(ExtentRequest(left, gid, step, hint, now, gc, pending))
+                cpu += perf_counter() - t0
+                ndec += 1
                 z = d.zone
-                s = zones[z]
-            off = s.written
-            n = s.capacity - off
-            if n > left:
-                n = left
-            el = data_len - pos
-            if el > n:
-                el = n
-            if counted:
-                dev.write(z * zsize + off, n)
-                crc = None
-            else:
-                piece = data[pos:pos + n]
-                dev.write(z * zsize + off, piece)
-                crc = crc32c.crc32c(piece[:el]) if el < n else crc32c.crc32c(piece)
-                if acc is not None:
-                    acc[0] = (crc32c_combine(acc[0], crc, el) if el == WRITE_BUFFER
-                              else crc32c.crc32c(piece[:el], acc[0]))
-            lt = d.lifetime
-            table.on_write(z, n, reclaim_step=d.reclaim_step, lifetime=lifetime if lt is None else lt,
-                           step=now)
-            dirty.add(z)
-            zone_bytes[z] = zone_bytes.get(z, 0) + n
-            extents.append((z, off, el, crc))
-            pos += n
-            left -= n
+                s = zones.get(z)
+                if s is None or d.finish or (s.cond is not _IO and (
+                        s.cond is not _EMPTY or (max_active and len(opened) >= max_active))):
+                    d = self._decide_or_gc(gen, left, gc, d, pending)  # finishes, no space, errors
+                    z = d.zone
+                    s = zones[z]
+                off = s.written
+                n = s.capacity - off
+                if n > left:
+                    n = left
+                if counted:
+                    el = n if data_len - pos >= n else data_len - pos
+                    dev.write(z * zsize + off, n)
+                    crc = None
+                else:
+                    el = n if data_len - pos >= n else data_len - pos
+                    piece = data[pos:pos + n]
+                    dev.write(z * zsize + off, piece)
+                    crc = crc32c.crc32c(piece[:el]) if el < n else crc32c.crc32c(piece)
+                    if acc is not None:
+                        acc[0] = (crc32c_combine(acc[0], crc, el) if el == WRITE_BUFFER
+                                  else crc32c.crc32c(piece[:el], acc[0]))
+                lt = d.lifetime
+                on_write(z, n, d.reclaim_step, lifetime if lt is None else lt, now)
+                dirty.add(z)
+                zone_bytes[z] = zone_bytes.get(z, 0) + n
+                extents.append((z, off, el, crc))
+                pos += n
+                left -= n
+        finally:
+            m.decision_cpu_seconds += cpu
+            m.decisions += ndec
         return total
 
     # -- shards ------------------------------------------------------------------------------------
@@ -364,8 +372,8 @@ class WriteMixin:
             if gen.state is not GenState.WRITING:
                 raise ValueError(f"generation {gen.id!r} is {gen.state.value}: cannot commit it")
             gen.commit_seq = self.catalog.commit_seq + 1
-            item = encode_gen(gen)
-            n = len(dumps(item)) + 1
+            item = dumps(encode_gen(gen)).encode()
+            n = len(item) + 1
             try:
                 if n + 256 > self.journal.max_record:    # the append would refuse it: say so first
                     raise NoSpaceError(f"journal record of about {n} bytes (generation {gen.id!r}) does not "
@@ -373,7 +381,7 @@ class WriteMixin:
                                        needed=n, available=self.journal.max_record)
                 self._check_journal(n, f"commit of generation {gen.id!r}", exclude=w)
                 self.device.flush()
-                self._append("c", {"g": item, "now": self._now})
+                self._append("c", {"now": self._now}, raw=b'"g":' + item)
             except BaseException:
                 gen.commit_seq = 0
                 raise

@@ -102,6 +102,12 @@ class ZonedDevice(abc.ABC):
         """Reset a zone (-> Empty; its data is gone and reads back as zeros)."""
         self.zone_op(ZoneOp.RESET, zone)
 
+    def reset_zones(self, zones) -> None:
+        """Reset several zones (each as :meth:`reset_zone`; all durable when this returns).  A
+        device may batch their durability (the emulated devices write their zone state once)."""
+        for z in zones:
+            self.reset_zone(z)
+
     # -- data --------------------------------------------------------------------------------------
     @abc.abstractmethod
     def write(self, offset: int, data: WriteData) -> None:

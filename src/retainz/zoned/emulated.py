@@ -299,18 +299,62 @@ class EmulatedZonedDevice(ZonedDevice):
             if cond == _E:
                 self._check_active(z)
             self._set_cond(z, _F)
-        else:  # RESET
+        else:  # RESET: durable on completion (no data to sync: the zone's bytes are gone)
             if cond == _E:
                 return
-            self._set_cond(z, _E)
-            self._written[z] = 0
-            self._discard(z, 0)
-        # finish and reset are durable on completion; the zone's earlier writes with them
+            self._reset_state(z)
+            self._dirty.discard(z)
+            self._persist()
+            return
+        # finish is durable on completion; the zone's earlier writes with it
         self._sync_data()
         self._dwritten[z] = self._written[z]
         self._dcond[z] = self._cond[z]
         self._dirty.discard(z)
         self._persist()
+
+    def reset_zone(self, zone: int) -> None:
+        """Reset a zone (:meth:`zone_op` RESET, without the generic dispatch: the store resets a
+        zone per dead zone, on the replay hot path)."""
+        z = zone
+        if z.__class__ is not int or z < 0 or z >= self._nz:
+            return self.zone_op(ZoneOp.RESET, zone)
+        cond = self._cond[z]
+        if cond is _E:
+            return None
+        if cond is _OFF or cond is _RO:
+            return self.zone_op(ZoneOp.RESET, zone)    # raises
+        self._reset_state(z)
+        self._dirty.discard(z)
+        self._persist()
+        return None
+
+    def reset_zones(self, zones) -> None:
+        """Reset several zones, durable together on completion: one state write (:meth:`_persist`)
+        for the batch instead of one per zone.  Same checks and errors as :meth:`reset_zone`; a
+        failing zone leaves the zones before it reset (and durable)."""
+        done = False
+        try:
+            for z in zones:
+                if z.__class__ is not int or z < 0 or z >= self._nz or self._cond[z] in (_OFF, _RO):
+                    self.zone_op(ZoneOp.RESET, z)          # raises
+                if self._cond[z] is not _E:
+                    self._reset_state(z)
+                    self._dirty.discard(z)
+                    done = True
+        finally:
+            if done:
+                self._persist()
+
+    def _reset_state(self, z: int) -> None:
+        if self._cond[z] is _F:
+            self._cond[z] = _E     # _set_cond(z, _E) for a full zone (no resource held), inlined
+        else:
+            self._set_cond(z, _E)
+        self._written[z] = 0
+        self._discard(z, 0)
+        self._dwritten[z] = 0
+        self._dcond[z] = _E
 
     # -- power --------------------------------------------------------------------------------------
     def power_loss(self, keep_unflushed: bool = False) -> None:
