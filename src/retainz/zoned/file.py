@@ -19,7 +19,9 @@ wins, so a torn slot write leaves the previous state readable.
 
 What survives a power cut or a killed process: every zone's data up to its write pointer as recorded
 at the last :meth:`flush` (or the last finish/reset of that zone, which are durable on completion),
-and the zone conditions recorded then.  Data written after it is not visible after reopen.  A clean
+and the zone conditions recorded then.  A flush is two syncs in this order (``fdatasync``, see
+``_datasync``): the data, then the zone-state slot that makes it visible, so a slot never records a
+write pointer past data that is not durable.  A reset needs only the slot (the zone's data is gone).  Data written after it is not visible after reopen.  A clean
 :meth:`close` records the exact state, open zones included.
 """
 
@@ -81,6 +83,7 @@ class FileDevice(EmulatedZonedDevice):
         self.readonly = readonly
         self._slot_size = slot_size
         self._data_offset = _LABEL_SIZE + 2 * slot_size
+        self._punch: set[int] = set()     # reset zones whose blocks are not punched yet (trim)
         self._fd = os.open(path, os.O_RDONLY if readonly else os.O_RDWR)
         try:
             fcntl.flock(self._fd, (fcntl.LOCK_SH if readonly else fcntl.LOCK_EX) | fcntl.LOCK_NB)
@@ -171,6 +174,8 @@ class FileDevice(EmulatedZonedDevice):
     # -- storage hooks -----------------------------------------------------------------------------
     def _store(self, zone: int, pos: int, data: WriteData) -> None:
         self._check_rw()
+        if self._punch:
+            self._punch.discard(zone)      # rewritten: its old blocks are reused in place
         view = memoryview(data)
         off = self._data_offset + zone * self._zsize + pos
         while view:
@@ -188,13 +193,33 @@ class FileDevice(EmulatedZonedDevice):
     def _discard(self, zone: int, keep: int) -> None:
         if self._fd < 0 or self.readonly:
             return
+        if keep == 0:      # a reset: give the blocks back later (see trim), not on the hot path
+            self._punch.add(zone)
+            return
         start = _round_up(keep, 4096)
         if start < self._zcap:
             _punch_hole(self._fd, self._data_offset + zone * self._zsize + start, self._zcap - start)
 
+    def trim(self) -> int:
+        """Give the file-system blocks of reset zones back (punch holes); returns zones trimmed.
+
+        A reset only records the zone empty (its bytes read back as zeros: reads stop at the write
+        pointer); punching its blocks is deferred to here, which :meth:`close` calls, because a
+        hole punch is slow file-system work (a discard on SSD-backed file systems) and GC resets
+        zones in bursts.  A zone written again before its trim reuses its blocks in place and is
+        not punched."""
+        if self._fd < 0 or self.readonly or not self._punch:
+            return 0
+        n = 0
+        for zone in sorted(self._punch):
+            _punch_hole(self._fd, self._data_offset + zone * self._zsize, self._zcap)
+            n += 1
+        self._punch.clear()
+        return n
+
     def _sync_data(self) -> None:
         self._check_rw()
-        os.fsync(self._fd)
+        _datasync(self._fd)
 
     def _persist(self) -> None:
         if self._fd < 0 or self.readonly:
@@ -202,7 +227,7 @@ class FileDevice(EmulatedZonedDevice):
         self._seq += 1
         slot = _encode_slot(self._seq, self._dcond, self._dwritten, self._slot_size, self._imp_open)
         os.pwrite(self._fd, slot, _LABEL_SIZE + (self._seq % 2) * self._slot_size)
-        os.fsync(self._fd)
+        _datasync(self._fd)
 
     def _check_rw(self) -> None:
         if self._fd < 0:
@@ -226,6 +251,7 @@ class FileDevice(EmulatedZonedDevice):
                 if self._dcond != self._cond:
                     self._dcond = list(self._cond)
                     self._persist()
+                self.trim()
         finally:
             os.close(self._fd)
             self._fd = -1
@@ -234,6 +260,13 @@ class FileDevice(EmulatedZonedDevice):
         if getattr(self, "_fd", -1) >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+#: ``fdatasync`` where the platform has it: the file's size never changes after :meth:`FileDevice.create`
+#: (it is truncated to full size), so only the data and the block allocations it needs must reach the
+#: disk, which ``fdatasync`` guarantees (POSIX: the metadata needed to retrieve the data); the
+#: modification time is not needed.  Same ordering as ``fsync``: it returns once they are durable.
+_datasync = getattr(os, "fdatasync", os.fsync)
 
 
 def _encode_slot(seq: int, conds, written, slot_size: int, imp_order=()) -> bytes:

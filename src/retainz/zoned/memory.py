@@ -91,7 +91,8 @@ class MemoryDevice(EmulatedZonedDevice):
             raise NoPayloadError(f"zone {zone} holds counted bytes only (payload=False device)",
                                  zone=zone, offset=zone * self._zsize + pos, length=length)
         buf = self._data[zone]
-        return bytes(buf[pos:pos + length])
+        with memoryview(buf) as view:
+            return bytes(view[pos:pos + length])   # one copy (a bytearray slice would be two)
 
     def _discard(self, zone: int, keep: int) -> None:
         if keep == 0:
