@@ -71,7 +71,10 @@ def main():
         if step == 40:
             weight_at_40 = model.weight.detach().clone()
         if saved:
-            cm.maybe_wait_for_saving() if mode != "disabled" and step == 50 else None
+            if mode != "disabled":
+                # the purge was decided right after dispatch (inside save); wait for the in-flight
+                # save itself so the listing below does not race its first file
+                cm.maybe_wait_for_saving()
             after[step] = settle(cm, folder)
     cm.close()
     final_weight = model.weight.detach().clone()
