@@ -516,3 +516,27 @@ def test_a_resumed_run_plans_saves_from_its_first_step():
     assert [p.name for p in acc.schedule.saves] == ["checkpoints/checkpoint_2", "checkpoints/checkpoint_3"]
     with pytest.raises(ValueError, match="first_step"):
         parse_rule("hf").start(10, first_step=11)
+
+
+def test_megatron_schedule_is_linear_in_saves_not_steps():
+    """A huge interval (a live run's adapter may pass one) must not walk every training step."""
+    import signal
+
+    def _timeout(*_):
+        raise TimeoutError("Megatron.start walked every step")
+
+    old = signal.signal(signal.SIGALRM, _timeout)
+    signal.alarm(20)
+    try:
+        rule = parse_rule("megatron:save_interval=1000000000,retain_interval=5000000000,"
+                          "non_persistent_interval=300000000")
+        session = rule.start(10**12)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    steps = [p.step for p in session.schedule.saves]
+    classes = {p.step: p.cls for p in session.schedule.saves}
+    assert len([s for s in steps if classes[s] == "persistent"]) == 1000
+    assert steps == sorted(steps) and len(steps) == len(set(steps))
+    assert classes[3 * 10**9] == "persistent" and classes[300000000] == "non_persistent"
+    assert all(s % 10**9 == 0 for s in steps if classes[s] == "persistent")

@@ -15,6 +15,7 @@ runtime deletes.  Command-line names:
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 
 from retainz.retention.base import EmpiricalLifetimes, Gen, Rule, Session, register_rule
@@ -196,10 +197,13 @@ class Megatron(Rule):
         saves = []
         npi = self.non_persistent_interval
         prefix = "non_persistent/" if self.non_persistent == "global" else "local/"
-        for it in range(first_step, total_steps + 1):
+        # O(saves), not O(steps): walk the multiples of both intervals (a persistent save wins a tie)
+        persistent = _multiples(self.save_interval, first_step, total_steps)
+        transient = (it for it in _multiples(npi, first_step, total_steps) if it % self.save_interval) if npi else ()
+        for it in heapq.merge(persistent, transient):
             if it % self.save_interval == 0:
                 saves.append(PlannedSave(it, "persistent", f"iter_{it:07d}"))
-            elif npi and it % npi == 0:
+            else:
                 saves.append(PlannedSave(it, "non_persistent", f"{prefix}iter_{it:07d}"))
         if total_steps % self.save_interval:
             saves.append(PlannedSave(total_steps, "persistent", f"iter_{total_steps:07d}"))
