@@ -106,8 +106,8 @@ class StoreMetrics:
         peak_occupancy: the largest live + dead bytes seen (sampled after every shard, commit and
             deletion).
         decisions: allocator ``place`` calls.
-        decision_cpu_seconds: time spent inside ``place`` (``time.perf_counter``; the store is
-            single-threaded under its lock, so this is the decisions' CPU cost).
+        decision_cpu_seconds: CPU time of the calling thread spent inside ``place``
+            (``time.thread_time``: other processes on a loaded machine do not inflate it).
         journal_bytes: bytes written to meta zones (records, padding, superblocks, snapshots).
         journal_records: records appended.
         rollovers: journal rollovers.
