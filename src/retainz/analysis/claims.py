@@ -127,7 +127,7 @@ def _placement_claims(runs: Runs, out: list) -> None:
         _claim(out, f"placement.{row}.{pol}.dead_gib", mean_gib(r, "dead_space_byte_steps"), 1, [r],
                f"mean dead-but-unreclaimed GiB over the run, {what}")
         _claim(out, f"placement.{row}.{pol}.unused_gib", mean_gib(r, "unused_capacity_byte_steps"), 1, [r],
-               f"mean unusable (finished unwritten) GiB over the run, {what}")
+               f"mean unusable GiB over the run (capacity finished or left part-empty, unwritten), {what}")
         _claim(out, f"placement.{row}.{pol}.capacity_stop_step", r["capacity_stop_step"], 0, [r],
                f"capacity stop step (null: none), {what}")
 
