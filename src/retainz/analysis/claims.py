@@ -202,9 +202,7 @@ def _capacity_claims(runs: Runs, out: list) -> None:
     keys = [k for k in OUTCOME_KEYS if k != "decisions"]
     ddiff = 0
     for r in files:
-        twin = [m for m in recs if m["inputs"]["device"] == "memory"
-                and {k: v for k, v in m["inputs"].items() if k != "device"}
-                == {k: v for k, v in r["inputs"].items() if k != "device"}]
+        twin = _memory_twins(recs, r)
         if len(twin) == 1:
             pairs += [r, twin[0]]
             agree &= all(r["metrics"][k] == twin[0]["metrics"][k] for k in keys)
@@ -221,6 +219,13 @@ def _capacity_claims(runs: Runs, out: list) -> None:
            "FileDevice trials that ended in a capacity stop (committed data intact: verified on read-back)")
 
 
+def _memory_twins(recs: list, r: dict) -> list:
+    """Records of the same case as ``r`` run on the in-memory device (inputs equal but the device)."""
+    same = {k: v for k, v in r["inputs"].items() if k != "device"}
+    return [m for m in recs if m["inputs"]["device"] == "memory"
+            and {k: v for k, v in m["inputs"].items() if k != "device"} == same]
+
+
 def _guest_claims(runs: Runs, out: list) -> None:
     recs = runs.of("guest")
     guests = [r for r in recs if r["inputs"]["device"] == "guest"]
@@ -229,9 +234,7 @@ def _guest_claims(runs: Runs, out: list) -> None:
     keys = [k for k in OUTCOME_KEYS if k != "decisions"]
     agree, pairs = True, []
     for r in guests:
-        twin = [m for m in recs if m["inputs"]["device"] == "memory"
-                and {k: v for k, v in m["inputs"].items() if k != "device"}
-                == {k: v for k, v in r["inputs"].items() if k != "device"}]
+        twin = _memory_twins(recs, r)
         if len(twin) == 1:
             pairs += [r, twin[0]]
             agree &= all(r["metrics"][k] == twin[0]["metrics"][k] for k in keys)

@@ -11,13 +11,46 @@ from __future__ import annotations
 import abc
 import enum
 
+from retainz.errors import MisalignedIOError, OutOfRangeError
 from retainz.zoned.model import DeviceInfo, Geometry, Zone
 
-__all__ = ["ZoneOp", "ZonedDevice", "WriteData"]
+__all__ = ["ZoneOp", "ZonedDevice", "WriteData", "check_io_range", "check_report_range"]
 
 #: What :meth:`ZonedDevice.write` accepts: bytes-like data, or an ``int`` byte count on a device whose
 #: ``info.payload`` is False (the bytes are counted, not kept: trace replay).
 WriteData = bytes | bytearray | memoryview | int
+
+
+def check_io_range(g: Geometry, offset: int, length: int) -> None:
+    """Check a read or write range: block aligned, non-empty, inside the device.
+
+    Raises:
+        MisalignedIOError: offset or length not a positive multiple of the block size (EINVAL).
+        OutOfRangeError: the range runs past the device end (LBA Out of Range).
+    """
+    if offset < 0 or length <= 0 or offset % g.block_size or length % g.block_size:
+        raise MisalignedIOError(
+            f"offset {offset} and length {length} must be positive multiples of the "
+            f"{g.block_size}-byte block size", offset=offset, length=length)
+    if offset + length > g.size:
+        raise OutOfRangeError(f"range {offset}+{length} runs past the device end {g.size}",
+                              offset=offset, length=length)
+
+
+def check_report_range(g: Geometry, start: int, count: int) -> int:
+    """Check a zone report range (``count=0``: to the last zone); returns the end zone (exclusive).
+
+    Raises:
+        OutOfRangeError: ``start`` or ``count`` outside the device.
+    """
+    n = g.nr_zones
+    if start < 0 or start >= n:
+        raise OutOfRangeError(f"zone {start} does not exist: the device has zones 0..{n - 1}", zone=start)
+    end = n if count == 0 else start + count
+    if count < 0 or end > n:
+        raise OutOfRangeError(f"report of {count} zones from zone {start} runs past the last zone {n - 1}",
+                              zone=start)
+    return end
 
 
 class ZoneOp(enum.Enum):

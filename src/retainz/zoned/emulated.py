@@ -32,7 +32,6 @@ import abc
 
 from retainz.errors import (
     InvalidZoneTransitionError,
-    MisalignedIOError,
     OutOfRangeError,
     TooManyActiveZonesError,
     TooManyOpenZonesError,
@@ -42,7 +41,7 @@ from retainz.errors import (
     ZoneOfflineError,
     ZoneReadOnlyError,
 )
-from retainz.zoned.device import WriteData, ZonedDevice, ZoneOp
+from retainz.zoned.device import WriteData, ZonedDevice, ZoneOp, check_io_range, check_report_range
 from retainz.zoned.model import DeviceInfo, Geometry, Zone, ZoneCond
 
 __all__ = ["EmulatedZonedDevice"]
@@ -105,13 +104,7 @@ class EmulatedZonedDevice(ZonedDevice):
         return self._info
 
     def report_zones(self, start: int = 0, count: int = 0) -> list[Zone]:
-        if start < 0 or start >= self._nz:
-            raise OutOfRangeError(f"zone {start} does not exist: the device has zones 0..{self._nz - 1}",
-                                  zone=start)
-        end = self._nz if count == 0 else start + count
-        if count < 0 or end > self._nz:
-            raise OutOfRangeError(f"report of {count} zones from zone {start} runs past the last zone "
-                                  f"{self._nz - 1}", zone=start)
+        end = check_report_range(self.geometry, start, count)
         return [self._zone(z) for z in range(start, end)]
 
     def _zone(self, z: int) -> Zone:
@@ -177,13 +170,7 @@ class EmulatedZonedDevice(ZonedDevice):
         return z
 
     def _check_range(self, offset: int, length: int) -> None:
-        if offset < 0 or length <= 0 or offset % self._bs or length % self._bs:
-            raise MisalignedIOError(
-                f"offset {offset} and length {length} must be positive multiples of the "
-                f"{self._bs}-byte block size", offset=offset, length=length)
-        if offset + length > self._nz * self._zsize:
-            raise OutOfRangeError(f"range {offset}+{length} runs past the device end "
-                                  f"{self._nz * self._zsize}", offset=offset, length=length)
+        check_io_range(self.geometry, offset, length)
 
     def _check_writable(self, z: int, cond: ZoneCond, offset: int, length: int) -> None:
         if cond == _F:

@@ -84,7 +84,7 @@ from retainz.errors import (
     ZoneOpNotSupportedError,
     ZoneReadOnlyError,
 )
-from retainz.zoned.device import WriteData, ZonedDevice, ZoneOp
+from retainz.zoned.device import WriteData, ZonedDevice, ZoneOp, check_io_range, check_report_range
 from retainz.zoned.model import DeviceInfo, Geometry, Zone, ZoneCond, ZoneType
 
 __all__ = [
@@ -405,13 +405,7 @@ class LinuxZonedDevice(ZonedDevice):
         return flags, out
 
     def report_zones(self, start: int = 0, count: int = 0) -> list[Zone]:
-        if start < 0 or start >= self._nz:
-            raise OutOfRangeError(f"zone {start} does not exist: the device has zones 0..{self._nz - 1}",
-                                  zone=start)
-        end = self._nz if count == 0 else start + count
-        if count < 0 or end > self._nz:
-            raise OutOfRangeError(f"report of {count} zones from zone {start} runs past the last zone "
-                                  f"{self._nz - 1}", zone=start)
+        end = check_report_range(self.geometry, start, count)
         flags, raw = self._report_raw(start, end - start)
         zones = [raw_to_zone(r, flags, self._zone_sectors) for r in raw]
         for z in zones:
@@ -509,13 +503,7 @@ class LinuxZonedDevice(ZonedDevice):
         return fd
 
     def _check_range(self, offset: int, length: int) -> None:
-        if offset < 0 or length <= 0 or offset % self._bs or length % self._bs:
-            raise MisalignedIOError(
-                f"offset {offset} and length {length} must be positive multiples of the "
-                f"{self._bs}-byte block size", offset=offset, length=length)
-        if offset + length > self._nz * self._zsize:
-            raise OutOfRangeError(f"range {offset}+{length} runs past the device end "
-                                  f"{self._nz * self._zsize}", offset=offset, length=length)
+        check_io_range(self.geometry, offset, length)
 
     def _aligned_view(self, data: WriteData, length: int) -> memoryview:
         if isinstance(data, int):
