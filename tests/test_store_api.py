@@ -319,3 +319,18 @@ def test_verify_summaries_mode_decides_exactly_as_the_cached_mode():
         return state, [(z.cond, z.wp) for z in dev.report_zones()]
 
     assert run(False) == run(True)
+
+
+def test_read_shard_extent_gives_verified_random_access(store):
+    data = blob(100 * KiB + 123, seed=7)  # spans three 48 KiB zones
+    put(store, "g", 1, {"s": data})
+    size = len(data)
+    assert len(store.generation("g").shards["s"].extents) >= 3
+    for pos in (0, 1, 48 * KiB - 1, 48 * KiB, 96 * KiB + 5, size - 1):
+        start, ext = store.read_shard_extent("g", "s", pos)
+        assert start <= pos < start + len(ext)
+        assert ext == data[start:start + len(ext)]
+    with pytest.raises(ValueError, match="outside"):
+        store.read_shard_extent("g", "s", size)
+    with pytest.raises(GenerationNotFoundError):
+        store.read_shard_extent("nope", "s", 0)

@@ -445,40 +445,21 @@ class RetainZFileSystem(AbstractFileSystem):
 
     # -- reading -------------------------------------------------------------------------------------
     def _read_range(self, device: str, inner: str, start: int, end: int, window: dict) -> bytes:
-        """Bytes ``[start, end)`` of a committed file: whole extents are read and crc32c-checked."""
-        import crc32c
-
+        """Bytes ``[start, end)`` of a committed file, through the store's verified extent reads
+        (``Store.read_shard_extent``); ``window`` caches the last extent read."""
         gen, name, _ = generation_for(inner)
         out = bytearray()
         with self._store(device) as store:
-            lock = getattr(store, "_lock", contextlib.nullcontext())
+            size = store.generation(gen).shards[name].size
             pos = start
-            while pos < end:
+            while pos < min(end, size):
                 w = window.get("data")
-                if w is not None and window["start"] <= pos < window["start"] + len(w):
-                    take = w[pos - window["start"]:end - window["start"]]
-                    out += take
-                    pos += len(take)
-                    continue
-                with lock:
-                    shard = store.generation(gen).shards[name]
-                    at = 0
-                    for ext in shard.extents:
-                        if at <= pos < at + ext[2]:
-                            break
-                        at += ext[2]
-                    else:
-                        break
-                    zone, off, length, crc = ext
-                    geo = store.device.geometry
-                    bs = geo.block_size
-                    data = store.device.read(zone * geo.zone_size + off, -(-length // bs) * bs)[:length]
-                if crc is not None and crc32c.crc32c(data) != crc:
-                    from retainz.errors import ChecksumError
-
-                    raise ChecksumError(f"{inner}: extent at zone {zone} offset {off} fails its crc32c",
-                                        generation=gen, shard=name, zone=zone, offset=off, length=length)
-                window["start"], window["data"] = at, memoryview(data)
+                if w is None or not window["start"] <= pos < window["start"] + len(w):
+                    window["start"], data = store.read_shard_extent(gen, name, pos)
+                    w = window["data"] = memoryview(data)
+                take = w[pos - window["start"]:end - window["start"]]
+                out += take
+                pos += len(take)
         return bytes(out)
 
 
