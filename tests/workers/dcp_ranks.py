@@ -66,6 +66,12 @@ def main() -> None:
     dist.barrier()
     print(f"RANK {rank} OK pid={os.getpid()}", flush=True)
     dist.destroy_process_group()
+    # Every check has passed and been reported.  Skip interpreter teardown: torch 2.13's c10d/gloo
+    # threads left by async_save occasionally abort at exit ("terminate called without an active
+    # exception", SIGABRT on one rank in about one CI run in eight), which is not what this test checks.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
