@@ -69,6 +69,54 @@ def test_checksum_mismatch_is_reported_with_zone_and_byte():
         parse_zone(bytes(img), BS, len(img), BS, zone=2, tail=True)
 
 
+def test_zeroed_block_hiding_a_later_record_is_corruption_in_any_zone():
+    img = bytearray(zone_image(b"a", b"b", b"c"))
+    img[2 * BS:3 * BS] = bytes(BS)            # record "b" zeroed: "c" still follows
+    for full in (True, False):
+        with pytest.raises(CorruptJournalError, match="zeroed block at byte 8192, .* hides the valid record "
+                                                      "at byte 12288"):
+            parse_zone(bytes(img), BS, len(img), BS, zone=1, tail=True, full=full)
+
+
+def test_zeroed_last_record_below_the_write_pointer_is_corruption():
+    img = bytearray(zone_image(b"a", b"b"))
+    img[2 * BS:3 * BS] = bytes(BS)            # the last record zeroed, the write pointer past it
+    with pytest.raises(CorruptJournalError, match="zeroed block at byte 8192"):
+        parse_zone(bytes(img), BS, len(img), BS, zone=0, tail=True, full=False)
+    out = parse_zone(bytes(img), BS, len(img), BS, zone=0, tail=True, full=True)  # finished: padding
+    assert out.payloads == [b"a"]
+
+
+def test_every_zeroed_journal_block_is_reported_never_silently_dropped():
+    """The whole kind of fault: zero each record block of a live journal in turn; every open (read-
+    write and read-only) must refuse with CorruptJournalError, and no committed generation may vanish
+    silently."""
+    dev = MemoryDevice(GEOM)
+    store = Store.format(dev)
+    for i in range(3):
+        w = store.begin_generation(f"g{i}", i)
+        w.write_shard("s", [bytes([i + 1]) * 5000])
+        w.commit()
+    store.close()
+    z = next(z for z in dev.report_zones(0, 3) if z.cond != ZoneCond.EMPTY and z.cond != ZoneCond.FULL)
+    blocks = [(z.start + off) for off in range(BS, z.wp - z.start, BS)]
+    assert len(blocks) >= 4
+    for at in blocks:
+        saved = dev.read(at, BS)
+        if not any(saved):
+            continue                              # a padding block inside a record: not a record start
+        dev._data[z.index][at - z.start:at - z.start + BS] = bytes(BS)   # zero the block on the media
+        for readonly in (False, True):
+            try:
+                s = Store.open(dev, readonly=readonly)
+            except CorruptJournalError:
+                continue
+            ids = {g.id for g in s.generations()}
+            s.close()
+            assert ids == {"g0", "g1", "g2"}, f"zeroed block at {at}: generations {ids} silently"
+        dev._data[z.index][at - z.start:at - z.start + BS] = saved
+
+
 def _fill(store, n, start=0, names=1, name_len=8, data=True):
     for i in range(start, start + n):
         w = store.begin_generation(f"g{i:04d}", i, hint=Hint(reclaim_step=i + 7, lifetime=3 + i % 2))

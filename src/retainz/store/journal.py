@@ -4,8 +4,9 @@
 
     u32 masked crc32c over (u32 length || payload) | u32 length | payload | zero padding to a block
 
-A record never spans zones.  A zero header (crc 0, length 0) ends a zone's records (the padding of
-a finished zone reads back as zeros).  The payload is ``KIND b" " JSON`` (see :mod:`.records`).
+A record never spans zones.  A zero header (crc 0, length 0) ends a Full zone's records (the padding of
+a finished zone reads back as zeros); below the write pointer of a zone that is not Full, or before a
+later valid record, it is a zeroed block: corruption.  The payload is ``KIND b" " JSON`` (see :mod:`.records`).
 
 **Chains.**  The journal lives in a *chain* of meta zones sharing one superblock ``sequence``; each
 zone starts with a superblock whose ``part`` numbers it in the chain.  A chain opens with a complete
@@ -201,12 +202,16 @@ class ZoneParse:
     torn: int = 0
 
 
-def parse_zone(buf: bytes, start: int, end: int, bs: int, *, zone: int, tail: bool) -> ZoneParse:
+def parse_zone(buf: bytes, start: int, end: int, bs: int, *, zone: int, tail: bool,
+               full: bool = True) -> ZoneParse:
     """Parse the records in ``buf[start:end]`` (``buf`` is the zone's data from byte 0).
 
     Args:
         tail: True for the last zone of a chain, where a record that runs past ``end`` (the write
             pointer) is a torn tail; elsewhere it is corruption.
+        full: the zone is Full, so ``end`` is its capacity and zero padding may end its records; in
+            a zone that is not Full, ``end`` is the write pointer and every block below it was
+            written, so a zero header there is corruption (a zeroed block), never the end.
 
     Raises:
         CorruptJournalError: a checksum mismatch inside ``end``, or a record past ``end`` that is not
@@ -218,6 +223,12 @@ def parse_zone(buf: bytes, start: int, end: int, bs: int, *, zone: int, tail: bo
     while pos + 8 <= end:
         crc, n = _HEADER.unpack_from(buf, pos)
         if crc == 0 and n == 0:
+            later = next((p for p in range(pos + bs, end, bs) if _valid_at(view, p, end, bs)), None)
+            if later is not None or not full:
+                raise CorruptJournalError(
+                    f"meta zone {zone}: a zeroed block at byte {pos}, below the write pointer ({end})"
+                    + (f", hides the valid record at byte {later}" if later is not None else "")
+                    + ": corrupt journal")
             break
         total = round_up(8 + n, bs)
         if pos + total > end:
@@ -331,7 +342,7 @@ def scan(device: ZonedDevice) -> MountScan:
             last = i == len(chain) - 1
             written = z.capacity if z.cond == ZoneCond.FULL else z.wp - z.start
             buf = device.read(z.start, written)
-            parsed = parse_zone(buf, bs, written, bs, zone=zi, tail=last)
+            parsed = parse_zone(buf, bs, written, bs, zone=zi, tail=last, full=z.cond == ZoneCond.FULL)
             payloads += parsed.payloads
             end, torn = parsed.end, parsed.torn
         kinds = [_kind(p) for p in payloads[:1]]
