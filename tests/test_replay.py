@@ -126,7 +126,9 @@ def test_zone_map_shape(tmp_path):
     (dict(zones=4, pressure=0.5), "exactly one"),
     (dict(), "exactly one"),
     (dict(pressure=1.5), "pressure"),
-    (dict(zones=0), "at least 1"),
+    (dict(zones=0), "at least 2"),
+    (dict(zones=1), "at least 2"),
+    (dict(pressure=1e-9), "limit is"),
     (dict(zones=4, device="tape"), "unknown replay device"),
     (dict(zones=4, policy="nope"), "unknown policy"),
 ])
@@ -134,6 +136,12 @@ def test_bad_arguments(tmp_path, kwargs, message):
     t = _trace(tmp_path, steps=50)
     with pytest.raises(ValueError, match=message):
         replay(t, **{**GEO, **kwargs})
+
+
+def test_zone_capacity_defaults_to_the_zone_size_off_the_zn540_geometry(tmp_path):
+    t = _trace(tmp_path, steps=50)
+    r = replay(t, policy="greedy", pressure=0.8, zone_size=256 << 10, max_active=6, max_open=6)
+    assert r["geometry"]["zone_capacity"] == 256 << 10
 
 
 def test_cli_json_and_errors(tmp_path, capsys):

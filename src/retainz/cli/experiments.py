@@ -34,7 +34,7 @@ def register(sub) -> None:
 
     p = sub.add_parser("analyze", help="figures, table and claims from run records")
     p.add_argument("dir", help="records folder")
-    p.add_argument("--out", default=None, help="output folder (default: results/analysis)")
+    p.add_argument("--out", default=None, help="output folder (default: DIR/analysis)")
     p.add_argument("--check", action="store_true",
                    help="compare the rounded claims with --expected; exit 1 on any difference")
     p.add_argument("--expected", default="results/expected_claims.json",
@@ -95,7 +95,7 @@ def _analyze(args: argparse.Namespace) -> int:
 
     if not os.path.isdir(args.dir):
         raise FileNotFoundError(f"no records folder {args.dir}")
-    out = args.out or os.path.join("results", "analysis")
+    out = args.out or os.path.join(args.dir, "analysis")
     report = analyze(args.dir, out, check=args.check, expected=args.expected,
                      write_expected=args.write_expected)
     for line in report.lines:

@@ -23,7 +23,9 @@ def register(sub) -> None:
     p.add_argument("--reserve-zones", type=int, default=2, help="GC reserve zones added on top (default 2)")
     p.add_argument("--meta-zones", type=int, default=3, help="journal zones added on top (default 3)")
     p.add_argument("--zone-size", type=size_arg, default=DEFAULT_GEOMETRY["zone_size"])
-    p.add_argument("--zone-capacity", type=size_arg, default=DEFAULT_GEOMETRY["zone_capacity"])
+    p.add_argument("--zone-capacity", type=size_arg, default=None,
+                   help="writable bytes per zone (default: 1077MiB with the default 2GiB zones, else the "
+                        "zone size)")
     p.add_argument("--max-active", type=int, default=DEFAULT_GEOMETRY["max_active"])
     p.add_argument("--max-open", type=int, default=DEFAULT_GEOMETRY["max_open"])
     p.add_argument("--block-size", type=int, default=4096, choices=(512, 4096))

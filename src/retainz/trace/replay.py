@@ -57,6 +57,8 @@ __all__ = ["replay", "trace_stats", "TraceStats", "DEFAULT_GEOMETRY", "ZONE_MAP_
 #: ZN540-like geometry (bytes): zone size, zone capacity, max active, max open.
 DEFAULT_GEOMETRY = {"zone_size": 2 << 30, "zone_capacity": 1077 << 20, "max_active": 14, "max_open": 14}
 ZONE_MAP_MAX_STEPS = 200
+#: The largest replay device (data zones); beyond it a typo in --pressure would exhaust memory.
+MAX_REPLAY_ZONES = 1 << 20
 ZONE_MAP_MAX_ROWS = 256
 _PATTERN_CHUNK = 1 << 20
 
@@ -207,7 +209,7 @@ class _ZoneMap:
 def replay(trace_path: str, *, policy: str = "retainz", zones: int | None = None,
            pressure: float | None = None, reserve_zones: int = 2, meta_zones: int = 3,
            zone_size: int = DEFAULT_GEOMETRY["zone_size"],
-           zone_capacity: int = DEFAULT_GEOMETRY["zone_capacity"],
+           zone_capacity: int | None = None,
            max_active: int = DEFAULT_GEOMETRY["max_active"], max_open: int = DEFAULT_GEOMETRY["max_open"],
            block_size: int = 4096, device: str = "memory", seed: int = 0, zone_map: bool = False,
            verify_summaries: bool = False, verify_payload: bool = True) -> dict:
@@ -220,7 +222,9 @@ def replay(trace_path: str, *, policy: str = "retainz", zones: int | None = None
         pressure: peak live bytes / usable data capacity, in (0, 1]; sizes ``zones``.
         reserve_zones: zones added on top for the store's GC reserve.
         meta_zones: journal zones added on top.
-        zone_size, zone_capacity: bytes.  max_active, max_open: zone limits (0 = unlimited).
+        zone_size, zone_capacity: bytes; ``zone_capacity=None`` takes the ZN540's 1077 MiB with its
+            default 2 GiB zone size, and the zone size itself with any other zone size.
+        max_active, max_open: zone limits (0 = unlimited).
         block_size: bytes (4096 or 512).
         device: ``memory`` (payload-less, the experiment instrument), ``memory-payload``,
             ``file:PATH`` (a new FileDevice at PATH with pattern payload), or a real zoned block device
@@ -250,12 +254,20 @@ def replay(trace_path: str, *, policy: str = "retainz", zones: int | None = None
         raise ValueError("give exactly one of zones (usable data zones) or pressure")
     if pressure is not None and not 0 < pressure <= 1:
         raise ValueError(f"pressure must be in (0, 1], not {pressure}")
-    if zones is not None and zones < 1:
-        raise ValueError(f"zones must be at least 1, not {zones}")
+    if zones is not None and zones < 2:
+        raise ValueError(f"zones must be at least 2 (a store needs 2 data zones besides the GC reserve), "
+                         f"not {zones}")
+    if zone_capacity is None:
+        zone_capacity = DEFAULT_GEOMETRY["zone_capacity"] if zone_size == DEFAULT_GEOMETRY["zone_size"] \
+            else zone_size
     t0 = time.perf_counter()
     stats = trace_stats(trace_path, block_size)
     if zones is None:
         zones = max(1, math.ceil(stats.peak_live_bytes / (pressure * zone_capacity)))
+    if zones > MAX_REPLAY_ZONES:
+        raise ValueError(f"the replay device would need {zones:,} data zones of {zone_capacity:,} bytes "
+                         f"(peak live {stats.peak_live_bytes:,} bytes at pressure {pressure}); the limit is "
+                         f"{MAX_REPLAY_ZONES:,}: raise --pressure or the zone size")
     geometry = Geometry(nr_zones=meta_zones + reserve_zones + zones, zone_size=zone_size,
                         zone_capacity=zone_capacity, block_size=block_size, max_open=max_open,
                         max_active=max_active)
