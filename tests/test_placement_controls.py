@@ -51,6 +51,48 @@ def test_registry_errors_list_valid_names(spec, message):
     assert str(e.value) == message
 
 
+@pytest.mark.parametrize("spec, message", [
+    ("common:width=-1", "policy common: width=-1 is out of range; valid: an integer >= 0"),
+    ("retainz:neighbors=-5", "policy retainz: neighbors=-5 is out of range; valid: an integer >= 1"),
+    ("retainz:neighbors=0", "policy retainz: neighbors=0 is out of range; valid: an integer >= 1"),
+    ("retainz:unknown_lifetime=0",
+     "policy retainz: unknown_lifetime=0 is out of range; valid: an integer >= 1"),
+    ("retainz:wait_frac=-0.5",
+     "policy retainz: wait_frac=-0.5 is out of range; valid: a finite number >= 0"),
+    ("retainz:wait_steps=-1", "policy retainz: wait_steps=-1 is out of range; valid: an integer >= 0"),
+    ("oracle:neighbors=-1", "policy oracle: neighbors=-1 is out of range; valid: an integer >= 1"),
+    ("retainz-noisy:error=-3",
+     "policy retainz-noisy: error=-3.0 is out of range; valid: a finite number >= 0 and <= 1"),
+    ("retainz-noisy:error=1.5",
+     "policy retainz-noisy: error=1.5 is out of range; valid: a finite number >= 0 and <= 1"),
+    ("retainz-coarse:short=0", "policy retainz-coarse: short=0 is out of range; valid: an integer >= 1"),
+    ("retainz-coarse:short=100,medium=50",
+     "policy retainz-coarse: medium=50 is out of range; valid: an integer >= 100"),
+    ("zenfs:reserved_zones=-100",
+     "policy zenfs: reserved_zones=-100 is out of range; valid: an integer >= 0"),
+    ("zenfs:finish_threshold=101",
+     "policy zenfs: finish_threshold=101 is out of range; valid: an integer >= 0 and <= 100"),
+    ("zenfs:medium=-1", "policy zenfs: medium=-1 is out of range; valid: an integer >= 1000"),
+    ("retainz:wait_frac=nan", "policy retainz: wait_frac='nan' is not a finite float"),
+    ("retainz:wait_frac=inf", "policy retainz: wait_frac='inf' is not a finite float"),
+    ("retainz-noisy:error=-inf", "policy retainz-noisy: error='-inf' is not a finite float"),
+])
+def test_registry_refuses_out_of_range_parameters(spec, message):
+    with pytest.raises(ValueError) as e:
+        make_allocator(spec)
+    assert str(e.value) == message
+
+
+def test_policies_validate_when_built_directly():
+    with pytest.raises(ValueError, match=r"policy retainz: wait_frac=nan is out of range"):
+        RetainZ(wait_frac=math.nan)
+    edge = make_allocator("retainz-noisy:error=0,seed=-4")   # the bounds themselves are valid
+    assert (edge.error, edge.seed) == (0.0, -4)
+    assert make_allocator("retainz-noisy:error=1").error == 1.0
+    assert make_allocator("zenfs:reserved_zones=0,finish_threshold=100").reserved_zones == 0
+    assert make_allocator("common:width=1").width == 1
+
+
 def test_registry_parses_parameters():
     a = make_allocator("retainz-noisy:error=0.25,seed=7")
     assert (a.error, a.seed) == (0.25, 7)

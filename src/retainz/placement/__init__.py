@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 
 from retainz.placement.base import (
     NO_SPACE,
@@ -46,7 +47,8 @@ def make_allocator(spec: str) -> Allocator:
 
     Raises:
         ValueError: unknown policy (lists the valid ones), unknown parameter (lists the valid ones)
-            or a value of the wrong type.
+            or a value of the wrong type (floats must be finite); the policy's own range check
+            (``__post_init__``) names the parameter, its value and the valid range.
     """
     name, _, params = spec.partition(":")
     name = name.strip()
@@ -76,7 +78,11 @@ def _convert(policy: str, key: str, value: str, default):
         if isinstance(default, int):
             return int(value)
         if isinstance(default, float):
-            return float(value)
+            f = float(value)
+            if not math.isfinite(f):
+                raise ValueError(value)
+            return f
     except ValueError:
-        raise ValueError(f"policy {policy}: {key}={value!r} is not a {type(default).__name__}") from None
+        kind = "finite float" if isinstance(default, float) else type(default).__name__
+        raise ValueError(f"policy {policy}: {key}={value!r} is not a {kind}") from None
     return value

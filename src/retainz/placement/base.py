@@ -470,6 +470,25 @@ class Allocator(abc.ABC):
         full.sort(key=lambda s: (-s.dead, s.index))
         return [s.index for s in full[:reserve_zones - t.n_empty]]
 
+    def check_finite(self, param: str, lo: float, hi: float = math.inf) -> None:
+        """``check_param`` for a real number: finite and ``lo <= value <= hi``."""
+        v = getattr(self, param)
+        self.check_param(param, math.isfinite(v) and lo <= v <= hi,
+                         f"a finite number >= {lo:g}" + (f" and <= {hi:g}" if hi != math.inf else ""))
+
+    def check_int(self, param: str, lo: int, hi: int | None = None) -> None:
+        """``check_param`` for an integer: ``lo <= value <= hi``."""
+        v = getattr(self, param)
+        self.check_param(param, isinstance(v, int) and v >= lo and (hi is None or v <= hi),
+                         f"an integer >= {lo}" + (f" and <= {hi}" if hi is not None else ""))
+
+    def check_param(self, param: str, ok: bool, valid: str) -> None:
+        """Raise ``ValueError`` naming the policy, ``param``, its value and the ``valid`` range
+        unless ``ok`` (for ``__post_init__`` validation of the dataclass fields)."""
+        if not ok:
+            raise ValueError(f"policy {self.name}: {param}={getattr(self, param)!r} is out of range; "
+                             f"valid: {valid}")
+
     def describe(self) -> str:
         """``NAME:param=value,...`` as given on the command line."""
         params = {k: v for k, v in self.__dict__.items() if k != "table" and not k.startswith("_")}

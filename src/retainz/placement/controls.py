@@ -29,6 +29,9 @@ class Common(Allocator):
     name = "common"
     width: int = 0
 
+    def __post_init__(self) -> None:
+        self.check_int("width", 0)
+
     def place(self, req: ExtentRequest) -> Decision:
         t = self.table
         r = req.hint.reclaim_step

@@ -123,6 +123,10 @@ class RetainZ(Allocator):
     recompute: bool = False
 
     def __post_init__(self) -> None:
+        self.check_int("unknown_lifetime", 1)
+        self.check_int("neighbors", 1)
+        self.check_finite("wait_frac", 0.0)
+        self.check_int("wait_steps", 0)
         self._index: list[tuple[float, int]] = []   # (zone reclaim step, zone) of open zones
         self._key: dict[int, tuple[float, int]] = {}
 
@@ -292,6 +296,11 @@ class RetainZCoarse(RetainZ):
     short: int = DEFAULT_SHORT
     medium: int = DEFAULT_MEDIUM
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.check_int("short", 1)
+        self.check_int("medium", self.short)
+
     def _view_kwargs(self) -> dict:
         return {"short": self.short, "medium": self.medium}
 
@@ -310,6 +319,11 @@ class RetainZNoisy(RetainZ):
     view = "noisy"
     error: float = 0.5
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        # error > 1 would scale some lifetimes by a negative factor (a reclaim step in the past).
+        self.check_finite("error", 0.0, 1.0)
 
     def _view_kwargs(self) -> dict:
         return {"error": self.error, "seed": self.seed}

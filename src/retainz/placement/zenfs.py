@@ -113,6 +113,12 @@ class ZenFS(Allocator):
     short: int = DEFAULT_SHORT
     medium: int = DEFAULT_MEDIUM
 
+    def __post_init__(self) -> None:
+        self.check_int("finish_threshold", 0, 100)
+        self.check_int("reserved_zones", 0)
+        self.check_int("short", 1)
+        self.check_int("medium", self.short)
+
     # -- inputs -------------------------------------------------------------------------------------
     def lifetime_of(self, hint: Hint, step: int) -> int:
         """The file's write-lifetime class."""
