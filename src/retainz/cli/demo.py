@@ -14,7 +14,7 @@ from retainz.zoned import FileDevice, Geometry, ZoneCond, format_size
 
 
 def register(sub) -> None:
-    p = sub.add_parser("demo", help="run the main job on the embedded default device")
+    p = sub.add_parser("demo", help="a short tour of the file-backed zoned device (the main job is `make main`)")
     p.add_argument("--out", default="out/demo", help="output folder (default: out/demo)")
     p.set_defaults(func=_demo)
 
@@ -48,6 +48,6 @@ def _demo(args: argparse.Namespace) -> int:
                 print(f"Zone {z.index:05d}: {z.type.short}, ofst {z.start:014d}, len {z.size:014d}, "
                       f"cap {z.capacity:014d}, wp {z.wp:014d}, {z.cond.short}")
         used = sum(z.written for z in dev.report_zones())
-    print(f"device {path}: {format_size(used)} written across {geometry.nr_zones} zones "
-          "(zone 0 reset, last zone finished)")
+    print(f"device {path}: {format_size(used)} still written across {geometry.nr_zones} zones "
+          "(zone 0 was reset, the last zone finished)")
     return 0
