@@ -119,6 +119,17 @@ def test_rows_axes_zipped_axes_and_row_lists():
     (lambda m: m["blocks"][0]["axes"].update(policy=[]), "key 'policy' must be a non-empty list"),
     (lambda m: m["blocks"][0]["axes"].update(geometry=["x"]), "key 'geometry' is not a case field"),
     (lambda m: m["blocks"][0].update(rows=[{"label": "a"}, {"label": "a"}]), "duplicate case"),
+    (lambda m: m["blocks"][0]["axes"].update(policy=["retainz", "nope"]), "key 'policy': unknown policy 'nope'"),
+    (lambda m: m["blocks"][0]["axes"].update(policy=["retainz:neighbors=zz"]),
+     "key 'policy': policy retainz: neighbors='zz' is not a int"),
+    (lambda m: m["blocks"][0]["axes"].update(policy=["zenfs:reserved_zones=-100"]),
+     "key 'policy': policy zenfs: reserved_zones=-100 is out of range"),
+    (lambda m: m["defaults"].update(pressure=None, zones=-1), "key 'zones' must be >= 1, got -1"),
+    (lambda m: m["defaults"].update(pressure=None, zones=0), "key 'zones' must be >= 1, got 0"),
+    (lambda m: m["defaults"].update(pressure=0), "key 'pressure' must be in (0, 1)"),
+    (lambda m: m["defaults"].update(reserve_zones=-1), "key 'reserve_zones' must be >= 0, got -1"),
+    (lambda m: m["defaults"].update(max_active=0), "key 'max_active' must be positive"),
+    (lambda m: m["defaults"].update(zone_capacity=0), "key 'zone_capacity'"),
 ])
 def test_bad_manifests_fail_with_an_error_naming_the_key(mutate, needle):
     m = manifest([{"experiment": "pressure", "axes": {"policy": ["retainz"]}}])
@@ -127,6 +138,24 @@ def test_bad_manifests_fail_with_an_error_naming_the_key(mutate, needle):
         expand(m, name="bad.json")
     assert needle in str(e.value)
     assert str(e.value).startswith("bad.json")
+
+
+def test_bad_policy_names_the_block_and_row():
+    m = manifest([{"experiment": "pressure", "axes": {"policy": ["retainz"]}},
+                  {"experiment": "placement", "rows": [{"policy": "zenfs"}, {"policy": "nope"}]}])
+    with pytest.raises(ManifestError) as e:
+        expand(m, name="bad.json")
+    assert str(e.value).startswith("bad.json block 1 (placement) row 1: key 'policy': unknown policy 'nope'")
+
+
+def test_cli_run_refuses_a_bad_policy_before_running_anything(tmp_path, capsys):
+    from retainz.cli import main
+
+    bad = manifest([{"experiment": "pressure", "axes": {"policy": ["retainz", "nope"]}}])
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    assert main(["run", str(tmp_path / "bad.json"), "--output", str(tmp_path / "out")]) == 2
+    assert "bad.json block 0 (pressure) row 0: key 'policy': unknown policy 'nope'" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def test_guest_cases_need_explicit_zones():

@@ -216,11 +216,31 @@ def _normalize(where: str, case: dict) -> dict:
     for k in ("steps", "max_active", "max_open"):
         if c[k] <= 0:
             raise ManifestError(f"{where}: key {k!r} must be positive, got {c[k]!r}")
+    if c["zones"] is not None and c["zones"] < 1:
+        raise ManifestError(f"{where}: key 'zones' must be >= 1, got {c['zones']!r}")
     if c["reserve_zones"] < 0:
-        raise ManifestError(f"{where}: key 'reserve_zones' must be >= 0")
+        raise ManifestError(f"{where}: key 'reserve_zones' must be >= 0, got {c['reserve_zones']!r}")
+    _check_policy(where, c["policy"])
     if c["max_open"] > c["max_active"]:
         raise ManifestError(f"{where}: key 'max_open' ({c['max_open']}) exceeds 'max_active' ({c['max_active']})")
     return c
+
+
+_POLICY_ERRORS: dict[str, str | None] = {}   # spec -> error (None: valid); a manifest repeats specs
+
+
+def _check_policy(where: str, spec: str) -> None:
+    """Build the policy once (name, parameter names, types and ranges), as the runner would."""
+    if spec not in _POLICY_ERRORS:
+        from retainz.placement import make_allocator
+
+        try:
+            make_allocator(spec)
+            _POLICY_ERRORS[spec] = None
+        except ValueError as e:
+            _POLICY_ERRORS[spec] = str(e)
+    if _POLICY_ERRORS[spec] is not None:
+        raise ManifestError(f"{where}: key 'policy': {_POLICY_ERRORS[spec]}")
 
 
 def _product(where: str, axes: dict) -> list[dict]:
