@@ -125,3 +125,51 @@ def test_capacity_stops_are_ok_records_with_the_step(tmp_path):
     assert s.ok == 2 and s.capacity_stops == 1
     stops = sorted((r["inputs"]["pressure"], r["capacity_stop_step"]) for r in records(tmp_path).values())
     assert stops[0] == (0.5, None) and stops[1][1] is not None and 0 < stops[1][1] < 5000
+
+
+_INTERRUPTIBLE = """
+import sys
+from retainz.cli import main
+import retainz.experiments.runner as runner
+from tests.replay_double import SyntheticReplayDouble
+
+runner.RetainZBackend = lambda: SyntheticReplayDouble(delay=float(sys.argv[1]))
+sys.exit(main(["run", sys.argv[2], "--output", sys.argv[3], "--jobs", "2", "--no-progress"]
+              + sys.argv[4:]))
+"""
+
+
+def test_sigint_stops_the_run_keeps_written_records_and_resume_completes(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    m = {"manifest": "t", "format": 1, "defaults": BASE,
+         "blocks": [{"experiment": "pressure", "axes": {"policy": ["retainz", "zenfs", "greedy", "common"],
+                                                        "pressure": [0.5, 0.6, 0.7, 0.8, 0.9]}}]}
+    (tmp_path / "m.json").write_text(json.dumps(m))
+    out = tmp_path / "out"
+    argv = [sys.executable, "-c", _INTERRUPTIBLE, "1.0", str(tmp_path / "m.json"), str(out)]
+    p = subprocess.Popen(argv, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (out.is_dir() and records(out)):
+            time.sleep(0.05)
+        assert records(out), "no record appeared"
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=15)   # 20 cases x 1 s on 2 workers would take 10 s more
+    finally:
+        p.kill()
+        p.wait()
+    assert p.returncode == 130, err
+    assert "interrupted" in err
+    kept = records(out)
+    assert 1 <= len(kept) < 20
+    assert all(r["status"] == "ok" for r in kept.values())
+    done = subprocess.run(argv[:3] + ["0", str(tmp_path / "m.json"), str(out), "--resume"], cwd=root,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert len(records(out)) == 20
+    assert verify_dir(str(out)) == (20, [])

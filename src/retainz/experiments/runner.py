@@ -359,7 +359,8 @@ def run_cases(cases: list[Case], output: str, *, jobs: int | None = None, backen
             bar and bar.update()
         bar and bar.close()
     else:
-        with cf.ProcessPoolExecutor(max_workers=jobs) as pool:
+        pool = cf.ProcessPoolExecutor(max_workers=jobs)
+        try:
             bar = _progress(len(specs), "traces", progress and bool(specs))
             futs = {pool.submit(_generate, backend, s, trace_dir): s for s in specs}
             for f in cf.as_completed(futs):
@@ -372,8 +373,27 @@ def run_cases(cases: list[Case], output: str, *, jobs: int | None = None, backen
                 on_case(futs[f], f)
                 bar and bar.update()
             bar and bar.close()
+        except BaseException:
+            # Ctrl-C (or any error here): drop the queued cases and stop the running ones instead of
+            # letting the executor's exit wait for every job.  Records are written atomically, so the
+            # ones already written are complete and ``--resume`` runs only the rest.
+            _abandon(pool)
+            raise
+        pool.shutdown(wait=True)
     summary.seconds = time.perf_counter() - t0
     return summary
+
+
+def _abandon(pool: cf.ProcessPoolExecutor) -> None:
+    """Cancel ``pool``'s pending jobs and terminate its workers (a running case is lost, not half
+    written: records are linked into place atomically)."""
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(timeout=5)
 
 
 def run_manifest(manifest: str, output: str, **kw) -> RunSummary:
