@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from retainz.experiments.manifest import expand
+from retainz.experiments.manifest import Case, case_id, expand
 from retainz.experiments.record import METRIC_KEYS, SCHEMA
 from retainz.experiments.runner import RecordExistsError, run_cases, sha256_file
 from retainz.experiments.verify import verify_dir
@@ -92,7 +92,10 @@ def test_cli_refuses_an_existing_output(tmp_path, capsys):
 
 @pytest.mark.parametrize("jobs", [1, 2])
 def test_a_failed_case_is_recorded_and_the_others_go_on(tmp_path, jobs):
-    cs = cases(["retainz", "fail", "zenfs"])
+    # The manifest refuses an unknown policy, so the failing case is injected after expansion.
+    cs = [c if c.inputs["policy"] != "greedy" else Case(case_id(c.tags, {**c.inputs, "policy": "fail"}),
+                                                        c.manifest, c.tags, {**c.inputs, "policy": "fail"})
+          for c in cases(["retainz", "greedy", "zenfs"])]
     s = run_cases(cs, str(tmp_path), jobs=jobs, backend=SyntheticReplayDouble(), progress=False)
     bad = [c for c in cs if c.inputs["policy"] == "fail"][0]
     assert s.ok == 2 and s.failed == [bad.id]
