@@ -62,6 +62,7 @@ def test_pythia_dp_parameter():
     assert {s.nbytes for s in lay.shards if s.name.startswith("zero_")} == {12 * 1_011_781_632 // 32}
     with pytest.raises(ValueError, match="does not divide"):
         get_layout("pythia-1b:dp=7")
+    assert sum(s.name.startswith("zero_") for s in get_layout("pythia-1b:dp=1").shards) == 1
 
 
 def test_llama3_8b_architecture():
@@ -109,6 +110,12 @@ def test_uneven_sharding_gives_the_remainder_to_the_last_ranks():
     ("llama3-8b-fsdp:param_dtype=fp8", "param_dtype must be fp32 or bf16"),
     ("smollm2-135m-dcp:ranks=2", "takes no parameters"),
     ("pythia-1b:dp", "expected key=value"),
+    ("pythia-1b:dp=0", "layout pythia-1b: dp must be in 1..1024, got 0"),
+    ("pythia-1b:dp=-2", "layout pythia-1b: dp must be in 1..1024, got -2"),
+    ("pythia-1b:dp=2048", "layout pythia-1b: dp must be in 1..1024, got 2048"),
+    ("pythia-1b:dp=1.5", "layout pythia-1b: dp expects an integer, got '1.5'"),
+    ("llama3-8b-fsdp:ranks=-1", "layout llama3-8b-fsdp: ranks must be in 1..1024, got -1"),
+    ("llama3-8b-fsdp:ranks=1025", "layout llama3-8b-fsdp: ranks must be in 1..1024, got 1025"),
 ])
 def test_bad_layout_specs(spec, fragment):
     with pytest.raises(ValueError) as e:

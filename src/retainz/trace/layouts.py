@@ -209,8 +209,6 @@ def _rows_on_rank(rows: int, ranks: int, rank: int) -> int:
 
 def _llama(params: dict[str, str]) -> Layout:
     ranks = _int_param("llama3-8b-fsdp", params, "ranks", 8, {"ranks", "param_dtype"})
-    if not 1 <= ranks <= 1024:
-        raise ValueError(f"layout llama3-8b-fsdp: ranks must be in 1..1024, got {ranks}")
     dtype = params.get("param_dtype", "fp32")
     if dtype not in ("fp32", "bf16"):
         raise ValueError(f"layout llama3-8b-fsdp: param_dtype must be fp32 or bf16, got {dtype!r}")
@@ -272,7 +270,9 @@ def _no_params(name: str, params: dict[str, str]) -> None:
         raise ValueError(f"layout {name} takes no parameters, got {', '.join(params)}")
 
 
-def _int_param(name: str, params: dict[str, str], key: str, default: int, allowed: set[str]) -> int:
+def _int_param(name: str, params: dict[str, str], key: str, default: int, allowed: set[str],
+               lo: int = 1, hi: int = 1024) -> int:
+    """The integer parameter ``key`` (``default`` when absent), checked to lie in ``lo..hi``."""
     unknown = sorted(set(params) - allowed)
     if unknown:
         raise ValueError(f"layout {name}: unknown parameter {unknown[0]!r}; valid: {', '.join(sorted(allowed))}")
@@ -280,9 +280,12 @@ def _int_param(name: str, params: dict[str, str], key: str, default: int, allowe
     if raw is None:
         return default
     try:
-        return int(raw)
+        v = int(raw)
     except ValueError:
         raise ValueError(f"layout {name}: {key} expects an integer, got {raw!r}") from None
+    if not lo <= v <= hi:
+        raise ValueError(f"layout {name}: {key} must be in {lo}..{hi}, got {v}")
+    return v
 
 
 #: name -> (builder, one-line summary).
