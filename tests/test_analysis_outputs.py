@@ -146,3 +146,27 @@ def test_analyze_cli_runs_without_store_modules(quick_runs, tmp_path):
                        text=True, check=True)
     assert json.loads(r.stdout.strip().splitlines()[-1]) == []
     assert (tmp_path / "placement_table.tex").exists()
+
+
+def test_analyze_refuses_a_tampered_record_naming_the_file(quick_runs, tmp_path, capsys):
+    from retainz.analysis.records import TamperedRecordError
+
+    runs = tmp_path / "runs"
+    shutil.copytree(quick_runs, runs)
+    name = sorted(n for n in os.listdir(runs) if n.startswith("placement-") and n.endswith(".json"))[0]
+    rec = json.loads((runs / name).read_text())
+    rec["metrics"]["waf"] = 0.5                                    # edited, digest left as it was
+    (runs / name).write_text(json.dumps(rec))
+    with pytest.raises(TamperedRecordError, match="digest mismatch"):
+        analyze(str(runs), str(tmp_path / "a"))
+    assert main(["analyze", str(runs), "--out", str(tmp_path / "b")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"retainz: error: {runs / name}: digest mismatch")
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert not (tmp_path / "b" / "placement_table.tex").exists()
+    del rec["digest"]
+    (runs / name).write_text(json.dumps(rec))
+    with pytest.raises(TamperedRecordError, match=f"{name}: has no digest"):
+        analyze(str(runs), str(tmp_path / "a"))
+    (runs / name).write_text(json.dumps(finalize(rec)))              # re-stamped: accepted again
+    assert not analyze(str(runs), str(tmp_path / "c")).failed

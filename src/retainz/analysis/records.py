@@ -5,11 +5,12 @@ Helpers turn a record into the quantities figures, the table and the claims use.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 
-__all__ = ["load", "Runs", "policy_name", "POLICY_ORDER", "POLICY_STYLE", "rule_family", "layout_name",
+__all__ = ["load", "Runs", "TamperedRecordError", "record_digest", "policy_name", "POLICY_ORDER", "POLICY_STYLE", "rule_family", "layout_name",
            "zones_of", "payload_verified", "mean_gib", "GIB", "slug", "layout_rank", "rule_rank", "policy_rank", "base_policy"]
 
 GIB = float(1 << 30)
@@ -135,15 +136,39 @@ class Runs:
         return out
 
 
+class TamperedRecordError(ValueError):
+    """A record whose digest does not match its content (edited after it was written)."""
+
+    exit_status = 1   # ``retainz analyze`` exits 1, as ``retainz verify`` does for a bad record
+
+
+def record_digest(rec: dict) -> str:
+    """sha256 over the canonical JSON of ``rec`` without its ``digest`` field (the same text as
+    :func:`retainz.experiments.record.digest`, recomputed here: analysis imports no other package)."""
+    body = {k: v for k, v in rec.items() if k != "digest"}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def load(directory: str) -> Runs:
-    """Read every record (``*.json``) directly in ``directory``."""
+    """Read every record (``*.json``) directly in ``directory``.
+
+    Raises:
+        TamperedRecordError: a record has no digest or its digest does not match its content
+            (names the file; ``retainz verify`` lists every problem).
+    """
     ok, failed = [], []
     for name in sorted(os.listdir(directory)):
         if not name.endswith(".json") or name.startswith("."):
             continue
-        with open(os.path.join(directory, name), encoding="utf-8") as f:
+        path = os.path.join(directory, name)
+        with open(path, encoding="utf-8") as f:
             rec = json.load(f)
         if not isinstance(rec, dict) or "tags" not in rec or "inputs" not in rec:
             continue
+        if rec.get("digest") != record_digest(rec):
+            what = "has no digest" if "digest" not in rec else "digest mismatch"
+            raise TamperedRecordError(f"{path}: {what} (the record was edited after it was written); "
+                                      f"refusing to analyze it: run `retainz verify {directory}`")
         (ok if rec.get("status") == "ok" else failed).append(rec)
     return Runs(ok, failed, directory)

@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except (FileNotFoundError, FileExistsError, IsADirectoryError, ValueError) as e:
         print(f"retainz: error: {e}", file=sys.stderr)
-        return 2
+        return getattr(e, "exit_status", 2)   # bad input is a usage error unless it says otherwise
     except (RetainZError, OSError) as e:
         print(f"retainz: error: {e}", file=sys.stderr)
         return 1
