@@ -77,3 +77,14 @@ def test_check_fails_without_rng_restore(captured):
     assert verdict["identical"] is False
     assert "model.model.embed_tokens.weight" in verdict["mismatches"]
     assert verdict["loss"] != result["reference_loss"]
+
+
+def test_capture_twice_on_one_device_refuses_up_front(captured):
+    tmp, _, _ = captured
+    proc = subprocess.run([sys.executable, "-m", "retainz.cli", "payload", "capture", "--layers", "2",
+                           "--steps", "2", "--cache", CACHE, "--device", str(tmp / "dev.img"),
+                           "--out", str(tmp / "again")], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert proc.returncode == 2
+    assert proc.stderr == (f"retainz: error: device {tmp / 'dev.img'} already holds checkpoint step-2: use a new "
+                           "--device, remove it, or pass --force to replace it\n")
+    assert not (tmp / "again" / "result.json").exists()

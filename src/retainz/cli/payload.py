@@ -30,6 +30,8 @@ def register(sub) -> None:
     c.add_argument("--device", required=True, type=Path,
                    help="FileDevice path (created and formatted, sized for the model, if missing)")
     c.add_argument("--out", required=True, type=Path, help="output folder (result.json, layout.json)")
+    c.add_argument("--force", action="store_true",
+                   help="replace the checkpoints this run writes if --device already holds them")
     c.set_defaults(func=_capture)
 
 
@@ -40,7 +42,7 @@ def _capture(args: argparse.Namespace) -> int:
         raise ValueError(f"the payload extra is not installed ({e}); run `make setup-torch`") from None
     cfg = PayloadConfig(layers=args.layers, steps=args.steps, init=args.init, seed=args.seed,
                         threads=args.threads, cache=args.cache)
-    result = capture(cfg, args.device, args.out)
+    result = capture(cfg, args.device, args.out, force=args.force)
     print(json.dumps({k: result[k] for k in ("identical", "init", "parameters", "reference_loss",
                                              "resumed_loss", "tensors_compared", "bytes_compared",
                                              "checkpoint_bytes", "seconds")}, indent=2))

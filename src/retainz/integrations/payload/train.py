@@ -139,14 +139,31 @@ def _geometry_for(nbytes: int):
     return Geometry(nr_zones=zones, zone_size=zone, zone_capacity=zone, max_open=14, max_active=14)
 
 
-def capture(cfg: PayloadConfig, device: Path, out: Path) -> dict:
-    """Run the whole check (see the module docstring); returns the result written to ``result.json``."""
+def capture(cfg: PayloadConfig, device: Path, out: Path, *, force: bool = False) -> dict:
+    """Run the whole check (see the module docstring); returns the result written to ``result.json``.
+
+    Raises:
+        GenerationExistsError: ``device`` already holds the checkpoint ids this run writes
+            (``step-{steps}``, ``step-{steps + 1}``) and ``force`` is False (checked before training).
+            With ``force`` those generations are deleted first.
+    """
     from torch.distributed import checkpoint as dcp
 
+    from retainz.errors import GenerationExistsError
     from retainz.integrations import _stores
     from retainz.integrations.dcp import ZonedStorageWriter
     from retainz.integrations.payload.model import INIT_LABELS
 
+    if device.exists():
+        ids = (f"step-{cfg.steps}", f"step-{cfg.steps + 1}")
+        with _stores.using(str(device)) as store:
+            held = [g.id for g in store.generations() if g.id in ids]
+            if held and not force:
+                raise GenerationExistsError(
+                    f"device {device} already holds checkpoint {held[0]}: use a new --device, remove it, "
+                    "or pass --force to replace it")
+            for gid in held:
+                store.delete(gid)
     _determinism(cfg)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
