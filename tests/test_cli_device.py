@@ -72,3 +72,16 @@ def test_demo_runs(tmp_path, capsys):
     code, out, _ = run(capsys, "demo", "--out", str(tmp_path / "demo"))
     assert code == 0
     assert "12 MiB still written across 16 zones (zone 0 was reset" in out
+
+
+def test_a_closed_pipe_is_quiet(tmp_path):
+    """`retainz zones report DEV | head -1`: no "Broken pipe" error line."""
+    import subprocess
+    import sys
+
+    dev = tmp_path / "d.img"
+    main(["device", "create", str(dev), "--zones", "4000", "--zone-size", "64KiB"])
+    cmd = f"{sys.executable} -m retainz.cli zones report {dev} | head -1"
+    res = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120)
+    assert res.stdout.startswith("Zone 00000:") and len(res.stdout.splitlines()) == 1
+    assert "Broken pipe" not in res.stderr, res.stderr

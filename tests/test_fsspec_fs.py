@@ -109,8 +109,10 @@ def test_committed_checkpoint_is_append_only(device):
     fs.pipe(f"{device}/c/step-1/.metadata", b"m")
     with pytest.raises(FileExistsError, match="already committed"):
         fs.pipe(f"{device}/c/step-1/__0_0.distcp", b"y")
-    with pytest.raises(NotImplementedError, match="append-only"):
+    with pytest.raises(PermissionError, match="append-only"):
         fs.open(f"{device}/c/step-1/x.bin", "ab")
+    with pytest.raises(ValueError, match="not supported"):
+        fs.open(f"{device}/c/step-1/x.bin", "zb")
 
 
 def test_failed_write_aborts_the_generation(device):

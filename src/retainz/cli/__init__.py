@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from retainz import __version__
@@ -67,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         print(str(e), file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `retainz ... | head`: the reader went away; stay quiet like other tools
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except (FileNotFoundError, FileExistsError, IsADirectoryError, ValueError) as e:
         print(f"retainz: error: {e}", file=sys.stderr)
         return getattr(e, "exit_status", 2)   # bad input is a usage error unless it says otherwise

@@ -401,7 +401,10 @@ class RetainZFileSystem(AbstractFileSystem):
             return _ReadFile(self, path, mode, block_size=block_size or "default",
                              cache_options=cache_options, **kwargs)
         if mode not in ("wb", "xb"):
-            raise NotImplementedError(f"mode {mode!r}: the store is append-only (rb, wb, xb)")
+            if "a" in mode or "+" in mode:
+                raise PermissionError(f"mode {mode!r}: a committed checkpoint file cannot be appended to or "
+                                      "updated in place (the store is append-only: rb, wb, xb)")
+            raise ValueError(f"mode {mode!r} is not supported; valid: rb, wb, xb")
         device, inner = self._split(path)
         if not inner:
             raise IsADirectoryError(path)
