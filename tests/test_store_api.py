@@ -334,3 +334,21 @@ def test_read_shard_extent_gives_verified_random_access(store):
         store.read_shard_extent("g", "s", size)
     with pytest.raises(GenerationNotFoundError):
         store.read_shard_extent("nope", "s", 0)
+
+
+def test_a_store_dropped_without_close_does_not_lock_a_later_device():
+    """Path-less devices are tracked by identity only while their store is alive: an abandoned store
+    must not make an unrelated later device (which may reuse its id()) look already open."""
+    import gc
+
+    from retainz.errors import StoreLockedError
+
+    dev = MemoryDevice(GEOM)
+    s = Store.format(dev)
+    with pytest.raises(StoreLockedError, match="already open"):
+        Store.open(dev)
+    del s, dev
+    gc.collect()
+    for _ in range(50):  # new devices, some of which may reuse the freed id()
+        d = MemoryDevice(GEOM)
+        Store.format(d).close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import uuid as uuidlib
+import weakref
 
 from retainz.errors import (
     ForeignDeviceError,
@@ -46,8 +47,17 @@ _FULL = ZoneCond.FULL
 
 __all__ = ["Store", "GenerationWriter"]
 
-_OPEN_STORES: set = set()
+#: Stores open in this process, by device path (or device identity for a path-less device).  Weak
+#: values: a store dropped without close() no longer counts, and an id() is never reused while its
+#: store (which holds the device) is alive.
+_OPEN_STORES: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 _OPEN_LOCK = threading.Lock()
+
+
+def _release(key, store) -> None:
+    with _OPEN_LOCK:
+        if _OPEN_STORES.get(key) is store:
+            del _OPEN_STORES[key]
 
 
 def _device_key(device: ZonedDevice):
@@ -174,20 +184,19 @@ class Store(ReadMixin, WriteMixin, GCMixin, RecoveryMixin, CheckMixin):
             CorruptJournalError: the journal or superblock is damaged, or committed data is missing.
         """
         key = _device_key(device)
-        with _OPEN_LOCK:
-            if key in _OPEN_STORES:
-                raise StoreLockedError(f"{device!r}: the store is already open in this process")
-            _OPEN_STORES.add(key)
         self = object.__new__(cls)
         self._key = key
         self._closed = True
+        with _OPEN_LOCK:
+            if _OPEN_STORES.get(key) is not None:
+                raise StoreLockedError(f"{device!r}: the store is already open in this process")
+            _OPEN_STORES[key] = self
         try:
             self._init_state(device, verify_summaries)
             self.readonly = readonly
             self._mount(policy)
         except BaseException:
-            with _OPEN_LOCK:
-                _OPEN_STORES.discard(key)
+            _release(key, self)
             raise
         return self
 
@@ -241,8 +250,7 @@ class Store(ReadMixin, WriteMixin, GCMixin, RecoveryMixin, CheckMixin):
                         pass
             finally:
                 self._closed = True
-                with _OPEN_LOCK:
-                    _OPEN_STORES.discard(self._key)
+                _release(self._key, self)
 
     def __enter__(self) -> Store:
         return self
