@@ -77,6 +77,7 @@ def test_bad_input_exits_2_with_one_line(dev, tmp_path, capsys):
     for argv, needle in [
         (("put", dev, "../evil", f, "--step", 1), "contains '..'"),
         (("put", dev, "a/b", f, "--step", 1), "path separator"),
+        (("put", dev, " ", f, "--step", 1), "only whitespace"),
         (("put", dev, "g", tmp_path / "missing", "--step", 1), "no such file"),
         (("put", dev, "g", f, "--step", -1), "--step"),
         (("get", dev, "nope"), "no committed generation"),
@@ -142,3 +143,25 @@ def test_lifecycle_example_runs():
                          text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert "read back step-300: 2 shards" in res.stdout and res.stdout.rstrip().endswith("done")
+
+
+def test_get_of_a_corrupt_shard_fails_as_an_operation_and_leaves_no_partial_file(dev, tmp_path, capsys):
+    from retainz.store import Store
+    from retainz.zoned import FileDevice
+
+    run(capsys, "mkfs", dev)
+    a = tmp_path / "model.bin"
+    a.write_bytes(os.urandom(300_000))
+    assert run(capsys, "put", dev, "g1", a, "--step", 1)[0] == 0
+    with FileDevice(dev, readonly=True) as fdev, Store.open(fdev, readonly=True) as store:
+        z, off, _, _ = store.generation("g1").shards["model.bin"].extents[0]
+        data_offset = fdev._data_offset + z * fdev.geometry.zone_size + off
+    with open(dev, "r+b") as f:  # flip one bit of the first extent on the media
+        f.seek(data_offset + 100)
+        b = f.read(1)
+        f.seek(data_offset + 100)
+        f.write(bytes([b[0] ^ 0x04]))
+    out = tmp_path / "got"
+    code, _, err = run(capsys, "get", dev, "g1", "--out", out)
+    assert code == 1 and "crc32c" in err and err.count("\n") == 1, err
+    assert not any(p.name.endswith(".part") for p in out.iterdir())

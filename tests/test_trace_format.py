@@ -288,3 +288,16 @@ def test_actual_reclaim_steps_match_exact_predictions():
             assert actual[e.gen] == e.hint.predicted_reclaim_step
     assert sorted(g for g, s in actual.items() if s == math.inf) == [
         e.gen for e in trace.events if e.type == "save" and e.step in (30, 60, 90, 100) and e.gen not in crashed]
+
+
+def test_deeply_nested_line_is_a_line_numbered_error_not_a_crash(tmp_path):
+    from retainz.trace.format import TraceFormatError, read_trace
+
+    good = tmp_path / "g.jsonl"
+    from retainz.trace.generate import write_generated
+
+    write_generated(str(good), "smollm2-135m-dcp", "torchtitan:interval=10,keep_latest_k=2", 30)
+    bad = tmp_path / "deep.jsonl"
+    bad.write_text(good.read_text().splitlines()[0] + "\n" + "[" * 200_000 + "\n")
+    with pytest.raises(TraceFormatError, match=r"deep.jsonl:2: .*nested too deeply"):
+        read_trace(str(bad))

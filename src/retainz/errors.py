@@ -260,6 +260,8 @@ class ChecksumError(StoreError, ValueError):
         expected, actual: the two crc32c values.
     """
 
+    exit_status = 1  # the CLI: an operation failure, not bad input
+
     def __init__(self, message: str, *, generation: str | None = None, shard: str | None = None,
                  zone: int | None = None, offset: int | None = None, length: int | None = None,
                  expected: int | None = None, actual: int | None = None):
@@ -273,6 +275,8 @@ class CorruptJournalError(StoreError, ValueError):
     """The metadata journal or superblock is damaged in a way a crash cannot explain (a checksum
     mismatch inside a complete record, a missing superblock, committed data missing on the device).
     Recovery refuses to guess; the message names the zone and byte."""
+
+    exit_status = 1  # the CLI: an operation failure, not bad input
 
 
 class StoreLockedError(StoreError, BlockingIOError):

@@ -200,9 +200,13 @@ def _get(args) -> int:
         for name in names:
             dest = os.path.join(args.out, name)
             tmp = dest + ".part"
-            with open(tmp, "wb") as f:
-                for chunk in store.read_shard(gen.id, name):
-                    f.write(chunk)
+            try:
+                with open(tmp, "wb") as f:
+                    for chunk in store.read_shard(gen.id, name):
+                        f.write(chunk)
+            except BaseException:
+                os.unlink(tmp)  # never leave a partial file behind (e.g. a checksum failure)
+                raise
             os.replace(tmp, dest)
             print(f"{dest}: {gen.shards[name].size} bytes, crc32c verified", file=sys.stderr)
     return 0

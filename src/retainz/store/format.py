@@ -110,15 +110,15 @@ def check_id(value: str, what: str = "generation id") -> str:
     """Validate a generation id or shard name: it becomes a file name in ``retainz get``.
 
     Raises:
-        InvalidIdError: not a str, empty, ``.``, contains ``..``, ``/``, ``\\``, NUL or another
+        InvalidIdError: not a str, empty or only whitespace, ``.``, contains ``..``, ``/``, ``\\``, NUL or another
             control character, or longer than 255 bytes in UTF-8.
     """
     if type(value) is str and value in _VALID_IDS:
         return value
     if not isinstance(value, str):
         raise InvalidIdError(f"{what} must be a str, not {type(value).__name__}")
-    if not value:
-        raise InvalidIdError(f"{what} is empty")
+    if not value.strip():
+        raise InvalidIdError(f"{what} is empty or only whitespace ({value!r})")
     if value == "." or ".." in value:
         raise InvalidIdError(f"{what} {value!r} is '.' or contains '..'")
     if "/" in value or "\\" in value:

@@ -212,6 +212,8 @@ def _loads(line: str) -> dict:
         obj = json.loads(line, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constants)
     except json.JSONDecodeError as e:
         raise _Bad(f"not valid JSON: {e.msg} at column {e.colno}") from None
+    except RecursionError:
+        raise _Bad("JSON nested too deeply") from None
     if not isinstance(obj, dict):
         raise _Bad(f"a line must be a JSON object, got {type(obj).__name__}")
     return obj
