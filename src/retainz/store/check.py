@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import crc32c
 
-from retainz.errors import ZonedDeviceError
+from retainz.errors import SummaryMismatchError, ZonedDeviceError
+from retainz.placement.base import ZoneSummary, ZoneTable
 from retainz.store.format import round_up
 from retainz.store.types import FsckReport, SpaceReport
 from retainz.zoned.model import ZoneCond
@@ -13,7 +14,7 @@ __all__ = ["CheckMixin"]
 
 
 class CheckMixin:
-    """fsck/df methods of :class:`~retainz.store.store.Store`."""
+    """fsck/df and the cached-summary check (recompute_table) of :class:`~retainz.store.store.Store`."""
 
     def fsck(self) -> FsckReport:
         """Check the whole store; never raises for what it finds (it lists it).
@@ -109,3 +110,37 @@ class CheckMixin:
                                data_zones=len(t), meta_zones=self.meta_zones, empty_zones=t.n_empty,
                                open_zones=len(t.open), full_zones=n_full,
                                generations=len(self.catalog.gens))
+
+    # -- summaries ---------------------------------------------------------------------------------
+    def recompute_table(self) -> ZoneTable:
+        """A zone table rebuilt from scratch: live bytes from the catalog's committed extents and the
+        open writers' extents; written bytes, finish state, reclaim step, lifetime and opening step
+        as journaled (the zone attributes); dead = written - live; open/empty sets and totals
+        recomputed.  Extents being written (the shard in progress, GC copies before their move record)
+        count as live.  ``store.table.key() == store.recompute_table().key()`` must always hold."""
+        with self._lock:
+            bs = self._bs
+            live: dict[int, int] = {}
+            gens = list(self.catalog.gens.values()) + [w.gen for w in self._writers.values()]
+            lists = [s.extents for gen in gens for s in gen.shards.values()] + self._inflight
+            for extents in lists:
+                for e in extents:
+                    live[e[0]] = live.get(e[0], 0) + round_up(e[2], bs)
+            t = self._new_table()
+            t.now = self._now
+            out = []
+            for z, s in self.table.zones.items():
+                lv = live.get(z, 0)
+                out.append(ZoneSummary(index=z, capacity=s.capacity, cond=s.cond, written=s.written, live=lv,
+                                       dead=s.written - lv, reclaim_step=s.reclaim_step, lifetime=s.lifetime,
+                                       opened_step=s.opened_step, open_seq=s.open_seq,
+                                       last_write_step=s.last_write_step))
+            t.restore(out)
+            return t
+
+    def _rebuild_summaries(self) -> None:
+        fresh = self.recompute_table()
+        if fresh.key() != self.table.key():
+            bad = [z for z in self.table.zones if fresh.zones[z].key() != self.table.zones[z].key()]
+            raise SummaryMismatchError(f"cached zone summaries differ from a recomputation in zones {bad[:8]}")
+        self.table.restore(list(fresh.zones.values()))

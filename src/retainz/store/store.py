@@ -18,24 +18,19 @@ from retainz.errors import (
     NoSpaceError,
     ReadOnlyStoreError,
     StoreLockedError,
-    SummaryMismatchError,
 )
 from retainz.placement import make_allocator
 from retainz.placement.base import Hint, ZoneSummary, ZoneTable
-from retainz.store.catalog import dumps, encode, encode_gen
+from retainz.store.catalog import dumps, encode
 from retainz.store.check import CheckMixin
 from retainz.store.format import Superblock, check_id, round_up
 from retainz.store.gc import GCMixin
 from retainz.store.journal import (
-    EXTENT_BYTES,
     MAX_META_ZONES,
-    SNAPSHOT_HEAD_BYTES,
-    ZONE_ATTR_BYTES,
     default_meta_zones,
     frame,
-    pack_zones,
-    snapshot_zones,
 )
+from retainz.store.journal_space import JournalSpaceMixin
 from retainz.store.reader import ReadMixin
 from retainz.store.recovery import RecoveryMixin
 from retainz.store.types import GenerationInfo, GenState, StoreMetrics
@@ -64,7 +59,7 @@ def _device_key(device: ZonedDevice):
     return device.info.path or id(device)
 
 
-class Store(ReadMixin, WriteMixin, GCMixin, RecoveryMixin, CheckMixin):
+class Store(ReadMixin, WriteMixin, GCMixin, RecoveryMixin, CheckMixin, JournalSpaceMixin):
     """A checkpoint store on a zoned device.
 
     Create one with :meth:`format` or :meth:`open` (never the constructor).  Call sequence::
@@ -426,69 +421,6 @@ class Store(ReadMixin, WriteMixin, GCMixin, RecoveryMixin, CheckMixin):
     def _admittable(self) -> int:
         return self._free() - self._reserved - self.gc_reserve_zones * self._cap
 
-    # -- journal space -----------------------------------------------------------------------------
-    def _journal_estimate(self, gen_id: str, need: int) -> int:
-        """Snapshot bytes a generation being admitted may take (an estimate: its extents are not
-        known yet): ``EXTENT_BYTES`` per extent, one per 1 MiB of its block-rounded declared size
-        (payload extents) or per zone (counted ones), plus 8 for shard tails and zone splits, and
-        256 bytes of id, hint and shard names; at least the mean entry of the committed ones."""
-        ext = 1 << 20 if self.device.info.payload else self._cap
-        est = 256 + len(gen_id) + EXTENT_BYTES * (-(-need // ext) + 8)
-        if self._jgen:
-            est = max(est, self._jgen_total // len(self._jgen))
-        return est
-
-    def _journal_need(self, extra: int, exclude=None) -> tuple[int, int]:
-        """``(snapshot bytes, meta zones)`` of a snapshot holding the committed generations, the
-        writers in flight (their estimates; not ``exclude``) and an entry of ``extra`` bytes,
-        with every non-empty data zone's attributes (and 8 more), every entry 12.5 % larger (GC
-        moves split extents), and room for one more record as large as the largest entry.
-
-        The O(1) bound of :func:`~retainz.store.journal.snapshot_zones` first; when it does not
-        fit, the exact packing (:func:`~retainz.store.journal.pack_zones`, O(generations)) for up
-        to 4,096 generations (small meta zones make the bound loose)."""
-        j, t = self.journal, self.table
-        inflight = self._jreserved - (exclude._jest if exclude is not None else 0)
-        gens = self._jgen_total + inflight + extra
-        gens += gens // 8
-        zones = len(t) - t.n_empty + 8
-        items = len(self._jgen) + len(self._writers) + 1
-        biggest = max(self._jbig, extra)
-        nbytes = SNAPSHOT_HEAD_BYTES + zones * ZONE_ATTR_BYTES + gens
-        z = snapshot_zones(gens, j.capacity, j.bs, items=items, biggest=biggest, zones=zones)
-        if 2 * z > len(j.meta) and items <= 4096:
-            entries = [n + n // 8 for n in self._jgen.values()]
-            entries += [w._jest + w._jest // 8 for w in self._writers.values() if w is not exclude]
-            entries.append(extra + extra // 8)
-            reserve = round_up(max(biggest, 1024) + 8, j.bs)
-            z = min(z, pack_zones(entries, j.capacity, j.bs, zones=zones, reserve=reserve))
-        return nbytes, z
-
-    def _check_journal(self, extra: int, what: str, exclude=None) -> None:
-        """Raise :class:`NoSpaceError` unless a snapshot with an entry of ``extra`` bytes more
-        (:meth:`_journal_need`) takes at most the meta zones the current chain leaves free, and at
-        most half of all of them: the rollover after the next one writes beside the chain the
-        next one makes, and deleting only shrinks the snapshot, so every deletion (and GC move)
-        until the catalog is empty can be journaled."""
-        nbytes, z = self._journal_need(extra, exclude)
-        j = self.journal
-        m, free = len(j.meta), len(j.meta) - len(j.chain)
-        if 2 * z > m or z > free:
-            cap = j.capacity
-            raise NoSpaceError(f"{what}: the journal is full: a snapshot with it would take {z} meta zones "
-                               f"({nbytes} bytes); {m} meta zones of {cap} bytes keep room for 2 x "
-                               f"{m // 2} ({free} free beside the current chain), so deletions can always "
-                               "be journaled; delete generations, or format with more meta zones",
-                               needed=nbytes, available=(min(m // 2, free)) * cap)
-
-    def _journal_entry(self, gen) -> None:
-        """Record the snapshot bytes of committed generation ``gen`` (its ``encode_gen`` form)."""
-        n = len(dumps(encode_gen(gen))) + 1
-        self._jgen_total += n - self._jgen.get(gen.id, 0)
-        self._jgen[gen.id] = n
-        if n > self._jbig:
-            self._jbig = n
-
     def _attrs(self, z: int) -> list:
         """Zone ``z``'s journaled attributes: ``[zone] + _attrs_of(summary)``."""
         return [z] + self._attrs_of(self.table.zones[z])
@@ -582,37 +514,3 @@ class Store(ReadMixin, WriteMixin, GCMixin, RecoveryMixin, CheckMixin):
         m["journal_records"] = self.journal.records
         m["rollovers"] = self.journal.rollovers
         return m
-
-    # -- summaries ---------------------------------------------------------------------------------
-    def recompute_table(self) -> ZoneTable:
-        """A zone table rebuilt from scratch: live bytes from the catalog's committed extents and the
-        open writers' extents; written bytes, finish state, reclaim step, lifetime and opening step
-        as journaled (the zone attributes); dead = written - live; open/empty sets and totals
-        recomputed.  Extents being written (the shard in progress, GC copies before their move record)
-        count as live.  ``store.table.key() == store.recompute_table().key()`` must always hold."""
-        with self._lock:
-            bs = self._bs
-            live: dict[int, int] = {}
-            gens = list(self.catalog.gens.values()) + [w.gen for w in self._writers.values()]
-            lists = [s.extents for gen in gens for s in gen.shards.values()] + self._inflight
-            for extents in lists:
-                for e in extents:
-                    live[e[0]] = live.get(e[0], 0) + round_up(e[2], bs)
-            t = self._new_table()
-            t.now = self._now
-            out = []
-            for z, s in self.table.zones.items():
-                lv = live.get(z, 0)
-                out.append(ZoneSummary(index=z, capacity=s.capacity, cond=s.cond, written=s.written, live=lv,
-                                       dead=s.written - lv, reclaim_step=s.reclaim_step, lifetime=s.lifetime,
-                                       opened_step=s.opened_step, open_seq=s.open_seq,
-                                       last_write_step=s.last_write_step))
-            t.restore(out)
-            return t
-
-    def _rebuild_summaries(self) -> None:
-        fresh = self.recompute_table()
-        if fresh.key() != self.table.key():
-            bad = [z for z in self.table.zones if fresh.zones[z].key() != self.table.zones[z].key()]
-            raise SummaryMismatchError(f"cached zone summaries differ from a recomputation in zones {bad[:8]}")
-        self.table.restore(list(fresh.zones.values()))
