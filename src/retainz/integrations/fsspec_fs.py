@@ -45,112 +45,28 @@ Registered under the protocol ``retainz`` through the ``fsspec.specs`` entry poi
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import posixpath
-import queue
-import re
 import threading
 import weakref
-from typing import Any
-from urllib.parse import quote, unquote
+from urllib.parse import unquote
 
-from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
+from fsspec.spec import AbstractFileSystem
 
 from retainz.errors import GenerationNotFoundError
 from retainz.integrations import _stores
+from retainz.integrations.fsspec_files import (
+    _FILE_SHARD,
+    _Pending,
+    _ReadFile,
+    _step_of,
+    _WriteFile,
+    generation_for,
+    is_dcp_name,
+)
 from retainz.integrations.hints import retention_hint
 
 __all__ = ["RetainZFileSystem", "register", "generation_for", "is_dcp_name"]
-
-_DCP_NAME = re.compile(r"(.*\.distcp|(__\d+)?\.metadata(\.tmp)?)")
-_LIGHTNING_STEP = re.compile(r"(?:^|[-_])step=(\d+)")
-_FILE_SHARD = "file"
-
-
-def is_dcp_name(name: str) -> bool:
-    """True for DCP's file names (``*.distcp``, ``.metadata``, ``.metadata.tmp``, ``__N.metadata``):
-    these are shards of their directory's generation; any other file is a generation of its own."""
-    return bool(_DCP_NAME.fullmatch(name))
-
-
-def generation_for(inner: str) -> tuple[str, str, bool]:
-    """``(generation id, shard name, is_directory_generation)`` for a file path inside a device."""
-    parent, name = posixpath.split(inner)
-    if is_dcp_name(name):
-        if not parent:
-            raise ValueError(f"{inner}: DCP files must be inside a checkpoint directory")
-        return quote(parent, safe=""), name, True
-    return "@" + quote(inner, safe=""), _FILE_SHARD, False
-
-
-def _step_of(inner: str) -> int | None:
-    from retainz.retention.steps import parse_step
-
-    name = posixpath.basename(inner)
-    step = parse_step(name)
-    if step is None:
-        m = _LIGHTNING_STEP.search(name)
-        step = int(m.group(1)) if m else None
-    return step
-
-
-class _Pending:
-    """An uncommitted directory generation being written by this instance."""
-
-    def __init__(self, writer: Any, directory: str):
-        self.writer = writer
-        self.directory = directory
-        self.files: dict[str, int | None] = {}     # shard name -> size (None while streaming)
-        self.tmp: dict[str, bytes] = {}            # buffered .metadata.tmp (renamed to commit)
-        self.lock = threading.Lock()               # one shard at a time per generation
-        self.release = lambda: None                # releases the device (set by the filesystem)
-
-
-class _Sink:
-    """Pushes ``write()`` data into ``GenerationWriter.write_shard`` (which pulls an iterable) on a
-    helper thread, through a bounded queue: the shard streams, it is never whole in memory."""
-
-    def __init__(self, write_shard, name: str, lock: threading.Lock):
-        self.q: queue.Queue = queue.Queue(maxsize=4)
-        self.error: BaseException | None = None
-        self.info = None
-        self._thread = threading.Thread(target=self._run, args=(write_shard, name, lock), daemon=True)
-        self._thread.start()
-
-    def _chunks(self):
-        while (chunk := self.q.get()) is not None:
-            yield chunk
-
-    def _run(self, write_shard, name, lock):
-        try:
-            with lock:
-                self.info = write_shard(name, self._chunks())
-        except BaseException as e:  # noqa: BLE001 - re-raised in the writing thread
-            self.error = e
-            while True:                      # drain so producers never block on a dead consumer
-                with contextlib.suppress(queue.Empty):
-                    if self.q.get(timeout=0.1) is None:
-                        break
-
-    def put(self, item) -> None:
-        while True:
-            if self.error is not None:
-                raise self.error
-            try:
-                self.q.put(item, timeout=0.1)
-                return
-            except queue.Full:
-                if not self._thread.is_alive() and self.error is None:
-                    raise RuntimeError("shard writer thread ended early") from None
-
-    def finish(self):
-        self.put(None)
-        self._thread.join()
-        if self.error is not None:
-            raise self.error
-        return self.info
-
 
 class RetainZFileSystem(AbstractFileSystem):
     """fsspec filesystem over RetainZ stores on FileDevice files (see the module docstring)."""
@@ -464,140 +380,6 @@ class RetainZFileSystem(AbstractFileSystem):
                 out += take
                 pos += len(take)
         return bytes(out)
-
-
-class _ReadFile(AbstractBufferedFile):
-    DEFAULT_BLOCK_SIZE = 4 << 20
-
-    def __init__(self, fs, path, mode, **kwargs):
-        self._window: dict = {}
-        super().__init__(fs, path, mode, **kwargs)
-        self._device, self._inner = fs._split(path)
-
-    def _fetch_range(self, start, end):
-        return self.fs._read_range(self._device, self._inner, start, min(end, self.size), self._window)
-
-
-class _WriteFile(AbstractBufferedFile):
-    DEFAULT_BLOCK_SIZE = 8 << 20
-
-    def __init__(self, fs, path, mode, **kwargs):
-        super().__init__(fs, path, mode, **kwargs)
-        self._device, self._inner = fs._split(path)
-        self._gen, self._name, self._dir = generation_for(self._inner)
-        self._sink: _Sink | None = None
-        self._single: tuple | None = None      # (ExitStack, writer) of a checkpoint-file generation
-        self._tmpbuf: io.BytesIO | None = io.BytesIO() if self._is_buffered() else None
-        self._done = False
-
-    def _is_buffered(self) -> bool:
-        return self._dir and (self._name.endswith(".tmp") or self._name.endswith(".metadata"))
-
-    def _initiate_upload(self):
-        fs = self.fs
-        if self._tmpbuf is not None:
-            return
-        if self._dir:
-            p = fs._pending_for(self._device, self._inner)
-            p.files[self._name] = None
-            self._sink = _Sink(p.writer.write_shard, self._name, p.lock)
-            return
-        stack = contextlib.ExitStack()
-        store = stack.enter_context(fs._store(self._device))
-        try:
-            with contextlib.suppress(GenerationNotFoundError):
-                store.generation(self._gen)
-                store.delete(self._gen)           # replacing a checkpoint file (not atomic)
-            step = _step_of(self._inner)
-            writer = store.begin_generation(self._gen, step or 0,
-                                            hint=retention_hint(step, rule=fs._rule(posixpath.dirname(self._inner))))
-        except BaseException:
-            stack.close()
-            raise
-        self._single = (stack, writer)
-        self._sink = _Sink(writer.write_shard, _FILE_SHARD, threading.Lock())
-
-    def _upload_chunk(self, final=False):
-        data = self.buffer.getvalue()
-        if self._tmpbuf is not None:
-            self._tmpbuf.write(data)
-        elif data:
-            self._sink.put(data)
-        if final:
-            self._finish()
-        return True
-
-    def _finish(self):
-        fs = self.fs
-        if self._tmpbuf is not None:
-            blob = self._tmpbuf.getvalue()
-            if self._name.endswith(".tmp"):
-                p = fs._pending_for(self._device, self._inner)
-                with fs._lock:
-                    p.tmp[self._name] = blob
-                return
-            # .metadata (or __N.metadata): the last shard; .metadata commits the generation
-            p = fs._pending_for(self._device, self._inner)
-            with p.lock:
-                p.writer.write_shard(self._name, [blob])
-            p.files[self._name] = len(blob)
-            if self._name == ".metadata" and self.autocommit:
-                self._commit_dir()
-            return
-        info = self._sink.finish()
-        if self._dir:
-            p = fs._pending[(self._device, self._gen)]
-            p.files[self._name] = info.size if info is not None else 0
-        elif self.autocommit:
-            self.commit()
-
-    def _commit_dir(self):
-        fs = self.fs
-        key = (self._device, self._gen)
-        with fs._lock:
-            p = fs._pending.pop(key)
-        try:
-            p.writer.commit()
-        finally:
-            p.release()
-
-    def commit(self):
-        if self._done:
-            return
-        self._done = True
-        if self._single is not None:
-            stack, writer = self._single
-            try:
-                writer.commit()
-            finally:
-                stack.close()
-        elif self._dir and self._name == ".metadata" and not self.autocommit:
-            self._commit_dir()
-
-    def discard(self):
-        if self._done:
-            return
-        self._done = True
-        if self._single is not None:
-            stack, writer = self._single
-            with contextlib.suppress(Exception):
-                writer.abort()
-            stack.close()
-        elif self._dir:
-            with self.fs._lock:
-                self.fs._abort((self._device, self._gen))
-
-    def close(self):
-        if self.closed:
-            return
-        try:
-            super().close()
-        except BaseException:
-            if self._sink is not None:
-                with contextlib.suppress(Exception):
-                    self._sink.q.put_nowait(None)
-            self.discard()
-            raise
 
 
 def _release_all(held: dict, lock) -> None:
