@@ -11,14 +11,12 @@ import pytest
 
 pytest.importorskip("torch", reason="needs the torch extra (make setup-torch)")
 
-from tests.storecheck import require_store  # noqa: E402
 
 pytestmark = pytest.mark.dcp
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_two_ranks_sync_and_async_roundtrip(tmp_path):
-    require_store()
     env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
                OMP_NUM_THREADS="1")
     proc = subprocess.run(

@@ -6,7 +6,6 @@ Skipped only while ``retainz.trace.replay`` has not landed.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 
@@ -18,9 +17,6 @@ from retainz.experiments.manifest import expand
 from retainz.experiments.record import METRIC_KEYS
 from retainz.experiments.runner import run_cases
 from retainz.experiments.verify import verify_dir
-
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("retainz.trace.replay") is None,
-                                reason="retainz.trace.replay has not landed yet")
 
 TINY = {
     "manifest": "tiny", "format": 1,

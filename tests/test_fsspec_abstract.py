@@ -14,7 +14,6 @@ fsspec = pytest.importorskip("fsspec")
 pytest.importorskip("torch", reason="needs the torch extra (make setup-torch)")
 abstract = pytest.importorskip("fsspec.tests.abstract")
 
-from tests.storecheck import require_store  # noqa: E402
 
 pytestmark = pytest.mark.dcp
 
@@ -23,7 +22,6 @@ _COUNTER = itertools.count()
 class RetainZFixtures(abstract.AbstractFixtures):
     @pytest.fixture(scope="class")
     def device(self, tmp_path_factory):
-        require_store()
         from retainz.store import Store
         from retainz.zoned import FileDevice, Geometry
 

@@ -12,14 +12,12 @@ import torch  # noqa: E402
 import torch.distributed.checkpoint as dcp  # noqa: E402
 
 from retainz.integrations import _stores  # noqa: E402
-from tests.storecheck import require_store  # noqa: E402
 
 pytestmark = pytest.mark.dcp
 
 
 @pytest.fixture
 def device(tmp_path):
-    require_store()
     from retainz.store import Store
     from retainz.zoned import FileDevice, Geometry
 

@@ -18,7 +18,6 @@ import pytest
 pytest.importorskip("torch", reason="needs the payload extra (make setup-torch)")
 pytest.importorskip("transformers", reason="needs the payload extra (make setup-torch)")
 
-from tests.storecheck import require_store  # noqa: E402
 
 pytestmark = pytest.mark.payload
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,7 +26,6 @@ CACHE = os.environ.get("RETAINZ_PAYLOAD_CACHE", str(ROOT / "cache/payload"))
 
 @pytest.fixture(scope="module")
 def captured(tmp_path_factory):
-    require_store()
     tmp = tmp_path_factory.mktemp("payload")
     proc = subprocess.run([sys.executable, "-m", "retainz.cli", "payload", "capture", "--layers", "2",
                            "--steps", "2", "--cache", CACHE, "--device", str(tmp / "dev.img"),

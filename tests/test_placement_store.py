@@ -9,8 +9,6 @@ from retainz.zoned import FileDevice, Geometry, MemoryDevice
 from tests.placement_driver import replay_store
 from tests.test_placement_retainz import mixed_trace
 
-pytest.importorskip("retainz.store")
-
 KiB = 1024
 GEOM = Geometry(nr_zones=40, zone_size=64 * KiB, zone_capacity=48 * KiB, block_size=4096, max_open=6,
                 max_active=6)

@@ -11,7 +11,6 @@ import fsspec  # noqa: E402
 import torch  # noqa: E402
 
 from retainz.integrations import _stores  # noqa: E402
-from tests.storecheck import require_store  # noqa: E402
 
 pytestmark = pytest.mark.dcp
 
@@ -41,7 +40,6 @@ class Recorder(pl.Callback):
 
 
 def test_model_checkpoint_rotation_on_retainz(tmp_path):
-    require_store()
     from retainz.integrations.fsspec_fs import RetainZFileSystem
     from retainz.store import Store
     from retainz.zoned import FileDevice, Geometry

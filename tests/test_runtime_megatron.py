@@ -12,12 +12,10 @@ from retainz.integrations.retention_callbacks import (
     MegatronNonPersistentLocal,
     MegatronRetainInterval,
 )
-from tests.storecheck import require_store
 
 
 @pytest.fixture
 def new_store():
-    require_store()
     from retainz.store import Store
     from retainz.zoned import Geometry, MemoryDevice
 

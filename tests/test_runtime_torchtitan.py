@@ -14,14 +14,12 @@ import pytest
 
 pytest.importorskip("torchtitan", reason="needs the runtimes extra (make setup-torch)")
 
-from tests.storecheck import require_store  # noqa: E402
 
 pytestmark = pytest.mark.dcp
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _run(tmp_path, mode: str) -> dict:
-    require_store()
     from retainz.store import Store
     from retainz.zoned import FileDevice, Geometry
 
