@@ -6,6 +6,7 @@ import pytest
 
 from retainz import errors
 from retainz.zoned import FaultyDevice, FileDevice, MemoryDevice, ZoneCond
+from retainz.zoned.faulty import power_cut_states
 
 from .conftest import SMALL
 
@@ -111,3 +112,76 @@ def test_faulty_device_without_faults_is_transparent():
     assert dev.append(1, blk(3)) == SMALL.zone_size
     dev.finish_zone(1)
     assert dev.zone(1).cond == ZoneCond.FULL
+
+
+# -- what a power cut leaves: each zone a prefix of its unflushed writes, zones independent -------------
+
+ZS = SMALL.zone_size
+
+
+@pytest.mark.parametrize("kind", ["memory", "file"])
+def test_unflushed_lists_blocks_per_zone_since_the_last_flush_or_zone_operation(kind, tmp_path):
+    dev = FaultyDevice(inner(kind, tmp_path))
+    dev.write(0, blk(1))
+    dev.flush()
+    dev.write(BS, blk(2, 2))
+    dev.write(ZS, blk(3, 3))
+    dev.write(2 * ZS, blk(4))
+    dev.finish_zone(2)                     # a finish is durable on completion, with its writes
+    assert dev.unflushed() == {0: 2, 1: 3}
+    dev.flush()
+    assert dev.unflushed() == {}
+    dev.close()
+
+
+@pytest.mark.parametrize("kind", ["memory", "file"])
+def test_reboot_keeps_exactly_the_chosen_prefix_of_each_zone(kind, tmp_path):
+    dev = FaultyDevice(inner(kind, tmp_path))
+    dev.write(0, blk(1))
+    dev.flush()
+    dev.write(BS, blk(2) + blk(3))         # zone 0: 2 unflushed blocks
+    dev.write(ZS, blk(4) + blk(5) + blk(6))  # zone 1: 3
+    dev.write(2 * ZS, blk(7))              # zone 2: 1
+    dev.cut_now()
+    dev.reboot({0: 0, 1: 2})               # zone 0 loses its writes, zone 1 keeps 2 of 3, zone 2 none
+    assert [dev.zone(z).wp - z * ZS for z in range(3)] == [BS, 2 * BS, 0]
+    assert [dev.zone(z).cond for z in range(3)] == [ZoneCond.CLOSED, ZoneCond.CLOSED, ZoneCond.EMPTY]
+    assert dev.read(0, 2 * BS) == blk(1) + bytes(BS)
+    assert dev.read(ZS, 3 * BS) == blk(4) + blk(5) + bytes(BS)
+    assert dev.unflushed() == {}
+    dev.write(2 * BS + ZS, blk(8))         # writable at the surviving write pointer
+    dev.close()
+
+
+def test_reboot_can_leave_a_later_zone_durable_and_an_earlier_one_lost():
+    """The reordering a write cache allows: the second write (another zone) persists, the first not."""
+    dev = FaultyDevice(MemoryDevice(SMALL))
+    dev.write(ZS, blk(1, 2))               # "data"
+    dev.write(0, blk(2))                   # "commit record", written after it
+    dev.cut_now()
+    dev.reboot({0: 1})
+    assert dev.read(0, BS) == blk(2) and dev.zone(1).cond == ZoneCond.EMPTY
+
+
+def test_power_cut_states_enumerates_every_prefix_combination_when_few():
+    states = power_cut_states({3: 2, 7: 1}, enumerate_up_to=6)
+    keys = [(s.get(3, 0), s.get(7, 0)) for s in states]
+    assert sorted(keys) == [(a, b) for a in range(3) for b in range(2)]
+    assert keys[0] == (2, 1) and keys[-1] == (0, 0)           # the extremes: all kept ... none kept
+    assert all(0 not in s.values() for s in states)          # zones that keep nothing are left out
+    assert power_cut_states({}) == [{}]
+
+
+def test_power_cut_states_samples_each_zone_alone_kept_and_alone_lost():
+    import random
+
+    unflushed = {0: 1, 4: 5, 5: 3, 6: 2}
+    states = power_cut_states(unflushed, enumerate_up_to=6, samples=5, rng=random.Random(1))
+    assert states[0] == unflushed and states[1] == {}
+    for z, n in unflushed.items():
+        assert {z: n} in states                                      # only z persisted
+        assert {y: m for y, m in unflushed.items() if y != z} in states  # only z lost
+    keys = [tuple(s.get(z, 0) for z in unflushed) for s in states]
+    assert len(set(keys)) == len(keys) <= 2 + 2 * 4 + 5
+    assert all(0 <= s.get(z, 0) <= n for s in states for z, n in unflushed.items())
+    assert states == power_cut_states(unflushed, enumerate_up_to=6, samples=5, rng=random.Random(1))

@@ -15,6 +15,7 @@ from retainz.errors import NoSpaceError, PowerCutError
 from retainz.placement.base import Hint
 from retainz.store import Store
 from retainz.zoned import FaultyDevice, Geometry, MemoryDevice
+from retainz.zoned.faulty import power_cut_states
 
 KiB = 1024
 GEOM = Geometry(nr_zones=14, zone_size=64 * KiB, zone_capacity=48 * KiB, block_size=4096, max_open=3,
@@ -101,32 +102,35 @@ class StoreMachine(RuleBasedStateMachine):
         for name, data in self.committed[gid].items():
             assert b"".join(self.store.read_shard(gid, name)) == data
 
-    @rule(keep=st.booleans())
-    def crash(self, keep):
-        self.dev.keep_unflushed = keep
+    @rule(pick=st.integers(0, 10**6))
+    def crash(self, pick):
+        """Cut the power; the device keeps one of the states the cut can leave (each zone a prefix
+        of its unflushed writes, independently)."""
         self.dev.dead = True
         try:
             self.store.close()
         except PowerCutError:
             pass
-        self.dev.reboot()
+        states = power_cut_states(self.dev.unflushed(), enumerate_up_to=64, samples=8,
+                                  rng=random.Random(pick))
+        self.dev.reboot(states[pick % len(states)])
         self.writers.clear()              # uncommitted generations vanish
         self.store = Store.open(self.dev)
 
     @precondition(lambda self: self.writers)
     @rule(pick=st.integers(0, 10**6), k=st.integers(1, 3), torn=st.sampled_from([None, 0, 1]),
-          keep=st.booleans())
-    def crash_during_commit(self, pick, k, torn, keep):
+          state=st.integers(0, 10**6))
+    def crash_during_commit(self, pick, k, torn, state):
         gid = sorted(self.writers)[pick % len(self.writers)]
         w, shards = self.writers.pop(gid)
         self.dev.cut_after_writes = self.dev.writes + k
-        self.dev.torn_blocks, self.dev.keep_unflushed = torn, keep
+        self.dev.torn_blocks = torn
         try:
             w.commit()
             acknowledged = True
         except PowerCutError:
             acknowledged = False
-        self.crash(keep)
+        self.crash(state)
         self.dev.torn_blocks = None
         present = gid in {g.id for g in self.store.generations()}
         assert present or not acknowledged       # an acknowledged commit is durable

@@ -300,15 +300,17 @@ def _crashtest(args) -> int:
         failed |= not rep.ok
         results.append(rep)
         if not args.json:
-            print(f"{n}: {rep.points} crash points tried ({rep.write_boundaries} write boundaries x 6 variants), "
+            print(f"{n}: {rep.points} crash points tried ({rep.write_boundaries} write boundaries, each zone "
+                  "keeping a prefix of its unflushed writes), "
                   f"{rep.generations_recovered} generations recovered, {format_size(rep.bytes_verified)} "
                   f"verified, {len(rep.failures)} failures")
             print("    classes: " + ", ".join(f"{k} {v}" for k, v in sorted(rep.classes.items())))
+            print("    states: " + ", ".join(f"{k} {v}" for k, v in sorted(rep.states.items())))
             for f in rep.failures[:20]:
                 print(f"    FAIL {f}")
     if args.json:
         print(json.dumps([{"workload": r.workload, "seed": r.seed, "write_boundaries": r.write_boundaries,
-                           "points": r.points, "classes": r.classes,
+                           "points": r.points, "classes": r.classes, "states": r.states,
                            "generations_recovered": r.generations_recovered,
                            "bytes_verified": r.bytes_verified, "failures": r.failures} for r in results],
                          indent=2))

@@ -3,9 +3,13 @@ check (LevelDB ``fault_injection_test``, on a zoned device).
 
 A campaign first runs the workload once on a :class:`~retainz.zoned.FaultyDevice` to count its
 write boundaries and label each (what the store was doing: shard data, commit record, rollover...).
-Then for every boundary ``k`` and every crash variant (``torn_blocks`` None / 0 / 1 crossed with
-``keep_unflushed`` True / False) it formats a fresh device, runs the workload until the cut, reboots
-the device, opens the store and checks:
+Then for every boundary ``k`` it formats a fresh device, runs the workload until the power is cut
+right after write ``k``, and tries the device states that cut can leave
+(:func:`~retainz.zoned.faulty.power_cut_states`): every zone independently keeps a prefix of its
+unflushed writes, torn at a block, so a commit record can persist while the data it commits is lost
+and the other way round.  States are enumerated when a cut leaves few (``enumerate_up_to``), else
+sampled with a random source seeded by the workload seed and ``k``.  For every state it reboots the
+device into it, opens the store and checks:
 
 * the committed set is exactly the generations whose ``commit()`` returned and whose ``delete()``
   did not, except the one operation cut mid-way: a generation whose commit was in flight may be
@@ -18,6 +22,7 @@ the device, opens the store and checks:
 
 from __future__ import annotations
 
+import copy
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,17 +31,19 @@ from retainz.errors import PowerCutError
 from retainz.placement.base import Hint
 from retainz.store.format import MAGIC
 from retainz.store.store import Store
-from retainz.zoned.faulty import FaultyDevice
+from retainz.zoned.faulty import FaultyDevice, power_cut_states
 from retainz.zoned.memory import MemoryDevice
 from retainz.zoned.model import Geometry
 
-__all__ = ["GEOMETRY", "WORKLOADS", "VARIANTS", "workload", "campaign", "CampaignReport"]
+__all__ = ["GEOMETRY", "WORKLOADS", "ENUMERATE_UP_TO", "SAMPLES", "workload", "campaign", "CampaignReport"]
 
 #: Small zones and meta zones so that every code path (GC, rollover, spill) runs within ~100 writes.
 GEOMETRY = Geometry(nr_zones=12, zone_size=64 * 1024, zone_capacity=48 * 1024, block_size=4096,
                     max_open=3, max_active=4)
-#: (torn_blocks, keep_unflushed) crash variants.
-VARIANTS = [(None, True), (None, False), (0, True), (1, True), (0, False), (1, False)]
+#: Power-cut states tried per write boundary: all of them when a cut can leave at most this many,
+#: else a sample (both extremes, each zone alone kept and alone lost, ``SAMPLES`` random states).
+ENUMERATE_UP_TO = 16
+SAMPLES = 4
 WORKLOADS = ("basic", "gc", "rollover", "spill", "mixed")
 #: Meta zones per workload (``spill`` needs room for a snapshot spread over two zones).
 META_ZONES = {"spill": 6}
@@ -179,9 +186,13 @@ class CampaignReport:
 
     Attributes:
         workload, seed: what ran.
-        write_boundaries: writes the workload issues (crash points per variant).
-        points: crash points tried (boundaries x variants).
-        classes: crash points per class (what the store was writing when the power went).
+        write_boundaries: writes the workload issues (cut points).
+        points: crash states tried (over all cut points: one recovery and check each).
+        classes: crash states per class (what the store was writing when the power went).
+        states: crash states per kind: ``flushed`` (nothing was unflushed), ``all kept``,
+            ``none kept``, ``record durable, data lost`` (every meta zone kept all its unflushed
+            writes, a data zone lost some), ``data durable, record lost`` (the reverse), ``partial``
+            (any other mix of prefixes).
         generations_recovered: committed generations found over all recoveries.
         bytes_verified: shard bytes read back and compared over all recoveries.
         failures: one line per failed point.
@@ -192,6 +203,7 @@ class CampaignReport:
     write_boundaries: int = 0
     points: int = 0
     classes: dict[str, int] = field(default_factory=dict)
+    states: dict[str, int] = field(default_factory=dict)
     generations_recovered: int = 0
     bytes_verified: int = 0
     failures: list[str] = field(default_factory=list)
@@ -201,24 +213,51 @@ class CampaignReport:
         return not self.failures
 
 
+def state_kind(unflushed: dict[int, int], keep: dict[int, int], meta_zones: int) -> str:
+    """Name a power-cut state (see :attr:`CampaignReport.states`)."""
+    if not unflushed:
+        return "flushed"
+    lost = {z for z, n in unflushed.items() if keep.get(z, 0) < n}
+    if not lost:
+        return "all kept"
+    if not keep:
+        return "none kept"
+    meta = {z for z in unflushed if z < meta_zones}
+    data = set(unflushed) - meta
+    if meta and data and not lost & meta:
+        return "record durable, data lost"
+    if meta and data and not lost & data:
+        return "data durable, record lost"
+    return "partial"
+
+
+def _describe(unflushed: dict[int, int], keep: dict[int, int]) -> str:
+    if not unflushed:
+        return "nothing unflushed"
+    return ", ".join(f"zone {z} kept {keep.get(z, 0)}/{n}" for z, n in sorted(unflushed.items())) + " blocks"
+
+
 def campaign(name: str = "mixed", seed: int = 0, *, geometry: Geometry = GEOMETRY,
-             variants=VARIANTS, points: list[int] | None = None,
+             points: list[int] | None = None,
              make_device: Callable[[Geometry], object] | None = None,
-             second_cut: int | None = None,
+             second_cut: int | None = None, enumerate_up_to: int = ENUMERATE_UP_TO,
+             samples: int = SAMPLES,
              progress: Callable[[int, int], None] | None = None) -> CampaignReport:
     """Run a power-cut campaign (see the module docstring).
 
     Args:
         name: workload name (:data:`WORKLOADS`).
-        seed: workload seed.
+        seed: workload seed (also seeds the sampling of crash states).
         geometry: device geometry (3 meta zones are used, 6 for ``spill``).
-        variants: ``(torn_blocks, keep_unflushed)`` pairs.
         points: write boundaries to cut at (default: every one).
-        make_device: builds a fresh emulated device (default: a payload ``MemoryDevice``).
+        make_device: builds a fresh emulated device (default: a payload ``MemoryDevice``).  A
+            ``MemoryDevice`` is cut once per boundary and copied per state; any other device reruns
+            the workload for every state.
         second_cut: also cut the power again at this write after the reboot (during recovery's
-            own writes, e.g. the mount-time rollover, or the first writes after it), then recover
-            and check as usual (a double crash).
-        progress: called with (points done, points total).
+            own writes, e.g. the mount-time rollover, or the first writes after it), reboot into a
+            sampled state, then recover and check as usual (a double crash).
+        enumerate_up_to, samples: crash states per cut (:func:`~retainz.zoned.faulty.power_cut_states`).
+        progress: called with (boundaries done, boundaries total).
     """
     make = make_device or (lambda g: MemoryDevice(g))
     ops = workload(name, seed)
@@ -235,25 +274,41 @@ def campaign(name: str = "mixed", seed: int = 0, *, geometry: Geometry = GEOMETR
     dry.close()
     rep.write_boundaries = dry.writes - start
     todo = [k for k in (points or range(1, rep.write_boundaries + 1)) if 1 <= k <= rep.write_boundaries]
-    total = len(todo) * len(variants)
-    for k in todo:
-        for torn, keep in variants:
+    for done, k in enumerate(todo, 1):
+        label = labels[k - 1]
+        rng = random.Random(f"{name}/{seed}/{k}")
+        try:
+            dev, model = _cut(make, geometry, meta, ops, k)
+        except Exception as e:  # noqa: BLE001 - a failed point is reported, never hidden
+            rep.failures.append(f"cut at write {k} ({label}): {type(e).__name__}: {e}")
+            continue
+        unflushed = dev.unflushed()
+        states = power_cut_states(unflushed, enumerate_up_to=enumerate_up_to, samples=samples, rng=rng)
+        snapshot = copy.deepcopy(dev.inner) if isinstance(dev.inner, MemoryDevice) else None
+        for i, keep in enumerate(states):
             rep.points += 1
-            label = labels[k - 1]
             rep.classes[label] = rep.classes.get(label, 0) + 1
+            kind = state_kind(unflushed, keep, meta)
+            rep.states[kind] = rep.states.get(kind, 0) + 1
             try:
-                _point(rep, make, geometry, meta, ops, k, torn, keep, second_cut)
+                if i:
+                    if snapshot is not None:
+                        dev = FaultyDevice(copy.deepcopy(snapshot))
+                    else:
+                        dev, model = _cut(make, geometry, meta, ops, k)
+                _point(rep, dev, model, keep, second_cut, rng)
             except Exception as e:  # noqa: BLE001 - a failed point is reported, never hidden
-                rep.failures.append(f"cut at write {k} ({label}), torn={torn}, keep_unflushed={keep}: "
+                rep.failures.append(f"cut at write {k} ({label}), {kind}: {_describe(unflushed, keep)}: "
                                     f"{type(e).__name__}: {e}")
-            if progress:
-                progress(rep.points, total)
+        if progress:
+            progress(done, len(todo))
     return rep
 
 
-def _point(rep: CampaignReport, make, geometry, meta: int, ops, k: int, torn, keep: bool,
-           second_cut: int | None = None) -> None:
-    dev = FaultyDevice(make(geometry), torn_blocks=torn, keep_unflushed=keep)
+def _cut(make, geometry, meta: int, ops, k: int) -> tuple[FaultyDevice, _Model]:
+    """Format a fresh device and run ``ops`` until the power goes right after write ``k`` (the
+    write lands in the drive's cache; the next operation fails)."""
+    dev = FaultyDevice(make(geometry))
     store = Store.format(dev, meta_zones=meta)
     dev.cut_after_writes = dev.writes + k
     model = _Model()
@@ -268,7 +323,12 @@ def _point(rep: CampaignReport, make, geometry, meta: int, ops, k: int, torn, ke
             (model.store or store).close()
         except PowerCutError:
             pass
-    dev.reboot()
+    return dev, model
+
+
+def _point(rep: CampaignReport, dev: FaultyDevice, model: _Model, keep: dict[int, int],
+           second_cut: int | None, rng: random.Random) -> None:
+    dev.reboot(keep)
     base = set(model.acked)
     must, may = set(base), set(base)
     expect = dict(model.acked)
@@ -292,7 +352,7 @@ def _point(rep: CampaignReport, make, geometry, meta: int, ops, k: int, torn, ke
                 again.close()
         except PowerCutError:
             pass
-        dev.reboot()
+        dev.reboot(rng.choice(power_cut_states(dev.unflushed(), rng=rng)))
     try:
         store = Store.open(dev)
     except BaseException:

@@ -348,7 +348,14 @@ class EmulatedZonedDevice(ZonedDevice):
         self._dcond[z] = _E
 
     # -- power --------------------------------------------------------------------------------------
-    def power_loss(self, keep_unflushed: bool = False) -> None:
+    def unflushed(self) -> dict[int, tuple[int, int]]:
+        """Zones holding writes that are not durable yet: ``{zone: (durable end, write end)}``, both in
+        bytes from the zone start (the writes since the last flush, or since the zone operation that
+        made the zone durable)."""
+        return {z: (self._dwritten[z], self._written[z]) for z in sorted(self._dirty)
+                if self._written[z] > self._dwritten[z]}
+
+    def power_loss(self, keep_unflushed: bool = False, *, keep: dict[int, int] | None = None) -> None:
         """Turn the device into what a power cycle leaves behind.
 
         Args:
@@ -356,11 +363,26 @@ class EmulatedZonedDevice(ZonedDevice):
                 pointers stay where they are); False drops every write since the last flush (each
                 zone returns to the write pointer and condition recorded at the last flush or zone
                 operation), like LevelDB's ``RESET_DROP_UNSYNCED_DATA``.
+            keep: overrides ``keep_unflushed`` zone by zone: ``{zone: bytes}`` of that zone's
+                unflushed writes that persisted, a prefix from its durable end (clamped to what was
+                written; zones not named lose all of theirs).  A drive with a volatile write cache
+                persists unflushed writes in any order across zones, but within a zone only up to a
+                write pointer (NVMe ZNS 1.1, 2.1.1: a zone is written sequentially), so every such
+                mapping is a state a power cut can leave; callers keep whole blocks.
 
         Afterwards every open zone is Closed (Empty if nothing is written): NVMe controllers close
         open zones on a controller-level reset.
         """
-        if keep_unflushed:
+        if keep is not None:
+            for z in self._dirty:
+                end = self._dwritten[z] + max(0, keep.get(z, 0))
+                if end < self._written[z]:
+                    self._written[z] = end
+                    self._cond[z] = _C if end else _E   # reopened below as Closed/Empty anyway
+                    self._discard(z, end)
+                self._dwritten[z] = self._written[z]
+                self._dcond[z] = self._cond[z]
+        elif keep_unflushed:
             self.flush()
         for z in self._dirty:
             self._written[z] = self._dwritten[z]

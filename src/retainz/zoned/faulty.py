@@ -5,10 +5,19 @@
 * cut the power after the N-th write (a write or a zone append): writes after it are lost, and the
   N-th itself can be torn at block granularity (only its first ``torn_blocks`` blocks land).  Every
   operation after the cut raises :class:`PowerCutError` until :meth:`FaultyDevice.reboot`, which
-  power-cycles the inner device either keeping what the drive had completed or dropping everything
-  since the last flush;
+  power-cycles the inner device into one of the states a drive with a volatile write cache can
+  leave (see below);
 * fail chosen operations with :class:`InjectedIOError` (by operation name, call number and zone);
 * corrupt data returned by reads (flip a bit at a chosen device byte).
+
+**What survives a cut.**  Whatever was written before a completed flush is durable, and so is a zone
+operation once it completes.  A write cache persists the unflushed rest in any order *across* zones,
+but each zone only up to a write pointer: every zone independently keeps a prefix of its unflushed
+writes, torn at a block boundary.  :meth:`FaultyDevice.unflushed` lists those writes per zone and
+:func:`power_cut_states` lists (or samples) the states they can leave: among them the ones where a
+commit record in a meta zone persisted while the data it commits did not, and the reverse.
+:meth:`FaultyDevice.reboot` applies one (``keep``) or, by default, keeps everything or nothing
+(``keep_unflushed``).
 
 Writes are numbered from 1 in the order issued; :attr:`FaultyDevice.writes` is the count so far, so a
 test can run a workload once to count its write boundaries and then cut at every one of them.
@@ -16,6 +25,8 @@ test can run a workload once to count its write boundaries and then cut at every
 
 from __future__ import annotations
 
+import itertools
+import random
 from dataclasses import dataclass
 
 from retainz.errors import InjectedIOError, PowerCutError
@@ -23,7 +34,7 @@ from retainz.zoned.device import WriteData, ZonedDevice, ZoneOp
 from retainz.zoned.emulated import EmulatedZonedDevice
 from retainz.zoned.model import DeviceInfo, Zone
 
-__all__ = ["FaultyDevice", "IOFault"]
+__all__ = ["FaultyDevice", "IOFault", "power_cut_states"]
 
 _OPS = ("write", "append", "read", "flush", "open", "close", "finish", "reset", "report")
 
@@ -104,10 +115,26 @@ class FaultyDevice(ZonedDevice):
         :meth:`reboot` (trace replay's ``crash`` event)."""
         self.dead = True
 
-    def reboot(self) -> EmulatedZonedDevice:
+    def unflushed(self) -> dict[int, int]:
+        """Blocks written to each zone since it was last made durable (a flush or a zone operation):
+        ``{zone: blocks}``, only zones that have some.  What a power cut now may lose, per zone."""
+        bs = self.geometry.block_size
+        return {z: (end - durable) // bs for z, (durable, end) in self.inner.unflushed().items()}
+
+    def reboot(self, keep: dict[int, int] | None = None) -> EmulatedZonedDevice:
         """Power-cycle: the inner device becomes what survives the cut; faults stay armed but the
-        power-cut trigger is disarmed.  Returns the inner device."""
-        self.inner.power_loss(keep_unflushed=self.keep_unflushed)
+        power-cut trigger is disarmed.  Returns the inner device.
+
+        Args:
+            keep: ``{zone: blocks}`` of each zone's unflushed writes that persisted (a prefix; zones
+                not named lose all of theirs): one state of :func:`power_cut_states`.  ``None``:
+                :attr:`keep_unflushed` decides, all or nothing.
+        """
+        if keep is None:
+            self.inner.power_loss(keep_unflushed=self.keep_unflushed)
+        else:
+            bs = self.geometry.block_size
+            self.inner.power_loss(keep={z: n * bs for z, n in keep.items()})
         self.dead = False
         self.cut_after_writes = None
         return self.inner
@@ -175,3 +202,50 @@ class FaultyDevice(ZonedDevice):
 
     def close(self) -> None:
         self.inner.close()
+
+
+def power_cut_states(unflushed: dict[int, int], *, enumerate_up_to: int = 6, samples: int = 2,
+                     rng: random.Random | None = None) -> list[dict[int, int]]:
+    """The device states a power cut can leave, as ``keep`` mappings for :meth:`FaultyDevice.reboot`.
+
+    Each zone independently keeps a prefix of its unflushed blocks (0 to all of them); zones are
+    independent of one another (a volatile write cache destages in any order across zones).
+
+    Args:
+        unflushed: ``{zone: blocks}`` (:meth:`FaultyDevice.unflushed`).
+        enumerate_up_to: list every state when there are at most this many; otherwise a sample.
+        samples: random states added to the sample (each zone keeps a uniform 0..all blocks).
+        rng: the sample's random source (seed it: a campaign must be repeatable).
+
+    Returns:
+        Distinct states, the two extremes first: everything kept, nothing kept.  A sample also holds,
+        for every zone, "only this zone kept its writes" and "only this zone lost them" (so a commit
+        record can persist while its data is lost, and data while its record is lost), then
+        ``samples`` random states.  No unflushed writes: one state, ``{}``.
+    """
+    zones = sorted(unflushed)
+    if not zones:
+        return [{}]
+    allkept = {z: unflushed[z] for z in zones}
+    total = 1
+    for z in zones:
+        total *= unflushed[z] + 1
+    if total <= enumerate_up_to:
+        return [{z: n for z, n in zip(zones, ns, strict=True) if n}
+                for ns in itertools.product(*(range(unflushed[z], -1, -1) for z in zones))]
+    cands = [allkept, {}]
+    if len(zones) > 1:
+        for z in zones:
+            cands.append({z: unflushed[z]})
+            cands.append({y: n for y, n in allkept.items() if y != z})
+    rng = rng or random.Random(0)
+    for _ in range(samples):
+        cands.append({z: rng.randint(0, unflushed[z]) for z in zones})
+    out: list[dict[int, int]] = []
+    seen: set[tuple] = set()
+    for c in cands:
+        key = tuple(c.get(z, 0) for z in zones)
+        if key not in seen:
+            seen.add(key)
+            out.append({z: n for z, n in c.items() if n})
+    return out

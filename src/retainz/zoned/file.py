@@ -236,8 +236,8 @@ class FileDevice(EmulatedZonedDevice):
             raise PermissionError(f"{self._info.path}: device was opened read-only")
 
     # -- lifecycle ---------------------------------------------------------------------------------
-    def power_loss(self, keep_unflushed: bool = False) -> None:
-        super().power_loss(keep_unflushed)
+    def power_loss(self, keep_unflushed: bool = False, *, keep: dict[int, int] | None = None) -> None:
+        super().power_loss(keep_unflushed, keep=keep)
         conds, written, self._seq = self._read_state()  # what a reopen would see
         self._restore(conds, written, self._restore_order)
 
