@@ -288,3 +288,86 @@ def test_default_meta_zones_follow_the_geometry():
         assert s.meta_zones == 28 and min(s.table.zones) == 28
     with Store.format(MemoryDevice(GEOM)) as s:
         assert s.meta_zones == 3
+
+
+# -- a flipped bit in the newest records: corruption, never a torn tail ---------------------------------
+
+def test_checksum_failure_in_a_record_below_the_write_pointer_is_corruption_even_if_its_last_block_is_zero():
+    """In a zone that is not Full every block below the write pointer was written and, after a power
+    cycle, is durable: a record there whose last block reads zeros was zeroed, not torn."""
+    img = bytearray(zone_image(b"a", b"y" * 9000))
+    img[-BS:] = bytes(BS)                       # the last record's last block zeroed
+    with pytest.raises(CorruptJournalError, match="record at byte 8192 .* fails its checksum"):
+        parse_zone(bytes(img), BS, len(img), BS, zone=0, tail=True, full=False)
+    out = parse_zone(bytes(img), BS, len(img), BS, zone=0, tail=True, full=True)   # finished: torn
+    assert out.payloads == [b"a"] and out.torn == 3 * BS
+
+
+def test_torn_record_in_a_finished_zone_needs_zeros_to_the_end_of_the_zone():
+    """A finished zone reads zeros only where nothing was written: a torn record's last block *and
+    everything after it* are zeros; any byte there means the record was written whole."""
+    img = bytearray(zone_image(b"a", b"y" * 9000) + bytes(2 * BS))
+    img[4 * BS:5 * BS] = bytes(BS)              # last block of the 3-block record zeroed ...
+    out = parse_zone(bytes(img), BS, len(img), BS, zone=0, tail=True, full=True)
+    assert out.payloads == [b"a"] and out.torn == 3 * BS
+    img[5 * BS + 100] = 0x42                    # ... but a byte after it was written
+    with pytest.raises(CorruptJournalError, match="fails its checksum"):
+        parse_zone(bytes(img), BS, len(img), BS, zone=0, tail=True, full=True)
+
+
+def _record_spans(dev, zone: int) -> list[tuple[int, int, int]]:
+    """``(device byte, payload bytes, record bytes)`` of every record in a meta zone, in order."""
+    z = dev.zone(zone)
+    written = z.capacity if z.cond == ZoneCond.FULL else z.wp - z.start
+    parsed = parse_zone(dev.read(z.start, written), BS, written, BS, zone=zone, tail=True,
+                        full=z.cond == ZoneCond.FULL)
+    spans, pos = [], BS
+    for p in parsed.payloads:
+        total = -(-(8 + len(p)) // BS) * BS
+        spans.append((z.start + pos, len(p), total))
+        pos += total
+    return spans
+
+
+@pytest.mark.parametrize("how", ["clean close", "power cut", "finished tail zone"])
+def test_a_flipped_bit_in_each_of_the_last_records_is_corruption_not_a_torn_tail(how):
+    """The whole kind: for each of the last 4 records (1- and 3-block commit records; after a clean
+    close the newest is the close's sync record) and each of its blocks, flip one payload bit; the mount must refuse with CorruptJournalError, never open without
+    the confirmed generation.  After a power cut (the record flushed, the cut right after) and with
+    the tail zone finished afterwards (what a crashed mount-time rollover leaves) alike."""
+    def build():
+        inner = MemoryDevice(GEOM)
+        dev = FaultyDevice(inner)
+        s = Store.format(dev)
+        _fill(s, 2)
+        _fill(s, 1, start=2, names=30, name_len=250)    # a 3-block commit record
+        _fill(s, 1, start=3)                            # the newest: a 1-block one
+        if how == "clean close":
+            s.close()
+        else:
+            dev.cut_now()
+            crash_close(s)
+            dev.reboot(dev.unflushed())                 # keep every written block
+            if how == "finished tail zone":
+                inner.finish_zone(s.journal.chain[-1])
+        return inner, s.journal.chain[-1]
+
+    inner, zone = build()
+    spans = _record_spans(inner, zone)[-4:]
+    blocks = [total // BS for _, _, total in spans]
+    assert max(blocks) == 3 and blocks.count(1) == 3
+    tried = 0
+    for i in range(len(spans)):
+        at, n, total = spans[i]
+        for block in range(total // BS):
+            inner, _ = build()
+            offset = at + 8 + min(block * BS + 17, n - 1)     # a payload byte in this block
+            z, pos = divmod(offset, GEOM.zone_size)
+            inner._data[z][pos] ^= 0x04
+            with pytest.raises(CorruptJournalError, match=f"record at byte {at - z * GEOM.zone_size} .* "
+                                                          "fails its checksum"):
+                Store.open(inner)
+            with pytest.raises(CorruptJournalError):
+                Store.open(inner, readonly=True)
+            tried += 1
+    assert tried == sum(blocks) == 6

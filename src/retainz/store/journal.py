@@ -25,8 +25,12 @@ intact and the new one without its ``send`` record, so mount falls back to the o
 **Mount** reads the first block of every meta zone, tries the chains from the highest sequence down
 and takes the first whose snapshot is complete.  A record that runs past the write pointer of the
 chain's last zone is a *torn tail* (what a power cut leaves) and is dropped, provided no valid record
-starts after it; a checksum mismatch inside the written area, a non-empty meta zone whose superblock
-fails its checksum, or a gap in a chain is :class:`CorruptJournalError` (never skipped silently).
+starts after it.  After a power cycle everything below a zone's write pointer is durable (a zone
+keeps a prefix of its writes), so a checksum mismatch in a record that lies wholly below it is
+corruption; the one exception is a torn record in a zone finished afterwards (a Full zone reads
+zeros where nothing was written): its last block and everything after it in the zone must read as
+zeros.  A checksum mismatch otherwise, a non-empty meta zone whose superblock fails its checksum, or
+a gap in a chain is :class:`CorruptJournalError` (never skipped silently).
 """
 
 from __future__ import annotations
@@ -242,11 +246,12 @@ def parse_zone(buf: bytes, start: int, end: int, bs: int, *, zone: int, tail: bo
             break
         payload = bytes(view[pos + 8:pos + 8 + n])
         if _mask(crc32c.crc32c(payload, crc32c.crc32c(_LEN.pack(n)))) != crc:
-            last = pos + total - bs
-            if tail and total > bs and not any(view[last:last + bs]) and not any(
-                    _valid_at(view, p, end, bs) for p in range(pos + bs, end, bs)):
+            if tail and full and total > bs and not view[pos + total - bs:end].tobytes().strip(b"\0"):
                 # a torn record in a zone finished afterwards (a rollover finishes the old zone):
-                # its missing blocks read as zeros.  A record's last block always holds payload.
+                # the blocks it never wrote read as zeros up to the zone's end.  A record's last
+                # block always holds payload, so a record whose last block holds data was written
+                # whole and is durable (below a write pointer after a power cycle): its checksum
+                # failure is corruption, never a torn tail.
                 out.torn = total
                 break
             raise CorruptJournalError(f"meta zone {zone}: record at byte {pos} ({n} bytes) fails its "
