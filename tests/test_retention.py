@@ -217,6 +217,41 @@ def test_torchtitan_purges_by_parsed_step_number_not_by_save_order():
     assert deletes == [(20, "step-10"), (30, "step-20"), (40, "step-30"), (50, "step-40")]
 
 
+@pytest.mark.parametrize("spec, steps, cls, older_higher, newer_lower, deletes", [
+    ("torchtitan:interval=10,keep_latest_k=2", 60, "interval", "step-90", "step-5",
+     [(10, "step-5"), (20, "step-10"), (30, "step-20"), (40, "step-30"), (50, "step-40")]),
+    ("hf:save_steps=10,save_total_limit=2", 40, "checkpoint", "checkpoint-90", "checkpoint-5",
+     [(10, "checkpoint-5"), (20, "checkpoint-10"), (30, "checkpoint-20"), (40, "checkpoint-30")]),
+    ("accelerate:save_steps=10,total_limit=2", 40, "checkpoint", "checkpoints/checkpoint_9", None,
+     [(20, "checkpoints/checkpoint_0"), (30, "checkpoints/checkpoint_1"), (40, "checkpoints/checkpoint_2")]),
+    ("orbax:latest=2,save_interval_steps=10", 40, "step", "90", "5",
+     [(10, "5"), (20, "10"), (30, "20"), (40, "30")]),
+    ("megatron:save_interval=100,non_persistent_interval=2", 8, "non_persistent",
+     "non_persistent/iter_0000090", "non_persistent/iter_0000001",
+     [(2, "non_persistent/iter_0000001"), (4, "non_persistent/iter_0000002"),
+      (6, "non_persistent/iter_0000004"), (8, "non_persistent/iter_0000006")]),
+], ids=["torchtitan", "hf", "accelerate", "orbax", "megatron-global"])
+def test_purge_order_is_the_step_in_the_name_not_the_save_order(spec, steps, cls, older_higher, newer_lower,
+                                                                  deletes):
+    """Every rule that deletes by step: two checkpoints whose save order and step disagree.  One
+    saved before this run (the lowest generation number) at a higher step than any of it (a rolled-
+    back run left it), one saved after (the highest generation number) at a lower step.  Sorting by
+    step keeps the first through every purge and deletes the second first; sorting by save order would
+    do the opposite.  Expected deletions worked out by hand from each runtime's rule."""
+    from retainz.retention.base import Gen
+
+    session = parse_rule(spec).start(steps)
+    number = parse_step if not spec.startswith("accelerate") else (lambda n: int(n.rsplit("_", 1)[1]))
+    session.live.append(Gen(-1, older_higher, number(older_higher) if cls != "step" else int(older_higher),
+                            cls, committed=True))
+    if newer_lower is not None:
+        session.live.append(Gen(10**6, newer_lower, number(newer_lower) if cls != "step" else int(newer_lower),
+                                cls, committed=True))
+    acts = list(drive(session))
+    assert [(a.step, a.name) for a in acts if a.kind == "delete"] == deletes
+    assert older_higher not in {a.name for a in acts if a.kind == "delete"}
+
+
 # -- Megatron ----------------------------------------------------------------------------------------
 
 def test_megatron_retain_interval_table_and_exact_prediction():
