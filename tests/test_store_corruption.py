@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 
+import crc32c
 import pytest
 
 from retainz.errors import ChecksumError, CorruptJournalError, RetainZError
@@ -98,3 +99,29 @@ def test_corrupt_journal_is_not_mistaken_for_an_empty_device():
 
     with pytest.raises(ForeignDeviceError, match="already holds a RetainZ store"):
         Store.format(dev)                      # still recognised: no accidental reformat
+
+
+def test_extents_each_valid_but_in_the_wrong_order_fail_the_whole_shard_crc():
+    """Metadata that maps a shard's extents in the wrong order (a bug in a GC move or a commit's
+    extent list) passes every extent's crc32c; the whole-shard crc32c is what catches it."""
+    import dataclasses
+
+    dev = MemoryDevice(GEOM)
+    s = Store.format(dev)
+    w = s.begin_generation("g", 1)
+    data = blob(7, 70 * KiB)                  # more than a zone's capacity: two extents at least
+    w.write_shard("s", [data])
+    w.commit()
+    gen = s.generation("g")
+    shard = gen.shards["s"]
+    assert len(shard.extents) >= 2
+    assert b"".join(s.read_shard("g", "s")) == data
+    ext = list(shard.extents)
+    ext[0], ext[1] = ext[1], ext[0]
+    gen.shards["s"] = dataclasses.replace(shard, extents=tuple(ext))
+    with pytest.raises(ChecksumError, match="generation 'g' shard 's': whole-shard crc32c mismatch") as e:
+        b"".join(s.read_shard("g", "s"))
+    n0, n1 = shard.extents[0][2], shard.extents[1][2]
+    swapped = data[n0:n0 + n1] + data[:n0] + data[n0 + n1:]
+    assert (e.value.expected, e.value.actual) == (shard.crc, crc32c.crc32c(swapped))
+    s.close()

@@ -4,6 +4,8 @@ moves, FINISH recovery, double crashes."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from retainz.errors import CorruptJournalError, PowerCutError
@@ -129,6 +131,39 @@ def test_campaign_detects_a_commit_that_does_not_flush_its_data_first(monkeypatc
     rep = campaign(name, seed=0)
     assert any(f.split(": ")[0].endswith("record durable, data lost") and "data lost" in f
                for f in rep.failures), rep.failures[:3]
+
+
+def test_campaign_catches_a_generation_that_appears_without_being_confirmed(monkeypatch):
+    """The checker's upper bound (nothing outside the confirmed set): a store whose abort commits the
+    generation instead shows "x" after every later cut; each such point fails, naming the set."""
+    from retainz.store.writer import WriteMixin
+
+    commit = WriteMixin._commit
+    monkeypatch.setattr(WriteMixin, "_abort", lambda self, w: commit(self, w) and None)
+    rep = campaign("basic", seed=0)
+    wrong = [f for f in rep.failures if re.search(r"committed set \[[^]]*'x'\], expected all of .* and "
+                                                  r"nothing outside \[[^]]*\]$", f) and "'x'" not in
+             f.rsplit("nothing outside", 1)[1]]
+    assert len(wrong) == len(rep.failures) > 10
+
+
+def test_campaign_catches_shard_bytes_that_differ(monkeypatch):
+    """The checker's byte comparison: a store that hands back one wrong byte (its checksums, fsck and
+    zone summaries all fine) fails every point that reads the shard back."""
+    from retainz.store.reader import ReadMixin
+
+    real = ReadMixin.read_shard
+
+    def off_by_one_bit(self, gen_id, name):
+        chunks = list(real(self, gen_id, name))
+        if chunks and chunks[-1]:
+            chunks[-1] = chunks[-1][:-1] + bytes([chunks[-1][-1] ^ 1])
+        return iter(chunks)
+
+    monkeypatch.setattr(ReadMixin, "read_shard", off_by_one_bit)
+    rep = campaign("basic", seed=0)
+    assert rep.failures and all(f.endswith("bytes differ") for f in rep.failures)
+    assert len(rep.failures) == rep.points          # every recovery reads some shard back
 
 
 class OpLog(FaultyDevice):
