@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 TORCH_STAMP := $(VENV)/.torch-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: setup main demo test lint bench bench-placement bench-store bench-replay bench-device vm-setup setup-torch bench-dcp clean
+.PHONY: setup main demo test lint bench bench-placement bench-store bench-replay bench-device vm-setup setup-torch bench-dcp mutation clean
 
 setup: $(STAMP)
 
@@ -53,6 +53,13 @@ $(TORCH_STAMP): $(STAMP)
 # dcp.save/dcp.load: ZonedStorageWriter/Reader on a FileDevice vs FileSystemWriter/Reader, same disk, one run.
 bench-dcp: setup-torch
 	$(PY) -m bench.bench_dcp
+
+# Mutation testing (mutmut) of placement, store, retention and the journal against the fast lane's
+# tests; slow (hours on 2 cores), never in CI.  MUTATE=placement,journal runs only those groups;
+# the report lands in results/mutation/report.md.
+mutation: setup
+	$(PY) -m pip install -q -e '.[dev,mutation]'
+	nice $(PY) tools/mutation.py $(if $(MUTATE),--groups $(MUTATE))
 
 bench: setup
 	$(PY) -m bench

@@ -1,0 +1,238 @@
+"""Mutation testing of the core (``make mutation``): how much of what the tests claim do they catch?
+
+Runs mutmut 3 (the ``mutation`` extra) over each module group below against the fast lane's tests
+for that group (``-m "not slow and not zns_guest and not payload and not dcp"``), in a scratch copy of
+the tree (``out/mutation/<group>``: mutmut writes its mutants next to the sources it mutates), and
+records what it found in ``results/mutation/report.json`` and ``report.md``:
+
+* per module: mutants generated, killed (a test failed or timed out), survived (no test failed),
+  not covered (no selected test runs the function), equivalent, and the kill rate
+  ``killed / (generated - equivalent)``;
+* every surviving mutant with its diff, unless ``results/mutation/equivalent.json`` marks it
+  equivalent (``{"mutant name": "one-line reason"}``): a mutant that changes no behaviour a caller can
+  observe (an error message's wording is *not* such a change: its test should check the text).
+
+Groups that were not run keep their previous entry (with its date) in the report.  A full run takes
+hours on 2 cores, so this never runs in CI; ``--groups`` picks groups, ``--only`` narrows a group to
+some of its files.  mutmut runs each mutant only against the selected tests that execute the mutated
+function (it records which tests reach which function in a first, instrumented run).
+
+Usage: ``python tools/mutation.py [--groups placement,journal] [--only FILE ...] [--max-children N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import fnmatch
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FAST_LANE = "not slow and not zns_guest and not payload and not dcp"
+
+#: group -> files to mutate (globs, relative to the repository), files left out (with the reason
+#: printed in the report), and the fast-lane tests run against them.
+GROUPS: dict[str, dict] = {
+    "placement": {
+        "mutate": ["src/retainz/placement/*.py"],
+        "skip": {},
+        "tests": ["tests/test_placement_controls.py", "tests/test_placement_retainz.py",
+                  "tests/test_placement_zenfs.py", "tests/test_placement_store.py",
+                  "tests/test_store_placement.py"],
+    },
+    "journal": {
+        "mutate": ["src/retainz/store/journal.py", "src/retainz/store/journal_space.py"],
+        "skip": {},
+        "tests": ["tests/test_store_journal.py", "tests/test_store_corruption.py",
+                  "tests/test_store_recovery.py", "tests/test_store_readonly.py", "tests/test_store_api.py"],
+    },
+    "store": {
+        "mutate": ["src/retainz/store/*.py"],
+        "skip": {"src/retainz/store/journal.py": "its own group (journal)",
+                 "src/retainz/store/journal_space.py": "its own group (journal)",
+                 "src/retainz/store/crashtest.py": "the power-cut campaign harness (a test tool; its checks "
+                                                   "have tests of their own in test_store_recovery.py)"},
+        "tests": ["tests/test_store_api.py", "tests/test_store_corruption.py", "tests/test_store_gc.py",
+                  "tests/test_store_journal.py", "tests/test_store_metrics.py",
+                  "tests/test_store_placement.py", "tests/test_store_readonly.py",
+                  "tests/test_store_recovery.py", "tests/test_store_stateful.py", "tests/test_store_cli.py"],
+    },
+    "retention": {
+        "mutate": ["src/retainz/retention/*.py"],
+        "skip": {},
+        "tests": ["tests/test_retention.py", "tests/test_replay.py"],
+    },
+}
+
+STATUS = {1: "killed", 3: "killed", 36: "killed", 24: "killed", -24: "killed", 152: "killed", 255: "killed",
+          0: "survived", 5: "not covered", 33: "not covered", None: "not run"}
+
+
+def _files(group: dict, only: list[str]) -> list[str]:
+    out = []
+    for pattern in group["mutate"]:
+        for p in sorted(ROOT.glob(pattern)):
+            rel = p.relative_to(ROOT).as_posix()
+            if rel in group["skip"] or p.name == "__init__.py" and p.stat().st_size < 64:
+                continue
+            if only and not any(fnmatch.fnmatch(rel, o) or rel.endswith(o) for o in only):
+                continue
+            out.append(rel)
+    return out
+
+
+def _scratch(name: str, group: dict, files: list[str], max_children: int) -> Path:
+    work = ROOT / "out" / "mutation" / name
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    for d in ("src", "tests"):
+        shutil.copytree(ROOT / d, work / d, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    config = (ROOT / "pyproject.toml").read_text()
+    config += "\n[tool.mutmut]\n" + "\n".join([
+        'source_paths = ["src/retainz"]',
+        f"only_mutate = {json.dumps(files)}",
+        f'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-m", "{FAST_LANE}"]',
+        f"pytest_add_cli_args_test_selection = {json.dumps(group['tests'])}",
+        "use_git_change_detection = false",
+    ]) + "\n"
+    (work / "pyproject.toml").write_text(config)
+    return work
+
+
+def _run_group(name: str, group: dict, only: list[str], max_children: int) -> dict:
+    files = _files(group, only)
+    if not files:
+        raise SystemExit(f"group {name}: no file matches {only}")
+    work = _scratch(name, group, files, max_children)
+    # subprocesses (CLI tests) import the mutated tree too; the directory must exist before Python
+    # starts, or its import machinery caches it as missing
+    (work / "mutants" / "src").mkdir(parents=True)
+    env = dict(os.environ, PYTHONPATH=str(work / "mutants" / "src"))
+    mutmut = Path(sys.executable).with_name("mutmut")
+    print(f"== {name}: mutmut over {len(files)} file(s), tests: {' '.join(group['tests'])}", flush=True)
+    started = datetime.datetime.now(datetime.UTC)
+    with open(work / "mutmut.log", "w") as log:
+        proc = subprocess.run([str(mutmut), "run", "--max-children", str(max_children)], cwd=work, env=env,
+                              stdout=log, stderr=subprocess.STDOUT)
+    if proc.returncode:
+        print((work / "mutmut.log").read_text()[-3000:])
+        raise SystemExit(f"group {name}: mutmut exited {proc.returncode} (log: {work / 'mutmut.log'})")
+    modules: dict[str, dict] = {}
+    survivors = []
+    for rel in files:
+        meta = work / "mutants" / (rel + ".meta")
+        counts = {"generated": 0, "killed": 0, "survived": 0, "not covered": 0, "not run": 0}
+        if meta.exists():
+            for key, code in json.loads(meta.read_text())["exit_code_by_key"].items():
+                status = STATUS.get(code, "survived")
+                counts["generated"] += 1
+                counts[status] += 1
+                if status in ("survived", "not covered"):
+                    diff = subprocess.run([str(mutmut), "show", key], cwd=work, env=env, text=True,
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT).stdout
+                    survivors.append({"name": key, "module": rel, "status": status,
+                                      "diff": _diff_body(diff)})
+        modules[rel] = counts
+    return {"date": started.strftime("%Y-%m-%d"), "files": files, "tests": group["tests"],
+            "skipped": group["skip"], "only": only, "modules": modules, "survivors": survivors,
+            "minutes": round((datetime.datetime.now(datetime.UTC) - started).total_seconds() / 60, 1)}
+
+
+def _diff_body(text: str) -> str:
+    lines = [ln for ln in text.splitlines() if ln.startswith(("-", "+")) and not ln.startswith(("---", "+++"))]
+    return "\n".join(lines)
+
+
+def _rate(killed: int, generated: int, equivalent: int) -> str:
+    n = generated - equivalent
+    return f"{100 * killed / n:.1f} %" if n else "-"
+
+
+def write_report(data: dict, equivalent: dict[str, str], out: Path) -> None:
+    """Write ``report.json`` (``data``) and ``report.md`` (kill rates, survivors) into ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    lines = ["# Mutation testing report", "",
+             "Written by `make mutation` (`tools/mutation.py`, mutmut 3) from `report.json`; mutants marked",
+             "equivalent are listed in `equivalent.json` with the reason.  Kill rate = killed / (generated -",
+             "equivalent); a timeout counts as killed, a mutant no selected test reaches as survived.", "",
+             "| group | module | generated | killed | survived | not covered | equivalent | kill rate | "
+             "measured |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for name in GROUPS:
+        g = data.get(name)
+        if not g:
+            lines.append(f"| {name} | (not run) | | | | | | | |")
+            continue
+        tot = {"generated": 0, "killed": 0, "survived": 0, "not covered": 0, "equivalent": 0}
+        for mod, c in g["modules"].items():
+            eq = sum(1 for s in g["survivors"] if s["module"] == mod and s["name"] in equivalent)
+            surv = sum(1 for s in g["survivors"] if s["module"] == mod and s["name"] not in equivalent
+                       and s["status"] == "survived")
+            nocov = sum(1 for s in g["survivors"] if s["module"] == mod and s["name"] not in equivalent
+                        and s["status"] == "not covered")
+            lines.append(f"| {name} | `{mod.removeprefix('src/')}` | {c['generated']} | {c['killed']} | {surv} | "
+                         f"{nocov} | {eq} | {_rate(c['killed'], c['generated'], eq)} | {g['date']} |")
+            for k, v in (("generated", c["generated"]), ("killed", c["killed"]), ("survived", surv),
+                         ("not covered", nocov), ("equivalent", eq)):
+                tot[k] += v
+        lines.append(f"| **{name}** | all | {tot['generated']} | {tot['killed']} | {tot['survived']} | "
+                     f"{tot['not covered']} | {tot['equivalent']} | "
+                     f"**{_rate(tot['killed'], tot['generated'], tot['equivalent'])}** | {g['date']} |")
+    lines.append("")
+    for name in GROUPS:
+        g = data.get(name)
+        if not g:
+            continue
+        lines += [f"## {name}", "", f"Measured {g['date']} in {g['minutes']} min; tests: "
+                  + ", ".join(f"`{t}`" for t in g["tests"]) + f" (`-m \"{FAST_LANE}\"`)."]
+        if g.get("only"):
+            lines.append(f"Run narrowed to: {', '.join(g['only'])}.")
+        for f, why in g["skipped"].items():
+            lines.append(f"Not mutated: `{f}`: {why}.")
+        lines.append("")
+        left = [s for s in g["survivors"] if s["name"] not in equivalent]
+        eqs = [s for s in g["survivors"] if s["name"] in equivalent]
+        lines.append(f"Surviving mutants: {len(left)}" + (":" if left else "."))
+        for s in left:
+            lines += ["", f"- `{s['name']}` ({s['status']})", "", "  ```diff"]
+            lines += ["  " + ln for ln in s["diff"].splitlines()] + ["  ```"]
+        if eqs:
+            lines += ["", f"Equivalent mutants: {len(eqs)}:", ""]
+            lines += [f"- `{s['name']}`: {equivalent[s['name']]}" for s in eqs]
+        lines.append("")
+    (out / "report.md").write_text("\n".join(lines))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--groups", default=",".join(GROUPS), help="comma-separated: " + ", ".join(GROUPS))
+    ap.add_argument("--only", nargs="*", default=[], help="mutate only these files of the group(s)")
+    ap.add_argument("--max-children", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=ROOT / "results" / "mutation")
+    ap.add_argument("--report-only", action="store_true", help="rewrite report.md from report.json")
+    args = ap.parse_args(argv)
+    names = [g for g in args.groups.split(",") if g]
+    bad = [g for g in names if g not in GROUPS]
+    if bad:
+        print(f"unknown group(s) {', '.join(bad)}; valid: {', '.join(GROUPS)}", file=sys.stderr)
+        return 2
+    path = args.out / "report.json"
+    data = json.loads(path.read_text()) if path.exists() else {}
+    eq_path = args.out / "equivalent.json"
+    equivalent = json.loads(eq_path.read_text()) if eq_path.exists() else {}
+    if not args.report_only:
+        for name in names:
+            data[name] = _run_group(name, GROUPS[name], args.only, args.max_children)
+            write_report(data, equivalent, args.out)
+    write_report(data, equivalent, args.out)
+    print(f"report: {args.out / 'report.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
