@@ -219,3 +219,95 @@ def test_sharing_controls_ignore_the_reclaim_step(policy):
     events = [ev if ev[0] == "delete" else (*ev[:4], Hint()) for ev in mixed_trace(saves=20, size=90)]
     b = run(policy, events, zones=40, capacity=100, max_active=4)
     assert [d[3].zone for d in a.decisions] == [d[3].zone for d in b.decisions]
+
+
+@pytest.mark.parametrize("policy", ["greedy", "common", "dedicated", "zenfs", "retainz", "oracle"])
+def test_every_decision_carries_the_generations_reclaim_step(policy):
+    """The store records a decision's reclaim step as the zone's (and journals it): a policy whose view
+    of the hint is exact must hand back the generation's own reclaim step on every branch (first
+    extent, continuing a zone, opening one, finishing one)."""
+    events = mixed_trace(saves=40)
+    hints = {e[1]: e[4] for e in events if e[0] == "save"}
+    d = run(policy, events, zones=24, capacity=64, max_active=4)
+    placed = [(g, dec) for g, _, gc, dec in d.decisions if not gc and dec.zone is not None]
+    assert len(placed) > 90
+    assert [(g, dec.reclaim_step) for g, dec in placed] == [(g, hints[g].reclaim_step) for g, _ in placed]
+    assert {hints[g].reclaim_step for g, _ in placed} >= {INF, 300.0}
+
+
+@pytest.mark.parametrize("max_active, width", [(0, 4), (3, 3), (6, 6)])
+def test_common_width_defaults_to_the_active_budget_or_4_when_unlimited(max_active, width):
+    t = ZoneTable({z: 100 for z in range(10)}, max_active=max_active)
+    a = make_allocator("common")
+    a.bind(t)
+    zones = []
+    for _ in range(8):
+        z = a.place(req(5000.0)).zone
+        t.on_write(z, 10, reclaim_step=5000.0, lifetime=0, step=0)
+        zones.append(z)
+    assert zones[:width] == list(range(width))           # opens up to the width ...
+    assert set(zones[width:]) <= set(range(width))       # ... then only shares those
+
+
+def test_common_breaks_a_tie_in_remaining_capacity_by_the_lowest_zone():
+    t = ZoneTable({z: 100 for z in range(8)})
+    a = make_allocator("common:width=3")
+    a.bind(t)
+    for z in (0, 1, 2):
+        t.on_write(z, 30 if z == 0 else 10, reclaim_step=1.0, lifetime=0, step=0)
+    assert a.place(req(1.0)).zone == 1                   # zones 1 and 2 tie with 90 left
+
+
+def test_dedicated_finishes_exactly_enough_of_the_fullest_open_zones():
+    """At the active budget a new generation's first zone needs one active resource: the open zone
+    with the least remaining capacity goes (ties: lowest index), and only as many as needed."""
+    t = ZoneTable({z: 100 for z in range(10)}, max_active=3)
+    a = make_allocator("dedicated")
+    a.bind(t)
+    for i, used in enumerate((50, 20, 50)):
+        d = a.place(req(1.0, gen=f"g{i}"))
+        assert d == Decision(i, reclaim_step=1.0)
+        t.on_write(i, used, reclaim_step=1.0, lifetime=0, step=0)
+    d = a.place(req(2.0, gen="g3"))
+    assert d == Decision(3, finish=(0,), reclaim_step=2.0)
+    assert a.place(req(1.0, gen="g1")) == Decision(1, reclaim_step=1.0)   # g1 keeps its own zone
+
+
+def test_dedicated_forgets_a_zone_once_it_is_full_or_reset():
+    t = ZoneTable({z: 100 for z in range(10)}, max_active=0)
+    a = make_allocator("dedicated")
+    a.bind(t)
+    assert a.place(req(1.0, gen="g0")).zone == 0
+    t.on_write(0, 100, reclaim_step=1.0, lifetime=0, step=0)     # full: g0 moves on
+    assert a.place(req(1.0, gen="g0")).zone == 1
+    t.on_write(1, 10, reclaim_step=1.0, lifetime=0, step=0)
+    assert a.place(req(1.0, gen="g1")).zone == 2                  # g1 never shares g0's zone
+    t.on_write(2, 10, reclaim_step=1.0, lifetime=0, step=0)
+    assert a.place(req(1.0, gen="g0")).zone == 1                  # g0 still owns zone 1
+
+
+def test_noisy_view_is_step_plus_lifetime_times_one_plus_the_generations_draw():
+    import random
+
+    eps = random.Random("3:g7").uniform(-0.5, 0.5)        # one draw per (seed, generation)
+    assert view_reclaim_step(req(6000.0, gen="g7"), "noisy", error=0.5, seed=3) == 1000 + 5000 * (1 + eps)
+    assert view_reclaim_step(req(1000.0, gen="g7"), "noisy", error=0.5, seed=3) == 1000.0   # no lifetime left
+    assert view_reclaim_step(req(900.0, gen="g7"), "noisy", error=0.5, seed=3) == 1000.0    # overdue: now
+
+
+def test_coarse_view_uses_the_given_class_bounds():
+    from retainz.placement.hints import lifetime_class
+
+    r = req(1050.0, step=1000)
+    custom = view_reclaim_step(r, "coarse", short=10, medium=100)
+    assert custom == class_reclaim_step(lifetime_class(1050.0, 1000, short=10, medium=100), 1000,
+                                        short=10, medium=100)
+    assert custom != view_reclaim_step(r, "coarse")
+    lt = req(None, step=1000, lifetime=WLTH_MEDIUM)
+    assert view_reclaim_step(lt, "coarse", short=10, medium=100) == class_reclaim_step(
+        WLTH_MEDIUM, 1000, short=10, medium=100) != view_reclaim_step(lt, "coarse")
+
+
+def test_unknown_view_is_named_with_the_valid_ones():
+    with pytest.raises(ValueError, match=r"^unknown hint view 'fuzzy'; valid: exact, none, coarse, noisy, oracle$"):
+        view_reclaim_step(req(1.0), "fuzzy")

@@ -24,8 +24,8 @@ the device again.  Two ways:
 What cannot be injected on a real device is a **power cut that drops unflushed writes** (or tears a
 write the device acknowledged): the kernel and the drive complete what they complete, and nothing
 here can un-write it.  The FaultyDevice campaigns (tests/test_store_recovery.py,
-``retainz.store.crashtest``) cover those on emulated devices, every write boundary crossed with
-torn/dropped variants.  A ``FileDevice`` records its write pointers at ``flush``, so a killed process
+``retainz.store.crashtest``) cover those on emulated devices, every write boundary crossed with the
+states a cut can leave (each zone keeping any prefix of its unflushed writes).  A ``FileDevice`` records its write pointers at ``flush``, so a killed process
 loses its unflushed writes there, like such a power cut; the out-of-process tests expect exactly that
 of it.
 """

@@ -14,7 +14,7 @@ records what it found in ``results/mutation/report.json`` and ``report.md``:
 
 Groups that were not run keep their previous entry (with its date) in the report.  A full run takes
 hours on 2 cores, so this never runs in CI; ``--groups`` picks groups, ``--only`` narrows a group to
-some of its files.  mutmut runs each mutant only against the selected tests that execute the mutated
+some of its files (their rows and survivors replace the earlier ones of the group).  mutmut runs each mutant only against the selected tests that execute the mutated
 function (it records which tests reach which function in a first, instrumented run).
 
 Usage: ``python tools/mutation.py [--groups placement,journal] [--only FILE ...] [--max-children N]``.
@@ -143,6 +143,20 @@ def _run_group(name: str, group: dict, only: list[str], max_children: int) -> di
             "minutes": round((datetime.datetime.now(datetime.UTC) - started).total_seconds() / 60, 1)}
 
 
+def _merge(old: dict | None, new: dict) -> dict:
+    """A run narrowed by ``--only`` replaces its modules' rows and survivors in the group's entry."""
+    if not old:
+        return new
+    mods = set(new["modules"])
+    out = dict(old)
+    out["modules"] = {**old["modules"], **new["modules"]}
+    out["survivors"] = [s for s in old["survivors"] if s["module"] not in mods] + new["survivors"]
+    out["reruns"] = old.get("reruns", []) + [{"date": new["date"], "files": sorted(mods),
+                                             "minutes": new["minutes"]}]
+    out["tests"] = new["tests"]
+    return out
+
+
 def _diff_body(text: str) -> str:
     lines = [ln for ln in text.splitlines() if ln.startswith(("-", "+")) and not ln.startswith(("---", "+++"))]
     return "\n".join(lines)
@@ -192,6 +206,9 @@ def write_report(data: dict, equivalent: dict[str, str], out: Path) -> None:
                   + ", ".join(f"`{t}`" for t in g["tests"]) + f" (`-m \"{FAST_LANE}\"`)."]
         if g.get("only"):
             lines.append(f"Run narrowed to: {', '.join(g['only'])}.")
+        for r in g.get("reruns", []):
+            lines.append(f"Re-measured {r['date']} ({r['minutes']} min): " + ", ".join(f"`{f}`" for f in r["files"])
+                         + ".")
         for f, why in g["skipped"].items():
             lines.append(f"Not mutated: `{f}`: {why}.")
         lines.append("")
@@ -227,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     equivalent = json.loads(eq_path.read_text()) if eq_path.exists() else {}
     if not args.report_only:
         for name in names:
-            data[name] = _run_group(name, GROUPS[name], args.only, args.max_children)
+            got = _run_group(name, GROUPS[name], args.only, args.max_children)
+            data[name] = _merge(data.get(name), got) if args.only else got
             write_report(data, equivalent, args.out)
     write_report(data, equivalent, args.out)
     print(f"report: {args.out / 'report.md'}")
