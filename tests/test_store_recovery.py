@@ -74,9 +74,10 @@ def test_power_cut_campaign_other_seeds(seed):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", WORKLOADS)
+@pytest.mark.parametrize("name", ["gc", "mixed"])
 def test_power_cut_campaign_enumerating_more_states(name):
-    """The size knob: every state of a cut that leaves up to 512, 24 random ones otherwise."""
+    """The size knob: every state of a cut that leaves up to 512, 24 random ones otherwise (basic,
+    rollover and spill cuts leave at most 16: the default lane already enumerates them all)."""
     rep = campaign(name, seed=0, enumerate_up_to=512, samples=24)
     print(f"{name} (enumerated): {rep.points} crash states at {rep.write_boundaries} write boundaries")
     assert rep.failures == [] and rep.points > campaign(name, seed=0).points
