@@ -170,3 +170,19 @@ def test_analyze_refuses_a_tampered_record_naming_the_file(quick_runs, tmp_path,
         analyze(str(runs), str(tmp_path / "a"))
     (runs / name).write_text(json.dumps(finalize(rec)))              # re-stamped: accepted again
     assert not analyze(str(runs), str(tmp_path / "c")).failed
+
+
+@pytest.mark.parametrize("content", ["nothing", "a failed record only"])
+def test_analyze_refuses_a_folder_without_ok_records_and_writes_nothing(quick_runs, tmp_path, capsys, content):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    if content != "nothing":
+        failed = sorted(n for n in os.listdir(quick_runs) if n.endswith(".json"))[0]
+        rec = json.loads((quick_runs / failed).read_text())
+        rec.update(status="failed", error="worker process failed: boom")
+        (runs / failed).write_text(json.dumps(finalize(rec)))
+    out = tmp_path / "analysis"
+    assert main(["analyze", str(runs), "--out", str(out)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{runs}: no ok run record to analyze" in err[0], err
+    assert not out.exists()
