@@ -24,3 +24,14 @@ def test_markers_name_only_knobs_that_exist():
     for marker in PYPROJECT["tool"]["pytest"]["ini_options"]["markers"]:
         for knob in re.findall(r"\b([A-Z][A-Z_]+)=1\b", marker):
             assert knob in sources, f"marker {marker!r} mentions {knob}, which nothing reads"
+
+
+def test_the_project_points_to_no_folder_outside_it():
+    """Facts the product uses live in its own docs (docs/real-payload.md...), never in a path outside it."""
+    outside = "shared" + "/reference"
+    files = [ROOT / "README.md", ROOT / "pyproject.toml", ROOT / "Makefile", *ROOT.glob("docs/*"),
+             *ROOT.glob("src/**/*.py"), *ROOT.glob("tests/*.py"), *ROOT.glob("bench/*.py"), *ROOT.glob("tools/*")]
+    hits = [f"{p.relative_to(ROOT)}:{i}" for p in files if p.is_file()
+            for i, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
+            if outside in line or "shared" + "/" in line]
+    assert hits == []
