@@ -29,12 +29,14 @@ demo: setup
 lint: setup
 	$(VENV)/bin/ruff check src tests bench tools
 
-# The whole test command CI runs (.ci/run calls exactly this).  The second pytest is the QEMU ZNS guest
+# The whole test command CI runs (.ci/run calls exactly this).  The third pytest is the QEMU ZNS guest
 # lane: one TCG guest runs the device conformance suite on an NVMe ZNS namespace and on null_blk zoned.
+# Last, every benchmark at its quick size as a smoke test (~1 min; figures printed, no threshold).
 test: lint vm-setup setup-torch
 	$(PY) -m pytest -q -m "not zns_guest and not payload"
 	$(PY) -m pytest -q -m payload tests/test_payload.py
 	$(PY) -m pytest -q -rs -m zns_guest tests/test_zns_guest.py
+	$(PY) -m bench --quick --json out/bench/quick.json
 
 # QEMU, busybox, cpio, kmod and a guest kernel for the zns_guest lane (idempotent; cache in cache/vm).
 vm-setup: setup
@@ -61,8 +63,10 @@ mutation: setup
 	$(PY) -m pip install -q -e '.[dev,mutation]'
 	nice $(PY) tools/mutation.py $(if $(MUTATE),--groups $(MUTATE))
 
+# Every benchmark in one run, each figure next to its target (issue 17's table); the report in
+# out/bench/report.json.  `python -m bench --quick` is the small smoke size make test runs.
 bench: setup
-	$(PY) -m bench
+	$(PY) -m bench --json out/bench/report.json
 
 # Decision cost per extent of every placement policy at 256, 4,096 and 65,536 zones, in one run.
 bench-placement: setup

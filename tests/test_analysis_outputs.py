@@ -52,8 +52,11 @@ def test_figures_are_written_as_pdf_and_png_in_dejavu_serif(analysed):
         assert pdf.read_bytes().startswith(b"%PDF") and str(pdf) in rep.outputs
         assert b"DejaVuSerif" in pdf.read_bytes()
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-        w = int.from_bytes(png.read_bytes()[16:20], "big")   # IHDR width at 200 dpi
-        assert 500 <= w <= 700                                # ~3.3 in: one paper column
+        data = png.read_bytes()
+        w = int.from_bytes(data[16:20], "big")                # IHDR width
+        phys = data.index(b"pHYs")                            # pixels per metre, x
+        dpi = int.from_bytes(data[phys + 4:phys + 8], "big") * 0.0254
+        assert dpi >= 200 and 2.9 <= w / dpi <= 3.4, (name, w, dpi)   # ~3.3 in: one paper column
 
 
 def test_placement_table_has_the_fourteen_rows_in_order(analysed, quick_runs):
@@ -170,3 +173,83 @@ def test_analyze_refuses_a_tampered_record_naming_the_file(quick_runs, tmp_path,
         analyze(str(runs), str(tmp_path / "a"))
     (runs / name).write_text(json.dumps(finalize(rec)))              # re-stamped: accepted again
     assert not analyze(str(runs), str(tmp_path / "c")).failed
+
+
+@pytest.mark.parametrize("content", ["nothing", "a failed record only"])
+def test_analyze_refuses_a_folder_without_ok_records_and_writes_nothing(quick_runs, tmp_path, capsys, content):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    if content != "nothing":
+        failed = sorted(n for n in os.listdir(quick_runs) if n.endswith(".json"))[0]
+        rec = json.loads((quick_runs / failed).read_text())
+        rec.update(status="failed", error="worker process failed: boom")
+        (runs / failed).write_text(json.dumps(finalize(rec)))
+    out = tmp_path / "analysis"
+    assert main(["analyze", str(runs), "--out", str(out)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{runs}: no ok run record to analyze" in err[0], err
+    assert not out.exists()
+
+
+def _figure_of(monkeypatch, module, draw, runs):
+    """The matplotlib figure ``draw(runs, out)`` builds (captured instead of saved), drawn."""
+    from retainz.analysis.figures import setup_style
+
+    captured = []
+    monkeypatch.setattr(module, "save", lambda fig, out_dir, name: captured.append(fig) or [])
+    setup_style()
+    draw(runs, "unused-out-dir")
+    fig = captured[0]
+    fig.canvas.draw()
+    return fig
+
+
+def test_pressure_figure_keeps_coinciding_policies_apart_with_a_compact_legend(quick_runs, monkeypatch):
+    from retainz.analysis import figures
+    from retainz.analysis.records import load
+
+    fig = _figure_of(monkeypatch, figures, figures.pressure_figure, load(str(quick_runs)))
+    ax = fig.axes[0]
+    lines = [ln for ln in ax.get_lines() if ln.get_linestyle() != "None" and len(ln.get_xdata())]
+    # the same data point of two policies lands on different pixels, and each policy has its own marker
+    y0 = {ln.get_transform().transform((ln.get_xdata()[0], ln.get_ydata()[0]))[1] for ln in lines}
+    assert len(y0) == len(lines) >= 5
+    assert len({ln.get_marker() for ln in lines}) == len(lines)
+    legend = fig.legends[0].get_window_extent()
+    assert legend.height / fig.dpi < 0.4          # inches: three rows of four, not a third of the figure
+
+
+def test_mechanisms_bars_start_at_zero_and_panel_b_names_its_workload(quick_runs, monkeypatch):
+    from retainz.analysis import figures
+    from retainz.analysis.records import layout_name, load
+
+    runs = load(str(quick_runs))
+    fig = _figure_of(monkeypatch, figures, figures.mechanisms_figure, runs)
+    b = [ax for ax in fig.axes if ax.get_title(loc="left").startswith("(b)")][0]
+    layout = layout_name(runs.values("hints", "layout")[0])
+    assert b.get_title(loc="left") == f"(b) hint precision: {layout}, pressure {runs.values('hints', 'pressure')[0]:g}"
+    assert b.get_ylim()[0] == 0 and b.patches
+
+
+def test_zonemap_draws_only_legend_colours_says_unusable_and_has_no_offset(quick_runs, monkeypatch):
+    import numpy as np
+
+    from retainz.analysis import zonemap
+    from retainz.analysis.records import load
+
+    zm = {"format": 1, "steps": [0, 10], "zones": 2, "groups": 2,
+          "live": [[50, 0], [30, 100]], "dead": [[25, 0], [30, 0]], "unused": [[25, 40], [0, 0]]}
+    img = zonemap.zone_map_image(zm)
+    assert img.shape == (2 * zonemap.SUBROWS, 2, 3)
+    palette = {tuple(c) for c in zonemap.COLORS.values()}
+    assert {tuple(c) for c in img.reshape(-1, 3)} <= palette
+    col = img[:zonemap.SUBROWS, 0]                                 # zone 0 at step 0: 50/25/25/0
+    assert [tuple(c) for c in col[[0, 9, 10, 14, 15, 19]]] == [zonemap.COLORS[k] for k in
+                                                                ("live", "live", "dead", "dead", "unused", "unused")]
+
+    fig = _figure_of(monkeypatch, zonemap, zonemap.zonemap_figure, load(str(quick_runs)))
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["live", "dead", "unusable", "free"]
+    for ax in fig.axes:
+        assert ax.xaxis.get_offset_text().get_text() == ""
+        assert "20k" in [t.get_text() for t in ax.get_xticklabels()]
+    assert np.asarray(fig.axes[0].get_images()[0].get_array()).shape[0] % zonemap.SUBROWS == 0

@@ -53,6 +53,8 @@ def test_create_info_report_and_ops(tmp_path, capsys):
     (["zones", "report", "{foreign}"], "not a RetainZ device", 2),
     (["zones", "explode", "{dev}", "0"], "invalid choice", 2),
     (["frobnicate"], "invalid choice", 2),
+    (["device", "info", "/dev/nvme9n9"], "/dev/nvme9n9: no such block device", 2),
+    (["zones", "report", "zbd:{tmp}/nullb9"], "nullb9: no such block device", 2),
 ])
 def test_bad_input_exits_with_one_clear_line(tmp_path, capsys, argv, needle, status):
     dev = tmp_path / "d.img"
@@ -65,6 +67,7 @@ def test_bad_input_exits_with_one_clear_line(tmp_path, capsys, argv, needle, sta
     assert code == status
     assert needle in err
     assert len(err.strip().splitlines()) == 1, err
+    assert "[Errno" not in err
     assert foreign.read_bytes() == b"hello" * 100
 
 

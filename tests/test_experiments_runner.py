@@ -176,3 +176,13 @@ def test_sigint_stops_the_run_keeps_written_records_and_resume_completes(tmp_pat
     assert done.returncode == 0, done.stderr
     assert len(records(out)) == 20
     assert verify_dir(str(out)) == (20, [])
+
+
+def test_progress_shows_cases_and_rate_without_eta_and_no_bar_on_a_rerun(tmp_path, capsys):
+    cs = cases(["retainz", "zenfs"], pressures=(0.8, 0.9))
+    run_cases(cs, str(tmp_path), jobs=1, backend=SyntheticReplayDouble(), progress=True)
+    err = capsys.readouterr().err.replace("\r", "\n")
+    assert "cases: 4/4 |" in err and "case/s]" in err
+    assert "<" not in err                      # no ETA: cases differ in cost by orders of magnitude
+    s = run_cases(cs, str(tmp_path), jobs=1, backend=SyntheticReplayDouble(), progress=True, resume=True)
+    assert s.skipped == 4 and capsys.readouterr().err == ""     # nothing to run: no (empty) bars

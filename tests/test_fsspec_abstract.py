@@ -13,6 +13,7 @@ import pytest
 fsspec = pytest.importorskip("fsspec")
 pytest.importorskip("torch", reason="needs the torch extra (make setup-torch)")
 abstract = pytest.importorskip("fsspec.tests.abstract")
+from fsspec.implementations.local import LocalFileSystem  # noqa: E402
 
 
 pytestmark = pytest.mark.dcp
@@ -20,8 +21,16 @@ pytestmark = pytest.mark.dcp
 _COUNTER = itertools.count()
 
 class RetainZFixtures(abstract.AbstractFixtures):
+    # Class-scoped fixtures are classmethods (pytest 9 deprecates them as instance methods).
     @pytest.fixture(scope="class")
-    def device(self, tmp_path_factory):
+    @classmethod
+    def local_fs(cls):
+        """fsspec's own ``AbstractFixtures.local_fs`` (the same LocalFileSystem), as a classmethod."""
+        return LocalFileSystem(auto_mkdir=True)
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def device(cls, tmp_path_factory):
         from retainz.store import Store
         from retainz.zoned import FileDevice, Geometry
 

@@ -1,4 +1,4 @@
-"""ZenFS-Alloc port: one table-driven test per rule of shared/reference/zenfs-allocator.md."""
+"""ZenFS-Alloc port: one table-driven test per rule of upstream ZenFS's allocator (placement/zenfs.py docstring)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Retention rules driven as their runtimes drive them.
 
 Expected tables are written out by hand from each runtime's documented semantics
-(shared/reference/retention-runtimes.md), not computed by the code under test.
+(retainz.retention.rules docstring: the versions read), not computed by the code under test.
 """
 
 from __future__ import annotations

@@ -17,6 +17,13 @@ from retainz.zoned import FileDevice, open_device
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def strict_json(text: str):
+    """``json.loads`` that refuses ``Infinity``, ``-Infinity`` and ``NaN`` (not JSON, RFC 8259)."""
+    def refuse(name):
+        raise AssertionError(f"{name} in --json output: not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
 def run(capsys, *argv):
     code = main([str(a) for a in argv])
     out, err = capsys.readouterr()
@@ -46,9 +53,10 @@ def test_mkfs_put_ls_get_rm_gc_fsck_df(dev, tmp_path, capsys):
     assert run(capsys, "put", dev, "step-200", a, "--step", 200, "--permanent")[0] == 0
 
     code, out, _ = run(capsys, "ls", dev, "--json")
-    gens = json.loads(out)
+    gens = strict_json(out)
     assert [g["id"] for g in gens] == ["step-100", "step-200"]
-    assert gens[0]["shards"][0]["size"] == 500_000 and gens[1]["reclaim_step"] == float("inf")
+    assert gens[0]["shards"][0]["size"] == 500_000 and gens[0]["reclaim_step"] == 300
+    assert gens[1]["reclaim_step"] == "inf"          # permanent: the trace format's "inf", never Infinity
     code, out, _ = run(capsys, "ls", dev, "-l")
     assert "step-100\tstep 100" in out and "model.bin\t500000 B" in out
 
@@ -63,12 +71,12 @@ def test_mkfs_put_ls_get_rm_gc_fsck_df(dev, tmp_path, capsys):
     assert code == 0 and out.splitlines()[0].startswith("Free: ") and "Space amplification: 0%" in out
     assert run(capsys, "rm", dev, "step-100", "--step", 300)[0] == 0
     code, out, _ = run(capsys, "df", dev, "--json")
-    d = json.loads(out)
+    d = strict_json(out)
     assert d["generations"] == 1 and d["used"] >= 500_000 and d["metrics"]["generations_deleted"] == 1
     code, out, _ = run(capsys, "gc", dev, "--force", "--json")
-    assert code == 0 and "victims" in json.loads(out)
+    assert code == 0 and "victims" in strict_json(out)
     code, out, _ = run(capsys, "fsck", dev, "--json")
-    rep = json.loads(out)
+    rep = strict_json(out)
     assert code == 0 and rep["ok"] and rep["bytes_verified"] == 500_000
 
 
@@ -110,7 +118,7 @@ def test_open_store_in_another_process_is_refused(dev, capsys):
 def test_crashtest_reports_points_and_exits_0(capsys):
     code, out, _ = run(capsys, "crashtest", "mem:zones=12,zone_size=64K,zone_capacity=48K,max_open=3,"
                        "max_active=4", "--workload", "basic", "--json")
-    rep = json.loads(out)[0]
+    rep = strict_json(out)[0]
     assert code == 0 and rep["failures"] == [] and rep["points"] > 2 * rep["write_boundaries"] > 30
     assert rep["states"]["all kept"] == rep["states"]["none kept"] == rep["write_boundaries"]
     assert rep["generations_recovered"] > 0 and rep["bytes_verified"] > 0
@@ -173,3 +181,50 @@ def test_get_of_a_corrupt_shard_fails_as_an_operation_and_leaves_no_partial_file
     code, _, err = run(capsys, "get", dev, "g1", "--out", out)
     assert code == 1 and "crc32c" in err and err.count("\n") == 1, err
     assert not any(p.name.endswith(".part") for p in out.iterdir())
+
+
+def test_every_json_output_is_strict_json(dev, tmp_path, capsys):
+    """Every --json output of the store and device commands parses without Infinity/NaN, a permanent
+    generation included (its reclaim step is the string "inf")."""
+    run(capsys, "mkfs", dev)
+    f = tmp_path / "p.bin"
+    f.write_bytes(os.urandom(70_000))
+    assert run(capsys, "put", dev, "perm", f, "--step", 5, "--permanent")[0] == 0
+    for argv in (("ls", dev, "--json"), ("df", dev, "--json"), ("fsck", dev, "--json"),
+                 ("gc", dev, "--json"), ("device", "info", dev, "--json"), ("zones", "report", dev, "--json"),
+                 ("crashtest", "mem:zones=12,zone_size=64K,zone_capacity=48K", "--max-points", 3, "--json")):
+        code, out, err = run(capsys, *argv)
+        assert code == 0, (argv, err)
+        strict_json(out)
+
+
+def test_print_json_turns_non_finite_floats_into_json_values(capsys):
+    from retainz.cli import print_json
+
+    print_json({"a": float("inf"), "b": [float("-inf"), float("nan"), 1.5], "c": (2, None)})
+    assert strict_json(capsys.readouterr().out) == {"a": "inf", "b": ["-inf", None, 1.5], "c": [2, None]}
+
+
+def test_df_reports_mib_rounded_not_truncated(dev, tmp_path, capsys):
+    run(capsys, "mkfs", dev)
+    f = tmp_path / "m.bin"
+    f.write_bytes(os.urandom(1_250_000))                  # 1.19 MiB: truncated to whole "MB" it read 1
+    assert run(capsys, "put", dev, "g", f, "--step", 1)[0] == 0
+    code, out, _ = run(capsys, "df", dev)
+    d = strict_json(run(capsys, "df", dev, "--json")[1])
+    lines = dict(line.split(": ", 1) for line in out.splitlines() if ": " in line)
+    assert lines["Used"] == f"{d['used'] / 2**20:,.2f} MiB" and 1.19 <= float(lines["Used"][:-4]) < 1.3
+    assert lines["Free"] == f"{d['free'] / 2**20:,.2f} MiB"
+    assert "1 generation;" in out
+
+
+def test_counts_of_one_are_singular(dev, tmp_path, capsys):
+    run(capsys, "mkfs", dev)
+    f = tmp_path / "m.bin"
+    f.write_bytes(b"x" * 1000)
+    code, out, _ = run(capsys, "put", dev, "g", f, "--step", 1)
+    assert out == "g: 1 shard, 1000 B committed at step 1\n"
+    code, out, _ = run(capsys, "ls", dev, "-l")
+    assert "\t1 shard\t" in out and "\t1 extent\n" in out and "shards" not in out
+    code, out, _ = run(capsys, "fsck", dev)
+    assert out.startswith("fsck: 1 generation, 1 shard, 1 extent, ")

@@ -247,10 +247,49 @@ def test_cli_generate_then_validate(tmp_path, capsys):
 
 def test_cli_validate_reports_the_bad_line(tmp_path, capsys):
     path = write_lines(tmp_path, lines_of(HEADER, save(0, 10), delete(0, 10)))
-    assert main(["trace", "validate", path]) == 1
+    assert main(["trace", "validate", path]) == 2          # bad input, as replay says for the same file
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"retainz: invalid trace: {path}:3: delete of generation 0, which is writing "
                    "(only committed generations are deleted)"]
+
+
+def _binary(tmp_path):
+    p = tmp_path / "model.bin"
+    p.write_bytes(bytes([0xBA, 0x00, 0xFF, 0x13]) * 3000)
+    return str(p)
+
+
+def _truncated(tmp_path):
+    good = tmp_path / "good.jsonl"
+    assert main(["trace", "generate", "--layout", "smollm2-135m-dcp", "--retention",
+                 "torchtitan:interval=500,keep_latest_k=2", "--steps", "3000", "-o", str(good)]) == 0
+    text = good.read_text()
+    p = tmp_path / "cut.jsonl"
+    p.write_text(text[:text.rindex('"shards"') + 12])       # cut inside the last save's shard list
+    return str(p)
+
+
+@pytest.mark.parametrize("make, fragment", [
+    (_binary, ":1: not a trace: byte 0xba is not UTF-8 text (a binary file?"),
+    (_truncated, "(the file ends mid-line: a truncated trace?)"),
+])
+def test_binary_or_truncated_file_is_bad_input_named_in_one_line_by_every_command(tmp_path, capsys, make,
+                                                                                   fragment):
+    path = make(tmp_path)
+    capsys.readouterr()
+    for argv in (["trace", "validate", path], ["replay", path, "--pressure", "0.9"]):
+        rc = main(argv)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2, argv                                   # one convention: bad input is 2
+        assert len(err) == 1 and f"{path}:" in err[0] and fragment in err[0], (argv, err)
+        assert "at at" not in err[0] and "codec" not in err[0]
+
+
+def test_json_error_names_the_column_once(tmp_path, capsys):
+    path = write_lines(tmp_path, lines_of(HEADER, '{"type": "save", "step": "abc'))
+    assert main(["trace", "validate", path]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}:2: not valid JSON at column 26: Unterminated string starting there" in err
 
 
 @pytest.mark.parametrize("argv, fragment", [

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass, field
 
 from retainz.analysis import claims as _claims
-from retainz.analysis.records import load
+from retainz.analysis.records import NoRecordsError, load
 
 __all__ = ["analyze", "AnalysisReport"]
 
@@ -44,6 +44,10 @@ def analyze(records_dir: str, out_dir: str, *, check: bool = False, expected: st
         check: compare the rounded claims with ``expected``; differences make the report failed.
         expected: the expected claims file for ``check``.
         write_expected: write the computed claims to ``expected`` (to accept a new recorded matrix).
+
+    Raises:
+        NoRecordsError: ``records_dir`` holds no ok record (nothing is written).
+        TamperedRecordError: a record's digest does not match its content.
     """
     from retainz.analysis.figures import mechanisms_figure, pressure_figure, setup_style
     from retainz.analysis.table import render_table
@@ -51,6 +55,10 @@ def analyze(records_dir: str, out_dir: str, *, check: bool = False, expected: st
 
     rep = AnalysisReport()
     runs = load(records_dir)
+    if not runs.records:
+        failed = f" ({len(runs.failed)} failed)" if runs.failed else ""
+        raise NoRecordsError(f"{records_dir}: no ok run record to analyze{failed}; write some with "
+                             f"`retainz run MANIFEST --output {records_dir}`")
     os.makedirs(out_dir, exist_ok=True)
     rep.lines.append(f"{records_dir}: {len(runs.records)} ok records, {len(runs.failed)} failed")
     setup_style()

@@ -1,10 +1,16 @@
-"""Figures (matplotlib, Agg, DejaVu Serif, one paper column wide); each saved as PDF and PNG.
+"""Figures (matplotlib, Agg, DejaVu Serif, one paper column wide); each saved as PDF and as a PNG at
+:data:`PNG_DPI`.
 
 * ``pressure.pdf``: WAF against space pressure, one panel per workload (layout x retention rule), one
-  line per policy; a cross marks the lowest pressure at which a policy hit a capacity stop.
+  line per policy, each with its own colour and marker; a cross marks the lowest pressure at which a
+  policy hit a capacity stop.  Policies often coincide (WAF 1.00): each line is drawn
+  :data:`DODGE_PT` points above or below the previous one (a display offset, the same in every panel,
+  never a change of the data), so every policy stays visible.
 * ``mechanisms.pdf``: (a) CPU per extent against zone count: inside the allocator's decisions
-  (RetainZ, ZenFS-Alloc) and for the whole replay (RetainZ with cached vs recomputed summaries), (b) WAF against hint precision, (c) WAF of RetainZ against common
-  admission and dedicated zones across pressures.
+  (RetainZ, ZenFS-Alloc) and for the whole replay (RetainZ with cached vs recomputed summaries),
+  (b) WAF against hint precision for the workload and pressure named in its title, (c) WAF of RetainZ
+  against common admission and dedicated zones across pressures.  Bars start at WAF 0, with the value
+  written above each bar that is not 1.00.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
+import matplotlib.transforms  # noqa: E402
 
 from retainz.analysis.records import (  # noqa: E402
     POLICY_STYLE,
@@ -30,10 +37,15 @@ from retainz.analysis.records import (  # noqa: E402
     zones_of,
 )
 
-__all__ = ["setup_style", "pressure_figure", "mechanisms_figure", "save", "COLUMN_WIDTH"]
+__all__ = ["setup_style", "pressure_figure", "mechanisms_figure", "save", "COLUMN_WIDTH", "PNG_DPI",
+           "DODGE_PT"]
 
 #: One column of a two-column paper, inches.
 COLUMN_WIDTH = 3.3
+#: Resolution of the PNG copies (the PDFs are vector): 3.3 in -> ~990 pixels.
+PNG_DPI = 300
+#: Vertical display offset between consecutive policies' lines in ``pressure`` (points).
+DODGE_PT = 1.3
 
 
 def setup_style() -> None:
@@ -50,7 +62,8 @@ def save(fig, out_dir: str, name: str) -> list[str]:
     paths = []
     for ext in ("pdf", "png"):
         p = os.path.join(out_dir, f"{name}.{ext}")
-        fig.savefig(p, bbox_inches="tight", pad_inches=0.02, metadata={"CreationDate": None} if ext == "pdf" else None)
+        fig.savefig(p, bbox_inches="tight", pad_inches=0.02, dpi=PNG_DPI,
+                    metadata={"CreationDate": None} if ext == "pdf" else None)
         paths.append(p)
     plt.close(fig)
     return paths
@@ -69,14 +82,17 @@ def pressure_figure(runs: Runs, out_dir: str) -> list[str]:
     rules = sorted(runs.values("pressure", "rule"), key=rule_rank)
     policies = sorted({r["inputs"]["policy"] for r in recs}, key=policy_rank)
     nrow, ncol = len(layouts), len(rules)
-    legend_h = 0.14 * -(-(len(policies) + 1) // 3) + 0.08     # inches: rows of a 3-column legend
+    legend_cols = 4
+    legend_h = 0.1 * -(-(len(policies) + 1) // legend_cols)   # inches: rows of the legend
     height = legend_h + 0.35 + 1.15 * nrow
     fig, axes = plt.subplots(nrow, ncol, figsize=(COLUMN_WIDTH, height), squeeze=False, sharex=True)
     handles = {}
     for i, layout in enumerate(layouts):
         for j, rule in enumerate(rules):
             ax = axes[i][j]
-            for pol in policies:
+            for k, pol in enumerate(policies):
+                dodge = matplotlib.transforms.offset_copy(
+                    ax.transData, fig=fig, y=(k - (len(policies) - 1) / 2) * DODGE_PT, units="points")
                 rs = sorted((r for r in recs if r["inputs"]["layout"] == layout and r["inputs"]["rule"] == rule
                              and r["inputs"]["policy"] == pol), key=lambda r: r["inputs"]["pressure"])
                 if not rs:
@@ -87,16 +103,21 @@ def pressure_figure(runs: Runs, out_dir: str) -> list[str]:
                 first_stop = min((r["inputs"]["pressure"] for r in stopped), default=None)
                 ok = [r for r in ok if first_stop is None or r["inputs"]["pressure"] < first_stop]
                 (h,) = ax.plot([r["inputs"]["pressure"] for r in ok], [r["metrics"]["waf"] for r in ok],
-                               color=color, marker=marker, linestyle=ls, markerfacecolor="none", markeredgewidth=0.7)
+                               color=color, marker=marker or ".", linestyle=ls, markerfacecolor="none",
+                               markeredgewidth=0.7)
+                h.set_transform(dodge)      # after plot(): the axis limits still come from the data
                 handles.setdefault(pol, h)
                 if first_stop is not None:
                     s = [r for r in stopped if r["inputs"]["pressure"] == first_stop][0]
-                    ax.plot([first_stop], [s["metrics"]["waf"]], color=color, marker="X", markersize=5,
-                            linestyle="none", markeredgewidth=0.3, markeredgecolor="white")
+                    (x,) = ax.plot([first_stop], [s["metrics"]["waf"]], color=color, marker="X", markersize=5,
+                                   linestyle="none", markeredgewidth=0.3, markeredgecolor="white")
+                    x.set_transform(dodge)
             ax.grid(True, alpha=0.4)
             ax.ticklabel_format(axis="y", useOffset=False)
-            lo, hi = ax.get_ylim()
-            ax.set_ylim(min(lo, 0.995), max(hi, 1.05))        # a flat WAF = 1 stays readable
+            lo, hi = ax.dataLim.intervaly
+            hi = max(hi, lo + 0.05)                          # a flat WAF = 1 stays readable
+            pad = 0.12 * (hi - lo)                           # room for the lines dodged off the data
+            ax.set_ylim(lo - pad, hi + pad)
             if i == 0:
                 ax.set_title(rule_family(rule), pad=3)
             if i == nrow - 1:
@@ -105,8 +126,9 @@ def pressure_figure(runs: Runs, out_dir: str) -> list[str]:
                 ax.set_ylabel(f"{layout_name(layout)}\nWAF")
     (stop_handle,) = axes[0][0].plot([], [], color="#444444", marker="X", linestyle="none", markersize=5)
     labels = [policy_name(p) for p in handles] + ["capacity stop"]
-    fig.legend(list(handles.values()) + [stop_handle], labels, loc="upper center", ncol=3, frameon=False,
-               bbox_to_anchor=(0.5, 1.0), handlelength=1.8, columnspacing=0.8)
+    fig.legend(list(handles.values()) + [stop_handle], labels, loc="upper center", ncol=legend_cols,
+               frameon=False, bbox_to_anchor=(0.5, 1.0), handlelength=1.5, columnspacing=0.6,
+               handletextpad=0.4, labelspacing=0.25, fontsize=5.5, borderaxespad=0.0)
     fig.tight_layout(rect=(0, 0, 1, 1 - legend_h / height), h_pad=0.6, w_pad=0.4)
     return save(fig, out_dir, "pressure")
 
@@ -160,24 +182,23 @@ def mechanisms_figure(runs: Runs, out_dir: str) -> list[str]:
             pols = sorted({r["inputs"]["policy"] for r in hints}, key=_hint_rank)
             width = 0.8 / max(1, len(rules))
             for k, rule in enumerate(rules):
-                xs, ys = [], []
+                xs, ys, stops = [], [], []
                 for x, pol in enumerate(pols):
                     r = runs.one("hints", rule=rule, policy=pol)
                     if r is not None:
                         xs.append(x + (k - (len(rules) - 1) / 2) * width)
                         ys.append(r["metrics"]["waf"])
-                        if r["capacity_stop_step"] is not None:
-                            ax.text(xs[-1], ys[-1], "stop", ha="center", va="bottom", fontsize=5)
+                        stops.append(r["capacity_stop_step"])
                 ax.bar(xs, ys, width=width * 0.92, color=["#1f4e9c", "#e6a23c", "#7fb7a4"][k % 3],
                        label=rule_family(rule))
+                _bar_values(ax, xs, ys, stops)
             ax.set_xticks(range(len(pols)))
             ax.set_xticklabels([_hint_label(p) for p in pols], rotation=0)
             ax.set_ylabel("WAF")
-            lo = min(r["metrics"]["waf"] for r in hints)
-            ax.set_ylim(max(0.0, min(1.0, lo) - 0.02), None)
+            ax.set_ylim(0, 1.5 * max(r["metrics"]["waf"] for r in hints))   # room for labels and legend
             ax.set_xlabel("hint precision (RetainZ)")
             if len(rules) > 1:
-                ax.legend(frameon=False, loc="upper left")
+                ax.legend(frameon=False, loc="upper left", ncol=len(rules))
         else:
             rules = sorted(runs.values("admission", "rule"), key=rule_rank)
             pols = sorted({r["inputs"]["policy"] for r in adm}, key=policy_rank)
@@ -190,20 +211,22 @@ def mechanisms_figure(runs: Runs, out_dir: str) -> list[str]:
                         x = pols.index(pol) + 0.4 * k
                         ax.bar([x], [rs[0]["metrics"]["waf"]], width=0.36, color=color,
                                label=f"{policy_name(pol)}" + (f", {rule_family(rule)}" if len(rules) > 1 else ""))
-                        if rs[0]["capacity_stop_step"] is not None:
-                            ax.text(x, rs[0]["metrics"]["waf"], f"stop at {rs[0]['capacity_stop_step']:,}",
-                                    ha="center", va="bottom", fontsize=5)
+                        _bar_values(ax, [x], [rs[0]["metrics"]["waf"]], [rs[0]["capacity_stop_step"]])
                         continue
-                    ax.plot(xs, [r["metrics"]["waf"] for r in rs], color=color, marker=marker,
-                            linestyle=["-", "--", ":"][k % 3], markerfacecolor="none",
-                            label=f"{policy_name(pol)}, {rule_family(rule).split()[0]}")
+                    dodge = matplotlib.transforms.offset_copy(
+                        ax.transData, fig=fig, units="points",
+                        y=(pols.index(pol) * len(rules) + k - (len(pols) * len(rules) - 1) / 2) * DODGE_PT)
+                    (h,) = ax.plot(xs, [r["metrics"]["waf"] for r in rs], color=color, marker=marker,
+                                   linestyle=["-", "--", ":"][k % 3], markerfacecolor="none",
+                                   label=f"{policy_name(pol)}, {rule_family(rule).split()[0]}")
+                    h.set_transform(dodge)
                     stops = [r for r in rs if r["capacity_stop_step"] is not None]
-                    ax.plot([r["inputs"]["pressure"] for r in stops], [r["metrics"]["waf"] for r in stops],
-                            color=color, marker="X", markersize=5, linestyle="none", markeredgewidth=0.3,
-                            markeredgecolor="white")
+                    (h,) = ax.plot([r["inputs"]["pressure"] for r in stops], [r["metrics"]["waf"] for r in stops],
+                                   color=color, marker="X", markersize=5, linestyle="none", markeredgewidth=0.3,
+                                   markeredgecolor="white")
+                    h.set_transform(dodge)
             if len(runs.values("admission", "pressure")) == 1:
-                lo = min(r["metrics"]["waf"] for r in adm)
-                ax.set_ylim(max(0.0, min(1.0, lo) - 0.02), None)
+                ax.set_ylim(0, 1.5 * max(r["metrics"]["waf"] for r in adm))
                 ax.set_xticks(range(len(pols)))
                 ax.set_xticklabels([policy_name(p) for p in pols])
                 ax.set_xlabel(f"admission (pressure {runs.values('admission', 'pressure')[0]})")
@@ -212,12 +235,35 @@ def mechanisms_figure(runs: Runs, out_dir: str) -> list[str]:
             else:
                 ax.set_xlabel("space pressure")
                 ax.legend(frameon=False, loc="upper left", ncol=2)
+                lo, hi = ax.dataLim.intervaly
+                ax.set_ylim(lo - 0.1 * (hi - lo), hi + 0.45 * (hi - lo))   # dodged lines; the legend
             ax.set_ylabel("WAF")
         ax.grid(True, alpha=0.4)
-        ax.set_title(f"({letter}) " + {"cost": "allocation cost", "hints": "hint precision",
-                                       "admission": "common admission"}[panel], loc="left", pad=2)
+        title = {"cost": "allocation cost", "hints": "hint precision",
+                 "admission": "common admission"}[panel]
+        if panel in ("hints", "admission"):
+            title += f": {_workload(runs, panel)}"
+        ax.set_title(f"({letter}) {title}", loc="left", pad=2)
     fig.tight_layout(h_pad=0.8)
     return save(fig, out_dir, "mechanisms")
+
+
+def _bar_values(ax, xs: list, ys: list, stops: list) -> None:
+    """Write above each bar its WAF where it is not 1.00 (the bars start at 0) and the step of its
+    capacity stop if it had one."""
+    for x, y, stop in zip(xs, ys, stops, strict=True):
+        text = "\n".join(([] if round(y, 2) == 1.0 else [f"{y:.2f}"])
+                         + ([] if stop is None else [f"stop {stop / 1000:g}k"]))
+        if text:
+            ax.text(x, y, text, ha="center", va="bottom", fontsize=4.5, linespacing=1.0)
+
+
+def _workload(runs: Runs, experiment: str) -> str:
+    """The layouts of an experiment's records and, when it has one, its pressure, e.g. ``SmolLM2-135M,
+    pressure 0.9`` (a pressure sweep is on the x axis instead)."""
+    layouts = ", ".join(layout_name(v) for v in sorted(runs.values(experiment, "layout"), key=layout_rank))
+    pressures = runs.values(experiment, "pressure")
+    return layouts + (f", pressure {pressures[0]:g}" if len(pressures) == 1 else "")
 
 
 def _hint_rank(policy: str) -> tuple:

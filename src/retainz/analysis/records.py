@@ -142,6 +142,12 @@ class TamperedRecordError(ValueError):
     exit_status = 1   # ``retainz analyze`` exits 1, as ``retainz verify`` does for a bad record
 
 
+class NoRecordsError(ValueError):
+    """A records folder holds no ok run record: nothing to analyze (an empty claims file would pass)."""
+
+    exit_status = 1   # an operation failure, as for a tampered record
+
+
 def record_digest(rec: dict) -> str:
     """sha256 over the canonical JSON of ``rec`` without its ``digest`` field (the same text as
     :func:`retainz.experiments.record.digest`, recomputed here: analysis imports no other package)."""

@@ -10,8 +10,10 @@ Input: the ``zone_map`` a replay returns when asked (``docs/experiments.md``, fo
      "dead":   [[int]*G]*B,              # ... dead data (deleted, not yet reset)
      "unused": [[int]*G]*B}              # ... capacity lost to early finishes (until reset)
 
-The rest of a row (100 - live - dead - unused) is writable (free).  Each cell's colour mixes blue (live),
-red (dead), grey (unused) and white (free) by those shares.
+The rest of a row (100 - live - dead - unused) is writable (free).  Each cell is split top to bottom
+into live (blue), dead (red), unusable (grey: the ``unused`` share) and free (white) bands in
+proportion to those shares, at :data:`SUBROWS` pixels per row, so the image holds only the four colours
+of the legend.  The step axis is labelled in thousands (``20k``).
 """
 
 from __future__ import annotations
@@ -20,29 +22,46 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from retainz.analysis.figures import COLUMN_WIDTH, save  # noqa: E402
 from retainz.analysis.records import Runs, base_policy, policy_name  # noqa: E402
 
-__all__ = ["zone_map_image", "zonemap_figure", "pick_pair", "COLORS"]
+__all__ = ["zone_map_image", "zonemap_figure", "pick_pair", "COLORS", "LABELS", "SUBROWS"]
 
 COLORS = {"live": (0.12, 0.31, 0.61), "dead": (0.80, 0.20, 0.17), "unused": (0.62, 0.62, 0.62),
           "free": (1.0, 1.0, 1.0)}
+#: Legend names of the shares (the README's words): capacity lost to early finishes is "unusable".
+LABELS = {"live": "live", "dead": "dead", "unused": "unusable", "free": "free"}
+#: Pixels per zone-group row: shares are drawn as bands of whole pixels (1/20 = 5 % resolution).
+SUBROWS = 20
 
 
 def zone_map_image(zm: dict) -> np.ndarray:
-    """RGB image, shape (groups, steps, 3): rows are zone groups (zone 0 at the top), columns samples."""
+    """RGB image, shape (groups * SUBROWS, steps, 3): zone 0 at the top, one column per sample; each
+    row's ``SUBROWS`` pixels are live, dead, unusable and free bands in proportion to the shares (rounded
+    to whole pixels), so every pixel is one of :data:`COLORS`.
+
+    Raises:
+        ValueError: the arrays are not ``steps`` x ``groups``.
+    """
     live, dead, unused = (np.asarray(zm[k], dtype=float).T / 100.0 for k in ("live", "dead", "unused"))
     if live.shape != (zm["groups"], len(zm["steps"])):
         raise ValueError(f"zone map arrays are {live.shape}, expected groups x steps = "
                          f"({zm['groups']}, {len(zm['steps'])})")
-    free = np.clip(1.0 - live - dead - unused, 0.0, 1.0)
-    img = np.zeros(live.shape + (3,))
-    for share, key in ((live, "live"), (dead, "dead"), (unused, "unused"), (free, "free")):
-        img += share[..., None] * np.asarray(COLORS[key])
-    return np.clip(img, 0.0, 1.0)
+    # band boundaries in pixels: cumulative shares, rounded, so the bands always add up to SUBROWS
+    bounds = np.rint(np.clip(np.cumsum([live, dead, unused], axis=0), 0.0, 1.0) * SUBROWS)  # (3, G, B)
+    pixel = np.arange(SUBROWS)[:, None, None] + 0.5                                         # (S, 1, 1)
+    band = (pixel[None] > bounds[:, None]).sum(axis=0)              # (S, G, B): 0 live .. 3 free
+    palette = np.asarray([COLORS[k] for k in ("live", "dead", "unused", "free")])
+    img = palette[band]                                              # (S, G, B, 3)
+    return img.transpose(1, 0, 2, 3).reshape(zm["groups"] * SUBROWS, len(zm["steps"]), 3)
+
+
+def _thousands(v: float, _pos) -> str:
+    return "0" if v == 0 else f"{v / 1000:g}k"
 
 
 def pick_pair(runs: Runs) -> list[dict]:
@@ -75,10 +94,9 @@ def zonemap_figure(runs: Runs, out_dir: str) -> list[str]:
         ax.set_title(policy_name(r["inputs"]["policy"]) + (f" (stop at {stop:,})" if stop is not None else ""),
                      pad=2)
         ax.set_xlabel("training step")
-        ax.ticklabel_format(axis="x", style="sci", scilimits=(0, 3))
-        ax.xaxis.get_offset_text().set_fontsize(6)
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(_thousands))
     axes[0][0].set_ylabel("zone")
-    handles = [Patch(facecolor=COLORS[k], edgecolor="#888888", linewidth=0.4, label=k)
+    handles = [Patch(facecolor=COLORS[k], edgecolor="#888888", linewidth=0.4, label=LABELS[k])
                for k in ("live", "dead", "unused", "free")]
     fig.legend(handles=handles, loc="upper center", ncol=4, frameon=False, bbox_to_anchor=(0.5, 1.02))
     fig.tight_layout(rect=(0, 0, 1, 0.9), w_pad=0.6)

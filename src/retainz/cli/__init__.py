@@ -5,13 +5,20 @@ Each command group lives in its own module under ``retainz.cli`` and exposes
 returns the exit status.  Add a module to :data:`COMMAND_MODULES` to add commands.
 
 Exit status: 0 success; 1 the operation failed (a device or store error, a failed check);
-2 bad usage or bad input (unknown option, missing device file, malformed value), with one line on stderr.
+2 bad usage or bad input (unknown option, missing device file, malformed value, a file that is not what
+the command takes), with one line on stderr.
+
+``--json`` output is strict JSON (RFC 8259: no ``Infinity`` or ``NaN``, which strict parsers refuse): a step that is infinite (a permanent generation's ``reclaim_step``) is the
+string ``"inf"``, as in the trace format (docs/trace-format.md); a float that is not a number is
+``null``.  :func:`print_json` is the one writer.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
+import math
 import os
 import sys
 
@@ -39,6 +46,32 @@ def size_arg(text: str) -> int:
         return parse_size(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def strict_json(obj):
+    """``obj`` with every non-finite float made JSON-safe: ``inf`` -> ``"inf"``, ``-inf`` -> ``"-inf"``,
+    NaN -> ``None``; dicts, lists and tuples are walked, anything else is returned as is."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    if isinstance(obj, dict):
+        return {k: strict_json(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [strict_json(v) for v in obj]
+    return obj
+
+
+def print_json(obj, **kwargs) -> None:
+    """Print ``obj`` as strict JSON (see :func:`strict_json`); ``kwargs`` go to :func:`json.dumps`.
+
+    Raises:
+        ValueError: never for floats (they are converted); TypeError for an object JSON cannot hold.
+    """
+    print(json.dumps(strict_json(obj), allow_nan=False, **kwargs))
+
+
+def plural(n: int, noun: str, plural_form: str | None = None) -> str:
+    """``"1 shard"``, ``"2 shards"``: ``n`` and the noun, plural unless ``n == 1``."""
+    return f"{n} {noun if n == 1 else plural_form or noun + 's'}"
 
 
 class UsageError(Exception):

@@ -9,9 +9,8 @@ The zone report prints libzbd's ``zbd report`` line format, so output can be dif
 from __future__ import annotations
 
 import argparse
-import json
 
-from retainz.cli import size_arg
+from retainz.cli import print_json, size_arg
 from retainz.zoned import FileDevice, Geometry, ZoneCond, ZoneOp, format_size, open_device
 
 
@@ -68,7 +67,7 @@ def _info(args: argparse.Namespace) -> int:
     info["zones_by_condition"] = {c.long: sum(z.cond == c for z in zones) for c in ZoneCond
                                   if any(z.cond == c for z in zones)}
     if args.json:
-        print(json.dumps(info, indent=2))
+        print_json(info, indent=2)
         return 0
     lim = lambda n: "no limit" if n == 0 else str(n)  # noqa: E731
     print(f"Device: {info['path'] or info['kind']} ({info['kind']})")
@@ -89,7 +88,7 @@ def _report(args: argparse.Namespace) -> int:
     if args.cond:
         zones = [z for z in zones if z.cond == ZoneCond.from_short(args.cond)]
     if args.json:
-        print(json.dumps([z.to_dict() for z in zones], indent=2))
+        print_json([z.to_dict() for z in zones], indent=2)
     elif args.csv:
         print("zone num, type, ofst, len, cap, wp, cond, non_seq, reset")
         for z in zones:

@@ -14,6 +14,8 @@ import argparse
 import os
 import sys
 
+from retainz.cli import plural
+
 
 def register(sub) -> None:
     p = sub.add_parser("run", help="run an experiment manifest (experiments/*.json)")
@@ -86,7 +88,7 @@ def _verify(args: argparse.Namespace) -> int:
     n, problems = verify_dir(args.dir)
     for line in problems:
         print(line)
-    print(f"{n} records checked, {len(problems)} problem(s)")
+    print(f"{plural(n, 'record')} checked, {plural(len(problems), 'problem')}")
     return 1 if problems else 0
 
 

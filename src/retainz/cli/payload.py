@@ -10,8 +10,9 @@ the command runs.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
+
+from retainz.cli import print_json
 
 
 def register(sub) -> None:
@@ -43,9 +44,9 @@ def _capture(args: argparse.Namespace) -> int:
     cfg = PayloadConfig(layers=args.layers, steps=args.steps, init=args.init, seed=args.seed,
                         threads=args.threads, cache=args.cache)
     result = capture(cfg, args.device, args.out, force=args.force)
-    print(json.dumps({k: result[k] for k in ("identical", "init", "parameters", "reference_loss",
+    print_json({k: result[k] for k in ("identical", "init", "parameters", "reference_loss",
                                              "resumed_loss", "tensors_compared", "bytes_compared",
-                                             "checkpoint_bytes", "seconds")}, indent=2))
+                                             "checkpoint_bytes", "seconds")}, indent=2)
     if not result["identical"]:
         print(f"NOT bit-identical: {result['mismatches']}")
         return 1

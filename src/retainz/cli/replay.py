@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import json
 
-from retainz.cli import size_arg
+from retainz.cli import print_json, size_arg
 from retainz.trace.replay import DEFAULT_GEOMETRY
 
 _SHOW = ("waf", "host_bytes", "gc_bytes", "resets", "finishes", "dead_space_byte_steps",
@@ -49,7 +48,7 @@ def _replay(args: argparse.Namespace) -> int:
                     block_size=args.block_size, device=args.device, seed=args.seed, zone_map=args.zone_map,
                     verify_summaries=args.verify_summaries)
     if args.json:
-        print(json.dumps(result, sort_keys=True))
+        print_json(result, sort_keys=True)
     else:
         for k in _SHOW:
             v = result[k]

@@ -6,10 +6,10 @@ embedded default.  Exit status: 0 success, 1 a failed operation or check, 2 bad 
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
+from retainz.cli import plural, print_json
 from retainz.errors import DeviceBusyError, StoreLockedError
 from retainz.placement.base import PERMANENT, Hint
 from retainz.zoned import format_size, open_device
@@ -135,20 +135,20 @@ def _ls(args) -> int:
     with _Session(args.device, readonly=True) as store:
         gens = store.generations()
         if args.json:
-            print(json.dumps([{"id": g.id, "step": g.step, "size": g.size,
+            print_json([{"id": g.id, "step": g.step, "size": g.size,
                                "reclaim_step": g.hint.reclaim_step, "condition": g.hint.condition,
                                "shards": [{"name": s.name, "size": s.size, "crc32c": s.crc,
                                            "extents": len(s.extents)} for s in g.shards.values()]}
-                              for g in gens], indent=2))
+                              for g in gens], indent=2)
             return 0
         for g in gens:
             rs = g.hint.reclaim_step
             rs = "-" if rs is None else ("permanent" if rs == PERMANENT else str(rs))
-            print(f"{g.id}\tstep {g.step}\t{format_size(g.size)}\t{len(g.shards)} shards\treclaim {rs}")
+            print(f"{g.id}\tstep {g.step}\t{format_size(g.size)}\t{plural(len(g.shards), 'shard')}\treclaim {rs}")
             if args.long:
                 for s in g.shards.values():
                     crc = "-" if s.crc is None else f"{s.crc:08x}"
-                    print(f"    {s.name}\t{s.size} B\tcrc32c {crc}\t{len(s.extents)} extents")
+                    print(f"    {s.name}\t{s.size} B\tcrc32c {crc}\t{plural(len(s.extents), 'extent')}")
     return 0
 
 
@@ -179,7 +179,7 @@ def _put(args) -> int:
         except BaseException:
             w.abort()
             raise
-    print(f"{gen.id}: {len(gen.shards)} shards, {format_size(gen.size)} committed at step {gen.step}")
+    print(f"{gen.id}: {plural(len(gen.shards), 'shard')}, {format_size(gen.size)} committed at step {gen.step}")
     return 0
 
 
@@ -208,7 +208,7 @@ def _get(args) -> int:
                 os.unlink(tmp)  # never leave a partial file behind (e.g. a checksum failure)
                 raise
             os.replace(tmp, dest)
-            print(f"{dest}: {gen.shards[name].size} bytes, crc32c verified", file=sys.stderr)
+            print(f"{dest}: {plural(gen.shards[name].size, 'byte')}, crc32c verified", file=sys.stderr)
     return 0
 
 
@@ -226,10 +226,10 @@ def _gc(args) -> int:
     with _Session(args.device) as store:
         rep = store.gc(force=args.force)
     if args.json:
-        print(json.dumps(rep.to_dict(), indent=2))
+        print_json(rep.to_dict(), indent=2)
     else:
-        print(f"GC: {len(rep.victims)} zones collected {rep.victims}, {rep.extents_moved} extents "
-              f"({format_size(rep.bytes_copied)}) moved, {rep.zones_reset} zones reset")
+        print(f"GC: {plural(len(rep.victims), 'zone')} collected {rep.victims}, {plural(rep.extents_moved, 'extent')} "
+              f"({format_size(rep.bytes_copied)}) moved, {plural(rep.zones_reset, 'zone')} reset")
         for e in rep.errors:
             print(f"  gave up: {e}")
     return 1 if rep.errors else 0
@@ -239,16 +239,17 @@ def _fsck(args) -> int:
     with _Session(args.device, readonly=True) as store:
         rep = store.fsck()
     if args.json:
-        print(json.dumps(rep.to_dict(), indent=2))
+        print_json(rep.to_dict(), indent=2)
     else:
-        print(f"fsck: {rep.generations} generations, {rep.shards} shards, {rep.extents} extents, "
+        print(f"fsck: {plural(rep.generations, 'generation')}, {plural(rep.shards, 'shard')}, "
+              f"{plural(rep.extents, 'extent')}, "
               f"{format_size(rep.bytes_verified)} verified"
               + (f", {format_size(rep.unverifiable_bytes)} counted only" if rep.unverifiable_bytes else ""))
         for p in rep.problems:
             print(f"  problem: {p}")
         for r in rep.repairs:
             print(f"  a read-write open would: {r}")
-        print("clean" if rep.ok else f"{len(rep.problems)} problems")
+        print("clean" if rep.ok else plural(len(rep.problems), "problem"))
     return 0 if rep.ok else 1
 
 
@@ -257,15 +258,16 @@ def _df(args) -> int:
         rep = store.df()
         metrics = store.metrics.to_dict()
     if args.json:
-        print(json.dumps({**rep.to_dict(), "metrics": metrics}, indent=2))
+        print_json({**rep.to_dict(), "metrics": metrics}, indent=2)
         return 0
-    mb = 1 << 20
-    print(f"Free: {rep.free // mb} MB")
-    print(f"Used: {rep.used // mb} MB")
-    print(f"Reclaimable: {rep.reclaimable // mb} MB")
-    print(f"Space amplification: {int(rep.space_amplification)}%")
+    # zenfs df's lines, in MiB (1,048,576 B) rounded to two decimals (zenfs prints truncated "MB")
+    mib = 1 << 20
+    print(f"Free: {rep.free / mib:,.2f} MiB")
+    print(f"Used: {rep.used / mib:,.2f} MiB")
+    print(f"Reclaimable: {rep.reclaimable / mib:,.2f} MiB")
+    print(f"Space amplification: {rep.space_amplification:.0f}%")
     print(f"Zones: {rep.data_zones} data ({rep.empty_zones} empty, {rep.open_zones} open, {rep.full_zones} "
-          f"full), {rep.meta_zones} meta; {rep.generations} generations; WAF {metrics['waf']:.3f}")
+          f"full), {rep.meta_zones} meta; {plural(rep.generations, 'generation')}; WAF {metrics['waf']:.3f}")
     return 0
 
 
@@ -302,16 +304,16 @@ def _crashtest(args) -> int:
         if not args.json:
             print(f"{n}: {rep.points} crash points tried ({rep.write_boundaries} write boundaries, each zone "
                   "keeping a prefix of its unflushed writes), "
-                  f"{rep.generations_recovered} generations recovered, {format_size(rep.bytes_verified)} "
-                  f"verified, {len(rep.failures)} failures")
+                  f"{plural(rep.generations_recovered, 'generation')} recovered, {format_size(rep.bytes_verified)} "
+                  f"verified, {plural(len(rep.failures), 'failure')}")
             print("    classes: " + ", ".join(f"{k} {v}" for k, v in sorted(rep.classes.items())))
             print("    states: " + ", ".join(f"{k} {v}" for k, v in sorted(rep.states.items())))
             for f in rep.failures[:20]:
                 print(f"    FAIL {f}")
     if args.json:
-        print(json.dumps([{"workload": r.workload, "seed": r.seed, "write_boundaries": r.write_boundaries,
-                           "points": r.points, "classes": r.classes, "states": r.states,
-                           "generations_recovered": r.generations_recovered,
-                           "bytes_verified": r.bytes_verified, "failures": r.failures} for r in results],
-                         indent=2))
+        print_json([{"workload": r.workload, "seed": r.seed, "write_boundaries": r.write_boundaries,
+                     "points": r.points, "classes": r.classes, "states": r.states,
+                     "generations_recovered": r.generations_recovered,
+                     "bytes_verified": r.bytes_verified, "failures": r.failures} for r in results],
+                   indent=2)
     return 1 if failed else 0

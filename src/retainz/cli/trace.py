@@ -3,7 +3,7 @@
 * ``retainz trace layouts`` - the layouts with their files, sizes and sources;
 * ``retainz trace rules`` - the retention rules and their keys;
 * ``retainz trace generate --layout NAME --retention SPEC --steps N [--seed S] [--crash-every N] -o FILE``;
-* ``retainz trace validate FILE`` - exit 0 if valid, 1 with ``FILE:LINE: what`` if not.
+* ``retainz trace validate FILE`` - exit 0 if valid, 2 (bad input) with ``FILE:LINE: what`` if not.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import argparse
 import sys
 import time
 
+from retainz.cli import plural
 from retainz.retention import RULES, rule_keys
 from retainz.trace.format import TraceFormatError, TraceReader
 from retainz.trace.generate import write_generated
@@ -94,7 +95,8 @@ def _generate(args: argparse.Namespace) -> int:
     st = write_generated(target, args.layout, args.retention, args.steps, seed=args.seed,
                          crash_every=args.crash_every)
     dt = time.perf_counter() - t0
-    print(f"{args.output}: {st.saves} saves, {st.commits} commits, {st.deletes} deletes, {st.crashes} crashes; "
+    print(f"{args.output}: {plural(st.saves, 'save')}, {plural(st.commits, 'commit')}, "
+          f"{plural(st.deletes, 'delete')}, {plural(st.crashes, 'crash', 'crashes')}; "
           f"{st.bytes_saved:,} B saved, peak live {st.peak_live_bytes:,} B; trace {st.trace_bytes:,} B "
           f"in {dt:.2f} s", file=sys.stderr if target is sys.stdout else sys.stdout)
     return 0
@@ -107,9 +109,10 @@ def _validate(args: argparse.Namespace) -> int:
             for ev in r:
                 counts[ev.type] += 1
             header = r.header
-    except TraceFormatError as e:
+    except TraceFormatError as e:   # bad input: status 2, as every command (replay) gives for this file
         print(f"retainz: invalid trace: {e}", file=sys.stderr)
-        return 1
+        return 2
     print(f"{args.file}: valid trace v{header.version}: layout {header.layout['name']}, retention {header.retention}, "
-          f"{counts['save']} saves, {counts['commit']} commits, {counts['delete']} deletes, {counts['crash']} crashes")
+          f"{plural(counts['save'], 'save')}, {plural(counts['commit'], 'commit')}, "
+          f"{plural(counts['delete'], 'delete')}, {plural(counts['crash'], 'crash', 'crashes')}")
     return 0

@@ -266,13 +266,28 @@ class RunSummary:
                 f"{len(self.failed)} failed, {self.skipped} already recorded; {self.seconds:.1f} s")
 
 
-def _progress(total: int, desc: str, enabled: bool):
-    if not enabled:
-        return None
-    from tqdm import tqdm
+class _Progress:
+    """A tqdm bar of items done, with the items per second and the elapsed time, and no ETA: cases
+    differ in cost by two orders of magnitude (a payload-writing FileDevice case against a payload-less
+    one; small zones against large), so an ETA from the mean rate reads 00:00 while the costly ones
+    still run.  No bar when there is nothing to do (a rerun that finds every record)."""
 
-    return tqdm(total=total, desc=desc, unit=desc.rstrip("s"), file=sys.stderr, mininterval=1.0, smoothing=0.1,
-                dynamic_ncols=True)
+    def __init__(self, total: int, desc: str, enabled: bool):
+        self.bar = None
+        if enabled and total:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc=desc, unit=desc.rstrip("s"), file=sys.stderr, mininterval=1.0,
+                            smoothing=0, dynamic_ncols=True,
+                            bar_format="{desc}: {n_fmt}/{total_fmt} |{bar}| [{elapsed}, {rate_fmt}]")
+
+    def update(self) -> None:
+        if self.bar is not None:
+            self.bar.update()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 def run_cases(cases: list[Case], output: str, *, jobs: int | None = None, backend: Backend | None = None,
@@ -286,7 +301,8 @@ def run_cases(cases: list[Case], output: str, *, jobs: int | None = None, backen
         backend: default :class:`RetainZBackend`.
         trace_dir: trace cache (default ``<output>/traces``).
         resume: skip cases already recorded instead of refusing.
-        progress: show a progress bar (cases done, rate, ETA) on stderr.
+        progress: show a progress bar on stderr (cases done, elapsed time, cases/s; no ETA, see
+            :class:`_Progress`); none when nothing is left to run.
 
     Raises:
         RecordExistsError: a case already has a record and ``resume`` is False (nothing is run).
@@ -338,7 +354,7 @@ def run_cases(cases: list[Case], output: str, *, jobs: int | None = None, backen
         return (c, traces.get(spec), output, backend, prov, trace_errors.get(spec))
 
     if jobs == 1:
-        bar = _progress(len(specs), "traces", progress and bool(specs))
+        bar = _Progress(len(specs), "traces", progress)
         for s in specs:
             f = cf.Future()
             try:
@@ -346,9 +362,9 @@ def run_cases(cases: list[Case], output: str, *, jobs: int | None = None, backen
             except Exception as e:  # noqa: BLE001
                 f.set_exception(e)
             on_trace(s, f)
-            bar and bar.update()
-        bar and bar.close()
-        bar = _progress(len(todo), "cases", progress)
+            bar.update()
+        bar.close()
+        bar = _Progress(len(todo), "cases", progress)
         for c in todo:
             f = cf.Future()
             try:
@@ -356,23 +372,23 @@ def run_cases(cases: list[Case], output: str, *, jobs: int | None = None, backen
             except Exception as e:  # noqa: BLE001
                 f.set_exception(e)
             on_case(c, f)
-            bar and bar.update()
-        bar and bar.close()
+            bar.update()
+        bar.close()
     else:
         pool = cf.ProcessPoolExecutor(max_workers=jobs)
         try:
-            bar = _progress(len(specs), "traces", progress and bool(specs))
+            bar = _Progress(len(specs), "traces", progress)
             futs = {pool.submit(_generate, backend, s, trace_dir): s for s in specs}
             for f in cf.as_completed(futs):
                 on_trace(futs[f], f)
-                bar and bar.update()
-            bar and bar.close()
-            bar = _progress(len(todo), "cases", progress)
+                bar.update()
+            bar.close()
+            bar = _Progress(len(todo), "cases", progress)
             futs = {pool.submit(execute_case, *args_of(c)): c for c in todo}
             for f in cf.as_completed(futs):
                 on_case(futs[f], f)
-                bar and bar.update()
-            bar and bar.close()
+                bar.update()
+            bar.close()
         except BaseException:
             # Ctrl-C (or any error here): drop the queued cases and stop the running ones instead of
             # letting the executor's exit wait for every job.  Records are written atomically, so the

@@ -2,7 +2,7 @@
 
 Megatron-LM's retention lives in ``megatron/training`` (``checkpointing.py``), which no wheel ships, and
 NVIDIA Resiliency Extension's local checkpoint manager needs its own stack.  These adapters reproduce
-their documented purge (shared/reference/retention-runtimes.md; Megatron-LM d98e8a6, nvidia-resiliency-ext
+their purge as their sources do it (Megatron-LM d98e8a6 ``checkpointing.py``, nvidia-resiliency-ext
 d8686d9) on top of ``store.delete``.  The training loop calls, per save::
 
     cb.before_save(store, step)     # deletions that happen before the new save starts

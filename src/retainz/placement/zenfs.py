@@ -1,7 +1,7 @@
 """``zenfs``: a port of upstream ZenFS's data-file zone allocator (the ZenFS-Alloc baseline).
 
 Behaviour ported from westerndigitalcorporation/zenfs (HEAD 919c2eb; fs/zbd_zenfs.cc,
-fs/io_zenfs.cc, fs/fs_zenfs.cc) as recorded in ``shared/reference/zenfs-allocator.md``; no code is
+fs/io_zenfs.cc, fs/fs_zenfs.cc), each rule citing its upstream function below; no code is
 copied.  One :meth:`ZenFS.place` call is one ``ZonedBlockDevice::AllocateIOZone`` call: our store
 asks when a shard (a ZenFS file) starts and whenever its zone is full, which is when ZenFS
 allocates.  ZenFS knows nothing of reclaim steps: it places by the file's write-lifetime class only.

@@ -1,5 +1,6 @@
-"""The runtimes' retention rules, modelled on what their sources do (see
-shared/reference/retention-runtimes.md for the facts and versions read).
+"""The runtimes' retention rules, modelled on what their sources do (each rule's ``source``
+names the runtime and its configuration; versions read: torchtitan b5bcd76 and v0.2.2, Megatron-LM d98e8a6,
+nvidia-resiliency-ext d8686d9, pytorch-lightning 7f0c343, NeMo 8cfedd7, transformers 4.57.6, accelerate 1.15.0).
 
 Each rule is a frozen dataclass of the runtime's configuration; its session knows the save schedule,
 the condition it can hint for each save, and when (relative to which save, and in which order) the

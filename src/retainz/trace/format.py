@@ -289,7 +289,11 @@ class TraceReader:
         raise TraceFormatError(self.path, line, msg)
 
     def _next_line(self) -> str | None:
-        raw = self._f.readline()
+        try:
+            raw = self._f.readline()
+        except UnicodeDecodeError as e:
+            self._fail(self.line + 1, f"not a trace: byte 0x{e.object[e.start]:02x} is not UTF-8 text (a binary "
+                                      "file? a trace is JSON lines, docs/trace-format.md)")
         if not raw:
             return None
         self.line += 1
@@ -306,7 +310,8 @@ class TraceReader:
                 ev = _parse_event(_loads(raw))
                 self.validator.check(ev)
             except _Bad as e:
-                self._fail(self.line, str(e))
+                cut = "" if raw.endswith("\n") else " (the file ends mid-line: a truncated trace?)"
+                self._fail(self.line, f"{e}{cut}")
             yield ev
 
     def close(self) -> None:

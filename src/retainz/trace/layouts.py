@@ -8,7 +8,7 @@ configuration.  Nothing here is a guess presented as a measurement.
 name                        what
 ==========================  ==================================================================
 ``smollm2-135m-dcp``        SmolLM2-135M, model + AdamW, one rank, torch DCP FileSystemWriter
-                            (measured on this kind of machine, shared/reference/real-payload.md)
+                            (measured: docs/real-payload.md)
 ``pythia-1b[:dp=64]``       Pythia-1B GPT-NeoX training checkpoint: layer files + ZeRO-1
                             optimizer shards (computed); model-only = the exact HF
                             ``pytorch_model.bin`` (measured: 2,090,751,965 bytes)
@@ -88,7 +88,7 @@ DCP_ITEM_OVERHEAD = (SMOLLM2_DISTCP - SMOLLM2_MODEL_TENSOR_BYTES - SMOLLM2_OPTIM
 DCP_METADATA_PER_CHUNK = SMOLLM2_METADATA // SMOLLM2_ITEMS
 
 _SMOL_MEASURED = ("measured: torch 2.13.0 DCP FileSystemWriter, SmolLM2-135M (134,515,008 params) fp32 + AdamW, "
-                  "one rank (shared/reference/real-payload.md)")
+                  "one rank (docs/real-payload.md)")
 
 
 def _smollm2(params: dict[str, str]) -> Layout:

@@ -209,9 +209,12 @@ def _no_constants(name):
 
 def _loads(line: str) -> dict:
     try:
-        obj = json.loads(line, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constants)
+        # without its line end: a string left open at the end of the line is "unterminated", not an
+        # "invalid control character"
+        obj = json.loads(line.rstrip("\n"), object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constants)
     except json.JSONDecodeError as e:
-        raise _Bad(f"not valid JSON: {e.msg} at column {e.colno}") from None
+        what = e.msg[:-3] + " there" if e.msg.endswith(" at") else e.msg   # "Unterminated string starting at"
+        raise _Bad(f"not valid JSON at column {e.colno}: {what}") from None
     except RecursionError:
         raise _Bad("JSON nested too deeply") from None
     if not isinstance(obj, dict):

@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from retainz.vm.console import pump
 from retainz.vm.setup import Kernel, VMSetupError, default_cache_dir, ensure_all, find_busybox, find_qemu
 from retainz.zoned.model import format_size
 
@@ -311,7 +312,8 @@ def run_in_guest(command: list[str], out_dir: str | os.PathLike, cfg: GuestConfi
         command: argv of the command (run by ``/bin/sh`` from a script file in the output folder).
         out_dir: the host folder shared read-write at the same path in the guest; created if needed.
         cfg: the guest's devices and limits.
-        stream: copy the guest console to this process's stdout as it runs (else only to the log).
+        stream: copy the guest console to this process's stdout as it runs, terminal control sequences
+            stripped (:mod:`retainz.vm.console`); else only to the log (raw).
         install: install missing packages / download the kernel if needed (see :mod:`retainz.vm.setup`).
 
     Returns:
@@ -362,8 +364,11 @@ def run_in_guest(command: list[str], out_dir: str | os.PathLike, cfg: GuestConfi
                  f"(capacity {format_size(cfg.zns.zone_capacity)})"
                  + (", null_blk zoned" if cfg.nullblk else ""))
         t0 = time.monotonic()
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=None if stream else subprocess.DEVNULL,
+        # streamed through ConsoleFilter: the console's terminal resets and clear-screens stay off stdout
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE if stream else subprocess.DEVNULL,
                                 stderr=subprocess.STDOUT if not stream else None, start_new_session=True)
+        console = pump(proc.stdout) if stream else None
         timed_out = False
         try:
             proc.wait(timeout=cfg.timeout)
@@ -376,6 +381,9 @@ def run_in_guest(command: list[str], out_dir: str | os.PathLike, cfg: GuestConfi
             proc.wait()
             raise
         seconds = time.monotonic() - t0
+        if console is not None:
+            console.join(timeout=10)
+            proc.stdout.close()
     status_file = state / "status"
     if timed_out:
         status = EXIT_TIMEOUT

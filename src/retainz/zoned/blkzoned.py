@@ -37,7 +37,7 @@ __all__ = [
     "classify_write_error", "classify_zone_op_error",
 ]
 
-# -- <linux/blkzoned.h> (checked with sizeof/offsetof; see shared/reference/qemu-zns.md) ------------
+# -- <linux/blkzoned.h> (checked with sizeof/offsetof against the QEMU guest's Linux 6.1) -----------
 BLKREPORTZONE = 0xC0101282
 BLKRESETZONE = 0x40101283
 BLKGETZONESZ = 0x80041284

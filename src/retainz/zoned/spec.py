@@ -96,4 +96,6 @@ def _is_block_device(path: str) -> bool:
 def _open_linux(path: str, readonly: bool) -> ZonedDevice:
     from retainz.zoned.linux import LinuxZonedDevice
 
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no such block device (zoned ones: `lsblk -o NAME,ZONED`)")
     return LinuxZonedDevice(path, readonly=readonly)

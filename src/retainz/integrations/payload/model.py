@@ -1,6 +1,6 @@
 """The SmolLM2-135M architecture (transformers ``LlamaConfig``), random or GGUF-initialised.
 
-Published SmolLM2-135M values (shared/reference/real-payload.md): hidden_size 576, 30 layers, 9 attention
+Published SmolLM2-135M values (docs/real-payload.md): hidden_size 576, 30 layers, 9 attention
 heads, 3 KV heads, intermediate_size 1536, vocab 49,152, rope_theta 100,000, max_position_embeddings
 8192, rms_norm_eps 1e-5, tied word embeddings: 134,515,008 parameters.  ``layers`` < 30 keeps the same
 code path with fewer decoder layers (CI's reduced configuration).

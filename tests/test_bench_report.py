@@ -1,0 +1,58 @@
+"""``python -m bench``: the report's figure objects and its strict JSON (no timing is asserted)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+
+bench = pytest.importorskip("bench.__main__")
+
+
+def strict(text: str):
+    def refuse(name):
+        raise AssertionError(f"{name} in the report: not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_figure_met_compares_with_the_target_and_is_null_without_one():
+    F = bench.Figure
+    assert F("a", 0.96, "ratio", 0.95).met is True
+    assert F("a", 0.94, "ratio", 0.95).met is False
+    assert F("g", 3.0, "ratio", 256, op="<").met is True
+    assert F("g", 300.0, "ratio", 256, op="<").met is False
+    assert F("info", 1.2, "ratio").met is None                  # shown for information
+    assert F("skipped", None, "ratio", 0.9, note="not measured: x").met is None
+    d = F("x", math.inf, "ratio", 0.9).to_dict()
+    assert d["value"] is None and set(d) == {"name", "value", "target", "met", "comparison", "unit", "note"}
+
+
+def test_replay_and_placement_figures_at_a_tiny_size(tmp_path):
+    tiny = dataclasses.replace(bench.QUICK, replay_steps=30, placement_decisions=5)
+    figs, details = bench._replay(tiny, str(tmp_path))
+    assert [f.target for f in figs] == [250_000, 200_000, 0.5]
+    assert all(f.value is not None and f.value > 0 for f in figs)
+    assert details["runs"]["retainz"]["generations"] == 30
+    figs, _ = bench._placement(tiny)
+    assert figs[0].op == "<" and figs[0].target == 256 and figs[0].value > 0
+
+
+def test_main_writes_one_strict_json_report(tmp_path, monkeypatch, capsys):
+    def fake_run(sizes, scratch, guest=True, log=print):
+        assert sizes is bench.QUICK and not guest
+        figs = [bench.Figure("r", 0.5, "ratio", 0.95), bench.Figure("n", None, "ratio", 0.9, note="not measured: y")]
+        for f in figs:
+            log(f.name)
+        return {"format": 1, "quick": True, "cpus": 2, "load_average": 1.0, "seconds": 1.0,
+                "figures": [f.to_dict() for f in figs], "details": {"x": {"inf": math.inf, "nan": math.nan}}}
+
+    monkeypatch.setattr(bench, "run", fake_run)
+    out = tmp_path / "r.json"
+    assert bench.main(["--quick", "--no-guest", "--dir", str(tmp_path / "s"), "--json", str(out)]) == 0
+    rep = strict(out.read_text())
+    assert [(f["name"], f["value"], f["target"], f["met"]) for f in rep["figures"]] == [
+        ("r", 0.5, 0.95, False), ("n", None, 0.9, None)]
+    assert rep["details"]["x"] == {"inf": None, "nan": None}
+    assert "0 of 2 figures meet their target, 1 do not, 1 without a target or not measured" in capsys.readouterr().out
