@@ -339,7 +339,6 @@ def test_only_sst_files_migrate_unless_migrate_all():
     victim stays, so the victim is not reset; ``migrate=all`` moves it."""
     from dataclasses import dataclass
 
-    from retainz.placement.greedy import Greedy
     from retainz.store import Store
     from retainz.zoned import MemoryDevice
 

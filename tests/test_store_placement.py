@@ -5,7 +5,6 @@ across a remount."""
 from __future__ import annotations
 
 import dataclasses
-
 import random
 from dataclasses import dataclass
 
