@@ -22,10 +22,10 @@ from retainz.analysis.records import (
     base_policy,
     mean_gib,
     payload_verified,
-    stranded_gib,
     policy_name,
     rule_family,
     slug,
+    stranded_gib,
     zones_of,
 )
 
