@@ -180,3 +180,14 @@ def test_analyze_refuses_a_tampered_record_naming_the_file(quick_runs, tmp_path,
         analyze(str(runs), str(tmp_path / "a"))
     (runs / name).write_text(json.dumps(finalize(rec)))              # re-stamped: accepted again
     assert not analyze(str(runs), str(tmp_path / "c")).failed
+
+
+def test_zone_map_title_and_table_name_the_stop_cause():
+    from retainz.analysis.table import _stop
+    from retainz.analysis.zonemap import stop_label
+
+    rec = {"capacity_stop_step": 5500, "capacity_stop_cause": "allocation"}
+    assert stop_label(rec) == " (stop at 5,500: allocation)"
+    assert _stop(rec) == "5.5k$^a$"
+    assert stop_label({"capacity_stop_step": None}) == "" and _stop({"capacity_stop_step": None}) == "--"
+    assert stop_label({"capacity_stop_step": 700}) == " (stop at 700)"      # a record made before causes
