@@ -251,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     sizes = QUICK if args.quick else FULL
     os.makedirs(args.dir, exist_ok=True)
     print(f"python -m bench{' --quick' if args.quick else ''}: {os.cpu_count()} CPUs, load average "
-          f"{os.getloadavg()[0]:.1f}")
+          f"{os.getloadavg()[0]:.1f}" + ("; quick sizes: a smoke run, fixed costs dominate, so the figures are "
+                                          "not comparable with the targets" if args.quick else ""))
     report = run(sizes, args.dir, guest=not args.no_guest)
     met = [f["met"] for f in report["figures"]]
     print(f"{met.count(True)} of {len(met)} figures meet their target, {met.count(False)} do not, "

@@ -28,7 +28,10 @@ def cases(policies, pressures=(0.9,), **defaults):
 
 
 def records(d):
-    return {n[:-5]: json.load(open(os.path.join(d, n))) for n in os.listdir(d) if n.endswith(".json")}
+    """The records of ``d`` as verify and analysis read them: ``*.json`` files, not the hidden ``.tmp-*``
+    file a worker killed mid-write (Ctrl-C) can leave behind."""
+    return {n[:-5]: json.load(open(os.path.join(d, n))) for n in os.listdir(d)
+            if n.endswith(".json") and not n.startswith(".")}
 
 
 def test_parallel_run_writes_one_valid_record_per_case(tmp_path):

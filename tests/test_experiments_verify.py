@@ -39,7 +39,7 @@ def test_valid_records_pass_and_cli_says_so(run_dir, capsys):
     d, _ = run_dir
     assert verify_dir(str(d)) == (2, [])
     assert main(["verify", str(d)]) == 0
-    assert "2 records checked, 0 problem(s)" in capsys.readouterr().out
+    assert "2 records checked, 0 problems" in capsys.readouterr().out
 
 
 def test_wrong_waf_is_caught_even_with_a_fresh_digest(run_dir, capsys):
