@@ -42,8 +42,8 @@ GROUPS: dict[str, dict] = {
     "placement": {
         "mutate": ["src/retainz/placement/*.py"],
         "skip": {},
-        "tests": ["tests/test_placement_controls.py", "tests/test_placement_retainz.py",
-                  "tests/test_placement_zenfs.py", "tests/test_placement_store.py",
+        "tests": ["tests/test_placement_controls.py", "tests/test_placement_table.py",
+                  "tests/test_placement_retainz.py", "tests/test_placement_zenfs.py", "tests/test_placement_store.py",
                   "tests/test_store_placement.py"],
     },
     "journal": {
