@@ -42,8 +42,8 @@ GROUPS: dict[str, dict] = {
     "placement": {
         "mutate": ["src/retainz/placement/*.py"],
         "skip": {},
-        "tests": ["tests/test_placement_controls.py", "tests/test_placement_retainz.py",
-                  "tests/test_placement_zenfs.py", "tests/test_placement_store.py",
+        "tests": ["tests/test_placement_controls.py", "tests/test_placement_table.py",
+                  "tests/test_placement_retainz.py", "tests/test_placement_zenfs.py", "tests/test_placement_store.py",
                   "tests/test_store_placement.py"],
     },
     "journal": {
@@ -112,7 +112,6 @@ def _run_group(name: str, group: dict, only: list[str], max_children: int, budge
     if not files:
         raise SystemExit(f"group {name}: no file matches {only}")
     work = ROOT / "out" / "mutation" / name
-    env = dict(os.environ, PYTHONPATH=str(work / "mutants" / "src"))
     mutmut = Path(sys.executable).with_name("mutmut")
     started = datetime.datetime.now(datetime.UTC)
     stopped = False
@@ -122,6 +121,8 @@ def _run_group(name: str, group: dict, only: list[str], max_children: int, budge
         started = datetime.datetime.fromtimestamp((work / "mutmut.log").stat().st_mtime, datetime.UTC)
     else:
         work = _scratch(name, group, files, max_children)
+    env = dict(os.environ, PYTHONPATH=str(work / "mutants" / "src"))
+    if not collect:
         # subprocesses (CLI tests) import the mutated tree too; the directory must exist before
         # Python starts, or its import machinery caches it as missing
         (work / "mutants" / "src").mkdir(parents=True)
@@ -149,19 +150,30 @@ def _run_group(name: str, group: dict, only: list[str], max_children: int, budge
                 counts["generated"] += 1
                 counts[status] += 1
                 if status in ("survived", "not covered"):
-                    diff = (known or {}).get(key) if collect else None
-                    if diff is None:
-                        diff = _diff_body(subprocess.run([str(mutmut), "show", key], cwd=work, env=env,
-                                                         text=True, stdout=subprocess.PIPE,
-                                                         stderr=subprocess.STDOUT).stdout)
-                    survivors.append({"name": key, "module": rel, "status": status, "diff": diff})
+                    survivors.append({"name": key, "module": rel, "status": status,
+                                      "diff": (known or {}).get(key) if collect else None})
         modules[rel] = counts
+    todo = [(s["name"], s["module"]) for s in survivors if s["diff"] is None]
+    if todo:   # what `mutmut show` prints, for all of them in one process
+        out = subprocess.run([sys.executable, "-c", _DIFFS, json.dumps(todo)], cwd=work, env=env, text=True,
+                             stdout=subprocess.PIPE, check=True).stdout
+        diffs = json.loads(out)
+        for s in survivors:
+            if s["diff"] is None:
+                s["diff"] = _diff_body(diffs[s["name"]])
     minutes = round((datetime.datetime.now(datetime.UTC) - started).total_seconds() / 60, 1)
     if collect:
         minutes = None
     return {"date": started.strftime("%Y-%m-%d"), "files": files, "tests": group["tests"],
             "skipped": group["skip"], "only": only, "modules": modules, "survivors": survivors,
             "minutes": minutes, "stopped": stopped or collect and any(c["not run"] for c in modules.values())}
+
+
+_DIFFS = """
+import json, sys
+from mutmut.mutation.diff_apply import get_diff_for_mutant
+print(json.dumps({name: get_diff_for_mutant(name, path=path) for name, path in json.loads(sys.argv[1])}))
+"""
 
 
 def _merge(old: dict | None, new: dict) -> dict:
