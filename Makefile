@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 TORCH_STAMP := $(VENV)/.torch-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: setup main demo test lint bench bench-placement bench-store bench-replay bench-device vm-setup setup-torch bench-dcp clean
+.PHONY: setup main demo test lint bench bench-placement bench-store bench-replay bench-device vm-setup setup-torch bench-dcp setup-mount bench-mount clean
 
 setup: $(STAMP)
 
@@ -31,7 +31,7 @@ lint: setup
 
 # The whole test command CI runs (.ci/run calls exactly this).  The second pytest is the QEMU ZNS guest
 # lane: one TCG guest runs the device conformance suite on an NVMe ZNS namespace and on null_blk zoned.
-test: lint vm-setup setup-torch
+test: lint vm-setup setup-torch setup-mount
 	$(PY) -m pytest -q -m "not zns_guest and not payload"
 	$(PY) -m pytest -q -m payload tests/test_payload.py
 	$(PY) -m pytest -q -rs -m zns_guest tests/test_zns_guest.py
@@ -49,6 +49,14 @@ $(TORCH_STAMP): $(STAMP)
 	$(PY) -m retainz.integrations.payload.sources --cache cache/payload
 	rm -f $(VENV)/.torch-*
 	touch $@
+
+# `retainz mount`: the Debian package fuse3 (libfuse 3, fusermount3; apt as root) and the mount extra (mfusepy).
+setup-mount: setup
+	PY=$(PY) bash tools/fuse-setup.sh
+
+# A 512 MiB checkpoint through the mount vs ZonedStorageWriter vs a local file system (ratios).
+bench-mount: setup-torch setup-mount
+	$(PY) -m bench.bench_mount
 
 # dcp.save/dcp.load: ZonedStorageWriter/Reader on a FileDevice vs FileSystemWriter/Reader, same disk, one run.
 bench-dcp: setup-torch
