@@ -172,9 +172,12 @@ class MountedStore:
             log.info("retiring %s: an older version of %s (a replace was interrupted)", g.id, by_id[g.id][1])
             self.store.delete(g.id)
             self.retired_at_mount.append(g.id)
-        for g in best.values():
+        for g in sorted(best.values(), key=lambda g: g.commit_seq):
             kind, path, names = by_id[g.id]
             self._add(g, kind, path, names, g.commit_seq * 1_000_000_000)
+            step = L.checkpoint_step(posixpath.basename(path))
+            if self.inference is not None and step is not None:    # earlier saves are evidence too
+                self.inference.observe_save(posixpath.dirname(path), g.id, step)
 
     def _add(self, info, kind: str, path: str, names: dict[str, str], mtime_ns: int) -> _Gen:
         g = _Gen(info.id, kind, path, names, {s: info.shards[s].size for s in names}, mtime_ns)
@@ -196,16 +199,27 @@ class MountedStore:
             if self.files.get(p, (None,))[0] == gid:
                 del self.files[p]
             self.hidden.discard(p)
+        if g.kind == "dir":
+            self.hidden -= {h for h in self.hidden if h.startswith(g.path + "/")}
         self._ns_cache = None
         return g
+
+    def _log_rule(self, series: str, before) -> None:
+        after = self.inference.rule(series)
+        if after is not None and (before is None or before.describe() != after.describe()):
+            log.info("retention inferred for %s/: %s (%d events)", series, after.describe(), after.evidence)
 
     def _retire(self, gid: str) -> None:
         """Drop a committed generation from the view and delete it from the store (journaled,
         flushed; queued behind a streaming shard if one is being written)."""
-        self._forget(gid)
         self._taken.add(gid)
         if self.inference is not None:
+            series = posixpath.dirname(self.gens[gid].path) if gid in self.gens else None
+            before = self.inference.rule(series) if series is not None else None
             self.inference.observe_delete(gid)
+            if series is not None:
+                self._log_rule(series, before)
+        self._forget(gid)
 
         def delete():
             with contextlib.suppress(GenerationNotFoundError):
@@ -224,7 +238,9 @@ class MountedStore:
         if self.inference is not None:
             hint = self.inference.hint(series, step)
             if step is not None:
+                before = self.inference.rule(series)
                 self.inference.observe_save(series, gid, step)
+                self._log_rule(series, before)
             return hint
         if self.retention:
             return retention_hint(step, rule=self.retention)
@@ -285,9 +301,16 @@ class MountedStore:
                 files.setdefault(h.path, time.time_ns())
         for p in self.pending_files:
             files.setdefault(p, time.time_ns())
-        for g in self.gens.values():
-            if g.kind == "dir" and any(posixpath.join(g.path, r) in files for r in g.names.values()):
+        for g in self.gens.values():             # a committed checkpoint directory and the directories
+            if g.kind == "dir":                  # inside it stay until removed (rmdir), even if emptied
                 dirs.setdefault(g.path, g.mtime_ns)
+                for rel in g.names.values():
+                    sub = posixpath.dirname(rel)
+                    while sub:
+                        q = posixpath.join(g.path, sub)
+                        if q not in self.hidden:
+                            dirs.setdefault(q, g.mtime_ns)
+                        sub = posixpath.dirname(sub)
         for f in list(files) + list(dirs):
             parent = posixpath.dirname(f)
             while True:
@@ -825,6 +848,8 @@ class MountedStore:
             gid = self.by_path.get(("dir", p))
             if gid is not None:                       # rm -r of a committed checkpoint: retire it
                 self._retire(gid)
+            elif any(p.startswith(g.path + "/") for g in self.gens.values() if g.kind == "dir"):
+                self.hidden.add(p)                    # a directory inside a committed checkpoint
             for g in [g for g in self.gens.values() if g.kind == "dir" and g.path.startswith(prefix)]:
                 self._retire(g.id)
             pd = self.pending.get(p)
