@@ -90,6 +90,22 @@ def generations(device: str) -> dict:
         return {g.id: g for g in store.generations()}
 
 
+def paths(device: str) -> dict:
+    """``{path in the mount: GenerationInfo}``: ids resolved as the mount does (a generation renamed
+    while being written carries its path in its layout shard)."""
+    from retainz.integrations import _stores
+    from retainz.mount import layout
+
+    out = {}
+    with _stores.using(device, wait=30) as store:
+        for g in store.generations():
+            path = layout.parse_generation_id(g.id)[1]
+            if layout.LAYOUT_SHARD in g.shards:
+                path = layout.read_layout(b"".join(store.read_shard(g.id, layout.LAYOUT_SHARD)))[0]
+            out[path] = g
+    return out
+
+
 def fsck_clean(device: str) -> bool:
     r = retainz("fsck", device, check=False)
     return r.returncode == 0 and "clean" in r.stdout

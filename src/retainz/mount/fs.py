@@ -110,6 +110,7 @@ class _Handle:
         self.shard_name = ""
         self.lock = threading.Lock()
         self.failed: BaseException | None = None
+        self.finished = False          # closed (FUSE flush): committed or joined its checkpoint
         self.window: tuple[int, bytes] | None = None
 
     @property
@@ -297,7 +298,7 @@ class MountedStore:
             for rel in list(pd.streamed.values()) + list(pd.ready) + list(pd.writing):
                 files[posixpath.join(pd.root, rel)] = pd.mtime_ns
         for h in self.handles.values():
-            if h.write_mode:
+            if h.write_mode and not h.finished:
                 files.setdefault(h.path, time.time_ns())
         for p in self.pending_files:
             files.setdefault(p, time.time_ns())
@@ -327,7 +328,7 @@ class MountedStore:
 
     def _writer_of(self, path: str) -> _Handle | None:
         for h in self.handles.values():
-            if h.write_mode and h.path == path:
+            if h.write_mode and not h.finished and h.path == path:
                 return h
         return None
 
@@ -407,7 +408,7 @@ class MountedStore:
         bs = g.block_size
         reserve = self.store.gc_reserve_zones * g.zone_capacity
         avail = max(0, df.capacity - df.used - reserve - sum(
-            (h.size for h in self.handles.values() if h.write_mode), 0))
+            (h.size for h in self.handles.values() if h.write_mode and not h.finished), 0))
         return {"f_bsize": bs, "f_frsize": bs, "f_blocks": df.capacity // bs, "f_bfree": avail // bs,
                 "f_bavail": avail // bs, "f_files": 1 << 20, "f_ffree": (1 << 20) - df.generations,
                 "f_favail": (1 << 20) - df.generations, "f_namemax": 255}
@@ -457,6 +458,10 @@ class MountedStore:
                 raise _Error(errno.ENOENT)
             w = self._writer_of(p)
             pd = self._pending_of(p)
+            if (w is None and pd is not None and not pd.writing and posixpath.relpath(p, pd.root) not in pd.ready
+                    and L.commit_point(pd.root, pd.ready | dict.fromkeys(pd.streamed.values())) == "closed"):
+                self._request_commit(pd)     # a save with no commit point of its own, read back: it is done
+                pd = self._pending_of(p)
             if w is not None:
                 h = _Handle(self, p, write=False, buf=w.buf)   # reads what is written so far
             elif p in self.truncated:
@@ -542,6 +547,9 @@ class MountedStore:
         with h.lock:
             if h.failed is not None:
                 raise _Error(errno.EIO, f"{h.path}: an earlier write failed ({h.failed})")
+            if h.finished:
+                raise _Error(errno.EIO, f"{h.path}: written after close (a duplicated descriptor?); "
+                                        "the file was already committed")
             if h.streaming:
                 if offset != h.size:
                     raise _Error(errno.EIO, f"{h.path}: write at byte {offset} of a file streamed "
@@ -619,6 +627,13 @@ class MountedStore:
         raise _Error(errno.EPERM, f"{p}: committed files are append-only (replace them whole)")
 
     def flush(self, path, fh):
+        """``close(2)`` of a file open for writing finishes it: a file generation commits (or is queued
+        behind a streaming shard), a checkpoint's file joins its generation and may reach the commit
+        point.  FUSE's flush is synchronous, so ``close`` returns after that and the runtime's next
+        step (a tracker file, a read, a rename) sees it; ``release`` comes later, asynchronously."""
+        h = self.handles.get(fh)
+        if h is not None and h.write_mode:
+            self._finish(h)
         return 0
 
     def fsync(self, path, datasync, fh):
@@ -634,16 +649,25 @@ class MountedStore:
         return 0
 
     def release(self, path, fh):
-        with self._mu:
-            h = self.handles.pop(fh, None)
-        if h is None or not h.write_mode:
-            return 0
+        h = self.handles.get(fh)
+        try:
+            if h is not None and h.write_mode:
+                self._finish(h)
+        finally:
+            with self._mu:
+                self.handles.pop(fh, None)
+                self._changed()
+        return 0
+
+    def _finish(self, h: _Handle) -> None:
         with h.lock:
+            if h.finished:
+                return
+            h.finished = True
             try:
                 self._close_writer(h)
             except RetainZError as e:
                 raise _Error(errno.ENOSPC if isinstance(e, NoSpaceError) else errno.EIO, f"{h.path}: {e}") from e
-        return 0
 
     def _close_writer(self, h: _Handle) -> None:
         info = None
@@ -696,6 +720,8 @@ class MountedStore:
                 self._taken.discard(h.writer.id)
             return
         if h.writer is not None:             # streamed: the slot is still ours
+            if L.parse_generation_id(h.writer.id)[1] != p:      # renamed while open
+                h.writer.write_shard(L.LAYOUT_SHARD, [L.layout_blob(p, {L.FILE_SHARD: ""})])
             gen = h.writer.commit()
             self._taken.discard(gen.id)
             self._publish_file(p, gen)
@@ -866,6 +892,9 @@ class MountedStore:
         a, b = self._p(old), self._p(new)
         if a == b:
             return 0
+        with self._mu:
+            if self._writer_of(a) is not None:
+                return self._rename_open(a, b)
         if not self.slot.acquire(timeout=60):
             raise _Error(errno.EBUSY, f"{a}: a file has been streaming for 60 s; rename after it is closed")
         try:
@@ -895,6 +924,39 @@ class MountedStore:
                     raise _Error(errno.EISDIR)
                 self._rename_file(a, b)
             self._changed()
+        return 0
+
+    def _rename_open(self, a: str, b: str) -> int:
+        """Rename a file still open for writing (a temporary file persisted before it is closed, as
+        safetensors' ``serialize_file`` does through ``tempfile::persist``): the open file takes the
+        new path and commits there when closed, replacing what ``b`` holds then."""
+        h = self._writer_of(a)
+        files, dirs = self._namespace()
+        if b in dirs:
+            raise _Error(errno.EISDIR)
+        if self._writer_of(b) is not None:
+            raise _Error(errno.EBUSY, f"{b}: open for writing")
+        if h.pending is not None:
+            if self._pending_of(b) is not h.pending:
+                raise _Error(errno.EXDEV, f"{a}: open for writing; it can move within its checkpoint only")
+            pd = h.pending
+            rb = posixpath.relpath(b, pd.root)
+            pd.writing.pop(h.rel, None)
+            pd.ready.pop(rb, None)
+            for s_, r in list(pd.streamed.items()):
+                if r == rb:
+                    del pd.streamed[s_]
+                    pd.relabelled = True
+            h.rel = rb
+            pd.writing[rb] = h
+        else:
+            if L.checkpoint_root(b, self._is_dir) is not None:
+                raise _Error(errno.EXDEV, f"{a}: open for writing; close it before moving it into a checkpoint")
+            if b in files and b in self.files and self.gens[self.files[b][0]].kind == "dir":
+                raise _Error(errno.EPERM, f"{b}: inside a committed checkpoint (append-only)")
+        h.path = b
+        self.truncated.discard(b)
+        self._changed()
         return 0
 
     def _rename_dir(self, a: str, b: str) -> None:

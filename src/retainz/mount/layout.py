@@ -62,8 +62,8 @@ COMMIT_POINTS = {
     "hf-trainer-state": "HF Trainer closes trainer_state.json, the last file _save_checkpoint writes",
     "hf-rename": "HF Trainer renames tmp-checkpoint-N to checkpoint-N",
     "dcp-metadata": "DCP closes (or renames .metadata.tmp to) .metadata, written after every data file",
-    "closed": "every file is closed and the next save starts, the directory is fsync'ed, or the mount "
-              "is unmounted cleanly",
+    "closed": "every file is closed and the next save starts, a file of it is read back, the directory "
+              "is fsync'ed, or the mount is unmounted cleanly",
 }
 
 

@@ -179,9 +179,15 @@ def umount(mountpoint: str, *, wait: float = 120.0) -> None:
     device = _mount_source(mountpoint)
     tool = shutil.which("fusermount3") or shutil.which("fusermount")
     cmd = [tool, "-u", mountpoint] if tool else ["umount", mountpoint]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed: {(r.stderr or r.stdout).strip()}")
+    busy_until = time.monotonic() + 5            # files being closed (a runtime exiting): retry briefly
+    while True:
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode == 0:
+            break
+        msg = (r.stderr or r.stdout).strip()
+        if "busy" not in msg.lower() or time.monotonic() > busy_until:
+            raise RuntimeError(f"{' '.join(cmd)} failed: {msg}")
+        time.sleep(0.2)
     if device and os.path.exists(device):
         deadline = time.monotonic() + wait
         fd = os.open(device, os.O_RDONLY)
