@@ -100,10 +100,12 @@ class RetentionInference:
     Attributes:
         min_deletions: consistent deletions needed before a keep-latest or retain-interval rule is
             trusted (top-k-like needs this many too).
-        keep_all_after: saves without any deletion after which the series is taken to keep all.
+        keep_all_after: saves without any deletion after which the series is taken to keep all
+            (well above the runtimes' keep-latest windows: TorchTitan's default ``keep_latest_k`` is
+            10, and a window mistaken for keep-all would mark every save permanent).
     """
 
-    def __init__(self, min_deletions: int = 3, keep_all_after: int = 8):
+    def __init__(self, min_deletions: int = 3, keep_all_after: int = 32):
         self.min_deletions = min_deletions
         self.keep_all_after = keep_all_after
         self._series: dict[str, _Series] = {}
