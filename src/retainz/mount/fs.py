@@ -366,9 +366,11 @@ class MountedStore:
 
     # -- FUSE: metadata ----------------------------------------------------------------------------
     def init_with_config(self, conn_info, config_3) -> None:
-        """Large writes: ask the kernel for 1 MiB write requests (one store extent each)."""
+        """Large requests: ask the kernel for 1 MiB writes and 1 MiB readahead (one store extent)."""
         if conn_info is not None and hasattr(conn_info, "max_write"):
             conn_info.max_write = 1 << 20
+        if conn_info is not None and hasattr(conn_info, "max_readahead"):
+            conn_info.max_readahead = 1 << 20
         if config_3 is not None:
             for name in ("hard_remove", "use_ino"):
                 if hasattr(config_3, name):
