@@ -83,10 +83,16 @@ def test_checkpoint_directory_commits_and_reads_back(tmp_path):
                 assert m[5_000_000:5_000_100] == model[5_000_000:5_000_100]
                 assert m[-10:] == model[-10:]
         assert (run / "checkpoint-2" / "model.safetensors").read_bytes() == model[::-1]
+        # a shell's redirection and dd write through a duplicated descriptor (close of the original
+        # first): the file is finished at the last close only
+        subprocess.run(f"echo tag > {mnt}/note.txt && dd if=/dev/zero of={mnt}/zeros.bin bs=1M count=6 status=none",
+                       shell=True, check=True)
+        assert (mnt / "note.txt").read_text() == "tag\n"
+        assert (mnt / "zeros.bin").read_bytes() == bytes(6 << 20)
         # mtime order is commit order (HF's sort_checkpoints(use_mtime=True))
         assert os.path.getmtime(run / "checkpoint-1") <= os.path.getmtime(run / "checkpoint-2")
     gens = generations(device)
-    assert sorted(gens) == ["run%2Fcheckpoint-1", "run%2Fcheckpoint-2"]     # checkpoint-3 never committed
+    assert sorted(gens) == ["@note.txt", "@zeros.bin", "run%2Fcheckpoint-1", "run%2Fcheckpoint-2"]   # not checkpoint-3
     g = gens["run%2Fcheckpoint-1"]
     assert g.step == 1 and set(g.shards) == {"config.json", "model.safetensors", "optimizer.pt", "rng_state.pth",
                                              "scheduler.pt", "trainer_state.json"}

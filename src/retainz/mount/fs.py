@@ -93,6 +93,7 @@ class _Pending:
     relabelled: bool = False
     commit_requested: bool = False
     mtime_ns: int = 0
+    then: list = field(default_factory=list)                  # store work to run after its commit
 
 
 class _Handle:
@@ -110,7 +111,9 @@ class _Handle:
         self.shard_name = ""
         self.lock = threading.Lock()
         self.failed: BaseException | None = None
-        self.finished = False          # closed (FUSE flush): committed or joined its checkpoint
+        self.finished = False          # released: committed or joined its checkpoint
+        self.flushed = False           # a descriptor was closed since the last write
+        self.done = threading.Event()  # set at release
         self.window: tuple[int, bytes] | None = None
 
     @property
@@ -454,35 +457,51 @@ class MountedStore:
         return self._open_write(p, truncate=bool(flags & os.O_TRUNC))
 
     def _open_read(self, p: str) -> int:
-        with self._mu:
-            files, _ = self._namespace()
-            if p not in files:
-                raise _Error(errno.ENOENT)
-            w = self._writer_of(p)
-            pd = self._pending_of(p)
-            if (w is None and pd is not None and not pd.writing and posixpath.relpath(p, pd.root) not in pd.ready
-                    and L.commit_point(pd.root, pd.ready | dict.fromkeys(pd.streamed.values())) == "closed"):
-                self._request_commit(pd)     # a save with no commit point of its own, read back: it is done
+        self._settled(p)
+        deadline = time.monotonic() + 30
+        while True:
+            with self._mu:
                 pd = self._pending_of(p)
-            if w is not None:
-                h = _Handle(self, p, write=False, buf=w.buf)   # reads what is written so far
-            elif p in self.truncated:
-                h = _Handle(self, p, write=False, buf=bytearray())
-            elif p in self.pending_files:
-                h = _Handle(self, p, write=False, buf=bytearray(self.pending_files[p]))
-            elif pd is not None and posixpath.relpath(p, pd.root) in pd.ready:
-                h = _Handle(self, p, write=False, buf=bytearray(pd.ready[posixpath.relpath(p, pd.root)]))
-            elif p in self.files:
-                gid, shard = self.files[p]
-                h = _Handle(self, p, write=False, gen=self.gens[gid], shard=shard)
-            else:
-                raise _Error(errno.EBUSY, f"{p}: being written into the store and not committed yet; "
-                                          "it can be read after its checkpoint commits")
-            fh = next(self._fh)
-            self.handles[fh] = h
-            return fh
+                if (self._writer_of(p) is None and pd is not None and not pd.writing
+                        and posixpath.relpath(p, pd.root) not in pd.ready and (pd.commit_requested or L.commit_point(
+                            pd.root, pd.ready | dict.fromkeys(pd.streamed.values())) == "closed")):
+                    self._request_commit(pd)     # a save with no commit point of its own, read back: it is done
+                    if self._pending_of(p) is not pd:
+                        return self._open_read_locked(p)
+                else:
+                    return self._open_read_locked(p)
+            if time.monotonic() > deadline:      # its commit is queued behind a stream that goes on
+                break
+            time.sleep(0.01)
+        with self._mu:
+            return self._open_read_locked(p)
+
+    def _open_read_locked(self, p: str) -> int:
+        files, _ = self._namespace()
+        if p not in files:
+            raise _Error(errno.ENOENT)
+        w = self._writer_of(p)
+        pd = self._pending_of(p)
+        if w is not None and not w.streaming:
+            h = _Handle(self, p, write=False, buf=w.buf)   # reads what is written so far
+        elif p in self.truncated:
+            h = _Handle(self, p, write=False, buf=bytearray())
+        elif p in self.pending_files:
+            h = _Handle(self, p, write=False, buf=bytearray(self.pending_files[p]))
+        elif pd is not None and posixpath.relpath(p, pd.root) in pd.ready:
+            h = _Handle(self, p, write=False, buf=bytearray(pd.ready[posixpath.relpath(p, pd.root)]))
+        elif p in self.files:
+            gid, shard = self.files[p]
+            h = _Handle(self, p, write=False, gen=self.gens[gid], shard=shard)
+        else:
+            raise _Error(errno.EBUSY, f"{p}: being written into the store and not committed yet; "
+                                      "it can be read after its checkpoint commits")
+        fh = next(self._fh)
+        self.handles[fh] = h
+        return fh
 
     def _open_write(self, p: str, truncate: bool) -> int:
+        self._settled(p)
         with self._mu:
             files, dirs = self._namespace()
             if p in dirs:
@@ -549,9 +568,7 @@ class MountedStore:
         with h.lock:
             if h.failed is not None:
                 raise _Error(errno.EIO, f"{h.path}: an earlier write failed ({h.failed})")
-            if h.finished:
-                raise _Error(errno.EIO, f"{h.path}: written after close (a duplicated descriptor?); "
-                                        "the file was already committed")
+            h.flushed = False
             if h.streaming:
                 if offset != h.size:
                     raise _Error(errno.EIO, f"{h.path}: write at byte {offset} of a file streamed "
@@ -596,6 +613,10 @@ class MountedStore:
             h.sink.put(bytes(h.buf))
             h.buf = bytearray()
         except BaseException as e:
+            if h.sink is not None:
+                with contextlib.suppress(BaseException):
+                    h.sink.finish()
+                h.sink = None
             self.slot.release()
             h.failed = e
             raise _Error(errno.ENOSPC if isinstance(e, NoSpaceError) else errno.EIO, f"{h.path}: {e}") from e
@@ -629,14 +650,25 @@ class MountedStore:
         raise _Error(errno.EPERM, f"{p}: committed files are append-only (replace them whole)")
 
     def flush(self, path, fh):
-        """``close(2)`` of a file open for writing finishes it: a file generation commits (or is queued
-        behind a streaming shard), a checkpoint's file joins its generation and may reach the commit
-        point.  FUSE's flush is synchronous, so ``close`` returns after that and the runtime's next
-        step (a tracker file, a read, a rename) sees it; ``release`` comes later, asynchronously."""
+        """``close(2)`` of one descriptor: the file is finished at ``release`` (the last descriptor,
+        which the kernel sends asynchronously; a shell's ``> file`` closes a descriptor it has
+        duplicated), so a flush only marks it: an open or read of the path waits for that release."""
         h = self.handles.get(fh)
         if h is not None and h.write_mode:
-            self._finish(h)
+            h.flushed = True
         return 0
+
+    def _settled(self, p: str) -> None:
+        """Wait (up to 30 s, without the namespace lock) until a writer of ``p`` that was closed has
+        been released, so the next open sees the finished file (a runtime reads or rewrites what it
+        has just closed)."""
+        deadline = time.monotonic() + 30
+        while True:
+            with self._mu:
+                w = self._writer_of(p)
+            if w is None or not w.flushed or time.monotonic() > deadline:
+                return
+            w.done.wait(0.5)
 
     def fsync(self, path, datasync, fh):
         return 0
@@ -659,17 +691,22 @@ class MountedStore:
             with self._mu:
                 self.handles.pop(fh, None)
                 self._changed()
+            if h is not None:
+                h.done.set()
         return 0
 
     def _finish(self, h: _Handle) -> None:
         with h.lock:
             if h.finished:
                 return
-            h.finished = True
             try:
                 self._close_writer(h)
             except RetainZError as e:
                 raise _Error(errno.ENOSPC if isinstance(e, NoSpaceError) else errno.EIO, f"{h.path}: {e}") from e
+            finally:
+                with self._mu:
+                    h.finished = True      # until now the path's open writer is this handle
+                    self._changed()
 
     def _close_writer(self, h: _Handle) -> None:
         info = None
@@ -710,11 +747,14 @@ class MountedStore:
         """A file generation's writer closed: commit its new version, then retire the old one."""
         p = h.path
         name = posixpath.basename(p)
+        waiting = None
         if name in L.TRACKER_FILES and not h.streaming:
             wanted = set(L.tracked_names(name, bytes(h.buf)))
             for pd in list(self.pending.values()):
                 if posixpath.dirname(pd.root) == posixpath.dirname(p) and posixpath.basename(pd.root) in wanted:
                     self._request_commit(pd)      # the checkpoint commits before its tracker
+                    if pd.writing:                # a file of it is not released yet
+                        waiting = pd
         if h.failed is not None:
             if h.writer is not None:
                 with contextlib.suppress(Exception):
@@ -745,6 +785,9 @@ class MountedStore:
 
         self.pending_files[p] = data
         self._changed()
+        if waiting is not None:
+            waiting.then.append(lambda: self._store_work(commit))
+            return
         if not self._store_work(commit):
             log.info("%s: commit queued behind a streaming shard", p)
 
@@ -789,6 +832,8 @@ class MountedStore:
         if old is not None and old != gen.id:
             self._retire(old)
         log.info("committed %s (%d files, %d bytes)", pd.root, len(names), gen.size)
+        for fn in pd.then:
+            fn()
 
     def _abort(self, pd: _Pending) -> None:
         if self.pending.get(pd.root) is pd:
@@ -804,6 +849,8 @@ class MountedStore:
         if self.inference is not None:
             self.inference.observe_abort(pd.gid)
         self._changed()
+        for fn in pd.then:
+            fn()
 
     # -- FUSE: reading -------------------------------------------------------------------------------
     def read(self, path, size, offset, fh):
