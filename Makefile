@@ -4,6 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 TORCH_STAMP := $(VENV)/.torch-$(shell cksum pyproject.toml | cut -d' ' -f1)
+MOUNT_STAMP := $(VENV)/.mount-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
 .PHONY: setup main demo test lint bench bench-placement bench-store bench-replay bench-device vm-setup setup-torch bench-dcp setup-mount bench-mount clean
 
@@ -51,8 +52,12 @@ $(TORCH_STAMP): $(STAMP)
 	touch $@
 
 # `retainz mount`: the Debian package fuse3 (libfuse 3, fusermount3; apt as root) and the mount extra (mfusepy).
-setup-mount: setup
+setup-mount: $(MOUNT_STAMP)
+
+$(MOUNT_STAMP): $(STAMP)
 	PY=$(PY) bash tools/fuse-setup.sh
+	rm -f $(VENV)/.mount-*
+	touch $@
 
 # A 512 MiB checkpoint through the mount vs ZonedStorageWriter vs a local file system (ratios).
 bench-mount: setup-torch setup-mount
