@@ -4,8 +4,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 TORCH_STAMP := $(VENV)/.torch-$(shell cksum pyproject.toml | cut -d' ' -f1)
+MOUNT_STAMP := $(VENV)/.mount-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: setup main demo test lint bench bench-placement bench-store bench-replay bench-device vm-setup setup-torch bench-dcp mutation clean
+.PHONY: setup main demo test lint bench bench-placement bench-store bench-replay bench-device vm-setup setup-torch bench-dcp setup-mount bench-mount mutation clean
 
 setup: $(STAMP)
 
@@ -32,7 +33,7 @@ lint: setup
 # The whole test command CI runs (.ci/run calls exactly this).  The third pytest is the QEMU ZNS guest
 # lane: one TCG guest runs the device conformance suite on an NVMe ZNS namespace and on null_blk zoned.
 # Last, every benchmark at its quick size as a smoke test (~1 min; figures printed, no threshold).
-test: lint vm-setup setup-torch
+test: lint vm-setup setup-torch setup-mount
 	$(PY) -m pytest -q -m "not zns_guest and not payload"
 	$(PY) -m pytest -q -m payload tests/test_payload.py
 	$(PY) -m pytest -q -rs -m zns_guest tests/test_zns_guest.py
@@ -51,6 +52,18 @@ $(TORCH_STAMP): $(STAMP)
 	$(PY) -m retainz.integrations.payload.sources --cache cache/payload
 	rm -f $(VENV)/.torch-*
 	touch $@
+
+# `retainz mount`: the Debian package fuse3 (libfuse 3, fusermount3; apt as root) and the mount extra (mfusepy).
+setup-mount: $(MOUNT_STAMP)
+
+$(MOUNT_STAMP): $(STAMP)
+	PY=$(PY) bash tools/fuse-setup.sh
+	rm -f $(VENV)/.mount-*
+	touch $@
+
+# A 512 MiB checkpoint through the mount vs ZonedStorageWriter vs a local file system (ratios).
+bench-mount: setup-torch setup-mount
+	$(PY) -m bench.bench_mount
 
 # dcp.save/dcp.load: ZonedStorageWriter/Reader on a FileDevice vs FileSystemWriter/Reader, same disk, one run.
 bench-dcp: setup-torch

@@ -35,6 +35,7 @@ COMMAND_MODULES = [
     "retainz.cli.experiments",
     "retainz.cli.vm",
     "retainz.cli.payload",
+    "retainz.cli.mount",
 ]
 
 

@@ -31,6 +31,7 @@ POLICIES: dict[str, str] = {
     "retainz-nohint": "retainz.placement.retainz:RetainZNoHint",
     "retainz-coarse": "retainz.placement.retainz:RetainZCoarse",
     "retainz-noisy": "retainz.placement.retainz:RetainZNoisy",
+    "retainz-inferred": "retainz.placement.retainz:RetainZInferred",
     "oracle": "retainz.placement.retainz:Oracle",
     "zenfs": "retainz.placement.zenfs:ZenFS",
     "zenfs-nohint": "retainz.placement.zenfs:ZenFSNoHint",

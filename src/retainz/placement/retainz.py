@@ -335,3 +335,17 @@ class Oracle(RetainZ):
 
     name = "oracle"
     view = "oracle"
+
+
+@dataclass
+class RetainZInferred(RetainZ):
+    """``retainz-inferred``: places by the hints ``retainz mount --retention auto`` would give, i.e.
+    the retention rule inferred online from the saves and deletions seen so far
+    (:class:`retainz.retention.inference.RetentionInference`), not the runtime's own rule.
+
+    The policy itself is ``retainz`` with the exact view; what differs is the hint it is given.  A
+    driver that sees ``hint_source == "inferred"`` (trace replay) replaces each save's hint by the
+    inferred one (``None`` until the inference is confident, which this policy prices as unknown)."""
+
+    name = "retainz-inferred"
+    hint_source = "inferred"

@@ -42,6 +42,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import posixpath
 import time
 from dataclasses import dataclass
 
@@ -140,6 +141,18 @@ def _hint(ev: SaveEvent, actual: dict) -> Hint:
                 condition=ev.hint.condition_string(), actual_reclaim_step=act)
 
 
+def _inferred_hint(inference, ev: SaveEvent, actual: dict) -> Hint:
+    """The ``retainz-inferred`` policy's hint: what the retention inference predicts for this save
+    from the events before it (``retainz mount --retention auto``), then the save is observed."""
+    series = posixpath.dirname(ev.name)
+    h = inference.hint(series, ev.step)
+    inference.observe_save(series, str(ev.gen), ev.step)
+    if h is None:
+        return Hint(actual_reclaim_step=actual.get(ev.gen))
+    return Hint(reclaim_step=h.reclaim_step, lifetime=h.lifetime, condition=h.condition,
+                actual_reclaim_step=actual.get(ev.gen))
+
+
 def _pattern(gen: int, shard: str, nbytes: int):
     """Deterministic, position-dependent bytes for a shard (verifiable after read-back)."""
     seed = hashlib.sha256(f"{gen}/{shard}".encode()).digest()
@@ -224,7 +237,9 @@ def replay(trace_path: str, *, policy: str = "retainz", zones: int | None = None
 
     Args:
         trace_path: a trace v1 file (docs/trace-format.md).
-        policy: placement policy spec (``retainz``, ``zenfs``, ``retainz-noisy:error=0.5,seed=1``...).
+        policy: placement policy spec (``retainz``, ``zenfs``, ``retainz-noisy:error=0.5,seed=1``...);
+            ``retainz-inferred`` replaces each save's hint by the retention rule inferred from the
+            trace's earlier saves and deletions (:mod:`retainz.retention.inference`).
         zones: usable data zones (exclusive with ``pressure``).
         pressure: peak live bytes / usable data capacity, in (0, 1]; sizes ``zones``.
         reserve_zones: zones added on top for the store's GC reserve.
@@ -293,6 +308,11 @@ def replay(trace_path: str, *, policy: str = "retainz", zones: int | None = None
     saved_at: dict[int, SaveEvent] = {}
     stop_step = stop_cause = stop_state = None
     n_crashes = 0
+    inference = None
+    if getattr(store.allocator, "hint_source", None) == "inferred":
+        from retainz.retention.inference import RetentionInference
+
+        inference = RetentionInference()
     try:
         with TraceReader(trace_path) as reader:
             for ev in reader:
@@ -301,8 +321,9 @@ def replay(trace_path: str, *, policy: str = "retainz", zones: int | None = None
                 try:
                     if isinstance(ev, SaveEvent):
                         gid = _gen_id(ev)
-                        w = store.begin_generation(gid, ev.step, hint=_hint(ev, stats.actual_reclaim),
-                                                   declared_size=ev.nbytes)
+                        hint = (_hint(ev, stats.actual_reclaim) if inference is None
+                                else _inferred_hint(inference, ev, stats.actual_reclaim))
+                        w = store.begin_generation(gid, ev.step, hint=hint, declared_size=ev.nbytes)
                         writers[ev.gen] = w
                         saved_at[ev.gen] = ev
                         for s in ev.shards:
@@ -314,6 +335,8 @@ def replay(trace_path: str, *, policy: str = "retainz", zones: int | None = None
                         writers.pop(ev.gen).commit()
                     elif isinstance(ev, DeleteEvent):
                         store.delete(_gen_id(saved_at.pop(ev.gen)), step=ev.step)
+                        if inference is not None:
+                            inference.observe_delete(str(ev.gen), ev.step)
                     elif isinstance(ev, CrashEvent):
                         n_crashes += 1
                         _add(carried, store.metrics.to_dict())
@@ -322,6 +345,8 @@ def replay(trace_path: str, *, policy: str = "retainz", zones: int | None = None
                         writers.clear()
                         if ev.gen is not None:
                             saved_at.pop(ev.gen, None)
+                            if inference is not None:
+                                inference.observe_abort(str(ev.gen))
                 except NoSpaceError as e:
                     stop_step = ev.step
                     # the store names its own refusals; what is left is the journal's append

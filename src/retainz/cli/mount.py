@@ -1,0 +1,53 @@
+"""``retainz mount|umount``: serve a store on a device file as a directory tree (FUSE).
+
+Exit status: 0 success; 1 the mount failed (FUSE unavailable, the server failed, the device busy);
+2 bad input (no such device or mount point, already mounted, a malformed retention rule).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+
+def register(sub) -> None:
+    p = sub.add_parser("mount", help="mount a store as a directory tree (FUSE) for any training runtime")
+    p.add_argument("device", metavar="DEVICE", help="a device file holding a RetainZ store (retainz mkfs)")
+    p.add_argument("mountpoint", metavar="MOUNTPOINT", help="an existing directory")
+    p.add_argument("--retention", metavar="RULE|auto", default=None,
+                   help="the runtime's retention rule (e.g. hf:save_steps=500,save_total_limit=2), or auto "
+                        "to infer it from the saves and deletions seen")
+    p.add_argument("--foreground", action="store_true", help="serve in this process until unmounted")
+    p.set_defaults(func=_mount)
+
+    p = sub.add_parser("umount", help="unmount a RetainZ mount (waits until the store is closed)")
+    p.add_argument("mountpoint", metavar="MOUNTPOINT")
+    p.set_defaults(func=_umount)
+
+
+def _mount(args) -> int:
+    from retainz.mount.runner import FuseUnavailableError, mount
+
+    if args.foreground:
+        logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                            format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        mount(args.device, args.mountpoint, retention=args.retention, foreground=args.foreground)
+    except FuseUnavailableError as e:
+        print(f"retainz: error: {e}", file=sys.stderr)
+        return 1
+    except (RuntimeError, TimeoutError) as e:
+        print(f"retainz: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _umount(args) -> int:
+    from retainz.mount.runner import umount
+
+    try:
+        umount(args.mountpoint)
+    except (RuntimeError, TimeoutError) as e:
+        print(f"retainz: error: {e}", file=sys.stderr)
+        return 1
+    return 0

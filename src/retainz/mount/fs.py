@@ -1,0 +1,1137 @@
+"""The mounted store: a FUSE file system (mfusepy ``Operations``) over one open :class:`~retainz.store.Store`.
+
+Paths map onto generations as :mod:`retainz.mount.layout` says.  What a runtime's system calls do:
+
+* **write**: a file's bytes are buffered in memory up to :attr:`MountedStore.stream_threshold`
+  (small files may be written at any offset, truncated, re-opened); past it they stream into the
+  store as a shard (``GenerationWriter.write_shard`` on a helper thread, 1 MiB extents), which needs
+  sequential writes (``torch.save``, safetensors and DCP write sequentially; an out-of-order write to
+  a streamed file is ``EIO`` with a log line).  The store holds its lock while a shard streams, so one
+  shard streams at a time (:attr:`MountedStore.slot`); other files keep buffering meanwhile, and
+  store work that would wait for the stream (a small file's commit) is queued and run when it ends.
+* **commit**: a checkpoint directory commits at its runtime's commit point
+  (:func:`retainz.mount.layout.commit_point`); a file outside checkpoint directories commits when its
+  last writer closes it.  Before that it is visible in this mount only and lost by a crash.
+* **replace**: writing a file that exists (``O_TRUNC``, a rewritten tracker file) or renaming over it
+  commits the new version as a new generation (``#N`` id) first and retires the old one after: a
+  crash in between leaves both committed and the next mount keeps the newest (``commit_seq``) and
+  retires the other (:func:`retainz.mount.layout.newest_versions`).  Readers see the old version until
+  the new one's commit is durable.
+* **rename**: a file or checkpoint directory still being written is relabelled (the generation gets
+  a layout shard at its commit); a committed one is copied through the store into a new generation
+  that commits before the source is retired (the store has no rename).
+* **delete**: ``unlink`` of a file generation retires it; inside a committed checkpoint directory it
+  hides the file, and ``rmdir`` of the emptied directory retires the generation (``rm -r``).
+* **read**: committed shards through ``Store.read_shard_extent`` (every extent's crc32c verified;
+  a mismatch is ``EIO``), so random and ``mmap`` reads work.
+* **statfs**: blocks of the data zones; available = what admission can reach after GC (data
+  capacity less live bytes, writers' reservations and the GC reserve).
+
+Times: a commit made in this session shows its wall-clock time; one made before shows its
+``commit_seq`` as seconds since the epoch (the store keeps logical time only), so mtime order is
+commit order, which HF Trainer's ``sort_checkpoints(use_mtime=True)`` relies on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import itertools
+import logging
+import os
+import posixpath
+import stat
+import threading
+import time
+from dataclasses import dataclass, field
+
+from retainz.errors import ChecksumError, GenerationNotFoundError, NoSpaceError, RetainZError
+from retainz.integrations.fsspec_files import _Sink
+from retainz.integrations.hints import retention_hint
+from retainz.mount import layout as L
+from retainz.retention.inference import RetentionInference
+
+__all__ = ["MountedStore"]
+
+log = logging.getLogger("retainz.mount")
+
+
+class _Error(OSError):
+    """An errno for FUSE (mfusepy turns an ``OSError`` with ``errno`` into ``-errno``)."""
+
+    def __init__(self, code: int, message: str = ""):
+        super().__init__(code, message or os.strerror(code))
+        if message:
+            log.warning("%s", message)
+
+
+@dataclass
+class _Gen:
+    """A committed generation as the mount shows it."""
+
+    id: str
+    kind: str                      # "dir" or "file"
+    path: str
+    names: dict[str, str]          # shard -> path relative to the directory ("" for a file)
+    sizes: dict[str, int]
+    mtime_ns: int
+
+
+@dataclass
+class _Pending:
+    """A checkpoint directory being written: one open ``GenerationWriter``."""
+
+    root: str
+    gid: str
+    step: int
+    hint: object = None
+    writer: object = None          # begun when a shard streams or at commit (with the store slot)
+    streamed: dict[str, str] = field(default_factory=dict)   # shard -> rel (in the store already)
+    sizes: dict[str, int] = field(default_factory=dict)      # shard -> size
+    ready: dict[str, bytearray] = field(default_factory=dict)  # rel -> closed buffered file
+    writing: dict[str, _Handle] = field(default_factory=dict)  # rel -> open write handle
+    relabelled: bool = False
+    commit_requested: bool = False
+    mtime_ns: int = 0
+    then: list = field(default_factory=list)                  # store work to run after its commit
+
+
+class _Handle:
+    """An open file: a writer (buffer, then a streamed shard) or a reader."""
+
+    def __init__(self, fs: MountedStore, path: str, *, write: bool, pending: _Pending | None = None,
+                 rel: str = "", buf: bytearray | None = None, gen: _Gen | None = None, shard: str = ""):
+        self.fs, self.path, self.write_mode = fs, path, write
+        self.pending, self.rel = pending, rel
+        self.buf = buf if buf is not None else bytearray()
+        self.size = len(self.buf)
+        self.gen, self.shard = gen, shard
+        self.sink: _Sink | None = None
+        self.writer = None             # the file generation's writer while streaming
+        self.shard_name = ""
+        self.lock = threading.Lock()
+        self.failed: BaseException | None = None
+        self.finished = False          # released: committed or joined its checkpoint
+        self.flushed = False           # a descriptor was closed since the last write
+        self.done = threading.Event()  # set at release
+        self.window: tuple[int, bytes] | None = None
+
+    @property
+    def streaming(self) -> bool:
+        return self.sink is not None
+
+
+class MountedStore:
+    """mfusepy ``Operations`` over an open store (see the module docstring).
+
+    Args:
+        store: the open :class:`~retainz.store.Store` (the caller closes it after unmount).
+        retention: ``None`` (no hints), a rule string for :func:`retainz.integrations.hints.retention_hint`
+            (``"hf:save_steps=500,save_total_limit=2"``), or ``"auto"`` (:class:`RetentionInference`).
+        stream_threshold: bytes a file buffers in memory before it streams into the store.
+
+    Attributes:
+        inference: the :class:`~retainz.retention.inference.RetentionInference` of ``--retention auto``.
+        retired_at_mount: ids of older versions retired when the mount started (recovery of a replace).
+    """
+
+    use_ns = True
+
+    def __init__(self, store, *, retention: str | None = None, stream_threshold: int = 4 << 20):
+        self.store = store
+        self.retention = retention
+        self.inference = RetentionInference() if retention == "auto" else None
+        self.stream_threshold = stream_threshold
+        self._mu = threading.RLock()
+        self.slot = threading.Lock()
+        self._deferred: list = []
+        self._dlock = threading.Lock()
+        self._fh = itertools.count(1)
+        self.handles: dict[int, _Handle] = {}
+        self.gens: dict[str, _Gen] = {}
+        self.by_path: dict[tuple[str, str], str] = {}
+        self.files: dict[str, tuple[str, str]] = {}      # committed file path -> (gid, shard)
+        self.pending: dict[str, _Pending] = {}
+        self.dirs: dict[str, int] = {"": time.time_ns()}  # directories made in this session
+        self.hidden: set[str] = set()
+        self.truncated: set[str] = set()
+        self._taken: set[str] = set()                    # ids in flight (writers, deletions queued)
+        self.pending_files: dict[str, bytes] = {}        # closed files whose commit is queued
+        self._ns_cache: tuple | None = None
+        self.retired_at_mount: list[str] = []
+        self._load()
+
+    # -- the committed view ------------------------------------------------------------------------
+    def _load(self) -> None:
+        found = []
+        for g in self.store.generations():
+            kind, path, _ = L.parse_generation_id(g.id)
+            names = {s: ("" if kind == "file" else L.shard_path(s)) for s in g.shards if s != L.LAYOUT_SHARD}
+            if L.LAYOUT_SHARD in g.shards:
+                path, names = L.read_layout(b"".join(self.store.read_shard(g.id, L.LAYOUT_SHARD)))
+            found.append((g, kind, path, names))
+        by_id = {g.id: (kind, path, names) for g, kind, path, names in found}
+        best, stale = L.newest_versions((g, kind, path) for g, kind, path, _ in found)
+        for g in stale:
+            log.info("retiring %s: an older version of %s (a replace was interrupted)", g.id, by_id[g.id][1])
+            self.store.delete(g.id)
+            self.retired_at_mount.append(g.id)
+        for g in sorted(best.values(), key=lambda g: g.commit_seq):
+            kind, path, names = by_id[g.id]
+            self._add(g, kind, path, names, g.commit_seq * 1_000_000_000)
+            step = L.checkpoint_step(posixpath.basename(path))
+            if self.inference is not None and step is not None:    # earlier saves are evidence too
+                self.inference.observe_save(posixpath.dirname(path), g.id, step)
+
+    def _add(self, info, kind: str, path: str, names: dict[str, str], mtime_ns: int) -> _Gen:
+        g = _Gen(info.id, kind, path, names, {s: info.shards[s].size for s in names}, mtime_ns)
+        self.gens[g.id] = g
+        self.by_path[(kind, path)] = g.id
+        for s, rel in names.items():
+            self.files[posixpath.join(path, rel) if rel else path] = (g.id, s)
+        self._ns_cache = None
+        return g
+
+    def _forget(self, gid: str) -> _Gen | None:
+        g = self.gens.pop(gid, None)
+        if g is None:
+            return None
+        if self.by_path.get((g.kind, g.path)) == gid:
+            del self.by_path[(g.kind, g.path)]
+        for rel in g.names.values():
+            p = posixpath.join(g.path, rel) if rel else g.path
+            if self.files.get(p, (None,))[0] == gid:
+                del self.files[p]
+            self.hidden.discard(p)
+        if g.kind == "dir":
+            self.hidden -= {h for h in self.hidden if h.startswith(g.path + "/")}
+        self._ns_cache = None
+        return g
+
+    def _log_rule(self, series: str, before) -> None:
+        after = self.inference.rule(series)
+        if after is not None and (before is None or before.describe() != after.describe()):
+            log.info("retention inferred for %s/: %s (%d events)", series, after.describe(), after.evidence)
+
+    def _retire(self, gid: str) -> None:
+        """Drop a committed generation from the view and delete it from the store (journaled,
+        flushed; queued behind a streaming shard if one is being written)."""
+        self._taken.add(gid)
+        if self.inference is not None:
+            series = posixpath.dirname(self.gens[gid].path) if gid in self.gens else None
+            before = self.inference.rule(series) if series is not None else None
+            self.inference.observe_delete(gid)
+            if series is not None:
+                self._log_rule(series, before)
+        self._forget(gid)
+
+        def delete():
+            with contextlib.suppress(GenerationNotFoundError):
+                self.store.delete(gid)
+            self._taken.discard(gid)
+        self._store_work(delete)
+
+    def _free_id(self, make, path: str) -> str:
+        for v in itertools.count():
+            gid = make(path, v)
+            if gid not in self.gens and gid not in self._taken:
+                return gid
+        raise AssertionError("unreachable")
+
+    def _hint(self, series: str, gid: str, step: int | None):
+        if self.inference is not None:
+            hint = self.inference.hint(series, step)
+            if step is not None:
+                before = self.inference.rule(series)
+                self.inference.observe_save(series, gid, step)
+                self._log_rule(series, before)
+            return hint
+        if self.retention:
+            return retention_hint(step, rule=self.retention)
+        return None
+
+    # -- the store slot: one streamed shard at a time --------------------------------------------------
+    def _store_work(self, fn) -> bool:
+        """Run ``fn`` now if no shard is streaming (errors propagate), else queue it for the end of
+        the stream (errors are logged).  Returns whether it ran now."""
+        if not self.slot.acquire(blocking=False):
+            with self._dlock:
+                self._deferred.append(fn)
+            if self.slot.acquire(blocking=False):      # the stream ended meanwhile
+                self._drain_and_release()
+            return False
+        try:
+            fn()
+        finally:
+            self._drain_and_release()
+        return True
+
+    def _drain_and_release(self) -> None:
+        """Run queued store work while holding the slot, then release it (called by its holder)."""
+        try:
+            while True:
+                with self._dlock:
+                    if not self._deferred:
+                        break
+                    fn = self._deferred.pop(0)
+                try:
+                    with self._mu:
+                        fn()
+                except Exception as e:  # noqa: BLE001 - deferred work has no caller to raise to
+                    log.error("deferred store operation failed: %s", e)
+        finally:
+            self.slot.release()
+        with self._dlock:
+            more = bool(self._deferred)
+        if more and self.slot.acquire(blocking=False):
+            self._drain_and_release()
+
+    # -- the namespace -------------------------------------------------------------------------------
+    def _namespace(self) -> tuple[dict[str, int], dict[str, int]]:
+        """``({file: mtime_ns}, {directory: mtime_ns})`` visible now (sizes come from :meth:`_size`)."""
+        if self._ns_cache is not None:
+            return self._ns_cache
+        files: dict[str, int] = {}
+        for p, (gid, _) in self.files.items():
+            if p not in self.hidden:
+                files[p] = self.gens[gid].mtime_ns
+        dirs = dict(self.dirs)
+        for pd in self.pending.values():
+            dirs[pd.root] = pd.mtime_ns
+            for rel in list(pd.streamed.values()) + list(pd.ready) + list(pd.writing):
+                files[posixpath.join(pd.root, rel)] = pd.mtime_ns
+        for h in self.handles.values():
+            if h.write_mode and not h.finished:
+                files.setdefault(h.path, time.time_ns())
+        for p in self.pending_files:
+            files.setdefault(p, time.time_ns())
+        for g in self.gens.values():             # a committed checkpoint directory and the directories
+            if g.kind == "dir":                  # inside it stay until removed (rmdir), even if emptied
+                dirs.setdefault(g.path, g.mtime_ns)
+                for rel in g.names.values():
+                    sub = posixpath.dirname(rel)
+                    while sub:
+                        q = posixpath.join(g.path, sub)
+                        if q not in self.hidden:
+                            dirs.setdefault(q, g.mtime_ns)
+                        sub = posixpath.dirname(sub)
+        for f in list(files) + list(dirs):
+            parent = posixpath.dirname(f)
+            while True:
+                if parent not in dirs:
+                    dirs[parent] = files.get(f, dirs.get(f, 0))
+                if not parent:
+                    break
+                parent = posixpath.dirname(parent)
+        self._ns_cache = (files, dirs)
+        return self._ns_cache
+
+    def _changed(self) -> None:
+        self._ns_cache = None
+
+    def _writer_of(self, path: str) -> _Handle | None:
+        for h in self.handles.values():
+            if h.write_mode and not h.finished and h.path == path:
+                return h
+        return None
+
+    def _size(self, path: str) -> int:
+        h = self._writer_of(path)
+        if h is not None:
+            return h.size
+        if path in self.truncated:
+            return 0
+        if path in self.pending_files:
+            return len(self.pending_files[path])
+        pd = self._pending_of(path)
+        if pd is not None:
+            rel = posixpath.relpath(path, pd.root)
+            if rel in pd.ready:
+                return len(pd.ready[rel])
+            for s, r in pd.streamed.items():
+                if r == rel:
+                    return pd.sizes[s]
+        gid, shard = self.files[path]
+        return self.gens[gid].sizes[shard]
+
+    def _pending_of(self, path: str) -> _Pending | None:
+        for root, pd in self.pending.items():
+            if path.startswith(root + "/"):
+                return pd
+        return None
+
+    def _is_dir(self, path: str) -> bool:
+        return path in self._namespace()[1]
+
+    @staticmethod
+    def _p(path: str | None) -> str:
+        return (path or "/").strip("/")
+
+    # -- FUSE: metadata ----------------------------------------------------------------------------
+    def init_with_config(self, conn_info, config_3) -> None:
+        """Large requests: ask the kernel for 1 MiB writes and 1 MiB readahead (one store extent)."""
+        if conn_info is not None and hasattr(conn_info, "max_write"):
+            conn_info.max_write = 1 << 20
+        if conn_info is not None and hasattr(conn_info, "max_readahead"):
+            conn_info.max_readahead = 1 << 20
+        if config_3 is not None:
+            for name in ("hard_remove", "use_ino"):
+                if hasattr(config_3, name):
+                    setattr(config_3, name, 1 if name == "hard_remove" else 0)
+
+    def getattr(self, path, fh=None):
+        p = self._p(path)
+        with self._mu:
+            files, dirs = self._namespace()
+            if p in dirs and p not in files:
+                t = dirs[p]
+                return {"st_mode": stat.S_IFDIR | 0o755, "st_nlink": 2, "st_size": 0, "st_mtime": t,
+                        "st_ctime": t, "st_atime": t}
+            if p in files:
+                t = files[p]
+                size = self._size(p)
+                return {"st_mode": stat.S_IFREG | 0o644, "st_nlink": 1, "st_size": size, "st_mtime": t,
+                        "st_ctime": t, "st_atime": t, "st_blocks": (size + 511) // 512}
+        raise _Error(errno.ENOENT)
+
+    def readdir(self, path, fh):
+        p = self._p(path)
+        with self._mu:
+            files, dirs = self._namespace()
+            if p not in dirs:
+                raise _Error(errno.ENOENT)
+            prefix = p + "/" if p else ""
+            names = {q[len(prefix):].split("/", 1)[0] for q in itertools.chain(files, dirs)
+                     if q.startswith(prefix) and q != p}
+        return [".", ".."] + sorted(n for n in names if n)
+
+    def statfs(self, path):
+        """Admissible space: data capacity less live bytes, writers' reservations and the GC reserve
+        (what ``Store.begin_generation`` can admit after GC), in blocks of the device."""
+        df = self.store.df()
+        g = self.store.device.geometry
+        bs = g.block_size
+        reserve = self.store.gc_reserve_zones * g.zone_capacity
+        avail = max(0, df.capacity - df.used - reserve - sum(
+            (h.size for h in self.handles.values() if h.write_mode and not h.finished), 0))
+        return {"f_bsize": bs, "f_frsize": bs, "f_blocks": df.capacity // bs, "f_bfree": avail // bs,
+                "f_bavail": avail // bs, "f_files": 1 << 20, "f_ffree": (1 << 20) - df.generations,
+                "f_favail": (1 << 20) - df.generations, "f_namemax": 255}
+
+    def access(self, path, amode):
+        self.getattr(path)
+        return 0
+
+    def chmod(self, path, mode):
+        self.getattr(path)
+        return 0
+
+    def chown(self, path, uid, gid):
+        self.getattr(path)
+        return 0
+
+    def utimens(self, path, times=None):
+        self.getattr(path)
+        return 0
+
+    def mkdir(self, path, mode):
+        p = self._p(path)
+        with self._mu:
+            files, dirs = self._namespace()
+            if p in files or p in dirs:
+                raise _Error(errno.EEXIST)
+            if posixpath.dirname(p) not in dirs:
+                raise _Error(errno.ENOENT)
+            self.dirs[p] = time.time_ns()
+            self._changed()
+        return 0
+
+    # -- FUSE: opening and writing --------------------------------------------------------------------
+    def create(self, path, mode, fi=None):
+        return self._open_write(self._p(path), truncate=True)
+
+    def open(self, path, flags):
+        p = self._p(path)
+        if flags & os.O_ACCMODE == os.O_RDONLY:
+            return self._open_read(p)
+        return self._open_write(p, truncate=bool(flags & os.O_TRUNC))
+
+    def _open_read(self, p: str) -> int:
+        self._settled(p)
+        deadline = time.monotonic() + 30
+        while True:
+            with self._mu:
+                pd = self._pending_of(p)
+                if (self._writer_of(p) is None and pd is not None and not pd.writing
+                        and posixpath.relpath(p, pd.root) not in pd.ready and (pd.commit_requested or L.commit_point(
+                            pd.root, pd.ready | dict.fromkeys(pd.streamed.values())) == "closed")):
+                    self._request_commit(pd)     # a save with no commit point of its own, read back: it is done
+                    if self._pending_of(p) is not pd:
+                        return self._open_read_locked(p)
+                else:
+                    return self._open_read_locked(p)
+            if time.monotonic() > deadline:      # its commit is queued behind a stream that goes on
+                break
+            time.sleep(0.01)
+        with self._mu:
+            return self._open_read_locked(p)
+
+    def _open_read_locked(self, p: str) -> int:
+        files, _ = self._namespace()
+        if p not in files:
+            raise _Error(errno.ENOENT)
+        w = self._writer_of(p)
+        pd = self._pending_of(p)
+        if w is not None and not w.streaming:
+            h = _Handle(self, p, write=False, buf=w.buf)   # reads what is written so far
+        elif p in self.truncated:
+            h = _Handle(self, p, write=False, buf=bytearray())
+        elif p in self.pending_files:
+            h = _Handle(self, p, write=False, buf=bytearray(self.pending_files[p]))
+        elif pd is not None and posixpath.relpath(p, pd.root) in pd.ready:
+            h = _Handle(self, p, write=False, buf=bytearray(pd.ready[posixpath.relpath(p, pd.root)]))
+        elif p in self.files:
+            gid, shard = self.files[p]
+            h = _Handle(self, p, write=False, gen=self.gens[gid], shard=shard)
+        else:
+            raise _Error(errno.EBUSY, f"{p}: being written into the store and not committed yet; "
+                                      "it can be read after its checkpoint commits")
+        fh = next(self._fh)
+        self.handles[fh] = h
+        return fh
+
+    def _open_write(self, p: str, truncate: bool) -> int:
+        self._settled(p)
+        with self._mu:
+            files, dirs = self._namespace()
+            if p in dirs:
+                raise _Error(errno.EISDIR)
+            if posixpath.dirname(p) not in dirs:
+                raise _Error(errno.ENOENT)
+            if self._writer_of(p) is not None:
+                raise _Error(errno.EBUSY, f"{p}: already open for writing")
+            root = L.checkpoint_root(p, self._is_dir)
+            buf = bytearray()
+            if root is not None:
+                if ("dir", root) in self.by_path and p not in self.hidden:
+                    raise _Error(errno.EPERM, f"{p}: checkpoint {root} is committed and append-only "
+                                              "(rm -r it before writing it again)")
+                pd = self.pending.get(root) or self._begin_dir(root)
+                rel = posixpath.relpath(p, root)
+                if rel in pd.ready:
+                    if not truncate:
+                        buf = pd.ready[rel]
+                    del pd.ready[rel]
+                elif rel in pd.streamed.values():
+                    raise _Error(errno.EPERM, f"{p}: already streamed into checkpoint {root} (append-only)")
+                h = _Handle(self, p, write=True, pending=pd, rel=rel, buf=buf)
+                pd.writing[rel] = h
+            else:
+                if p in files and not truncate and p not in self.truncated:
+                    size = self._size(p)
+                    if size > self.stream_threshold:
+                        raise _Error(errno.EPERM, f"{p}: a committed file over {self.stream_threshold} bytes "
+                                                  "can only be replaced whole (open it with O_TRUNC)")
+                    buf = bytearray(self._read_all(p))
+                h = _Handle(self, p, write=True, buf=buf)
+            fh = next(self._fh)
+            self.handles[fh] = h
+            self._changed()
+            return fh
+
+    def _begin_dir(self, root: str) -> _Pending:
+        """Admit the generation of a new checkpoint directory (its first file is being created)."""
+        parent = posixpath.dirname(root)
+        for other in list(self.pending.values()):   # the runtime moved on: its earlier save is done
+            if (posixpath.dirname(other.root) == parent and not other.writing
+                    and L.commit_point(other.root, other.ready | dict.fromkeys(other.streamed.values())) == "closed"):
+                self._request_commit(other)
+        step = L.checkpoint_step(posixpath.basename(root))
+        gid = self._free_id(L.dir_generation_id, root)
+        hint = self._hint(parent, gid, step)
+        self._taken.add(gid)
+        pd = self.pending[root] = _Pending(root, gid, step or 0, hint, mtime_ns=time.time_ns())
+        self._changed()
+        return pd
+
+    def _writer(self, pd: _Pending):
+        """The pending directory's ``GenerationWriter`` (admitted on first need; the caller holds the
+        store slot)."""
+        if pd.writer is None:
+            pd.writer = self.store.begin_generation(pd.gid, pd.step, hint=pd.hint)
+        return pd.writer
+
+    def write(self, path, data, offset, fh):
+        h = self.handles.get(fh)
+        if h is None or not h.write_mode:
+            raise _Error(errno.EBADF)
+        with h.lock:
+            if h.failed is not None:
+                raise _Error(errno.EIO, f"{h.path}: an earlier write failed ({h.failed})")
+            h.flushed = False
+            if h.streaming:
+                if offset != h.size:
+                    raise _Error(errno.EIO, f"{h.path}: write at byte {offset} of a file streamed "
+                                            f"sequentially into the store ({h.size} bytes so far)")
+                try:
+                    h.sink.put(bytes(data))
+                except BaseException as e:
+                    h.failed = e
+                    raise _Error(errno.ENOSPC if isinstance(e, NoSpaceError) else errno.EIO, f"{h.path}: {e}") from e
+                h.size += len(data)
+                return len(data)
+            end = offset + len(data)
+            if offset > len(h.buf):
+                h.buf.extend(bytes(offset - len(h.buf)))
+            h.buf[offset:end] = data
+            h.size = len(h.buf)
+            if h.size >= self.stream_threshold and end == h.size:
+                self._try_stream(h)
+            return len(data)
+
+    def _try_stream(self, h: _Handle) -> None:
+        """Start streaming a large file's buffer into the store, if the slot is free (under ``h.lock``)."""
+        if not self.slot.acquire(blocking=False):
+            return
+        try:
+            with self._mu:
+                if h.pending is not None:
+                    pd = h.pending
+                    name = L.shard_name(h.rel)
+                    if name in pd.streamed or name == L.LAYOUT_SHARD:
+                        name = f"{name}%{len(pd.streamed)}"
+                    write_shard = self._writer(pd).write_shard
+                else:
+                    gid = self._free_id(L.file_generation_id, h.path)
+                    step = L.checkpoint_step(posixpath.basename(h.path))
+                    hint = self._hint(posixpath.dirname(h.path), gid, step)
+                    self._taken.add(gid)
+                    h.writer = self.store.begin_generation(gid, step or 0, hint=hint)
+                    name, write_shard = L.FILE_SHARD, h.writer.write_shard
+            h.shard_name = name
+            h.sink = _Sink(write_shard, name, threading.Lock())
+            h.sink.put(bytes(h.buf))
+            h.buf = bytearray()
+        except BaseException as e:
+            if h.sink is not None:
+                with contextlib.suppress(BaseException):
+                    h.sink.finish()
+                h.sink = None
+            self.slot.release()
+            h.failed = e
+            raise _Error(errno.ENOSPC if isinstance(e, NoSpaceError) else errno.EIO, f"{h.path}: {e}") from e
+
+    def truncate(self, path, length, fh=None):
+        p = self._p(path)
+        h = self.handles.get(fh) if fh else None
+        if h is None:
+            with self._mu:
+                h = self._writer_of(p)
+        if h is not None and h.write_mode:
+            with h.lock:
+                if h.streaming:
+                    if length != h.size:
+                        raise _Error(errno.EPERM, f"{p}: cannot truncate a file streamed into the store")
+                    return 0
+                del h.buf[length:]
+                if length > len(h.buf):
+                    h.buf.extend(bytes(length - len(h.buf)))
+                h.size = len(h.buf)
+            return 0
+        with self._mu:
+            files, _ = self._namespace()
+            if p not in files:
+                raise _Error(errno.ENOENT)
+            if length == 0 and L.checkpoint_root(p, self._is_dir) is None:
+                self.truncated.add(p)      # the next writer replaces it; it reads empty meanwhile
+                return 0
+            if length == self._size(p):
+                return 0
+        raise _Error(errno.EPERM, f"{p}: committed files are append-only (replace them whole)")
+
+    def flush(self, path, fh):
+        """``close(2)`` of one descriptor: the file is finished at ``release`` (the last descriptor,
+        which the kernel sends asynchronously; a shell's ``> file`` closes a descriptor it has
+        duplicated), so a flush only marks it: an open or read of the path waits for that release."""
+        h = self.handles.get(fh)
+        if h is not None and h.write_mode:
+            h.flushed = True
+        return 0
+
+    def _settled(self, p: str) -> None:
+        """Wait (up to 30 s, without the namespace lock) until a writer of ``p`` that was closed has
+        been released, so the next open sees the finished file (a runtime reads or rewrites what it
+        has just closed)."""
+        deadline = time.monotonic() + 30
+        while True:
+            with self._mu:
+                w = self._writer_of(p)
+            if w is None or not w.flushed or time.monotonic() > deadline:
+                return
+            w.done.wait(0.5)
+
+    def fsync(self, path, datasync, fh):
+        return 0
+
+    def fsyncdir(self, path, datasync, fh):
+        """fsync of a checkpoint directory being written commits it (once its files are closed)."""
+        p = self._p(path)
+        with self._mu:
+            pd = self.pending.get(p)
+            if pd is not None:
+                self._request_commit(pd)
+        return 0
+
+    def release(self, path, fh):
+        h = self.handles.get(fh)
+        try:
+            if h is not None and h.write_mode:
+                self._finish(h)
+        finally:
+            with self._mu:
+                self.handles.pop(fh, None)
+                self._changed()
+            if h is not None:
+                h.done.set()
+        return 0
+
+    def _finish(self, h: _Handle) -> None:
+        with h.lock:
+            if h.finished:
+                return
+            try:
+                self._close_writer(h)
+            except RetainZError as e:
+                raise _Error(errno.ENOSPC if isinstance(e, NoSpaceError) else errno.EIO, f"{h.path}: {e}") from e
+            finally:
+                with self._mu:
+                    h.finished = True      # until now the path's open writer is this handle
+                    self._changed()
+
+    def _close_writer(self, h: _Handle) -> None:
+        info = None
+        streamed = h.streaming            # then this handle holds the store slot
+        if h.streaming:
+            try:
+                info = h.sink.finish()
+            except BaseException as e:
+                h.failed = e
+            finally:
+                h.sink = None
+        with self._mu:
+            self._changed()
+            if h.pending is not None:
+                pd = h.pending
+                pd.writing.pop(h.rel, None)
+                if h.failed is not None:
+                    self._abort(pd)
+                elif info is not None:
+                    pd.streamed[h.shard_name] = h.rel
+                    pd.sizes[h.shard_name] = info.size
+                else:
+                    pd.ready[h.rel] = h.buf
+                name = posixpath.basename(h.rel)
+                point = L.commit_point(pd.root, pd.ready | dict.fromkeys(pd.streamed.values()))
+                if pd.root in self.pending and ((name == ".metadata" and point == "dcp-metadata")
+                                                or (name == "trainer_state.json" and point == "hf-trainer-state"
+                                                    and "/" not in h.rel)):
+                    self._request_commit(pd)
+                elif pd.commit_requested and not pd.writing:
+                    self._request_commit(pd)
+            else:
+                self._close_file(h, info)
+        if streamed:
+            self._drain_and_release()
+
+    def _close_file(self, h: _Handle, info) -> None:
+        """A file generation's writer closed: commit its new version, then retire the old one."""
+        p = h.path
+        name = posixpath.basename(p)
+        waiting = None
+        if name in L.TRACKER_FILES and not h.streaming:
+            wanted = set(L.tracked_names(name, bytes(h.buf)))
+            for pd in list(self.pending.values()):
+                if posixpath.dirname(pd.root) == posixpath.dirname(p) and posixpath.basename(pd.root) in wanted:
+                    self._request_commit(pd)      # the checkpoint commits before its tracker
+                    if pd.writing:                # a file of it is not released yet
+                        waiting = pd
+        if h.failed is not None:
+            if h.writer is not None:
+                with contextlib.suppress(Exception):
+                    h.writer.abort()
+                self._taken.discard(h.writer.id)
+            return
+        if h.writer is not None:             # streamed: the slot is still ours
+            if L.parse_generation_id(h.writer.id)[1] != p:      # renamed while open
+                h.writer.write_shard(L.LAYOUT_SHARD, [L.layout_blob(p, {L.FILE_SHARD: ""})])
+            gen = h.writer.commit()
+            self._taken.discard(gen.id)
+            self._publish_file(p, gen)
+            return
+        data = bytes(h.buf)
+        step = L.checkpoint_step(name)
+
+        def commit():
+            gid = self._free_id(L.file_generation_id, p)
+            hint = self._hint(posixpath.dirname(p), gid, step)
+            w = self.store.begin_generation(gid, step or 0, hint=hint, declared_size=len(data))
+            try:
+                w.write_shard(L.FILE_SHARD, [data])
+                gen = w.commit()
+            except BaseException:
+                w.abort()
+                raise
+            self._publish_file(p, gen)
+
+        self.pending_files[p] = data
+        self._changed()
+        if waiting is not None:
+            waiting.then.append(lambda: self._store_work(commit))
+            return
+        if not self._store_work(commit):
+            log.info("%s: commit queued behind a streaming shard", p)
+
+    def _publish_file(self, p: str, gen) -> None:
+        old = self.by_path.get(("file", p))
+        self._add(gen, "file", p, {L.FILE_SHARD: ""}, time.time_ns())
+        self.truncated.discard(p)
+        self.pending_files.pop(p, None)
+        if old is not None and old != gen.id:
+            with contextlib.suppress(GenerationNotFoundError):
+                self.store.delete(old)          # the new version's commit is durable: retire the old
+            self.gens.pop(old, None)
+
+    def _request_commit(self, pd: _Pending) -> None:
+        """Commit a checkpoint directory at its commit point (when its last file closes if some are
+        still open; after a streaming shard ends if one is)."""
+        pd.commit_requested = True
+        if pd.writing:
+            return
+        if not self._store_work(lambda: self._commit_dir(pd)):
+            log.info("%s: commit queued behind a streaming shard", pd.root)
+
+    def _commit_dir(self, pd: _Pending) -> None:
+        if self.pending.get(pd.root) is not pd:
+            return
+        names = dict(pd.streamed)
+        for rel, data in pd.ready.items():
+            name = L.shard_name(rel)
+            if name in names or name == L.LAYOUT_SHARD:
+                name = f"{name}%{len(names)}"
+            self._writer(pd).write_shard(name, [bytes(data)])
+            names[name] = rel
+        relabelled = pd.relabelled or pd.gid != L.dir_generation_id(pd.root, _version(pd.gid)) or any(
+            L.shard_name(rel) != s for s, rel in names.items())
+        if relabelled:
+            self._writer(pd).write_shard(L.LAYOUT_SHARD, [L.layout_blob(pd.root, names)])
+        gen = self._writer(pd).commit()
+        del self.pending[pd.root]
+        self._taken.discard(pd.gid)
+        old = self.by_path.get(("dir", pd.root))
+        self._add(gen, "dir", pd.root, names, time.time_ns())
+        if old is not None and old != gen.id:
+            self._retire(old)
+        log.info("committed %s (%d files, %d bytes)", pd.root, len(names), gen.size)
+        for fn in pd.then:
+            fn()
+
+    def _abort(self, pd: _Pending) -> None:
+        if self.pending.get(pd.root) is pd:
+            del self.pending[pd.root]
+        if pd.writer is not None:
+            def abort(w=pd.writer, gid=pd.gid):
+                with contextlib.suppress(Exception):
+                    w.abort()
+                self._taken.discard(gid)
+            self._store_work(abort)
+        else:
+            self._taken.discard(pd.gid)
+        if self.inference is not None:
+            self.inference.observe_abort(pd.gid)
+        self._changed()
+        for fn in pd.then:
+            fn()
+
+    # -- FUSE: reading -------------------------------------------------------------------------------
+    def read(self, path, size, offset, fh):
+        h = self.handles.get(fh)
+        if h is None:
+            raise _Error(errno.EBADF)
+        if h.gen is None:
+            return bytes(h.buf[offset:offset + size])
+        total = h.gen.sizes[h.shard]
+        end = min(offset + size, total)
+        out = bytearray()
+        pos = offset
+        try:
+            while pos < end:
+                w = h.window
+                if w is None or not w[0] <= pos < w[0] + len(w[1]):
+                    w = h.window = self.store.read_shard_extent(h.gen.id, h.shard, pos)
+                take = w[1][pos - w[0]:end - w[0]]
+                out += take
+                pos += len(take)
+        except ChecksumError as e:
+            raise _Error(errno.EIO, f"{h.path}: {e}") from e
+        except GenerationNotFoundError as e:
+            raise _Error(errno.ESTALE, f"{h.path}: {e}") from e
+        return bytes(out)
+
+    def _read_all(self, p: str) -> bytes:
+        if p in self.pending_files:
+            return self.pending_files[p]
+        gid, shard = self.files[p]
+        return b"".join(self.store.read_shard(gid, shard))
+
+    # -- FUSE: removal ---------------------------------------------------------------------------------
+    def unlink(self, path):
+        p = self._p(path)
+        with self._mu:
+            files, _ = self._namespace()
+            if p not in files:
+                raise _Error(errno.ENOENT)
+            pd = self._pending_of(p)
+            if pd is not None:
+                rel = posixpath.relpath(p, pd.root)
+                pd.ready.pop(rel, None)
+                for s, r in list(pd.streamed.items()):
+                    if r == rel:
+                        del pd.streamed[s]
+                        pd.relabelled = True
+                self._changed()
+                return 0
+            if p in self.files:
+                gid, _ = self.files[p]
+                g = self.gens[gid]
+                if g.kind == "file":
+                    self._retire(gid)
+                else:
+                    self.hidden.add(p)
+            self.truncated.discard(p)
+            self._changed()
+        return 0
+
+    def rmdir(self, path):
+        p = self._p(path)
+        with self._mu:
+            files, dirs = self._namespace()
+            if p not in dirs or p in files:
+                raise _Error(errno.ENOENT if p not in dirs else errno.ENOTDIR)
+            prefix = p + "/"
+            if any(q.startswith(prefix) for q in itertools.chain(files, dirs)):
+                raise _Error(errno.ENOTEMPTY)
+            gid = self.by_path.get(("dir", p))
+            if gid is not None:                       # rm -r of a committed checkpoint: retire it
+                self._retire(gid)
+            elif any(p.startswith(g.path + "/") for g in self.gens.values() if g.kind == "dir"):
+                self.hidden.add(p)                    # a directory inside a committed checkpoint
+            for g in [g for g in self.gens.values() if g.kind == "dir" and g.path.startswith(prefix)]:
+                self._retire(g.id)
+            pd = self.pending.get(p)
+            if pd is not None:
+                self._abort(pd)
+            self.dirs.pop(p, None)
+            self._changed()
+        return 0
+
+    # -- FUSE: rename -----------------------------------------------------------------------------------
+    def rename(self, old, new):
+        """Rename a file or directory (see the module docstring); over an existing file it is an atomic
+        replace, over an existing empty directory it replaces it, over a non-empty one ``ENOTEMPTY``."""
+        a, b = self._p(old), self._p(new)
+        if a == b:
+            return 0
+        with self._mu:
+            if self._writer_of(a) is not None:
+                return self._rename_open(a, b)
+        if not self.slot.acquire(timeout=60):
+            raise _Error(errno.EBUSY, f"{a}: a file has been streaming for 60 s; rename after it is closed")
+        try:
+            return self._rename(a, b)
+        finally:
+            self._drain_and_release()
+
+    def _rename(self, a: str, b: str) -> int:
+        """Rename, holding the store slot: store work queued meanwhile runs, in order, before the
+        slot is released (the new version commits before the source or the old target is retired)."""
+        with self._mu:
+            files, dirs = self._namespace()
+            if a not in files and a not in dirs:
+                raise _Error(errno.ENOENT)
+            if b.startswith(a + "/"):
+                raise _Error(errno.EINVAL)
+            if posixpath.dirname(b) not in dirs:
+                raise _Error(errno.ENOENT)
+            if a in dirs:
+                if b in files:
+                    raise _Error(errno.ENOTDIR)
+                if any(q.startswith(b + "/") for q in itertools.chain(files, dirs)):
+                    raise _Error(errno.ENOTEMPTY)
+                self._rename_dir(a, b)
+            else:
+                if b in dirs:
+                    raise _Error(errno.EISDIR)
+                self._rename_file(a, b)
+            self._changed()
+        return 0
+
+    def _rename_open(self, a: str, b: str) -> int:
+        """Rename a file still open for writing (a temporary file persisted before it is closed, as
+        safetensors' ``serialize_file`` does through ``tempfile::persist``): the open file takes the
+        new path and commits there when closed, replacing what ``b`` holds then."""
+        h = self._writer_of(a)
+        files, dirs = self._namespace()
+        if b in dirs:
+            raise _Error(errno.EISDIR)
+        if self._writer_of(b) is not None:
+            raise _Error(errno.EBUSY, f"{b}: open for writing")
+        if h.pending is not None:
+            if self._pending_of(b) is not h.pending:
+                raise _Error(errno.EXDEV, f"{a}: open for writing; it can move within its checkpoint only")
+            pd = h.pending
+            rb = posixpath.relpath(b, pd.root)
+            pd.writing.pop(h.rel, None)
+            pd.ready.pop(rb, None)
+            for s_, r in list(pd.streamed.items()):
+                if r == rb:
+                    del pd.streamed[s_]
+                    pd.relabelled = True
+            h.rel = rb
+            pd.writing[rb] = h
+        else:
+            if L.checkpoint_root(b, self._is_dir) is not None:
+                raise _Error(errno.EXDEV, f"{a}: open for writing; close it before moving it into a checkpoint")
+            if b in files and b in self.files and self.gens[self.files[b][0]].kind == "dir":
+                raise _Error(errno.EPERM, f"{b}: inside a committed checkpoint (append-only)")
+        h.path = b
+        self.truncated.discard(b)
+        self._changed()
+        return 0
+
+    def _rename_dir(self, a: str, b: str) -> None:
+        pa = a + "/"
+        for root in [r for r in self.pending if r == a or r.startswith(pa)]:
+            pd = self.pending.pop(root)
+            was = posixpath.basename(pd.root)
+            pd.root = b + pd.root[len(a):]
+            pd.relabelled = True
+            self.pending[pd.root] = pd
+            if L.commit_point(was, ()) == "hf-rename" and L.is_checkpoint_dir_name(posixpath.basename(pd.root)):
+                self._request_commit(pd)             # HF Trainer's commit point: the rename
+        for d in [d for d in self.dirs if d == a or d.startswith(pa)]:
+            self.dirs[b + d[len(a):]] = self.dirs.pop(d)
+        for g in [g for g in self.gens.values() if g.path == a or g.path.startswith(pa)]:
+            self._copy_gen(g, b + g.path[len(a):])
+        for p in [p for p in self.truncated if p.startswith(pa)]:
+            self.truncated.discard(p)
+            self.truncated.add(b + p[len(a):])
+
+    def _rename_file(self, a: str, b: str) -> None:
+        pd = self._pending_of(a)
+        if pd is not None and self._pending_of(b) is pd:
+            ra, rb = posixpath.relpath(a, pd.root), posixpath.relpath(b, pd.root)
+            if ra in pd.writing:
+                raise _Error(errno.EBUSY, f"{a}: renamed while open for writing")
+            if ra in pd.ready:
+                pd.ready[rb] = pd.ready.pop(ra)
+            for s, r in list(pd.streamed.items()):
+                if r == rb:
+                    del pd.streamed[s]
+                if r == ra:
+                    pd.streamed[s] = rb
+                    pd.relabelled = True
+            if posixpath.basename(rb) == ".metadata" and L.commit_point(pd.root, pd.ready) == "dcp-metadata":
+                self._request_commit(pd)             # DCP's commit point: .metadata.tmp -> .metadata
+            return
+        data = self._read_all(a) if (a in self.files or a in self.pending_files) else None
+        if data is None:
+            src = pd.ready.get(posixpath.relpath(a, pd.root)) if pd is not None else None
+            if src is None:
+                raise _Error(errno.EBUSY, f"{a}: still being written; rename it after it is closed")
+            data = bytes(src)
+        h = _Handle(self, b, write=True, buf=bytearray(data))
+        root = L.checkpoint_root(b, self._is_dir)
+        if root is not None:
+            if ("dir", root) in self.by_path:
+                raise _Error(errno.EPERM, f"{b}: checkpoint {root} is committed and append-only")
+            h.pending = self.pending.get(root) or self._begin_dir(root)
+            h.rel = posixpath.relpath(b, root)
+        self._close_writer_locked(h)                 # commits the copy (the new version) first
+        self._unlink_locked(a)                       # then retires the source
+
+    def _close_writer_locked(self, h: _Handle) -> None:
+        if h.pending is not None:
+            h.pending.ready[h.rel] = h.buf
+            self._changed()
+            return
+        self._close_file(h, None)
+
+    def _unlink_locked(self, p: str) -> None:
+        if p in self.files:
+            gid, _ = self.files[p]
+            if self.gens[gid].kind == "file":
+                self._retire(gid)
+            else:
+                self.hidden.add(p)
+        pd = self._pending_of(p)
+        if pd is not None:
+            pd.ready.pop(posixpath.relpath(p, pd.root), None)
+        self.pending_files.pop(p, None)
+        self._changed()
+
+    def _copy_gen(self, g: _Gen, path: str) -> None:
+        """Rename a committed generation: copy its shards into a new generation at ``path``, commit,
+        then retire the source (the store has no rename)."""
+        def work():
+            make = L.dir_generation_id if g.kind == "dir" else L.file_generation_id
+            gid = self._free_id(make, path)
+            info = self.store.generation(g.id)
+            w = self.store.begin_generation(gid, info.step, hint=info.hint, declared_size=info.size)
+            names = {}
+            try:
+                for s, rel in g.names.items():
+                    w.write_shard(s, self.store.read_shard(g.id, s))
+                    names[s] = rel
+                if g.kind == "dir" or path != L.parse_generation_id(gid)[1]:
+                    if gid != make(path, _version(gid)) or g.kind == "dir" and any(
+                            L.shard_name(r) != s for s, r in names.items()):
+                        w.write_shard(L.LAYOUT_SHARD, [L.layout_blob(path, names)])
+                gen = w.commit()
+            except BaseException:
+                w.abort()
+                raise
+            old = self.by_path.get((g.kind, path))
+            self._forget(g.id)
+            self._add(gen, g.kind, path, names, g.mtime_ns)
+            if old is not None and old != gen.id:
+                self._retire(old)
+            with contextlib.suppress(GenerationNotFoundError):
+                self.store.delete(g.id)
+        self._store_work(work)
+
+    # -- lifetime -----------------------------------------------------------------------------------
+    def destroy(self, path):
+        """Unmount: commit the checkpoint directories whose commit point is "closed" and whose files
+        are all closed (a clean unmount is their last chance); abort the rest (a runtime whose
+        tracker file never came did not finish its save)."""
+        with self._mu:
+            for pd in list(self.pending.values()):
+                point = L.commit_point(pd.root, pd.ready | dict.fromkeys(pd.streamed.values()))
+                if not pd.writing and (point == "closed" or pd.commit_requested):
+                    try:
+                        self._store_work(lambda pd=pd: self._commit_dir(pd))
+                    except Exception as e:  # noqa: BLE001 - unmount goes on
+                        log.error("%s: commit at unmount failed: %s", pd.root, e)
+                        self._abort(pd)
+                else:
+                    log.warning("%s: not committed at unmount (its commit point, %s, never came)", pd.root,
+                                L.COMMIT_POINTS[point])
+                    self._abort(pd)
+
+    def inferred(self) -> dict:
+        """What ``--retention auto`` has inferred so far (``RetentionInference.summary``)."""
+        return self.inference.summary() if self.inference is not None else {}
+
+
+def _version(gid: str) -> int:
+    return L.parse_generation_id(gid)[2]

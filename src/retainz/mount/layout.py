@@ -1,0 +1,226 @@
+"""Paths on a mounted device -> generations and shards, and each runtime's commit point.
+
+The store is flat (generations of shards, no rename); the mount lays a directory tree over it with
+the id scheme of the ``retainz://`` fsspec filesystem (:mod:`retainz.integrations.fsspec_files`), so
+a DCP checkpoint written through either one is the same generation:
+
+* a **checkpoint directory** ``D`` is one generation, id ``quote(D)``
+  (``run/checkpoint-500`` -> ``run%2Fcheckpoint-500``), and every file under it is a shard named by
+  its path relative to ``D`` (:func:`shard_name`: ``/`` and ``%`` escaped, so Megatron's
+  ``iter_0000100/mp_rank_00/model_optim_rng.pt`` is shard ``mp_rank_00%2Fmodel_optim_rng.pt``).  A
+  directory is a checkpoint directory when its name is one the runtimes give their saves
+  (:func:`checkpoint_step`): ``step-N`` (TorchTitan), ``iter_NNNNNNN`` (Megatron-LM),
+  ``checkpoint-N`` and ``tmp-checkpoint-N`` (HF Trainer), ``global_stepN`` (DeepSpeed), a
+  ``…step=N….ckpt`` directory (Lightning's sharded strategies); or, as in the fsspec filesystem, when
+  it holds DCP files (``*.distcp``, ``.metadata``).  The outermost such directory on a path wins (an HF
+  ``checkpoint-N`` holding DeepSpeed's ``global_stepN`` is one generation).
+* any **other file** is a generation of its own, id ``@`` + ``quote(path)``, one shard ``file``.
+* a later **version** of a path (an atomic replace, a rewritten tracker file) gets ``#N`` appended to
+  its id; the newest commit (``commit_seq``) of a path is the one visible, older ones are retired
+  (:func:`newest_versions`).
+* a generation renamed while it was being written carries one more shard, :data:`LAYOUT_SHARD`
+  (JSON ``{"path": ..., "names": {shard: relative path}}``), which overrides what its id says.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+from urllib.parse import quote, unquote
+
+from retainz.integrations.fsspec_files import _step_of, is_dcp_name
+
+__all__ = [
+    "FILE_SHARD", "LAYOUT_SHARD", "checkpoint_step", "is_checkpoint_dir_name", "checkpoint_root",
+    "dir_generation_id", "file_generation_id", "parse_generation_id", "shard_name", "shard_path",
+    "commit_point", "COMMIT_POINTS", "TRACKER_FILES", "tracked_names", "newest_versions", "layout_blob",
+    "read_layout",
+]
+
+#: The shard of a single-file generation (the fsspec filesystem's name for it).
+FILE_SHARD = "file"
+#: The shard of a generation renamed while being written; no escaped path can produce this name.
+LAYOUT_SHARD = "%layout"
+
+_HF_TMP = re.compile(r"tmp-checkpoint-([0-9]+)")
+_LIGHTNING_DIR = re.compile(r".*(?:^|[-_])step=([0-9]+).*\.ckpt")
+
+#: Tracker files: the runtime's last write of a save, naming the checkpoint it completes.
+#: ``latest_checkpointed_iteration.txt``: Megatron-LM ``megatron/training/checkpointing.py``
+#: ``save_checkpoint`` writes ``str(iteration)`` to ``get_checkpoint_tracker_filename(save_dir)`` on
+#: rank 0 after every rank has saved its ``iter_NNNNNNN/mp_rank_XX/model_optim_rng.pt``.
+#: ``latest``: DeepSpeed ``deepspeed/runtime/engine.py`` ``DeepSpeedEngine.save_checkpoint`` writes
+#: the tag (``global_stepN``) to ``save_dir/latest`` on rank 0 after the checkpoint files
+#: (``save_latest=True``, the default).
+TRACKER_FILES = ("latest_checkpointed_iteration.txt", "latest")
+
+#: Commit point of each kind of checkpoint directory (:func:`commit_point`), for docs and logs.
+COMMIT_POINTS = {
+    "megatron-tracker": "Megatron-LM writes latest_checkpointed_iteration.txt naming the iteration",
+    "deepspeed-latest": "DeepSpeed writes `latest` naming the tag",
+    "hf-trainer-state": "HF Trainer closes trainer_state.json, the last file _save_checkpoint writes",
+    "hf-rename": "HF Trainer renames tmp-checkpoint-N to checkpoint-N",
+    "dcp-metadata": "DCP closes (or renames .metadata.tmp to) .metadata, written after every data file",
+    "closed": "every file is closed and the next save starts, a file of it is read back, the directory "
+              "is fsync'ed, or the mount is unmounted cleanly",
+}
+
+
+def checkpoint_step(name: str) -> int | None:
+    """The step a checkpoint directory's name gives (``step-N``, ``iter_N``, ``checkpoint-N``,
+    ``global_stepN``, ``tmp-checkpoint-N``, Lightning's ``…step=N….ckpt``), or ``None``."""
+    step = _step_of(name)
+    if step is not None:
+        return step
+    m = _HF_TMP.fullmatch(name)
+    return int(m.group(1)) if m else None
+
+
+def is_checkpoint_dir_name(name: str) -> bool:
+    """True for a directory name a runtime gives one save (see :func:`checkpoint_step`); a
+    Lightning file ``epoch=0-step=10.ckpt`` counts only as a directory (its sharded strategies)."""
+    if name.endswith(".ckpt"):
+        return bool(_LIGHTNING_DIR.fullmatch(name))
+    return checkpoint_step(name) is not None
+
+
+def checkpoint_root(path: str, is_dir: callable = lambda p: False) -> str | None:
+    """The checkpoint directory a file path belongs to, or ``None`` (the file is its own generation).
+
+    Args:
+        path: a file's path inside the mount, no leading ``/`` (``run/checkpoint-5/config.json``).
+        is_dir: tells whether a ``*.ckpt`` ancestor is a directory (Lightning's names are files too).
+
+    The outermost ancestor with a checkpoint name wins; otherwise a DCP file name (fsspec rule)
+    makes its parent directory the generation.
+    """
+    parts = path.split("/")
+    for i in range(len(parts) - 1):
+        name = parts[i]
+        if is_checkpoint_dir_name(name) and (not name.endswith(".ckpt") or is_dir("/".join(parts[:i + 1]))):
+            return "/".join(parts[:i + 1])
+    if len(parts) > 1 and is_dcp_name(parts[-1]):
+        return "/".join(parts[:-1])
+    return None
+
+
+def _safe_id(text: str) -> str:
+    # the store refuses '..' in ids and names; '%2E' decodes back to '.'
+    return text.replace(".", "%2E") if ".." in text else text
+
+
+def dir_generation_id(directory: str, version: int = 0) -> str:
+    """``quote(directory)`` (the fsspec id), ``#version`` appended for a later version."""
+    gid = _safe_id(quote(directory, safe=""))
+    return gid if not version else f"{gid}#{version}"
+
+
+def file_generation_id(path: str, version: int = 0) -> str:
+    """``@`` + ``quote(path)`` (the fsspec id), ``#version`` appended for a later version."""
+    gid = "@" + _safe_id(quote(path, safe=""))
+    return gid if not version else f"{gid}#{version}"
+
+
+def parse_generation_id(gid: str) -> tuple[str, str, int]:
+    """``(kind, path, version)`` of a generation id: kind ``"file"`` or ``"dir"``."""
+    base, _, ver = gid.partition("#")
+    version = int(ver) if ver.isdigit() else 0
+    if base.startswith("@"):
+        return "file", unquote(base[1:]), version
+    return "dir", unquote(base), version
+
+
+def shard_name(rel: str) -> str:
+    """The shard name of a file at ``rel`` (relative to its checkpoint directory): ``%`` and ``/``
+    escaped (a DCP file name is itself, as in the fsspec filesystem)."""
+    return _safe_id(rel.replace("%", "%25").replace("/", "%2F"))
+
+
+def shard_path(name: str) -> str:
+    """Inverse of :func:`shard_name`."""
+    return unquote(name)
+
+
+def commit_point(directory: str, files: set[str] | dict) -> str:
+    """The commit point of a checkpoint directory (a key of :data:`COMMIT_POINTS`), from its name
+    and the relative paths written into it so far.
+
+    Sources (each runtime's last write of a save):
+
+    * ``iter_NNNNNNN``: Megatron-LM ``save_checkpoint`` -> tracker file (``megatron-tracker``), also
+      for its ``torch_dist`` format, whose ``metadata.json`` follows DCP's ``.metadata``;
+    * ``global_stepN``: DeepSpeed ``save_checkpoint`` -> ``latest`` (``deepspeed-latest``);
+    * ``checkpoint-N``: HF Trainer ``Trainer._save_checkpoint`` (transformers 5.x) saves the model,
+      optimizer, scheduler, RNG state, then ``self.state.save_to_json(.../trainer_state.json)``, then
+      ``rotate_checkpoints`` (``hf-trainer-state``);
+    * ``tmp-checkpoint-N``: HF Trainer 4.3x ``_save_checkpoint`` wrote there and ``os.rename``\\ d it to
+      ``checkpoint-N`` last (``hf-rename``);
+    * DCP files: ``FileSystemWriter.finish`` writes ``.metadata.tmp`` and renames it to ``.metadata``
+      after every ``*.distcp`` (``dcp-metadata``; TorchTitan ``step-N``);
+    * anything else (``torch.save`` into ``step-N/``): ``closed``.
+    """
+    name = posixpath.basename(directory)
+    if name.startswith("iter_"):
+        return "megatron-tracker"
+    if name.startswith("global_step"):
+        return "deepspeed-latest"
+    if _HF_TMP.fullmatch(name):
+        return "hf-rename"
+    if name.startswith("checkpoint-"):
+        return "hf-trainer-state"
+    if any(is_dcp_name(posixpath.basename(f)) for f in files):
+        return "dcp-metadata"
+    return "closed"
+
+
+def tracked_names(tracker: str, content: bytes) -> list[str]:
+    """The checkpoint directory names a tracker file's content names (in the tracker's directory).
+
+    ``latest_checkpointed_iteration.txt`` holds an iteration number (Megatron names the directory
+    ``iter_{:07d}``; ``release`` names none here); ``latest`` holds DeepSpeed's tag.
+    """
+    text = content.decode("utf-8", "replace").strip()
+    if tracker == "latest_checkpointed_iteration.txt":
+        return [f"iter_{int(text):07d}"] if text.isdigit() else []
+    if tracker == "latest":
+        return [text] if text and "/" not in text else []
+    return []
+
+
+def newest_versions(generations) -> tuple[dict[tuple[str, str], object], list]:
+    """Group committed generations by ``(kind, path)``; the newest commit of each is visible.
+
+    Args:
+        generations: ``GenerationInfo`` objects with a resolved ``path`` (``(gen, kind, path)``
+            triples).
+
+    Returns:
+        ``({(kind, path): newest gen}, [older gens to retire])``: the recovery rule of an atomic
+        replace (the new version commits before the old one is deleted, so after a crash both may be
+        committed, and the newer one wins).
+    """
+    best: dict[tuple[str, str], object] = {}
+    stale = []
+    for g, kind, path in generations:
+        key = (kind, path)
+        cur = best.get(key)
+        if cur is None:
+            best[key] = g
+        elif g.commit_seq > cur.commit_seq:
+            stale.append(cur)
+            best[key] = g
+        else:
+            stale.append(g)
+    return best, stale
+
+
+def layout_blob(path: str, names: dict[str, str]) -> bytes:
+    """The :data:`LAYOUT_SHARD` of a generation renamed while being written."""
+    return json.dumps({"path": path, "names": names}, sort_keys=True).encode()
+
+
+def read_layout(blob: bytes) -> tuple[str, dict[str, str]]:
+    """``(path, {shard: relative path})`` from a :data:`LAYOUT_SHARD`."""
+    d = json.loads(blob)
+    return str(d["path"]), {str(k): str(v) for k, v in d.get("names", {}).items()}

@@ -1,0 +1,206 @@
+"""Mounting and unmounting: the FUSE binding, the serving process, ``umount``.
+
+The binding is **mfusepy** (``pip install 'retainz[mount]'``), the maintained successor of fusepy:
+pure-Python ctypes bindings for the high-level, path-based libfuse 3 API.  It needs no compiler and
+no libfuse headers (pyfuse3 builds a Cython extension against ``libfuse3-dev`` and drives everything
+through trio's async API, around the low-level inode API), and the path-based API is what the mount's
+path -> generation mapping (:mod:`retainz.mount.layout`) wants.  libfuse 3 itself and ``fusermount3``
+come from the Debian package ``fuse3`` (``tools/fuse-setup.sh``, run by ``make setup-mount``).
+
+``retainz mount`` serves in the foreground with ``--foreground``; otherwise it starts the serving
+process detached (its log: ``DEVICE.mount.log``) and returns once the mount point is mounted, or
+fails with the server's error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+from retainz.errors import RetainZError
+
+__all__ = ["FuseUnavailableError", "load_fuse", "serve", "mount", "umount", "is_mounted", "FSTYPE"]
+
+#: ``/proc/mounts`` type of a RetainZ mount (``fuse.`` + the subtype).
+FSTYPE = "fuse.retainz"
+
+
+class FuseUnavailableError(RetainZError):
+    """FUSE cannot be used here: no binding, no libfuse 3, or no ``/dev/fuse``."""
+
+
+def load_fuse():
+    """Import the FUSE binding (mfusepy), checking what it needs.
+
+    Raises:
+        FuseUnavailableError: the ``mount`` extra is not installed, libfuse 3 is missing, or
+            ``/dev/fuse`` does not exist (the message says which and how to fix it).
+    """
+    if not os.path.exists("/dev/fuse"):
+        raise FuseUnavailableError("FUSE is unavailable: /dev/fuse does not exist (load the fuse kernel module, "
+                                   "or run the container with --device /dev/fuse)")
+    try:
+        import mfusepy
+    except ImportError:
+        raise FuseUnavailableError("FUSE is unavailable: the Python binding mfusepy is not installed "
+                                   "(pip install 'retainz[mount]', or make setup-mount)") from None
+    except OSError as e:
+        raise FuseUnavailableError(f"FUSE is unavailable: libfuse 3 was not found ({e}); install the Debian "
+                                   "package fuse3 (make setup-mount)") from None
+    return mfusepy
+
+
+def is_mounted(mountpoint: str) -> bool:
+    """True if ``mountpoint`` is a RetainZ FUSE mount (``/proc/self/mounts``), live or stale."""
+    target = os.path.realpath(mountpoint)
+    with contextlib.suppress(OSError), open("/proc/self/mounts") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) > 2 and _unescape(parts[1]) == target and parts[2] == FSTYPE:
+                return True
+    return False
+
+
+def _unescape(field: str) -> str:
+    return field.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+
+
+def _check_mountpoint(mountpoint: str) -> None:
+    if is_mounted(mountpoint):
+        raise FileExistsError(f"{mountpoint}: already a RetainZ mount (retainz umount {mountpoint} first)")
+    if not os.path.isdir(mountpoint):
+        raise FileNotFoundError(f"{mountpoint}: no such directory (the mount point must exist)")
+
+
+def serve(device: str, mountpoint: str, *, retention: str | None = None, wait: float = 120.0,
+          debug: bool = False) -> None:
+    """Open the store on ``device`` and serve it at ``mountpoint`` until unmounted (foreground).
+
+    Args:
+        device: a FileDevice file holding a RetainZ store (``retainz mkfs``).
+        mountpoint: an existing directory.
+        retention: ``None``, a rule string, or ``"auto"`` (:class:`~retainz.mount.fs.MountedStore`).
+        wait: seconds to wait for a device another process (a previous mount) still holds.
+
+    Raises:
+        FuseUnavailableError, FileNotFoundError, ForeignDeviceError, TimeoutError.
+    """
+    fuse = load_fuse()
+    from retainz.integrations import _stores
+    from retainz.mount.fs import MountedStore
+
+    if not os.path.isfile(device):
+        raise FileNotFoundError(f"{device}: no such device file (create one with `retainz device create` "
+                                "and `retainz mkfs`)")
+    _check_mountpoint(mountpoint)
+    if retention not in (None, "auto"):
+        from retainz.integrations.hints import retention_hint
+
+        retention_hint(1, rule=retention)       # a malformed rule is bad input, before mounting
+    with _stores.using(device, wait=wait) as store:
+        ops = MountedStore(store, retention=retention)
+        if ops.retired_at_mount:
+            logging.getLogger("retainz.mount").info("retired %d older versions at mount",
+                                                    len(ops.retired_at_mount))
+        try:
+            fuse.FUSE(ops, mountpoint, foreground=True, nothreads=False, debug=debug,
+                      fsname=f"retainz:{os.path.realpath(device)}", subtype="retainz", hard_remove=True)
+        finally:
+            if ops.inference is not None:
+                logging.getLogger("retainz.mount").info("retention inferred: %s", ops.inferred())
+
+
+def mount(device: str, mountpoint: str, *, retention: str | None = None, foreground: bool = False,
+          timeout: float = 120.0) -> None:
+    """``retainz mount``: serve in the foreground, or start a detached server and wait until mounted.
+
+    Raises:
+        FuseUnavailableError: FUSE cannot be used here.
+        FileNotFoundError, FileExistsError: a bad device or mount point.
+        RuntimeError: the server exited before mounting (its last log lines in the message).
+    """
+    load_fuse()
+    if not os.path.isfile(device):
+        raise FileNotFoundError(f"{device}: no such device file (create one with `retainz device create` "
+                                "and `retainz mkfs`)")
+    _check_mountpoint(mountpoint)
+    if foreground:
+        serve(device, mountpoint, retention=retention)
+        return
+    logpath = device + ".mount.log"
+    cmd = [sys.executable, "-m", "retainz.cli", "mount", device, mountpoint, "--foreground"]
+    if retention:
+        cmd += ["--retention", retention]
+    with open(logpath, "ab") as logf:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    deadline = time.monotonic() + timeout
+    while not is_mounted(mountpoint):
+        if proc.poll() is not None:
+            with open(logpath, errors="replace") as f:
+                tail = [line.strip() for line in f.readlines()[-3:] if line.strip()]
+            raise RuntimeError(f"the mount server exited with status {proc.returncode}: "
+                               + (" / ".join(tail) or "no output") + f" (log: {logpath})")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise TimeoutError(f"{mountpoint}: not mounted after {timeout:.0f} s (log: {logpath})")
+        time.sleep(0.05)
+
+
+def _mount_source(mountpoint: str) -> str | None:
+    target = os.path.realpath(mountpoint)
+    with contextlib.suppress(OSError), open("/proc/self/mounts") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) > 2 and _unescape(parts[1]) == target and parts[2] == FSTYPE:
+                src = _unescape(parts[0])
+                return src.split(":", 1)[1] if src.startswith("retainz:") else None
+    return None
+
+
+def umount(mountpoint: str, *, wait: float = 120.0) -> None:
+    """``retainz umount``: unmount (``fusermount3 -u``, or ``umount`` without it) and wait until the
+    server has closed the store (the device file's lock is free), so the device can be used at once.
+    Works on a stale mount whose server died.
+
+    Raises:
+        FileNotFoundError: ``mountpoint`` is not a RetainZ mount.
+        RuntimeError: the unmount command failed (its message).
+        TimeoutError: the server still holds the device after ``wait`` seconds.
+    """
+    if not is_mounted(mountpoint):
+        raise FileNotFoundError(f"{mountpoint}: not a RetainZ mount")
+    device = _mount_source(mountpoint)
+    tool = shutil.which("fusermount3") or shutil.which("fusermount")
+    cmd = [tool, "-u", mountpoint] if tool else ["umount", mountpoint]
+    busy_until = time.monotonic() + 5            # files being closed (a runtime exiting): retry briefly
+    while True:
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode == 0:
+            break
+        msg = (r.stderr or r.stdout).strip()
+        if "busy" not in msg.lower() or time.monotonic() > busy_until:
+            raise RuntimeError(f"{' '.join(cmd)} failed: {msg}")
+        time.sleep(0.2)
+    if device and os.path.exists(device):
+        deadline = time.monotonic() + wait
+        fd = os.open(device, os.O_RDONLY)
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+                    return
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"{device}: still held by the mount server {wait:.0f} s after "
+                                           "unmount") from None
+                    time.sleep(0.05)
+        finally:
+            os.close(fd)
