@@ -183,3 +183,35 @@ def test_cli_run_reports_a_bad_manifest_with_status_2(tmp_path, capsys):
     assert main(["run", str(tmp_path / "bad.json"), "--output", str(tmp_path / "out")]) == 2
     assert "key 'steps' must be positive" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_tenants_cases_mix_jobs_and_leave_one_job_cases_unchanged():
+    jobs = [{"layout": "smollm2-135m-dcp", "rule": "torchtitan:interval=500,keep_latest_k=10"},
+            {"layout": "pythia-1b", "rule": "megatron:save_interval=1000,retain_interval=5000", "offset": 250}]
+    m = {"manifest": "t", "format": 1, "defaults": {**BASE, "policy": "retainz"},
+         "blocks": [{"experiment": "multitenant", "rows": [{"tenants": jobs}, {}]}]}
+    mixed, single = expand(m)
+    assert mixed.inputs["tenants"] == [{**jobs[0], "offset": 0}, jobs[1]]
+    assert mixed.inputs["layout"] == "mix:smollm2-135m-dcp+pythia-1b"
+    assert mixed.trace.tenants == (("smollm2-135m-dcp", jobs[0]["rule"], 0), ("pythia-1b", jobs[1]["rule"], 250))
+    # a one-job case has no tenants input, so its id and trace key are those it always had
+    assert "tenants" not in single.inputs
+    assert single.id == case_id(single.tags, single.inputs)
+    assert mixed.trace.key() != single.trace.key()
+    # a list of tenant lists expands the row
+    m["blocks"][0]["rows"] = [{"tenants": [jobs, list(reversed(jobs))]}]
+    assert len(expand(m)) == 2
+
+
+@pytest.mark.parametrize("tenants, needle", [
+    ([{"layout": "smollm2-135m-dcp", "rule": "torchtitan:interval=500,keep_latest_k=10"}], "at least 2 jobs"),
+    ([{"layout": "a", "rule": "b"}, {"layout": "a", "rule": "b", "offset": -1}], "'offset' must be an integer"),
+    ([{"layout": "a", "rule": "b"}, {"layout": "a", "rule": "b", "offset": 5000}], "not below steps"),
+    ([{"layout": "a", "rule": "b"}, {"layout": "a", "rules": "b"}], "unknown key 'rules'"),
+])
+def test_bad_tenants_name_the_key(tenants, needle):
+    m = {"manifest": "t", "format": 1, "defaults": {**BASE, "policy": "retainz"},
+         "blocks": [{"experiment": "multitenant", "rows": [{"tenants": tenants}]}]}
+    with pytest.raises(ManifestError, match="tenants") as e:
+        expand(m)
+    assert needle in str(e.value)

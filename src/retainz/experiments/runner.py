@@ -76,7 +76,23 @@ class RetainZBackend(Backend):
     def generate_trace(self, spec: TraceSpec, path: str) -> None:
         from retainz.trace.generate import write_generated
 
-        write_generated(path, scaled_layout(spec.layout, spec.scale), spec.rule, spec.steps, seed=spec.seed)
+        if spec.tenants is None:
+            write_generated(path, scaled_layout(spec.layout, spec.scale), spec.rule, spec.steps, seed=spec.seed)
+            return
+        from retainz.trace.mix import mix
+
+        parts = []
+        try:
+            for j, (layout, rule, offset) in enumerate(spec.tenants):
+                part = f"{path}.job{j}"
+                parts.append(part)
+                write_generated(part, scaled_layout(layout, spec.scale), rule, spec.steps - offset,
+                                seed=spec.seed + j)
+            mix(parts, path, offsets=[t[2] for t in spec.tenants])
+        finally:
+            for part in parts:
+                if os.path.exists(part):
+                    os.unlink(part)
 
     def replay(self, trace_path: str, case: Case, workdir: str) -> dict:
         i = case.inputs
