@@ -1,4 +1,4 @@
-"""ZenFS-Alloc port: one table-driven test per rule of shared/reference/zenfs-allocator.md."""
+"""ZenFS-Alloc port: one table-driven test per rule of docs/zenfs-baseline.md."""
 
 from __future__ import annotations
 
@@ -290,3 +290,170 @@ def test_zone_lifetime_is_set_once_by_the_opener():
 def test_registry_parameters():
     a = make_allocator("zenfs:finish_threshold=10,reserved_zones=1")
     assert (a.finish_threshold, a.reserved_zones) == (10, 1)
+
+
+# -- the rules of the store around the allocator (docs/zenfs-baseline.md) ------------------------------
+KiB, MiB = 1024, 1 << 20
+
+
+def _geom(nr_zones, cap=48 * KiB, zone_size=64 * KiB, max_active=6):
+    from retainz.zoned import Geometry
+
+    return Geometry(nr_zones=nr_zones, zone_size=zone_size, zone_capacity=cap, block_size=4096,
+                    max_open=max_active, max_active=max_active)
+
+
+@pytest.mark.parametrize("policy", ["zenfs", "zenfs-nohint", "zenfs:migrate=all"])
+def test_zenfs_refuses_a_device_of_fewer_than_32_zones(policy):
+    """ZonedBlockDevice::Open: fewer than ZENFS_MIN_ZONES (32) zones, meta zones included, is refused,
+    at format (nothing written) and at open with the policy named; 32 zones are accepted."""
+    from retainz.store import Store
+    from retainz.zoned import MemoryDevice
+
+    dev = MemoryDevice(_geom(31), payload=False)
+    with pytest.raises(ValueError, match=r"has 31 zones; ZenFS refuses fewer than 32 \(ZENFS_MIN_ZONES"):
+        Store.format(dev, policy=policy)
+    assert all(z.cond == ZoneCond.EMPTY for z in dev.report_zones())
+    Store.format(dev, policy="greedy").close()
+    with pytest.raises(ValueError, match="ZenFS refuses fewer than 32"):
+        Store.open(dev, policy=policy)
+    with Store.open(dev) as s:                     # the refusal left the store as it was
+        assert s.policy == "greedy"
+    with Store.format(MemoryDevice(_geom(32), payload=False), policy=policy) as s:
+        assert s.allocator.name == policy.partition(":")[0]
+
+
+def test_replay_refuses_a_zenfs_device_of_fewer_than_32_zones(tmp_path):
+    from retainz.trace.replay import replay
+    from tests.test_replay import _trace
+
+    t = _trace(tmp_path)
+    with pytest.raises(ValueError, match="ZenFS refuses fewer than 32"):
+        replay(t, policy="zenfs", zones=20, zone_size=64 << 10, zone_capacity=48 << 10)
+    r = replay(t, policy="zenfs", zones=26, reserve_zones=3, zone_size=64 << 10, zone_capacity=48 << 10)
+    assert r["geometry"]["nr_zones"] == 32
+
+
+def test_only_sst_files_migrate_unless_migrate_all():
+    """ZenFS::MigrateExtents moves only files whose name ends in .sst: a checkpoint shard in a GC
+    victim stays, so the victim is not reset; ``migrate=all`` moves it."""
+    from dataclasses import dataclass
+
+    from retainz.store import Store
+    from retainz.zoned import MemoryDevice
+
+    assert ZenFS().migrates("000123.sst") and not ZenFS().migrates("__0_0.distcp")
+    assert not ZenFS().migrates("model.sst.tmp") and ZenFS(migrate="all").migrates("__0_0.distcp")
+    with pytest.raises(ValueError, match="migrate='some' is out of range; valid: sst or all"):
+        make_allocator("zenfs:migrate=some")
+
+    @dataclass
+    class EagerZenFS(ZenFS):
+        """ZenFS's placement and migration rules; GC victims by the base rule (any dead bytes)."""
+
+        name = "test-eager-zenfs"
+
+        def gc_victims(self, reserve_zones):
+            return super(ZenFS, self).gc_victims(reserve_zones)
+
+    out = {}
+    for migrate in ("sst", "all"):
+        with Store.format(MemoryDevice(_geom(32)), policy="greedy", gc_reserve_zones=0) as s:
+            for gid, shards in (("g0", {"a.sst": 16, "b.distcp": 16}), ("g1", {"c.distcp": 16}),
+                                ("g2", {"d.distcp": 8})):
+                w = s.begin_generation(gid, 1)
+                for name, kib in shards.items():
+                    w.write_shard(name, [bytes([len(name)]) * (kib * KiB)])
+                w.commit()
+            victim = s.generation("g0").shards["a.sst"].extents[0][0]
+            assert s.table[victim].cond == ZoneCond.FULL
+            s.delete("g1")
+            a = EagerZenFS(migrate=migrate)
+            a.bind(s.table)
+            s.allocator = a
+            rep = s.gc(force=True)
+            g0 = s.generation("g0")
+            out[migrate] = ({n: sh.extents[0][0] != victim for n, sh in g0.shards.items()},
+                            rep.extents_kept, rep.partial, s.table[victim].cond)
+            assert b"".join(s.read_shard("g0", "b.distcp")) == bytes([8]) * (16 * KiB)
+            assert s.table.key() == s.recompute_table().key()
+    assert out["sst"] == ({"a.sst": True, "b.distcp": False}, 1, [victim], ZoneCond.FULL)
+    assert out["all"] == ({"a.sst": True, "b.distcp": True}, 0, [], ZoneCond.EMPTY)
+
+
+@pytest.mark.parametrize("policy, sticky", [("zenfs", True), ("zenfs-nohint", True), ("greedy", False)])
+def test_a_payload_shard_keeps_its_zone_until_full(policy, sticky):
+    """ZoneFile::AllocateNewZone runs on a file's first write and when its zone is full: a shard
+    streamed in 1 MiB buffers costs one decision per zone it spans, as the same shard written whole
+    on the payload-less device does; a policy that is not per-file is asked per buffer."""
+    from retainz.store import Store
+    from retainz.zoned import MemoryDevice
+
+    geom = _geom(32, cap=2 * MiB + 512 * KiB, zone_size=4 * MiB)
+    got = {}
+    for payload in (True, False):
+        with Store.format(MemoryDevice(geom, payload=payload), policy=policy) as s:
+            spans = []
+            for i, n in enumerate((6 * MiB, 3 * MiB + 4096, 512 * KiB)):
+                before = s.metrics.decisions
+                w = s.begin_generation(f"g{i}", i, hint=Hint(reclaim_step=5000, lifetime=ME), declared_size=n)
+                if payload:
+                    sh = w.write_shard("s.distcp", (bytes(MiB) for _ in range(n // MiB)) if n % MiB == 0
+                                       else iter([bytes(n)]))
+                else:
+                    sh = w.write_shard("s.distcp", size=n)
+                w.commit()
+                spans.append((s.metrics.decisions - before, len({e[0] for e in sh.extents}), len(sh.extents)))
+            got[payload] = spans
+    for decisions, zones, extents in got[True]:
+        assert decisions == (zones if sticky else extents)
+    if sticky:
+        assert [d for d, _, _ in got[True]] == [d for d, _, _ in got[False]]
+        assert got[True][0][1] == 3          # 6 MiB over 2.5 MiB zones: 3 zones, 3 decisions
+    else:
+        assert got[True][0][0] > got[True][0][1]
+
+
+def test_zenfs_has_no_admission_and_no_reserve():
+    """ZenFS has no admission control: a generation larger than the free space is admitted, written
+    until AllocateIOZone fails, and the stop is the allocation's; the store holds no reserve for it."""
+    from retainz.errors import NoSpaceError
+    from retainz.store import Store
+    from retainz.zoned import MemoryDevice
+
+    with Store.format(MemoryDevice(_geom(32), payload=False), policy="zenfs", gc_reserve_zones=4) as s:
+        assert s.admission_reserve_zones == 0 and s.gc_reserve_zones == 4
+        free = s.table.free
+        w = s.begin_generation("big", 1, declared_size=2 * free)
+        with pytest.raises(NoSpaceError) as e:
+            for i in range(2 * free // (40 * KiB)):
+                w.write_shard(f"s{i}", size=40 * KiB)
+        assert e.value.cause == "allocation"
+        st = e.value.state
+        assert st["empty_zones"] == 0 and st["dead_bytes"] == 0
+        assert st["open_free_bytes"] == sum(z.remaining for z in s.table.open.values())
+        assert st["live_bytes"] >= s.table.live > 0     # the failed shard's bytes died after the refusal
+    with Store.format(MemoryDevice(_geom(32), payload=False), policy="greedy", gc_reserve_zones=4) as s:
+        assert s.admission_reserve_zones == 4
+        with pytest.raises(NoSpaceError) as e:
+            s.begin_generation("big", 1, declared_size=s.table.free)
+        assert e.value.cause == "admission" and e.value.state["empty_zones"] == len(s.table)
+
+
+def test_zenfs_nohint_files_share_not_set_zones():
+    """Every zenfs-nohint file is WLTH_NOT_SET: it fits any partly filled NOT_SET zone (difference 0)
+    and opens no fresh zone while one has room; zenfs with an equal class (difference 50) takes a fresh
+    zone per file while active tokens last."""
+    from retainz.store import Store
+    from retainz.zoned import MemoryDevice
+
+    opened = {}
+    for policy in ("zenfs", "zenfs-nohint"):
+        with Store.format(MemoryDevice(_geom(32), payload=False), policy=policy) as s:
+            for i in range(3):
+                w = s.begin_generation(f"g{i}", i, hint=Hint(reclaim_step=5000, lifetime=ME))
+                w.write_shard("s", size=8 * KiB)
+                w.commit()
+            opened[policy] = sorted((z, s.table[z].lifetime) for z in s.table.open)
+    assert [lt for _, lt in opened["zenfs"]] == [ME, ME, ME]
+    assert [lt for _, lt in opened["zenfs-nohint"]] == [NS]

@@ -16,6 +16,8 @@ from retainz.trace.replay import replay, trace_stats
 
 # Small geometry: 256 KiB zones of 192 KiB capacity; SmolLM2 layout scaled by 1/16384 (~105 KiB/save).
 GEO = dict(zone_size=256 << 10, zone_capacity=192 << 10, max_active=6, max_open=6)
+#: Smaller zones: a device of at least 32 zones at pressure 0.7 (ZenFS refuses fewer).
+GEO32 = dict(GEO, zone_size=64 << 10, zone_capacity=48 << 10)
 TIMING = ("decision_cpu_seconds", "wall_seconds")
 
 
@@ -69,11 +71,13 @@ def test_replay_is_deterministic(tmp_path):
     assert json.dumps(_strip(a), sort_keys=True) == json.dumps(_strip(b), sort_keys=True)
 
 
-@pytest.mark.parametrize("policy", ["greedy", "retainz", "zenfs", "oracle", "dedicated", "common"])
+@pytest.mark.parametrize("policy", ["greedy", "retainz", "zenfs", "zenfs-nohint", "zenfs:migrate=all", "oracle",
+                                    "dedicated", "common"])
 def test_recompute_mode_decides_exactly_as_cached_mode(tmp_path, policy):
     t = _trace(tmp_path, rule="megatron:save_interval=10,retain_interval=50")
-    cached = replay(t, policy=policy, pressure=0.8, **GEO)
-    checked = replay(t, policy=policy, pressure=0.8, verify_summaries=True, **GEO)
+    geo, p = (GEO32, 0.7) if policy.startswith("zenfs") else (GEO, 0.8)
+    cached = replay(t, policy=policy, pressure=p, **geo)
+    checked = replay(t, policy=policy, pressure=p, verify_summaries=True, **geo)
     a, b = _strip(cached), _strip(checked)
     a.pop("verify_summaries"), b.pop("verify_summaries")
     assert a == b
@@ -155,3 +159,40 @@ def test_cli_json_and_errors(tmp_path, capsys):
     assert main(["replay", str(bad), "--zones", "4"]) == 2
     err = capsys.readouterr().err
     assert "bad.jsonl:2:" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_capacity_stop_records_its_cause_and_state(tmp_path):
+    t = _trace(tmp_path, rule="torchtitan:interval=10,keep_latest_k=0")  # keeps everything
+    r = replay(t, policy="greedy", zones=4, **GEO)
+    assert r["capacity_stop_cause"] == "admission" and r["admission_reserve_zones"] == 2
+    st = r["capacity_stop_state"]
+    assert set(st) == {"empty_zones", "open_free_bytes", "dead_bytes", "live_bytes"}
+    assert st["live_bytes"] > 0 and st["dead_bytes"] == 0
+    ok = replay(t, policy="greedy", zones=400, **GEO)
+    assert ok["capacity_stop_step"] is None and ok["capacity_stop_cause"] is None
+    assert ok["capacity_stop_state"] is None
+
+
+def test_zenfs_stops_in_allocation_with_pinned_dead_bytes_that_migrate_all_collects(tmp_path):
+    """Checkpoint shards are not .sst files: upstream ZenFS GC moves none of them, so dead bytes stay
+    pinned next to live ones and the stop is the allocation's; ``zenfs:migrate=all`` copies them."""
+    t = _trace(tmp_path, rule="megatron:save_interval=10,retain_interval=50")
+    sst = replay(t, policy="zenfs", pressure=0.7, **GEO32)
+    every = replay(t, policy="zenfs:migrate=all", pressure=0.7, **GEO32)
+    assert sst["admission_reserve_zones"] == every["admission_reserve_zones"] == 0
+    assert sst["gc_bytes"] == 0 and sst["capacity_stop_cause"] == "allocation"
+    assert sst["capacity_stop_state"]["dead_bytes"] > 0 and sst["capacity_stop_state"]["empty_zones"] == 0
+    assert every["gc_bytes"] > 0
+    assert every["capacity_stop_step"] is None or every["capacity_stop_step"] > sst["capacity_stop_step"]
+
+
+@pytest.mark.parametrize("policy", ["zenfs", "zenfs-nohint"])
+def test_zenfs_decides_alike_on_payload_and_payload_less_devices(tmp_path, policy):
+    """A shard keeps its zone until full on the payload device too: the same decisions and outcome."""
+    t = _trace(tmp_path, rule="megatron:save_interval=10,retain_interval=50")
+    a = replay(t, policy=policy, pressure=0.6, **GEO32)
+    b = replay(t, policy=policy, pressure=0.6, device="memory-payload", **GEO32)
+    keys = ("decisions", "host_bytes", "gc_bytes", "resets", "finishes", "dead_space_byte_steps",
+            "capacity_stop_step", "capacity_stop_cause", "capacity_stop_state")
+    assert {k: a[k] for k in keys} == {k: b[k] for k in keys}
+    assert b["bytes_verified"] > 0

@@ -4,6 +4,7 @@ across a remount."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass
 
@@ -20,6 +21,8 @@ from tests.test_placement_retainz import mixed_trace
 KiB, MiB = 1024, 1 << 20
 GEOM = Geometry(nr_zones=16, zone_size=64 * KiB, zone_capacity=48 * KiB, block_size=4096, max_open=6,
                 max_active=6)
+#: GEOM with the 32 zones ZenFS needs (ZENFS_MIN_ZONES).
+GEOM32 = dataclasses.replace(GEOM, nr_zones=32)
 
 
 def spy(store: Store) -> list[ExtentRequest]:
@@ -101,7 +104,7 @@ def test_table_reserves_the_journal_zone_and_zenfs_gets_device_max_minus_two():
         w.commit()
         assert len(t.open) == 12
         assert dev.open_counts()[1] == 13        # 12 data zones + the journal's zone
-    u = Geometry(nr_zones=20, zone_size=64 * KiB, zone_capacity=48 * KiB)
+    u = Geometry(nr_zones=32, zone_size=64 * KiB, zone_capacity=48 * KiB)
     with Store.format(MemoryDevice(u, payload=False), policy="zenfs") as s:
         assert (s.table.max_active, s.table.reserved_active) == (0, 0)
         assert s.allocator.active_budget == len(s.table)
@@ -139,7 +142,7 @@ def test_finishes_of_a_failed_decision_are_executed():
 
 # -- 1d: the lifetime class of an opened zone -------------------------------------------------------
 def test_zone_lifetime_is_the_decisions_else_the_hints():
-    dev = MemoryDevice(GEOM, payload=False)
+    dev = MemoryDevice(GEOM32, payload=False)
     with Store.format(dev, policy="zenfs") as s:
         put(s, "g", 100, [8 * KiB], hint=Hint(reclaim_step=20_000))   # no class: ZenFS derives one
         (z,) = s.table.open
@@ -186,20 +189,20 @@ def test_failed_admission_asks_the_policy_with_a_reserve_of_every_zone():
 
 def test_forced_gc_of_zenfs_follows_its_start_level():
     """ZenFS collects only at or below 20 % free: where greedy's forced GC makes room, ZenFS's
-    rule names nothing and the admission is a capacity stop."""
+    rule names nothing and the write stops in allocation (ZenFS has no admission control)."""
     stops = {}
     for policy in ("greedy", "zenfs"):
-        with Store.format(MemoryDevice(GEOM, payload=False), gc_reserve_zones=0, policy=policy) as s:
-            fill_with_garbage(s)
+        with Store.format(MemoryDevice(GEOM32, payload=False), gc_reserve_zones=0, policy=policy) as s:
+            fill_with_garbage(s, 27)
             free_pct, threshold = (s.allocator.gc_level() if policy == "zenfs" else (None, None))
             try:
-                put(s, "big", 20, [400 * KiB], declared_size=400 * KiB)
+                put(s, "big", 100, [400 * KiB], declared_size=400 * KiB)
                 stops[policy] = None
-            except NoSpaceError:
-                stops[policy] = s.metrics.gc_bytes
+            except NoSpaceError as e:
+                stops[policy] = (s.metrics.gc_bytes, e.cause)
             if policy == "zenfs":
                 assert free_pct > 20 and threshold is None
-    assert stops == {"greedy": None, "zenfs": 0}
+    assert stops == {"greedy": None, "zenfs": (0, "allocation")}
 
 
 # -- 1f: a GC extent the policy has no room for is skipped alone ------------------------------------
@@ -357,3 +360,50 @@ def test_every_policy_decides_the_same_after_a_remount(policy):
 
     a, b = run(False), run(True)
     assert a == b and len(a) > 20
+
+
+# -- 1g: every capacity stop says why ---------------------------------------------------------------
+@dataclass
+class RefuseData(Greedy):
+    """Greedy, but once ``refuse`` is set every data (non-GC) request gets NO_SPACE."""
+
+    name = "test-refuse-data"
+    refuse: bool = False
+
+    def place(self, req):
+        if self.refuse and not req.gc:
+            return NO_SPACE
+        return super().place(req)
+
+
+def test_stop_causes_name_admission_allocation_and_gc():
+    """``admission``: the store's admission refused; ``allocation``: the policy's no space stood with
+    nothing collected; ``gc``: a forced GC pass reclaimed space and the policy still had none.  Each
+    carries the zone state at the refusal."""
+    causes = {}
+    with Store.format(MemoryDevice(GEOM, payload=False), gc_reserve_zones=2) as s:
+        with pytest.raises(NoSpaceError) as e:
+            s.begin_generation("big", 1, declared_size=s.table.free)
+        causes["admission"] = e.value
+    with Store.format(MemoryDevice(GEOM, payload=False), gc_reserve_zones=0) as s:
+        put(s, "g", 1, [8 * KiB])
+        swap(s, RefuseData(refuse=True))
+        with pytest.raises(NoSpaceError) as e:
+            put(s, "h", 2, [8 * KiB])
+        causes["allocation"] = e.value
+        assert s.metrics.gc_bytes == 0 and s.table.dead == 0
+    with Store.format(MemoryDevice(GEOM, payload=False), gc_reserve_zones=0) as s:
+        fill_with_garbage(s)
+        resets = s.metrics.resets
+        swap(s, RefuseData(refuse=True))
+        with pytest.raises(NoSpaceError) as e:
+            put(s, "h", 20, [8 * KiB])
+        causes["gc"] = e.value
+        assert s.metrics.resets > resets          # the pass did reclaim
+    assert {k: v.cause for k, v in causes.items()} == {"admission": "admission", "allocation": "allocation",
+                                                       "gc": "gc"}
+    for err in causes.values():
+        assert set(err.state) == {"empty_zones", "open_free_bytes", "dead_bytes", "live_bytes"}
+        assert all(isinstance(v, int) and v >= 0 for v in err.state.values())
+    assert causes["admission"].state["empty_zones"] == len(s.table)
+    assert causes["gc"].state["dead_bytes"] < 5 * 40 * KiB     # the pass collected dead bytes first

@@ -38,6 +38,7 @@ __all__ = [
     # store
     "StoreError",
     "NoSpaceError",
+    "STOP_CAUSES",
     "GenerationExistsError",
     "GenerationNotFoundError",
     "ShardNotFoundError",
@@ -215,22 +216,38 @@ class NoSpaceError(StoreError, OSError):
     Attributes:
         needed: bytes the operation needed (0 when unknown).
         available: bytes that were available to it.
+        cause: why there was no space, for a capacity stop (:data:`STOP_CAUSES`): ``"admission"``
+            (the store's admission refused a generation: data reserve or journal room),
+            ``"allocation"`` (the placement policy answered no space and no collection freed
+            anything, e.g. ZenFS's "Zone allocation failure"), ``"gc"`` (collection freed space
+            but not enough for the policy to place the bytes), ``"journal"`` (no room for the
+            journal's records: metadata, not data); ``""`` from a lower layer that does not say.
+        state: the zone state at the refusal (``{"empty_zones", "open_free_bytes", "dead_bytes",
+            "live_bytes"}``; ``open_free_bytes`` is writable capacity stranded in partly filled
+            zones), or ``None``.
     """
 
-    def __init__(self, message: str, *, needed: int = 0, available: int = 0):
+    def __init__(self, message: str, *, needed: int = 0, available: int = 0, cause: str = "",
+                 state: dict | None = None):
         OSError.__init__(self, _errno.ENOSPC, message)
         self.needed = needed
         self.available = available
+        self.cause = cause
+        self.state = state
 
     def __str__(self) -> str:
         return str(self.strerror)
 
     def __reduce__(self):
-        return (_rebuild_nospace, (self.strerror, self.needed, self.available))
+        return (_rebuild_nospace, (self.strerror, self.needed, self.available, self.cause, self.state))
 
 
-def _rebuild_nospace(message, needed, available):
-    return NoSpaceError(message, needed=needed, available=available)
+#: The causes a capacity stop can have (``NoSpaceError.cause``).
+STOP_CAUSES = ("admission", "allocation", "gc", "journal")
+
+
+def _rebuild_nospace(message, needed, available, cause="", state=None):
+    return NoSpaceError(message, needed=needed, available=available, cause=cause, state=state)
 
 
 class GenerationExistsError(StoreError, FileExistsError):

@@ -13,6 +13,9 @@ A record is one JSON object per case (``<output>/<case id>.json``)::
     status       "ok" | "failed"
     metrics      the replay's result dict, verbatim except zone_map      (status ok)
     capacity_stop_step   copied from metrics (null when none)              (status ok)
+    capacity_stop_cause  copied from metrics: admission | allocation | gc | journal (null: none)
+    capacity_stop_state  copied from metrics: {empty_zones, open_free_bytes, dead_bytes,
+                         live_bytes} at the refusal (null when no stop)
     zone_map     the replay's zone-state timeline, when the case asked      (optional)
     error        {type, message, traceback}                                (status failed)
     timing       {wall_seconds, cpu_seconds, trace_seconds}

@@ -256,6 +256,8 @@ def execute_case(case: Case, trace: dict | None, output: str, backend: Backend, 
         rec["status"] = "ok"
         rec["metrics"] = result
         rec["capacity_stop_step"] = result.get("capacity_stop_step")
+        rec["capacity_stop_cause"] = result.get("capacity_stop_cause")
+        rec["capacity_stop_state"] = result.get("capacity_stop_state")
         if zone_map is not None:
             rec["zone_map"] = zone_map
     except Exception as e:  # noqa: BLE001 - every failure becomes a failed record

@@ -9,6 +9,7 @@ Checks per record:
 * ok records: every metric of :data:`~retainz.experiments.record.METRIC_KEYS`; non-negative counters;
   ``waf == (host_bytes + gc_bytes) / host_bytes`` (1.0 when nothing was written);
   ``capacity_stop_step`` null or within the trace's steps and equal to the metrics' one;
+  ``capacity_stop_cause`` (when recorded) one of ``STOP_CAUSES`` exactly when there is a stop;
   ``decisions >= 0`` with ``decision_cpu_seconds >= 0``;
 * the trace sha256 is 64 hex digits, equal to the replay's own trace hash when it reports one, equal
   across records of the same trace spec, and equal to the cached trace file's sha256 when that file is
@@ -22,6 +23,7 @@ import math
 import os
 import re
 
+from retainz.errors import STOP_CAUSES
 from retainz.experiments.manifest import TAG_FIELDS, case_id
 from retainz.experiments.record import METRIC_KEYS, SCHEMA, digest
 
@@ -120,6 +122,14 @@ def verify_record(name: str, rec: dict, directory: str | None = None) -> list[st
         p.append(f"{name}: capacity_stop_step {rec['capacity_stop_step']!r} differs from metrics' {stop!r}")
     if stop is not None and (not isinstance(stop, int) or not 0 <= stop <= inputs.get("steps", stop)):
         p.append(f"{name}: capacity_stop_step {stop!r} is outside the trace's steps")
+    if "capacity_stop_cause" in m:    # records made since stop causes were recorded
+        cause = m["capacity_stop_cause"]
+        if cause != rec.get("capacity_stop_cause"):
+            p.append(f"{name}: capacity_stop_cause {rec.get('capacity_stop_cause')!r} differs from metrics' "
+                     f"{cause!r}")
+        if (stop is None) != (cause is None) or (cause is not None and cause not in STOP_CAUSES):
+            p.append(f"{name}: capacity_stop_cause {cause!r} does not fit capacity_stop_step {stop!r} "
+                     f"(a stop has one of {', '.join(STOP_CAUSES)}; no stop has none)")
     sha = m.get("trace_sha256")
     if sha is not None and tr is not None and sha != tr.get("sha256"):
         p.append(f"{name}: replay's trace_sha256 differs from the record's trace sha256")

@@ -33,6 +33,7 @@ POLICIES: dict[str, str] = {
     "retainz-noisy": "retainz.placement.retainz:RetainZNoisy",
     "oracle": "retainz.placement.retainz:Oracle",
     "zenfs": "retainz.placement.zenfs:ZenFS",
+    "zenfs-nohint": "retainz.placement.zenfs:ZenFSNoHint",
     "common": "retainz.placement.controls:Common",
     "dedicated": "retainz.placement.controls:Dedicated",
     "greedy": "retainz.placement.greedy:Greedy",

@@ -440,6 +440,16 @@ class Allocator(abc.ABC):
     """
 
     name = "abstract"
+    #: True for a per-file policy: a shard keeps the zone it was given until that zone is full, and
+    #: the store asks again only then (ZenFS ``ZoneFile::AllocateNewZone`` runs on a file's first
+    #: write and when its active zone is full, fs/io_zenfs.cc ``BufferedAppend``).  False: the
+    #: store asks on every extent it writes (each 1 MiB buffer on a payload device).
+    keeps_file_zone = False
+    #: False for a policy whose upstream has no admission control (ZenFS: a write proceeds until
+    #: ``AllocateIOZone`` fails): the store then admits every generation without reserving or
+    #: checking data bytes, and a capacity stop comes from allocation.  The journal's own check
+    #: stays (it guards the store's metadata, not the policy's data).
+    admission_control = True
     table: ZoneTable = field(init=False, repr=False, compare=False)
 
     def bind(self, table: ZoneTable) -> None:
@@ -469,6 +479,34 @@ class Allocator(abc.ABC):
         full = [s for s in t if s.cond == ZoneCond.FULL and s.dead > 0]
         full.sort(key=lambda s: (-s.dead, s.index))
         return [s.index for s in full[:reserve_zones - t.n_empty]]
+
+    def admission_reserve(self, store_reserve: int) -> int:
+        """Empty zones the store's admission keeps free for this policy's GC.
+
+        Args:
+            store_reserve: the store's configured reserve (``gc_reserve_zones``, zones).
+
+        Returns:
+            zones (``0 <= n <= store_reserve``).  The default keeps ``store_reserve``: the base GC
+            rule copies victims into zones it may have to open.  A policy whose GC never writes into
+            an empty zone returns 0 (a reserve would only refuse data the policy could place).
+        """
+        return store_reserve
+
+    def migrates(self, shard: str) -> bool:
+        """Whether GC may move the extents of the shard (file) named ``shard``; the default: every
+        shard.  An extent GC may not move stays in its zone, which then cannot be reset."""
+        del shard  # Ignored by the default rule.
+        return True
+
+    def check_device(self, nr_zones: int) -> None:
+        """Refuse a device this policy's upstream refuses (called by ``Store.format``/``open``
+        with the device's zone count, meta zones included).  The default accepts any device.
+
+        Raises:
+            ValueError: the device cannot be used with this policy (one line saying why).
+        """
+        del nr_zones  # Ignored by the default rule.
 
     def check_finite(self, param: str, lo: float, hi: float = math.inf) -> None:
         """``check_param`` for a real number: finite and ``lo <= value <= hi``."""

@@ -1,10 +1,32 @@
 """``zenfs``: a port of upstream ZenFS's data-file zone allocator (the ZenFS-Alloc baseline).
 
 Behaviour ported from westerndigitalcorporation/zenfs (HEAD 919c2eb; fs/zbd_zenfs.cc,
-fs/io_zenfs.cc, fs/fs_zenfs.cc) as recorded in ``shared/reference/zenfs-allocator.md``; no code is
-copied.  One :meth:`ZenFS.place` call is one ``ZonedBlockDevice::AllocateIOZone`` call: our store
-asks when a shard (a ZenFS file) starts and whenever its zone is full, which is when ZenFS
-allocates.  ZenFS knows nothing of reclaim steps: it places by the file's write-lifetime class only.
+fs/io_zenfs.cc, fs/fs_zenfs.cc) as recorded, rule by rule with its source function, in
+``docs/zenfs-baseline.md``; no code is copied.  One :meth:`ZenFS.place` call is one
+``ZonedBlockDevice::AllocateIOZone`` call: ZenFS allocates only on a file's first write and when
+its active zone is full (``ZoneFile::AllocateNewZone`` from ``BufferedAppend``/``Append``,
+fs/io_zenfs.cc), so the port is a per-file policy (``keeps_file_zone``): the store asks when a
+shard (a ZenFS file) starts and whenever its zone is full, also when a payload shard arrives in
+1 MiB buffers.  ZenFS knows nothing of reclaim steps: it places by the file's write-lifetime
+class only.
+
+Three rules of upstream decide what the store around the port does:
+
+* **No admission, no reserve.**  ZenFS has no admission control (a write proceeds until
+  ``AllocateIOZone`` fails: ``admission_control`` is False, so the store admits every generation
+  and a stop is the allocation's) and its GC never writes into an empty zone (``TakeMigrateZone``
+  takes ``GetBestOpenZoneMatch``'s partly filled zone), so :meth:`ZenFS.admission_reserve` is 0:
+  the store holds no empty zones back for it.
+* **Only ``.sst`` files migrate.**  ``ZenFS::MigrateExtents`` (fs/fs_zenfs.cc) keeps only the
+  extents of files whose name ends in ``.sst`` ("We only migrate SST file extents"); a checkpoint
+  file is never moved, so its zone is reset only when all of its data dies.  ``migrate="sst"``
+  (the default) is that rule; ``migrate="all"`` (``zenfs:migrate=all``) is a labelled extension
+  that migrates every file, the behaviour of this port before the rule was ported.
+* **At least 32 zones.**  ``ZonedBlockDevice::Open`` (fs/zbd_zenfs.cc) refuses a backend of fewer
+  than ``ZENFS_MIN_ZONES`` (32) zones: :meth:`ZenFS.check_device` refuses such a device.
+
+``zenfs-nohint`` (:class:`ZenFSNoHint`) is the same allocator when the application sets no hint:
+every file is ``WLTH_NOT_SET``, upstream's default for a new file.
 
 Mapping onto our store, and the decisions a faithful port has to make:
 
@@ -30,10 +52,12 @@ Mapping onto our store, and the decisions a faithful port has to make:
   zone) before it finds that no empty zone exists, and those finishes stand.
 * **GC** (``GCWorker``): :meth:`ZenFS.gc_victims` ignores the store's reserve and applies ZenFS's
   start level (free <= 20 %), slope (threshold ``100 - 3 * (20 - free_pct)``) and garbage window;
-  a GC request (``req.gc``) goes only into a partly filled zone with live data and room for the
-  whole extent (any lifetime difference), else ``NO_SPACE``: the store skips that extent.
+  only shards :meth:`ZenFS.migrates` are copied (``.sst`` names, or every shard with
+  ``migrate="all"``); a GC request (``req.gc``) goes only into a partly filled zone with live
+  data and room for the whole extent (any lifetime difference: ``TakeMigrateZone``), else
+  ``NO_SPACE``: the store skips that extent, as ``MigrateFileExtents`` does.
 
-Upstream quirks (reference section 7):
+Upstream quirks (``docs/zenfs-baseline.md``, "Quirks"):
 
 * **Q1** (a buffered write that fills a zone exactly allocates a new zone with no data left, leaking
   an active token): not reproduced.  Our store asks for a zone only with bytes left to place; the
@@ -66,13 +90,17 @@ from retainz.placement.hints import (
 )
 from retainz.zoned.model import ZoneCond
 
-__all__ = ["ZenFS", "lifetime_diff", "unused_zones", "LIFETIME_DIFF_NOT_GOOD",
-           "LIFETIME_DIFF_COULD_BE_WORSE", "GC_START_LEVEL", "GC_SLOPE"]
+__all__ = ["ZenFS", "ZenFSNoHint", "lifetime_diff", "unused_zones", "LIFETIME_DIFF_NOT_GOOD",
+           "LIFETIME_DIFF_COULD_BE_WORSE", "GC_START_LEVEL", "GC_SLOPE", "ZENFS_MIN_ZONES"]
 
 LIFETIME_DIFF_NOT_GOOD = 100
 LIFETIME_DIFF_COULD_BE_WORSE = 50
 GC_START_LEVEL = 20  # percent free at or below which GC runs
 GC_SLOPE = 3
+#: ``ZonedBlockDevice::Open`` refuses a backend of fewer zones (fs/zbd_zenfs.cc).
+ZENFS_MIN_ZONES = 32
+#: ``migrate`` values: ``sst`` (upstream ``MigrateExtents``) or ``all`` (extension).
+MIGRATE_RULES = ("sst", "all")
 
 
 def lifetime_diff(zone_lifetime: int, file_lifetime: int) -> int:
@@ -105,19 +133,47 @@ class ZenFS(Allocator):
             capacity is below ``capacity * finish_threshold // 100`` (0 disables: ZenFS default).
         reserved_zones: active zones ZenFS keeps out of the data budget (2 upstream).
         short, medium: lifetime class bounds (steps) for hints that carry no class.
+        migrate: which files GC may move: ``"sst"`` (upstream: names ending in ``.sst`` only, so
+            no checkpoint shard) or ``"all"`` (an extension: every file).
     """
 
     name = "zenfs"
+    keeps_file_zone = True
+    admission_control = False
     finish_threshold: int = 0
     reserved_zones: int = 2
     short: int = DEFAULT_SHORT
     medium: int = DEFAULT_MEDIUM
+    migrate: str = "sst"
 
     def __post_init__(self) -> None:
         self.check_int("finish_threshold", 0, 100)
         self.check_int("reserved_zones", 0)
         self.check_int("short", 1)
         self.check_int("medium", self.short)
+        self.check_param("migrate", self.migrate in MIGRATE_RULES, " or ".join(MIGRATE_RULES))
+
+    # -- the rules of the store around the allocator ------------------------------------------------
+    def admission_reserve(self, store_reserve: int) -> int:
+        """0: ZenFS has no admission control and its GC writes only into partly filled zones
+        (``ZonedBlockDevice::TakeMigrateZone`` -> ``GetBestOpenZoneMatch``, fs/zbd_zenfs.cc)."""
+        del store_reserve  # Ignored by this policy.
+        return 0
+
+    def migrates(self, shard: str) -> bool:
+        """``ZenFS::MigrateExtents`` (fs/fs_zenfs.cc): only files whose name ends in ``.sst``
+        (``migrate="sst"``); every file with ``migrate="all"``."""
+        return self.migrate == "all" or shard.endswith(".sst")
+
+    def check_device(self, nr_zones: int) -> None:
+        """``ZonedBlockDevice::Open`` (fs/zbd_zenfs.cc) refuses fewer than ``ZENFS_MIN_ZONES``.
+
+        Raises:
+            ValueError: ``nr_zones < 32``.
+        """
+        if nr_zones < ZENFS_MIN_ZONES:
+            raise ValueError(f"policy {self.name}: the device has {nr_zones} zones; ZenFS refuses fewer than "
+                             f"{ZENFS_MIN_ZONES} (ZENFS_MIN_ZONES in ZonedBlockDevice::Open, fs/zbd_zenfs.cc)")
 
     # -- inputs -------------------------------------------------------------------------------------
     def lifetime_of(self, hint: Hint, step: int) -> int:
@@ -228,3 +284,18 @@ class ZenFS(Allocator):
                 if threshold < garbage < 100:
                     out.append(s.index)
         return out
+
+
+@dataclass
+class ZenFSNoHint(ZenFS):
+    """``zenfs-nohint``: ZenFS-Alloc when the application gives no hint: every file is
+    ``WLTH_NOT_SET`` (a new ``ZoneFile``'s ``lifetime_`` until ``SetWriteLifeTimeHint``,
+    fs/io_zenfs.cc), so a file fits only a NOT_SET zone (``GetLifeTimeDiff`` 0) and reuses any
+    partly filled zone with live data before opening an empty one."""
+
+    name = "zenfs-nohint"
+
+    def lifetime_of(self, hint: Hint, step: int) -> int:
+        """Always ``WLTH_NOT_SET``; the runtime's hint is ignored."""
+        del hint, step  # Ignored by this policy.
+        return WLTH_NOT_SET

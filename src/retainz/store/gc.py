@@ -21,7 +21,9 @@ Readers never see a half-moved extent: the catalog changes under the store lock 
 Zones holding data of a generation still being written are never collected (its extents are not in
 the catalog yet).  An extent the policy has no room for (``NO_SPACE`` on its GC request) is skipped
 alone, as ZenFS's ``MigrateExtents`` does: the extents already moved stay moved, the victim keeps
-the skipped ones and is not reset (``GCReport.partial``).  A victim whose copy fails its checksum
+the skipped ones and is not reset (``GCReport.partial``).  Likewise the extents of a shard the
+policy does not migrate (``Allocator.migrates``: ZenFS's ``MigrateExtents`` moves only ``.sst``
+files) stay where they are.  A victim whose copy fails its checksum
 is given up: its copies become dead, the victims copied before it are still moved, and the error
 is listed in the :class:`GCReport`; GC never loops: one pass per call.
 
@@ -103,8 +105,8 @@ class GCMixin:
                 vcopies: dict[int, int] = {}
                 mark = len(copy_ext)
                 try:
-                    moved, copied, left, left_bytes = self._copy_zone(v, pending, copy_ext, vcopies,
-                                                                      moved_out, touched)
+                    moved, copied, left, left_bytes, kept = self._copy_zone(v, pending, copy_ext, vcopies,
+                                                                            moved_out, touched)
                 except ChecksumError as e:
                     for z, n in vcopies.items():      # give this victim up; keep the others
                         self.table.on_kill(z, n)
@@ -119,10 +121,15 @@ class GCMixin:
                     copies[z] = copies.get(z, 0) + n
                 rep.extents_moved += moved
                 rep.bytes_copied += copied
-                if left:    # no space for some extents: they stay; the victim keeps live data
+                if left or kept:    # extents stay: no space, or the policy does not migrate them
                     rep.partial.append(v)
                     rep.extents_skipped += left
-                    rep.errors.append(f"zone {v}: {left} extents ({left_bytes} bytes) not moved: no space")
+                    rep.extents_kept += kept
+                    if left:
+                        rep.errors.append(f"zone {v}: {left} extents ({left_bytes} bytes) not moved: no space")
+                    if kept:
+                        rep.errors.append(f"zone {v}: {kept} extents not moved: policy "
+                                          f"{self.allocator.name} does not migrate their shards")
                 else:
                     done.append(v)
             if pending:
@@ -152,14 +159,20 @@ class GCMixin:
         An extent the policy finds no room for (``NO_SPACE`` on its GC request) is skipped, as
         ZenFS's ``MigrateExtents`` does: it stays where it is (pieces of it already copied are
         undone: dead, their zones in ``touched``), and the extents moved before and after it stay
-        moved.  Returns (extents moved, bytes copied, extents skipped, bytes skipped)."""
+        moved.  A shard the policy does not migrate (``Allocator.migrates``; ZenFS's
+        ``MigrateExtents`` moves only ``.sst`` files) keeps its extents in ``v``.
+        Returns (extents moved, bytes copied, extents skipped, bytes skipped, extents kept)."""
         cat, bs, table = self.catalog, self._bs, self.table
-        moved = copied = left = left_bytes = 0
+        migrates = self.allocator.migrates
+        moved = copied = left = left_bytes = kept = 0
         for gid in list(cat.zone_gens.get(v, ())):
             gen = cat.gens[gid]
             for shard in gen.shards.values():
                 key = (gid, shard.name)
                 current = pending.get(key, shard.extents)
+                if not migrates(shard.name):
+                    kept += sum(1 for e in current if e[0] == v)
+                    continue
                 new = None
                 changed = False
                 for i, e in enumerate(current):
@@ -191,7 +204,7 @@ class GCMixin:
                     moved += 1
                 if changed:
                     pending[key] = new
-        return moved, copied, left, left_bytes
+        return moved, copied, left, left_bytes, kept
 
     def _apply_moves(self, pending: dict, moved_out: list, done: list[int], rep: GCReport) -> None:
         """Step 4: the catalog takes the new extents; the replaced extents die; the victims left

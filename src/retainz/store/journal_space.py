@@ -71,7 +71,7 @@ class JournalSpaceMixin:
                                f"({nbytes} bytes); {m} meta zones of {cap} bytes keep room for 2 x "
                                f"{m // 2} ({free} free beside the current chain), so deletions can always "
                                "be journaled; delete generations, or format with more meta zones",
-                               needed=nbytes, available=(min(m // 2, free)) * cap)
+                               needed=nbytes, available=(min(m // 2, free)) * cap, cause="journal")
 
     def _journal_entry(self, gen) -> None:
         """Record the snapshot bytes of committed generation ``gen`` (its ``encode_gen`` form)."""

@@ -109,6 +109,8 @@ class RecoveryMixin:
         self.meta_zones = sb.meta_zones
         self.gc_reserve_zones = sb.gc_reserve_zones
         self.policy = policy or sb.policy
+        allocator = make_allocator(self.policy)
+        allocator.check_device(g.nr_zones)
         self._max_active = max(g.max_active - 1, 0) if g.max_active else 0
         self._data_capacity = (g.nr_zones - self.meta_zones) * g.zone_capacity
         rep = RecoveryReport(torn_bytes=found.torn, fallbacks=found.fallbacks, records=len(found.payloads))
@@ -136,7 +138,7 @@ class RecoveryMixin:
                 rep.rolled = True
         for gen in self.catalog.gens.values():
             self._journal_entry(gen)
-        self.allocator = make_allocator(self.policy)
+        self.allocator = allocator
         self.allocator.bind(self.table)
         self._closed = False
         rep.seconds = time.perf_counter() - t0

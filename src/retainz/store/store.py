@@ -83,7 +83,8 @@ class Store(ReadMixin, WriteMixin, GCMixin, RecoveryMixin, CheckMixin, JournalSp
         metrics: :class:`~retainz.store.types.StoreMetrics`.
         uuid: the store's identity.
         meta_zones: meta zones at the start of the device.
-        gc_reserve_zones: GC runs when fewer data zones than this are empty.
+        gc_reserve_zones: GC runs when fewer data zones than this are empty; admission keeps
+            :attr:`admission_reserve_zones` (the policy's share of it) free.
         policy: the allocator spec in use.
         recovery: what the last open found and did (a :class:`~retainz.store.recovery.RecoveryReport`).
     """
@@ -114,11 +115,12 @@ class Store(ReadMixin, WriteMixin, GCMixin, RecoveryMixin, CheckMixin, JournalSp
         Raises:
             ForeignDeviceError: a zone is not empty and ``force`` is False (the message says whether
                 it already holds a RetainZ store).  Nothing is written.
-            ValueError: an unknown policy, or a geometry too small (fewer than meta zones + reserve
+            ValueError: an unknown policy, a device the policy refuses (``Allocator.check_device``:
+                ZenFS needs 32 zones), or a geometry too small (fewer than meta zones + reserve
                 + 2 zones, zone capacity under 4 blocks, max active zones under 2).
         """
         g = device.geometry
-        make_allocator(policy)
+        make_allocator(policy).check_device(g.nr_zones)
         if meta_zones is None:
             meta_zones = default_meta_zones(g.nr_zones, g.zone_capacity, g.block_size, gc_reserve_zones)
         if not 2 <= meta_zones <= MAX_META_ZONES:
@@ -272,9 +274,12 @@ class Store(ReadMixin, WriteMixin, GCMixin, RecoveryMixin, CheckMixin, JournalSp
         """Admit a new generation and return its writer.
 
         Admission reserves ``declared_size`` bytes (rounded up to a block): the data zones' free
-        bytes, less the GC reserve and other writers' reservations, must cover it, after a GC pass
-        if needed; otherwise the generation is refused before anything is written.  The store's
-        logical time advances to ``step`` if it is later.
+        bytes, less the policy's GC reserve (:attr:`admission_reserve_zones` zones of capacity)
+        and other writers' reservations, must cover it, after a GC pass if needed; otherwise the
+        generation is refused before anything is written.  A policy without admission control
+        (``Allocator.admission_control`` False: ZenFS) has its generations admitted without
+        this check or a reservation; its writes stop where its allocation fails.  The store's logical time advances to
+        ``step`` if it is later.
 
         Journal space is admitted too (:meth:`_check_journal`): the generation is refused when,
         with it (estimated: ``EXTENT_BYTES`` per 1 MiB extent of its declared size, or per zone
@@ -293,10 +298,11 @@ class Store(ReadMixin, WriteMixin, GCMixin, RecoveryMixin, CheckMixin, JournalSp
 
         Raises:
             InvalidIdError: a bad id.  GenerationExistsError: the id is committed or being written.
-            NoSpaceError: the declared size cannot be reserved (``needed``/``available`` bytes), or
-                the journal could not hold the generation's records and those that delete
-                everything (the message names the journal; ``needed``/``available`` in bytes of
-                snapshot).
+            NoSpaceError: the declared size cannot be reserved (``needed``/``available`` bytes;
+                ``cause`` ``"admission"``), or the journal could not hold the generation's records
+                and those that delete everything (the message names the journal; ``needed``/
+                ``available`` in bytes of snapshot; ``cause`` ``"journal"``).  ``state`` is
+                :meth:`stop_state` at the refusal.
             ValueError: a negative step or size.
         """
         with self._lock:
@@ -312,7 +318,8 @@ class Store(ReadMixin, WriteMixin, GCMixin, RecoveryMixin, CheckMixin, JournalSp
             if self.table.n_empty < self.gc_reserve_zones and self.table.dead:
                 self._gc(force=False)
             need = round_up(declared_size, self._bs) if declared_size else 0
-            if need:
+            control = self.allocator.admission_control
+            if need and control:
                 avail = self._admittable()
                 if need > avail and self.table.dead:
                     self._gc(force=True)
@@ -320,15 +327,22 @@ class Store(ReadMixin, WriteMixin, GCMixin, RecoveryMixin, CheckMixin, JournalSp
                 if need > avail:
                     raise NoSpaceError(f"generation {gen_id!r} needs {need} bytes; {max(avail, 0)} can be "
                                        f"reserved ({self._free()} free, {self._reserved} reserved by other "
-                                       f"writers, {self.gc_reserve_zones} zones kept for GC)",
-                                       needed=need, available=max(avail, 0))
+                                       f"writers, {self.admission_reserve_zones} zones kept for GC)",
+                                       needed=need, available=max(avail, 0), cause="admission",
+                                       state=self.stop_state())
             est = self._journal_estimate(gen_id, need)
-            self._check_journal(est, f"generation {gen_id!r}")
+            try:
+                self._check_journal(est, f"generation {gen_id!r}")
+            except NoSpaceError as e:
+                e.state = self.stop_state()
+                raise
             gen = GenerationInfo(id=gen_id, step=step, hint=hint or Hint())
             w = GenerationWriter(self, gen, declared_size, need)
+            if not control:          # nothing reserved: the policy's allocation decides
+                w._reserve = 0
             w._jest = est
             self._jreserved += est
-            self._reserved += need
+            self._reserved += w._reserve
             self._writers[gen_id] = w
             return w
 
@@ -418,8 +432,23 @@ class Store(ReadMixin, WriteMixin, GCMixin, RecoveryMixin, CheckMixin, JournalSp
         t = self.table
         return self._data_capacity - t.written - t.unused
 
+    @property
+    def admission_reserve_zones(self) -> int:
+        """Empty zones' capacity admission keeps free for GC: the policy's own need
+        (``Allocator.admission_reserve(gc_reserve_zones)``; 0 for ZenFS, whose GC never writes
+        into an empty zone)."""
+        return self.allocator.admission_reserve(self.gc_reserve_zones)
+
+    def stop_state(self) -> dict:
+        """The data zones' state, as a capacity stop records it (bytes; O(open zones)):
+        ``empty_zones``, ``open_free_bytes`` (writable capacity left in partly filled zones:
+        stranded when the policy will not use it), ``dead_bytes``, ``live_bytes``."""
+        t = self.table
+        return {"empty_zones": t.n_empty, "open_free_bytes": sum(s.remaining for s in t.open.values()),
+                "dead_bytes": t.dead, "live_bytes": t.live}
+
     def _admittable(self) -> int:
-        return self._free() - self._reserved - self.gc_reserve_zones * self._cap
+        return self._free() - self._reserved - self.admission_reserve_zones * self._cap
 
     def _attrs(self, z: int) -> list:
         """Zone ``z``'s journaled attributes: ``[zone] + _attrs_of(summary)``."""

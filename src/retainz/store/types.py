@@ -152,9 +152,12 @@ class GCReport:
         skipped: zones the allocator named but GC left alone (holding data of a generation still
             being written, or not full, or a checksum mismatch while copying).
         partial: victims GC moved some extents out of but not all: the policy had no room for the
-            rest (``NO_SPACE`` on their GC requests).  They keep those extents and are not reset.
+            rest (``NO_SPACE`` on their GC requests), or does not migrate their shards
+            (``Allocator.migrates``: ZenFS moves only ``.sst`` files).  They keep those extents and
+            are not reset.
         extents_moved: extents copied.
         extents_skipped: extents left in their victims for want of space.
+        extents_kept: extents left in their victims because the policy does not migrate their shard.
         bytes_copied: bytes copied (block-rounded).
         zones_reset: zones reset, victims and all-dead zones.
         errors: why a victim was given up (checksum mismatch while copying, no space), one line each.
@@ -165,6 +168,7 @@ class GCReport:
     partial: list[int] = field(default_factory=list)
     extents_moved: int = 0
     extents_skipped: int = 0
+    extents_kept: int = 0
     bytes_copied: int = 0
     zones_reset: int = 0
     errors: list[str] = field(default_factory=list)

@@ -34,6 +34,9 @@ __all__ = ["GenerationWriter", "WRITE_BUFFER", "WriteMixin"]
 #: Bytes per payload extent (one device write, one crc32c): ZenFS's 1 MiB write buffer.
 WRITE_BUFFER = 1 << 20
 _EMPTY, _FULL, _IO = ZoneCond.EMPTY, ZoneCond.FULL, ZoneCond.IMP_OPEN
+#: A shard's further bytes in the open zone it holds: the zone's reclaim step already covers them
+#: (set by the decision that gave the shard the zone), and its lifetime class is set.
+_KEEP = Decision(None)
 
 
 class GenerationWriter:
@@ -164,15 +167,27 @@ class WriteMixin:
 
     def _decide_or_gc(self, gen: GenerationInfo, nbytes: int, gc: bool, d: Decision | None = None,
                       pending: int = 0) -> Decision:
+        """Execute ``d`` (or ask for one); on no space, one forced GC pass and one more decision.
+
+        Raises:
+            NoSpaceError: still no space.  ``cause`` is ``"gc"`` when the GC pass reclaimed
+                something (reset a zone or copied bytes) and the policy still found no space,
+                else ``"allocation"`` (the policy's own no-space answer stands: no dead bytes, or
+                its GC rule named nothing it could move); ``state`` is :meth:`stop_state` at the
+                refusal.
+        """
         d = self._decide(gen, nbytes, gc, pending) if d is None else self._execute(d)
+        freed = False
         if d is None and not gc and not self._in_gc:
             if self.table.dead:
-                self._gc(force=True)
+                rep = self._gc(force=True)
+                freed = bool(rep.zones_reset or rep.bytes_copied)
                 d = self._decide(gen, nbytes, gc, pending)
         if d is None:
             raise NoSpaceError(f"no zone can take {nbytes} bytes of generation {gen.id!r} "
                                f"({self._free()} bytes free in zones)", needed=nbytes,
-                               available=self._free())
+                               available=self._free(), cause="gc" if freed else "allocation",
+                               state=self.stop_state())
         return d
 
     def _finish_zone(self, z: int) -> None:
@@ -197,6 +212,13 @@ class WriteMixin:
         Every decision's zone gets ``decision.lifetime`` as its lifetime class when the decision
         opens it, or the generation's ``hint.lifetime`` when that is ``None``.
 
+        A per-file policy (``allocator.keeps_file_zone``, e.g. ZenFS: ``ZoneFile::AllocateNewZone``
+        runs only on a file's first write and when its active zone is full, fs/io_zenfs.cc) is not
+        asked while the shard's current zone (that of its last extent in ``extents``) has room:
+        the bytes go there, so a shard costs one decision per zone it spans whether it arrives
+        whole (payload-less device) or in 1 MiB buffers (payload device).  GC copies are always
+        placed by a decision (``TakeMigrateZone`` per extent).
+
         The hot path of trace replay: one ``place`` call, one device write and one table update per
         extent, nothing proportional to the number of zones."""
         counted = data.__class__ is int
@@ -214,21 +236,27 @@ class WriteMixin:
         m = self.metrics
         cpu = 0.0
         ndec = 0
+        keep = self.allocator.keeps_file_zone and not gc
         try:
             while left:
-                if verify:
-                    self._rebuild_summaries()
-                t0 = thread_time()
-                d = place(ExtentRequest(left, gid, step, hint, now, gc, pending))
-                cpu += thread_time() - t0
-                ndec += 1
-                z = d.zone
-                s = zones.get(z)
-                if s is None or d.finish or (s.cond is not _IO and (
-                        s.cond is not _EMPTY or (max_active and len(opened) >= max_active))):
-                    d = self._decide_or_gc(gen, left, gc, d, pending)  # finishes, no space, errors
-                    z = d.zone
+                if keep and extents and zones[extents[-1][0]].cond is _IO:
+                    z = extents[-1][0]        # the shard keeps its zone while it has room
                     s = zones[z]
+                    d = _KEEP
+                else:
+                    if verify:
+                        self._rebuild_summaries()
+                    t0 = thread_time()
+                    d = place(ExtentRequest(left, gid, step, hint, now, gc, pending))
+                    cpu += thread_time() - t0
+                    ndec += 1
+                    z = d.zone
+                    s = zones.get(z)
+                    if s is None or d.finish or (s.cond is not _IO and (
+                            s.cond is not _EMPTY or (max_active and len(opened) >= max_active))):
+                        d = self._decide_or_gc(gen, left, gc, d, pending)  # finishes, no space, errors
+                        z = d.zone
+                        s = zones[z]
                 off = s.written
                 n = s.capacity - off
                 if n > left:
@@ -378,7 +406,7 @@ class WriteMixin:
                 if n + 256 > self.journal.max_record:    # the append would refuse it: say so first
                     raise NoSpaceError(f"journal record of about {n} bytes (generation {gen.id!r}) does not "
                                        f"fit a meta zone ({self.journal.max_record} bytes)",
-                                       needed=n, available=self.journal.max_record)
+                                       needed=n, available=self.journal.max_record, cause="journal")
                 self._check_journal(n, f"commit of generation {gen.id!r}", exclude=w)
                 self.device.flush()
                 self._append("c", {"now": self._now}, raw=b'"g":' + item)

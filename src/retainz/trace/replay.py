@@ -16,12 +16,19 @@ trace event           what replay does
 ====================  =====================================================================
 
 A :class:`~retainz.errors.NoSpaceError` at admission or while writing is a *capacity stop*: the run
-ends cleanly there and records the step (DESIGN.md: "the honest outcome when no space can be made").
+ends cleanly there and records the step (DESIGN.md: "the honest outcome when no space can be made"),
+its cause (``capacity_stop_cause``: ``admission``, ``allocation``, ``gc`` or ``journal``, see
+:class:`~retainz.errors.NoSpaceError`) and the zone state at the refusal (``capacity_stop_state``:
+empty zones, free bytes stranded in partly filled zones, dead and live bytes).
 
 Device sizing: ``zones`` is the number of usable data zones; ``pressure`` derives it from the trace's
 peak live bytes (every saved and not yet deleted generation, block-rounded, in-flight ones included):
 ``zones = ceil(peak_live / (pressure * zone_capacity))``.  The device then has ``meta_zones +
-reserve_zones + zones`` zones, the reserve being the store's GC reserve.
+reserve_zones + zones`` zones, the reserve being the store's GC reserve: every policy gets the same
+device, and admission holds the reserve back only for a policy whose GC needs empty zones
+(``admission_reserve_zones`` in the result: 0 for ZenFS).  Pressure is quantised by whole zones:
+``effective_pressure = peak_live / (zones * zone_capacity)`` is at most the requested pressure,
+and adjacent zone counts differ by ``1 / zones`` of the capacity (about 3 % at 32 zones).
 
 The default geometry is that of a Western Digital Ultrastar DC ZN540 (2 GiB zones of 1077 MiB capacity,
 14 open and 14 active zones), the reference ZNS SSD of the ZenFS work.
@@ -239,12 +246,14 @@ def replay(trace_path: str, *, policy: str = "retainz", zones: int | None = None
     Returns:
         A JSON-able dict: host_bytes, gc_bytes, waf, resets, finishes, dead_space_byte_steps,
         unused_capacity_bytes, unused_capacity_byte_steps, peak_occupancy, capacity_stop_step (None
-        when none), generations_committed, generations_deleted, decisions, decision_cpu_seconds,
+        when none), capacity_stop_cause and capacity_stop_state (None when no stop),
+        admission_reserve_zones, generations_committed, generations_deleted, decisions, decision_cpu_seconds,
         crashes, bytes_verified, policy, geometry, zones (data), pressure, peak_live_bytes,
         trace_sha256, trace header fields, wall_seconds; and zone_map if asked.
 
     Raises:
-        ValueError: both or neither of zones/pressure, a bad pressure, an unknown device or policy.
+        ValueError: both or neither of zones/pressure, a bad pressure, an unknown device or policy,
+            a device the policy refuses (ZenFS: fewer than 32 zones, meta and reserve included).
         TraceFormatError: a malformed trace (with its line number).
         ChecksumError: payload read back wrong (never silently).
     """
@@ -282,7 +291,7 @@ def replay(trace_path: str, *, policy: str = "retainz", zones: int | None = None
     carried = {}  # metrics of sessions ended by a crash
     writers = {}
     saved_at: dict[int, SaveEvent] = {}
-    stop_step = None
+    stop_step = stop_cause = stop_state = None
     n_crashes = 0
     try:
         with TraceReader(trace_path) as reader:
@@ -313,11 +322,15 @@ def replay(trace_path: str, *, policy: str = "retainz", zones: int | None = None
                         writers.clear()
                         if ev.gen is not None:
                             saved_at.pop(ev.gen, None)
-                except NoSpaceError:
+                except NoSpaceError as e:
                     stop_step = ev.step
+                    # the store names its own refusals; what is left is the journal's append
+                    stop_cause = e.cause or "journal"
+                    stop_state = e.state if e.state is not None else store.stop_state()
                     break
         result = {**store.metrics.to_dict()}
         _add(result, carried)
+        admission_reserve = store.admission_reserve_zones
         verified = _verify_payload(store, saved_at) if payload and verify_payload else 0
         table = store.table
         out_zmap = zmap.finish(table, stop_step) if zmap else None
@@ -334,6 +347,9 @@ def replay(trace_path: str, *, policy: str = "retainz", zones: int | None = None
     h = stats.header
     result.update({
         "capacity_stop_step": stop_step,
+        "capacity_stop_cause": stop_cause,
+        "capacity_stop_state": stop_state,
+        "admission_reserve_zones": admission_reserve,
         "crashes": n_crashes,
         "bytes_verified": verified,
         "policy": policy,
