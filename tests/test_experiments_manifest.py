@@ -26,9 +26,14 @@ def manifest(blocks, **top):
     ("mechanisms", 46, {"cost": 14, "hints": 14, "admission": 18}),
     ("placement", 20, {"placement": 20}),
     ("capacity", 16, {"capacity": 16}),
-    ("paper", 514, {"pressure": 432, "cost": 14, "hints": 14, "admission": 18, "placement": 20, "capacity": 16}),
+    ("uncertain", 260, {"uncertain": 260}),
+    ("multitenant", 272, {"multitenant": 272}),
+    ("geometry", 140, {"geometry": 140}),
+    ("paper", 1283, {"pressure": 528, "cost": 14, "hints": 14, "admission": 18, "placement": 21, "capacity": 16,
+                     "uncertain": 260, "multitenant": 272, "geometry": 140}),
     ("guest", 4, {"guest": 4}),
-    ("quick", 184, {"pressure": 144, "cost": 9, "hints": 4, "admission": 3, "placement": 20, "capacity": 4}),
+    ("quick", 222, {"pressure": 176, "cost": 9, "hints": 4, "admission": 3, "placement": 21, "capacity": 4,
+                    "multitenant": 5}),
 ])
 def test_committed_manifests_expand_to_documented_counts(name, total, per_experiment):
     m, cases = load_manifest(os.path.join(EXP, f"{name}.json"))
