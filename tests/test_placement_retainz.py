@@ -271,6 +271,11 @@ def test_uncertain_saves_share_no_zone():
     assert a.place(ureq(30 * M, 1500.0, 1200, step=1200)).zone == 2   # a later save: a new zone
     plain = bound(t, uncertain_saves=False)
     assert plain.place(ureq(30 * M, 1500.0, 1200, step=1200)).zone in (0, 1)  # the plain model shares
+    # without an empty zone the rule yields: the save shares rather than stopping
+    full = table(n=2)
+    put(full, 0, 30 * M, 1500.0, step=500)
+    put(full, 1, 30 * M, 1500.0, step=600)
+    assert bound(full).place(ureq(30 * M, 1500.0, 1200, step=1200)).zone in (0, 1)
     # GC copies of uncertain data, and the no-hint control, are not restricted
     assert a.place(ureq(30 * M, 1500.0, 1200, step=1000, gc=True)).zone in (0, 1)
     from retainz.placement.retainz import RetainZNoHint

@@ -59,7 +59,8 @@ A hint whose condition is ``uncertain`` carries an estimate, not a fact: the gen
   its step, with its reclaim step): sharing a zone couples two deaths the runtime cannot predict,
   and a wrong guess leaves dead bytes beside live ones that only copying can free.  Its last zone
   stays partly written until its own death resets it (the cost the open option already prices).
-  ``uncertain_saves=false`` turns this off (the plain cost model).
+  Without an empty zone the rule yields (the save shares, by the plain cost model): free capacity
+  left in open zones is never a reason to stop.  ``uncertain_saves=false`` turns the rule off.
 * **Survivors are re-estimated.** Data still live after its predicted reclaim step outlived the
   prediction: its reclaim step becomes :func:`survivor_reclaim` (``now + age``), for placing its
   GC copies (survivors of similar age are regrouped together, apart from data about to die) and
@@ -264,7 +265,7 @@ class RetainZ(Allocator):
         now, r = req.now, self.reclaim_of(req)
         group = req.nbytes + req.pending
         best: tuple | None = None
-        own = (self.uncertain_saves and not req.gc and self.view in _HINTED
+        own = (self.uncertain_saves and not req.gc and self.view in _HINTED and t.n_empty > 0
                and req.hint.condition.startswith("uncertain"))
         for s in self.candidates(r):
             if own and (s.opened_step != req.step or self.zone_reclaim(s) != r):
