@@ -271,6 +271,16 @@ def test_uncertain_saves_share_no_zone():
     assert a.place(ureq(30 * M, 1500.0, 1200, step=1200)).zone == 2   # a later save: a new zone
     plain = bound(t, uncertain_saves=False)
     assert plain.place(ureq(30 * M, 1500.0, 1200, step=1200)).zone in (0, 1)  # the plain model shares
+    # the zone an uncertain save opens is marked, and a save with a known death does not join it
+    from retainz.placement.retainz import UNCERTAIN_ZONE
+
+    fresh = table()
+    a2 = bound(fresh)
+    d = a2.place(ureq(30 * M, 1500.0, 1000))
+    assert (d.zone, d.lifetime) == (0, UNCERTAIN_ZONE)
+    fresh.on_write(0, 30 * M, reclaim_step=1500.0, lifetime=d.lifetime, step=1000)
+    assert a2.place(req(30 * M, 1500.0, 1000, gen="known")).zone == 1              # not zone 0
+    assert bound(fresh, uncertain_saves=False).place(req(30 * M, 1500.0, 1000)).zone == 0
     # without an empty zone the rule yields: the save shares rather than stopping
     full = table(n=2)
     put(full, 0, 30 * M, 1500.0, step=500)

@@ -56,8 +56,10 @@ A hint whose condition is ``uncertain`` carries an estimate, not a fact: the gen
 ``expected`` with some probability, or survives for an unknown time.  Three rules (issue 13):
 
 * **No sharing.** A save with an uncertain condition joins only zones of its own group (opened at
-  its step, with its reclaim step): sharing a zone couples two deaths the runtime cannot predict,
-  and a wrong guess leaves dead bytes beside live ones that only copying can free.  Its last zone
+  its step, with its reclaim step), and the zones it opens are marked (:data:`UNCERTAIN_ZONE`, the
+  zone's recorded lifetime) so that no save with a known death joins them either: sharing a zone
+  couples two deaths the runtime cannot predict, and a wrong guess leaves dead bytes beside live
+  ones that only copying can free.  Its last zone
   stays partly written until its own death resets it (the cost the open option already prices).
   Without an empty zone the rule yields (the save shares, by the plain cost model): free capacity
   left in open zones is never a reason to stop.  ``uncertain_saves=false`` turns the rule off.
@@ -105,6 +107,10 @@ from retainz.placement.hints import DEFAULT_MEDIUM, DEFAULT_SHORT, view_reclaim_
 from retainz.zoned.model import ZoneCond
 
 _EMPTY, _FULL = ZoneCond.EMPTY, ZoneCond.FULL
+#: The lifetime RetainZ records for a zone opened by a save with an uncertain condition: ZenFS's
+#: ``WLTH_NONE`` (1), which the retention mapping never produces, so the mark is journaled with the
+#: zone and survives a remount (``ZoneSummary.lifetime``; RetainZ reads no other use of it).
+UNCERTAIN_ZONE = 1
 #: Hint views that see the retirement condition (no-hint sees nothing, the oracle sees the outcome).
 _HINTED = ("exact", "coarse", "noisy")
 
@@ -265,11 +271,13 @@ class RetainZ(Allocator):
         now, r = req.now, self.reclaim_of(req)
         group = req.nbytes + req.pending
         best: tuple | None = None
-        own = (self.uncertain_saves and not req.gc and self.view in _HINTED and t.n_empty > 0
-               and req.hint.condition.startswith("uncertain"))
+        rule = self.uncertain_saves and not req.gc and self.view in _HINTED and t.n_empty > 0
+        own = rule and req.hint.condition.startswith("uncertain")
         for s in self.candidates(r):
             if own and (s.opened_step != req.step or self.zone_reclaim(s) != r):
                 continue  # an uncertain death: share zones with no other group (see the docstring)
+            if rule and not own and s.lifetime == UNCERTAIN_ZONE:
+                continue  # nor does a known death join an uncertain group's zone
             zr = self.zone_reclaim(s)
             key = (self.join_cost(s, r, group, now), 0, 0.0 if zr == r else abs(zr - r), s.index)
             if best is None or key < best[0]:
@@ -277,9 +285,10 @@ class RetainZ(Allocator):
         e = t.first_empty()
         if e is not None:
             cost = self.open_cost(t.zones[e].capacity, r, group, now)
+            mark = UNCERTAIN_ZONE if own else None
             if not t.max_active or len(t.open) < t.max_active:
                 key = (cost, 1, 0.0, e)
-                decision = Decision(e, (), r)
+                decision = Decision(e, (), r, mark)
             else:
                 need = len(t.open) - t.max_active + 1
                 priced = sorted((self.finish_cost(s, r, now), s.remaining, s.index)
@@ -287,7 +296,7 @@ class RetainZ(Allocator):
                 for c, _, _ in priced:
                     cost = (cost[0] + c[0], cost[1] + c[1])
                 key = (cost, 2, 0.0, e)
-                decision = Decision(e, finish=tuple(z for _, _, z in priced), reclaim_step=r)
+                decision = Decision(e, finish=tuple(z for _, _, z in priced), reclaim_step=r, lifetime=mark)
             if best is None or key < best[0]:
                 best = (key, decision)
         return NO_SPACE if best is None else best[1]
