@@ -27,7 +27,7 @@ SMALL = {
                  "zone_size": "2GiB", "zone_capacity": "1077MiB", "max_active": 14, "max_open": 14,
                  "reserve_zones": 2, "pressure": 0.9},
     "blocks": [
-        {"experiment": "pressure", "axes": {"policy": ["retainz", "greedy", "zenfs"], "pressure": [0.6, 0.9]}},
+        {"experiment": "pressure", "axes": {"policy": ["retainz", "greedy", "dedicated"], "pressure": [0.6, 0.9]}},
         {"experiment": "multitenant", "rows": [{"policy": ["retainz", "greedy"], "tenants": [
             {"layout": "smollm2-135m-dcp", "rule": "torchtitan:interval=500,keep_latest_k=3"},
             {"layout": "smollm2-135m-dcp", "rule": "lightning:every_n_train_steps=500,save_top_k=2,metric=plateau",
