@@ -294,7 +294,7 @@ def regime_claims(runs: Runs, out: list) -> None:
     gaps = [c for c in all_cells if c.margin is not None]
     if gaps:
         worst = min(gaps, key=lambda c: c.margin)
-        _claim(out, "regime.max_gap_to_best", -worst.margin, 3, worst.runs,
+        _claim(out, "regime.max_gap_to_best", 0.0 - worst.margin + 0.0, 3, worst.runs,
                "largest RetainZ WAF minus the best completing practical policy's WAF over all cells")
     for g in regime_map(runs):
         rid = f"regime.t{g.tenants}.r{slug(g.ratio_bin.replace('<', 'lt').replace('>=', 'ge'))}.p{g.pressure:g}"
