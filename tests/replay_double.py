@@ -19,7 +19,7 @@ from retainz.experiments.runner import Backend
 #: policy -> (GC overhead factor, capacity-stop pressure)
 _POLICY = {"retainz": (0.02, 0.97), "oracle": (0.0, 0.99), "zenfs": (0.30, 0.90), "greedy": (0.50, 0.85),
            "common": (0.25, 0.92), "dedicated": (0.05, 0.94), "retainz-nohint": (0.35, 0.90),
-           "retainz-coarse": (0.12, 0.95)}
+           "retainz-coarse": (0.12, 0.95), "zenfs-nohint": (0.40, 0.85)}
 
 
 def _policy(policy: str) -> tuple[float, float]:
@@ -76,6 +76,12 @@ class SyntheticReplayDouble(Backend):
             "finishes": gens // 3, "dead_space_byte_steps": int(host * overhead * 1000),
             "unused_capacity_bytes": gens * 4096, "unused_capacity_byte_steps": gens * 4096 * 500,
             "peak_occupancy": int(peak_live * (1 + overhead)), "capacity_stop_step": stop,
+            # the store's causes: ZenFS has no admission control, so its stops are the allocation's
+            "capacity_stop_cause": None if stop is None else
+            ("allocation" if i["policy"].startswith("zenfs") else "admission"),
+            "capacity_stop_state": None if stop is None else
+            {"empty_zones": 0, "open_free_bytes": int(cap * overhead) // 4096 * 4096,
+             "dead_bytes": int(host * overhead) // 4096 * 4096, "live_bytes": peak_live},
             "generations_committed": gens if stop is None else stop // 500, "decisions": decisions,
             "decision_cpu_seconds": decisions * per, "trace_sha256": None, "worker_pid": os.getpid(),
             "geometry": {"zones": zones, "zone_size": i["zone_size"], "zone_capacity": cap,

@@ -29,7 +29,7 @@ def quick_runs(tmp_path_factory):
     d = tmp_path_factory.mktemp("quick")
     _, cases = load_manifest(os.path.join(ROOT, "experiments", "quick.json"))
     s = run_cases(cases, str(d / "runs"), jobs=2, backend=SyntheticReplayDouble(), progress=False)
-    assert s.ok == 184
+    assert s.ok == 217
     return d / "runs"
 
 
@@ -56,22 +56,25 @@ def test_figures_are_written_as_pdf_and_png_in_dejavu_serif(analysed):
         assert 500 <= w <= 700                                # ~3.3 in: one paper column
 
 
-def test_placement_table_has_the_fourteen_rows_in_order(analysed, quick_runs):
+def test_placement_table_has_the_sixteen_rows_in_order(analysed, quick_runs):
     out, _ = analysed
     tex = (out / "placement_table.tex").read_text()
     body = tex.split(r"\midrule", 1)[1].split(r"\bottomrule")[0]
     rows = [ln for ln in body.splitlines() if ln.endswith(r"\\")]
     labels = [r.split(" & ")[0] for r in rows]
-    assert len(rows) == 14
-    assert labels[0] == "RetainZ" and labels[7] == "ZenFS-Alloc"
-    assert labels[8:] == ["Zone size 1/2", "Zone size 2x", "Active zones 6", "Hint noise 0.5",
-                          "Async retention", "Top-3 by metric"]
+    assert len(rows) == 16
+    assert labels[0] == "RetainZ" and labels[7:10] == ["ZenFS-Alloc", "ZenFS-Alloc migrate all",
+                                                       "ZenFS-Alloc no hints"]
+    assert labels[10:] == ["Zone size 1/2", "Zone size 2x", "Active zones 6", "Hint noise 0.5",
+                           "Async retention", "Top-3 by metric"]
+    # Hint noise has no ZenFS-Alloc run under the same change: its ZenFS column is blank
+    assert rows[13].split(" & ")[-1].rstrip(" \\") == "--"
     assert tex.count(r"\midrule") == 2 and r"\begin{tabular*}{\columnwidth}" in tex
     recs = records(quick_runs)
     rz = [r for r in recs.values() if r["tags"]["label"] == "RetainZ"][0]
     zf = [r for r in recs.values() if r["tags"]["label"] == "Active zones 6" and r["inputs"]["policy"] == "zenfs"][0]
     assert rows[0].split(" & ")[1] == f"{rz['metrics']['waf']:.2f}"
-    assert rows[10].split(" & ")[-1].rstrip(" \\") == f"{zf['metrics']['waf']:.2f}"
+    assert rows[12].split(" & ")[-1].rstrip(" \\") == f"{zf['metrics']['waf']:.2f}"
 
 
 def test_claims_trace_to_run_ids_and_equal_the_records(analysed, quick_runs):
@@ -82,9 +85,13 @@ def test_claims_trace_to_run_ids_and_equal_the_records(analysed, quick_runs):
     for c in claims:
         assert c["runs"], c["id"]
         assert set(c["runs"]) <= set(recs), c["id"]
-        assert isinstance(c["rounding"], int) and c["text"]
-        if c["value"] is not None:
-            assert round(c["value"], c["rounding"]) == c["value"]
+        assert c["text"]
+        if isinstance(c["value"], str):      # a stop cause
+            assert c["rounding"] is None and c["value"] in ("admission", "allocation", "gc", "journal")
+        else:
+            assert isinstance(c["rounding"], int)
+            if c["value"] is not None:
+                assert round(c["value"], c["rounding"]) == c["value"]
     by_id = {c["id"]: c for c in claims}
     c = by_id["placement.retainz.retainz.waf"]
     (rid,) = c["runs"]
@@ -95,6 +102,9 @@ def test_claims_trace_to_run_ids_and_equal_the_records(analysed, quick_runs):
     # the double's zenfs stops above 0.9 and retainz above 0.97: the sweep sees both
     assert by_id["principal.stop_pressure_min.zenfs"]["value"] == 0.95
     assert by_id["principal.stop_pressure_min.retainz"]["value"] == 0.98
+    assert by_id["principal.stop_cause_min.zenfs"]["value"] == "allocation"
+    assert by_id["principal.zenfs_admission_stops"]["value"] == 0
+    assert by_id["principal.margin.smollm2-135m-dcp.torchtitan"]["value"] == 0.03   # 0.98 - 0.95
     assert by_id["cost.recompute_identical"]["value"] == 1
     assert by_id["capacity.file_matches_memory"]["value"] == 1
 
@@ -170,3 +180,14 @@ def test_analyze_refuses_a_tampered_record_naming_the_file(quick_runs, tmp_path,
         analyze(str(runs), str(tmp_path / "a"))
     (runs / name).write_text(json.dumps(finalize(rec)))              # re-stamped: accepted again
     assert not analyze(str(runs), str(tmp_path / "c")).failed
+
+
+def test_zone_map_title_and_table_name_the_stop_cause():
+    from retainz.analysis.table import _stop
+    from retainz.analysis.zonemap import stop_label
+
+    rec = {"capacity_stop_step": 5500, "capacity_stop_cause": "allocation"}
+    assert stop_label(rec) == " (stop at 5,500: allocation)"
+    assert _stop(rec) == "5.5k$^a$"
+    assert stop_label({"capacity_stop_step": None}) == "" and _stop({"capacity_stop_step": None}) == "--"
+    assert stop_label({"capacity_stop_step": 700}) == " (stop at 700)"      # a record made before causes

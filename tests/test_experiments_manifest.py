@@ -22,9 +22,9 @@ def manifest(blocks, **top):
 
 
 @pytest.mark.parametrize("name,total,per_experiment", [
-    ("pressure", 432, {"pressure": 432}),
+    ("pressure", 528, {"pressure": 528}),
     ("mechanisms", 46, {"cost": 14, "hints": 14, "admission": 18}),
-    ("placement", 20, {"placement": 20}),
+    ("placement", 21, {"placement": 21}),
     ("capacity", 16, {"capacity": 16}),
     ("uncertain", 260, {"uncertain": 260}),
     ("multitenant", 272, {"multitenant": 272}),
@@ -49,20 +49,57 @@ def test_pressure_manifest_covers_layouts_rules_policies_pressures():
     assert {c.inputs["rule"].partition(":")[0] for c in cases} == {"torchtitan", "megatron"}
     assert {c.inputs["policy"].partition(":")[0] for c in cases} == {
         "retainz", "retainz-nohint", "retainz-coarse", "retainz-noisy", "common", "dedicated", "greedy", "oracle",
-        "zenfs"}
+        "zenfs", "zenfs-nohint"}
+    assert {c.inputs["policy"] for c in cases} >= {"zenfs", "zenfs-nohint", "zenfs:migrate=all"}
     ps = sorted({c.inputs["pressure"] for c in cases})
     assert ps[0] == 0.5 and ps[-1] == 0.98
     assert {c.inputs["reserve_zones"] for c in cases} == {4}          # a fixed reserve
-    assert {c.inputs["zone_capacity"] for c in cases} == {1077 << 20}  # sizes parsed to bytes
+    caps = {c.inputs["layout"]: c.inputs["zone_capacity"] for c in cases}   # sizes parsed to bytes
+    assert caps == {"smollm2-135m-dcp": (1077 << 20) // 4, "pythia-1b": 1077 << 20,
+                    "llama3-8b-fsdp:ranks=8": 1077 << 20}
 
 
-def test_placement_manifest_has_fourteen_labelled_rows():
+def test_placement_manifest_has_sixteen_labelled_rows():
     _, cases = load_manifest(os.path.join(EXP, "placement.json"))
     labels = list(dict.fromkeys(c.tags["label"] for c in cases))
-    assert len(labels) == 14
+    assert len(labels) == 16
     assert labels[:2] == ["RetainZ", "No hints"] and labels[-1] == "Top-3 by metric"
     zm = sorted(c.inputs["policy"] for c in cases if c.inputs["zone_map"])
     assert zm == ["retainz", "zenfs"]
+    noise = [c.inputs["policy"] for c in cases if c.tags["label"] == "Hint noise 0.5"]
+    assert noise == ["retainz-noisy:error=0.5,seed=1"]     # no ZenFS run under a change it cannot see
+
+
+@pytest.mark.parametrize("name", ["paper", "quick", "guest"])
+def test_every_zenfs_case_has_a_device_zenfs_accepts(name, tmp_path):
+    """Upstream ZenFS refuses fewer than 32 zones (ZENFS_MIN_ZONES): every ZenFS-Alloc case, and every
+    case it is compared with, is sized to at least that from its trace's peak live bytes."""
+    import math
+
+    from retainz.experiments.runner import GUEST_META_ZONES, RetainZBackend
+    from retainz.placement.zenfs import ZENFS_MIN_ZONES
+    from retainz.trace.replay import trace_stats
+
+    _, cases = load_manifest(os.path.join(EXP, f"{name}.json"))
+    zenfs_groups = {(c.tags["experiment"], c.tags["label"], c.trace) for c in cases
+                    if c.inputs["policy"].startswith("zenfs")}
+    peak = {}
+    small = []
+    for c in cases:
+        if (c.tags["experiment"], c.tags["label"], c.trace) not in zenfs_groups:
+            continue
+        if c.inputs["zones"] is not None:
+            data = c.inputs["zones"]
+        else:
+            if c.trace not in peak:
+                path = str(tmp_path / f"{c.trace.key()}.jsonl")
+                RetainZBackend().generate_trace(c.trace, path)
+                peak[c.trace] = trace_stats(path).peak_live_bytes
+            data = math.ceil(peak[c.trace] / (c.inputs["pressure"] * c.inputs["zone_capacity"]))
+        nr = data + c.inputs["reserve_zones"] + GUEST_META_ZONES
+        if nr < ZENFS_MIN_ZONES:
+            small.append((c.id, nr))
+    assert zenfs_groups and not small
 
 
 def test_capacity_manifest_scales_pythia_on_the_file_device():

@@ -30,14 +30,14 @@ def req(r, step=1000, now=1000, gen="g1", actual=None, lifetime=0, nbytes=10):
 # -- registry ------------------------------------------------------------------------------------------
 def test_every_policy_is_registered():
     assert set(POLICIES) == {"retainz", "retainz-nohint", "retainz-coarse", "retainz-noisy", "common",
-                             "dedicated", "greedy", "oracle", "zenfs"}
+                             "dedicated", "greedy", "oracle", "zenfs", "zenfs-nohint"}
     for name in POLICIES:
         assert make_allocator(name).name == name
 
 
 @pytest.mark.parametrize("spec, message", [
     ("bogus", "unknown policy 'bogus'; valid: common, dedicated, greedy, oracle, retainz, "
-              "retainz-coarse, retainz-nohint, retainz-noisy, zenfs"),
+              "retainz-coarse, retainz-nohint, retainz-noisy, zenfs, zenfs-nohint"),
     ("retainz-noisy:sigma=1", "policy retainz-noisy has no parameter 'sigma'; valid: unknown_lifetime, "
                               "neighbors, wait_frac, wait_steps, recompute, error, seed"),
     ("greedy:x=1", "policy greedy has no parameter 'x'; valid: none"),

@@ -7,8 +7,8 @@ Format (``docs/experiments.md``)::
                  "text": "what the number is"}, ...]}
 
 ``value`` is already rounded to ``rounding`` decimals (null when the quantity does not exist, e.g. no
-capacity stop within the sweep).  :func:`check` compares the claims with an expected file by id and
-rounded value.
+capacity stop within the sweep); a categorical claim (a capacity stop's cause) has a string value and
+``rounding`` null.  :func:`check` compares the claims with an expected file by id and rounded value.
 """
 
 from __future__ import annotations
@@ -25,10 +25,11 @@ from retainz.analysis.records import (
     policy_name,
     rule_family,
     slug,
+    stranded_gib,
     zones_of,
 )
 
-__all__ = ["compute_claims", "check", "write_claims", "stop_pressure", "REFERENCE_PRESSURE"]
+__all__ = ["compute_claims", "check", "write_claims", "stop_pressure", "stop_cause", "REFERENCE_PRESSURE", "PRINCIPAL"]
 
 #: Metrics that are outcomes of placement (not timing): equal inputs and decisions must give equal values.
 OUTCOME_KEYS = ("host_bytes", "gc_bytes", "waf", "resets", "finishes", "dead_space_byte_steps",
@@ -37,10 +38,15 @@ OUTCOME_KEYS = ("host_bytes", "gc_bytes", "waf", "resets", "finishes", "dead_spa
 
 #: The pressure the headline WAF claims are stated at.
 REFERENCE_PRESSURE = 0.9
+#: Policies the principal result is stated for: RetainZ and ZenFS-Alloc three ways (as upstream,
+#: without application hints, migrating every file).
+PRINCIPAL = ("retainz", "zenfs", "zenfs-nohint", "zenfs:migrate=all")
 
 
-def _claim(out: list, cid: str, value, rounding: int, runs: list[dict], text: str) -> None:
-    if value is not None:
+def _claim(out: list, cid: str, value, rounding: int | None, runs: list[dict], text: str) -> None:
+    if isinstance(value, str):
+        rounding = None
+    elif value is not None:
         value = round(float(value), rounding)
         if rounding == 0:
             value = int(value)
@@ -56,6 +62,23 @@ def stop_pressure(records: list[dict]) -> tuple[float | None, list[dict]]:
         return None, records
     p = stops[0]
     return p, [r for r in records if r["inputs"]["pressure"] <= p]
+
+
+def stop_cause(records: list[dict]) -> str | None:
+    """The cause of the capacity stop at the lowest stop pressure (:func:`stop_pressure`); when runs
+    there differ, their causes joined with ``+`` in sorted order; None without a stop."""
+    p, _ = stop_pressure(records)
+    if p is None:
+        return None
+    causes = sorted({r.get("capacity_stop_cause") or "unrecorded" for r in records
+                     if r["inputs"]["pressure"] == p and r["capacity_stop_step"] is not None})
+    return "+".join(causes)
+
+
+def _first_stop(records: list[dict]) -> dict | None:
+    p, _ = stop_pressure(records)
+    at = [r for r in records if p is not None and r["inputs"]["pressure"] == p and r["capacity_stop_step"] is not None]
+    return at[0] if len(at) == 1 else None
 
 
 def _pressure_claims(runs: Runs, out: list) -> None:
@@ -80,6 +103,20 @@ def _pressure_claims(runs: Runs, out: list) -> None:
             _claim(out, f"pressure.{wl}.{slug(pol)}.stop_pressure", p, 2, used,
                    f"lowest pressure with a capacity stop for {name} (null: none up to "
                    f"{max(r['inputs']['pressure'] for r in precs)})")
+            first = _first_stop(precs)
+            if p is not None:
+                _claim(out, f"pressure.{wl}.{slug(pol)}.stop_cause", stop_cause(precs), None,
+                       [r for r in used if r["inputs"]["pressure"] == p],
+                       f"cause of {name}'s capacity stop at its lowest stop pressure (admission, allocation, "
+                       "gc or journal)")
+            if first is not None and first.get("capacity_stop_state"):
+                st = first["capacity_stop_state"]
+                _claim(out, f"pressure.{wl}.{slug(pol)}.stop_stranded_gib", stranded_gib(first), 1, [first],
+                       f"GiB writable in partly filled zones when {name} stopped at pressure {p}")
+                _claim(out, f"pressure.{wl}.{slug(pol)}.stop_dead_gib", st["dead_bytes"] / GIB, 1, [first],
+                       f"GiB of dead data not reclaimed when {name} stopped at pressure {p}")
+                _claim(out, f"pressure.{wl}.{slug(pol)}.stop_empty_zones", st["empty_zones"], 0, [first],
+                       f"empty zones when {name} stopped at pressure {p}")
             at = [r for r in precs if r["inputs"]["pressure"] == REFERENCE_PRESSURE]
             if len(at) == 1:
                 _claim(out, f"pressure.{wl}.{slug(pol)}.waf_p{REFERENCE_PRESSURE}", at[0]["metrics"]["waf"], 2, at,
@@ -101,7 +138,8 @@ def _pressure_claims(runs: Runs, out: list) -> None:
         _claim(out, f"principal.waf_zenfs_min_p{REFERENCE_PRESSURE}",
                min(r["metrics"]["waf"] for r in best["zenfs"]), 2, best["zenfs"],
                f"lowest ZenFS-Alloc WAF over all pressure-sweep workloads at pressure {REFERENCE_PRESSURE}")
-    for pol in ("retainz", "zenfs"):
+    lowest: dict[str, dict] = {}
+    for pol in PRINCIPAL:
         prs = [r for r in recs if r["inputs"]["policy"] == pol]
         if not prs:
             continue
@@ -109,12 +147,37 @@ def _pressure_claims(runs: Runs, out: list) -> None:
         for layout, rule in workloads:
             p, _ = stop_pressure([r for r in prs if r["inputs"]["layout"] == layout and r["inputs"]["rule"] == rule])
             stops.append(p)
+        lowest[pol] = dict(zip(workloads, stops, strict=True))
         no_stop = sum(p is None for p in stops)
-        _claim(out, f"principal.workloads_without_stop.{pol}", no_stop, 0, prs,
+        _claim(out, f"principal.workloads_without_stop.{slug(pol)}", no_stop, 0, prs,
                f"pressure-sweep workloads (of {len(stops)}) where {policy_name(pol)} never hit a capacity stop")
         found = [p for p in stops if p is not None]
-        _claim(out, f"principal.stop_pressure_min.{pol}", min(found) if found else None, 2, prs,
+        pmin = min(found) if found else None
+        _claim(out, f"principal.stop_pressure_min.{slug(pol)}", pmin, 2, prs,
                f"lowest capacity-stop pressure of {policy_name(pol)} over all workloads (null: none)")
+        if pmin is not None:
+            at = [r for r in prs if r["inputs"]["pressure"] == pmin and r["capacity_stop_step"] is not None]
+            _claim(out, f"principal.stop_cause_min.{slug(pol)}",
+                   "+".join(sorted({r.get("capacity_stop_cause") or "unrecorded" for r in at})), None, at,
+                   f"cause of {policy_name(pol)}'s capacity stops at its lowest stop pressure {pmin}")
+    top = max((r["inputs"]["pressure"] for r in recs), default=None)
+    for layout, rule in workloads:
+        wl = f"{slug(layout)}.{slug(rule.partition(':')[0])}"
+        if "retainz" not in lowest or "zenfs" not in lowest:
+            break
+        z, rz = lowest["zenfs"][(layout, rule)], lowest["retainz"][(layout, rule)]
+        wrecs = [r for r in recs if r["inputs"]["layout"] == layout and r["inputs"]["rule"] == rule
+                 and r["inputs"]["policy"] in ("retainz", "zenfs")]
+        _claim(out, f"principal.margin.{wl}", None if z is None else (rz if rz is not None else top) - z, 2, wrecs,
+               f"RetainZ's pressure margin over ZenFS-Alloc on {layout} / {rule_family(rule)}: RetainZ's lowest "
+               f"stop pressure (or the sweep's highest, {top}, when it never stopped: a lower bound) minus "
+               "ZenFS-Alloc's (null: ZenFS-Alloc never stopped)")
+    zenfs_runs = [r for r in runs.records if base_policy(r["inputs"]["policy"]).startswith("zenfs")]
+    if zenfs_runs:
+        adm = [r for r in zenfs_runs if r.get("capacity_stop_cause") == "admission"]
+        _claim(out, "principal.zenfs_admission_stops", len(adm), 0, adm or zenfs_runs,
+               "recorded ZenFS-Alloc runs (any variant, any experiment) whose capacity stop was our store's "
+               "admission (upstream has none: must be 0)")
 
 
 def _placement_claims(runs: Runs, out: list) -> None:
@@ -125,11 +188,16 @@ def _placement_claims(runs: Runs, out: list) -> None:
         _claim(out, f"placement.{row}.{pol}.waf", m["waf"], 2, [r], f"WAF, {what}")
         _claim(out, f"placement.{row}.{pol}.gc_gib", m["gc_bytes"] / GIB, 1, [r], f"GC GiB copied, {what}")
         _claim(out, f"placement.{row}.{pol}.dead_gib", mean_gib(r, "dead_space_byte_steps"), 1, [r],
-               f"mean dead-but-unreclaimed GiB over the run, {what}")
+               f"mean dead-but-unreclaimed GiB over the steps run, {what}")
         _claim(out, f"placement.{row}.{pol}.unused_gib", mean_gib(r, "unused_capacity_byte_steps"), 1, [r],
-               f"mean unusable GiB over the run (capacity finished or left part-empty, unwritten), {what}")
+               f"mean unusable GiB over the steps run (capacity finished or left part-empty, unwritten), {what}")
         _claim(out, f"placement.{row}.{pol}.capacity_stop_step", r["capacity_stop_step"], 0, [r],
                f"capacity stop step (null: none), {what}")
+        if r["capacity_stop_step"] is not None:
+            _claim(out, f"placement.{row}.{pol}.stop_cause", r.get("capacity_stop_cause") or "unrecorded", None,
+                   [r], f"cause of the capacity stop, {what}")
+            _claim(out, f"placement.{row}.{pol}.stranded_gib", stranded_gib(r), 1, [r],
+                   f"GiB writable in partly filled zones at the capacity stop, {what}")
 
 
 def _cost_claims(runs: Runs, out: list) -> None:

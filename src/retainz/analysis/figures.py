@@ -57,7 +57,7 @@ def save(fig, out_dir: str, name: str) -> list[str]:
 
 
 def _style(policy: str):
-    return POLICY_STYLE.get(base_policy(policy), ("#555555", ".", "-"))
+    return POLICY_STYLE.get(policy) or POLICY_STYLE.get(base_policy(policy), ("#555555", ".", "-"))
 
 
 def pressure_figure(runs: Runs, out_dir: str) -> list[str]:

@@ -11,20 +11,22 @@ import os
 import re
 
 __all__ = ["load", "Runs", "TamperedRecordError", "record_digest", "policy_name", "POLICY_ORDER", "POLICY_STYLE", "rule_family", "layout_name",
-           "zones_of", "payload_verified", "mean_gib", "GIB", "slug", "layout_rank", "rule_rank", "policy_rank", "base_policy"]
+           "zones_of", "payload_verified", "mean_gib", "steps_run", "stranded_gib", "GIB", "slug", "layout_rank", "rule_rank", "policy_rank", "base_policy"]
 
 GIB = float(1 << 30)
 
 #: Policies in display order: (base name, display name).
 POLICY_ORDER = [("retainz", "RetainZ"), ("retainz-coarse", "RetainZ coarse"), ("retainz-noisy", "RetainZ noisy"),
                 ("retainz-nohint", "RetainZ no-hint"), ("oracle", "Oracle"), ("dedicated", "Dedicated"),
-                ("common", "Common"), ("greedy", "Greedy log"), ("zenfs", "ZenFS-Alloc")]
+                ("common", "Common"), ("greedy", "Greedy log"), ("zenfs", "ZenFS-Alloc"),
+                ("zenfs-nohint", "ZenFS-Alloc no-hint")]
 #: base policy -> (color, marker, linestyle)
 POLICY_STYLE = {
     "retainz": ("#1f4e9c", "o", "-"), "retainz-coarse": ("#4f9fd8", "s", "-"),
     "retainz-noisy": ("#7fb7a4", "D", "-"), "retainz-nohint": ("#9a7fc1", "v", "-"),
     "oracle": ("#222222", "", ":"), "dedicated": ("#e6a23c", "^", "--"), "common": ("#b5651d", "<", "--"),
     "greedy": ("#8c8c8c", ">", "--"), "zenfs": ("#c0392b", "x", "-"),
+    "zenfs-nohint": ("#e67e73", "+", ":"), "zenfs:migrate=all": ("#7b241c", "1", "-."),
 }
 
 
@@ -44,6 +46,8 @@ def policy_name(spec: str) -> str:
     if base == "retainz-noisy":
         kv = dict(p.split("=", 1) for p in params.split(",") if "=" in p)
         name += f" e={kv.get('error', '?')}"
+    elif base.startswith("zenfs") and params:
+        name += " " + params.replace(",", " ")
     return name
 
 
@@ -105,9 +109,23 @@ def payload_verified(rec: dict) -> int:
     return int(m.get("bytes_verified", m.get("payload_bytes_verified", 0)) or 0)
 
 
+def steps_run(rec: dict) -> int:
+    """Training steps the run covered: its capacity-stop step, else the trace's steps (at least 1)."""
+    stop = rec.get("capacity_stop_step")
+    return max(1, stop if stop is not None else rec["inputs"]["steps"])
+
+
 def mean_gib(rec: dict, key: str) -> float:
-    """A byte-steps metric divided by the trace's steps, in GiB (the mean over the run)."""
-    return rec["metrics"][key] / rec["inputs"]["steps"] / GIB
+    """A byte-steps metric divided by the steps actually run (:func:`steps_run`), in GiB: the mean
+    over the run, not diluted by steps a stopped run never reached."""
+    return rec["metrics"][key] / steps_run(rec) / GIB
+
+
+def stranded_gib(rec: dict) -> float | None:
+    """GiB of writable capacity stranded in partly filled zones at the capacity stop (the policy
+    would not write there), None without a stop or for a record made before stop states."""
+    st = rec.get("capacity_stop_state")
+    return st["open_free_bytes"] / GIB if st else None
 
 
 class Runs:

@@ -26,7 +26,7 @@ from matplotlib.patches import Patch  # noqa: E402
 from retainz.analysis.figures import COLUMN_WIDTH, save  # noqa: E402
 from retainz.analysis.records import Runs, base_policy, policy_name  # noqa: E402
 
-__all__ = ["zone_map_image", "zonemap_figure", "pick_pair", "COLORS"]
+__all__ = ["zone_map_image", "zonemap_figure", "pick_pair", "stop_label", "COLORS"]
 
 COLORS = {"live": (0.12, 0.31, 0.61), "dead": (0.80, 0.20, 0.17), "unused": (0.62, 0.62, 0.62),
           "free": (1.0, 1.0, 1.0)}
@@ -58,6 +58,16 @@ def pick_pair(runs: Runs) -> list[dict]:
     return pair
 
 
+def stop_label(rec: dict) -> str:
+    """`` (stop at 5,000: allocation)`` for a record with a capacity stop (its cause when recorded),
+    else ``""``."""
+    stop = rec.get("capacity_stop_step")
+    if stop is None:
+        return ""
+    cause = rec.get("capacity_stop_cause")
+    return f" (stop at {stop:,}" + (f": {cause})" if cause else ")")
+
+
 def zonemap_figure(runs: Runs, out_dir: str) -> list[str]:
     """``zonemap.pdf``/``.png`` (empty list when no record has a zone map)."""
     pair = pick_pair(runs)
@@ -71,9 +81,7 @@ def zonemap_figure(runs: Runs, out_dir: str) -> list[str]:
         ax.imshow(img, aspect="auto", interpolation="nearest",
                   extent=(steps[0], steps[-1], zm["zones"], 0))
         ax.set_xlim(0, max(r["inputs"]["steps"] for r in pair))   # one time axis for both panels
-        stop = r.get("capacity_stop_step")
-        ax.set_title(policy_name(r["inputs"]["policy"]) + (f" (stop at {stop:,})" if stop is not None else ""),
-                     pad=2)
+        ax.set_title(policy_name(r["inputs"]["policy"]) + stop_label(r), pad=2)
         ax.set_xlabel("training step")
         ax.ticklabel_format(axis="x", style="sci", scilimits=(0, 3))
         ax.xaxis.get_offset_text().set_fontsize(6)

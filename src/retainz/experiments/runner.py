@@ -197,8 +197,12 @@ def _shq(s: str) -> str:
 
 
 def _write_new(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` atomically; FileExistsError if ``path`` exists (never overwrites)."""
-    d = os.path.dirname(path) or "."
+    """Write ``text`` to ``path`` atomically; FileExistsError if ``path`` exists (never overwrites).
+
+    The temporary file lives in the folder's ``.work`` subfolder (same file system, so the link is
+    atomic): a worker terminated mid-write (Ctrl-C) leaves no stray ``*.json`` among the records."""
+    d = os.path.join(os.path.dirname(path) or ".", ".work")
+    os.makedirs(d, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".json")
     try:
         os.fchmod(fd, 0o644)
