@@ -29,7 +29,7 @@ def quick_runs(tmp_path_factory):
     d = tmp_path_factory.mktemp("quick")
     _, cases = load_manifest(os.path.join(ROOT, "experiments", "quick.json"))
     s = run_cases(cases, str(d / "runs"), jobs=2, backend=SyntheticReplayDouble(), progress=False)
-    assert s.ok == 217
+    assert s.ok == 222   # 217 + the shared-device block (5)
     return d / "runs"
 
 
