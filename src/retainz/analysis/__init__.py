@@ -39,7 +39,8 @@ def analyze(records_dir: str, out_dir: str, *, check: bool = False, expected: st
 
     Args:
         records_dir: folder of run records.
-        out_dir: where ``pressure.pdf``, ``mechanisms.pdf``, ``zonemap.pdf`` (each with a PNG copy),
+        out_dir: where ``pressure.pdf``, ``mechanisms.pdf``, ``zonemap.pdf``, ``regimes.pdf`` (each
+            with a PNG copy; the regime map only when the records hold its experiments),
             ``placement_table.tex`` and ``paper_claims.json`` go (created).
         check: compare the rounded claims with ``expected``; differences make the report failed.
         expected: the expected claims file for ``check``.
@@ -50,6 +51,7 @@ def analyze(records_dir: str, out_dir: str, *, check: bool = False, expected: st
         TamperedRecordError: a record's digest does not match its content.
     """
     from retainz.analysis.figures import mechanisms_figure, pressure_figure, setup_style
+    from retainz.analysis.regimes import regime_claims, regime_figure
     from retainz.analysis.table import render_table
     from retainz.analysis.zonemap import zonemap_figure
 
@@ -62,7 +64,7 @@ def analyze(records_dir: str, out_dir: str, *, check: bool = False, expected: st
     os.makedirs(out_dir, exist_ok=True)
     rep.lines.append(f"{records_dir}: {len(runs.records)} ok records, {len(runs.failed)} failed")
     setup_style()
-    for fn in (pressure_figure, mechanisms_figure, zonemap_figure):
+    for fn in (pressure_figure, mechanisms_figure, zonemap_figure, regime_figure):
         rep.outputs += fn(runs, out_dir)
     tex = render_table(runs)
     if tex:
@@ -71,6 +73,7 @@ def analyze(records_dir: str, out_dir: str, *, check: bool = False, expected: st
             f.write(tex)
         rep.outputs.append(p)
     claims = _claims.compute_claims(runs)
+    regime_claims(runs, claims)
     p = os.path.join(out_dir, "paper_claims.json")
     _claims.write_claims(p, claims, os.path.normpath(records_dir))
     rep.outputs.append(p)

@@ -1,7 +1,8 @@
 """``retainz run``, ``retainz verify`` and ``retainz analyze``: the experiment pipeline.
 
-* ``retainz run MANIFEST [--output DIR] [--jobs N] [--resume]``: run a manifest's cases in parallel and
-  write one JSON record per case (``docs/experiments.md``); exit 1 if any case failed.
+* ``retainz run MANIFEST [--output DIR] [--jobs N] [--resume] [--executor local|dask[=ADDRESS]]``: run a
+  manifest's cases in parallel (local processes or a Dask cluster) and write one JSON record per case
+  (``docs/experiments.md``); exit 1 if any case failed.
 * ``retainz verify DIR``: validate records (schema, digests, trace hashes, waf consistency); exit 1 on
   any problem.
 * ``retainz analyze DIR [--out DIR] [--check]``: figures, the placement table, the claims file and the
@@ -28,6 +29,10 @@ def register(sub) -> None:
     p.add_argument("--device", choices=("memory", "file", "guest"),
                    help="run every case on this device instead of the one the manifest names")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--executor", default="local", metavar="local|dask[=ADDRESS]",
+                   help="where cases run: local worker processes (default), a Dask LocalCluster of --jobs "
+                        "workers (dask), or the Dask scheduler at ADDRESS (dask=tcp://host:8786; the workers "
+                        "must share the output folder's file system); needs the dask extra")
     p.set_defaults(func=_run)
 
     p = sub.add_parser("verify", help="validate run records (schema, hashes, consistency)")
@@ -70,7 +75,7 @@ def _run(args: argparse.Namespace) -> int:
     print(f"{m['manifest']}: {len(cases)} cases -> {out}", file=sys.stderr)
     try:
         summary = run_cases(cases, out, jobs=args.jobs, trace_dir=args.trace_cache, resume=args.resume,
-                            progress=not args.no_progress)
+                            progress=not args.no_progress, executor=args.executor)
     except RecordExistsError as e:
         raise FileExistsError(str(e)) from None
     print(summary.line())

@@ -4,6 +4,8 @@
 * ``retainz trace rules`` - the retention rules and their keys;
 * ``retainz trace generate --layout NAME --retention SPEC --steps N [--seed S] [--crash-every N] -o FILE``;
 * ``retainz trace validate FILE`` - exit 0 if valid, 2 (bad input) with ``FILE:LINE: what`` if not.
+* ``retainz trace mix A.jsonl B.jsonl ... [--offsets 0,250,...] -o M.jsonl`` - several jobs on one
+  device: their traces merged in step order (:mod:`retainz.trace.mix`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,13 @@ def register(sub) -> None:
     q.add_argument("-o", "--output", required=True, help="trace file to write ('-' for stdout)")
     q.set_defaults(func=_generate)
 
+    q = tsub.add_parser("mix", help="merge several jobs' traces into one (jobs sharing a device)")
+    q.add_argument("traces", nargs="+", metavar="TRACE", help="v1 trace files, one per job (at least 2)")
+    q.add_argument("--offsets", type=_offsets, default=None, metavar="S0,S1,...",
+                   help="steps added to each job's steps (one per trace; default all 0)")
+    q.add_argument("-o", "--output", required=True, help="mixed trace to write ('-' for stdout)")
+    q.set_defaults(func=_mix)
+
     q = tsub.add_parser("validate", help="validate a trace file")
     q.add_argument("file", help="trace file")
     q.set_defaults(func=_validate)
@@ -53,6 +62,28 @@ def _positive_int(raw: str) -> int:
     if v < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {raw!r}")
     return v
+
+
+def _offsets(raw: str) -> list[int]:
+    try:
+        out = [int(x) for x in raw.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated steps like 0,250, got {raw!r}") from None
+    if any(x < 0 for x in out):
+        raise argparse.ArgumentTypeError(f"offsets must be >= 0 steps, got {raw!r}")
+    return out
+
+
+def _mix(args: argparse.Namespace) -> int:
+    from retainz.trace.mix import mix
+
+    if args.output != "-" and args.output in args.traces:
+        raise ValueError(f"the output {args.output} is also an input trace")
+    target = sys.stdout if args.output == "-" else args.output
+    st = mix(args.traces, target, offsets=args.offsets)
+    print(f"{args.output}: {st.jobs} jobs, {st.saves} saves, {st.deletes} deletes, {st.steps} steps; "
+          f"trace {st.trace_bytes:,} B", file=sys.stderr if target is sys.stdout else sys.stdout)
+    return 0
 
 
 def _layouts(args: argparse.Namespace) -> int:

@@ -70,6 +70,8 @@ CASE_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "seed": ((int,), "replay seed"),
     "verify_summaries": ((bool,), "store recomputes zone summaries on every decision (recompute mode)"),
     "zone_map": ((bool,), "ask replay for the zone-state timeline (zone-map figure)"),
+    "tenants": ((list, type(None)), "jobs sharing the device, [{layout, rule, offset}, ...] (their traces "
+                "mixed: retainz trace mix), or null for one job (layout, rule)"),
 }
 
 #: Defaults below every manifest's own defaults.
@@ -84,6 +86,7 @@ CASE_DEFAULTS: dict[str, Any] = {
     "seed": 0,
     "verify_summaries": False,
     "zone_map": False,
+    "tenants": None,
 }
 
 
@@ -111,7 +114,10 @@ def parse_scale(value: str | int) -> Fraction:
 class TraceSpec:
     """What the trace generator needs; equal specs share one generated trace.
 
-    Attributes: layout, rule, steps, seed (the trace seed) and scale (``"1"`` or ``"1/1024"``).
+    Attributes: layout, rule, steps, seed (the trace seed) and scale (``"1"`` or ``"1/1024"``);
+    tenants: ``((layout, rule, offset), ...)`` for jobs sharing the device, or ``None``: job ``j``
+    trains ``steps - offset`` steps from its offset (seed ``seed + j``), and the jobs' traces are
+    mixed by :func:`retainz.trace.mix.mix`, so the mix spans ``steps``.
     """
 
     layout: str
@@ -119,10 +125,14 @@ class TraceSpec:
     steps: int
     seed: int
     scale: str
+    tenants: tuple | None = None
 
     def key(self) -> str:
         """16 hex digits of sha256 over the spec: the trace's cache name."""
-        return hashlib.sha256(canonical_json(self.__dict__).encode()).hexdigest()[:16]
+        d = dict(self.__dict__)
+        if d["tenants"] is None:
+            del d["tenants"]      # one job: the key it always had
+        return hashlib.sha256(canonical_json(d).encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -144,7 +154,9 @@ class Case:
     @property
     def trace(self) -> TraceSpec:
         i = self.inputs
-        return TraceSpec(i["layout"], i["rule"], i["steps"], i["trace_seed"], i["scale"])
+        ten = i.get("tenants")
+        return TraceSpec(i["layout"], i["rule"], i["steps"], i["trace_seed"], i["scale"],
+                         None if ten is None else tuple((t["layout"], t["rule"], t["offset"]) for t in ten))
 
     def to_dict(self) -> dict:
         return {"id": self.id, "manifest": self.manifest, "tags": dict(self.tags), "inputs": dict(self.inputs)}
@@ -166,13 +178,40 @@ def _check_fields(where: str, d: Any, *, allow_lists: bool) -> None:
     for k, v in d.items():
         if k not in CASE_FIELDS:
             raise ManifestError(f"{where}: unknown key {k!r} (valid: {', '.join(CASE_FIELDS)})")
-        if allow_lists and isinstance(v, list):
+        if allow_lists and isinstance(v, list) and not _one_tenants_value(k, v):
             if not v:
                 raise ManifestError(f"{where}: key {k!r} has an empty list")
             for x in v:
                 _check_value(where, k, x)
         else:
             _check_value(where, k, v)
+
+
+def _one_tenants_value(key: str, v: Any) -> bool:
+    """A ``tenants`` list of objects is one value; a list of such lists expands a row."""
+    return key == "tenants" and isinstance(v, list) and all(isinstance(x, dict) for x in v)
+
+
+def _tenants(where: str, v: list) -> list[dict]:
+    """Check and normalize a ``tenants`` value: each ``{layout, rule, offset (default 0)}``."""
+    if len(v) < 2:
+        raise ManifestError(f"{where}: key 'tenants' needs at least 2 jobs (one job: use layout and rule)")
+    out = []
+    for j, t in enumerate(v):
+        if not isinstance(t, dict):
+            raise ManifestError(f"{where}: key 'tenants' job {j} must be an object {{layout, rule, offset}}")
+        extra = sorted(set(t) - {"layout", "rule", "offset"})
+        if extra:
+            raise ManifestError(f"{where}: key 'tenants' job {j}: unknown key {extra[0]!r} (valid: layout, rule, "
+                                "offset)")
+        for k in ("layout", "rule"):
+            if not isinstance(t.get(k), str) or not t[k]:
+                raise ManifestError(f"{where}: key 'tenants' job {j}: {k!r} must be a non-empty string")
+        off = t.get("offset", 0)
+        if type(off) is not int or off < 0:
+            raise ManifestError(f"{where}: key 'tenants' job {j}: 'offset' must be an integer >= 0, got {off!r}")
+        out.append({"layout": t["layout"], "rule": t["rule"], "offset": off})
+    return out
 
 
 def _check_value(where: str, key: str, v: Any) -> None:
@@ -221,6 +260,15 @@ def _normalize(where: str, case: dict) -> dict:
     if c["reserve_zones"] < 0:
         raise ManifestError(f"{where}: key 'reserve_zones' must be >= 0, got {c['reserve_zones']!r}")
     _check_policy(where, c["policy"])
+    if c["tenants"] is None:
+        del c["tenants"]          # one job: the inputs (and so the case id) it always had
+    else:
+        c["tenants"] = _tenants(where, c["tenants"])
+        late = [t["offset"] for t in c["tenants"] if t["offset"] >= c["steps"]]
+        if late:
+            raise ManifestError(f"{where}: key 'tenants': offset {late[0]} is not below steps ({c['steps']})")
+        c["layout"] = "mix:" + "+".join(t["layout"] for t in c["tenants"])
+        c["rule"] = "mix:" + ";".join(t["rule"] for t in c["tenants"])
     if c["max_open"] > c["max_active"]:
         raise ManifestError(f"{where}: key 'max_open' ({c['max_open']}) exceeds 'max_active' ({c['max_active']})")
     return c
@@ -274,7 +322,7 @@ def _product(where: str, axes: dict) -> list[dict]:
 
 
 def _expand_row(row: dict) -> list[dict]:
-    list_keys = [k for k, v in row.items() if isinstance(v, list)]
+    list_keys = [k for k, v in row.items() if isinstance(v, list) and not _one_tenants_value(k, v)]
     if not list_keys:
         return [row]
     out = []

@@ -8,6 +8,8 @@ Phases:
    cached by the spec's hash under the trace cache (default ``<output>/traces``);
 3. run each case in a worker process (``--jobs``, default: the number of cores) and write its record
    atomically (a temporary file linked into place, so a record is never half-written nor overwritten).
+   The workers are local processes (``--executor local``, the default) or a Dask distributed
+   cluster (``--executor dask[=SCHEDULER_ADDRESS]``; :class:`_DaskPool`); records are identical.
 
 A case that raises is recorded with ``status: "failed"`` and its error and traceback; the others go on.
 
@@ -76,7 +78,23 @@ class RetainZBackend(Backend):
     def generate_trace(self, spec: TraceSpec, path: str) -> None:
         from retainz.trace.generate import write_generated
 
-        write_generated(path, scaled_layout(spec.layout, spec.scale), spec.rule, spec.steps, seed=spec.seed)
+        if spec.tenants is None:
+            write_generated(path, scaled_layout(spec.layout, spec.scale), spec.rule, spec.steps, seed=spec.seed)
+            return
+        from retainz.trace.mix import mix
+
+        parts = []
+        try:
+            for j, (layout, rule, offset) in enumerate(spec.tenants):
+                part = f"{path}.job{j}"
+                parts.append(part)
+                write_generated(part, scaled_layout(layout, spec.scale), rule, spec.steps - offset,
+                                seed=spec.seed + j)
+            mix(parts, path, offsets=[t[2] for t in spec.tenants])
+        finally:
+            for part in parts:
+                if os.path.exists(part):
+                    os.unlink(part)
 
     def replay(self, trace_path: str, case: Case, workdir: str) -> dict:
         i = case.inputs
@@ -297,7 +315,8 @@ class _Progress:
 
 
 def run_cases(cases: list[Case], output: str, *, jobs: int | None = None, backend: Backend | None = None,
-              trace_dir: str | None = None, resume: bool = False, progress: bool = True) -> RunSummary:
+              trace_dir: str | None = None, resume: bool = False, progress: bool = True,
+              executor: str = "local") -> RunSummary:
     """Run ``cases`` and write their records into ``output``.
 
     Args:
@@ -309,11 +328,17 @@ def run_cases(cases: list[Case], output: str, *, jobs: int | None = None, backen
         resume: skip cases already recorded instead of refusing.
         progress: show a progress bar on stderr (cases done, elapsed time, cases/s; no ETA, see
             :class:`_Progress`); none when nothing is left to run.
+        executor: ``local`` (worker processes here, the default), ``dask`` (a Dask ``LocalCluster`` of
+            ``jobs`` workers) or ``dask=ADDRESS`` (the Dask scheduler at ADDRESS; workers share the
+            output folder's file system).  Records are the same whichever runs them.
 
     Raises:
         RecordExistsError: a case already has a record and ``resume`` is False (nothing is run).
+        ValueError: an unknown executor.
     """
     t0 = time.perf_counter()
+    if executor != "local" and executor != "dask" and not executor.startswith("dask="):
+        raise ValueError(f"unknown executor {executor!r}; valid: local, dask, dask=SCHEDULER_ADDRESS")
     backend = backend or RetainZBackend()
     jobs = jobs or os.cpu_count() or 1
     os.makedirs(output, exist_ok=True)
@@ -359,7 +384,7 @@ def run_cases(cases: list[Case], output: str, *, jobs: int | None = None, backen
         spec = c.trace
         return (c, traces.get(spec), output, backend, prov, trace_errors.get(spec))
 
-    if jobs == 1:
+    if executor == "local" and jobs == 1:
         bar = _Progress(len(specs), "traces", progress)
         for s in specs:
             f = cf.Future()
@@ -381,17 +406,17 @@ def run_cases(cases: list[Case], output: str, *, jobs: int | None = None, backen
             bar.update()
         bar.close()
     else:
-        pool = cf.ProcessPoolExecutor(max_workers=jobs)
+        pool = _LocalPool(jobs) if executor == "local" else _DaskPool(executor, jobs)
         try:
             bar = _Progress(len(specs), "traces", progress)
             futs = {pool.submit(_generate, backend, s, trace_dir): s for s in specs}
-            for f in cf.as_completed(futs):
+            for f in pool.as_completed(futs):
                 on_trace(futs[f], f)
                 bar.update()
             bar.close()
             bar = _Progress(len(todo), "cases", progress)
             futs = {pool.submit(execute_case, *args_of(c)): c for c in todo}
-            for f in cf.as_completed(futs):
+            for f in pool.as_completed(futs):
                 on_case(futs[f], f)
                 bar.update()
             bar.close()
@@ -399,23 +424,94 @@ def run_cases(cases: list[Case], output: str, *, jobs: int | None = None, backen
             # Ctrl-C (or any error here): drop the queued cases and stop the running ones instead of
             # letting the executor's exit wait for every job.  Records are written atomically, so the
             # ones already written are complete and ``--resume`` runs only the rest.
-            _abandon(pool)
+            pool.abandon()
             raise
-        pool.shutdown(wait=True)
+        pool.close()
     summary.seconds = time.perf_counter() - t0
     return summary
 
 
-def _abandon(pool: cf.ProcessPoolExecutor) -> None:
-    """Cancel ``pool``'s pending jobs and terminate its workers (a running case is lost, not half
-    written: records are linked into place atomically)."""
-    procs = list((getattr(pool, "_processes", None) or {}).values())
-    pool.shutdown(wait=False, cancel_futures=True)
-    for p in procs:
-        if p.is_alive():
-            p.terminate()
-    for p in procs:
-        p.join(timeout=5)
+class _LocalPool:
+    """The default executor: worker processes on this machine (``concurrent.futures``)."""
+
+    def __init__(self, jobs: int):
+        self.pool = cf.ProcessPoolExecutor(max_workers=jobs)
+
+    def submit(self, fn, *args):
+        return self.pool.submit(fn, *args)
+
+    @staticmethod
+    def as_completed(futs):
+        return cf.as_completed(futs)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+
+    def abandon(self) -> None:
+        """Cancel the pending jobs and terminate the workers (a running case is lost, not half
+        written: records are linked into place atomically)."""
+        procs = list((getattr(self.pool, "_processes", None) or {}).values())
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        for p in procs:
+            p.join(timeout=5)
+
+
+class _DaskPool:
+    """``--executor dask[=ADDRESS]``: cases run as tasks on a Dask distributed cluster
+    (``dask.distributed.Client``; the ``dask`` extra).  Without an address a ``LocalCluster`` of
+    ``jobs`` single-threaded worker processes is started here and stopped at the end.  With one,
+    the workers must see the output folder and the trace cache at the same paths (a shared file
+    system): each worker writes its case's record itself, exactly as a local worker does.
+
+    Raises:
+        RuntimeError: dask.distributed is not installed (``pip install retainz[dask]``).
+        ValueError: an empty scheduler address.
+    """
+
+    def __init__(self, executor: str, jobs: int):
+        try:
+            from dask.distributed import Client, LocalCluster
+        except ImportError as e:
+            raise RuntimeError(f"--executor dask needs dask.distributed (pip install 'retainz[dask]'): {e}") \
+                from None
+        _, _, address = executor.partition("=")
+        self.cluster = None
+        self.submitted: list = []
+        if executor == "dask":
+            self.cluster = LocalCluster(n_workers=jobs, threads_per_worker=1, processes=True,
+                                        dashboard_address=None)
+            self.client = Client(self.cluster)
+        elif not address:
+            raise ValueError("--executor dask=ADDRESS needs a scheduler address, e.g. dask=tcp://10.0.0.5:8786")
+        else:
+            self.client = Client(address)
+
+    def submit(self, fn, *args):
+        # pure=False: equal arguments are still separate runs (dask would otherwise merge them)
+        f = self.client.submit(fn, *args, pure=False)
+        self.submitted.append(f)
+        return f
+
+    @staticmethod
+    def as_completed(futs):
+        from dask.distributed import as_completed
+
+        return as_completed(list(futs))
+
+    def close(self) -> None:
+        self.client.close()
+        if self.cluster is not None:
+            self.cluster.close()
+
+    def abandon(self) -> None:
+        """Cancel every task still queued or running and stop a cluster started here."""
+        try:
+            self.client.cancel([f for f in self.submitted if not f.done()], force=True)
+        finally:
+            self.close()
 
 
 def run_manifest(manifest: str, output: str, **kw) -> RunSummary:

@@ -50,6 +50,29 @@ MiB per save; generation ``g`` saved at step 1000 dies at ``r_g = 6000``)::
       join Y:   (100 - 40) MiB held forever          -> (60 MiB, ...)
       open new: 0 (permanent)                        -> chosen; later permanent data joins it at 0.
 
+Uncertain deaths (top-k by a metric: Lightning ``save_top_k``, HF ``load_best_model_at_end``)
+-----------------------------------------------------------------------------------------------
+A hint whose condition is ``uncertain`` carries an estimate, not a fact: the generation dies at
+``expected`` with some probability, or survives for an unknown time.  Three rules (issue 13):
+
+* **No sharing.** A save with an uncertain condition joins only zones of its own group (opened at
+  its step, with its reclaim step), and the zones it opens are marked (:data:`UNCERTAIN_ZONE`, the
+  zone's recorded lifetime) so that no save with a known death joins them either: sharing a zone
+  couples two deaths the runtime cannot predict, and a wrong guess leaves dead bytes beside live
+  ones that only copying can free.  Its last zone
+  stays partly written until its own death resets it (the cost the open option already prices).
+  Without an empty zone the rule yields (the save shares, by the plain cost model): free capacity
+  left in open zones is never a reason to stop.  ``uncertain_saves=false`` turns the rule off.
+* **Survivors are re-estimated.** Data still live after its predicted reclaim step outlived the
+  prediction: its reclaim step becomes :func:`survivor_reclaim` (``now + age``), for placing its
+  GC copies (survivors of similar age are regrouped together, apart from data about to die) and
+  for ranking its zone as a GC victim.
+* **Overdue zones are not waited on.** The GC rule below skips zones about to reset themselves;
+  a zone whose reclaim step has passed with live data left is not about to, and is ranked by its
+  re-estimated step.  When the store forces GC (admission or a placement found no space), no zone
+  is skipped: the space is needed before the zone's own reset (a top-k eviction happens after the
+  new save commits, so the new save cannot wait for it).
+
 Complexity: open zones are indexed by reclaim step (a sorted list kept current by
 :meth:`zone_changed`); a decision bisects to ``r`` and prices only the ``neighbors`` nearest zones
 on each side, plus the first empty zone (``O(log zones)``); when the active budget is spent it also
@@ -61,8 +84,9 @@ GC victims (:meth:`RetainZ.gc_victims`): cost-benefit.  Collecting a full zone n
 ``C - live`` bytes ``R - now`` steps earlier than waiting for its data to die, at the price of
 copying ``live`` bytes: zones are ranked by ``(C - live) * (R - now) / live``, so data that will
 not die soon and zones with much garbage go first.  A zone whose reclaim step is near (``R - now
-<= max(wait_steps, wait_frac * (now - opened_step))``) is never picked while an empty zone is left
-to wait on: it will reset itself for free.
+<= max(wait_steps, wait_frac * (now - opened_step))``) is not picked while an empty zone is left
+to wait on and GC is not forced: it will reset itself for free.  A zone whose reclaim step has
+passed with live data left is ranked by :func:`survivor_reclaim` instead.
 """
 
 from __future__ import annotations
@@ -83,8 +107,14 @@ from retainz.placement.hints import DEFAULT_MEDIUM, DEFAULT_SHORT, view_reclaim_
 from retainz.zoned.model import ZoneCond
 
 _EMPTY, _FULL = ZoneCond.EMPTY, ZoneCond.FULL
+#: The lifetime RetainZ records for a zone opened by a save with an uncertain condition: ZenFS's
+#: ``WLTH_NONE`` (1), which the retention mapping never produces, so the mark is journaled with the
+#: zone and survives a remount (``ZoneSummary.lifetime``; RetainZ reads no other use of it).
+UNCERTAIN_ZONE = 1
+#: Hint views that see the retirement condition (no-hint sees nothing, the oracle sees the outcome).
+_HINTED = ("exact", "coarse", "noisy")
 
-__all__ = ["RetainZ", "RetainZNoHint", "RetainZCoarse", "RetainZNoisy", "Oracle", "Cost"]
+__all__ = ["RetainZ", "RetainZNoHint", "RetainZCoarse", "RetainZNoisy", "Oracle", "Cost", "survivor_reclaim"]
 
 #: A cost: (bytes held forever, byte-steps).  Compared lexicographically.
 Cost = tuple[int, float]
@@ -100,6 +130,24 @@ def held(nbytes: int, start: float, end: float) -> Cost:
     return (0, nbytes * (end - start))
 
 
+def survivor_reclaim(step: int, now: int) -> int:
+    """Re-estimated reclaim step of data still live past its predicted reclaim step.
+
+    A prediction that has passed with the data still live was wrong (an uncertain condition, e.g.
+    top-k by a metric, whose eviction did not come).  Data that has survived ``a = now - step``
+    steps is given as much again: ``now + max(a, 1)`` (the expected remaining life of a survivor
+    grows with its age; each missed prediction doubles the estimate).
+
+    Args:
+        step: the data's training step (a zone: its opening step), in steps.
+        now: the current training step.
+
+    Returns:
+        A reclaim step later than ``now`` (steps).
+    """
+    return now + max(now - step, 1)
+
+
 @dataclass
 class RetainZ(Allocator):
     """Least space-time cost placement (module docstring).
@@ -111,6 +159,8 @@ class RetainZ(Allocator):
         wait_frac: GC skips a zone whose remaining life is at most this fraction of its age.
         wait_steps: GC skips a zone whose reclaim step is at most this many steps away.
         recompute: rebuild the reclaim-step index before every decision (equivalence mode).
+        uncertain_saves: a save with an uncertain condition joins only zones of its own group
+            (module docstring, "Uncertain deaths").
     """
 
     name = "retainz"
@@ -121,6 +171,7 @@ class RetainZ(Allocator):
     wait_frac: float = 0.1
     wait_steps: int = 0
     recompute: bool = False
+    uncertain_saves: bool = True
 
     def __post_init__(self) -> None:
         self.check_int("unknown_lifetime", 1)
@@ -140,7 +191,11 @@ class RetainZ(Allocator):
             r = req.hint.reclaim_step
         else:
             r = view_reclaim_step(req, self.view, **self._view_kwargs())
-        return req.step + self.unknown_lifetime if r is None else r
+        if r is None:
+            return req.step + self.unknown_lifetime
+        if r < req.now:
+            return survivor_reclaim(req.step, req.now)
+        return r
 
     def zone_reclaim(self, s: ZoneSummary) -> float:
         """A zone's reclaim step, or its estimate when unknown."""
@@ -216,7 +271,13 @@ class RetainZ(Allocator):
         now, r = req.now, self.reclaim_of(req)
         group = req.nbytes + req.pending
         best: tuple | None = None
+        rule = self.uncertain_saves and not req.gc and self.view in _HINTED and t.n_empty > 0
+        own = rule and req.hint.condition.startswith("uncertain")
         for s in self.candidates(r):
+            if own and (s.opened_step != req.step or self.zone_reclaim(s) != r):
+                continue  # an uncertain death: share zones with no other group (see the docstring)
+            if rule and not own and s.lifetime == UNCERTAIN_ZONE:
+                continue  # nor does a known death join an uncertain group's zone
             zr = self.zone_reclaim(s)
             key = (self.join_cost(s, r, group, now), 0, 0.0 if zr == r else abs(zr - r), s.index)
             if best is None or key < best[0]:
@@ -224,9 +285,10 @@ class RetainZ(Allocator):
         e = t.first_empty()
         if e is not None:
             cost = self.open_cost(t.zones[e].capacity, r, group, now)
+            mark = UNCERTAIN_ZONE if own else None
             if not t.max_active or len(t.open) < t.max_active:
                 key = (cost, 1, 0.0, e)
-                decision = Decision(e, (), r)
+                decision = Decision(e, (), r, mark)
             else:
                 need = len(t.open) - t.max_active + 1
                 priced = sorted((self.finish_cost(s, r, now), s.remaining, s.index)
@@ -234,7 +296,7 @@ class RetainZ(Allocator):
                 for c, _, _ in priced:
                     cost = (cost[0] + c[0], cost[1] + c[1])
                 key = (cost, 2, 0.0, e)
-                decision = Decision(e, finish=tuple(z for _, _, z in priced), reclaim_step=r)
+                decision = Decision(e, finish=tuple(z for _, _, z in priced), reclaim_step=r, lifetime=mark)
             if best is None or key < best[0]:
                 best = (key, decision)
         return NO_SPACE if best is None else best[1]
@@ -254,14 +316,23 @@ class RetainZ(Allocator):
         if t.n_empty >= reserve_zones:
             return []
         now = t.now
+        # forced (the store asks with every data zone as the reserve: admission or a placement
+        # found no space): space is needed now, so no zone is left to reset itself later
+        forced = reserve_zones >= len(t)
         ranked = []
         for s in t:
             if s.cond != ZoneCond.FULL or s.live == 0 or s.live >= s.capacity:
                 continue
-            big_r = max(self.zone_reclaim(s), now)
-            near = max(self.wait_steps, self.wait_frac * (now - s.opened_step))
-            if t.n_empty > 0 and big_r - now <= near:
-                continue  # it resets itself soon: waiting is free while the reserve lasts
+            big_r = self.zone_reclaim(s)
+            if big_r < now:
+                # live data past its zone's reclaim step outlived its prediction (an uncertain
+                # condition that did not fire): re-estimate instead of waiting on a reset that
+                # is not coming
+                big_r = survivor_reclaim(s.opened_step, now)
+            else:
+                near = max(self.wait_steps, self.wait_frac * (now - s.opened_step))
+                if t.n_empty > 0 and not forced and big_r - now <= near:
+                    continue  # it resets itself soon: waiting is free while the reserve lasts
             forever, steps = held(s.capacity - s.live, now, big_r)
             ranked.append((-forever / s.live, -steps / s.live, s.index, s))
         ranked.sort(key=lambda x: x[:3])

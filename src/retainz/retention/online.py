@@ -52,7 +52,7 @@ def save_hint(rule: Rule, step: int, *, total_steps: int | None = None, cls: str
     """
     if step < 1:
         raise ValueError(f"step must be >= 1, got {step}")
-    if getattr(rule, "metric", None) not in (None, "none", "synthetic"):
+    if getattr(rule, "metric", None) not in (None, "none", "synthetic", "plateau"):
         rule = dataclasses.replace(rule, metric="synthetic")  # no history: the values are never used
     # plan a window of saves from a little before the step to well after it (cached per window)
     h = _horizon(rule)

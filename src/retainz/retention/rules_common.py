@@ -3,7 +3,7 @@ schedules and metric series."""
 
 from __future__ import annotations
 
-from retainz.retention.metrics import MetricSeries, load_metric_file, synthetic_loss
+from retainz.retention.metrics import METRIC_CURVES, MetricSeries, load_metric_file
 
 
 def _positive(rule: str, **values: int | None) -> None:
@@ -25,8 +25,8 @@ def _multiples(interval: int, first: int, last: int) -> range:
 
 
 def _metric_series(metric: str, steps: list[int], seed: int) -> MetricSeries:
-    if metric == "synthetic":
-        return synthetic_loss(steps, seed)
+    if metric in METRIC_CURVES:
+        return METRIC_CURVES[metric](steps, seed)
     series = load_metric_file(metric)
     for s in steps:
         series.at(s)  # every evaluated step needs a value: fail now, naming the step

@@ -37,7 +37,7 @@ class HFTrainer(Rule):
     Attributes:
         save_steps: save interval (steps).
         save_total_limit: checkpoints kept (unset keeps all).
-        metric: ``synthetic`` or a ``STEP VALUE`` file (enables keeping the best); unset: none.
+        metric: ``synthetic`` or ``plateau`` (seeded curves, :mod:`retainz.retention.metrics`) or a ``STEP VALUE`` file (enables keeping the best); unset: none.
         greater_is_better: the metric's direction.
     """
 
@@ -48,7 +48,7 @@ class HFTrainer(Rule):
     save_steps: int = field(default=500, metadata={"help": "save interval (steps)"})
     save_total_limit: int | None = field(default=None, metadata={"help": "checkpoints kept; unset keeps all"})
     metric: str | None = field(default=None, metadata={
-        "help": "metric for the best checkpoint: synthetic or a 'STEP VALUE' file; unset: no best kept"})
+        "help": "metric for the best checkpoint: synthetic or plateau (seeded curves) or a 'STEP VALUE' file; unset: no best kept"})
     greater_is_better: bool = field(default=False, metadata={"help": "metric direction"})
 
     def __post_init__(self):

@@ -75,7 +75,7 @@ class Lightning(Rule):
     Attributes:
         every_n_train_steps: callback interval (steps).
         save_top_k: k (-1 keeps all, 0 none).
-        metric: ``synthetic`` (seeded validation-loss curve), ``none`` (no monitor), or a ``STEP VALUE``
+        metric: ``synthetic`` or ``plateau`` (seeded validation-loss curves), ``none`` (no monitor), or a ``STEP VALUE``
             file.
         mode: ``min`` or ``max``.
         save_last: also keep ``last.ckpt``.
@@ -87,7 +87,7 @@ class Lightning(Rule):
     every_n_train_steps: int = field(metadata={"help": "callback interval (steps)"})
     save_top_k: int = field(default=1, metadata={"help": "top k kept by the metric; -1 all; 0 none"})
     metric: str = field(default="synthetic", metadata={
-        "help": "monitored metric: synthetic (seeded), none (no monitor), or a 'STEP VALUE' file"})
+        "help": "monitored metric: synthetic or plateau (seeded), none (no monitor), or a 'STEP VALUE' file"})
     mode: str = field(default="min", metadata={"help": "min or max", "choices": ("min", "max")})
     save_last: bool = field(default=False, metadata={"help": "also write last.ckpt at every trigger"})
 
