@@ -27,8 +27,11 @@ def register(sub) -> None:
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--threads", type=int, default=2)
     c.add_argument("--cache", default="cache/payload", help="folder of the pip-downloaded sources")
+    c.add_argument("--retention", default="torchtitan:interval=1,keep_latest_k=2",
+                   help="retention rule the checkpoints are saved under (default torchtitan keep 2)")
     c.add_argument("--device", required=True, type=Path,
-                   help="FileDevice path (created and formatted, sized for the model, if missing)")
+                   help="FileDevice path (created and formatted, sized for the model, if missing), or a "
+                        "zoned block device /dev/NAME (formatted if blank)")
     c.add_argument("--out", required=True, type=Path, help="output folder (result.json, layout.json)")
     c.add_argument("--force", action="store_true",
                    help="replace the checkpoints this run writes if --device already holds them")
@@ -41,7 +44,7 @@ def _capture(args: argparse.Namespace) -> int:
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ValueError(f"the payload extra is not installed ({e}); run `make setup-torch`") from None
     cfg = PayloadConfig(layers=args.layers, steps=args.steps, init=args.init, seed=args.seed,
-                        threads=args.threads, cache=args.cache)
+                        threads=args.threads, cache=args.cache, retention=args.retention)
     result = capture(cfg, args.device, args.out, force=args.force)
     print(json.dumps({k: result[k] for k in ("identical", "init", "parameters", "reference_loss",
                                              "resumed_loss", "tensors_compared", "bytes_compared",
