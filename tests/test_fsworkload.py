@@ -196,3 +196,14 @@ def test_verify_checks_filesystem_records():
     problems = verify_record(name, bad)
     assert any("device_waf 1.5 != device_bytes_written / checkpoint_bytes" in p for p in problems)
     assert any("enospc_step and enospc_fill must both be set" in p for p in problems)
+
+
+def test_same_stream_compares_differently_chunked_streams():
+    data = bytes(range(256)) * 40
+    assert fw.same_stream(iter([data[:1000], data[1000:]]), iter([data[:3], data[3:5000], data[5000:]])) == \
+        (True, len(data))
+    bad = bytearray(data)
+    bad[4321] ^= 1
+    assert fw.same_stream(iter([bytes(bad)]), iter([data[:4096], data[4096:]])) == (False, 4096)
+    assert fw.same_stream(iter([data]), iter([data[:-1]]))[0] is False      # longer than expected
+    assert fw.same_stream(iter([data[:-1]]), iter([data]))[0] is False      # shorter than expected

@@ -63,7 +63,7 @@ from dataclasses import dataclass, field
 
 from retainz.trace.format import CommitEvent, CrashEvent, DeleteEvent, SaveEvent, TraceReader
 
-__all__ = ["SYSTEMS", "SystemSpec", "parse_system", "sectors_written", "ZoneResetCounter", "FileReplay",
+__all__ = ["SYSTEMS", "SystemSpec", "parse_system", "sectors_written", "ZoneResetCounter", "FileReplay", "same_stream",
            "survivors_before", "fill_at", "run_system", "ZONED_DEVICE", "META_DEVICE", "MOUNT_POINT"]
 
 #: Systems the driver knows.  retainz's placement policy is the case's ``policy``.
@@ -177,6 +177,26 @@ def _pattern(gen: int, shard: str, nbytes: int) -> Iterator[bytes]:
     from retainz.trace.replay import _pattern as replay_pattern
 
     return replay_pattern(gen, shard, nbytes)
+
+
+def same_stream(got: Iterator[bytes], want: Iterator[bytes]) -> tuple[bool, int]:
+    """Compare two byte streams chunked differently without joining them; returns (equal, bytes that
+    matched before the first difference or the end)."""
+    want_it = iter(want)
+    buf = memoryview(b"")
+    n = 0
+    for chunk in got:
+        mv = memoryview(chunk)
+        while mv:
+            if not buf:
+                buf = memoryview(next(want_it, b""))
+                if not buf:
+                    return False, n          # longer than expected
+            k = min(len(buf), len(mv))
+            if mv[:k] != buf[:k]:
+                return False, n
+            mv, buf, n = mv[k:], buf[k:], n + k
+    return not buf and not next(want_it, b""), n
 
 
 def _gen_dir(ev: SaveEvent) -> str:
@@ -484,10 +504,10 @@ def _run_retainz(policy: str, reserve_zones: int, meta_zones: int, trace_path: s
                 problems.append(f"{gid}: missing after reopen")
                 continue
             for s in ev.shards:
-                got = b"".join(store.read_shard(gid, s.name))
-                if got != b"".join(_pattern(gen, s.name, s.nbytes)):
-                    problems.append(f"{gid}/{s.name}: read back differs")
-                nbytes += len(got)
+                ok, n = same_stream(store.read_shard(gid, s.name), _pattern(gen, s.name, s.nbytes))
+                if not ok:
+                    problems.append(f"{gid}/{s.name}: read back differs at byte {n}")
+                nbytes += n
     finally:
         store.close()
         dev.close()
