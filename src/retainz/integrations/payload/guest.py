@@ -59,6 +59,7 @@ def capture_in_guest(retention: str, out_dir: str | os.PathLike, *, layers: int 
     cap = out / "capture"
     cap.mkdir(parents=True, exist_ok=True)
     (cap / "result.json").unlink(missing_ok=True)
+    _tokenize_on_host(cache)
     ns = dict(PAYLOAD_NAMESPACE, **({"zones": zones} if zones else {}))
     src = os.path.dirname(os.path.dirname(os.path.abspath(retainz.__file__)))
     cfg = GuestConfig(zns=ZNSConfig(**ns), nullblk=None, memory_mb=memory_mb, timeout=timeout,
@@ -81,6 +82,23 @@ def capture_in_guest(retention: str, out_dir: str | os.PathLike, *, layers: int 
     rec["digest"] = _digest(rec)
     (out / "record.json").write_text(json.dumps(rec, indent=1, sort_keys=True) + "\n")
     return rec
+
+
+def _tokenize_on_host(cache: str) -> None:
+    """Tokenize the corpus into the cache before booting: the guest sees the host's root read-only, so
+    the capture there could not write its token cache.  Runs in a child process (this one stays free of
+    torch).
+
+    Raises:
+        RuntimeError: tokenizing failed (the child's error output is in the message).
+    """
+    import subprocess
+
+    code = ("import sys; from retainz.integrations.payload.train import PayloadConfig, load_tokens; "
+            "load_tokens(PayloadConfig(cache=sys.argv[1]))")
+    r = subprocess.run([sys.executable, "-c", code, os.path.abspath(cache)], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"tokenizing the payload corpus in {cache} failed:\n{r.stderr[-2000:]}")
 
 
 def _digest(rec: dict) -> str:
