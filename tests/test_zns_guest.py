@@ -266,6 +266,8 @@ PAYLOAD_TIMEOUT = float(os.environ.get("RETAINZ_GUEST_PAYLOAD_TIMEOUT", "1200"))
 def test_payload_resume_is_bit_identical_on_the_zns_namespace():
     """The 2-layer SmolLM2 payload saved through ZonedStorageWriter onto /dev/nvme0n1 in the guest,
     restored in a fresh process there, and the resumed update compared bit for bit."""
+    if os.environ.get("RETAINZ_GUEST_PAYLOAD") != "1":
+        pytest.skip("opt-in (RETAINZ_GUEST_PAYLOAD=1): not yet seen to finish within the lane's budget under TCG")
     pytest.importorskip("torch", reason="needs the payload extra (make setup-torch)")
     from retainz.integrations.payload.guest import capture_in_guest
     from retainz.vm.setup import VMSetupError, ensure_all
