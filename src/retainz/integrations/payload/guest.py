@@ -6,7 +6,7 @@ The guest's namespace is blank, so the capture formats it (``integrations._store
 onto the namespace via LinuxZonedDevice, a fresh process in the same guest restores it and the resumed
 update is compared bit for bit with the uninterrupted one.
 
-A payload run record (``results/payload/*.json``, schema :data:`SCHEMA`)::
+A payload run record (``<out_dir>/record.json``, schema :data:`SCHEMA`)::
 
     schema        "retainz.payload/1"
     device        "guest"
