@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install what the QEMU ZNS guest lane needs, idempotently: Debian's qemu-system-x86, busybox-static,
-# cpio and kmod (apt-get update once, then apt-get install -y), and a Debian kernel unpacked into
+# cpio, kmod, btrfs-progs and f2fs-tools (the guest runs the host's root, so its mkfs tools come from
+# here; apt-get update once, then apt-get install -y), and a Debian kernel unpacked into
 # cache/vm/kernel/ (apt-get download + dpkg-deb -x + depmod -b; nothing goes into /boot).
 # A second run finds everything and runs no package command.  Called by `make vm-setup` (and so by
 # `make test` and .ci/run).  Under CI=true a failure is fatal; locally the guest lane then skips with

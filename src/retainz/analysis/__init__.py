@@ -39,9 +39,10 @@ def analyze(records_dir: str, out_dir: str, *, check: bool = False, expected: st
 
     Args:
         records_dir: folder of run records.
-        out_dir: where ``pressure.pdf``, ``mechanisms.pdf``, ``zonemap.pdf``, ``regimes.pdf`` (each
-            with a PNG copy; the regime map only when the records hold its experiments),
-            ``placement_table.tex`` and ``paper_claims.json`` go (created).
+        out_dir: where ``pressure.pdf``, ``mechanisms.pdf``, ``zonemap.pdf``, ``regimes.pdf``,
+            ``filesystems.pdf`` (each with a PNG copy; the regime map and the file-system outputs only
+            when the records hold their experiments), ``placement_table.tex``, ``filesystems.md`` and
+            ``paper_claims.json`` go (created).
         check: compare the rounded claims with ``expected``; differences make the report failed.
         expected: the expected claims file for ``check``.
         write_expected: write the computed claims to ``expected`` (to accept a new recorded matrix).
@@ -52,6 +53,7 @@ def analyze(records_dir: str, out_dir: str, *, check: bool = False, expected: st
     """
     from retainz.analysis.figures import mechanisms_figure, pressure_figure, setup_style
     from retainz.analysis.regimes import regime_claims, regime_figure
+    from retainz.analysis.filesystems import filesystems_figure, write_table
     from retainz.analysis.table import render_table
     from retainz.analysis.zonemap import zonemap_figure
 
@@ -64,7 +66,8 @@ def analyze(records_dir: str, out_dir: str, *, check: bool = False, expected: st
     os.makedirs(out_dir, exist_ok=True)
     rep.lines.append(f"{records_dir}: {len(runs.records)} ok records, {len(runs.failed)} failed")
     setup_style()
-    for fn in (pressure_figure, mechanisms_figure, zonemap_figure, regime_figure):
+    for fn in (pressure_figure, mechanisms_figure, zonemap_figure, regime_figure, filesystems_figure,
+               write_table):
         rep.outputs += fn(runs, out_dir)
     tex = render_table(runs)
     if tex:

@@ -314,9 +314,11 @@ def _guest_claims(runs: Runs, out: list) -> None:
 
 def compute_claims(runs: Runs) -> list[dict]:
     """Every claim computable from the records, in a stable order."""
+    from retainz.analysis.filesystems import filesystem_claims
+
     out: list[dict] = []
     for part in (_pressure_claims, _placement_claims, _cost_claims, _hint_claims, _admission_claims,
-                 _capacity_claims, _guest_claims):
+                 _capacity_claims, _guest_claims, filesystem_claims):
         part(runs, out)
     ids = [c["id"] for c in out]
     assert len(ids) == len(set(ids)), "claim ids must be unique"

@@ -1,4 +1,5 @@
-"""``retainz payload capture``: the real-payload check (needs the ``payload`` extra).
+"""``retainz payload capture`` and ``retainz payload guest``: the real-payload check (needs the
+``payload`` extra; ``guest`` runs the capture inside the QEMU guest on its NVMe ZNS namespace).
 
 Trains the SmolLM2-135M architecture with AdamW on the Shakespeare stand-in corpus, checkpoints model,
 optimizer and RNG state through the DCP plugin onto a FileDevice, resumes in a fresh process and checks
@@ -28,12 +29,26 @@ def register(sub) -> None:
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--threads", type=int, default=2)
     c.add_argument("--cache", default="cache/payload", help="folder of the pip-downloaded sources")
+    c.add_argument("--retention", default="torchtitan:interval=1,keep_latest_k=2",
+                   help="retention rule the checkpoints are saved under (default torchtitan keep 2)")
     c.add_argument("--device", required=True, type=Path,
-                   help="FileDevice path (created and formatted, sized for the model, if missing)")
+                   help="FileDevice path (created and formatted, sized for the model, if missing), or a "
+                        "zoned block device /dev/NAME (formatted if blank)")
     c.add_argument("--out", required=True, type=Path, help="output folder (result.json, layout.json)")
     c.add_argument("--force", action="store_true",
                    help="replace the checkpoints this run writes if --device already holds them")
     c.set_defaults(func=_capture)
+    g = psub.add_parser("guest", help="the same check inside the QEMU guest on its NVMe ZNS namespace "
+                                      "(/dev/nvme0n1); writes a payload run record")
+    g.add_argument("--retention", default="torchtitan:interval=1,keep_latest_k=2",
+                   help="retention rule of the saves (e.g. megatron:save_interval=1,retain_interval=2)")
+    g.add_argument("--layers", type=int, default=2)
+    g.add_argument("--steps", type=int, default=2)
+    g.add_argument("--cache", default="cache/payload", help="folder of the pip-downloaded sources")
+    g.add_argument("--memory", type=int, default=3072, help="guest RAM in MiB (torch needs ~2 GiB)")
+    g.add_argument("--timeout", type=float, default=1800.0, help="kill a hung guest after this many s")
+    g.add_argument("--out", required=True, type=Path, help="output folder (record.json, capture/)")
+    g.set_defaults(func=_guest)
 
 
 def _capture(args: argparse.Namespace) -> int:
@@ -42,7 +57,7 @@ def _capture(args: argparse.Namespace) -> int:
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ValueError(f"the payload extra is not installed ({e}); run `make setup-torch`") from None
     cfg = PayloadConfig(layers=args.layers, steps=args.steps, init=args.init, seed=args.seed,
-                        threads=args.threads, cache=args.cache)
+                        threads=args.threads, cache=args.cache, retention=args.retention)
     result = capture(cfg, args.device, args.out, force=args.force)
     print_json({k: result[k] for k in ("identical", "init", "parameters", "reference_loss",
                                              "resumed_loss", "tensors_compared", "bytes_compared",
@@ -53,3 +68,16 @@ def _capture(args: argparse.Namespace) -> int:
     print(f"bit-identical resumed update: {result['tensors_compared']} tensors, "
           f"{result['bytes_compared']} bytes; {args.out}/result.json, {args.out}/layout.json")
     return 0
+
+
+def _guest(args: argparse.Namespace) -> int:
+    from retainz.integrations.payload.guest import capture_in_guest
+
+    rec = capture_in_guest(args.retention, args.out, layers=args.layers, steps=args.steps, cache=args.cache,
+                           memory_mb=args.memory, timeout=args.timeout)
+    r = rec["result"]
+    print(json.dumps({"device": rec["device"], "retention": rec["retention"], "bit_identical": rec["bit_identical"],
+                      "tensors_compared": r["tensors_compared"], "bytes_compared": r["bytes_compared"],
+                      "checkpoint_bytes": r["checkpoint_bytes"], "guest_seconds": rec["guest"]["seconds"]}, indent=2))
+    print(f"payload run record: {args.out}/record.json")
+    return 0 if rec["bit_identical"] else 1

@@ -72,7 +72,13 @@ CASE_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "zone_map": ((bool,), "ask replay for the zone-state timeline (zone-map figure)"),
     "tenants": ((list, type(None)), "jobs sharing the device, [{layout, rule, offset}, ...] (their traces "
                 "mixed: retainz trace mix), or null for one job (layout, rule)"),
+    "system": ((str, type(None)), "file-system comparison in the QEMU guest (device guest): retainz (the "
+                                  "store with `policy` on the raw namespace), btrfs, "
+                                  "btrfs:bg_reclaim_threshold=N or f2fs; null (default) for a store replay"),
 }
+#: Fields added after format 1 that stay out of a case's inputs (and so out of its id) while they hold
+#: their default, so the ids of the cases recorded before them do not change.
+OPTIONAL_FIELDS = ("system",)
 
 #: Defaults below every manifest's own defaults.
 CASE_DEFAULTS: dict[str, Any] = {
@@ -87,6 +93,7 @@ CASE_DEFAULTS: dict[str, Any] = {
     "verify_summaries": False,
     "zone_map": False,
     "tenants": None,
+    "system": None,
 }
 
 
@@ -169,7 +176,9 @@ def _slug(text: str) -> str:
 def case_id(tags: dict, inputs: dict) -> str:
     """The stable id of a case: ``<experiment>-<policy slug>-<sha256[:12] of tags + inputs>``."""
     digest = hashlib.sha256(canonical_json({"tags": tags, "inputs": inputs}).encode()).hexdigest()[:12]
-    return f"{_slug(tags['experiment'])}-{_slug(inputs['policy'])}-{digest}"
+    system = inputs.get("system")
+    who = inputs["policy"] if system in (None, "retainz") else system
+    return f"{_slug(tags['experiment'])}-{_slug(who)}-{digest}"
 
 
 def _check_fields(where: str, d: Any, *, allow_lists: bool) -> None:
@@ -250,7 +259,9 @@ def _normalize(where: str, case: dict) -> dict:
         c["pressure"] = float(c["pressure"])
     if c["device"] not in DEVICES:
         raise ManifestError(f"{where}: key 'device' must be one of {', '.join(DEVICES)}, got {c['device']!r}")
-    if c["device"] == "guest" and c["zones"] is None:
+    if c["system"] is not None:
+        _check_system(where, c)
+    elif c["device"] == "guest" and c["zones"] is None:
         raise ManifestError(f"{where}: key 'zones': a guest case needs an explicit zone count")
     for k in ("steps", "max_active", "max_open"):
         if c[k] <= 0:
@@ -271,7 +282,23 @@ def _normalize(where: str, case: dict) -> dict:
         c["rule"] = "mix:" + ";".join(t["rule"] for t in c["tenants"])
     if c["max_open"] > c["max_active"]:
         raise ManifestError(f"{where}: key 'max_open' ({c['max_open']}) exceeds 'max_active' ({c['max_active']})")
+    for k in OPTIONAL_FIELDS:
+        if c[k] == CASE_DEFAULTS[k]:
+            del c[k]
     return c
+
+
+def _check_system(where: str, c: dict) -> None:
+    """A file-system comparison case: a known system spec, on the guest device (retainz.vm.fsworkload)."""
+    from retainz.vm.fsworkload import parse_system
+
+    try:
+        c["system"] = parse_system(c["system"]).spec()
+    except ValueError as e:
+        raise ManifestError(f"{where}: key 'system': {e}") from None
+    if c["device"] != "guest":
+        raise ManifestError(f"{where}: key 'system': a file-system comparison runs on device 'guest', "
+                            f"not {c['device']!r}")
 
 
 _POLICY_ERRORS: dict[str, str | None] = {}   # spec -> error (None: valid); a manifest repeats specs

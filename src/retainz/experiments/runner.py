@@ -70,7 +70,8 @@ class RetainZBackend(Backend):
 
     Devices: ``memory`` (the in-memory replay device), ``file`` (a FileDevice with payload in the
     case's work folder, deleted afterwards) and ``guest`` (the replay command run inside the QEMU ZNS
-    guest of :mod:`retainz.vm.guest` against ``/dev/nvme0n1``).
+    guest of :mod:`retainz.vm.guest` against ``/dev/nvme0n1``).  A case with a ``system`` is a
+    file-system comparison run (:mod:`retainz.experiments.filesystems`).
     """
 
     name = "retainz"
@@ -98,6 +99,10 @@ class RetainZBackend(Backend):
 
     def replay(self, trace_path: str, case: Case, workdir: str) -> dict:
         i = case.inputs
+        if i.get("system") is not None:
+            from retainz.experiments.filesystems import run_filesystem_case
+
+            return run_filesystem_case(trace_path, case, workdir)
         if i["device"] == "guest":
             return _replay_in_guest(trace_path, case, workdir)
         from retainz.trace.replay import replay

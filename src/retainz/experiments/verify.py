@@ -105,6 +105,8 @@ def verify_record(name: str, rec: dict, directory: str | None = None) -> list[st
     if not isinstance(m, dict):
         p.append(f"{name}: metrics is not an object")
         return p
+    if inputs.get("system") is not None:
+        return p + _verify_filesystem(name, m, rec)
     absent = [k for k in METRIC_KEYS if k not in m]
     if absent:
         p.append(f"{name}: metrics lack {', '.join(absent)}")
@@ -133,6 +135,26 @@ def verify_record(name: str, rec: dict, directory: str | None = None) -> list[st
     sha = m.get("trace_sha256")
     if sha is not None and tr is not None and sha != tr.get("sha256"):
         p.append(f"{name}: replay's trace_sha256 differs from the record's trace sha256")
+    return p
+
+
+def _verify_filesystem(name: str, m: dict, rec: dict) -> list[str]:
+    """A file-system comparison record (retainz.experiments.filesystems): its fields and their arithmetic."""
+    from retainz.experiments.filesystems import FS_METRIC_KEYS
+
+    absent = [k for k in FS_METRIC_KEYS if k not in m]
+    if absent:
+        return [f"{name}: metrics lack {', '.join(absent)}"]
+    p = []
+    if m["system"] != rec["inputs"]["system"].partition(":")[0]:
+        p.append(f"{name}: metrics' system {m['system']!r} is not the case's {rec['inputs']['system']!r}")
+    if m["checkpoint_bytes"] and not math.isclose(m["device_waf"], m["device_bytes_written"] / m["checkpoint_bytes"],
+                                                  rel_tol=1e-9):
+        p.append(f"{name}: device_waf {m['device_waf']} != device_bytes_written / checkpoint_bytes")
+    if (m["enospc_step"] is None) != (m["enospc_fill"] is None):
+        p.append(f"{name}: enospc_step and enospc_fill must both be set or both null")
+    if m["capacity_stop_step"] != m["enospc_step"] or rec["capacity_stop_step"] != m["enospc_step"]:
+        p.append(f"{name}: capacity_stop_step differs from enospc_step")
     return p
 
 

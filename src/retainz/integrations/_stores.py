@@ -41,6 +41,8 @@ def _open_store(path: str, geometry, policy: str | None):
     from retainz.store import Store
     from retainz.zoned import FileDevice
 
+    if path.startswith("/dev/"):
+        return _open_block_store(path, policy)
     if not os.path.exists(path):
         if geometry is None:
             raise FileNotFoundError(f"{path}: no such device file (create it with `retainz device create` "
@@ -60,12 +62,31 @@ def _open_store(path: str, geometry, policy: str | None):
         raise
 
 
+def _open_block_store(path: str, policy: str | None):
+    """A real zoned block device: open its store, or format it when every zone is empty (a blank
+    namespace holds nothing to lose; a device holding anything else is opened, never formatted)."""
+    from retainz.store import Store
+    from retainz.zoned import open_device
+    from retainz.zoned.model import ZoneCond
+
+    dev = open_device(path)
+    try:
+        blank = all(z.cond == ZoneCond.EMPTY for z in dev.report_zones())
+        if blank:
+            return Store.format(dev, **({"policy": policy} if policy else {}))
+        return Store.open(dev, policy=policy)
+    except BaseException:
+        dev.close()
+        raise
+
+
 @contextlib.contextmanager
 def using(device: Any, *, geometry=None, policy: str | None = None, wait: float = 120.0) -> Iterator[Any]:
     """Yield an open store for ``device`` (a store object, or a device file path).
 
     Args:
-        device: an open store (yielded as is, never closed here) or a path to a FileDevice file.
+        device: an open store (yielded as is, never closed here), a path to a FileDevice file, or a
+            zoned block device ``/dev/NAME`` (formatted when blank, see :func:`_open_block_store`).
         geometry: create and format the device file with this :class:`~retainz.zoned.Geometry` if it
             does not exist.
         policy: placement policy name for ``Store.format``/``Store.open`` (``None``: the store's).

@@ -8,8 +8,11 @@ The guest:
 * mounts the host's root read-only over 9p (so it uses the host's python and ``.venv``) and the
   output folder read-write at the same path, with a tmpfs on ``/dev/shm`` (``TMPDIR`` and ``HOME``;
   not on ``/tmp``, which would hide a checkout living under the host's ``/tmp``);
-* has an emulated NVMe ZNS namespace (``/dev/nvme0n1``) backed by a sparse raw file, and optionally a
-  memory-backed null_blk zoned device (``/dev/nullb0``) made through configfs;
+* has an emulated NVMe ZNS namespace (``/dev/nvme0n1``) backed by a sparse raw file, optionally a
+  memory-backed null_blk zoned device (``/dev/nullb0``) made through configfs, and optionally a small
+  regular virtio disk (``/dev/vda``, 4 KiB sectors: f2fs keeps its metadata there);
+* loads extra kernel modules on request (``GuestConfig.modules``: e.g. ``btrfs``, ``f2fs``, ``zonefs``
+  for the file-system comparison of :mod:`retainz.vm.fsworkload`);
 * runs the command from a script file in the output folder (the kernel command line holds ~2 KiB, so
   nothing of the command goes there), records its exit status there, and powers off.
 
@@ -35,11 +38,13 @@ from retainz.vm.console import pump
 from retainz.vm.setup import Kernel, VMSetupError, default_cache_dir, ensure_all, find_busybox, find_qemu
 from retainz.zoned.model import format_size
 
-__all__ = ["ZNSConfig", "NullBlkConfig", "GuestConfig", "GuestResult", "run_in_guest", "build_initramfs",
+__all__ = ["ZNSConfig", "NullBlkConfig", "DiskConfig", "GuestConfig", "GuestResult", "run_in_guest", "build_initramfs",
            "qemu_command", "GUEST_MODULES", "GUEST_TMP", "STATE_DIR", "EXIT_TIMEOUT", "EXIT_NO_STATUS"]
 
-#: Modules loaded in the guest (with their dependencies, in ``modprobe --show-depends`` order).
+#: Modules loaded in every guest (with their dependencies, in ``modprobe --show-depends`` order).
 GUEST_MODULES = ("virtio_pci", "9pnet_virtio", "9p", "nvme", "null_blk")
+#: Module of the regular disk (:class:`DiskConfig`), added when a guest has one.
+DISK_MODULE = "virtio_blk"
 #: Folder inside the output folder that holds the run's script, status and console log.
 STATE_DIR = ".retainz-guest"
 #: The guest's writable scratch space (a tmpfs; ``TMPDIR`` and ``HOME``).  Not ``/tmp``: a tmpfs there
@@ -119,6 +124,30 @@ class NullBlkConfig:
         return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class DiskConfig:
+    """A regular (not zoned) virtio disk, ``/dev/vda``, backed by a sparse raw file.
+
+    Attributes: size (bytes, a multiple of the block size); block_size: logical and physical sector
+    size (4096: f2fs refuses a metadata device whose sector size differs from the zoned one's).
+    """
+
+    size: int = 64 << 20
+    block_size: int = 4096
+
+    def check(self) -> None:
+        """Raises ValueError on a size QEMU would refuse."""
+        if self.size <= 0 or self.size % self.block_size:
+            raise ValueError(f"disk size {self.size} must be a positive multiple of the block size "
+                             f"{self.block_size}")
+
+    def qemu_args(self, raw: Path) -> list[str]:
+        """The ``-drive`` and ``-device`` arguments for this disk backed by ``raw``."""
+        return ["-drive", f"file={raw},id=disk0,format=raw,if=none,cache=writeback",
+                "-device", f"virtio-blk-pci,drive=disk0,logical_block_size={self.block_size},"
+                           f"physical_block_size={self.block_size}"]
+
+
 @dataclass
 class GuestConfig:
     """How to boot the guest.
@@ -126,6 +155,8 @@ class GuestConfig:
     Attributes:
         zns: the NVMe ZNS namespace, or None for no NVMe device.
         nullblk: the null_blk zoned device, or None.
+        disk: a regular virtio disk (``/dev/vda``), or None.
+        modules: extra kernel modules to load (with their dependencies), e.g. ``("btrfs", "f2fs")``.
         memory_mb: guest RAM (128 MiB suffice without torch).
         cpus: virtual CPUs.
         timeout: seconds before a hung guest is killed.
@@ -137,6 +168,8 @@ class GuestConfig:
 
     zns: ZNSConfig | None = field(default_factory=ZNSConfig)
     nullblk: NullBlkConfig | None = field(default_factory=NullBlkConfig)
+    disk: DiskConfig | None = None
+    modules: tuple[str, ...] = ()
     memory_mb: int = 512
     cpus: int = 2
     timeout: float = 600.0
@@ -217,9 +250,9 @@ def _log(msg: str) -> None:
     print(f"retainz vm: {msg}", file=sys.stderr, flush=True)
 
 
-def _module_order(kernel: Kernel) -> list[Path]:
+def _module_order(kernel: Kernel, names: tuple[str, ...] = GUEST_MODULES) -> list[Path]:
     seen: dict[Path, None] = {}
-    for name in GUEST_MODULES:
+    for name in names:
         r = subprocess.run(["modprobe", "-d", str(kernel.root), "-S", kernel.release, "--show-depends",
                             name], capture_output=True, text=True)
         if r.returncode != 0:
@@ -231,8 +264,9 @@ def _module_order(kernel: Kernel) -> list[Path]:
     return list(seen)
 
 
-def build_initramfs(kernel: Kernel, cache: Path | None = None) -> Path:
-    """Build (or reuse) the guest's initramfs: static busybox, the :data:`GUEST_MODULES` and ``init``.
+def build_initramfs(kernel: Kernel, cache: Path | None = None, modules: tuple[str, ...] = ()) -> Path:
+    """Build (or reuse) the guest's initramfs: static busybox, the :data:`GUEST_MODULES` plus ``modules``
+    and ``init``.
 
     Cached under ``cache`` by a hash of its inputs, so it is built once per kernel.
 
@@ -243,7 +277,7 @@ def build_initramfs(kernel: Kernel, cache: Path | None = None) -> Path:
     if busybox is None:
         raise VMSetupError("no static busybox (Debian package busybox-static); run `make vm-setup`")
     cache = cache or default_cache_dir()
-    mods = _module_order(kernel)
+    mods = _module_order(kernel, GUEST_MODULES + tuple(m for m in modules if m not in GUEST_MODULES))
     h = hashlib.sha256(_INIT.encode())
     h.update(kernel.release.encode())
     h.update(Path(busybox).read_bytes())
@@ -277,7 +311,7 @@ def build_initramfs(kernel: Kernel, cache: Path | None = None) -> Path:
 
 
 def qemu_command(qemu: str, kernel: Kernel, initramfs: Path, out_dir: Path, cfg: GuestConfig,
-                 raw: Path | None, console_log: Path) -> list[str]:
+                 raw: Path | None, console_log: Path, disk_raw: Path | None = None) -> list[str]:
     """The full QEMU command line (TCG, no defaults, serial console to stdout and ``console_log``)."""
     cmd = [qemu, "-M", "q35", "-accel", "tcg", "-cpu", "max", "-smp", str(cfg.cpus),
            "-m", f"{cfg.memory_mb}M", "-nodefaults", "-nographic", "-no-reboot",
@@ -290,6 +324,8 @@ def qemu_command(qemu: str, kernel: Kernel, initramfs: Path, out_dir: Path, cfg:
            "-device", "virtio-9p-pci,fsdev=outfs,mount_tag=out"]
     if cfg.zns is not None and raw is not None:
         cmd += cfg.zns.qemu_args(raw)
+    if cfg.disk is not None and disk_raw is not None:
+        cmd += cfg.disk.qemu_args(disk_raw)
     return cmd
 
 
@@ -326,11 +362,14 @@ def run_in_guest(command: list[str], out_dir: str | os.PathLike, cfg: GuestConfi
     cfg = cfg or GuestConfig()
     if cfg.zns is not None:
         cfg.zns.check()
+    if cfg.disk is not None:
+        cfg.disk.check()
     kernel = ensure_all(install=install)
     qemu = find_qemu()
     if qemu is None:
         raise VMSetupError("qemu-system-x86_64 not found (Debian package qemu-system-x86)")
-    initramfs = build_initramfs(kernel)
+    modules = tuple(cfg.modules) + ((DISK_MODULE,) if cfg.disk is not None else ())
+    initramfs = build_initramfs(kernel, modules=modules)
     out = Path(out_dir).resolve()
     state = out / STATE_DIR
     state.mkdir(parents=True, exist_ok=True)
@@ -356,7 +395,12 @@ def run_in_guest(command: list[str], out_dir: str | os.PathLike, cfg: GuestConfi
             raw = Path(tmp) / "zns.raw"
             with open(raw, "wb") as f:
                 f.truncate(cfg.zns.zones * cfg.zns.zone_size)
-        cmd = qemu_command(qemu, kernel, initramfs, out, cfg, raw, console_log)
+        disk_raw = None
+        if cfg.disk is not None:
+            disk_raw = Path(tmp) / "disk.raw"
+            with open(disk_raw, "wb") as f:
+                f.truncate(cfg.disk.size)
+        cmd = qemu_command(qemu, kernel, initramfs, out, cfg, raw, console_log, disk_raw)
         (state / "qemu.cmd").write_text(shlex.join(cmd) + "\n")
         if cfg.zns is not None:
             _log(f"booting {kernel.release} (TCG, {cfg.cpus} CPUs, {cfg.memory_mb} MiB): NVMe ZNS "

@@ -22,8 +22,9 @@ from pathlib import Path
 __all__ = ["VMSetupError", "Kernel", "HOST_PACKAGES", "default_cache_dir", "ensure_host_tools",
            "ensure_kernel", "ensure_all", "find_qemu", "find_busybox"]
 
-#: Debian packages the lane installs on the host.
-HOST_PACKAGES = ("qemu-system-x86", "busybox-static", "cpio", "kmod")
+#: Debian packages the lane installs on the host.  btrfs-progs and f2fs-tools are for the guest (it runs
+#: the host's root read-only): the file-system comparison formats the namespace with them.
+HOST_PACKAGES = ("qemu-system-x86", "busybox-static", "cpio", "kmod", "btrfs-progs", "f2fs-tools")
 #: The meta-package whose dependency names the current kernel image package.
 KERNEL_META = "linux-image-amd64"
 
@@ -134,11 +135,14 @@ def _missing_host_tools() -> list[str]:
         missing.append("cpio")
     if not (shutil.which("depmod") or os.path.exists("/sbin/depmod")):
         missing.append("kmod")
+    for tool, package in (("mkfs.btrfs", "btrfs-progs"), ("mkfs.f2fs", "f2fs-tools")):
+        if not (shutil.which(tool) or os.path.exists(f"/sbin/{tool}") or os.path.exists(f"/usr/sbin/{tool}")):
+            missing.append(package)
     return missing
 
 
 def ensure_host_tools(install: bool = True) -> None:
-    """Make sure QEMU, static busybox, cpio and kmod are on the host.
+    """Make sure QEMU, static busybox, cpio, kmod, btrfs-progs and f2fs-tools are on the host.
 
     Raises:
         VMSetupError: something is missing and ``install`` is False, we are not root, or apt-get

@@ -50,6 +50,7 @@ class PayloadConfig:
         cache: folder of the fetched sources (:mod:`.sources`).
         max_tokens: tokens of the corpus used (its start), ``0`` for all 1,564,850.
         restore_rng: restore the global RNG state on resume (False only to show the check fails).
+        retention: the retention rule the checkpoints are saved under (its hints steer placement).
     """
 
     layers: int = 30
@@ -63,6 +64,7 @@ class PayloadConfig:
     cache: str = "cache/payload"
     max_tokens: int = 0
     restore_rng: bool = True
+    retention: str = "torchtitan:interval=1,keep_latest_k=2"
 
 
 def _determinism(cfg: PayloadConfig) -> None:
@@ -175,7 +177,7 @@ def capture(cfg: PayloadConfig, device: Path, out: Path, *, force: bool = False)
 
     nparams = sum(p.numel() for p in model.parameters())
     geometry = None if device.exists() else _geometry_for(nparams * 4 * 5)
-    rule = f"torchtitan:interval=1,keep_latest_k={2}"
+    rule = cfg.retention
     state = _state(model, opt, cfg.steps, losses[-1] if losses else float("nan"))
     t1 = time.perf_counter()
     dcp.save(state, storage_writer=ZonedStorageWriter(str(device), retention=rule, geometry=geometry),

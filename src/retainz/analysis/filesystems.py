@@ -1,0 +1,178 @@
+"""The file-system comparison (experiment ``filesystems``, experiments/filesystems.json): btrfs and f2fs
+zoned against the RetainZ store on the same QEMU NVMe ZNS namespace, from the run records alone.
+
+* ``filesystems.pdf``: per retention rule, (a) device write amplification (device bytes written /
+  checkpoint bytes) and (b) the fill level each system reached before its first ENOSPC - the most live
+  checkpoint bytes it held, of the raw namespace - against pressure (peak live bytes / raw namespace
+  capacity, the dotted line: what the trace needs); hatched bars are runs that stopped at ENOSPC;
+* ``filesystems.md``: the comparison table (README, the issue's closing note);
+* claims ``filesystems.*`` (:func:`filesystem_claims`).
+"""
+
+from __future__ import annotations
+
+import os
+
+from retainz.analysis.records import Runs, rule_family, rule_rank, slug
+
+__all__ = ["EXPERIMENT", "system_key", "system_name", "filesystems_figure", "filesystems_table", "write_table",
+           "filesystem_claims"]
+
+EXPERIMENT = "filesystems"
+#: (system key, display name, color, hatch-free marker) in display order.
+SYSTEMS = [("retainz", "RetainZ", "#1f4e9c"), ("zenfs", "Store + ZenFS-Alloc", "#c0392b"),
+           ("greedy", "Store + greedy log", "#8c8c8c"), ("btrfs", "btrfs zoned", "#e6a23c"),
+           ("btrfs-reclaim", "btrfs zoned, reclaim 51 %", "#b5651d"), ("f2fs", "f2fs zoned", "#4f9fd8")]
+
+
+def system_key(rec: dict) -> str:
+    """``retainz`` / ``zenfs`` / ``greedy`` (the store with that placement policy), ``btrfs``,
+    ``btrfs-reclaim`` (a tuned bg_reclaim_threshold), ``f2fs``."""
+    system = rec["inputs"]["system"]
+    name, _, opts = system.partition(":")
+    if name == "retainz":
+        return rec["inputs"]["policy"].partition(":")[0]
+    if name == "btrfs" and "bg_reclaim_threshold" in opts:
+        return "btrfs-reclaim"
+    return name
+
+
+def system_name(key: str) -> str:
+    return next((n for k, n, _ in SYSTEMS if k == key), key)
+
+
+def _rank(key: str) -> int:
+    keys = [k for k, _, _ in SYSTEMS]
+    return keys.index(key) if key in keys else len(keys)
+
+
+def _records(runs: Runs) -> list[dict]:
+    return [r for r in runs.of(EXPERIMENT) if r["inputs"].get("system")]
+
+
+def _reached(rec: dict) -> float:
+    """The most live bytes the system held (all committed) before any ENOSPC, of the raw namespace."""
+    return rec["metrics"]["peak_fill"]
+
+
+def filesystems_figure(runs: Runs, out_dir: str) -> list[str]:
+    """``filesystems.pdf``/``.png`` (module docstring); nothing when there are no such records."""
+    import matplotlib.pyplot as plt
+
+    from retainz.analysis.figures import COLUMN_WIDTH, save
+
+    recs = _records(runs)
+    if not recs:
+        return []
+    rules = sorted({r["inputs"]["rule"] for r in recs}, key=rule_rank)
+    keys = sorted({system_key(r) for r in recs}, key=_rank)
+    pressures = sorted({r["inputs"]["pressure"] for r in recs})
+    fig, axes = plt.subplots(2, len(rules), figsize=(2 * COLUMN_WIDTH, 3.4), squeeze=False, sharey="row")
+    width = 0.8 / len(keys)
+    for col, rule in enumerate(rules):
+        for row, metric in enumerate(("device_waf", "reached")):
+            ax = axes[row][col]
+            for k_i, key in enumerate(keys):
+                color = next((c for k, _, c in SYSTEMS if k == key), "#555555")
+                for p_i, p in enumerate(pressures):
+                    rs = [r for r in recs if r["inputs"]["rule"] == rule and r["inputs"]["pressure"] == p
+                          and system_key(r) == key]
+                    if len(rs) != 1:
+                        continue
+                    r = rs[0]
+                    stopped = r["metrics"]["enospc_step"] is not None
+                    v = r["metrics"]["device_waf"] if metric == "device_waf" else _reached(r)
+                    ax.bar(p_i + (k_i - (len(keys) - 1) / 2) * width, v, width, color=color,
+                           hatch="////" if stopped else None, edgecolor="white" if stopped else color,
+                           linewidth=0.3, label=system_name(key) if (p_i == 0 and col == 0 and row == 0) else None)
+            if metric == "reached":
+                for p_i, p in enumerate(pressures):
+                    ax.plot([p_i - 0.45, p_i + 0.45], [p, p], color="black", linewidth=0.6, linestyle=":")
+            ax.set_xticks(range(len(pressures)))
+            ax.set_xticklabels([f"{p:g}" for p in pressures])
+            ax.grid(axis="y", alpha=0.3)
+            if row == 0:
+                ax.set_title(rule_family(rule))
+            else:
+                ax.set_xlabel("pressure (peak live / raw namespace)")
+            if col == 0:
+                ax.set_ylabel("device WAF" if row == 0 else "fill reached (of raw)")
+    top = max(r["metrics"]["device_waf"] for r in recs)
+    bottom = 0.95 if all(r["metrics"]["device_waf"] >= 0.95 for r in recs) else 0
+    axes[0][0].set_ylim(bottom, top + (top - bottom) * 0.05)
+    axes[1][0].set_ylim(0, 1.0)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, ncol=len(keys), frameon=False, loc="upper center", fontsize=5.5)
+    fig.text(0.99, 0.005, "hatched: stopped at ENOSPC; dotted: fill the trace needs", ha="right", fontsize=5)
+    fig.tight_layout(rect=(0, 0, 1, 0.94))
+    return save(fig, out_dir, "filesystems")
+
+
+def filesystems_table(runs: Runs) -> str:
+    """The comparison as a Markdown table ('' without records).  Save throughput is relative to the
+    RetainZ store with RetainZ placement on the same rule and pressure (TCG: ratios only)."""
+    recs = _records(runs)
+    if not recs:
+        return ""
+    lines = ["| rule | pressure | system | device WAF | ENOSPC step | fill asked at ENOSPC | most held | zone resets "
+             "| save throughput vs RetainZ | read back |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    recs = sorted(recs, key=lambda r: (rule_rank(r["inputs"]["rule"]), r["inputs"]["pressure"], _rank(system_key(r))))
+    for r in recs:
+        m = r["metrics"]
+        base = [b for b in recs if b["inputs"]["rule"] == r["inputs"]["rule"]
+                and b["inputs"]["pressure"] == r["inputs"]["pressure"] and system_key(b) == "retainz"]
+        ratio = (m["save_throughput"] / base[0]["metrics"]["save_throughput"]
+                 if len(base) == 1 and m["save_throughput"] and base[0]["metrics"]["save_throughput"] else None)
+        lines.append("| " + " | ".join([
+            rule_family(r["inputs"]["rule"]), f"{r['inputs']['pressure']:g}", system_name(system_key(r)),
+            f"{m['device_waf']:.3f}", "-" if m["enospc_step"] is None else str(m["enospc_step"]),
+            "-" if m["enospc_fill"] is None else f"{m['enospc_fill']:.2f}", f"{m['peak_fill']:.2f}",
+            str(m["zone_resets"]), "-" if ratio is None else f"{ratio:.2f}",
+            f"{m['bytes_verified'] / 2**20:,.0f} MiB ok" if m["verify_ok"] else "FAILED"]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_table(runs: Runs, out_dir: str) -> list[str]:
+    """``filesystems.md`` in ``out_dir`` (nothing without records)."""
+    text = filesystems_table(runs)
+    if not text:
+        return []
+    p = os.path.join(out_dir, "filesystems.md")
+    with open(p, "w", encoding="utf-8") as f:
+        f.write(text)
+    return [p]
+
+
+def filesystem_claims(runs: Runs, out: list) -> None:
+    """Claims ``filesystems.*``: per rule and system the lowest pressure with an ENOSPC, the device WAF
+    and the fill reached at the lowest pressure; over all runs, how many completed and how many read
+    back correctly."""
+    from retainz.analysis.claims import _claim
+
+    recs = _records(runs)
+    if not recs:
+        return
+    for rule in sorted({r["inputs"]["rule"] for r in recs}, key=rule_rank):
+        rr = [r for r in recs if r["inputs"]["rule"] == rule]
+        low = min(r["inputs"]["pressure"] for r in rr)
+        for key in sorted({system_key(r) for r in rr}, key=_rank):
+            ks = [r for r in rr if system_key(r) == key]
+            cid = f"filesystems.{slug(rule.partition(':')[0])}.{key}"
+            name = f"{system_name(key)} / {rule_family(rule)}"
+            stops = sorted(r["inputs"]["pressure"] for r in ks if r["metrics"]["enospc_step"] is not None)
+            _claim(out, f"{cid}.enospc_pressure_min", stops[0] if stops else None, 2, ks,
+                   f"lowest pressure at which {name} hit ENOSPC on the guest namespace (null: none up to "
+                   f"{max(r['inputs']['pressure'] for r in ks):g})")
+            at = [r for r in ks if r["inputs"]["pressure"] == low]
+            if len(at) == 1:
+                _claim(out, f"{cid}.device_waf_p{low:g}", at[0]["metrics"]["device_waf"], 3, at,
+                       f"device write amplification of {name} at pressure {low:g}")
+                _claim(out, f"{cid}.fill_reached_p{low:g}", _reached(at[0]), 2, at,
+                       f"most live checkpoint bytes {name} held (of the raw namespace) before any ENOSPC at "
+                       f"pressure {low:g}")
+    _claim(out, "filesystems.runs", len(recs), 0, recs, "file-system comparison runs recorded")
+    _claim(out, "filesystems.runs_completed", sum(r["metrics"]["enospc_step"] is None for r in recs), 0, recs,
+           "file-system comparison runs that completed their trace without ENOSPC")
+    _claim(out, "filesystems.runs_read_back_ok", sum(bool(r["metrics"]["verify_ok"]) for r in recs), 0, recs,
+           "file-system comparison runs whose every surviving checkpoint read back correctly")

@@ -1,0 +1,106 @@
+"""Host side of the file-system comparison: one manifest case (``system`` set) -> one QEMU guest that
+runs :mod:`retainz.vm.fsworkload` on a fresh NVMe ZNS namespace.
+
+Every system gets the same namespace: ``zones`` raw zones when the case names them, else
+``ceil(peak live bytes / (pressure * zone capacity))`` - pressure here is against the *raw* namespace,
+because every system pays its own metadata out of it (btrfs: superblock log zones and DUP metadata
+block groups; f2fs: overprovisioning and GC sections; RetainZ: journal zones and the GC reserve).
+f2fs also gets a small regular disk for its metadata (:data:`F2FS_META_BYTES`).
+
+The guest timeout is ``$RETAINZ_FS_TIMEOUT`` seconds (default 900): btrfs can hang in ``sync`` after an
+ENOSPC; the driver writes its result file before syncing, so a killed guest still leaves the replay's
+measurements, recorded with ``guest_timed_out: true``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+
+__all__ = ["namespace_zones", "guest_config", "run_filesystem_case", "F2FS_META_BYTES", "FS_METRIC_KEYS"]
+
+#: Size of the regular virtio disk f2fs keeps its metadata on (its writes count as device writes).
+F2FS_META_BYTES = 64 << 20
+#: Metrics every ok file-system record carries (``retainz verify`` checks them).
+FS_METRIC_KEYS = ("system", "device_bytes_written", "checkpoint_bytes", "device_waf", "enospc_step",
+                  "enospc_fill", "peak_fill", "zone_resets", "capacity_stop_step", "raw_capacity_bytes",
+                  "verify_ok", "bytes_verified", "save_throughput")
+#: Smallest namespace: btrfs needs 8 active zones (3 superblock mirrors + system, metadata, data,
+#: tree-log and relocation block groups: BTRFS_MIN_ACTIVE_ZONES in fs/btrfs/zoned.c).
+MIN_NAMESPACE_ZONES = 8
+
+
+def namespace_zones(peak_live_bytes: int, zone_capacity: int, *, pressure: float | None,
+                    zones: int | None) -> int:
+    """Raw zones of the guest namespace for a case (see the module docstring).
+
+    Raises:
+        ValueError: fewer than :data:`MIN_NAMESPACE_ZONES` zones.
+    """
+    n = zones if zones is not None else math.ceil(peak_live_bytes / (pressure * zone_capacity))
+    if n < MIN_NAMESPACE_ZONES:
+        raise ValueError(f"the namespace would have {n} zones; the comparison needs at least "
+                         f"{MIN_NAMESPACE_ZONES} (btrfs's minimum of active zones)")
+    return n
+
+
+def guest_config(system: str, nr_zones: int, inputs: dict, *, timeout: float, cwd: str):
+    """The :class:`~retainz.vm.guest.GuestConfig` of one case: the namespace, the modules the system
+    needs, f2fs's metadata disk, mq-deadline on the zoned device (f2fs requires it on ZNS; every system
+    gets the same)."""
+    from retainz.vm.fsworkload import parse_system
+    from retainz.vm.guest import DiskConfig, GuestConfig, ZNSConfig
+
+    name = parse_system(system).name
+    zns = ZNSConfig(zones=nr_zones, zone_size=inputs["zone_size"], zone_capacity=inputs["zone_capacity"],
+                    max_open=inputs["max_open"], max_active=inputs["max_active"])
+    import retainz
+
+    # the guest imports this very source tree (a worktree's, not whatever the venv has installed)
+    env = {"PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(retainz.__file__)))}
+    return GuestConfig(zns=zns, nullblk=None, disk=DiskConfig(F2FS_META_BYTES) if name == "f2fs" else None,
+                       modules=() if name == "retainz" else (name,), scheduler="mq-deadline",
+                       memory_mb=512, timeout=timeout, cwd=cwd, env=env)
+
+
+def run_filesystem_case(trace_path: str, case, workdir: str) -> dict:
+    """Run one ``system`` case in a fresh guest; returns the driver's result dict plus the guest's.
+
+    Raises:
+        RuntimeError: the guest tooling is missing, or the guest produced no result file (the message
+            carries the console's tail).
+    """
+    from retainz.trace.replay import trace_stats
+    from retainz.vm.guest import run_in_guest
+    from retainz.vm.setup import VMSetupError
+
+    i = case.inputs
+    stats = trace_stats(trace_path)
+    nr = namespace_zones(stats.peak_live_bytes, i["zone_capacity"], pressure=i["pressure"], zones=i["zones"])
+    out = os.path.join(os.path.abspath(workdir), case.id)
+    os.makedirs(out, exist_ok=True)
+    result_file = os.path.join(out, "result.json")
+    for stale in (result_file, result_file + ".part"):
+        if os.path.exists(stale):
+            os.unlink(stale)
+    timeout = float(os.environ.get("RETAINZ_FS_TIMEOUT", "900"))
+    cfg = guest_config(i["system"], nr, i, timeout=timeout, cwd=os.getcwd())
+    argv = [sys.executable, "-m", "retainz.vm.fsworkload", "--system", i["system"], "--trace",
+            os.path.abspath(trace_path), "--out", result_file, "--policy", i["policy"],
+            "--reserve-zones", str(i["reserve_zones"])]
+    try:
+        res = run_in_guest(argv, out, cfg, install=False)
+    except VMSetupError as e:
+        raise RuntimeError(f"device 'guest' is unavailable: {e} (run `retainz vm setup`)") from None
+    if not os.path.exists(result_file):
+        raise RuntimeError(f"the guest left no result (exit {res.status}):\n{res.console_tail()}")
+    with open(result_file, encoding="utf-8") as f:
+        result = json.load(f)
+    if "device_waf" not in result:
+        raise RuntimeError(f"the guest stopped before the run was measured (exit {res.status}):\n"
+                           f"{res.console_tail()}")
+    result.update(guest_status=res.status, guest_timed_out=res.timed_out, guest_seconds=round(res.seconds, 1),
+                  pressure=i["pressure"], trace_sha256=stats.sha256, trace_peak_live_bytes=stats.peak_live_bytes)
+    return result

@@ -1,0 +1,209 @@
+"""The file-system comparison's pieces on the host (no guest): the workload driver's file replay on a
+regular folder (files, fsync, deletes, read-back, a capacity stop), its trace arithmetic, system specs,
+the manifest's ``system`` field, namespace sizing and the record checks.  The guest runs themselves are
+in tests/test_zns_guest.py."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+
+from retainz.experiments.filesystems import guest_config, namespace_zones
+from retainz.experiments.manifest import ManifestError, expand, load_manifest
+from retainz.trace.format import DeleteEvent, SaveEvent, TraceReader
+from retainz.trace.generate import write_generated
+from retainz.vm import fsworkload as fw
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def trace(tmp_path):
+    """10 saves of a 2-file layout (TorchTitan keep 3): small enough to write as real files."""
+    from retainz.experiments.runner import scaled_layout
+
+    p = str(tmp_path / "t.jsonl")
+    write_generated(p, scaled_layout("smollm2-135m-dcp", "1/4096"), "torchtitan:interval=500,keep_latest_k=3", 5000)
+    with TraceReader(p) as r:
+        events = list(r)
+    return p, events
+
+
+def test_parse_system_specs_and_refusals():
+    assert fw.parse_system("btrfs") == fw.SystemSpec("btrfs", {})
+    s = fw.parse_system("btrfs:bg_reclaim_threshold=51")
+    assert s.options == {"bg_reclaim_threshold": 51} and s.spec() == "btrfs:bg_reclaim_threshold=51"
+    assert fw.parse_system("f2fs").spec() == "f2fs"
+    with pytest.raises(ValueError, match="unknown system 'ext4'"):
+        fw.parse_system("ext4")
+    with pytest.raises(ValueError, match="unknown option 'bg_reclaim_threshold=5'"):
+        fw.parse_system("f2fs:bg_reclaim_threshold=5")
+    with pytest.raises(ValueError, match="percentage 0-100, got 150"):
+        fw.parse_system("btrfs:bg_reclaim_threshold=150")
+    with pytest.raises(ValueError, match="must be an integer"):
+        fw.parse_system("btrfs:bg_reclaim_threshold=high")
+
+
+def test_file_replay_writes_fsyncs_deletes_and_reads_back(tmp_path, trace, monkeypatch):
+    _, events = trace
+    root = tmp_path / "mnt"
+    root.mkdir()
+    fsynced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(fw.os, "fsync", lambda fd: (fsynced.append(fd), real_fsync(fd))[1])
+    fr = fw.FileReplay(str(root))
+    fr.run(events)
+    saves = [e for e in events if isinstance(e, SaveEvent)]
+    deletes = [e for e in events if isinstance(e, DeleteEvent)]
+    assert fr.stop_step is None and fr.saves_committed == len(saves) == 10
+    assert fr.generations_deleted == len(deletes) == 6
+    assert fr.checkpoint_bytes == sum(e.nbytes for e in saves)
+    # every commit fsyncs each shard file, the generation's folder and the root
+    assert len(fsynced) == sum(len(e.shards) + 2 for e in saves)
+    left = sorted(os.listdir(root))
+    survivors = fw.survivors_before(events, None)
+    assert left == sorted(f"{g:08d}-{e.name}" for g, e in survivors.items()) and len(left) == 4
+    for g, e in survivors.items():
+        for s in e.shards:
+            assert os.path.getsize(root / f"{g:08d}-{e.name}" / s.name) == s.nbytes
+    gens, nbytes, problems = fr.verify(events)
+    assert (gens, problems) == (4, []) and nbytes == sum(e.nbytes for e in survivors.values())
+    # the read-back has teeth: one flipped byte is found
+    g, e = sorted(survivors.items())[0]
+    path = root / f"{g:08d}-{e.name}" / e.shards[0].name
+    data = bytearray(path.read_bytes())
+    data[1000] ^= 0xFF
+    path.write_bytes(bytes(data))
+    _, _, problems = fr.verify(events)
+    assert len(problems) == 1 and "differs at byte" in problems[0] and e.shards[0].name in problems[0]
+
+
+def test_file_replay_stops_at_the_first_enospc_and_keeps_the_committed(tmp_path, trace, monkeypatch):
+    _, events = trace
+    saves = [e for e in events if isinstance(e, SaveEvent)]
+    budget = [sum(e.nbytes for e in saves[:5]) + 100]   # the sixth save runs out of space
+    real_write = os.write
+
+    def write(fd, data):
+        if budget[0] < len(data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        budget[0] -= len(data)
+        return real_write(fd, data)
+
+    monkeypatch.setattr(fw.os, "write", write)
+    root = tmp_path / "mnt"
+    root.mkdir()
+    fr = fw.FileReplay(str(root))
+    fr.run(events)
+    assert fr.stop_step == saves[5].step == 3000 and fr.stop_errno == "ENOSPC"
+    assert "SaveEvent of generation 5 at step 3000" in fr.stop_error
+    assert events[fr.stop_index] is saves[5] or events[fr.stop_index] == saves[5]
+    assert fr.saves_committed == 5
+    # fill at the failure: generations 2, 3, 4 live (0 and 1 deleted after 3 and 4 committed) + the 6th whole
+    assert fw.fill_at(events, fr.stop_index) == sum(e.nbytes for e in saves[2:6])
+    monkeypatch.setattr(fw.os, "write", real_write)
+    gens, _, problems = fr.verify(events)
+    assert gens == 3 and problems == []    # the half-written sixth save is not a survivor, and not an error
+
+
+def test_survivors_and_fill_follow_the_trace(trace):
+    _, events = trace
+    saves = [e for e in events if isinstance(e, SaveEvent)]
+    first = next(i for i, e in enumerate(events) if e is saves[4] or e == saves[4])
+    assert sorted(fw.survivors_before(events, first)) == [1, 2, 3]
+    assert fw.fill_at(events, first) == sum(e.nbytes for e in saves[1:5])
+
+
+def test_filesystems_manifest_expands_and_leaves_other_ids_alone():
+    m, cases = load_manifest(os.path.join(ROOT, "experiments", "filesystems.json"))
+    assert m["manifest"] == "filesystems" and len(cases) == 36
+    systems = sorted({(c.inputs["system"], c.inputs["policy"] if c.inputs["system"] == "retainz" else "-")
+                      for c in cases})
+    assert systems == [("btrfs", "-"), ("btrfs:bg_reclaim_threshold=51", "-"), ("f2fs", "-"),
+                       ("retainz", "greedy"), ("retainz", "retainz"), ("retainz", "zenfs")]
+    assert all(c.inputs["device"] == "guest" for c in cases)
+    assert {c.id.split("-")[1] for c in cases} == {"retainz", "zenfs", "greedy", "btrfs", "f2fs"}
+    # a case without a system has no "system" input, so the ids recorded before the field stay put
+    _, quick = load_manifest(os.path.join(ROOT, "experiments", "quick.json"))
+    assert all("system" not in c.inputs for c in quick)
+
+
+@pytest.mark.parametrize("fields,message", [
+    ({"system": "ext4"}, "key 'system': unknown system 'ext4'"),
+    ({"system": "btrfs", "device": "memory"}, "runs on device 'guest', not 'memory'"),
+])
+def test_manifest_refuses_bad_system_cases(fields, message):
+    m = {"manifest": "t", "format": 1, "defaults": {
+        "layout": "smollm2-135m-dcp", "rule": "torchtitan:interval=500,keep_latest_k=3", "steps": 5000,
+        "zone_size": "16MiB", "zone_capacity": "16MiB", "max_active": 14, "max_open": 14, "pressure": 0.5,
+        "device": "guest", "policy": "retainz"},
+        "blocks": [{"experiment": "filesystems", "rows": [fields]}]}
+    with pytest.raises(ManifestError, match=message):
+        expand(m)
+
+
+def test_namespace_sizing_and_guest_devices():
+    assert namespace_zones(412 << 20, 16 << 20, pressure=0.5, zones=None) == 52
+    assert namespace_zones(0, 16 << 20, pressure=None, zones=20) == 20
+    with pytest.raises(ValueError, match="needs at least 8"):
+        namespace_zones(10 << 20, 16 << 20, pressure=0.9, zones=None)
+    inputs = {"zone_size": 16 << 20, "zone_capacity": 16 << 20, "max_open": 14, "max_active": 14}
+    f2fs = guest_config("f2fs", 52, inputs, timeout=60, cwd="/")
+    assert f2fs.disk is not None and f2fs.disk.block_size == 4096 and f2fs.modules == ("f2fs",)
+    assert f2fs.scheduler == "mq-deadline" and f2fs.nullblk is None and f2fs.zns.zones == 52
+    btrfs = guest_config("btrfs:bg_reclaim_threshold=51", 52, inputs, timeout=60, cwd="/")
+    assert btrfs.disk is None and btrfs.modules == ("btrfs",)
+    rz = guest_config("retainz", 52, inputs, timeout=60, cwd="/")
+    assert rz.disk is None and rz.modules == ()
+    assert os.path.isdir(os.path.join(rz.env["PYTHONPATH"], "retainz"))
+
+
+def test_qemu_command_attaches_the_metadata_disk_with_4k_sectors(tmp_path):
+    from retainz.vm.guest import DiskConfig, GuestConfig, qemu_command
+    from retainz.vm.setup import Kernel
+
+    k = Kernel(root=tmp_path, release="6.1.0-x", vmlinuz=tmp_path / "vmlinuz")
+    cfg = GuestConfig(disk=DiskConfig(64 << 20))
+    cmd = qemu_command("qemu", k, tmp_path / "i.cpio", tmp_path, cfg, tmp_path / "zns.raw", tmp_path / "c.log",
+                       tmp_path / "disk.raw")
+    dev = next(a for a in cmd if a.startswith("virtio-blk-pci,"))
+    assert "logical_block_size=4096" in dev and "physical_block_size=4096" in dev
+    assert f"file={tmp_path / 'disk.raw'},id=disk0,format=raw,if=none,cache=writeback" in cmd
+    with pytest.raises(ValueError, match="multiple of the block size"):
+        DiskConfig(size=1000).check()
+
+
+def test_verify_checks_filesystem_records():
+    from retainz.experiments.manifest import case_id
+    from retainz.experiments.record import finalize
+    from retainz.experiments.verify import verify_record
+
+    inputs = {"system": "btrfs", "policy": "retainz", "device": "guest", "steps": 5000}
+    tags = {"experiment": "filesystems", "label": None}
+    metrics = {"system": "btrfs", "device_bytes_written": 1100, "checkpoint_bytes": 1000, "device_waf": 1.1,
+               "enospc_step": 2500, "enospc_fill": 0.5, "peak_fill": 0.5, "zone_resets": 0,
+               "capacity_stop_step": 2500, "raw_capacity_bytes": 4000, "verify_ok": True, "bytes_verified": 10,
+               "save_throughput": 1.0}
+    rec = finalize({"id": case_id(tags, inputs), "manifest": "t", "tags": tags, "inputs": inputs,
+                    "backend": "retainz", "provenance": {}, "status": "ok", "metrics": metrics,
+                    "capacity_stop_step": 2500, "timing": {},
+                    "trace": {"key": "k", "sha256": "0" * 64, "bytes": 1, "file": None}})
+    name = rec["id"] + ".json"
+    assert verify_record(name, rec) == []
+    bad = finalize({**rec, "metrics": {**metrics, "device_waf": 1.5, "enospc_fill": None}})
+    problems = verify_record(name, bad)
+    assert any("device_waf 1.5 != device_bytes_written / checkpoint_bytes" in p for p in problems)
+    assert any("enospc_step and enospc_fill must both be set" in p for p in problems)
+
+
+def test_same_stream_compares_differently_chunked_streams():
+    data = bytes(range(256)) * 40
+    assert fw.same_stream(iter([data[:1000], data[1000:]]), iter([data[:3], data[3:5000], data[5000:]])) == \
+        (True, len(data))
+    bad = bytearray(data)
+    bad[4321] ^= 1
+    assert fw.same_stream(iter([bytes(bad)]), iter([data[:4096], data[4096:]])) == (False, 4096)
+    assert fw.same_stream(iter([data]), iter([data[:-1]]))[0] is False      # longer than expected
+    assert fw.same_stream(iter([data[:-1]]), iter([data]))[0] is False      # shorter than expected
