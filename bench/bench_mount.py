@@ -31,8 +31,8 @@ import time
 
 import torch
 import torch.distributed.checkpoint as dcp
-
 from bench.bench_dcp import MiB, empty_like, make_state, nbytes, same
+
 from retainz.integrations import _stores
 from retainz.integrations.dcp import ZonedStorageReader, ZonedStorageWriter
 from retainz.zoned import FileDevice, Geometry

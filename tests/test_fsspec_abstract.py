@@ -15,7 +15,6 @@ pytest.importorskip("torch", reason="needs the torch extra (make setup-torch)")
 abstract = pytest.importorskip("fsspec.tests.abstract")
 from fsspec.implementations.local import LocalFileSystem  # noqa: E402
 
-
 pytestmark = pytest.mark.dcp
 
 _COUNTER = itertools.count()

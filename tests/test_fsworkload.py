@@ -118,13 +118,15 @@ def test_survivors_and_fill_follow_the_trace(trace):
 
 def test_filesystems_manifest_expands_and_leaves_other_ids_alone():
     m, cases = load_manifest(os.path.join(ROOT, "experiments", "filesystems.json"))
-    assert m["manifest"] == "filesystems" and len(cases) == 36
+    assert m["manifest"] == "filesystems" and len(cases) == 30
     systems = sorted({(c.inputs["system"], c.inputs["policy"] if c.inputs["system"] == "retainz" else "-")
                       for c in cases})
     assert systems == [("btrfs", "-"), ("btrfs:bg_reclaim_threshold=51", "-"), ("f2fs", "-"),
-                       ("retainz", "greedy"), ("retainz", "retainz"), ("retainz", "zenfs")]
+                       ("retainz", "greedy"), ("retainz", "retainz")]
     assert all(c.inputs["device"] == "guest" for c in cases)
-    assert {c.id.split("-")[1] for c in cases} == {"retainz", "zenfs", "greedy", "btrfs", "f2fs"}
+    # ZenFS-Alloc is not compared here: these namespaces (21-52 zones) fall below its 32-zone minimum
+    assert not any(c.inputs["policy"].startswith("zenfs") for c in cases if c.inputs["system"] == "retainz")
+    assert {c.id.split("-")[1] for c in cases} == {"retainz", "greedy", "btrfs", "f2fs"}
     # a case without a system has no "system" input, so the ids recorded before the field stay put
     _, quick = load_manifest(os.path.join(ROOT, "experiments", "quick.json"))
     assert all("system" not in c.inputs for c in quick)

@@ -76,8 +76,8 @@ def _guest(args: argparse.Namespace) -> int:
     rec = capture_in_guest(args.retention, args.out, layers=args.layers, steps=args.steps, cache=args.cache,
                            memory_mb=args.memory, timeout=args.timeout)
     r = rec["result"]
-    print(json.dumps({"device": rec["device"], "retention": rec["retention"], "bit_identical": rec["bit_identical"],
-                      "tensors_compared": r["tensors_compared"], "bytes_compared": r["bytes_compared"],
-                      "checkpoint_bytes": r["checkpoint_bytes"], "guest_seconds": rec["guest"]["seconds"]}, indent=2))
+    print_json({"device": rec["device"], "retention": rec["retention"], "bit_identical": rec["bit_identical"],
+                "tensors_compared": r["tensors_compared"], "bytes_compared": r["bytes_compared"],
+                "checkpoint_bytes": r["checkpoint_bytes"], "guest_seconds": rec["guest"]["seconds"]}, indent=2)
     print(f"payload run record: {args.out}/record.json")
     return 0 if rec["bit_identical"] else 1
