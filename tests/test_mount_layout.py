@@ -144,8 +144,8 @@ def test_inference_waits_for_evidence_and_keep_all():
 
 
 def test_retainz_inferred_replay_matches_exact_hints_on_megatron(tmp_path):
-    """On the recorded Megatron workload (retain_interval=5000), inferred hints keep the run going
-    as exact ones do, where no hints hit a capacity stop."""
+    """On the recorded Megatron workload (retain_interval=5000), inferred hints run as exact ones do
+    (no capacity stop, the same WAF), where no hints copy (WAF above 1) and hold more dead space."""
     from retainz.trace.replay import replay
 
     path = str(tmp_path / "m.trace")
@@ -154,6 +154,6 @@ def test_retainz_inferred_replay_matches_exact_hints_on_megatron(tmp_path):
          for p in ("retainz", "retainz-inferred", "retainz-nohint")}
     assert r["retainz-inferred"]["policy"] == "retainz-inferred"
     assert r["retainz-inferred"]["capacity_stop_step"] is None and r["retainz"]["capacity_stop_step"] is None
-    assert r["retainz-nohint"]["capacity_stop_step"] is not None
+    assert r["retainz-nohint"]["waf"] > r["retainz"]["waf"] + 0.01
     assert r["retainz-inferred"]["waf"] == pytest.approx(r["retainz"]["waf"])
     assert r["retainz-inferred"]["dead_space_byte_steps"] < r["retainz-nohint"]["dead_space_byte_steps"]
