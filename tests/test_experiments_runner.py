@@ -112,6 +112,26 @@ def test_a_failed_case_is_recorded_and_the_others_go_on(tmp_path, jobs):
     assert verify_dir(str(tmp_path))[1] == []                                       # failed records are valid
 
 
+def test_resume_runs_a_failed_case_again_and_replaces_its_record(tmp_path):
+    ok_case = cases(["retainz"])[0]
+    bad = Case(case_id(ok_case.tags, {**ok_case.inputs, "policy": "fail"}), ok_case.manifest, ok_case.tags,
+               {**ok_case.inputs, "policy": "fail"})
+    s = run_cases([ok_case, bad], str(tmp_path), jobs=1, backend=SyntheticReplayDouble(), progress=False)
+    assert s.failed == [bad.id] and records(tmp_path)[bad.id]["status"] == "failed"
+    before = (tmp_path / f"{ok_case.id}.json").read_bytes()
+
+    class _Fixed(SyntheticReplayDouble):             # the cause of the failure is gone on the rerun
+        def replay(self, trace_path, case, workdir):
+            if case.inputs["policy"] == "fail":
+                case = Case(case.id, case.manifest, case.tags, {**case.inputs, "policy": "retainz"})
+            return super().replay(trace_path, case, workdir)
+
+    s = run_cases([ok_case, bad], str(tmp_path), jobs=1, backend=_Fixed(), progress=False, resume=True)
+    assert (s.ok, s.failed, s.skipped) == (1, [], 1)                               # only the failed one ran
+    assert records(tmp_path)[bad.id]["status"] == "ok"
+    assert (tmp_path / f"{ok_case.id}.json").read_bytes() == before                # the ok record untouched
+
+
 class _BrokenTraces(SyntheticReplayDouble):
     def generate_trace(self, spec, path):
         raise RuntimeError("no such layout")

@@ -295,6 +295,15 @@ class RunSummary:
                 f"{len(self.failed)} failed, {self.skipped} already recorded; {self.seconds:.1f} s")
 
 
+def _recorded_ok(path: str) -> bool:
+    """Whether the record at ``path`` is a readable record of a case that ran (status ``ok``)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f).get("status") == "ok"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 class _Progress:
     """A tqdm bar of items done, with the items per second and the elapsed time, and no ETA: cases
     differ in cost by two orders of magnitude (a payload-writing FileDevice case against a payload-less
@@ -330,7 +339,8 @@ def run_cases(cases: list[Case], output: str, *, jobs: int | None = None, backen
         jobs: worker processes (default: the number of cores; 1 runs in this process).
         backend: default :class:`RetainZBackend`.
         trace_dir: trace cache (default ``<output>/traces``).
-        resume: skip cases already recorded instead of refusing.
+        resume: skip cases already recorded with status ``ok`` instead of refusing; a case recorded as
+            failed (or whose record cannot be read) runs again and its record is replaced.
         progress: show a progress bar on stderr (cases done, elapsed time, cases/s; no ETA, see
             :class:`_Progress`); none when nothing is left to run.
         executor: ``local`` (worker processes here, the default), ``dask`` (a Dask ``LocalCluster`` of
@@ -355,9 +365,14 @@ def run_cases(cases: list[Case], output: str, *, jobs: int | None = None, backen
         raise RecordExistsError(f"{output} already holds {len(existing)} of these {len(cases)} records "
                                 f"(e.g. {existing[0].id}.json); refusing to overwrite: choose another "
                                 "--output, or --resume to run only the missing cases")
-    done = {c.id for c in existing}
+    # --resume runs what is missing and what failed: a failed case's record is replaced by the rerun's
+    done = {c.id for c in existing if _recorded_ok(os.path.join(output, f"{c.id}.json"))}
     todo = [c for c in cases if c.id not in done]
-    summary.skipped = len(existing)
+    for c in existing:
+        if c.id not in done:        # the failed record moves aside (kept in .work) for the rerun's record
+            os.makedirs(os.path.join(output, ".work"), exist_ok=True)
+            os.replace(os.path.join(output, f"{c.id}.json"), os.path.join(output, ".work", f"{c.id}.failed.json"))
+    summary.skipped = len(done)
     prov = provenance()
 
     specs = sorted({c.trace for c in todo}, key=lambda s: s.key())
