@@ -261,6 +261,14 @@ def test_mount_bad_input_and_already_mounted(tmp_path):
     assert r.returncode == 2 and "no such directory" in r.stderr
     r = retainz("mount", device, str(tmp_path), "--retention", "nosuchrule:x=1", "--foreground", check=False)
     assert r.returncode == 2 and "nosuchrule" in r.stderr
+    # detached: the rule is checked before a server starts (bad input, exit 2, nothing in the server log)
+    log = tmp_path / (os.path.basename(device) + ".mount.log")
+    before = log.read_bytes() if log.exists() else b""
+    r = retainz("mount", device, str(tmp_path), "--retention", "auto,foo", check=False)
+    assert r.returncode == 2 and "auto,foo" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    from retainz.mount.runner import is_mounted
+
+    assert (log.read_bytes() if log.exists() else b"") == before and not is_mounted(str(tmp_path))
     with mounted(device, tmp_path / "mnt") as mnt:
         r = retainz("mount", device, str(mnt), check=False)
         assert r.returncode == 2 and "already a RetainZ mount" in r.stderr

@@ -123,7 +123,9 @@ def mount(device: str, mountpoint: str, *, retention: str | None = None, foregro
     Raises:
         FuseUnavailableError: FUSE cannot be used here.
         FileNotFoundError, FileExistsError: a bad device or mount point.
-        RuntimeError: the server exited before mounting (its last log lines in the message).
+        ValueError: a malformed retention rule (checked before any server starts).
+        RuntimeError: the server exited before mounting (its last log lines of this attempt in the
+            message).
     """
     load_fuse()
     if not os.path.isfile(device):
@@ -133,7 +135,12 @@ def mount(device: str, mountpoint: str, *, retention: str | None = None, foregro
     if foreground:
         serve(device, mountpoint, retention=retention)
         return
+    if retention not in (None, "auto"):
+        from retainz.integrations.hints import retention_hint
+
+        retention_hint(1, rule=retention)       # a malformed rule is bad input here, not in the server's log
     logpath = device + ".mount.log"
+    start = os.path.getsize(logpath) if os.path.exists(logpath) else 0
     cmd = [sys.executable, "-m", "retainz.cli", "mount", device, mountpoint, "--foreground"]
     if retention:
         cmd += ["--retention", retention]
@@ -144,6 +151,7 @@ def mount(device: str, mountpoint: str, *, retention: str | None = None, foregro
     while not is_mounted(mountpoint):
         if proc.poll() is not None:
             with open(logpath, errors="replace") as f:
+                f.seek(start)                    # this attempt's lines only, not earlier mounts'
                 tail = [line.strip() for line in f.readlines()[-3:] if line.strip()]
             raise RuntimeError(f"the mount server exited with status {proc.returncode}: "
                                + (" / ".join(tail) or "no output") + f" (log: {logpath})")
