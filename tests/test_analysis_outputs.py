@@ -133,6 +133,12 @@ def test_check_passes_on_itself_and_detects_a_changed_value(quick_runs, tmp_path
     assert "differs: placement.retainz.retainz.waf: computed" in out
     assert "differs: placement.retainz.retainz.gc_gib" in out
     assert "differs: placement.zone-size-1-2" not in out
+    assert "was written from the records in" not in out          # the same folder: no hint
+    # the same expected claims against another folder's records: the check says where they came from
+    other = tmp_path / "other"
+    shutil.copytree(runs, other)
+    assert main(["analyze", str(other), "--out", str(tmp_path / "b"), "--check", "--expected", str(expected)]) == 1
+    assert f"{expected} was written from the records in {runs}, not {other}" in capsys.readouterr().out
 
 
 def test_check_without_expected_file_fails(quick_runs, tmp_path):

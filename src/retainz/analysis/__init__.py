@@ -97,4 +97,8 @@ def analyze(records_dir: str, out_dir: str, *, check: bool = False, expected: st
         rep.lines += [f"differs: {d}" for d in rep.differences]
         rep.lines.append(f"check: {len(rep.differences)} difference(s) against {expected}"
                          if rep.differences else f"check: all {len(claims)} claims match {expected}")
+        source = _claims.expected_source(expected)
+        if rep.differences and source and os.path.normpath(source) != os.path.normpath(records_dir):
+            rep.lines.append(f"check: {expected} was written from the records in {source}, not {records_dir}: "
+                             "compare records of the same manifests (or pass --expected)")
     return rep

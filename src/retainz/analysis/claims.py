@@ -325,6 +325,16 @@ def compute_claims(runs: Runs) -> list[dict]:
     return out
 
 
+def expected_source(path: str) -> str | None:
+    """The records folder an expected-claims file was written from (its ``source``), or None."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            source = json.load(f).get("source")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return source if isinstance(source, str) else None
+
+
 def write_claims(path: str, claims: list[dict], source: str) -> None:
     with open(path, "w", encoding="utf-8") as f:
         json.dump({"format": 1, "source": source, "claims": claims}, f, indent=1)
