@@ -53,7 +53,7 @@ MiB per save; generation ``g`` saved at step 1000 dies at ``r_g = 6000``)::
 Uncertain deaths (top-k by a metric: Lightning ``save_top_k``, HF ``load_best_model_at_end``)
 -----------------------------------------------------------------------------------------------
 A hint whose condition is ``uncertain`` carries an estimate, not a fact: the generation dies at
-``expected`` with some probability, or survives for an unknown time.  Three rules (issue 13):
+``expected`` with some probability, or survives for an unknown time.  Three rules:
 
 * **No sharing.** A save with an uncertain condition joins only zones of its own group (opened at
   its step, with its reclaim step), and the zones it opens are marked (:data:`UNCERTAIN_ZONE`, the
