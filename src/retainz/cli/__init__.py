@@ -111,6 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     except (RetainZError, OSError) as e:
         print(f"retainz: error: {e}", file=sys.stderr)
         return 1
+    except (MemoryError, OverflowError) as e:  # last resort: a value too large got past validation
+        what = "out of memory" if isinstance(e, MemoryError) else f"a number is too large ({e})"
+        print(f"retainz: error: {what}: the request is too large for this machine; use smaller values",
+              file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("retainz: interrupted", file=sys.stderr)
         return 130

@@ -58,6 +58,7 @@ from retainz.trace.format import (
     actual_reclaim_steps,
 )
 from retainz.zoned import FaultyDevice, FileDevice, Geometry, MemoryDevice, ZonedDevice
+from retainz.zoned.model import MAX_ZONES
 
 __all__ = ["replay", "trace_stats", "TraceStats", "DEFAULT_GEOMETRY", "ZONE_MAP_MAX_STEPS",
            "ZONE_MAP_MAX_ROWS"]
@@ -65,8 +66,6 @@ __all__ = ["replay", "trace_stats", "TraceStats", "DEFAULT_GEOMETRY", "ZONE_MAP_
 #: ZN540-like geometry (bytes): zone size, zone capacity, max active, max open.
 DEFAULT_GEOMETRY = {"zone_size": 2 << 30, "zone_capacity": 1077 << 20, "max_active": 14, "max_open": 14}
 ZONE_MAP_MAX_STEPS = 200
-#: The largest replay device (data zones); beyond it a typo in --pressure would exhaust memory.
-MAX_REPLAY_ZONES = 1 << 20
 ZONE_MAP_MAX_ROWS = 256
 _PATTERN_CHUNK = 1 << 20
 
@@ -284,14 +283,17 @@ def replay(trace_path: str, *, policy: str = "retainz", zones: int | None = None
     if zone_capacity is None:
         zone_capacity = DEFAULT_GEOMETRY["zone_capacity"] if zone_size == DEFAULT_GEOMETRY["zone_size"] \
             else zone_size
+    for what, value in (("zone size", zone_size), ("zone capacity", zone_capacity)):
+        if value <= 0:
+            raise ValueError(f"{what} must be a positive number of bytes, not {value}")
     t0 = time.perf_counter()
     stats = trace_stats(trace_path, block_size)
     if zones is None:
         zones = max(1, math.ceil(stats.peak_live_bytes / (pressure * zone_capacity)))
-    if zones > MAX_REPLAY_ZONES:
+    if zones > MAX_ZONES:
         raise ValueError(f"the replay device would need {zones:,} data zones of {zone_capacity:,} bytes "
                          f"(peak live {stats.peak_live_bytes:,} bytes at pressure {pressure}); the limit is "
-                         f"{MAX_REPLAY_ZONES:,}: raise --pressure or the zone size")
+                         f"{MAX_ZONES:,}: raise --pressure or the zone size")
     geometry = Geometry(nr_zones=meta_zones + reserve_zones + zones, zone_size=zone_size,
                         zone_capacity=zone_capacity, block_size=block_size, max_open=max_open,
                         max_active=max_active)

@@ -107,6 +107,8 @@ class FileDevice(EmulatedZonedDevice):
 
         Raises:
             FileExistsError: the path exists and is not empty, and ``force`` is False.
+            OSError: the file cannot be made (e.g. larger than the file system allows); the message
+                names it, and a file this call created is removed.
         """
         path = os.fspath(path)
         if os.path.exists(path) and os.path.getsize(path) > 0 and not force:
@@ -117,15 +119,22 @@ class FileDevice(EmulatedZonedDevice):
         label = _LABEL.pack(FILE_DEVICE_MAGIC, _VERSION, g.block_size, g.zone_size, g.zone_capacity,
                             g.nr_zones, g.max_open, g.max_active, slot, uuidlib.uuid4().bytes)
         label += struct.pack("<I", crc32c.crc32c(label))
+        total = _LABEL_SIZE + 2 * slot + g.size
+        existed = os.path.lexists(path)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.pwrite(fd, label.ljust(_LABEL_SIZE, b"\0"), 0)
             empty = _encode_slot(1, [ZoneCond.EMPTY] * g.nr_zones, [0] * g.nr_zones, slot)
             os.pwrite(fd, empty, _LABEL_SIZE)
-            os.ftruncate(fd, _LABEL_SIZE + 2 * slot + g.size)
+            os.ftruncate(fd, total)
             os.fsync(fd)
-        finally:
+        except (OSError, OverflowError) as e:  # e.g. EFBIG: larger than the file system allows
             os.close(fd)
+            if not existed:   # remove only what this call made, so a retry is not refused
+                os.unlink(path)
+            reason = e.strerror if isinstance(e, OSError) and e.strerror else "beyond the largest file size"
+            raise OSError(f"cannot create device file {path} of {total:,} bytes: {reason}") from e
+        os.close(fd)
         return cls(path)
 
     @staticmethod

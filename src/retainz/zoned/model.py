@@ -140,6 +140,12 @@ class Zone:
         return d
 
 
+#: Most zones a device may have: about a million, far above real drives (a 32 TB ZNS SSD with
+#: 2 GiB zones has about 16,000; a 30 TB SMR disk with 256 MiB zones about 115,000).  Keeps the
+#: per-zone state (file-device header, in-memory zone table) bounded.
+MAX_ZONES = 1 << 20
+
+
 @dataclass(frozen=True, slots=True)
 class Geometry:
     """What a zoned device looks like.
@@ -170,6 +176,8 @@ class Geometry:
             problems.append(f"block size {self.block_size} is not 512 or 4096")
         if self.nr_zones < 1:
             problems.append(f"zone count {self.nr_zones} must be at least 1")
+        if self.nr_zones > MAX_ZONES:
+            problems.append(f"zone count {self.nr_zones:,} exceeds the limit of {MAX_ZONES:,} zones")
         if self.zone_size <= 0 or self.zone_size % self.block_size:
             problems.append(f"zone size {self.zone_size} is not a positive multiple of the block size")
         if (self.zone_capacity <= 0 or self.zone_capacity % self.block_size

@@ -39,16 +39,21 @@ def parse_geometry(options: dict[str, str]) -> Geometry:
         raise DeviceFormatError(f"unknown geometry key(s) {', '.join(sorted(unknown))}; valid: "
                                 + ", ".join(GEOMETRY_KEYS))
     opts = {**_DEFAULTS, **options}
-    try:
-        zone_size = parse_size(opts["zone_size"])
-        return Geometry(nr_zones=int(opts["zones"]), zone_size=zone_size,
-                        zone_capacity=parse_size(opts["zone_capacity"]) if opts["zone_capacity"] else zone_size,
-                        block_size=parse_size(opts["block_size"]), max_open=int(opts["max_open"]),
-                        max_active=int(opts["max_active"]))
-    except ValueError as e:
-        if isinstance(e, DeviceFormatError):
-            raise
-        raise DeviceFormatError(f"bad geometry: {e}") from None
+    values = {}
+    for key in GEOMETRY_KEYS:
+        raw = opts[key]
+        try:
+            if key in ("zones", "max_open", "max_active"):
+                values[key] = int(raw)
+            else:
+                values[key] = parse_size(raw) if raw else None
+        except ValueError:
+            kind = "an integer" if key in ("zones", "max_open", "max_active") else "a size like 64MiB"
+            raise DeviceFormatError(f"bad geometry: {key}={raw!r} is not {kind}") from None
+    zone_size = values["zone_size"]
+    return Geometry(nr_zones=values["zones"], zone_size=zone_size,
+                    zone_capacity=values["zone_capacity"] or zone_size, block_size=values["block_size"],
+                    max_open=values["max_open"], max_active=values["max_active"])
 
 
 def open_device(spec: str, *, readonly: bool = False) -> ZonedDevice:
