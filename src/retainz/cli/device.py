@@ -47,6 +47,8 @@ def register(sub) -> None:
         p = zsub.add_parser(op.value, help=f"{op.value} one zone")
         p.add_argument("device")
         p.add_argument("zone", type=int)
+        p.add_argument("--force", action="store_true",
+                       help="operate on a device that holds a RetainZ store (may destroy it)")
         p.set_defaults(func=_zone_op, op=op)
 
 
@@ -106,6 +108,15 @@ def _zone_op(args: argparse.Namespace) -> int:
         if not 0 <= args.zone < dev.geometry.nr_zones:
             raise ValueError(f"zone {args.zone} does not exist: the device has zones "
                              f"0..{dev.geometry.nr_zones - 1}")
+        if not args.force:
+            from retainz.errors import ForeignDeviceError
+            from retainz.store.store import superblock_zones
+
+            if superblock_zones(dev):   # like mkfs: never destroy a store without --force
+                raise ForeignDeviceError(
+                    f"{args.device} holds a RetainZ store: a zone {args.op.value} would corrupt it; use "
+                    "`retainz rm` / `retainz gc` to free space (`retainz mkfs --force` to erase the "
+                    "store), or pass --force")
         dev.zone_op(args.op, args.zone)
         z = dev.zone(args.zone)
     print(f"zone {z.index}: {z.cond.long}, wp {z.wp}")

@@ -59,6 +59,19 @@ def _device_key(device: ZonedDevice):
     return device.info.path or id(device)
 
 
+def superblock_zones(device: ZonedDevice) -> list[int]:
+    """Indices of the zones that start with a RetainZ superblock (magic ``RETAINZS``): non-empty
+    means the device holds a store.  Only the first ``MAX_META_ZONES`` non-empty zones are read
+    (a store's meta zones come first); zones with nothing written are skipped.
+
+    Raises:
+        ZonedDeviceError: a read the device refuses.
+    """
+    bs = device.geometry.block_size
+    used = [z for z in device.report_zones() if z.cond != ZoneCond.EMPTY][:MAX_META_ZONES]
+    return [z.index for z in used if z.wp > z.start and Superblock.has_magic(device.read(z.start, bs))]
+
+
 class Store(ReadMixin, WriteMixin, GCMixin, RecoveryMixin, CheckMixin, JournalSpaceMixin):
     """A checkpoint store on a zoned device.
 
@@ -138,8 +151,7 @@ class Store(ReadMixin, WriteMixin, GCMixin, RecoveryMixin, CheckMixin, JournalSp
         zones = device.report_zones()
         used = [z.index for z in zones if z.cond != ZoneCond.EMPTY]
         if used and not force:
-            ours = [z for z in used[:MAX_META_ZONES]
-                    if Superblock.has_magic(device.read(zones[z].start, g.block_size))]
+            ours = superblock_zones(device)
             if ours:
                 raise ForeignDeviceError(f"{device!r} already holds a RetainZ store (superblock in zone "
                                          f"{ours[0]}); pass force=True (--force) to erase it")
