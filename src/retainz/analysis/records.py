@@ -180,14 +180,21 @@ def load(directory: str) -> Runs:
     Raises:
         TamperedRecordError: a record has no digest or its digest does not match its content
             (names the file; ``retainz verify`` lists every problem).
+        ValueError: a ``*.json`` file that is not JSON text (names the file).
     """
     ok, failed = [], []
     for name in sorted(os.listdir(directory)):
         if not name.endswith(".json") or name.startswith("."):
             continue
         path = os.path.join(directory, name)
-        with open(path, encoding="utf-8") as f:
-            rec = json.load(f)
+        try:
+            with open(path, encoding="utf-8") as f:
+                rec = json.load(f)
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path}: not a JSON run record: byte 0x{e.object[e.start]:02x} is not UTF-8 "
+                             f"text (a binary file?); run `retainz verify {directory}`") from None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not a JSON run record: {e}; run `retainz verify {directory}`") from None
         if not isinstance(rec, dict) or "tags" not in rec or "inputs" not in rec:
             continue
         if rec.get("digest") != record_digest(rec):

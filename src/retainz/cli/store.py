@@ -160,8 +160,10 @@ def _chunks(path: str, size: int = 1 << 20):
 
 def _put(args) -> int:
     for path in args.files:
-        if not os.path.isfile(path):
+        if not os.path.exists(path):
             raise FileNotFoundError(f"{path}: no such file")
+        if not os.path.isfile(path):
+            raise ValueError(f"{path}: not a regular file (put stores files, not directories or devices)")
     if args.step < 0:
         raise ValueError(f"--step must be >= 0, not {args.step}")
     names = [os.path.basename(p) for p in args.files]

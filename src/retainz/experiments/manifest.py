@@ -382,6 +382,9 @@ def load_manifest(path: str | os.PathLike, _seen: tuple = ()) -> tuple[dict, lis
             m = json.load(f)
     except json.JSONDecodeError as e:
         raise ManifestError(f"{name}: not valid JSON: {e}") from None
+    except UnicodeDecodeError as e:
+        raise ManifestError(f"{path}: not a JSON manifest: byte 0x{e.object[e.start]:02x} is not UTF-8 text "
+                            "(a binary file?)") from None
     return m, expand(m, name=name, base_dir=os.path.dirname(path), _seen=_seen + (path,))
 
 

@@ -46,6 +46,10 @@ def load_records(directory: str) -> tuple[list[tuple[str, dict]], list[str]]:
         except (OSError, json.JSONDecodeError) as e:
             problems.append(f"{name}: unreadable: {e}")
             continue
+        except UnicodeDecodeError as e:
+            problems.append(f"{name}: not a JSON run record: byte 0x{e.object[e.start]:02x} is not UTF-8 "
+                            "text (a binary file?)")
+            continue
         if not isinstance(rec, dict):
             problems.append(f"{name}: not a JSON object")
             continue
