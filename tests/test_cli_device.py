@@ -88,3 +88,25 @@ def test_a_closed_pipe_is_quiet(tmp_path):
     res = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120)
     assert res.stdout.startswith("Zone 00000:") and len(res.stdout.splitlines()) == 1
     assert "Broken pipe" not in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("op", ["reset", "finish", "open", "close"])
+def test_zone_ops_refuse_a_device_holding_a_store_without_force(tmp_path, capsys, op):
+    dev = str(tmp_path / "d.img")
+    main(["device", "create", dev, "--zones", "8", "--zone-size", "1MiB"])
+    src = tmp_path / "x.bin"
+    src.write_bytes(b"z" * 5000)
+    assert main(["mkfs", dev]) == 0 and main(["put", dev, "g1", str(src), "--step", "1"]) == 0
+    capsys.readouterr()
+    before = run(capsys, "zones", "report", dev)[1]
+    for zone in ("0", "5"):   # a meta zone and a data zone: both refused
+        code, _, err = run(capsys, "zones", op, dev, zone)
+        assert code == 2
+        assert err.startswith(f"retainz: error: {dev} holds a RetainZ store") and "retainz rm" in err
+        assert len(err.strip().splitlines()) == 1, err
+    assert run(capsys, "zones", "report", dev)[1] == before          # nothing changed
+    code, out, _ = run(capsys, "ls", dev)
+    assert code == 0 and "g1" in out
+    if op == "reset":                                                  # --force does what it says
+        assert run(capsys, "zones", "reset", dev, "0", "--force")[0] == 0
+        assert "holds no RetainZ store" in run(capsys, "ls", dev)[2]

@@ -1,0 +1,125 @@
+"""Bad input across commands: one line on stderr naming the problem, exit 2 for bad input and 1 for
+an operation failure, no traceback, nothing left behind (the new-user trial's findings)."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+
+from retainz.cli import main
+from retainz.trace.generate import write_generated
+from retainz.zoned import FileDevice, Geometry
+from retainz.zoned.model import MAX_ZONES
+
+BINARY = bytes(range(256)) * 4   # not UTF-8: 0x80 is a continuation byte
+
+
+def run(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_line(err: str) -> str:
+    assert len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err and "[Errno" not in err, err
+    return err
+
+
+@pytest.fixture
+def trace(tmp_path):
+    path = tmp_path / "tt.jsonl"
+    write_generated(str(path), "smollm2-135m-dcp", "hf:save_steps=100", 1000)
+    return path
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["device", "info", "mem:zones=99999999999,zone_size=1GiB"], f"exceeds the limit of {MAX_ZONES:,} zones"),
+    (["device", "info", f"mem:zones={MAX_ZONES + 1}"], f"zone count {MAX_ZONES + 1:,} exceeds"),
+    (["device", "info", "mem:zones=abc"], "zones='abc' is not an integer"),
+    (["device", "info", "mem:max_open=1.5"], "max_open='1.5' is not an integer"),
+    (["device", "info", "mem:zone_size=big"], "zone_size='big' is not a size"),
+    (["device", "create", "{tmp}/c.img", "--zones", "100000000", "--zone-size", "1TiB"],
+     "zone count 100,000,000 exceeds"),
+    (["replay", "{trace}", "--pressure", "0.9", "--zone-size", "0"], "zone size must be a positive"),
+    (["replay", "{trace}", "--pressure", "0.9", "--zone-capacity", "0"], "zone capacity must be a positive"),
+])
+def test_out_of_range_numbers_are_refused_up_front(tmp_path, trace, capsys, argv, needle):
+    argv = [a.format(tmp=tmp_path, trace=trace) for a in argv]
+    code, _, err = run(capsys, *argv)
+    assert code == 2
+    assert needle in one_line(err)
+    assert not (tmp_path / "c.img").exists()
+
+
+def test_the_zone_limit_is_the_geometry_limit_and_the_limit_itself_is_accepted():
+    assert Geometry(nr_zones=MAX_ZONES, zone_size=4096, zone_capacity=4096).nr_zones == MAX_ZONES
+    with pytest.raises(ValueError, match="exceeds the limit"):
+        Geometry(nr_zones=MAX_ZONES + 1, zone_size=4096, zone_capacity=4096)
+
+
+@pytest.mark.parametrize("exc", [MemoryError(), OverflowError("Python int too large to convert to C long")])
+def test_memory_and_overflow_errors_become_one_line_status_1(tmp_path, capsys, monkeypatch, exc):
+    def boom(*a, **k):
+        raise exc
+    monkeypatch.setattr("retainz.cli.trace.write_generated", boom)
+    code, _, err = run(capsys, "trace", "generate", "--layout", "smollm2-135m-dcp", "--retention",
+                       "hf:save_steps=1", "--steps", "99999999999", "-o", tmp_path / "g.jsonl")
+    assert code == 1
+    assert "too large" in one_line(err)
+
+
+@pytest.mark.parametrize("failure", [OSError(errno.EFBIG, "File too large"),
+                                     OverflowError("signed integer is greater than maximum")])
+def test_a_failed_create_names_the_file_and_removes_only_what_it_made(tmp_path, capsys, monkeypatch,
+                                                                     failure):
+    def fail(fd, length):
+        raise failure
+    monkeypatch.setattr(os, "ftruncate", fail)
+    path = tmp_path / "c.img"
+    code, _, err = run(capsys, "device", "create", path, "--zones", "100000", "--zone-size", "1GiB")
+    assert code == 1
+    assert f"cannot create device file {path} of " in one_line(err)
+    assert not path.exists()                   # the retry is not refused with "exists; pass --force"
+    old = tmp_path / "old.img"
+    old.write_bytes(b"x" * 10)
+    code, _, err = run(capsys, "device", "create", old, "--zones", "4", "--zone-size", "1MiB", "--force")
+    assert code == 1 and str(old) in one_line(err)
+    assert old.exists()                        # a file that existed before is never removed
+    monkeypatch.undo()
+    code, out, _ = run(capsys, "device", "create", path, "--zones", "4", "--zone-size", "1MiB")
+    assert code == 0 and FileDevice(path).geometry.nr_zones == 4
+
+
+def test_put_of_something_that_is_not_a_regular_file(tmp_path, capsys):
+    dev = tmp_path / "dev.img"
+    run(capsys, "device", "create", dev, "--zones", "8", "--zone-size", "1MiB")
+    run(capsys, "mkfs", dev)
+    code, _, err = run(capsys, "put", dev, "x", tmp_path, "--step", 1)
+    assert code == 2
+    assert f"{tmp_path}: not a regular file" in one_line(err)
+    code, _, err = run(capsys, "put", dev, "x", tmp_path / "missing", "--step", 1)
+    assert code == 2 and "missing: no such file" in one_line(err)
+
+
+def test_run_of_a_binary_file_names_it(tmp_path, capsys):
+    manifest = tmp_path / "m.json"
+    manifest.write_bytes(BINARY)
+    code, _, err = run(capsys, "run", manifest)
+    assert code == 2
+    assert f"{manifest}: not a JSON manifest: byte 0x80 is not UTF-8" in one_line(err)
+
+
+def test_verify_and_analyze_of_a_binary_record_name_it(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / "r.json").write_bytes(BINARY)
+    code, out, err = run(capsys, "verify", runs)
+    assert code == 1
+    assert "r.json: not a JSON run record: byte 0x80 is not UTF-8" in out + err
+    assert "codec" not in out + err
+    code, _, err = run(capsys, "analyze", runs, "--out", tmp_path / "an")
+    assert code == 2
+    assert f"{runs / 'r.json'}: not a JSON run record: byte 0x80" in one_line(err)
