@@ -100,3 +100,65 @@ class SyntheticReplayDouble(Backend):
                                "zones": zones, "groups": nz, "live": live, "dead": dead, "unused": unused}
         del out["trace_sha256"]
         return out
+
+
+def records(d: str) -> dict:
+    """The records of ``d`` as verify and analysis read them: ``*.json`` files, not the hidden ``.tmp-*``
+    file a worker killed mid-write (Ctrl-C) can leave behind."""
+    return {n[:-5]: json.load(open(os.path.join(d, n))) for n in os.listdir(d)
+            if n.endswith(".json") and not n.startswith(".")}
+
+
+#: ``python -c`` script: ``retainz run MANIFEST OUT`` with this double (argv: delay, manifest, out, extra args).
+INTERRUPTIBLE = """
+import sys
+from retainz.cli import main
+import retainz.experiments.runner as runner
+from tests.replay_double import SyntheticReplayDouble
+
+runner.RetainZBackend = lambda: SyntheticReplayDouble(delay=float(sys.argv[1]))
+sys.exit(main(["run", sys.argv[2], "--output", sys.argv[3], "--jobs", "2", "--no-progress"] + sys.argv[4:]))
+"""
+
+
+def interrupt_then_resume(tmp_path, defaults: dict, extra: list[str], *, appear: float, stop: float,
+                          resume: float) -> None:
+    """Ctrl-C a ``retainz run`` of 20 one-second cases once a record exists, then ``--resume`` it.
+
+    Asserts: exit 130 with "interrupted", 1..19 complete ok records kept, the resumed run completes all
+    20 and they verify.  ``extra``: more ``retainz run`` arguments (an executor); timeouts in seconds."""
+    import signal
+    import subprocess
+    import sys
+
+    from retainz.experiments.verify import verify_dir
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    m = {"manifest": "t", "format": 1, "defaults": defaults,
+         "blocks": [{"experiment": "pressure", "axes": {"policy": ["retainz", "zenfs", "greedy", "common"],
+                                                        "pressure": [0.5, 0.6, 0.7, 0.8, 0.9]}}]}
+    (tmp_path / "m.json").write_text(json.dumps(m))
+    out = tmp_path / "out"
+    argv = [sys.executable, "-c", INTERRUPTIBLE, "1.0", str(tmp_path / "m.json"), str(out), *extra]
+    p = subprocess.Popen(argv, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + appear
+        while time.monotonic() < deadline and not (out.is_dir() and records(out)):
+            time.sleep(0.05)
+        assert records(out), "no record appeared"
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=stop)   # 20 cases x 1 s on 2 workers would take 10 s more
+    finally:
+        p.kill()
+        p.wait()
+    assert p.returncode == 130, err
+    assert "interrupted" in err
+    kept = records(out)
+    assert 1 <= len(kept) < 20
+    assert all(r["status"] == "ok" for r in kept.values())
+    done = subprocess.run(argv[:3] + ["0", str(tmp_path / "m.json"), str(out), *extra, "--resume"], cwd=root,
+                          capture_output=True, text=True, timeout=resume)
+    assert done.returncode == 0, done.stderr
+    assert len(records(out)) == 20
+    assert verify_dir(str(out)) == (20, [])
+

@@ -4,10 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
 
@@ -15,6 +11,7 @@ from retainz.cli import main
 from retainz.experiments.manifest import expand
 from retainz.experiments.runner import run_cases
 from retainz.experiments.verify import verify_dir
+from tests.replay_double import interrupt_then_resume
 
 pytest.importorskip("dask.distributed", reason="the dask extra (pip install 'retainz[dask]') is not installed")
 
@@ -72,44 +69,6 @@ def test_bad_executor_is_a_usage_error(tmp_path, capsys):
     assert "needs a scheduler address" in capsys.readouterr().err
 
 
-_INTERRUPTIBLE = """
-import sys
-from retainz.cli import main
-import retainz.experiments.runner as runner
-from tests.replay_double import SyntheticReplayDouble
-
-runner.RetainZBackend = lambda: SyntheticReplayDouble(delay=float(sys.argv[1]))
-sys.exit(main(["run", sys.argv[2], "--output", sys.argv[3], "--jobs", "2", "--no-progress",
-               "--executor", "dask"] + sys.argv[4:]))
-"""
-
 
 def test_ctrl_c_stops_a_dask_run_keeps_records_and_resume_completes(tmp_path):
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    m = {"manifest": "t", "format": 1, "defaults": SMALL["defaults"],
-         "blocks": [{"experiment": "pressure", "axes": {"policy": ["retainz", "zenfs", "greedy", "common"],
-                                                        "pressure": [0.5, 0.6, 0.7, 0.8, 0.9]}}]}
-    (tmp_path / "m.json").write_text(json.dumps(m))
-    out = tmp_path / "out"
-    argv = [sys.executable, "-c", _INTERRUPTIBLE, "1.0", str(tmp_path / "m.json"), str(out)]
-    p = subprocess.Popen(argv, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and not (out.is_dir() and records(out)):
-            time.sleep(0.05)
-        assert records(out), "no record appeared"
-        p.send_signal(signal.SIGINT)
-        _, err = p.communicate(timeout=30)   # 20 cases x 1 s on 2 workers would take 10 s more
-    finally:
-        p.kill()
-        p.wait()
-    assert p.returncode == 130, err
-    assert "interrupted" in err
-    kept = records(out)
-    assert 1 <= len(kept) < 20
-    assert all(r["status"] == "ok" for r in kept.values())
-    done = subprocess.run(argv[:3] + ["0", str(tmp_path / "m.json"), str(out), "--resume"], cwd=root,
-                          capture_output=True, text=True, timeout=180)
-    assert done.returncode == 0, done.stderr
-    assert len(records(out)) == 20
-    assert verify_dir(str(out)) == (20, [])
+    interrupt_then_resume(tmp_path, SMALL["defaults"], ["--executor", "dask"], appear=90, stop=30, resume=180)

@@ -15,7 +15,7 @@ from retainz.experiments.manifest import Case, case_id, expand
 from retainz.experiments.record import METRIC_KEYS, SCHEMA
 from retainz.experiments.runner import RecordExistsError, run_cases, sha256_file
 from retainz.experiments.verify import verify_dir
-from tests.replay_double import SyntheticReplayDouble
+from tests.replay_double import SyntheticReplayDouble, interrupt_then_resume
 
 BASE = {"layout": "smollm2-135m-dcp", "rule": "torchtitan:interval=500,keep_latest_k=10", "steps": 5000,
         "zone_size": "64MiB", "zone_capacity": "64MiB", "max_active": 14, "max_open": 14, "pressure": 0.9}
@@ -153,52 +153,9 @@ def test_capacity_stops_are_ok_records_with_the_step(tmp_path):
     assert stops[0] == (0.5, None) and stops[1][1] is not None and 0 < stops[1][1] < 5000
 
 
-_INTERRUPTIBLE = """
-import sys
-from retainz.cli import main
-import retainz.experiments.runner as runner
-from tests.replay_double import SyntheticReplayDouble
-
-runner.RetainZBackend = lambda: SyntheticReplayDouble(delay=float(sys.argv[1]))
-sys.exit(main(["run", sys.argv[2], "--output", sys.argv[3], "--jobs", "2", "--no-progress"]
-              + sys.argv[4:]))
-"""
-
 
 def test_sigint_stops_the_run_keeps_written_records_and_resume_completes(tmp_path):
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    m = {"manifest": "t", "format": 1, "defaults": BASE,
-         "blocks": [{"experiment": "pressure", "axes": {"policy": ["retainz", "zenfs", "greedy", "common"],
-                                                        "pressure": [0.5, 0.6, 0.7, 0.8, 0.9]}}]}
-    (tmp_path / "m.json").write_text(json.dumps(m))
-    out = tmp_path / "out"
-    argv = [sys.executable, "-c", _INTERRUPTIBLE, "1.0", str(tmp_path / "m.json"), str(out)]
-    p = subprocess.Popen(argv, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not (out.is_dir() and records(out)):
-            time.sleep(0.05)
-        assert records(out), "no record appeared"
-        p.send_signal(signal.SIGINT)
-        _, err = p.communicate(timeout=15)   # 20 cases x 1 s on 2 workers would take 10 s more
-    finally:
-        p.kill()
-        p.wait()
-    assert p.returncode == 130, err
-    assert "interrupted" in err
-    kept = records(out)
-    assert 1 <= len(kept) < 20
-    assert all(r["status"] == "ok" for r in kept.values())
-    done = subprocess.run(argv[:3] + ["0", str(tmp_path / "m.json"), str(out), "--resume"], cwd=root,
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert len(records(out)) == 20
-    assert verify_dir(str(out)) == (20, [])
+    interrupt_then_resume(tmp_path, BASE, [], appear=60, stop=15, resume=120)
 
 
 def test_progress_shows_cases_and_rate_without_eta_and_no_bar_on_a_rerun(tmp_path, capsys):
