@@ -86,7 +86,7 @@ def _loop(store: Store, n: int, shards: int, size: int, keep: int) -> None:
     for i in range(n):
         w = store.begin_generation(f"g{i}", i, hint=Hint(reclaim_step=i + keep))
         for j in range(shards):
-            w.write_shard(f"s{j}", size=size)
+            w.write_counted_shard(f"s{j}", size)
         w.commit()
         live.append(f"g{i}")
         if len(live) > keep:

@@ -12,7 +12,8 @@ import random
 
 from retainz.placement.base import PERMANENT, Hint
 from retainz.store import Store
-from retainz.zoned import FaultyDevice, Geometry, MemoryDevice, format_size
+from retainz.testing import FaultyDevice
+from retainz.zoned import Geometry, MemoryDevice, format_size
 
 KiB = 1024
 

@@ -10,7 +10,8 @@ import os
 
 import pytest
 
-from retainz.zoned import FaultyDevice, FileDevice, Geometry, MemoryDevice
+from retainz.testing import FaultyDevice
+from retainz.zoned import FileDevice, Geometry, MemoryDevice
 
 #: The conformance geometry: capacity < size, small limits, 4 KiB blocks.
 SMALL = Geometry(nr_zones=8, zone_size=64 * 1024, zone_capacity=48 * 1024, block_size=4096,

@@ -307,7 +307,7 @@ def replay_store(policy: str, events, device, *, verify: bool = False, payload: 
                     if payload:
                         w.write_shard(f"s{i}", [bytes([i % 251]) * n])
                     else:
-                        w.write_shard(f"s{i}", size=n)
+                        w.write_counted_shard(f"s{i}", n)
                 w.commit()
             else:
                 st.delete(ev[1], step=ev[2])

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from retainz import errors
-from retainz.zoned import FaultyDevice, FileDevice, MemoryDevice, ZoneCond
-from retainz.zoned.faulty import power_cut_states
+from retainz.testing import FaultyDevice
+from retainz.testing.faulty import power_cut_states
+from retainz.zoned import FileDevice, MemoryDevice, ZoneCond
 
 from .conftest import SMALL
 

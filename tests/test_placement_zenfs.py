@@ -369,8 +369,7 @@ def test_only_sst_files_migrate_unless_migrate_all():
             assert s.table[victim].cond == ZoneCond.FULL
             s.delete("g1")
             a = EagerZenFS(migrate=migrate)
-            a.bind(s.table)
-            s.allocator = a
+            s.use_allocator(a)
             rep = s.gc(force=True)
             g0 = s.generation("g0")
             out[migrate] = ({n: sh.extents[0][0] != victim for n, sh in g0.shards.items()},
@@ -401,7 +400,7 @@ def test_a_payload_shard_keeps_its_zone_until_full(policy, sticky):
                     sh = w.write_shard("s.distcp", (bytes(MiB) for _ in range(n // MiB)) if n % MiB == 0
                                        else iter([bytes(n)]))
                 else:
-                    sh = w.write_shard("s.distcp", size=n)
+                    sh = w.write_counted_shard("s.distcp", n)
                 w.commit()
                 spans.append((s.metrics.decisions - before, len({e[0] for e in sh.extents}), len(sh.extents)))
             got[payload] = spans
@@ -427,7 +426,7 @@ def test_zenfs_has_no_admission_and_no_reserve():
         w = s.begin_generation("big", 1, declared_size=2 * free)
         with pytest.raises(NoSpaceError) as e:
             for i in range(2 * free // (40 * KiB)):
-                w.write_shard(f"s{i}", size=40 * KiB)
+                w.write_counted_shard(f"s{i}", 40 * KiB)
         assert e.value.cause == "allocation"
         st = e.value.state
         assert st["empty_zones"] == 0 and st["dead_bytes"] == 0
@@ -452,7 +451,7 @@ def test_zenfs_nohint_files_share_not_set_zones():
         with Store.format(MemoryDevice(_geom(32), payload=False), policy=policy) as s:
             for i in range(3):
                 w = s.begin_generation(f"g{i}", i, hint=Hint(reclaim_step=5000, lifetime=ME))
-                w.write_shard("s", size=8 * KiB)
+                w.write_counted_shard("s", 8 * KiB)
                 w.commit()
             opened[policy] = sorted((z, s.table[z].lifetime) for z in s.table.open)
     assert [lt for _, lt in opened["zenfs"]] == [ME, ME, ME]

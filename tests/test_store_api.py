@@ -100,7 +100,7 @@ def test_bad_sizes_and_steps(store):
     with pytest.raises(ValueError):
         w.write_shard("s", [b"x"], size=-1)
     with pytest.raises(ValueError):     # size without chunks on a payload device
-        w.write_shard("s", size=100)
+        w.write_counted_shard("s", 100)
     with pytest.raises(ShardSizeError):
         w.write_shard("s", [b"x" * 200], size=100)
     with pytest.raises(ShardSizeError):
@@ -262,7 +262,7 @@ def test_payload_less_device_counts_extents_without_crc():
     g = Geometry(nr_zones=64, zone_size=1 << 20, zone_capacity=1 << 20)
     with Store.format(MemoryDevice(g, payload=False)) as s:
         w = s.begin_generation("g", 1, hint=Hint(reclaim_step=PERMANENT))
-        info = w.write_shard("s", size=3_000_001)
+        info = w.write_counted_shard("s", 3_000_001)
         assert info.crc is None and all(e[3] is None for e in info.extents)
         assert sum(e[2] for e in info.extents) == 3_000_001 and len(info.extents) == 3
         w.commit()

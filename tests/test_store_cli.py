@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from retainz.cli import main
-from retainz.store.crashtest import campaign
+from retainz.testing.crashtest import campaign
 from retainz.zoned import FileDevice, open_device
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -126,7 +126,7 @@ def test_crashtest_reports_points_and_exits_0(capsys):
 
 
 def test_crashtest_exits_1_on_a_failure(capsys, monkeypatch):
-    from retainz.store import crashtest
+    from retainz.testing import crashtest
 
     real = crashtest.campaign
 

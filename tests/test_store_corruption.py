@@ -10,7 +10,8 @@ import pytest
 
 from retainz.errors import ChecksumError, CorruptJournalError, RetainZError
 from retainz.store import Store
-from retainz.zoned import FaultyDevice, Geometry, MemoryDevice
+from retainz.testing import FaultyDevice
+from retainz.zoned import Geometry, MemoryDevice
 
 KiB = 1024
 GEOM = Geometry(nr_zones=12, zone_size=64 * KiB, zone_capacity=48 * KiB, block_size=4096, max_open=3,

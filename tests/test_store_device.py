@@ -10,7 +10,7 @@ Crashes here are **process crashes**: the store's process dies, the device keeps
 kernel completed (an ``O_DIRECT`` write that returned is on the device), and the next process opens
 the device again.  Two ways:
 
-* in-process: the device is wrapped in a :class:`~retainz.zoned.FaultyDevice` used only as a
+* in-process: the device is wrapped in a :class:`~retainz.testing.FaultyDevice` used only as a
   switch that stops all I/O at a write boundary (optionally landing only the first blocks of the
   cutting write: a torn write).  Dropping the store is then ``close()`` through the dead device: it
   writes nothing (every device call raises :class:`PowerCutError`) and its ``finally`` releases the
@@ -24,7 +24,7 @@ the device again.  Two ways:
 What cannot be injected on a real device is a **power cut that drops unflushed writes** (or tears a
 write the device acknowledged): the kernel and the drive complete what they complete, and nothing
 here can un-write it.  The FaultyDevice campaigns (tests/test_store_recovery.py,
-``retainz.store.crashtest``) cover those on emulated devices, every write boundary crossed with the
+``retainz.testing.crashtest``) cover those on emulated devices, every write boundary crossed with the
 states a cut can leave (each zone keeping any prefix of its unflushed writes).  A ``FileDevice`` records its write pointers at ``flush``, so a killed process
 loses its unflushed writes there, like such a power cut; the out-of-process tests expect exactly that
 of it.
@@ -45,7 +45,8 @@ import pytest
 from retainz.errors import ForeignDeviceError, PowerCutError, StoreLockedError
 from retainz.placement.base import Hint
 from retainz.store import Store
-from retainz.zoned import FaultyDevice, FileDevice, Geometry, ZoneCond
+from retainz.testing import FaultyDevice
+from retainz.zoned import FileDevice, Geometry, ZoneCond
 from tests.conftest import DEVICE_KINDS, make_device
 
 #: The emulated devices' geometry: like the guest's devices (16 zones, capacity < size, 3 open / 4

@@ -8,7 +8,8 @@ import pytest
 
 from retainz.errors import ChecksumError
 from retainz.store import Store
-from retainz.zoned import FaultyDevice, Geometry, MemoryDevice, ZoneCond
+from retainz.testing import FaultyDevice
+from retainz.zoned import Geometry, MemoryDevice, ZoneCond
 
 KiB = 1024
 GEOM = Geometry(nr_zones=14, zone_size=64 * KiB, zone_capacity=48 * KiB, block_size=4096, max_open=3,

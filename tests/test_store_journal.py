@@ -9,7 +9,8 @@ from retainz.errors import CorruptJournalError, NoSpaceError, PowerCutError
 from retainz.placement.base import Hint
 from retainz.store import Store
 from retainz.store.journal import frame, parse_zone, scan
-from retainz.zoned import FaultyDevice, Geometry, MemoryDevice, ZoneCond
+from retainz.testing import FaultyDevice
+from retainz.zoned import Geometry, MemoryDevice, ZoneCond
 
 BS = 4096
 GEOM = Geometry(nr_zones=16, zone_size=64 * 1024, zone_capacity=48 * 1024, block_size=BS, max_open=3,
@@ -156,7 +157,7 @@ def test_snapshot_larger_than_a_meta_zone_spills_across_zones():
                                 max_active=4))
     with Store.format(dev, meta_zones=6) as s:
         _fill(s, 30, names=8, name_len=200, data=False)   # ~ 60 KiB of shard names
-        spilled = len(s._snapshot()) and sum(map(len, s._snapshot())) > 48 * 1024
+        spilled = len(s.log.snapshot()) and sum(map(len, s.log.snapshot())) > 48 * 1024
         assert spilled
         while len(s.journal.chain) < 2:
             _fill(s, 1, start=100 + s.metrics.rollovers, names=8, name_len=200, data=False)
@@ -259,7 +260,7 @@ def test_admission_refuses_on_journal_space_so_deleting_everything_still_works()
         while True:
             w = s.begin_generation(f"g{n:04d}", n)
             for name in names:
-                w.write_shard(name, size=4096)
+                w.write_counted_shard(name, 4096)
             w.commit()
             n += 1
     assert n > 10 and "meta zones" in str(err.value)
@@ -270,7 +271,7 @@ def test_admission_refuses_on_journal_space_so_deleting_everything_still_works()
     assert s.generations() == [] and s.metrics.rollovers > rolls
     for i in range(3):                               # usable again
         w = s.begin_generation(f"again{i}", 10 * n + i)
-        w.write_shard("s", size=4096)
+        w.write_counted_shard("s", 4096)
         w.commit()
     s.close()
     with Store.open(dev) as s:

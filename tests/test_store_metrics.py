@@ -9,7 +9,8 @@ from retainz.errors import PowerCutError
 from retainz.placement import Decision
 from retainz.placement.greedy import Greedy
 from retainz.store import Store
-from retainz.zoned import FaultyDevice, Geometry, MemoryDevice, ZoneCond
+from retainz.testing import FaultyDevice
+from retainz.zoned import Geometry, MemoryDevice, ZoneCond
 
 KiB = 1024
 GEOM = Geometry(nr_zones=16, zone_size=64 * KiB, zone_capacity=48 * KiB, block_size=4096, max_open=6,
@@ -31,14 +32,13 @@ class Scripted(Greedy):
 
 def put(s, gid, step, n):
     w = s.begin_generation(gid, step)
-    w.write_shard("s", size=n)
+    w.write_counted_shard("s", n)
     w.commit()
 
 
 def use(s):
     a = Scripted()
-    a.bind(s.table)
-    s.allocator = a
+    s.use_allocator(a)
 
 
 def test_unused_capacity_counts_finished_and_part_empty_zones_exactly():
@@ -97,7 +97,7 @@ def test_a_zone_reset_at_recovery_is_charged_from_its_journaled_last_write():
     s = Store.format(dev)
     put(s, "a", 10, 8 * KiB)                 # zone 3: 8 KiB
     w = s.begin_generation("b", 30)
-    w.write_shard("s", size=8 * KiB)         # uncommitted: zone 3 at 16 KiB, last write step 30
+    w.write_counted_shard("s", 8 * KiB)         # uncommitted: zone 3 at 16 KiB, last write step 30
     s.delete("a", step=50)                   # zone 3 keeps b's bytes; the record journals it
     s = crash(s, dev)                        # metrics resume from the format's snapshot (0)
     assert s.recovery.zones_reset == [3]
@@ -111,7 +111,7 @@ def test_a_zone_reset_at_recovery_written_after_the_last_record_is_charged_no_st
     s = Store.format(dev)
     put(s, "a", 10, 8 * KiB)                 # zone 3: 8 KiB (journaled now = 10)
     w = s.begin_generation("b", 30)
-    w.write_shard("s", size=48 * KiB)        # zone 3 full, zone 4 at 8 KiB: never journaled
+    w.write_counted_shard("s", 48 * KiB)        # zone 3 full, zone 4 at 8 KiB: never journaled
     dev.flush()
     s = crash(s, dev)
     assert s.recovery.zones_reset == [4] and s.table[3].cond == ZoneCond.FULL

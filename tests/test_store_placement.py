@@ -39,15 +39,14 @@ def spy(store: Store) -> list[ExtentRequest]:
 
 
 def swap(store: Store, alloc: Allocator) -> Allocator:
-    alloc.bind(store.table)
-    store.allocator = alloc
+    store.use_allocator(alloc)
     return alloc
 
 
 def put(store, gid, step, sizes, **kw):
     w = store.begin_generation(gid, step, **kw)
     for i, n in enumerate(sizes):
-        w.write_shard(f"s{i}", size=n)
+        w.write_counted_shard(f"s{i}", n)
     return w.commit()
 
 
@@ -100,7 +99,7 @@ def test_table_reserves_the_journal_zone_and_zenfs_gets_device_max_minus_two():
         # every shard of one lifetime class opens a zone while ZenFS has a token (difference 50)
         w = s.begin_generation("g", 1, hint=Hint(reclaim_step=5000, lifetime=WLTH_MEDIUM))
         for i in range(20):
-            w.write_shard(f"s{i}", size=4 * KiB)
+            w.write_counted_shard(f"s{i}", 4 * KiB)
         w.commit()
         assert len(t.open) == 12
         assert dev.open_counts()[1] == 13        # 12 data zones + the journal's zone
@@ -290,7 +289,7 @@ def drive(s, events):
     for ev in events:
         if ev[0] == "save":
             w = s.begin_generation(ev[1], ev[2])
-            w.write_shard("s", size=ev[3])
+            w.write_counted_shard("s", ev[3])
             w.commit()
         elif ev[1] in s.catalog.gens:
             s.delete(ev[1], step=ev[2])
@@ -351,7 +350,7 @@ def test_every_policy_decides_the_same_after_a_remount(policy):
                 _, gen, step, sizes, hint = ev
                 w = s.begin_generation(gen, step, hint=hint, declared_size=sum(sizes))
                 for j, n in enumerate(sizes):
-                    w.write_shard(f"s{j}", size=n)
+                    w.write_counted_shard(f"s{j}", n)
                 w.commit()
             else:
                 s.delete(ev[1], step=ev[2])

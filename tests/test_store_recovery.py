@@ -11,8 +11,9 @@ import pytest
 from retainz.errors import CorruptJournalError, PowerCutError
 from retainz.placement.base import Hint
 from retainz.store import Store
-from retainz.store.crashtest import GEOMETRY, WORKLOADS, campaign, workload
-from retainz.zoned import FaultyDevice, FileDevice, MemoryDevice, ZoneCond, ZoneOp
+from retainz.testing import FaultyDevice
+from retainz.testing.crashtest import GEOMETRY, WORKLOADS, campaign, workload
+from retainz.zoned import FileDevice, MemoryDevice, ZoneCond, ZoneOp
 
 EXPECTED_CLASSES = {
     "basic": {"shard-data", "commit-record", "delete-record", "sync-record", "rollover-snapshot"},
@@ -110,9 +111,7 @@ def test_campaign_detects_a_commit_that_does_not_flush_its_data_first(monkeypatc
     """Without the data flush before the commit record, a cut between the record's write and its
     flush can persist the record and lose the data: the campaigns themselves catch it (the store
     refuses to open: committed data is missing below the device's write pointer)."""
-    from retainz.store.writer import WriteMixin
-
-    real = WriteMixin._commit
+    real = Store.commit_writer
 
     def commit_without_data_flush(self, w):
         dev, calls = self.device, []
@@ -128,7 +127,7 @@ def test_campaign_detects_a_commit_that_does_not_flush_its_data_first(monkeypatc
         finally:
             del dev.flush
 
-    monkeypatch.setattr(WriteMixin, "_commit", commit_without_data_flush)
+    monkeypatch.setattr(Store, "commit_writer", commit_without_data_flush)
     rep = campaign(name, seed=0)
     assert any(f.split(": ")[0].endswith("record durable, data lost") and "data lost" in f
                for f in rep.failures), rep.failures[:3]
@@ -137,10 +136,8 @@ def test_campaign_detects_a_commit_that_does_not_flush_its_data_first(monkeypatc
 def test_campaign_catches_a_generation_that_appears_without_being_confirmed(monkeypatch):
     """The checker's upper bound (nothing outside the confirmed set): a store whose abort commits the
     generation instead shows "x" after every later cut; each such point fails, naming the set."""
-    from retainz.store.writer import WriteMixin
-
-    commit = WriteMixin._commit
-    monkeypatch.setattr(WriteMixin, "_abort", lambda self, w: commit(self, w) and None)
+    commit = Store.commit_writer
+    monkeypatch.setattr(Store, "abort_writer", lambda self, w: commit(self, w) and None)
     rep = campaign("basic", seed=0)
     wrong = [f for f in rep.failures if re.search(r"committed set \[[^]]*'x'\], expected all of .* and "
                                                   r"nothing outside \[[^]]*\]$", f) and "'x'" not in
@@ -151,9 +148,9 @@ def test_campaign_catches_a_generation_that_appears_without_being_confirmed(monk
 def test_campaign_catches_shard_bytes_that_differ(monkeypatch):
     """The checker's byte comparison: a store that hands back one wrong byte (its checksums, fsck and
     zone summaries all fine) fails every point that reads the shard back."""
-    from retainz.store.reader import ReadMixin
+    from retainz.store.reader import Reader
 
-    real = ReadMixin.read_shard
+    real = Reader.read_shard
 
     def off_by_one_bit(self, gen_id, name):
         chunks = list(real(self, gen_id, name))
@@ -161,7 +158,7 @@ def test_campaign_catches_shard_bytes_that_differ(monkeypatch):
             chunks[-1] = chunks[-1][:-1] + bytes([chunks[-1][-1] ^ 1])
         return iter(chunks)
 
-    monkeypatch.setattr(ReadMixin, "read_shard", off_by_one_bit)
+    monkeypatch.setattr(Reader, "read_shard", off_by_one_bit)
     rep = campaign("basic", seed=0)
     assert rep.failures and all(f.endswith("bytes differ") for f in rep.failures)
     assert len(rep.failures) == rep.points          # every recovery reads some shard back

@@ -14,8 +14,9 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from retainz.errors import NoSpaceError, PowerCutError
 from retainz.placement.base import Hint
 from retainz.store import Store
-from retainz.zoned import FaultyDevice, Geometry, MemoryDevice
-from retainz.zoned.faulty import power_cut_states
+from retainz.testing import FaultyDevice
+from retainz.testing.faulty import power_cut_states
+from retainz.zoned import Geometry, MemoryDevice
 
 KiB = 1024
 GEOM = Geometry(nr_zones=14, zone_size=64 * KiB, zone_capacity=48 * KiB, block_size=4096, max_open=3,

@@ -47,7 +47,7 @@ GROUPS: dict[str, dict] = {
                   "tests/test_store_placement.py"],
     },
     "journal": {
-        "mutate": ["src/retainz/store/journal.py", "src/retainz/store/journal_space.py"],
+        "mutate": ["src/retainz/store/journal.py", "src/retainz/store/records.py", "src/retainz/store/metalog.py"],
         "skip": {},
         # the journal's own tests (the power-cut campaigns reach every journal function and would
         # run for every mutant: minutes each on 2 cores)
@@ -56,9 +56,8 @@ GROUPS: dict[str, dict] = {
     "store": {
         "mutate": ["src/retainz/store/*.py"],
         "skip": {"src/retainz/store/journal.py": "its own group (journal)",
-                 "src/retainz/store/journal_space.py": "its own group (journal)",
-                 "src/retainz/store/crashtest.py": "the power-cut campaign harness (a test tool; its checks "
-                                                   "have tests of their own in test_store_recovery.py)"},
+                 "src/retainz/store/records.py": "its own group (journal)",
+                 "src/retainz/store/metalog.py": "its own group (journal)"},
         "tests": ["tests/test_store_api.py", "tests/test_store_corruption.py", "tests/test_store_gc.py",
                   "tests/test_store_journal.py", "tests/test_store_metrics.py",
                   "tests/test_store_placement.py", "tests/test_store_readonly.py",

@@ -274,7 +274,7 @@ def _df(args) -> int:
 
 
 def _crashtest(args) -> int:
-    from retainz.store.crashtest import WORKLOADS, campaign
+    from retainz.testing.crashtest import WORKLOADS, campaign
     from retainz.zoned import FileDevice, MemoryDevice
 
     names = list(WORKLOADS) if args.workload == "all" else [args.workload]

@@ -28,46 +28,62 @@ is given up: its copies become dead, the victims copied before it are still move
 is listed in the :class:`GCReport`; GC never loops: one pass per call.
 
 Which zones are victims is always the policy's rule (``Allocator.gc_victims``), forced or not
-(:meth:`GCMixin._gc` says what forced means per policy).
+(:meth:`Collector.collect` says what forced means per policy).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 import crc32c
 
 from retainz.errors import ChecksumError, NoSpaceError
+from retainz.placement.base import Allocator
+from retainz.store.catalog import Catalog
 from retainz.store.format import round_up
+from retainz.store.metalog import MetadataLog
 from retainz.store.types import GCReport
+from retainz.store.writer import WritePath
+from retainz.store.zonebook import ZoneBook
 from retainz.zoned.model import ZoneCond
 
-__all__ = ["GCMixin"]
+__all__ = ["Collector"]
 
 
-class GCMixin:
-    """GC methods of :class:`~retainz.store.store.Store`."""
+class Collector:
+    """The store's copying garbage collector (see the module docstring).
 
-    def gc(self, *, force: bool = False) -> GCReport:
-        """Run one pass of copying GC.
+    Args:
+        zones, catalog, log, write_path, allocator: the store's parts it works with.
+        gc_reserve_zones: the store's reserve (the unforced pass asks the policy with it).
+        busy: returns the zones holding data of generations still being written (never collected).
 
-        Args:
-            force: ask the policy for victims as if every data zone had to be empty (see
-                :meth:`_gc`), not only when fewer than ``gc_reserve_zones`` zones are empty.
+    Attributes:
+        running: a pass is in progress (placements it makes never start another).
+        inflight: the copies written by the pass in progress and not yet in the catalog (live:
+            a recomputation of the zone table counts them).
+    """
 
-        Returns:
-            a :class:`GCReport`.
-        """
-        with self._lock:
-            self._check_writable()
-            return self._gc(force=force)
+    def __init__(self, zones: ZoneBook, catalog: Catalog, log: MetadataLog, write_path: WritePath,
+                 allocator: Allocator, gc_reserve_zones: int, busy: Callable[[], Iterable[int]]):
+        self.zones = zones
+        self.catalog = catalog
+        self.log = log
+        self.write_path = write_path
+        self.allocator = allocator
+        self.gc_reserve_zones = gc_reserve_zones
+        self.busy = busy
+        self.running = False
+        self.inflight: list = []
 
-    def _gc(self, *, force: bool) -> GCReport:
+    def collect(self, *, force: bool) -> GCReport:
         """One GC pass over the policy's victims.
 
         Victims always come from the policy's rule (``Allocator.gc_victims``).  Unforced, it is
-        asked with the store's reserve (``gc_reserve_zones``).  Forced (``gc(force=True)``, and the
-        store's own retry when admission or a placement finds no space), it is asked with a reserve
-        of every data zone, so that what "forced" means is the policy's own rule at its most
-        eager:
+        asked with the store's reserve (``gc_reserve_zones``).  Forced (``Store.gc(force=True)``,
+        and the store's own retry when admission or a placement finds no space), it is asked with
+        a reserve of every data zone, so that what "forced" means is the policy's own rule at its
+        most eager:
 
         * base rule (``greedy``, ``common``, ``dedicated``): every full zone holding dead bytes,
           most dead bytes first;
@@ -78,22 +94,24 @@ class GCMixin:
 
         If the rule names nothing, nothing is collected: a placement that still finds no space is
         then a capacity stop (:class:`NoSpaceError`), never a bypass of the policy.
+
+        Raises:
+            NoSpaceError: the move record does not fit the journal (the copies are undone).
+            ZonedDeviceError: a device operation failed (likewise).
         """
         rep = GCReport()
-        if self._in_gc:
+        if self.running:
             return rep
-        t = self.table
+        t = self.zones.table
         victims = self.allocator.gc_victims(len(t) if force else self.gc_reserve_zones)
-        busy = set(self._partial or ())
-        for w in self._writers.values():
-            busy.update(w._zone_bytes)
-        self._in_gc = True
+        busy = set(self.busy())
+        self.running = True
         pending: dict[tuple, list] = {}   # (generation id, shard) -> its new extent list
         copies: dict[int, int] = {}       # zone -> bytes of copies written (for rollback)
         copy_ext: list = []               # the copies: live, not in the catalog until the record
         moved_out: list = []              # the extents the copies replace (dead once moved)
         touched: set[int] = set()         # zones holding copies undone (all dead: reset them)
-        self._inflight.append(copy_ext)
+        self.inflight = copy_ext
         done: list[int] = []
         try:
             for v in victims:
@@ -108,9 +126,8 @@ class GCMixin:
                     moved, copied, left, left_bytes, kept = self._copy_zone(v, pending, copy_ext, vcopies,
                                                                             moved_out, touched)
                 except ChecksumError as e:
-                    for z, n in vcopies.items():      # give this victim up; keep the others
-                        self.table.on_kill(z, n)
-                        touched.add(z)
+                    self.zones.kill(vcopies)          # give this victim up; keep the others
+                    touched.update(vcopies)
                     del copy_ext[mark:]
                     del moved_out[mark_out:]
                     pending = saved
@@ -133,24 +150,21 @@ class GCMixin:
                 else:
                     done.append(v)
             if pending:
-                self.device.flush()
-                self._append("m", {"s": [[gid, name, ext] for (gid, name), ext in pending.items()],
-                                   "r": done, "now": self._now})
+                self.zones.device.flush()
+                self.log.move([[gid, name, ext] for (gid, name), ext in pending.items()], done)
         except BaseException:
-            self._inflight.remove(copy_ext)
-            for z, n in copies.items():
-                self.table.on_kill(z, n)
-            self._reset_dead(set(copies) | touched)
-            self._in_gc = False
+            self.inflight = []
+            self.zones.kill(copies)
+            self.zones.reset_dead(set(copies) | touched)
+            self.running = False
             raise
-        self._inflight.remove(copy_ext)
+        self.inflight = []
         try:
             self._apply_moves(pending, moved_out, done, rep)
-            self._reset_dead(set(copies) | touched)   # copies undone may have left all-dead zones
+            self.zones.reset_dead(set(copies) | touched)   # copies undone may have left all-dead zones
         finally:
-            self._in_gc = False
+            self.running = False
         return rep
-
     def _copy_zone(self, v: int, pending: dict, copy_ext: list, vcopies: dict, moved_out: list,
                    touched: set) -> tuple[int, int, int, int]:
         """Copy every committed extent in zone ``v`` (step 1); record each affected shard's new
@@ -162,7 +176,7 @@ class GCMixin:
         moved.  A shard the policy does not migrate (``Allocator.migrates``; ZenFS's
         ``MigrateExtents`` moves only ``.sst`` files) keeps its extents in ``v``.
         Returns (extents moved, bytes copied, extents skipped, bytes skipped, extents kept)."""
-        cat, bs, table = self.catalog, self._bs, self.table
+        cat, bs, table = self.catalog, self.zones.block_size, self.zones.table
         migrates = self.allocator.migrates
         moved = copied = left = left_bytes = kept = 0
         for gid in list(cat.zone_gens.get(v, ())):
@@ -209,34 +223,31 @@ class GCMixin:
     def _apply_moves(self, pending: dict, moved_out: list, done: list[int], rep: GCReport) -> None:
         """Step 4: the catalog takes the new extents; the replaced extents die; the victims left
         with no live data are reset (a victim with skipped extents stays full, its summary exact)."""
-        bs = self._bs
+        bs = self.zones.block_size
         for (gid, name), ext in pending.items():
             self.catalog.replace_extents(gid, name, tuple(ext))
         for gid in {gid for gid, _ in pending}:
-            self._journal_entry(self.catalog.gens[gid])
+            self.log.track(self.catalog.gens[gid])
         killed: dict[int, int] = {}
         for e in moved_out:
             killed[e[0]] = killed.get(e[0], 0) + round_up(e[2], bs)
-        for z, n in killed.items():
-            self.table.on_kill(z, n)
-        self._reset_journaled(done)     # the move record names them
+        self.zones.kill(killed)
+        self.zones.reset_journaled(done)     # the move record names them
         rep.victims.extend(done)
         rep.zones_reset += len(done)
-        self.metrics.gc_bytes += rep.bytes_copied
+        self.write_path.metrics.gc_bytes += rep.bytes_copied
 
     def _copy_extent(self, gen, shard_name: str, e: tuple, out: list, copies: dict) -> int:
         """Copy one extent to where the allocator places it; appends the new extent(s) to ``out``."""
         z, off, length, crc = e
-        padded = round_up(length, self._bs)
+        padded = round_up(length, self.zones.block_size)
         if crc is None:
-            data = padded
-        else:
-            data = self.device.read(z * self._zsize + off, padded)
-            actual = crc32c.crc32c(memoryview(data)[:length])
-            if actual != crc:
-                raise ChecksumError(f"generation {gen.id!r} shard {shard_name!r}: extent at zone {z} offset "
-                                    f"{off} ({length} bytes) fails its crc32c; not moved",
-                                    generation=gen.id, shard=shard_name, zone=z, offset=off,
-                                    length=length, expected=crc, actual=actual)
-            data = memoryview(data)
-        return self._put(gen, data, length, out, copies, True)
+            return self.write_path.write_counted(gen, padded, length, out, copies, gc=True)
+        data = self.zones.device.read(z * self.zones.zone_size + off, padded)
+        actual = crc32c.crc32c(memoryview(data)[:length])
+        if actual != crc:
+            raise ChecksumError(f"generation {gen.id!r} shard {shard_name!r}: extent at zone {z} offset "
+                                f"{off} ({length} bytes) fails its crc32c; not moved",
+                                generation=gen.id, shard=shard_name, zone=z, offset=off,
+                                length=length, expected=crc, actual=actual)
+        return self.write_path.write(gen, memoryview(data), length, out, copies, gc=True)

@@ -1,12 +1,9 @@
-"""The metadata journal: record framing, meta-zone chains, rollover and the mount scan.
+"""The metadata journal: meta-zone chains, appends, rollover and the mount scan.
 
-**Framing** (after ZenFS's ``ZenMetaLog`` and LevelDB's log): each record is::
-
-    u32 masked crc32c over (u32 length || payload) | u32 length | payload | zero padding to a block
-
-A record never spans zones.  A zero header (crc 0, length 0) ends a Full zone's records (the padding of
-a finished zone reads back as zeros); below the write pointer of a zone that is not Full, or before a
-later valid record, it is a zeroed block: corruption.  The payload is ``KIND b" " JSON`` (see :mod:`.records`).
+Records are framed and encoded by :mod:`.records`.  A record never spans zones.  A zero header
+(crc 0, length 0) ends a Full zone's records (the padding of a finished zone reads back as zeros);
+below the write pointer of a zone that is not Full, or before a later valid record, it is a zeroed
+block: corruption.
 
 **Chains.**  The journal lives in a *chain* of meta zones sharing one superblock ``sequence``; each
 zone starts with a superblock whose ``part`` numbers it in the chain.  A chain opens with a complete
@@ -35,114 +32,19 @@ a gap in a chain is :class:`CorruptJournalError` (never skipped silently).
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import crc32c
-
 from retainz.errors import CorruptJournalError, ForeignDeviceError, NoSpaceError
-from retainz.store.format import Superblock, round_up
+from retainz.store.format import Superblock
+from retainz.store.records import EXTENT_BYTES, Kind, frame, kind_of, plan_zones, snapshot_zones, unframe
 from retainz.zoned.device import ZonedDevice
 from retainz.zoned.model import ZoneCond
 
-__all__ = ["frame", "parse_zone", "Journal", "MountScan", "scan", "MAX_META_ZONES", "SNAPSHOT_RECORD",
-           "snapshot_record_limit", "snapshot_zones", "pack_zones", "default_meta_zones"]
+__all__ = ["parse_zone", "Journal", "MountScan", "scan", "MAX_META_ZONES", "default_meta_zones"]
 
-_HEADER = struct.Struct("<II")
-_LEN = struct.Struct("<I")
-_MASK_DELTA = 0xA282EAD8
 #: Meta zones are the first zones; at most this many.
 MAX_META_ZONES = 64
-
-
-#: Snapshot records batch generations up to this many bytes (or a quarter of a meta zone).
-SNAPSHOT_RECORD = 64 * 1024
-#: Bytes of one zone's attributes in a snapshot ``sz`` record, at most (eight JSON numbers).
-ZONE_ATTR_BYTES = 112
-#: Bytes of a snapshot's fixed records (``snap`` head with the metrics, ``send``), at most.
-SNAPSHOT_HEAD_BYTES = 2048
-#: Bytes of one extent in a snapshot, at most (``[zone,offset,length,crc],``).
-EXTENT_BYTES = 48
-
-
-def snapshot_record_limit(zone_capacity: int, block_size: int) -> int:
-    """Bytes of generations batched into one snapshot record (``sg``)."""
-    return min(SNAPSHOT_RECORD, (zone_capacity - block_size - 8) // 4)
-
-
-def snapshot_zones(gen_bytes: int, zone_capacity: int, block_size: int, *, items: int | None = None,
-                   biggest: int = 0, zones: int = 0) -> int:
-    """Meta zones a snapshot takes when :meth:`Journal.roll` packs it, with room left for one more
-    record (the one that triggers the roll): an upper bound.
-
-    Args:
-        gen_bytes: bytes of the generations' snapshot entries (``encode_gen`` JSON + 1 each).
-        zone_capacity, block_size: bytes.
-        items: generations (``None``: unknown, as many as ``gen_bytes`` allows).
-        biggest: the largest entry, in bytes.
-        zones: zone attribute entries (``sz`` records batch 2,000 each).
-
-    The bound: batching closes a generation record before it passes the limit
-    (:func:`snapshot_record_limit`), so each record but the last holds more than ``limit -
-    biggest`` bytes and at least ``limit // biggest`` entries (an entry larger than half the limit
-    may get a record of its own); every
-    record frame adds a header and less than a block of padding.  The frames total ``T`` (head,
-    end, ``sz`` frames of ``ZONE_ATTR_BYTES`` per zone, the generation frames, and a frame as
-    large as the largest entry for the next record).  Everything fits one zone when ``T`` fits
-    its capacity after the superblock; otherwise every zone but the last is filled to within one
-    frame (``F``, the largest) of its end, so ``ceil(T / (capacity - superblock - F))`` zones.
-    """
-    limit = snapshot_record_limit(zone_capacity, block_size)
-    usable = zone_capacity - block_size
-    pad = 8 + block_size - 1
-    attr_records = -(-zones // 2000)
-    attr_frames = zones * ZONE_ATTR_BYTES + attr_records * pad
-    if gen_bytes <= 0:
-        n_gen = 0
-    elif biggest >= limit // 2:
-        n_gen = -(-gen_bytes // (limit // 2)) if items is None else items
-    else:
-        n_gen = -(-gen_bytes // (limit - biggest)) + 1
-        if items is not None:   # a batch takes at least limit // biggest entries
-            n_gen = min(n_gen, items, -(-items // (limit // max(biggest, 1))))
-    nxt = round_up(max(biggest, 1024) + pad, block_size)
-    total = (round_up(SNAPSHOT_HEAD_BYTES + 8, block_size) + block_size + attr_frames
-             + gen_bytes + n_gen * pad + nxt)
-    if total <= usable:
-        return 1
-    frame_max = round_up(max(limit, biggest, min(zones, 2000) * ZONE_ATTR_BYTES) + pad, block_size)
-    return -(-total // max(usable - frame_max, usable // 4, block_size))
-
-
-def pack_zones(entries, zone_capacity: int, block_size: int, *, zones: int = 0, reserve: int = 0) -> int:
-    """Meta zones a snapshot takes, packed exactly as ``_snapshot`` batches and :meth:`Journal.roll`
-    packs it, for generation entries of the given sizes (bytes, in catalog order), ``zones``
-    attribute entries of at most ``ZONE_ATTR_BYTES`` each and a head of at most
-    ``SNAPSHOT_HEAD_BYTES``, keeping ``reserve`` bytes free in the last zone.  O(entries)."""
-    limit = snapshot_record_limit(zone_capacity, block_size)
-    payloads = [SNAPSHOT_HEAD_BYTES]
-    for i in range(0, zones, 2000):
-        payloads.append(16 + min(2000, zones - i) * ZONE_ATTR_BYTES)
-    size = 0
-    for n in entries:
-        if size and size + n > limit:
-            payloads.append(size + 16)
-            size = 0
-        size += n
-    if size:
-        payloads.append(size + 16)
-    payloads.append(64)
-    count, used = 1, block_size
-    for p in payloads:
-        f = round_up(p + 8, block_size)
-        if used + f > zone_capacity:
-            count += 1
-            used = block_size
-        used += f
-    if used + reserve > zone_capacity:
-        count += 1
-    return count
 
 
 def default_meta_zones(nr_zones: int, zone_capacity: int, block_size: int, gc_reserve_zones: int) -> int:
@@ -163,32 +65,6 @@ def default_meta_zones(nr_zones: int, zone_capacity: int, block_size: int, gc_re
     z = snapshot_zones(nbytes + nbytes // 8, zone_capacity, block_size, zones=data)
     m = max(3, min(MAX_META_ZONES, nr_zones // 8, 2 * z))
     return max(2, min(m, nr_zones - gc_reserve_zones - 2))
-
-
-def _mask(crc: int) -> int:
-    """LevelDB's crc mask (a crc stored next to the data it covers is masked)."""
-    return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF
-
-
-def frame(payload: bytes, block_size: int) -> bytes:
-    """Frame one record: header, payload, zero padding to ``block_size``."""
-    n = len(payload)
-    crc = _mask(crc32c.crc32c(payload, crc32c.crc32c(_LEN.pack(n))))
-    head = _HEADER.pack(crc, n)
-    pad = -(n + 8) % block_size
-    return head + payload + bytes(pad)
-
-
-def _valid_at(buf: bytes | memoryview, pos: int, end: int, bs: int) -> bool:
-    if pos + 8 > end:
-        return False
-    crc, n = _HEADER.unpack_from(buf, pos)
-    if n == 0 and crc == 0:
-        return False
-    total = round_up(8 + n, bs)
-    if pos + total > end:
-        return False
-    return _mask(crc32c.crc32c(buf[pos + 8:pos + 8 + n], crc32c.crc32c(_LEN.pack(n)))) == crc
 
 
 @dataclass
@@ -224,19 +100,22 @@ def parse_zone(buf: bytes, start: int, end: int, bs: int, *, zone: int, tail: bo
     out = ZoneParse(end=start)
     pos = start
     view = memoryview(buf)
+
+    def later_valid() -> int | None:
+        return next((p for p in range(pos + bs, end, bs) if unframe(view, p, end, bs)[2]), None)
+
     while pos + 8 <= end:
-        crc, n = _HEADER.unpack_from(buf, pos)
-        if crc == 0 and n == 0:
-            later = next((p for p in range(pos + bs, end, bs) if _valid_at(view, p, end, bs)), None)
+        n, total, ok = unframe(view, pos, end, bs)
+        if not total:                       # a zero header
+            later = later_valid()
             if later is not None or not full:
                 raise CorruptJournalError(
                     f"meta zone {zone}: a zeroed block at byte {pos}, below the write pointer ({end})"
                     + (f", hides the valid record at byte {later}" if later is not None else "")
                     + ": corrupt journal")
             break
-        total = round_up(8 + n, bs)
         if pos + total > end:
-            later = next((p for p in range(pos + bs, end, bs) if _valid_at(view, p, end, bs)), None)
+            later = later_valid()
             if not tail or later is not None:
                 raise CorruptJournalError(
                     f"meta zone {zone}: record at byte {pos} claims {n} bytes, past the end of the "
@@ -244,8 +123,7 @@ def parse_zone(buf: bytes, start: int, end: int, bs: int, *, zone: int, tail: bo
                                                if later is not None else "") + ": corrupt journal")
             out.torn = end - pos
             break
-        payload = bytes(view[pos + 8:pos + 8 + n])
-        if _mask(crc32c.crc32c(payload, crc32c.crc32c(_LEN.pack(n)))) != crc:
+        if not ok:
             if tail and full and total > bs and not view[pos + total - bs:end].tobytes().strip(b"\0"):
                 # a torn record in a zone finished afterwards (a rollover finishes the old zone):
                 # the blocks it never wrote read as zeros up to the zone's end.  A record's last
@@ -256,7 +134,7 @@ def parse_zone(buf: bytes, start: int, end: int, bs: int, *, zone: int, tail: bo
                 break
             raise CorruptJournalError(f"meta zone {zone}: record at byte {pos} ({n} bytes) fails its "
                                       "checksum: corrupt journal")
-        out.payloads.append(payload)
+        out.payloads.append(bytes(view[pos + 8:pos + 8 + n]))
         pos += total
         out.end = pos
     return out
@@ -283,10 +161,6 @@ class MountScan:
     torn: int
     stale: list[int]
     fallbacks: int = 0
-
-
-def _kind(payload: bytes) -> bytes:
-    return payload.split(b" ", 1)[0]
 
 
 def scan(device: ZonedDevice) -> MountScan:
@@ -350,8 +224,8 @@ def scan(device: ZonedDevice) -> MountScan:
             parsed = parse_zone(buf, bs, written, bs, zone=zi, tail=last, full=z.cond == ZoneCond.FULL)
             payloads += parsed.payloads
             end, torn = parsed.end, parsed.torn
-        kinds = [_kind(p) for p in payloads[:1]]
-        complete = kinds == [b"snap"] and any(_kind(p) == b"send" for p in payloads)
+        complete = (bool(payloads) and kind_of(payloads[0]) is Kind.SNAP
+                    and any(kind_of(p) is Kind.SNAP_END for p in payloads))
         if not complete:
             fallbacks += 1
             continue
@@ -370,11 +244,11 @@ class Journal:
         chain: the chain's meta zones, in order.
         end: write position in the chain's last zone (bytes from its start).
         snapshot: callable returning the snapshot payloads of the store's current state (used by
-            :meth:`roll`).
+            :meth:`roll`; the store's :class:`~retainz.store.metalog.MetadataLog` sets it).
     """
 
     def __init__(self, device: ZonedDevice, sb: Superblock, chain: list[int], end: int,
-                 snapshot: Callable[[], list[bytes]]):
+                 snapshot: Callable[[], list[bytes]] | None = None):
         self.device = device
         self.sb = sb
         self.chain = list(chain)
@@ -428,22 +302,18 @@ class Journal:
         Raises:
             NoSpaceError: the snapshot needs more meta zones than are free (nothing was written).
         """
-        payloads = self.snapshot() if payloads is None else payloads
+        if payloads is None:
+            if self.snapshot is None:
+                raise ValueError("Journal.roll: no snapshot source (give payloads, or set Journal.snapshot)")
+            payloads = self.snapshot()
         frames = [frame(p, self.bs) for p in payloads]
         free = [z for z in self.meta if z not in self.chain]
-        plan: list[list[bytes]] = [[]]
-        used = self.bs
         for f in frames:
             if len(f) > self.capacity - self.bs:
                 raise NoSpaceError(f"a journal snapshot record of {len(f)} bytes does not fit a meta zone",
                                    needed=len(f), available=self.capacity - self.bs)
-            if used + len(f) > self.capacity:
-                plan.append([])
-                used = self.bs
-            plan[-1].append(f)
-            used += len(f)
-        if used + reserve > self.capacity:
-            plan.append([])
+        plan = [[frames[i] for i in group]
+                for group in plan_zones(map(len, frames), self.capacity, self.bs, reserve)]
         total = sum(map(len, frames)) + self.bs * len(plan)
         if len(plan) > len(free):
             raise NoSpaceError(

@@ -1,20 +1,53 @@
-"""The read path: streaming (:meth:`ReadMixin.read_shard`) and random access
-(:meth:`ReadMixin.read_shard_extent`) to committed shards, every extent verified against its crc32c."""
+"""The read path: streaming (:meth:`Reader.read_shard`) and random access
+(:meth:`Reader.read_shard_extent`) to committed shards, every extent verified against its crc32c."""
 
 from __future__ import annotations
 
+import bisect
+import threading
 from collections.abc import Iterator
+from itertools import accumulate
 
 import crc32c
 
 from retainz.errors import ChecksumError, GenerationNotFoundError, ShardNotFoundError
+from retainz.store.catalog import Catalog
 from retainz.store.format import round_up
+from retainz.store.types import ShardInfo
+from retainz.zoned.device import ZonedDevice
 
-__all__ = ["ReadMixin"]
+__all__ = ["Reader"]
 
 
-class ReadMixin:
-    """Read-path methods of :class:`~retainz.store.store.Store` (state lives on the store)."""
+class Reader:
+    """Reads committed shards of ``catalog`` from ``device`` under the store's ``lock``.
+
+    Finding the extent that holds a byte is a binary search over the shard's extent start offsets,
+    computed once per extent list (GC replaces a shard's list when it moves it), so streaming a
+    shard of n extents is O(n log n), not O(n^2).
+    """
+
+    def __init__(self, device: ZonedDevice, catalog: Catalog, lock: threading.RLock):
+        self.device = device
+        self.catalog = catalog
+        self.lock = lock
+        g = device.geometry
+        self._bs, self._zsize = g.block_size, g.zone_size
+        self._starts: dict[tuple[str, str], tuple[tuple, list[int]]] = {}
+
+    def shard(self, gen_id: str, name: str) -> ShardInfo:
+        """The committed shard.
+
+        Raises:
+            GenerationNotFoundError, ShardNotFoundError.
+        """
+        gen = self.catalog.gens.get(gen_id)
+        if gen is None:
+            raise GenerationNotFoundError(f"no committed generation {gen_id!r}")
+        shard = gen.shards.get(name)
+        if shard is None:
+            raise ShardNotFoundError(f"generation {gen_id!r} has no shard {name!r}")
+        return shard
 
     def read_shard(self, gen_id: str, name: str) -> Iterator[bytes]:
         """Stream a committed shard's bytes, extent by extent, each verified before it is yielded.
@@ -26,17 +59,10 @@ class ReadMixin:
                 (also raised mid-stream if the generation is deleted while being read).
             ChecksumError: an extent's or the whole shard's crc32c does not match (names generation,
                 shard, zone and offset).
-            NoPayloadError: a counted (payload-less) shard.
         """
-        shard = self._shard(gen_id, name)
-        return self._read_iter(gen_id, name, shard)
-
-    def _shard(self, gen_id: str, name: str):
-        gen = self.generation(gen_id)
-        shard = gen.shards.get(name)
-        if shard is None:
-            raise ShardNotFoundError(f"generation {gen_id!r} has no shard {name!r}")
-        return shard
+        with self.lock:
+            shard = self.shard(gen_id, name)
+        return self._stream(gen_id, name, shard)
 
     def read_shard_extent(self, gen_id: str, name: str, pos: int) -> tuple[int, bytes]:
         """Random access: the verified extent holding data byte ``pos`` of a committed shard.
@@ -52,40 +78,49 @@ class ReadMixin:
             GenerationNotFoundError, ShardNotFoundError; ValueError for ``pos`` outside the shard;
             ChecksumError: the extent fails its crc32c.
         """
-        with self._lock:
-            shard = self._shard(gen_id, name)
+        with self.lock:
+            shard = self.shard(gen_id, name)
             if not 0 <= pos < shard.size:
                 raise ValueError(f"generation {gen_id!r} shard {name!r}: byte {pos} is outside its "
                                  f"{shard.size} bytes")
-            start, data, _ = self._read_extent(gen_id, name, shard, pos)
-            return start, data
+            return self._extent(gen_id, name, shard, pos)
 
-    def _read_extent(self, gen_id: str, name: str, shard, pos: int) -> tuple[int, bytes, int | None]:
+    def _index(self, gen_id: str, name: str, extents: tuple) -> list[int]:
+        """Data offset where each extent starts (cached per extent list)."""
+        key = (gen_id, name)
+        hit = self._starts.get(key)
+        if hit is not None and hit[0] is extents:
+            return hit[1]
+        starts = [0, *accumulate(e[2] for e in extents)][:-1] if extents else []
+        if len(self._starts) >= 256:
+            self._starts.clear()
+        self._starts[key] = (extents, starts)
+        return starts
+
+    def _extent(self, gen_id: str, name: str, shard: ShardInfo, pos: int) -> tuple[int, bytes]:
         """Read and verify the extent holding data byte ``pos`` (under the lock; GC may have split
-        or moved extents since the caller looked).  Returns (its first data byte, data, its crc)."""
+        or moved extents since the caller looked).  Returns (its first data byte, data)."""
         gen = self.catalog.gens.get(gen_id)
         if gen is None or gen.shards.get(name) is not shard:
             raise GenerationNotFoundError(f"generation {gen_id!r} was deleted while being read")
-        at = 0
-        for e in shard.extents:
-            if at + e[2] > pos:
-                break
-            at += e[2]
-        z, off, length, ecrc = e
+        extents = shard.extents
+        starts = self._index(gen_id, name, extents)
+        i = bisect.bisect_right(starts, pos) - 1
+        z, off, length, ecrc = extents[i]
         data = self.device.read(z * self._zsize + off, round_up(length, self._bs))[:length]
         if ecrc is not None and crc32c.crc32c(data) != ecrc:
             raise ChecksumError(f"generation {gen_id!r} shard {name!r}: extent at zone {z} offset {off} "
                                 f"({length} bytes) fails its crc32c", generation=gen_id, shard=name,
                                 zone=z, offset=off, length=length, expected=ecrc,
                                 actual=crc32c.crc32c(data))
-        return at, data, ecrc
+        return starts[i], data
 
-    def _read_iter(self, gen_id: str, name: str, shard) -> Iterator[bytes]:
+    def _stream(self, gen_id: str, name: str, shard: ShardInfo) -> Iterator[bytes]:
         done = 0
         crc = 0
         while done < shard.size:
-            with self._lock:
-                at, data, _ = self._read_extent(gen_id, name, shard, done)
+            with self.lock:
+                at, data = self._extent(gen_id, name, shard, done)
             data = data[done - at:]  # GC may have split an extent at a different boundary
             crc = crc32c.crc32c(data, crc)
             done += len(data)

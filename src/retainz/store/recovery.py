@@ -37,6 +37,9 @@
 5. Bind the allocator to the rebuilt table.  Zones whose attributes recovery changed are marked so
    the next record journals them.
 
+:func:`mount` runs 1-4 and hands the store its parts (catalog, zone book, metadata log) in the
+state recovery left them; the store binds the allocator (5).
+
 A read-only open (``Store.open(readonly=True)``) runs 1-3 and 5 without writing: zones step 3 would
 reset are summarised as all dead, and what steps 3 and 4 would do is listed in
 ``RecoveryReport.repairs``.
@@ -48,19 +51,18 @@ import time
 from dataclasses import dataclass, field
 
 from retainz.errors import CorruptJournalError
-from retainz.placement import make_allocator
 from retainz.placement.base import ZoneSummary
-from retainz.store.catalog import Catalog, decode, decode_gen, dumps, encode, encode_gen
-from retainz.store.format import round_up
-from retainz.store.journal import Journal, scan, snapshot_record_limit
-from retainz.store.types import GenState
+from retainz.store.catalog import Catalog
+from retainz.store.format import Superblock, round_up
+from retainz.store.journal import Journal, scan
+from retainz.store.metalog import MetadataLog
+from retainz.store.records import NO_ATTRS, Kind, ZoneAttrs, decode
+from retainz.store.types import StoreMetrics
+from retainz.store.zonebook import ZoneBook
+from retainz.zoned.device import ZonedDevice
 from retainz.zoned.model import ZoneCond
 
-__all__ = ["RecoveryMixin", "RecoveryReport"]
-
-#: Zone attributes of a zone the journal says nothing about (an empty zone): written, full,
-#: reclaim step, lifetime, opening step, opening sequence number, last write step.
-_NO_ATTRS = [0, 0, None, 0, 0, 0, 0]
+__all__ = ["RecoveryReport", "Replayed", "Mounted", "replay", "reconcile", "mount"]
 
 
 @dataclass
@@ -93,180 +95,198 @@ class RecoveryReport:
     records_per_second: float = 0.0
 
 
-class RecoveryMixin:
-    """Mount and recovery methods of :class:`~retainz.store.store.Store`."""
+@dataclass
+class Replayed:
+    """What the journal's records say (step 2).
 
-    def _mount(self, policy: str | None) -> None:
-        t0 = time.perf_counter()
-        dev = self.device
-        g = dev.geometry
-        found = scan(dev)
-        sb = found.sb
-        if (sb.geometry.nr_zones, sb.geometry.zone_size, sb.geometry.zone_capacity, sb.geometry.block_size) != \
-                (g.nr_zones, g.zone_size, g.zone_capacity, g.block_size):
-            raise CorruptJournalError(f"the superblock's geometry {sb.geometry} does not match the device's {g}")
-        self.uuid = sb.uuid
-        self.meta_zones = sb.meta_zones
-        self.gc_reserve_zones = sb.gc_reserve_zones
-        self.policy = policy or sb.policy
-        allocator = make_allocator(self.policy)
-        allocator.check_device(g.nr_zones)
-        self._max_active = max(g.max_active - 1, 0) if g.max_active else 0
-        self._data_capacity = (g.nr_zones - self.meta_zones) * g.zone_capacity
-        rep = RecoveryReport(torn_bytes=found.torn, fallbacks=found.fallbacks, records=len(found.payloads))
-        self.recovery = rep
-        self.catalog = Catalog()
-        attrs = self._replay(found.payloads)
-        self.table = self._new_table()
-        self.journal = j = Journal(dev, sb, found.chain, found.end, self._snapshot)
-        m = self.metrics
-        j.bytes_written, j.records, j.rollovers = m.journal_bytes, m.journal_records, m.rollovers
-        self._reconcile(attrs, rep)
-        ro = self.readonly
-        for z in found.stale:
-            if ro:
-                rep.repairs.append(f"reset stale meta zone {z} (an older or incomplete journal chain)")
+    Attributes:
+        catalog: the committed generations.
+        attrs: the last journaled attributes of each zone the journal names.
+        now: the latest logical time recorded.
+        open_seq: the zone table's opening counter.
+        metrics: the last journaled metrics (``StoreMetrics`` fields).
+    """
+
+    catalog: Catalog = field(default_factory=Catalog)
+    attrs: dict[int, ZoneAttrs] = field(default_factory=dict)
+    now: int = 0
+    open_seq: int = 0
+    metrics: dict = field(default_factory=dict)
+
+
+def replay(payloads: list[bytes]) -> Replayed:
+    """Replay a chain's records (snapshot first) into the catalog, zone attributes, time and metrics.
+
+    Raises:
+        CorruptJournalError: a record that does not decode (its checksum matched: written by other
+            code, or a bug).
+    """
+    out = Replayed()
+    cat, attrs = out.catalog, out.attrs
+    for i, p in enumerate(payloads):
+        try:
+            rec = decode(p)
+        except (ValueError, KeyError, TypeError, IndexError) as e:
+            raise CorruptJournalError(f"journal record {i} ({bytes(p[:8])!r}...) does not decode: "
+                                      f"{type(e).__name__}: {e}") from None
+        for z, a in rec.zones:
+            attrs[z] = a
+        if rec.open_seq is not None and rec.open_seq > out.open_seq:
+            out.open_seq = rec.open_seq
+        if rec.now is not None and rec.now > out.now:
+            out.now = rec.now
+        kind = rec.kind
+        if kind is Kind.COMMIT or kind is Kind.GENS:
+            for gen in rec.gens:
+                cat.add(gen)
+        elif kind is Kind.DELETE:
+            if rec.deleted in cat.gens:
+                cat.remove(rec.deleted)
+            for z in rec.resets:
+                attrs[z] = NO_ATTRS
+        elif kind is Kind.MOVE:
+            for gid, name, ext in rec.moves:
+                cat.replace_extents(gid, name, ext)
+            for z in rec.resets:
+                attrs[z] = NO_ATTRS
+        elif kind is Kind.SNAP or kind is Kind.SYNC:
+            out.metrics.update(rec.metrics)
+            if rec.commit_seq is not None and rec.commit_seq > cat.commit_seq:
+                cat.commit_seq = rec.commit_seq
+    return out
+
+
+def reconcile(zones: ZoneBook, catalog: Catalog, attrs: dict[int, ZoneAttrs], open_seq: int,
+              rep: RecoveryReport, *, readonly: bool) -> None:
+    """Step 3 (module docstring): rebuild every data zone's summary from the device's report, the
+    catalog's live extents and the journaled attributes, resetting zones with no committed data
+    (listing them in ``rep.repairs`` instead when ``readonly``); zones whose attributes changed
+    are marked for the next record.
+
+    Raises:
+        CorruptJournalError: committed data lost (an empty zone, or a write pointer below a
+            committed extent's end).
+    """
+    dev = zones.device
+    bs = zones.block_size
+    live: dict[int, int] = {}
+    top: dict[int, int] = {}
+    for gen in catalog.gens.values():
+        for s in gen.shards.values():
+            for z, off, length, _ in s.extents:
+                n = round_up(length, bs)
+                live[z] = live.get(z, 0) + n
+                if off + n > top.get(z, 0):
+                    top[z] = off + n
+    out = []
+    changed = []
+    for zr in dev.report_zones(zones.meta_zones, dev.geometry.nr_zones - zones.meta_zones):
+        z = zr.index
+        a = attrs.get(z, NO_ATTRS)
+        lv = live.get(z, 0)
+        s = ZoneSummary(index=z, capacity=zr.capacity)
+        if zr.cond == ZoneCond.EMPTY:
+            if lv:
+                raise CorruptJournalError(f"zone {z} is empty on the device but the journal has "
+                                          f"{lv} bytes of committed data in it: data lost")
+        elif not lv and readonly:     # what a read-write open resets: all dead here
+            written = (a.written if a.full else zr.capacity) if zr.cond == ZoneCond.FULL else zr.wp - zr.start
+            s.cond = ZoneCond.FULL if zr.cond == ZoneCond.FULL or written >= zr.capacity else ZoneCond.IMP_OPEN
+            s.written, s.dead = written, written
+            s.reclaim_step, s.lifetime, s.opened_step, s.open_seq = (a.reclaim_step, a.lifetime, a.opened_step,
+                                                                 a.open_seq)
+            s.last_write_step = a.last_write_step if written == a.written else zones.now
+            rep.repairs.append(f"reset data zone {z} ({written} bytes written, no committed data)")
+        elif not lv:
+            dev.reset_zone(z)
+            rep.zones_reset.append(z)
+            zones.metrics.resets += 1
+            written = zr.wp - zr.start
+            # part-empty: charged like any reset (last write step: see below)
+            zones.charge_part_empty(zr.capacity, written, zr.cond == ZoneCond.FULL,
+                                    a.last_write_step if a.written == written else zones.now)
+        else:
+            if zr.cond == ZoneCond.FULL:
+                written = a.written if a.full else zr.capacity
+                s.cond = ZoneCond.FULL
             else:
-                dev.reset_zone(z)
-        last = dev.zone(self.journal.chain[-1])
-        if found.torn or last.cond == ZoneCond.FULL or self.journal.room() < 2 * g.block_size:
-            if ro:
-                why = f"drop a torn tail of {found.torn} bytes" if found.torn else "its last zone is full"
-                rep.repairs.append(f"roll the journal over to a fresh chain ({why})")
-            else:
-                self.journal.roll()
-                rep.rolled = True
-        for gen in self.catalog.gens.values():
-            self._journal_entry(gen)
-        self.allocator = allocator
-        self.allocator.bind(self.table)
-        self._closed = False
-        rep.seconds = time.perf_counter() - t0
-        rep.records_per_second = rep.records / rep.seconds if rep.seconds else 0.0
-
-    def _replay(self, payloads: list[bytes]) -> dict[int, list]:
-        """Rebuild the catalog, logical time and metrics; return the zone attributes by zone
-        (``[written, full, reclaim_step, lifetime, opened_step, open_seq, last_write_step]``;
-        attributes journaled
-        by an older version lack the trailing fields, which default to 0)."""
-        cat = self.catalog
-        attrs: dict[int, list] = {}
-        empty = _NO_ATTRS
-        n = len(_NO_ATTRS)
-        self._open_seq = 0
-        for p in payloads:
-            kind, body = decode(p)
-            for a in body.get("z", ()):
-                attrs[a[0]] = a[1:] if len(a) > n else a[1:] + _NO_ATTRS[len(a) - 1:]
-            if "o" in body:
-                self._open_seq = max(self._open_seq, body["o"])
-            if "now" in body:
-                self._now = max(self._now, body["now"])
-            if kind == "c":
-                cat.add(decode_gen(body["g"]))
-            elif kind == "d":
-                if body["g"] in cat.gens:
-                    cat.remove(body["g"])
-                for z in body["r"]:
-                    attrs[z] = empty
-            elif kind == "m":
-                for gid, name, ext in body["s"]:
-                    cat.replace_extents(gid, name, tuple(map(tuple, ext)))
-                for z in body["r"]:
-                    attrs[z] = empty
-            elif kind == "sg":
-                for item in body["g"]:
-                    cat.add(decode_gen(item))
-            elif kind in ("snap", "x"):
-                for k, v in body.get("metrics", {}).items():
-                    if hasattr(self.metrics, k):
-                        setattr(self.metrics, k, v)
-                if "commit_seq" in body:
-                    cat.commit_seq = max(cat.commit_seq, body["commit_seq"])
-        return attrs
-
-    def _reconcile(self, attrs: dict[int, list], rep: RecoveryReport) -> None:
-        dev = self.device
-        bs = self._bs
-        live: dict[int, int] = {}
-        top: dict[int, int] = {}
-        for gen in self.catalog.gens.values():
-            for s in gen.shards.values():
-                for z, off, length, _ in s.extents:
-                    n = round_up(length, bs)
-                    live[z] = live.get(z, 0) + n
-                    if off + n > top.get(z, 0):
-                        top[z] = off + n
-        out = []
-        for zr in dev.report_zones(self.meta_zones, dev.geometry.nr_zones - self.meta_zones):
-            z = zr.index
-            a = attrs.get(z, _NO_ATTRS)
-            lv = live.get(z, 0)
-            s = ZoneSummary(index=z, capacity=zr.capacity)
-            if zr.cond == ZoneCond.EMPTY:
-                if lv:
-                    raise CorruptJournalError(f"zone {z} is empty on the device but the journal has "
-                                              f"{lv} bytes of committed data in it: data lost")
-            elif not lv and self.readonly:     # what a read-write open resets: all dead here
-                written = (a[0] if a[1] else zr.capacity) if zr.cond == ZoneCond.FULL else zr.wp - zr.start
-                s.cond = ZoneCond.FULL if zr.cond == ZoneCond.FULL or written >= zr.capacity else ZoneCond.IMP_OPEN
-                s.written, s.dead = written, written
-                s.reclaim_step, s.lifetime, s.opened_step, s.open_seq = a[2], a[3], a[4], a[5]
-                s.last_write_step = a[6] if written == a[0] else self._now
-                rep.repairs.append(f"reset data zone {z} ({written} bytes written, no committed data)")
-            elif not lv:
-                dev.reset_zone(z)
-                rep.zones_reset.append(z)
-                self.metrics.resets += 1
                 written = zr.wp - zr.start
-                # part-empty: charged like any reset (last write step: see below)
-                self._charge_part_empty(zr.capacity, written, zr.cond == ZoneCond.FULL,
-                                        a[6] if a[0] == written else self._now)
-            else:
-                if zr.cond == ZoneCond.FULL:
-                    written = a[0] if a[1] else zr.capacity
-                    s.cond = ZoneCond.FULL
-                else:
-                    written = zr.wp - zr.start
-                    s.cond = ZoneCond.IMP_OPEN if written < zr.capacity else ZoneCond.FULL
-                if written < top.get(z, 0):
-                    raise CorruptJournalError(f"zone {z}: the device write pointer ({written} bytes in) is "
-                                              f"below the end of a committed extent ({top[z]}): data lost")
-                rep.dead_bytes_found += max(0, written - max(a[0], top.get(z, 0)))
-                s.written, s.live, s.dead = written, lv, written - lv
-                s.reclaim_step, s.lifetime, s.opened_step, s.open_seq = a[2], a[3], a[4], a[5]
-                # the journaled last write step, unless the device holds bytes written after the
-                # last record: then the latest step the journal knows (a lower bound)
-                s.last_write_step = a[6] if written == a[0] else self._now
-            out.append(s)
-            if self._attrs_of(s) != list(a):
-                self._dirty.add(z)
-        self.table.open_seq = self._open_seq
-        self.table.restore(out)
+                s.cond = ZoneCond.IMP_OPEN if written < zr.capacity else ZoneCond.FULL
+            if written < top.get(z, 0):
+                raise CorruptJournalError(f"zone {z}: the device write pointer ({written} bytes in) is "
+                                          f"below the end of a committed extent ({top[z]}): data lost")
+            rep.dead_bytes_found += max(0, written - max(a.written, top.get(z, 0)))
+            s.written, s.live, s.dead = written, lv, written - lv
+            s.reclaim_step, s.lifetime, s.opened_step, s.open_seq = (a.reclaim_step, a.lifetime, a.opened_step,
+                                                                 a.open_seq)
+            # the journaled last write step, unless the device holds bytes written after the
+            # last record: then the latest step the journal knows (a lower bound)
+            s.last_write_step = a.last_write_step if written == a.written else zones.now
+        out.append(s)
+        if ZoneAttrs.of(s) != a:
+            changed.append(z)
+    zones.restore(out, open_seq, zones.now)
+    zones.mark(changed)
 
-    # -- snapshot ----------------------------------------------------------------------------------
-    def _snapshot(self) -> list[bytes]:
-        """The store's committed state as snapshot record payloads (each at most 64 KiB or a quarter of
-        a meta zone, except a single generation larger than that)."""
-        out = [encode("snap", {"now": self._now, "commit_seq": self.catalog.commit_seq,
-                               "metrics": self._metrics_state(), "o": self.table.open_seq})]
-        zones = [self._attrs(s.index) for s in self.table if s.written or s.cond != ZoneCond.EMPTY]
-        for i in range(0, len(zones), 2000):
-            out.append(encode("sz", {"z": zones[i:i + 2000]}))
-        batch: list = []
-        size = 0
-        limit = snapshot_record_limit(self.journal.capacity, self.journal.bs)
-        for gen in self.catalog.gens.values():
-            if gen.state is not GenState.COMMITTED:
-                continue
-            item = encode_gen(gen)
-            n = len(dumps(item)) + 1
-            if batch and size + n > limit:
-                out.append(encode("sg", {"g": batch}))
-                batch, size = [], 0
-            batch.append(item)
-            size += n
-        if batch:
-            out.append(encode("sg", {"g": batch}))
-        out.append(encode("send", {"n": len(self.catalog.gens)}))
-        return out
+
+@dataclass
+class Mounted:
+    """The parts :func:`mount` rebuilt.
+
+    Attributes:
+        sb: the superblock of the journal chain in use.
+        catalog, zones, log: the store's catalog, zone book and metadata log.
+        metrics: the store's counters, resumed from the journal.
+        report: what recovery found and did.
+    """
+
+    sb: Superblock
+    catalog: Catalog
+    zones: ZoneBook
+    log: MetadataLog
+    metrics: StoreMetrics
+    report: RecoveryReport
+
+
+def mount(device: ZonedDevice, *, readonly: bool) -> Mounted:
+    """Steps 1-4 of the module docstring on ``device``.
+
+    Raises:
+        ForeignDeviceError: the device holds no RetainZ store.
+        CorruptJournalError: the journal or superblock is damaged, the superblock's geometry is
+            not the device's, or committed data is missing.
+    """
+    t0 = time.perf_counter()
+    g = device.geometry
+    found = scan(device)
+    sb = found.sb
+    if (sb.geometry.nr_zones, sb.geometry.zone_size, sb.geometry.zone_capacity, sb.geometry.block_size) != \
+            (g.nr_zones, g.zone_size, g.zone_capacity, g.block_size):
+        raise CorruptJournalError(f"the superblock's geometry {sb.geometry} does not match the device's {g}")
+    rep = RecoveryReport(torn_bytes=found.torn, fallbacks=found.fallbacks, records=len(found.payloads))
+    state = replay(found.payloads)
+    metrics = StoreMetrics()
+    for k, v in state.metrics.items():
+        if hasattr(metrics, k) and k != "waf":
+            setattr(metrics, k, v)
+    zones = ZoneBook(device, sb.meta_zones, metrics)
+    zones.now = state.now
+    journal = Journal(device, sb, found.chain, found.end)
+    log = MetadataLog(journal, state.catalog, zones, metrics)
+    reconcile(zones, state.catalog, state.attrs, state.open_seq, rep, readonly=readonly)
+    for z in found.stale:
+        if readonly:
+            rep.repairs.append(f"reset stale meta zone {z} (an older or incomplete journal chain)")
+        else:
+            device.reset_zone(z)
+    last = device.zone(journal.chain[-1])
+    if found.torn or last.cond == ZoneCond.FULL or journal.room() < 2 * g.block_size:
+        if readonly:
+            why = f"drop a torn tail of {found.torn} bytes" if found.torn else "its last zone is full"
+            rep.repairs.append(f"roll the journal over to a fresh chain ({why})")
+        else:
+            journal.roll()
+            rep.rolled = True
+    rep.seconds = time.perf_counter() - t0
+    rep.records_per_second = rep.records / rep.seconds if rep.seconds else 0.0
+    return Mounted(sb=sb, catalog=state.catalog, zones=zones, log=log, metrics=metrics, report=rep)

@@ -1,8 +1,22 @@
-"""The :class:`Store` front object: format, open, the generation/delete API and shared bookkeeping.
+"""The :class:`Store`: a thin facade over the parts that own the store's state.
 
-The read path lives in :mod:`.reader`, the write path in :mod:`.writer`, garbage collection in
-:mod:`.gc`, mount and recovery in :mod:`.recovery`, fsck and df in :mod:`.check`; they are mixins
-over the state kept here.
+========================  ==========================================================================
+part                      owns
+========================  ==========================================================================
+:mod:`.zonebook`          the data zones: zone table, logical time, space accounting, finish/reset,
+                          the attributes changed since the last record
+:mod:`.metalog`           the metadata log: journal records and the journal's space budget
+:mod:`.catalog`           committed generations -> shards -> extents, per-zone index
+:mod:`.writer`            placement execution (``WritePath``), shards and generations being written
+:mod:`.gc`                the copying garbage collector
+:mod:`.reader`            verified reads of committed shards
+:mod:`.recovery`          mount: scan, replay, reconcile, tidy the journal
+:mod:`.check`             fsck, df, the recomputation the cached summaries must equal
+:mod:`.records`           the on-disk record format (used by the journal, recovery, the crash test)
+========================  ==========================================================================
+
+The store itself keeps only what spans parts: the lock, the open writers and admission (the
+reservation of space for them), and the open/closed state.
 """
 
 from __future__ import annotations
@@ -10,6 +24,7 @@ from __future__ import annotations
 import threading
 import uuid as uuidlib
 import weakref
+from collections.abc import Iterator
 
 from retainz.errors import (
     ForeignDeviceError,
@@ -18,27 +33,24 @@ from retainz.errors import (
     NoSpaceError,
     ReadOnlyStoreError,
     StoreLockedError,
+    SummaryMismatchError,
 )
 from retainz.placement import make_allocator
-from retainz.placement.base import Hint, ZoneSummary, ZoneTable
-from retainz.store.catalog import dumps, encode
-from retainz.store.check import CheckMixin
+from retainz.placement.base import Allocator, Hint, ZoneTable
+from retainz.store import check
+from retainz.store.catalog import Catalog
 from retainz.store.format import Superblock, check_id, round_up
-from retainz.store.gc import GCMixin
-from retainz.store.journal import (
-    MAX_META_ZONES,
-    default_meta_zones,
-    frame,
-)
-from retainz.store.journal_space import JournalSpaceMixin
-from retainz.store.reader import ReadMixin
-from retainz.store.recovery import RecoveryMixin
-from retainz.store.types import GenerationInfo, GenState, StoreMetrics
-from retainz.store.writer import GenerationWriter, WriteMixin
+from retainz.store.gc import Collector
+from retainz.store.journal import MAX_META_ZONES, Journal, default_meta_zones
+from retainz.store.metalog import MetadataLog
+from retainz.store.reader import Reader
+from retainz.store.records import empty_snapshot, frame, gen_entry_bytes
+from retainz.store.recovery import RecoveryReport, mount
+from retainz.store.types import FsckReport, GCReport, GenerationInfo, GenState, SpaceReport, StoreMetrics
+from retainz.store.writer import GenerationWriter, WritePath
+from retainz.store.zonebook import ZoneBook
 from retainz.zoned.device import ZonedDevice
 from retainz.zoned.model import ZoneCond
-
-_FULL = ZoneCond.FULL
 
 __all__ = ["Store", "GenerationWriter"]
 
@@ -72,7 +84,7 @@ def superblock_zones(device: ZonedDevice) -> list[int]:
     return [z.index for z in used if z.wp > z.start and Superblock.has_magic(device.read(z.start, bs))]
 
 
-class Store(ReadMixin, WriteMixin, GCMixin, RecoveryMixin, CheckMixin, JournalSpaceMixin):
+class Store:
     """A checkpoint store on a zoned device.
 
     Create one with :meth:`format` or :meth:`open` (never the constructor).  Call sequence::
@@ -85,13 +97,17 @@ class Store(ReadMixin, WriteMixin, GCMixin, RecoveryMixin, CheckMixin, JournalSp
         store.gc()                                  # copying GC when empty zones < reserve
         store.close()
 
-    Thread safety: every public method takes one ``threading.RLock``; several writers may be open
+    Thread safety: every public method takes one ``threading.RLock`` (``lock``); several writers may be open
     at once, and a reader thread sees only committed generations.
 
     Attributes:
         device: the zoned device.
-        table: the :class:`~retainz.placement.base.ZoneTable` of data-zone summaries (maintained
+        zones: the :class:`~retainz.store.zonebook.ZoneBook` (data zones, time, space);
+            ``table`` is its :class:`~retainz.placement.base.ZoneTable` (maintained
             incrementally; equal to :meth:`recompute_table` after every operation).
+        catalog: the committed generations (:class:`~retainz.store.catalog.Catalog`).
+        log: the :class:`~retainz.store.metalog.MetadataLog`; ``journal`` is its journal.
+        write_path, collector, reader: the write path, the garbage collector, the read path.
         allocator: the placement policy (selected by name, ``policy=``).
         metrics: :class:`~retainz.store.types.StoreMetrics`.
         uuid: the store's identity.
@@ -162,9 +178,7 @@ class Store(ReadMixin, WriteMixin, GCMixin, RecoveryMixin, CheckMixin, JournalSp
             device.reset_zone(z)
         sb = Superblock(uuid=uuidlib.uuid4(), sequence=1, part=0, geometry=g, meta_zones=meta_zones,
                         gc_reserve_zones=gc_reserve_zones, policy=policy)
-        snap = [encode("snap", {"now": 0, "commit_seq": 0, "metrics": {}}), encode("sz", {"z": []}),
-                encode("send", {"n": 0})]
-        device.write(0, sb.encode() + b"".join(frame(p, g.block_size) for p in snap))
+        device.write(0, sb.encode() + b"".join(frame(p, g.block_size) for p in empty_snapshot()))
         device.flush()
         return cls.open(device, verify_summaries=verify_summaries)
 
@@ -201,43 +215,64 @@ class Store(ReadMixin, WriteMixin, GCMixin, RecoveryMixin, CheckMixin, JournalSp
                 raise StoreLockedError(f"{device!r}: the store is already open in this process")
             _OPEN_STORES[key] = self
         try:
-            self._init_state(device, verify_summaries)
-            self.readonly = readonly
-            self._mount(policy)
+            self._assemble(device, policy, verify_summaries, readonly)
         except BaseException:
             _release(key, self)
             raise
         return self
 
-    def _init_state(self, device: ZonedDevice, verify: bool) -> None:
-        g = device.geometry
+    def _assemble(self, device: ZonedDevice, policy: str | None, verify: bool, readonly: bool) -> None:
+        """Mount (recovery builds the catalog, zone book and metadata log) and compose the rest."""
+        m = mount(device, readonly=readonly)
+        sb = m.sb
         self.device = device
-        self._lock = threading.RLock()
-        self._bs = g.block_size
-        self._zsize = g.zone_size
-        self._cap = g.zone_capacity
-        self._verify = verify
+        self.readonly = readonly
+        self.uuid = sb.uuid
+        self.meta_zones = sb.meta_zones
+        self.gc_reserve_zones = sb.gc_reserve_zones
+        self.policy = policy or sb.policy
+        allocator = make_allocator(self.policy)
+        allocator.check_device(device.geometry.nr_zones)
+        self.recovery: RecoveryReport = m.report
+        self.metrics: StoreMetrics = m.metrics
+        self.catalog: Catalog = m.catalog
+        self.zones: ZoneBook = m.zones
+        self.log: MetadataLog = m.log
+        self.lock = threading.RLock()
         self._writers: dict[str, GenerationWriter] = {}
-        self._dirty: set[int] = set()
-        self._reserved = 0
-        self._now = 0
-        self._in_gc = False
-        self._partial: dict | None = None
-        self._inflight: list[list] = []  # extent lists written but not yet in any shard
-        self._jgen: dict[str, int] = {}  # committed generation -> bytes of its snapshot entry
-        self._jgen_total = 0             # sum of _jgen
-        self._jbig = 0                   # the largest snapshot entry seen (bytes)
-        self._jreserved = 0              # estimated snapshot bytes of the writers in flight
-        self.metrics = StoreMetrics()
+        self.allocator: Allocator = allocator
+        allocator.bind(self.zones.table)
+        self.write_path = WritePath(self.zones, allocator, self.metrics,
+                                    verify=self._verify_summaries if verify else None)
+        self.collector = Collector(self.zones, self.catalog, self.log, self.write_path, allocator,
+                                   self.gc_reserve_zones, self._busy_zones)
+        self.write_path.collector = self.collector
+        self.reader = Reader(device, self.catalog, self.lock)
+        self._closed = False
 
-    def _new_table(self) -> ZoneTable:
-        g = self.device.geometry
-        caps = {z: g.zone_capacity for z in range(self.meta_zones, g.nr_zones)}
-        # The journal keeps one meta zone active (a rollover finishes the old zone before it opens
-        # the next), so data gets the device's limits minus one, and ``reserved_active`` tells
-        # policies (ZenFS's "device max - 2") what the device's own limit is.
-        return ZoneTable(caps, max_open=max(g.max_open - 1, 0) if g.max_open else 0,
-                         max_active=self._max_active, reserved_active=1 if self._max_active else 0)
+    def use_allocator(self, allocator: Allocator) -> None:
+        """Place with ``allocator`` from now on (a policy instance not reachable by a spec string:
+        tests, scripted policies).  It is bound to the zone table; the write path and the collector
+        use it.  Not journaled: a reopen uses the policy given to :meth:`open` or the recorded one."""
+        with self.lock:
+            allocator.bind(self.zones.table)
+            self.allocator = self.write_path.allocator = self.collector.allocator = allocator
+
+    # -- what the parts expose -----------------------------------------------------------------------
+    @property
+    def table(self) -> ZoneTable:
+        """The zone table (:attr:`ZoneBook.table`): cached summaries of every data zone."""
+        return self.zones.table
+
+    @property
+    def journal(self) -> Journal:
+        """The metadata journal (:attr:`MetadataLog.journal`)."""
+        return self.log.journal
+
+    @property
+    def now(self) -> int:
+        """The latest training step the store has seen."""
+        return self.zones.now
 
     def close(self) -> None:
         """Abort open writers, journal the zone attributes and metrics (a ``sync`` record), flush and
@@ -246,7 +281,7 @@ class Store(ReadMixin, WriteMixin, GCMixin, RecoveryMixin, CheckMixin, JournalSp
         If the sync record cannot be appended because the journal is full (:class:`NoSpaceError`),
         it is skipped: recovery derives the same zone state from the device, and only the metrics of
         this session since the last record are lost."""
-        with self._lock:
+        with self.lock:
             if self._closed:
                 return
             try:
@@ -254,7 +289,7 @@ class Store(ReadMixin, WriteMixin, GCMixin, RecoveryMixin, CheckMixin, JournalSp
                     w.abort()
                 if not self.readonly:
                     try:
-                        self._append("x", {"now": self._now, "metrics": self._metrics_state()})
+                        self.log.sync()
                     except NoSpaceError:
                         pass
             finally:
@@ -271,12 +306,13 @@ class Store(ReadMixin, WriteMixin, GCMixin, RecoveryMixin, CheckMixin, JournalSp
         return (f"Store({self.device!r}, policy={self.policy!r}, generations={len(self.catalog.gens)}, "
                 f"{'closed' if self._closed else 'open'})")
 
-    def _check_open(self) -> None:
+    def check_open(self) -> None:
+        """Raises ValueError when the store is closed."""
         if self._closed:
             raise ValueError("the store is closed")
 
     def _check_writable(self) -> None:
-        self._check_open()
+        self.check_open()
         if self.readonly:
             raise ReadOnlyStoreError(f"{self.device!r}: the store was opened read-only")
 
@@ -290,14 +326,14 @@ class Store(ReadMixin, WriteMixin, GCMixin, RecoveryMixin, CheckMixin, JournalSp
         and other writers' reservations, must cover it, after a GC pass if needed; otherwise the
         generation is refused before anything is written.  A policy without admission control
         (``Allocator.admission_control`` False: ZenFS) has its generations admitted without
-        this check or a reservation; its writes stop where its allocation fails.  The store's logical time advances to
-        ``step`` if it is later.
+        this check or a reservation; its writes stop where its allocation fails.  The store's
+        logical time advances to ``step`` if it is later.
 
-        Journal space is admitted too (:meth:`_check_journal`): the generation is refused when,
-        with it (estimated: ``EXTENT_BYTES`` per 1 MiB extent of its declared size, or per zone
-        on a payload-less device) and every writer in flight committed, a journal snapshot could
-        not be rolled over twice: once into the meta zones the current chain leaves free, and
-        once more after that.  Deleting shrinks the snapshot, so this keeps the room for the
+        Journal space is admitted too (:meth:`MetadataLog.check_room`): the generation is refused
+        when, with it (estimated: ``EXTENT_BYTES`` per 1 MiB extent of its declared size, or per
+        zone on a payload-less device) and every writer in flight committed, a journal snapshot
+        could not be rolled over twice: once into the meta zones the current chain leaves free,
+        and once more after that.  Deleting shrinks the snapshot, so this keeps the room for the
         records that delete everything and for GC moves (12.5 % slack for extents GC splits): a
         full journal never blocks the deletions that would shrink it.
 
@@ -317,7 +353,7 @@ class Store(ReadMixin, WriteMixin, GCMixin, RecoveryMixin, CheckMixin, JournalSp
                 :meth:`stop_state` at the refusal.
             ValueError: a negative step or size.
         """
-        with self._lock:
+        with self.lock:
             self._check_writable()
             check_id(gen_id)
             if not isinstance(step, int) or step < 0:
@@ -326,41 +362,95 @@ class Store(ReadMixin, WriteMixin, GCMixin, RecoveryMixin, CheckMixin, JournalSp
                 raise ValueError(f"declared_size must be a non-negative int, not {declared_size!r}")
             if gen_id in self.catalog.gens or gen_id in self._writers:
                 raise GenerationExistsError(f"generation {gen_id!r} already exists")
-            self._advance(step)
-            if self.table.n_empty < self.gc_reserve_zones and self.table.dead:
-                self._gc(force=False)
-            need = round_up(declared_size, self._bs) if declared_size else 0
+            zones = self.zones
+            zones.advance(step)
+            if zones.table.n_empty < self.gc_reserve_zones and zones.table.dead:
+                self.collector.collect(force=False)
+            bs = zones.block_size
+            need = round_up(declared_size, bs) if declared_size else 0
             control = self.allocator.admission_control
             if need and control:
                 avail = self._admittable()
-                if need > avail and self.table.dead:
-                    self._gc(force=True)
+                if need > avail and zones.table.dead:
+                    self.collector.collect(force=True)
                     avail = self._admittable()
                 if need > avail:
                     raise NoSpaceError(f"generation {gen_id!r} needs {need} bytes; {max(avail, 0)} can be "
-                                       f"reserved ({self._free()} free, {self._reserved} reserved by other "
+                                       f"reserved ({zones.free()} free, {self._reserved()} reserved by other "
                                        f"writers, {self.admission_reserve_zones} zones kept for GC)",
                                        needed=need, available=max(avail, 0), cause="admission",
                                        state=self.stop_state())
-            est = self._journal_estimate(gen_id, need)
+            extent = (1 << 20) if self.device.info.payload else zones.zone_capacity
+            est = self.log.estimate(gen_id, need, extent)
             try:
-                self._check_journal(est, f"generation {gen_id!r}")
+                self.log.check_room(est, f"generation {gen_id!r}", self._estimates())
             except NoSpaceError as e:
                 e.state = self.stop_state()
                 raise
             gen = GenerationInfo(id=gen_id, step=step, hint=hint or Hint())
-            w = GenerationWriter(self, gen, declared_size, need)
-            if not control:          # nothing reserved: the policy's allocation decides
-                w._reserve = 0
-            w._jest = est
-            self._jreserved += est
-            self._reserved += w._reserve
+            w = GenerationWriter(self, gen, declared_size, reserve=need if control else 0, journal_estimate=est,
+                                 block_size=bs, payload=self.device.info.payload)
             self._writers[gen_id] = w
             return w
 
+    def _reserved(self) -> int:
+        """Bytes reserved by the open writers' admissions and not yet written."""
+        return sum(w.reserve for w in self._writers.values())
+
+    def _estimates(self, exclude: GenerationWriter | None = None) -> list[int]:
+        """The open writers' journal estimates (snapshot bytes), ``exclude`` left out."""
+        return [w.journal_estimate for w in self._writers.values() if w is not exclude]
+
+    def _admittable(self) -> int:
+        return self.zones.free() - self._reserved() - self.admission_reserve_zones * self.zones.zone_capacity
+
+    def commit_writer(self, w: GenerationWriter) -> GenerationInfo:
+        """Commit ``w``'s generation (:meth:`GenerationWriter.commit` calls this; see there)."""
+        with self.lock:
+            self.check_open()
+            gen = w.gen
+            if gen.state is not GenState.WRITING:
+                raise ValueError(f"generation {gen.id!r} is {gen.state.value}: cannot commit it")
+            gen.commit_seq = self.catalog.commit_seq + 1
+            entry = gen_entry_bytes(gen)
+            n = len(entry) + 1
+            journal = self.log.journal
+            try:
+                if n + 256 > journal.max_record:    # the append would refuse it: say so first
+                    raise NoSpaceError(f"journal record of about {n} bytes (generation {gen.id!r}) does not "
+                                       f"fit a meta zone ({journal.max_record} bytes)",
+                                       needed=n, available=journal.max_record, cause="journal")
+                self.log.check_room(n, f"commit of generation {gen.id!r}", self._estimates(exclude=w))
+                self.device.flush()
+                self.log.commit(entry)
+            except BaseException:
+                gen.commit_seq = 0
+                raise
+            gen.state = GenState.COMMITTED
+            self.catalog.add(gen)
+            self.log.track(gen)
+            self._writers.pop(gen.id, None)
+            self.metrics.generations_committed += 1
+            return gen
+
+    def abort_writer(self, w: GenerationWriter) -> None:
+        """Drop ``w``'s generation (:meth:`GenerationWriter.abort` calls this; see there)."""
+        with self.lock:
+            gen = w.gen
+            if gen.state is not GenState.WRITING:
+                if gen.state is GenState.ABORTED:
+                    return
+                raise ValueError(f"generation {gen.id!r} is {gen.state.value}: cannot abort it")
+            gen.state = GenState.ABORTED
+            self._writers.pop(gen.id, None)
+            if self._closed:
+                return
+            self.write_path.drop(w.zone_bytes)
+            self.metrics.generations_aborted += 1
+
     def generations(self) -> list[GenerationInfo]:
         """Committed generations, ascending step then id."""
-        with self._lock:
+        with self.lock:
             return self.catalog.ordered()
 
     def generation(self, gen_id: str) -> GenerationInfo:
@@ -369,7 +459,7 @@ class Store(ReadMixin, WriteMixin, GCMixin, RecoveryMixin, CheckMixin, JournalSp
         Raises:
             GenerationNotFoundError: no committed generation has that id.
         """
-        with self._lock:
+        with self.lock:
             gen = self.catalog.gens.get(gen_id)
             if gen is None:
                 raise GenerationNotFoundError(f"no committed generation {gen_id!r}")
@@ -385,64 +475,36 @@ class Store(ReadMixin, WriteMixin, GCMixin, RecoveryMixin, CheckMixin, JournalSp
         Raises:
             GenerationNotFoundError: no committed generation has that id.
         """
-        with self._lock:
+        with self.lock:
             self._check_writable()
+            zones = self.zones
             if step is not None:
-                self._advance(step)
+                zones.advance(step)
             gen = self.catalog.gens.get(gen_id)
             if gen is None:
                 raise GenerationNotFoundError(f"no committed generation {gen_id!r}")
-            bs = self._bs
+            bs = zones.block_size
             zb: dict[int, int] = {}
             get = zb.get
             for s in gen.shards.values():
                 for e in s.extents:
                     zb[e[0]] = get(e[0], 0) - (-e[2] // bs) * bs
-            zones = self.table.zones
-            resets = [z for z, n in zb.items() if zones[z].live == n]
-            self._append("d", {"g": gen_id, "r": resets, "now": self._now})
+            summaries = zones.table.zones
+            resets = [z for z, n in zb.items() if summaries[z].live == n]
+            self.log.delete(gen_id, resets)
             self.catalog.remove(gen_id)
-            self._jgen_total -= self._jgen.pop(gen_id, 0)
             gen.state = GenState.DELETED
-            on_kill = self.table.on_kill
-            if len(resets) == len(zb):
-                pass                   # every zone resets: the reset drops its live bytes
-            elif resets:
+            if len(resets) != len(zb):     # zones that reset drop their live bytes with the reset
                 gone = set(resets)
-                for z, n in zb.items():
-                    if z not in gone:
-                        on_kill(z, n)
-            else:
-                for z, n in zb.items():
-                    on_kill(z, n)
-            self._reset_journaled(resets)
+                zones.kill({z: n for z, n in zb.items() if z not in gone})
+            zones.reset_journaled(resets)
             self.metrics.generations_deleted += 1
 
     def advance(self, step: int) -> None:
         """Move logical time to training step ``step`` (no-op if not later than the current step).
         Dead-space and unused-capacity byte-steps integrate over it."""
-        with self._lock:
-            self._advance(step)
-
-    @property
-    def now(self) -> int:
-        """The latest training step the store has seen."""
-        return self._now
-
-    def _advance(self, step: int) -> None:
-        dt = step - self._now
-        if dt > 0:
-            m = self.metrics
-            m.dead_space_byte_steps += self.table.dead * dt
-            m.unused_capacity_byte_steps += self.table.unused * dt
-            self._now = step
-            self.table.now = step
-
-    # -- shared bookkeeping --------------------------------------------------------------------------
-    def _free(self) -> int:
-        """Bytes writable without a reset, O(1): capacity - written - capacity lost to finishes."""
-        t = self.table
-        return self._data_capacity - t.written - t.unused
+        with self.lock:
+            self.zones.advance(step)
 
     @property
     def admission_reserve_zones(self) -> int:
@@ -452,106 +514,67 @@ class Store(ReadMixin, WriteMixin, GCMixin, RecoveryMixin, CheckMixin, JournalSp
         return self.allocator.admission_reserve(self.gc_reserve_zones)
 
     def stop_state(self) -> dict:
-        """The data zones' state, as a capacity stop records it (bytes; O(open zones)):
-        ``empty_zones``, ``open_free_bytes`` (writable capacity left in partly filled zones:
-        stranded when the policy will not use it), ``dead_bytes``, ``live_bytes``."""
-        t = self.table
-        return {"empty_zones": t.n_empty, "open_free_bytes": sum(s.remaining for s in t.open.values()),
-                "dead_bytes": t.dead, "live_bytes": t.live}
+        """The data zones' state at a capacity stop (:meth:`ZoneBook.stop_state`)."""
+        return self.zones.stop_state()
 
-    def _admittable(self) -> int:
-        return self._free() - self._reserved - self.admission_reserve_zones * self._cap
+    # -- GC, reads, checks -------------------------------------------------------------------------------
+    def gc(self, *, force: bool = False) -> GCReport:
+        """Run one pass of copying GC (:meth:`Collector.collect`).
 
-    def _attrs(self, z: int) -> list:
-        """Zone ``z``'s journaled attributes: ``[zone] + _attrs_of(summary)``."""
-        return [z] + self._attrs_of(self.table.zones[z])
+        Args:
+            force: ask the policy for victims as if every data zone had to be empty, not only when
+                fewer than ``gc_reserve_zones`` zones are empty.
+        """
+        with self.lock:
+            self._check_writable()
+            return self.collector.collect(force=force)
 
-    @staticmethod
-    def _attrs_of(s: ZoneSummary) -> list:
-        """``[written, full, reclaim_step, lifetime, opened_step, open_seq, last_write_step]``
-        (catalog module)."""
-        return [s.written, 1 if s.cond == ZoneCond.FULL else 0, s.reclaim_step, s.lifetime, s.opened_step,
-                s.open_seq, s.last_write_step]
+    def _busy_zones(self) -> set[int]:
+        """Zones holding data of generations being written (GC leaves them alone)."""
+        busy: set[int] = set()
+        for w in self._writers.values():
+            busy.update(w.zone_bytes)
+            for s in w.open_shards:
+                busy.update(s.zone_bytes)
+        return busy
 
-    def _append(self, kind: str, body: dict, raw: bytes = b"") -> None:
-        """Append a record carrying the zone attributes changed since the last one (flushed).
+    def read_shard(self, gen_id: str, name: str) -> Iterator[bytes]:
+        """Stream a committed shard, every extent verified (:meth:`Reader.read_shard`)."""
+        return self.reader.read_shard(gen_id, name)
 
-        ``raw``, if given, is a pre-encoded JSON member (``b'"g":[...]'``) spliced in first, so a
-        commit encodes its generation once."""
-        dirty = self._dirty
-        self._dirty = set()
-        zones = self.table.zones
-        attrs = []
-        for z in sorted(dirty):
-            s = zones[z]
-            attrs.append([z, s.written, 1 if s.cond is _FULL else 0, s.reclaim_step, s.lifetime,
-                          s.opened_step, s.open_seq, s.last_write_step])
-        body["z"] = attrs
-        body["o"] = self.table.open_seq
-        j = self.journal
-        try:
-            if raw:
-                j.append(kind.encode() + b' {' + raw + b',' + dumps(body)[1:].encode())
-            else:
-                j.append(encode(kind, body))
-        except BaseException:
-            self._dirty |= dirty
-            raise
-        m = self.metrics
-        m.journal_bytes, m.journal_records, m.rollovers = j.bytes_written, j.records, j.rollovers
+    def read_shard_extent(self, gen_id: str, name: str, pos: int) -> tuple[int, bytes]:
+        """The verified extent holding data byte ``pos`` (:meth:`Reader.read_shard_extent`)."""
+        return self.reader.read_shard_extent(gen_id, name, pos)
 
-    def _reset_zone(self, z: int) -> None:
-        """Reset data zone ``z``.  A zone reset while part-empty (not full) is charged its unused
-        capacity (:class:`~retainz.store.types.StoreMetrics`)."""
-        s = self.table.zones[z]
-        self.device.reset_zone(z)
-        self._charge_part_empty(s.capacity, s.written, s.cond is ZoneCond.FULL, s.last_write_step)
-        self.table.on_reset(z)
-        self.metrics.resets += 1
-        self._dirty.add(z)
+    def fsck(self) -> FsckReport:
+        """Check the whole store (:func:`~retainz.store.check.fsck`); nothing is written."""
+        with self.lock:
+            self.check_open()
+            return check.fsck(self.device, self.catalog, self.zones, self.recompute_table(),
+                              self.recovery.repairs)
 
-    def _reset_journaled(self, zs: list[int]) -> None:
-        """Reset data zones a journaled record already names for reset (``r`` of a deletion or a
-        GC move): one batched device reset, and no re-journaling of their (empty) attributes,
-        since replaying that record resets them."""
-        if not zs:
-            return
-        self.device.reset_zones(zs)
-        zones, on_reset, m, now = self.table.zones, self.table.on_reset, self.metrics, self._now
-        for z in zs:
-            s = zones[z]
-            if s.cond is not _FULL and s.written:
-                unused = s.capacity - s.written
-                m.unused_capacity_bytes += unused
-                m.unused_capacity_byte_steps += unused * max(0, now - s.last_write_step)
-            on_reset(z)
-        m.resets += len(zs)
+    def df(self) -> SpaceReport:
+        """Space report, like ``zenfs df`` (:func:`~retainz.store.check.space`)."""
+        with self.lock:
+            return check.space(self.zones, len(self.catalog.gens))
 
-    def _charge_part_empty(self, capacity: int, written: int, full: bool, last_write_step: int) -> None:
-        """Unused capacity of a zone reset while part-empty: ``capacity - written`` bytes, held
-        from its last write to now (byte-steps).  A full zone was charged at its finish (or has
-        none)."""
-        if full or not written:
-            return
-        m = self.metrics
-        unused = capacity - written
-        m.unused_capacity_bytes += unused
-        m.unused_capacity_byte_steps += unused * max(0, self._now - last_write_step)
+    def recompute_table(self) -> ZoneTable:
+        """The zone table rebuilt from scratch (:func:`~retainz.store.check.recompute_table`) from
+        everything live: committed extents, the open writers' shards, GC copies in flight.
+        ``store.table.key() == store.recompute_table().key()`` must always hold."""
+        with self.lock:
+            lists = [s.extents for gen in self.catalog.gens.values() for s in gen.shards.values()]
+            for w in self._writers.values():
+                lists += [s.extents for s in w.gen.shards.values()]
+                lists += [s.extents for s in w.open_shards]
+            lists.append(self.collector.inflight)
+            return check.recompute_table(self.zones, lists)
 
-    def _reset_dead(self, zones) -> int:
-        """Reset the zones among ``zones`` that hold bytes but no live data."""
-        n = 0
-        for z in list(zones):
-            s = self.table.zones[z]
-            if s.written and not s.live:
-                self._reset_zone(z)
-                n += 1
-        return n
-
-    def _metrics_state(self) -> dict:
-        m = self.metrics.to_dict()
-        m.pop("waf")
-        m["journal_bytes"] = self.journal.bytes_written
-        m["journal_records"] = self.journal.records
-        m["rollovers"] = self.journal.rollovers
-        return m
+    def _verify_summaries(self) -> None:
+        """``verify_summaries``: the cached summaries must equal a recomputation before every decision."""
+        fresh = self.recompute_table()
+        t = self.zones.table
+        if fresh.key() != t.key():
+            bad = [z for z in t.zones if fresh.zones[z].key() != t.zones[z].key()]
+            raise SummaryMismatchError(f"cached zone summaries differ from a recomputation in zones {bad[:8]}")
+        t.restore(list(fresh.zones.values()))

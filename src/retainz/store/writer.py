@@ -1,9 +1,10 @@
-"""The write path: :class:`GenerationWriter`, placement execution, commit and abort.
+"""The write path: placement execution (:class:`WritePath`), streaming shards (:class:`ShardWriter`)
+and generations (:class:`GenerationWriter`).
 
-Per extent the store asks the allocator once (``place``), executes the decision (finishes the zones
-it names, writes at the chosen zone's write pointer) and updates the zone table incrementally.  No
-journal record and no flush is issued per extent: a generation's extents are buffered in memory and
-journaled with its commit record.  Durability order of a commit (DESIGN.md principle 5):
+Per extent the write path asks the allocator once (``place``), executes the decision (finishes the
+zones it names, writes at the chosen zone's write pointer) and updates the zone table incrementally.
+No journal record and no flush is issued per extent: a generation's extents are buffered in memory
+and journaled with its commit record.  Durability order of a commit (DESIGN.md principle 5):
 
 1. every data write of the generation is flushed (``device.flush``);
 2. the commit record (the generation, its shards and extents, the zone attributes changed since the
@@ -11,25 +12,29 @@ journaled with its commit record.  Durability order of a commit (DESIGN.md princ
 3. only then does ``commit()`` return.  A generation is committed iff its commit record is durable.
 
 Payload writes are cut into extents of at most :data:`WRITE_BUFFER` bytes (each one device write
-with its own crc32c), so a reader verifies every extent before handing out a byte of it.
+with its own crc32c), so a reader verifies every extent before handing out a byte of it.  A
+payload-less device (trace replay) takes counted shards (:meth:`GenerationWriter.write_counted_shard`):
+sizes without bytes or checksums.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Iterable
 from time import thread_time
+from typing import Protocol
 
 import crc32c
 
 from retainz.errors import NoSpaceError, ShardSizeError
-from retainz.placement.base import Decision, ExtentRequest
-from retainz.store.catalog import dumps, encode_gen
+from retainz.placement.base import Allocator, Decision, ExtentRequest, ZoneSummary
 from retainz.store.crc import crc32c_combine
 from retainz.store.format import check_id, round_up
-from retainz.store.types import GenerationInfo, GenState, ShardInfo
+from retainz.store.types import GenerationInfo, GenState, ShardInfo, StoreMetrics
+from retainz.store.zonebook import ZoneBook
 from retainz.zoned.model import ZoneCond
 
-__all__ = ["GenerationWriter", "WRITE_BUFFER", "WriteMixin"]
+__all__ = ["GenerationWriter", "ShardWriter", "WritePath", "WRITE_BUFFER"]
 
 #: Bytes per payload extent (one device write, one crc32c): ZenFS's 1 MiB write buffer.
 WRITE_BUFFER = 1 << 20
@@ -39,32 +44,397 @@ _EMPTY, _FULL, _IO = ZoneCond.EMPTY, ZoneCond.FULL, ZoneCond.IMP_OPEN
 _KEEP = Decision(None)
 
 
+class _Collector(Protocol):
+    running: bool
+
+    def collect(self, *, force: bool): ...
+
+
+class WritePath:
+    """Places bytes extent by extent and writes them (the one place decisions are executed).
+
+    Args:
+        zones: the zone book.
+        allocator: the bound placement policy.
+        metrics: the store's counters (decisions and their CPU time).
+        verify: called before every decision (``verify_summaries``: rebuild and check the cached
+            summaries), or ``None``.
+
+    Attributes:
+        collector: the store's garbage collector (set by the store): a placement that finds no
+            space runs one forced pass before giving up.
+    """
+
+    def __init__(self, zones: ZoneBook, allocator: Allocator, metrics: StoreMetrics,
+                 verify: Callable[[], None] | None = None):
+        self.zones = zones
+        self.allocator = allocator
+        self.metrics = metrics
+        self.verify = verify
+        self.collector: _Collector | None = None
+
+    def _execute(self, d: Decision) -> Decision | None:
+        """Check a decision against the contract and perform its finishes, also those of a
+        decision without a zone (ZenFS finishes zones, then finds no empty one: "Zone allocation
+        failure"; the finishes stand)."""
+        t = self.zones.table
+        name = self.allocator.name
+        for f in d.finish:
+            if f not in t.open:
+                raise ValueError(f"allocator {name} asked to finish zone {f}, which is not an open data zone")
+            self.zones.finish(f)
+        z = d.zone
+        if z is None:
+            return None
+        s = t.zones.get(z)
+        if s is None or s.cond is _FULL:
+            raise ValueError(f"allocator {name} chose zone {z}, which is not a data zone with room")
+        budget = self.zones.max_active
+        if s.cond is _EMPTY and budget and len(t.open) >= budget:
+            raise ValueError(f"allocator {name} opened zone {z} beyond the active-zone budget {budget}")
+        return d
+
+    def _decide(self, req: ExtentRequest) -> Decision | None:
+        if self.verify:
+            self.verify()
+        t0 = thread_time()
+        d = self.allocator.place(req)
+        m = self.metrics
+        m.decision_cpu_seconds += thread_time() - t0
+        m.decisions += 1
+        return self._execute(d)
+
+    def _decide_or_gc(self, req: ExtentRequest, d: Decision) -> Decision:
+        """Execute ``d``; on no space, one forced GC pass and one more decision.
+
+        Raises:
+            NoSpaceError: still no space.  ``cause`` is ``"gc"`` when the GC pass reclaimed
+                something (reset a zone or copied bytes) and the policy still found no space,
+                else ``"allocation"`` (the policy's own no-space answer stands: no dead bytes, or
+                its GC rule named nothing it could move); ``state`` is the zone book's
+                ``stop_state`` at the refusal.
+        """
+        d = self._execute(d)
+        freed = False
+        gc = self.collector
+        if d is None and not req.gc and gc is not None and not gc.running and self.zones.table.dead:
+            rep = gc.collect(force=True)
+            freed = bool(rep.zones_reset or rep.bytes_copied)
+            d = self._decide(req)
+        if d is None:
+            free = self.zones.free()
+            raise NoSpaceError(f"no zone can take {req.nbytes} bytes of generation {req.generation!r} "
+                               f"({free} bytes free in zones)", needed=req.nbytes, available=free,
+                               cause="gc" if freed else "allocation", state=self.zones.stop_state())
+        return d
+
+    def _zone(self, gen: GenerationInfo, left: int, gc: bool, pending: int, extents: list,
+              keep: bool) -> tuple[int, ZoneSummary, Decision, float]:
+        """The zone the next ``left`` bytes go to: ``(zone, summary, decision, CPU seconds in
+        place)``.
+
+        A per-file policy (``allocator.keeps_file_zone``, e.g. ZenFS: ``ZoneFile::AllocateNewZone``
+        runs only on a file's first write and when its active zone is full, fs/io_zenfs.cc) is not
+        asked while the shard's current zone (that of its last extent in ``extents``) has room: the
+        bytes go there, so a shard costs one decision per zone it spans whether it arrives whole
+        (payload-less device) or in 1 MiB buffers (payload device).  GC copies are always placed
+        by a decision (``TakeMigrateZone`` per extent)."""
+        zones = self.zones.table.zones
+        if keep and extents and zones[extents[-1][0]].cond is _IO:
+            z = extents[-1][0]
+            return z, zones[z], _KEEP, 0.0
+        if self.verify:
+            self.verify()
+        req = ExtentRequest(left, gen.id, gen.step, gen.hint, self.zones.now, gc, pending)
+        t0 = thread_time()
+        d = self.allocator.place(req)
+        cpu = thread_time() - t0
+        z = d.zone
+        s = zones.get(z)
+        if s is None or d.finish or (s.cond is not _IO and (
+                s.cond is not _EMPTY or (self.zones.max_active
+                                         and len(self.zones.table.open) >= self.zones.max_active))):
+            d = self._decide_or_gc(req, d)  # finishes, no space, contract errors
+            z = d.zone
+            s = zones[z]
+        return z, s, d, cpu
+
+    def write(self, gen: GenerationInfo, data, data_len: int, extents: list, zone_bytes: dict, *,
+              gc: bool = False, acc: list | None = None, pending: int = 0) -> int:
+        """Write ``data`` (a bytes-like object, a multiple of the block size, holding ``data_len``
+        bytes of shard data then zero padding) at zones the allocator picks; append ``(zone,
+        offset, length, crc)`` extents and add to ``zone_bytes`` (zone -> device bytes).  Returns
+        device bytes written.
+
+        Args:
+            gc: GC copies (``ExtentRequest.gc``).
+            acc: ``acc[0]``, if given, accumulates the crc32c of the data (the shard's), each byte
+                read once.
+            pending: ``ExtentRequest.pending``: bytes of the generation still to come after these.
+
+        Every decision's zone gets ``decision.lifetime`` as its lifetime class when the decision
+        opens it, or the generation's ``hint.lifetime`` when that is ``None``.
+
+        Raises:
+            NoSpaceError: no zone can take the rest even after a GC pass (extents written so far
+                stay in ``extents``).
+            ValueError: the allocator broke its contract.
+        """
+        left = total = len(data)
+        pos = 0
+        dev, zsize, now = self.zones.device, self.zones.zone_size, self.zones.now
+        on_write = self.zones.table.on_write
+        dirty = self.zones.changed.add
+        lifetime = gen.hint.lifetime
+        keep = self.allocator.keeps_file_zone and not gc
+        cpu = 0.0
+        ndec = 0
+        try:
+            while left:
+                z, s, d, c = self._zone(gen, left, gc, pending, extents, keep)
+                if d is not _KEEP:
+                    cpu += c
+                    ndec += 1
+                off = s.written
+                n = s.capacity - off
+                if n > left:
+                    n = left
+                el = n if data_len - pos >= n else data_len - pos
+                piece = data[pos:pos + n]
+                dev.write(z * zsize + off, piece)
+                crc = crc32c.crc32c(piece[:el]) if el < n else crc32c.crc32c(piece)
+                if acc is not None:
+                    acc[0] = (crc32c_combine(acc[0], crc, el) if el == WRITE_BUFFER
+                              else crc32c.crc32c(piece[:el], acc[0]))
+                lt = d.lifetime
+                on_write(z, n, d.reclaim_step, lifetime if lt is None else lt, now)
+                dirty(z)
+                zone_bytes[z] = zone_bytes.get(z, 0) + n
+                extents.append((z, off, el, crc))
+                pos += n
+                left -= n
+        finally:
+            self.metrics.decision_cpu_seconds += cpu
+            self.metrics.decisions += ndec
+        return total
+
+    def write_counted(self, gen: GenerationInfo, nbytes: int, data_len: int, extents: list, zone_bytes: dict, *,
+                      gc: bool = False, pending: int = 0) -> int:
+        """Place ``nbytes`` device bytes (a block multiple; ``data_len`` of them shard data) on a
+        payload-less device: like :meth:`write`, with extents that carry no crc (``None``).  The
+        hot path of trace replay: one ``place`` call, one device write and one table update per
+        extent, nothing proportional to the number of zones."""
+        left = nbytes
+        pos = 0
+        dev, zsize, now = self.zones.device, self.zones.zone_size, self.zones.now
+        on_write = self.zones.table.on_write
+        dirty = self.zones.changed.add
+        lifetime = gen.hint.lifetime
+        keep = self.allocator.keeps_file_zone and not gc
+        cpu = 0.0
+        ndec = 0
+        try:
+            while left:
+                z, s, d, c = self._zone(gen, left, gc, pending, extents, keep)
+                if d is not _KEEP:
+                    cpu += c
+                    ndec += 1
+                off = s.written
+                n = s.capacity - off
+                if n > left:
+                    n = left
+                el = n if data_len - pos >= n else data_len - pos
+                dev.write(z * zsize + off, n)
+                lt = d.lifetime
+                on_write(z, n, d.reclaim_step, lifetime if lt is None else lt, now)
+                dirty(z)
+                zone_bytes[z] = zone_bytes.get(z, 0) + n
+                extents.append((z, off, el, None))
+                pos += n
+                left -= n
+        finally:
+            self.metrics.decision_cpu_seconds += cpu
+            self.metrics.decisions += ndec
+        return nbytes
+
+    def shard_written(self, padded: int) -> None:
+        """A shard of ``padded`` device bytes was written for a user: host bytes, peak occupancy."""
+        m, t = self.metrics, self.zones.table
+        m.host_bytes += padded
+        occ = t.live + t.dead
+        if occ > m.peak_occupancy:
+            m.peak_occupancy = occ
+
+    def drop(self, zone_bytes: dict[int, int]) -> None:
+        """Bytes written and given up (a failed shard, an aborted generation): dead now; zones
+        left with no live data are reset."""
+        self.zones.kill(zone_bytes)
+        self.zones.reset_dead(zone_bytes)
+
+
+class _WriterHost(Protocol):
+    """What a :class:`GenerationWriter` may call on its store (the store implements it)."""
+
+    lock: threading.RLock
+    write_path: WritePath
+
+    def check_open(self) -> None: ...
+
+    def commit_writer(self, w: GenerationWriter) -> GenerationInfo: ...
+
+    def abort_writer(self, w: GenerationWriter) -> None: ...
+
+
+class ShardWriter:
+    """One shard being written, push-style: :meth:`write` chunks as they arrive, then :meth:`close`
+    (or :meth:`abort`).  Returned by :meth:`GenerationWriter.open_shard`.
+
+    Chunks are written in extents of up to :data:`WRITE_BUFFER` bytes as they arrive; the shard is
+    never held in memory whole.  It becomes visible to readers with its generation's commit.
+    Until it is closed, GC leaves the zones holding its bytes alone.
+
+    Attributes:
+        name: the shard name.  size: the size given at open (``None``: not given).
+        written: data bytes taken so far.
+    """
+
+    __slots__ = ("_w", "name", "size", "written", "_buf", "_acc", "extents", "zone_bytes", "_padded", "_open")
+
+    def __init__(self, writer: GenerationWriter, name: str, size: int | None):
+        self._w = writer
+        self.name = name
+        self.size = size
+        self.written = 0
+        self._buf = bytearray()
+        self._acc = [0]                 # the shard's crc32c, accumulated extent by extent
+        self.extents: list = []         # written, not yet in any committed shard (live)
+        self.zone_bytes: dict[int, int] = {}
+        self._padded = 0
+        self._open = True
+
+    def _put(self, data, data_len: int) -> None:
+        w = self._w
+        n = len(data)
+        self._padded += w._host.write_path.write(w.gen, data, data_len, self.extents, self.zone_bytes,
+                                                  acc=self._acc, pending=w._pending(n))
+        w._placed += n
+
+    def write(self, chunk: bytes | bytearray | memoryview) -> None:
+        """Take the next bytes of the shard.
+
+        Raises:
+            ShardSizeError: the shard exceeds its ``size``, or the generation its declared size.
+                The shard is aborted (its bytes become dead); the writer stays usable.
+            NoSpaceError: no zone could take the data even after GC (the shard is aborted likewise).
+            ValueError: the shard is closed.
+        """
+        w = self._w
+        with w._host.lock:
+            if not self._open:
+                raise ValueError(f"shard {self.name!r} of generation {w.gen.id!r} is closed")
+            try:
+                mv = memoryview(chunk).cast("B")
+                n = mv.nbytes
+                self.written += n
+                if self.size is not None and self.written > self.size:
+                    raise ShardSizeError(f"shard {self.name!r}: more than the {self.size} bytes given as its size")
+                w._check_declared(self.name, self.written)
+                buf, wbuf = self._buf, WRITE_BUFFER
+                pos = 0
+                if buf:
+                    pos = min(wbuf - len(buf), n)
+                    buf += mv[:pos]
+                    if len(buf) == wbuf:
+                        self._put(buf, wbuf)
+                        self._buf = buf = bytearray()
+                while n - pos >= wbuf:
+                    self._put(mv[pos:pos + wbuf], wbuf)
+                    pos += wbuf
+                if pos < n:
+                    buf += mv[pos:]
+            except BaseException:
+                self._fail()
+                raise
+
+    def close(self) -> ShardInfo:
+        """Write the buffered tail and add the shard to its generation.
+
+        Raises:
+            ShardSizeError: fewer bytes than the ``size`` given (the shard is aborted).
+            NoSpaceError: as :meth:`write`.  ValueError: the shard is closed.
+        """
+        w = self._w
+        with w._host.lock:
+            if not self._open:
+                raise ValueError(f"shard {self.name!r} of generation {w.gen.id!r} is closed")
+            try:
+                if self.size is not None and self.written != self.size:
+                    raise ShardSizeError(f"shard {self.name!r}: {self.written} bytes, not the {self.size} "
+                                         "given as its size")
+                if self._buf:
+                    buf, n = self._buf, len(self._buf)
+                    buf += bytes(-n % w._block_size)
+                    self._put(buf, n)
+                    self._buf = bytearray()
+            except BaseException:
+                self._fail()
+                raise
+            return w._add_shard(self, ShardInfo(self.name, self.written, self._acc[0], tuple(self.extents)),
+                                self._padded)
+
+    def abort(self) -> None:
+        """Drop the shard: its bytes become dead.  A no-op on a closed shard."""
+        with self._w._host.lock:
+            if self._open:
+                self._fail()
+
+    def _fail(self) -> None:
+        self._open = False
+        self._w._shard_failed(self)
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if not self._open:
+            return
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
 class GenerationWriter:
     """Writes one generation.  Returned by :meth:`Store.begin_generation`.
 
-    Call sequence: ``write_shard`` any number of times (one shard per call, streamed), then exactly
-    one of ``commit()`` or ``abort()``.  Several writers may be open at once (overlapping async
-    saves); every call takes the store's lock, so readers never see a generation before its commit
-    record is durable.  As a context manager it commits on a normal exit and aborts on an exception.
+    Call sequence: shards (``write_shard`` streamed from an iterable, ``open_shard`` pushed chunk by
+    chunk, or ``write_counted_shard`` on a payload-less device) any number of times, then exactly one
+    of ``commit()`` or ``abort()``.  Several writers may be open at once (overlapping async saves);
+    every call takes the store's lock, so readers never see a generation before its commit record
+    is durable.  As a context manager it commits on a normal exit and aborts on an exception.
 
     Attributes:
         gen: the :class:`GenerationInfo` being written (state ``WRITING`` until committed).
         declared_size: bytes declared at admission (``None``: none declared).
+        reserve: bytes of the admission reservation not yet written.
+        journal_estimate: snapshot bytes reserved in the journal for the generation (an estimate).
+        zone_bytes: ``{zone: device bytes}`` of the generation's closed shards.
     """
 
-    __slots__ = ("_store", "gen", "declared_size", "_reserve", "_data", "_zone_bytes", "_need", "_placed",
-                 "_jest")
-
-    def __init__(self, store, gen: GenerationInfo, declared_size: int | None, reserve: int):
-        self._store = store
+    def __init__(self, host: _WriterHost, gen: GenerationInfo, declared_size: int | None, *, reserve: int,
+                 journal_estimate: int, block_size: int, payload: bool):
+        self._host = host
         self.gen = gen
         self.declared_size = declared_size
-        self._reserve = reserve        # bytes of the admission reservation not yet written
-        self._data = 0                 # shard bytes written so far
-        self._zone_bytes: dict[int, int] = {}  # zone -> device bytes this generation holds there
-        self._need = reserve           # the declared size, block-rounded (0: none declared)
-        self._placed = 0               # device bytes placed for the generation so far
-        self._jest = 0                 # snapshot bytes reserved in the journal (an estimate)
+        self.reserve = reserve
+        self.journal_estimate = journal_estimate
+        self.zone_bytes: dict[int, int] = {}
+        self._need = round_up(declared_size, block_size) if declared_size else 0
+        self._data = 0        # shard bytes of closed shards
+        self._placed = 0      # device bytes placed so far (open shards included)
+        self._block_size = block_size
+        self._payload = payload
+        self._open: list[ShardWriter] = []
 
     @property
     def id(self) -> str:
@@ -74,19 +444,55 @@ class GenerationWriter:
     def state(self) -> GenState:
         return self.gen.state
 
-    def write_shard(self, name: str, chunks: Iterable[bytes | bytearray | memoryview] | None = None, *,
-                    size: int | None = None) -> ShardInfo:
-        """Stream one shard into the store; returns its :class:`ShardInfo` (extents, crc32c).
+    @property
+    def open_shards(self) -> list[ShardWriter]:
+        """Shards opened and not yet closed or aborted."""
+        return list(self._open)
 
-        The shard is never held in memory whole: chunks are written in extents of up to 1 MiB as
-        they arrive.  It becomes visible to readers with the generation's commit.
+    def _pending(self, n: int) -> int:
+        """``ExtentRequest.pending`` for the next ``n`` bytes: declared bytes still to come after them."""
+        return max(0, self._need - self._placed - n)
+
+    def _check_writing(self) -> None:
+        self._host.check_open()
+        if self.gen.state is not GenState.WRITING:
+            raise ValueError(f"generation {self.gen.id!r} is {self.gen.state.value}, not writing")
+
+    def _check_declared(self, name: str, shard_bytes: int) -> None:
+        total = self._data + sum(s.written for s in self._open if s.name != name) + shard_bytes
+        if self.declared_size is not None and total > self.declared_size:
+            raise ShardSizeError(f"generation {self.gen.id!r}: shard {name!r} brings it to {total} "
+                                 f"bytes, more than the {self.declared_size} declared")
+
+    def _check_name(self, name: str, size: int | None) -> None:
+        check_id(name, "shard name")
+        if name in self.gen.shards or any(s.name == name for s in self._open):
+            raise ValueError(f"generation {self.gen.id!r} already has a shard {name!r}")
+        if size is not None and (not isinstance(size, int) or size < 0):
+            raise ValueError(f"shard {name!r}: size must be a non-negative int, not {size!r}")
+
+    def open_shard(self, name: str, *, size: int | None = None) -> ShardWriter:
+        """Open a shard for push-style writing (:class:`ShardWriter`).
 
         Args:
             name: shard name (same rules as generation ids: :func:`retainz.store.format.check_id`).
-            chunks: the shard's bytes, in order (any bytes-like objects).  ``None`` together with
-                ``size=`` on a payload-less device (``info.payload`` False) writes a counted shard
-                with no checksum (trace replay).
             size: the shard's length in bytes, if known; the chunks must add up to exactly it.
+
+        Raises:
+            InvalidIdError: a bad name.  ValueError: a duplicate name, a negative size, or a writer
+                that is no longer writing.
+        """
+        with self._host.lock:
+            self._check_writing()
+            self._check_name(name, size)
+            s = ShardWriter(self, name, size)
+            self._open.append(s)
+            return s
+
+    def write_shard(self, name: str, chunks: Iterable[bytes | bytearray | memoryview], *,
+                    size: int | None = None) -> ShardInfo:
+        """Stream one shard into the store from an iterable of bytes-like chunks; returns its
+        :class:`ShardInfo` (extents, crc32c).  See :meth:`open_shard` and :class:`ShardWriter`.
 
         Raises:
             InvalidIdError: a bad name.
@@ -94,11 +500,71 @@ class GenerationWriter:
                 exceeds its ``declared_size``.  The shard's bytes written so far become dead; the
                 writer stays usable.
             NoSpaceError: no zone could take the data even after GC (the shard is dropped likewise).
-            ValueError: a duplicate shard name, a negative size, ``size`` without chunks on a device
-                that keeps payload, or a writer that is no longer writing.
+            ValueError: a duplicate shard name, a negative size, or a writer that is no longer
+                writing.
         """
-        return self._store._write_shard(self, name, chunks, size)
+        if chunks is None:
+            raise ValueError(f"shard {name!r}: no chunks given (a counted shard on a payload-less device "
+                             "is write_counted_shard)")
+        s = self.open_shard(name, size=size)
+        try:
+            for chunk in chunks:
+                s.write(chunk)
+        except BaseException:
+            s.abort()
+            raise
+        return s.close()
 
+    def write_counted_shard(self, name: str, size: int) -> ShardInfo:
+        """Place a shard of ``size`` bytes without its bytes (a payload-less device: trace replay).
+        The shard carries no checksum.
+
+        Raises:
+            ValueError: the device keeps payload, a bad size, a duplicate name.  InvalidIdError,
+                ShardSizeError, NoSpaceError: as :meth:`write_shard`.
+        """
+        with self._host.lock:
+            self._check_writing()
+            self._check_name(name, size)
+            if size is None:
+                raise ValueError(f"shard {name!r}: a counted shard needs its size")
+            if self._payload:
+                raise ValueError(f"shard {name!r}: a counted shard (size without bytes) needs a payload-less "
+                                 "device; this device keeps payload")
+            self._check_declared(name, size)
+            s = ShardWriter(self, name, size)
+            s.written = size
+            self._open.append(s)
+            padded = round_up(size, self._block_size)
+            try:
+                if padded:
+                    s._padded = self._host.write_path.write_counted(self.gen, padded, size, s.extents,
+                                                                    s.zone_bytes, pending=self._pending(padded))
+                    self._placed += padded
+            except BaseException:
+                s._fail()
+                raise
+            return self._add_shard(s, ShardInfo(name, size, None, tuple(s.extents)), padded)
+
+    # -- what the shards report --------------------------------------------------------------------------
+    def _add_shard(self, s: ShardWriter, info: ShardInfo, padded: int) -> ShardInfo:
+        s._open = False
+        self._open.remove(s)
+        self._data += info.size
+        self.reserve -= min(padded, self.reserve)
+        zb = self.zone_bytes
+        for z, n in s.zone_bytes.items():
+            zb[z] = zb.get(z, 0) + n
+        self.gen.shards[info.name] = info
+        self._host.write_path.shard_written(padded)
+        return info
+
+    def _shard_failed(self, s: ShardWriter) -> None:
+        if s in self._open:
+            self._open.remove(s)
+        self._host.write_path.drop(s.zone_bytes)
+
+    # -- the generation -----------------------------------------------------------------------------------
     def commit(self) -> GenerationInfo:
         """Make the generation durable and visible: flush its data, then append and flush its commit
         record (see the module docstring).
@@ -107,15 +573,24 @@ class GenerationWriter:
             NoSpaceError: the commit record does not fit the journal, or the journal could not
                 also hold the records that delete everything (see ``Store.begin_generation``);
                 the generation stays uncommitted and can be aborted.
-            ValueError: the writer is not writing (already committed or aborted).
+            ValueError: the writer is not writing (already committed or aborted), or a shard is still
+                open.
         """
-        return self._store._commit(self)
+        with self._host.lock:
+            if self._open:
+                raise ValueError(f"generation {self.gen.id!r}: shard {self._open[0].name!r} is still open; "
+                                 "close or abort it before the commit")
+            return self._host.commit_writer(self)
 
     def abort(self) -> None:
         """Drop the generation: its bytes become dead and zones left with no live data are reset.
         Nothing is journaled (after a crash an uncommitted generation is garbage anyway).  A no-op
         on an aborted writer."""
-        self._store._abort(self)
+        with self._host.lock:
+            if self.gen.state is GenState.WRITING:
+                for s in list(self._open):
+                    s.abort()
+            self._host.abort_writer(self)
 
     def __enter__(self) -> GenerationWriter:
         return self
@@ -130,318 +605,3 @@ class GenerationWriter:
 
     def __repr__(self) -> str:
         return f"GenerationWriter({self.gen.id!r}, step={self.gen.step}, {self.gen.state.value})"
-
-
-class WriteMixin:
-    """Write-path methods of :class:`~retainz.store.store.Store` (state lives on the store)."""
-
-    # -- placement -----------------------------------------------------------------------------------
-    def _decide(self, gen: GenerationInfo, nbytes: int, gc: bool, pending: int = 0) -> Decision | None:
-        """Ask the allocator where ``nbytes`` go and execute its finishes; ``None`` = no space."""
-        if self._verify:
-            self._rebuild_summaries()
-        t0 = thread_time()
-        d = self.allocator.place(ExtentRequest(nbytes, gen.id, gen.step, gen.hint, self._now, gc, pending))
-        m = self.metrics
-        m.decision_cpu_seconds += thread_time() - t0
-        m.decisions += 1
-        return self._execute(d)
-
-    def _execute(self, d: Decision) -> Decision | None:
-        """Check a decision against the contract and perform its finishes, also those of a
-        decision without a zone (ZenFS finishes zones, then finds no empty one: "Zone allocation
-        failure"; the finishes stand)."""
-        for f in d.finish:
-            self._finish_zone(f)
-        z = d.zone
-        if z is None:
-            return None
-        s = self.table.zones.get(z)
-        if s is None or s.cond is _FULL:
-            raise ValueError(f"allocator {self.allocator.name} chose zone {z}, which is not a data zone "
-                             "with room")
-        if s.cond is _EMPTY and self._max_active and len(self.table.open) >= self._max_active:
-            raise ValueError(f"allocator {self.allocator.name} opened zone {z} beyond the active-zone "
-                             f"budget {self._max_active}")
-        return d
-
-    def _decide_or_gc(self, gen: GenerationInfo, nbytes: int, gc: bool, d: Decision | None = None,
-                      pending: int = 0) -> Decision:
-        """Execute ``d`` (or ask for one); on no space, one forced GC pass and one more decision.
-
-        Raises:
-            NoSpaceError: still no space.  ``cause`` is ``"gc"`` when the GC pass reclaimed
-                something (reset a zone or copied bytes) and the policy still found no space,
-                else ``"allocation"`` (the policy's own no-space answer stands: no dead bytes, or
-                its GC rule named nothing it could move); ``state`` is :meth:`stop_state` at the
-                refusal.
-        """
-        d = self._decide(gen, nbytes, gc, pending) if d is None else self._execute(d)
-        freed = False
-        if d is None and not gc and not self._in_gc:
-            if self.table.dead:
-                rep = self._gc(force=True)
-                freed = bool(rep.zones_reset or rep.bytes_copied)
-                d = self._decide(gen, nbytes, gc, pending)
-        if d is None:
-            raise NoSpaceError(f"no zone can take {nbytes} bytes of generation {gen.id!r} "
-                               f"({self._free()} bytes free in zones)", needed=nbytes,
-                               available=self._free(), cause="gc" if freed else "allocation",
-                               state=self.stop_state())
-        return d
-
-    def _finish_zone(self, z: int) -> None:
-        s = self.table.zones.get(z)
-        if s is None or z not in self.table.open:
-            raise ValueError(f"allocator {self.allocator.name} asked to finish zone {z}, which is not "
-                             "an open data zone")
-        self.device.finish_zone(z)
-        self.metrics.finishes += 1
-        self.metrics.unused_capacity_bytes += s.capacity - s.written
-        self.table.on_finish(z)
-        self._dirty.add(z)
-
-    def _put(self, gen: GenerationInfo, data, data_len: int, extents: list, zone_bytes: dict,
-             gc: bool, acc: list | None = None, pending: int = 0) -> int:
-        """Write ``data`` (bytes-like of a block multiple, or an int count) at zones the allocator
-        picks; append ``(zone, offset, length, crc)`` extents.  Returns device bytes written.
-        ``acc[0]``, if given, accumulates the crc32c of the data (the shard's), each byte read once.
-        ``pending`` is ``ExtentRequest.pending``: bytes of the generation still to come after
-        these (constant over the call: what one piece places, ``nbytes`` loses).
-
-        Every decision's zone gets ``decision.lifetime`` as its lifetime class when the decision
-        opens it, or the generation's ``hint.lifetime`` when that is ``None``.
-
-        A per-file policy (``allocator.keeps_file_zone``, e.g. ZenFS: ``ZoneFile::AllocateNewZone``
-        runs only on a file's first write and when its active zone is full, fs/io_zenfs.cc) is not
-        asked while the shard's current zone (that of its last extent in ``extents``) has room:
-        the bytes go there, so a shard costs one decision per zone it spans whether it arrives
-        whole (payload-less device) or in 1 MiB buffers (payload device).  GC copies are always
-        placed by a decision (``TakeMigrateZone`` per extent).
-
-        The hot path of trace replay: one ``place`` call, one device write and one table update per
-        extent, nothing proportional to the number of zones."""
-        counted = data.__class__ is int
-        left = data if counted else len(data)
-        total = left
-        pos = 0
-        table, dev, zsize, dirty = self.table, self.device, self._zsize, self._dirty
-        zones, opened = table.zones, table.open
-        max_active = self._max_active
-        gid, step, hint, now = gen.id, gen.step, gen.hint, self._now
-        lifetime = hint.lifetime
-        place = self.allocator.place
-        on_write = table.on_write
-        verify = self._verify
-        m = self.metrics
-        cpu = 0.0
-        ndec = 0
-        keep = self.allocator.keeps_file_zone and not gc
-        try:
-            while left:
-                if keep and extents and zones[extents[-1][0]].cond is _IO:
-                    z = extents[-1][0]        # the shard keeps its zone while it has room
-                    s = zones[z]
-                    d = _KEEP
-                else:
-                    if verify:
-                        self._rebuild_summaries()
-                    t0 = thread_time()
-                    d = place(ExtentRequest(left, gid, step, hint, now, gc, pending))
-                    cpu += thread_time() - t0
-                    ndec += 1
-                    z = d.zone
-                    s = zones.get(z)
-                    if s is None or d.finish or (s.cond is not _IO and (
-                            s.cond is not _EMPTY or (max_active and len(opened) >= max_active))):
-                        d = self._decide_or_gc(gen, left, gc, d, pending)  # finishes, no space, errors
-                        z = d.zone
-                        s = zones[z]
-                off = s.written
-                n = s.capacity - off
-                if n > left:
-                    n = left
-                if counted:
-                    el = n if data_len - pos >= n else data_len - pos
-                    dev.write(z * zsize + off, n)
-                    crc = None
-                else:
-                    el = n if data_len - pos >= n else data_len - pos
-                    piece = data[pos:pos + n]
-                    dev.write(z * zsize + off, piece)
-                    crc = crc32c.crc32c(piece[:el]) if el < n else crc32c.crc32c(piece)
-                    if acc is not None:
-                        acc[0] = (crc32c_combine(acc[0], crc, el) if el == WRITE_BUFFER
-                                  else crc32c.crc32c(piece[:el], acc[0]))
-                lt = d.lifetime
-                on_write(z, n, d.reclaim_step, lifetime if lt is None else lt, now)
-                dirty.add(z)
-                zone_bytes[z] = zone_bytes.get(z, 0) + n
-                extents.append((z, off, el, crc))
-                pos += n
-                left -= n
-        finally:
-            m.decision_cpu_seconds += cpu
-            m.decisions += ndec
-        return total
-
-    # -- shards ------------------------------------------------------------------------------------
-    def _write_shard(self, w: GenerationWriter, name: str, chunks, size: int | None) -> ShardInfo:
-        with self._lock:
-            self._check_open()
-            gen = w.gen
-            if gen.state is not GenState.WRITING:
-                raise ValueError(f"generation {gen.id!r} is {gen.state.value}, not writing")
-            check_id(name, "shard name")
-            if name in gen.shards:
-                raise ValueError(f"generation {gen.id!r} already has a shard {name!r}")
-            if size is not None and (not isinstance(size, int) or size < 0):
-                raise ValueError(f"shard {name!r}: size must be a non-negative int, not {size!r}")
-            extents: list = []
-            zb: dict[int, int] = {}
-            self._partial = zb  # GC must not collect zones holding this shard's bytes
-            self._inflight.append(extents)  # recompute_table counts them (live, not yet in a shard)
-            try:
-                if chunks is None:
-                    if size is None:
-                        raise ValueError(f"shard {name!r}: give chunks, or size= on a payload-less device")
-                    if self.device.info.payload:
-                        raise ValueError(f"shard {name!r}: size= without chunks needs a payload-less "
-                                         f"device; {self.device!r} keeps payload")
-                    self._check_declared(w, name, size)
-                    padded = round_up(size, self._bs)
-                    if padded:
-                        self._put(gen, padded, size, extents, zb, False,
-                                  pending=max(0, w._need - w._placed - padded))
-                        w._placed += padded
-                    total, crc = size, None
-                else:
-                    total, crc, padded = self._write_stream(w, name, chunks, size, extents, zb)
-            except BaseException:
-                self._partial = None
-                self._inflight.remove(extents)
-                self._drop_partial(zb)
-                raise
-            self._partial = None
-            self._inflight.remove(extents)
-            w._data += total
-            self._take_reserve(w, padded)
-            self.metrics.host_bytes += padded
-            wz = w._zone_bytes
-            for z, n in zb.items():
-                wz[z] = wz.get(z, 0) + n
-            shard = ShardInfo(name, total, crc, tuple(extents))
-            gen.shards[name] = shard
-            occ = self.table.live + self.table.dead
-            if occ > self.metrics.peak_occupancy:
-                self.metrics.peak_occupancy = occ
-            return shard
-
-    def _check_declared(self, w: GenerationWriter, name: str, total: int) -> None:
-        if w.declared_size is not None and w._data + total > w.declared_size:
-            raise ShardSizeError(f"generation {w.gen.id!r}: shard {name!r} brings it to {w._data + total} "
-                                 f"bytes, more than the {w.declared_size} declared")
-
-    def _write_stream(self, w: GenerationWriter, name: str, chunks, size: int | None, extents: list,
-                      zb: dict) -> tuple[int, int, int]:
-        bs, wbuf, gen = self._bs, WRITE_BUFFER, w.gen
-        buf = bytearray()
-        total = padded = 0
-        acc = [0]   # the shard's crc32c, accumulated extent by extent
-        for chunk in chunks:
-            mv = memoryview(chunk).cast("B")
-            n = mv.nbytes
-            total += n
-            if size is not None and total > size:
-                raise ShardSizeError(f"shard {name!r}: more than the {size} bytes given as its size")
-            self._check_declared(w, name, total)
-            pos = 0
-            if buf:
-                pos = min(wbuf - len(buf), n)
-                buf += mv[:pos]
-                if len(buf) == wbuf:
-                    padded += self._put(gen, buf, wbuf, extents, zb, False, acc,
-                                        max(0, w._need - w._placed - wbuf))
-                    w._placed += wbuf
-                    buf = bytearray()
-            while n - pos >= wbuf:
-                padded += self._put(gen, mv[pos:pos + wbuf], wbuf, extents, zb, False, acc,
-                                    max(0, w._need - w._placed - wbuf))
-                w._placed += wbuf
-                pos += wbuf
-            if pos < n:
-                buf += mv[pos:]
-        if size is not None and total != size:
-            raise ShardSizeError(f"shard {name!r}: {total} bytes, not the {size} given as its size")
-        if buf:
-            data_len = len(buf)
-            buf += bytes(-data_len % bs)
-            padded += self._put(gen, buf, data_len, extents, zb, False, acc,
-                                max(0, w._need - w._placed - len(buf)))
-            w._placed += len(buf)
-        return total, acc[0], padded
-
-    def _drop_partial(self, zb: dict[int, int]) -> None:
-        """A shard failed part-way: its bytes are dead now; reset zones left all dead."""
-        for z, n in zb.items():
-            self.table.on_kill(z, n)
-        self._reset_dead(zb)
-
-    def _take_reserve(self, w: GenerationWriter, n: int) -> None:
-        take = min(n, w._reserve)
-        w._reserve -= take
-        self._reserved -= take
-
-    # -- commit / abort ----------------------------------------------------------------------------
-    def _commit(self, w: GenerationWriter) -> GenerationInfo:
-        with self._lock:
-            self._check_open()
-            gen = w.gen
-            if gen.state is not GenState.WRITING:
-                raise ValueError(f"generation {gen.id!r} is {gen.state.value}: cannot commit it")
-            gen.commit_seq = self.catalog.commit_seq + 1
-            item = dumps(encode_gen(gen)).encode()
-            n = len(item) + 1
-            try:
-                if n + 256 > self.journal.max_record:    # the append would refuse it: say so first
-                    raise NoSpaceError(f"journal record of about {n} bytes (generation {gen.id!r}) does not "
-                                       f"fit a meta zone ({self.journal.max_record} bytes)",
-                                       needed=n, available=self.journal.max_record, cause="journal")
-                self._check_journal(n, f"commit of generation {gen.id!r}", exclude=w)
-                self.device.flush()
-                self._append("c", {"now": self._now}, raw=b'"g":' + item)
-            except BaseException:
-                gen.commit_seq = 0
-                raise
-            gen.state = GenState.COMMITTED
-            self.catalog.add(gen)
-            self._jgen[gen.id] = n
-            self._jgen_total += n
-            if n > self._jbig:
-                self._jbig = n
-            self._end_writer(w)
-            self.metrics.generations_committed += 1
-            return gen
-
-    def _abort(self, w: GenerationWriter) -> None:
-        with self._lock:
-            gen = w.gen
-            if gen.state is not GenState.WRITING:
-                if gen.state is GenState.ABORTED:
-                    return
-                raise ValueError(f"generation {gen.id!r} is {gen.state.value}: cannot abort it")
-            gen.state = GenState.ABORTED
-            self._end_writer(w)
-            if self._closed:
-                return
-            for z, n in w._zone_bytes.items():
-                self.table.on_kill(z, n)
-            self._reset_dead(w._zone_bytes)
-            self.metrics.generations_aborted += 1
-
-    def _end_writer(self, w: GenerationWriter) -> None:
-        self._reserved -= w._reserve
-        w._reserve = 0
-        self._jreserved -= w._jest
-        w._jest = 0
-        self._writers.pop(w.gen.id, None)

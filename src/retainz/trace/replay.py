@@ -48,6 +48,7 @@ from dataclasses import dataclass
 
 from retainz.errors import NoSpaceError, PowerCutError
 from retainz.placement.base import Hint
+from retainz.testing import FaultyDevice
 from retainz.trace.format import (
     CommitEvent,
     CrashEvent,
@@ -57,7 +58,7 @@ from retainz.trace.format import (
     TraceReader,
     actual_reclaim_steps,
 )
-from retainz.zoned import FaultyDevice, FileDevice, Geometry, MemoryDevice, ZonedDevice
+from retainz.zoned import FileDevice, Geometry, MemoryDevice, ZonedDevice
 from retainz.zoned.model import MAX_ZONES
 
 __all__ = ["replay", "trace_stats", "TraceStats", "DEFAULT_GEOMETRY", "ZONE_MAP_MAX_STEPS",
@@ -332,7 +333,7 @@ def replay(trace_path: str, *, policy: str = "retainz", zones: int | None = None
                             if payload:
                                 w.write_shard(s.name, _pattern(ev.gen, s.name, s.nbytes))
                             else:
-                                w.write_shard(s.name, size=s.nbytes)
+                                w.write_counted_shard(s.name, s.nbytes)
                     elif isinstance(ev, CommitEvent):
                         writers.pop(ev.gen).commit()
                     elif isinstance(ev, DeleteEvent):

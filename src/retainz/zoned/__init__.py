@@ -2,23 +2,23 @@
 
 * :class:`MemoryDevice` - in process, payload optional (trace replay);
 * :class:`FileDevice` - the embedded default, a sparse file with a checksummed zone-state header;
-* ``LinuxZonedDevice`` (``retainz.zoned.linux``) - a real zoned block device through the kernel ioctls;
-* :class:`FaultyDevice` - fault injection around an emulated device (power cuts, torn writes, I/O
-  errors, corrupt reads).
+* ``LinuxZonedDevice`` (``retainz.zoned.linux``) - a real zoned block device through the kernel ioctls.
+
+Fault injection around an emulated device (power cuts, torn writes, I/O errors) is
+:class:`retainz.testing.FaultyDevice`.
 
 :func:`open_device` turns a device specification string into a device.
 """
 
 from retainz.zoned.device import WriteData, ZonedDevice, ZoneOp
 from retainz.zoned.emulated import EmulatedZonedDevice
-from retainz.zoned.faulty import FaultyDevice, IOFault
 from retainz.zoned.file import FileDevice
 from retainz.zoned.memory import MemoryDevice
 from retainz.zoned.model import DeviceInfo, Geometry, Zone, ZoneCond, ZoneType, format_size, parse_size
 from retainz.zoned.spec import open_device, parse_geometry
 
 __all__ = [
-    "DeviceInfo", "EmulatedZonedDevice", "FaultyDevice", "FileDevice", "Geometry", "IOFault",
+    "DeviceInfo", "EmulatedZonedDevice", "FileDevice", "Geometry",
     "MemoryDevice", "WriteData", "Zone", "ZoneCond", "ZoneOp", "ZoneType", "ZonedDevice",
     "format_size", "open_device", "parse_geometry", "parse_size",
 ]

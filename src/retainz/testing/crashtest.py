@@ -1,11 +1,11 @@
 """Power-cut campaigns: run a scripted workload, cut the power at every write boundary, recover,
 check (LevelDB ``fault_injection_test``, on a zoned device).
 
-A campaign first runs the workload once on a :class:`~retainz.zoned.FaultyDevice` to count its
+A campaign first runs the workload once on a :class:`~retainz.testing.FaultyDevice` to count its
 write boundaries and label each (what the store was doing: shard data, commit record, rollover...).
 Then for every boundary ``k`` it formats a fresh device, runs the workload until the power is cut
 right after write ``k``, and tries the device states that cut can leave
-(:func:`~retainz.zoned.faulty.power_cut_states`): every zone independently keeps a prefix of its
+(:func:`~retainz.testing.faulty.power_cut_states`): every zone independently keeps a prefix of its
 unflushed writes, torn at a block, so a commit record can persist while the data it commits is lost
 and the other way round.  States are enumerated when a cut leaves few (``enumerate_up_to``), else
 sampled with a random source seeded by the workload seed and ``k``.  For every state it reboots the
@@ -29,9 +29,10 @@ from dataclasses import dataclass, field
 
 from retainz.errors import PowerCutError
 from retainz.placement.base import Hint
+from retainz.store import Store
 from retainz.store.format import MAGIC
-from retainz.store.store import Store
-from retainz.zoned.faulty import FaultyDevice, power_cut_states
+from retainz.store.records import FRAME_HEADER, Kind, kind_of
+from retainz.testing.faulty import FaultyDevice, power_cut_states
 from retainz.zoned.memory import MemoryDevice
 from retainz.zoned.model import Geometry
 
@@ -153,16 +154,18 @@ def _run(store: Store, dev, ops: list[tuple], model: _Model) -> Store:
     return store
 
 
-def _label(dev, offset: int, data) -> str:
+_LABELS = {Kind.COMMIT: "commit-record", Kind.DELETE: "delete-record", Kind.MOVE: "gc-move-record",
+           Kind.SYNC: "sync-record"}
+
+
+def _label(dev, offset: int, data, in_gc: bool) -> str:
     z = offset // dev.geometry.zone_size
     if isinstance(data, int) or z >= dev.meta_zones:
-        return "gc-copy" if getattr(dev, "_in_gc", False) else "shard-data"
-    head = bytes(memoryview(data)[:16])
+        return "gc-copy" if in_gc else "shard-data"
+    head = bytes(memoryview(data)[:64])
     if head[:8] == MAGIC:
         return "rollover-snapshot"
-    kind = bytes(memoryview(data)[8:10])
-    return {b"c ": "commit-record", b"d ": "delete-record", b"m ": "gc-move-record",
-            b"x ": "sync-record"}.get(kind, "journal-other")
+    return _LABELS.get(kind_of(head[FRAME_HEADER:]), "journal-other")
 
 
 class _LabelingDevice(FaultyDevice):
@@ -175,8 +178,7 @@ class _LabelingDevice(FaultyDevice):
         self.store: Store | None = None
 
     def write(self, offset, data):
-        self._in_gc = bool(self.store and self.store._in_gc)
-        self.labels.append(_label(self, offset, data))
+        self.labels.append(_label(self, offset, data, bool(self.store and self.store.collector.running)))
         super().write(offset, data)
 
 
@@ -256,7 +258,7 @@ def campaign(name: str = "mixed", seed: int = 0, *, geometry: Geometry = GEOMETR
         second_cut: also cut the power again at this write after the reboot (during recovery's
             own writes, e.g. the mount-time rollover, or the first writes after it), reboot into a
             sampled state, then recover and check as usual (a double crash).
-        enumerate_up_to, samples: crash states per cut (:func:`~retainz.zoned.faulty.power_cut_states`).
+        enumerate_up_to, samples: crash states per cut (:func:`~retainz.testing.faulty.power_cut_states`).
         progress: called with (boundaries done, boundaries total).
     """
     make = make_device or (lambda g: MemoryDevice(g))

@@ -1,0 +1,422 @@
+"""The on-disk records of the metadata journal, in one place: framing, record kinds, zone attributes,
+generation entries, snapshot building and snapshot sizing.  The journal (:mod:`.journal`), recovery
+(:mod:`.recovery`), the store's metadata log (:mod:`.metalog`) and the crash test
+(:mod:`retainz.testing.crashtest`) all read and write records through this module.
+
+**Framing** (after ZenFS's ``ZenMetaLog`` and LevelDB's log)::
+
+    u32 masked crc32c over (u32 length || payload) | u32 length | payload | zero padding to a block
+
+**Payload**: ``KIND b" " JSON`` (compact JSON; ``Infinity`` stands for a permanent reclaim step).
+
+======  ==================================================================================
+kind    body
+======  ==================================================================================
+snap    snapshot head: ``now``, ``commit_seq``, ``metrics``, ``o``
+sz      snapshot: zone attributes ``{"z": [[zone, *ZoneAttrs]...]}`` (2,000 per record)
+sg      snapshot: a batch of committed generations ``{"g": [entry...]}`` (:func:`encode_gen`)
+send    snapshot end: ``n`` generations (a chain is usable only once this is durable)
+c       commit: ``g`` one generation entry, ``now``, ``z`` changed zone attributes, ``o``
+d       deletion: ``g`` generation id, ``r`` zones to reset after it, ``now``, ``z``, ``o``
+m       GC move: ``s`` ``[[generation, shard, new extent list]...]``, ``r`` victims to reset,
+        ``now``, ``z``, ``o``
+x       sync (clean close): ``now``, ``metrics``, ``z``, ``o``
+======  ==================================================================================
+
+``o`` is the zone table's opening counter (``ZoneTable.open_seq``).  Zone attributes
+(:class:`ZoneAttrs`) are absolute, so replaying one twice is harmless.  They carry what placement
+decisions depend on and the catalog cannot give: each zone's written bytes, whether it was
+finished, its reclaim step, lifetime class, opening step, place in the opening order (greedy writes
+to the first open zone, so a remount decides exactly as before: ZenFS issue #266, zone hints lost
+on remount) and last write step.  Attributes journaled by an older version lack the trailing fields,
+which read as 0.
+
+A generation entry is ``[id, step, hint, commit_seq, [[shard, size, crc, [[zone, offset, length,
+crc]...]]...]]`` with ``hint = [reclaim_step, lifetime, condition, actual_reclaim_step]``.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import crc32c
+
+from retainz.placement.base import Hint, ZoneSummary
+from retainz.store.format import round_up
+from retainz.store.types import GenerationInfo, GenState, ShardInfo
+from retainz.zoned.model import ZoneCond
+
+__all__ = ["Kind", "Record", "ZoneAttrs", "frame", "frame_size", "unframe", "FRAME_HEADER", "decode", "kind_of",
+           "encode_gen", "decode_gen", "gen_entry_size", "commit_record", "delete_record", "move_record",
+           "sync_record", "snapshot_records", "empty_snapshot", "plan_zones", "snapshot_record_limit",
+           "snapshot_zones", "pack_zones", "SNAPSHOT_RECORD", "ZONE_ATTR_BYTES", "SNAPSHOT_HEAD_BYTES",
+           "EXTENT_BYTES", "ZONES_PER_RECORD"]
+
+# -- framing -------------------------------------------------------------------------------------------
+_HEADER = struct.Struct("<II")
+_LEN = struct.Struct("<I")
+_MASK_DELTA = 0xA282EAD8
+#: Bytes of a frame header (masked crc, length).
+FRAME_HEADER = _HEADER.size
+
+
+def _mask(crc: int) -> int:
+    """LevelDB's crc mask (a crc stored next to the data it covers is masked)."""
+    return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+def _crc(payload) -> int:
+    return _mask(crc32c.crc32c(payload, crc32c.crc32c(_LEN.pack(len(payload)))))
+
+
+def frame(payload: bytes, block_size: int) -> bytes:
+    """Frame one record: header, payload, zero padding to a multiple of ``block_size`` bytes."""
+    n = len(payload)
+    return _HEADER.pack(_crc(payload), n) + payload + bytes(-(n + FRAME_HEADER) % block_size)
+
+
+def frame_size(payload_bytes: int, block_size: int) -> int:
+    """Bytes of the frame of a ``payload_bytes`` payload (header and padding included)."""
+    return round_up(payload_bytes + FRAME_HEADER, block_size)
+
+
+def unframe(buf, pos: int, end: int, block_size: int) -> tuple[int, int, bool]:
+    """Read the frame header at ``buf[pos:]``: ``(payload length, frame bytes, crc matches)``.
+
+    A zero header (crc 0, length 0) returns ``(0, 0, False)``; a frame that runs past ``end``
+    returns its length and size with ``False`` (its payload was not all written)."""
+    crc, n = _HEADER.unpack_from(buf, pos)
+    if crc == 0 and n == 0:
+        return 0, 0, False
+    total = round_up(FRAME_HEADER + n, block_size)
+    if pos + total > end:
+        return n, total, False
+    return n, total, _crc(buf[pos + FRAME_HEADER:pos + FRAME_HEADER + n]) == crc
+
+
+# -- kinds and decoding ----------------------------------------------------------------------------------
+class Kind(enum.StrEnum):
+    """Record kinds (the payload's first word)."""
+
+    SNAP = "snap"
+    ZONES = "sz"
+    GENS = "sg"
+    SNAP_END = "send"
+    COMMIT = "c"
+    DELETE = "d"
+    MOVE = "m"
+    SYNC = "x"
+
+
+_dumps = json.JSONEncoder(separators=(",", ":"), allow_nan=True).encode
+_loads = json.loads
+
+
+class ZoneAttrs(NamedTuple):
+    """A data zone's journaled attributes (see the module docstring); bytes and training steps."""
+
+    written: int = 0
+    full: int = 0
+    reclaim_step: float | None = None
+    lifetime: int = 0
+    opened_step: int = 0
+    open_seq: int = 0
+    last_write_step: int = 0
+
+    @classmethod
+    def of(cls, s: ZoneSummary) -> ZoneAttrs:
+        """The attributes of a zone summary."""
+        return cls(s.written, 1 if s.cond is ZoneCond.FULL else 0, s.reclaim_step, s.lifetime,
+                   s.opened_step, s.open_seq, s.last_write_step)
+
+    @classmethod
+    def decode(cls, item: list) -> tuple[int, ZoneAttrs]:
+        """``[zone, written, full, ...]`` (older, shorter lists pad with 0) -> ``(zone, attrs)``."""
+        return item[0], cls(*item[1:8])
+
+
+#: A zone the journal says nothing about (empty).
+NO_ATTRS = ZoneAttrs()
+
+
+def zone_attr_item(z: int, s: ZoneSummary) -> list:
+    """The on-disk form of zone ``z``'s attributes: ``[zone, *ZoneAttrs.of(s)]`` (the hot path)."""
+    return [z, s.written, 1 if s.cond is ZoneCond.FULL else 0, s.reclaim_step, s.lifetime, s.opened_step,
+            s.open_seq, s.last_write_step]
+
+
+@dataclass
+class Record:
+    """One decoded record.  Fields a kind does not carry keep their defaults.
+
+    Attributes:
+        kind: :class:`Kind`.
+        zones: ``[(zone, ZoneAttrs)]`` (``sz``, ``c``, ``d``, ``m``, ``x``).
+        open_seq: ``o``, or ``None`` when absent.
+        now: the logical time (training step), or ``None`` when absent.
+        gens: generations (``c``: one; ``sg``: a batch), committed.
+        deleted: the retired generation id (``d``).
+        resets: zones to reset after the record (``d``, ``m``).
+        moves: ``[(generation id, shard, extents)]`` (``m``).
+        metrics: ``StoreMetrics`` fields (``snap``, ``x``).
+        commit_seq: the last commit sequence number (``snap``), or ``None``.
+        count: generations in the snapshot (``send``).
+    """
+
+    kind: Kind
+    zones: list[tuple[int, ZoneAttrs]] = field(default_factory=list)
+    open_seq: int | None = None
+    now: int | None = None
+    gens: list[GenerationInfo] = field(default_factory=list)
+    deleted: str | None = None
+    resets: list[int] = field(default_factory=list)
+    moves: list[tuple[str, str, tuple]] = field(default_factory=list)
+    metrics: dict = field(default_factory=dict)
+    commit_seq: int | None = None
+    count: int = 0
+
+
+def kind_of(payload: bytes) -> Kind | None:
+    """The kind of a payload without decoding its body (``None``: not a known kind)."""
+    try:
+        return Kind(payload.split(b" ", 1)[0].decode("ascii"))
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def decode(payload: bytes) -> Record:
+    """Decode a record payload.
+
+    Raises:
+        ValueError: an unknown kind or a body that is not the kind's JSON (``json.JSONDecodeError``
+            is a ValueError; a missing member raises KeyError, a malformed one TypeError).
+    """
+    word, _, raw = payload.partition(b" ")
+    kind = Kind(word.decode("ascii"))
+    body = _loads(raw)
+    rec = Record(kind, open_seq=body.get("o"), now=body.get("now"))
+    if "z" in body:
+        rec.zones = [ZoneAttrs.decode(a) for a in body["z"]]
+    if kind is Kind.COMMIT:
+        rec.gens = [decode_gen(body["g"])]
+    elif kind is Kind.GENS:
+        rec.gens = [decode_gen(item) for item in body["g"]]
+    elif kind is Kind.DELETE:
+        rec.deleted, rec.resets = body["g"], body["r"]
+    elif kind is Kind.MOVE:
+        rec.moves = [(gid, name, tuple(map(tuple, ext))) for gid, name, ext in body["s"]]
+        rec.resets = body["r"]
+    elif kind in (Kind.SNAP, Kind.SYNC):
+        rec.metrics = body.get("metrics", {})
+        rec.commit_seq = body.get("commit_seq")
+    elif kind is Kind.SNAP_END:
+        rec.count = body["n"]
+    return rec
+
+
+# -- generation entries ---------------------------------------------------------------------------------
+def _hint_item(h: Hint) -> list:
+    return [h.reclaim_step, h.lifetime, h.condition, h.actual_reclaim_step]
+
+
+def encode_gen(gen: GenerationInfo) -> list:
+    """A generation's entry (see the module docstring)."""
+    return [gen.id, gen.step, _hint_item(gen.hint), gen.commit_seq,
+            [[s.name, s.size, s.crc, s.extents] for s in gen.shards.values()]]
+
+
+def decode_gen(item: list) -> GenerationInfo:
+    """A committed :class:`GenerationInfo` from its entry."""
+    gid, step, (rs, lt, cond, actual), seq, shards = item
+    return GenerationInfo(id=gid, step=step,
+                          hint=Hint(reclaim_step=rs, lifetime=lt, condition=cond, actual_reclaim_step=actual),
+                          state=GenState.COMMITTED,
+                          shards={name: ShardInfo(name, size, crc, tuple(map(tuple, ext)))
+                                  for name, size, crc, ext in shards},
+                          commit_seq=seq)
+
+
+def gen_entry_bytes(gen: GenerationInfo) -> bytes:
+    """The entry of ``gen`` as compact JSON bytes (what a commit record and a snapshot carry)."""
+    return _dumps(encode_gen(gen)).encode()
+
+
+def gen_entry_size(gen: GenerationInfo) -> int:
+    """Bytes ``gen``'s entry takes in a snapshot ``sg`` record (JSON and its separator)."""
+    return len(_dumps(encode_gen(gen))) + 1
+
+
+# -- record encoders -----------------------------------------------------------------------------------
+def _update(kind: Kind, body: dict, zones: list, open_seq: int) -> bytes:
+    body["z"] = zones
+    body["o"] = open_seq
+    return kind.encode() + b" " + _dumps(body).encode()
+
+
+def commit_record(entry: bytes, now: int, zones: list, open_seq: int) -> bytes:
+    """A ``c`` record for the generation entry ``entry`` (:func:`gen_entry_bytes`, spliced in as is
+    so a commit encodes its generation once) and the changed zones' attribute items."""
+    tail = _dumps({"now": now, "z": zones, "o": open_seq})
+    return b'c {"g":' + entry + b"," + tail[1:].encode()
+
+
+def delete_record(gen_id: str, resets: list[int], now: int, zones: list, open_seq: int) -> bytes:
+    """A ``d`` record: ``gen_id`` retired; ``resets`` are reset after it."""
+    return _update(Kind.DELETE, {"g": gen_id, "r": resets, "now": now}, zones, open_seq)
+
+
+def move_record(moves: list, resets: list[int], now: int, zones: list, open_seq: int) -> bytes:
+    """An ``m`` record: ``moves`` ``[[generation, shard, new extents]...]``; victims ``resets``."""
+    return _update(Kind.MOVE, {"s": moves, "r": resets, "now": now}, zones, open_seq)
+
+
+def sync_record(now: int, metrics: dict, zones: list, open_seq: int) -> bytes:
+    """An ``x`` record (clean close)."""
+    return _update(Kind.SYNC, {"now": now, "metrics": metrics}, zones, open_seq)
+
+
+def _rec(kind: Kind, body: dict) -> bytes:
+    return kind.encode() + b" " + _dumps(body).encode()
+
+
+#: Zone attribute items per snapshot ``sz`` record.
+ZONES_PER_RECORD = 2000
+
+
+def empty_snapshot() -> list[bytes]:
+    """The snapshot of a freshly formatted store (what ``Store.format`` writes after the superblock)."""
+    return [_rec(Kind.SNAP, {"now": 0, "commit_seq": 0, "metrics": {}}), _rec(Kind.ZONES, {"z": []}),
+            _rec(Kind.SNAP_END, {"n": 0})]
+
+
+def snapshot_records(now: int, commit_seq: int, metrics: dict, open_seq: int, zones: list,
+                     gens: Iterable[GenerationInfo], n_gens: int, limit: int) -> list[bytes]:
+    """The payloads of a snapshot: head, zone attribute batches, generation batches of at most
+    ``limit`` bytes (a single larger entry gets a record of its own), end.
+
+    Args:
+        zones: attribute items (:func:`zone_attr_item`) of every zone that is not empty.
+        gens: the committed generations, in catalog order; ``n_gens`` of them.
+        limit: :func:`snapshot_record_limit`.
+    """
+    out = [_rec(Kind.SNAP, {"now": now, "commit_seq": commit_seq, "metrics": metrics, "o": open_seq})]
+    for i in range(0, len(zones), ZONES_PER_RECORD):
+        out.append(_rec(Kind.ZONES, {"z": zones[i:i + ZONES_PER_RECORD]}))
+    batch: list = []
+    size = 0
+    for gen in gens:
+        item = encode_gen(gen)
+        n = len(_dumps(item)) + 1
+        if batch and size + n > limit:
+            out.append(_rec(Kind.GENS, {"g": batch}))
+            batch, size = [], 0
+        batch.append(item)
+        size += n
+    if batch:
+        out.append(_rec(Kind.GENS, {"g": batch}))
+    out.append(_rec(Kind.SNAP_END, {"n": n_gens}))
+    return out
+
+
+# -- sizing --------------------------------------------------------------------------------------------
+#: Snapshot records batch generations up to this many bytes (or a quarter of a meta zone).
+SNAPSHOT_RECORD = 64 * 1024
+#: Bytes of one zone's attributes in a snapshot ``sz`` record, at most (eight JSON numbers).
+ZONE_ATTR_BYTES = 112
+#: Bytes of a snapshot's fixed records (``snap`` head with the metrics, ``send``), at most.
+SNAPSHOT_HEAD_BYTES = 2048
+#: Bytes of one extent in a snapshot, at most (``[zone,offset,length,crc],``).
+EXTENT_BYTES = 48
+
+
+def snapshot_record_limit(zone_capacity: int, block_size: int) -> int:
+    """Bytes of generations batched into one snapshot record (``sg``)."""
+    return min(SNAPSHOT_RECORD, (zone_capacity - block_size - FRAME_HEADER) // 4)
+
+
+def plan_zones(frame_sizes: Iterable[int], zone_capacity: int, block_size: int, reserve: int = 0) -> list[list[int]]:
+    """Pack frames into meta zones in order, as a rollover writes them: each zone starts with a
+    superblock block; a frame that does not fit the current zone opens the next; the last zone
+    keeps ``reserve`` bytes free (else one more, empty zone is planned).  Returns the frame
+    indexes per zone.  The one packing rule: :meth:`Journal.roll` and :func:`pack_zones` use it."""
+    plan: list[list[int]] = [[]]
+    used = block_size
+    for i, f in enumerate(frame_sizes):
+        if used + f > zone_capacity:
+            plan.append([])
+            used = block_size
+        plan[-1].append(i)
+        used += f
+    if used + reserve > zone_capacity:
+        plan.append([])
+    return plan
+
+
+def pack_zones(entries, zone_capacity: int, block_size: int, *, zones: int = 0, reserve: int = 0) -> int:
+    """Meta zones a snapshot takes, batched as :func:`snapshot_records` does and packed as a
+    rollover packs it (:func:`plan_zones`), for generation entries of the given sizes (bytes, in
+    catalog order), ``zones`` attribute items of at most ``ZONE_ATTR_BYTES`` each and a head of at
+    most ``SNAPSHOT_HEAD_BYTES``, keeping ``reserve`` bytes free in the last zone.  O(entries)."""
+    limit = snapshot_record_limit(zone_capacity, block_size)
+    payloads = [SNAPSHOT_HEAD_BYTES]
+    for i in range(0, zones, ZONES_PER_RECORD):
+        payloads.append(16 + min(ZONES_PER_RECORD, zones - i) * ZONE_ATTR_BYTES)
+    size = 0
+    for n in entries:
+        if size and size + n > limit:
+            payloads.append(size + 16)
+            size = 0
+        size += n
+    if size:
+        payloads.append(size + 16)
+    payloads.append(64)
+    return len(plan_zones((frame_size(p, block_size) for p in payloads), zone_capacity, block_size, reserve))
+
+
+def snapshot_zones(gen_bytes: int, zone_capacity: int, block_size: int, *, items: int | None = None,
+                   biggest: int = 0, zones: int = 0) -> int:
+    """Meta zones a snapshot takes when a rollover packs it, with room left for one more record
+    (the one that triggers the roll): an O(1) upper bound of :func:`pack_zones`.
+
+    Args:
+        gen_bytes: bytes of the generations' snapshot entries (:func:`gen_entry_size` each).
+        zone_capacity, block_size: bytes.
+        items: generations (``None``: unknown, as many as ``gen_bytes`` allows).
+        biggest: the largest entry, in bytes.
+        zones: zone attribute items (``sz`` records batch 2,000 each).
+
+    The bound: batching closes a generation record before it passes the limit
+    (:func:`snapshot_record_limit`), so each record but the last holds more than ``limit -
+    biggest`` bytes and at least ``limit // biggest`` entries (an entry larger than half the limit
+    may get a record of its own); every record frame adds a header and less than a block of
+    padding.  The frames total ``T`` (head, end, ``sz`` frames of ``ZONE_ATTR_BYTES`` per zone,
+    the generation frames, and a frame as large as the largest entry for the next record).
+    Everything fits one zone when ``T`` fits its capacity after the superblock; otherwise every
+    zone but the last is filled to within one frame (``F``, the largest) of its end, so
+    ``ceil(T / (capacity - superblock - F))`` zones.
+    """
+    limit = snapshot_record_limit(zone_capacity, block_size)
+    usable = zone_capacity - block_size
+    pad = FRAME_HEADER + block_size - 1
+    attr_records = -(-zones // ZONES_PER_RECORD)
+    attr_frames = zones * ZONE_ATTR_BYTES + attr_records * pad
+    if gen_bytes <= 0:
+        n_gen = 0
+    elif biggest >= limit // 2:
+        n_gen = -(-gen_bytes // (limit // 2)) if items is None else items
+    else:
+        n_gen = -(-gen_bytes // (limit - biggest)) + 1
+        if items is not None:   # a batch takes at least limit // biggest entries
+            n_gen = min(n_gen, items, -(-items // (limit // max(biggest, 1))))
+    nxt = round_up(max(biggest, 1024) + pad, block_size)
+    total = (round_up(SNAPSHOT_HEAD_BYTES + FRAME_HEADER, block_size) + block_size + attr_frames
+             + gen_bytes + n_gen * pad + nxt)
+    if total <= usable:
+        return 1
+    frame_max = round_up(max(limit, biggest, min(zones, ZONES_PER_RECORD) * ZONE_ATTR_BYTES) + pad, block_size)
+    return -(-total // max(usable - frame_max, usable // 4, block_size))
