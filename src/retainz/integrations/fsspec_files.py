@@ -7,9 +7,7 @@ from __future__ import annotations
 import contextlib
 import io
 import posixpath
-import queue
 import re
-import threading
 from typing import Any
 from urllib.parse import quote
 
@@ -17,6 +15,7 @@ from fsspec.spec import AbstractBufferedFile
 
 from retainz.errors import GenerationNotFoundError
 from retainz.integrations.hints import retention_hint
+from retainz.store import ShardWriter
 
 _DCP_NAME = re.compile(r"(.*\.distcp|(__\d+)?\.metadata(\.tmp)?)")
 _LIGHTNING_STEP = re.compile(r"(?:^|[-_])step=(\d+)")
@@ -58,53 +57,7 @@ class _Pending:
         self.directory = directory
         self.files: dict[str, int | None] = {}     # shard name -> size (None while streaming)
         self.tmp: dict[str, bytes] = {}            # buffered .metadata.tmp (renamed to commit)
-        self.lock = threading.Lock()               # one shard at a time per generation
         self.release = lambda: None                # releases the device (set by the filesystem)
-
-
-class _Sink:
-    """Pushes ``write()`` data into ``GenerationWriter.write_shard`` (which pulls an iterable) on a
-    helper thread, through a bounded queue: the shard streams, it is never whole in memory."""
-
-    def __init__(self, write_shard, name: str, lock: threading.Lock):
-        self.q: queue.Queue = queue.Queue(maxsize=4)
-        self.error: BaseException | None = None
-        self.info = None
-        self._thread = threading.Thread(target=self._run, args=(write_shard, name, lock), daemon=True)
-        self._thread.start()
-
-    def _chunks(self):
-        while (chunk := self.q.get()) is not None:
-            yield chunk
-
-    def _run(self, write_shard, name, lock):
-        try:
-            with lock:
-                self.info = write_shard(name, self._chunks())
-        except BaseException as e:  # noqa: BLE001 - re-raised in the writing thread
-            self.error = e
-            while True:                      # drain so producers never block on a dead consumer
-                with contextlib.suppress(queue.Empty):
-                    if self.q.get(timeout=0.1) is None:
-                        break
-
-    def put(self, item) -> None:
-        while True:
-            if self.error is not None:
-                raise self.error
-            try:
-                self.q.put(item, timeout=0.1)
-                return
-            except queue.Full:
-                if not self._thread.is_alive() and self.error is None:
-                    raise RuntimeError("shard writer thread ended early") from None
-
-    def finish(self):
-        self.put(None)
-        self._thread.join()
-        if self.error is not None:
-            raise self.error
-        return self.info
 
 
 class _ReadFile(AbstractBufferedFile):
@@ -126,7 +79,7 @@ class _WriteFile(AbstractBufferedFile):
         super().__init__(fs, path, mode, **kwargs)
         self._device, self._inner = fs._split(path)
         self._gen, self._name, self._dir = generation_for(self._inner)
-        self._sink: _Sink | None = None
+        self._sink: ShardWriter | None = None      # the shard being streamed (push-style)
         self._single: tuple | None = None      # (ExitStack, writer) of a checkpoint-file generation
         self._tmpbuf: io.BytesIO | None = io.BytesIO() if self._is_buffered() else None
         self._done = False
@@ -141,7 +94,7 @@ class _WriteFile(AbstractBufferedFile):
         if self._dir:
             p = fs._pending_for(self._device, self._inner)
             p.files[self._name] = None
-            self._sink = _Sink(p.writer.write_shard, self._name, p.lock)
+            self._sink = p.writer.open_shard(self._name)
             return
         stack = contextlib.ExitStack()
         store = stack.enter_context(fs._store(self._device))
@@ -156,14 +109,14 @@ class _WriteFile(AbstractBufferedFile):
             stack.close()
             raise
         self._single = (stack, writer)
-        self._sink = _Sink(writer.write_shard, _FILE_SHARD, threading.Lock())
+        self._sink = writer.open_shard(_FILE_SHARD)
 
     def _upload_chunk(self, final=False):
         data = self.buffer.getvalue()
         if self._tmpbuf is not None:
             self._tmpbuf.write(data)
         elif data:
-            self._sink.put(data)
+            self._sink.write(data)
         if final:
             self._finish()
         return True
@@ -179,13 +132,12 @@ class _WriteFile(AbstractBufferedFile):
                 return
             # .metadata (or __N.metadata): the last shard; .metadata commits the generation
             p = fs._pending_for(self._device, self._inner)
-            with p.lock:
-                p.writer.write_shard(self._name, [blob])
+            p.writer.write_shard(self._name, [blob])
             p.files[self._name] = len(blob)
             if self._name == ".metadata" and self.autocommit:
                 self._commit_dir()
             return
-        info = self._sink.finish()
+        info = self._sink.close()
         if self._dir:
             p = fs._pending[(self._device, self._gen)]
             p.files[self._name] = info.size if info is not None else 0
@@ -236,6 +188,6 @@ class _WriteFile(AbstractBufferedFile):
         except BaseException:
             if self._sink is not None:
                 with contextlib.suppress(Exception):
-                    self._sink.q.put_nowait(None)
+                    self._sink.abort()
             self.discard()
             raise

@@ -4,11 +4,11 @@ Paths map onto generations as :mod:`retainz.mount.layout` says.  What a runtime'
 
 * **write**: a file's bytes are buffered in memory up to :attr:`MountedStore.stream_threshold`
   (small files may be written at any offset, truncated, re-opened); past it they stream into the
-  store as a shard (``GenerationWriter.write_shard`` on a helper thread, 1 MiB extents), which needs
-  sequential writes (``torch.save``, safetensors and DCP write sequentially; an out-of-order write to
-  a streamed file is ``EIO`` with a log line).  The store holds its lock while a shard streams, so one
-  shard streams at a time (:attr:`MountedStore.slot`); other files keep buffering meanwhile, and
-  store work that would wait for the stream (a small file's commit) is queued and run when it ends.
+  store as a shard (``GenerationWriter.open_shard``: each write is pushed into 1 MiB extents), which
+  needs sequential writes (``torch.save``, safetensors and DCP write sequentially; an out-of-order
+  write to a streamed file is ``EIO`` with a log line).  One shard streams at a time
+  (:attr:`MountedStore.slot`); other files keep buffering meanwhile, and store work ordered after the
+  stream (a small file's commit) is queued and run when it ends.
 * **commit**: a checkpoint directory commits at its runtime's commit point
   (:func:`retainz.mount.layout.commit_point`); a file outside checkpoint directories commits when its
   last writer closes it.  Before that it is visible in this mount only and lost by a crash.
@@ -46,10 +46,10 @@ import time
 from dataclasses import dataclass, field
 
 from retainz.errors import ChecksumError, GenerationNotFoundError, NoSpaceError, RetainZError
-from retainz.integrations.fsspec_files import _Sink
 from retainz.integrations.hints import retention_hint
 from retainz.mount import layout as L
 from retainz.retention.inference import RetentionInference
+from retainz.store import ShardWriter
 
 __all__ = ["MountedStore"]
 
@@ -106,7 +106,7 @@ class _Handle:
         self.buf = buf if buf is not None else bytearray()
         self.size = len(self.buf)
         self.gen, self.shard = gen, shard
-        self.sink: _Sink | None = None
+        self.sink: ShardWriter | None = None   # the shard being streamed (push-style)
         self.writer = None             # the file generation's writer while streaming
         self.shard_name = ""
         self.lock = threading.Lock()
@@ -574,7 +574,7 @@ class MountedStore:
                     raise _Error(errno.EIO, f"{h.path}: write at byte {offset} of a file streamed "
                                             f"sequentially into the store ({h.size} bytes so far)")
                 try:
-                    h.sink.put(bytes(data))
+                    h.sink.write(data)
                 except BaseException as e:
                     h.failed = e
                     raise _Error(errno.ENOSPC if isinstance(e, NoSpaceError) else errno.EIO, f"{h.path}: {e}") from e
@@ -600,22 +600,22 @@ class MountedStore:
                     name = L.shard_name(h.rel)
                     if name in pd.streamed or name == L.LAYOUT_SHARD:
                         name = f"{name}%{len(pd.streamed)}"
-                    write_shard = self._writer(pd).write_shard
+                    writer = self._writer(pd)
                 else:
                     gid = self._free_id(L.file_generation_id, h.path)
                     step = L.checkpoint_step(posixpath.basename(h.path))
                     hint = self._hint(posixpath.dirname(h.path), gid, step)
                     self._taken.add(gid)
-                    h.writer = self.store.begin_generation(gid, step or 0, hint=hint)
-                    name, write_shard = L.FILE_SHARD, h.writer.write_shard
+                    h.writer = writer = self.store.begin_generation(gid, step or 0, hint=hint)
+                    name = L.FILE_SHARD
             h.shard_name = name
-            h.sink = _Sink(write_shard, name, threading.Lock())
-            h.sink.put(bytes(h.buf))
+            h.sink = writer.open_shard(name)
+            h.sink.write(h.buf)
             h.buf = bytearray()
         except BaseException as e:
             if h.sink is not None:
                 with contextlib.suppress(BaseException):
-                    h.sink.finish()
+                    h.sink.abort()
                 h.sink = None
             self.slot.release()
             h.failed = e
@@ -713,7 +713,7 @@ class MountedStore:
         streamed = h.streaming            # then this handle holds the store slot
         if h.streaming:
             try:
-                info = h.sink.finish()
+                info = h.sink.close()
             except BaseException as e:
                 h.failed = e
             finally:

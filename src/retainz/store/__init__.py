@@ -11,7 +11,7 @@ Public surface (everything else in this package is private)::
         store.delete("step-100", step=300)
 """
 
-from retainz.store.store import GenerationWriter, Store
+from retainz.store.store import Store
 from retainz.store.types import (
     Extent,
     FsckReport,
@@ -22,6 +22,7 @@ from retainz.store.types import (
     SpaceReport,
     StoreMetrics,
 )
+from retainz.store.writer import GenerationWriter, ShardWriter
 
-__all__ = ["Store", "GenerationWriter", "Extent", "FsckReport", "GCReport", "GenerationInfo", "GenState",
+__all__ = ["Store", "GenerationWriter", "ShardWriter", "Extent", "FsckReport", "GCReport", "GenerationInfo", "GenState",
            "ShardInfo", "SpaceReport", "StoreMetrics"]
