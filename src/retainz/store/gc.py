@@ -250,4 +250,4 @@ class Collector:
                                 f"{off} ({length} bytes) fails its crc32c; not moved",
                                 generation=gen.id, shard=shard_name, zone=z, offset=off,
                                 length=length, expected=crc, actual=actual)
-        return self.write_path.write(gen, memoryview(data), length, out, copies, gc=True)
+        return self.write_path.write(gen, memoryview(data), length, out, copies, gc=True)[0]

@@ -160,16 +160,16 @@ class WritePath:
         return z, s, d, cpu
 
     def write(self, gen: GenerationInfo, data, data_len: int, extents: list, zone_bytes: dict, *,
-              gc: bool = False, acc: list | None = None, pending: int = 0) -> int:
+              gc: bool = False, shard_crc: int | None = None, pending: int = 0) -> tuple[int, int | None]:
         """Write ``data`` (a bytes-like object, a multiple of the block size, holding ``data_len``
         bytes of shard data then zero padding) at zones the allocator picks; append ``(zone,
         offset, length, crc)`` extents and add to ``zone_bytes`` (zone -> device bytes).  Returns
-        device bytes written.
+        ``(device bytes written, shard_crc extended over the data)``.
 
         Args:
             gc: GC copies (``ExtentRequest.gc``).
-            acc: ``acc[0]``, if given, accumulates the crc32c of the data (the shard's), each byte
-                read once.
+            shard_crc: the crc32c of the shard's bytes before these, to extend over the
+                ``data_len`` bytes (each byte read once); ``None``: not wanted (GC copies).
             pending: ``ExtentRequest.pending``: bytes of the generation still to come after these.
 
         Every decision's zone gets ``decision.lifetime`` as its lifetime class when the decision
@@ -203,9 +203,9 @@ class WritePath:
                 piece = data[pos:pos + n]
                 dev.write(z * zsize + off, piece)
                 crc = crc32c.crc32c(piece[:el]) if el < n else crc32c.crc32c(piece)
-                if acc is not None:
-                    acc[0] = (crc32c_combine(acc[0], crc, el) if el == WRITE_BUFFER
-                              else crc32c.crc32c(piece[:el], acc[0]))
+                if shard_crc is not None:
+                    shard_crc = (crc32c_combine(shard_crc, crc, el) if el == WRITE_BUFFER
+                                 else crc32c.crc32c(piece[:el], shard_crc))
                 lt = d.lifetime
                 on_write(z, n, d.reclaim_step, lifetime if lt is None else lt, now)
                 dirty(z)
@@ -216,7 +216,7 @@ class WritePath:
         finally:
             self.metrics.decision_cpu_seconds += cpu
             self.metrics.decisions += ndec
-        return total
+        return total, shard_crc
 
     def write_counted(self, gen: GenerationInfo, nbytes: int, data_len: int, extents: list, zone_bytes: dict, *,
                       gc: bool = False, pending: int = 0) -> int:
@@ -298,7 +298,7 @@ class ShardWriter:
         written: data bytes taken so far.
     """
 
-    __slots__ = ("_w", "name", "size", "written", "_buf", "_acc", "extents", "zone_bytes", "_padded", "_open")
+    __slots__ = ("_w", "name", "size", "written", "_buf", "_crc", "extents", "zone_bytes", "_padded", "_open")
 
     def __init__(self, writer: GenerationWriter, name: str, size: int | None):
         self._w = writer
@@ -306,7 +306,7 @@ class ShardWriter:
         self.size = size
         self.written = 0
         self._buf = bytearray()
-        self._acc = [0]                 # the shard's crc32c, accumulated extent by extent
+        self._crc = 0                   # the shard's crc32c so far, extended extent by extent
         self.extents: list = []         # written, not yet in any committed shard (live)
         self.zone_bytes: dict[int, int] = {}
         self._padded = 0
@@ -315,8 +315,9 @@ class ShardWriter:
     def _put(self, data, data_len: int) -> None:
         w = self._w
         n = len(data)
-        self._padded += w._host.write_path.write(w.gen, data, data_len, self.extents, self.zone_bytes,
-                                                  acc=self._acc, pending=w._pending(n))
+        padded, self._crc = w._host.write_path.write(w.gen, data, data_len, self.extents, self.zone_bytes,
+                                                      shard_crc=self._crc, pending=w._pending(n))
+        self._padded += padded
         w._placed += n
 
     def write(self, chunk: bytes | bytearray | memoryview) -> None:
@@ -379,7 +380,7 @@ class ShardWriter:
             except BaseException:
                 self._fail()
                 raise
-            return w._add_shard(self, ShardInfo(self.name, self.written, self._acc[0], tuple(self.extents)),
+            return w._add_shard(self, ShardInfo(self.name, self.written, self._crc, tuple(self.extents)),
                                 self._padded)
 
     def abort(self) -> None:
