@@ -129,9 +129,9 @@ class WritePath:
         return d
 
     def _zone(self, gen: GenerationInfo, left: int, gc: bool, pending: int, extents: list,
-              keep: bool) -> tuple[int, ZoneSummary, Decision, float]:
-        """The zone the next ``left`` bytes go to: ``(zone, summary, decision, CPU seconds in
-        place)``.
+              keep: bool) -> tuple[int, ZoneSummary, Decision]:
+        """The zone the next ``left`` bytes go to: ``(zone, summary, decision)``; a decision asked
+        of the policy is counted in the metrics (with its CPU time) even when it ends in no space.
 
         A per-file policy (``allocator.keeps_file_zone``, e.g. ZenFS: ``ZoneFile::AllocateNewZone``
         runs only on a file's first write and when its active zone is full, fs/io_zenfs.cc) is not
@@ -142,13 +142,15 @@ class WritePath:
         zones = self.zones.table.zones
         if keep and extents and zones[extents[-1][0]].cond is _IO:
             z = extents[-1][0]
-            return z, zones[z], _KEEP, 0.0
+            return z, zones[z], _KEEP
         if self.verify:
             self.verify()
         req = ExtentRequest(left, gen.id, gen.step, gen.hint, self.zones.now, gc, pending)
         t0 = thread_time()
         d = self.allocator.place(req)
-        cpu = thread_time() - t0
+        m = self.metrics
+        m.decision_cpu_seconds += thread_time() - t0
+        m.decisions += 1
         z = d.zone
         s = zones.get(z)
         if s is None or d.finish or (s.cond is not _IO and (
@@ -157,7 +159,7 @@ class WritePath:
             d = self._decide_or_gc(req, d)  # finishes, no space, contract errors
             z = d.zone
             s = zones[z]
-        return z, s, d, cpu
+        return z, s, d
 
     def write(self, gen: GenerationInfo, data, data_len: int, extents: list, zone_bytes: dict, *,
               gc: bool = False, shard_crc: int | None = None, pending: int = 0) -> tuple[int, int | None]:
@@ -187,35 +189,26 @@ class WritePath:
         dirty = self.zones.changed.add
         lifetime = gen.hint.lifetime
         keep = self.allocator.keeps_file_zone and not gc
-        cpu = 0.0
-        ndec = 0
-        try:
-            while left:
-                z, s, d, c = self._zone(gen, left, gc, pending, extents, keep)
-                if d is not _KEEP:
-                    cpu += c
-                    ndec += 1
-                off = s.written
-                n = s.capacity - off
-                if n > left:
-                    n = left
-                el = n if data_len - pos >= n else data_len - pos
-                piece = data[pos:pos + n]
-                dev.write(z * zsize + off, piece)
-                crc = crc32c.crc32c(piece[:el]) if el < n else crc32c.crc32c(piece)
-                if shard_crc is not None:
-                    shard_crc = (crc32c_combine(shard_crc, crc, el) if el == WRITE_BUFFER
-                                 else crc32c.crc32c(piece[:el], shard_crc))
-                lt = d.lifetime
-                on_write(z, n, d.reclaim_step, lifetime if lt is None else lt, now)
-                dirty(z)
-                zone_bytes[z] = zone_bytes.get(z, 0) + n
-                extents.append((z, off, el, crc))
-                pos += n
-                left -= n
-        finally:
-            self.metrics.decision_cpu_seconds += cpu
-            self.metrics.decisions += ndec
+        while left:
+            z, s, d = self._zone(gen, left, gc, pending, extents, keep)
+            off = s.written
+            n = s.capacity - off
+            if n > left:
+                n = left
+            el = n if data_len - pos >= n else data_len - pos
+            piece = data[pos:pos + n]
+            dev.write(z * zsize + off, piece)
+            crc = crc32c.crc32c(piece[:el]) if el < n else crc32c.crc32c(piece)
+            if shard_crc is not None:
+                shard_crc = (crc32c_combine(shard_crc, crc, el) if el == WRITE_BUFFER
+                             else crc32c.crc32c(piece[:el], shard_crc))
+            lt = d.lifetime
+            on_write(z, n, d.reclaim_step, lifetime if lt is None else lt, now)
+            dirty(z)
+            zone_bytes[z] = zone_bytes.get(z, 0) + n
+            extents.append((z, off, el, crc))
+            pos += n
+            left -= n
         return total, shard_crc
 
     def write_counted(self, gen: GenerationInfo, nbytes: int, data_len: int, extents: list, zone_bytes: dict, *,
@@ -231,30 +224,21 @@ class WritePath:
         dirty = self.zones.changed.add
         lifetime = gen.hint.lifetime
         keep = self.allocator.keeps_file_zone and not gc
-        cpu = 0.0
-        ndec = 0
-        try:
-            while left:
-                z, s, d, c = self._zone(gen, left, gc, pending, extents, keep)
-                if d is not _KEEP:
-                    cpu += c
-                    ndec += 1
-                off = s.written
-                n = s.capacity - off
-                if n > left:
-                    n = left
-                el = n if data_len - pos >= n else data_len - pos
-                dev.write(z * zsize + off, n)
-                lt = d.lifetime
-                on_write(z, n, d.reclaim_step, lifetime if lt is None else lt, now)
-                dirty(z)
-                zone_bytes[z] = zone_bytes.get(z, 0) + n
-                extents.append((z, off, el, None))
-                pos += n
-                left -= n
-        finally:
-            self.metrics.decision_cpu_seconds += cpu
-            self.metrics.decisions += ndec
+        while left:
+            z, s, d = self._zone(gen, left, gc, pending, extents, keep)
+            off = s.written
+            n = s.capacity - off
+            if n > left:
+                n = left
+            el = n if data_len - pos >= n else data_len - pos
+            dev.write(z * zsize + off, n)
+            lt = d.lifetime
+            on_write(z, n, d.reclaim_step, lifetime if lt is None else lt, now)
+            dirty(z)
+            zone_bytes[z] = zone_bytes.get(z, 0) + n
+            extents.append((z, off, el, None))
+            pos += n
+            left -= n
         return nbytes
 
     def shard_written(self, padded: int) -> None:
