@@ -10,8 +10,9 @@ import pytest
 
 from retainz.mount import layout as L
 from retainz.retention.inference import RetentionInference
-from retainz.trace.format import DeleteEvent, SaveEvent, TraceReader
+from retainz.trace.format import DeleteEvent, SaveEvent
 from retainz.trace.generate import write_generated
+from retainz.trace.io import TraceReader
 
 
 @pytest.mark.parametrize("path, root", [

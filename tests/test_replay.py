@@ -10,8 +10,9 @@ import pytest
 
 from retainz.cli import main
 from retainz.experiments.runner import scaled_layout
-from retainz.trace.format import DeleteEvent, SaveEvent, TraceReader
+from retainz.trace.format import DeleteEvent, SaveEvent
 from retainz.trace.generate import write_generated
+from retainz.trace.io import TraceReader
 from retainz.trace.replay import replay, trace_stats
 
 # Small geometry: 256 KiB zones of 192 KiB capacity; SmolLM2 layout scaled by 1/16384 (~105 KiB/save).

@@ -8,8 +8,9 @@ import math
 import pytest
 
 from retainz.cli import main
-from retainz.trace.format import CommitEvent, DeleteEvent, SaveEvent, read_trace
+from retainz.trace.format import CommitEvent, DeleteEvent, SaveEvent
 from retainz.trace.generate import write_generated
+from retainz.trace.io import read_trace
 from retainz.trace.mix import mix
 
 

@@ -54,9 +54,9 @@ from retainz.trace.format import (
     DeleteEvent,
     SaveEvent,
     TraceHeader,
-    TraceReader,
     actual_reclaim_steps,
 )
+from retainz.trace.io import TraceReader
 from retainz.zoned import FaultyDevice, FileDevice, Geometry, MemoryDevice, ZonedDevice
 from retainz.zoned.model import MAX_ZONES
 

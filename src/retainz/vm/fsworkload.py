@@ -61,7 +61,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from retainz.trace.format import CommitEvent, CrashEvent, DeleteEvent, SaveEvent, TraceReader
+from retainz.trace.format import CommitEvent, CrashEvent, DeleteEvent, SaveEvent
+from retainz.trace.io import TraceReader
 
 __all__ = ["SYSTEMS", "SystemSpec", "parse_system", "sectors_written", "ZoneResetCounter", "FileReplay", "same_stream",
            "survivors_before", "fill_at", "run_system", "ZONED_DEVICE", "META_DEVICE", "MOUNT_POINT"]
