@@ -10,8 +10,9 @@ import pytest
 
 from retainz.mount import layout as L
 from retainz.retention.inference import RetentionInference
-from retainz.trace.format import DeleteEvent, SaveEvent, TraceReader
+from retainz.trace.format import DeleteEvent, SaveEvent
 from retainz.trace.generate import write_generated
+from retainz.trace.io import TraceReader
 
 
 @pytest.mark.parametrize("path, root", [
@@ -146,11 +147,11 @@ def test_inference_waits_for_evidence_and_keep_all():
 def test_retainz_inferred_replay_matches_exact_hints_on_megatron(tmp_path):
     """On the recorded Megatron workload (retain_interval=5000), inferred hints run as exact ones do
     (no capacity stop, the same WAF), where no hints copy (WAF above 1) and hold more dead space."""
-    from retainz.trace.replay import replay
+    from retainz.trace.replay import ReplayConfig, replay
 
     path = str(tmp_path / "m.trace")
     write_generated(path, "smollm2-135m-dcp", "megatron:save_interval=1000,retain_interval=5000", 50_000)
-    r = {p: replay(path, policy=p, pressure=0.9, reserve_zones=4)
+    r = {p: replay(path, ReplayConfig(policy=p, pressure=0.9, reserve_zones=4))
          for p in ("retainz", "retainz-inferred", "retainz-nohint")}
     assert r["retainz-inferred"]["policy"] == "retainz-inferred"
     assert r["retainz-inferred"]["capacity_stop_step"] is None and r["retainz"]["capacity_stop_step"] is None

@@ -324,13 +324,13 @@ def test_zenfs_refuses_a_device_of_fewer_than_32_zones(policy):
 
 
 def test_replay_refuses_a_zenfs_device_of_fewer_than_32_zones(tmp_path):
-    from retainz.trace.replay import replay
+    from retainz.trace.replay import ReplayConfig, replay
     from tests.test_replay import _trace
 
     t = _trace(tmp_path)
     with pytest.raises(ValueError, match="ZenFS refuses fewer than 32"):
-        replay(t, policy="zenfs", zones=20, zone_size=64 << 10, zone_capacity=48 << 10)
-    r = replay(t, policy="zenfs", zones=26, reserve_zones=3, zone_size=64 << 10, zone_capacity=48 << 10)
+        replay(t, ReplayConfig(policy="zenfs", zones=20, zone_size=64 << 10, zone_capacity=48 << 10))
+    r = replay(t, ReplayConfig(policy="zenfs", zones=26, reserve_zones=3, zone_size=64 << 10, zone_capacity=48 << 10))
     assert r["geometry"]["nr_zones"] == 32
 
 

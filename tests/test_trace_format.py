@@ -330,7 +330,8 @@ def test_actual_reclaim_steps_match_exact_predictions():
 
 
 def test_deeply_nested_line_is_a_line_numbered_error_not_a_crash(tmp_path):
-    from retainz.trace.format import TraceFormatError, read_trace
+    from retainz.trace.format import TraceFormatError
+    from retainz.trace.io import read_trace
 
     good = tmp_path / "g.jsonl"
     from retainz.trace.generate import write_generated

@@ -8,8 +8,9 @@ import math
 import pytest
 
 from retainz.cli import main
-from retainz.trace.format import CommitEvent, DeleteEvent, SaveEvent, read_trace
+from retainz.trace.format import CommitEvent, DeleteEvent, SaveEvent
 from retainz.trace.generate import write_generated
+from retainz.trace.io import read_trace
 from retainz.trace.mix import mix
 
 
@@ -70,12 +71,12 @@ def test_equal_steps_keep_job_order_and_commit_pairs(jobs, tmp_path):
 
 
 def test_mixed_trace_replays_through_the_store(jobs, tmp_path):
-    from retainz.trace.replay import replay
+    from retainz.trace.replay import ReplayConfig, replay
 
     a, b = jobs
     out = str(tmp_path / "m.jsonl")
     mix([a, b], out, offsets=[0, 30])
-    r = replay(out, policy="retainz", zones=12, zone_size=1 << 30, zone_capacity=1 << 30)
+    r = replay(out, ReplayConfig(policy="retainz", zones=12, zone_size=1 << 30, zone_capacity=1 << 30))
     assert r["capacity_stop_step"] is None
     assert r["generations_committed"] == sum(isinstance(e, CommitEvent) for e in read_trace(out).events)
     assert r["trace"]["layout"] == "mix:2"

@@ -245,7 +245,6 @@ class ZoneTable:
                  reserved_active: int = 0):
         self.zones: dict[int, ZoneSummary] = {z: ZoneSummary(index=z, capacity=c)
                                               for z, c in sorted(capacities.items())}
-        self.order: list[int] = list(self.zones)
         self.max_open = max_open
         self.max_active = max_active
         self.reserved_active = reserved_active

@@ -1,5 +1,6 @@
 """Trace format v1: versioned JSON Lines (documented in docs/trace-format.md, schema in
-docs/trace-v1.schema.json).
+docs/trace-v1.schema.json).  This module holds what a trace *is*: the header and event dataclasses,
+their JSON forms (``to_json``) and :class:`TraceFormatError`.
 
 Line 1 is the header; every further line is one event, in the order the runtime performs them:
 
@@ -9,19 +10,14 @@ Line 1 is the header; every further line is one event, in the order the runtime 
 * ``delete`` - the runtime deletes a committed generation;
 * ``crash``  - the process dies; the generation in flight (``gen``, or ``null``) never commits.
 
-Reading validates every line against the format *and* the event sequence; the first problem raises
-:class:`TraceFormatError` naming the file, the line number and what is wrong.  Unknown versions are
-refused.  Writing goes through the same validator, so a writer cannot produce a trace the reader
-refuses.
+What a line and the event sequence must satisfy (the parsers and the :class:`Validator`) is
+:mod:`retainz.trace.validate`; reading and writing trace files through it is :mod:`retainz.trace.io`.
 """
 
 from __future__ import annotations
 
-import json
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TextIO
 
 from retainz.errors import RetainZError
 
@@ -37,11 +33,6 @@ __all__ = [
     "CrashEvent",
     "Event",
     "Trace",
-    "TraceWriter",
-    "TraceReader",
-    "read_trace",
-    "write_trace",
-    "Validator",
     "actual_reclaim_steps",
 ]
 
@@ -220,19 +211,6 @@ class Trace:
     events: list[Event]
 
 
-# -- validation ---------------------------------------------------------------------------------------
-
-# The parsers and the Validator live in .validate, which imports the dataclasses above from this
-# module: so they are imported here, after them, not at the top.
-from retainz.trace.validate import (  # noqa: E402
-    Validator,
-    _Bad,
-    _loads,
-    _parse_event,
-    _parse_header,
-)
-
-
 def actual_reclaim_steps(events) -> dict[int, float]:
     """When each generation's data really becomes garbage (what the ``oracle`` control may know).
 
@@ -250,145 +228,3 @@ def actual_reclaim_steps(events) -> dict[int, float]:
         elif isinstance(ev, (DeleteEvent, CrashEvent)) and ev.gen is not None:
             out[ev.gen] = ev.step
     return out
-
-
-# -- reading ------------------------------------------------------------------------------------------
-
-class TraceReader:
-    """Stream a trace: the header is read and checked on open; iterating yields validated events.
-
-    Example::
-
-        with TraceReader("run.jsonl") as r:
-            print(r.header.retention)
-            for ev in r:
-                ...
-    """
-
-    def __init__(self, source: str | TextIO, *, name: str | None = None):
-        if isinstance(source, str):
-            self._f: TextIO = open(source, encoding="utf-8")
-            self.path = source
-            self._own = True
-        else:
-            self._f = source
-            self.path = name or getattr(source, "name", "<trace>")
-            self._own = False
-        self.line = 0
-        self.validator = Validator()
-        first = self._next_line()
-        if first is None:
-            self._fail(1, "empty trace: no header")
-        try:
-            self.header = _parse_header(_loads(first))
-        except _Bad as e:
-            self._fail(1, str(e))
-
-    def _fail(self, line: int, msg: str):
-        self.close()
-        raise TraceFormatError(self.path, line, msg)
-
-    def _next_line(self) -> str | None:
-        try:
-            raw = self._f.readline()
-        except UnicodeDecodeError as e:
-            self._fail(self.line + 1, f"not a trace: byte 0x{e.object[e.start]:02x} is not UTF-8 text (a binary "
-                                      "file? a trace is JSON lines, docs/trace-format.md)")
-        if not raw:
-            return None
-        self.line += 1
-        return raw
-
-    def __iter__(self) -> Iterator[Event]:
-        while True:
-            raw = self._next_line()
-            if raw is None:
-                return
-            if not raw.strip():
-                self._fail(self.line, "empty line")
-            try:
-                ev = _parse_event(_loads(raw))
-                self.validator.check(ev)
-            except _Bad as e:
-                cut = "" if raw.endswith("\n") else " (the file ends mid-line: a truncated trace?)"
-                self._fail(self.line, f"{e}{cut}")
-            yield ev
-
-    def close(self) -> None:
-        if self._own:
-            self._f.close()
-
-    def __enter__(self) -> TraceReader:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-def read_trace(path: str) -> Trace:
-    """Read and validate a whole trace.
-
-    Raises:
-        TraceFormatError: the first malformed line (file, line number, what is wrong).
-        FileNotFoundError: no such file.
-    """
-    with TraceReader(path) as r:
-        return Trace(r.header, list(r))
-
-
-# -- writing ------------------------------------------------------------------------------------------
-
-class TraceWriter:
-    """Write a trace line by line, validating as the reader will.
-
-    Example::
-
-        with TraceWriter("run.jsonl", header) as w:
-            w.write(SaveEvent(...))
-    """
-
-    def __init__(self, target: str | TextIO, header: TraceHeader):
-        if isinstance(target, str):
-            self._f: TextIO = open(target, "w", encoding="utf-8")
-            self._own = True
-            self.path = target
-        else:
-            self._f = target
-            self._own = False
-            self.path = getattr(target, "name", "<trace>")
-        self.validator = Validator()
-        self.line = 1
-        self.bytes_written = 0
-        self._put(header.to_json())
-
-    def _put(self, obj: dict) -> None:
-        text = json.dumps(obj, separators=(",", ":"), allow_nan=False) + "\n"
-        self._f.write(text)
-        self.bytes_written += len(text)
-
-    def write(self, ev: Event) -> None:
-        self.line += 1
-        try:
-            self.validator.check(ev)
-        except _Bad as e:
-            raise TraceFormatError(self.path, self.line, str(e)) from None
-        self._put(ev.to_json())
-
-    def close(self) -> None:
-        if self._own:
-            self._f.close()
-        else:
-            self._f.flush()
-
-    def __enter__(self) -> TraceWriter:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-def write_trace(path: str, trace: Trace) -> None:
-    """Write a whole trace (validated as it is written)."""
-    with TraceWriter(path, trace.header) as w:
-        for ev in trace.events:
-            w.write(ev)

@@ -23,8 +23,8 @@ from retainz.trace.format import (
     Trace,
     TraceHeader,
     TraceHint,
-    TraceWriter,
 )
+from retainz.trace.io import TraceWriter
 from retainz.trace.layouts import Layout, get_layout
 
 __all__ = ["generate", "generate_trace", "write_generated", "GenerateStats"]

@@ -41,9 +41,8 @@ from retainz.trace.format import (
     SaveEvent,
     TraceHeader,
     TraceHint,
-    TraceReader,
-    TraceWriter,
 )
+from retainz.trace.io import TraceReader, TraceWriter
 
 __all__ = ["mix", "MixStats"]
 

@@ -1,6 +1,6 @@
 """Validation of trace format v1: the per-line parsers (JSON, header, events, hints, shards) and
-the event-sequence :class:`Validator`.  Problems raise ``_Bad``, which :mod:`.format`'s reader and
-writer turn into :class:`~retainz.trace.format.TraceFormatError` with the line number.
+the event-sequence :class:`Validator`.  Problems raise ``_Bad``, which the reader and writer
+(:mod:`retainz.trace.io`) turn into :class:`~retainz.trace.format.TraceFormatError` with the line number.
 """
 
 from __future__ import annotations

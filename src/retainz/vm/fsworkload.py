@@ -61,7 +61,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from retainz.trace.format import CommitEvent, CrashEvent, DeleteEvent, SaveEvent, TraceReader
+from retainz.trace.format import CommitEvent, CrashEvent, DeleteEvent, SaveEvent
+from retainz.trace.io import TraceReader
 
 __all__ = ["SYSTEMS", "SystemSpec", "parse_system", "sectors_written", "ZoneResetCounter", "FileReplay", "same_stream",
            "survivors_before", "fill_at", "run_system", "ZONED_DEVICE", "META_DEVICE", "MOUNT_POINT"]
@@ -467,15 +468,15 @@ def _run_filesystem(spec: SystemSpec, events: list, out: dict, write) -> None:
 def _run_retainz(policy: str, reserve_zones: int, meta_zones: int, trace_path: str, events: list,
                  out: dict) -> None:
     from retainz.store import Store
-    from retainz.trace.replay import replay
+    from retainz.trace.replay import ReplayConfig, replay
     from retainz.zoned import open_device
 
     nr_zones = out["namespace_zones"]
     before = sectors_written(ZONED_DEVICE)
     t0 = time.perf_counter()
-    res = replay(trace_path, policy=policy, zones=max(2, nr_zones - meta_zones - reserve_zones),
-                 reserve_zones=reserve_zones, meta_zones=meta_zones, device=ZONED_DEVICE,
-                 verify_payload=False)
+    res = replay(trace_path, ReplayConfig(policy=policy, zones=max(2, nr_zones - meta_zones - reserve_zones),
+                                          reserve_zones=reserve_zones, meta_zones=meta_zones, device=ZONED_DEVICE,
+                                          verify_payload=False))
     out["replay_seconds"] = time.perf_counter() - t0
     out["zoned_bytes_written"] = sectors_written(ZONED_DEVICE) - before
     out["conventional_bytes_written"] = 0
