@@ -168,6 +168,8 @@ def scan(device: ZonedDevice) -> MountScan:
 
     Raises:
         ForeignDeviceError: no meta zone holds a RetainZ superblock.
+        UnsupportedFormatError: a superblock of a format version or flags this code does not know
+            (nothing is written).
         CorruptJournalError: see the module docstring.
     """
     g = device.geometry
@@ -187,6 +189,7 @@ def scan(device: ZonedDevice) -> MountScan:
             if Superblock.has_magic(block):
                 bad.append(z.index)
             continue
+        sb.check_supported(f"{device!r} meta zone {z.index}")
         if not sbs:
             n_meta = min(sb.meta_zones, len(zones))
         sbs[z.index] = sb

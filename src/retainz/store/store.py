@@ -204,6 +204,8 @@ class Store:
         Raises:
             StoreLockedError: the store on this device is already open in this process.
             ForeignDeviceError: the device holds no RetainZ store.
+            UnsupportedFormatError: a format version or flags this code does not know (nothing is
+                written, also read-write).
             CorruptJournalError: the journal or superblock is damaged, or committed data is missing.
         """
         key = _device_key(device)
@@ -268,6 +270,11 @@ class Store:
     def journal(self) -> Journal:
         """The metadata journal (:attr:`MetadataLog.journal`)."""
         return self.log.journal
+
+    @property
+    def format_version(self) -> int:
+        """The format version of the journal chain in use (:mod:`.format`, "Format versions")."""
+        return self.log.journal.sb.version
 
     @property
     def now(self) -> int:
