@@ -358,7 +358,7 @@ class Store:
                 and those that delete everything (the message names the journal; ``needed``/
                 ``available`` in bytes of snapshot; ``cause`` ``"journal"``).  ``state`` is
                 :meth:`stop_state` at the refusal.
-            ValueError: a negative step or size.
+            ValueError: a negative step or size, or a hint whose reclaim step is before ``step``.
         """
         with self.lock:
             self._check_writable()
@@ -367,6 +367,9 @@ class Store:
                 raise ValueError(f"step must be a non-negative int, not {step!r}")
             if declared_size is not None and (not isinstance(declared_size, int) or declared_size < 0):
                 raise ValueError(f"declared_size must be a non-negative int, not {declared_size!r}")
+            if hint is not None and hint.reclaim_step is not None and hint.reclaim_step < step:
+                raise ValueError(f"generation {gen_id!r}: reclaim step {hint.reclaim_step} is before its own "
+                                 f"step {step} (a generation cannot be retired before it is saved)")
             if gen_id in self.catalog.gens or gen_id in self._writers:
                 raise GenerationExistsError(f"generation {gen_id!r} already exists")
             zones = self.zones
@@ -481,15 +484,19 @@ class Store:
 
         Raises:
             GenerationNotFoundError: no committed generation has that id.
+            ValueError: ``step`` is before the generation's own step.
         """
         with self.lock:
             self._check_writable()
             zones = self.zones
-            if step is not None:
-                zones.advance(step)
             gen = self.catalog.gens.get(gen_id)
             if gen is None:
                 raise GenerationNotFoundError(f"no committed generation {gen_id!r}")
+            if step is not None and step < gen.step:
+                raise ValueError(f"generation {gen_id!r}: retirement step {step} is before its own step "
+                                 f"{gen.step} (a generation cannot be retired before it is saved)")
+            if step is not None:
+                zones.advance(step)
             bs = zones.block_size
             zb: dict[int, int] = {}
             get = zb.get
