@@ -13,7 +13,6 @@ from urllib.parse import quote
 
 from fsspec.spec import AbstractBufferedFile
 
-from retainz.errors import GenerationNotFoundError
 from retainz.integrations.hints import retention_hint
 from retainz.store import ShardWriter
 
@@ -99,11 +98,10 @@ class _WriteFile(AbstractBufferedFile):
         stack = contextlib.ExitStack()
         store = stack.enter_context(fs._store(self._device))
         try:
-            with contextlib.suppress(GenerationNotFoundError):
-                store.generation(self._gen)
-                store.delete(self._gen)           # replacing a checkpoint file (not atomic)
             step = _step_of(self._inner)
-            writer = store.begin_generation(self._gen, step or 0,
+            # an existing file is replaced at this one's commit (replace-on-commit: until then it
+            # stays readable and intact; a crash leaves exactly one of the two)
+            writer = store.begin_generation(self._gen, step or 0, replace=True,
                                             hint=retention_hint(step, rule=fs._rule(posixpath.dirname(self._inner))))
         except BaseException:
             stack.close()
@@ -186,8 +184,24 @@ class _WriteFile(AbstractBufferedFile):
         try:
             super().close()
         except BaseException:
-            if self._sink is not None:
-                with contextlib.suppress(Exception):
-                    self._sink.abort()
-            self.discard()
+            self._abandon()
             raise
+
+    def _abandon(self) -> None:
+        """Drop what this file wrote: its shard, and its generation unless it belongs to a
+        checkpoint directory others are still writing; a replaced file stays as it was."""
+        if self._sink is not None:
+            with contextlib.suppress(Exception):
+                self._sink.abort()
+        self.discard()
+
+    def __exit__(self, exc_type, exc, tb):
+        """An exception inside ``with fs.open(path, "wb")`` abandons the file instead of committing
+        what was written so far (fsspec's default closes, i.e. commits, a partial file): a partial
+        ``last.ckpt`` never replaces a whole one."""
+        if exc_type is None or self.closed:
+            return super().__exit__(exc_type, exc, tb)
+        self._abandon()
+        self.closed = True
+        self.buffer = None
+        return False

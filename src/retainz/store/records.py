@@ -16,7 +16,8 @@ snap    snapshot head: ``now``, ``commit_seq``, ``metrics``, ``o``
 sz      snapshot: zone attributes ``{"z": [[zone, *ZoneAttrs]...]}`` (2,000 per record)
 sg      snapshot: a batch of committed generations ``{"g": [entry...]}`` (:func:`encode_gen`)
 send    snapshot end: ``n`` generations (a chain is usable only once this is durable)
-c       commit: ``g`` one generation entry, ``now``, ``z`` changed zone attributes, ``o``
+c       commit: ``g`` one generation entry, ``now``, ``z`` changed zone attributes, ``o``; a
+        replacing commit (version 2) also ``rp`` 1 and ``r`` the zones to reset after it
 d       deletion: ``g`` generation id, ``r`` zones to reset after it, ``now``, ``z``, ``o``
 m       GC move: ``s`` ``[[generation, shard, new extent list]...]``, ``r`` victims to reset,
         ``now``, ``z``, ``o``
@@ -161,7 +162,8 @@ class Record:
         now: the logical time (training step), or ``None`` when absent.
         gens: generations (``c``: one; ``sg``: a batch), committed.
         deleted: the retired generation id (``d``).
-        resets: zones to reset after the record (``d``, ``m``).
+        replaces: the commit retires the committed generation of the same id (``c`` with ``rp``).
+        resets: zones to reset after the record (``d``, ``m``, a replacing ``c``).
         moves: ``[(generation id, shard, extents)]`` (``m``).
         metrics: ``StoreMetrics`` fields (``snap``, ``x``).
         commit_seq: the last commit sequence number (``snap``), or ``None``.
@@ -174,6 +176,7 @@ class Record:
     now: int | None = None
     gens: list[GenerationInfo] = field(default_factory=list)
     deleted: str | None = None
+    replaces: bool = False
     resets: list[int] = field(default_factory=list)
     moves: list[tuple[str, str, tuple]] = field(default_factory=list)
     metrics: dict = field(default_factory=dict)
@@ -204,6 +207,8 @@ def decode(payload: bytes) -> Record:
         rec.zones = [ZoneAttrs.decode(a) for a in body["z"]]
     if kind is Kind.COMMIT:
         rec.gens = [decode_gen(body["g"])]
+        rec.replaces = bool(body.get("rp"))
+        rec.resets = body.get("r", [])
     elif kind is Kind.GENS:
         rec.gens = [decode_gen(item) for item in body["g"]]
     elif kind is Kind.DELETE:
@@ -258,11 +263,17 @@ def _update(kind: Kind, body: dict, zones: list, open_seq: int) -> bytes:
     return kind.encode() + b" " + _dumps(body).encode()
 
 
-def commit_record(entry: bytes, now: int, zones: list, open_seq: int) -> bytes:
+def commit_record(entry: bytes, now: int, zones: list, open_seq: int, replace_resets: list[int] | None = None) -> bytes:
     """A ``c`` record for the generation entry ``entry`` (:func:`gen_entry_bytes`, spliced in as is
-    so a commit encodes its generation once) and the changed zones' attribute items."""
-    tail = _dumps({"now": now, "z": zones, "o": open_seq})
-    return b'c {"g":' + entry + b"," + tail[1:].encode()
+    so a commit encodes its generation once) and the changed zones' attribute items.
+
+    ``replace_resets`` (format version 2): the commit replaces the committed generation of the same
+    id, retired by this same record (``rp``); the zones it leaves with no live data (``r``) are
+    reset after it.  ``None``: a plain commit."""
+    body = {"now": now, "z": zones, "o": open_seq}
+    if replace_resets is not None:
+        body = {"rp": 1, "r": replace_resets, **body}
+    return b'c {"g":' + entry + b"," + _dumps(body)[1:].encode()
 
 
 def delete_record(gen_id: str, resets: list[int], now: int, zones: list, open_seq: int) -> bytes:

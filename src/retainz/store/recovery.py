@@ -139,7 +139,11 @@ def replay(payloads: list[bytes]) -> Replayed:
         kind = rec.kind
         if kind is Kind.COMMIT or kind is Kind.GENS:
             for gen in rec.gens:
+                if rec.replaces and gen.id in cat.gens:
+                    cat.remove(gen.id)
                 cat.add(gen)
+            for z in rec.resets:
+                attrs[z] = NO_ATTRS
         elif kind is Kind.DELETE:
             if rec.deleted in cat.gens:
                 cat.remove(rec.deleted)

@@ -325,7 +325,7 @@ class Store:
 
     # -- generations -------------------------------------------------------------------------------
     def begin_generation(self, gen_id: str, step: int, *, hint: Hint | None = None,
-                         declared_size: int | None = None) -> GenerationWriter:
+                         declared_size: int | None = None, replace: bool = False) -> GenerationWriter:
         """Admit a new generation and return its writer.
 
         Admission reserves ``declared_size`` bytes (rounded up to a block): the data zones' free
@@ -350,9 +350,15 @@ class Store:
             hint: what the runtime knows about the generation's death (journaled with the commit).
             declared_size: bytes of shard data the generation will write (``None``: no reservation
                 and no size check).
+            replace: ``gen_id`` may be committed already: the new generation replaces it at its
+                commit (replace-on-commit).  Until then readers see the old one, intact; the commit
+                record retires the old one and commits the new one in one record, so a crash at any
+                point leaves exactly one of the two.  A deletion of the old one meanwhile makes the
+                commit a plain one.
 
         Raises:
-            InvalidIdError: a bad id.  GenerationExistsError: the id is committed or being written.
+            InvalidIdError: a bad id.  GenerationExistsError: the id is being written, or committed
+                (without ``replace``).
             NoSpaceError: the declared size cannot be reserved (``needed``/``available`` bytes;
                 ``cause`` ``"admission"``), or the journal could not hold the generation's records
                 and those that delete everything (the message names the journal; ``needed``/
@@ -370,8 +376,11 @@ class Store:
             if hint is not None and hint.reclaim_step is not None and hint.reclaim_step < step:
                 raise ValueError(f"generation {gen_id!r}: reclaim step {hint.reclaim_step} is before its own "
                                  f"step {step} (a generation cannot be retired before it is saved)")
-            if gen_id in self.catalog.gens or gen_id in self._writers:
-                raise GenerationExistsError(f"generation {gen_id!r} already exists")
+            if gen_id in self._writers:
+                raise GenerationExistsError(f"generation {gen_id!r} is being written")
+            if gen_id in self.catalog.gens and not replace:
+                raise GenerationExistsError(f"generation {gen_id!r} already exists (replace=True replaces it at "
+                                            "the new one's commit)")
             zones = self.zones
             zones.advance(step)
             if zones.table.n_empty < self.gc_reserve_zones and zones.table.dead:
@@ -431,11 +440,15 @@ class Store:
                                        f"fit a meta zone ({journal.max_record} bytes)",
                                        needed=n, available=journal.max_record, cause="journal")
                 self.log.check_room(n, f"commit of generation {gen.id!r}", self._estimates(exclude=w))
+                old = self.catalog.gens.get(gen.id)
+                retire = self._retirement(old) if old is not None else None
                 self.device.flush()
-                self.log.commit(entry)
+                self.log.commit(entry, retire[1] if retire else None)
             except BaseException:
                 gen.commit_seq = 0
                 raise
+            if retire:
+                self._retire(old, *retire)
             gen.state = GenState.COMMITTED
             self.catalog.add(gen)
             self.log.track(gen)
@@ -497,22 +510,31 @@ class Store:
                                  f"{gen.step} (a generation cannot be retired before it is saved)")
             if step is not None:
                 zones.advance(step)
-            bs = zones.block_size
-            zb: dict[int, int] = {}
-            get = zb.get
-            for s in gen.shards.values():
-                for e in s.extents:
-                    zb[e[0]] = get(e[0], 0) - (-e[2] // bs) * bs
-            summaries = zones.table.zones
-            resets = [z for z, n in zb.items() if summaries[z].live == n]
+            zb, resets = self._retirement(gen)
             self.log.delete(gen_id, resets)
-            self.catalog.remove(gen_id)
-            gen.state = GenState.DELETED
-            if len(resets) != len(zb):     # zones that reset drop their live bytes with the reset
-                gone = set(resets)
-                zones.kill({z: n for z, n in zb.items() if z not in gone})
-            zones.reset_journaled(resets)
-            self.metrics.generations_deleted += 1
+            self._retire(gen, zb, resets)
+
+    def _retirement(self, gen: GenerationInfo) -> tuple[dict[int, int], list[int]]:
+        """What retiring committed ``gen`` frees: ``({zone: its device bytes there}, the zones it
+        leaves with no live data)``."""
+        bs = self.zones.block_size
+        zb: dict[int, int] = {}
+        get = zb.get
+        for s in gen.shards.values():
+            for e in s.extents:
+                zb[e[0]] = get(e[0], 0) - (-e[2] // bs) * bs
+        summaries = self.zones.table.zones
+        return zb, [z for z, n in zb.items() if summaries[z].live == n]
+
+    def _retire(self, gen: GenerationInfo, zb: dict[int, int], resets: list[int]) -> None:
+        """Apply a journaled retirement: the catalog drops ``gen``, its bytes die, then the zones
+        the record names are reset (a failed reset leaves them all dead, still consistent)."""
+        self.catalog.remove(gen.id)
+        self.log.forget(gen.id)
+        gen.state = GenState.DELETED
+        self.zones.kill(zb)
+        self.zones.reset_journaled(resets)
+        self.metrics.generations_deleted += 1
 
     def advance(self, step: int) -> None:
         """Move logical time to training step ``step`` (no-op if not later than the current step).
