@@ -365,6 +365,12 @@ class ZoneTable:
         if self.listeners:
             self._changed(s)
 
+    def on_reclaim_step(self, z: int, reclaim_step: float | None) -> None:
+        """Zone ``z``'s reclaim step changed (a generation's hint was updated)."""
+        s = self.zones[z]
+        s.reclaim_step = reclaim_step
+        self._changed(s)
+
     def on_reset(self, z: int) -> None:
         """Zone ``z`` was reset: empty again."""
         s = self.zones[z]
@@ -491,6 +497,12 @@ class Allocator(abc.ABC):
             an empty zone returns 0 (a reserve would only refuse data the policy could place).
         """
         return store_reserve
+
+    def reclaim_step_of(self, req: ExtentRequest) -> float | None:
+        """The reclaim step this policy records for data of ``req`` (``Decision.reclaim_step``),
+        asked by the store when a generation's hint changes (``Store.update_hint``).  The default:
+        the hint's own."""
+        return req.hint.reclaim_step
 
     def migrates(self, shard: str) -> bool:
         """Whether GC may move the extents of the shard (file) named ``shard``; the default: every

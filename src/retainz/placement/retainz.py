@@ -197,6 +197,10 @@ class RetainZ(Allocator):
             return survivor_reclaim(req.step, req.now)
         return r
 
+    def reclaim_step_of(self, req: ExtentRequest) -> float | None:
+        """:meth:`reclaim_of`: the reclaim step this policy places and records by."""
+        return self.reclaim_of(req)
+
     def zone_reclaim(self, s: ZoneSummary) -> float:
         """A zone's reclaim step, or its estimate when unknown."""
         return s.opened_step + self.unknown_lifetime if s.reclaim_step is None else s.reclaim_step

@@ -22,6 +22,7 @@ from retainz.store.records import (
     commit_record,
     delete_record,
     gen_entry_size,
+    hint_record,
     move_record,
     pack_zones,
     snapshot_record_limit,
@@ -95,6 +96,11 @@ class MetadataLog:
         """Journal a GC pass's moves ``[[generation, shard, new extents]...]`` and victims."""
         now = self.zones.now
         self._append(lambda z, o: move_record(moves, resets, now, z, o))
+
+    def hint(self, gen_id: str, hint) -> None:
+        """Journal a new hint for committed ``gen_id``."""
+        now = self.zones.now
+        self._append(lambda z, o: hint_record(gen_id, hint, now, z, o))
 
     def sync(self) -> None:
         """Journal the zone attributes and metrics at a clean close."""

@@ -22,6 +22,7 @@ d       deletion: ``g`` generation id, ``r`` zones to reset after it, ``now``, `
 m       GC move: ``s`` ``[[generation, shard, new extent list]...]``, ``r`` victims to reset,
         ``now``, ``z``, ``o``
 x       sync (clean close): ``now``, ``metrics``, ``z``, ``o``
+h       hint update (version 2): ``g`` generation id, ``h`` its new hint, ``now``, ``z``, ``o``
 ======  ==================================================================================
 
 ``o`` is the zone table's opening counter (``ZoneTable.open_seq``).  Zone attributes
@@ -54,7 +55,7 @@ from retainz.zoned.model import ZoneCond
 
 __all__ = ["Kind", "Record", "ZoneAttrs", "frame", "frame_size", "unframe", "FRAME_HEADER", "decode", "kind_of",
            "encode_gen", "decode_gen", "gen_entry_size", "commit_record", "delete_record", "move_record",
-           "sync_record", "snapshot_records", "empty_snapshot", "plan_zones", "snapshot_record_limit",
+           "sync_record", "hint_record", "snapshot_records", "empty_snapshot", "plan_zones", "snapshot_record_limit",
            "snapshot_zones", "pack_zones", "SNAPSHOT_RECORD", "ZONE_ATTR_BYTES", "SNAPSHOT_HEAD_BYTES",
            "EXTENT_BYTES", "ZONES_PER_RECORD"]
 
@@ -112,6 +113,7 @@ class Kind(enum.StrEnum):
     DELETE = "d"
     MOVE = "m"
     SYNC = "x"
+    HINT = "h"
 
 
 _dumps = json.JSONEncoder(separators=(",", ":"), allow_nan=True).encode
@@ -167,6 +169,7 @@ class Record:
         moves: ``[(generation id, shard, extents)]`` (``m``).
         metrics: ``StoreMetrics`` fields (``snap``, ``x``).
         commit_seq: the last commit sequence number (``snap``), or ``None``.
+        hint: ``(generation id, new hint)`` (``h``).
         count: generations in the snapshot (``send``).
     """
 
@@ -182,6 +185,7 @@ class Record:
     metrics: dict = field(default_factory=dict)
     commit_seq: int | None = None
     count: int = 0
+    hint: tuple[str, Hint] | None = None
 
 
 def kind_of(payload: bytes) -> Kind | None:
@@ -221,12 +225,19 @@ def decode(payload: bytes) -> Record:
         rec.commit_seq = body.get("commit_seq")
     elif kind is Kind.SNAP_END:
         rec.count = body["n"]
+    elif kind is Kind.HINT:
+        rec.hint = (body["g"], _hint_of(body["h"]))
     return rec
 
 
 # -- generation entries ---------------------------------------------------------------------------------
 def _hint_item(h: Hint) -> list:
     return [h.reclaim_step, h.lifetime, h.condition, h.actual_reclaim_step]
+
+
+def _hint_of(item: list) -> Hint:
+    rs, lt, cond, actual = item
+    return Hint(reclaim_step=rs, lifetime=lt, condition=cond, actual_reclaim_step=actual)
 
 
 def encode_gen(gen: GenerationInfo) -> list:
@@ -237,9 +248,8 @@ def encode_gen(gen: GenerationInfo) -> list:
 
 def decode_gen(item: list) -> GenerationInfo:
     """A committed :class:`GenerationInfo` from its entry."""
-    gid, step, (rs, lt, cond, actual), seq, shards = item
-    return GenerationInfo(id=gid, step=step,
-                          hint=Hint(reclaim_step=rs, lifetime=lt, condition=cond, actual_reclaim_step=actual),
+    gid, step, hint, seq, shards = item
+    return GenerationInfo(id=gid, step=step, hint=_hint_of(hint),
                           state=GenState.COMMITTED,
                           shards={name: ShardInfo(name, size, crc, tuple(map(tuple, ext)))
                                   for name, size, crc, ext in shards},
@@ -284,6 +294,11 @@ def delete_record(gen_id: str, resets: list[int], now: int, zones: list, open_se
 def move_record(moves: list, resets: list[int], now: int, zones: list, open_seq: int) -> bytes:
     """An ``m`` record: ``moves`` ``[[generation, shard, new extents]...]``; victims ``resets``."""
     return _update(Kind.MOVE, {"s": moves, "r": resets, "now": now}, zones, open_seq)
+
+
+def hint_record(gen_id: str, hint: Hint, now: int, zones: list, open_seq: int) -> bytes:
+    """An ``h`` record: committed generation ``gen_id`` has a new hint (format version 2)."""
+    return _update(Kind.HINT, {"g": gen_id, "h": _hint_item(hint), "now": now}, zones, open_seq)
 
 
 def sync_record(now: int, metrics: dict, zones: list, open_seq: int) -> bytes:

@@ -154,6 +154,10 @@ def replay(payloads: list[bytes]) -> Replayed:
                 cat.replace_extents(gid, name, ext)
             for z in rec.resets:
                 attrs[z] = NO_ATTRS
+        elif kind is Kind.HINT:
+            gid, hint = rec.hint
+            if gid in cat.gens:
+                cat.gens[gid].hint = hint
         elif kind is Kind.SNAP or kind is Kind.SYNC:
             out.metrics.update(rec.metrics)
             if rec.commit_seq is not None and rec.commit_seq > cat.commit_seq:

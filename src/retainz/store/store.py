@@ -36,7 +36,7 @@ from retainz.errors import (
     SummaryMismatchError,
 )
 from retainz.placement import make_allocator
-from retainz.placement.base import Allocator, Hint, ZoneTable
+from retainz.placement.base import Allocator, ExtentRequest, Hint, ZoneTable
 from retainz.store import check
 from retainz.store.catalog import Catalog
 from retainz.store.format import Superblock, check_id, round_up
@@ -535,6 +535,60 @@ class Store:
         self.zones.kill(zb)
         self.zones.reset_journaled(resets)
         self.metrics.generations_deleted += 1
+
+    def update_hint(self, gen_id: str, hint: Hint, *, step: int | None = None) -> None:
+        """Give generation ``gen_id`` a new retention hint: the runtime's rule changed (on resume,
+        ``keep_latest_k`` 10 -> 3; a top-k metric re-ranked).  A committed generation's new hint is
+        journaled (an ``h`` record) and replayed identically after a remount; one being written
+        takes it with its commit.
+
+        The zones holding the generation take the reclaim step the policy records for the new hint
+        (``Allocator.reclaim_step_of``) where it is the zone's only live generation; elsewhere a
+        later reclaim step raises the zone's (a zone's reclaim step bounds every live byte's death).
+
+        Args:
+            step: the training step of the change; logical time advances to it if later.
+
+        Raises:
+            GenerationNotFoundError: no such generation.
+            ValueError: the hint's reclaim step is before the generation's own step.
+        """
+        with self.lock:
+            self._check_writable()
+            w = self._writers.get(gen_id)
+            gen = w.gen if w is not None else self.catalog.gens.get(gen_id)
+            if gen is None:
+                raise GenerationNotFoundError(f"no generation {gen_id!r}")
+            if hint.reclaim_step is not None and hint.reclaim_step < gen.step:
+                raise ValueError(f"generation {gen_id!r}: reclaim step {hint.reclaim_step} is before its own "
+                                 f"step {gen.step} (a generation cannot be retired before it is saved)")
+            if step is not None:
+                self.zones.advance(step)
+            if w is not None:
+                gen.hint = hint
+                return
+            table = self.zones.table
+            old_hint, before = gen.hint, {}
+            gen.hint = hint
+            req = ExtentRequest(0, gen.id, gen.step, hint, self.zones.now)
+            r = self.allocator.reclaim_step_of(req)
+            busy = self._busy_zones()
+            for z in {e[0] for sh in gen.shards.values() for e in sh.extents}:
+                s = table.zones[z]
+                alone = len(self.catalog.zone_gens.get(z, ())) == 1 and z not in busy
+                new = r if alone else (r if r is not None and (s.reclaim_step is None or r > s.reclaim_step)
+                                       else s.reclaim_step)
+                if new != s.reclaim_step:
+                    before[z] = s.reclaim_step
+                    table.on_reclaim_step(z, new)
+                    self.zones.changed.add(z)
+            try:
+                self.log.hint(gen_id, hint)
+            except BaseException:
+                gen.hint = old_hint
+                for z, v in before.items():
+                    table.on_reclaim_step(z, v)
+                raise
 
     def advance(self, step: int) -> None:
         """Move logical time to training step ``step`` (no-op if not later than the current step).
