@@ -412,6 +412,32 @@ class Store:
             self._writers[gen_id] = w
             return w
 
+    def admit(self, w: GenerationWriter, nbytes: int) -> None:
+        """Admission as bytes arrive, for a generation begun without a declared size (fsspec, a
+        mount, DCP without a plan): before ``nbytes`` more device bytes are placed, the writer's
+        reservation grows to cover them, under the same rule as :meth:`begin_generation` (after a
+        forced GC pass if needed), so no path writes into the GC reserve.  A declared generation
+        was admitted whole at its start; a policy without admission control is not checked.
+
+        Raises:
+            NoSpaceError: ``cause`` ``"admission"``; nothing of the ``nbytes`` was written.
+        """
+        if w.declared_size is not None or not self.allocator.admission_control:
+            return
+        deficit = nbytes - w.reserve
+        if deficit <= 0:
+            return
+        avail = self._admittable()
+        if deficit > avail and self.zones.table.dead:
+            self.collector.collect(force=True)
+            avail = self._admittable()
+        if deficit > avail:
+            raise NoSpaceError(f"generation {w.gen.id!r} needs {deficit} more bytes; {max(avail, 0)} can be "
+                               f"reserved ({self.zones.free()} free, {self._reserved()} reserved by writers, "
+                               f"{self.admission_reserve_zones} zones kept for GC)",
+                               needed=deficit, available=max(avail, 0), cause="admission", state=self.stop_state())
+        w.reserve += deficit
+
     def _reserved(self) -> int:
         """Bytes reserved by the open writers' admissions and not yet written."""
         return sum(w.reserve for w in self._writers.values())
@@ -644,9 +670,12 @@ class Store:
                               self.recovery.repairs)
 
     def df(self) -> SpaceReport:
-        """Space report, like ``zenfs df`` (:func:`~retainz.store.check.space`)."""
+        """Space report, like ``zenfs df`` (:func:`~retainz.store.check.space`), with what admission
+        can reserve now and the capacity it keeps for GC."""
         with self.lock:
-            return check.space(self.zones, len(self.catalog.gens))
+            reserve = self.admission_reserve_zones * self.zones.zone_capacity
+            return check.space(self.zones, len(self.catalog.gens), admissible=max(self._admittable(), 0),
+                               gc_reserve=reserve if self.allocator.admission_control else 0)
 
     def recompute_table(self) -> ZoneTable:
         """The zone table rebuilt from scratch (:func:`~retainz.store.check.recompute_table`) from

@@ -264,6 +264,8 @@ class _WriterHost(Protocol):
 
     def check_open(self) -> None: ...
 
+    def admit(self, w: GenerationWriter, nbytes: int) -> None: ...
+
     def commit_writer(self, w: GenerationWriter) -> GenerationInfo: ...
 
     def abort_writer(self, w: GenerationWriter) -> None: ...
@@ -299,10 +301,12 @@ class ShardWriter:
     def _put(self, data, data_len: int) -> None:
         w = self._w
         n = len(data)
+        w._host.admit(w, n)
         padded, self._crc = w._host.write_path.write(w.gen, data, data_len, self.extents, self.zone_bytes,
                                                       shard_crc=self._crc, pending=w._pending(n))
         self._padded += padded
         w._placed += n
+        w.reserve -= min(n, w.reserve)
 
     def write(self, chunk: bytes | bytearray | memoryview) -> None:
         """Take the next bytes of the shard.
@@ -401,7 +405,8 @@ class GenerationWriter:
     Attributes:
         gen: the :class:`GenerationInfo` being written (state ``WRITING`` until committed).
         declared_size: bytes declared at admission (``None``: none declared).
-        reserve: bytes of the admission reservation not yet written.
+        reserve: bytes of the admission reservation not yet written (a generation declared
+            without a size reserves as its bytes arrive: ``Store.admit``).
         journal_estimate: snapshot bytes reserved in the journal for the generation (an estimate).
         zone_bytes: ``{zone: device bytes}`` of the generation's closed shards.
     """
@@ -523,9 +528,11 @@ class GenerationWriter:
             padded = round_up(size, self._block_size)
             try:
                 if padded:
+                    self._host.admit(self, padded)
                     s._padded = self._host.write_path.write_counted(self.gen, padded, size, s.extents,
                                                                     s.zone_bytes, pending=self._pending(padded))
                     self._placed += padded
+                    self.reserve -= min(padded, self.reserve)
             except BaseException:
                 s._fail()
                 raise
@@ -536,7 +543,6 @@ class GenerationWriter:
         s._open = False
         self._open.remove(s)
         self._data += info.size
-        self.reserve -= min(padded, self.reserve)
         zb = self.zone_bytes
         for z, n in s.zone_bytes.items():
             zb[z] = zb.get(z, 0) + n
