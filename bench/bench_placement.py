@@ -30,8 +30,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from retainz.placement import POLICIES, ExtentRequest, Hint, ZoneTable, make_allocator  # noqa: E402
-from retainz.placement.hints import lifetime_class  # noqa: E402
+from retainz.hint import (
+    Hint,  # noqa: E402
+    lifetime_class,  # noqa: E402
+)
+from retainz.placement import POLICIES, ExtentRequest, ZoneTable, make_allocator  # noqa: E402
 from retainz.zoned.model import ZoneCond  # noqa: E402
 
 MiB = 1 << 20

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import random
 
-from retainz.placement.base import PERMANENT, Hint
+from retainz.hint import Hint
+from retainz.placement.base import PERMANENT
 from retainz.store import Store
 from retainz.zoned import FaultyDevice, Geometry, MemoryDevice, format_size
 

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from retainz.errors import CorruptJournalError, PowerCutError
-from retainz.placement.base import Hint
+from retainz.hint import Hint
 from retainz.store import Store
 from retainz.store.crashtest import GEOMETRY, WORKLOADS, campaign, workload
 from retainz.zoned import FaultyDevice, FileDevice, MemoryDevice, ZoneCond, ZoneOp

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 
-from retainz.placement.base import Hint
+from retainz.hint import Hint, Lifetime
 from retainz.store.types import GenerationInfo, GenState, ShardInfo
 
 __all__ = ["Catalog", "encode", "decode", "encode_gen", "decode_gen", "hint_to_list", "hint_from_list"]
@@ -56,7 +56,7 @@ def hint_to_list(h: Hint) -> list:
 
 def hint_from_list(v: list) -> Hint:
     rs, lt, cond, actual = v
-    return Hint(reclaim_step=rs, lifetime=lt, condition=cond, actual_reclaim_step=actual)
+    return Hint(reclaim_step=rs, lifetime=Lifetime(lt), condition=cond, actual_reclaim_step=actual)
 
 
 def encode_gen(gen: GenerationInfo) -> list:

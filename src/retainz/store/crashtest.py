@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from retainz.errors import PowerCutError
-from retainz.placement.base import Hint
+from retainz.hint import Hint
 from retainz.store.format import MAGIC
 from retainz.store.store import Store
 from retainz.zoned.faulty import FaultyDevice, power_cut_states

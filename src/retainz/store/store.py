@@ -19,8 +19,9 @@ from retainz.errors import (
     ReadOnlyStoreError,
     StoreLockedError,
 )
+from retainz.hint import Hint
 from retainz.placement import make_allocator
-from retainz.placement.base import Hint, ZoneSummary, ZoneTable
+from retainz.placement.base import ZoneSummary, ZoneTable
 from retainz.store.catalog import dumps, encode
 from retainz.store.check import CheckMixin
 from retainz.store.format import Superblock, check_id, round_up
