@@ -14,11 +14,10 @@ from urllib.parse import quote
 from fsspec.spec import AbstractBufferedFile
 
 from retainz.errors import GenerationNotFoundError
-from retainz.integrations.hints import retention_hint
+from retainz.retention.steps import parse_step
 from retainz.store import ShardWriter
 
 _DCP_NAME = re.compile(r"(.*\.distcp|(__\d+)?\.metadata(\.tmp)?)")
-_LIGHTNING_STEP = re.compile(r"(?:^|[-_])step=(\d+)")
 _FILE_SHARD = "file"
 
 
@@ -36,17 +35,6 @@ def generation_for(inner: str) -> tuple[str, str, bool]:
             raise ValueError(f"{inner}: DCP files must be inside a checkpoint directory")
         return quote(parent, safe=""), name, True
     return "@" + quote(inner, safe=""), _FILE_SHARD, False
-
-
-def _step_of(inner: str) -> int | None:
-    from retainz.retention.steps import parse_step
-
-    name = posixpath.basename(inner)
-    step = parse_step(name)
-    if step is None:
-        m = _LIGHTNING_STEP.search(name)
-        step = int(m.group(1)) if m else None
-    return step
 
 
 class _Pending:
@@ -102,9 +90,9 @@ class _WriteFile(AbstractBufferedFile):
             with contextlib.suppress(GenerationNotFoundError):
                 store.generation(self._gen)
                 store.delete(self._gen)           # replacing a checkpoint file (not atomic)
-            step = _step_of(self._inner)
+            step = parse_step(self._inner, file_names=True)
             writer = store.begin_generation(self._gen, step or 0,
-                                            hint=retention_hint(step, rule=fs._rule(posixpath.dirname(self._inner))))
+                                            hint=fs._hint(posixpath.dirname(self._inner), step))
         except BaseException:
             stack.close()
             raise

@@ -46,7 +46,8 @@ from typing import NamedTuple
 
 import crc32c
 
-from retainz.placement.base import Hint, ZoneSummary
+from retainz.hint import Hint, Lifetime
+from retainz.placement.base import ZoneSummary
 from retainz.store.format import round_up
 from retainz.store.types import GenerationInfo, GenState, ShardInfo
 from retainz.zoned.model import ZoneCond
@@ -234,7 +235,8 @@ def decode_gen(item: list) -> GenerationInfo:
     """A committed :class:`GenerationInfo` from its entry."""
     gid, step, (rs, lt, cond, actual), seq, shards = item
     return GenerationInfo(id=gid, step=step,
-                          hint=Hint(reclaim_step=rs, lifetime=lt, condition=cond, actual_reclaim_step=actual),
+                          hint=Hint(reclaim_step=rs, lifetime=Lifetime(lt), condition=cond,
+                                    actual_reclaim_step=actual),
                           state=GenState.COMMITTED,
                           shards={name: ShardInfo(name, size, crc, tuple(map(tuple, ext)))
                                   for name, size, crc, ext in shards},
