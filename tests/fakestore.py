@@ -20,7 +20,7 @@ from retainz.errors import (
     InvalidIdError,
     ShardNotFoundError,
 )
-from retainz.placement.base import Hint
+from retainz.hint import Hint
 
 
 @dataclass

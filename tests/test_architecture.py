@@ -7,7 +7,7 @@ from tests.test_import_cycles import SRC, import_graph
 
 #: Floors, lowest first.
 FLOORS = [
-    {"errors", "hint"},
+    {"errors", "hint", "spec"},
     {"zoned", "placement"},
     {"retention", "store"},
     {"testing", "trace"},

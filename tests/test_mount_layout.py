@@ -10,6 +10,7 @@ import pytest
 
 from retainz.mount import layout as L
 from retainz.retention.inference import RetentionInference
+from retainz.retention.steps import parse_step
 from retainz.trace.format import DeleteEvent, SaveEvent
 from retainz.trace.generate import write_generated
 from retainz.trace.io import TraceReader
@@ -35,7 +36,7 @@ def test_checkpoint_root(path, root):
 def test_lightning_ckpt_directory_needs_to_be_a_directory():
     assert L.checkpoint_root("l/epoch=1-step=20.ckpt/checkpoint/mp_rank_00_model_states.pt",
                              lambda p: p == "l/epoch=1-step=20.ckpt") == "l/epoch=1-step=20.ckpt"
-    assert L.checkpoint_step("epoch=1-step=20.ckpt") == 20
+    assert parse_step("epoch=1-step=20.ckpt", file_names=True) == 20
 
 
 def test_ids_round_trip_and_match_the_fsspec_ids():
@@ -111,7 +112,7 @@ def test_inference_recognises_each_runtime_and_then_predicts_its_hints(tmp_path,
         if isinstance(ev, SaveEvent):
             h = inf.hint("ckpt", ev.step)
             inf.observe_save("ckpt", str(ev.gen), ev.step)
-            exact = ev.hint.predicted_reclaim_step if ev.hint is not None else None
+            exact = ev.hint.reclaim_step if ev.hint is not None else None
             if exact == math.inf and h is not None and h.reclaim_step >= 30_000:
                 continue        # the exact rule knows the run ends first (the last saves survive it)
             if h is not None and h.condition == describe and ev.hint is not None:     # once settled

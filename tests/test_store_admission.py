@@ -8,7 +8,7 @@ import pytest
 
 from retainz.cli import main
 from retainz.errors import NoSpaceError
-from retainz.placement.base import Hint
+from retainz.hint import Hint
 from retainz.store import Store
 from retainz.zoned import FileDevice, Geometry, MemoryDevice
 

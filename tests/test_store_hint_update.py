@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from retainz.errors import GenerationNotFoundError, PowerCutError
-from retainz.placement.base import Hint
+from retainz.hint import Hint
 from retainz.store import Store
 from retainz.testing import FaultyDevice
 from retainz.zoned import Geometry, MemoryDevice

@@ -11,7 +11,7 @@ import random
 import pytest
 
 from retainz.errors import GenerationExistsError, PowerCutError
-from retainz.placement.base import Hint
+from retainz.hint import Hint
 from retainz.store import Store
 from retainz.testing import FaultyDevice, power_cut_states
 from retainz.zoned import Geometry, MemoryDevice

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from retainz.cli import main
-from retainz.placement.base import Hint
+from retainz.hint import Hint
 from retainz.store import Store
 from retainz.zoned import FileDevice, Geometry, MemoryDevice
 

@@ -11,7 +11,8 @@ import sys
 
 from retainz.cli import plural, print_json
 from retainz.errors import DeviceBusyError, StoreLockedError
-from retainz.placement.base import PERMANENT, Hint
+from retainz.hint import Hint
+from retainz.placement.base import PERMANENT
 from retainz.zoned import format_size, open_device
 
 

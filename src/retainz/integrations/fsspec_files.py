@@ -13,11 +13,10 @@ from urllib.parse import quote
 
 from fsspec.spec import AbstractBufferedFile
 
-from retainz.integrations.hints import retention_hint
+from retainz.retention.steps import parse_step
 from retainz.store import ShardWriter
 
 _DCP_NAME = re.compile(r"(.*\.distcp|(__\d+)?\.metadata(\.tmp)?)")
-_LIGHTNING_STEP = re.compile(r"(?:^|[-_])step=(\d+)")
 _FILE_SHARD = "file"
 
 
@@ -35,17 +34,6 @@ def generation_for(inner: str) -> tuple[str, str, bool]:
             raise ValueError(f"{inner}: DCP files must be inside a checkpoint directory")
         return quote(parent, safe=""), name, True
     return "@" + quote(inner, safe=""), _FILE_SHARD, False
-
-
-def _step_of(inner: str) -> int | None:
-    from retainz.retention.steps import parse_step
-
-    name = posixpath.basename(inner)
-    step = parse_step(name)
-    if step is None:
-        m = _LIGHTNING_STEP.search(name)
-        step = int(m.group(1)) if m else None
-    return step
 
 
 class _Pending:
@@ -98,11 +86,11 @@ class _WriteFile(AbstractBufferedFile):
         stack = contextlib.ExitStack()
         store = stack.enter_context(fs._store(self._device))
         try:
-            step = _step_of(self._inner)
+            step = parse_step(self._inner, file_names=True)
             # an existing file is replaced at this one's commit (replace-on-commit: until then it
             # stays readable and intact; a crash leaves exactly one of the two)
             writer = store.begin_generation(self._gen, step or 0, replace=True,
-                                            hint=retention_hint(step, rule=fs._rule(posixpath.dirname(self._inner))))
+                                            hint=fs._hint(posixpath.dirname(self._inner), step))
         except BaseException:
             stack.close()
             raise

@@ -29,8 +29,9 @@ Storage options (``fsspec.filesystem("retainz", retention=...)``, or for runtime
 
 * ``retention``: the runtime's retention rule (``"torchtitan:interval=500,keep_latest_k=10"``), or a
   ``{folder: rule}`` dict keyed by the folder inside the device: it becomes each generation's placement
-  hint, with the step parsed from the name (``step-N``, ``iter_N``, ``checkpoint-N``, ``global_stepN``,
-  Lightning's ``step=N``);
+  hint (:func:`retainz.retention.rule_hint`), with the step parsed from the name
+  (:func:`retainz.retention.parse_step` with ``file_names``: ``step-N``, ``iter_N``, ``checkpoint-N``,
+  ``global_stepN``, ``tmp-checkpoint-N``, Lightning's ``step=N``);
 * ``wait``: seconds to wait for a device another process holds (default 120).
 
 A filesystem instance holds each device it touches open until :meth:`RetainZFileSystem.close_devices`
@@ -59,12 +60,12 @@ from retainz.integrations.fsspec_files import (
     _FILE_SHARD,
     _Pending,
     _ReadFile,
-    _step_of,
     _WriteFile,
     generation_for,
     is_dcp_name,
 )
-from retainz.integrations.hints import retention_hint
+from retainz.retention.online import rule_hint
+from retainz.retention.steps import parse_step
 
 __all__ = ["RetainZFileSystem", "register", "generation_for", "is_dcp_name"]
 
@@ -118,6 +119,11 @@ class RetainZFileSystem(AbstractFileSystem):
                     best = (f, rule)
             return best[1] if best else None
         return self.retention
+
+    def _hint(self, inner: str, step: int | None):
+        """The hint for a generation at ``step`` under folder ``inner`` (``None`` without a rule)."""
+        rule = self._rule(inner)
+        return rule_hint(rule, step) if rule else None
 
     def _store(self, device: str):
         """The open store of ``device``: opened on first use and held by this instance until
@@ -301,9 +307,8 @@ class RetainZFileSystem(AbstractFileSystem):
                                           "(append-only: rm -r it before writing it again)")
                 except GenerationNotFoundError:
                     pass
-                step = _step_of(directory)
-                hint = retention_hint(step, rule=self._rule(directory))
-                writer = store.begin_generation(gen, step or 0, hint=hint)
+                step = parse_step(directory, file_names=True)
+                writer = store.begin_generation(gen, step or 0, hint=self._hint(directory, step))
             except BaseException:
                 stack.close()
                 raise

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from retainz.errors import GenerationNotFoundError
-from retainz.integrations.hints import retention_hint
+from retainz.retention.online import rule_hint
 
 __all__ = ["RetentionCallback", "MegatronRetainInterval", "MegatronNonPersistentGlobal",
            "MegatronNonPersistentLocal", "KeepLatestK"]
@@ -48,7 +48,7 @@ class RetentionCallback:
     """Base: a naming scheme, a retention rule for hints, and the two purge points.
 
     Attributes:
-        rule: the retention rule string the hints come from (``retainz.integrations.hints``).
+        rule: the retention rule string the hints come from (:func:`retainz.retention.rule_hint`).
     """
 
     rule: str | None = None
@@ -57,8 +57,8 @@ class RetentionCallback:
         raise NotImplementedError
 
     def hint(self, step: int):
-        """The placement hint for the save at ``step`` (from :attr:`rule`)."""
-        return retention_hint(step, rule=self.rule)
+        """The hint for the save at ``step``: :attr:`rule`'s prediction (``None`` without a rule)."""
+        return rule_hint(self.rule, step) if self.rule else None
 
     def before_save(self, store: Any, step: int) -> list[str]:
         return []

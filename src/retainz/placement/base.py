@@ -28,11 +28,11 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from retainz.hint import Hint
 from retainz.zoned.model import ZoneCond
 
 __all__ = [
     "PERMANENT",
-    "Hint",
     "ExtentRequest",
     "Decision",
     "NO_SPACE",
@@ -44,27 +44,6 @@ __all__ = [
 #: The reclaim step of data that never retires.
 PERMANENT = math.inf
 _EMPTY_C, _OPEN_C, _FULL_C = ZoneCond.EMPTY, ZoneCond.IMP_OPEN, ZoneCond.FULL
-
-
-@dataclass(frozen=True, slots=True)
-class Hint:
-    """What the runtime told the store about a generation's death, as recorded at save time.
-
-    Attributes:
-        reclaim_step: predicted reclaim step (training step at which the generation's data becomes
-            garbage); :data:`PERMANENT` (``math.inf``) for data never retired; ``None`` if unknown.
-        lifetime: ZenFS write-lifetime hint class for the same prediction (``WLTH_*``: 0 NOT_SET,
-            1 NONE, 2 SHORT, 3 MEDIUM, 4 LONG, 5 EXTREME), as the retention module maps it.
-        condition: the retirement condition, as a short string (e.g. ``"after_newer:k=10"``), for
-            records and reports only.
-        actual_reclaim_step: the step at which the generation is really deleted, when known in
-            advance (trace replay only; the ``oracle`` control reads it, every other policy must not).
-    """
-
-    reclaim_step: float | None = None
-    lifetime: int = 0
-    condition: str = ""
-    actual_reclaim_step: float | None = None
 
 
 @dataclass(slots=True, unsafe_hash=True)
@@ -80,7 +59,7 @@ class ExtentRequest:
             chosen zone's remaining capacity and asks again for the rest.
         generation: the generation id.
         step: the generation's training step.
-        hint: the generation's :class:`Hint`.
+        hint: the generation's :class:`~retainz.hint.Hint`.
         now: the current training step (the latest step the store has seen).
         gc: True when the bytes are live data being migrated by garbage collection.
         pending: bytes of the same generation still to be placed after this request (its other

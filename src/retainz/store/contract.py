@@ -13,7 +13,8 @@ import uuid
 from collections.abc import Iterable, Iterator
 from typing import Protocol, runtime_checkable
 
-from retainz.placement.base import Allocator, Hint, ZoneTable
+from retainz.hint import Hint
+from retainz.placement.base import Allocator, ZoneTable
 from retainz.store.types import (
     FsckReport,
     GCReport,

@@ -48,7 +48,8 @@ from typing import NamedTuple
 
 import crc32c
 
-from retainz.placement.base import Hint, ZoneSummary
+from retainz.hint import Hint, Lifetime
+from retainz.placement.base import ZoneSummary
 from retainz.store.format import round_up
 from retainz.store.types import GenerationInfo, GenState, ShardInfo
 from retainz.zoned.model import ZoneCond
@@ -237,7 +238,7 @@ def _hint_item(h: Hint) -> list:
 
 def _hint_of(item: list) -> Hint:
     rs, lt, cond, actual = item
-    return Hint(reclaim_step=rs, lifetime=lt, condition=cond, actual_reclaim_step=actual)
+    return Hint(reclaim_step=rs, lifetime=Lifetime(lt), condition=cond, actual_reclaim_step=actual)
 
 
 def encode_gen(gen: GenerationInfo) -> list:

@@ -35,8 +35,9 @@ from retainz.errors import (
     StoreLockedError,
     SummaryMismatchError,
 )
+from retainz.hint import Hint
 from retainz.placement import make_allocator
-from retainz.placement.base import Allocator, ExtentRequest, Hint, ZoneTable
+from retainz.placement.base import Allocator, ExtentRequest, ZoneTable
 from retainz.store import check
 from retainz.store.catalog import Catalog
 from retainz.store.format import Superblock, check_id, round_up

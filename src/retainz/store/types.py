@@ -15,7 +15,7 @@ from __future__ import annotations
 import enum
 from dataclasses import asdict, dataclass, field
 
-from retainz.placement.base import Hint
+from retainz.hint import Hint
 
 __all__ = ["Extent", "GenState", "ShardInfo", "GenerationInfo", "StoreMetrics", "GCReport",
            "FsckReport", "SpaceReport"]

@@ -22,7 +22,6 @@ from retainz.trace.format import (
     Trace,
     TraceFormatError,
     TraceHeader,
-    TraceHint,
     actual_reclaim_steps,
 )
 from retainz.trace.generate import GenerateStats, generate, generate_trace, write_generated
@@ -31,7 +30,7 @@ from retainz.trace.layouts import LAYOUTS, Layout, ShardSpec, get_layout, list_l
 
 __all__ = [
     "LAYOUTS", "VERSION", "CommitEvent", "CrashEvent", "DeleteEvent", "Event", "GenerateStats", "Layout",
-    "SaveEvent", "Shard", "ShardSpec", "Trace", "TraceFormatError", "TraceHeader", "TraceHint", "TraceReader",
+    "SaveEvent", "Shard", "ShardSpec", "Trace", "TraceFormatError", "TraceHeader", "TraceReader",
     "TraceWriter", "actual_reclaim_steps", "generate", "generate_trace", "get_layout", "list_layouts", "read_trace", "write_generated",
     "write_trace",
 ]

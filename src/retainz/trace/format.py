@@ -20,12 +20,15 @@ import math
 from dataclasses import dataclass, field
 
 from retainz.errors import RetainZError
+from retainz.hint import Hint, Lifetime
+from retainz.retention.conditions import condition_from_json, parse_condition
 
 __all__ = [
     "VERSION",
     "TraceFormatError",
     "Shard",
-    "TraceHint",
+    "hint_to_json",
+    "hint_from_json",
     "TraceHeader",
     "SaveEvent",
     "CommitEvent",
@@ -39,7 +42,8 @@ __all__ = [
 #: The version this module writes and the only one it reads.
 VERSION = 1
 
-LIFETIMES = ("NOT_SET", "NONE", "SHORT", "MEDIUM", "LONG", "EXTREME")
+#: The lifetime class names a trace records (:class:`~retainz.hint.Lifetime`).
+LIFETIMES = tuple(Lifetime.__members__)
 TIMINGS = ("before_save", "after_dispatch", "after_commit")
 
 
@@ -70,35 +74,36 @@ class Shard:
     nbytes: int
 
 
-@dataclass(frozen=True)
-class TraceHint:
-    """A save's hint as recorded in a trace.
+def hint_to_json(hint: Hint) -> dict:
+    """A save's hint as trace format v1 records it: ``{"condition": {"kind": ..., fields},
+    "predicted_reclaim_step": step | "inf" | null, "lifetime": "SHORT" ...}``.
 
-    Attributes:
-        condition: the condition object (``{"kind": ..., fields}``; see docs/trace-format.md).
-        predicted_reclaim_step: steps; ``math.inf`` (permanent); ``None`` (unknown).
-        lifetime: coarse ZenFS class name (``SHORT``...); :attr:`lifetime_value` gives 0..5.
+    ``actual_reclaim_step`` is not recorded: a trace's own delete events give it (replay fills it in).
+
+    Raises:
+        ValueError: a hint without a retirement condition the retention rules know (a v1 trace
+            records only those).
     """
+    if not hint.condition:
+        raise ValueError("a hint without a retirement condition cannot be recorded in a trace")
+    p = hint.reclaim_step
+    if p is not None:
+        p = "inf" if math.isinf(p) else int(p) if float(p).is_integer() else p
+    return {"condition": parse_condition(hint.condition).to_json(), "predicted_reclaim_step": p,
+            "lifetime": Lifetime(hint.lifetime).name}
 
-    condition: dict
-    predicted_reclaim_step: float | None
-    lifetime: str
 
-    @property
-    def lifetime_value(self) -> int:
-        """ZenFS ``WLTH_*`` value (0 NOT_SET .. 5 EXTREME)."""
-        return LIFETIMES.index(self.lifetime)
+def hint_from_json(condition: dict, predicted_reclaim_step: float | None, lifetime: str) -> Hint:
+    """The :class:`~retainz.hint.Hint` of a recorded hint's validated fields (the inverse of
+    :func:`hint_to_json`): the condition object becomes its text (``Condition.describe()``), the
+    lifetime name its class.
 
-    def condition_string(self) -> str:
-        """``"after_newer:k=10,of_class=interval,timing=after_commit"`` style string."""
-        rest = ",".join(f"{k}={v}" for k, v in self.condition.items() if k != "kind")
-        return self.condition["kind"] + (f":{rest}" if rest else "")
-
-    def to_json(self) -> dict:
-        p = self.predicted_reclaim_step
-        if p is not None:
-            p = "inf" if math.isinf(p) else int(p) if float(p).is_integer() else p
-        return {"condition": self.condition, "predicted_reclaim_step": p, "lifetime": self.lifetime}
+    Raises:
+        ValueError: a condition the retention rules do not know, or a lifetime that is no class name.
+    """
+    if lifetime not in Lifetime.__members__:
+        raise ValueError(f"lifetime must be one of {', '.join(LIFETIMES)}, got {lifetime!r}")
+    return Hint(predicted_reclaim_step, Lifetime[lifetime], condition_from_json(condition).describe())
 
 
 @dataclass(frozen=True)
@@ -140,7 +145,7 @@ class SaveEvent:
             or was abandoned).
         cls: save class (``interval``, ``final``, ``persistent``...).
         shards: the files written, in order.
-        hint: the save-time hint, or ``None``.
+        hint: the save-time :class:`~retainz.hint.Hint` (``actual_reclaim_step`` unset), or ``None``.
         model_only: model weights only.
     """
 
@@ -149,7 +154,7 @@ class SaveEvent:
     name: str
     cls: str
     shards: tuple[Shard, ...]
-    hint: TraceHint | None = None
+    hint: Hint | None = None
     model_only: bool = False
     type: str = field(default="save", init=False, repr=False)
 
@@ -161,7 +166,7 @@ class SaveEvent:
     def to_json(self) -> dict:
         return {"type": "save", "step": self.step, "gen": self.gen, "name": self.name, "class": self.cls,
                 "model_only": self.model_only, "shards": [[s.name, s.nbytes] for s in self.shards],
-                "hint": None if self.hint is None else self.hint.to_json()}
+                "hint": None if self.hint is None else hint_to_json(self.hint)}
 
 
 @dataclass(frozen=True)

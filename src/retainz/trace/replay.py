@@ -46,11 +46,11 @@ import hashlib
 import math
 import posixpath
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from retainz.errors import ChecksumError, NoSpaceError, PowerCutError
+from retainz.hint import Hint
 from retainz.placement import make_allocator
-from retainz.placement.base import Hint
 from retainz.testing import FaultyDevice
 from retainz.trace.format import (
     CommitEvent,
@@ -277,11 +277,9 @@ def _gen_id(ev: SaveEvent) -> str:
 
 
 def _hint(ev: SaveEvent, actual: dict) -> Hint:
+    """The save's recorded hint with the step the trace deletes the generation at (the oracle's)."""
     act = actual.get(ev.gen)
-    if ev.hint is None:
-        return Hint(actual_reclaim_step=act)
-    return Hint(reclaim_step=ev.hint.predicted_reclaim_step, lifetime=ev.hint.lifetime_value,
-                condition=ev.hint.condition_string(), actual_reclaim_step=act)
+    return Hint(actual_reclaim_step=act) if ev.hint is None else replace(ev.hint, actual_reclaim_step=act)
 
 
 def _inferred_hint(inference, ev: SaveEvent, actual: dict) -> Hint:
@@ -292,8 +290,7 @@ def _inferred_hint(inference, ev: SaveEvent, actual: dict) -> Hint:
     inference.observe_save(series, str(ev.gen), ev.step)
     if h is None:
         return Hint(actual_reclaim_step=actual.get(ev.gen))
-    return Hint(reclaim_step=h.reclaim_step, lifetime=h.lifetime, condition=h.condition,
-                actual_reclaim_step=actual.get(ev.gen))
+    return replace(h, actual_reclaim_step=actual.get(ev.gen))
 
 
 def _pattern(gen: int, shard: str, nbytes: int):

@@ -61,6 +61,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from retainz.spec import parse_spec
 from retainz.trace.format import CommitEvent, CrashEvent, DeleteEvent, SaveEvent
 from retainz.trace.io import TraceReader
 
@@ -101,18 +102,18 @@ def parse_system(spec: str) -> SystemSpec:
     """``"btrfs"``, ``"btrfs:bg_reclaim_threshold=50"``, ``"f2fs"``, ``"retainz"`` -> :class:`SystemSpec`.
 
     Raises:
-        ValueError: an unknown system or option, or a threshold outside 0-100 (the range the kernel's
+        ValueError: an item that is not ``key=value`` (:func:`retainz.spec.parse_spec`), an unknown
+            system or option, or a threshold outside 0-100 (the range the kernel's
             sysfs store accepts since Linux 5.19).
     """
-    name, _, body = str(spec).strip().partition(":")
+    name, pairs = parse_spec(str(spec), "system")
     if name not in SYSTEMS:
         raise ValueError(f"unknown system {name!r} (valid: {', '.join(SYSTEMS)})")
     options: dict = {}
-    for item in filter(None, body.split(",")):
-        key, sep, value = item.partition("=")
-        if not sep or key not in SYSTEM_OPTIONS[name]:
+    for key, value in pairs:
+        if key not in SYSTEM_OPTIONS[name]:
             valid = ", ".join(SYSTEM_OPTIONS[name]) or "none"
-            raise ValueError(f"system {name!r}: unknown option {item!r} (valid: {valid})")
+            raise ValueError(f"system {name!r}: unknown option {key + '=' + value!r} (valid: {valid})")
         try:
             v = int(value)
         except ValueError:
