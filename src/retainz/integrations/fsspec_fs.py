@@ -135,7 +135,33 @@ class RetainZFileSystem(AbstractFileSystem):
                 store = stack.enter_context(_stores.using(device, wait=self.wait))
                 stack.store = store
                 self._held[device] = stack
+                if self.retention:
+                    try:
+                        self._rehint(store)
+                    except BaseException:
+                        del self._held[device]
+                        stack.close()
+                        raise
             return contextlib.nullcontext(stack.store)
+
+    def _rehint(self, store) -> list[str]:
+        """Give every committed generation the hint this instance's retention rule predicts for it,
+        where it differs from the one it was saved with (the rule changed on resume:
+        ``keep_latest_k`` 10 -> 3): journaled by ``Store.update_hint``.  Returns the ids changed."""
+        changed = []
+        for g in store.generations():
+            path = unquote(g.id[1:] if g.id.startswith("@") else g.id)
+            if g.id.startswith("@"):
+                hint = self._hint(posixpath.dirname(path), parse_step(path, file_names=True))
+            else:
+                hint = self._hint(path, parse_step(path))
+            if hint is None or (hint.reclaim_step, hint.condition) == (g.hint.reclaim_step, g.hint.condition):
+                continue
+            if hint.reclaim_step is not None and hint.reclaim_step < g.step:
+                continue
+            store.update_hint(g.id, hint)
+            changed.append(g.id)
+        return changed
 
     @classmethod
     def close_all(cls) -> None:
