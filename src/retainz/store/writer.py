@@ -26,7 +26,7 @@ from typing import Protocol
 
 import crc32c
 
-from retainz.errors import NoSpaceError, ShardSizeError
+from retainz.errors import NoSpaceError, ShardSizeError, ZonedDeviceError
 from retainz.placement.base import Allocator, Decision, ExtentRequest, ZoneSummary
 from retainz.store.crc import crc32c_combine
 from retainz.store.format import check_id, round_up
@@ -197,7 +197,11 @@ class WritePath:
                 n = left
             el = n if data_len - pos >= n else data_len - pos
             piece = data[pos:pos + n]
-            dev.write(z * zsize + off, piece)
+            try:
+                dev.write(z * zsize + off, piece)
+            except ZonedDeviceError:
+                self.zones.reconcile_quietly(z)
+                raise
             crc = crc32c.crc32c(piece[:el]) if el < n else crc32c.crc32c(piece)
             if shard_crc is not None:
                 shard_crc = (crc32c_combine(shard_crc, crc, el) if el == WRITE_BUFFER
@@ -231,7 +235,11 @@ class WritePath:
             if n > left:
                 n = left
             el = n if data_len - pos >= n else data_len - pos
-            dev.write(z * zsize + off, n)
+            try:
+                dev.write(z * zsize + off, n)
+            except ZonedDeviceError:
+                self.zones.reconcile_quietly(z)
+                raise
             lt = d.lifetime
             on_write(z, n, d.reclaim_step, lifetime if lt is None else lt, now)
             dirty(z)
