@@ -180,8 +180,9 @@ class ZonedStorageWriter(StorageWriter):
         step: the training step, when the id names none (``parse_step`` otherwise).
         geometry: create and format missing device files with this ``Geometry``.
         policy: placement policy for a device this writer formats or opens.
-        overwrite: replace a committed generation of the same id (deleted first, so a crash between
-            the delete and the new commit loses both); default False raises ``GenerationExistsError``.
+        overwrite: replace a committed generation of the same id at this one's commit
+            (replace-on-commit: until then the old one stays readable; a crash leaves exactly one
+            of the two); default False raises ``GenerationExistsError``.
         wait: seconds to wait for a device another process holds.
     """
 
@@ -276,13 +277,13 @@ class ZonedStorageWriter(StorageWriter):
             exists = True
         except GenerationNotFoundError:
             exists = False
-        if exists:
-            if not self.overwrite:
-                self._release()
-                raise GenerationExistsError(f"checkpoint {self.checkpoint_id!r}: generation {gen!r} is "
-                                            "already committed (pass overwrite=True to replace it)")
-            store.delete(gen, step=self.step)
-        self._gen = store.begin_generation(gen, self.step, hint=self.hint())
+        if exists and not self.overwrite:
+            self._release()
+            raise GenerationExistsError(f"checkpoint {self.checkpoint_id!r}: generation {gen!r} is "
+                                        "already committed (pass overwrite=True to replace it)")
+        # overwrite: the committed checkpoint is replaced at this one's commit, not before
+        # (replace-on-commit); no declared size: the store admits the bytes as they arrive
+        self._gen = store.begin_generation(gen, self.step, hint=self.hint(), replace=exists)
         return dataclasses.replace(plan, storage_data=_RankStream(self.rank))
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
