@@ -147,12 +147,6 @@ class EmpiricalLifetimes:
             self._retired[key] = self._retired.get(key, 0) + 1
             self._lifetimes.setdefault(key, deque(maxlen=self.WINDOW)).append(step - saved)
 
-    def forget(self, gen: int) -> None:
-        """Drop an abandoned (crashed) generation without counting it."""
-        entry = self._alive.pop(gen, None)
-        if entry is not None:
-            self._admitted[entry[0]] -= 1
-
 
 class Session:
     """One training run under a rule: the schedule plus the runtime's retention state.
