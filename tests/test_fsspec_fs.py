@@ -12,6 +12,7 @@ import torch  # noqa: E402
 import torch.distributed.checkpoint as dcp  # noqa: E402
 
 from retainz.integrations import _stores  # noqa: E402
+from retainz.retention import rule_hint  # noqa: E402
 
 pytestmark = pytest.mark.dcp
 
@@ -174,3 +175,36 @@ def test_a_process_killed_while_rewriting_a_file_leaves_the_old_version(device):
     p = subprocess.run([sys.executable, "-c", script, path], capture_output=True, timeout=120)
     assert p.returncode == -9, p.stderr
     assert fs.cat(path) == old and len(_gens(device)) == 1
+
+
+def _save_checkpoint(fs, device, step):
+    d = f"{device}/ckpt/step-{step}"
+    with fs.open(f"{d}/__0_0.distcp", "wb") as f:
+        f.write(b"\1" * 10_000)
+    with fs.open(f"{d}/.metadata.tmp", "wb") as f:
+        f.write(b"md")
+    fs.mv(f"{d}/.metadata.tmp", f"{d}/.metadata")
+
+
+def test_the_retainz_filesystem_rehints_committed_checkpoints_when_its_rule_changed(device):
+    from retainz.integrations.fsspec_fs import RetainZFileSystem
+
+    k10, k3 = "torchtitan:interval=10,keep_latest_k=10", "torchtitan:interval=10,keep_latest_k=3"
+    fs = fsspec.filesystem("retainz", retention=k10)
+    for step in (10, 20, 30):
+        _save_checkpoint(fs, device, step)
+    RetainZFileSystem.close_all()
+    RetainZFileSystem.clear_instance_cache()
+    fs = fsspec.filesystem("retainz", retention=k3)
+    _save_checkpoint(fs, device, 40)
+    RetainZFileSystem.close_all()
+    RetainZFileSystem.clear_instance_cache()
+    from retainz.store import Store
+    from retainz.zoned import FileDevice
+
+    dev = FileDevice(device, readonly=True)
+    with Store.open(dev, readonly=True) as s:
+        got = {g.step: (g.hint.reclaim_step, g.hint.condition) for g in s.generations()}
+    dev.close()
+    want = {st: (rule_hint(k3, st).reclaim_step, rule_hint(k3, st).condition) for st in (10, 20, 30, 40)}
+    assert got == want

@@ -1,15 +1,13 @@
-"""A retention rule that changes on resume (keep_latest_k 10 -> 3): the retention callbacks and the
-retainz:// filesystem give the survivors the new rule's hints, journaled, so a remount sees them."""
+"""A retention rule that changes on resume (keep_latest_k 10 -> 3): the retention callbacks give the
+survivors the new rule's hints, journaled, so a remount sees them (the retainz:// route:
+tests/test_fsspec_fs.py)."""
 
 from __future__ import annotations
-
-import fsspec
-import pytest
 
 from retainz.integrations.retention_callbacks import KeepLatestK
 from retainz.retention import rule_hint
 from retainz.store import Store
-from retainz.zoned import FileDevice, Geometry, MemoryDevice
+from retainz.zoned import Geometry, MemoryDevice
 
 GEOM = Geometry(nr_zones=48, zone_size=1 << 20, zone_capacity=1 << 20)
 
@@ -34,48 +32,3 @@ def test_keep_latest_k_callback_rehints_the_survivors_on_resume():
             want = rule_hint(new.rule, g.step)
             assert (g.hint.reclaim_step, g.hint.condition) == (want.reclaim_step, want.condition)
             assert g.hint.reclaim_step < rule_hint(old.rule, g.step).reclaim_step
-
-
-@pytest.fixture
-def device(tmp_path):
-    path = tmp_path / "dev.img"
-    dev = FileDevice.create(path, GEOM)
-    Store.format(dev).close()
-    dev.close()
-    fsspec.config.conf.pop("retainz", None)
-    yield str(path)
-    fsspec.config.conf.pop("retainz", None)
-    from retainz.integrations.fsspec_fs import RetainZFileSystem
-
-    RetainZFileSystem.close_all()
-    RetainZFileSystem.clear_instance_cache()
-
-
-def _save(fs, device, step):
-    d = f"{device}/ckpt/step-{step}"
-    with fs.open(f"{d}/__0_0.distcp", "wb") as f:
-        f.write(b"\1" * 10_000)
-    with fs.open(f"{d}/.metadata.tmp", "wb") as f:
-        f.write(b"md")
-    fs.mv(f"{d}/.metadata.tmp", f"{d}/.metadata")
-
-
-def test_the_retainz_filesystem_rehints_committed_checkpoints_when_its_rule_changed(device):
-    from retainz.integrations.fsspec_fs import RetainZFileSystem
-
-    k10, k3 = "torchtitan:interval=10,keep_latest_k=10", "torchtitan:interval=10,keep_latest_k=3"
-    fs = fsspec.filesystem("retainz", retention=k10)
-    for step in (10, 20, 30):
-        _save(fs, device, step)
-    RetainZFileSystem.close_all()
-    RetainZFileSystem.clear_instance_cache()
-    fs = fsspec.filesystem("retainz", retention=k3)
-    _save(fs, device, 40)
-    RetainZFileSystem.close_all()
-    RetainZFileSystem.clear_instance_cache()
-    dev = FileDevice(device, readonly=True)
-    with Store.open(dev, readonly=True) as s:
-        got = {g.step: (g.hint.reclaim_step, g.hint.condition) for g in s.generations()}
-    dev.close()
-    want = {st: (rule_hint(k3, st).reclaim_step, rule_hint(k3, st).condition) for st in (10, 20, 30, 40)}
-    assert got == want

@@ -390,16 +390,7 @@ class Store:
             need = round_up(declared_size, bs) if declared_size else 0
             control = self.allocator.admission_control
             if need and control:
-                avail = self._admittable()
-                if need > avail and zones.table.dead:
-                    self.collector.collect(force=True)
-                    avail = self._admittable()
-                if need > avail:
-                    raise NoSpaceError(f"generation {gen_id!r} needs {need} bytes; {max(avail, 0)} can be "
-                                       f"reserved ({zones.free()} free, {self._reserved()} reserved by other "
-                                       f"writers, {self.admission_reserve_zones} zones kept for GC)",
-                                       needed=need, available=max(avail, 0), cause="admission",
-                                       state=self.stop_state())
+                self._reserve_or_refuse(gen_id, need, "")
             extent = (1 << 20) if self.device.info.payload else zones.zone_capacity
             est = self.log.estimate(gen_id, need, extent)
             try:
@@ -426,18 +417,26 @@ class Store:
         if w.declared_size is not None or not self.allocator.admission_control:
             return
         deficit = nbytes - w.reserve
-        if deficit <= 0:
-            return
+        if deficit > 0:
+            self._reserve_or_refuse(w.gen.id, deficit, " more")
+            w.reserve += deficit
+
+    def _reserve_or_refuse(self, gen_id: str, need: int, more: str) -> None:
+        """The admission rule: ``need`` bytes must fit what can be reserved (free bytes less the
+        writers' reservations and the GC reserve), after a forced GC pass if not.
+
+        Raises:
+            NoSpaceError: ``cause`` ``"admission"``, ``state`` the zones' state at the refusal.
+        """
         avail = self._admittable()
-        if deficit > avail and self.zones.table.dead:
+        if need > avail and self.zones.table.dead:
             self.collector.collect(force=True)
             avail = self._admittable()
-        if deficit > avail:
-            raise NoSpaceError(f"generation {w.gen.id!r} needs {deficit} more bytes; {max(avail, 0)} can be "
-                               f"reserved ({self.zones.free()} free, {self._reserved()} reserved by writers, "
-                               f"{self.admission_reserve_zones} zones kept for GC)",
-                               needed=deficit, available=max(avail, 0), cause="admission", state=self.stop_state())
-        w.reserve += deficit
+        if need > avail:
+            raise NoSpaceError(f"generation {gen_id!r} needs {need}{more} bytes; {max(avail, 0)} can be "
+                               f"reserved ({self.zones.free()} free, {self._reserved()} reserved by other "
+                               f"writers, {self.admission_reserve_zones} zones kept for GC)",
+                               needed=need, available=max(avail, 0), cause="admission", state=self.stop_state())
 
     def _reserved(self) -> int:
         """Bytes reserved by the open writers' admissions and not yet written."""
