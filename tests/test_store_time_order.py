@@ -54,3 +54,32 @@ def test_the_cli_refuses_both_with_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "retirement step 10 is before its own step 100" in err[0]
     assert main(["ls", str(path)]) == 0 and "g" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("call", [
+    lambda s: s.begin_generation("x", True),
+    lambda s: s.begin_generation("x", 2 ** 63),
+    lambda s: s.begin_generation("x", 10 ** 400),
+    lambda s: s.begin_generation("x", 1.5),
+    lambda s: s.begin_generation("x", 1, hint=Hint(reclaim_step=float("nan"))),
+    lambda s: s.begin_generation("x", 1, hint=Hint(reclaim_step="x")),
+    lambda s: s.begin_generation("x", 1, hint="soon"),
+    lambda s: s.update_hint("g", Hint(reclaim_step=400), step=-7),
+    lambda s: s.update_hint("g", Hint(reclaim_step=400), step="x"),
+    lambda s: s.update_hint("g", "soon"),
+    lambda s: s.update_hint("g", Hint(reclaim_step=float("nan"))),
+    lambda s: s.delete("g", step="300"),
+    lambda s: s.delete("g", step=2 ** 64),
+    lambda s: s.advance(-1),
+])
+def test_steps_and_hints_that_are_not_are_refused_with_a_value_error(call):
+    with Store.format(MemoryDevice(GEOM)) as s:
+        w = s.begin_generation("g", 50, hint=Hint(reclaim_step=100))
+        w.write_shard("a", [b"x" * 5000])
+        w.commit()
+        key, now = s.table.key(), s.now
+        with pytest.raises(ValueError) as e:
+            call(s)
+        assert "\n" not in str(e.value)
+        assert [g.id for g in s.generations()] == ["g"] and s.table.key() == key and s.now == now
+        assert s.generation("g").hint.reclaim_step == 100

@@ -25,12 +25,11 @@ def parse_spec(text: str, what: str) -> tuple[str, list[tuple[str, str]]]:
         what: what it specifies, for the error message (``"policy"``, ``"retention rule"``...).
 
     Returns:
-        ``(name, [(key, raw value), ...])`` in the order given (repeated keys kept: the caller
-        decides whether a repeat is an error).
+        ``(name, [(key, raw value), ...])`` in the order given.
 
     Raises:
         ValueError: an item without ``=`` or with an empty key: ``"{what} {NAME}: expected key=value,
-            got '{item}'"`` (one line).
+            got '{item}'"``; a key given twice: ``"{what} {NAME}: {key} given twice"`` (one line).
     """
     name, _, rest = text.strip().partition(":")
     name = name.strip()
@@ -42,5 +41,8 @@ def parse_spec(text: str, what: str) -> tuple[str, list[tuple[str, str]]]:
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
             raise ValueError(f"{what} {name or repr(text)}: expected key=value, got {item!r}")
-        pairs.append((key.strip(), value.strip()))
+        key = key.strip()
+        if any(k == key for k, _ in pairs):
+            raise ValueError(f"{what} {name or repr(text)}: {key} given twice")
+        pairs.append((key, value.strip()))
     return name, pairs

@@ -266,8 +266,8 @@ def _df(args) -> int:
     # zenfs df's lines, in MiB (1,048,576 B) rounded to two decimals (zenfs prints truncated "MB")
     mib = 1 << 20
     print(f"Free: {rep.free / mib:,.2f} MiB")
-    print(f"Admissible: {rep.admissible / mib:,.2f} MiB (free less writers' reservations and the "
-          f"GC reserve of {rep.gc_reserve / mib:,.2f} MiB)")
+    print(f"Admissible: {rep.admissible / mib:,.2f} MiB (before GC: free less writers' reservations and "
+          f"the GC reserve of {rep.gc_reserve / mib:,.2f} MiB)")
     print(f"Used: {rep.used / mib:,.2f} MiB")
     print(f"Reclaimable: {rep.reclaimable / mib:,.2f} MiB")
     print(f"Space amplification: {rep.space_amplification:.0f}%")

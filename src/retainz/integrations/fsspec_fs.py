@@ -20,8 +20,10 @@ inside it.  The store is flat (generations of shards); this filesystem maps path
   ``D/.metadata`` retires ``D``'s generation (invalidate-first, as OLMo-core does).
 
 Append-only: a committed file cannot be changed or partly removed (``PermissionError``); writing a
-checkpoint file that exists replaces it by deleting the old generation first (not atomic: the store has
-no rename); ``mv`` other than ``X.tmp`` -> ``X`` inside an uncommitted directory is copy + delete.
+checkpoint file that exists replaces it at the new file's commit (replace-on-commit: the old one stays
+readable until then, and a crash leaves exactly one of the two; an exception inside the ``with``
+abandons the new file); ``mv`` other than ``X.tmp`` -> ``X`` inside an uncommitted directory is copy +
+delete.
 
 Storage options (``fsspec.filesystem("retainz", retention=...)``, or for runtimes that call
 ``url_to_fs`` without options, ``fsspec.config.conf["retainz"]`` / the environment variable

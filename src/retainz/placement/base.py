@@ -1,4 +1,4 @@
-"""The placement interface: allocators decide, the store acts (DESIGN.md principle 2).
+"""The placement interface: allocators decide, the store acts.
 
 An :class:`Allocator` is a decision function over a :class:`ZoneTable`, the store's incrementally
 maintained summary of every data zone.  The store calls, in order:
@@ -16,7 +16,7 @@ Allocators never touch the device nor mutate the table; they may keep private in
 allocator's decisions depend on must be derivable from the table (which the store journals), so a
 remounted store decides exactly as before.
 
-Logical time: ``step`` values are training steps the runtime reports (DESIGN.md principle 3); the
+Logical time: ``step`` values are training steps the runtime reports (never wall time); the
 store never passes wall time.
 """
 

@@ -1,4 +1,4 @@
-"""``retainz``: place each extent where it costs the least space-time (DESIGN.md "RetainZ placement").
+"""``retainz``: place each extent where it costs the least space-time.
 
 The cost model
 --------------

@@ -2,7 +2,7 @@
 
 A condition is a frozen dataclass.  Given the save schedule (the steps at which the runtime will save,
 and the class of each save), :meth:`Condition.predict` turns it into a *predicted reclaim step*: the
-training step at which the generation's data becomes garbage (logical time, DESIGN.md principle 3).
+training step at which the generation's data becomes garbage (logical time: training steps, never wall time).
 
 * :class:`AfterNewer` - retired when the k-th newer save of a class reaches a point of its life
   (keep-latest-k style: TorchTitan ``keep_latest_k``, Megatron ``--save-retain-interval``,

@@ -1,4 +1,4 @@
-"""The store: the backend that executes everything (DESIGN.md "Layers", issue 4).
+"""The store: the backend that executes everything (README "Architecture", "Store").
 
 Public surface (everything else in this package is private)::
 

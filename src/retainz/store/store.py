@@ -13,6 +13,11 @@ part                      owns
 :mod:`.recovery`          mount: scan, replay, reconcile, tidy the journal
 :mod:`.check`             fsck, df, the recomputation the cached summaries must equal
 :mod:`.records`           the on-disk record format (used by the journal, recovery, the crash test)
+:mod:`.journal`           meta-zone chains: append, rollover, the mount scan
+:mod:`.contract`          what integrations and the replay driver may call (Protocols)
+:mod:`.format`            the superblock, format versions, id rules
+:mod:`.types`            what the store hands back (generations, shards, metrics, reports)
+:mod:`.crc`               crc32c combination (a shard's crc from its extents' crcs)
 ========================  ==========================================================================
 
 The store itself keeps only what spans parts: the lock, the open writers and admission (the
@@ -70,6 +75,36 @@ def _release(key, store) -> None:
 
 def _device_key(device: ZonedDevice):
     return device.info.path or id(device)
+
+
+#: The largest training step the store takes (a signed 64-bit integer, as the runtimes count).
+MAX_STEP = (1 << 63) - 1
+
+
+def check_step(value, what: str = "step") -> int:
+    """A training step: an int (not a bool), ``0 <= value <= MAX_STEP``.
+
+    Raises:
+        ValueError: anything else (one line naming ``what`` and the value).
+    """
+    if type(value) is not int or not 0 <= value <= MAX_STEP:
+        raise ValueError(f"{what} must be an int from 0 to {MAX_STEP}, not {value!r}")
+    return value
+
+
+def check_hint(hint) -> Hint:
+    """A :class:`~retainz.hint.Hint` whose reclaim steps are ``None`` or a number that is not NaN.
+
+    Raises:
+        ValueError: anything else (one line).
+    """
+    if not isinstance(hint, Hint):
+        raise ValueError(f"hint must be a retainz.hint.Hint, not {type(hint).__name__}")
+    for name in ("reclaim_step", "actual_reclaim_step"):
+        v = getattr(hint, name)
+        if v is not None and (type(v) not in (int, float) or v != v):
+            raise ValueError(f"hint {name} must be a number or None, not {v!r}")
+    return hint
 
 
 def superblock_zones(device: ZonedDevice) -> list[int]:
@@ -365,13 +400,15 @@ class Store:
                 and those that delete everything (the message names the journal; ``needed``/
                 ``available`` in bytes of snapshot; ``cause`` ``"journal"``).  ``state`` is
                 :meth:`stop_state` at the refusal.
-            ValueError: a negative step or size, or a hint whose reclaim step is before ``step``.
+            ValueError: a step that is not an int from 0 to :data:`MAX_STEP`, a negative size, a hint
+                that is not a ``Hint`` or carries a NaN, or a reclaim step before ``step``.
         """
         with self.lock:
             self._check_writable()
             check_id(gen_id)
-            if not isinstance(step, int) or step < 0:
-                raise ValueError(f"step must be a non-negative int, not {step!r}")
+            check_step(step)
+            if hint is not None:
+                check_hint(hint)
             if declared_size is not None and (not isinstance(declared_size, int) or declared_size < 0):
                 raise ValueError(f"declared_size must be a non-negative int, not {declared_size!r}")
             if hint is not None and hint.reclaim_step is not None and hint.reclaim_step < step:
@@ -531,7 +568,7 @@ class Store:
             gen = self.catalog.gens.get(gen_id)
             if gen is None:
                 raise GenerationNotFoundError(f"no committed generation {gen_id!r}")
-            if step is not None and step < gen.step:
+            if step is not None and check_step(step) < gen.step:
                 raise ValueError(f"generation {gen_id!r}: retirement step {step} is before its own step "
                                  f"{gen.step} (a generation cannot be retired before it is saved)")
             if step is not None:
@@ -581,6 +618,9 @@ class Store:
         """
         with self.lock:
             self._check_writable()
+            check_hint(hint)
+            if step is not None:
+                check_step(step)
             w = self._writers.get(gen_id)
             gen = w.gen if w is not None else self.catalog.gens.get(gen_id)
             if gen is None:
@@ -618,9 +658,12 @@ class Store:
 
     def advance(self, step: int) -> None:
         """Move logical time to training step ``step`` (no-op if not later than the current step).
-        Dead-space and unused-capacity byte-steps integrate over it."""
+        Dead-space and unused-capacity byte-steps integrate over it.
+
+        Raises:
+            ValueError: not a step (:func:`check_step`)."""
         with self.lock:
-            self.zones.advance(step)
+            self.zones.advance(check_step(step))
 
     @property
     def admission_reserve_zones(self) -> int:

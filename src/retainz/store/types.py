@@ -25,7 +25,7 @@ Extent = tuple[int, int, int, "int | None"]
 
 
 class GenState(enum.Enum):
-    """A generation's life (DESIGN.md domain model): writing -> committed -> deleted."""
+    """A generation's life : writing -> committed (or aborted) -> deleted."""
 
     WRITING = "writing"
     COMMITTED = "committed"
@@ -79,7 +79,7 @@ class GenerationInfo:
 
 @dataclass
 class StoreMetrics:
-    """Counters the store keeps (DESIGN.md "Metrics").  Bytes are device bytes (block-rounded);
+    """Counters the store keeps (the run records' ``metrics``).  Bytes are device bytes (block-rounded);
     byte-steps integrate bytes over training steps reported through ``advance``.
 
     They are journaled with every snapshot and at a clean close; after a crash they resume from the

@@ -4,7 +4,7 @@ and generations (:class:`GenerationWriter`).
 Per extent the write path asks the allocator once (``place``), executes the decision (finishes the
 zones it names, writes at the chosen zone's write pointer) and updates the zone table incrementally.
 No journal record and no flush is issued per extent: a generation's extents are buffered in memory
-and journaled with its commit record.  Durability order of a commit (DESIGN.md principle 5):
+and journaled with its commit record.  Durability order of a commit (a generation exists once its commit record is durable):
 
 1. every data write of the generation is flushed (``device.flush``);
 2. the commit record (the generation, its shards and extents, the zone attributes changed since the

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from retainz.errors import ZonedDeviceError
+from retainz.errors import PowerCutError, ZonedDeviceError
 from retainz.placement.base import ZoneSummary, ZoneTable
 from retainz.store.records import zone_attr_item
 from retainz.store.types import StoreMetrics
@@ -158,6 +158,8 @@ class ZoneBook:
         s = self.table.zones[z]
         try:
             self.device.reset_zone(z)
+        except PowerCutError:
+            raise                            # the device is gone: nothing to reconcile with
         except ZonedDeviceError as e:
             self._reset_failed(z, e)
             return False
@@ -176,6 +178,8 @@ class ZoneBook:
             return
         try:
             self.device.reset_zones(zs)
+        except PowerCutError:
+            raise
         except ZonedDeviceError:
             for z in zs:
                 try:
@@ -205,6 +209,8 @@ class ZoneBook:
         """:meth:`reconcile`, logging (not raising) a failed report."""
         try:
             self.reconcile(z)
+        except PowerCutError:
+            pass                             # the device is gone; recovery reconciles at the next open
         except ZonedDeviceError as e:       # the report failed too: the table stays as it was
             log.warning("zone %d: report failed while reconciling (%s)", z, e)
 

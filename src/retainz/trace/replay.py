@@ -1,7 +1,7 @@
 """Trace replay: run a trace through the real store and measure it.
 
 Replay is not a model of the store: it drives :class:`~retainz.store.Store` (the one backend) on a
-device, event by event (DESIGN.md principle 1):
+device, event by event (one backend: README "Architecture"):
 
 ====================  =====================================================================
 trace event           what replay does
@@ -16,7 +16,7 @@ trace event           what replay does
 ====================  =====================================================================
 
 A :class:`~retainz.errors.NoSpaceError` at admission or while writing is a *capacity stop*: the run
-ends cleanly there and records the step (DESIGN.md: "the honest outcome when no space can be made"),
+ends cleanly there and records the step (the honest outcome when no space can be made),
 its cause (``capacity_stop_cause``: ``admission``, ``allocation``, ``gc`` or ``journal``, see
 :class:`~retainz.errors.NoSpaceError`) and the zone state at the refusal (``capacity_stop_state``:
 empty zones, free bytes stranded in partly filled zones, dead and live bytes).
