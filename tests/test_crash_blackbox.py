@@ -44,3 +44,17 @@ def test_black_box_catches_a_writer_that_acknowledges_before_the_commit(tmp_path
     kill lands between the acknowledgement and the commit record's flush."""
     rep = run(tmp_path, 60, seed=3, early_ack=True)
     assert any("acknowledged commits missing" in f for f in rep.failures), rep.failures[:3]
+
+
+def test_cli_black_box_reports_points_and_failures(tmp_path, capsys):
+    import json
+
+    from retainz.cli import main
+
+    assert main(["crashtest", str(tmp_path / "bb"), "--black-box", "6", "--seed", "4", "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["points"] == 6 and rep["failures"] == [] and rep["commits_acknowledged"] > 0
+    (tmp_path / "file").write_text("x")
+    assert main(["crashtest", str(tmp_path / "file"), "--black-box", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not a directory" in err
