@@ -8,6 +8,7 @@ commit (or now and then abort), delete generations beyond the latest :data:`KEEP
 run GC.  It reports what it did through a log file, one line per event, and reports an
 acknowledgement only after the call returned (and fsyncs the log then)::
 
+    open           the store is open (recovery done)
     begin GEN      before begin_generation (so an in-flight commit is known)
     commit GEN     after commit() returned: must survive
     abort GEN      after abort() returned
@@ -50,6 +51,9 @@ GEOMETRY = Geometry(nr_zones=24, zone_size=256 * 1024, zone_capacity=192 * 1024,
                     max_open=4, max_active=5)
 #: Generations the writer keeps (older ones are deleted).
 KEEP = 3
+#: Share of the kills timed from the writer's start (they can land in its recovery); the others
+#: are timed from its ``open`` line, so they land in the checkpointing loop even on a loaded machine.
+EARLY_KILLS = 0.25
 #: Steps per round: round ``r``'s generations have steps ``r * ROUND_STEPS + n``.
 ROUND_STEPS = 1_000_000
 
@@ -80,6 +84,7 @@ def writer(path: str, log_path: str, round_no: int, seed: int, early_ack: bool =
         rng = random.Random(seed)
         dev = FileDevice(path)
         store = Store.open(dev)
+        log("open")
         live = [g.id for g in sorted(store.generations(), key=lambda g: g.step)]
         n = 0
         while True:
@@ -140,6 +145,18 @@ class BlackBoxReport:
         return not self.failures
 
 
+def _wait_open(proc, log_path: Path, timeout: float = 60.0) -> None:
+    """Wait until the writer logged ``open`` (or ended, or ``timeout`` seconds passed)."""
+    end = time.monotonic() + timeout
+    while proc.is_alive() and time.monotonic() < end:
+        try:
+            if log_path.read_bytes().startswith(b"open\n"):
+                return
+        except FileNotFoundError:
+            pass
+        time.sleep(0.002)
+
+
 def _parse(log_path: Path) -> dict[str, list[str]]:
     events: dict[str, list[str]] = {k: [] for k in ("begin", "commit", "abort", "delete", "deleted", "error")}
     if log_path.exists():
@@ -153,7 +170,8 @@ def _parse(log_path: Path) -> dict[str, list[str]]:
 def run(workdir: str | os.PathLike, iterations: int, *, seed: int = 0, max_delay: float = 0.25,
         early_ack: bool = False, progress=None) -> BlackBoxReport:
     """Format a FileDevice in ``workdir`` and run ``iterations`` rounds: start a writer process,
-    SIGKILL it after a random delay (uniform in 0..``max_delay`` seconds, seeded), reopen, verify
+    SIGKILL it after a random delay (uniform in 0..``max_delay`` seconds, seeded; counted from
+    the writer's start in :data:`EARLY_KILLS` of the rounds, else from its ``open``), reopen, verify
     (the module docstring).  The writers are forked from a clean server process
     (``multiprocessing`` ``forkserver``, the store preloaded), so a round costs the kill delay and
     the verifying reopen, not an interpreter start.
@@ -187,7 +205,10 @@ def run(workdir: str | os.PathLike, iterations: int, *, seed: int = 0, max_delay
         proc = ctx.Process(target=writer, args=(path, str(log_path), it, rng.randrange(2**32), early_ack),
                            daemon=True)
         proc.start()
-        proc.join(rng.uniform(0, max_delay))
+        delay = rng.uniform(0, max_delay)
+        if rng.random() >= EARLY_KILLS:    # most kills land in the checkpointing loop, however slow the start
+            _wait_open(proc, log_path)
+        proc.join(delay)
         if proc.exitcode is None:
             proc.kill()
         proc.join()
