@@ -157,9 +157,8 @@ def fuzz_journal_zone(payloads, bit, tail, full, garbage):
     to all but the last one, as a torn tail, the one thing a crash can also leave."""
     bs = 4096
     for buf in (bytes(bs) + garbage, bytes(bs) + b"".join(frame(p, bs) for p in payloads)):
-        end = len(buf) if not full else len(buf)
         try:
-            parse_zone(buf, bs, end, bs, zone=0, tail=tail, full=full)
+            parse_zone(buf, bs, len(buf), bs, zone=0, tail=tail, full=full)
         except CorruptJournalError:
             pass
     zone = bytes(bs) + b"".join(frame(p, bs) for p in payloads)
