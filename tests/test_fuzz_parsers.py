@@ -137,16 +137,16 @@ _keys = st.sampled_from(["o", "now", "z", "g", "r", "s", "n", "metrics", "commit
 
 
 @strategies(raw=st.binary(max_size=300), kind=_kinds,
-            body=st.one_of(_json, st.dictionaries(_keys, _json, max_size=7)))
-def fuzz_record_decode(raw, kind, body):
-    """records.decode: random payloads and known kinds with random JSON bodies raise only the
+            body=st.one_of(_json, st.dictionaries(_keys, _json, max_size=7)), shaped=st.booleans())
+def fuzz_record_decode(raw, kind, body, shaped):
+    """records.decode: random payloads, or known kinds with random JSON bodies, raise only the
     documented ValueError, KeyError, TypeError or IndexError (what recovery turns into
     CorruptJournalError)."""
-    for payload in (raw, kind + b" " + json.dumps(body, allow_nan=True).encode()):
-        try:
-            decode(payload)
-        except (ValueError, KeyError, TypeError, IndexError):
-            pass
+    payload = kind + b" " + json.dumps(body, allow_nan=True).encode() if shaped else raw
+    try:
+        decode(payload)
+    except (ValueError, KeyError, TypeError, IndexError):
+        pass
 
 
 @strategies(payloads=st.lists(st.binary(min_size=1, max_size=5000), min_size=1, max_size=5),
@@ -287,9 +287,10 @@ def _trace_lines() -> list[str]:
 
 
 @strategies(text=st.text(max_size=400), line=st.integers(0, 10**6), pos=st.integers(0, 10**6),
-            junk=st.text(max_size=12), value=_json, mode=st.sampled_from(["replace", "drop", "dup", "json", "cut"]))
+            junk=st.text(max_size=12), value=_json,
+            mode=st.sampled_from(["random", "replace", "drop", "dup", "json", "cut"]))
 def fuzz_trace(text, line, pos, junk, value, mode):
-    """trace.format.TraceReader / read_trace: random text and a valid trace with one line damaged
+    """trace.format.TraceReader / read_trace: random text, or a valid trace with one line damaged
     (bytes replaced, a line dropped or repeated, a field set to random JSON, the file cut short)
     raise only TraceFormatError."""
     from retainz.trace.format import TraceFormatError, TraceReader
@@ -308,15 +309,15 @@ def fuzz_trace(text, line, pos, junk, value, mode):
         keys = sorted(obj)
         obj[keys[pos % len(keys)]] = value
         lines[i] = json.dumps(obj) + "\n"
-    else:
+    elif mode == "cut":
         lines = lines[:i] + [lines[i][:pos % len(lines[i])]]
-    for src in (text, "".join(lines)):
-        try:
-            with TraceReader(io.StringIO(src), name="fuzz.jsonl") as r:
-                for _ in r:
-                    pass
-        except TraceFormatError:
-            pass
+    src = text if mode == "random" else "".join(lines)
+    try:
+        with TraceReader(io.StringIO(src), name="fuzz.jsonl") as r:
+            for _ in r:
+                pass
+    except TraceFormatError:
+        pass
 
 
 @strategies(raw=st.binary(max_size=600))
@@ -342,9 +343,10 @@ def _record() -> dict:
     return rec
 
 
-@strategies(raw=st.binary(max_size=400), obj=_json, bit=st.integers(0, 2**30))
-def fuzz_run_records(scratch, raw, obj, bit):
-    """analysis.records.load over a folder with one record: random bytes, random JSON, a valid
+@strategies(raw=st.binary(max_size=400), obj=_json, bit=st.integers(0, 2**30),
+            mode=st.sampled_from(["bytes", "json", "flip"]))
+def fuzz_run_records(scratch, raw, obj, bit, mode):
+    """analysis.records.load over a folder with one record: random bytes, random JSON, or a valid
     record with a bit flipped: ValueError (TamperedRecordError, not JSON) or the records; a flipped
     record that loads is the original."""
     from retainz.analysis.records import load
@@ -352,15 +354,15 @@ def fuzz_run_records(scratch, raw, obj, bit):
     folder = scratch / "fuzz-records"
     folder.mkdir(exist_ok=True)
     path = folder / "r.json"
-    good = json.dumps(_record(), sort_keys=True).encode()
-    for data in (raw, json.dumps(obj).encode(), _flip(good, bit)):
-        path.write_bytes(data)
-        try:
-            runs = load(str(folder))
-        except ValueError:
-            continue
-        if data is not raw and data != json.dumps(obj).encode() and runs.records:
-            assert runs.records == [_record()], "a damaged record was accepted"
+    data = {"bytes": raw, "json": json.dumps(obj).encode(),
+            "flip": _flip(json.dumps(_record(), sort_keys=True).encode(), bit)}[mode]
+    path.write_bytes(data)
+    try:
+        runs = load(str(folder))
+    except ValueError:
+        return
+    if mode == "flip" and runs.records:
+        assert runs.records == [_record()], "a damaged record was accepted"
 
 
 # -- manifests --------------------------------------------------------------------------------------------
@@ -371,9 +373,10 @@ _ckeys = st.sampled_from(["experiment", "layout", "rule", "policy", "steps", "pr
 
 @strategies(raw=st.binary(max_size=300),
             top=st.dictionaries(_mkeys, _json, max_size=4),
-            cases=st.lists(st.dictionaries(_ckeys, _json | st.lists(_json, max_size=3), max_size=5), max_size=2))
-def fuzz_manifest(scratch, raw, top, cases):
-    """experiments.manifest.load_manifest: random bytes, random manifests and manifests of valid shape
+            cases=st.lists(st.dictionaries(_ckeys, _json | st.lists(_json, max_size=3), max_size=5), max_size=2),
+            mode=st.sampled_from(["bytes", "top", "shaped"]))
+def fuzz_manifest(scratch, raw, top, cases, mode):
+    """experiments.manifest.load_manifest: random bytes, random manifests or manifests of valid shape
     with random case values raise only ManifestError."""
     from retainz.experiments.manifest import ManifestError, load_manifest
 
@@ -381,12 +384,11 @@ def fuzz_manifest(scratch, raw, top, cases):
     folder.mkdir(exist_ok=True)
     path = folder / "m.json"
     shaped = {"manifest": "fuzz", "format": 1, "blocks": [{"experiment": "fuzz", "cases": cases}]}
-    for data in (raw, json.dumps(top).encode(), json.dumps(shaped).encode()):
-        path.write_bytes(data)
-        try:
-            load_manifest(path)
-        except ManifestError:
-            pass
+    path.write_bytes({"bytes": raw, "top": json.dumps(top).encode(), "shaped": json.dumps(shaped).encode()}[mode])
+    try:
+        load_manifest(path)
+    except ManifestError:
+        pass
 
 
 TARGETS = [fuzz_superblock, fuzz_record_decode, fuzz_journal_zone, fuzz_journal_image, fuzz_zone_state_slot,
