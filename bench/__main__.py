@@ -6,7 +6,7 @@ Runs, in this order, with the sizes of :data:`FULL` (or :data:`QUICK` with ``--q
 a minute or two that CI runs without thresholds):
 
 * ``bench_replay``: trace replay through the store on a payload-less MemoryDevice (greedy, retainz),
-  extents per CPU-second, and the same trace merely parsed (:class:`retainz.trace.format.TraceReader`);
+  extents per CPU-second, and the same trace merely parsed (:class:`retainz.trace.io.TraceReader`);
 * ``bench_store``: store write vs ``pwrite`` + ``fdatasync``, GC copy vs raw copy, journal mount;
 * ``bench_placement``: the retainz decision cost at 256 and 65,536 zones (growth must stay sub-linear);
 * ``bench_dcp``: ``dcp.save`` through ``ZonedStorageWriter`` vs raw ``pwrite`` of the same tensor
@@ -99,7 +99,7 @@ class Figure:
 def _replay(sizes: Sizes, trace_dir: str) -> tuple[list[Figure], dict]:
     from bench import bench_replay
 
-    from retainz.trace.format import TraceReader
+    from retainz.trace.io import TraceReader
 
     path = bench_replay.trace(trace_dir, sizes.replay_steps)
     runs = {p: bench_replay.run(path, p, sizes.replay_zones) for p in ("greedy", "retainz")}

@@ -22,7 +22,7 @@ import os
 import tempfile
 
 from retainz.trace.generate import write_generated
-from retainz.trace.replay import replay
+from retainz.trace.replay import ReplayConfig, replay
 
 WORKLOADS = {
     "torchtitan": "torchtitan:interval=500,keep_latest_k=10",
@@ -44,7 +44,7 @@ def run(pressures: list[float]) -> list[dict]:
             for pressure in pressures:
                 row = {"workload": name, "rule": rule, "pressure": pressure}
                 for policy in POLICIES:
-                    r = replay(trace, policy=policy, pressure=pressure, reserve_zones=4)
+                    r = replay(trace, ReplayConfig(policy=policy, pressure=pressure, reserve_zones=4))
                     row[policy] = {"waf": round(r["waf"], 4), "capacity_stop_step": r["capacity_stop_step"],
                                    "dead_space_byte_steps": r["dead_space_byte_steps"],
                                    "gc_bytes": r["gc_bytes"]}

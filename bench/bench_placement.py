@@ -26,12 +26,13 @@ import json
 import random
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from retainz.placement import POLICIES, ExtentRequest, Hint, ZoneTable, make_allocator  # noqa: E402
-from retainz.placement.hints import lifetime_class  # noqa: E402
+from retainz.hint import Hint, lifetime_class  # noqa: E402
+from retainz.placement import POLICIES, ExtentRequest, ZoneTable, make_allocator  # noqa: E402
 from retainz.zoned.model import ZoneCond  # noqa: E402
 
 MiB = 1 << 20
@@ -112,9 +113,7 @@ def torchtitan_events(steps: int, layout: str):
     events, live, peak = [], {}, 0
     for e in tr.events:
         if e.type == "save":
-            h = e.hint
-            hint = Hint(reclaim_step=h.predicted_reclaim_step, lifetime=h.lifetime_value,
-                        condition=h.condition_string(), actual_reclaim_step=deleted.get(e.gen))
+            hint = replace(e.hint, actual_reclaim_step=deleted.get(e.gen))
             events.append(("save", f"g{e.gen}", e.step, [s.nbytes for s in e.shards], hint))
             live[e.gen] = e.nbytes
             peak = max(peak, sum(live.values()))

@@ -38,7 +38,7 @@ import sys
 import time
 
 from retainz.trace.generate import write_generated
-from retainz.trace.replay import DEFAULT_GEOMETRY, replay
+from retainz.trace.replay import DEFAULT_GEOMETRY, ReplayConfig, replay
 
 LAYOUT = "llama3-8b-fsdp:ranks=8"
 RETENTION = "torchtitan:interval=1,keep_latest_k=10"
@@ -58,7 +58,7 @@ def trace(path_dir: str, steps: int) -> str:
 
 def run(path: str, policy: str, zones: int) -> dict:
     t, c = time.perf_counter(), time.process_time()
-    r = replay(path, policy=policy, zones=zones)
+    r = replay(path, ReplayConfig(policy=policy, zones=zones))
     wall, cpu = time.perf_counter() - t, time.process_time() - c
     n = r["decisions"]
     return {"policy": policy, "generations": r["generations_committed"], "extents": n,
@@ -71,7 +71,7 @@ def run(path: str, policy: str, zones: int) -> dict:
 def profile(path: str, policy: str, zones: int, top: int = 25) -> str:
     prof = cProfile.Profile()
     prof.enable()
-    replay(path, policy=policy, zones=zones)
+    replay(path, ReplayConfig(policy=policy, zones=zones))
     prof.disable()
     out = io.StringIO()
     pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(top)

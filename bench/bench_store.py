@@ -26,7 +26,8 @@ import statistics
 import sys
 import time
 
-from retainz.placement.base import PERMANENT, Hint
+from retainz.hint import Hint
+from retainz.placement.base import PERMANENT
 from retainz.store import Store
 from retainz.zoned import FileDevice, Geometry, MemoryDevice
 

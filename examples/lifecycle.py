@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import random
 
-from retainz.placement.base import PERMANENT, Hint
+from retainz.hint import Hint
+from retainz.placement.base import PERMANENT
 from retainz.store import Store
 from retainz.testing import FaultyDevice
 from retainz.zoned import Geometry, MemoryDevice, format_size

@@ -20,7 +20,7 @@ from retainz.errors import (
     InvalidIdError,
     ShardNotFoundError,
 )
-from retainz.placement.base import Hint
+from retainz.hint import Hint
 
 
 @dataclass
@@ -106,10 +106,10 @@ class FakeStore:
     def __exit__(self, *exc):
         self.close()
 
-    def begin_generation(self, gen_id, step, *, hint=None, declared_size=None):
+    def begin_generation(self, gen_id, step, *, hint=None, declared_size=None, replace=False):
         _check_id(gen_id)
-        with self.lock:
-            if gen_id in self.committed or gen_id in self.writing:
+        with self.lock:     # replace: the commit overwrites the committed entry (replace-on-commit)
+            if gen_id in self.writing or (gen_id in self.committed and not replace):
                 raise GenerationExistsError(f"generation {gen_id!r} exists")
             self.writing.add(gen_id)
             return FakeWriter(self, GenerationInfo(gen_id, step, hint or Hint()))

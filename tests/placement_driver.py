@@ -19,8 +19,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from retainz.placement import Allocator, Decision, ExtentRequest, Hint, ZoneSummary, ZoneTable, make_allocator
-from retainz.placement.hints import lifetime_class
+from retainz.hint import Hint, lifetime_class
+from retainz.placement import Allocator, Decision, ExtentRequest, ZoneSummary, ZoneTable, make_allocator
 from retainz.zoned.model import ZoneCond
 
 MiB = 1 << 20

@@ -140,7 +140,10 @@ def interrupt_then_resume(tmp_path, defaults: dict, extra: list[str], *, appear:
     (tmp_path / "m.json").write_text(json.dumps(m))
     out = tmp_path / "out"
     argv = [sys.executable, "-c", INTERRUPTIBLE, "1.0", str(tmp_path / "m.json"), str(out), *extra]
-    p = subprocess.Popen(argv, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # a Ctrl-C reaches the run even when this test runs in a background job (whose SIGINT is ignored,
+    # which the child would inherit: Python then installs no KeyboardInterrupt handler)
+    p = subprocess.Popen(argv, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + appear
         while time.monotonic() < deadline and not (out.is_dir() and records(out)):

@@ -280,3 +280,18 @@ def test_zone_map_title_and_table_name_the_stop_cause():
     assert _stop(rec) == "5.5k$^a$"
     assert stop_label({"capacity_stop_step": None}) == "" and _stop({"capacity_stop_step": None}) == "--"
     assert stop_label({"capacity_stop_step": 700}) == " (stop at 700)"      # a record made before causes
+
+
+def test_claims_file_refuses_duplicate_ids(tmp_path):
+    from retainz.analysis.claims import add_claim, write_claims
+
+    out: list = []
+    run = {"id": "case-a"}
+    add_claim(out, "x.waf", 1.2345, 2, [run], "a WAF")
+    add_claim(out, "x.waf", 1.5, 2, [run], "the same id again")
+    with pytest.raises(ValueError, match="x.waf appear"):
+        write_claims(str(tmp_path / "c.json"), out, "runs")
+    assert not (tmp_path / "c.json").exists()
+    write_claims(str(tmp_path / "c.json"), out[:1], "runs")
+    assert json.load(open(tmp_path / "c.json"))["claims"] == [
+        {"id": "x.waf", "value": 1.23, "rounding": 2, "runs": ["case-a"], "text": "a WAF"}]

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 CORE = ["retainz", "retainz.store", "retainz.zoned", "retainz.placement", "retainz.retention", "retainz.cli",
-        "retainz.integrations", "retainz.integrations.hints", "retainz.integrations.retention_callbacks",
+        "retainz.integrations", "retainz.hint", "retainz.spec", "retainz.integrations.retention_callbacks",
         "retainz.cli.payload"]
 
 

@@ -257,7 +257,7 @@ def test_open_device_specs(tmp_path):
     assert (dev.geometry.nr_zones, dev.geometry.zone_capacity, dev.info.payload) == (4, 48 << 10, False)
     with pytest.raises(errors.DeviceFormatError, match="unknown geometry key"):
         open_device("mem:zonez=4")
-    with pytest.raises(errors.DeviceFormatError, match="KEY=VALUE"):
+    with pytest.raises(errors.DeviceFormatError, match="^device spec mem: expected key=value, got 'zones'$"):
         open_device("mem:zones")
     FileDevice.create(tmp_path / "d.img", SMALL).close()
     with open_device(f"file:{tmp_path / 'd.img'}") as d:

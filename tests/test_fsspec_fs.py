@@ -12,6 +12,7 @@ import torch  # noqa: E402
 import torch.distributed.checkpoint as dcp  # noqa: E402
 
 from retainz.integrations import _stores  # noqa: E402
+from retainz.retention import rule_hint  # noqa: E402
 
 pytestmark = pytest.mark.dcp
 
@@ -118,7 +119,10 @@ def test_failed_write_aborts_the_generation(device):
     with pytest.raises(RuntimeError, match="boom"), fs.open(f"{device}/c/step-2/__0_0.distcp", "wb") as f:
         f.write(b"z" * (9 << 20))      # past one block: already streaming into the store
         raise RuntimeError("boom")
-    fs.rm_file(f"{device}/c/step-2/__0_0.distcp")           # what DCP's create_stream does on error
+    # what DCP's create_stream does on error (it ignores errors of this rm_file): the file was already
+    # abandoned by the exception, with its generation
+    with pytest.raises(FileNotFoundError):
+        fs.rm_file(f"{device}/c/step-2/__0_0.distcp")
     assert _gens(device) == {}
     assert not fs.exists(f"{device}/c/step-2")
 
@@ -127,3 +131,80 @@ def test_no_device_on_path_is_a_clear_error(tmp_path):
     fs = fsspec.filesystem("retainz")
     with pytest.raises(FileNotFoundError, match="no RetainZ device file on this path"):
         fs.ls(f"{tmp_path}/nothing/here")
+
+
+def test_rewriting_a_file_keeps_the_old_version_until_the_new_one_commits(device):
+    """Lightning's ``last.ckpt``: an ``open(path, "wb")`` of a committed file.  While the new bytes
+    stream (past the first 8 MiB block, so the store is already writing them) the old file reads back
+    whole; an exception inside the ``with`` leaves the old one; a clean close replaces it."""
+    fs = fsspec.filesystem("retainz")
+    path = f"{device}/run/last.ckpt"
+    old = bytes(range(256)) * 4096                    # 1 MiB
+    with fs.open(path, "wb") as f:
+        f.write(old)
+    new = b"n" * (9 << 20)
+    with pytest.raises(RuntimeError, match="boom"), fs.open(path, "wb") as f:
+        f.write(new)
+        f.flush()
+        assert fs.cat(path) == old
+        raise RuntimeError("boom")
+    assert fs.cat(path) == old
+    with fs.open(path, "wb") as f:
+        f.write(new)
+        f.flush()
+        assert fs.cat(path) == old and len(_gens(device)) == 1
+    assert fs.cat(path) == new and len(_gens(device)) == 1
+
+
+def test_a_process_killed_while_rewriting_a_file_leaves_the_old_version(device):
+    import subprocess
+    import sys
+
+    fs = fsspec.filesystem("retainz")
+    path = f"{device}/run/last.ckpt"
+    old = bytes(range(256)) * 4096
+    with fs.open(path, "wb") as f:
+        f.write(old)
+    RetainZFileSystem = type(fs)
+    RetainZFileSystem.close_all()
+    RetainZFileSystem.clear_instance_cache()
+    script = ("import fsspec, os, sys\n"
+              "f = fsspec.filesystem('retainz').open(sys.argv[1], 'wb')\n"
+              "f.write(b'n' * (9 << 20)); f.flush()\n"
+              "os.kill(os.getpid(), 9)\n")
+    p = subprocess.run([sys.executable, "-c", script, path], capture_output=True, timeout=120)
+    assert p.returncode == -9, p.stderr
+    assert fs.cat(path) == old and len(_gens(device)) == 1
+
+
+def _save_checkpoint(fs, device, step):
+    d = f"{device}/ckpt/step-{step}"
+    with fs.open(f"{d}/__0_0.distcp", "wb") as f:
+        f.write(b"\1" * 10_000)
+    with fs.open(f"{d}/.metadata.tmp", "wb") as f:
+        f.write(b"md")
+    fs.mv(f"{d}/.metadata.tmp", f"{d}/.metadata")
+
+
+def test_the_retainz_filesystem_rehints_committed_checkpoints_when_its_rule_changed(device):
+    from retainz.integrations.fsspec_fs import RetainZFileSystem
+
+    k10, k3 = "torchtitan:interval=10,keep_latest_k=10", "torchtitan:interval=10,keep_latest_k=3"
+    fs = fsspec.filesystem("retainz", retention=k10)
+    for step in (10, 20, 30):
+        _save_checkpoint(fs, device, step)
+    RetainZFileSystem.close_all()
+    RetainZFileSystem.clear_instance_cache()
+    fs = fsspec.filesystem("retainz", retention=k3)
+    _save_checkpoint(fs, device, 40)
+    RetainZFileSystem.close_all()
+    RetainZFileSystem.clear_instance_cache()
+    from retainz.store import Store
+    from retainz.zoned import FileDevice
+
+    dev = FileDevice(device, readonly=True)
+    with Store.open(dev, readonly=True) as s:
+        got = {g.step: (g.hint.reclaim_step, g.hint.condition) for g in s.generations()}
+    dev.close()
+    want = {st: (rule_hint(k3, st).reclaim_step, rule_hint(k3, st).condition) for st in (10, 20, 30, 40)}
+    assert got == want

@@ -290,10 +290,10 @@ def _trace_lines() -> list[str]:
             junk=st.text(max_size=12), value=_json,
             mode=st.sampled_from(["random", "replace", "drop", "dup", "json", "cut"]))
 def fuzz_trace(text, line, pos, junk, value, mode):
-    """trace.format.TraceReader / read_trace: random text, or a valid trace with one line damaged
+    """trace TraceReader / read_trace (retainz.trace): random text, or a valid trace with one line damaged
     (bytes replaced, a line dropped or repeated, a field set to random JSON, the file cut short)
     raise only TraceFormatError."""
-    from retainz.trace.format import TraceFormatError, TraceReader
+    from retainz.trace import TraceFormatError, TraceReader
 
     lines = list(_trace_lines())
     i = line % len(lines)
@@ -323,7 +323,7 @@ def fuzz_trace(text, line, pos, junk, value, mode):
 @strategies(raw=st.binary(max_size=600))
 def fuzz_trace_file(scratch, raw):
     """read_trace on a file of random bytes (not UTF-8, NUL, anything): TraceFormatError only."""
-    from retainz.trace.format import TraceFormatError, read_trace
+    from retainz.trace import TraceFormatError, read_trace
 
     path = scratch / "fuzz-trace.jsonl"
     path.write_bytes(raw)

@@ -10,8 +10,10 @@ import pytest
 
 from retainz.mount import layout as L
 from retainz.retention.inference import RetentionInference
-from retainz.trace.format import DeleteEvent, SaveEvent, TraceReader
+from retainz.retention.steps import parse_step
+from retainz.trace.format import DeleteEvent, SaveEvent
 from retainz.trace.generate import write_generated
+from retainz.trace.io import TraceReader
 
 
 @pytest.mark.parametrize("path, root", [
@@ -34,7 +36,7 @@ def test_checkpoint_root(path, root):
 def test_lightning_ckpt_directory_needs_to_be_a_directory():
     assert L.checkpoint_root("l/epoch=1-step=20.ckpt/checkpoint/mp_rank_00_model_states.pt",
                              lambda p: p == "l/epoch=1-step=20.ckpt") == "l/epoch=1-step=20.ckpt"
-    assert L.checkpoint_step("epoch=1-step=20.ckpt") == 20
+    assert parse_step("epoch=1-step=20.ckpt", file_names=True) == 20
 
 
 def test_ids_round_trip_and_match_the_fsspec_ids():
@@ -110,7 +112,7 @@ def test_inference_recognises_each_runtime_and_then_predicts_its_hints(tmp_path,
         if isinstance(ev, SaveEvent):
             h = inf.hint("ckpt", ev.step)
             inf.observe_save("ckpt", str(ev.gen), ev.step)
-            exact = ev.hint.predicted_reclaim_step if ev.hint is not None else None
+            exact = ev.hint.reclaim_step if ev.hint is not None else None
             if exact == math.inf and h is not None and h.reclaim_step >= 30_000:
                 continue        # the exact rule knows the run ends first (the last saves survive it)
             if h is not None and h.condition == describe and ev.hint is not None:     # once settled
@@ -146,11 +148,11 @@ def test_inference_waits_for_evidence_and_keep_all():
 def test_retainz_inferred_replay_matches_exact_hints_on_megatron(tmp_path):
     """On the recorded Megatron workload (retain_interval=5000), inferred hints run as exact ones do
     (no capacity stop, the same WAF), where no hints copy (WAF above 1) and hold more dead space."""
-    from retainz.trace.replay import replay
+    from retainz.trace.replay import ReplayConfig, replay
 
     path = str(tmp_path / "m.trace")
     write_generated(path, "smollm2-135m-dcp", "megatron:save_interval=1000,retain_interval=5000", 50_000)
-    r = {p: replay(path, policy=p, pressure=0.9, reserve_zones=4)
+    r = {p: replay(path, ReplayConfig(policy=p, pressure=0.9, reserve_zones=4))
          for p in ("retainz", "retainz-inferred", "retainz-nohint")}
     assert r["retainz-inferred"]["policy"] == "retainz-inferred"
     assert r["retainz-inferred"]["capacity_stop_step"] is None and r["retainz"]["capacity_stop_step"] is None

@@ -7,11 +7,9 @@ import math
 
 import pytest
 
-from retainz.placement import POLICIES, Decision, ExtentRequest, Hint, ZoneTable, make_allocator
+from retainz.hint import Hint, Lifetime
+from retainz.placement import POLICIES, Decision, ExtentRequest, ZoneTable, make_allocator
 from retainz.placement.hints import (
-    WLTH_EXTREME,
-    WLTH_LONG,
-    WLTH_MEDIUM,
     class_reclaim_step,
     view_reclaim_step,
 )
@@ -43,7 +41,7 @@ def test_every_policy_is_registered():
     ("greedy:x=1", "policy greedy has no parameter 'x'; valid: none"),
     ("zenfs:finish_threshold=ten", "policy zenfs: finish_threshold='ten' is not a int"),
     ("retainz:recompute=maybe", "policy retainz: recompute='maybe' is not a bool"),
-    ("retainz:neighbors", "policy retainz: 'neighbors' is not param=value"),
+    ("retainz:neighbors", "policy retainz: expected key=value, got 'neighbors'"),
 ])
 def test_registry_errors_list_valid_names(spec, message):
     with pytest.raises(ValueError) as e:
@@ -119,9 +117,9 @@ def test_views(view, r, kw, expect):
 
 
 def test_coarse_uses_the_hints_class_when_it_has_no_step():
-    assert view_reclaim_step(req(None, lifetime=WLTH_LONG), "coarse") == 41000.0
-    assert class_reclaim_step(WLTH_EXTREME, 5) == INF
-    assert class_reclaim_step(WLTH_MEDIUM, 0) == pytest.approx(3162.2776601683795)
+    assert view_reclaim_step(req(None, lifetime=Lifetime.LONG), "coarse") == 41000.0
+    assert class_reclaim_step(Lifetime.EXTREME, 5) == INF
+    assert class_reclaim_step(Lifetime.MEDIUM, 0) == pytest.approx(3162.2776601683795)
 
 
 def test_oracle_reads_the_actual_step():
@@ -296,16 +294,16 @@ def test_noisy_view_is_step_plus_lifetime_times_one_plus_the_generations_draw():
 
 
 def test_coarse_view_uses_the_given_class_bounds():
-    from retainz.placement.hints import lifetime_class
+    from retainz.hint import lifetime_class
 
     r = req(1050.0, step=1000)
     custom = view_reclaim_step(r, "coarse", short=10, medium=100)
     assert custom == class_reclaim_step(lifetime_class(1050.0, 1000, short=10, medium=100), 1000,
                                         short=10, medium=100)
     assert custom != view_reclaim_step(r, "coarse")
-    lt = req(None, step=1000, lifetime=WLTH_MEDIUM)
+    lt = req(None, step=1000, lifetime=Lifetime.MEDIUM)
     assert view_reclaim_step(lt, "coarse", short=10, medium=100) == class_reclaim_step(
-        WLTH_MEDIUM, 1000, short=10, medium=100) != view_reclaim_step(lt, "coarse")
+        Lifetime.MEDIUM, 1000, short=10, medium=100) != view_reclaim_step(lt, "coarse")
 
 
 def test_unknown_view_is_named_with_the_valid_ones():

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from retainz.placement import NO_SPACE, POLICIES, Decision, ExtentRequest, Hint, ZoneTable
+from retainz.hint import Hint
+from retainz.placement import NO_SPACE, POLICIES, Decision, ExtentRequest, ZoneTable
 from retainz.placement.retainz import RetainZ
 from tests.placement_driver import run
 

@@ -4,22 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from retainz.placement import NO_SPACE, Decision, ExtentRequest, Hint, ZoneTable, make_allocator
-from retainz.placement.hints import (
-    WLTH_EXTREME,
-    WLTH_LONG,
-    WLTH_MEDIUM,
-    WLTH_NONE,
-    WLTH_NOT_SET,
-    WLTH_SHORT,
-    lifetime_class,
-)
+from retainz.hint import Hint, Lifetime, lifetime_class
+from retainz.placement import NO_SPACE, Decision, ExtentRequest, ZoneTable, make_allocator
 from retainz.placement.zenfs import ZenFS, lifetime_diff, unused_zones
 from retainz.zoned.model import ZoneCond
 from tests.placement_driver import Driver, Gen
 
 CAP = 100
-NS, NO, SH, ME, LO, EX = WLTH_NOT_SET, WLTH_NONE, WLTH_SHORT, WLTH_MEDIUM, WLTH_LONG, WLTH_EXTREME
+NS, NO, SH, ME, LO, EX = Lifetime.NOT_SET, Lifetime.NONE, Lifetime.SHORT, Lifetime.MEDIUM, Lifetime.LONG, Lifetime.EXTREME
 
 
 def table(*zones, max_active=0, reserved_active=0, cap=CAP) -> ZoneTable:
@@ -324,13 +316,13 @@ def test_zenfs_refuses_a_device_of_fewer_than_32_zones(policy):
 
 
 def test_replay_refuses_a_zenfs_device_of_fewer_than_32_zones(tmp_path):
-    from retainz.trace.replay import replay
+    from retainz.trace.replay import ReplayConfig, replay
     from tests.test_replay import _trace
 
     t = _trace(tmp_path)
     with pytest.raises(ValueError, match="ZenFS refuses fewer than 32"):
-        replay(t, policy="zenfs", zones=20, zone_size=64 << 10, zone_capacity=48 << 10)
-    r = replay(t, policy="zenfs", zones=26, reserve_zones=3, zone_size=64 << 10, zone_capacity=48 << 10)
+        replay(t, ReplayConfig(policy="zenfs", zones=20, zone_size=64 << 10, zone_capacity=48 << 10))
+    r = replay(t, ReplayConfig(policy="zenfs", zones=26, reserve_zones=3, zone_size=64 << 10, zone_capacity=48 << 10))
     assert r["geometry"]["nr_zones"] == 32
 
 
@@ -440,7 +432,7 @@ def test_zenfs_has_no_admission_and_no_reserve():
 
 
 def test_zenfs_nohint_files_share_not_set_zones():
-    """Every zenfs-nohint file is WLTH_NOT_SET: it fits any partly filled NOT_SET zone (difference 0)
+    """Every zenfs-nohint file is Lifetime.NOT_SET: it fits any partly filled NOT_SET zone (difference 0)
     and opens no fresh zone while one has room; zenfs with an equal class (difference 50) takes a fresh
     zone per file while active tokens last."""
     from retainz.store import Store

@@ -10,11 +10,11 @@ import math
 
 import pytest
 
+from retainz.hint import Hint, Lifetime, class_bounds, lifetime_class
 from retainz.retention import (
     NEVER,
     AfterNewer,
     AtStep,
-    Lifetime,
     Permanent,
     PlannedSave,
     SaveSchedule,
@@ -22,7 +22,7 @@ from retainz.retention import (
     Uncertain,
     committed_steps,
     drive,
-    lifetime_class,
+    parse_condition,
     parse_rule,
     parse_step,
 )
@@ -51,7 +51,7 @@ def existing_after_each_step(actions) -> dict[int, set[str]]:
 
 def predicted_vs_actual(actions):
     """(predicted reclaim step, actual delete step or inf) for every committed generation."""
-    pred = {a.gen: a.hint.predicted_reclaim_step for a in actions if a.kind == "save"}
+    pred = {a.gen: a.hint.reclaim_step for a in actions if a.kind == "save"}
     actual = {a.gen: a.step for a in actions if a.kind == "delete"}
     committed = [a.gen for a in actions if a.kind == "commit"]
     return [(pred[g], actual.get(g, NEVER)) for g in committed]
@@ -183,7 +183,7 @@ def test_torchtitan_async_deletes_before_the_new_save_commits():
             assert same == [("save", a.step), ("delete", a.step), ("commit", a.step)]
             assert acts[i - 1].kind == "save" and acts[i + 1].kind == "commit"
     assert sum(a.kind == "delete" for a in acts) == 6
-    assert {a.hint.condition.timing for a in acts if a.kind == "save" and a.cls == "interval"} == {Timing.AFTER_DISPATCH}
+    assert {parse_condition(a.hint.condition).timing for a in acts if a.kind == "save" and a.cls == "interval"} == {Timing.AFTER_DISPATCH}
 
 
 def test_torchtitan_final_step_is_permanent_model_only_and_never_deleted():
@@ -191,8 +191,8 @@ def test_torchtitan_final_step_is_permanent_model_only_and_never_deleted():
         acts = run("torchtitan:interval=10,keep_latest_k=2", steps)
         final = [a for a in acts if a.kind == "save" and a.step == steps]
         assert len(final) == 1 and final[0].cls == "final" and final[0].model_only
-        assert final[0].hint.condition == Permanent("final")
-        assert final[0].hint.predicted_reclaim_step == math.inf
+        assert parse_condition(final[0].hint.condition) == Permanent("final")
+        assert final[0].hint.reclaim_step == math.inf
         assert final[0].hint.lifetime == Lifetime.EXTREME
         assert all(not (a.kind == "delete" and a.gen == final[0].gen) for a in acts)
     # the last step's save does not purge: two interval saves plus the final one survive
@@ -202,7 +202,7 @@ def test_torchtitan_final_step_is_permanent_model_only_and_never_deleted():
 def test_torchtitan_keep_all():
     acts = run("torchtitan:interval=10,keep_latest_k=0", 50)
     assert not [a for a in acts if a.kind == "delete"]
-    assert all(a.hint.predicted_reclaim_step == math.inf for a in acts if a.kind == "save")
+    assert all(a.hint.reclaim_step == math.inf for a in acts if a.kind == "save")
 
 
 def test_torchtitan_purges_by_parsed_step_number_not_by_save_order():
@@ -261,7 +261,7 @@ def test_megatron_retain_interval_table_and_exact_prediction():
                    80: {30, 60, 80}, 90: {30, 60, 90}, 100: {30, 60, 90, 100}}
     for pred, actual in predicted_vs_actual(acts):
         assert pred == actual
-    conds = {a.step: a.hint.condition for a in acts if a.kind == "save"}
+    conds = {a.step: parse_condition(a.hint.condition) for a in acts if a.kind == "save"}
     assert conds[30] == Permanent("retain_interval") and conds[40] == AfterNewer(1, "persistent", Timing.AFTER_COMMIT)
 
 
@@ -285,7 +285,7 @@ def steps_of_megatron(names):
 def test_megatron_without_retain_keeps_every_persistent_checkpoint():
     acts = run("megatron:save_interval=10", 50)
     assert not [a for a in acts if a.kind == "delete"]
-    assert {a.hint.condition for a in acts if a.kind == "save"} == {Permanent("keep_all")}
+    assert {parse_condition(a.hint.condition) for a in acts if a.kind == "save"} == {Permanent("keep_all")}
 
 
 def test_megatron_non_persistent_global_deletes_before_the_next_save_starts():
@@ -301,10 +301,10 @@ def test_megatron_non_persistent_global_deletes_before_the_next_save_starts():
     for pred, actual in predicted_vs_actual([a for a in acts if a.cls == "non_persistent"]):
         assert pred == actual  # checkpoint j goes at the second-next non-persistent save
     hint2 = next(a.hint for a in acts if a.kind == "save" and a.step == 2)
-    assert hint2.condition == AfterNewer(2, "non_persistent", Timing.BEFORE_SAVE)
-    assert hint2.predicted_reclaim_step == 6 and hint2.lifetime == Lifetime.SHORT
+    assert parse_condition(hint2.condition) == AfterNewer(2, "non_persistent", Timing.BEFORE_SAVE)
+    assert hint2.reclaim_step == 6 and hint2.lifetime == Lifetime.SHORT
     hint8 = next(a.hint for a in acts if a.kind == "save" and a.step == 8)
-    assert hint8.predicted_reclaim_step == 14  # the persistent save at 10 does not count
+    assert hint8.reclaim_step == 14  # the persistent save at 10 does not count
 
 
 def test_megatron_non_persistent_local_deletes_older_after_commit():
@@ -335,15 +335,15 @@ def test_lightning_top2_by_metric_file(metric_file):
                for s, names in existing_after_each_step(acts).items()}
     assert on_disk == {10: {10}, 20: {10, 20}, 30: {20, 30}, 50: {20, 50}}
     assert [(a.kind, a.step) for a in acts if a.step == 30] == [("save", 30), ("commit", 30), ("delete", 30)]
-    h30 = next(a.hint for a in acts if a.kind == "save" and a.step == 30).condition
+    h30 = parse_condition(next(a.hint for a in acts if a.kind == "save" and a.step == 30).condition)
     assert isinstance(h30, Uncertain) and h30.earliest == 40  # rank 2 of 2: one better save evicts it
-    h20 = next(a.hint for a in acts if a.kind == "save" and a.step == 20).condition
+    h20 = parse_condition(next(a.hint for a in acts if a.kind == "save" and a.step == 20).condition)
     assert h20.earliest == 40  # rank 1 of 2: two better saves needed
 
 
 def test_lightning_uncertain_earliest_beyond_the_run_is_never(metric_file):
     acts = run(f"lightning:every_n_train_steps=10,save_top_k=2,metric={metric_file}", 60)
-    h50 = next(a.hint for a in acts if a.kind == "save" and a.step == 50).condition
+    h50 = parse_condition(next(a.hint for a in acts if a.kind == "save" and a.step == 50).condition)
     assert h50.earliest == math.inf and h50.probability == 0.0
 
 
@@ -423,7 +423,7 @@ def test_hf_keeps_the_best_checkpoint(tmp_path):
     acts = run(f"hf:save_steps=10,save_total_limit=2,metric={p}", 70)
     got = {s: steps_of(n) for s, n in existing_after_each_step(acts).items()}
     assert got == {10: {10}, 20: {10, 20}, 30: {10, 30}, 40: {30, 40}, 50: {40, 50}, 60: {40, 60}, 70: {40, 70}}
-    assert all(isinstance(a.hint.condition, Uncertain) for a in acts if a.kind == "save")
+    assert all(isinstance(parse_condition(a.hint.condition), Uncertain) for a in acts if a.kind == "save")
 
 
 def test_hf_limit_one_keeps_two_when_the_best_is_old(tmp_path):
@@ -452,7 +452,7 @@ def test_orbax_latest_n_or_every_n_steps():
                    70: {30, 60, 70}}
     for pred, actual in predicted_vs_actual(acts):
         assert pred == actual
-    assert next(a.hint.condition for a in acts if a.kind == "save" and a.step == 30) == Permanent("every_steps")
+    assert parse_condition(next(a.hint.condition for a in acts if a.kind == "save" and a.step == 30)) == Permanent("every_steps")
 
 
 # -- crashes ---------------------------------------------------------------------------------------------
@@ -480,19 +480,21 @@ def test_crashed_saves_are_abandoned_and_repeated(spec):
 # -- conditions and classes ----------------------------------------------------------------------------
 
 def test_lifetime_class_bounds():
-    assert lifetime_class(100, None, 10) == Lifetime.NOT_SET
-    assert lifetime_class(100, 120, 10) == Lifetime.SHORT
-    assert lifetime_class(100, 121, 10) == Lifetime.MEDIUM
-    assert lifetime_class(100, 300, 10) == Lifetime.MEDIUM
-    assert lifetime_class(100, 301, 10) == Lifetime.LONG
-    assert lifetime_class(100, math.inf, 10) == Lifetime.EXTREME
+    short, medium = class_bounds(10)   # a runtime saving every 10 steps
+    assert (short, medium) == (20, 200)
+    assert lifetime_class(None, 100, short=short, medium=medium) == Lifetime.NOT_SET
+    assert lifetime_class(120, 100, short=short, medium=medium) == Lifetime.SHORT
+    assert lifetime_class(121, 100, short=short, medium=medium) == Lifetime.MEDIUM
+    assert lifetime_class(300, 100, short=short, medium=medium) == Lifetime.MEDIUM
+    assert lifetime_class(301, 100, short=short, medium=medium) == Lifetime.LONG
+    assert lifetime_class(math.inf, 100, short=short, medium=medium) == Lifetime.EXTREME
     with pytest.raises(ValueError):
-        lifetime_class(0, 5, 0)
+        class_bounds(0)
 
 
 def test_lifetime_classes_of_runtime_defaults():
     def classes(spec, steps):
-        return {a.hint.lifetime for a in run(spec, steps) if a.kind == "save" and a.hint.predicted_reclaim_step < NEVER}
+        return {a.hint.lifetime for a in run(spec, steps) if a.kind == "save" and a.hint.reclaim_step < NEVER}
     assert classes("torchtitan:interval=500,keep_latest_k=10", 20000) == {Lifetime.MEDIUM}
     assert classes("torchtitan:interval=500,keep_latest_k=2", 5000) == {Lifetime.SHORT}
     assert classes("torchtitan:interval=10,keep_latest_k=25", 1000) == {Lifetime.LONG}
@@ -560,17 +562,16 @@ def test_save_hint_without_a_known_end_matches_a_long_run(spec):
             assert save_hint(rule, a.step, cls=a.cls) == a.hint, (a.step, a.cls)
 
 
-def test_hint_for_save_gives_placement_hints():
-    from retainz.placement.base import Hint as PlacementHint
-    from retainz.retention import hint_for_save
+def test_save_hint_gives_the_one_hint():
+    from retainz.retention import save_hint
 
     tt = parse_rule("torchtitan:interval=500,keep_latest_k=10")
-    assert hint_for_save(tt, 1000) == PlacementHint(6000, 3, "after_newer:k=10,of_class=interval,timing=after_commit")
-    assert hint_for_save(tt, 1234) == PlacementHint(math.inf, 5, "permanent:reason=final")  # off-interval: the last step
+    assert save_hint(tt, 1000) == Hint(6000, 3, "after_newer:k=10,of_class=interval,timing=after_commit")
+    assert save_hint(tt, 1234) == Hint(math.inf, 5, "permanent:reason=final")  # off-interval: the last step
     mg = parse_rule("megatron:save_interval=1000,retain_interval=5000")
-    assert hint_for_save(mg, 5000).reclaim_step == math.inf
-    assert hint_for_save(mg, 6000).reclaim_step == 7000
-    top = hint_for_save(parse_rule("lightning:every_n_train_steps=500,save_top_k=3"), 1500)
+    assert save_hint(mg, 5000).reclaim_step == math.inf
+    assert save_hint(mg, 6000).reclaim_step == 7000
+    top = save_hint(parse_rule("lightning:every_n_train_steps=500,save_top_k=3"), 1500)
     assert top.reclaim_step is None and top.lifetime == 0 and top.condition.startswith("uncertain:earliest=3000")
 
 

@@ -19,7 +19,8 @@ from retainz.errors import (
     ShardSizeError,
     StoreLockedError,
 )
-from retainz.placement.base import PERMANENT, Hint
+from retainz.hint import Hint
+from retainz.placement.base import PERMANENT
 from retainz.store import GenState, Store
 from retainz.zoned import FileDevice, Geometry, MemoryDevice, ZoneCond
 

@@ -43,7 +43,7 @@ import crc32c
 import pytest
 
 from retainz.errors import ForeignDeviceError, PowerCutError, StoreLockedError
-from retainz.placement.base import Hint
+from retainz.hint import Hint
 from retainz.store import Store
 from retainz.testing import FaultyDevice
 from retainz.zoned import FileDevice, Geometry, ZoneCond
@@ -403,7 +403,7 @@ def test_process_crash_during_a_commit(rig, point):
 
 _CHILD = r"""
 import os, random, signal, sys
-from retainz.placement.base import Hint
+from retainz.hint import Hint
 from retainz.store import Store
 
 kind, path, point, cap = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from retainz.errors import CorruptJournalError, NoSpaceError, PowerCutError
-from retainz.placement.base import Hint
+from retainz.hint import Hint
 from retainz.store import Store
 from retainz.store.journal import frame, parse_zone, scan
 from retainz.testing import FaultyDevice

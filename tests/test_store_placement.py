@@ -11,9 +11,9 @@ from dataclasses import dataclass
 import pytest
 
 from retainz.errors import NoSpaceError
-from retainz.placement import NO_SPACE, POLICIES, Allocator, Decision, ExtentRequest, Hint
+from retainz.hint import Hint, Lifetime, lifetime_class
+from retainz.placement import NO_SPACE, POLICIES, Allocator, Decision, ExtentRequest
 from retainz.placement.greedy import Greedy
-from retainz.placement.hints import WLTH_LONG, WLTH_MEDIUM, lifetime_class
 from retainz.store import Store
 from retainz.zoned import Geometry, MemoryDevice, ZoneCond
 from tests.test_placement_retainz import mixed_trace
@@ -97,7 +97,7 @@ def test_table_reserves_the_journal_zone_and_zenfs_gets_device_max_minus_two():
         assert (t.max_active, t.reserved_active, t.max_open) == (13, 1, 13)
         assert s.allocator.active_budget == 12
         # every shard of one lifetime class opens a zone while ZenFS has a token (difference 50)
-        w = s.begin_generation("g", 1, hint=Hint(reclaim_step=5000, lifetime=WLTH_MEDIUM))
+        w = s.begin_generation("g", 1, hint=Hint(reclaim_step=5000, lifetime=Lifetime.MEDIUM))
         for i in range(20):
             w.write_counted_shard(f"s{i}", 4 * KiB)
         w.commit()
@@ -145,14 +145,14 @@ def test_zone_lifetime_is_the_decisions_else_the_hints():
     with Store.format(dev, policy="zenfs") as s:
         put(s, "g", 100, [8 * KiB], hint=Hint(reclaim_step=20_000))   # no class: ZenFS derives one
         (z,) = s.table.open
-        assert lifetime_class(20_000, 100) == WLTH_LONG
-        assert s.table[z].lifetime == WLTH_LONG
+        assert lifetime_class(20_000, 100) == Lifetime.LONG
+        assert s.table[z].lifetime == Lifetime.LONG
     with Store.open(dev) as s:
-        assert s.table[z].lifetime == WLTH_LONG
+        assert s.table[z].lifetime == Lifetime.LONG
         swap(s, Greedy())                           # Decision.lifetime None: the hint's class
-        put(s, "h", 200, [48 * KiB], hint=Hint(reclaim_step=300, lifetime=WLTH_MEDIUM))
+        put(s, "h", 200, [48 * KiB], hint=Hint(reclaim_step=300, lifetime=Lifetime.MEDIUM))
         opened = [x for x in s.table.zones if x != z and s.table[x].written]
-        assert opened and all(s.table[x].lifetime == WLTH_MEDIUM for x in opened)
+        assert opened and all(s.table[x].lifetime == Lifetime.MEDIUM for x in opened)
 
 
 # -- 1e: forced GC goes through the policy's rule ---------------------------------------------------

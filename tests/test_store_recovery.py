@@ -9,7 +9,7 @@ import re
 import pytest
 
 from retainz.errors import CorruptJournalError, PowerCutError
-from retainz.placement.base import Hint
+from retainz.hint import Hint
 from retainz.store import Store
 from retainz.testing import FaultyDevice
 from retainz.testing.crashtest import GEOMETRY, WORKLOADS, campaign, workload

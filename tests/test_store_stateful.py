@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from retainz.errors import NoSpaceError, PowerCutError
-from retainz.placement.base import Hint
+from retainz.hint import Hint
 from retainz.store import Store
 from retainz.testing import FaultyDevice
 from retainz.testing.faulty import power_cut_states

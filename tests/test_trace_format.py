@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from retainz.cli import main
+from retainz.hint import Lifetime
 from retainz.trace import (
     CommitEvent,
     DeleteEvent,
@@ -88,10 +89,10 @@ def test_trace_header_and_save_fields():
     assert isinstance(first, SaveEvent)
     assert (first.name, first.step, first.cls, first.model_only) == ("step-10", 10, "interval", False)
     assert first.shards == (Shard("__0_0.distcp", 1_729_172_338), Shard(".metadata", 298_686))
-    assert first.hint.predicted_reclaim_step == 30 and first.hint.lifetime == "SHORT"
-    assert first.hint.condition_string() == "after_newer:k=2,of_class=interval,timing=after_commit"
+    assert first.hint.reclaim_step == 30 and first.hint.lifetime == Lifetime.SHORT
+    assert first.hint.condition == "after_newer:k=2,of_class=interval,timing=after_commit"
     last = trace.events[-2]
-    assert last.model_only and last.hint.predicted_reclaim_step == math.inf and last.hint.lifetime_value == 5
+    assert last.model_only and last.hint.reclaim_step == math.inf and last.hint.lifetime == 5
     assert not any(e.type == "crash" for e in trace.events)
 
 
@@ -324,13 +325,14 @@ def test_actual_reclaim_steps_match_exact_predictions():
     assert crashed and all(actual[g] < math.inf for g in crashed)
     for e in trace.events:
         if e.type == "save" and e.gen not in crashed:
-            assert actual[e.gen] == e.hint.predicted_reclaim_step
+            assert actual[e.gen] == e.hint.reclaim_step
     assert sorted(g for g, s in actual.items() if s == math.inf) == [
         e.gen for e in trace.events if e.type == "save" and e.step in (30, 60, 90, 100) and e.gen not in crashed]
 
 
 def test_deeply_nested_line_is_a_line_numbered_error_not_a_crash(tmp_path):
-    from retainz.trace.format import TraceFormatError, read_trace
+    from retainz.trace.format import TraceFormatError
+    from retainz.trace.io import read_trace
 
     good = tmp_path / "g.jsonl"
     from retainz.trace.generate import write_generated

@@ -8,8 +8,10 @@ import math
 import pytest
 
 from retainz.cli import main
-from retainz.trace.format import CommitEvent, DeleteEvent, SaveEvent, read_trace
+from retainz.retention import parse_condition
+from retainz.trace.format import CommitEvent, DeleteEvent, SaveEvent
 from retainz.trace.generate import write_generated
+from retainz.trace.io import read_trace
 from retainz.trace.mix import mix
 
 
@@ -40,11 +42,11 @@ def test_mix_interleaves_in_step_order_and_keeps_each_jobs_hints(jobs, tmp_path)
         orig = [e for e in t.events if isinstance(e, SaveEvent)]
         for s, o in zip(saves, orig, strict=True):
             assert s.name == f"j{job}:{o.name}" and s.cls == o.cls and s.shards == o.shards
-            assert s.hint.lifetime == o.hint.lifetime and s.hint.condition["kind"] == o.hint.condition["kind"]
-            p = o.hint.predicted_reclaim_step
-            assert s.hint.predicted_reclaim_step == (p if p is None or math.isinf(p) else p + off)
-            if o.hint.condition["kind"] == "uncertain" and o.hint.condition["earliest"] != "inf":
-                assert s.hint.condition["earliest"] == o.hint.condition["earliest"] + off
+            assert s.hint.lifetime == o.hint.lifetime and s.hint.kind == o.hint.kind
+            p = o.hint.reclaim_step
+            assert s.hint.reclaim_step == (p if p is None or math.isinf(p) else p + off)
+            if o.hint.kind == "uncertain" and parse_condition(o.hint.condition).earliest != math.inf:
+                assert parse_condition(s.hint.condition).earliest == parse_condition(o.hint.condition).earliest + off
     # generation numbers are unique in the mix, and the header names every job
     gens = [e.gen for e in m.events if isinstance(e, SaveEvent)]
     assert gens == list(range(len(gens)))
@@ -54,8 +56,8 @@ def test_mix_interleaves_in_step_order_and_keeps_each_jobs_hints(jobs, tmp_path)
     # exact predictions still equal the deletion step, shifted with it
     dels = {e.gen: e.step for e in m.events if isinstance(e, DeleteEvent)}
     for e in m.events:
-        if isinstance(e, SaveEvent) and e.hint.condition["kind"] == "after_newer" and e.gen in dels:
-            assert e.hint.predicted_reclaim_step == dels[e.gen]
+        if isinstance(e, SaveEvent) and e.hint.kind == "after_newer" and e.gen in dels:
+            assert e.hint.reclaim_step == dels[e.gen]
 
 
 def test_equal_steps_keep_job_order_and_commit_pairs(jobs, tmp_path):
@@ -70,12 +72,12 @@ def test_equal_steps_keep_job_order_and_commit_pairs(jobs, tmp_path):
 
 
 def test_mixed_trace_replays_through_the_store(jobs, tmp_path):
-    from retainz.trace.replay import replay
+    from retainz.trace.replay import ReplayConfig, replay
 
     a, b = jobs
     out = str(tmp_path / "m.jsonl")
     mix([a, b], out, offsets=[0, 30])
-    r = replay(out, policy="retainz", zones=12, zone_size=1 << 30, zone_capacity=1 << 30)
+    r = replay(out, ReplayConfig(policy="retainz", zones=12, zone_size=1 << 30, zone_capacity=1 << 30))
     assert r["capacity_stop_step"] is None
     assert r["generations_committed"] == sum(isinstance(e, CommitEvent) for e in read_trace(out).events)
     assert r["trace"]["layout"] == "mix:2"

@@ -11,7 +11,7 @@ from retainz.cli import main
 from retainz.experiments.runner import scaled_layout
 from retainz.store import Store
 from retainz.trace.generate import write_generated
-from retainz.trace.replay import replay
+from retainz.trace.replay import ReplayConfig, replay
 from retainz.zoned import Geometry, MemoryDevice, ZoneCond
 
 TOO_SMALL = r"active-zone limit \(max_active 2\) is too small for the policy"
@@ -67,9 +67,11 @@ def _trace(tmp_path):
 def test_replay_refuses_before_the_first_save(tmp_path):
     t = _trace(tmp_path)
     with pytest.raises(ValueError, match=TOO_SMALL):
-        replay(t, policy="zenfs", zones=40, zone_size=64 << 10, zone_capacity=48 << 10, max_active=2, max_open=2)
+        replay(t, ReplayConfig(policy="zenfs", zones=40, zone_size=64 << 10, zone_capacity=48 << 10, max_active=2,
+                               max_open=2))
     # the same trace replays on the same device with one more active zone
-    r = replay(t, policy="zenfs", zones=40, zone_size=64 << 10, zone_capacity=48 << 10, max_active=3, max_open=3)
+    r = replay(t, ReplayConfig(policy="zenfs", zones=40, zone_size=64 << 10, zone_capacity=48 << 10, max_active=3,
+                               max_open=3))
     assert r["host_bytes"] > 0 and r["capacity_stop_step"] is None
 
 

@@ -40,9 +40,10 @@ FAST_LANE = "not slow and not zns_guest and not payload and not dcp"
 #: printed in the report), and the fast-lane tests run against them.
 GROUPS: dict[str, dict] = {
     "placement": {
-        "mutate": ["src/retainz/placement/*.py"],
+        # the hint vocabulary placement reads (lifetime classes) and the policy spec grammar
+        "mutate": ["src/retainz/placement/*.py", "src/retainz/hint.py", "src/retainz/spec.py"],
         "skip": {},
-        "tests": ["tests/test_placement_controls.py", "tests/test_placement_table.py",
+        "tests": ["tests/test_placement_controls.py", "tests/test_placement_table.py", "tests/test_hint_routes.py",
                   "tests/test_placement_retainz.py", "tests/test_placement_zenfs.py", "tests/test_placement_store.py",
                   "tests/test_store_placement.py"],
     },

@@ -296,6 +296,14 @@ class CorruptJournalError(StoreError, ValueError):
     exit_status = 1  # the CLI: an operation failure, not bad input
 
 
+class UnsupportedFormatError(StoreError):
+    """The device holds a RetainZ store of a format version (or with format flags) this code does
+    not know: written by newer code, or damaged in a way its checksum cannot show.  Nothing is
+    written; the message names the version found and the versions this code reads."""
+
+    exit_status = 1  # the CLI: an operation failure, not bad input
+
+
 class StoreLockedError(StoreError, BlockingIOError):
     """The store is already open for writing (in this process, or another holds the device lock)."""
 

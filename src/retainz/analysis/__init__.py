@@ -52,7 +52,7 @@ def analyze(records_dir: str, out_dir: str, *, check: bool = False, expected: st
         TamperedRecordError: a record's digest does not match its content.
     """
     from retainz.analysis.figures import mechanisms_figure, pressure_figure, setup_style
-    from retainz.analysis.filesystems import filesystems_figure, write_table
+    from retainz.analysis.filesystems import filesystem_claims, filesystems_figure, write_table
     from retainz.analysis.regimes import regime_claims, regime_figure
     from retainz.analysis.table import render_table
     from retainz.analysis.zonemap import zonemap_figure
@@ -76,6 +76,7 @@ def analyze(records_dir: str, out_dir: str, *, check: bool = False, expected: st
             f.write(tex)
         rep.outputs.append(p)
     claims = _claims.compute_claims(runs)
+    filesystem_claims(runs, claims)
     regime_claims(runs, claims)
     p = os.path.join(out_dir, "paper_claims.json")
     _claims.write_claims(p, claims, os.path.normpath(records_dir))

@@ -29,7 +29,7 @@ from retainz.analysis.records import (
     zones_of,
 )
 
-__all__ = ["compute_claims", "check", "write_claims", "stop_pressure", "stop_cause", "REFERENCE_PRESSURE", "PRINCIPAL"]
+__all__ = ["add_claim", "compute_claims", "check", "write_claims", "stop_pressure", "stop_cause", "REFERENCE_PRESSURE", "PRINCIPAL"]
 
 #: Metrics that are outcomes of placement (not timing): equal inputs and decisions must give equal values.
 OUTCOME_KEYS = ("host_bytes", "gc_bytes", "waf", "resets", "finishes", "dead_space_byte_steps",
@@ -43,7 +43,18 @@ REFERENCE_PRESSURE = 0.9
 PRINCIPAL = ("retainz", "zenfs", "zenfs-nohint", "zenfs:migrate=all")
 
 
-def _claim(out: list, cid: str, value, rounding: int | None, runs: list[dict], text: str) -> None:
+def add_claim(out: list, cid: str, value, rounding: int | None, runs: list[dict], text: str) -> None:
+    """Append one claim to ``out`` in the claims file format (module docstring).
+
+    Args:
+        out: the claims so far (appended to).
+        cid: the claim's id (``experiment.what...``).
+        value: a number (rounded here to ``rounding`` decimals; an int when ``rounding`` is 0), a
+            string (a categorical claim: its rounding becomes null) or None (the quantity does not exist).
+        rounding: decimals.
+        runs: the records the value comes from (their ids are listed, sorted).
+        text: what the number is.
+    """
     if isinstance(value, str):
         rounding = None
     elif value is not None:
@@ -100,42 +111,42 @@ def _pressure_claims(runs: Runs, out: list) -> None:
             precs = [r for r in wrecs if r["inputs"]["policy"] == pol]
             p, used = stop_pressure(precs)
             name = f"{policy_name(pol)} on {layout} / {rule_family(rule)}"
-            _claim(out, f"pressure.{wl}.{slug(pol)}.stop_pressure", p, 2, used,
+            add_claim(out, f"pressure.{wl}.{slug(pol)}.stop_pressure", p, 2, used,
                    f"lowest pressure with a capacity stop for {name} (null: none up to "
                    f"{max(r['inputs']['pressure'] for r in precs)})")
             first = _first_stop(precs)
             if p is not None:
-                _claim(out, f"pressure.{wl}.{slug(pol)}.stop_cause", stop_cause(precs), None,
+                add_claim(out, f"pressure.{wl}.{slug(pol)}.stop_cause", stop_cause(precs), None,
                        [r for r in used if r["inputs"]["pressure"] == p],
                        f"cause of {name}'s capacity stop at its lowest stop pressure (admission, allocation, "
                        "gc or journal)")
             if first is not None and first.get("capacity_stop_state"):
                 st = first["capacity_stop_state"]
-                _claim(out, f"pressure.{wl}.{slug(pol)}.stop_stranded_gib", stranded_gib(first), 1, [first],
+                add_claim(out, f"pressure.{wl}.{slug(pol)}.stop_stranded_gib", stranded_gib(first), 1, [first],
                        f"GiB writable in partly filled zones when {name} stopped at pressure {p}")
-                _claim(out, f"pressure.{wl}.{slug(pol)}.stop_dead_gib", st["dead_bytes"] / GIB, 1, [first],
+                add_claim(out, f"pressure.{wl}.{slug(pol)}.stop_dead_gib", st["dead_bytes"] / GIB, 1, [first],
                        f"GiB of dead data not reclaimed when {name} stopped at pressure {p}")
-                _claim(out, f"pressure.{wl}.{slug(pol)}.stop_empty_zones", st["empty_zones"], 0, [first],
+                add_claim(out, f"pressure.{wl}.{slug(pol)}.stop_empty_zones", st["empty_zones"], 0, [first],
                        f"empty zones when {name} stopped at pressure {p}")
             at = [r for r in precs if r["inputs"]["pressure"] == REFERENCE_PRESSURE]
             if len(at) == 1:
-                _claim(out, f"pressure.{wl}.{slug(pol)}.waf_p{REFERENCE_PRESSURE}", at[0]["metrics"]["waf"], 2, at,
+                add_claim(out, f"pressure.{wl}.{slug(pol)}.waf_p{REFERENCE_PRESSURE}", at[0]["metrics"]["waf"], 2, at,
                        f"WAF of {name} at pressure {REFERENCE_PRESSURE}")
                 if pol in best:
                     best[pol].append(at[0])
         rz = [r for r in wrecs if r["inputs"]["policy"] == "retainz" and r["inputs"]["pressure"] == REFERENCE_PRESSURE]
         zf = [r for r in wrecs if r["inputs"]["policy"] == "zenfs" and r["inputs"]["pressure"] == REFERENCE_PRESSURE]
         if len(rz) == 1 and len(zf) == 1:
-            _claim(out, f"pressure.{wl}.gc_bytes_zenfs_over_retainz_p{REFERENCE_PRESSURE}",
+            add_claim(out, f"pressure.{wl}.gc_bytes_zenfs_over_retainz_p{REFERENCE_PRESSURE}",
                    zf[0]["metrics"]["gc_bytes"] / rz[0]["metrics"]["gc_bytes"] if rz[0]["metrics"]["gc_bytes"]
                    else None, 1, rz + zf,
                    f"GC bytes of ZenFS-Alloc over RetainZ on {layout} / {rule_family(rule)} at pressure "
                    f"{REFERENCE_PRESSURE} (null: RetainZ copied nothing)")
     if best["retainz"] and best["zenfs"]:
-        _claim(out, f"principal.waf_retainz_max_p{REFERENCE_PRESSURE}",
+        add_claim(out, f"principal.waf_retainz_max_p{REFERENCE_PRESSURE}",
                max(r["metrics"]["waf"] for r in best["retainz"]), 2, best["retainz"],
                f"highest RetainZ WAF over all pressure-sweep workloads at pressure {REFERENCE_PRESSURE}")
-        _claim(out, f"principal.waf_zenfs_min_p{REFERENCE_PRESSURE}",
+        add_claim(out, f"principal.waf_zenfs_min_p{REFERENCE_PRESSURE}",
                min(r["metrics"]["waf"] for r in best["zenfs"]), 2, best["zenfs"],
                f"lowest ZenFS-Alloc WAF over all pressure-sweep workloads at pressure {REFERENCE_PRESSURE}")
     lowest: dict[str, dict] = {}
@@ -149,15 +160,15 @@ def _pressure_claims(runs: Runs, out: list) -> None:
             stops.append(p)
         lowest[pol] = dict(zip(workloads, stops, strict=True))
         no_stop = sum(p is None for p in stops)
-        _claim(out, f"principal.workloads_without_stop.{slug(pol)}", no_stop, 0, prs,
+        add_claim(out, f"principal.workloads_without_stop.{slug(pol)}", no_stop, 0, prs,
                f"pressure-sweep workloads (of {len(stops)}) where {policy_name(pol)} never hit a capacity stop")
         found = [p for p in stops if p is not None]
         pmin = min(found) if found else None
-        _claim(out, f"principal.stop_pressure_min.{slug(pol)}", pmin, 2, prs,
+        add_claim(out, f"principal.stop_pressure_min.{slug(pol)}", pmin, 2, prs,
                f"lowest capacity-stop pressure of {policy_name(pol)} over all workloads (null: none)")
         if pmin is not None:
             at = [r for r in prs if r["inputs"]["pressure"] == pmin and r["capacity_stop_step"] is not None]
-            _claim(out, f"principal.stop_cause_min.{slug(pol)}",
+            add_claim(out, f"principal.stop_cause_min.{slug(pol)}",
                    "+".join(sorted({r.get("capacity_stop_cause") or "unrecorded" for r in at})), None, at,
                    f"cause of {policy_name(pol)}'s capacity stops at its lowest stop pressure {pmin}")
     top = max((r["inputs"]["pressure"] for r in recs), default=None)
@@ -168,14 +179,14 @@ def _pressure_claims(runs: Runs, out: list) -> None:
         z, rz = lowest["zenfs"][(layout, rule)], lowest["retainz"][(layout, rule)]
         wrecs = [r for r in recs if r["inputs"]["layout"] == layout and r["inputs"]["rule"] == rule
                  and r["inputs"]["policy"] in ("retainz", "zenfs")]
-        _claim(out, f"principal.margin.{wl}", None if z is None else (rz if rz is not None else top) - z, 2, wrecs,
+        add_claim(out, f"principal.margin.{wl}", None if z is None else (rz if rz is not None else top) - z, 2, wrecs,
                f"RetainZ's pressure margin over ZenFS-Alloc on {layout} / {rule_family(rule)}: RetainZ's lowest "
                f"stop pressure (or the sweep's highest, {top}, when it never stopped: a lower bound) minus "
                "ZenFS-Alloc's (null: ZenFS-Alloc never stopped)")
     zenfs_runs = [r for r in runs.records if base_policy(r["inputs"]["policy"]).startswith("zenfs")]
     if zenfs_runs:
         adm = [r for r in zenfs_runs if r.get("capacity_stop_cause") == "admission"]
-        _claim(out, "principal.zenfs_admission_stops", len(adm), 0, adm or zenfs_runs,
+        add_claim(out, "principal.zenfs_admission_stops", len(adm), 0, adm or zenfs_runs,
                "recorded ZenFS-Alloc runs (any variant, any experiment) whose capacity stop was our store's "
                "admission (upstream has none: must be 0)")
 
@@ -185,18 +196,18 @@ def _placement_claims(runs: Runs, out: list) -> None:
         row = slug(r["tags"]["label"] or r["inputs"]["policy"])
         pol = slug(r["inputs"]["policy"].partition(":")[0])
         m, what = r["metrics"], f"placement row '{r['tags']['label']}' under {policy_name(r['inputs']['policy'])}"
-        _claim(out, f"placement.{row}.{pol}.waf", m["waf"], 2, [r], f"WAF, {what}")
-        _claim(out, f"placement.{row}.{pol}.gc_gib", m["gc_bytes"] / GIB, 1, [r], f"GC GiB copied, {what}")
-        _claim(out, f"placement.{row}.{pol}.dead_gib", mean_gib(r, "dead_space_byte_steps"), 1, [r],
+        add_claim(out, f"placement.{row}.{pol}.waf", m["waf"], 2, [r], f"WAF, {what}")
+        add_claim(out, f"placement.{row}.{pol}.gc_gib", m["gc_bytes"] / GIB, 1, [r], f"GC GiB copied, {what}")
+        add_claim(out, f"placement.{row}.{pol}.dead_gib", mean_gib(r, "dead_space_byte_steps"), 1, [r],
                f"mean dead-but-unreclaimed GiB over the steps run, {what}")
-        _claim(out, f"placement.{row}.{pol}.unused_gib", mean_gib(r, "unused_capacity_byte_steps"), 1, [r],
+        add_claim(out, f"placement.{row}.{pol}.unused_gib", mean_gib(r, "unused_capacity_byte_steps"), 1, [r],
                f"mean unusable GiB over the steps run (capacity finished or left part-empty, unwritten), {what}")
-        _claim(out, f"placement.{row}.{pol}.capacity_stop_step", r["capacity_stop_step"], 0, [r],
+        add_claim(out, f"placement.{row}.{pol}.capacity_stop_step", r["capacity_stop_step"], 0, [r],
                f"capacity stop step (null: none), {what}")
         if r["capacity_stop_step"] is not None:
-            _claim(out, f"placement.{row}.{pol}.stop_cause", r.get("capacity_stop_cause") or "unrecorded", None,
+            add_claim(out, f"placement.{row}.{pol}.stop_cause", r.get("capacity_stop_cause") or "unrecorded", None,
                    [r], f"cause of the capacity stop, {what}")
-            _claim(out, f"placement.{row}.{pol}.stranded_gib", stranded_gib(r), 1, [r],
+            add_claim(out, f"placement.{row}.{pol}.stranded_gib", stranded_gib(r), 1, [r],
                    f"GiB writable in partly filled zones at the capacity stop, {what}")
 
 
@@ -210,16 +221,16 @@ def _cost_claims(runs: Runs, out: list) -> None:
         rs = sorted(rs, key=lambda r: zones_of(r) or 0)
         for r in rs:
             us = 1e6 * r["metrics"]["decision_cpu_seconds"] / r["metrics"]["decisions"]
-            _claim(out, f"cost.{v}.us_per_decision.z{zones_of(r)}", us, 2, [r],
+            add_claim(out, f"cost.{v}.us_per_decision.z{zones_of(r)}", us, 2, [r],
                    f"decision CPU microseconds per extent, {v}, {zones_of(r)} zones")
-            _claim(out, f"cost.{v}.replay_cpu_us_per_extent.z{zones_of(r)}",
+            add_claim(out, f"cost.{v}.replay_cpu_us_per_extent.z{zones_of(r)}",
                    1e6 * r["timing"]["cpu_seconds"] / r["metrics"]["decisions"], 2, [r],
                    f"CPU microseconds of the whole replay per extent placed (process time), {v}, "
                    f"{zones_of(r)} zones")
         if len(rs) >= 2:
             lo, hi = rs[0], rs[-1]
             f = lambda r: r["metrics"]["decision_cpu_seconds"] / r["metrics"]["decisions"]  # noqa: E731
-            _claim(out, f"cost.{v}.growth", f(hi) / f(lo) if f(lo) else None, 1, [lo, hi],
+            add_claim(out, f"cost.{v}.growth", f(hi) / f(lo) if f(lo) else None, 1, [lo, hi],
                    f"decision cost at {zones_of(hi)} zones over that at {zones_of(lo)} zones ({v}; "
                    f"zone count grew {zones_of(hi) / max(1, zones_of(lo) or 1):.0f}x)")
     # cached summaries vs recompute: same decisions, so the same metrics (timing aside)
@@ -232,18 +243,18 @@ def _cost_claims(runs: Runs, out: list) -> None:
             same &= all(r["metrics"].get(k) == twin[0]["metrics"].get(k) for k in OUTCOME_KEYS)
             twin = twin[0]
             if twin["timing"]["cpu_seconds"] > 0:
-                _claim(out, f"cost.recompute_slowdown.z{zones_of(r)}",
+                add_claim(out, f"cost.recompute_slowdown.z{zones_of(r)}",
                        r["timing"]["cpu_seconds"] / twin["timing"]["cpu_seconds"], 1, [r, twin],
                        f"replay CPU with summaries recomputed on every decision over replay CPU with cached "
                        f"summaries, {zones_of(r)} zones")
     if pairs:
-        _claim(out, "cost.recompute_identical", 1 if same else 0, 0, pairs,
+        add_claim(out, "cost.recompute_identical", 1 if same else 0, 0, pairs,
                "1 when every recompute-mode run has exactly the metrics of its cached-summary twin")
 
 
 def _hint_claims(runs: Runs, out: list) -> None:
     for r in runs.of("hints"):
-        _claim(out, f"hints.{slug(r['inputs']['rule'].partition(':')[0])}.{slug(r['inputs']['policy'])}.waf",
+        add_claim(out, f"hints.{slug(r['inputs']['rule'].partition(':')[0])}.{slug(r['inputs']['policy'])}.waf",
                r["metrics"]["waf"], 2, [r],
                f"WAF with hints '{policy_name(r['inputs']['policy'])}', {rule_family(r['inputs']['rule'])}, "
                f"pressure {r['inputs']['pressure']}")
@@ -252,7 +263,7 @@ def _hint_claims(runs: Runs, out: list) -> None:
 def _admission_claims(runs: Runs, out: list) -> None:
     for r in runs.of("admission"):
         i = r["inputs"]
-        _claim(out, f"admission.{slug(i['rule'].partition(':')[0])}.{slug(i['policy'])}.p{i['pressure']}.waf",
+        add_claim(out, f"admission.{slug(i['rule'].partition(':')[0])}.{slug(i['policy'])}.p{i['pressure']}.waf",
                r["metrics"]["waf"], 2, [r],
                f"WAF of {policy_name(i['policy'])}, {rule_family(i['rule'])}, pressure {i['pressure']}")
 
@@ -263,9 +274,9 @@ def _capacity_claims(runs: Runs, out: list) -> None:
     if not files:
         return
     verified = sum(payload_verified(r) for r in files)
-    _claim(out, "capacity.payload_gib_verified", verified / GIB, 2, files,
+    add_claim(out, "capacity.payload_gib_verified", verified / GIB, 2, files,
            "GiB of pattern payload written to FileDevice, read back and checked (all file-device trials)")
-    _claim(out, "capacity.file_trials", len(files), 0, files, "capacity trials run on FileDevice with payload")
+    add_claim(out, "capacity.file_trials", len(files), 0, files, "capacity trials run on FileDevice with payload")
     agree, pairs = True, []
     keys = [k for k in OUTCOME_KEYS if k != "decisions"]
     ddiff = 0
@@ -276,14 +287,14 @@ def _capacity_claims(runs: Runs, out: list) -> None:
             agree &= all(r["metrics"][k] == twin[0]["metrics"][k] for k in keys)
             ddiff = max(ddiff, abs(r["metrics"]["decisions"] - twin[0]["metrics"]["decisions"]))
     if pairs:
-        _claim(out, "capacity.file_matches_memory", 1 if agree else 0, 0, pairs,
+        add_claim(out, "capacity.file_matches_memory", 1 if agree else 0, 0, pairs,
                "1 when every FileDevice trial has exactly the placement outcome (bytes, GC, resets, finishes, "
                "dead/unused byte-steps, peak occupancy, capacity stop, commits) of the same case on the "
                "in-memory device")
-        _claim(out, "capacity.max_decision_difference", ddiff, 0, pairs,
+        add_claim(out, "capacity.max_decision_difference", ddiff, 0, pairs,
                "largest difference in allocation decisions between a FileDevice trial and its in-memory twin")
     stops = [r for r in files if r["capacity_stop_step"] is not None]
-    _claim(out, "capacity.file_trials_with_stop", len(stops), 0, files,
+    add_claim(out, "capacity.file_trials_with_stop", len(stops), 0, files,
            "FileDevice trials that ended in a capacity stop (committed data intact: verified on read-back)")
 
 
@@ -307,21 +318,20 @@ def _guest_claims(runs: Runs, out: list) -> None:
             pairs += [r, twin[0]]
             agree &= all(r["metrics"][k] == twin[0]["metrics"][k] for k in keys)
     if pairs:
-        _claim(out, "guest.matches_memory", 1 if agree else 0, 0, pairs,
+        add_claim(out, "guest.matches_memory", 1 if agree else 0, 0, pairs,
                "1 when every replay on the QEMU NVMe ZNS guest has exactly the placement outcome of the same "
                "case on the in-memory device")
 
 
 def compute_claims(runs: Runs) -> list[dict]:
-    """Every claim computable from the records, in a stable order."""
-    from retainz.analysis.filesystems import filesystem_claims
-
+    """The claims of the replay experiments (pressure, placement, cost, hints, admission, capacity,
+    guest), in a stable order.  The file-system comparison and the regime map state their own
+    (:func:`retainz.analysis.filesystems.filesystem_claims`, :func:`retainz.analysis.regimes.regime_claims`);
+    :func:`retainz.analysis.analyze` gathers them all."""
     out: list[dict] = []
     for part in (_pressure_claims, _placement_claims, _cost_claims, _hint_claims, _admission_claims,
-                 _capacity_claims, _guest_claims, filesystem_claims):
+                 _capacity_claims, _guest_claims):
         part(runs, out)
-    ids = [c["id"] for c in out]
-    assert len(ids) == len(set(ids)), "claim ids must be unique"
     return out
 
 
@@ -336,6 +346,15 @@ def expected_source(path: str) -> str | None:
 
 
 def write_claims(path: str, claims: list[dict], source: str) -> None:
+    """Write ``claims`` (read from the records in ``source``) to ``path`` in the claims file format.
+
+    Raises:
+        ValueError: two claims share an id (a bug in a claims part: ids must be unique).
+    """
+    ids = [c["id"] for c in claims]
+    if len(ids) != len(set(ids)):
+        dup = sorted({i for i in ids if ids.count(i) > 1})
+        raise ValueError(f"claim ids must be unique: {', '.join(dup[:5])} appear more than once")
     with open(path, "w", encoding="utf-8") as f:
         json.dump({"format": 1, "source": source, "claims": claims}, f, indent=1)
         f.write("\n")

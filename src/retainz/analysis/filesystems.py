@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 
+from retainz.analysis.claims import add_claim
 from retainz.analysis.records import Runs, rule_family, rule_rank, slug
 
 __all__ = ["EXPERIMENT", "system_key", "system_name", "filesystems_figure", "filesystems_table", "write_table",
@@ -148,8 +149,6 @@ def filesystem_claims(runs: Runs, out: list) -> None:
     """Claims ``filesystems.*``: per rule and system the lowest pressure with an ENOSPC, the device WAF
     and the fill reached at the lowest pressure; over all runs, how many completed and how many read
     back correctly."""
-    from retainz.analysis.claims import _claim
-
     recs = _records(runs)
     if not recs:
         return
@@ -161,18 +160,18 @@ def filesystem_claims(runs: Runs, out: list) -> None:
             cid = f"filesystems.{slug(rule.partition(':')[0])}.{key}"
             name = f"{system_name(key)} / {rule_family(rule)}"
             stops = sorted(r["inputs"]["pressure"] for r in ks if r["metrics"]["enospc_step"] is not None)
-            _claim(out, f"{cid}.enospc_pressure_min", stops[0] if stops else None, 2, ks,
+            add_claim(out, f"{cid}.enospc_pressure_min", stops[0] if stops else None, 2, ks,
                    f"lowest pressure at which {name} hit ENOSPC on the guest namespace (null: none up to "
                    f"{max(r['inputs']['pressure'] for r in ks):g})")
             at = [r for r in ks if r["inputs"]["pressure"] == low]
             if len(at) == 1:
-                _claim(out, f"{cid}.device_waf_p{low:g}", at[0]["metrics"]["device_waf"], 3, at,
+                add_claim(out, f"{cid}.device_waf_p{low:g}", at[0]["metrics"]["device_waf"], 3, at,
                        f"device write amplification of {name} at pressure {low:g}")
-                _claim(out, f"{cid}.fill_reached_p{low:g}", _reached(at[0]), 2, at,
+                add_claim(out, f"{cid}.fill_reached_p{low:g}", _reached(at[0]), 2, at,
                        f"most live checkpoint bytes {name} held (of the raw namespace) before any ENOSPC at "
                        f"pressure {low:g}")
-    _claim(out, "filesystems.runs", len(recs), 0, recs, "file-system comparison runs recorded")
-    _claim(out, "filesystems.runs_completed", sum(r["metrics"]["enospc_step"] is None for r in recs), 0, recs,
+    add_claim(out, "filesystems.runs", len(recs), 0, recs, "file-system comparison runs recorded")
+    add_claim(out, "filesystems.runs_completed", sum(r["metrics"]["enospc_step"] is None for r in recs), 0, recs,
            "file-system comparison runs that completed their trace without ENOSPC")
-    _claim(out, "filesystems.runs_read_back_ok", sum(bool(r["metrics"]["verify_ok"]) for r in recs), 0, recs,
+    add_claim(out, "filesystems.runs_read_back_ok", sum(bool(r["metrics"]["verify_ok"]) for r in recs), 0, recs,
            "file-system comparison runs whose every surviving checkpoint read back correctly")

@@ -27,7 +27,8 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from retainz.analysis.records import Runs, base_policy
+from retainz.analysis.claims import add_claim
+from retainz.analysis.records import Runs, base_policy, slug
 
 __all__ = ["EXPERIMENTS", "PRACTICAL", "TIE", "RATIO_BINS", "Cell", "Regime", "cells", "regime_map",
            "regime_figure", "regime_claims", "ratio_bin"]
@@ -277,36 +278,33 @@ def regime_claims(runs: Runs, out: list) -> None:
     * per regime ``regime.t<T>.r<bin>.p<P>.{waf_margin,wins,ties,losses}``;
     * per (tenants, bin) ``regime.t<T>.r<bin>.stop_pressure_margin`` (median over its sweeps).
     """
-    from retainz.analysis.claims import _claim
-    from retainz.analysis.records import slug
-
     all_cells = cells(runs)
     if not all_cells:
         return
     every = [r for c in all_cells for r in c.runs]
-    _claim(out, "regime.cells", len(all_cells), 0, every, "cells (workload x device x pressure) in the regime map")
+    add_claim(out, "regime.cells", len(all_cells), 0, every, "cells (workload x device x pressure) in the regime map")
     for o in ("win", "tie", "lose"):
-        _claim(out, f"regime.{_PLURAL[o]}", sum(1 for c in all_cells if c.outcome == o), 0, every,
+        add_claim(out, f"regime.{_PLURAL[o]}", sum(1 for c in all_cells if c.outcome == o), 0, every,
                f"cells where RetainZ's outcome against the best practical policy is {o} (tie: within {TIE} WAF)")
     stops = [c for c in all_cells if c.reason == "stop"]
-    _claim(out, "regime.stops_where_another_completes", len(stops), 0, [r for c in stops for r in c.runs] or every,
+    add_claim(out, "regime.stops_where_another_completes", len(stops), 0, [r for c in stops for r in c.runs] or every,
            "cells where RetainZ hits a capacity stop and a practical policy completes the run")
     gaps = [c for c in all_cells if c.margin is not None]
     if gaps:
         worst = min(gaps, key=lambda c: c.margin)
-        _claim(out, "regime.max_gap_to_best", 0.0 - worst.margin + 0.0, 3, worst.runs,
+        add_claim(out, "regime.max_gap_to_best", 0.0 - worst.margin + 0.0, 3, worst.runs,
                "largest RetainZ WAF minus the best completing practical policy's WAF over all cells")
     for g in regime_map(runs):
         rid = f"regime.t{g.tenants}.r{slug(g.ratio_bin.replace('<', 'lt').replace('>=', 'ge'))}.p{g.pressure:g}"
         used = [r for c in g.cells for r in c.runs]
         where = f"{g.tenants} job(s), save/zone capacity {g.ratio_bin}, pressure {g.pressure:g}"
-        _claim(out, f"{rid}.waf_margin", g.median_margin, 3, used,
+        add_claim(out, f"{rid}.waf_margin", g.median_margin, 3, used,
                f"median WAF margin of RetainZ over the best practical policy: {where}")
         for o in ("win", "tie", "lose"):
-            _claim(out, f"{rid}.{_PLURAL[o]}", g.count(o), 0, used, f"cells where RetainZ {_PLURAL[o]}: {where}")
+            add_claim(out, f"{rid}.{_PLURAL[o]}", g.count(o), 0, used, f"cells where RetainZ {_PLURAL[o]}: {where}")
     for (t, b), ms in sorted(stop_pressure_margins(runs).items(), key=lambda kv: (kv[0][0], _bin_order(kv[0][1]))):
         rid = f"regime.t{t}.r{slug(b.replace('<', 'lt').replace('>=', 'ge'))}"
-        _claim(out, f"{rid}.stop_pressure_margin", statistics.median(m for m, _ in ms), 2,
+        add_claim(out, f"{rid}.stop_pressure_margin", statistics.median(m for m, _ in ms), 2,
                [r for _, rs in ms for r in rs],
                f"median over sweeps of RetainZ's lowest stop pressure minus the best practical policy's "
                f"(no stop = 1.0): {t} job(s), save/zone capacity {b}")

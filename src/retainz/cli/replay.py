@@ -1,52 +1,72 @@
-"""``retainz replay TRACE --policy NAME (--zones N | --pressure P) ... [--json]``."""
+"""``retainz replay TRACE --policy NAME (--zones N | --pressure P) ... [--json]``.
+
+Each option is a field of :class:`~retainz.trace.replay.ReplayConfig` under the same name (``--zone-size``
+is ``zone_size``); :meth:`ReplayConfig.cli_args` writes them back.  A bad value is one line and exit 2.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from retainz.cli import print_json, size_arg
-from retainz.trace.replay import DEFAULT_GEOMETRY
+from retainz.trace.replay import ReplayConfig
 
 _SHOW = ("waf", "host_bytes", "gc_bytes", "resets", "finishes", "dead_space_byte_steps",
          "unused_capacity_bytes", "unused_capacity_byte_steps", "peak_occupancy", "capacity_stop_step",
          "generations_committed", "decisions", "decision_cpu_seconds")
 
 
+#: The configuration's defaults are the options' defaults.
+_DEFAULT = {f.name: f.default for f in dataclasses.fields(ReplayConfig)}
+
+
 def register(sub) -> None:
+    d = _DEFAULT
     p = sub.add_parser("replay", help="replay a trace through the store and print its metrics")
     p.add_argument("trace", help="a trace v1 file (retainz trace generate)")
-    p.add_argument("--policy", default="retainz", help="placement policy NAME[:param=value,...]")
+    p.add_argument("--policy", default=d["policy"], help="placement policy NAME[:param=value,...]")
     size = p.add_mutually_exclusive_group(required=True)
     size.add_argument("--zones", type=int, help="usable data zones")
     size.add_argument("--pressure", type=float, help="peak live bytes / usable capacity, e.g. 0.9")
-    p.add_argument("--reserve-zones", type=int, default=2, help="GC reserve zones added on top (default 2)")
-    p.add_argument("--meta-zones", type=int, default=3, help="journal zones added on top (default 3)")
-    p.add_argument("--zone-size", type=size_arg, default=DEFAULT_GEOMETRY["zone_size"])
-    p.add_argument("--zone-capacity", type=size_arg, default=None,
+    p.add_argument("--reserve-zones", type=int, default=d["reserve_zones"],
+                   help=f"GC reserve zones added on top (default {d['reserve_zones']})")
+    p.add_argument("--meta-zones", type=int, default=d["meta_zones"],
+                   help=f"journal zones added on top (default {d['meta_zones']})")
+    p.add_argument("--zone-size", type=size_arg, default=d["zone_size"])
+    p.add_argument("--zone-capacity", type=size_arg, default=d["zone_capacity"],
                    help="writable bytes per zone (default: 1077MiB with the default 2GiB zones, else the "
                         "zone size)")
-    p.add_argument("--max-active", type=int, default=DEFAULT_GEOMETRY["max_active"])
-    p.add_argument("--max-open", type=int, default=DEFAULT_GEOMETRY["max_open"])
-    p.add_argument("--block-size", type=int, default=4096, choices=(512, 4096))
-    p.add_argument("--device", default="memory",
+    p.add_argument("--max-active", type=int, default=d["max_active"])
+    p.add_argument("--max-open", type=int, default=d["max_open"])
+    p.add_argument("--block-size", type=int, default=d["block_size"], choices=(512, 4096))
+    p.add_argument("--device", default=d["device"],
                    help="memory (payload-less, default), memory-payload, file:PATH (new file device with "
                         "pattern payload, verified), or /dev/NAME")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=d["seed"])
     p.add_argument("--zone-map", action="store_true", help="include the zone-state timeline")
     p.add_argument("--verify-summaries", action="store_true",
                    help="recompute zone summaries before every decision (slow; checks the cache)")
+    p.add_argument("--no-verify-payload", dest="verify_payload", action="store_false",
+                   help="on a payload device, do not read the committed generations back at the end")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_replay)
+
+
+def config_from_args(args: argparse.Namespace) -> ReplayConfig:
+    """The :class:`ReplayConfig` of parsed ``retainz replay`` options (each option is the field of
+    the same name).
+
+    Raises:
+        ValueError: a bad value (one line naming it).
+    """
+    return ReplayConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(ReplayConfig)})
 
 
 def _replay(args: argparse.Namespace) -> int:
     from retainz.trace.replay import replay
 
-    result = replay(args.trace, policy=args.policy, zones=args.zones, pressure=args.pressure,
-                    reserve_zones=args.reserve_zones, meta_zones=args.meta_zones, zone_size=args.zone_size,
-                    zone_capacity=args.zone_capacity, max_active=args.max_active, max_open=args.max_open,
-                    block_size=args.block_size, device=args.device, seed=args.seed, zone_map=args.zone_map,
-                    verify_summaries=args.verify_summaries)
+    result = replay(args.trace, config_from_args(args))
     if args.json:
         print_json(result, sort_keys=True)
     else:

@@ -11,7 +11,8 @@ import sys
 
 from retainz.cli import plural, print_json
 from retainz.errors import DeviceBusyError, StoreLockedError
-from retainz.placement.base import PERMANENT, Hint
+from retainz.hint import Hint
+from retainz.placement.base import PERMANENT
 from retainz.zoned import format_size, open_device
 
 
@@ -268,6 +269,8 @@ def _df(args) -> int:
     # zenfs df's lines, in MiB (1,048,576 B) rounded to two decimals (zenfs prints truncated "MB")
     mib = 1 << 20
     print(f"Free: {rep.free / mib:,.2f} MiB")
+    print(f"Admissible: {rep.admissible / mib:,.2f} MiB (free less writers' reservations and the "
+          f"GC reserve of {rep.gc_reserve / mib:,.2f} MiB)")
     print(f"Used: {rep.used / mib:,.2f} MiB")
     print(f"Reclaimable: {rep.reclaimable / mib:,.2f} MiB")
     print(f"Space amplification: {rep.space_amplification:.0f}%")

@@ -16,8 +16,9 @@ import time
 
 from retainz.cli import plural
 from retainz.retention import RULES, rule_keys
-from retainz.trace.format import TraceFormatError, TraceReader
+from retainz.trace.format import TraceFormatError
 from retainz.trace.generate import write_generated
+from retainz.trace.io import TraceReader
 from retainz.trace.layouts import list_layouts
 
 

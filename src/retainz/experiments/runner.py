@@ -28,12 +28,16 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import TYPE_CHECKING
 
 from retainz.experiments.manifest import Case, TraceSpec, load_manifest
 from retainz.experiments.record import finalize, provenance
 
+if TYPE_CHECKING:
+    from retainz.trace.replay import ReplayConfig
+
 __all__ = ["Backend", "RetainZBackend", "RunSummary", "run_manifest", "run_cases", "execute_case",
-           "sha256_file", "RecordExistsError"]
+           "replay_config", "sha256_file", "RecordExistsError"]
 
 
 class RecordExistsError(FileExistsError):
@@ -107,24 +111,31 @@ class RetainZBackend(Backend):
             return _replay_in_guest(trace_path, case, workdir)
         from retainz.trace.replay import replay
 
-        extra = {}
-        if i["verify_summaries"]:
-            extra["verify_summaries"] = True
-        if i["zone_map"]:
-            extra["zone_map"] = True
-        device = "memory"
-        img = None
-        if i["device"] == "file":
-            img = os.path.join(workdir, f"{case.id}.img")
-            device = f"file:{img}"
+        img = os.path.join(workdir, f"{case.id}.img") if i["device"] == "file" else None
         try:
-            return replay(trace_path, policy=i["policy"], zones=i["zones"], pressure=i["pressure"],
-                          reserve_zones=i["reserve_zones"], zone_size=i["zone_size"],
-                          zone_capacity=i["zone_capacity"], max_active=i["max_active"],
-                          max_open=i["max_open"], device=device, seed=i["seed"], **extra)
+            return replay(trace_path, replay_config(case, "memory" if img is None else f"file:{img}"))
         finally:
             if img and os.path.exists(img):
                 os.unlink(img)
+
+
+def replay_config(case: Case, device: str) -> ReplayConfig:
+    """The :class:`~retainz.trace.replay.ReplayConfig` of a case's inputs (policy, zones or pressure,
+    GC reserve, geometry, seed, zone map, recompute mode) on ``device``, a replay device spec
+    (``memory``, ``file:PATH``, ``/dev/nvme0n1`` in the guest): the one place a case becomes replay
+    parameters.  Journal zones, block size and payload read-back are the configuration's defaults.
+
+    Raises:
+        ValueError: a value replay refuses (one line naming it).
+    """
+    from retainz.trace.replay import ReplayConfig
+
+    i = case.inputs
+    return ReplayConfig(policy=i["policy"], zones=i["zones"], pressure=i["pressure"],
+                        reserve_zones=i["reserve_zones"], zone_size=i["zone_size"],
+                        zone_capacity=i["zone_capacity"], max_active=i["max_active"], max_open=i["max_open"],
+                        device=device, seed=i["seed"], zone_map=i["zone_map"],
+                        verify_summaries=i["verify_summaries"])
 
 
 def scaled_layout(name: str, scale: str):
@@ -149,25 +160,6 @@ def scaled_layout(name: str, scale: str):
                                notes=lay.notes + (f"every file size scaled by {f} for a capacity trial",))
 
 
-def replay_argv(trace_path: str, case: Case, device: str) -> list[str]:
-    """The ``retainz replay`` command line equivalent to a case (used inside the guest)."""
-    i = case.inputs
-    argv = [sys.executable, "-m", "retainz.cli", "replay", trace_path, "--policy", i["policy"]]
-    argv += ["--zones", str(i["zones"])] if i["zones"] is not None else ["--pressure", str(i["pressure"])]
-    argv += ["--reserve-zones", str(i["reserve_zones"]), "--zone-size", str(i["zone_size"]),
-             "--zone-capacity", str(i["zone_capacity"]), "--max-active", str(i["max_active"]),
-             "--max-open", str(i["max_open"]), "--device", device, "--seed", str(i["seed"]), "--json"]
-    if i["zone_map"]:
-        argv.append("--zone-map")
-    if i["verify_summaries"]:
-        argv.append("--verify-summaries")
-    return argv
-
-
-#: Journal zones replay puts in front of the data zones (``retainz replay --meta-zones`` default).
-GUEST_META_ZONES = 3
-
-
 def _replay_in_guest(trace_path: str, case: Case, workdir: str) -> dict:
     """Run ``retainz replay`` inside the QEMU ZNS guest on ``/dev/nvme0n1`` with the case's geometry."""
     try:
@@ -175,14 +167,17 @@ def _replay_in_guest(trace_path: str, case: Case, workdir: str) -> dict:
         from retainz.vm.setup import VMSetupError
     except ImportError as e:  # pragma: no cover - depends on the vm lane
         raise RuntimeError(f"device 'guest' needs the QEMU guest tooling (retainz.vm.guest): {e}") from None
-    i = case.inputs
+    config = replay_config(case, "/dev/nvme0n1")
+    if config.zones is None:
+        raise ValueError("device 'guest' needs a case with an explicit zone count, not a pressure")
     out = os.path.join(os.path.abspath(workdir), case.id)
     os.makedirs(out, exist_ok=True)
     result_file = os.path.join(out, "replay.json")
-    argv = replay_argv(os.path.abspath(trace_path), case, "/dev/nvme0n1")
+    argv = [sys.executable, "-m", "retainz.cli", "replay", os.path.abspath(trace_path), *config.cli_args(), "--json"]
     shell = " ".join(_shq(a) for a in argv) + f" > {_shq(result_file)}"
-    zns = ZNSConfig(zones=i["zones"] + i["reserve_zones"] + GUEST_META_ZONES, zone_size=i["zone_size"],
-                    zone_capacity=i["zone_capacity"], max_open=i["max_open"], max_active=i["max_active"])
+    g = config.geometry(config.zones)
+    zns = ZNSConfig(zones=g.nr_zones, zone_size=g.zone_size, zone_capacity=g.zone_capacity, max_open=g.max_open,
+                    max_active=g.max_active)
     try:
         res = run_in_guest(["/bin/sh", "-c", shell], out, GuestConfig(zns=zns, nullblk=None, timeout=6 * 3600.0),
                            install=False)

@@ -6,7 +6,6 @@
   writer, TorchTitan's CheckpointManager and Lightning's ModelCheckpoint run unmodified (imports fsspec);
 * :mod:`retainz.integrations.retention_callbacks` - Megatron-style retention adapters over the store's
   delete, and a TorchTitan-style purge helper (no torch needed);
-* :mod:`retainz.integrations.hints` - retention rule + step -> placement hint (no torch needed);
 * :mod:`retainz.integrations.payload` - the real-payload check (SmolLM2-135M architecture).
 
 Nothing here is imported by the core: ``import retainz`` never imports torch or fsspec.

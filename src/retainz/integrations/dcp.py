@@ -2,7 +2,7 @@
 
 One checkpoint id is one store generation.  The generation id is the id's last path component
 (``/ckpt/step-500`` -> ``step-500``), the step is parsed from it (``retainz.retention.steps.parse_step``)
-and the runtime's retention rule turns both into the placement hint (:mod:`retainz.integrations.hints`).
+and the runtime's retention rule turns both into the placement hint (:func:`retainz.retention.rule_hint`).
 
 Layout (one device per rank; ``device`` is a directory ``DIR`` or a path containing ``{rank}``)::
 
@@ -58,9 +58,10 @@ from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, W
 from torch.futures import Future
 
 from retainz.errors import GenerationExistsError, GenerationNotFoundError, InvalidIdError, RetainZError
+from retainz.hint import Hint
 from retainz.integrations import _stores
-from retainz.integrations.hints import retention_hint, step_of
-from retainz.placement.base import Hint
+from retainz.retention.online import explicit_hint, rule_hint
+from retainz.retention.steps import parse_step
 
 __all__ = [
     "ZonedStorageWriter",
@@ -172,15 +173,16 @@ class ZonedStorageWriter(StorageWriter):
             ``rank{N}.img`` per rank) or a path containing ``{rank}``.
         checkpoint_id: the checkpoint id if not passed to ``dcp.save`` (e.g. ``"/ckpt/step-500"``).
         retention: the runtime's retention rule, e.g. ``"torchtitan:interval=500,keep_latest_k=10"``
-            (see :mod:`retainz.integrations.hints`).
+            (:func:`retainz.retention.parse_rule`; the hint is :func:`retainz.retention.rule_hint`'s).
         condition: an explicit retention condition for the next saves (wins over ``retention``):
-            ``"permanent"``, ``"at_step:N"``, ``"after:N"`` or a ``Hint``; change it per save with
-            :meth:`set_condition`.
+            ``"permanent"``, ``"at_step:N"``, ``"after:N"`` (:func:`retainz.retention.explicit_hint`)
+            or a :class:`~retainz.hint.Hint`; change it per save with :meth:`set_condition`.
         step: the training step, when the id names none (``parse_step`` otherwise).
         geometry: create and format missing device files with this ``Geometry``.
         policy: placement policy for a device this writer formats or opens.
-        overwrite: replace a committed generation of the same id (deleted first, so a crash between
-            the delete and the new commit loses both); default False raises ``GenerationExistsError``.
+        overwrite: replace a committed generation of the same id at this one's commit
+            (replace-on-commit: until then the old one stays readable; a crash leaves exactly one
+            of the two); default False raises ``GenerationExistsError``.
         wait: seconds to wait for a device another process holds.
     """
 
@@ -217,14 +219,23 @@ class ZonedStorageWriter(StorageWriter):
         """The training step recorded with the generation (0 when the id names none)."""
         if self.explicit_step is not None:
             return self.explicit_step
-        parsed = step_of(self.checkpoint_id) if self.checkpoint_id is not None else None
+        parsed = parse_step(self.checkpoint_id) if self.checkpoint_id is not None else None
         return parsed if parsed is not None else 0
 
     def hint(self) -> Hint | None:
-        """The placement hint for the current checkpoint (rule or explicit condition + step)."""
+        """The hint for the current checkpoint: the explicit condition's, else the retention rule's
+        prediction for the step (``None`` without either, or when no step is known).
+
+        Raises:
+            ValueError: a malformed rule or condition.
+        """
         step = self.explicit_step if self.explicit_step is not None else (
-            step_of(self.checkpoint_id) if self.checkpoint_id is not None else None)
-        return retention_hint(step, rule=self.retention, condition=self.condition)
+            parse_step(self.checkpoint_id) if self.checkpoint_id is not None else None)
+        if isinstance(self.condition, Hint):
+            return self.condition
+        if self.condition:
+            return explicit_hint(self.condition, step)
+        return rule_hint(self.retention, step) if self.retention else None
 
     def set_condition(self, condition: str | Hint | None) -> None:
         """Set the explicit retention condition for the following saves (``None``: use the rule)."""
@@ -266,13 +277,13 @@ class ZonedStorageWriter(StorageWriter):
             exists = True
         except GenerationNotFoundError:
             exists = False
-        if exists:
-            if not self.overwrite:
-                self._release()
-                raise GenerationExistsError(f"checkpoint {self.checkpoint_id!r}: generation {gen!r} is "
-                                            "already committed (pass overwrite=True to replace it)")
-            store.delete(gen, step=self.step)
-        self._gen = store.begin_generation(gen, self.step, hint=self.hint())
+        if exists and not self.overwrite:
+            self._release()
+            raise GenerationExistsError(f"checkpoint {self.checkpoint_id!r}: generation {gen!r} is "
+                                        "already committed (pass overwrite=True to replace it)")
+        # overwrite: the committed checkpoint is replaced at this one's commit, not before
+        # (replace-on-commit); no declared size: the store admits the bytes as they arrive
+        self._gen = store.begin_generation(gen, self.step, hint=self.hint(), replace=exists)
         return dataclasses.replace(plan, storage_data=_RankStream(self.rank))
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:

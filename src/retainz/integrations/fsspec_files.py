@@ -13,12 +13,10 @@ from urllib.parse import quote
 
 from fsspec.spec import AbstractBufferedFile
 
-from retainz.errors import GenerationNotFoundError
-from retainz.integrations.hints import retention_hint
+from retainz.retention.steps import parse_step
 from retainz.store import ShardWriter
 
 _DCP_NAME = re.compile(r"(.*\.distcp|(__\d+)?\.metadata(\.tmp)?)")
-_LIGHTNING_STEP = re.compile(r"(?:^|[-_])step=(\d+)")
 _FILE_SHARD = "file"
 
 
@@ -36,17 +34,6 @@ def generation_for(inner: str) -> tuple[str, str, bool]:
             raise ValueError(f"{inner}: DCP files must be inside a checkpoint directory")
         return quote(parent, safe=""), name, True
     return "@" + quote(inner, safe=""), _FILE_SHARD, False
-
-
-def _step_of(inner: str) -> int | None:
-    from retainz.retention.steps import parse_step
-
-    name = posixpath.basename(inner)
-    step = parse_step(name)
-    if step is None:
-        m = _LIGHTNING_STEP.search(name)
-        step = int(m.group(1)) if m else None
-    return step
 
 
 class _Pending:
@@ -99,12 +86,11 @@ class _WriteFile(AbstractBufferedFile):
         stack = contextlib.ExitStack()
         store = stack.enter_context(fs._store(self._device))
         try:
-            with contextlib.suppress(GenerationNotFoundError):
-                store.generation(self._gen)
-                store.delete(self._gen)           # replacing a checkpoint file (not atomic)
-            step = _step_of(self._inner)
-            writer = store.begin_generation(self._gen, step or 0,
-                                            hint=retention_hint(step, rule=fs._rule(posixpath.dirname(self._inner))))
+            step = parse_step(self._inner, file_names=True)
+            # an existing file is replaced at this one's commit (replace-on-commit: until then it
+            # stays readable and intact; a crash leaves exactly one of the two)
+            writer = store.begin_generation(self._gen, step or 0, replace=True,
+                                            hint=fs._hint(posixpath.dirname(self._inner), step))
         except BaseException:
             stack.close()
             raise
@@ -186,8 +172,24 @@ class _WriteFile(AbstractBufferedFile):
         try:
             super().close()
         except BaseException:
-            if self._sink is not None:
-                with contextlib.suppress(Exception):
-                    self._sink.abort()
-            self.discard()
+            self._abandon()
             raise
+
+    def _abandon(self) -> None:
+        """Drop what this file wrote: its shard, and its generation unless it belongs to a
+        checkpoint directory others are still writing; a replaced file stays as it was."""
+        if self._sink is not None:
+            with contextlib.suppress(Exception):
+                self._sink.abort()
+        self.discard()
+
+    def __exit__(self, exc_type, exc, tb):
+        """An exception inside ``with fs.open(path, "wb")`` abandons the file instead of committing
+        what was written so far (fsspec's default closes, i.e. commits, a partial file): a partial
+        ``last.ckpt`` never replaces a whole one."""
+        if exc_type is None or self.closed:
+            return super().__exit__(exc_type, exc, tb)
+        self._abandon()
+        self.closed = True
+        self.buffer = None
+        return False

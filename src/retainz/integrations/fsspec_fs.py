@@ -29,8 +29,9 @@ Storage options (``fsspec.filesystem("retainz", retention=...)``, or for runtime
 
 * ``retention``: the runtime's retention rule (``"torchtitan:interval=500,keep_latest_k=10"``), or a
   ``{folder: rule}`` dict keyed by the folder inside the device: it becomes each generation's placement
-  hint, with the step parsed from the name (``step-N``, ``iter_N``, ``checkpoint-N``, ``global_stepN``,
-  Lightning's ``step=N``);
+  hint (:func:`retainz.retention.rule_hint`), with the step parsed from the name
+  (:func:`retainz.retention.parse_step` with ``file_names``: ``step-N``, ``iter_N``, ``checkpoint-N``,
+  ``global_stepN``, ``tmp-checkpoint-N``, Lightning's ``step=N``);
 * ``wait``: seconds to wait for a device another process holds (default 120).
 
 A filesystem instance holds each device it touches open until :meth:`RetainZFileSystem.close_devices`
@@ -59,12 +60,12 @@ from retainz.integrations.fsspec_files import (
     _FILE_SHARD,
     _Pending,
     _ReadFile,
-    _step_of,
     _WriteFile,
     generation_for,
     is_dcp_name,
 )
-from retainz.integrations.hints import retention_hint
+from retainz.retention.online import rule_hint
+from retainz.retention.steps import parse_step
 
 __all__ = ["RetainZFileSystem", "register", "generation_for", "is_dcp_name"]
 
@@ -119,6 +120,11 @@ class RetainZFileSystem(AbstractFileSystem):
             return best[1] if best else None
         return self.retention
 
+    def _hint(self, inner: str, step: int | None):
+        """The hint for a generation at ``step`` under folder ``inner`` (``None`` without a rule)."""
+        rule = self._rule(inner)
+        return rule_hint(rule, step) if rule else None
+
     def _store(self, device: str):
         """The open store of ``device``: opened on first use and held by this instance until
         :meth:`close_devices` (opening a store replays its journal; closing journals and flushes)."""
@@ -129,7 +135,33 @@ class RetainZFileSystem(AbstractFileSystem):
                 store = stack.enter_context(_stores.using(device, wait=self.wait))
                 stack.store = store
                 self._held[device] = stack
+                if self.retention:
+                    try:
+                        self._rehint(store)
+                    except BaseException:
+                        del self._held[device]
+                        stack.close()
+                        raise
             return contextlib.nullcontext(stack.store)
+
+    def _rehint(self, store) -> list[str]:
+        """Give every committed generation the hint this instance's retention rule predicts for it,
+        where it differs from the one it was saved with (the rule changed on resume:
+        ``keep_latest_k`` 10 -> 3): journaled by ``Store.update_hint``.  Returns the ids changed."""
+        changed = []
+        for g in store.generations():
+            path = unquote(g.id[1:] if g.id.startswith("@") else g.id)
+            if g.id.startswith("@"):
+                hint = self._hint(posixpath.dirname(path), parse_step(path, file_names=True))
+            else:
+                hint = self._hint(path, parse_step(path))
+            if hint is None or (hint.reclaim_step, hint.condition) == (g.hint.reclaim_step, g.hint.condition):
+                continue
+            if hint.reclaim_step is not None and hint.reclaim_step < g.step:
+                continue
+            store.update_hint(g.id, hint)
+            changed.append(g.id)
+        return changed
 
     @classmethod
     def close_all(cls) -> None:
@@ -301,9 +333,8 @@ class RetainZFileSystem(AbstractFileSystem):
                                           "(append-only: rm -r it before writing it again)")
                 except GenerationNotFoundError:
                     pass
-                step = _step_of(directory)
-                hint = retention_hint(step, rule=self._rule(directory))
-                writer = store.begin_generation(gen, step or 0, hint=hint)
+                step = parse_step(directory, file_names=True)
+                writer = store.begin_generation(gen, step or 0, hint=self._hint(directory, step))
             except BaseException:
                 stack.close()
                 raise

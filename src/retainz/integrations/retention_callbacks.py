@@ -9,6 +9,11 @@ d8686d9) on top of ``store.delete``.  The training loop calls, per save::
     ... write and commit the generation cb.generation_id(step) with hint=cb.hint(step) ...
     cb.after_commit(store, step)    # deletions that happen once the new save is complete
 
+and once when training resumes, since its rule may differ from the one the survivors were saved
+with (``keep_latest_k`` 10 -> 3)::
+
+    cb.rehint(store, step)          # survivors get this rule's hints (Store.update_hint, journaled)
+
 Every method returns the generation ids it deleted, in order.  The adapters count **committed**
 generations only (the store shows nothing else): a save still in flight is never counted, so the
 checkpoint a tracker names is never deleted before its successor commits.
@@ -27,7 +32,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from retainz.errors import GenerationNotFoundError
-from retainz.integrations.hints import retention_hint
+from retainz.retention.online import rule_hint
 
 __all__ = ["RetentionCallback", "MegatronRetainInterval", "MegatronNonPersistentGlobal",
            "MegatronNonPersistentLocal", "KeepLatestK"]
@@ -48,7 +53,7 @@ class RetentionCallback:
     """Base: a naming scheme, a retention rule for hints, and the two purge points.
 
     Attributes:
-        rule: the retention rule string the hints come from (``retainz.integrations.hints``).
+        rule: the retention rule string the hints come from (:func:`retainz.retention.rule_hint`).
     """
 
     rule: str | None = None
@@ -57,8 +62,22 @@ class RetentionCallback:
         raise NotImplementedError
 
     def hint(self, step: int):
-        """The placement hint for the save at ``step`` (from :attr:`rule`)."""
-        return retention_hint(step, rule=self.rule)
+        """The hint for the save at ``step``: :attr:`rule`'s prediction (``None`` without a rule)."""
+        return rule_hint(self.rule, step) if self.rule else None
+
+    def rehint(self, store: Any, step: int | None = None) -> list[str]:
+        """Give the committed generations this callback names the hints of :attr:`rule` where they
+        differ from the ones they were saved with (a rule changed on resume); journaled by
+        ``Store.update_hint``.  Returns the ids changed."""
+        changed = []
+        for _, gid in self._mine(store):
+            g = store.generation(gid)
+            hint = self.hint(g.step)
+            if hint is None or (hint.reclaim_step, hint.condition) == (g.hint.reclaim_step, g.hint.condition):
+                continue
+            store.update_hint(gid, hint, step=step)
+            changed.append(gid)
+        return changed
 
     def before_save(self, store: Any, step: int) -> list[str]:
         return []

@@ -46,9 +46,10 @@ import time
 from dataclasses import dataclass, field
 
 from retainz.errors import ChecksumError, GenerationNotFoundError, NoSpaceError, RetainZError
-from retainz.integrations.hints import retention_hint
 from retainz.mount import layout as L
 from retainz.retention.inference import RetentionInference
+from retainz.retention.online import rule_hint
+from retainz.retention.steps import parse_step
 from retainz.store import ShardWriter
 
 __all__ = ["MountedStore"]
@@ -126,7 +127,7 @@ class MountedStore:
 
     Args:
         store: the open :class:`~retainz.store.Store` (the caller closes it after unmount).
-        retention: ``None`` (no hints), a rule string for :func:`retainz.integrations.hints.retention_hint`
+        retention: ``None`` (no hints), a rule string for :func:`retainz.retention.rule_hint`
             (``"hf:save_steps=500,save_total_limit=2"``), or ``"auto"`` (:class:`RetentionInference`).
         stream_threshold: bytes a file buffers in memory before it streams into the store.
 
@@ -179,7 +180,7 @@ class MountedStore:
         for g in sorted(best.values(), key=lambda g: g.commit_seq):
             kind, path, names = by_id[g.id]
             self._add(g, kind, path, names, g.commit_seq * 1_000_000_000)
-            step = L.checkpoint_step(posixpath.basename(path))
+            step = parse_step(path, file_names=True)
             if self.inference is not None and step is not None:    # earlier saves are evidence too
                 self.inference.observe_save(posixpath.dirname(path), g.id, step)
 
@@ -247,7 +248,7 @@ class MountedStore:
                 self._log_rule(series, before)
             return hint
         if self.retention:
-            return retention_hint(step, rule=self.retention)
+            return rule_hint(self.retention, step)
         return None
 
     # -- the store slot: one streamed shard at a time --------------------------------------------------
@@ -546,7 +547,7 @@ class MountedStore:
             if (posixpath.dirname(other.root) == parent and not other.writing
                     and L.commit_point(other.root, other.ready | dict.fromkeys(other.streamed.values())) == "closed"):
                 self._request_commit(other)
-        step = L.checkpoint_step(posixpath.basename(root))
+        step = parse_step(root, file_names=True)
         gid = self._free_id(L.dir_generation_id, root)
         hint = self._hint(parent, gid, step)
         self._taken.add(gid)
@@ -603,7 +604,7 @@ class MountedStore:
                     writer = self._writer(pd)
                 else:
                     gid = self._free_id(L.file_generation_id, h.path)
-                    step = L.checkpoint_step(posixpath.basename(h.path))
+                    step = parse_step(h.path, file_names=True)
                     hint = self._hint(posixpath.dirname(h.path), gid, step)
                     self._taken.add(gid)
                     h.writer = writer = self.store.begin_generation(gid, step or 0, hint=hint)
@@ -769,7 +770,7 @@ class MountedStore:
             self._publish_file(p, gen)
             return
         data = bytes(h.buf)
-        step = L.checkpoint_step(name)
+        step = parse_step(name, file_names=True)
 
         def commit():
             gid = self._free_id(L.file_generation_id, p)

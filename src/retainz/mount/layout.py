@@ -9,7 +9,7 @@ a DCP checkpoint written through either one is the same generation:
   its path relative to ``D`` (:func:`shard_name`: ``/`` and ``%`` escaped, so Megatron's
   ``iter_0000100/mp_rank_00/model_optim_rng.pt`` is shard ``mp_rank_00%2Fmodel_optim_rng.pt``).  A
   directory is a checkpoint directory when its name is one the runtimes give their saves
-  (:func:`checkpoint_step`): ``step-N`` (TorchTitan), ``iter_NNNNNNN`` (Megatron-LM),
+  (:func:`retainz.retention.parse_step` with ``file_names``): ``step-N`` (TorchTitan), ``iter_NNNNNNN`` (Megatron-LM),
   ``checkpoint-N`` and ``tmp-checkpoint-N`` (HF Trainer), ``global_stepN`` (DeepSpeed), a
   ``…step=N….ckpt`` directory (Lightning's sharded strategies); or, as in the fsspec filesystem, when
   it holds DCP files (``*.distcp``, ``.metadata``).  The outermost such directory on a path wins (an HF
@@ -29,10 +29,11 @@ import posixpath
 import re
 from urllib.parse import quote, unquote
 
-from retainz.integrations.fsspec_files import _step_of, is_dcp_name
+from retainz.integrations.fsspec_files import is_dcp_name
+from retainz.retention.steps import parse_step
 
 __all__ = [
-    "FILE_SHARD", "LAYOUT_SHARD", "checkpoint_step", "is_checkpoint_dir_name", "checkpoint_root",
+    "FILE_SHARD", "LAYOUT_SHARD", "is_checkpoint_dir_name", "checkpoint_root",
     "dir_generation_id", "file_generation_id", "parse_generation_id", "shard_name", "shard_path",
     "commit_point", "COMMIT_POINTS", "TRACKER_FILES", "tracked_names", "newest_versions", "layout_blob",
     "read_layout",
@@ -67,22 +68,13 @@ COMMIT_POINTS = {
 }
 
 
-def checkpoint_step(name: str) -> int | None:
-    """The step a checkpoint directory's name gives (``step-N``, ``iter_N``, ``checkpoint-N``,
-    ``global_stepN``, ``tmp-checkpoint-N``, Lightning's ``…step=N….ckpt``), or ``None``."""
-    step = _step_of(name)
-    if step is not None:
-        return step
-    m = _HF_TMP.fullmatch(name)
-    return int(m.group(1)) if m else None
-
-
 def is_checkpoint_dir_name(name: str) -> bool:
-    """True for a directory name a runtime gives one save (see :func:`checkpoint_step`); a
-    Lightning file ``epoch=0-step=10.ckpt`` counts only as a directory (its sharded strategies)."""
+    """True for a directory name a runtime gives one save (one that names a step,
+    :func:`retainz.retention.parse_step` with ``file_names``); a Lightning file
+    ``epoch=0-step=10.ckpt`` counts only as a directory (its sharded strategies)."""
     if name.endswith(".ckpt"):
         return bool(_LIGHTNING_DIR.fullmatch(name))
-    return checkpoint_step(name) is not None
+    return parse_step(name, file_names=True) is not None
 
 
 def checkpoint_root(path: str, is_dir: callable = lambda p: False) -> str | None:

@@ -100,9 +100,9 @@ def serve(device: str, mountpoint: str, *, retention: str | None = None, wait: f
                                 "and `retainz mkfs`)")
     _check_mountpoint(mountpoint)
     if retention not in (None, "auto"):
-        from retainz.integrations.hints import retention_hint
+        from retainz.retention import parse_rule
 
-        retention_hint(1, rule=retention)       # a malformed rule is bad input, before mounting
+        parse_rule(retention)       # a malformed or unknown rule (RULES lists the known ones) is bad input, before mounting
     with _stores.using(device, wait=wait) as store:
         ops = MountedStore(store, retention=retention)
         if ops.retired_at_mount:
@@ -136,9 +136,9 @@ def mount(device: str, mountpoint: str, *, retention: str | None = None, foregro
         serve(device, mountpoint, retention=retention)
         return
     if retention not in (None, "auto"):
-        from retainz.integrations.hints import retention_hint
+        from retainz.retention import parse_rule
 
-        retention_hint(1, rule=retention)       # a malformed rule is bad input here, not in the server's log
+        parse_rule(retention)       # a malformed or unknown rule is bad input here, not in the server's log
     logpath = device + ".mount.log"
     start = os.path.getsize(logpath) if os.path.exists(logpath) else 0
     cmd = [sys.executable, "-m", "retainz.cli", "mount", device, mountpoint, "--foreground"]

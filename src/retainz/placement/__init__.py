@@ -17,12 +17,12 @@ from retainz.placement.base import (
     Allocator,
     Decision,
     ExtentRequest,
-    Hint,
     ZoneSummary,
     ZoneTable,
 )
+from retainz.spec import parse_spec
 
-__all__ = ["POLICIES", "make_allocator", "Allocator", "Decision", "ExtentRequest", "Hint", "NO_SPACE",
+__all__ = ["POLICIES", "make_allocator", "Allocator", "Decision", "ExtentRequest", "NO_SPACE",
            "PERMANENT", "ZoneSummary", "ZoneTable"]
 
 #: Policy name -> "module:Class".
@@ -42,28 +42,24 @@ POLICIES: dict[str, str] = {
 
 
 def make_allocator(spec: str) -> Allocator:
-    """Build an allocator from ``NAME[:param=value,...]``.
+    """Build an allocator from ``NAME[:param=value,...]`` (:func:`retainz.spec.parse_spec`).
 
     Parameter values are converted to the type of the dataclass field's default (int, float, bool,
     str).
 
     Raises:
-        ValueError: unknown policy (lists the valid ones), unknown parameter (lists the valid ones)
+        ValueError: an item that is not ``param=value``, unknown policy (lists the valid ones), unknown parameter (lists the valid ones)
             or a value of the wrong type (floats must be finite); the policy's own range check
             (``__post_init__``) names the parameter, its value and the valid range.
     """
-    name, _, params = spec.partition(":")
-    name = name.strip()
+    name, pairs = parse_spec(spec, "policy")
     if name not in POLICIES:
         raise ValueError(f"unknown policy {name!r}; valid: {', '.join(sorted(POLICIES))}")
     module, _, cls_name = POLICIES[name].partition(":")
     cls = getattr(importlib.import_module(module), cls_name)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     kwargs = {}
-    for item in filter(None, (p.strip() for p in params.split(","))):
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"policy {name}: {item!r} is not param=value")
+    for key, value in pairs:
         if key not in fields:
             raise ValueError(f"policy {name} has no parameter {key!r}; valid: "
                              + (", ".join(fields) or "none"))

@@ -28,11 +28,11 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from retainz.hint import Hint
 from retainz.zoned.model import Geometry, ZoneCond
 
 __all__ = [
     "PERMANENT",
-    "Hint",
     "ExtentRequest",
     "Decision",
     "NO_SPACE",
@@ -44,27 +44,6 @@ __all__ = [
 #: The reclaim step of data that never retires.
 PERMANENT = math.inf
 _EMPTY_C, _OPEN_C, _FULL_C = ZoneCond.EMPTY, ZoneCond.IMP_OPEN, ZoneCond.FULL
-
-
-@dataclass(frozen=True, slots=True)
-class Hint:
-    """What the runtime told the store about a generation's death, as recorded at save time.
-
-    Attributes:
-        reclaim_step: predicted reclaim step (training step at which the generation's data becomes
-            garbage); :data:`PERMANENT` (``math.inf``) for data never retired; ``None`` if unknown.
-        lifetime: ZenFS write-lifetime hint class for the same prediction (``WLTH_*``: 0 NOT_SET,
-            1 NONE, 2 SHORT, 3 MEDIUM, 4 LONG, 5 EXTREME), as the retention module maps it.
-        condition: the retirement condition, as a short string (e.g. ``"after_newer:k=10"``), for
-            records and reports only.
-        actual_reclaim_step: the step at which the generation is really deleted, when known in
-            advance (trace replay only; the ``oracle`` control reads it, every other policy must not).
-    """
-
-    reclaim_step: float | None = None
-    lifetime: int = 0
-    condition: str = ""
-    actual_reclaim_step: float | None = None
 
 
 @dataclass(slots=True, unsafe_hash=True)
@@ -80,7 +59,7 @@ class ExtentRequest:
             chosen zone's remaining capacity and asks again for the rest.
         generation: the generation id.
         step: the generation's training step.
-        hint: the generation's :class:`Hint`.
+        hint: the generation's :class:`~retainz.hint.Hint`.
         now: the current training step (the latest step the store has seen).
         gc: True when the bytes are live data being migrated by garbage collection.
         pending: bytes of the same generation still to be placed after this request (its other
@@ -245,7 +224,6 @@ class ZoneTable:
                  reserved_active: int = 0):
         self.zones: dict[int, ZoneSummary] = {z: ZoneSummary(index=z, capacity=c)
                                               for z, c in sorted(capacities.items())}
-        self.order: list[int] = list(self.zones)
         self.max_open = max_open
         self.max_active = max_active
         self.reserved_active = reserved_active
@@ -365,6 +343,12 @@ class ZoneTable:
         self.dead += nbytes
         if self.listeners:
             self._changed(s)
+
+    def on_reclaim_step(self, z: int, reclaim_step: float | None) -> None:
+        """Zone ``z``'s reclaim step changed (a generation's hint was updated)."""
+        s = self.zones[z]
+        s.reclaim_step = reclaim_step
+        self._changed(s)
 
     def on_reset(self, z: int) -> None:
         """Zone ``z`` was reset: empty again."""
@@ -492,6 +476,12 @@ class Allocator(abc.ABC):
             an empty zone returns 0 (a reserve would only refuse data the policy could place).
         """
         return store_reserve
+
+    def reclaim_step_of(self, req: ExtentRequest) -> float | None:
+        """The reclaim step this policy records for data of ``req`` (``Decision.reclaim_step``),
+        asked by the store when a generation's hint changes (``Store.update_hint``).  The default:
+        the hint's own."""
+        return req.hint.reclaim_step
 
     def migrates(self, shard: str) -> bool:
         """Whether GC may move the extents of the shard (file) named ``shard``; the default: every

@@ -1,14 +1,14 @@
-"""What a policy is allowed to know about a generation's death: hint views and lifetime classes.
+"""What a policy is allowed to know about a generation's death: the hint views.
 
 The matched controls differ from ``retainz`` only in the view of the hint they place by
 (issue 5, "Matched controls"): exact, none, coarse (four classes), noisy (seeded error) or oracle
 (the actual deletion step).  Every view is a pure function of the request, so a generation gets the
 same view for every extent, and a remounted store sees the same values.
 
-The lifetime-class rule (:func:`lifetime_class`) is also what the ``zenfs`` baseline uses when a
-hint carries no class: it is the information a ZenFS-style write-lifetime hint could carry about a
-retirement condition.  A retention module mapping, when present, travels in ``Hint.lifetime`` and
-takes precedence.
+The coarse view classifies a prediction with the one lifetime rule,
+:func:`retainz.hint.lifetime_class` (the ``zenfs`` baseline uses it too when a hint carries no
+class); :func:`class_reclaim_step` turns a class back into a step.  The class a retention rule gave,
+``Hint.lifetime``, takes precedence.
 """
 
 from __future__ import annotations
@@ -16,57 +16,10 @@ from __future__ import annotations
 import math
 import random
 
-from retainz.placement.base import PERMANENT, ExtentRequest, Hint
+from retainz.hint import DEFAULT_MEDIUM, DEFAULT_SHORT, Hint, Lifetime, lifetime_class
+from retainz.placement.base import PERMANENT, ExtentRequest
 
-__all__ = [
-    "WLTH_NOT_SET", "WLTH_NONE", "WLTH_SHORT", "WLTH_MEDIUM", "WLTH_LONG", "WLTH_EXTREME",
-    "DEFAULT_SHORT", "DEFAULT_MEDIUM", "lifetime_class", "class_reclaim_step", "view_reclaim_step",
-    "VIEWS",
-]
-
-#: ZenFS / RocksDB ``Env::WriteLifeTimeHint`` values (reference section 1).
-WLTH_NOT_SET, WLTH_NONE, WLTH_SHORT, WLTH_MEDIUM, WLTH_LONG, WLTH_EXTREME = range(6)
-
-#: Default class bounds, in steps of remaining lifetime: 2 and 20 TorchTitan save intervals (500).
-DEFAULT_SHORT = 1000
-DEFAULT_MEDIUM = 10000
-
-
-def lifetime_class(reclaim_step: float | None, step: int, *, short: int = DEFAULT_SHORT,
-                   medium: int = DEFAULT_MEDIUM) -> int:
-    """Map a predicted reclaim step to a ZenFS write-lifetime class.
-
-    The rule, over the predicted lifetime ``L = reclaim_step - step`` (steps):
-
-    ======================  =================  ===============================================
-    prediction              class              typical retirement condition
-    ======================  =================  ===============================================
-    unknown (``None``)      ``WLTH_NOT_SET``   uncertain (top-k by a metric), no hint
-    ``L <= short``          ``WLTH_SHORT``     keep-latest with small k, non-persistent saves
-    ``L <= medium``         ``WLTH_MEDIUM``    TorchTitan ``keep_latest_k=10`` at interval 500
-    finite, ``L > medium``  ``WLTH_LONG``      long keep-latest windows, known far step
-    ``math.inf``            ``WLTH_EXTREME``   permanent (every R-th, final save)
-    ======================  =================  ===============================================
-
-    Args:
-        reclaim_step: predicted reclaim step (step), ``math.inf`` for permanent, ``None`` if unknown.
-        step: the generation's training step.
-        short: upper bound of SHORT, in steps of lifetime.
-        medium: upper bound of MEDIUM, in steps of lifetime.
-
-    Returns:
-        A ``WLTH_*`` value (0, 2, 3, 4 or 5; ``WLTH_NONE`` is never produced).
-    """
-    if reclaim_step is None:
-        return WLTH_NOT_SET
-    if reclaim_step == PERMANENT:
-        return WLTH_EXTREME
-    life = reclaim_step - step
-    if life <= short:
-        return WLTH_SHORT
-    if life <= medium:
-        return WLTH_MEDIUM
-    return WLTH_LONG
+__all__ = ["class_reclaim_step", "view_reclaim_step", "VIEWS"]
 
 
 def class_reclaim_step(cls: int, step: int, *, short: int = DEFAULT_SHORT,
@@ -78,20 +31,20 @@ def class_reclaim_step(cls: int, step: int, *, short: int = DEFAULT_SHORT,
     NOT_SET and NONE are unknown.
 
     Args:
-        cls: a ``WLTH_*`` value.
+        cls: a :class:`~retainz.hint.Lifetime` class.
         step: the generation's training step.
         short, medium: the class bounds of :func:`lifetime_class` (steps).
 
     Returns:
         The inferred reclaim step (step), ``math.inf`` or ``None``.
     """
-    if cls == WLTH_SHORT:
+    if cls == Lifetime.SHORT:
         return step + short / 2
-    if cls == WLTH_MEDIUM:
+    if cls == Lifetime.MEDIUM:
         return step + math.sqrt(short * medium)
-    if cls == WLTH_LONG:
+    if cls == Lifetime.LONG:
         return step + 4.0 * medium
-    if cls == WLTH_EXTREME:
+    if cls == Lifetime.EXTREME:
         return PERMANENT
     return None
 
@@ -117,8 +70,8 @@ def view_reclaim_step(req: ExtentRequest, view: str, *, error: float = 0.0, seed
     Views:
         * ``exact``: ``hint.reclaim_step`` as the retention module predicted it.
         * ``none``: always ``None`` (unknown).
-        * ``coarse``: the hint's class (``hint.lifetime``, the retention module's mapping,
-          ``retainz.retention.lifetime_class``), or :func:`lifetime_class` of the predicted step
+        * ``coarse``: the hint's class (``hint.lifetime``, as the retention rule classified it),
+          or :func:`~retainz.hint.lifetime_class` of the predicted step
           when the hint carries no class, turned back into a step by :func:`class_reclaim_step`.
         * ``noisy``: ``step + L * (1 + e)`` with ``L`` the predicted lifetime and ``e`` drawn
           uniformly from ``[-error, +error]`` once per generation (seeded by ``seed`` and the

@@ -94,6 +94,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
+from retainz.hint import DEFAULT_MEDIUM, DEFAULT_SHORT, Lifetime
 from retainz.placement.base import (
     NO_SPACE,
     PERMANENT,
@@ -103,14 +104,14 @@ from retainz.placement.base import (
     ZoneSummary,
     ZoneTable,
 )
-from retainz.placement.hints import DEFAULT_MEDIUM, DEFAULT_SHORT, view_reclaim_step
+from retainz.placement.hints import view_reclaim_step
 from retainz.zoned.model import ZoneCond
 
 _EMPTY, _FULL = ZoneCond.EMPTY, ZoneCond.FULL
 #: The lifetime RetainZ records for a zone opened by a save with an uncertain condition: ZenFS's
 #: ``WLTH_NONE`` (1), which the retention mapping never produces, so the mark is journaled with the
 #: zone and survives a remount (``ZoneSummary.lifetime``; RetainZ reads no other use of it).
-UNCERTAIN_ZONE = 1
+UNCERTAIN_ZONE = Lifetime.NONE
 #: Hint views that see the retirement condition (no-hint sees nothing, the oracle sees the outcome).
 _HINTED = ("exact", "coarse", "noisy")
 
@@ -197,6 +198,10 @@ class RetainZ(Allocator):
             return survivor_reclaim(req.step, req.now)
         return r
 
+    def reclaim_step_of(self, req: ExtentRequest) -> float | None:
+        """:meth:`reclaim_of`: the reclaim step this policy places and records by."""
+        return self.reclaim_of(req)
+
     def zone_reclaim(self, s: ZoneSummary) -> float:
         """A zone's reclaim step, or its estimate when unknown."""
         return s.opened_step + self.unknown_lifetime if s.reclaim_step is None else s.reclaim_step
@@ -272,7 +277,7 @@ class RetainZ(Allocator):
         group = req.nbytes + req.pending
         best: tuple | None = None
         rule = self.uncertain_saves and not req.gc and self.view in _HINTED and t.n_empty > 0
-        own = rule and req.hint.condition.startswith("uncertain")
+        own = rule and req.hint.kind == "uncertain"
         for s in self.candidates(r):
             if own and (s.opened_step != req.step or self.zone_reclaim(s) != r):
                 continue  # an uncertain death: share zones with no other group (see the docstring)
@@ -356,7 +361,7 @@ class RetainZNoHint(RetainZ):
 @dataclass
 class RetainZCoarse(RetainZ):
     """``retainz-coarse``: reclaim steps quantized to the four ZenFS lifetime classes
-    (:func:`retainz.placement.hints.lifetime_class`), each class standing for one lifetime.
+    (:func:`retainz.hint.lifetime_class`), each class standing for one lifetime.
 
     Attributes:
         short, medium: class bounds in steps of lifetime.

@@ -33,7 +33,7 @@ every file is ``WLTH_NOT_SET``, upstream's default for a new file.
 Mapping onto our store, and the decisions a faithful port has to make:
 
 * **Lifetime hint.**  ``hint.lifetime`` when the retention module set one, else
-  :func:`retainz.placement.hints.lifetime_class` (unknown -> NOT_SET, permanent -> EXTREME, else
+  :func:`retainz.hint.lifetime_class` (unknown -> NOT_SET, permanent -> EXTREME, else
   SHORT/MEDIUM/LONG by predicted lifetime).  The zone's class is set once, from the file that
   opens it (``Decision.lifetime``), like ``Zone::lifetime_``; our store journals it, so upstream
   issue #266 (classes lost on remount) is not reproduced.
@@ -83,14 +83,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from retainz.placement.base import NO_SPACE, Allocator, Decision, ExtentRequest, Hint, ZoneTable
-from retainz.placement.hints import (
-    DEFAULT_MEDIUM,
-    DEFAULT_SHORT,
-    WLTH_NONE,
-    WLTH_NOT_SET,
-    lifetime_class,
-)
+from retainz.hint import DEFAULT_MEDIUM, DEFAULT_SHORT, Hint, Lifetime, lifetime_class
+from retainz.placement.base import NO_SPACE, Allocator, Decision, ExtentRequest, ZoneTable
 from retainz.zoned.model import Geometry, ZoneCond
 
 __all__ = ["ZenFS", "ZenFSNoHint", "lifetime_diff", "unused_zones", "LIFETIME_DIFF_NOT_GOOD",
@@ -113,7 +107,7 @@ def lifetime_diff(zone_lifetime: int, file_lifetime: int) -> int:
     Otherwise a longer-lived zone costs the class difference, an equal one 50, a shorter-lived one
     (NOT_SET and NONE count as shorter) 100.
     """
-    if file_lifetime in (WLTH_NOT_SET, WLTH_NONE):
+    if file_lifetime in (Lifetime.NOT_SET, Lifetime.NONE):
         return 0 if zone_lifetime == file_lifetime else LIFETIME_DIFF_NOT_GOOD
     if zone_lifetime > file_lifetime:
         return zone_lifetime - file_lifetime
@@ -313,4 +307,4 @@ class ZenFSNoHint(ZenFS):
     def lifetime_of(self, hint: Hint, step: int) -> int:
         """Always ``WLTH_NOT_SET``; the runtime's hint is ignored."""
         del hint, step  # Ignored by this policy.
-        return WLTH_NOT_SET
+        return Lifetime.NOT_SET

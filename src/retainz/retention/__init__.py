@@ -1,13 +1,14 @@
 """Runtime retention rules -> retirement conditions -> predicted reclaim steps.
 
 * :mod:`~retainz.retention.conditions` - the condition family (:class:`AfterNewer`, :class:`Permanent`,
-  :class:`AtStep`, :class:`Uncertain`), :class:`Hint`, the save schedule, and :func:`lifetime_class`
-  (the coarse ZenFS SHORT/MEDIUM/LONG/EXTREME mapping);
+  :class:`AtStep`, :class:`Uncertain`), its text and JSON forms (:func:`parse_condition`,
+  :func:`condition_from_json`) and the save schedule;
 * :mod:`~retainz.retention.rules` - TorchTitan, Megatron-LM, Lightning/NeMo, HF Trainer, Accelerate,
   Orbax, each driven as its runtime drives it (:func:`drive`);
-* :func:`parse_rule` - ``RULE:key=value,...`` from the command line;
+* :func:`parse_rule` - ``RULE:key=value,...`` from the command line (:data:`RULES`: every known rule);
 * :func:`parse_step` - the step named by a checkpoint id (a hint, never trusted);
-* :func:`save_hint` / :func:`hint_for_save` - the hint for one save of a live run (no trace needed).
+* :func:`save_hint` / :func:`rule_hint` - the :class:`~retainz.hint.Hint` for one save of a live run (no
+  trace needed); :func:`explicit_hint` - the hint of a condition stated for one save.
 """
 
 from retainz.retention.base import RULES, Action, Gen, Rule, Session, drive, parse_rule, rule_keys
@@ -16,23 +17,23 @@ from retainz.retention.conditions import (
     AfterNewer,
     AtStep,
     Condition,
-    Hint,
-    Lifetime,
     Permanent,
     PlannedSave,
     SaveSchedule,
     Timing,
     Uncertain,
-    lifetime_class,
+    condition_from_json,
+    parse_condition,
 )
 from retainz.retention.metrics import MetricSeries, load_metric_file, synthetic_loss
-from retainz.retention.online import hint_for_save, save_hint
+from retainz.retention.online import explicit_hint, rule_hint, save_hint
 from retainz.retention.rules import Accelerate, HFTrainer, Lightning, Megatron, Orbax, TorchTitan
 from retainz.retention.steps import committed_steps, parse_step
 
 __all__ = [
     "NEVER", "RULES", "Accelerate", "Action", "AfterNewer", "AtStep", "Condition", "Gen", "HFTrainer",
-    "Hint", "Lifetime", "Lightning", "Megatron", "MetricSeries", "Orbax", "Permanent", "PlannedSave",
-    "Rule", "SaveSchedule", "Session", "Timing", "TorchTitan", "Uncertain", "committed_steps", "drive", "hint_for_save", "save_hint",
-    "lifetime_class", "load_metric_file", "parse_rule", "parse_step", "rule_keys", "synthetic_loss",
+    "Lightning", "Megatron", "MetricSeries", "Orbax", "Permanent", "PlannedSave",
+    "Rule", "SaveSchedule", "Session", "Timing", "TorchTitan", "Uncertain", "committed_steps", "condition_from_json",
+    "drive", "explicit_hint", "load_metric_file", "parse_condition", "parse_rule", "parse_step", "rule_hint",
+    "rule_keys", "save_hint", "synthetic_loss",
 ]

@@ -6,7 +6,7 @@ schedule.  :func:`drive` walks the schedule and emits :class:`Action` records in
 performs them:
 
 1. deletions the runtime makes *before the save starts* (``Session.before_save``);
-2. ``save`` with the :class:`~retainz.retention.conditions.Hint` the runtime can honestly give;
+2. ``save`` with the :class:`~retainz.hint.Hint` the runtime can honestly give;
 3. deletions made *right after dispatch*, before the save is durable (``Session.after_dispatch``);
 4. ``commit`` (or ``crash`` when a crash is injected: the save never commits and is repeated);
 5. deletions made *after the save commits* (``Session.after_commit``).
@@ -28,14 +28,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from retainz.hint import Hint, class_bounds, lifetime_class
 from retainz.retention.conditions import (
     Condition,
-    Hint,
     PlannedSave,
     SaveSchedule,
     Uncertain,
-    lifetime_class,
 )
+from retainz.spec import parse_spec
 
 __all__ = [
     "Rule",
@@ -147,12 +147,6 @@ class EmpiricalLifetimes:
             self._retired[key] = self._retired.get(key, 0) + 1
             self._lifetimes.setdefault(key, deque(maxlen=self.WINDOW)).append(step - saved)
 
-    def forget(self, gen: int) -> None:
-        """Drop an abandoned (crashed) generation without counting it."""
-        entry = self._alive.pop(gen, None)
-        if entry is not None:
-            self._admitted[entry[0]] -= 1
-
 
 class Session:
     """One training run under a rule: the schedule plus the runtime's retention state.
@@ -179,9 +173,13 @@ class Session:
         raise NotImplementedError
 
     def hint(self, save: PlannedSave, gen: Gen) -> Hint:
+        """The hint for ``save``: the condition's predicted reclaim step, its lifetime class at the
+        bounds of the rule's save interval (:func:`~retainz.hint.class_bounds`), and the condition's
+        text."""
         cond = self.condition(save, gen)
         pred = cond.predict(save.step, self.schedule)
-        return Hint(cond, pred, lifetime_class(save.step, pred, self.rule.base_interval))
+        short, medium = class_bounds(self.rule.base_interval)
+        return Hint(pred, lifetime_class(pred, save.step, short=short, medium=medium), cond.describe())
 
     # -- deletion hooks (runtime order) -------------------------------------------------------------
     def before_save(self, save: PlannedSave) -> list[Gen]:
@@ -224,7 +222,8 @@ class Rule:
 
     @property
     def base_interval(self) -> int:
-        """The runtime's base save interval (steps), the unit of :func:`lifetime_class`."""
+        """The runtime's base save interval (steps), the unit of the lifetime class bounds
+        (:func:`retainz.hint.class_bounds`)."""
         raise NotImplementedError
 
     def start(self, total_steps: int, *, seed: int = 0, first_step: int = 1) -> Session:
@@ -357,34 +356,31 @@ def _convert(rule: str, key: str, typ: str, raw: str, choices) -> Any:
 
 
 def parse_rule(spec: str) -> Rule:
-    """Build a rule from ``RULE:key=value,...`` (``RULE`` alone when every key has a default).
+    """Build a rule from ``RULE:key=value,...`` (``RULE`` alone when every key has a default; the
+    grammar of :func:`retainz.spec.parse_spec`).  :data:`RULES` is the one list of known rules.
 
     Raises:
-        ValueError: unknown rule (lists the rules), unknown key (lists the rule's keys and types),
-            repeated or missing key, a value of the wrong type, or a configuration the runtime rejects.
+        ValueError: an item that is not ``key=value``, unknown rule (lists the rules), unknown key
+            (lists the rule's keys and types), repeated or missing key, a value of the wrong type,
+            or a configuration the runtime rejects.
     """
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"empty retention rule; valid rules: {', '.join(RULES)}")
-    name, _, rest = spec.strip().partition(":")
+    name, pairs = parse_spec(spec, "retention rule")
     cls = RULES.get(name)
     if cls is None:
         raise ValueError(f"unknown retention rule {name!r}; valid rules: {', '.join(RULES)}")
     keys = {k["key"]: k for k in rule_keys(cls)}
     kwargs: dict[str, Any] = {}
     seen: set[str] = set()
-    for item in filter(None, (p.strip() for p in rest.split(","))) if rest else ():
-        key, eq, raw = item.partition("=")
-        key = key.strip()
-        if not eq:
-            raise ValueError(f"retention rule {name}: expected key=value, got {item!r}; "
-                             f"valid keys: {_describe_keys(cls)}")
+    for key, raw in pairs:
         if key not in keys:
             raise ValueError(f"retention rule {name}: unknown key {key!r}; valid keys: {_describe_keys(cls)}")
         if key in seen:
             raise ValueError(f"retention rule {name}: key {key} given twice")
         seen.add(key)
         k = keys[key]
-        kwargs[k["field"]] = _convert(name, key, k["type"], raw.strip(), k["choices"])
+        kwargs[k["field"]] = _convert(name, key, k["type"], raw, k["choices"])
     missing = [k["key"] for k in keys.values() if k["required"] and k["field"] not in kwargs]
     if missing:
         raise ValueError(f"retention rule {name}: missing {', '.join(missing)}; valid keys: {_describe_keys(cls)}")

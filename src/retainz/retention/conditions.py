@@ -14,12 +14,14 @@ training step at which the generation's data becomes garbage (logical time, DESI
 Predicted reclaim steps are ``int`` steps, :data:`NEVER` (``math.inf``) for data that survives the run,
 or ``None`` when unknown.
 
-:func:`lifetime_class` maps a prediction to the four coarse ZenFS write-lifetime classes (the hint the
-ZenFS baseline and the ``retainz-coarse`` control consume).
+A condition's text form (:meth:`Condition.describe`) is what a :class:`~retainz.hint.Hint` carries and
+the store journals; its JSON form (:meth:`Condition.to_json`) is what a trace records;
+:func:`parse_condition` and :func:`condition_from_json` read them back.
 """
 
 from __future__ import annotations
 
+import ast
 import enum
 import math
 from bisect import bisect_right
@@ -36,9 +38,9 @@ __all__ = [
     "Permanent",
     "AtStep",
     "Uncertain",
-    "Lifetime",
-    "lifetime_class",
-    "Hint",
+    "CONDITIONS",
+    "condition_from_json",
+    "parse_condition",
 ]
 
 #: Predicted reclaim step of data that is never retired during the run.
@@ -241,77 +243,93 @@ class Uncertain(Condition):
         return self.expected if self.probability >= 0.5 else NEVER
 
 
-class Lifetime(enum.IntEnum):
-    """ZenFS write-lifetime hints (``WLTH_*``, values as in ``fcntl(F_SET_RW_HINT)``)."""
-
-    NOT_SET = 0
-    NONE = 1
-    SHORT = 2
-    MEDIUM = 3
-    LONG = 4
-    EXTREME = 5
+#: The condition classes by kind (the ``kind`` of :meth:`Condition.to_json`).
+CONDITIONS: dict[str, type[Condition]] = {c.kind: c for c in (AfterNewer, Permanent, AtStep, Uncertain)}
 
 
-#: Upper bounds (in save intervals, inclusive) of the SHORT and MEDIUM classes.
-SHORT_MAX_INTERVALS = 2
-MEDIUM_MAX_INTERVALS = 20
+def _field_value(kind: str, name: str, raw):
+    """A field of a condition of ``kind`` from its JSON value (``raw``), typed as the field is."""
+    if raw is None:
+        return None
+    if name == "timing":
+        return Timing(raw)
+    if name == "of_class":
+        return tuple(raw) if isinstance(raw, list) else raw
+    if name in ("earliest", "expected", "probability"):
+        return math.inf if raw == "inf" else float(raw)
+    if name in ("k", "at"):
+        if type(raw) is not int:
+            raise ValueError(f"condition {kind}: {name} must be an integer, got {raw!r}")
+        return raw
+    if not isinstance(raw, str):
+        raise ValueError(f"condition {kind}: {name} must be a string, got {raw!r}")
+    return raw
 
 
-def lifetime_class(save_step: int, reclaim_step: float | None, interval: int) -> Lifetime:
-    """Coarse lifetime class of a generation (the rule the ZenFS baseline and ``retainz-coarse`` use).
+def condition_from_json(obj: dict) -> Condition:
+    """The condition a JSON object (:meth:`Condition.to_json`, trace format v1) stands for.
 
-    With ``L = reclaim_step - save_step`` (steps) and ``I`` the runtime's save interval (steps):
-
-    ======================  ==========
-    lifetime                class
-    ======================  ==========
-    unknown (``None``)      NOT_SET (0)
-    ``L <= 2 I``            SHORT (2)
-    ``2 I < L <= 20 I``     MEDIUM (3)
-    ``20 I < L < inf``      LONG (4)
-    ``inf`` (permanent)     EXTREME (5)
-    ======================  ==========
-
-    So keep-latest-2 and Megatron's global non-persistent saves are SHORT, keep-latest-3..20 (TorchTitan's
-    default keep_latest_k=10 included) MEDIUM, longer windows LONG, every-R-th and final saves EXTREME.
-    At TorchTitan's default interval (500 steps) the bounds are 1,000 and 10,000 steps, the defaults of
-    ``retainz.placement.hints.lifetime_class`` (which takes absolute bounds).
-
-    Args:
-        save_step: the generation's step (steps).
-        reclaim_step: its predicted reclaim step (steps), ``math.inf``, or ``None``.
-        interval: the runtime's base save interval (steps, >= 1).
+    Raises:
+        ValueError: not an object, an unknown kind, a missing or unknown field, or a value of the
+            wrong type (one line).
     """
-    if reclaim_step is None:
-        return Lifetime.NOT_SET
-    if math.isinf(reclaim_step):
-        return Lifetime.EXTREME
-    if interval < 1:
-        raise ValueError(f"interval must be >= 1 step, got {interval}")
-    life = reclaim_step - save_step
-    if life <= SHORT_MAX_INTERVALS * interval:
-        return Lifetime.SHORT
-    if life <= MEDIUM_MAX_INTERVALS * interval:
-        return Lifetime.MEDIUM
-    return Lifetime.LONG
+    if not isinstance(obj, dict):
+        raise ValueError(f"condition must be an object, got {obj!r}")
+    kind = obj.get("kind")
+    cls = CONDITIONS.get(kind)  # type: ignore[arg-type]
+    if cls is None:
+        raise ValueError(f"unknown condition kind {kind!r}; valid: {', '.join(CONDITIONS)}")
+    names = list(cls.__dataclass_fields__)  # type: ignore[attr-defined]
+    extra = sorted(set(obj) - set(names) - {"kind"})
+    if extra:
+        raise ValueError(f"condition {kind}: unknown field(s) {', '.join(extra)}; valid: {', '.join(names)}")
+    missing = [n for n in names if n not in obj]
+    if missing:
+        raise ValueError(f"condition {kind}: missing {', '.join(missing)}")
+    return cls(**{n: _field_value(kind, n, obj[n]) for n in names})
 
 
-@dataclass(frozen=True)
-class Hint:
-    """What a runtime hints at save time.
+def _text_value(name: str, text: str):
+    """The JSON value of a field as :meth:`Condition.describe` wrote it (``str`` of the JSON value)."""
+    if text == "None":
+        return None
+    if name == "of_class" and text.startswith("["):
+        return ast.literal_eval(text)
+    if name in ("k", "at"):
+        return int(text)
+    if name in ("earliest", "expected", "probability"):
+        return text if text == "inf" else float(text)
+    return text
 
-    Attributes:
-        condition: the retirement condition.
-        predicted_reclaim_step: from the condition and the schedule (steps; ``math.inf``; ``None``).
-        lifetime: the coarse class of that prediction (:func:`lifetime_class`).
+
+def parse_condition(text: str) -> Condition:
+    """The condition whose :meth:`Condition.describe` text is ``text`` (the form a :class:`~retainz.hint.Hint`
+    carries and the store journals): ``parse_condition(c.describe()) == c`` for every condition.
+
+    Fields are read in their declared order, each value running up to the next ``,field=``; the last
+    one takes the rest of the text, so a ``basis`` holding commas reads back whole.
+
+    Raises:
+        ValueError: an unknown kind, a missing field or a value of the wrong type (one line).
     """
-
-    condition: Condition
-    predicted_reclaim_step: float | None
-    lifetime: Lifetime
-
-    def to_json(self) -> dict:
-        """JSON object of trace format v1 (``"inf"`` for a permanent prediction)."""
-        p = self.predicted_reclaim_step
-        return {"condition": self.condition.to_json(), "predicted_reclaim_step": _jsonable(p),
-                "lifetime": self.lifetime.name}
+    kind, _, rest = text.partition(":")
+    cls = CONDITIONS.get(kind)
+    if cls is None:
+        raise ValueError(f"condition {text!r}: unknown kind {kind!r}; valid: {', '.join(CONDITIONS)}")
+    names = list(cls.__dataclass_fields__)  # type: ignore[attr-defined]
+    obj: dict = {"kind": kind}
+    pos = 0
+    for i, name in enumerate(names):
+        head = ("" if i == 0 else ",") + name + "="
+        if not rest.startswith(head, pos):
+            raise ValueError(f"condition {text!r}: expected {name}=")
+        pos += len(head)
+        end = rest.find("," + names[i + 1] + "=", pos) if i + 1 < len(names) else len(rest)
+        if end < 0:
+            raise ValueError(f"condition {text!r}: expected {names[i + 1]}=")
+        try:
+            obj[name] = _text_value(name, rest[pos:end])
+        except (ValueError, SyntaxError):
+            raise ValueError(f"condition {text!r}: bad {name} {rest[pos:end]!r}") from None
+        pos = end
+    return condition_from_json(obj)

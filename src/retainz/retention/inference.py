@@ -12,13 +12,13 @@ inferred rule       evidence                                                    
 ``keep_latest``     every deletion retires the oldest live save, and the same   ``step + k * I``
                     ``k`` saves are live after each one (HF ``save_total_limit``,
                     TorchTitan ``keep_latest_k``, Lightning without a monitor)
-``retain_interval`` as ``keep_latest``, but older saves at multiples of ``R``    ``PERMANENT`` on
+``retain_interval`` as ``keep_latest``, but older saves at multiples of ``R``    ``NEVER`` on
                     are skipped and never retired (Megatron                     multiples of ``R``,
                     ``--save-retain-interval``)                                 else ``step + k * I``
 ``top_k_like``      deletions out of save order (a top-k by a metric: HF        ``step + L``, ``L``
                     ``metric_for_best_model``, Lightning ``monitor``)           the median observed
                                                                                 lifetime
-``keep_all``        at least :attr:`RetentionInference.keep_all_after` saves     ``PERMANENT``
+``keep_all``        at least :attr:`RetentionInference.keep_all_after` saves     ``NEVER``
                     and no deletion
 ==================  ==========================================================  =====================
 
@@ -36,8 +36,8 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from retainz.placement.base import PERMANENT, Hint
-from retainz.placement.hints import lifetime_class
+from retainz.hint import Hint, lifetime_class
+from retainz.retention.conditions import NEVER
 
 __all__ = ["RetentionInference", "InferredRule"]
 
@@ -71,9 +71,9 @@ class InferredRule:
         return f"inferred:{self.name}:{params}"
 
     def reclaim_step(self, step: int) -> float:
-        """Predicted reclaim step of a save at ``step`` (``PERMANENT`` = never)."""
+        """Predicted reclaim step of a save at ``step`` (``NEVER`` = never)."""
         if self.name == "keep_all" or (self.name == "retain_interval" and step % self.retain == 0):
-            return PERMANENT
+            return NEVER
         if self.name == "top_k_like":
             return step + self.lifetime
         return step + self.k * self.interval
@@ -178,8 +178,9 @@ class RetentionInference:
         return s.rule if s is not None else None
 
     def hint(self, series: str, step: int | None) -> Hint | None:
-        """The placement hint for a new save at ``step`` in ``series``, or ``None`` while nothing is
-        inferred (or the save names no step)."""
+        """The hint for a new save at ``step`` in ``series`` (its condition is the inferred rule's
+        description, e.g. ``keep_latest:k=3,interval=500``), or ``None`` while nothing is inferred (or
+        the save names no step)."""
         r = self.rule(series)
         if r is None or step is None:
             return None

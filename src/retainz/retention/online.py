@@ -1,12 +1,17 @@
 """Save-time hints for a live run: a rule and the step being saved -> the hint, without a trace.
 
-A storage plugin (the DCP writer, the fsspec file system) knows the rule (from configuration) and the
-step (parsed from the checkpoint id), and may not know how long the run will be.  :func:`save_hint`
-builds the rule's save schedule far enough ahead for every condition to resolve (or up to
-``total_steps`` when given) and returns the hint the runtime could honestly give for a save at that
-step.  It keeps no history: top-k rules (Lightning with a monitor, HF with a metric) give an
-:class:`~retainz.retention.conditions.Uncertain` condition without an estimate, so their predicted
-reclaim step is ``None``.
+A storage plugin (the DCP writer, the ``retainz://`` file system, the mount, the retention callbacks)
+knows the rule (from configuration) and the step (parsed from the checkpoint id,
+:func:`~retainz.retention.steps.parse_step`), and may not know how long the run will be.
+:func:`save_hint` builds the rule's save schedule far enough ahead for every condition to resolve
+(or up to ``total_steps`` when given) and returns the hint the runtime could honestly give for a
+save at that step: the same :class:`~retainz.hint.Hint` the driven run gives (the retention rules
+are the only predictor).  It keeps no history: top-k rules (Lightning with a monitor, HF with a
+metric) give an :class:`~retainz.retention.conditions.Uncertain` condition without an estimate, so
+their predicted reclaim step is ``None``.
+
+:func:`explicit_hint` is the hint of a condition the caller states for one save
+(``ZonedStorageWriter.set_condition``): ``permanent``, ``at_step:N`` or ``after:N``.
 """
 
 from __future__ import annotations
@@ -15,10 +20,11 @@ import dataclasses
 import functools
 from bisect import bisect_left
 
-from retainz.retention.base import Gen, Rule, Session
-from retainz.retention.conditions import Hint, PlannedSave
+from retainz.hint import Hint, lifetime_class
+from retainz.retention.base import Gen, Rule, Session, parse_rule
+from retainz.retention.conditions import NEVER, AtStep, Permanent, PlannedSave
 
-__all__ = ["save_hint", "hint_for_save"]
+__all__ = ["save_hint", "rule_hint", "explicit_hint"]
 
 _K_FIELDS = ("keep_latest_k", "save_total_limit", "total_limit", "latest", "save_top_k")
 _INTERVAL_FIELDS = ("interval", "save_interval", "non_persistent_interval", "every_n_train_steps", "save_steps",
@@ -42,21 +48,27 @@ def _session(rule: Rule, total_steps: int, first_step: int) -> Session:
 def save_hint(rule: Rule, step: int, *, total_steps: int | None = None, cls: str | None = None) -> Hint:
     """The hint for a save at ``step`` under ``rule``.
 
+    A save at step 0 (TorchTitan's seed checkpoint ``step-0``, which its purge counts like any
+    ``step-N``) is planned as the first save of a run starting at step 0.
+
     Args:
         rule: a parsed rule (:func:`~retainz.retention.parse_rule`).
-        step: the training step being saved (steps, >= 1).
+        step: the training step being saved (steps, >= 0).
         total_steps: the run's last step, when known (then saves that survive the run are permanent);
             ``None``: the run continues well past this save.
         cls: the save's class when the rule saves several at one step (Megatron at the end of training,
             Lightning ``topk``/``last``); default: the first planned save at that step.
+
+    Raises:
+        ValueError: ``step < 0``, or ``total_steps < step``.
     """
-    if step < 1:
-        raise ValueError(f"step must be >= 1, got {step}")
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
     if getattr(rule, "metric", None) not in (None, "none", "synthetic", "plateau"):
         rule = dataclasses.replace(rule, metric="synthetic")  # no history: the values are never used
     # plan a window of saves from a little before the step to well after it (cached per window)
     h = _horizon(rule)
-    first = max(1, (step // h) * h)
+    first = max(1, (step // h) * h) if step else 0
     if total_steps is None:
         total_steps = first + 3 * h
     elif total_steps < step:
@@ -81,10 +93,56 @@ def save_hint(rule: Rule, step: int, *, total_steps: int | None = None, cls: str
     return hint
 
 
-def hint_for_save(rule: Rule, step: int, *, total_steps: int | None = None, cls: str | None = None):
-    """:func:`save_hint` as a placement ``Hint`` (``retainz.placement.base.Hint``: reclaim step, ZenFS
-    lifetime value, condition string)."""
-    from retainz.placement.base import Hint as PlacementHint
+@functools.lru_cache(maxsize=32)
+def _parsed(spec: str) -> Rule:
+    return parse_rule(spec)
 
-    h = save_hint(rule, step, total_steps=total_steps, cls=cls)
-    return PlacementHint(h.predicted_reclaim_step, int(h.lifetime), h.condition.describe())
+
+def rule_hint(rule: str | Rule, step: int | None) -> Hint | None:
+    """:func:`save_hint` for a rule given as text (``"torchtitan:interval=500,keep_latest_k=10"``,
+    parsed once per text) or as a :class:`Rule`; ``None`` when the checkpoint id named no step.
+
+    Raises:
+        ValueError: a malformed rule (:func:`~retainz.retention.parse_rule`'s one line), ``step < 0``.
+    """
+    parsed = _parsed(rule) if isinstance(rule, str) else rule
+    return None if step is None else save_hint(parsed, step)
+
+
+#: The explicit conditions :func:`explicit_hint` reads.
+EXPLICIT = ("permanent", "at_step:N", "after:N")
+
+
+def explicit_hint(condition: str, step: int | None) -> Hint:
+    """The hint of a condition stated for one save: ``"permanent"`` (never retired), ``"at_step:N"``
+    (retired at step N) or ``"after:N"`` (retired N steps after the save).
+
+    The condition becomes :class:`~retainz.retention.conditions.Permanent` (reason ``explicit``) or
+    :class:`~retainz.retention.conditions.AtStep`; its lifetime class uses the default bounds
+    (:func:`retainz.hint.lifetime_class`: no rule gives an interval); NOT_SET for ``at_step:N``
+    without the save's step.
+
+    Args:
+        condition: the condition text.
+        step: the save's training step (``None``: unknown; ``after:N`` then predicts nothing).
+
+    Raises:
+        ValueError: any other text (one line listing the valid forms).
+    """
+    c = condition.strip().lower()
+    kind, _, value = c.partition(":")
+    if c in ("permanent", "never"):
+        cond, pred = Permanent("explicit"), NEVER
+    elif kind in ("at_step", "after") and value.strip().isdigit():
+        n = int(value)
+        if kind == "at_step":
+            cond, pred = AtStep(n), n
+        elif step is None:
+            return Hint()
+        else:
+            cond, pred = AtStep(step + n), step + n
+    else:
+        raise ValueError(f"retention condition {condition!r}: expected {', '.join(EXPLICIT)}")
+    # without the save's step a finite prediction has no known lifetime, so no class
+    life = lifetime_class(pred if step is not None or pred == NEVER else None, step or 0)
+    return Hint(pred, life, cond.describe())

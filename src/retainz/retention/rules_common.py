@@ -15,8 +15,8 @@ def _positive(rule: str, **values: int | None) -> None:
 def _check_steps(total_steps: int, first_step: int = 1) -> None:
     if total_steps < 1:
         raise ValueError(f"a run needs at least 1 training step, got {total_steps}")
-    if not 1 <= first_step <= total_steps:
-        raise ValueError(f"first_step must be in 1..{total_steps}, got {first_step}")
+    if not 0 <= first_step <= total_steps:  # 0: a run whose first save is at step 0 (a seed checkpoint)
+        raise ValueError(f"first_step must be in 0..{total_steps}, got {first_step}")
 
 
 def _multiples(interval: int, first: int, last: int) -> range:

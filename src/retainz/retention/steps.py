@@ -1,10 +1,25 @@
-"""Step numbers from checkpoint ids.
+"""Step numbers from checkpoint ids: the one parser every route uses (DCP, ``retainz://``, the mount,
+the retention rules).
 
 A storage plugin sees only a checkpoint id (a path).  The runtimes name their checkpoints after the
 training step, so the step can be read back, but a name is a *hint*: a directory can be renamed, left
 half-written by a crash, or created by hand.  :func:`parse_step` therefore accepts exactly the four
 naming schemes below on the last path component and nothing else, and :func:`committed_steps` never
 counts a generation that has not committed.
+
+A file system (the ``retainz://`` file system, the mount) also sees the names runtimes give files
+and staging directories; ``parse_step(name, file_names=True)`` adds those two forms:
+
+==========================  ===========================================  =================
+name                        runtime                                      step
+==========================  ===========================================  =================
+``tmp-checkpoint-500``      HF Trainer's staging directory (renamed to    500
+                            ``checkpoint-500`` once written)
+``epoch=0-step=500.ckpt``   Lightning ``ModelCheckpoint`` (``step=N``     500
+                            after the start, ``-`` or ``_``)
+==========================  ===========================================  =================
+
+The four id forms:
 
 ==========================  ===========================================  =================
 id (last path component)    runtime                                      step
@@ -33,9 +48,13 @@ _PATTERNS = (
     re.compile(r"checkpoint-([0-9]+)"),
     re.compile(r"global_step([0-9]+)"),
 )
+#: HF Trainer ``_save_checkpoint`` writes ``tmp-checkpoint-N`` and renames it (file names only).
+_HF_STAGING = re.compile(r"tmp-checkpoint-([0-9]+)")
+#: Lightning ``ModelCheckpoint`` file names (``{epoch}-{step}`` -> ``epoch=0-step=500.ckpt``).
+_LIGHTNING = re.compile(r"(?:^|[-_])step=([0-9]+)")
 
 
-def parse_step(checkpoint_id: str) -> int | None:
+def parse_step(checkpoint_id: str, *, file_names: bool = False) -> int | None:
     """Training step named by a checkpoint id, or ``None``.
 
     Only the last path component counts (one trailing ``/`` is ignored), and it must match one of
@@ -44,20 +63,28 @@ def parse_step(checkpoint_id: str) -> int | None:
 
     Args:
         checkpoint_id: the id the runtime passed (a path string).
+        file_names: also read HF's ``tmp-checkpoint-N`` and Lightning's ``…step=N…`` (names on a
+            file system: the ``retainz://`` file system and the mount).
 
     Returns:
-        The step (steps, >= 0), or ``None`` when the name is none of the four forms.
+        The step (steps, >= 0), or ``None`` when the name is none of the forms (or has more than
+        :data:`MAX_STEP_DIGITS` digits).
     """
     if not isinstance(checkpoint_id, str):
         return None
     path = checkpoint_id[:-1] if checkpoint_id.endswith("/") else checkpoint_id
     name = path.rsplit("/", 1)[-1]
+    m = None
     for pattern in _PATTERNS:
         m = pattern.fullmatch(name)
         if m:
-            digits = m.group(1)
-            return int(digits) if len(digits) <= MAX_STEP_DIGITS else None
-    return None
+            break
+    if m is None and file_names:
+        m = _HF_STAGING.fullmatch(name) or _LIGHTNING.search(name)
+    if m is None:
+        return None
+    digits = m.group(1)
+    return int(digits) if len(digits) <= MAX_STEP_DIGITS else None
 
 
 def committed_steps(ids: Iterable[str], committed: Container[str]) -> list[tuple[int, str]]:

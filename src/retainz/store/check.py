@@ -102,8 +102,9 @@ def fsck(device: ZonedDevice, catalog: Catalog, zones: ZoneBook, fresh: ZoneTabl
     return rep
 
 
-def space(zones: ZoneBook, generations: int) -> SpaceReport:
-    """Space report, like ``zenfs df`` (see :class:`SpaceReport`)."""
+def space(zones: ZoneBook, generations: int, *, admissible: int = 0, gc_reserve: int = 0) -> SpaceReport:
+    """Space report, like ``zenfs df`` (see :class:`SpaceReport`); ``admissible`` and ``gc_reserve``
+    in bytes, as the store's admission computes them."""
     t = zones.table
     used = t.live
     reclaimable = t.dead + t.unused
@@ -111,7 +112,8 @@ def space(zones: ZoneBook, generations: int) -> SpaceReport:
     return SpaceReport(capacity=zones.data_capacity, free=zones.free(), used=used, reclaimable=reclaimable,
                        space_amplification=(100.0 * reclaimable / used) if used else 0.0,
                        data_zones=len(t), meta_zones=zones.meta_zones, empty_zones=t.n_empty,
-                       open_zones=len(t.open), full_zones=n_full, generations=generations)
+                       open_zones=len(t.open), full_zones=n_full, generations=generations,
+                       admissible=admissible, gc_reserve=gc_reserve)
 
 
 def recompute_table(zones: ZoneBook, extent_lists: Iterable) -> ZoneTable:

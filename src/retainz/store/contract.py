@@ -13,7 +13,8 @@ import uuid
 from collections.abc import Iterable, Iterator
 from typing import Protocol, runtime_checkable
 
-from retainz.placement.base import Allocator, Hint, ZoneTable
+from retainz.hint import Hint
+from retainz.placement.base import Allocator, ZoneTable
 from retainz.store.types import (
     FsckReport,
     GCReport,
@@ -89,13 +90,15 @@ class CheckpointStore(Protocol):
     def admission_reserve_zones(self) -> int: ...
 
     def begin_generation(self, gen_id: str, step: int, *, hint: Hint | None = None,
-                         declared_size: int | None = None) -> GenerationWriting: ...
+                         declared_size: int | None = None, replace: bool = False) -> GenerationWriting: ...
 
     def generations(self) -> list[GenerationInfo]: ...
 
     def generation(self, gen_id: str) -> GenerationInfo: ...
 
     def delete(self, gen_id: str, *, step: int | None = None) -> None: ...
+
+    def update_hint(self, gen_id: str, hint: Hint, *, step: int | None = None) -> None: ...
 
     def advance(self, step: int) -> None: ...
 

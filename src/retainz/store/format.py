@@ -16,6 +16,23 @@ Every meta zone in use starts with a one-block **superblock** (little endian)::
 ``sequence`` numbers journal generations (ZenFS's superblock sequence): a rollover writes the new
 snapshot under ``sequence + 1``; ``part`` is the zone's place in a snapshot that spills across meta
 zones.  The rest of the block is zero.
+
+**Format versions.**  The version is bumped by any change older code would misread: a new record
+kind or record member, a new meaning of a field, a layout change.  (A change older code reads
+correctly, e.g. a record member it may ignore, keeps the version.)  This code writes
+:data:`FORMAT_VERSION` and reads :data:`READABLE_VERSIONS`; flags must be a subset of
+:data:`KNOWN_FLAGS`.
+
+* A store of a version this code does not read, or with unknown flag bits, is refused at open,
+  read-write or read-only, before anything is written (:class:`~retainz.errors.UnsupportedFormatError`
+  names the version found); ``format`` refuses to overwrite it without ``force``.
+* An older readable version is opened as is read-only; a read-write open upgrades it first: the
+  journal rolls over to a chain under the current version (a snapshot, which any version-2 code
+  reads) before any new record is written.  Older code then refuses the upgraded store (the versions
+  it reads stop below it) rather than misread it.
+
+History: 1 (the first format); 2 adds the replace commit (a commit record with ``rp``, retiring the
+committed generation of the same id in the same record) and the hint update record (``h``).
 """
 
 from __future__ import annotations
@@ -27,13 +44,19 @@ from dataclasses import dataclass
 
 import crc32c
 
-from retainz.errors import CorruptJournalError, InvalidIdError
+from retainz.errors import CorruptJournalError, InvalidIdError, UnsupportedFormatError
 from retainz.zoned.model import Geometry
 
-__all__ = ["MAGIC", "FORMAT_VERSION", "Superblock", "check_id", "round_up", "MAX_ID_BYTES"]
+__all__ = ["MAGIC", "FORMAT_VERSION", "READABLE_VERSIONS", "KNOWN_FLAGS", "Superblock", "check_id", "round_up",
+           "MAX_ID_BYTES"]
 
 MAGIC = b"RETAINZS"
-FORMAT_VERSION = 1
+#: The format version this code writes.
+FORMAT_VERSION = 2
+#: The format versions this code reads.
+READABLE_VERSIONS = (1, 2)
+#: Superblock flag bits this code knows (none yet): any other bit refuses the store.
+KNOWN_FLAGS = 0
 MAX_ID_BYTES = 255
 _SB = struct.Struct("<8sII16sQIIQQIII64s")
 
@@ -84,9 +107,24 @@ class Superblock:
     def has_magic(block: bytes) -> bool:
         return block[:8] == MAGIC
 
+    def check_supported(self, where: str) -> None:
+        """Refuse a version or flags this code does not know (module docstring).
+
+        Raises:
+            UnsupportedFormatError: naming the version (or flags) found in ``where``.
+        """
+        if self.version not in READABLE_VERSIONS:
+            raise UnsupportedFormatError(f"{where}: RetainZ store format version {self.version}; this code reads "
+                                         f"versions {', '.join(map(str, READABLE_VERSIONS))} (newer software "
+                                         "wrote it?): nothing written")
+        if self.flags & ~KNOWN_FLAGS:
+            raise UnsupportedFormatError(f"{where}: RetainZ store with unknown format flags {self.flags:#x} "
+                                         f"(format version {self.version}): nothing written")
+
     @classmethod
     def decode(cls, block: bytes, device_geometry: Geometry) -> Superblock | None:
-        """Parse a superblock; ``None`` if the magic is absent or the checksum fails.
+        """Parse a superblock; ``None`` if the magic is absent or the checksum fails.  The version
+        and flags are returned as found (:meth:`check_supported` refuses unknown ones).
 
         Raises:
             DeviceFormatError: the recorded geometry is impossible (a valid checksum over it).

@@ -125,7 +125,11 @@ class Collector:
                 try:
                     moved, copied, left, left_bytes, kept = self._copy_zone(v, pending, copy_ext, vcopies,
                                                                             moved_out, touched)
-                except ChecksumError as e:
+                except BaseException as e:
+                    if not isinstance(e, ChecksumError):
+                        for z, n in vcopies.items():  # undone with the pass's other copies below
+                            copies[z] = copies.get(z, 0) + n
+                        raise
                     self.zones.kill(vcopies)          # give this victim up; keep the others
                     touched.update(vcopies)
                     del copy_ext[mark:]

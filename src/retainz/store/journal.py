@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from retainz.errors import CorruptJournalError, ForeignDeviceError, NoSpaceError
+from retainz.errors import CorruptJournalError, ForeignDeviceError, NoSpaceError, ZonedDeviceError
 from retainz.store.format import Superblock
 from retainz.store.records import EXTENT_BYTES, Kind, frame, kind_of, plan_zones, snapshot_zones, unframe
 from retainz.zoned.device import ZonedDevice
@@ -168,6 +168,8 @@ def scan(device: ZonedDevice) -> MountScan:
 
     Raises:
         ForeignDeviceError: no meta zone holds a RetainZ superblock.
+        UnsupportedFormatError: a superblock of a format version or flags this code does not know
+            (nothing is written).
         CorruptJournalError: see the module docstring.
     """
     g = device.geometry
@@ -187,6 +189,7 @@ def scan(device: ZonedDevice) -> MountScan:
             if Superblock.has_magic(block):
                 bad.append(z.index)
             continue
+        sb.check_supported(f"{device!r} meta zone {z.index}")
         if not sbs:
             n_meta = min(sb.meta_zones, len(zones))
         sbs[z.index] = sb
@@ -262,6 +265,8 @@ class Journal:
         self.bytes_written = 0
         self.records = 0
         self.rollovers = 0
+        #: a record write failed: the chain's tail is unknown, so the next append rolls over first
+        self.fenced = False
 
     @property
     def max_record(self) -> int:
@@ -275,19 +280,29 @@ class Journal:
     def append(self, payload: bytes, *, flush: bool = True) -> None:
         """Append one record (rolling over first if the last zone has no room) and flush.
 
+        A failed record write fences the chain (:attr:`fenced`): the device may hold part of the
+        record, so the next append first rolls over to a fresh chain.
+
         Raises:
             NoSpaceError: the record is larger than a meta zone, or a needed rollover does not fit
                 the free meta zones (nothing was written).
+            ZonedDeviceError: the write or the flush failed.
         """
         rec = frame(payload, self.bs)
         if len(rec) > self.capacity - self.bs:
             raise NoSpaceError(f"journal record of {len(payload)} bytes does not fit a meta zone "
                                f"({self.capacity - self.bs} bytes after the superblock)",
                                needed=len(rec), available=self.capacity - self.bs)
-        if self.end + len(rec) > self.capacity:
+        if self.end + len(rec) > self.capacity or self.fenced:
             self.roll(reserve=len(rec))
+            self.fenced = False
         z = self.chain[-1]
-        self.device.write(z * self.zone_size + self.end, rec)
+        try:
+            self.device.write(z * self.zone_size + self.end, rec)
+        except ZonedDeviceError:
+            # the device may have written part of it: the next record goes to a fresh chain
+            self.fenced = True
+            raise
         self.end += len(rec)
         self.bytes_written += len(rec)
         self.records += 1

@@ -22,6 +22,7 @@ from retainz.store.records import (
     commit_record,
     delete_record,
     gen_entry_size,
+    hint_record,
     move_record,
     pack_zones,
     snapshot_record_limit,
@@ -79,21 +80,27 @@ class MetadataLog:
         m = self.metrics
         m.journal_bytes, m.journal_records, m.rollovers = j.bytes_written, j.records, j.rollovers
 
-    def commit(self, entry: bytes) -> None:
-        """Journal a commit of the generation entry ``entry`` (compact JSON bytes)."""
+    def commit(self, entry: bytes, replace_resets: list[int] | None = None) -> None:
+        """Journal a commit of the generation entry ``entry`` (compact JSON bytes); with
+        ``replace_resets``, one that retires the committed generation of the same id
+        (:func:`~.records.commit_record`)."""
         now = self.zones.now
-        self._append(lambda z, o: commit_record(entry, now, z, o))
+        self._append(lambda z, o: commit_record(entry, now, z, o, replace_resets))
 
     def delete(self, gen_id: str, resets: list[int]) -> None:
         """Journal the retirement of ``gen_id``; ``resets`` are reset after the record."""
         now = self.zones.now
         self._append(lambda z, o: delete_record(gen_id, resets, now, z, o))
-        self.forget(gen_id)
 
     def move(self, moves: list, resets: list[int]) -> None:
         """Journal a GC pass's moves ``[[generation, shard, new extents]...]`` and victims."""
         now = self.zones.now
         self._append(lambda z, o: move_record(moves, resets, now, z, o))
+
+    def hint(self, gen_id: str, hint) -> None:
+        """Journal a new hint for committed ``gen_id``."""
+        now = self.zones.now
+        self._append(lambda z, o: hint_record(gen_id, hint, now, z, o))
 
     def sync(self) -> None:
         """Journal the zone attributes and metrics at a clean close."""

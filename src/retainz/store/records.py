@@ -16,11 +16,13 @@ snap    snapshot head: ``now``, ``commit_seq``, ``metrics``, ``o``
 sz      snapshot: zone attributes ``{"z": [[zone, *ZoneAttrs]...]}`` (2,000 per record)
 sg      snapshot: a batch of committed generations ``{"g": [entry...]}`` (:func:`encode_gen`)
 send    snapshot end: ``n`` generations (a chain is usable only once this is durable)
-c       commit: ``g`` one generation entry, ``now``, ``z`` changed zone attributes, ``o``
+c       commit: ``g`` one generation entry, ``now``, ``z`` changed zone attributes, ``o``; a
+        replacing commit (version 2) also ``rp`` 1 and ``r`` the zones to reset after it
 d       deletion: ``g`` generation id, ``r`` zones to reset after it, ``now``, ``z``, ``o``
 m       GC move: ``s`` ``[[generation, shard, new extent list]...]``, ``r`` victims to reset,
         ``now``, ``z``, ``o``
 x       sync (clean close): ``now``, ``metrics``, ``z``, ``o``
+h       hint update (version 2): ``g`` generation id, ``h`` its new hint, ``now``, ``z``, ``o``
 ======  ==================================================================================
 
 ``o`` is the zone table's opening counter (``ZoneTable.open_seq``).  Zone attributes
@@ -46,14 +48,15 @@ from typing import NamedTuple
 
 import crc32c
 
-from retainz.placement.base import Hint, ZoneSummary
+from retainz.hint import Hint, Lifetime
+from retainz.placement.base import ZoneSummary
 from retainz.store.format import round_up
 from retainz.store.types import GenerationInfo, GenState, ShardInfo
 from retainz.zoned.model import ZoneCond
 
 __all__ = ["Kind", "Record", "ZoneAttrs", "frame", "frame_size", "unframe", "FRAME_HEADER", "decode", "kind_of",
            "encode_gen", "decode_gen", "gen_entry_size", "commit_record", "delete_record", "move_record",
-           "sync_record", "snapshot_records", "empty_snapshot", "plan_zones", "snapshot_record_limit",
+           "sync_record", "hint_record", "snapshot_records", "empty_snapshot", "plan_zones", "snapshot_record_limit",
            "snapshot_zones", "pack_zones", "SNAPSHOT_RECORD", "ZONE_ATTR_BYTES", "SNAPSHOT_HEAD_BYTES",
            "EXTENT_BYTES", "ZONES_PER_RECORD"]
 
@@ -111,6 +114,7 @@ class Kind(enum.StrEnum):
     DELETE = "d"
     MOVE = "m"
     SYNC = "x"
+    HINT = "h"
 
 
 _dumps = json.JSONEncoder(separators=(",", ":"), allow_nan=True).encode
@@ -161,10 +165,12 @@ class Record:
         now: the logical time (training step), or ``None`` when absent.
         gens: generations (``c``: one; ``sg``: a batch), committed.
         deleted: the retired generation id (``d``).
-        resets: zones to reset after the record (``d``, ``m``).
+        replaces: the commit retires the committed generation of the same id (``c`` with ``rp``).
+        resets: zones to reset after the record (``d``, ``m``, a replacing ``c``).
         moves: ``[(generation id, shard, extents)]`` (``m``).
         metrics: ``StoreMetrics`` fields (``snap``, ``x``).
         commit_seq: the last commit sequence number (``snap``), or ``None``.
+        hint: ``(generation id, new hint)`` (``h``).
         count: generations in the snapshot (``send``).
     """
 
@@ -174,11 +180,13 @@ class Record:
     now: int | None = None
     gens: list[GenerationInfo] = field(default_factory=list)
     deleted: str | None = None
+    replaces: bool = False
     resets: list[int] = field(default_factory=list)
     moves: list[tuple[str, str, tuple]] = field(default_factory=list)
     metrics: dict = field(default_factory=dict)
     commit_seq: int | None = None
     count: int = 0
+    hint: tuple[str, Hint] | None = None
 
 
 def kind_of(payload: bytes) -> Kind | None:
@@ -207,6 +215,8 @@ def decode(payload: bytes) -> Record:
         rec.zones = [ZoneAttrs.decode(a) for a in body["z"]]
     if kind is Kind.COMMIT:
         rec.gens = [decode_gen(body["g"])]
+        rec.replaces = bool(body.get("rp"))
+        rec.resets = body.get("r", [])
     elif kind is Kind.GENS:
         rec.gens = [decode_gen(item) for item in body["g"]]
     elif kind is Kind.DELETE:
@@ -219,12 +229,19 @@ def decode(payload: bytes) -> Record:
         rec.commit_seq = body.get("commit_seq")
     elif kind is Kind.SNAP_END:
         rec.count = body["n"]
+    elif kind is Kind.HINT:
+        rec.hint = (body["g"], _hint_of(body["h"]))
     return rec
 
 
 # -- generation entries ---------------------------------------------------------------------------------
 def _hint_item(h: Hint) -> list:
     return [h.reclaim_step, h.lifetime, h.condition, h.actual_reclaim_step]
+
+
+def _hint_of(item: list) -> Hint:
+    rs, lt, cond, actual = item
+    return Hint(reclaim_step=rs, lifetime=Lifetime(lt), condition=cond, actual_reclaim_step=actual)
 
 
 def encode_gen(gen: GenerationInfo) -> list:
@@ -235,9 +252,8 @@ def encode_gen(gen: GenerationInfo) -> list:
 
 def decode_gen(item: list) -> GenerationInfo:
     """A committed :class:`GenerationInfo` from its entry."""
-    gid, step, (rs, lt, cond, actual), seq, shards = item
-    return GenerationInfo(id=gid, step=step,
-                          hint=Hint(reclaim_step=rs, lifetime=lt, condition=cond, actual_reclaim_step=actual),
+    gid, step, hint, seq, shards = item
+    return GenerationInfo(id=gid, step=step, hint=_hint_of(hint),
                           state=GenState.COMMITTED,
                           shards={name: ShardInfo(name, size, crc, tuple(map(tuple, ext)))
                                   for name, size, crc, ext in shards},
@@ -261,11 +277,17 @@ def _update(kind: Kind, body: dict, zones: list, open_seq: int) -> bytes:
     return kind.encode() + b" " + _dumps(body).encode()
 
 
-def commit_record(entry: bytes, now: int, zones: list, open_seq: int) -> bytes:
+def commit_record(entry: bytes, now: int, zones: list, open_seq: int, replace_resets: list[int] | None = None) -> bytes:
     """A ``c`` record for the generation entry ``entry`` (:func:`gen_entry_bytes`, spliced in as is
-    so a commit encodes its generation once) and the changed zones' attribute items."""
-    tail = _dumps({"now": now, "z": zones, "o": open_seq})
-    return b'c {"g":' + entry + b"," + tail[1:].encode()
+    so a commit encodes its generation once) and the changed zones' attribute items.
+
+    ``replace_resets`` (format version 2): the commit replaces the committed generation of the same
+    id, retired by this same record (``rp``); the zones it leaves with no live data (``r``) are
+    reset after it.  ``None``: a plain commit."""
+    body = {"now": now, "z": zones, "o": open_seq}
+    if replace_resets is not None:
+        body = {"rp": 1, "r": replace_resets, **body}
+    return b'c {"g":' + entry + b"," + _dumps(body)[1:].encode()
 
 
 def delete_record(gen_id: str, resets: list[int], now: int, zones: list, open_seq: int) -> bytes:
@@ -276,6 +298,11 @@ def delete_record(gen_id: str, resets: list[int], now: int, zones: list, open_se
 def move_record(moves: list, resets: list[int], now: int, zones: list, open_seq: int) -> bytes:
     """An ``m`` record: ``moves`` ``[[generation, shard, new extents]...]``; victims ``resets``."""
     return _update(Kind.MOVE, {"s": moves, "r": resets, "now": now}, zones, open_seq)
+
+
+def hint_record(gen_id: str, hint: Hint, now: int, zones: list, open_seq: int) -> bytes:
+    """An ``h`` record: committed generation ``gen_id`` has a new hint (format version 2)."""
+    return _update(Kind.HINT, {"g": gen_id, "h": _hint_item(hint), "now": now}, zones, open_seq)
 
 
 def sync_record(now: int, metrics: dict, zones: list, open_seq: int) -> bytes:

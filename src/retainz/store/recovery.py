@@ -32,8 +32,9 @@
    capacity (unused capacity) for no gain: the device already closed them on power loss, and the
    active-zone budget is the same either way.
 4. **Tidy the journal**: reset stale meta zones (older chains, a crashed rollover's partial chain);
-   roll over to a fresh chain if the tail was torn (so no valid record ever follows garbage) or the
-   chain's last zone has no room.
+   roll over to a fresh chain if the tail was torn (so no valid record ever follows garbage), the
+   chain's last zone has no room, or the chain is of an older format version (the upgrade:
+   :mod:`.format`, "Format versions").
 5. Bind the allocator to the rebuilt table.  Zones whose attributes recovery changed are marked so
    the next record journals them.
 
@@ -53,7 +54,7 @@ from dataclasses import dataclass, field
 from retainz.errors import CorruptJournalError
 from retainz.placement.base import ZoneSummary
 from retainz.store.catalog import Catalog
-from retainz.store.format import Superblock, round_up
+from retainz.store.format import FORMAT_VERSION, Superblock, round_up
 from retainz.store.journal import Journal, scan
 from retainz.store.metalog import MetadataLog
 from retainz.store.records import NO_ATTRS, Kind, ZoneAttrs, decode
@@ -138,7 +139,11 @@ def replay(payloads: list[bytes]) -> Replayed:
         kind = rec.kind
         if kind is Kind.COMMIT or kind is Kind.GENS:
             for gen in rec.gens:
+                if rec.replaces and gen.id in cat.gens:
+                    cat.remove(gen.id)
                 cat.add(gen)
+            for z in rec.resets:
+                attrs[z] = NO_ATTRS
         elif kind is Kind.DELETE:
             if rec.deleted in cat.gens:
                 cat.remove(rec.deleted)
@@ -149,6 +154,10 @@ def replay(payloads: list[bytes]) -> Replayed:
                 cat.replace_extents(gid, name, ext)
             for z in rec.resets:
                 attrs[z] = NO_ATTRS
+        elif kind is Kind.HINT:
+            gid, hint = rec.hint
+            if gid in cat.gens:
+                cat.gens[gid].hint = hint
         elif kind is Kind.SNAP or kind is Kind.SYNC:
             out.metrics.update(rec.metrics)
             if rec.commit_seq is not None and rec.commit_seq > cat.commit_seq:
@@ -253,6 +262,7 @@ def mount(device: ZonedDevice, *, readonly: bool) -> Mounted:
 
     Raises:
         ForeignDeviceError: the device holds no RetainZ store.
+        UnsupportedFormatError: a format version or flags this code does not know.
         CorruptJournalError: the journal or superblock is damaged, the superblock's geometry is
             not the device's, or committed data is missing.
     """
@@ -280,9 +290,11 @@ def mount(device: ZonedDevice, *, readonly: bool) -> Mounted:
         else:
             device.reset_zone(z)
     last = device.zone(journal.chain[-1])
-    if found.torn or last.cond == ZoneCond.FULL or journal.room() < 2 * g.block_size:
+    old = sb.version < FORMAT_VERSION
+    if found.torn or old or last.cond == ZoneCond.FULL or journal.room() < 2 * g.block_size:
         if readonly:
-            why = f"drop a torn tail of {found.torn} bytes" if found.torn else "its last zone is full"
+            why = (f"drop a torn tail of {found.torn} bytes" if found.torn
+                   else f"upgrade format version {sb.version} to {FORMAT_VERSION}" if old else "its last zone is full")
             rep.repairs.append(f"roll the journal over to a fresh chain ({why})")
         else:
             journal.roll()

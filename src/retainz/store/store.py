@@ -35,8 +35,9 @@ from retainz.errors import (
     StoreLockedError,
     SummaryMismatchError,
 )
+from retainz.hint import Hint
 from retainz.placement import make_allocator
-from retainz.placement.base import Allocator, Hint, ZoneTable
+from retainz.placement.base import Allocator, ExtentRequest, ZoneTable
 from retainz.store import check
 from retainz.store.catalog import Catalog
 from retainz.store.format import Superblock, check_id, round_up
@@ -204,6 +205,8 @@ class Store:
         Raises:
             StoreLockedError: the store on this device is already open in this process.
             ForeignDeviceError: the device holds no RetainZ store.
+            UnsupportedFormatError: a format version or flags this code does not know (nothing is
+                written, also read-write).
             CorruptJournalError: the journal or superblock is damaged, or committed data is missing.
         """
         key = _device_key(device)
@@ -270,6 +273,11 @@ class Store:
         return self.log.journal
 
     @property
+    def format_version(self) -> int:
+        """The format version of the journal chain in use (:mod:`.format`, "Format versions")."""
+        return self.log.journal.sb.version
+
+    @property
     def now(self) -> int:
         """The latest training step the store has seen."""
         return self.zones.now
@@ -318,7 +326,7 @@ class Store:
 
     # -- generations -------------------------------------------------------------------------------
     def begin_generation(self, gen_id: str, step: int, *, hint: Hint | None = None,
-                         declared_size: int | None = None) -> GenerationWriter:
+                         declared_size: int | None = None, replace: bool = False) -> GenerationWriter:
         """Admit a new generation and return its writer.
 
         Admission reserves ``declared_size`` bytes (rounded up to a block): the data zones' free
@@ -343,15 +351,21 @@ class Store:
             hint: what the runtime knows about the generation's death (journaled with the commit).
             declared_size: bytes of shard data the generation will write (``None``: no reservation
                 and no size check).
+            replace: ``gen_id`` may be committed already: the new generation replaces it at its
+                commit (replace-on-commit).  Until then readers see the old one, intact; the commit
+                record retires the old one and commits the new one in one record, so a crash at any
+                point leaves exactly one of the two.  A deletion of the old one meanwhile makes the
+                commit a plain one.
 
         Raises:
-            InvalidIdError: a bad id.  GenerationExistsError: the id is committed or being written.
+            InvalidIdError: a bad id.  GenerationExistsError: the id is being written, or committed
+                (without ``replace``).
             NoSpaceError: the declared size cannot be reserved (``needed``/``available`` bytes;
                 ``cause`` ``"admission"``), or the journal could not hold the generation's records
                 and those that delete everything (the message names the journal; ``needed``/
                 ``available`` in bytes of snapshot; ``cause`` ``"journal"``).  ``state`` is
                 :meth:`stop_state` at the refusal.
-            ValueError: a negative step or size.
+            ValueError: a negative step or size, or a hint whose reclaim step is before ``step``.
         """
         with self.lock:
             self._check_writable()
@@ -360,8 +374,14 @@ class Store:
                 raise ValueError(f"step must be a non-negative int, not {step!r}")
             if declared_size is not None and (not isinstance(declared_size, int) or declared_size < 0):
                 raise ValueError(f"declared_size must be a non-negative int, not {declared_size!r}")
-            if gen_id in self.catalog.gens or gen_id in self._writers:
-                raise GenerationExistsError(f"generation {gen_id!r} already exists")
+            if hint is not None and hint.reclaim_step is not None and hint.reclaim_step < step:
+                raise ValueError(f"generation {gen_id!r}: reclaim step {hint.reclaim_step} is before its own "
+                                 f"step {step} (a generation cannot be retired before it is saved)")
+            if gen_id in self._writers:
+                raise GenerationExistsError(f"generation {gen_id!r} is being written")
+            if gen_id in self.catalog.gens and not replace:
+                raise GenerationExistsError(f"generation {gen_id!r} already exists (replace=True replaces it at "
+                                            "the new one's commit)")
             zones = self.zones
             zones.advance(step)
             if zones.table.n_empty < self.gc_reserve_zones and zones.table.dead:
@@ -370,16 +390,7 @@ class Store:
             need = round_up(declared_size, bs) if declared_size else 0
             control = self.allocator.admission_control
             if need and control:
-                avail = self._admittable()
-                if need > avail and zones.table.dead:
-                    self.collector.collect(force=True)
-                    avail = self._admittable()
-                if need > avail:
-                    raise NoSpaceError(f"generation {gen_id!r} needs {need} bytes; {max(avail, 0)} can be "
-                                       f"reserved ({zones.free()} free, {self._reserved()} reserved by other "
-                                       f"writers, {self.admission_reserve_zones} zones kept for GC)",
-                                       needed=need, available=max(avail, 0), cause="admission",
-                                       state=self.stop_state())
+                self._reserve_or_refuse(gen_id, need, "")
             extent = (1 << 20) if self.device.info.payload else zones.zone_capacity
             est = self.log.estimate(gen_id, need, extent)
             try:
@@ -392,6 +403,40 @@ class Store:
                                  block_size=bs, payload=self.device.info.payload)
             self._writers[gen_id] = w
             return w
+
+    def admit(self, w: GenerationWriter, nbytes: int) -> None:
+        """Admission as bytes arrive, for a generation begun without a declared size (fsspec, a
+        mount, DCP without a plan): before ``nbytes`` more device bytes are placed, the writer's
+        reservation grows to cover them, under the same rule as :meth:`begin_generation` (after a
+        forced GC pass if needed), so no path writes into the GC reserve.  A declared generation
+        was admitted whole at its start; a policy without admission control is not checked.
+
+        Raises:
+            NoSpaceError: ``cause`` ``"admission"``; nothing of the ``nbytes`` was written.
+        """
+        if w.declared_size is not None or not self.allocator.admission_control:
+            return
+        deficit = nbytes - w.reserve
+        if deficit > 0:
+            self._reserve_or_refuse(w.gen.id, deficit, " more")
+            w.reserve += deficit
+
+    def _reserve_or_refuse(self, gen_id: str, need: int, more: str) -> None:
+        """The admission rule: ``need`` bytes must fit what can be reserved (free bytes less the
+        writers' reservations and the GC reserve), after a forced GC pass if not.
+
+        Raises:
+            NoSpaceError: ``cause`` ``"admission"``, ``state`` the zones' state at the refusal.
+        """
+        avail = self._admittable()
+        if need > avail and self.zones.table.dead:
+            self.collector.collect(force=True)
+            avail = self._admittable()
+        if need > avail:
+            raise NoSpaceError(f"generation {gen_id!r} needs {need}{more} bytes; {max(avail, 0)} can be "
+                               f"reserved ({self.zones.free()} free, {self._reserved()} reserved by other "
+                               f"writers, {self.admission_reserve_zones} zones kept for GC)",
+                               needed=need, available=max(avail, 0), cause="admission", state=self.stop_state())
 
     def _reserved(self) -> int:
         """Bytes reserved by the open writers' admissions and not yet written."""
@@ -421,11 +466,15 @@ class Store:
                                        f"fit a meta zone ({journal.max_record} bytes)",
                                        needed=n, available=journal.max_record, cause="journal")
                 self.log.check_room(n, f"commit of generation {gen.id!r}", self._estimates(exclude=w))
+                old = self.catalog.gens.get(gen.id)
+                retire = self._retirement(old) if old is not None else None
                 self.device.flush()
-                self.log.commit(entry)
+                self.log.commit(entry, retire[1] if retire else None)
             except BaseException:
                 gen.commit_seq = 0
                 raise
+            if retire:
+                self._retire(old, *retire)
             gen.state = GenState.COMMITTED
             self.catalog.add(gen)
             self.log.track(gen)
@@ -474,31 +523,98 @@ class Store:
 
         Raises:
             GenerationNotFoundError: no committed generation has that id.
+            ValueError: ``step`` is before the generation's own step.
         """
         with self.lock:
             self._check_writable()
             zones = self.zones
-            if step is not None:
-                zones.advance(step)
             gen = self.catalog.gens.get(gen_id)
             if gen is None:
                 raise GenerationNotFoundError(f"no committed generation {gen_id!r}")
-            bs = zones.block_size
-            zb: dict[int, int] = {}
-            get = zb.get
-            for s in gen.shards.values():
-                for e in s.extents:
-                    zb[e[0]] = get(e[0], 0) - (-e[2] // bs) * bs
-            summaries = zones.table.zones
-            resets = [z for z, n in zb.items() if summaries[z].live == n]
+            if step is not None and step < gen.step:
+                raise ValueError(f"generation {gen_id!r}: retirement step {step} is before its own step "
+                                 f"{gen.step} (a generation cannot be retired before it is saved)")
+            if step is not None:
+                zones.advance(step)
+            zb, resets = self._retirement(gen)
             self.log.delete(gen_id, resets)
-            self.catalog.remove(gen_id)
-            gen.state = GenState.DELETED
-            if len(resets) != len(zb):     # zones that reset drop their live bytes with the reset
-                gone = set(resets)
-                zones.kill({z: n for z, n in zb.items() if z not in gone})
-            zones.reset_journaled(resets)
-            self.metrics.generations_deleted += 1
+            self._retire(gen, zb, resets)
+
+    def _retirement(self, gen: GenerationInfo) -> tuple[dict[int, int], list[int]]:
+        """What retiring committed ``gen`` frees: ``({zone: its device bytes there}, the zones it
+        leaves with no live data)``."""
+        bs = self.zones.block_size
+        zb: dict[int, int] = {}
+        get = zb.get
+        for s in gen.shards.values():
+            for e in s.extents:
+                zb[e[0]] = get(e[0], 0) - (-e[2] // bs) * bs
+        summaries = self.zones.table.zones
+        return zb, [z for z, n in zb.items() if summaries[z].live == n]
+
+    def _retire(self, gen: GenerationInfo, zb: dict[int, int], resets: list[int]) -> None:
+        """Apply a journaled retirement: the catalog drops ``gen``, its bytes die, then the zones
+        the record names are reset (a failed reset leaves them all dead, still consistent)."""
+        self.catalog.remove(gen.id)
+        self.log.forget(gen.id)
+        gen.state = GenState.DELETED
+        self.zones.kill(zb)
+        self.zones.reset_journaled(resets)
+        self.metrics.generations_deleted += 1
+
+    def update_hint(self, gen_id: str, hint: Hint, *, step: int | None = None) -> None:
+        """Give generation ``gen_id`` a new retention hint: the runtime's rule changed (on resume,
+        ``keep_latest_k`` 10 -> 3; a top-k metric re-ranked).  A committed generation's new hint is
+        journaled (an ``h`` record) and replayed identically after a remount; one being written
+        takes it with its commit.
+
+        The zones holding the generation take the reclaim step the policy records for the new hint
+        (``Allocator.reclaim_step_of``) where it is the zone's only live generation; elsewhere a
+        later reclaim step raises the zone's (a zone's reclaim step bounds every live byte's death).
+
+        Args:
+            step: the training step of the change; logical time advances to it if later.
+
+        Raises:
+            GenerationNotFoundError: no such generation.
+            ValueError: the hint's reclaim step is before the generation's own step.
+        """
+        with self.lock:
+            self._check_writable()
+            w = self._writers.get(gen_id)
+            gen = w.gen if w is not None else self.catalog.gens.get(gen_id)
+            if gen is None:
+                raise GenerationNotFoundError(f"no generation {gen_id!r}")
+            if hint.reclaim_step is not None and hint.reclaim_step < gen.step:
+                raise ValueError(f"generation {gen_id!r}: reclaim step {hint.reclaim_step} is before its own "
+                                 f"step {gen.step} (a generation cannot be retired before it is saved)")
+            if step is not None:
+                self.zones.advance(step)
+            if w is not None:
+                gen.hint = hint
+                return
+            table = self.zones.table
+            old_hint, before = gen.hint, {}
+            gen.hint = hint
+            req = ExtentRequest(0, gen.id, gen.step, hint, self.zones.now)
+            r = self.allocator.reclaim_step_of(req)
+            busy = self._busy_zones()
+            for z in {e[0] for sh in gen.shards.values() for e in sh.extents}:
+                s = table.zones[z]
+                alone = len(self.catalog.zone_gens.get(z, ())) == 1 and z not in busy
+                new = r if alone else (r if r is not None and (s.reclaim_step is None or r > s.reclaim_step)
+                                       else s.reclaim_step)
+                if new != s.reclaim_step:
+                    before[z] = s.reclaim_step
+                    table.on_reclaim_step(z, new)
+                    self.zones.changed.add(z)
+            try:
+                self.log.hint(gen_id, hint)
+            except BaseException:
+                gen.hint = old_hint
+                for z, v in before.items():
+                    table.on_reclaim_step(z, v)
+                raise
 
     def advance(self, step: int) -> None:
         """Move logical time to training step ``step`` (no-op if not later than the current step).
@@ -554,9 +670,12 @@ class Store:
                               self.recovery.repairs)
 
     def df(self) -> SpaceReport:
-        """Space report, like ``zenfs df`` (:func:`~retainz.store.check.space`)."""
+        """Space report, like ``zenfs df`` (:func:`~retainz.store.check.space`), with what admission
+        can reserve now and the capacity it keeps for GC."""
         with self.lock:
-            return check.space(self.zones, len(self.catalog.gens))
+            reserve = self.admission_reserve_zones * self.zones.zone_capacity
+            return check.space(self.zones, len(self.catalog.gens), admissible=max(self._admittable(), 0),
+                               gc_reserve=reserve if self.allocator.admission_control else 0)
 
     def recompute_table(self) -> ZoneTable:
         """The zone table rebuilt from scratch (:func:`~retainz.store.check.recompute_table`) from

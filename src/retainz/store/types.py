@@ -15,7 +15,7 @@ from __future__ import annotations
 import enum
 from dataclasses import asdict, dataclass, field
 
-from retainz.placement.base import Hint
+from retainz.hint import Hint
 
 __all__ = ["Extent", "GenState", "ShardInfo", "GenerationInfo", "StoreMetrics", "GCReport",
            "FsckReport", "SpaceReport"]
@@ -222,6 +222,9 @@ class SpaceReport:
             ``Space amplification: N %`` ((written-to space / live) - 1, in percent).
         data_zones, meta_zones, empty_zones, open_zones, full_zones: zone counts.
         generations: committed generations.
+        admissible: bytes a new generation can reserve now (free, less the writers' reservations
+            and the GC reserve): what can be written.  ``free`` also counts the reserve.
+        gc_reserve: bytes admission keeps free for GC (0 for a policy without admission control).
     """
 
     capacity: int = 0
@@ -235,6 +238,8 @@ class SpaceReport:
     open_zones: int = 0
     full_zones: int = 0
     generations: int = 0
+    admissible: int = 0
+    gc_reserve: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -26,7 +26,7 @@ from typing import Protocol
 
 import crc32c
 
-from retainz.errors import NoSpaceError, ShardSizeError
+from retainz.errors import NoSpaceError, ShardSizeError, ZonedDeviceError
 from retainz.placement.base import Allocator, Decision, ExtentRequest, ZoneSummary
 from retainz.store.crc import crc32c_combine
 from retainz.store.format import check_id, round_up
@@ -197,7 +197,11 @@ class WritePath:
                 n = left
             el = n if data_len - pos >= n else data_len - pos
             piece = data[pos:pos + n]
-            dev.write(z * zsize + off, piece)
+            try:
+                dev.write(z * zsize + off, piece)
+            except ZonedDeviceError:
+                self.zones.reconcile_quietly(z)
+                raise
             crc = crc32c.crc32c(piece[:el]) if el < n else crc32c.crc32c(piece)
             if shard_crc is not None:
                 shard_crc = (crc32c_combine(shard_crc, crc, el) if el == WRITE_BUFFER
@@ -231,7 +235,11 @@ class WritePath:
             if n > left:
                 n = left
             el = n if data_len - pos >= n else data_len - pos
-            dev.write(z * zsize + off, n)
+            try:
+                dev.write(z * zsize + off, n)
+            except ZonedDeviceError:
+                self.zones.reconcile_quietly(z)
+                raise
             lt = d.lifetime
             on_write(z, n, d.reclaim_step, lifetime if lt is None else lt, now)
             dirty(z)
@@ -263,6 +271,8 @@ class _WriterHost(Protocol):
     write_path: WritePath
 
     def check_open(self) -> None: ...
+
+    def admit(self, w: GenerationWriter, nbytes: int) -> None: ...
 
     def commit_writer(self, w: GenerationWriter) -> GenerationInfo: ...
 
@@ -299,10 +309,12 @@ class ShardWriter:
     def _put(self, data, data_len: int) -> None:
         w = self._w
         n = len(data)
+        w._host.admit(w, n)
         padded, self._crc = w._host.write_path.write(w.gen, data, data_len, self.extents, self.zone_bytes,
                                                       shard_crc=self._crc, pending=w._pending(n))
         self._padded += padded
         w._placed += n
+        w.reserve -= min(n, w.reserve)
 
     def write(self, chunk: bytes | bytearray | memoryview) -> None:
         """Take the next bytes of the shard.
@@ -401,7 +413,8 @@ class GenerationWriter:
     Attributes:
         gen: the :class:`GenerationInfo` being written (state ``WRITING`` until committed).
         declared_size: bytes declared at admission (``None``: none declared).
-        reserve: bytes of the admission reservation not yet written.
+        reserve: bytes of the admission reservation not yet written (a generation declared
+            without a size reserves as its bytes arrive: ``Store.admit``).
         journal_estimate: snapshot bytes reserved in the journal for the generation (an estimate).
         zone_bytes: ``{zone: device bytes}`` of the generation's closed shards.
     """
@@ -523,9 +536,11 @@ class GenerationWriter:
             padded = round_up(size, self._block_size)
             try:
                 if padded:
+                    self._host.admit(self, padded)
                     s._padded = self._host.write_path.write_counted(self.gen, padded, size, s.extents,
                                                                     s.zone_bytes, pending=self._pending(padded))
                     self._placed += padded
+                    self.reserve -= min(padded, self.reserve)
             except BaseException:
                 s._fail()
                 raise
@@ -536,7 +551,6 @@ class GenerationWriter:
         s._open = False
         self._open.remove(s)
         self._data += info.size
-        self.reserve -= min(padded, self.reserve)
         zb = self.zone_bytes
         for z, n in s.zone_bytes.items():
             zb[z] = zb.get(z, 0) + n

@@ -10,8 +10,10 @@ record, so the next record carries them.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 
+from retainz.errors import ZonedDeviceError
 from retainz.placement.base import ZoneSummary, ZoneTable
 from retainz.store.records import zone_attr_item
 from retainz.store.types import StoreMetrics
@@ -19,6 +21,8 @@ from retainz.zoned.device import ZonedDevice
 from retainz.zoned.model import ZoneCond
 
 __all__ = ["ZoneBook"]
+
+log = logging.getLogger(__name__)
 
 _EMPTY, _FULL = ZoneCond.EMPTY, ZoneCond.FULL
 
@@ -52,6 +56,8 @@ class ZoneBook:
         self.max_active = max(g.max_active - 1, 0) if g.max_active else 0
         self.data_capacity = (g.nr_zones - meta_zones) * g.zone_capacity
         self.now = 0
+        #: resets the device refused (the zones kept their dead bytes): see :meth:`reset`.
+        self.failed_resets = 0
         self.table = self.new_table()
         #: zones whose journaled attributes changed since the last record (never rebound, so a
         #: cached ``changed.add`` stays valid across records).
@@ -93,11 +99,42 @@ class ZoneBook:
                 "dead_bytes": t.dead, "live_bytes": t.live}
 
     # -- zone operations -------------------------------------------------------------------------------
+    def reconcile(self, z: int) -> None:
+        """Bring zone ``z``'s summary in line with the device's report after a device operation on
+        it failed part-way (a real device may have done some of it): a zone the device reports
+        empty is reset in the table, bytes past the table's written bytes count as dead, a zone it
+        reports full is finished.  Never raises for the zone's state; a failing report raises.
+
+        Raises:
+            ZonedDeviceError: the report itself failed (the table is left as it was).
+        """
+        zr = self.device.zone(z)
+        s = self.table.zones[z]
+        if zr.cond is ZoneCond.EMPTY:
+            if s.written or s.cond is not _EMPTY:
+                self.table.on_reset(z)
+                self.changed.add(z)
+            return
+        wp = zr.capacity if zr.cond is _FULL else zr.wp - zr.start
+        if wp > s.written and s.cond is not _FULL:
+            self.table.on_write(z, wp - s.written, None, s.lifetime, self.now, live=False)
+            self.changed.add(z)
+        if zr.cond is _FULL and s.cond is not _FULL:
+            self.table.on_finish(z)
+            self.changed.add(z)
+
     def finish(self, z: int) -> None:
         """Finish open data zone ``z`` (a placement decision): its remaining capacity is charged as
-        unused."""
+        unused.
+
+        Raises:
+            ZonedDeviceError: the device refused; the zone is reconciled with its report first."""
         s = self.table.zones[z]
-        self.device.finish_zone(z)
+        try:
+            self.device.finish_zone(z)
+        except ZonedDeviceError:
+            self.reconcile_quietly(z)
+            raise
         self.metrics.finishes += 1
         self.metrics.unused_capacity_bytes += s.capacity - s.written
         self.table.on_finish(z)
@@ -109,37 +146,74 @@ class ZoneBook:
         for z, n in zone_bytes.items():
             on_kill(z, n)
 
-    def reset(self, z: int) -> None:
-        """Reset data zone ``z``; a zone reset while part-empty is charged its unused capacity
-        (:meth:`charge_part_empty`).  Its attributes are journaled with the next record."""
+    def reset(self, z: int) -> bool:
+        """Reset data zone ``z`` (it holds no live data); a zone reset while part-empty is charged
+        its unused capacity (:meth:`charge_part_empty`).  Its attributes are journaled with the
+        next record.
+
+        A reset the device refuses loses nothing (the zone holds only dead bytes): the zone is
+        reconciled with the device's report, the failure is counted in :attr:`failed_resets` and
+        logged, and the zone waits for a later reset (GC, the next deletion, the next mount).
+        Returns whether the zone was reset."""
         s = self.table.zones[z]
-        self.device.reset_zone(z)
+        try:
+            self.device.reset_zone(z)
+        except ZonedDeviceError as e:
+            self._reset_failed(z, e)
+            return False
         self.charge_part_empty(s.capacity, s.written, s.cond is _FULL, s.last_write_step)
         self.table.on_reset(z)
         self.metrics.resets += 1
         self.changed.add(z)
+        return True
 
     def reset_journaled(self, zs: list[int]) -> None:
         """Reset data zones a journaled record already names for reset (``r`` of a deletion or a
         GC move): one batched device reset, and no re-journaling of their (empty) attributes,
-        since replaying that record resets them."""
+        since replaying that record resets them.  If the batch fails, each zone is reset alone
+        (:meth:`reset`: a refused reset leaves the zone all dead, reconciled)."""
         if not zs:
             return
-        self.device.reset_zones(zs)
-        zones, on_reset = self.table.zones, self.table.on_reset
+        try:
+            self.device.reset_zones(zs)
+        except ZonedDeviceError:
+            for z in zs:
+                try:
+                    done = self.device.zone(z).cond is ZoneCond.EMPTY
+                except ZonedDeviceError:
+                    done = False
+                if done:
+                    self._count_reset(z)
+                else:
+                    self.reset(z)
+            return
         for z in zs:
-            s = zones[z]
-            self.charge_part_empty(s.capacity, s.written, s.cond is _FULL, s.last_write_step)
-            on_reset(z)
-        self.metrics.resets += len(zs)
+            self._count_reset(z)
+
+    def _count_reset(self, z: int) -> None:
+        s = self.table.zones[z]
+        self.charge_part_empty(s.capacity, s.written, s.cond is _FULL, s.last_write_step)
+        self.table.on_reset(z)
+        self.metrics.resets += 1
+
+    def _reset_failed(self, z: int, error: ZonedDeviceError) -> None:
+        self.failed_resets += 1
+        log.warning("zone %d: reset failed (%s); it keeps its dead bytes until a later reset", z, error)
+        self.reconcile_quietly(z)
+
+    def reconcile_quietly(self, z: int) -> None:
+        """:meth:`reconcile`, logging (not raising) a failed report."""
+        try:
+            self.reconcile(z)
+        except ZonedDeviceError as e:       # the report failed too: the table stays as it was
+            log.warning("zone %d: report failed while reconciling (%s)", z, e)
 
     def reset_dead(self, zones: Iterable[int]) -> int:
         """Reset the zones among ``zones`` that hold bytes but no live data; returns how many."""
         n = 0
         for z in list(zones):
             s = self.table.zones[z]
-            if s.written and not s.live:
-                self.reset(z)
+            if s.written and not s.live and self.reset(z):
                 n += 1
         return n
 

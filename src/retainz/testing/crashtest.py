@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from retainz.errors import PowerCutError
-from retainz.placement.base import Hint
+from retainz.hint import Hint
 from retainz.store import Store
 from retainz.store.format import MAGIC
 from retainz.store.records import FRAME_HEADER, Kind, kind_of

@@ -22,9 +22,8 @@ from retainz.trace.format import (
     Shard,
     Trace,
     TraceHeader,
-    TraceHint,
-    TraceWriter,
 )
+from retainz.trace.io import TraceWriter
 from retainz.trace.layouts import Layout, get_layout
 
 __all__ = ["generate", "generate_trace", "write_generated", "GenerateStats"]
@@ -78,10 +77,7 @@ def generate(layout: str | Layout, retention: str | Rule, steps: int, *, seed: i
     def events() -> Iterator[Event]:
         for a in drive(session, crash_every=crash_every):
             if a.kind == "save":
-                h = a.hint
-                hint = None if h is None else TraceHint(h.condition.to_json(), h.predicted_reclaim_step,
-                                                        h.lifetime.name)
-                yield SaveEvent(a.step, a.gen, a.name, a.cls, files[a.model_only], hint, a.model_only)
+                yield SaveEvent(a.step, a.gen, a.name, a.cls, files[a.model_only], a.hint, a.model_only)
             elif a.kind == "commit":
                 yield CommitEvent(a.step, a.gen)
             elif a.kind == "delete":

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from retainz.spec import parse_spec
+
 __all__ = ["ShardSpec", "Layout", "LAYOUTS", "get_layout", "list_layouts",
            "pythia_1b_params", "llama3_8b_tensors"]
 
@@ -302,16 +304,10 @@ def get_layout(spec: str) -> Layout:
     Raises:
         ValueError: unknown layout (lists the valid ones) or a bad parameter.
     """
-    name, _, rest = spec.strip().partition(":")
+    name, pairs = parse_spec(spec, "layout")
     if name not in LAYOUTS:
         raise ValueError(f"unknown layout {name!r}; valid layouts: {', '.join(LAYOUTS)}")
-    params: dict[str, str] = {}
-    for item in filter(None, (p.strip() for p in rest.split(","))):
-        k, eq, v = item.partition("=")
-        if not eq:
-            raise ValueError(f"layout {name}: expected key=value, got {item!r}")
-        params[k.strip()] = v.strip()
-    return LAYOUTS[name][0](params)
+    return LAYOUTS[name][0](dict(pairs))
 
 
 def list_layouts() -> list[Layout]:

@@ -33,6 +33,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from retainz import __version__
+from retainz.hint import Hint
+from retainz.retention.conditions import parse_condition
 from retainz.trace.format import (
     CommitEvent,
     CrashEvent,
@@ -40,10 +42,8 @@ from retainz.trace.format import (
     Event,
     SaveEvent,
     TraceHeader,
-    TraceHint,
-    TraceReader,
-    TraceWriter,
 )
+from retainz.trace.io import TraceReader, TraceWriter
 
 __all__ = ["mix", "MixStats"]
 
@@ -67,19 +67,17 @@ class MixStats:
 
 
 def _shift(v, offset: int):
-    if v is None or v == "inf" or (isinstance(v, float) and math.isinf(v)):
+    if v is None or math.isinf(v):
         return v
     return v + offset
 
 
-def _shift_hint(h: TraceHint | None, offset: int) -> TraceHint | None:
+def _shift_hint(h: Hint | None, offset: int) -> Hint | None:
     if h is None or offset == 0:
         return h
-    cond = dict(h.condition)
-    for k in ("at", "earliest", "expected"):
-        if k in cond:
-            cond[k] = _shift(cond[k], offset)
-    return TraceHint(cond, _shift(h.predicted_reclaim_step, offset), h.lifetime)
+    cond = parse_condition(h.condition)
+    steps = {k: _shift(getattr(cond, k), offset) for k in ("at", "earliest", "expected") if hasattr(cond, k)}
+    return replace(h, reclaim_step=_shift(h.reclaim_step, offset), condition=replace(cond, **steps).describe())
 
 
 def _sha256(path: str) -> str:

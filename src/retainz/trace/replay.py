@@ -33,7 +33,10 @@ and adjacent zone counts differ by ``1 / zones`` of the capacity (about 3 % at 3
 The default geometry is that of a Western Digital Ultrastar DC ZN540 (2 GiB zones of 1077 MiB capacity,
 14 open and 14 active zones), the reference ZNS SSD of the ZenFS work.
 
-Determinism: the same trace and arguments give the same result dict, byte for byte, except the
+Every parameter (policy, sizing, geometry, device, what to measure) is one :class:`ReplayConfig`,
+checked when it is built; the CLI, the experiment runner and code callers all build one.
+
+Determinism: the same trace and configuration give the same result dict, byte for byte, except the
 ``decision_cpu_seconds`` and ``wall_seconds`` timings.
 """
 
@@ -41,27 +44,28 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 import posixpath
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from retainz.errors import NoSpaceError, PowerCutError
-from retainz.placement.base import Hint
+from retainz.errors import ChecksumError, NoSpaceError, PowerCutError
+from retainz.hint import Hint
+from retainz.placement import make_allocator
 from retainz.testing import FaultyDevice
 from retainz.trace.format import (
     CommitEvent,
     CrashEvent,
     DeleteEvent,
+    Event,
     SaveEvent,
     TraceHeader,
-    TraceReader,
     actual_reclaim_steps,
 )
+from retainz.trace.io import TraceReader
 from retainz.zoned import FileDevice, Geometry, MemoryDevice, ZonedDevice
 from retainz.zoned.model import MAX_ZONES
 
-__all__ = ["replay", "trace_stats", "TraceStats", "DEFAULT_GEOMETRY", "ZONE_MAP_MAX_STEPS",
+__all__ = ["replay", "ReplayConfig", "trace_stats", "TraceStats", "DEFAULT_GEOMETRY", "ZONE_MAP_MAX_STEPS",
            "ZONE_MAP_MAX_ROWS"]
 
 #: ZN540-like geometry (bytes): zone size, zone capacity, max active, max open.
@@ -69,6 +73,145 @@ DEFAULT_GEOMETRY = {"zone_size": 2 << 30, "zone_capacity": 1077 << 20, "max_acti
 ZONE_MAP_MAX_STEPS = 200
 ZONE_MAP_MAX_ROWS = 256
 _PATTERN_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """Every parameter of a replay: the placement policy, the device and its sizing, and what to measure.
+
+    One configuration is shared by its three clients: ``retainz replay`` builds it from its options
+    (:meth:`cli_args` is the way back), the experiment runner from a manifest case's inputs
+    (:func:`retainz.experiments.runner.replay_config`), and :func:`replay` reads it.  Construction
+    checks every field; the first bad one raises ``ValueError`` with one line naming it.
+
+    Attributes:
+        policy: placement policy spec (``retainz``, ``zenfs``, ``retainz-noisy:error=0.5,seed=1``...);
+            ``retainz-inferred`` replaces each save's hint by the retention rule inferred from the
+            trace's earlier saves and deletions (:mod:`retainz.retention.inference`).
+        zones: usable data zones (exclusive with ``pressure``; at least 2).
+        pressure: peak live bytes / usable data capacity, in (0, 1]; sizes ``zones`` from the trace
+            (:meth:`data_zones`).
+        reserve_zones: zones added on top for the store's GC reserve.
+        meta_zones: journal zones added on top.
+        zone_size, zone_capacity: bytes; ``zone_capacity=None`` is resolved at construction: the
+            ZN540's 1077 MiB with its default 2 GiB zone size, the zone size itself with any other.
+        max_active, max_open: zone limits (0 = unlimited).
+        block_size: bytes (4096 or 512).
+        device: ``memory`` (payload-less, the experiment instrument), ``memory-payload``,
+            ``file:PATH`` (a new FileDevice at PATH with pattern payload), or a real zoned block device
+            ``/dev/NAME`` or ``zbd:NAME`` (its own geometry is used).
+        seed: recorded for provenance (policies take their own seeds in their specs).
+        zone_map: add ``zone_map`` (the zone-state timeline, docs/experiments.md format 1) to the result.
+        verify_summaries: run the store in recompute mode (summaries rebuilt and checked before
+            every decision).
+        verify_payload: on a payload device, read back and check every generation still committed
+            at the end (``bytes_verified`` in the result).
+
+    Raises:
+        ValueError: a field of the wrong type; both or neither of zones/pressure; a pressure outside
+            (0, 1]; fewer than 2 zones; a negative zone count; an unknown policy or policy parameter
+            (:func:`retainz.placement.make_allocator`); a geometry the zone model refuses
+            (:class:`~retainz.zoned.Geometry`: block size, zone capacity above the zone size, limits);
+            an unknown device.
+    """
+
+    policy: str = "retainz"
+    zones: int | None = None
+    pressure: float | None = None
+    reserve_zones: int = 2
+    meta_zones: int = 3
+    zone_size: int = DEFAULT_GEOMETRY["zone_size"]
+    zone_capacity: int | None = None
+    max_active: int = DEFAULT_GEOMETRY["max_active"]
+    max_open: int = DEFAULT_GEOMETRY["max_open"]
+    block_size: int = 4096
+    device: str = "memory"
+    seed: int = 0
+    zone_map: bool = False
+    verify_summaries: bool = False
+    verify_payload: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("reserve_zones", "meta_zones", "zone_size", "max_active", "max_open", "block_size", "seed"):
+            _need_int(name, getattr(self, name))
+        for name in ("zones", "zone_capacity"):
+            if getattr(self, name) is not None:
+                _need_int(name, getattr(self, name))
+        for name in ("zone_map", "verify_summaries", "verify_payload"):
+            if type(getattr(self, name)) is not bool:
+                raise ValueError(f"{name} must be true or false, not {getattr(self, name)!r}")
+        if not isinstance(self.policy, str) or not self.policy:
+            raise ValueError(f"policy must be a policy spec such as 'retainz', not {self.policy!r}")
+        make_allocator(self.policy)
+        if (self.zones is None) == (self.pressure is None):
+            raise ValueError("give exactly one of zones (usable data zones) or pressure")
+        if self.pressure is not None and (type(self.pressure) not in (int, float) or not 0 < self.pressure <= 1):
+            raise ValueError(f"pressure must be in (0, 1], not {self.pressure}")
+        if self.zones is not None and self.zones < 2:
+            raise ValueError(f"zones must be at least 2 (a store needs 2 data zones besides the GC reserve), "
+                             f"not {self.zones}")
+        for name in ("reserve_zones", "meta_zones"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} cannot be negative, not {getattr(self, name)}")
+        if self.zone_capacity is None:
+            object.__setattr__(self, "zone_capacity", DEFAULT_GEOMETRY["zone_capacity"]
+                               if self.zone_size == DEFAULT_GEOMETRY["zone_size"] else self.zone_size)
+        for what, value in (("zone size", self.zone_size), ("zone capacity", self.zone_capacity)):
+            if value <= 0:
+                raise ValueError(f"{what} must be a positive number of bytes, not {value}")
+        self.geometry(1)  # the zone model's own rules (block size, capacity <= size, limits)
+        d = self.device
+        if not isinstance(d, str) or not (d in ("memory", "memory-payload") or d.startswith(("/dev/", "zbd:"))
+                                          or (d.startswith("file:") and len(d) > 5)):
+            raise ValueError(f"unknown replay device {d!r}; valid: memory, memory-payload, file:PATH, /dev/NAME")
+
+    def data_zones(self, peak_live_bytes: int) -> int:
+        """Usable data zones for a trace of ``peak_live_bytes`` (bytes, block-rounded, :class:`TraceStats`):
+        ``zones`` as given, or ``ceil(peak_live / (pressure * zone_capacity))`` (at least 1).
+
+        Raises:
+            ValueError: more than :data:`~retainz.zoned.model.MAX_ZONES` data zones.
+        """
+        zones = self.zones
+        if zones is None:
+            zones = max(1, math.ceil(peak_live_bytes / (self.pressure * self.zone_capacity)))
+        if zones > MAX_ZONES:
+            raise ValueError(f"the replay device would need {zones:,} data zones of {self.zone_capacity:,} bytes "
+                             f"(peak live {peak_live_bytes:,} bytes at pressure {self.pressure}); the limit is "
+                             f"{MAX_ZONES:,}: raise --pressure or the zone size")
+        return zones
+
+    def geometry(self, data_zones: int) -> Geometry:
+        """The emulated device: ``meta_zones + reserve_zones + data_zones`` zones of this geometry.
+
+        Raises:
+            DeviceFormatError: (a ValueError) a geometry the zone model refuses.
+        """
+        return Geometry(nr_zones=self.meta_zones + self.reserve_zones + data_zones, zone_size=self.zone_size,
+                        zone_capacity=self.zone_capacity, block_size=self.block_size, max_open=self.max_open,
+                        max_active=self.max_active)
+
+    def cli_args(self) -> list[str]:
+        """The ``retainz replay`` options that give back this configuration (the trace path and
+        ``--json`` not included): how the experiment runner runs a case inside the QEMU guest."""
+        argv = ["--policy", self.policy]
+        argv += ["--zones", str(self.zones)] if self.zones is not None else ["--pressure", repr(self.pressure)]
+        argv += ["--reserve-zones", str(self.reserve_zones), "--meta-zones", str(self.meta_zones),
+                 "--zone-size", str(self.zone_size), "--zone-capacity", str(self.zone_capacity),
+                 "--max-active", str(self.max_active), "--max-open", str(self.max_open),
+                 "--block-size", str(self.block_size), "--device", self.device, "--seed", str(self.seed)]
+        if self.zone_map:
+            argv.append("--zone-map")
+        if self.verify_summaries:
+            argv.append("--verify-summaries")
+        if not self.verify_payload:
+            argv.append("--no-verify-payload")
+        return argv
+
+
+def _need_int(name: str, value) -> None:
+    if type(value) is not int:
+        raise ValueError(f"{name} must be an integer, not {value!r}")
 
 
 @dataclass(frozen=True)
@@ -134,11 +277,9 @@ def _gen_id(ev: SaveEvent) -> str:
 
 
 def _hint(ev: SaveEvent, actual: dict) -> Hint:
+    """The save's recorded hint with the step the trace deletes the generation at (the oracle's)."""
     act = actual.get(ev.gen)
-    if ev.hint is None:
-        return Hint(actual_reclaim_step=act)
-    return Hint(reclaim_step=ev.hint.predicted_reclaim_step, lifetime=ev.hint.lifetime_value,
-                condition=ev.hint.condition_string(), actual_reclaim_step=act)
+    return Hint(actual_reclaim_step=act) if ev.hint is None else replace(ev.hint, actual_reclaim_step=act)
 
 
 def _inferred_hint(inference, ev: SaveEvent, actual: dict) -> Hint:
@@ -149,8 +290,7 @@ def _inferred_hint(inference, ev: SaveEvent, actual: dict) -> Hint:
     inference.observe_save(series, str(ev.gen), ev.step)
     if h is None:
         return Hint(actual_reclaim_step=actual.get(ev.gen))
-    return Hint(reclaim_step=h.reclaim_step, lifetime=h.lifetime, condition=h.condition,
-                actual_reclaim_step=actual.get(ev.gen))
+    return replace(h, actual_reclaim_step=actual.get(ev.gen))
 
 
 def _pattern(gen: int, shard: str, nbytes: int):
@@ -165,20 +305,6 @@ def _pattern(gen: int, shard: str, nbytes: int):
         yield (tag + base[8:])[:n]
         off += n
         i += 1
-
-
-def _make_device(device: str, geometry: Geometry) -> ZonedDevice:
-    if device == "memory":
-        return MemoryDevice(geometry, payload=False)
-    if device == "memory-payload":
-        return MemoryDevice(geometry, payload=True)
-    if device.startswith("file:"):
-        return FileDevice.create(device[5:], geometry)
-    if device.startswith("/dev/") or device.startswith("zbd:"):
-        from retainz.zoned import open_device
-
-        return open_device(device)
-    raise ValueError(f"unknown replay device {device!r}; valid: memory, memory-payload, file:PATH, /dev/NAME")
 
 
 class _ZoneMap:
@@ -226,37 +352,17 @@ class _ZoneMap:
                 "live": self.live, "dead": self.dead, "unused": self.unused}
 
 
-def replay(trace_path: str, *, policy: str = "retainz", zones: int | None = None,
-           pressure: float | None = None, reserve_zones: int = 2, meta_zones: int = 3,
-           zone_size: int = DEFAULT_GEOMETRY["zone_size"],
-           zone_capacity: int | None = None,
-           max_active: int = DEFAULT_GEOMETRY["max_active"], max_open: int = DEFAULT_GEOMETRY["max_open"],
-           block_size: int = 4096, device: str = "memory", seed: int = 0, zone_map: bool = False,
-           verify_summaries: bool = False, verify_payload: bool = True) -> dict:
+def replay(trace_path: str, config: ReplayConfig) -> dict:
     """Replay a trace through the store and return its metrics.
+
+    The parts, in order: read the trace once (:func:`trace_stats`), size and open the device and
+    format the store (:meth:`_Run.start`), feed it every event until the trace ends or a capacity
+    stop (:meth:`_Run.drive`), measure (:meth:`_Run.measure`) and write the result
+    (:func:`_result`).
 
     Args:
         trace_path: a trace v1 file (docs/trace-format.md).
-        policy: placement policy spec (``retainz``, ``zenfs``, ``retainz-noisy:error=0.5,seed=1``...);
-            ``retainz-inferred`` replaces each save's hint by the retention rule inferred from the
-            trace's earlier saves and deletions (:mod:`retainz.retention.inference`).
-        zones: usable data zones (exclusive with ``pressure``).
-        pressure: peak live bytes / usable data capacity, in (0, 1]; sizes ``zones``.
-        reserve_zones: zones added on top for the store's GC reserve.
-        meta_zones: journal zones added on top.
-        zone_size, zone_capacity: bytes; ``zone_capacity=None`` takes the ZN540's 1077 MiB with its
-            default 2 GiB zone size, and the zone size itself with any other zone size.
-        max_active, max_open: zone limits (0 = unlimited).
-        block_size: bytes (4096 or 512).
-        device: ``memory`` (payload-less, the experiment instrument), ``memory-payload``,
-            ``file:PATH`` (a new FileDevice at PATH with pattern payload), or a real zoned block device
-            ``/dev/NAME`` (its own geometry is used).
-        seed: recorded for provenance (policies take their own seeds in their specs).
-        zone_map: add ``zone_map`` (the zone-state timeline, docs/experiments.md format 1).
-        verify_summaries: run the store in recompute mode (summaries rebuilt and checked before
-            every decision).
-        verify_payload: on a payload device, read back and check every generation still committed
-            at the end (``bytes_verified`` in the result).
+        config: what to replay it on and what to measure (:class:`ReplayConfig`).
 
     Returns:
         A JSON-able dict: host_bytes, gc_bytes, waf, resets, finishes, dead_space_byte_steps,
@@ -267,139 +373,229 @@ def replay(trace_path: str, *, policy: str = "retainz", zones: int | None = None
         trace_sha256, trace header fields, wall_seconds; and zone_map if asked.
 
     Raises:
-        ValueError: both or neither of zones/pressure, a bad pressure, an unknown device or policy,
-            a device the policy refuses (ZenFS: fewer than 32 zones, meta and reserve included).
+        ValueError: a trace too large for the device limit at this pressure, a device the policy
+            refuses (ZenFS: fewer than 32 zones, meta and reserve included), a crash event on a real
+            device.
         TraceFormatError: a malformed trace (with its line number).
         ChecksumError: payload read back wrong (never silently).
     """
-    from retainz.store import Store
-
-    if (zones is None) == (pressure is None):
-        raise ValueError("give exactly one of zones (usable data zones) or pressure")
-    if pressure is not None and not 0 < pressure <= 1:
-        raise ValueError(f"pressure must be in (0, 1], not {pressure}")
-    if zones is not None and zones < 2:
-        raise ValueError(f"zones must be at least 2 (a store needs 2 data zones besides the GC reserve), "
-                         f"not {zones}")
-    if zone_capacity is None:
-        zone_capacity = DEFAULT_GEOMETRY["zone_capacity"] if zone_size == DEFAULT_GEOMETRY["zone_size"] \
-            else zone_size
-    for what, value in (("zone size", zone_size), ("zone capacity", zone_capacity)):
-        if value <= 0:
-            raise ValueError(f"{what} must be a positive number of bytes, not {value}")
     t0 = time.perf_counter()
-    stats = trace_stats(trace_path, block_size)
-    if zones is None:
-        zones = max(1, math.ceil(stats.peak_live_bytes / (pressure * zone_capacity)))
-    if zones > MAX_ZONES:
-        raise ValueError(f"the replay device would need {zones:,} data zones of {zone_capacity:,} bytes "
-                         f"(peak live {stats.peak_live_bytes:,} bytes at pressure {pressure}); the limit is "
-                         f"{MAX_ZONES:,}: raise --pressure or the zone size")
-    geometry = Geometry(nr_zones=meta_zones + reserve_zones + zones, zone_size=zone_size,
-                        zone_capacity=zone_capacity, block_size=block_size, max_open=max_open,
-                        max_active=max_active)
-    base = _make_device(device, geometry)
-    geometry = base.geometry
-    payload = base.info.payload
-    crashes = stats.header.crash_every is not None
-    dev = FaultyDevice(base) if crashes and hasattr(base, "power_loss") else base
-    store = Store.format(dev, meta_zones=meta_zones, policy=policy, gc_reserve_zones=reserve_zones,
-                         verify_summaries=verify_summaries)
-    zmap = _ZoneMap(stats.event_steps, list(store.table.zones)) if zone_map and stats.event_steps else None
-    carried = {}  # metrics of sessions ended by a crash
-    writers = {}
-    saved_at: dict[int, SaveEvent] = {}
-    stop_step = stop_cause = stop_state = None
-    n_crashes = 0
-    inference = None
-    if getattr(store.allocator, "hint_source", None) == "inferred":
-        from retainz.retention.inference import RetentionInference
-
-        inference = RetentionInference()
+    stats = trace_stats(trace_path, config.block_size)
+    run = _Run.start(config, stats)
     try:
+        zmap = _ZoneMap(stats.event_steps, list(run.store.table.zones)) \
+            if config.zone_map and stats.event_steps else None
+        stop = run.drive(trace_path, zmap)
+        measured = run.measure(stop, zmap, verify_payload=config.verify_payload)
+    finally:
+        run.close()
+    return _result(config, stats, run.geometry, measured, stop, time.perf_counter() - t0)
+
+
+@dataclass(frozen=True)
+class _Stop:
+    """A capacity stop: the step of the refused event, its cause and the zone state at the refusal."""
+
+    step: int
+    cause: str
+    state: dict
+
+
+class _Run:
+    """One replay's store on its device, and what the run keeps between events: the writers in
+    flight, the saves not yet deleted, the metrics of sessions ended by a crash, and the retention
+    inference of the ``retainz-inferred`` policy."""
+
+    def __init__(self, store, dev: ZonedDevice, geometry: Geometry, payload: bool, actual_reclaim: dict):
+        self.store = store
+        self.dev = dev
+        self.geometry = geometry  # the device's own (a real zoned device has its own)
+        self.payload = payload
+        self.actual_reclaim = actual_reclaim
+        self.writers: dict = {}
+        self.saved_at: dict[int, SaveEvent] = {}
+        self.carried: dict = {}  # metrics of sessions ended by a crash
+        self.crashes = 0
+        self.inference = None
+        if getattr(store.allocator, "hint_source", None) == "inferred":
+            from retainz.retention.inference import RetentionInference
+
+            self.inference = RetentionInference()
+
+    @classmethod
+    def start(cls, config: ReplayConfig, stats: TraceStats) -> _Run:
+        """Size the device for the trace (:meth:`ReplayConfig.data_zones`), open it (wrapped in a
+        :class:`FaultyDevice` when the trace has crash events and the device can lose power) and
+        format the store on it.
+
+        Raises:
+            ValueError: too many zones, or the store refuses the device or the policy.
+        """
+        from retainz.store import Store
+
+        base = _make_device(config.device, config.geometry(config.data_zones(stats.peak_live_bytes)))
+        crashes = stats.header.crash_every is not None
+        dev = FaultyDevice(base) if crashes and hasattr(base, "power_loss") else base
+        try:
+            store = Store.format(dev, meta_zones=config.meta_zones, policy=config.policy,
+                                 gc_reserve_zones=config.reserve_zones, verify_summaries=config.verify_summaries)
+        except BaseException:
+            dev.close()
+            raise
+        return cls(store, dev, base.geometry, base.info.payload, stats.actual_reclaim)
+
+    def drive(self, trace_path: str, zmap: _ZoneMap | None) -> _Stop | None:
+        """Apply every event of the trace (the table in the module docstring); returns the capacity
+        stop (a :class:`~retainz.errors.NoSpaceError`), or None when the trace ran to its end."""
         with TraceReader(trace_path) as reader:
             for ev in reader:
                 if zmap:
-                    zmap.before(ev.step, store.table)
+                    zmap.before(ev.step, self.store.table)
                 try:
-                    if isinstance(ev, SaveEvent):
-                        gid = _gen_id(ev)
-                        hint = (_hint(ev, stats.actual_reclaim) if inference is None
-                                else _inferred_hint(inference, ev, stats.actual_reclaim))
-                        w = store.begin_generation(gid, ev.step, hint=hint, declared_size=ev.nbytes)
-                        writers[ev.gen] = w
-                        saved_at[ev.gen] = ev
-                        for s in ev.shards:
-                            if payload:
-                                w.write_shard(s.name, _pattern(ev.gen, s.name, s.nbytes))
-                            else:
-                                w.write_counted_shard(s.name, s.nbytes)
-                    elif isinstance(ev, CommitEvent):
-                        writers.pop(ev.gen).commit()
-                    elif isinstance(ev, DeleteEvent):
-                        store.delete(_gen_id(saved_at.pop(ev.gen)), step=ev.step)
-                        if inference is not None:
-                            inference.observe_delete(str(ev.gen), ev.step)
-                    elif isinstance(ev, CrashEvent):
-                        n_crashes += 1
-                        _add(carried, store.metrics.to_dict())
-                        store = _crash_and_recover(store, dev, Store)
-                        _sub(carried, store.metrics.to_dict())
-                        writers.clear()
-                        if ev.gen is not None:
-                            saved_at.pop(ev.gen, None)
-                            if inference is not None:
-                                inference.observe_abort(str(ev.gen))
+                    self.apply(ev)
                 except NoSpaceError as e:
-                    stop_step = ev.step
                     # the store names its own refusals; what is left is the journal's append
-                    stop_cause = e.cause or "journal"
-                    stop_state = e.state if e.state is not None else store.stop_state()
-                    break
-        result = {**store.metrics.to_dict()}
-        _add(result, carried)
-        admission_reserve = store.admission_reserve_zones
-        verified = _verify_payload(store, saved_at) if payload and verify_payload else 0
-        table = store.table
-        out_zmap = zmap.finish(table, stop_step) if zmap else None
-    finally:
-        for w in writers.values():
+                    return _Stop(ev.step, e.cause or "journal",
+                                 e.state if e.state is not None else self.store.stop_state())
+        return None
+
+    def apply(self, ev: Event) -> None:
+        """One event: save, commit, delete or crash."""
+        if isinstance(ev, SaveEvent):
+            self._save(ev)
+        elif isinstance(ev, CommitEvent):
+            self.writers.pop(ev.gen).commit()
+        elif isinstance(ev, DeleteEvent):
+            self.store.delete(_gen_id(self.saved_at.pop(ev.gen)), step=ev.step)
+            if self.inference is not None:
+                self.inference.observe_delete(str(ev.gen), ev.step)
+        elif isinstance(ev, CrashEvent):
+            self._crash(ev)
+
+    def _save(self, ev: SaveEvent) -> None:
+        hint = (_hint(ev, self.actual_reclaim) if self.inference is None
+                else _inferred_hint(self.inference, ev, self.actual_reclaim))
+        w = self.store.begin_generation(_gen_id(ev), ev.step, hint=hint, declared_size=ev.nbytes)
+        self.writers[ev.gen] = w
+        self.saved_at[ev.gen] = ev
+        for s in ev.shards:
+            if self.payload:
+                w.write_shard(s.name, _pattern(ev.gen, s.name, s.nbytes))
+            else:
+                w.write_counted_shard(s.name, s.nbytes)
+
+    def _crash(self, ev: CrashEvent) -> None:
+        """Abandon the store as a power cut would, power-cycle the device and reopen the store
+        (recovery); the lost session's metrics are carried over."""
+        from retainz.store import Store
+
+        if not isinstance(self.dev, FaultyDevice):
+            raise ValueError("a crash event needs an emulated device (memory or file)")
+        self.crashes += 1
+        _add(self.carried, self.store.metrics.to_dict())
+        self.dev.cut_now()
+        try:
+            self.store.close()
+        except PowerCutError:
+            pass
+        self.dev.reboot()
+        self.store = Store.open(self.dev)
+        _sub(self.carried, self.store.metrics.to_dict())
+        self.writers.clear()
+        if ev.gen is not None:
+            self.saved_at.pop(ev.gen, None)
+            if self.inference is not None:
+                self.inference.observe_abort(str(ev.gen))
+
+    def measure(self, stop: _Stop | None, zmap: _ZoneMap | None, *, verify_payload: bool) -> dict:
+        """The store's metrics (the crashed sessions' added), ``admission_reserve_zones``,
+        ``crashes``, ``bytes_verified`` (read back on a payload device when ``verify_payload``)
+        and the finished zone map, if any."""
+        out = {**self.store.metrics.to_dict()}
+        _add(out, self.carried)
+        out["admission_reserve_zones"] = self.store.admission_reserve_zones
+        out["crashes"] = self.crashes
+        out["bytes_verified"] = self._verify_payload() if self.payload and verify_payload else 0
+        if zmap:
+            out["zone_map"] = zmap.finish(self.store.table, None if stop is None else stop.step)
+        return out
+
+    def _verify_payload(self) -> int:
+        """Read back every committed generation and compare with the pattern; returns bytes checked.
+
+        Raises:
+            ChecksumError: a shard reads back different from what was written.
+        """
+        committed = {g.id for g in self.store.generations()}
+        checked = 0
+        for gen, ev in sorted(self.saved_at.items()):
+            gid = _gen_id(ev)
+            if gid not in committed:
+                continue
+            for s in ev.shards:
+                want = b"".join(_pattern(gen, s.name, s.nbytes))
+                got = b"".join(self.store.read_shard(gid, s.name))
+                if got != want:
+                    raise ChecksumError(f"replay read-back of {gid}/{s.name} differs from what was written")
+                checked += len(got)
+        return checked
+
+    def close(self) -> None:
+        """Abort the writers still in flight, close the store and the device."""
+        for w in self.writers.values():
             try:
                 w.abort()
             except Exception:  # noqa: BLE001 - the store may already be stopped
                 pass
-        store.close()
-        dev.close()
+        self.store.close()
+        self.dev.close()
+
+
+def _make_device(device: str, geometry: Geometry) -> ZonedDevice:
+    """The device a :attr:`ReplayConfig.device` spec names (checked there)."""
+    if device == "memory":
+        return MemoryDevice(geometry, payload=False)
+    if device == "memory-payload":
+        return MemoryDevice(geometry, payload=True)
+    if device.startswith("file:"):
+        return FileDevice.create(device[5:], geometry)
+    from retainz.zoned import open_device
+
+    return open_device(device)
+
+
+def _result(config: ReplayConfig, stats: TraceStats, geometry: Geometry, measured: dict, stop: _Stop | None,
+            wall_seconds: float) -> dict:
+    """The replay's result dict (:func:`replay`'s Returns) from what was measured."""
+    result = dict(measured)
+    zone_map = result.pop("zone_map", None)
     result["waf"] = ((result["host_bytes"] + result["gc_bytes"]) / result["host_bytes"]
                      if result["host_bytes"] else 1.0)
     h = stats.header
+    data_zones = geometry.nr_zones - config.meta_zones - config.reserve_zones
     result.update({
-        "capacity_stop_step": stop_step,
-        "capacity_stop_cause": stop_cause,
-        "capacity_stop_state": stop_state,
-        "admission_reserve_zones": admission_reserve,
-        "crashes": n_crashes,
-        "bytes_verified": verified,
-        "policy": policy,
-        "device": device if not device.startswith("file:") else "file",
+        "capacity_stop_step": None if stop is None else stop.step,
+        "capacity_stop_cause": None if stop is None else stop.cause,
+        "capacity_stop_state": None if stop is None else stop.state,
+        "policy": config.policy,
+        "device": config.device if not config.device.startswith("file:") else "file",
         "geometry": {"nr_zones": geometry.nr_zones, "zone_size": geometry.zone_size,
                      "zone_capacity": geometry.zone_capacity, "block_size": geometry.block_size,
                      "max_open": geometry.max_open, "max_active": geometry.max_active,
-                     "meta_zones": meta_zones, "reserve_zones": reserve_zones},
-        "zones": geometry.nr_zones - meta_zones - reserve_zones,
-        "pressure": pressure,
-        "effective_pressure": stats.peak_live_bytes / ((geometry.nr_zones - meta_zones - reserve_zones)
-                                                       * geometry.zone_capacity),
+                     "meta_zones": config.meta_zones, "reserve_zones": config.reserve_zones},
+        "zones": data_zones,
+        "pressure": config.pressure,
+        "effective_pressure": stats.peak_live_bytes / (data_zones * geometry.zone_capacity),
         "peak_live_bytes": stats.peak_live_bytes,
         "trace_sha256": stats.sha256,
         "trace": {"layout": h.layout.get("name"), "retention": h.retention, "steps": h.schedule.get("steps"),
                   "saves": stats.saves, "seed": h.seed, "crash_every": h.crash_every},
-        "seed": seed,
-        "verify_summaries": verify_summaries,
-        "wall_seconds": time.perf_counter() - t0,
+        "seed": config.seed,
+        "verify_summaries": config.verify_summaries,
+        "wall_seconds": wall_seconds,
     })
-    if out_zmap is not None:
-        result["zone_map"] = out_zmap
+    if zone_map is not None:
+        result["zone_map"] = zone_map
     return result
 
 
@@ -416,40 +612,3 @@ def _sub(acc: dict, d: dict) -> None:
     for k, v in d.items():
         if k not in ("waf", "peak_occupancy") and isinstance(v, (int, float)):
             acc[k] = acc.get(k, 0) - v
-
-
-def _crash_and_recover(store, dev, Store):
-    """Abandon the store as a power cut would, power-cycle the device, reopen (recovery)."""
-    if not isinstance(dev, FaultyDevice):
-        raise ValueError("a crash event needs an emulated device (memory or file)")
-    dev.cut_now()
-    try:
-        store.close()
-    except PowerCutError:
-        pass
-    dev.reboot()
-    return Store.open(dev)
-
-
-def _verify_payload(store, live: dict[int, SaveEvent]) -> int:
-    """Read back every committed generation and compare with the pattern; returns bytes checked."""
-    from retainz.errors import ChecksumError
-
-    committed = {g.id for g in store.generations()}
-    checked = 0
-    for gen, ev in sorted(live.items()):
-        gid = _gen_id(ev)
-        if gid not in committed:
-            continue
-        for s in ev.shards:
-            want = b"".join(_pattern(gen, s.name, s.nbytes))
-            got = b"".join(store.read_shard(gid, s.name))
-            if got != want:
-                raise ChecksumError(f"replay read-back of {gid}/{s.name} differs from what was written")
-            checked += len(got)
-    return checked
-
-
-def default_device_path(tmpdir: str) -> str:
-    """A scratch FileDevice path for payload replays."""
-    return "file:" + os.path.join(tmpdir, "replay.img")

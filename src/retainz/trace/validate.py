@@ -1,6 +1,6 @@
 """Validation of trace format v1: the per-line parsers (JSON, header, events, hints, shards) and
-the event-sequence :class:`Validator`.  Problems raise ``_Bad``, which :mod:`.format`'s reader and
-writer turn into :class:`~retainz.trace.format.TraceFormatError` with the line number.
+the event-sequence :class:`Validator`.  Problems raise ``_Bad``, which the reader and writer
+(:mod:`retainz.trace.io`) turn into :class:`~retainz.trace.format.TraceFormatError` with the line number.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import json
 import math
 from typing import Any
 
+from retainz.hint import Hint
 from retainz.trace.format import (
     LIFETIMES,
     TIMINGS,
@@ -20,7 +21,7 @@ from retainz.trace.format import (
     SaveEvent,
     Shard,
     TraceHeader,
-    TraceHint,
+    hint_from_json,
 )
 
 __all__ = ["Validator"]
@@ -116,7 +117,7 @@ def _parse_condition(c: Any) -> dict:
     return c
 
 
-def _parse_hint(h: Any) -> TraceHint | None:
+def _parse_hint(h: Any) -> Hint | None:
     if h is None:
         return None
     if not isinstance(h, dict):
@@ -127,7 +128,7 @@ def _parse_hint(h: Any) -> TraceHint | None:
     life = _need(h, "lifetime", "hint")
     if life not in LIFETIMES:
         raise _Bad(f"hint: lifetime must be one of {', '.join(LIFETIMES)}, got {json.dumps(life)}")
-    return TraceHint(cond, pred, life)
+    return hint_from_json(cond, pred, life)
 
 
 def _parse_shards(v: Any) -> tuple[Shard, ...]:

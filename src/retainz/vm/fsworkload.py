@@ -61,7 +61,9 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from retainz.trace.format import CommitEvent, CrashEvent, DeleteEvent, SaveEvent, TraceReader
+from retainz.spec import parse_spec
+from retainz.trace.format import CommitEvent, CrashEvent, DeleteEvent, SaveEvent
+from retainz.trace.io import TraceReader
 
 __all__ = ["SYSTEMS", "SystemSpec", "parse_system", "sectors_written", "ZoneResetCounter", "FileReplay", "same_stream",
            "survivors_before", "fill_at", "run_system", "ZONED_DEVICE", "META_DEVICE", "MOUNT_POINT"]
@@ -100,18 +102,18 @@ def parse_system(spec: str) -> SystemSpec:
     """``"btrfs"``, ``"btrfs:bg_reclaim_threshold=50"``, ``"f2fs"``, ``"retainz"`` -> :class:`SystemSpec`.
 
     Raises:
-        ValueError: an unknown system or option, or a threshold outside 0-100 (the range the kernel's
+        ValueError: an item that is not ``key=value`` (:func:`retainz.spec.parse_spec`), an unknown
+            system or option, or a threshold outside 0-100 (the range the kernel's
             sysfs store accepts since Linux 5.19).
     """
-    name, _, body = str(spec).strip().partition(":")
+    name, pairs = parse_spec(str(spec), "system")
     if name not in SYSTEMS:
         raise ValueError(f"unknown system {name!r} (valid: {', '.join(SYSTEMS)})")
     options: dict = {}
-    for item in filter(None, body.split(",")):
-        key, sep, value = item.partition("=")
-        if not sep or key not in SYSTEM_OPTIONS[name]:
+    for key, value in pairs:
+        if key not in SYSTEM_OPTIONS[name]:
             valid = ", ".join(SYSTEM_OPTIONS[name]) or "none"
-            raise ValueError(f"system {name!r}: unknown option {item!r} (valid: {valid})")
+            raise ValueError(f"system {name!r}: unknown option {key + '=' + value!r} (valid: {valid})")
         try:
             v = int(value)
         except ValueError:
@@ -467,15 +469,15 @@ def _run_filesystem(spec: SystemSpec, events: list, out: dict, write) -> None:
 def _run_retainz(policy: str, reserve_zones: int, meta_zones: int, trace_path: str, events: list,
                  out: dict) -> None:
     from retainz.store import Store
-    from retainz.trace.replay import replay
+    from retainz.trace.replay import ReplayConfig, replay
     from retainz.zoned import open_device
 
     nr_zones = out["namespace_zones"]
     before = sectors_written(ZONED_DEVICE)
     t0 = time.perf_counter()
-    res = replay(trace_path, policy=policy, zones=max(2, nr_zones - meta_zones - reserve_zones),
-                 reserve_zones=reserve_zones, meta_zones=meta_zones, device=ZONED_DEVICE,
-                 verify_payload=False)
+    res = replay(trace_path, ReplayConfig(policy=policy, zones=max(2, nr_zones - meta_zones - reserve_zones),
+                                          reserve_zones=reserve_zones, meta_zones=meta_zones, device=ZONED_DEVICE,
+                                          verify_payload=False))
     out["replay_seconds"] = time.perf_counter() - t0
     out["zoned_bytes_written"] = sectors_written(ZONED_DEVICE) - before
     out["conventional_bytes_written"] = 0

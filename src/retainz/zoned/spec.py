@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 
 from retainz.errors import DeviceFormatError
+from retainz.spec import parse_spec
 from retainz.zoned.device import ZonedDevice
 from retainz.zoned.model import Geometry, parse_size
 
@@ -67,13 +68,10 @@ def open_device(spec: str, *, readonly: bool = False) -> ZonedDevice:
     if spec.startswith("mem:") or spec == "mem":
         from retainz.zoned.memory import MemoryDevice
 
-        body = spec[4:]
-        opts: dict[str, str] = {}
-        for item in filter(None, body.split(",")):
-            key, sep, value = item.partition("=")
-            if not sep:
-                raise DeviceFormatError(f"bad device spec {spec!r}: {item!r} is not KEY=VALUE")
-            opts[key.strip()] = value.strip()
+        try:
+            opts = dict(parse_spec(spec, "device spec")[1])
+        except ValueError as e:
+            raise DeviceFormatError(str(e)) from None
         payload = opts.pop("payload", "true").lower()
         if payload not in ("true", "false"):
             raise DeviceFormatError(f"bad device spec {spec!r}: payload must be true or false")

@@ -1,0 +1,79 @@
+"""Admission on every write path: a generation begun without a declared size (fsspec, the mount, DCP
+without a plan) reserves as its bytes arrive and is refused before it would write into the GC
+reserve; ``df`` shows what can be admitted and the reserve separately."""
+
+from __future__ import annotations
+
+import pytest
+
+from retainz.cli import main
+from retainz.errors import NoSpaceError
+from retainz.hint import Hint
+from retainz.store import Store
+from retainz.zoned import FileDevice, Geometry, MemoryDevice
+
+KiB = 1024
+GEOM = Geometry(nr_zones=12, zone_size=64 * KiB, zone_capacity=48 * KiB, block_size=4096, max_open=6,
+                max_active=6)
+
+
+def fill_undeclared(s: Store, push: bool) -> NoSpaceError:
+    """Write generations of 30 KiB without declaring a size until the store refuses one."""
+    i = 0
+    while True:
+        w = s.begin_generation(f"g{i}", i, hint=Hint(reclaim_step=10_000))
+        try:
+            if push:
+                sh = w.open_shard("a")
+                for _ in range(6):
+                    sh.write(b"x" * (5 * KiB))
+                sh.close()
+            else:
+                w.write_shard("a", [b"x" * (30 * KiB)])
+            w.commit()
+        except NoSpaceError as e:
+            w.abort()
+            return e
+        i += 1
+
+
+@pytest.mark.parametrize("push", [False, True])
+def test_an_undeclared_generation_is_refused_at_admission_before_the_gc_reserve(push):
+    with Store.format(MemoryDevice(GEOM), gc_reserve_zones=2) as s:
+        e = fill_undeclared(s, push)
+        assert e.cause == "admission"
+        assert s.table.n_empty >= s.admission_reserve_zones == 2      # the reserve was never written
+        assert s.fsck().ok and s.table.key() == s.recompute_table().key()
+        df = s.df()
+        assert df.admissible < 30 * KiB and df.gc_reserve == 2 * GEOM.zone_capacity
+        assert df.free >= df.gc_reserve + df.admissible
+
+
+def test_a_declared_generation_is_admitted_whole_at_its_start_as_before():
+    with Store.format(MemoryDevice(GEOM), gc_reserve_zones=2) as s:
+        with pytest.raises(NoSpaceError) as e:
+            s.begin_generation("big", 1, declared_size=8 * 48 * KiB)
+        assert e.value.cause == "admission"
+
+
+def test_zenfs_has_no_admission_on_any_path():
+    g = Geometry(nr_zones=40, zone_size=64 * KiB, zone_capacity=48 * KiB, block_size=4096, max_open=14,
+                 max_active=14)
+    with Store.format(MemoryDevice(g), policy="zenfs") as s:
+        e = fill_undeclared(s, push=True)
+        assert e.cause in ("allocation", "gc") and s.df().gc_reserve == 0
+
+
+def test_df_prints_admissible_bytes_and_the_reserve(tmp_path, capsys):
+    path = tmp_path / "dev.img"
+    dev = FileDevice.create(path, GEOM)
+    with Store.format(dev) as s:
+        fill_undeclared(s, push=False)
+    dev.close()
+    assert main(["df", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "Admissible: 0.0" in out and "GC reserve of 0.09 MiB" in out
+    assert main(["df", str(path), "--json"]) == 0
+    import json
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["gc_reserve"] == 2 * GEOM.zone_capacity and rep["admissible"] < 30 * KiB

@@ -1,0 +1,110 @@
+"""Format versions: a store of a version or with flags this code does not know is refused before
+anything is written (read-write and read-only, API and CLI); an older readable version is upgraded
+by a journal rollover at a read-write open, and a read-only open leaves it as it is."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from retainz.cli import main
+from retainz.errors import UnsupportedFormatError
+from retainz.store import Store
+from retainz.store.format import FORMAT_VERSION, READABLE_VERSIONS, Superblock
+from retainz.store.records import empty_snapshot, frame
+from retainz.zoned import FileDevice, Geometry, MemoryDevice
+
+KiB = 1024
+GEOM = Geometry(nr_zones=12, zone_size=64 * KiB, zone_capacity=48 * KiB, block_size=4096, max_open=3,
+                max_active=4)
+
+
+def rewrite_superblock(dev: MemoryDevice, **change) -> bytes:
+    """Replace the superblock of every meta zone in use with a re-encoded one (valid crc) carrying
+    ``change``; returns the device's bytes before (to check nothing else is written later)."""
+    bs = dev.geometry.block_size
+    for z in range(3):
+        zone = dev.zone(z)
+        if zone.wp == zone.start:
+            continue
+        sb = Superblock.decode(dev.read(zone.start, bs), dev.geometry)
+        dev._data[z][:bs] = dataclasses.replace(sb, **change).encode()
+    return snapshot(dev)
+
+
+def snapshot(dev: MemoryDevice) -> bytes:
+    return b"".join(bytes(d or b"") for d in dev._data) + repr([(z.cond, z.wp) for z in dev.report_zones()]).encode()
+
+
+def stored(dev: MemoryDevice) -> None:
+    with Store.format(dev) as s:
+        w = s.begin_generation("g1", 1)
+        w.write_shard("a", [b"x" * 5000])
+        w.commit()
+
+
+@pytest.mark.parametrize("change", [{"version": FORMAT_VERSION + 1}, {"version": 99}, {"version": 0},
+                                    {"flags": 1}, {"flags": 1 << 31}])
+@pytest.mark.parametrize("readonly", [False, True])
+def test_an_unknown_version_or_flag_is_refused_and_nothing_is_written(change, readonly):
+    dev = MemoryDevice(GEOM)
+    stored(dev)
+    before = rewrite_superblock(dev, **change)
+    with pytest.raises(UnsupportedFormatError) as e:
+        Store.open(dev, readonly=readonly)
+    what = f"version {change['version']}" if "version" in change else f"flags {change['flags']:#x}"
+    assert what in str(e.value) and "nothing written" in str(e.value)
+    assert snapshot(dev) == before
+
+
+def test_format_refuses_to_overwrite_an_unknown_version_without_force():
+    dev = MemoryDevice(GEOM)
+    stored(dev)
+    rewrite_superblock(dev, version=7)
+    with pytest.raises(Exception, match="already holds a RetainZ store"):
+        Store.format(dev)
+    Store.format(dev, force=True).close()          # the explicit force
+
+
+@pytest.mark.parametrize("command", [["ls"], ["fsck"], ["df"], ["put", "g2", "FILE", "--step", "2"]])
+def test_the_cli_says_which_version_it_found_exit_1(tmp_path, capsys, command):
+    path = tmp_path / "dev.img"
+    dev = FileDevice.create(path, GEOM)
+    stored(dev)
+    dev.close()
+    raw = bytearray(path.read_bytes())
+    dev = FileDevice(path, readonly=True)
+    sb = Superblock.decode(dev.read(0, 4096), dev.geometry)
+    dev.close()
+    start = raw.index(sb.encode()[:64])
+    raw[start:start + 4096] = dataclasses.replace(sb, version=5).encode()
+    path.write_bytes(raw)
+    (tmp_path / "FILE").write_bytes(b"y" * 100)
+    argv = [a if a != "FILE" else str(tmp_path / "FILE") for a in command]
+    assert main([argv[0], str(path), *argv[1:]]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "format version 5" in err[0] and "reads versions 1, 2" in err[0]
+    assert path.read_bytes() == raw
+
+
+def test_a_version_1_store_is_read_as_is_read_only_and_upgraded_by_a_read_write_open():
+    assert 1 in READABLE_VERSIONS and FORMAT_VERSION == 2
+    g = GEOM
+    dev = MemoryDevice(g)
+    sb = Superblock(uuid=__import__("uuid").uuid4(), sequence=1, part=0, geometry=g, meta_zones=3,
+                    gc_reserve_zones=2, policy="greedy", version=1)
+    dev.write(0, sb.encode() + b"".join(frame(p, g.block_size) for p in empty_snapshot()))
+    dev.flush()
+    before = snapshot(dev)
+    with Store.open(dev, readonly=True) as s:
+        assert s.format_version == 1 and s.generations() == []
+        assert any("upgrade format version 1 to 2" in r for r in s.recovery.repairs)
+    assert snapshot(dev) == before
+    with Store.open(dev) as s:
+        assert s.format_version == 2 and s.recovery.rolled
+        w = s.begin_generation("g", 1)
+        w.write_shard("a", [b"z" * 100])
+        w.commit()
+    with Store.open(dev, readonly=True) as s:
+        assert s.format_version == 2 and [g.id for g in s.generations()] == ["g"]

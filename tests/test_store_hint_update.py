@@ -1,0 +1,87 @@
+"""A retention rule that changes (keep_latest_k 10 -> 3 on resume): ``Store.update_hint`` journals the
+generation's new hint, the zones it holds alone take the new reclaim step, and a remount (clean or
+after a crash) replays it identically."""
+
+from __future__ import annotations
+
+import pytest
+
+from retainz.errors import GenerationNotFoundError, PowerCutError
+from retainz.hint import Hint
+from retainz.store import Store
+from retainz.testing import FaultyDevice
+from retainz.zoned import Geometry, MemoryDevice
+
+KiB = 1024
+GEOM = Geometry(nr_zones=16, zone_size=64 * KiB, zone_capacity=48 * KiB, block_size=4096, max_open=6,
+                max_active=6)
+
+
+def put(s, gid, step, reclaim, n=40 * KiB):
+    w = s.begin_generation(gid, step, hint=Hint(reclaim_step=reclaim))
+    w.write_shard("a", [bytes([step % 256]) * n])
+    w.commit()
+    return {e[0] for e in s.generation(gid).shards["a"].extents}
+
+
+def test_the_new_hint_is_journaled_and_replayed_after_a_clean_reopen_and_a_crash():
+    for crash in (False, True):
+        dev = FaultyDevice(MemoryDevice(GEOM))
+        s = Store.format(dev, policy="retainz")
+        zones = put(s, "g10", 10, 1010, n=48 * KiB)
+        put(s, "g20", 20, 1020)
+        s.update_hint("g10", Hint(reclaim_step=40, condition="after 3 newer"), step=25)
+        assert s.generation("g10").hint.reclaim_step == 40 and s.now == 25
+        alone = [z for z in zones if len(s.catalog.zone_gens[z]) == 1]
+        assert alone and all(s.table[z].reclaim_step == 40 for z in alone)
+        attrs = {z: s.table[z].key() for z in zones}
+        if crash:
+            dev.cut_now()
+            with pytest.raises(PowerCutError):
+                s.close()                     # the sync record never lands
+            dev.reboot()
+        else:
+            s.close()
+        with Store.open(dev, policy="retainz") as back:
+            h = back.generation("g10").hint
+            assert (h.reclaim_step, h.condition) == (40, "after 3 newer")
+            assert back.generation("g20").hint.reclaim_step == 1020
+            assert {z: back.table[z].key() for z in zones} == attrs
+            assert back.fsck().ok and back.table.key() == back.recompute_table().key()
+
+
+def test_a_shared_zone_only_takes_a_later_reclaim_step():
+    with Store.format(MemoryDevice(GEOM), policy="greedy") as s:
+        z1 = put(s, "a", 1, 500, n=8 * KiB)
+        z2 = put(s, "b", 2, 600, n=8 * KiB)
+        shared = z1 & z2
+        assert shared
+        z = shared.pop()
+        before = s.table[z].reclaim_step
+        s.update_hint("a", Hint(reclaim_step=100))
+        assert s.table[z].reclaim_step == before          # b still lives there until 600
+        s.update_hint("a", Hint(reclaim_step=900))
+        assert s.table[z].reclaim_step == 900
+        assert s.table.key() == s.recompute_table().key()
+
+
+def test_bad_updates_are_refused_and_change_nothing():
+    with Store.format(MemoryDevice(GEOM)) as s:
+        put(s, "g", 50, 100)
+        key = s.table.key()
+        with pytest.raises(ValueError, match="reclaim step 10 is before its own step 50"):
+            s.update_hint("g", Hint(reclaim_step=10))
+        with pytest.raises(GenerationNotFoundError):
+            s.update_hint("nope", Hint(reclaim_step=100))
+        assert s.generation("g").hint.reclaim_step == 100 and s.table.key() == key
+
+
+def test_a_generation_being_written_takes_the_hint_with_its_commit():
+    dev = MemoryDevice(GEOM)
+    with Store.format(dev) as s:
+        w = s.begin_generation("g", 5, hint=Hint(reclaim_step=500))
+        w.write_shard("a", [b"x" * 1000])
+        s.update_hint("g", Hint(reclaim_step=50))
+        w.commit()
+    with Store.open(dev) as s:
+        assert s.generation("g").hint.reclaim_step == 50
