@@ -46,3 +46,31 @@ def any_device(request, tmp_path):
     dev = make_device(request.param, tmp_path)
     yield dev
     dev.close()
+
+
+#: Power-cut campaigns run in this session: ``(label, [CampaignReport, ...])``, appended by the
+#: crash tests through the ``crash_ledger`` fixture and printed at the end of the run.
+_CRASH_CAMPAIGNS: list[tuple[str, list]] = []
+
+
+@pytest.fixture(scope="session")
+def crash_ledger():
+    """Where a crash test records its campaigns' reports (printed in the terminal summary: each
+    campaign's points and failures, and the lane's distinct power-cut points)."""
+    return _CRASH_CAMPAIGNS
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _CRASH_CAMPAIGNS:
+        return
+    from retainz.testing.crashtest import distinct_points
+
+    tr = terminalreporter
+    tr.section("power-cut campaigns")
+    for label, reports in _CRASH_CAMPAIGNS:
+        tr.write_line(f"{label}: {distinct_points(reports)} points, "
+                      f"{sum(len(r.failures) for r in reports)} failures")
+    every = [r for _, reports in _CRASH_CAMPAIGNS for r in reports]
+    tr.write_line(f"total: {distinct_points(every)} distinct power-cut points "
+                  f"(workload, script, boundary, state) in {len(every)} campaigns, "
+                  f"{sum(len(r.failures) for r in every)} failures")

@@ -23,12 +23,15 @@ EXPECTED_CLASSES = {
     "spill": {"commit-record", "delete-record", "rollover-snapshot", "sync-record"},
     "mixed": {"shard-data", "commit-record", "delete-record", "gc-copy", "gc-move-record",
               "rollover-snapshot", "sync-record"},
+    "shared": {"shard-data", "commit-record", "delete-record", "gc-copy", "gc-move-record",
+               "rollover-snapshot", "sync-record"},
 }
 
 
 @pytest.mark.parametrize("name", WORKLOADS)
-def test_power_cut_at_every_write_boundary(name):
+def test_power_cut_at_every_write_boundary(name, crash_ledger):
     rep = campaign(name, seed=0)
+    crash_ledger.append((f"{name} seed 0", [rep]))
     print(f"{name}: {rep.points} crash states at {rep.write_boundaries} write boundaries: {rep.states}")
     assert rep.failures == []
     assert rep.write_boundaries > 15
@@ -51,11 +54,12 @@ def test_campaign_states_include_records_ahead_of_data_and_data_ahead_of_records
 
 
 @pytest.mark.parametrize("name", ["spill", "mixed"])
-def test_a_second_power_cut_during_recovery(name):
+def test_a_second_power_cut_during_recovery(name, crash_ledger):
     """Cut at every boundary, then again at the first write after the reboot (the mount-time
     rollover after a torn tail, or the first commit): recover and check again.  This is the class
     that caught a torn record hidden by the rollover's finish of the old meta zone."""
     rep = campaign(name, seed=0, second_cut=1)
+    crash_ledger.append((f"{name} seed 0, second cut 1", [rep]))
     print(f"{name} (second cut): {rep.points} crash states at {rep.write_boundaries} write boundaries")
     assert rep.failures == [] and rep.points > 80
 
@@ -63,32 +67,37 @@ def test_a_second_power_cut_during_recovery(name):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", WORKLOADS)
 @pytest.mark.parametrize("second_cut", [2, 3])
-def test_second_power_cut_later_in_recovery(name, second_cut):
-    assert campaign(name, seed=0, second_cut=second_cut).failures == []
+def test_second_power_cut_later_in_recovery(name, second_cut, crash_ledger):
+    rep = campaign(name, seed=0, second_cut=second_cut)
+    crash_ledger.append((f"{name} seed 0, second cut {second_cut}", [rep]))
+    assert rep.failures == []
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_power_cut_campaign_other_seeds(seed):
+def test_power_cut_campaign_other_seeds(seed, crash_ledger):
     rep = campaign("mixed", seed=seed)
+    crash_ledger.append((f"mixed seed {seed}", [rep]))
     assert rep.failures == [] and rep.points > 200
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["gc", "mixed"])
-def test_power_cut_campaign_enumerating_more_states(name):
+def test_power_cut_campaign_enumerating_more_states(name, crash_ledger):
     """The size knob: every state of a cut that leaves up to 512, 24 random ones otherwise (basic,
     rollover and spill cuts leave at most 16: the default lane already enumerates them all)."""
     rep = campaign(name, seed=0, enumerate_up_to=512, samples=24)
+    crash_ledger.append((f"{name} seed 0, enumerated up to 512", [rep]))
     print(f"{name} (enumerated): {rep.points} crash states at {rep.write_boundaries} write boundaries")
     assert rep.failures == [] and rep.points > campaign(name, seed=0).points
 
 
 @pytest.mark.slow
-def test_power_cut_campaign_on_a_file_device(tmp_path):
+def test_power_cut_campaign_on_a_file_device(tmp_path, crash_ledger):
     path = tmp_path / "dev.img"
     rep = campaign("gc", seed=0, enumerate_up_to=2, samples=1,
                    make_device=lambda g: FileDevice.create(path, g, force=True))
+    crash_ledger.append(("gc seed 0 on a file device", [rep]))
     assert rep.failures == [] and rep.points >= 2 * rep.write_boundaries
 
 

@@ -79,6 +79,9 @@ def register(sub) -> None:
                    help="basic, gc, rollover, spill, mixed or all (default mixed)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-points", type=int, default=0, help="cut at most this many boundaries (0: all)")
+    p.add_argument("--black-box", type=int, default=0, metavar="N",
+                   help="instead: N rounds of a writer process SIGKILLed at a random moment, each followed by "
+                        "a verifying reopen (DEV-SPEC is then a scratch directory for its device file)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_crashtest)
 
@@ -276,8 +279,35 @@ def _df(args) -> int:
     return 0
 
 
+def _black_box(args) -> int:
+    from retainz.testing.blackbox import run
+
+    if args.black_box < 0:
+        raise ValueError(f"--black-box must be a positive number of rounds, not {args.black_box}")
+    if os.path.exists(args.device) and not os.path.isdir(args.device):
+        raise ValueError(f"{args.device} is not a directory; --black-box needs a scratch directory")
+    rep = run(args.device, args.black_box, seed=args.seed)
+    if args.json:
+        print_json({"black_box": True, "seed": args.seed, "points": rep.iterations,
+                    "commits_acknowledged": rep.commits_acknowledged, "in_flight_present": rep.in_flight_present,
+                    "in_flight_absent": rep.in_flight_absent, "generations_verified": rep.generations_verified,
+                    "bytes_verified": rep.bytes_verified, "seconds": rep.seconds, "failures": rep.failures},
+                   indent=2)
+    else:
+        print(f"black box: {rep.iterations} writers killed and verified, {rep.commits_acknowledged} commits "
+              f"acknowledged, {plural(rep.generations_verified, 'generation')} and "
+              f"{format_size(rep.bytes_verified)} verified, {plural(len(rep.failures), 'failure')} "
+              f"({rep.seconds:.1f} s)")
+        for f in rep.failures[:20]:
+            print(f"    FAIL {f}")
+    return 0 if rep.ok else 1
+
+
 def _crashtest(args) -> int:
     from retainz.testing.crashtest import WORKLOADS, campaign
+
+    if args.black_box:
+        return _black_box(args)
     from retainz.zoned import FileDevice, MemoryDevice
 
     names = list(WORKLOADS) if args.workload == "all" else [args.workload]

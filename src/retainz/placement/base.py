@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from retainz.hint import Hint
-from retainz.zoned.model import ZoneCond
+from retainz.zoned.model import Geometry, ZoneCond
 
 __all__ = [
     "PERMANENT",
@@ -489,14 +489,15 @@ class Allocator(abc.ABC):
         del shard  # Ignored by the default rule.
         return True
 
-    def check_device(self, nr_zones: int) -> None:
-        """Refuse a device this policy's upstream refuses (called by ``Store.format``/``open``
-        with the device's zone count, meta zones included).  The default accepts any device.
+    def check_device(self, geometry: Geometry) -> None:
+        """Refuse a device this policy's upstream refuses or cannot run on (called by
+        ``Store.format``/``open`` with the device's geometry, meta zones included, before anything
+        is written).  The default accepts any device.
 
         Raises:
             ValueError: the device cannot be used with this policy (one line saying why).
         """
-        del nr_zones  # Ignored by the default rule.
+        del geometry  # Ignored by the default rule.
 
     def check_finite(self, param: str, lo: float, hi: float = math.inf) -> None:
         """``check_param`` for a real number: finite and ``lo <= value <= hi``."""

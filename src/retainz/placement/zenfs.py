@@ -22,8 +22,10 @@ Three rules of upstream decide what the store around the port does:
   file is never moved, so its zone is reset only when all of its data dies.  ``migrate="sst"``
   (the default) is that rule; ``migrate="all"`` (``zenfs:migrate=all``) is a labelled extension
   that migrates every file, the behaviour of this port before the rule was ported.
-* **At least 32 zones.**  ``ZonedBlockDevice::Open`` (fs/zbd_zenfs.cc) refuses a backend of fewer
-  than ``ZENFS_MIN_ZONES`` (32) zones: :meth:`ZenFS.check_device` refuses such a device.
+* **At least 32 zones, at least 3 active zones.**  ``ZonedBlockDevice::Open`` (fs/zbd_zenfs.cc)
+  refuses a backend of fewer than ``ZENFS_MIN_ZONES`` (32) zones, and its active-token budget
+  (device max active - ``reserved_zones``) is empty on a device limited to 2 or fewer active
+  zones: :meth:`ZenFS.check_device` refuses both devices at format and open (nothing written).
 
 ``zenfs-nohint`` (:class:`ZenFSNoHint`) is the same allocator when the application sets no hint:
 every file is ``WLTH_NOT_SET``, upstream's default for a new file.
@@ -68,7 +70,8 @@ Upstream quirks (``docs/zenfs-baseline.md``, "Quirks"):
   a bug, not the allocator.
 * **Q6** (the finish loop spins when no zone is finishable but no token is free): cannot arise
   with table-derived counts unless the budget is 0 or less (device ``max_active <=
-  reserved_zones``); then :meth:`ZenFS.place` answers no space instead of hanging.
+  reserved_zones``): :meth:`ZenFS.check_device` refuses that device, and :meth:`ZenFS.place`
+  would answer no space instead of hanging.
 * **Tie rules** kept: GetBestOpenZoneMatch takes the *last* zone of equal difference (``<=``),
   AllocateEmptyZone and FinishCheapestIOZone the *first* (lowest index).
 
@@ -82,7 +85,7 @@ from dataclasses import dataclass
 
 from retainz.hint import DEFAULT_MEDIUM, DEFAULT_SHORT, Hint, Lifetime, lifetime_class
 from retainz.placement.base import NO_SPACE, Allocator, Decision, ExtentRequest, ZoneTable
-from retainz.zoned.model import ZoneCond
+from retainz.zoned.model import Geometry, ZoneCond
 
 __all__ = ["ZenFS", "ZenFSNoHint", "lifetime_diff", "unused_zones", "LIFETIME_DIFF_NOT_GOOD",
            "LIFETIME_DIFF_COULD_BE_WORSE", "GC_START_LEVEL", "GC_SLOPE", "ZENFS_MIN_ZONES"]
@@ -159,15 +162,27 @@ class ZenFS(Allocator):
         (``migrate="sst"``); every file with ``migrate="all"``."""
         return self.migrate == "all" or shard.endswith(".sst")
 
-    def check_device(self, nr_zones: int) -> None:
-        """``ZonedBlockDevice::Open`` (fs/zbd_zenfs.cc) refuses fewer than ``ZENFS_MIN_ZONES``.
+    def check_device(self, geometry: Geometry) -> None:
+        """Refuse a device ZenFS cannot run on, before anything is written.
+
+        * ``ZonedBlockDevice::Open`` (fs/zbd_zenfs.cc) refuses fewer than ``ZENFS_MIN_ZONES`` zones.
+        * ``ZonedBlockDevice::Open`` sets ``max_nr_active_io_zones = device max active -
+          reserved_zones``: with a device limit of ``reserved_zones`` (2) or fewer no active token
+          is ever free, so ``AllocateIOZone`` could never open a zone (every write would end in no
+          space).  Such a device is refused up front, naming the limit (no limit, 0, is fine).
 
         Raises:
-            ValueError: ``nr_zones < 32``.
+            ValueError: ``geometry.nr_zones < 32``, or ``0 < geometry.max_active <= reserved_zones``.
         """
-        if nr_zones < ZENFS_MIN_ZONES:
-            raise ValueError(f"policy {self.name}: the device has {nr_zones} zones; ZenFS refuses fewer than "
-                             f"{ZENFS_MIN_ZONES} (ZENFS_MIN_ZONES in ZonedBlockDevice::Open, fs/zbd_zenfs.cc)")
+        if geometry.nr_zones < ZENFS_MIN_ZONES:
+            raise ValueError(f"policy {self.name}: the device has {geometry.nr_zones} zones; ZenFS refuses fewer "
+                             f"than {ZENFS_MIN_ZONES} (ZENFS_MIN_ZONES in ZonedBlockDevice::Open, fs/zbd_zenfs.cc)")
+        if geometry.max_active and geometry.max_active <= self.reserved_zones:
+            raise ValueError(f"policy {self.name}: the device's active-zone limit (max_active "
+                             f"{geometry.max_active}) is too small for the policy: ZenFS keeps reserved_zones="
+                             f"{self.reserved_zones} of it for itself and needs at least "
+                             f"{self.reserved_zones + 1} (max_nr_active_io_zones in ZonedBlockDevice::Open, "
+                             "fs/zbd_zenfs.cc)")
 
     # -- inputs -------------------------------------------------------------------------------------
     def lifetime_of(self, hint: Hint, step: int) -> int:

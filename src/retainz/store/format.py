@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 import crc32c
 
-from retainz.errors import InvalidIdError, UnsupportedFormatError
+from retainz.errors import CorruptJournalError, InvalidIdError, UnsupportedFormatError
 from retainz.zoned.model import Geometry
 
 __all__ = ["MAGIC", "FORMAT_VERSION", "READABLE_VERSIONS", "KNOWN_FLAGS", "Superblock", "check_id", "round_up",
@@ -124,7 +124,12 @@ class Superblock:
     @classmethod
     def decode(cls, block: bytes, device_geometry: Geometry) -> Superblock | None:
         """Parse a superblock; ``None`` if the magic is absent or the checksum fails.  The version
-        and flags are returned as found (:meth:`check_supported` refuses unknown ones)."""
+        and flags are returned as found (:meth:`check_supported` refuses unknown ones).
+
+        Raises:
+            DeviceFormatError: the recorded geometry is impossible (a valid checksum over it).
+            CorruptJournalError: the recorded policy name is not UTF-8.
+        """
         if len(block) < _SB.size + 4 or block[:8] != MAGIC:
             return None
         (crc,) = struct.unpack_from("<I", block, _SB.size)
@@ -135,8 +140,12 @@ class Superblock:
         g = device_geometry
         geometry = Geometry(nr_zones=nz, zone_size=zsize, zone_capacity=zcap, block_size=bs,
                             max_open=g.max_open, max_active=g.max_active)
+        try:
+            policy_name = policy.rstrip(b"\0").decode()
+        except UnicodeDecodeError:
+            raise CorruptJournalError("a superblock's policy name is not UTF-8 text: corrupt store") from None
         return cls(uuid=uuidlib.UUID(bytes=raw_uuid), sequence=seq, part=part, geometry=geometry,
-                   meta_zones=meta, gc_reserve_zones=reserve, policy=policy.rstrip(b"\0").decode(),
+                   meta_zones=meta, gc_reserve_zones=reserve, policy=policy_name,
                    flags=flags, version=version)
 
 

@@ -201,12 +201,15 @@ def decode(payload: bytes) -> Record:
     """Decode a record payload.
 
     Raises:
-        ValueError: an unknown kind or a body that is not the kind's JSON (``json.JSONDecodeError``
-            is a ValueError; a missing member raises KeyError, a malformed one TypeError).
+        ValueError: an unknown kind, a body that is not JSON (``json.JSONDecodeError`` is a
+            ValueError) or not a JSON object; a missing member raises KeyError, a malformed one
+            TypeError or IndexError.
     """
     word, _, raw = payload.partition(b" ")
     kind = Kind(word.decode("ascii"))
     body = _loads(raw)
+    if not isinstance(body, dict):
+        raise ValueError(f"a {kind.value!r} record's body is not a JSON object")
     rec = Record(kind, open_seq=body.get("o"), now=body.get("now"))
     if "z" in body:
         rec.zones = [ZoneAttrs.decode(a) for a in body["z"]]

@@ -185,7 +185,7 @@ class Store:
                 + 2 zones, zone capacity under 4 blocks, max active zones under 2).
         """
         g = device.geometry
-        make_allocator(policy).check_device(g.nr_zones)
+        make_allocator(policy).check_device(g)
         if meta_zones is None:
             meta_zones = default_meta_zones(g.nr_zones, g.zone_capacity, g.block_size, gc_reserve_zones)
         if not 2 <= meta_zones <= MAX_META_ZONES:
@@ -270,7 +270,7 @@ class Store:
         self.gc_reserve_zones = sb.gc_reserve_zones
         self.policy = policy or sb.policy
         allocator = make_allocator(self.policy)
-        allocator.check_device(device.geometry.nr_zones)
+        allocator.check_device(device.geometry)
         self.recovery: RecoveryReport = m.report
         self.metrics: StoreMetrics = m.metrics
         self.catalog: Catalog = m.catalog

@@ -23,6 +23,8 @@ device into it, opens the store and checks:
 from __future__ import annotations
 
 import copy
+import hashlib
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,7 +38,8 @@ from retainz.testing.faulty import FaultyDevice, power_cut_states
 from retainz.zoned.memory import MemoryDevice
 from retainz.zoned.model import Geometry
 
-__all__ = ["GEOMETRY", "WORKLOADS", "ENUMERATE_UP_TO", "SAMPLES", "workload", "campaign", "CampaignReport"]
+__all__ = ["GEOMETRY", "WORKLOADS", "ENUMERATE_UP_TO", "SAMPLES", "workload", "campaign", "campaign_series",
+           "distinct_points", "lane_budget", "CampaignReport"]
 
 #: Small zones and meta zones so that every code path (GC, rollover, spill) runs within ~100 writes.
 GEOMETRY = Geometry(nr_zones=12, zone_size=64 * 1024, zone_capacity=48 * 1024, block_size=4096,
@@ -45,7 +48,7 @@ GEOMETRY = Geometry(nr_zones=12, zone_size=64 * 1024, zone_capacity=48 * 1024, b
 #: else a sample (both extremes, each zone alone kept and alone lost, ``SAMPLES`` random states).
 ENUMERATE_UP_TO = 16
 SAMPLES = 4
-WORKLOADS = ("basic", "gc", "rollover", "spill", "mixed")
+WORKLOADS = ("basic", "gc", "rollover", "spill", "mixed", "shared")
 #: Meta zones per workload (``spill`` needs room for a snapshot spread over two zones).
 META_ZONES = {"spill": 6}
 
@@ -53,36 +56,71 @@ META_ZONES = {"spill": 6}
 def workload(name: str, seed: int = 0) -> list[tuple]:
     """The operations of a scripted workload: ``("begin", gid, step, reclaim)``, ``("write", gid,
     shard, nbytes)``, ``("commit", gid)``, ``("abort", gid)``, ``("delete", gid, step)``, ``("gc",)``,
-    ``("reopen",)``."""
+    ``("reopen",)``.
+
+    Seed 0 is each workload's reference script; another seed varies its sizes (and so its write
+    boundaries and the states a cut leaves) while keeping its shape, so every seed adds distinct
+    power-cut points (``shared``: several jobs interleaving their writers on one device).
+
+    Raises:
+        ValueError: an unknown workload name.
+    """
     rnd = random.Random(seed)
+
+    def vary(n: int, spread: int) -> int:   # seed 0: the reference sizes
+        return n + (rnd.randrange(-spread, spread + 1) if seed else 0)
+
     ops: list[tuple] = []
     if name not in WORKLOADS:
         raise ValueError(f"unknown workload {name!r}; valid: {', '.join(WORKLOADS)}")
     if name == "basic":
         for i in range(4):
-            ops += [("begin", f"g{i}", 10 * i, 10 * i + 20), ("write", f"g{i}", "model", 9000 + 1000 * i),
-                    ("write", f"g{i}", "optim", 5000), ("commit", f"g{i}")]
-        ops += [("begin", "x", 50, 60), ("write", "x", "model", 7000), ("abort", "x"),
+            ops += [("begin", f"g{i}", 10 * i, 10 * i + 20), ("write", f"g{i}", "model", vary(9000 + 1000 * i, 6000)),
+                    ("write", f"g{i}", "optim", vary(5000, 4000)), ("commit", f"g{i}")]
+        ops += [("begin", "x", 50, 60), ("write", "x", "model", vary(7000, 5000)), ("abort", "x"),
                 ("delete", "g0", 60), ("delete", "g2", 60), ("reopen",)]
     elif name == "gc":
         for i in range(7):
-            ops += [("begin", f"g{i}", 10 * i, 10 * i + 20), ("write", f"g{i}", "model", 30000 + 997 * i),
+            ops += [("begin", f"g{i}", 10 * i, 10 * i + 20), ("write", f"g{i}", "model", vary(30000 + 997 * i, 12000)),
                     ("commit", f"g{i}")]
             if i >= 2:
                 ops += [("delete", f"g{i - 2}", 10 * i), ("gc",)]
     elif name == "spill":  # long shard names: 2-block commit records; the snapshot spills
         for i in range(14):
             ops.append(("begin", f"g{i}", i, i + 100))
-            ops += [("write", f"g{i}", f"{j:02d}-" + "n" * 220, 0) for j in range(20)]
+            ops += [("write", f"g{i}", f"{j:02d}-" + "n" * vary(220, 30), 0) for j in range(20)]
             ops.append(("commit", f"g{i}"))
             if i == 8:
                 ops += [("delete", "g0", i), ("reopen",)]
     elif name == "rollover":
         for i in range(14):
-            ops += [("begin", f"g{i}", i, i + 3), ("write", f"g{i}", "s", 100 + i), ("commit", f"g{i}")]
+            ops += [("begin", f"g{i}", i, i + 3), ("write", f"g{i}", "s", vary(100 + i, 99) + (rnd.randrange(3) * 4096 if seed else 0)),
+                    ("commit", f"g{i}")]
             if i >= 3:
                 ops.append(("delete", f"g{i - 3}", i))
             if i == 7:
+                ops.append(("reopen",))
+    elif name == "shared":  # three jobs on one device, their writers interleaved shard by shard
+        jobs = {"a": (2, 11000), "b": (3, 6000), "c": (1, 17000)}   # keep-latest k, shard size
+        live: dict[str, list[str]] = {j: [] for j in jobs}
+        for i in range(5):
+            gids = {j: f"{j}{i}" for j in jobs}
+            for j, gid in gids.items():
+                ops.append(("begin", gid, 10 * i, 10 * i + 10 * jobs[j][0]))
+            for part in range(2):
+                for j, gid in gids.items():
+                    ops.append(("write", gid, f"r{part}", vary(jobs[j][1], jobs[j][1] // 2)))
+            for j in (("c", "a", "b") if i % 2 else ("b", "c", "a")):
+                if j == "c" and i == 2:
+                    ops.append(("abort", gids[j]))
+                    continue
+                ops.append(("commit", gids[j]))
+                live[j].append(gids[j])
+                while len(live[j]) > jobs[j][0]:
+                    ops.append(("delete", live[j].pop(0), 10 * i + 5))
+            if i == 2:
+                ops.append(("gc",))
+            if i == 3:
                 ops.append(("reopen",))
     else:  # mixed: random sizes, overlapping writers, aborts, deletes, GC, a reopen
         live: list[str] = []
@@ -198,6 +236,10 @@ class CampaignReport:
         generations_recovered: committed generations found over all recoveries.
         bytes_verified: shard bytes read back and compared over all recoveries.
         failures: one line per failed point.
+        point_keys: one key per point tried: ``(workload, script digest, second cut, boundary,
+            state)``, the state as each unflushed zone's kept blocks.  The script digest (of the
+            operations, not the seed) makes two seeds that script the same operations count once
+            (:func:`distinct_points`).
     """
 
     workload: str
@@ -209,6 +251,7 @@ class CampaignReport:
     generations_recovered: int = 0
     bytes_verified: int = 0
     failures: list[str] = field(default_factory=list)
+    point_keys: list[tuple] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -263,6 +306,7 @@ def campaign(name: str = "mixed", seed: int = 0, *, geometry: Geometry = GEOMETR
     """
     make = make_device or (lambda g: MemoryDevice(g))
     ops = workload(name, seed)
+    digest = hashlib.sha256(repr(ops).encode()).hexdigest()[:16]
     rep = CampaignReport(workload=name, seed=seed)
     meta = META_ZONES.get(name, 3)
     dry = _LabelingDevice(make(geometry), meta)
@@ -289,6 +333,8 @@ def campaign(name: str = "mixed", seed: int = 0, *, geometry: Geometry = GEOMETR
         snapshot = copy.deepcopy(dev.inner) if isinstance(dev.inner, MemoryDevice) else None
         for i, keep in enumerate(states):
             rep.points += 1
+            rep.point_keys.append((name, digest, second_cut or 0, k,
+                                   tuple(sorted((z, keep.get(z, 0)) for z in unflushed))))
             rep.classes[label] = rep.classes.get(label, 0) + 1
             kind = state_kind(unflushed, keep, meta)
             rep.states[kind] = rep.states.get(kind, 0) + 1
@@ -305,6 +351,46 @@ def campaign(name: str = "mixed", seed: int = 0, *, geometry: Geometry = GEOMETR
         if progress:
             progress(done, len(todo))
     return rep
+
+
+def distinct_points(reports) -> int:
+    """Distinct power-cut points over ``reports`` (:class:`CampaignReport`): distinct
+    ``(workload, script, second cut, boundary, state)`` keys, so the same cut tried twice (the same
+    script under two seeds, or two campaigns of one lane) counts once."""
+    return len({key for rep in reports for key in rep.point_keys})
+
+
+def campaign_series(name: str, min_points: int, *, first_seed: int = 1, max_seeds: int = 1000,
+                    samples: int = 2 * SAMPLES, **kw) -> list[CampaignReport]:
+    """Campaigns of workload ``name`` at seeds ``first_seed, first_seed + 1, ...`` until they have
+    tried at least ``min_points`` distinct power-cut points (:func:`distinct_points`): the size knob
+    of a lane (a lane's budget split over :data:`WORKLOADS` picks up a new workload by itself).
+
+    Args:
+        name: workload name (:data:`WORKLOADS`).
+        min_points: distinct points to reach.
+        first_seed, max_seeds: the seeds tried; a workload whose seeds stop adding points ends
+            the series early (the caller sees fewer points than asked for).
+        samples, kw: passed to :func:`campaign` (default: twice the default random states per cut).
+
+    Returns:
+        One report per seed run, in order.
+    """
+    reports: list[CampaignReport] = []
+    seen: set[tuple] = set()
+    for seed in range(first_seed, first_seed + max_seeds):
+        rep = campaign(name, seed, samples=samples, **kw)
+        reports.append(rep)
+        before = len(seen)
+        seen.update(rep.point_keys)
+        if len(seen) >= min_points or len(seen) == before:
+            break
+    return reports
+
+
+def lane_budget(total: int, workloads=WORKLOADS) -> int:
+    """Each workload's share of a lane's ``total`` distinct points (rounded up)."""
+    return math.ceil(total / len(workloads))
 
 
 def _cut(make, geometry, meta: int, ops, k: int) -> tuple[FaultyDevice, _Model]:

@@ -178,9 +178,9 @@ class Geometry:
             problems.append(f"zone count {self.nr_zones} must be at least 1")
         if self.nr_zones > MAX_ZONES:
             problems.append(f"zone count {self.nr_zones:,} exceeds the limit of {MAX_ZONES:,} zones")
-        if self.zone_size <= 0 or self.zone_size % self.block_size:
+        if self.zone_size <= 0 or self.zone_size % (self.block_size or 1):
             problems.append(f"zone size {self.zone_size} is not a positive multiple of the block size")
-        if (self.zone_capacity <= 0 or self.zone_capacity % self.block_size
+        if (self.zone_capacity <= 0 or self.zone_capacity % (self.block_size or 1)
                 or self.zone_capacity > self.zone_size):
             problems.append(f"zone capacity {self.zone_capacity} must be a positive multiple of the "
                             f"block size and at most the zone size {self.zone_size}")
