@@ -25,6 +25,10 @@ EXPECTED_CLASSES = {
               "rollover-snapshot", "sync-record"},
     "shared": {"shard-data", "commit-record", "delete-record", "gc-copy", "gc-move-record",
                "rollover-snapshot", "sync-record"},
+    "replace": {"shard-data", "commit-record", "delete-record", "gc-copy", "gc-move-record",
+                "rollover-snapshot", "sync-record"},
+    "hint": {"shard-data", "commit-record", "delete-record", "hint-record", "gc-move-record",
+             "rollover-snapshot", "sync-record"},
 }
 
 
@@ -384,3 +388,28 @@ def test_committed_data_missing_on_the_device_is_an_error_not_silence():
     dev.zone_op(ZoneOp.RESET, z)
     with pytest.raises(CorruptJournalError, match=f"zone {z} is empty on the device"):
         Store.open(dev)
+
+
+def test_campaign_detects_a_replacement_that_deletes_the_old_version_first(monkeypatch):
+    """The replace workload's checker: a store that retires the old ``last`` when the replacement
+    begins (not at its commit) loses both versions at a cut in between; those points fail."""
+    real = Store.begin_generation
+
+    def delete_first(self, gen_id, step, *, replace=False, **kw):
+        if replace and gen_id in {g.id for g in self.generations()}:
+            self.delete(gen_id, step=step)
+        return real(self, gen_id, step, **kw)
+
+    monkeypatch.setattr(Store, "begin_generation", delete_first)
+    rep = campaign("replace", seed=0)
+    assert any("committed set" in f and "'last'" in f.split("expected all of")[1] for f in rep.failures)
+
+
+def test_campaign_detects_a_hint_update_that_is_not_journaled(monkeypatch):
+    """The hint workload's checker: an update kept in memory only is lost by every later cut."""
+    def in_memory(self, gen_id, hint, *, step=None):
+        self.generation(gen_id).hint = hint
+
+    monkeypatch.setattr(Store, "update_hint", in_memory)
+    rep = campaign("hint", seed=0)
+    assert rep.failures and all("reclaim step" in f and "expected one of" in f for f in rep.failures)

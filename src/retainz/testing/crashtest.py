@@ -48,15 +48,20 @@ GEOMETRY = Geometry(nr_zones=12, zone_size=64 * 1024, zone_capacity=48 * 1024, b
 #: else a sample (both extremes, each zone alone kept and alone lost, ``SAMPLES`` random states).
 ENUMERATE_UP_TO = 16
 SAMPLES = 4
-WORKLOADS = ("basic", "gc", "rollover", "spill", "mixed", "shared")
+WORKLOADS = ("basic", "gc", "rollover", "spill", "mixed", "shared", "replace", "hint")
 #: Meta zones per workload (``spill`` needs room for a snapshot spread over two zones).
 META_ZONES = {"spill": 6}
 
 
 def workload(name: str, seed: int = 0) -> list[tuple]:
-    """The operations of a scripted workload: ``("begin", gid, step, reclaim)``, ``("write", gid,
-    shard, nbytes)``, ``("commit", gid)``, ``("abort", gid)``, ``("delete", gid, step)``, ``("gc",)``,
-    ``("reopen",)``.
+    """The operations of a scripted workload: ``("begin", gid, step, reclaim)``, ``("replace", gid,
+    step, reclaim)`` (a ``begin`` with ``replace=True``), ``("write", gid, shard, nbytes)``,
+    ``("commit", gid)``, ``("abort", gid)``, ``("delete", gid, step)``, ``("hint", gid, step,
+    reclaim)`` (``Store.update_hint``), ``("gc",)``, ``("reopen",)``.
+
+    ``replace``: one id (``last``, Lightning's ``last.ckpt``) replaced at every save beside
+    keep-2 saves, one replacement aborted; ``hint``: every survivor's reclaim step moves earlier
+    after each save (a rule that changed on resume), with deletions, GC and a reopen.
 
     Seed 0 is each workload's reference script; another seed varies its sizes (and so its write
     boundaries and the states a cut leaves) while keeping its shape, so every seed adds distinct
@@ -122,6 +127,34 @@ def workload(name: str, seed: int = 0) -> list[tuple]:
                 ops.append(("gc",))
             if i == 3:
                 ops.append(("reopen",))
+    elif name == "replace":
+        for i in range(7):
+            ops += [("replace" if i else "begin", "last", 10 * i, 10 * i + 1000),
+                    ("write", "last", "model", vary(9000 + 1500 * i, 6000)),
+                    ("write", "last", "optim", vary(3000, 2500)), ("commit", "last"),
+                    ("begin", f"s{i}", 10 * i + 1, 10 * i + 21), ("write", f"s{i}", "m", vary(6000, 4000)),
+                    ("commit", f"s{i}")]
+            if i >= 2:
+                ops.append(("delete", f"s{i - 2}", 10 * i + 2))
+            if i == 3:
+                ops += [("replace", "last", 10 * i + 3, 10 * i + 1003), ("write", "last", "model", vary(5000, 3000)),
+                        ("abort", "last")]
+            if i == 4:
+                ops.append(("gc",))
+            if i == 5:
+                ops.append(("reopen",))
+    elif name == "hint":
+        for i in range(9):
+            ops += [("begin", f"g{i}", 10 * i, 10 * i + 100), ("write", f"g{i}", "s", vary(12000 + 997 * i, 8000)),
+                    ("commit", f"g{i}")]
+            if i >= 1:
+                ops.append(("hint", f"g{i - 1}", 10 * i + 1, 10 * i + 30))
+            if i >= 3:
+                ops.append(("delete", f"g{i - 3}", 10 * i + 31))
+            if i == 5:
+                ops.append(("reopen",))
+            if i == 6:
+                ops.append(("gc",))
     else:  # mixed: random sizes, overlapping writers, aborts, deletes, GC, a reopen
         live: list[str] = []
         for i in range(10):
@@ -154,6 +187,8 @@ def _data(gid: str, shard: str, n: int) -> bytes:
 class _Model:
     acked: dict[str, dict[str, bytes]] = field(default_factory=dict)
     writing: dict[str, dict[str, bytes]] = field(default_factory=dict)
+    hints: dict[str, float] = field(default_factory=dict)           # committed: acknowledged reclaim step
+    writing_hints: dict[str, float] = field(default_factory=dict)
     pending: tuple | None = None
     store: Store | None = None
 
@@ -162,10 +197,12 @@ def _run(store: Store, dev, ops: list[tuple], model: _Model) -> Store:
     writers = {}
     for op in ops:
         kind = op[0]
-        if kind == "begin":
+        if kind == "begin" or kind == "replace":
             _, gid, step, reclaim = op
-            writers[gid] = store.begin_generation(gid, step, hint=Hint(reclaim_step=reclaim))
+            writers[gid] = store.begin_generation(gid, step, hint=Hint(reclaim_step=reclaim),
+                                                  replace=kind == "replace")
             model.writing[gid] = {}
+            model.writing_hints[gid] = reclaim
         elif kind == "write":
             _, gid, shard, n = op
             data = _data(gid, shard, n)
@@ -176,13 +213,21 @@ def _run(store: Store, dev, ops: list[tuple], model: _Model) -> Store:
             model.pending = ("commit", gid)
             writers.pop(gid).commit()
             model.acked[gid] = model.writing.pop(gid)
+            model.hints[gid] = model.writing_hints.pop(gid)
         elif kind == "abort":
             writers.pop(op[1]).abort()
             model.writing.pop(op[1])
+            model.writing_hints.pop(op[1])
         elif kind == "delete":
             model.pending = ("delete", op[1])
             store.delete(op[1], step=op[2])
             del model.acked[op[1]]
+            del model.hints[op[1]]
+        elif kind == "hint":
+            _, gid, step, reclaim = op
+            model.pending = ("hint", gid, reclaim)      # the old or the new, until acknowledged
+            store.update_hint(gid, Hint(reclaim_step=reclaim), step=step)
+            model.hints[gid] = reclaim
         elif kind == "gc":
             store.gc(force=True)
         elif kind == "reopen":
@@ -193,7 +238,7 @@ def _run(store: Store, dev, ops: list[tuple], model: _Model) -> Store:
 
 
 _LABELS = {Kind.COMMIT: "commit-record", Kind.DELETE: "delete-record", Kind.MOVE: "gc-move-record",
-           Kind.SYNC: "sync-record"}
+           Kind.SYNC: "sync-record", Kind.HINT: "hint-record"}
 
 
 def _label(dev, offset: int, data, in_gc: bool) -> str:
@@ -419,15 +464,20 @@ def _point(rep: CampaignReport, dev: FaultyDevice, model: _Model, keep: dict[int
     dev.reboot(keep)
     base = set(model.acked)
     must, may = set(base), set(base)
-    expect = dict(model.acked)
+    expect = {gid: [data] for gid, data in model.acked.items()}       # the contents a generation may hold
+    hints = {gid: {r} for gid, r in model.hints.items()}              # the reclaim steps it may carry
     if model.pending and model.pending[0] == "commit":
-        may.add(model.pending[1])
-        expect[model.pending[1]] = model.writing.get(model.pending[1], {})
+        gid = model.pending[1]
+        may.add(gid)           # committed iff its record is durable; a replacement: the old or the new
+        expect.setdefault(gid, []).append(model.writing.get(gid, {}))
+        hints.setdefault(gid, set()).add(model.writing_hints.get(gid))
     elif model.pending and model.pending[0] == "delete":
         must.discard(model.pending[1])
+    elif model.pending and model.pending[0] == "hint":
+        hints[model.pending[1]].add(model.pending[2])
     if second_cut:   # a second power cut during recovery (or the first writes after it)
         dev.cut_after_writes = dev.writes + second_cut
-        expect["during-recovery"] = {"s": b"x" * 9000}
+        expect["during-recovery"] = [{"s": b"x" * 9000}]
         may.add("during-recovery")
         try:
             again = Store.open(dev)
@@ -451,33 +501,42 @@ def _point(rep: CampaignReport, dev: FaultyDevice, model: _Model, keep: dict[int
         if not must <= got <= may:
             raise AssertionError(f"committed set {sorted(got)}, expected all of {sorted(must)} and "
                                  f"nothing outside {sorted(may)}")
-        _verify(rep, store, got, expect)
+        _verify(rep, store, got, expect, hints)
         w = store.begin_generation("post-crash", 10**6)
         w.write_shard("s", [b"after the crash" * 100])
         w.commit()
-        expect["post-crash"] = {"s": b"after the crash" * 100}
+        expect["post-crash"] = [{"s": b"after the crash" * 100}]
         got.add("post-crash")
         store.close()
         store = Store.open(dev)
         if {g.id for g in store.generations()} != got:
             raise AssertionError("a clean reopen after recovery changed the committed set")
-        _verify(rep, store, got, expect, count=False)
+        _verify(rep, store, got, expect, hints, count=False)
     finally:
         store.close()
         dev.close()
 
 
-def _verify(rep: CampaignReport, store: Store, got: set, expect: dict, count: bool = True) -> None:
+def _verify(rep: CampaignReport, store: Store, got: set, expect: dict, hints: dict, count: bool = True) -> None:
+    """Every generation in ``got`` holds one of its ``expect`` contents byte for byte and carries one
+    of its ``hints`` reclaim steps (generations the model does not hint are not checked)."""
     for gid in got:
         gen = store.generation(gid)
-        if set(gen.shards) != set(expect[gid]):
-            raise AssertionError(f"generation {gid}: shards {sorted(gen.shards)}, expected {sorted(expect[gid])}")
-        for shard, data in expect[gid].items():
-            back = b"".join(store.read_shard(gid, shard))
-            if back != data:
-                raise AssertionError(f"generation {gid} shard {shard}: bytes differ")
-            if count:
-                rep.bytes_verified += len(back)
+        found = None
+        for want in expect[gid]:
+            if set(gen.shards) == set(want) and all(b"".join(store.read_shard(gid, sh)) == data
+                                                   for sh, data in want.items()):
+                found = want
+                break
+        if found is None:
+            shapes = " or ".join(str(sorted(w)) for w in expect[gid])
+            raise AssertionError(f"generation {gid}: shards {sorted(gen.shards)} with bytes matching none of "
+                                 f"the acknowledged versions ({shapes}): bytes differ")
+        if count:
+            rep.bytes_verified += sum(len(d) for d in found.values())
+        if gid in hints and gen.hint.reclaim_step not in hints[gid]:
+            raise AssertionError(f"generation {gid}: reclaim step {gen.hint.reclaim_step}, expected one of "
+                                 f"{sorted(hints[gid])}")
     if count:
         rep.generations_recovered += len(got)
     fsck = store.fsck()
