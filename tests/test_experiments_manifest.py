@@ -176,6 +176,12 @@ def test_rows_axes_zipped_axes_and_row_lists():
     (lambda m: m["defaults"].update(reserve_zones=-1), "key 'reserve_zones' must be >= 0, got -1"),
     (lambda m: m["defaults"].update(max_active=0), "key 'max_active' must be positive"),
     (lambda m: m["defaults"].update(zone_capacity=0), "key 'zone_capacity'"),
+    (lambda m: m["defaults"].update(rule="nope"), "key 'rule': unknown retention rule 'nope'"),
+    (lambda m: m["defaults"].update(rule="torchtitan:interval=x"), "key 'rule': "),
+    (lambda m: m["defaults"].update(layout="nope"), "key 'layout': unknown layout 'nope'"),
+    (lambda m: m["blocks"][0]["axes"].update(rule=["torchtitan:interval=500,keep_latest_k=3", "nope"]),
+     "key 'rule': unknown retention rule 'nope'"),
+    (lambda m: m.update(blocks=[]), "no cases"),
 ])
 def test_bad_manifests_fail_with_an_error_naming_the_key(mutate, needle):
     m = manifest([{"experiment": "pressure", "axes": {"policy": ["retainz"]}}])
@@ -254,6 +260,11 @@ def test_tenants_cases_mix_jobs_and_leave_one_job_cases_unchanged():
     ([{"layout": "a", "rule": "b"}, {"layout": "a", "rule": "b", "offset": -1}], "'offset' must be an integer"),
     ([{"layout": "a", "rule": "b"}, {"layout": "a", "rule": "b", "offset": 5000}], "not below steps"),
     ([{"layout": "a", "rule": "b"}, {"layout": "a", "rules": "b"}], "unknown key 'rules'"),
+    ([{"layout": "smollm2-135m-dcp", "rule": "torchtitan:interval=500,keep_latest_k=10"},
+      {"layout": "a", "rule": "torchtitan:interval=500,keep_latest_k=10"}], "job 1: key 'layout': unknown layout 'a'"),
+    ([{"layout": "smollm2-135m-dcp", "rule": "nope"},
+      {"layout": "smollm2-135m-dcp", "rule": "torchtitan:interval=500,keep_latest_k=10"}],
+     "job 0: key 'rule': unknown retention rule 'nope'"),
 ])
 def test_bad_tenants_name_the_key(tenants, needle):
     m = {"manifest": "t", "format": 1, "defaults": {**BASE, "policy": "retainz"},

@@ -273,11 +273,16 @@ def _normalize(where: str, case: dict) -> dict:
     _check_policy(where, c["policy"])
     if c["tenants"] is None:
         del c["tenants"]          # one job: the inputs (and so the case id) it always had
+        _check_trace_spec(where, "layout", c["layout"])
+        _check_trace_spec(where, "rule", c["rule"])
     else:
         c["tenants"] = _tenants(where, c["tenants"])
         late = [t["offset"] for t in c["tenants"] if t["offset"] >= c["steps"]]
         if late:
             raise ManifestError(f"{where}: key 'tenants': offset {late[0]} is not below steps ({c['steps']})")
+        for j, t in enumerate(c["tenants"]):
+            _check_trace_spec(f"{where}: key 'tenants' job {j}", "layout", t["layout"])
+            _check_trace_spec(f"{where}: key 'tenants' job {j}", "rule", t["rule"])
         c["layout"] = "mix:" + "+".join(t["layout"] for t in c["tenants"])
         c["rule"] = "mix:" + ";".join(t["rule"] for t in c["tenants"])
     if c["max_open"] > c["max_active"]:
@@ -299,6 +304,26 @@ def _check_system(where: str, c: dict) -> None:
     if c["device"] != "guest":
         raise ManifestError(f"{where}: key 'system': a file-system comparison runs on device 'guest', "
                             f"not {c['device']!r}")
+
+
+_TRACE_ERRORS: dict[tuple[str, str], str | None] = {}   # (key, spec) -> error (None: valid)
+
+
+def _check_trace_spec(where: str, key: str, spec) -> None:
+    """A layout name or a retention rule the trace generator knows (up front, as for policies)."""
+    if not isinstance(spec, str):
+        return                                    # the field check names the type
+    if (key, spec) not in _TRACE_ERRORS:
+        from retainz.retention import parse_rule
+        from retainz.trace.layouts import get_layout
+
+        try:
+            (get_layout if key == "layout" else parse_rule)(spec)
+            _TRACE_ERRORS[key, spec] = None
+        except (ValueError, KeyError) as e:
+            _TRACE_ERRORS[key, spec] = str(e).strip("'\"")
+    if _TRACE_ERRORS[key, spec] is not None:
+        raise ManifestError(f"{where}: key {key!r}: {_TRACE_ERRORS[key, spec]}")
 
 
 _POLICY_ERRORS: dict[str, str | None] = {}   # spec -> error (None: valid); a manifest repeats specs
@@ -439,6 +464,8 @@ def expand(m: dict, *, name: str = "<manifest>", base_dir: str = ".", _seen: tup
                     c = _normalize(f"{where} row {ri}", merged)
                     tags = {k: c.pop(k) for k in TAG_FIELDS}
                     cases.append(Case(case_id(tags, c), mname, tags, c))
+    if not cases:
+        raise ManifestError(f"{name}: no cases (empty 'blocks' and no 'include')")
     seen: dict[str, Case] = {}
     for c in cases:
         if c.id in seen:
