@@ -123,3 +123,13 @@ def test_verify_and_analyze_of_a_binary_record_name_it(tmp_path, capsys):
     code, _, err = run(capsys, "analyze", runs, "--out", tmp_path / "an")
     assert code == 2
     assert f"{runs / 'r.json'}: not a JSON run record: byte 0x80" in one_line(err)
+
+
+@pytest.mark.parametrize("text", ["{}", "[1, 2]", '{"status": "ok"}', '"x"', "null"])
+def test_analyze_refuses_json_that_is_not_a_run_record(tmp_path, capsys, text):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / "r.json").write_text(text)
+    code, _, err = run(capsys, "analyze", runs, "--out", tmp_path / "an")
+    assert code == 2
+    assert f"{runs / 'r.json'}: not a run record" in one_line(err)

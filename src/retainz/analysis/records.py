@@ -180,7 +180,8 @@ def load(directory: str) -> Runs:
     Raises:
         TamperedRecordError: a record has no digest or its digest does not match its content
             (names the file; ``retainz verify`` lists every problem).
-        ValueError: a ``*.json`` file that is not JSON text (names the file).
+        ValueError: a ``*.json`` file that is not JSON text, or JSON that is not a run record (names
+            the file).
     """
     ok, failed = [], []
     for name in sorted(os.listdir(directory)):
@@ -195,8 +196,9 @@ def load(directory: str) -> Runs:
                              f"text (a binary file?); run `retainz verify {directory}`") from None
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}: not a JSON run record: {e}; run `retainz verify {directory}`") from None
-        if not isinstance(rec, dict) or "tags" not in rec or "inputs" not in rec:
-            continue
+        if not isinstance(rec, dict) or not {"tags", "inputs", "status"} <= rec.keys():
+            raise ValueError(f"{path}: not a run record (a JSON {type(rec).__name__} without tags, inputs "
+                             f"and status); run `retainz verify {directory}`")
         if rec.get("digest") != record_digest(rec):
             what = "has no digest" if "digest" not in rec else "digest mismatch"
             raise TamperedRecordError(f"{path}: {what} (the record was edited after it was written); "
