@@ -133,3 +133,11 @@ def test_analyze_refuses_json_that_is_not_a_run_record(tmp_path, capsys, text):
     code, _, err = run(capsys, "analyze", runs, "--out", tmp_path / "an")
     assert code == 2
     assert f"{runs / 'r.json'}: not a run record" in one_line(err)
+
+
+def test_trace_generate_refuses_a_run_of_more_than_ten_million_saves_up_front(tmp_path, capsys):
+    out = tmp_path / "x.jsonl"
+    code, _, err = run(capsys, "trace", "generate", "--layout", "smollm2-135m-dcp", "--retention",
+                       "torchtitan:interval=1", "--steps", "100000000000", "-o", out)
+    assert code == 2 and "would plan 100,000,000,000 saves; at most 10,000,000" in one_line(err)
+    assert not out.exists()

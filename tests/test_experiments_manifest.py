@@ -182,6 +182,7 @@ def test_rows_axes_zipped_axes_and_row_lists():
     (lambda m: m["blocks"][0]["axes"].update(rule=["torchtitan:interval=500,keep_latest_k=3", "nope"]),
      "key 'rule': unknown retention rule 'nope'"),
     (lambda m: m.update(blocks=[]), "no cases"),
+    (lambda m: m["defaults"].update(steps=10 ** 12), "key 'steps': 1000000000000 steps at one save every 500"),
 ])
 def test_bad_manifests_fail_with_an_error_naming_the_key(mutate, needle):
     m = manifest([{"experiment": "pressure", "axes": {"policy": ["retainz"]}}])

@@ -275,6 +275,7 @@ def _normalize(where: str, case: dict) -> dict:
         del c["tenants"]          # one job: the inputs (and so the case id) it always had
         _check_trace_spec(where, "layout", c["layout"])
         _check_trace_spec(where, "rule", c["rule"])
+        _check_saves(where, c["rule"], c["steps"])
     else:
         c["tenants"] = _tenants(where, c["tenants"])
         late = [t["offset"] for t in c["tenants"] if t["offset"] >= c["steps"]]
@@ -283,6 +284,7 @@ def _normalize(where: str, case: dict) -> dict:
         for j, t in enumerate(c["tenants"]):
             _check_trace_spec(f"{where}: key 'tenants' job {j}", "layout", t["layout"])
             _check_trace_spec(f"{where}: key 'tenants' job {j}", "rule", t["rule"])
+            _check_saves(f"{where}: key 'tenants' job {j}", t["rule"], c["steps"])
         c["layout"] = "mix:" + "+".join(t["layout"] for t in c["tenants"])
         c["rule"] = "mix:" + ";".join(t["rule"] for t in c["tenants"])
     if c["max_open"] > c["max_active"]:
@@ -324,6 +326,19 @@ def _check_trace_spec(where: str, key: str, spec) -> None:
             _TRACE_ERRORS[key, spec] = str(e).strip("'\"")
     if _TRACE_ERRORS[key, spec] is not None:
         raise ManifestError(f"{where}: key {key!r}: {_TRACE_ERRORS[key, spec]}")
+
+
+def _check_saves(where: str, rule: str, steps) -> None:
+    """The run plans at most ``MAX_SAVES`` saves (:func:`retainz.trace.generate.check_saves`)."""
+    if not isinstance(rule, str) or type(steps) is not int:
+        return                                    # the field checks name the type
+    from retainz.retention import parse_rule
+    from retainz.trace.generate import check_saves
+
+    try:
+        check_saves(parse_rule(rule), steps)
+    except ValueError as e:
+        raise ManifestError(f"{where}: key 'steps': {e}") from None
 
 
 _POLICY_ERRORS: dict[str, str | None] = {}   # spec -> error (None: valid); a manifest repeats specs

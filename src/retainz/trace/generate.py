@@ -54,6 +54,23 @@ def _resolve(layout: str | Layout, retention: str | Rule) -> tuple[Layout, Rule]
             parse_rule(retention) if isinstance(retention, str) else retention)
 
 
+#: The most saves one generated trace plans (a run of 10 million checkpoints; a typo such as
+#: ``--steps 100000000000`` would otherwise build its schedule until memory runs out).
+MAX_SAVES = 10_000_000
+
+
+def check_saves(rule: Rule, steps: int) -> None:
+    """Refuse a run that would plan more than :data:`MAX_SAVES` saves (before planning any).
+
+    Raises:
+        ValueError: one line with the count.
+    """
+    saves = steps // max(rule.base_interval or 1, 1)
+    if saves > MAX_SAVES:
+        raise ValueError(f"{steps} steps at one save every {rule.base_interval} steps would plan {saves:,} saves; "
+                         f"at most {MAX_SAVES:,}")
+
+
 def generate(layout: str | Layout, retention: str | Rule, steps: int, *, seed: int = 0,
              crash_every: int | None = None) -> tuple[TraceHeader, Iterator[Event]]:
     """The header and the events of a trace, lazily.
@@ -64,8 +81,12 @@ def generate(layout: str | Layout, retention: str | Rule, steps: int, *, seed: i
         steps: training steps of the run (steps, >= 1).
         seed: seeds synthetic metric series (top-k rules); recorded in the header.
         crash_every: crash during every N-th save (see :func:`retainz.retention.drive`); ``None``: never.
+
+    Raises:
+        ValueError: an unknown layout or rule, or more than :data:`MAX_SAVES` saves.
     """
     lay, rule = _resolve(layout, retention)
+    check_saves(rule, steps)
     session = rule.start(steps, seed=seed)
     header = TraceHeader(
         layout={"name": lay.name, "source": lay.source},
