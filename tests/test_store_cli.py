@@ -228,3 +228,20 @@ def test_counts_of_one_are_singular(dev, tmp_path, capsys):
     assert "\t1 shard\t" in out and "\t1 extent\n" in out and "shards" not in out
     code, out, _ = run(capsys, "fsck", dev)
     assert out.startswith("fsck: 1 generation, 1 shard, 1 extent, ")
+
+
+def test_crashtest_leaves_its_file_scratch_device_empty_and_refuses_negative_points(tmp_path, capsys):
+    from retainz.cli import main
+    from retainz.zoned import FileDevice, Geometry
+
+    path = tmp_path / "scratch.img"
+    FileDevice.create(path, Geometry(nr_zones=12, zone_size=64 * 1024, zone_capacity=48 * 1024,
+                                     max_open=3, max_active=4)).close()
+    for _ in range(2):                      # the second run finds the device empty again
+        assert main(["crashtest", str(path), "--workload", "basic", "--max-points", "2"]) == 0
+    with FileDevice(path, readonly=True) as dev:
+        assert all(z.cond.name == "EMPTY" for z in dev.report_zones())
+    capsys.readouterr()
+    assert main(["crashtest", str(path), "--workload", "basic", "--max-points", "-1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--max-points must be >= 0" in err[0]

@@ -304,7 +304,7 @@ def _black_box(args) -> int:
 
 
 def _crashtest(args) -> int:
-    from retainz.testing.crashtest import WORKLOADS, campaign
+    from retainz.testing.crashtest import WORKLOADS
 
     if args.black_box:
         return _black_box(args)
@@ -314,6 +314,8 @@ def _crashtest(args) -> int:
     for n in names:
         if n not in WORKLOADS:
             raise ValueError(f"unknown workload {n!r}; valid: {', '.join(WORKLOADS)}, all")
+    if args.max_points < 0:
+        raise ValueError(f"--max-points must be >= 0 (0: every boundary), not {args.max_points}")
     spec = args.device
     if spec.startswith("mem:") or spec == "mem":
         probe = open_device(spec)
@@ -329,6 +331,16 @@ def _crashtest(args) -> int:
                 raise ValueError(f"{path} is not empty; crashtest recreates it at every point, so give it "
                                  "an empty scratch device")
         make = lambda g: FileDevice.create(path, g, force=True)  # noqa: E731
+    try:
+        return _campaigns(args, names, geometry, make)
+    finally:
+        if not (spec.startswith("mem:") or spec == "mem"):
+            FileDevice.create(path, geometry, force=True).close()   # leave the scratch device empty again
+
+
+def _campaigns(args, names: list[str], geometry, make) -> int:
+    from retainz.testing.crashtest import campaign
+
     results = []
     failed = False
     for n in names:
