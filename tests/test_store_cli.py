@@ -245,3 +245,25 @@ def test_crashtest_leaves_its_file_scratch_device_empty_and_refuses_negative_poi
     assert main(["crashtest", str(path), "--workload", "basic", "--max-points", "-1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--max-points must be >= 0" in err[0]
+
+
+def test_put_replace_swaps_a_generation_at_its_commit(tmp_path, capsys):
+    from retainz.cli import main
+    from retainz.zoned import FileDevice, Geometry
+
+    path = tmp_path / "dev.img"
+    FileDevice.create(path, Geometry(nr_zones=12, zone_size=1 << 20, zone_capacity=1 << 20)).close()
+    assert main(["mkfs", str(path)]) == 0
+    a, b = tmp_path / "a" / "model.bin", tmp_path / "b" / "model.bin"
+    a.parent.mkdir()
+    b.parent.mkdir()
+    a.write_bytes(b"old" * 1000)
+    b.write_bytes(b"new" * 2000)
+    assert main(["put", str(path), "last", str(a), "--step", "1"]) == 0
+    capsys.readouterr()
+    assert main(["put", str(path), "last", str(b), "--step", "2"]) == 2      # the id exists: bad input
+    assert "retainz put --replace" in capsys.readouterr().err
+    assert main(["put", str(path), "last", str(b), "--step", "2", "--replace"]) == 0
+    out = tmp_path / "got"
+    assert main(["get", str(path), "last", "-o", str(out)]) == 0
+    assert (out / "model.bin").read_bytes() == b"new" * 2000

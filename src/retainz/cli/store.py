@@ -40,6 +40,8 @@ def register(sub) -> None:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--reclaim-step", type=int, help="predicted step at which it will be deleted")
     g.add_argument("--permanent", action="store_true", help="never deleted")
+    p.add_argument("--replace", action="store_true",
+                   help="replace a committed generation of the same id at this one's commit")
     p.set_defaults(func=_put)
 
     p = sub.add_parser("get", help="read shards back into files (checksums verified)")
@@ -176,7 +178,7 @@ def _put(args) -> int:
     rs = PERMANENT if args.permanent else args.reclaim_step
     with _Session(args.device) as store:
         declared = sum(os.path.getsize(p) for p in args.files)
-        w = store.begin_generation(args.generation, args.step, declared_size=declared,
+        w = store.begin_generation(args.generation, args.step, declared_size=declared, replace=args.replace,
                                    hint=Hint(reclaim_step=rs))
         try:
             for path, name in zip(args.files, names, strict=True):

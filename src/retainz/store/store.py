@@ -417,8 +417,8 @@ class Store:
             if gen_id in self._writers:
                 raise GenerationExistsError(f"generation {gen_id!r} is being written")
             if gen_id in self.catalog.gens and not replace:
-                raise GenerationExistsError(f"generation {gen_id!r} already exists (replace=True replaces it at "
-                                            "the new one's commit)")
+                raise GenerationExistsError(f"generation {gen_id!r} already exists (to replace it at the new "
+                                            "one's commit: replace=True, `retainz put --replace`)")
             zones = self.zones
             zones.advance(step)
             if zones.table.n_empty < self.gc_reserve_zones and zones.table.dead:
