@@ -225,3 +225,15 @@ def test_one_step_parser(name, strict, on_a_file_system):
     assert parse_step(name, file_names=True) == on_a_file_system
     if not name.endswith(".ckpt") and "/" not in name:
         assert is_checkpoint_dir_name(name) == (on_a_file_system is not None)
+
+
+@pytest.mark.parametrize("spec, what", [("retainz:neighbors=2,neighbors=3", "policy"),
+                                        ("mem:zones=8,zones=16", "device"),
+                                        ("torchtitan:interval=5,interval=6", "retention rule")])
+def test_one_spec_grammar_refuses_a_key_given_twice(spec, what):
+    from retainz.retention import parse_rule
+    from retainz.zoned.spec import open_device
+
+    build = {"policy": make_allocator, "device": open_device, "retention rule": parse_rule}[what]
+    with pytest.raises(ValueError, match="given twice"):
+        build(spec)

@@ -29,7 +29,7 @@ def parse_spec(text: str, what: str) -> tuple[str, list[tuple[str, str]]]:
 
     Raises:
         ValueError: an item without ``=`` or with an empty key: ``"{what} {NAME}: expected key=value,
-            got '{item}'"``; a key given twice: ``"{what} {NAME}: {key} given twice"`` (one line).
+            got '{item}'"``; a key given twice: ``"{what} {NAME}: key {key} given twice"`` (one line).
     """
     name, _, rest = text.strip().partition(":")
     name = name.strip()
@@ -43,6 +43,6 @@ def parse_spec(text: str, what: str) -> tuple[str, list[tuple[str, str]]]:
             raise ValueError(f"{what} {name or repr(text)}: expected key=value, got {item!r}")
         key = key.strip()
         if any(k == key for k, _ in pairs):
-            raise ValueError(f"{what} {name or repr(text)}: {key} given twice")
+            raise ValueError(f"{what} {name or repr(text)}: key {key} given twice")
         pairs.append((key, value.strip()))
     return name, pairs
