@@ -189,12 +189,14 @@ class Record:
     hint: tuple[str, Hint] | None = None
 
 
+#: Kinds by their payload word (a dict lookup: mount decodes every record of a chain).
+_KINDS = {k.value.encode(): k for k in Kind}
+
+
 def kind_of(payload: bytes) -> Kind | None:
     """The kind of a payload without decoding its body (``None``: not a known kind)."""
-    try:
-        return Kind(payload.split(b" ", 1)[0].decode("ascii"))
-    except (ValueError, UnicodeDecodeError):
-        return None
+    i = payload.find(b" ")
+    return _KINDS.get(payload[:i] if i >= 0 else payload)
 
 
 def decode(payload: bytes) -> Record:
@@ -202,11 +204,14 @@ def decode(payload: bytes) -> Record:
 
     Raises:
         ValueError: an unknown kind or a body that is not the kind's JSON (``json.JSONDecodeError``
-            is a ValueError; a missing member raises KeyError, a malformed one TypeError).
+            is a ValueError, as is ``UnicodeDecodeError``; a missing member raises KeyError, a
+            malformed one TypeError).
     """
     word, _, raw = payload.partition(b" ")
-    kind = Kind(word.decode("ascii"))
-    body = _loads(raw)
+    kind = _KINDS.get(word)
+    if kind is None:
+        raise ValueError(f"unknown record kind {word[:16]!r}")
+    body = _loads(raw.decode())   # the encoder writes ASCII (ensure_ascii); str skips detect_encoding
     rec = Record(kind, open_seq=body.get("o"), now=body.get("now"))
     if "z" in body:
         rec.zones = [ZoneAttrs.decode(a) for a in body["z"]]
