@@ -42,8 +42,8 @@ from __future__ import annotations
 import enum
 import json
 import struct
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import crc32c
@@ -154,9 +154,10 @@ def zone_attr_item(z: int, s: ZoneSummary) -> list:
             s.open_seq, s.last_write_step]
 
 
-@dataclass
+@dataclass(slots=True)
 class Record:
-    """One decoded record.  Fields a kind does not carry keep their defaults.
+    """One decoded record.  Fields a kind does not carry keep their defaults (empty and shared:
+    read-only; mount decodes every record, so no empty containers are built for them).
 
     Attributes:
         kind: :class:`Kind`.
@@ -168,22 +169,22 @@ class Record:
         replaces: the commit retires the committed generation of the same id (``c`` with ``rp``).
         resets: zones to reset after the record (``d``, ``m``, a replacing ``c``).
         moves: ``[(generation id, shard, extents)]`` (``m``).
-        metrics: ``StoreMetrics`` fields (``snap``, ``x``).
+        metrics: ``StoreMetrics`` fields (``snap``, ``x``; ``None`` for other kinds).
         commit_seq: the last commit sequence number (``snap``), or ``None``.
         hint: ``(generation id, new hint)`` (``h``).
         count: generations in the snapshot (``send``).
     """
 
     kind: Kind
-    zones: list[tuple[int, ZoneAttrs]] = field(default_factory=list)
+    zones: Sequence[tuple[int, ZoneAttrs]] = ()
     open_seq: int | None = None
     now: int | None = None
-    gens: list[GenerationInfo] = field(default_factory=list)
+    gens: Sequence[GenerationInfo] = ()
     deleted: str | None = None
     replaces: bool = False
-    resets: list[int] = field(default_factory=list)
-    moves: list[tuple[str, str, tuple]] = field(default_factory=list)
-    metrics: dict = field(default_factory=dict)
+    resets: Sequence[int] = ()
+    moves: Sequence[tuple[str, str, tuple]] = ()
+    metrics: dict | None = None
     commit_seq: int | None = None
     count: int = 0
     hint: tuple[str, Hint] | None = None
@@ -241,9 +242,13 @@ def _hint_item(h: Hint) -> list:
     return [h.reclaim_step, h.lifetime, h.condition, h.actual_reclaim_step]
 
 
+#: ``Lifetime(value)`` as a dict lookup (a bad value raises KeyError, as decoding reports it).
+_LIFETIME = {int(lt): lt for lt in Lifetime}
+
+
 def _hint_of(item: list) -> Hint:
     rs, lt, cond, actual = item
-    return Hint(reclaim_step=rs, lifetime=Lifetime(lt), condition=cond, actual_reclaim_step=actual)
+    return Hint(reclaim_step=rs, lifetime=_LIFETIME[lt], condition=cond, actual_reclaim_step=actual)
 
 
 def encode_gen(gen: GenerationInfo) -> list:
