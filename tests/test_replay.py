@@ -13,7 +13,7 @@ from retainz.experiments.runner import scaled_layout
 from retainz.trace.format import DeleteEvent, SaveEvent
 from retainz.trace.generate import write_generated
 from retainz.trace.io import TraceReader
-from retainz.trace.replay import ReplayConfig, replay, trace_stats
+from retainz.trace.replay import ReplayConfig, read_events, replay, trace_stats
 
 # Small geometry: 256 KiB zones of 192 KiB capacity; SmolLM2 layout scaled by 1/16384 (~105 KiB/save).
 GEO = dict(zone_size=256 << 10, zone_capacity=192 << 10, max_active=6, max_open=6)
@@ -40,6 +40,17 @@ def _survivors(path):
 
 def _strip(r):
     return {k: v for k, v in r.items() if k not in TIMING}
+
+
+def test_read_events_gives_the_stats_and_every_event_in_trace_order(tmp_path):
+    # replay drives the store from this list: it must be exactly what the reader yields
+    t = _trace(tmp_path, crash_every=7)
+    stats, events = read_events(t)
+    assert stats == trace_stats(t)
+    with TraceReader(t) as r:
+        assert events == list(r)
+    assert stats.saves == sum(isinstance(ev, SaveEvent) for ev in events) > 0
+    assert any(ev.type == "crash" for ev in events)
 
 
 def test_pressure_sizes_the_device_from_peak_live_bytes(tmp_path):

@@ -30,6 +30,24 @@ def test_records_round_trip_and_are_block_padded():
     assert out.payloads == recs and out.torn == 0 and out.end == len(img)
 
 
+def test_record_kinds_are_read_from_the_first_word_and_unknown_ones_refused():
+    from retainz.store.records import Kind, decode, delete_record, kind_of
+
+    rec = delete_record("g7", [5, 6], 12, [[5, 4096, 1, 20, 0, 3, 2, 11]], 9)
+    assert kind_of(rec) is Kind.DELETE
+    d = decode(rec)
+    assert (d.kind, d.deleted, list(d.resets), d.now, d.open_seq) == (Kind.DELETE, "g7", [5, 6], 12, 9)
+    assert d.zones[0][0] == 5 and d.zones[0][1].written == 4096 and d.zones[0][1].reclaim_step == 20
+    assert d.gens == () and d.metrics is None            # fields the kind does not carry
+    for unknown in (b"cc {}", b"zz {}", b"", b"send2 {}"):
+        assert kind_of(unknown) is None
+        with pytest.raises(ValueError, match="unknown record kind"):
+            decode(unknown)
+    assert kind_of(b"c") is Kind.COMMIT                   # a word without a body still names its kind
+    with pytest.raises(ValueError):
+        decode(b"c")                                      # ... and fails to decode
+
+
 def test_zero_header_ends_the_zone():
     img = zone_image(b"a", b"b") + bytes(3 * BS)
     out = parse_zone(img, BS, len(img), BS, zone=0, tail=False)

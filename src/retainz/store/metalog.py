@@ -124,9 +124,11 @@ class MetadataLog:
                                 snapshot_record_limit(self.journal.capacity, self.journal.bs))
 
     # -- space -----------------------------------------------------------------------------------------
-    def track(self, gen: GenerationInfo) -> int:
-        """Record (or update, after a GC move) the snapshot bytes of committed ``gen``; returns them."""
-        n = gen_entry_size(gen)
+    def track(self, gen: GenerationInfo, entry: bytes | None = None) -> int:
+        """Record (or update, after a GC move) the snapshot bytes of committed ``gen``; returns them.
+        ``entry``: its entry (:func:`~.records.gen_entry_bytes`) when the caller has it (a commit),
+        so it is not encoded again."""
+        n = gen_entry_size(gen) if entry is None else len(entry) + 1
         self._entries_total += n - self._entries.get(gen.id, 0)
         self._entries[gen.id] = n
         if n > self._biggest:

@@ -42,8 +42,8 @@ from __future__ import annotations
 import enum
 import json
 import struct
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import crc32c
@@ -154,9 +154,10 @@ def zone_attr_item(z: int, s: ZoneSummary) -> list:
             s.open_seq, s.last_write_step]
 
 
-@dataclass
+@dataclass(slots=True)
 class Record:
-    """One decoded record.  Fields a kind does not carry keep their defaults.
+    """One decoded record.  Fields a kind does not carry keep their defaults (empty and shared:
+    read-only; mount decodes every record, so no empty containers are built for them).
 
     Attributes:
         kind: :class:`Kind`.
@@ -168,33 +169,35 @@ class Record:
         replaces: the commit retires the committed generation of the same id (``c`` with ``rp``).
         resets: zones to reset after the record (``d``, ``m``, a replacing ``c``).
         moves: ``[(generation id, shard, extents)]`` (``m``).
-        metrics: ``StoreMetrics`` fields (``snap``, ``x``).
+        metrics: ``StoreMetrics`` fields (``snap``, ``x``; ``None`` for other kinds).
         commit_seq: the last commit sequence number (``snap``), or ``None``.
         hint: ``(generation id, new hint)`` (``h``).
         count: generations in the snapshot (``send``).
     """
 
     kind: Kind
-    zones: list[tuple[int, ZoneAttrs]] = field(default_factory=list)
+    zones: Sequence[tuple[int, ZoneAttrs]] = ()
     open_seq: int | None = None
     now: int | None = None
-    gens: list[GenerationInfo] = field(default_factory=list)
+    gens: Sequence[GenerationInfo] = ()
     deleted: str | None = None
     replaces: bool = False
-    resets: list[int] = field(default_factory=list)
-    moves: list[tuple[str, str, tuple]] = field(default_factory=list)
-    metrics: dict = field(default_factory=dict)
+    resets: Sequence[int] = ()
+    moves: Sequence[tuple[str, str, tuple]] = ()
+    metrics: dict | None = None
     commit_seq: int | None = None
     count: int = 0
     hint: tuple[str, Hint] | None = None
 
 
+#: Kinds by their payload word (a dict lookup: mount decodes every record of a chain).
+_KINDS = {k.value.encode(): k for k in Kind}
+
+
 def kind_of(payload: bytes) -> Kind | None:
     """The kind of a payload without decoding its body (``None``: not a known kind)."""
-    try:
-        return Kind(payload.split(b" ", 1)[0].decode("ascii"))
-    except (ValueError, UnicodeDecodeError):
-        return None
+    i = payload.find(b" ")
+    return _KINDS.get(payload[:i] if i >= 0 else payload)
 
 
 def decode(payload: bytes) -> Record:
@@ -202,12 +205,14 @@ def decode(payload: bytes) -> Record:
 
     Raises:
         ValueError: an unknown kind, a body that is not JSON (``json.JSONDecodeError`` is a
-            ValueError) or not a JSON object; a missing member raises KeyError, a malformed one
-            TypeError or IndexError.
+            ValueError, as is ``UnicodeDecodeError``) or not a JSON object; a missing member raises
+            KeyError, a malformed one TypeError or IndexError.
     """
     word, _, raw = payload.partition(b" ")
-    kind = Kind(word.decode("ascii"))
-    body = _loads(raw)
+    kind = _KINDS.get(word)
+    if kind is None:
+        raise ValueError(f"unknown record kind {word[:16]!r}")
+    body = _loads(raw.decode())   # the encoder writes ASCII (ensure_ascii); str skips detect_encoding
     if not isinstance(body, dict):
         raise ValueError(f"a {kind.value!r} record's body is not a JSON object")
     rec = Record(kind, open_seq=body.get("o"), now=body.get("now"))
@@ -239,9 +244,13 @@ def _hint_item(h: Hint) -> list:
     return [h.reclaim_step, h.lifetime, h.condition, h.actual_reclaim_step]
 
 
+#: ``Lifetime(value)`` as a dict lookup (a bad value raises KeyError, as decoding reports it).
+_LIFETIME = {int(lt): lt for lt in Lifetime}
+
+
 def _hint_of(item: list) -> Hint:
     rs, lt, cond, actual = item
-    return Hint(reclaim_step=rs, lifetime=Lifetime(lt), condition=cond, actual_reclaim_step=actual)
+    return Hint(reclaim_step=rs, lifetime=_LIFETIME[lt], condition=cond, actual_reclaim_step=actual)
 
 
 def encode_gen(gen: GenerationInfo) -> list:

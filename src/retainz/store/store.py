@@ -514,7 +514,7 @@ class Store:
                 self._retire(old, *retire)
             gen.state = GenState.COMMITTED
             self.catalog.add(gen)
-            self.log.track(gen)
+            self.log.track(gen, entry)
             self._writers.pop(gen.id, None)
             self.metrics.generations_committed += 1
             return gen
