@@ -18,7 +18,8 @@ SMALL = Geometry(nr_zones=8, zone_size=64 * 1024, zone_capacity=48 * 1024, block
                  max_open=3, max_active=4)
 
 _REAL = [p for p in os.environ.get("RETAINZ_TEST_ZBD", "").split(",") if p]
-DEVICE_KINDS = ["memory", "file", "faulty-memory", "faulty-file"] + [f"linux:{p}" for p in _REAL]
+DEVICE_KINDS = ["memory", "file", "faulty-memory", "faulty-file", "remote-memory", "remote-window-file"] + [
+    f"linux:{p}" for p in _REAL]
 
 
 def make_device(kind: str, tmp_path, geometry: Geometry = SMALL):
@@ -30,6 +31,11 @@ def make_device(kind: str, tmp_path, geometry: Geometry = SMALL):
         return FaultyDevice(MemoryDevice(geometry))
     if kind == "faulty-file":
         return FaultyDevice(FileDevice.create(tmp_path / "dev.img", geometry))
+    if kind.startswith("remote-"):
+        # the device served in a thread at the other end of a socket pair; "window": the data goes
+        # through a 3-block shared window (larger I/O is split), else inline
+        inner = make_device(kind.split("-")[-1], tmp_path, geometry)
+        return serve_in_thread(inner, window_blocks=3 if "-window-" in kind else 0)
     if kind.startswith("linux:"):
         from retainz.zoned.linux import LinuxZonedDevice
 
@@ -38,6 +44,38 @@ def make_device(kind: str, tmp_path, geometry: Geometry = SMALL):
             dev.reset_zone(z)
         return dev
     raise ValueError(kind)
+
+
+def serve_in_thread(inner, window_blocks: int = 0):
+    """A RemoteZonedDevice whose server runs :func:`retainz.zoned.remote.serve` on ``inner`` in a
+    thread; closing the client ends the server and closes ``inner``."""
+    import mmap
+    import socket
+    import threading
+
+    from retainz.zoned.remote import RemoteZonedDevice, SocketStream, serve
+
+    a, b = socket.socketpair()
+    window = mmap.mmap(-1, window_blocks * inner.geometry.block_size) if window_blocks else None
+
+    def run():
+        try:
+            serve(inner, SocketStream(b), window)
+        finally:
+            b.close()
+            inner.close()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    dev = RemoteZonedDevice(SocketStream(a, timeout=60), window, name="socketpair")
+    close = dev.close
+
+    def close_and_join():
+        close()
+        t.join(timeout=10)
+
+    dev.close = close_and_join
+    return dev
 
 
 @pytest.fixture(params=DEVICE_KINDS)

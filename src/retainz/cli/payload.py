@@ -31,21 +31,22 @@ def register(sub) -> None:
     c.add_argument("--cache", default="cache/payload", help="folder of the pip-downloaded sources")
     c.add_argument("--retention", default="torchtitan:interval=1,keep_latest_k=2",
                    help="retention rule the checkpoints are saved under (default torchtitan keep 2)")
-    c.add_argument("--device", required=True, type=Path,
-                   help="FileDevice path (created and formatted, sized for the model, if missing), or a "
-                        "zoned block device /dev/NAME (formatted if blank)")
+    c.add_argument("--device", required=True,
+                   help="FileDevice path (created and formatted, sized for the model, if missing), a "
+                        "zoned block device /dev/NAME or a remote: device (formatted if blank)")
     c.add_argument("--out", required=True, type=Path, help="output folder (result.json, layout.json)")
     c.add_argument("--force", action="store_true",
                    help="replace the checkpoints this run writes if --device already holds them")
     c.set_defaults(func=_capture)
-    g = psub.add_parser("guest", help="the same check inside the QEMU guest on its NVMe ZNS namespace "
-                                      "(/dev/nvme0n1); writes a payload run record")
+    g = psub.add_parser("guest", help="the same check with the checkpoints on the QEMU guest's NVMe ZNS "
+                                      "namespace (/dev/nvme0n1, served to this host); writes a payload "
+                                      "run record")
     g.add_argument("--retention", default="torchtitan:interval=1,keep_latest_k=2",
                    help="retention rule of the saves (e.g. megatron:save_interval=1,retain_interval=2)")
     g.add_argument("--layers", type=int, default=2)
     g.add_argument("--steps", type=int, default=2)
     g.add_argument("--cache", default="cache/payload", help="folder of the pip-downloaded sources")
-    g.add_argument("--memory", type=int, default=3072, help="guest RAM in MiB (torch needs ~2 GiB)")
+    g.add_argument("--memory", type=int, default=512, help="guest RAM in MiB")
     g.add_argument("--timeout", type=float, default=1800.0, help="kill a hung guest after this many s")
     g.add_argument("--out", required=True, type=Path, help="output folder (record.json, capture/)")
     g.set_defaults(func=_guest)

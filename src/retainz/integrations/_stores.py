@@ -20,10 +20,10 @@ from typing import Any
 
 from retainz.errors import DeviceBusyError, StoreLockedError
 
-__all__ = ["using", "is_store", "open_count"]
+__all__ = ["using", "is_store", "open_count", "is_device_spec", "present"]
 
 _lock = threading.Lock()
-_open: dict[str, list[Any]] = {}  # realpath -> [store, refs]
+_open: dict[str, list[Any]] = {}  # realpath or device spec -> [store, refs]
 
 
 def is_store(obj: Any) -> bool:
@@ -41,8 +41,8 @@ def _open_store(path: str, geometry, policy: str | None):
     from retainz.store import Store
     from retainz.zoned import FileDevice
 
-    if path.startswith("/dev/"):
-        return _open_block_store(path, policy)
+    if is_device_spec(path):
+        return _open_named_device_store(path, policy)
     if not os.path.exists(path):
         if geometry is None:
             raise FileNotFoundError(f"{path}: no such device file (create it with `retainz device create` "
@@ -62,9 +62,21 @@ def _open_store(path: str, geometry, policy: str | None):
         raise
 
 
-def _open_block_store(path: str, policy: str | None):
-    """A real zoned block device: open its store, or format it when every zone is empty (a blank
-    namespace holds nothing to lose; a device holding anything else is opened, never formatted)."""
+def is_device_spec(device: str) -> bool:
+    """True for a device that is not a device file: a zoned block device ``/dev/NAME`` or a
+    ``remote:`` device (:mod:`retainz.zoned.remote`)."""
+    return device.startswith(("/dev/", "remote:"))
+
+
+def present(device: str) -> bool:
+    """True when ``device`` names something to open (a device spec, or a device file that exists),
+    False when a device file would have to be created."""
+    return is_device_spec(device) or os.path.exists(device)
+
+
+def _open_named_device_store(path: str, policy: str | None):
+    """A zoned block device or a remote one: open its store, or format it when every zone is empty (a
+    blank namespace holds nothing to lose; a device holding anything else is opened, never formatted)."""
     from retainz.store import Store
     from retainz.zoned import open_device
     from retainz.zoned.model import ZoneCond
@@ -85,8 +97,9 @@ def using(device: Any, *, geometry=None, policy: str | None = None, wait: float 
     """Yield an open store for ``device`` (a store object, or a device file path).
 
     Args:
-        device: an open store (yielded as is, never closed here), a path to a FileDevice file, or a
-            zoned block device ``/dev/NAME`` (formatted when blank, see :func:`_open_block_store`).
+        device: an open store (yielded as is, never closed here), a path to a FileDevice file, a
+            zoned block device ``/dev/NAME`` or a ``remote:`` device spec (formatted when blank, see
+            :func:`_open_named_device_store`).
         geometry: create and format the device file with this :class:`~retainz.zoned.Geometry` if it
             does not exist.
         policy: placement policy name for ``Store.format``/``Store.open`` (``None``: the store's).
@@ -98,7 +111,9 @@ def using(device: Any, *, geometry=None, policy: str | None = None, wait: float 
     if is_store(device):
         yield device
         return
-    path = os.path.realpath(os.fspath(device))
+    path = os.fspath(device)
+    if not is_device_spec(path):
+        path = os.path.realpath(path)
     deadline = time.monotonic() + wait
     delay = 0.005
     while True:

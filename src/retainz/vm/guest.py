@@ -34,6 +34,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from retainz.vm.channel import PORT_MODULE, ChannelConfig
 from retainz.vm.console import pump
 from retainz.vm.setup import Kernel, VMSetupError, default_cache_dir, ensure_all, find_busybox, find_qemu
 from retainz.zoned.model import format_size
@@ -164,6 +165,8 @@ class GuestConfig:
         cwd: working directory of the command in the guest (default: the caller's).
         scheduler: I/O scheduler to set on the zoned devices ("" = leave the kernel's default).
         raw_dir: where the ZNS backing file goes (default: a temporary folder, deleted afterwards).
+        channel: a virtio-serial port and shared-memory window through which a host process uses the
+            guest's zoned device (:mod:`retainz.vm.channel`), or None.
     """
 
     zns: ZNSConfig | None = field(default_factory=ZNSConfig)
@@ -177,6 +180,7 @@ class GuestConfig:
     cwd: str | None = None
     scheduler: str = ""
     raw_dir: str | None = None
+    channel: ChannelConfig | None = None
 
 
 @dataclass
@@ -326,6 +330,8 @@ def qemu_command(qemu: str, kernel: Kernel, initramfs: Path, out_dir: Path, cfg:
         cmd += cfg.zns.qemu_args(raw)
     if cfg.disk is not None and disk_raw is not None:
         cmd += cfg.disk.qemu_args(disk_raw)
+    if cfg.channel is not None:
+        cmd += cfg.channel.qemu_args()
     return cmd
 
 
@@ -364,11 +370,14 @@ def run_in_guest(command: list[str], out_dir: str | os.PathLike, cfg: GuestConfi
         cfg.zns.check()
     if cfg.disk is not None:
         cfg.disk.check()
+    if cfg.channel is not None:
+        cfg.channel.check()
     kernel = ensure_all(install=install)
     qemu = find_qemu()
     if qemu is None:
         raise VMSetupError("qemu-system-x86_64 not found (Debian package qemu-system-x86)")
-    modules = tuple(cfg.modules) + ((DISK_MODULE,) if cfg.disk is not None else ())
+    modules = (tuple(cfg.modules) + ((DISK_MODULE,) if cfg.disk is not None else ())
+               + ((PORT_MODULE,) if cfg.channel is not None else ()))
     initramfs = build_initramfs(kernel, modules=modules)
     out = Path(out_dir).resolve()
     state = out / STATE_DIR
@@ -400,6 +409,8 @@ def run_in_guest(command: list[str], out_dir: str | os.PathLike, cfg: GuestConfi
             disk_raw = Path(tmp) / "disk.raw"
             with open(disk_raw, "wb") as f:
                 f.truncate(cfg.disk.size)
+        if cfg.channel is not None:
+            cfg.channel.prepare()
         cmd = qemu_command(qemu, kernel, initramfs, out, cfg, raw, console_log, disk_raw)
         (state / "qemu.cmd").write_text(shlex.join(cmd) + "\n")
         if cfg.zns is not None:

@@ -8,6 +8,9 @@ spec                               device
 ``mem:KEY=VALUE,...``              a fresh :class:`MemoryDevice`; keys are the geometry's
                                    (``zones``, ``zone_size``, ``zone_capacity``, ``block_size``,
                                    ``max_open``, ``max_active``) plus ``payload=true|false``
+``remote:socket=PATH[,window=F]``  a device served by :func:`retainz.zoned.remote.serve` on the
+                                   Unix socket PATH, its data through the shared-memory file F
+                                   (the QEMU guest's device: :mod:`retainz.vm.channel`)
 =================================  ===============================================================
 """
 
@@ -61,9 +64,10 @@ def open_device(spec: str, *, readonly: bool = False) -> ZonedDevice:
     """Open the device a specification string names (see the module docstring).
 
     Raises:
-        FileNotFoundError: no such path.
+        FileNotFoundError: no such path (or no socket at a ``remote:`` spec's path).
         NotADeviceError: the path is not a RetainZ device file nor a zoned block device.
-        DeviceFormatError: a malformed ``mem:`` specification.
+        DeviceFormatError: a malformed ``mem:`` or ``remote:`` specification.
+        RemoteDeviceError: the remote device's server did not answer as expected.
     """
     if spec.startswith("mem:") or spec == "mem":
         from retainz.zoned.memory import MemoryDevice
@@ -76,6 +80,8 @@ def open_device(spec: str, *, readonly: bool = False) -> ZonedDevice:
         if payload not in ("true", "false"):
             raise DeviceFormatError(f"bad device spec {spec!r}: payload must be true or false")
         return MemoryDevice(parse_geometry(opts), payload=payload == "true")
+    if spec.startswith("remote:"):
+        return _open_remote(spec)
     if spec.startswith("zbd:"):
         spec = spec[4:]
         return _open_linux(spec, readonly)
@@ -88,6 +94,25 @@ def open_device(spec: str, *, readonly: bool = False) -> ZonedDevice:
     from retainz.zoned.file import FileDevice
 
     return FileDevice(spec, readonly=readonly)
+
+
+def _open_remote(spec: str) -> ZonedDevice:
+    import mmap
+
+    from retainz.zoned.remote import RemoteZonedDevice
+
+    try:
+        opts = dict(parse_spec(spec, "device spec")[1])
+    except ValueError as e:
+        raise DeviceFormatError(str(e)) from None
+    unknown = set(opts) - {"socket", "window"}
+    if unknown or "socket" not in opts:
+        raise DeviceFormatError(f"bad device spec {spec!r}: expected remote:socket=PATH[,window=FILE]")
+    window = None
+    if "window" in opts:
+        with open(opts["window"], "r+b") as f:
+            window = mmap.mmap(f.fileno(), 0)
+    return RemoteZonedDevice.connect_unix(opts["socket"], window)
 
 
 def _is_block_device(path: str) -> bool:

@@ -1,10 +1,15 @@
-"""The real payload through a real zoned block device: ``retainz payload capture`` run inside the QEMU
-guest of :mod:`retainz.vm.guest` with ``--device /dev/nvme0n1``, recorded as a payload run record.
+"""The real payload through a real zoned block device: ``retainz payload capture`` with its
+checkpoints on the NVMe ZNS namespace of a QEMU guest, recorded as a payload run record.
 
-The guest's namespace is blank, so the capture formats it (``integrations._stores``); the checkpoint
-(model, AdamW state, RNG state, step) goes through :class:`~retainz.integrations.dcp.ZonedStorageWriter`
-onto the namespace via LinuxZonedDevice, a fresh process in the same guest restores it and the resumed
-update is compared bit for bit with the uninterrupted one.
+The guest serves its namespace ``/dev/nvme0n1`` (``LinuxZonedDevice``: the kernel's zone ioctls,
+``O_DIRECT`` writes at the write pointer, mq-deadline) over a virtio-serial port and a shared-memory
+window (:mod:`retainz.vm.channel`); on the host, the capture trains, saves the checkpoint (model,
+AdamW state, RNG state, step) through :class:`~retainz.integrations.dcp.ZonedStorageWriter` onto
+``remote:socket=...`` (the blank namespace is formatted by the writer, ``integrations._stores``), a
+fresh host process mounts the store from the namespace again, restores it, and the resumed update is
+compared bit for bit with the uninterrupted one.  torch runs on the host because under TCG importing
+it takes about a minute in the guest and an update several; every checkpoint byte still goes to the
+guest's device and comes back from it.
 
 A payload run record (``<out_dir>/record.json``, schema :data:`SCHEMA`)::
 
@@ -15,73 +20,147 @@ A payload run record (``<out_dir>/record.json``, schema :data:`SCHEMA`)::
     config        the PayloadConfig of the capture
     result        the capture's result.json (losses, tensors and bytes compared, timings)
     namespace     the guest namespace's geometry
-    guest         {status, seconds, timed_out}
+    guest         {status, seconds, timed_out, device, channel}: the serving guest
     provenance    as run records (retainz.experiments.record.provenance)
     digest        sha256 of the canonical JSON of every other field
 
-This module does not import torch: the capture runs in the guest's own process.
+This module does not import torch: the capture runs in a child process.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
+import threading
+import time
 from pathlib import Path
 
-__all__ = ["SCHEMA", "PAYLOAD_NAMESPACE", "capture_in_guest"]
+__all__ = ["SCHEMA", "PAYLOAD_NAMESPACE", "GUEST_DEVICE", "capture_in_guest"]
 
 SCHEMA = "retainz.payload/1"
+#: The guest's zoned device the checkpoints go to.
+GUEST_DEVICE = "/dev/nvme0n1"
 #: The guest namespace (bytes): 32 zones of 64 MiB hold the format, two 2-layer checkpoints (~530 MB
 #: each, model + AdamW) and slack.  A 30-layer run needs ``zones`` raised.
 PAYLOAD_NAMESPACE = {"zones": 32, "zone_size": 64 << 20, "zone_capacity": 64 << 20, "max_open": 14,
                      "max_active": 14}
+#: Seconds to wait for QEMU to create the channel's socket.
+_SOCKET_WAIT = 60.0
 
 
 def capture_in_guest(retention: str, out_dir: str | os.PathLike, *, layers: int = 2, steps: int = 2,
-                     cache: str = "cache/payload", memory_mb: int = 3072, timeout: float = 1800.0,
+                     cache: str = "cache/payload", memory_mb: int = 512, timeout: float = 1800.0,
                      zones: int | None = None) -> dict:
-    """Boot a guest, run the payload capture on ``/dev/nvme0n1``, return the payload run record.
+    """Boot a guest serving its namespace, run the payload capture on it, return the payload run record.
 
-    Writes ``<out_dir>/record.json`` (the record) and leaves the capture's ``result.json`` and
-    ``layout.json`` under ``<out_dir>/capture``.
+    Writes ``<out_dir>/record.json`` (the record) and leaves the capture's ``result.json``,
+    ``layout.json`` and ``capture.log`` under ``<out_dir>/capture``.
+
+    Args:
+        retention: the retention rule the checkpoints are saved under (e.g.
+            ``megatron:save_interval=1,retain_interval=2``).
+        timeout: seconds for the whole run (the guest is killed then).
+        zones: namespace zones (default :data:`PAYLOAD_NAMESPACE`).
 
     Raises:
-        RuntimeError: the guest tooling is missing, or the capture left no result (the message carries
-            the guest console's tail).
+        RuntimeError: the guest tooling is missing, the guest did not start serving, or the capture
+            left no result (the message carries the capture's error output and the guest console's tail).
     """
     import retainz
     from retainz.experiments.record import provenance
+    from retainz.vm.channel import ChannelConfig
     from retainz.vm.guest import GuestConfig, ZNSConfig, run_in_guest
-    from retainz.vm.setup import VMSetupError
+    from retainz.vm.setup import VMSetupError, ensure_all
 
     out = Path(out_dir).resolve()
     cap = out / "capture"
     cap.mkdir(parents=True, exist_ok=True)
     (cap / "result.json").unlink(missing_ok=True)
     _tokenize_on_host(cache)
-    ns = dict(PAYLOAD_NAMESPACE, **({"zones": zones} if zones else {}))
-    src = os.path.dirname(os.path.dirname(os.path.abspath(retainz.__file__)))
-    cfg = GuestConfig(zns=ZNSConfig(**ns), nullblk=None, memory_mb=memory_mb, timeout=timeout,
-                      scheduler="mq-deadline", env={"PYTHONPATH": src}, cwd=os.getcwd())
-    argv = [sys.executable, "-m", "retainz.cli", "payload", "capture", "--layers", str(layers), "--steps",
-            str(steps), "--cache", os.path.abspath(cache), "--retention", retention, "--device", "/dev/nvme0n1",
-            "--out", str(cap)]
     try:
-        res = run_in_guest(argv, out, cfg, install=False)
+        ensure_all(install=False)
     except VMSetupError as e:
         raise RuntimeError(f"the QEMU guest is unavailable: {e} (run `retainz vm setup`)") from None
+    ns = dict(PAYLOAD_NAMESPACE, **({"zones": zones} if zones else {}))
+    src = os.path.dirname(os.path.dirname(os.path.abspath(retainz.__file__)))
+    sock_dir = tempfile.mkdtemp(prefix="retainz-chan-")          # a short path: sockets allow ~107 bytes
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    fd, window = tempfile.mkstemp(prefix="retainz-window-", dir=shm)
+    os.close(fd)
+    channel = ChannelConfig(socket=os.path.join(sock_dir, "port.sock"), window=window)
+    cfg = GuestConfig(zns=ZNSConfig(**ns), nullblk=None, memory_mb=memory_mb, timeout=timeout,
+                      scheduler="mq-deadline", env={"PYTHONPATH": src}, cwd=os.getcwd(), channel=channel)
+    served: dict = {}
+
+    def boot() -> None:
+        try:
+            served["result"] = run_in_guest([sys.executable, "-m", "retainz.vm.channel", GUEST_DEVICE], out, cfg,
+                                            install=False)
+        except BaseException as e:  # noqa: BLE001 - reported by the caller's thread below
+            served["error"] = e
+
+    guest = threading.Thread(target=boot, name="payload-guest", daemon=True)
+    t0 = time.monotonic()
+    guest.start()
+    try:
+        _wait_for_socket(channel.socket, guest)
+        argv = [sys.executable, "-m", "retainz.cli", "payload", "capture", "--layers", str(layers), "--steps",
+                str(steps), "--cache", os.path.abspath(cache), "--retention", retention,
+                "--device", channel.device_spec(), "--out", str(cap)]
+        with open(cap / "capture.log", "w") as log:
+            proc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
+        capture_status = proc.returncode
+    finally:
+        _stop_serving(channel)
+        guest.join(timeout=120)
+        shutil.rmtree(sock_dir, ignore_errors=True)
+        os.unlink(window)
+    if "error" in served:
+        raise RuntimeError(f"the payload guest failed: {served['error']}")
+    res = served.get("result")
     if not (cap / "result.json").exists():
-        raise RuntimeError(f"the payload capture in the guest left no result (exit {res.status}):\n"
-                           f"{res.console_tail()}")
+        tail = (cap / "capture.log").read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"the payload capture left no result (exit {capture_status}):\n{tail}\n"
+                           f"guest console:\n{res.console_tail() if res else '(guest still running)'}")
     result = json.loads((cap / "result.json").read_text())
     rec = {"schema": SCHEMA, "device": "guest", "retention": retention, "bit_identical": bool(result["identical"]),
            "config": result["config"], "result": result, "namespace": ns,
-           "guest": {"status": res.status, "seconds": round(res.seconds, 1), "timed_out": res.timed_out},
+           "guest": {"status": res.status if res else None, "timed_out": res.timed_out if res else True,
+                     "seconds": round(time.monotonic() - t0, 1), "device": GUEST_DEVICE,
+                     "channel": "virtio-serial port + ivshmem window (retainz.vm.channel)"},
            "provenance": provenance()}
     rec["digest"] = _digest(rec)
     (out / "record.json").write_text(json.dumps(rec, indent=1, sort_keys=True) + "\n")
     return rec
+
+
+def _wait_for_socket(path: str, guest: threading.Thread) -> None:
+    deadline = time.monotonic() + _SOCKET_WAIT
+    while not os.path.exists(path):
+        if not guest.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"QEMU did not create the channel socket {path} (see the guest's console log)")
+        time.sleep(0.1)
+
+
+def _stop_serving(channel) -> None:
+    """Ask the guest's server to stop (it powers the guest off); a guest that no longer answers is
+    left to its timeout."""
+    from retainz.zoned import open_device
+
+    try:
+        dev = open_device(channel.device_spec())
+    except OSError:
+        return
+    try:
+        dev.shutdown()
+    except OSError:
+        pass
+    finally:
+        dev.close()
 
 
 def _tokenize_on_host(cache: str) -> None:

@@ -141,7 +141,7 @@ def _geometry_for(nbytes: int):
     return Geometry(nr_zones=zones, zone_size=zone, zone_capacity=zone, max_open=14, max_active=14)
 
 
-def capture(cfg: PayloadConfig, device: Path, out: Path, *, force: bool = False) -> dict:
+def capture(cfg: PayloadConfig, device: str, out: Path, *, force: bool = False) -> dict:
     """Run the whole check (see the module docstring); returns the result written to ``result.json``.
 
     Raises:
@@ -156,9 +156,10 @@ def capture(cfg: PayloadConfig, device: Path, out: Path, *, force: bool = False)
     from retainz.integrations.dcp import ZonedStorageWriter
     from retainz.integrations.payload.model import INIT_LABELS
 
-    if device.exists():
+    device = str(device)
+    if _stores.present(device):
         ids = (f"step-{cfg.steps}", f"step-{cfg.steps + 1}")
-        with _stores.using(str(device)) as store:
+        with _stores.using(device) as store:
             held = [g.id for g in store.generations() if g.id in ids]
             if held and not force:
                 raise GenerationExistsError(
@@ -176,31 +177,31 @@ def capture(cfg: PayloadConfig, device: Path, out: Path, *, force: bool = False)
     t_train = time.perf_counter() - t0
 
     nparams = sum(p.numel() for p in model.parameters())
-    geometry = None if device.exists() else _geometry_for(nparams * 4 * 5)
+    geometry = None if _stores.present(device) else _geometry_for(nparams * 4 * 5)
     rule = cfg.retention
     state = _state(model, opt, cfg.steps, losses[-1] if losses else float("nan"))
     t1 = time.perf_counter()
-    dcp.save(state, storage_writer=ZonedStorageWriter(str(device), retention=rule, geometry=geometry),
+    dcp.save(state, storage_writer=ZonedStorageWriter(device, retention=rule, geometry=geometry),
              checkpoint_id=f"step-{cfg.steps}")
     t_save = time.perf_counter() - t1
     del state
 
     ref_loss = _update(model, opt, tokens, cfg)                      # the uninterrupted update
     dcp.save(_state(model, opt, cfg.steps + 1, ref_loss),
-             storage_writer=ZonedStorageWriter(str(device), retention=rule), checkpoint_id=f"step-{cfg.steps + 1}")
+             storage_writer=ZonedStorageWriter(device, retention=rule), checkpoint_id=f"step-{cfg.steps + 1}")
     del model, opt
 
     t2 = time.perf_counter()
     env = dict(os.environ, PYTHONHASHSEED="0")
     proc = subprocess.run([sys.executable, "-m", "retainz.integrations.payload.train", "resume",
-                           "--device", str(device), "--config", json.dumps(asdict(cfg))],
+                           "--device", device, "--config", json.dumps(asdict(cfg))],
                           capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"resume process failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     resumed = json.loads(proc.stdout.strip().splitlines()[-1])
     t_resume = time.perf_counter() - t2
 
-    with _stores.using(str(device)) as store:
+    with _stores.using(device) as store:
         gens = {g.id: g for g in store.generations()}
         shards = gens[f"step-{cfg.steps}"].shards
         layout = {
@@ -228,14 +229,14 @@ def capture(cfg: PayloadConfig, device: Path, out: Path, *, force: bool = False)
         "checkpoint_bytes": sum(s.size for s in shards.values()),
         "seconds": {"train": round(t_train, 2), "save": round(t_save, 2), "resume_process": round(t_resume, 2),
                     "load_in_resume": resumed["load_seconds"]},
-        "device": str(device),
+        "device": device,
         "torch": torch.__version__,
     }
     (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
 
 
-def resume_and_compare(cfg: PayloadConfig, device: Path) -> dict:
+def resume_and_compare(cfg: PayloadConfig, device: str) -> dict:
     """In a fresh process: restore ``step-{steps}``, run one update, compare with ``step-{steps+1}``."""
     from torch.distributed import checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_state_dict
@@ -247,7 +248,7 @@ def resume_and_compare(cfg: PayloadConfig, device: Path) -> dict:
     model, opt = _build(cfg, init="random")     # every tensor is overwritten by the restore
     state = _state(model, opt, 0, 0.0)
     t = time.perf_counter()
-    dcp.load(state, storage_reader=ZonedStorageReader(str(device)), checkpoint_id=f"step-{cfg.steps}")
+    dcp.load(state, storage_reader=ZonedStorageReader(device), checkpoint_id=f"step-{cfg.steps}")
     load_s = time.perf_counter() - t
     set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
     if cfg.restore_rng:
@@ -258,7 +259,7 @@ def resume_and_compare(cfg: PayloadConfig, device: Path) -> dict:
     mine = _flatten(_state(model, opt, cfg.steps + 1, loss))
     ref_model, ref_opt = _build(cfg, init="random")
     ref = _state(ref_model, ref_opt, 0, 0.0)
-    dcp.load(ref, storage_reader=ZonedStorageReader(str(device)), checkpoint_id=f"step-{cfg.steps + 1}")
+    dcp.load(ref, storage_reader=ZonedStorageReader(device), checkpoint_id=f"step-{cfg.steps + 1}")
     ref = _flatten(ref)
     mismatches, tensors, nbytes = [], 0, 0
     for key in sorted(set(mine) | set(ref)):
@@ -282,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m retainz.integrations.payload.train")
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("resume", help="(internal) the fresh-process half of the check; prints JSON")
-    r.add_argument("--device", type=Path, required=True)
+    r.add_argument("--device", required=True, help="a device file, /dev/NAME or a remote: device spec")
     r.add_argument("--config", required=True, help="PayloadConfig as JSON")
     args = ap.parse_args(argv)
     cfg = PayloadConfig(**json.loads(args.config))

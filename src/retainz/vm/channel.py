@@ -1,0 +1,169 @@
+"""A host process's store on the guest's zoned device: the guest serves its device
+(:mod:`retainz.zoned.remote`) over a virtio-serial port, with an ``ivshmem`` shared-memory window for
+the data, and the host opens it as ``remote:socket=PATH,window=PATH``.
+
+Why: under TCG, importing torch in the guest takes about a minute and a training update several, so
+the real payload (:mod:`retainz.integrations.payload`) runs on the host, at host speed, while every
+byte of its checkpoints is written to, and read back from, the guest's NVMe ZNS namespace by the
+guest's kernel (``LinuxZonedDevice``: ``O_DIRECT`` writes at the write pointer, zone ioctls).
+Measured on this project's 2-core machines (TCG): a virtio-serial port carries about 3 MB/s host to
+guest and 20 MB/s guest to host; the shared window and 9p about 45 MB/s, the guest's copy speed.
+
+Host side: :class:`ChannelConfig` gives QEMU's arguments (:mod:`retainz.vm.guest` adds them) and the
+device spec.  Guest side: ``python -m retainz.vm.channel DEVICE`` serves ``DEVICE`` on the port
+named :data:`PORT_NAME` until the host sends ``shutdown``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import mmap
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["ChannelConfig", "PORT_NAME", "IVSHMEM_ID", "find_port", "map_window", "serve_device", "main"]
+
+#: The virtio-serial port's name (``/sys/class/virtio-ports/*/name`` in the guest).
+PORT_NAME = "retainz"
+#: PCI vendor and device id of QEMU's ``ivshmem-plain`` (Red Hat, 0x1110).
+IVSHMEM_ID = ("0x1af4", "0x1110")
+#: Guest kernel module of virtio-serial ports.
+PORT_MODULE = "virtio_console"
+
+
+@dataclass(frozen=True)
+class ChannelConfig:
+    """The host's end of the channel.
+
+    Attributes:
+        socket: the Unix socket QEMU listens on for the port (created by QEMU; removed first if stale).
+        window: the shared-memory file (under ``/dev/shm``) backing the ``ivshmem`` window.
+        window_size: bytes; a power of two (QEMU maps it as a PCI BAR).
+    """
+
+    socket: str
+    window: str
+    window_size: int = 64 << 20
+
+    def check(self) -> None:
+        """Raises ValueError on a window QEMU would refuse."""
+        if self.window_size < 4096 or self.window_size & (self.window_size - 1):
+            raise ValueError(f"window size {self.window_size} must be a power of two of at least 4 KiB")
+
+    def prepare(self) -> None:
+        """Create the window file at its size and remove a stale socket (before QEMU starts)."""
+        Path(self.socket).unlink(missing_ok=True)
+        with open(self.window, "wb") as f:
+            f.truncate(self.window_size)
+
+    def qemu_args(self) -> list[str]:
+        """The ``-device``/``-chardev``/``-object`` arguments of the port and the window."""
+        return ["-device", "virtio-serial-pci",
+                "-chardev", f"socket,id=rzport,path={self.socket},server=on,wait=off",
+                "-device", f"virtserialport,chardev=rzport,name={PORT_NAME}",
+                "-object", f"memory-backend-file,id=rzwin,mem-path={self.window},size={self.window_size},share=on",
+                "-device", "ivshmem-plain,memdev=rzwin"]
+
+    def device_spec(self) -> str:
+        """The host's device spec for the guest's served device (:func:`retainz.zoned.open_device`)."""
+        return f"remote:socket={self.socket},window={self.window}"
+
+
+def find_port(name: str = PORT_NAME) -> str:
+    """The guest's ``/dev/vportNpM`` of the virtio-serial port called ``name``.
+
+    Raises:
+        FileNotFoundError: no such port (module ``virtio_console`` not loaded, or no port).
+    """
+    root = Path("/sys/class/virtio-ports")
+    for d in sorted(root.glob("*")) if root.exists() else []:
+        if (d / "name").read_text().strip() == name:
+            return f"/dev/{d.name}"
+    raise FileNotFoundError(f"no virtio-serial port named {name!r} in {root}")
+
+
+def map_window() -> mmap.mmap:
+    """Map the ``ivshmem`` window: BAR 2 of the PCI device :data:`IVSHMEM_ID`, through sysfs.
+
+    Raises:
+        FileNotFoundError: no ivshmem device.
+    """
+    for d in sorted(Path("/sys/bus/pci/devices").glob("*")):
+        if ((d / "vendor").read_text().strip(), (d / "device").read_text().strip()) == IVSHMEM_ID:
+            fd = os.open(d / "resource2", os.O_RDWR)
+            try:
+                return mmap.mmap(fd, os.fstat(fd).st_size)
+            finally:
+                os.close(fd)
+    raise FileNotFoundError("no ivshmem PCI device (vendor 0x1af4, device 0x1110)")
+
+
+def serve_device(path: str, *, port: str | None = None) -> int:
+    """Serve the zoned device ``path`` over the port and window until the host asks to stop.
+
+    Connections come one after the other (the capture, then its fresh resume process): when the host
+    closes one, the port reads end-of-file until the next connects.  Returns the number of
+    connections served.
+    """
+    from retainz.zoned import open_device
+    from retainz.zoned.remote import FdStream, serve
+
+    port = port or find_port()
+    window = map_window()
+    device = open_device(path)
+    fd = os.open(port, os.O_RDWR)
+    print(f"retainz channel: serving {path} ({device.geometry.nr_zones} zones) on {port}, "
+          f"window {len(window)} bytes", flush=True)
+    served = 0
+    try:
+        while True:
+            first = _wait_for_data(fd)
+            served += 1
+            if serve(device, _Prefixed(first, FdStream(fd)), window):
+                return served
+    finally:
+        os.close(fd)
+        device.close()
+        window.close()
+
+
+def _wait_for_data(fd: int) -> bytes:
+    """The first byte of the next connection (the port reads end-of-file while no host is connected)."""
+    while True:
+        b = os.read(fd, 1)
+        if b:
+            return b
+        time.sleep(0.05)
+
+
+class _Prefixed:
+    """A stream whose first bytes were already read."""
+
+    def __init__(self, head: bytes, stream):
+        self.head, self.stream = head, stream
+
+    def send(self, data) -> None:
+        self.stream.send(data)
+
+    def recv_exact(self, n: int) -> bytes:
+        if not self.head:
+            return self.stream.recv_exact(n)
+        take, self.head = self.head[:n], self.head[n:]
+        return take + (self.stream.recv_exact(n - len(take)) if n > len(take) else b"")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m retainz.vm.channel",
+                                 description="(in the guest) serve a zoned device to the host")
+    ap.add_argument("device", help="the zoned block device, e.g. /dev/nvme0n1")
+    args = ap.parse_args(argv)
+    n = serve_device(args.device)
+    print(f"retainz channel: stopped after {n} connection(s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
