@@ -258,16 +258,15 @@ def test_filesystem_case_is_measured_and_reads_back(fs_guest_run, system):
 
 # -- the real payload through the ZNS namespace (retainz.integrations.payload.guest) ----------------
 
-#: Seconds before a hung payload guest is killed (torch imports take ~1 minute each under TCG).
+#: Seconds before the payload run is given up (it takes about 3 minutes on 2 shared cores).
 PAYLOAD_TIMEOUT = float(os.environ.get("RETAINZ_GUEST_PAYLOAD_TIMEOUT", "1200"))
 
 
 @pytest.mark.zns_guest
 def test_payload_resume_is_bit_identical_on_the_zns_namespace():
-    """The 2-layer SmolLM2 payload saved through ZonedStorageWriter onto /dev/nvme0n1 in the guest,
-    restored in a fresh process there, and the resumed update compared bit for bit."""
-    if os.environ.get("RETAINZ_GUEST_PAYLOAD") != "1":
-        pytest.skip("opt-in (RETAINZ_GUEST_PAYLOAD=1): not yet seen to finish within the lane's budget under TCG")
+    """The 2-layer SmolLM2 payload saved through ZonedStorageWriter onto the guest's /dev/nvme0n1
+    (served to the host, retainz.vm.channel), mounted again from the namespace by a fresh process,
+    restored, and the resumed update compared bit for bit."""
     pytest.importorskip("torch", reason="needs the payload extra (make setup-torch)")
     from retainz.integrations.payload.guest import capture_in_guest
     from retainz.vm.setup import VMSetupError, ensure_all
@@ -279,13 +278,18 @@ def test_payload_resume_is_bit_identical_on_the_zns_namespace():
     cache = os.environ.get("RETAINZ_PAYLOAD_CACHE", str(ROOT / "cache" / "payload"))
     rec = capture_in_guest("torchtitan:interval=1,keep_latest_k=2", OUT / "payload", cache=cache,
                            timeout=PAYLOAD_TIMEOUT)
-    r = rec["result"]
-    assert rec["device"] == "guest" and r["device"] == "/dev/nvme0n1"
+    r, guest = rec["result"], rec["guest"]
+    assert rec["device"] == "guest" and guest["device"] == "/dev/nvme0n1" and r["device"].startswith("remote:")
     assert rec["bit_identical"] is True and r["mismatches"] == [], r["mismatches"]
     assert r["resumed_loss"] == r["reference_loss"]
     n_param_tensors = 2 * 9 + 2
     assert r["tensors_compared"] == (n_param_tensors + 1) + 3 * n_param_tensors + 1
     assert r["checkpoint_bytes"] > 4 * r["parameters"] * 3
+    # both checkpoints (step-2 and the reference step-3) went to the namespace, and the fresh process
+    # read them back from it: the guest kernel's own counts for /dev/nvme0n1
+    assert guest["device_bytes_written"] >= 2 * r["checkpoint_bytes"]
+    assert guest["device_bytes_read"] >= 2 * r["checkpoint_bytes"]
+    assert guest["connections"] >= 3           # the capture's saves, the resume process, the stop
 
 
 # -- host-side pieces of the runner (no guest) -------------------------------------------------------

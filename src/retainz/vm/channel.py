@@ -17,6 +17,7 @@ named :data:`PORT_NAME` until the host sends ``shutdown``.
 from __future__ import annotations
 
 import argparse
+import json
 import mmap
 import os
 import sys
@@ -24,7 +25,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ChannelConfig", "PORT_NAME", "IVSHMEM_ID", "find_port", "map_window", "serve_device", "main"]
+__all__ = ["ChannelConfig", "PORT_NAME", "IVSHMEM_ID", "find_port", "map_window", "serve_device", "block_stat",
+           "main"]
 
 #: The virtio-serial port's name (``/sys/class/virtio-ports/*/name`` in the guest).
 PORT_NAME = "retainz"
@@ -101,12 +103,16 @@ def map_window() -> mmap.mmap:
     raise FileNotFoundError("no ivshmem PCI device (vendor 0x1af4, device 0x1110)")
 
 
-def serve_device(path: str, *, port: str | None = None) -> int:
+def serve_device(path: str, *, port: str | None = None) -> dict:
     """Serve the zoned device ``path`` over the port and window until the host asks to stop.
 
     Connections come one after the other (the capture, then its fresh resume process): when the host
-    closes one, the port reads end-of-file until the next connects.  Returns the number of
-    connections served.
+    closes one, the port reads end-of-file until the next connects.
+
+    Returns:
+        ``{"device", "connections", "device_bytes_written", "device_bytes_read"}``: the bytes are the
+        kernel's count for the device (``/sys/block/NAME/stat`` sectors written and read, 512-byte
+        units) over the serving, so they include nothing that did not reach the device.
     """
     from retainz.zoned import open_device
     from retainz.zoned.remote import FdStream, serve
@@ -115,6 +121,7 @@ def serve_device(path: str, *, port: str | None = None) -> int:
     window = map_window()
     device = open_device(path)
     fd = os.open(port, os.O_RDWR)
+    before = block_stat(path)
     print(f"retainz channel: serving {path} ({device.geometry.nr_zones} zones) on {port}, "
           f"window {len(window)} bytes", flush=True)
     served = 0
@@ -123,11 +130,21 @@ def serve_device(path: str, *, port: str | None = None) -> int:
             first = _wait_for_data(fd)
             served += 1
             if serve(device, _Prefixed(first, FdStream(fd)), window):
-                return served
+                break
     finally:
         os.close(fd)
         device.close()
         window.close()
+    after = block_stat(path)
+    return {"device": path, "connections": served,
+            "device_bytes_written": (after[1] - before[1]) * 512, "device_bytes_read": (after[0] - before[0]) * 512}
+
+
+def block_stat(path: str) -> tuple[int, int]:
+    """``(sectors read, sectors written)`` of a block device: fields 3 and 7 of
+    ``/sys/block/NAME/stat`` (Documentation/block/stat.rst), in 512-byte units whatever the block size."""
+    fields = Path(f"/sys/block/{os.path.basename(os.path.realpath(path))}/stat").read_text().split()
+    return int(fields[2]), int(fields[6])
 
 
 def _wait_for_data(fd: int) -> bytes:
@@ -159,9 +176,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m retainz.vm.channel",
                                  description="(in the guest) serve a zoned device to the host")
     ap.add_argument("device", help="the zoned block device, e.g. /dev/nvme0n1")
+    ap.add_argument("--stats", help="write what was served (serve_device's result) to this JSON file")
     args = ap.parse_args(argv)
-    n = serve_device(args.device)
-    print(f"retainz channel: stopped after {n} connection(s)", flush=True)
+    stats = serve_device(args.device)
+    if args.stats:
+        Path(args.stats).write_text(json.dumps(stats, indent=1) + "\n")
+    print(f"retainz channel: stopped after {stats['connections']} connection(s)", flush=True)
     return 0
 
 

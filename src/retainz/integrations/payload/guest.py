@@ -20,7 +20,9 @@ A payload run record (``<out_dir>/record.json``, schema :data:`SCHEMA`)::
     config        the PayloadConfig of the capture
     result        the capture's result.json (losses, tensors and bytes compared, timings)
     namespace     the guest namespace's geometry
-    guest         {status, seconds, timed_out, device, channel}: the serving guest
+    guest         {status, seconds, timed_out, device, channel, connections, device_bytes_written,
+                  device_bytes_read}: the serving guest; the bytes are the guest kernel's count for
+                  the namespace (/sys/block/nvme0n1/stat) while it served
     provenance    as run records (retainz.experiments.record.provenance)
     digest        sha256 of the canonical JSON of every other field
 
@@ -79,7 +81,9 @@ def capture_in_guest(retention: str, out_dir: str | os.PathLike, *, layers: int 
     out = Path(out_dir).resolve()
     cap = out / "capture"
     cap.mkdir(parents=True, exist_ok=True)
-    (cap / "result.json").unlink(missing_ok=True)
+    stats = out / "served.json"
+    for stale in (cap / "result.json", stats):
+        stale.unlink(missing_ok=True)
     _tokenize_on_host(cache)
     try:
         ensure_all(install=False)
@@ -98,8 +102,8 @@ def capture_in_guest(retention: str, out_dir: str | os.PathLike, *, layers: int 
 
     def boot() -> None:
         try:
-            served["result"] = run_in_guest([sys.executable, "-m", "retainz.vm.channel", GUEST_DEVICE], out, cfg,
-                                            install=False)
+            served["result"] = run_in_guest([sys.executable, "-m", "retainz.vm.channel", GUEST_DEVICE,
+                                             "--stats", str(stats)], out, cfg, install=False)
         except BaseException as e:  # noqa: BLE001 - reported by the caller's thread below
             served["error"] = e
 
@@ -127,11 +131,15 @@ def capture_in_guest(retention: str, out_dir: str | os.PathLike, *, layers: int 
         raise RuntimeError(f"the payload capture left no result (exit {capture_status}):\n{tail}\n"
                            f"guest console:\n{res.console_tail() if res else '(guest still running)'}")
     result = json.loads((cap / "result.json").read_text())
+    device_io = json.loads(stats.read_text()) if stats.exists() else {}
     rec = {"schema": SCHEMA, "device": "guest", "retention": retention, "bit_identical": bool(result["identical"]),
            "config": result["config"], "result": result, "namespace": ns,
            "guest": {"status": res.status if res else None, "timed_out": res.timed_out if res else True,
                      "seconds": round(time.monotonic() - t0, 1), "device": GUEST_DEVICE,
-                     "channel": "virtio-serial port + ivshmem window (retainz.vm.channel)"},
+                     "channel": "virtio-serial port + ivshmem window (retainz.vm.channel)",
+                     "connections": device_io.get("connections"),
+                     "device_bytes_written": device_io.get("device_bytes_written"),
+                     "device_bytes_read": device_io.get("device_bytes_read")},
            "provenance": provenance()}
     rec["digest"] = _digest(rec)
     (out / "record.json").write_text(json.dumps(rec, indent=1, sort_keys=True) + "\n")
