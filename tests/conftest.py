@@ -1,7 +1,9 @@
 """Shared fixtures: a zoned device of every kind, for the conformance suite and the store tests.
 
 Set ``RETAINZ_TEST_ZBD=/dev/nvme0n1[,/dev/nullb0]`` (the QEMU guest lane does) to add real Linux zoned
-block devices to the ``any_device`` parametrization; they are skipped otherwise.
+block devices to the ``any_device`` parametrization; they are skipped otherwise.  Set
+``RETAINZ_TEST_REMOTE`` to a ``remote:`` device spec (the guest lane does, for the guest's namespace
+served to the host) to add that device.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ SMALL = Geometry(nr_zones=8, zone_size=64 * 1024, zone_capacity=48 * 1024, block
                  max_open=3, max_active=4)
 
 _REAL = [p for p in os.environ.get("RETAINZ_TEST_ZBD", "").split(",") if p]
+_SERVED = os.environ.get("RETAINZ_TEST_REMOTE", "")
 DEVICE_KINDS = ["memory", "file", "faulty-memory", "faulty-file", "remote-memory", "remote-window-file"] + [
-    f"linux:{p}" for p in _REAL]
+    f"linux:{p}" for p in _REAL] + ([f"served:{_SERVED}"] if _SERVED else [])
 
 
 def make_device(kind: str, tmp_path, geometry: Geometry = SMALL):
@@ -36,10 +39,10 @@ def make_device(kind: str, tmp_path, geometry: Geometry = SMALL):
         # through a 3-block shared window (larger I/O is split), else inline
         inner = make_device(kind.split("-")[-1], tmp_path, geometry)
         return serve_in_thread(inner, window_blocks=3 if "-window-" in kind else 0)
-    if kind.startswith("linux:"):
-        from retainz.zoned.linux import LinuxZonedDevice
+    if kind.startswith(("linux:", "served:")):
+        from retainz.zoned import open_device
 
-        dev = LinuxZonedDevice(kind[6:])
+        dev = open_device(kind.split(":", 1)[1])
         for z in range(dev.geometry.nr_zones):
             dev.reset_zone(z)
         return dev

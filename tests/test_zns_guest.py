@@ -256,6 +256,41 @@ def test_filesystem_case_is_measured_and_reads_back(fs_guest_run, system):
         assert values and all(v == "51" for v in values.values()), r["bg_reclaim_threshold"]
 
 
+# -- the guest's namespace served to the host (retainz.vm.channel) -----------------------------------
+
+@pytest.mark.zns_guest
+def test_conformance_passes_on_the_namespace_served_to_the_host():
+    """The device conformance suite, run on the host, against the guest's /dev/nvme0n1 through the
+    channel: every refusal the guest's kernel makes (write-pointer, boundary, full, open/active
+    limits) must arrive as the same error on the host."""
+    import subprocess
+
+    from retainz.vm.channel import serving
+    from retainz.vm.guest import GuestConfig, ZNSConfig
+    from retainz.vm.setup import VMSetupError, ensure_all
+
+    try:
+        ensure_all(install=True)
+    except VMSetupError as e:
+        _unavailable(str(e))
+    junit = OUT / "served-junit.xml"
+    junit.unlink(missing_ok=True)
+    src = (ROOT / "tests" / "test_device_conformance.py").read_text()
+    expected = sum(1 for line in src.splitlines() if line.startswith("def test_") and "any_device" in line)
+    with serving(OUT / "served", GuestConfig(zns=ZNSConfig(), nullblk=None, timeout=GUEST_TIMEOUT)) as guest:
+        env = dict(os.environ, RETAINZ_TEST_REMOTE=guest.spec,
+                   PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])))
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                               "tests/test_device_conformance.py", "-k", "served", f"--junitxml={junit}"],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=GUEST_TIMEOUT)
+    cases = _parse_junit(junit)
+    bad = [c for c in cases if c["outcome"] != "passed"]
+    assert proc.returncode == 0 and not bad, (proc.stdout[-3000:], bad)
+    assert len(cases) == expected and all("served:remote:" in c["name"] for c in cases)
+    assert guest.error is None and guest.result.status == 0
+    assert guest.stats()["connections"] >= expected + 1     # one per test, and the stop
+
+
 # -- the real payload through the ZNS namespace (retainz.integrations.payload.guest) ----------------
 
 #: Seconds before the payload run is given up (it takes about 3 minutes on 2 shared cores).

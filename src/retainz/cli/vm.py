@@ -1,4 +1,4 @@
-"""``retainz vm setup`` and ``retainz vm run``: a QEMU guest with real zoned block devices.
+"""``retainz vm setup``, ``retainz vm run`` and ``retainz vm serve``: a QEMU guest with real zoned block devices.
 
 ::
 
@@ -6,6 +6,7 @@
     retainz vm run -- blkzone report /dev/nvme0n1
     retainz vm run --zones 32 --zone-size 64MiB --zone-capacity 48MiB --max-open 4 --max-active 6 \\
         --out out/vm -- .venv/bin/python -m bench.device_write --guest-part
+    retainz vm serve --zones 32 --zone-size 64MiB    # the namespace as a remote: device on this host
 
 ``run`` returns the command's exit status (124 if the guest hung and was killed, 125 if it stopped
 without recording one); the command's files are in ``--out`` and the console log in
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 from retainz.zoned.model import parse_size
 
@@ -27,14 +29,7 @@ def register(sub) -> None:
     setup.add_argument("--check", action="store_true", help="only report what is missing")
     setup.set_defaults(func=_setup)
     run = vsub.add_parser("run", help="run a command in a fresh guest: retainz vm run [OPTIONS] -- CMD...")
-    run.add_argument("--zones", type=int, default=16, help="NVMe ZNS zones (default 16)")
-    run.add_argument("--zone-size", type=parse_size, default=1 << 20,
-                     help="zone size, a power of two (default 1MiB)")
-    run.add_argument("--zone-capacity", type=parse_size, default=768 << 10,
-                     help="writable bytes per zone (default 768KiB)")
-    run.add_argument("--max-open", type=int, default=3, help="max open zones (default 3; 0 = unlimited)")
-    run.add_argument("--max-active", type=int, default=4, help="max active zones (default 4; 0 = unlimited)")
-    run.add_argument("--block-size", type=int, default=4096, choices=(512, 4096))
+    _namespace_args(run)
     run.add_argument("--no-nvme", action="store_true", help="no NVMe ZNS namespace")
     run.add_argument("--no-nullblk", action="store_true", help="no null_blk zoned device (/dev/nullb0)")
     run.add_argument("--nullblk-zones", type=int, default=16)
@@ -50,6 +45,31 @@ def register(sub) -> None:
     run.add_argument("--quiet", action="store_true", help="do not stream the guest console")
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run")
     run.set_defaults(func=_run)
+    serve = vsub.add_parser("serve", help="serve the guest's NVMe ZNS namespace to this host (a remote: "
+                                          "device) until Ctrl-C or --timeout")
+    _namespace_args(serve)
+    serve.add_argument("--out", default="out/vm-serve", help="output folder (console log, served.json)")
+    serve.add_argument("--timeout", type=float, default=3600.0, help="stop serving after this many s")
+    serve.add_argument("--memory", type=int, default=512, help="guest RAM in MiB")
+    serve.add_argument("--scheduler", default="mq-deadline", help="I/O scheduler of the namespace")
+    serve.set_defaults(func=_serve)
+
+
+def _namespace_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--zones", type=int, default=16, help="NVMe ZNS zones (default 16)")
+    p.add_argument("--zone-size", type=parse_size, default=1 << 20, help="zone size, a power of two (default 1MiB)")
+    p.add_argument("--zone-capacity", type=parse_size, default=768 << 10,
+                   help="writable bytes per zone (default 768KiB)")
+    p.add_argument("--max-open", type=int, default=3, help="max open zones (default 3; 0 = unlimited)")
+    p.add_argument("--max-active", type=int, default=4, help="max active zones (default 4; 0 = unlimited)")
+    p.add_argument("--block-size", type=int, default=4096, choices=(512, 4096))
+
+
+def _zns(args: argparse.Namespace):
+    from retainz.vm.guest import ZNSConfig
+
+    return ZNSConfig(zones=args.zones, zone_size=args.zone_size, zone_capacity=args.zone_capacity,
+                     max_open=args.max_open, max_active=args.max_active, block_size=args.block_size)
 
 
 def _setup(args: argparse.Namespace) -> int:
@@ -59,7 +79,7 @@ def _setup(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from retainz.vm.guest import GuestConfig, NullBlkConfig, ZNSConfig, run_in_guest
+    from retainz.vm.guest import GuestConfig, NullBlkConfig, run_in_guest
     from retainz.vm.setup import VMSetupError
 
     command = list(args.command)
@@ -73,9 +93,7 @@ def _run(args: argparse.Namespace) -> int:
         if not sep or not key:
             raise ValueError(f"--env {item!r} is not KEY=VALUE")
         env[key] = value
-    zns = None if args.no_nvme else ZNSConfig(
-        zones=args.zones, zone_size=args.zone_size, zone_capacity=args.zone_capacity,
-        max_open=args.max_open, max_active=args.max_active, block_size=args.block_size)
+    zns = None if args.no_nvme else _zns(args)
     nullblk = None if args.no_nullblk else NullBlkConfig(
         zones=args.nullblk_zones, zone_size_mb=args.nullblk_zone_size_mb,
         zone_capacity_mb=args.nullblk_zone_capacity_mb, max_open=args.max_open,
@@ -90,3 +108,32 @@ def _run(args: argparse.Namespace) -> int:
     print(f"\nretainz vm: exit status {result.status} after {result.seconds:.1f} s; output in "
           f"{result.out_dir}; console log {result.console_log}", file=sys.stderr)
     return result.status
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from retainz.vm.channel import serving
+    from retainz.vm.guest import GuestConfig
+    from retainz.vm.setup import VMSetupError, ensure_all
+
+    zns = _zns(args)
+    zns.check()                       # ValueError: exit 2, before anything boots
+    try:
+        ensure_all(install=False)
+    except VMSetupError as e:
+        print(f"retainz: error: {e} (run `retainz vm setup`)", file=sys.stderr)
+        return 1
+    cfg = GuestConfig(zns=zns, nullblk=None, memory_mb=args.memory, timeout=args.timeout,
+                      scheduler=args.scheduler)
+    with serving(args.out, cfg) as guest:
+        print(f"retainz vm: the guest's /dev/nvme0n1 is being served; open it as\n  {guest.spec}\n"
+              "(e.g. `retainz device info DEV`, `retainz mkfs DEV`); Ctrl-C stops the guest", file=sys.stderr)
+        try:
+            while guest.result is None and guest.error is None:
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            print("retainz vm: stopping the guest", file=sys.stderr)
+    if guest.error is not None:
+        print(f"retainz: error: the guest failed: {guest.error}", file=sys.stderr)
+        return 1
+    print(f"retainz vm: served {guest.stats() or 'nothing'}", file=sys.stderr)
+    return 0

@@ -9,24 +9,31 @@ guest's kernel (``LinuxZonedDevice``: ``O_DIRECT`` writes at the write pointer, 
 Measured on this project's 2-core machines (TCG): a virtio-serial port carries about 3 MB/s host to
 guest and 20 MB/s guest to host; the shared window and 9p about 45 MB/s, the guest's copy speed.
 
-Host side: :class:`ChannelConfig` gives QEMU's arguments (:mod:`retainz.vm.guest` adds them) and the
-device spec.  Guest side: ``python -m retainz.vm.channel DEVICE`` serves ``DEVICE`` on the port
-named :data:`PORT_NAME` until the host sends ``shutdown``.
+Host side: :func:`serving` boots a guest that serves its device and yields the device spec to open;
+:class:`ChannelConfig` gives QEMU's arguments (:mod:`retainz.vm.guest` adds them).  Guest side:
+``python -m retainz.vm.channel DEVICE`` serves ``DEVICE`` on the port named :data:`PORT_NAME` until
+the host sends ``shutdown``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import mmap
 import os
+import shutil
 import sys
+import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ChannelConfig", "PORT_NAME", "IVSHMEM_ID", "find_port", "map_window", "serve_device", "block_stat",
-           "main"]
+__all__ = ["ChannelConfig", "Serving", "serving", "PORT_NAME", "IVSHMEM_ID", "find_port", "map_window",
+           "serve_device", "block_stat", "main"]
 
 #: The virtio-serial port's name (``/sys/class/virtio-ports/*/name`` in the guest).
 PORT_NAME = "retainz"
@@ -72,6 +79,105 @@ class ChannelConfig:
     def device_spec(self) -> str:
         """The host's device spec for the guest's served device (:func:`retainz.zoned.open_device`)."""
         return f"remote:socket={self.socket},window={self.window}"
+
+
+@dataclass
+class Serving:
+    """A guest serving its device to this host (what :func:`serving` yields).
+
+    Attributes:
+        channel: the host's end; ``channel.device_spec()`` opens the served device.
+        stats_path: where the guest writes :func:`serve_device`'s result when it stops.
+        result: the guest's :class:`~retainz.vm.guest.GuestResult` once it stopped.
+        error: what made the guest fail to run, if anything.
+    """
+
+    channel: ChannelConfig
+    stats_path: Path
+    result: object | None = None
+    error: BaseException | None = None
+
+    @property
+    def spec(self) -> str:
+        return self.channel.device_spec()
+
+    def stats(self) -> dict:
+        """What the guest served (:func:`serve_device`'s result), ``{}`` if it wrote none."""
+        return json.loads(self.stats_path.read_text()) if self.stats_path.exists() else {}
+
+
+#: Seconds to wait for QEMU to create the channel's socket.
+SOCKET_WAIT = 60.0
+
+
+@contextlib.contextmanager
+def serving(out_dir: str | os.PathLike, cfg, device: str = "/dev/nvme0n1") -> Iterator[Serving]:
+    """Boot a guest (:func:`retainz.vm.guest.run_in_guest` with ``cfg`` plus a channel) that serves
+    ``device``, and yield once its socket exists (opening the spec waits for the guest to boot).
+    On exit ask the server to stop, wait for the guest to power off, remove the socket and window.
+
+    Args:
+        out_dir: the guest's output folder (console log, ``served.json``).
+        cfg: a :class:`~retainz.vm.guest.GuestConfig`; its ``timeout`` bounds the whole serving.
+        device: the guest's zoned device to serve.
+
+    Raises:
+        RuntimeError: QEMU did not create the socket within :data:`SOCKET_WAIT` seconds, or the guest
+            failed to start.
+    """
+    import retainz
+    from retainz.vm.guest import run_in_guest
+
+    out = Path(out_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    sock_dir = tempfile.mkdtemp(prefix="retainz-chan-")          # a short path: sockets allow ~107 bytes
+    fd, window = tempfile.mkstemp(prefix="retainz-window-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    os.close(fd)
+    channel = ChannelConfig(socket=os.path.join(sock_dir, "port.sock"), window=window)
+    src = os.path.dirname(os.path.dirname(os.path.abspath(retainz.__file__)))
+    cfg = dataclasses.replace(cfg, channel=channel, env={"PYTHONPATH": src, **cfg.env}, cwd=cfg.cwd or os.getcwd())
+    handle = Serving(channel=channel, stats_path=out / "served.json")
+    handle.stats_path.unlink(missing_ok=True)
+    argv = [sys.executable, "-m", "retainz.vm.channel", device, "--stats", str(handle.stats_path)]
+
+    def boot() -> None:
+        try:
+            handle.result = run_in_guest(argv, out, cfg, install=False)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller through the handle
+            handle.error = e
+
+    guest = threading.Thread(target=boot, name="retainz-serving-guest", daemon=True)
+    guest.start()
+    try:
+        deadline = time.monotonic() + SOCKET_WAIT
+        while not os.path.exists(channel.socket):
+            if not guest.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the guest did not start serving {device}: "
+                                   f"{handle.error or 'QEMU created no socket'} (console log in {out})")
+            time.sleep(0.1)
+        yield handle
+    finally:
+        _stop(channel)
+        guest.join(timeout=120)
+        shutil.rmtree(sock_dir, ignore_errors=True)
+        os.unlink(window)
+
+
+def _stop(channel: ChannelConfig) -> None:
+    """Ask the guest's server to stop (the guest then powers off); a guest that no longer answers is
+    left to its timeout."""
+    from retainz.zoned import open_device
+
+    try:
+        dev = open_device(channel.device_spec())
+    except OSError:
+        return
+    try:
+        dev.shutdown()
+    except OSError:
+        pass
+    finally:
+        dev.close()
 
 
 def find_port(name: str = PORT_NAME) -> str:

@@ -33,11 +33,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -50,8 +47,6 @@ GUEST_DEVICE = "/dev/nvme0n1"
 #: each, model + AdamW) and slack.  A 30-layer run needs ``zones`` raised.
 PAYLOAD_NAMESPACE = {"zones": 32, "zone_size": 64 << 20, "zone_capacity": 64 << 20, "max_open": 14,
                      "max_active": 14}
-#: Seconds to wait for QEMU to create the channel's socket.
-_SOCKET_WAIT = 60.0
 
 
 def capture_in_guest(retention: str, out_dir: str | os.PathLike, *, layers: int = 2, steps: int = 2,
@@ -72,66 +67,39 @@ def capture_in_guest(retention: str, out_dir: str | os.PathLike, *, layers: int 
         RuntimeError: the guest tooling is missing, the guest did not start serving, or the capture
             left no result (the message carries the capture's error output and the guest console's tail).
     """
-    import retainz
     from retainz.experiments.record import provenance
-    from retainz.vm.channel import ChannelConfig
-    from retainz.vm.guest import GuestConfig, ZNSConfig, run_in_guest
+    from retainz.vm.channel import serving
+    from retainz.vm.guest import GuestConfig, ZNSConfig
     from retainz.vm.setup import VMSetupError, ensure_all
 
     out = Path(out_dir).resolve()
     cap = out / "capture"
     cap.mkdir(parents=True, exist_ok=True)
-    stats = out / "served.json"
-    for stale in (cap / "result.json", stats):
-        stale.unlink(missing_ok=True)
+    (cap / "result.json").unlink(missing_ok=True)
     _tokenize_on_host(cache)
     try:
         ensure_all(install=False)
     except VMSetupError as e:
         raise RuntimeError(f"the QEMU guest is unavailable: {e} (run `retainz vm setup`)") from None
     ns = dict(PAYLOAD_NAMESPACE, **({"zones": zones} if zones else {}))
-    src = os.path.dirname(os.path.dirname(os.path.abspath(retainz.__file__)))
-    sock_dir = tempfile.mkdtemp(prefix="retainz-chan-")          # a short path: sockets allow ~107 bytes
-    shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
-    fd, window = tempfile.mkstemp(prefix="retainz-window-", dir=shm)
-    os.close(fd)
-    channel = ChannelConfig(socket=os.path.join(sock_dir, "port.sock"), window=window)
     cfg = GuestConfig(zns=ZNSConfig(**ns), nullblk=None, memory_mb=memory_mb, timeout=timeout,
-                      scheduler="mq-deadline", env={"PYTHONPATH": src}, cwd=os.getcwd(), channel=channel)
-    served: dict = {}
-
-    def boot() -> None:
-        try:
-            served["result"] = run_in_guest([sys.executable, "-m", "retainz.vm.channel", GUEST_DEVICE,
-                                             "--stats", str(stats)], out, cfg, install=False)
-        except BaseException as e:  # noqa: BLE001 - reported by the caller's thread below
-            served["error"] = e
-
-    guest = threading.Thread(target=boot, name="payload-guest", daemon=True)
+                      scheduler="mq-deadline")
     t0 = time.monotonic()
-    guest.start()
-    try:
-        _wait_for_socket(channel.socket, guest)
+    with serving(out, cfg, GUEST_DEVICE) as guest:
         argv = [sys.executable, "-m", "retainz.cli", "payload", "capture", "--layers", str(layers), "--steps",
                 str(steps), "--cache", os.path.abspath(cache), "--retention", retention,
-                "--device", channel.device_spec(), "--out", str(cap)]
+                "--device", guest.spec, "--out", str(cap)]
         with open(cap / "capture.log", "w") as log:
-            proc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
-        capture_status = proc.returncode
-    finally:
-        _stop_serving(channel)
-        guest.join(timeout=120)
-        shutil.rmtree(sock_dir, ignore_errors=True)
-        os.unlink(window)
-    if "error" in served:
-        raise RuntimeError(f"the payload guest failed: {served['error']}")
-    res = served.get("result")
+            capture_status = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, timeout=timeout).returncode
+    if guest.error is not None:
+        raise RuntimeError(f"the payload guest failed: {guest.error}")
+    res = guest.result
     if not (cap / "result.json").exists():
         tail = (cap / "capture.log").read_text(errors="replace")[-3000:]
         raise RuntimeError(f"the payload capture left no result (exit {capture_status}):\n{tail}\n"
                            f"guest console:\n{res.console_tail() if res else '(guest still running)'}")
     result = json.loads((cap / "result.json").read_text())
-    device_io = json.loads(stats.read_text()) if stats.exists() else {}
+    device_io = guest.stats()
     rec = {"schema": SCHEMA, "device": "guest", "retention": retention, "bit_identical": bool(result["identical"]),
            "config": result["config"], "result": result, "namespace": ns,
            "guest": {"status": res.status if res else None, "timed_out": res.timed_out if res else True,
@@ -144,31 +112,6 @@ def capture_in_guest(retention: str, out_dir: str | os.PathLike, *, layers: int 
     rec["digest"] = _digest(rec)
     (out / "record.json").write_text(json.dumps(rec, indent=1, sort_keys=True) + "\n")
     return rec
-
-
-def _wait_for_socket(path: str, guest: threading.Thread) -> None:
-    deadline = time.monotonic() + _SOCKET_WAIT
-    while not os.path.exists(path):
-        if not guest.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError(f"QEMU did not create the channel socket {path} (see the guest's console log)")
-        time.sleep(0.1)
-
-
-def _stop_serving(channel) -> None:
-    """Ask the guest's server to stop (it powers the guest off); a guest that no longer answers is
-    left to its timeout."""
-    from retainz.zoned import open_device
-
-    try:
-        dev = open_device(channel.device_spec())
-    except OSError:
-        return
-    try:
-        dev.shutdown()
-    except OSError:
-        pass
-    finally:
-        dev.close()
 
 
 def _tokenize_on_host(cache: str) -> None:
