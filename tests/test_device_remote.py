@@ -202,3 +202,33 @@ def test_bad_remote_specs_name_the_expected_form(spec, message):
 def test_a_missing_socket_is_file_not_found(tmp_path):
     with pytest.raises(FileNotFoundError, match="no remote zoned device socket"):
         open_device(f"remote:socket={tmp_path}/none.sock")
+
+
+def test_a_path_that_is_not_a_listening_socket_is_named(tmp_path):
+    (tmp_path / "plain.txt").write_text("x")
+    with pytest.raises(RemoteDeviceError, match=r"plain.txt: cannot connect to a remote zoned device there \("):
+        open_device(f"remote:socket={tmp_path}/plain.txt")
+
+
+def test_the_integrations_format_a_blank_remote_device_and_reopen_a_formatted_one(tmp_path):
+    """``integrations._stores.using`` with a ``remote:`` spec (what ``--device remote:...`` of the DCP
+    writer and the payload capture reach): a blank device is formatted, a formatted one opened as is,
+    the spec is not taken for a file path."""
+    from retainz.integrations import _stores
+
+    dev = MemoryDevice(GEOMETRY)
+    sock = tmp_path / "s.sock"
+    t, counts = _unix_server(sock, dev)
+    spec = f"remote:socket={sock}"
+    assert _stores.present(spec) and not _stores.present(str(tmp_path / "none.img"))
+    with _stores.using(spec) as store:
+        w = store.begin_generation("step-1", step=1)
+        w.write_shard("s", [b"x" * 5000])
+        w.commit()
+    with _stores.using(spec) as store:
+        assert [g.id for g in store.generations()] == ["step-1"]
+    remote = open_device(spec)
+    remote.shutdown()
+    remote.close()
+    t.join(timeout=10)
+    assert counts["connections"] == 3

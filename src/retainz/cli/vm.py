@@ -16,6 +16,7 @@ without recording one); the command's files are in ``--out`` and the console log
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 
@@ -124,14 +125,17 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
     cfg = GuestConfig(zns=zns, nullblk=None, memory_mb=args.memory, timeout=args.timeout,
                       scheduler=args.scheduler)
+    # Ctrl-C and SIGTERM both stop the guest cleanly (a background job may have inherited SIGINT ignored)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     with serving(args.out, cfg) as guest:
         print(f"retainz vm: the guest's /dev/nvme0n1 is being served; open it as\n  {guest.spec}\n"
-              "(e.g. `retainz device info DEV`, `retainz mkfs DEV`); Ctrl-C stops the guest", file=sys.stderr)
+              "(e.g. `retainz device info DEV`, `retainz mkfs DEV`); Ctrl-C stops the guest\n", file=sys.stderr)
         try:
             while guest.result is None and guest.error is None:
                 time.sleep(0.5)
         except KeyboardInterrupt:
-            print("retainz vm: stopping the guest", file=sys.stderr)
+            print("\nretainz vm: stopping the guest", file=sys.stderr)
     if guest.error is not None:
         print(f"retainz: error: the guest failed: {guest.error}", file=sys.stderr)
         return 1

@@ -303,7 +303,8 @@ class RemoteZonedDevice(ZonedDevice):
         """Connect to a server on the Unix socket ``path`` (e.g. QEMU's end of a virtio-serial port).
 
         Raises:
-            FileNotFoundError: no socket there; RemoteDeviceError: as the constructor.
+            FileNotFoundError: no socket there.
+            RemoteDeviceError: nothing accepts connections there, or as the constructor.
         """
         sock = socket.socket(socket.AF_UNIX)
         try:
@@ -311,9 +312,10 @@ class RemoteZonedDevice(ZonedDevice):
         except FileNotFoundError:
             sock.close()
             raise FileNotFoundError(f"{path}: no remote zoned device socket there") from None
-        except BaseException:
+        except OSError as e:
             sock.close()
-            raise
+            raise RemoteDeviceError(f"{path}: cannot connect to a remote zoned device there "
+                                    f"({e.strerror or e})", errno=e.errno) from None
         try:
             return cls(SocketStream(sock, timeout), window, name=path)
         except BaseException:
