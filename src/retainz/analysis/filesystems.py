@@ -4,7 +4,8 @@ zoned against the RetainZ store on the same QEMU NVMe ZNS namespace, from the ru
 * ``filesystems.pdf``: per retention rule, (a) device write amplification (device bytes written /
   checkpoint bytes) and (b) the fill level each system reached before its first ENOSPC - the most live
   checkpoint bytes it held, of the raw namespace - against pressure (peak live bytes / raw namespace
-  capacity, the dotted line: what the trace needs); hatched bars are runs that stopped at ENOSPC;
+  capacity, the dotted line: what the trace needs); hatched bars are runs that stopped at ENOSPC, a
+  cross marks a system with no run there (ZenFS-Alloc on a namespace of fewer than 32 zones);
 * ``filesystems.md``: the comparison table (README, the issue's closing note);
 * claims ``filesystems.*`` (:func:`filesystem_claims`).
 """
@@ -70,6 +71,7 @@ def filesystems_figure(runs: Runs, out_dir: str) -> list[str]:
     pressures = sorted({r["inputs"]["pressure"] for r in recs})
     fig, axes = plt.subplots(2, len(rules), figsize=(2 * COLUMN_WIDTH, 3.4), squeeze=False, sharey="row")
     width = 0.8 / len(keys)
+    missing = set()                       # systems without a run at some (rule, pressure)
     for col, rule in enumerate(rules):
         for row, metric in enumerate(("device_waf", "reached")):
             ax = axes[row][col]
@@ -78,12 +80,16 @@ def filesystems_figure(runs: Runs, out_dir: str) -> list[str]:
                 for p_i, p in enumerate(pressures):
                     rs = [r for r in recs if r["inputs"]["rule"] == rule and r["inputs"]["pressure"] == p
                           and system_key(r) == key]
+                    x = p_i + (k_i - (len(keys) - 1) / 2) * width
                     if len(rs) != 1:
+                        missing.add(key)
+                        ax.text(x, 0.01, "×", ha="center", va="bottom", fontsize=5, color=color,
+                                transform=ax.get_xaxis_transform())     # x in data, y in axes units
                         continue
                     r = rs[0]
                     stopped = r["metrics"]["enospc_step"] is not None
                     v = r["metrics"]["device_waf"] if metric == "device_waf" else _reached(r)
-                    ax.bar(p_i + (k_i - (len(keys) - 1) / 2) * width, v, width, color=color,
+                    ax.bar(x, v, width, color=color,
                            hatch="////" if stopped else None, edgecolor="white" if stopped else color,
                            linewidth=0.3, label=system_name(key) if (p_i == 0 and col == 0 and row == 0) else None)
             if metric == "reached":
@@ -104,7 +110,11 @@ def filesystems_figure(runs: Runs, out_dir: str) -> list[str]:
     axes[1][0].set_ylim(0, 1.0)
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, ncol=len(keys), frameon=False, loc="upper center", fontsize=5.5)
-    fig.text(0.99, 0.005, "hatched: stopped at ENOSPC; dotted: fill the trace needs", ha="right", fontsize=5)
+    note = "hatched: stopped at ENOSPC; dotted: fill the trace needs"
+    if missing:
+        note += "; ×: not run" + (" (upstream ZenFS refuses a namespace of fewer than 32 zones)"
+                                  if missing == {"zenfs"} else "")
+    fig.text(0.99, 0.005, note, ha="right", fontsize=5)
     fig.tight_layout(rect=(0, 0, 1, 0.94))
     return save(fig, out_dir, "filesystems")
 
