@@ -141,3 +141,51 @@ def test_trace_generate_refuses_a_run_of_more_than_ten_million_saves_up_front(tm
                        "torchtitan:interval=1", "--steps", "100000000000", "-o", out)
     assert code == 2 and "would plan 100,000,000,000 saves; at most 10,000,000" in one_line(err)
     assert not out.exists()
+
+
+@pytest.fixture
+def small_device(tmp_path):
+    path = tmp_path / "d.img"
+    FileDevice.create(path, Geometry(nr_zones=16, zone_size=1 << 20, zone_capacity=1 << 20)).close()
+    return path
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["zones", "report", "{dev}", "--count", "-1"], "argument --count: -1 is negative"),
+    (["zones", "report", "{dev}", "--start", "x"], "argument --start: 'x' is not an integer"),
+    (["zones", "report", "{dev}", "--start", "16"], "zone 16 does not exist: the device has zones 0..15"),
+    (["zones", "report", "{dev}", "--start", "10", "--count", "7"], "zones 10..16 run past the last zone 15"),
+    (["zones", "reset", "{dev}", "16"], "zone 16 does not exist: the device has zones 0..15"),
+    (["zones", "finish", "{dev}", "-2"], "argument zone: -2 is negative"),
+])
+def test_zone_numbers_outside_the_device_are_bad_input(small_device, capsys, argv, needle):
+    """A zone index or count the user typed wrong is exit 2 (bad input), like every other bad argument,
+    not 1 (a device failure)."""
+    code, out, err = run(capsys, *[a.format(dev=small_device) for a in argv])
+    assert (code, out) == (2, "")
+    assert needle in one_line(err)
+
+
+def test_operating_system_errors_on_a_path_read_like_coreutils(tmp_path, small_device, capsys):
+    """``PATH: reason``, never Python's ``[Errno 21] Is a directory: 'PATH'``."""
+    code, _, err = run(capsys, "ls", tmp_path)
+    assert code == 2 and one_line(err).strip() == f"retainz: error: {tmp_path}: Is a directory"
+    assert run(capsys, "mkfs", small_device)[0] == 0
+    (tmp_path / "f.txt").write_text("x")
+    assert run(capsys, "put", small_device, "g1", tmp_path / "f.txt", "--step", "1")[0] == 0
+    code, _, err = run(capsys, "get", small_device, "g1", "-o", tmp_path / "f.txt")
+    assert code == 2
+    assert f"{tmp_path}/f.txt: not a directory (-o names the output directory" in one_line(err)
+    assert (tmp_path / "f.txt").read_text() == "x"                 # nothing was written over it
+
+
+def test_a_binary_line_deep_in_a_trace_is_blamed_on_its_own_line(tmp_path, capsys):
+    """The bad byte is on line 120, after the first 8 KiB a text-mode reader decodes at once."""
+    trace = tmp_path / "long.jsonl"
+    write_generated(str(trace), "smollm2-135m-dcp", "hf:save_steps=100", 20000)
+    lines = trace.read_bytes().splitlines(keepends=True)
+    assert len(lines) > 120 and len(b"".join(lines[:119])) > 8192 > len(lines[0])
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b"".join(lines[:119]) + b"\xff\xfe\n" + b"".join(lines[119:]))
+    code, _, err = run(capsys, "trace", "validate", bad)
+    assert code == 2 and "bad.jsonl:120: not a trace: byte 0xff is not UTF-8 text" in one_line(err)

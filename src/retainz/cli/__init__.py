@@ -49,6 +49,26 @@ def size_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def count_arg(text: str) -> int:
+    """argparse type for a count or an index: a non-negative integer; the error names the problem."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative")
+    return value
+
+
+def error_line(e: BaseException) -> str:
+    """The one line an error is reported with: for an operating-system error on a path, ``PATH:
+    reason`` as coreutils prints it (not Python's ``[Errno N] ...: 'PATH'``); else the message."""
+    if isinstance(e, OSError) and not isinstance(e, RetainZError) and e.strerror and e.filename is not None:
+        where = f"{e.filename} -> {e.filename2}" if e.filename2 is not None else str(e.filename)
+        return f"{where}: {e.strerror}"
+    return str(e)
+
+
 def strict_json(obj):
     """``obj`` with every non-finite float made JSON-safe: ``inf`` -> ``"inf"``, ``-inf`` -> ``"-inf"``,
     NaN -> ``None``; dicts, lists and tuples are walked, anything else is returned as is."""
@@ -105,11 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `retainz ... | head`: the reader went away; stay quiet like other tools
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
-    except (FileNotFoundError, FileExistsError, IsADirectoryError, ValueError) as e:
-        print(f"retainz: error: {e}", file=sys.stderr)
+    except (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError, ValueError) as e:
+        print(f"retainz: error: {error_line(e)}", file=sys.stderr)
         return getattr(e, "exit_status", 2)   # bad input is a usage error unless it says otherwise
     except (RetainZError, OSError) as e:
-        print(f"retainz: error: {e}", file=sys.stderr)
+        print(f"retainz: error: {error_line(e)}", file=sys.stderr)
         return 1
     except (MemoryError, OverflowError) as e:  # last resort: a value too large got past validation
         what = "out of memory" if isinstance(e, MemoryError) else f"a number is too large ({e})"

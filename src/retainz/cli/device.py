@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from retainz.cli import print_json, size_arg
+from retainz.cli import count_arg, print_json, size_arg
 from retainz.zoned import FileDevice, Geometry, ZoneCond, ZoneOp, format_size, open_device
 
 
@@ -38,15 +38,15 @@ def register(sub) -> None:
     report.add_argument("device")
     report.add_argument("--json", action="store_true")
     report.add_argument("--csv", action="store_true", help="zbd report -csv format")
-    report.add_argument("--start", type=int, default=0, help="first zone")
-    report.add_argument("--count", type=int, default=0, help="number of zones (0 = to the end)")
+    report.add_argument("--start", type=count_arg, default=0, help="first zone")
+    report.add_argument("--count", type=count_arg, default=0, help="number of zones (0 = to the end)")
     report.add_argument("-ro", "--cond", choices=[c.short for c in ZoneCond],
                         help="only zones in this condition (zbd's short codes)")
     report.set_defaults(func=_report)
     for op in ZoneOp:
         p = zsub.add_parser(op.value, help=f"{op.value} one zone")
         p.add_argument("device")
-        p.add_argument("zone", type=int)
+        p.add_argument("zone", type=count_arg)
         p.add_argument("--force", action="store_true",
                        help="operate on a device that holds a RetainZ store (may destroy it)")
         p.set_defaults(func=_zone_op, op=op)
@@ -86,6 +86,11 @@ def _info(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace) -> int:
     with open_device(args.device, readonly=True) as dev:
+        n = dev.geometry.nr_zones
+        if args.start >= n:                                  # bad input (exit 2), not a device failure
+            raise ValueError(f"zone {args.start} does not exist: the device has zones 0..{n - 1}")
+        if args.start + args.count > n:
+            raise ValueError(f"zones {args.start}..{args.start + args.count - 1} run past the last zone {n - 1}")
         zones = dev.report_zones(args.start, args.count)
     if args.cond:
         zones = [z for z in zones if z.cond == ZoneCond.from_short(args.cond)]

@@ -204,6 +204,9 @@ def _get(args) -> int:
                     sys.stdout.buffer.write(chunk)
             sys.stdout.buffer.flush()
             return 0
+        if os.path.exists(args.out) and not os.path.isdir(args.out):
+            raise NotADirectoryError(f"{args.out}: not a directory (-o names the output directory, or - for "
+                                     "standard output)")
         os.makedirs(args.out, exist_ok=True)
         for name in names:
             dest = os.path.join(args.out, name)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import TextIO
+from typing import BinaryIO, TextIO
 
 from retainz.trace.format import Event, Trace, TraceFormatError, TraceHeader
 from retainz.trace.validate import Validator, _Bad, _loads, _parse_event, _parse_header
@@ -32,7 +32,9 @@ class TraceReader:
 
     def __init__(self, source: str | TextIO, *, name: str | None = None):
         if isinstance(source, str):
-            self._f: TextIO = open(source, encoding="utf-8")
+            # bytes, decoded line by line: a text-mode file decodes ahead in 8 KiB chunks, so a bad
+            # byte would be blamed on whichever line was being read when its chunk was decoded
+            self._f: TextIO | BinaryIO = open(source, "rb")
             self.path = source
             self._own = True
         else:
@@ -56,6 +58,8 @@ class TraceReader:
     def _next_line(self) -> str | None:
         try:
             raw = self._f.readline()
+            if isinstance(raw, bytes):
+                raw = raw.decode("utf-8")
         except UnicodeDecodeError as e:
             self._fail(self.line + 1, f"not a trace: byte 0x{e.object[e.start]:02x} is not UTF-8 text (a binary "
                                       "file? a trace is JSON lines, docs/trace-format.md)")
