@@ -31,7 +31,9 @@ lint: setup
 	$(VENV)/bin/ruff check src tests bench tools
 
 # The whole test command CI runs (.ci/run calls exactly this).  The third pytest is the QEMU ZNS guest
-# lane: one TCG guest runs the device conformance suite on an NVMe ZNS namespace and on null_blk zoned.
+# lane: TCG guests run the device conformance suite on an NVMe ZNS namespace and on null_blk zoned, one
+# file-system comparison case per system, and serve their namespace to the host for the conformance
+# suite and the real payload's bit-identical resume (~10 min in all).
 # Last, every benchmark at its quick size as a smoke test (~1 min; figures printed, no threshold).
 test: lint vm-setup setup-torch setup-mount
 	$(PY) -m pytest -q -m "not zns_guest and not payload"
