@@ -316,9 +316,10 @@ class RemoteZonedDevice(ZonedDevice):
                 raise errors.DeviceFormatError(
                     f"remote device {name} shares a {theirs}-byte window: add window=FILE to the spec "
                     "(the spec `retainz vm serve` prints has it)")
-            raise errors.DeviceFormatError(
-                f"{where} is not the shared memory of the remote device at {name} (its window is {theirs} "
-                f"bytes, this one {mine}): use the spec the server printed")
+            why = (f"its window is {theirs} bytes, this one {mine}" if theirs != mine else
+                   "the server does not see what was written into it")
+            raise errors.DeviceFormatError(f"{where} is not the shared memory of the remote device at {name} "
+                                           f"({why}): use the spec the server printed")
         i = reply["info"]
         g = Geometry(nr_zones=i["nr_zones"], zone_size=i["zone_size"], zone_capacity=i["zone_capacity"],
                      block_size=i["block_size"], max_open=i["max_open"], max_active=i["max_active"])
