@@ -189,3 +189,30 @@ def test_a_binary_line_deep_in_a_trace_is_blamed_on_its_own_line(tmp_path, capsy
     bad.write_bytes(b"".join(lines[:119]) + b"\xff\xfe\n" + b"".join(lines[119:]))
     code, _, err = run(capsys, "trace", "validate", bad)
     assert code == 2 and "bad.jsonl:120: not a trace: byte 0xff is not UTF-8 text" in one_line(err)
+
+
+def test_a_trace_saved_with_a_byte_order_mark_reads_as_without(trace, tmp_path, capsys):
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes(b"\xef\xbb\xbf" + trace.read_bytes())
+    code, out, err = run(capsys, "trace", "validate", bom)
+    assert (code, err) == (0, "") and "valid trace v1" in out
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["vm", "serve", "--timeout", "0"], "argument --timeout: 0 must be a positive, finite number of seconds"),
+    (["vm", "serve", "--timeout", "-1"], "argument --timeout: -1 must be a positive"),
+    (["vm", "serve", "--memory", "1"], "argument --memory: 1 MiB is too little for the guest (at least 128)"),
+    (["vm", "serve", "--zone-size", "3MiB"], "must be a power of two"),
+    (["payload", "guest", "--out", "{tmp}/p", "--retention", "bogus:x=1"], "unknown retention rule 'bogus'"),
+    (["payload", "guest", "--out", "{tmp}/p", "--layers", "0"], "argument --layers: 0 must be at least 1"),
+    (["payload", "guest", "--out", "{tmp}/p", "--layers", "31"], "31 layers: SmolLM2-135M has 30"),
+    (["payload", "guest", "--out", "{tmp}/p", "--steps", "-1"], "argument --steps: -1 must be at least 1"),
+    (["payload", "guest", "--out", "{tmp}/p", "--timeout", "inf"], "argument --timeout: inf must be a positive"),
+    (["payload", "capture", "--device", "{tmp}/d.img", "--out", "{tmp}/p", "--retention", "hf:nope=1"],
+     "nope"),
+])
+def test_guest_commands_refuse_bad_arguments_before_booting_anything(tmp_path, capsys, argv, needle):
+    code, out, err = run(capsys, *[a.format(tmp=tmp_path) for a in argv])
+    assert (code, out) == (2, "")
+    assert needle in one_line(err)
+    assert not (tmp_path / "p").exists() and not (tmp_path / "d.img").exists()

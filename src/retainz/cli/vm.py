@@ -20,6 +20,7 @@ import signal
 import sys
 import time
 
+from retainz.cli import seconds_arg
 from retainz.zoned.model import parse_size
 
 
@@ -47,13 +48,26 @@ def register(sub) -> None:
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run")
     run.set_defaults(func=_run)
     serve = vsub.add_parser("serve", help="serve the guest's NVMe ZNS namespace to this host (a remote: "
-                                          "device) until Ctrl-C or --timeout")
+                                          "device) until Ctrl-C or --timeout; the namespace is a "
+                                          "temporary file: what it holds is gone when the guest stops")
     _namespace_args(serve)
     serve.add_argument("--out", default="out/vm-serve", help="output folder (console log, served.json)")
-    serve.add_argument("--timeout", type=float, default=3600.0, help="stop serving after this many s")
-    serve.add_argument("--memory", type=int, default=512, help="guest RAM in MiB")
+    serve.add_argument("--timeout", type=seconds_arg, default=3600.0,
+                       help="stop serving after this many seconds (default 3600)")
+    serve.add_argument("--memory", type=ram_mb_arg, default=512, help="guest RAM in MiB (default 512, at least 128)")
     serve.add_argument("--scheduler", default="mq-deadline", help="I/O scheduler of the namespace")
     serve.set_defaults(func=_serve)
+
+
+def ram_mb_arg(text: str) -> int:
+    """argparse type for guest RAM: whole MiB, at least 128."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of MiB") from None
+    if value < 128:
+        raise argparse.ArgumentTypeError(f"{value} MiB is too little for the guest (at least 128)")
+    return value
 
 
 def _namespace_args(p: argparse.ArgumentParser) -> None:
@@ -128,16 +142,30 @@ def _serve(args: argparse.Namespace) -> int:
     # Ctrl-C and SIGTERM both stop the guest cleanly (a background job may have inherited SIGINT ignored)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    with serving(args.out, cfg) as guest:
-        print(f"retainz vm: the guest's /dev/nvme0n1 is being served; open it as\n  {guest.spec}\n"
-              "(e.g. `retainz device info DEV`, `retainz mkfs DEV`); Ctrl-C stops the guest\n", file=sys.stderr)
-        try:
-            while guest.result is None and guest.error is None:
-                time.sleep(0.5)
-        except KeyboardInterrupt:
-            print("\nretainz vm: stopping the guest", file=sys.stderr)
+    try:
+        with serving(args.out, cfg) as guest:
+            print(f"retainz vm: the guest's /dev/nvme0n1 is being served; open it as\n  {guest.spec}\n"
+                  "(e.g. `retainz device info DEV`, `retainz mkfs DEV`). The namespace is a temporary file: "
+                  f"what it holds is gone when the guest stops (Ctrl-C, or after {args.timeout:g} s).\n",
+                  file=sys.stderr)
+            try:
+                while guest.result is None and guest.error is None:
+                    time.sleep(0.5)
+            except KeyboardInterrupt:
+                print("\nretainz vm: stopping the guest", file=sys.stderr)
+    except RuntimeError as e:                 # the guest never served: one line, exit 1
+        print(f"retainz: error: {e}", file=sys.stderr)
+        return 1
     if guest.error is not None:
         print(f"retainz: error: the guest failed: {guest.error}", file=sys.stderr)
         return 1
-    print(f"retainz vm: served {guest.stats() or 'nothing'}", file=sys.stderr)
+    st = guest.stats()
+    if not st:
+        status = guest.result.status if guest.result is not None else "unknown"
+        print(f"retainz: error: the guest stopped without a record of what it served (status {status}); "
+              f"see {args.out}/.retainz-guest/console.log", file=sys.stderr)
+        return 1
+    print(f"retainz vm: served {st['connections']} connection(s); the guest's kernel counted "
+          f"{st['device_bytes_written']:,} bytes written to and {st['device_bytes_read']:,} read from "
+          f"{st['device']}", file=sys.stderr)
     return 0

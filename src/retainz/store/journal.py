@@ -189,7 +189,7 @@ def scan(device: ZonedDevice) -> MountScan:
             if Superblock.has_magic(block):
                 bad.append(z.index)
             continue
-        sb.check_supported(f"{device!r} meta zone {z.index}")
+        sb.check_supported(f"{device.name} meta zone {z.index}")
         if not sbs:
             n_meta = min(sb.meta_zones, len(zones))
         sbs[z.index] = sb
@@ -198,7 +198,7 @@ def scan(device: ZonedDevice) -> MountScan:
         if bad:
             raise CorruptJournalError(f"meta zone(s) {bad}: the RetainZ superblock fails its checksum "
                                       "and no other copy exists: corrupt store")
-        raise ForeignDeviceError(f"{device!r} holds no RetainZ store (no superblock in its first zones)")
+        raise ForeignDeviceError(f"{device.name} holds no RetainZ store (no superblock in its first zones)")
     if bad:
         raise CorruptJournalError(f"meta zone(s) {bad}: superblock fails its checksum: corrupt store")
     if len({sb.uuid for sb in sbs.values()}) > 1:

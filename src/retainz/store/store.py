@@ -205,9 +205,9 @@ class Store:
         if used and not force:
             ours = superblock_zones(device)
             if ours:
-                raise ForeignDeviceError(f"{device!r} already holds a RetainZ store (superblock in zone "
+                raise ForeignDeviceError(f"{device.name} already holds a RetainZ store (superblock in zone "
                                          f"{ours[0]}); pass force=True (--force) to erase it")
-            raise ForeignDeviceError(f"{device!r} holds data RetainZ does not recognise ({len(used)} "
+            raise ForeignDeviceError(f"{device.name} holds data RetainZ does not recognise ({len(used)} "
                                      f"non-empty zones, first {used[0]}); pass force=True (--force) to "
                                      "erase it")
         for z in used:
@@ -250,7 +250,7 @@ class Store:
         self._closed = True
         with _OPEN_LOCK:
             if _OPEN_STORES.get(key) is not None:
-                raise StoreLockedError(f"{device!r}: the store is already open in this process")
+                raise StoreLockedError(f"{device.name}: the store is already open in this process")
             _OPEN_STORES[key] = self
         try:
             self._assemble(device, policy, verify_summaries, readonly)
@@ -357,7 +357,7 @@ class Store:
     def _check_writable(self) -> None:
         self.check_open()
         if self.readonly:
-            raise ReadOnlyStoreError(f"{self.device!r}: the store was opened read-only")
+            raise ReadOnlyStoreError(f"{self.device.name}: the store was opened read-only")
 
     # -- generations -------------------------------------------------------------------------------
     def begin_generation(self, gen_id: str, step: int, *, hint: Hint | None = None,

@@ -59,7 +59,7 @@ class TraceReader:
         try:
             raw = self._f.readline()
             if isinstance(raw, bytes):
-                raw = raw.decode("utf-8")
+                raw = raw.decode("utf-8-sig" if self.line == 0 else "utf-8")   # an editor's BOM is not data
         except UnicodeDecodeError as e:
             self._fail(self.line + 1, f"not a trace: byte 0x{e.object[e.start]:02x} is not UTF-8 text (a binary "
                                       "file? a trace is JSON lines, docs/trace-format.md)")

@@ -113,7 +113,7 @@ SOCKET_WAIT = 60.0
 @contextlib.contextmanager
 def serving(out_dir: str | os.PathLike, cfg, device: str = "/dev/nvme0n1") -> Iterator[Serving]:
     """Boot a guest (:func:`retainz.vm.guest.run_in_guest` with ``cfg`` plus a channel) that serves
-    ``device``, and yield once its socket exists (opening the spec waits for the guest to boot).
+    ``device``, and yield once its server answers.
     On exit ask the server to stop, wait for the guest to power off, remove the socket and window.
 
     Args:
@@ -123,7 +123,7 @@ def serving(out_dir: str | os.PathLike, cfg, device: str = "/dev/nvme0n1") -> It
 
     Raises:
         RuntimeError: QEMU did not create the socket within :data:`SOCKET_WAIT` seconds, or the guest
-            failed to start.
+            stopped before its server answered (the message gives QEMU's or the guest's reason).
     """
     import retainz
     from retainz.vm.guest import run_in_guest
@@ -152,9 +152,9 @@ def serving(out_dir: str | os.PathLike, cfg, device: str = "/dev/nvme0n1") -> It
         deadline = time.monotonic() + SOCKET_WAIT
         while not os.path.exists(channel.socket):
             if not guest.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"the guest did not start serving {device}: "
-                                   f"{handle.error or 'QEMU created no socket'} (console log in {out})")
+                raise RuntimeError(_not_serving(device, handle, out, "QEMU created no socket"))
             time.sleep(0.1)
+        _probe(channel, cfg.timeout, handle, device, out)
         yield handle
     finally:
         _stop(channel)
@@ -163,13 +163,50 @@ def serving(out_dir: str | os.PathLike, cfg, device: str = "/dev/nvme0n1") -> It
         os.unlink(window)
 
 
+def _probe(channel: ChannelConfig, timeout: float, handle: Serving, device: str, out: Path) -> None:
+    """Wait until the guest's server answers a hello (the guest has booted and serves).
+
+    Raises:
+        RuntimeError: the guest stopped (or never started) instead; the message says why.
+    """
+    try:
+        _connect(channel, timeout).close()
+    except OSError as e:
+        for _ in range(50):                       # let the guest's thread record how QEMU ended
+            if handle.result is not None or handle.error is not None:
+                break
+            time.sleep(0.1)
+        raise RuntimeError(_not_serving(device, handle, out, str(e))) from None
+
+
+def _connect(channel: ChannelConfig, timeout: float):
+    """A RemoteZonedDevice on the channel, quietly waiting up to ``timeout`` seconds for the hello."""
+    from retainz.zoned.remote import RemoteZonedDevice
+
+    with open(channel.window, "r+b") as f:
+        window = mmap.mmap(f.fileno(), 0)
+    return RemoteZonedDevice.connect_unix(channel.socket, window, timeout=timeout, notice=None,
+                                          window_name=channel.window)
+
+
+def _not_serving(device: str, handle: Serving, out: Path, why: str) -> str:
+    state = out / ".retainz-guest"
+    qemu = (state / "qemu.stderr").read_text(errors="replace").strip().splitlines() if (
+        state / "qemu.stderr").exists() else []
+    if handle.error is not None:
+        why = str(handle.error)
+    elif qemu:
+        why = f"QEMU: {qemu[-1]}"
+    elif handle.result is not None:
+        why = f"the guest stopped (status {handle.result.status})"
+    return f"the guest did not start serving {device}: {why} (console log: {state / 'console.log'})"
+
+
 def _stop(channel: ChannelConfig) -> None:
     """Ask the guest's server to stop (the guest then powers off); a guest that no longer answers is
     left to its timeout."""
-    from retainz.zoned import open_device
-
     try:
-        dev = open_device(channel.device_spec())
+        dev = _connect(channel, 30.0)
     except OSError:
         return
     try:

@@ -335,6 +335,18 @@ def qemu_command(qemu: str, kernel: Kernel, initramfs: Path, out_dir: Path, cfg:
     return cmd
 
 
+def _die_with_parent() -> None:
+    """In the QEMU child before exec: be killed when the process that started it dies (Linux
+    ``prctl(PR_SET_PDEATHSIG, SIGKILL)``), so a killed ``retainz`` leaves no guest running."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))   # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass                                                               # not Linux: best effort
+
+
 def _guest_env(cfg: GuestConfig) -> dict[str, str]:
     env = {"PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"),
            "HOME": GUEST_TMP, "TMPDIR": GUEST_TMP, "PYTHONDONTWRITEBYTECODE": "1", "LANG": "C.UTF-8",
@@ -420,9 +432,11 @@ def run_in_guest(command: list[str], out_dir: str | os.PathLike, cfg: GuestConfi
                  + (", null_blk zoned" if cfg.nullblk else ""))
         t0 = time.monotonic()
         # streamed through ConsoleFilter: the console's terminal resets and clear-screens stay off stdout
+        qemu_err = open(state / "qemu.stderr", "wb")     # QEMU's own complaints (a bad -m, a missing file)
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE if stream else subprocess.DEVNULL,
-                                stderr=subprocess.STDOUT if not stream else None, start_new_session=True)
+                                stderr=qemu_err, start_new_session=True, preexec_fn=_die_with_parent)
+        qemu_err.close()
         console = pump(proc.stdout) if stream else None
         timed_out = False
         try:
@@ -450,7 +464,8 @@ def run_in_guest(command: list[str], out_dir: str | os.PathLike, cfg: GuestConfi
             status = EXIT_NO_STATUS
     else:
         status = EXIT_NO_STATUS
-        _log(f"the guest stopped without recording the command's status (QEMU exit {proc.returncode}); "
-             f"see {console_log}")
+        why = (state / "qemu.stderr").read_text(errors="replace").strip().splitlines()
+        _log(f"the guest stopped without recording the command's status (QEMU exit {proc.returncode}"
+             + (f": {why[-1]}" if why else "") + f"); see {console_log}")
     return GuestResult(status=status, out_dir=out, console_log=console_log, seconds=seconds,
                        timed_out=timed_out)

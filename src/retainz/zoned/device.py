@@ -95,6 +95,11 @@ class ZonedDevice(abc.ABC):
     def geometry(self) -> Geometry:
         return self.info.geometry
 
+    @property
+    def name(self) -> str:
+        """How the device is named in messages: its path, or its kind (``memory``)."""
+        return self.info.path or self.info.kind
+
     # -- zones -------------------------------------------------------------------------------------
     @abc.abstractmethod
     def report_zones(self, start: int = 0, count: int = 0) -> list[Zone]:

@@ -21,11 +21,16 @@ Wire format (protocol 1).  Every message, either way, is::
 
 With a window (both ends map the same shared memory of the same size) the data is in the window's
 first ``k`` bytes instead.  Requests and replies strictly alternate, so one window serves both ways.
+Every request carries an ``id`` that its reply repeats: a client drops a reply that is not to its own
+request (one left over from a client killed mid-request, which a virtio-serial port delivers to the
+next one).  The hello proves the window: the client writes a random token into the window's first
+bytes and the server echoes what it finds there, so a window file that is not the server's shared
+memory is refused before anything is written through it.
 
 ===========================================  ===========================================================
 request                                      reply
 ===========================================  ===========================================================
-``hello {protocol, window}``                 ``{protocol, info: DeviceInfo.to_dict(), window}``
+``hello {protocol}``                         ``{protocol, info: DeviceInfo.to_dict(), window, token}``
 ``report {start, count}``                    ``{zones: [[index, start, size, capacity, wp, cond, type]]}``
 ``zone {action: open|close|finish|reset,``   ``{}``
 ``zone}``
@@ -53,7 +58,9 @@ import errno as _errno
 import json
 import os
 import socket
+import stat
 import struct
+import sys
 from typing import Protocol
 
 from retainz import errors
@@ -68,6 +75,10 @@ _LEN = struct.Struct("<I")
 MAX_HEADER = 1 << 20
 #: Largest data of one request without a window (bytes): bounds both ends' buffers.
 INLINE_CHUNK = 16 << 20
+#: Bytes of the random token that proves a shared window at hello.
+_TOKEN = 16
+#: Seconds a hello waits before saying so on stderr (another client holds the device, or a guest boots).
+HELLO_NOTICE = 5.0
 
 
 class RemoteDeviceError(errors.ZonedDeviceError):
@@ -219,6 +230,8 @@ def serve(device: ZonedDevice, stream: Stream, window=None) -> bool:
                 reply, out = _execute(device, link, op, req, data)
             except (errors.RetainZError, OSError, ValueError, TypeError, KeyError) as e:
                 reply, out = _refusal(e), b""
+        if "id" in req:
+            reply = {**reply, "id": req["id"]}
         try:
             link.send(reply, out)
         except OSError:
@@ -232,10 +245,8 @@ def _execute(device: ZonedDevice, link: _Link, op, req: dict, data: bytes) -> tu
         if req.get("protocol") != PROTOCOL:
             raise RemoteDeviceError(f"protocol {req.get('protocol')!r} is not this server's {PROTOCOL}")
         mine = len(link.window) if link.window is not None else 0
-        if req.get("window", 0) != mine:
-            raise RemoteDeviceError(f"the client's window of {req.get('window', 0)} bytes is not the "
-                                    f"server's {mine}")
-        return {"protocol": PROTOCOL, "info": device.info.to_dict(), "window": mine}, b""
+        token = bytes(link.window[:_TOKEN]).hex() if mine >= _TOKEN else ""
+        return {"protocol": PROTOCOL, "info": device.info.to_dict(), "window": mine, "token": token}, b""
     if op == "report":
         return {"zones": [_zone_row(z) for z in device.report_zones(req["start"], req["count"])]}, b""
     if op == "zone":
@@ -279,17 +290,36 @@ class RemoteZonedDevice(ZonedDevice):
         stream: a connected :class:`Stream`.
         window: the shared memory the server maps too (same size), or None.
         name: how the device is named in messages and ``info.path`` (e.g. the socket's path).
+        window_name: how the window is named in messages (its file).
+        notice: seconds after which a hello still unanswered says so on stderr (None: never).
 
     Raises:
-        RemoteDeviceError: the server does not answer the hello, speaks another protocol, or maps a
-            window of another size.
+        RemoteDeviceError: the server does not answer the hello or speaks another protocol.
+        DeviceFormatError: ``window`` is not the server's shared memory (another size, or it does not
+            see the token written into it), or the server has a window and the client none.
     """
 
-    def __init__(self, stream: Stream, window=None, *, name: str = "remote"):
+    def __init__(self, stream: Stream, window=None, *, name: str = "remote", window_name: str = "",
+                 notice: float | None = HELLO_NOTICE):
         self._link = _Link(stream, window)
         self._name = name
         self._closed = False
-        reply = self._call({"op": "hello", "protocol": PROTOCOL, "window": len(window) if window is not None else 0})
+        self._next_id = int.from_bytes(os.urandom(6), "little")   # a fresh range per connection
+        token = os.urandom(_TOKEN)
+        if window is not None and len(window) >= _TOKEN:
+            window[:_TOKEN] = token
+        reply = self._call({"op": "hello", "protocol": PROTOCOL}, notice=notice)
+        theirs, mine = reply.get("window", 0), len(window) if window is not None else 0
+        where = window_name or "the window"
+        if theirs != mine or (mine >= _TOKEN and reply.get("token") != token.hex()):
+            if not mine:
+                raise errors.DeviceFormatError(
+                    f"remote device {name} shares a {theirs}-byte window: add window=FILE to the spec "
+                    "(the spec `retainz vm serve` prints has it)")
+            why = (f"its window is {theirs} bytes, this one {mine}" if theirs != mine else
+                   "the server does not see what was written into it")
+            raise errors.DeviceFormatError(f"{where} is not the shared memory of the remote device at {name} "
+                                           f"({why}): use the spec the server printed")
         i = reply["info"]
         g = Geometry(nr_zones=i["nr_zones"], zone_size=i["zone_size"], zone_capacity=i["zone_capacity"],
                      block_size=i["block_size"], max_open=i["max_open"], max_active=i["max_active"])
@@ -299,13 +329,23 @@ class RemoteZonedDevice(ZonedDevice):
         self._chunk -= self._chunk % g.block_size
 
     @classmethod
-    def connect_unix(cls, path: str, window=None, *, timeout: float | None = 600.0) -> RemoteZonedDevice:
+    def connect_unix(cls, path: str, window=None, *, timeout: float | None = 600.0,
+                     window_name: str = "", notice: float | None = HELLO_NOTICE) -> RemoteZonedDevice:
         """Connect to a server on the Unix socket ``path`` (e.g. QEMU's end of a virtio-serial port).
 
         Raises:
             FileNotFoundError: no socket there.
+            DeviceFormatError: ``path`` is not a socket, or as the constructor.
             RemoteDeviceError: nothing accepts connections there, or as the constructor.
         """
+        if not path:
+            raise errors.DeviceFormatError("a remote device needs socket=PATH")
+        try:
+            mode = os.stat(path).st_mode
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{path}: no remote zoned device socket there") from None
+        if not stat.S_ISSOCK(mode):
+            raise errors.DeviceFormatError(f"{path}: not a socket (a remote device is served on a Unix socket)")
         sock = socket.socket(socket.AF_UNIX)
         try:
             sock.connect(path)
@@ -317,7 +357,7 @@ class RemoteZonedDevice(ZonedDevice):
             raise RemoteDeviceError(f"{path}: cannot connect to a remote zoned device there "
                                     f"({e.strerror or e})", errno=e.errno) from None
         try:
-            return cls(SocketStream(sock, timeout), window, name=path)
+            return cls(SocketStream(sock, timeout), window, name=path, window_name=window_name, notice=notice)
         except BaseException:
             sock.close()
             raise
@@ -326,12 +366,17 @@ class RemoteZonedDevice(ZonedDevice):
     def info(self) -> DeviceInfo:
         return self._info
 
-    def _call(self, header: dict, data: bytes | memoryview = b"") -> dict:
+    def _call(self, header: dict, data: bytes | memoryview = b"", *, notice: float | None = None) -> dict:
         if self._closed:
             raise RemoteDeviceError(f"remote device {self._name} is closed")
+        self._next_id += 1
+        rid = self._next_id
         try:
-            self._link.send(header, data)
-            reply, out = self._link.recv()
+            self._link.send({**header, "id": rid}, data)
+            while True:
+                reply, out = self._recv(notice)
+                if reply.get("id") == rid:
+                    break               # else a reply to a request of a client that is gone: drop it
         except TimeoutError:
             raise RemoteDeviceError(f"remote device {self._name} did not answer {header['op']!r} in time",
                                     errno=_errno.ETIMEDOUT) from None
@@ -341,12 +386,30 @@ class RemoteZonedDevice(ZonedDevice):
         except OSError as e:
             if isinstance(e, errors.ZonedDeviceError):
                 raise
-            raise RemoteDeviceError(f"remote device {self._name}: {e}", errno=e.errno) from None
+            raise RemoteDeviceError(f"remote device {self._name}: {e.strerror or e}", errno=e.errno) from None
         if "error" in reply:
             _raise(reply)
         if out:
             reply["_data"] = out
         return reply
+
+    def _recv(self, notice: float | None) -> tuple[dict, bytes]:
+        """The next reply; with ``notice``, say on stderr once that it is taking longer than that."""
+        sock = getattr(self._link.stream, "sock", None)
+        if notice is None or sock is None:
+            return self._link.recv()
+        limit = sock.gettimeout()
+        sock.settimeout(notice if limit is None else min(notice, limit))
+        try:
+            return self._link.recv()
+        except TimeoutError:
+            if limit is not None and limit <= notice:
+                raise
+            print(f"retainz: waiting for the remote device at {self._name} (another client may hold it, "
+                  "or its guest is still booting)", file=sys.stderr, flush=True)
+        finally:
+            sock.settimeout(limit)
+        return self._link.recv()
 
     # -- zones ---------------------------------------------------------------------------------------
     def report_zones(self, start: int = 0, count: int = 0) -> list[Zone]:

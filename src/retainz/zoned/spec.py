@@ -106,13 +106,20 @@ def _open_remote(spec: str) -> ZonedDevice:
     except ValueError as e:
         raise DeviceFormatError(str(e)) from None
     unknown = set(opts) - {"socket", "window"}
-    if unknown or "socket" not in opts:
+    if unknown or not opts.get("socket") or opts.get("window") == "":
         raise DeviceFormatError(f"bad device spec {spec!r}: expected remote:socket=PATH[,window=FILE]")
     window = None
     if "window" in opts:
-        with open(opts["window"], "r+b") as f:
-            window = mmap.mmap(f.fileno(), 0)
-    return RemoteZonedDevice.connect_unix(opts["socket"], window)
+        path = opts["window"]
+        try:
+            with open(path, "r+b") as f:
+                window = mmap.mmap(f.fileno(), 0)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{path}: no such window file") from None
+        except (OSError, ValueError) as e:      # an empty file, /dev/null, a directory...
+            raise DeviceFormatError(f"{path}: cannot be mapped as a shared-memory window "
+                                    f"({getattr(e, 'strerror', None) or e})") from None
+    return RemoteZonedDevice.connect_unix(opts["socket"], window, window_name=opts.get("window", ""))
 
 
 def _is_block_device(path: str) -> bool:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -64,8 +65,9 @@ def capture_in_guest(retention: str, out_dir: str | os.PathLike, *, layers: int 
         zones: namespace zones (default :data:`PAYLOAD_NAMESPACE`).
 
     Raises:
-        RuntimeError: the guest tooling is missing, the guest did not start serving, or the capture
-            left no result (the message carries the capture's error output and the guest console's tail).
+        RuntimeError: the guest tooling is missing, the guest did not start serving, the capture did not
+            finish within ``timeout``, or it left no result (one line: the capture's own error, and
+            where its log is).
     """
     from retainz.experiments.record import provenance
     from retainz.vm.channel import serving
@@ -90,14 +92,18 @@ def capture_in_guest(retention: str, out_dir: str | os.PathLike, *, layers: int 
                 str(steps), "--cache", os.path.abspath(cache), "--retention", retention,
                 "--device", guest.spec, "--out", str(cap)]
         with open(cap / "capture.log", "w") as log:
-            capture_status = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, timeout=timeout).returncode
+            try:
+                capture_status = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT,
+                                                timeout=timeout).returncode
+            except subprocess.TimeoutExpired:
+                raise RuntimeError(f"the payload capture did not finish within {timeout:g} s; its log: "
+                                   f"{cap / 'capture.log'}") from None
     if guest.error is not None:
         raise RuntimeError(f"the payload guest failed: {guest.error}")
     res = guest.result
     if not (cap / "result.json").exists():
-        tail = (cap / "capture.log").read_text(errors="replace")[-3000:]
-        raise RuntimeError(f"the payload capture left no result (exit {capture_status}):\n{tail}\n"
-                           f"guest console:\n{res.console_tail() if res else '(guest still running)'}")
+        raise RuntimeError(f"the payload capture failed (exit {capture_status}): "
+                           f"{_cause(cap / 'capture.log')}; its log: {cap / 'capture.log'}")
     result = json.loads((cap / "result.json").read_text())
     device_io = guest.stats()
     rec = {"schema": SCHEMA, "device": "guest", "retention": retention, "bit_identical": bool(result["identical"]),
@@ -112,6 +118,17 @@ def capture_in_guest(retention: str, out_dir: str | os.PathLike, *, layers: int 
     rec["digest"] = _digest(rec)
     (out / "record.json").write_text(json.dumps(rec, indent=1, sort_keys=True) + "\n")
     return rec
+
+
+def _cause(log: Path) -> str:
+    """The capture's own error line from its log (``retainz: error: ...`` or the last ``...Error: ...``
+    of a traceback, the innermost cause being last), else its last line."""
+    lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if ln.startswith("retainz: error: "):
+            return ln[len("retainz: error: "):]
+    causes = [ln for ln in lines if re.match(r"^[\w.]+(Error|Exception): ", ln)]
+    return causes[0] if causes else (lines[-1] if lines else "no output")
 
 
 def _tokenize_on_host(cache: str) -> None:
