@@ -297,7 +297,7 @@ def test_json_error_names_the_column_once(tmp_path, capsys):
     (["--layout", "nosuch", "--retention", "hf", "--steps", "10"], "unknown layout 'nosuch'; valid layouts"),
     (["--layout", "pythia-1b", "--retention", "hf:limit=2", "--steps", "10"], "unknown key 'limit'; valid keys"),
     (["--layout", "pythia-1b", "--retention", "zfs:a=1", "--steps", "10"], "unknown retention rule 'zfs'"),
-    (["--layout", "pythia-1b", "--retention", "hf", "--steps", "-3"], "expected a positive integer"),
+    (["--layout", "pythia-1b", "--retention", "hf", "--steps", "-3"], "argument --steps: -3 must be at least 1"),
 ])
 def test_cli_generate_bad_input_exits_2_with_one_line(tmp_path, capsys, argv, fragment):
     rc = main(["trace", "generate", *argv, "-o", str(tmp_path / "t.jsonl")])

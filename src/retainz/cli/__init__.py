@@ -49,15 +49,27 @@ def size_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def count_arg(text: str) -> int:
-    """argparse type for a count or an index: a non-negative integer; the error names the problem."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is negative")
-    return value
+def int_arg(low: int = 0, high: int | None = None, *, too_low: str = "", too_high: str = ""):
+    """An argparse type for whole numbers in ``low..high`` (``high`` None: no bound); the error names
+    the problem.  ``too_low``/``too_high`` override the messages (``str.format`` fields ``v``,
+    ``low``, ``high``)."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if v < low:
+            msg = too_low or ("{v} is negative" if low == 0 else "{v} must be at least {low}")
+            raise argparse.ArgumentTypeError(msg.format(v=v, low=low, high=high))
+        if high is not None and v > high:
+            raise argparse.ArgumentTypeError((too_high or "{v} is above {high}").format(v=v, low=low, high=high))
+        return v
+
+    return parse
+
+
+#: A count or an index: a non-negative integer.
+count_arg = int_arg(0)
 
 
 def seconds_arg(text: str) -> float:

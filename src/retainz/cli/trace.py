@@ -14,7 +14,7 @@ import argparse
 import sys
 import time
 
-from retainz.cli import plural
+from retainz.cli import int_arg, plural
 from retainz.retention import RULES, rule_keys
 from retainz.trace.format import TraceFormatError
 from retainz.trace.generate import write_generated
@@ -36,9 +36,9 @@ def register(sub) -> None:
     q = tsub.add_parser("generate", help="generate a trace from a layout and a retention rule")
     q.add_argument("--layout", required=True, help="layout name, e.g. llama3-8b-fsdp:ranks=8")
     q.add_argument("--retention", required=True, help="RULE:key=value,... e.g. torchtitan:interval=500,keep_latest_k=10")
-    q.add_argument("--steps", required=True, type=_positive_int, help="training steps of the run")
+    q.add_argument("--steps", required=True, type=int_arg(1), help="training steps of the run")
     q.add_argument("--seed", type=int, default=0, help="seed for synthetic metrics (default 0)")
-    q.add_argument("--crash-every", type=_positive_int, default=None, metavar="N",
+    q.add_argument("--crash-every", type=int_arg(1), default=None, metavar="N",
                    help="crash during every N-th save (it never commits and is repeated)")
     q.add_argument("-o", "--output", required=True, help="trace file to write ('-' for stdout)")
     q.set_defaults(func=_generate)
@@ -53,16 +53,6 @@ def register(sub) -> None:
     q = tsub.add_parser("validate", help="validate a trace file")
     q.add_argument("file", help="trace file")
     q.set_defaults(func=_validate)
-
-
-def _positive_int(raw: str) -> int:
-    try:
-        v = int(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {raw!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {raw!r}")
-    return v
 
 
 def _offsets(raw: str) -> list[int]:

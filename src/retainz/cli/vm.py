@@ -20,7 +20,7 @@ import signal
 import sys
 import time
 
-from retainz.cli import seconds_arg
+from retainz.cli import int_arg, seconds_arg
 from retainz.zoned.model import parse_size
 
 
@@ -59,15 +59,8 @@ def register(sub) -> None:
     serve.set_defaults(func=_serve)
 
 
-def ram_mb_arg(text: str) -> int:
-    """argparse type for guest RAM: whole MiB, at least 128."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of MiB") from None
-    if value < 128:
-        raise argparse.ArgumentTypeError(f"{value} MiB is too little for the guest (at least 128)")
-    return value
+#: Guest RAM in MiB: a whole number, at least 128.
+ram_mb_arg = int_arg(128, too_low="{v} MiB is too little for the guest (at least {low})")
 
 
 def _namespace_args(p: argparse.ArgumentParser) -> None:
