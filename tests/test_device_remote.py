@@ -296,3 +296,20 @@ def test_the_integrations_format_a_blank_remote_device_and_reopen_a_formatted_on
     remote.close()
     t.join(timeout=10)
     assert counts["connections"] == 3
+
+
+def test_requests_beyond_the_window_or_a_zone_are_refused_and_the_server_keeps_serving():
+    """A client that does not split (or a garbled request) cannot make the server overrun its window
+    or hold more than a zone's worth of staged data."""
+    dev = serve_in_thread(MemoryDevice(GEOMETRY), window_blocks=2)
+    try:
+        with pytest.raises(RemoteDeviceError, match=r"a read of 12288 bytes \(at most 8192 per request\)"):
+            dev._call({"op": "read", "offset": 0, "length": 3 * 4096})
+        for _ in range(GEOMETRY.zone_capacity // 8192):
+            dev._call({"op": "stage"}, bytes(8192))
+        with pytest.raises(RemoteDeviceError, match="staged data beyond the zone capacity 49152"):
+            dev._call({"op": "stage"}, bytes(8192))
+        dev.write(0, bytes(4096))                       # the refused staging left nothing behind
+        assert dev.zone(0).wp == 4096 and dev.read(0, 8192) == bytes(8192)
+    finally:
+        dev.close()

@@ -221,8 +221,13 @@ def serve(device: ZonedDevice, stream: Stream, window=None) -> bool:
         if op == "bye":
             return False
         if op == "stage":
-            staged += data
-            reply, out = {}, b""
+            if len(staged) + len(data) > device.geometry.zone_capacity:   # no write spans more than a zone
+                staged = bytearray()
+                reply, out = _refusal(RemoteDeviceError(
+                    f"staged data beyond the zone capacity {device.geometry.zone_capacity}")), b""
+            else:
+                staged += data
+                reply, out = {}, b""
         else:
             if staged and op in ("write", "append"):
                 data, staged = bytes(staged + data), bytearray()
@@ -261,6 +266,9 @@ def _execute(device: ZonedDevice, link: _Link, op, req: dict, data: bytes) -> tu
     if op == "append":
         return {"offset": device.append(req["zone"], req["count"] if "count" in req else data)}, b""
     if op == "read":
+        limit = len(link.window) if link.window is not None else INLINE_CHUNK
+        if not isinstance(req["length"], int) or req["length"] > limit:
+            raise RemoteDeviceError(f"a read of {req['length']!r} bytes (at most {limit} per request)")
         return {}, device.read(req["offset"], req["length"])
     if op == "flush":
         device.flush()
