@@ -10,7 +10,7 @@ Measured on this project's 2-core machines (TCG): a virtio-serial port carries a
 guest and 20 MB/s guest to host; the shared window and 9p about 45 MB/s, the guest's copy speed.
 
 Host side: :func:`serving` boots a guest that serves its device and yields the device spec to open;
-:class:`ChannelConfig` gives QEMU's arguments (:mod:`retainz.vm.guest` adds them).  Guest side:
+:class:`~retainz.vm.guest.ChannelConfig` gives QEMU's arguments.  Guest side:
 ``python -m retainz.vm.channel DEVICE`` serves ``DEVICE`` on the port named :data:`PORT_NAME` until
 the host sends ``shutdown``.
 """
@@ -32,54 +32,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ChannelConfig", "Serving", "serving", "PORT_NAME", "IVSHMEM_ID", "find_port", "map_window",
-           "serve_device", "block_stat", "main"]
+from retainz.vm.guest import PORT_NAME, ChannelConfig
 
-#: The virtio-serial port's name (``/sys/class/virtio-ports/*/name`` in the guest).
-PORT_NAME = "retainz"
+__all__ = ["Serving", "serving", "IVSHMEM_ID", "find_port", "map_window", "serve_device", "block_stat", "main"]
+
 #: PCI vendor and device id of QEMU's ``ivshmem-plain`` (Red Hat, 0x1110).
 IVSHMEM_ID = ("0x1af4", "0x1110")
-#: Guest kernel module of virtio-serial ports.
-PORT_MODULE = "virtio_console"
-
-
-@dataclass(frozen=True)
-class ChannelConfig:
-    """The host's end of the channel.
-
-    Attributes:
-        socket: the Unix socket QEMU listens on for the port (created by QEMU; removed first if stale).
-        window: the shared-memory file (under ``/dev/shm``) backing the ``ivshmem`` window.
-        window_size: bytes; a power of two (QEMU maps it as a PCI BAR).
-    """
-
-    socket: str
-    window: str
-    window_size: int = 64 << 20
-
-    def check(self) -> None:
-        """Raises ValueError on a window QEMU would refuse."""
-        if self.window_size < 4096 or self.window_size & (self.window_size - 1):
-            raise ValueError(f"window size {self.window_size} must be a power of two of at least 4 KiB")
-
-    def prepare(self) -> None:
-        """Create the window file at its size and remove a stale socket (before QEMU starts)."""
-        Path(self.socket).unlink(missing_ok=True)
-        with open(self.window, "wb") as f:
-            f.truncate(self.window_size)
-
-    def qemu_args(self) -> list[str]:
-        """The ``-device``/``-chardev``/``-object`` arguments of the port and the window."""
-        return ["-device", "virtio-serial-pci",
-                "-chardev", f"socket,id=rzport,path={self.socket},server=on,wait=off",
-                "-device", f"virtserialport,chardev=rzport,name={PORT_NAME}",
-                "-object", f"memory-backend-file,id=rzwin,mem-path={self.window},size={self.window_size},share=on",
-                "-device", "ivshmem-plain,memdev=rzwin"]
-
-    def device_spec(self) -> str:
-        """The host's device spec for the guest's served device (:func:`retainz.zoned.open_device`)."""
-        return f"remote:socket={self.socket},window={self.window}"
-
 
 @dataclass
 class Serving:

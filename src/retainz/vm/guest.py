@@ -34,12 +34,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from retainz.vm.channel import PORT_MODULE, ChannelConfig
 from retainz.vm.console import pump
 from retainz.vm.setup import Kernel, VMSetupError, default_cache_dir, ensure_all, find_busybox, find_qemu
 from retainz.zoned.model import format_size
 
-__all__ = ["ZNSConfig", "NullBlkConfig", "DiskConfig", "GuestConfig", "GuestResult", "run_in_guest", "build_initramfs",
+__all__ = ["ZNSConfig", "NullBlkConfig", "DiskConfig", "ChannelConfig", "PORT_NAME", "GuestConfig",
+           "GuestResult", "run_in_guest", "build_initramfs",
            "qemu_command", "GUEST_MODULES", "GUEST_TMP", "STATE_DIR", "EXIT_TIMEOUT", "EXIT_NO_STATUS"]
 
 #: Modules loaded in every guest (with their dependencies, in ``modprobe --show-depends`` order).
@@ -147,6 +147,51 @@ class DiskConfig:
         return ["-drive", f"file={raw},id=disk0,format=raw,if=none,cache=writeback",
                 "-device", f"virtio-blk-pci,drive=disk0,logical_block_size={self.block_size},"
                            f"physical_block_size={self.block_size}"]
+
+
+#: The virtio-serial port's name (``/sys/class/virtio-ports/*/name`` in the guest).
+PORT_NAME = "retainz"
+#: Guest kernel module of virtio-serial ports.
+PORT_MODULE = "virtio_console"
+
+
+@dataclass(frozen=True)
+class ChannelConfig:
+    """A virtio-serial port and an ``ivshmem`` shared-memory window through which a host process uses
+    the guest's zoned device (:mod:`retainz.vm.channel` serves it; this is the host's end).
+
+    Attributes:
+        socket: the Unix socket QEMU listens on for the port (created by QEMU; removed first if stale).
+        window: the shared-memory file (under ``/dev/shm``) backing the ``ivshmem`` window.
+        window_size: bytes; a power of two (QEMU maps it as a PCI BAR).
+    """
+
+    socket: str
+    window: str
+    window_size: int = 64 << 20
+
+    def check(self) -> None:
+        """Raises ValueError on a window QEMU would refuse."""
+        if self.window_size < 4096 or self.window_size & (self.window_size - 1):
+            raise ValueError(f"window size {self.window_size} must be a power of two of at least 4 KiB")
+
+    def prepare(self) -> None:
+        """Create the window file at its size and remove a stale socket (before QEMU starts)."""
+        Path(self.socket).unlink(missing_ok=True)
+        with open(self.window, "wb") as f:
+            f.truncate(self.window_size)
+
+    def qemu_args(self) -> list[str]:
+        """The ``-device``/``-chardev``/``-object`` arguments of the port and the window."""
+        return ["-device", "virtio-serial-pci",
+                "-chardev", f"socket,id=rzport,path={self.socket},server=on,wait=off",
+                "-device", f"virtserialport,chardev=rzport,name={PORT_NAME}",
+                "-object", f"memory-backend-file,id=rzwin,mem-path={self.window},size={self.window_size},share=on",
+                "-device", "ivshmem-plain,memdev=rzwin"]
+
+    def device_spec(self) -> str:
+        """The host's device spec for the guest's served device (:func:`retainz.zoned.open_device`)."""
+        return f"remote:socket={self.socket},window={self.window}"
 
 
 @dataclass
