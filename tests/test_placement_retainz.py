@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from retainz.hint import Hint
 from retainz.placement import NO_SPACE, POLICIES, Decision, ExtentRequest, ZoneTable
-from retainz.placement.retainz import RetainZ
+from retainz.placement.retainz import UNCERTAIN_ZONE, RetainZ
 from tests.placement_driver import run
 
 M = 1 << 20
@@ -390,6 +390,79 @@ def test_gc_stops_once_the_missing_empty_zones_are_regained():
     t.now = 1000
     # one empty zone, two wanted: 0.9 of a zone per victim, so two victims restore the reserve
     assert bound(t).gc_victims(reserve_zones=2) == [0, 1]
+
+
+def test_held_counts_a_single_byte():
+    from retainz.placement.retainz import held
+
+    assert held(1, 0, 10) == (0, 10)
+    assert held(1, 0, INF) == (1, 0.0)
+    assert held(0, 0, 10) == held(5, 10, 10) == (0, 0.0)
+
+
+def test_a_reclaim_step_equal_to_now_is_taken_as_given_and_recorded_so():
+    a = bound(table())
+    rq = req(10, 1000.0, 1000, step=400)
+    assert a.reclaim_of(rq) == a.reclaim_step_of(rq) == 1000.0
+    assert a.reclaim_step_of(req(10, 999.0, 1000, step=400)) == 1600      # overdue: now + age
+
+
+def test_an_uncertain_save_takes_the_last_empty_zone_rather_than_share():
+    t = table(n=2)
+    put(t, 0, 30 * M, 1500.0, step=500)           # another generation's zone, same predicted step
+    assert bound(t).place(ureq(30 * M, 1500.0, 1000)) == Decision(1, reclaim_step=1500.0,
+                                                                   lifetime=UNCERTAIN_ZONE)
+
+
+def test_a_known_death_skips_an_uncertain_zone_and_still_prices_the_next():
+    t = table(n=3)
+    t.on_write(0, 30 * M, reclaim_step=1400.0, lifetime=UNCERTAIN_ZONE, step=1000)   # an uncertain group
+    put(t, 1, 30 * M, 1500.0, step=1000)
+    assert bound(t).place(req(30 * M, 1450.0, 1000)) == Decision(1, reclaim_step=1450.0)
+
+
+def test_equal_join_costs_prefer_the_zone_whose_reclaim_step_is_nearest():
+    # both zones' reclaim steps have passed (priced from now alike); 500 is nearer 1500 than 100
+    t = table(cap=100)
+    put(t, 0, 10, 100.0)
+    put(t, 1, 10, 500.0)
+    a = bound(t)
+    assert a.join_cost(t[0], 1500.0, 10, 1000) == a.join_cost(t[1], 1500.0, 10, 1000)
+    assert a.place(req(10, 1500.0, 1000)) == Decision(1, reclaim_step=1500.0)
+
+
+def test_at_the_limit_finishing_a_permanent_zone_costs_its_free_space_forever():
+    t = table(max_active=1)
+    put(t, 0, 50 * M, INF)                        # 50 MiB free, never reset
+    a = bound(t)
+    assert a.finish_cost(t[0], 6000.0, 900) == (50 * M, 0.0)
+    # joining holds our 10 MiB forever; finishing wastes 50 MiB forever: join
+    assert a.place(req(10 * M, 6000.0, 900)) == Decision(0, reclaim_step=6000.0)
+
+
+def test_at_the_limit_the_finish_cost_adds_to_the_opening_cost():
+    t = table(max_active=1)
+    put(t, 0, 50 * M, 9000.0)                     # dies at 9000: finishing holds 50 MiB 1000 -> 9000
+    a = bound(t)
+    assert a.join_cost(t[0], 6000.0, 50 * M, 1000) == (0, 150_000.0 * M)
+    assert a.open_cost(100 * M, 6000.0, 50 * M, 1000) == (0, 250_000.0 * M)
+    assert a.finish_cost(t[0], 6000.0, 1000) == (0, 400_000.0 * M)
+    assert a.place(req(50 * M, 6000.0, 1000)) == Decision(0, reclaim_step=6000.0)
+
+
+def test_an_uncertain_save_opening_a_zone_at_the_limit_marks_it():
+    t = table(max_active=1)
+    put(t, 0, 30 * M, 1500.0, step=500)
+    d = bound(t).place(ureq(30 * M, 1500.0, 1000))
+    assert d == Decision(1, finish=(0,), reclaim_step=1500.0, lifetime=UNCERTAIN_ZONE)
+
+
+def test_gc_waits_on_a_zone_whose_reclaim_step_is_now():
+    t = table(n=4, cap=100)
+    put(t, 0, 100, 1000.0, dead=90)               # resets at this very step
+    put(t, 1, 100, 9000.0)                        # all live
+    t.now = 1000
+    assert bound(t).gc_victims(reserve_zones=3) == []
 
 # -- equivalence: cached summaries, and decisions under recomputation ---------------------------------
 @pytest.mark.parametrize("policy", sorted(POLICIES))

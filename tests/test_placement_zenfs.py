@@ -509,3 +509,25 @@ def test_gc_garbage_uses_the_integer_live_percent():
     t = table((1000, 595, ME, "F"), (1000, 600, ME, "F"), cap=1000)
     assert zenfs(t).gc_level() == (0, 40)
     assert zenfs(t).gc_victims(0) == [0]
+
+
+def test_a_50_match_without_a_token_keeps_the_threshold_finishes():
+    # zone 0 (5 left) is finished by the threshold; zone 1 matches at 50 and no token is free
+    t = table((95, 95, ME), (10, 10, ME), None, max_active=1, reserved_active=2)
+    assert zenfs(t, finish_threshold=10).place(req(ME)) == Decision(1, finish=(0,), lifetime=ME)
+
+
+def test_gc_free_percent_rounds_down():
+    # 199 of 1000 bytes free: 19 % (not 20 %), threshold 100 - 3 * 1 = 97
+    assert zenfs(table((801, 801, ME), cap=1000)).gc_level() == (19, 97)
+
+
+def test_the_active_limit_refusal_names_the_limit_and_the_source():
+    from retainz.zoned import Geometry
+
+    g = Geometry(nr_zones=32, zone_size=64 * KiB, zone_capacity=64 * KiB, block_size=4096, max_open=2, max_active=2)
+    with pytest.raises(ValueError) as e:
+        ZenFS().check_device(g)
+    assert str(e.value) == ("policy zenfs: the device's active-zone limit (max_active 2) is too small for the "
+                            "policy: ZenFS keeps reserved_zones=2 of it for itself and needs at least 3 "
+                            "(max_nr_active_io_zones in ZonedBlockDevice::Open, fs/zbd_zenfs.cc)")

@@ -44,8 +44,8 @@ GROUPS: dict[str, dict] = {
         "mutate": ["src/retainz/placement/*.py", "src/retainz/hint.py", "src/retainz/spec.py"],
         "skip": {},
         "tests": ["tests/test_placement_controls.py", "tests/test_placement_table.py", "tests/test_hint_routes.py",
-                  "tests/test_placement_retainz.py", "tests/test_placement_zenfs.py", "tests/test_placement_store.py",
-                  "tests/test_store_placement.py"],
+                  "tests/test_placement_retainz.py", "tests/test_placement_zenfs.py", "tests/test_zenfs_active_limit.py",
+                  "tests/test_placement_store.py", "tests/test_store_placement.py"],
     },
     "journal": {
         "mutate": ["src/retainz/store/journal.py", "src/retainz/store/records.py", "src/retainz/store/metalog.py"],
