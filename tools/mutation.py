@@ -67,7 +67,9 @@ GROUPS: dict[str, dict] = {
     "retention": {
         "mutate": ["src/retainz/retention/*.py"],
         "skip": {},
-        "tests": ["tests/test_retention.py", "tests/test_replay.py"],
+        # inference and the hint routes are tested with the mount's layout and the hint routes
+        "tests": ["tests/test_retention.py", "tests/test_replay.py", "tests/test_hint_routes.py",
+                  "tests/test_mount_layout.py", "tests/test_rehint_on_resume.py"],
     },
 }
 
