@@ -608,3 +608,92 @@ def test_megatron_schedule_is_linear_in_saves_not_steps():
     assert steps == sorted(steps) and len(steps) == len(set(steps))
     assert classes[3 * 10**9] == "persistent" and classes[300000000] == "non_persistent"
     assert all(s % 10**9 == 0 for s in steps if classes[s] == "persistent")
+
+
+# -- the metric series the metric rules read ---------------------------------------------------------------
+def _trend(s, last, floor=2.0, scale=2.5, alpha=0.76, tau_frac=0.02, drops=(0.5, 0.75), drop=0.12):
+    tau = max(1.0, tau_frac * last)
+    return floor + scale * (1.0 + s / tau) ** -alpha + drop * sum(1 for f in drops if s < f * last)
+
+
+def test_plateau_metric_without_noise_or_spikes_is_its_documented_trend():
+    from retainz.retention.metrics import plateau_loss
+
+    steps = [0, 10, 25, 50, 60, 75, 90, 100]           # drops at 50 and 75: a drop's own step is after it
+    v = plateau_loss(steps, 3, noise=0.0, spike_rate=0.0).values
+    assert list(v) == steps
+    assert all(v[s] == pytest.approx(_trend(s, 100), abs=1e-12) for s in steps)
+    assert v[50] - v[60] == pytest.approx(_trend(50, 100) - _trend(60, 100))
+    assert plateau_loss([], 0).values == {}
+    # white noise (phi 0) is allowed; with phi 1 the first draw (mean 0, sd noise) stays
+    assert len(plateau_loss(steps, 3, phi=0.0, spike_rate=0.0).values) == len(steps)
+    held = plateau_loss(steps, 5, phi=1.0, noise=0.01, spike_rate=0.0).values
+    residual = {round(held[s] - _trend(s, 100), 12) for s in steps}
+    assert len(residual) == 1 and abs(residual.pop()) < 0.05
+
+
+def test_plateau_spikes_are_rare_by_default_and_pile_up_when_frequent():
+    from retainz.retention.metrics import plateau_loss
+
+    steps = list(range(0, 100_000, 1000))
+    v = plateau_loss(steps, 1, noise=0.0).values
+    x = [v[s] - _trend(s, steps[-1]) for s in steps]
+    assert 0 <= sum(1 for a, b in zip(x, x[1:], strict=False) if b > a + 1e-12) < 10
+    v = plateau_loss(steps, 1, noise=0.0, spike_rate=1.0).values
+    assert max(v[s] - _trend(s, steps[-1]) for s in steps) > 0.15      # decaying spikes add up
+
+
+@pytest.mark.parametrize("text, message", [
+    ("# loss\n0 2.5\n5 x\n", ":3: expected an integer step and a number, got '5 x'"),
+    ("0 2.5\n1 2 3\n", ":2: expected 'STEP VALUE', got '1 2 3'"),
+    ("0 2.5\n0 2.4\n", ":2: step 0 is not after step 0"),
+    ("0 2.5\n1 inf\n", ":2: value 'inf' is not finite"),
+    ("# nothing\n", ": no metric values"),
+])
+def test_metric_file_errors_name_the_file_and_line(tmp_path, text, message):
+    from retainz.retention.metrics import load_metric_file
+
+    p = tmp_path / "m.txt"
+    p.write_text(text, encoding="utf-8")
+    with pytest.raises(ValueError) as e:
+        load_metric_file(str(p))
+    assert str(e.value) == f"{p}{message}"
+
+
+def test_metric_file_starts_at_step_zero_and_records_its_path(tmp_path):
+    from retainz.retention.metrics import load_metric_file
+
+    p = tmp_path / "m.txt"
+    p.write_text("0 2.5\n10, 2.25\n", encoding="utf-8")            # a comma separates too
+    s = load_metric_file(str(p))
+    assert s.values == {0: 2.5, 10: 2.25} and s.source == str(p)
+
+
+# -- Accelerate: messages, the first save and the condition each save carries ---------------------------------
+@pytest.mark.parametrize("spec, message", [
+    ("accelerate:save_steps=10,bogus=1",
+     "retention rule accelerate: unknown key 'bogus'; valid keys: save_steps (int, required), total_limit (int)"),
+    ("accelerate:save_steps=0", "retention rule accelerate: save_steps must be >= 1, got 0"),
+    ("accelerate:save_steps=10,total_limit=0", "retention rule accelerate: total_limit must be >= 1, got 0"),
+])
+def test_accelerate_refusals_are_one_exact_line(spec, message):
+    with pytest.raises(ValueError) as e:
+        parse_rule(spec)
+    assert str(e.value) == message
+
+
+def test_accelerate_run_bounds_are_checked():
+    rule = parse_rule("accelerate:save_steps=10")
+    with pytest.raises(ValueError, match=r"^a run needs at least 1 training step, got 0$"):
+        rule.start(0)
+    with pytest.raises(ValueError, match=r"^first_step must be in 0\.\.10, got 11$"):
+        rule.start(10, first_step=11)
+
+
+def test_accelerate_saves_from_step_one_with_the_condition_of_its_limit():
+    acts = run("accelerate:save_steps=1", 3)
+    assert [(a.step, a.hint.condition) for a in acts if a.kind == "save"] == [
+        (s, Permanent("keep_all").describe()) for s in (1, 2, 3)]
+    acts = run("accelerate:save_steps=10,total_limit=2", 30)
+    assert {a.hint.condition for a in acts if a.kind == "save"} == {
+        AfterNewer(2, "checkpoint", Timing.BEFORE_SAVE).describe()}
