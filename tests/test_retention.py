@@ -697,3 +697,25 @@ def test_accelerate_saves_from_step_one_with_the_condition_of_its_limit():
     acts = run("accelerate:save_steps=10,total_limit=2", 30)
     assert {a.hint.condition for a in acts if a.kind == "save"} == {
         AfterNewer(2, "checkpoint", Timing.BEFORE_SAVE).describe()}
+
+
+# -- HF Trainer: conditions and the best checkpoint's comparison -----------------------------------------------
+def test_hf_conditions_without_a_limit_or_without_a_metric():
+    acts = run("hf:save_steps=10", 30)
+    assert {a.hint.condition for a in acts if a.kind == "save"} == {Permanent("keep_all").describe()}
+    acts = run("hf:save_steps=10,save_total_limit=2", 30)
+    assert {a.hint.condition for a in acts if a.kind == "save"} == {
+        AfterNewer(2, "checkpoint", Timing.AFTER_COMMIT).describe()}
+
+
+@pytest.mark.parametrize("values, greater, kept", [
+    ("1.0 1.0 1.0", "false", {10: {10}, 20: {10, 20}, 30: {10, 30}}),    # a tie is not better: 10 stays best
+    ("1.0 1.0 1.0", "true", {10: {10}, 20: {10, 20}, 30: {10, 30}}),
+    ("1.0 2.0 3.0", "true", {10: {10}, 20: {20}, 30: {30}}),             # higher is better: the newest
+    ("3.0 2.0 1.0", "false", {10: {10}, 20: {20}, 30: {30}}),
+])
+def test_hf_best_checkpoint_is_strictly_better(tmp_path, values, greater, kept):
+    p = tmp_path / "m.txt"
+    p.write_text("".join(f"{s} {v}\n" for s, v in zip((10, 20, 30), values.split(), strict=True)))
+    acts = run(f"hf:save_steps=10,save_total_limit=1,metric={p},greater_is_better={greater}", 30)
+    assert {s: steps_of(n) for s, n in existing_after_each_step(acts).items()} == kept
