@@ -719,3 +719,18 @@ def test_hf_best_checkpoint_is_strictly_better(tmp_path, values, greater, kept):
     p.write_text("".join(f"{s} {v}\n" for s, v in zip((10, 20, 30), values.split(), strict=True)))
     acts = run(f"hf:save_steps=10,save_total_limit=1,metric={p},greater_is_better={greater}", 30)
     assert {s: steps_of(n) for s, n in existing_after_each_step(acts).items()} == kept
+
+
+def test_committed_steps_skips_every_uncommitted_id_wherever_it_is_listed():
+    ids = ["step-30", "step-10", "notes", "step-20"]
+    assert committed_steps(ids, {"step-10", "step-20", "notes"}) == [(10, "step-10"), (20, "step-20")]
+
+
+def test_hf_limits_without_a_best_and_above_two_are_kept_exactly(tmp_path):
+    acts = run("hf:save_steps=10,save_total_limit=1", 40)
+    assert {s: steps_of(n) for s, n in existing_after_each_step(acts).items()} == {
+        10: {10}, 20: {20}, 30: {30}, 40: {40}}
+    p = tmp_path / "m.txt"
+    p.write_text("10 1.0\n20 2.0\n30 3.0\n40 4.0\n50 5.0\n")
+    acts = run(f"hf:save_steps=10,save_total_limit=3,metric={p}", 50)
+    assert steps_of(existing_after_each_step(acts)[50]) == {10, 40, 50}   # the best (10) and the 2 newest
