@@ -464,6 +464,18 @@ def test_gc_waits_on_a_zone_whose_reclaim_step_is_now():
     t.now = 1000
     assert bound(t).gc_victims(reserve_zones=3) == []
 
+
+def test_at_the_limit_a_permanent_zone_nearly_full_is_finished_rather_than_join_another():
+    # the nearest permanent zone would hold our 10 MiB forever; finishing the nearly full one wastes
+    # only its last 1 MiB forever, and the opening's own cost is in steps, not forever
+    t = table(max_active=3)
+    put(t, 0, 50 * M, INF)
+    put(t, 1, 50 * M, INF)
+    put(t, 2, 99 * M, INF)
+    a = bound(t, neighbors=1)
+    assert [s.index for s in a.candidates(6000.0)] == [0]
+    assert a.place(req(10 * M, 6000.0, 900)) == Decision(3, finish=(2,), reclaim_step=6000.0)
+
 # -- equivalence: cached summaries, and decisions under recomputation ---------------------------------
 @pytest.mark.parametrize("policy", sorted(POLICIES))
 def test_recompute_mode_gives_identical_decisions(policy):

@@ -128,3 +128,9 @@ def test_base_gc_never_names_a_full_zone_without_dead_bytes():
     fill(t, 1, 70, 30)
     fill(t, 2, 100, 0)
     assert a.gc_victims(reserve_zones=4) == [1]
+
+
+def test_a_table_without_zones_restores_to_nothing():
+    t = ZoneTable({})
+    t.restore([])
+    assert (len(t), t.n_empty, t.first_empty(), t.free) == (0, 0, None, 0)
