@@ -734,3 +734,58 @@ def test_hf_limits_without_a_best_and_above_two_are_kept_exactly(tmp_path):
     p.write_text("10 1.0\n20 2.0\n30 3.0\n40 4.0\n50 5.0\n")
     acts = run(f"hf:save_steps=10,save_total_limit=3,metric={p}", 50)
     assert steps_of(existing_after_each_step(acts)[50]) == {10, 40, 50}   # the best (10) and the 2 newest
+
+
+# -- every rule: exact refusals, run bounds, the first save, the default seed, the canonical spec -----------------
+@pytest.mark.parametrize("spec, message", [
+    ("hf:save_steps=0", "retention rule hf: save_steps must be >= 1, got 0"),
+    ("hf:save_steps=5,save_total_limit=0", "retention rule hf: save_total_limit must be >= 1, got 0"),
+    ("lightning:every_n_train_steps=0", "retention rule lightning: every_n_train_steps must be >= 1, got 0"),
+    ("lightning:every_n_train_steps=5,save_top_k=-2", "retention rule lightning: save_top_k must be >= -1, got -2"),
+    ("lightning:every_n_train_steps=5,save_top_k=2,metric=none",
+     "retention rule lightning: save_top_k=2 needs a monitored metric (Lightning rejects save_top_k > 1 with "
+     "monitor=None); use metric=synthetic or metric=FILE"),
+    ("orbax:save_interval_steps=0", "retention rule orbax: save_interval_steps must be >= 1, got 0"),
+    ("orbax:save_interval_steps=5,latest=0", "retention rule orbax: latest must be >= 1, got 0"),
+    ("orbax:save_interval_steps=5,every_steps=0", "retention rule orbax: every_steps must be >= 1, got 0"),
+])
+def test_rule_refusals_are_one_exact_line(spec, message):
+    with pytest.raises(ValueError) as e:
+        parse_rule(spec)
+    assert str(e.value) == message
+
+
+@pytest.mark.parametrize("k", [-1, 0, 1])
+def test_lightning_without_a_monitor_accepts_keep_all_none_and_one(k):
+    spec = f"lightning:every_n_train_steps=5,save_top_k={k},metric=none"
+    assert parse_rule(spec).spec() == spec + ",mode=min,save_last=false"
+
+
+@pytest.mark.parametrize("spec, first_saves", [
+    ("hf:save_steps=1", [1, 2, 3]), ("lightning:every_n_train_steps=1,save_top_k=-1,metric=none", [1, 2, 3]),
+    ("orbax:save_interval_steps=1", [1, 2, 3]),
+])
+def test_rules_save_from_step_one_and_check_the_run_bounds(spec, first_saves):
+    rule = parse_rule(spec)
+    assert [a.step for a in drive(rule.start(3)) if a.kind == "save"] == first_saves
+    with pytest.raises(ValueError, match=r"^a run needs at least 1 training step, got 0$"):
+        rule.start(0)
+    with pytest.raises(ValueError, match=r"^first_step must be in 0\.\.10, got 11$"):
+        rule.start(10, first_step=11)
+
+
+@pytest.mark.parametrize("spec", ["lightning:every_n_train_steps=10,save_top_k=3",
+                                  "hf:save_steps=10,save_total_limit=2,metric=synthetic"])
+def test_metric_rules_default_to_seed_zero(spec):
+    rule = parse_rule(spec)
+
+    def acts(**kw):
+        return [(a.kind, a.step, a.name) for a in drive(rule.start(200, **kw))]
+
+    assert acts() == acts(seed=0) != acts(seed=1)
+
+
+def test_rule_spec_is_canonical_skips_unset_keys_and_writes_booleans_in_lower_case():
+    assert parse_rule("orbax:save_interval_steps=5,every_steps=10").spec() == "orbax:every_steps=10,save_interval_steps=5"
+    assert parse_rule("lightning:every_n_train_steps=5,save_last=true").spec() == (
+        "lightning:every_n_train_steps=5,save_top_k=1,metric=synthetic,mode=min,save_last=true")
