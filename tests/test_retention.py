@@ -789,3 +789,28 @@ def test_rule_spec_is_canonical_skips_unset_keys_and_writes_booleans_in_lower_ca
     assert parse_rule("orbax:save_interval_steps=5,every_steps=10").spec() == "orbax:every_steps=10,save_interval_steps=5"
     assert parse_rule("lightning:every_n_train_steps=5,save_last=true").spec() == (
         "lightning:every_n_train_steps=5,save_top_k=1,metric=synthetic,mode=min,save_last=true")
+
+
+def test_synthetic_metric_is_its_documented_curve_plus_small_noise():
+    from retainz.retention.metrics import synthetic_loss
+
+    steps = list(range(0, 20000, 100))
+    clean = synthetic_loss(steps, 4, noise=0.0)
+    assert all(clean.values[s] == pytest.approx(1.8 + 3.0 / math.sqrt(1.0 + s / 2000.0), abs=1e-12) for s in steps)
+    noisy = synthetic_loss(steps, 4)
+    assert noisy.source == "synthetic:seed=4"
+    residual = [noisy.values[s] - clean.values[s] for s in steps]
+    assert max(abs(r) for r in residual) < 0.15 and abs(sum(residual) / len(residual)) < 0.01
+
+
+@pytest.mark.parametrize("spec, conditions", [
+    ("lightning:every_n_train_steps=5,save_top_k=-1,metric=none,save_last=true",
+     {"last.ckpt": AfterNewer(1, "last", Timing.AFTER_COMMIT), "other": Permanent("keep_all")}),
+    ("lightning:every_n_train_steps=5,save_top_k=1,metric=none", {"other": AfterNewer(1, "topk", Timing.AFTER_COMMIT)}),
+    ("orbax:save_interval_steps=5", {"other": Permanent("keep_all")}),
+    ("orbax:save_interval_steps=5,latest=2", {"other": AfterNewer(2, "step", Timing.AFTER_COMMIT)}),
+])
+def test_lightning_and_orbax_saves_carry_their_rules_condition(spec, conditions):
+    got = {("last.ckpt" if a.name == "last.ckpt" else "other", a.hint.condition)
+           for a in drive(parse_rule(spec).start(20)) if a.kind == "save"}
+    assert got == {(k, c.describe()) for k, c in conditions.items()}
