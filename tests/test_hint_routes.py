@@ -266,3 +266,15 @@ def test_class_bounds_of_a_one_step_interval_and_the_refusal():
     with pytest.raises(ValueError) as e:
         class_bounds(0)
     assert str(e.value) == "interval must be >= 1 step, got 0"
+
+
+def test_explicit_condition_edges():
+    permanent = Hint(math.inf, Lifetime.EXTREME, Permanent("explicit").describe())
+    assert explicit_hint("never", 5) == explicit_hint(" Permanent ", 5) == permanent
+    # at_step:N without the save's step: the prediction, but no lifetime class
+    assert explicit_hint("at_step:500", None) == Hint(500, Lifetime.NOT_SET, AtStep(500).describe())
+    # the class counts from the save's step, also from step 0
+    assert explicit_hint("at_step:1100", 200).lifetime == Lifetime.SHORT
+    assert explicit_hint("at_step:1001", 0).lifetime == Lifetime.MEDIUM
+    with pytest.raises(ValueError, match="expected permanent, at_step:N, after:N"):
+        explicit_hint("soon:5", 10)
