@@ -390,3 +390,36 @@ def test_a_flipped_bit_in_each_of_the_last_records_is_corruption_not_a_torn_tail
                 Store.open(inner, readonly=True)
             tried += 1
     assert tried == sum(blocks) == 6
+
+
+# -- the snapshot's size: the packing rule and its O(1) bound ----------------------------------------------------
+def test_plan_zones_starts_each_zone_after_its_superblock_and_keeps_the_reserve():
+    from retainz.store.records import plan_zones
+
+    # capacity 10 blocks, superblock 1: frames of 4+4 fit a zone (9 blocks), a third opens the next
+    assert plan_zones([4 * BS, 4 * BS, 4 * BS], 10 * BS, BS) == [[0, 1], [2]]
+    assert plan_zones([4 * BS, 5 * BS], 10 * BS, BS) == [[0, 1]]                 # exactly full
+    assert plan_zones([4 * BS, 5 * BS], 10 * BS, BS, reserve=1) == [[0, 1], []]  # no room left to keep
+    assert plan_zones([4 * BS], 10 * BS, BS, reserve=5 * BS) == [[0]]
+    assert plan_zones([], 10 * BS, BS) == [[]]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_snapshot_zones_bounds_the_packed_snapshot(seed):
+    """The O(1) bound the admission rule uses never undercounts the zones a rollover packs (with room
+    for the record that triggers it), for any mix of entry sizes, zone attributes and geometry."""
+    import random
+
+    from retainz.store.records import frame_size, pack_zones, snapshot_zones
+
+    rnd = random.Random(seed)
+    for _ in range(300):
+        bs = rnd.choice([512, 4096])
+        cap = rnd.choice([16, 48, 64, 256, 1024]) * 1024
+        entries = [rnd.randint(50, rnd.choice([200, 2000, 20000])) for _ in range(rnd.randint(0, 300))]
+        zones = rnd.choice([0, 5, 100, 3000])
+        big = max(entries, default=0)
+        packed = pack_zones(entries, cap, bs, zones=zones, reserve=frame_size(max(big, 1024), bs))
+        bound = snapshot_zones(sum(entries), cap, bs, items=len(entries), biggest=big, zones=zones)
+        assert packed <= bound, (bs, cap, len(entries), big, zones)
+        assert snapshot_zones(sum(entries), cap, bs, biggest=big, zones=zones) >= packed    # items unknown
