@@ -806,3 +806,22 @@ def test_lightning_and_orbax_saves_carry_their_rules_condition(spec, conditions)
     got = {("last.ckpt" if a.name == "last.ckpt" else "other", a.hint.condition)
            for a in drive(parse_rule(spec).start(20)) if a.kind == "save"}
     assert got == {(k, c.describe()) for k, c in conditions.items()}
+
+
+def test_save_hint_reads_no_metric_file_picks_the_named_class_and_checks_its_steps():
+    from retainz.retention import save_hint
+
+    # a metric file's values are never used for one save's hint: the file is not even opened
+    on_file = parse_rule("lightning:every_n_train_steps=10,save_top_k=3,metric=/nonexistent/m.txt")
+    synthetic = parse_rule("lightning:every_n_train_steps=10,save_top_k=3,metric=synthetic")
+    assert save_hint(on_file, 50) == save_hint(synthetic, 50)
+    # two saves at one step: each class gets its own condition (last.ckpt is the second planned)
+    both = parse_rule("lightning:every_n_train_steps=10,save_top_k=3,metric=synthetic,save_last=true")
+    assert save_hint(both, 50, cls="last").condition == AfterNewer(1, "last", Timing.AFTER_COMMIT).describe()
+    assert save_hint(both, 50, cls="topk") == save_hint(both, 50) != save_hint(both, 50, cls="last")
+    with pytest.raises(ValueError) as e:
+        save_hint(synthetic, -1)
+    assert str(e.value) == "step must be >= 0, got -1"
+    with pytest.raises(ValueError) as e:
+        save_hint(synthetic, 50, total_steps=40)
+    assert str(e.value) == "step 50 is after the run's last step 40"
