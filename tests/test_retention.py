@@ -825,3 +825,44 @@ def test_save_hint_reads_no_metric_file_picks_the_named_class_and_checks_its_ste
     with pytest.raises(ValueError) as e:
         save_hint(synthetic, 50, total_steps=40)
     assert str(e.value) == "step 50 is after the run's last step 40"
+
+
+# -- conditions: both encodings round-trip every field type; refusals are one exact line ----------------------
+@pytest.mark.parametrize("cond", [
+    AfterNewer(2, ("a", "b"), Timing.AFTER_COMMIT), AfterNewer(1, "topk", Timing.BEFORE_SAVE),
+    Uncertain(math.inf, 0.25, None, "x,y"), Uncertain(120.0, 0.5, 300.0, "empirical:key=1,n=2,retired=1"),
+    AtStep(700), Permanent("keep_all"),
+])
+def test_conditions_round_trip_through_text_and_json(cond):
+    from retainz.retention.conditions import condition_from_json
+
+    assert parse_condition(cond.describe()) == cond
+    assert condition_from_json(cond.to_json()) == cond
+
+
+@pytest.mark.parametrize("obj, message", [
+    ([1], "condition must be an object, got [1]"),
+    ({"kind": "nosuch"}, "unknown condition kind 'nosuch'; valid: after_newer, permanent, at_step, uncertain"),
+    ({"kind": "at_step", "at": 5, "zz": 1}, "condition at_step: unknown field(s) zz; valid: at"),
+    ({"kind": "after_newer", "k": 1}, "condition after_newer: missing of_class, timing"),
+    ({"kind": "at_step", "at": "5"}, "condition at_step: at must be an integer, got '5'"),
+    ({"kind": "permanent", "reason": 5}, "condition permanent: reason must be a string, got 5"),
+])
+def test_condition_json_refusals(obj, message):
+    from retainz.retention.conditions import condition_from_json
+
+    with pytest.raises(ValueError) as e:
+        condition_from_json(obj)
+    assert str(e.value) == message
+
+
+@pytest.mark.parametrize("text, message", [
+    ("nosuch:x=1", "condition 'nosuch:x=1': unknown kind 'nosuch'; valid: after_newer, permanent, at_step, uncertain"),
+    ("after_newer:k=1,timing=after_commit", "condition 'after_newer:k=1,timing=after_commit': expected of_class="),
+    ("after_newer:k=1,of_class=a", "condition 'after_newer:k=1,of_class=a': expected timing="),
+    ("at_step:at=x", "condition 'at_step:at=x': bad at 'x'"),
+])
+def test_condition_text_refusals(text, message):
+    with pytest.raises(ValueError) as e:
+        parse_condition(text)
+    assert str(e.value) == message
