@@ -731,6 +731,20 @@ def test_hf_limits_without_a_best_and_above_two_are_kept_exactly(tmp_path):
     ("accelerate:save_steps=0", "retention rule accelerate: save_steps must be >= 1, got 0"),
     ("accelerate:save_steps=10,total_limit=0", "retention rule accelerate: total_limit must be >= 1, got 0"),
     ("hf:save_steps=0", "retention rule hf: save_steps must be >= 1, got 0"),
+    ("torchtitan:interval=0", "retention rule torchtitan: interval must be >= 1, got 0"),
+    ("torchtitan:interval=5,keep_latest_k=-1", "retention rule torchtitan: keep_latest_k cannot be negative"),
+    ("torchtitan:interval=5,keep_latest_k=1", "retention rule torchtitan: keep_latest_k=1 is rejected (TorchTitan keeps "
+     "at least 2 checkpoints, as the last one may be in the process of being saved)"),
+    ("torchtitan:interval=5,interval=6", "retention rule torchtitan: key interval given twice"),
+    ("", "empty retention rule; valid rules: torchtitan, megatron, lightning, hf, accelerate, orbax"),
+    ("megatron:save_interval=0", "retention rule megatron: save_interval must be >= 1, got 0"),
+    ("megatron:save_interval=10,retain_interval=0", "retention rule megatron: retain_interval must be >= 1, got 0"),
+    ("megatron:save_interval=10,non_persistent_interval=0",
+     "retention rule megatron: non_persistent_interval must be >= 1, got 0"),
+    ("megatron:save_interval=10,non_persistent=global",
+     "retention rule megatron: non_persistent needs non_persistent_interval"),
+    ("megatron:retain_interval=5000", "retention rule megatron: missing save_interval; valid keys: save_interval "
+     "(int, required), retain_interval (int), non_persistent_interval (int), non_persistent (str)"),
     ("hf:save_steps=5,save_total_limit=0", "retention rule hf: save_total_limit must be >= 1, got 0"),
     ("lightning:every_n_train_steps=0", "retention rule lightning: every_n_train_steps must be >= 1, got 0"),
     ("lightning:every_n_train_steps=5,save_top_k=-2", "retention rule lightning: save_top_k must be >= -1, got -2"),
@@ -866,3 +880,23 @@ def test_condition_text_refusals(text, message):
     with pytest.raises(ValueError) as e:
         parse_condition(text)
     assert str(e.value) == message
+
+
+@pytest.mark.parametrize("text, value", [("yes", True), ("no", False), ("1", True), ("0", False), ("TRUE", True)])
+def test_rule_booleans_take_every_spelling(text, value):
+    assert parse_rule(f"torchtitan:interval=5,async={text}").async_mode is value
+
+
+def test_drive_refuses_a_crash_period_below_one_save():
+    with pytest.raises(ValueError) as e:
+        list(drive(parse_rule("torchtitan:interval=5").start(10), crash_every=0))
+    assert str(e.value) == "crash_every must be >= 1 save, got 0"
+
+
+def test_rule_keys_give_type_default_and_help():
+    from retainz.retention.base import RULES, rule_keys
+
+    assert rule_keys(RULES["orbax"])[2] == {
+        "key": "save_interval_steps", "field": "save_interval_steps", "type": "int", "required": False, "default": 1,
+        "help": "save when step % save_interval_steps == 0", "choices": None}
+    assert rule_keys(RULES["accelerate"])[0]["default"] is None and rule_keys(RULES["accelerate"])[0]["required"]
