@@ -423,3 +423,82 @@ def test_snapshot_zones_bounds_the_packed_snapshot(seed):
         bound = snapshot_zones(sum(entries), cap, bs, items=len(entries), biggest=big, zones=zones)
         assert packed <= bound, (bs, cap, len(entries), big, zones)
         assert snapshot_zones(sum(entries), cap, bs, biggest=big, zones=zones) >= packed    # items unknown
+
+
+# -- Journal.roll on its own: limits, counters, the zones it resets and finishes --------------------------------
+CAP = GEOM.zone_capacity
+BIG = CAP - BS - 8                      # a payload whose frame fills a meta zone after its superblock
+
+
+class _Calls:
+    """The device a journal writes to, recording every zone operation and write (zone, kind)."""
+
+    def __init__(self, dev):
+        self._dev, self.ops = dev, []
+
+    def __getattr__(self, name):
+        return getattr(self._dev, name)
+
+    def write(self, offset, data):
+        self.ops.append(("write", offset // GEOM.zone_size))
+        self._dev.write(offset, data)
+
+    def finish_zone(self, z):
+        self.ops.append(("finish", z))
+        self._dev.finish_zone(z)
+
+    def reset_zone(self, z):
+        self.ops.append(("reset", z))
+        self._dev.reset_zone(z)
+
+
+def _journal():
+    from retainz.store.journal import Journal
+
+    s = Store.format(MemoryDevice(GEOM))
+    j = s.journal
+    return Journal(_Calls(j.device), j.sb, j.chain, j.end)
+
+
+def test_roll_without_a_snapshot_source_is_refused():
+    with pytest.raises(ValueError) as e:
+        _journal().roll()
+    assert str(e.value) == "Journal.roll: no snapshot source (give payloads, or set Journal.snapshot)"
+
+
+def test_roll_takes_a_record_that_fills_a_zone_and_refuses_one_block_more():
+    j = _journal()
+    seq, records, written = j.sb.sequence, j.records, j.bytes_written
+    j.roll([b"x" * BIG])
+    assert len(j.chain) == 1 and j.end == CAP                      # no reserve asked: no extra zone
+    assert (j.sb.sequence, j.sb.part, j.rollovers) == (seq + 1, 0, 1)
+    assert (j.records, j.bytes_written) == (records + 1, written + CAP)
+    j.roll([b"a", b"b"])
+    assert (j.records, j.bytes_written, j.end) == (records + 3, written + CAP + 3 * BS, 3 * BS)
+    with pytest.raises(NoSpaceError) as e:
+        j.roll([b"x" * (BIG + 1)])
+    assert str(e.value) == "a journal snapshot record of 49152 bytes does not fit a meta zone"
+    assert (e.value.needed, e.value.available) == (CAP, CAP - BS)
+
+
+def test_roll_refuses_a_snapshot_larger_than_the_free_meta_zones_naming_both():
+    j = _journal()
+    with pytest.raises(NoSpaceError) as e:
+        j.roll([b"x" * BIG] * 3)                   # three zones; two of the three meta zones are free
+    assert str(e.value) == ("journal snapshot of 147456 bytes needs 3 meta zones but 2 are free (3 meta zones of "
+                            "49152 bytes); format with more meta zones")
+    assert (e.value.needed, e.value.available) == (3 * CAP, 2 * CAP)
+    assert j.device.ops == []                      # nothing written, nothing reset
+
+
+def test_roll_resets_stale_free_zones_finishes_the_old_tail_then_resets_the_old_chain():
+    j = _journal()
+    old = j.chain[-1]
+    stale = next(z for z in j.meta if z not in j.chain)
+    j.device.write(stale * GEOM.zone_size, bytes(BS))             # leftovers of an earlier chain
+    j.device.ops.clear()
+    j.roll([b"a"])
+    new = j.chain[0]
+    assert j.device.ops[:2] == [("reset", stale), ("finish", old)]
+    assert j.device.ops[2:] == [("write", new), ("reset", old)]
+    assert j.device.zone(old).cond == ZoneCond.EMPTY
