@@ -502,3 +502,82 @@ def test_roll_resets_stale_free_zones_finishes_the_old_tail_then_resets_the_old_
     assert j.device.ops[:2] == [("reset", stale), ("finish", old)]
     assert j.device.ops[2:] == [("write", new), ("reset", old)]
     assert j.device.zone(old).cond == ZoneCond.EMPTY
+
+
+# -- every record kind decodes to what was encoded -------------------------------------------------------------
+def _gen(gid="g1", step=40, seq=7, shards=2):
+    from retainz.hint import Lifetime
+    from retainz.store.types import GenerationInfo, GenState, ShardInfo
+
+    return GenerationInfo(
+        id=gid, step=step, hint=Hint(reclaim_step=90.0, lifetime=Lifetime.MEDIUM, condition="at_step:at=90",
+                                     actual_reclaim_step=95.0),
+        state=GenState.COMMITTED, commit_seq=seq,
+        shards={f"s{i}": ShardInfo(f"s{i}", 100 + i, 1234 + i, ((4, 0, 100 + i, 55 + i),)) for i in range(shards)})
+
+
+ATTRS = [[5, 4096, 1, 90.0, 3, 40, 2, 41], [6, 8192, 0, None, 0, 12, 3, 13]]
+
+
+def test_update_records_decode_to_their_fields():
+    from retainz.store.records import (
+        Kind,
+        ZoneAttrs,
+        commit_record,
+        decode,
+        delete_record,
+        gen_entry_bytes,
+        hint_record,
+        move_record,
+        sync_record,
+    )
+
+    zones = [(5, ZoneAttrs(4096, 1, 90.0, 3, 40, 2, 41)), (6, ZoneAttrs(8192, 0, None, 0, 12, 3, 13))]
+    g = _gen()
+    r = decode(commit_record(gen_entry_bytes(g), 41, ATTRS, 9))
+    assert (r.kind, r.gens, r.now, r.open_seq, r.zones, r.replaces, r.resets) == (Kind.COMMIT, [g], 41, 9, zones,
+                                                                                   False, [])
+    r = decode(commit_record(gen_entry_bytes(g), 41, ATTRS, 9, replace_resets=[3, 8]))
+    assert (r.replaces, r.resets, r.now, r.open_seq) == (True, [3, 8], 41, 9)
+    r = decode(delete_record("g1", [5], 42, ATTRS[:1], 10))
+    assert (r.kind, r.deleted, r.resets, r.now, r.open_seq, r.zones) == (Kind.DELETE, "g1", [5], 42, 10, zones[:1])
+    r = decode(move_record([["g1", "s0", [[6, 0, 100, 55]]]], [5], 43, ATTRS, 11))
+    assert (r.kind, r.moves, r.resets, r.now, r.open_seq) == (Kind.MOVE, [("g1", "s0", ((6, 0, 100, 55),))], [5], 43, 11)
+    r = decode(hint_record("g1", g.hint, 44, ATTRS, 12))
+    assert (r.kind, r.hint, r.now, r.open_seq, r.zones) == (Kind.HINT, ("g1", g.hint), 44, 12, zones)
+    r = decode(sync_record(45, {"resets": 3}, ATTRS, 13))
+    assert (r.kind, r.metrics, r.now, r.open_seq, r.commit_seq) == (Kind.SYNC, {"resets": 3}, 45, 13, None)
+
+
+def test_snapshot_records_decode_to_the_state_and_batch_by_the_limit():
+    from retainz.store.records import Kind, decode, gen_entry_bytes, gen_entry_size, snapshot_records
+
+    gens = [_gen(f"g{i}", step=i, seq=i + 1) for i in range(5)]
+    size = gen_entry_size(gens[0])
+    assert all(gen_entry_size(g) == size == len(gen_entry_bytes(g)) + 1 for g in gens)   # entry and separator
+    recs = [decode(p) for p in snapshot_records(77, 5, {"resets": 2}, 14, ATTRS, gens, 5, limit=2 * size)]
+    assert [r.kind for r in recs] == [Kind.SNAP, Kind.ZONES, Kind.GENS, Kind.GENS, Kind.GENS, Kind.SNAP_END]
+    head = recs[0]
+    assert (head.now, head.commit_seq, head.metrics, head.open_seq) == (77, 5, {"resets": 2}, 14)
+    assert [z for z, _ in recs[1].zones] == [5, 6]
+    assert [[g.id for g in r.gens] for r in recs[2:5]] == [["g0", "g1"], ["g2", "g3"], ["g4"]]
+    assert [g for r in recs[2:5] for g in r.gens] == gens and recs[-1].count == 5
+    # a limit one byte short of two entries puts every entry in a record of its own
+    assert len(snapshot_records(0, 0, {}, 0, [], gens, 5, limit=2 * size - 1)) == 2 + 5
+    # zone attributes go 2,000 to a record
+    many = [[z, 1, 0, None, 0, 0, 0, 0] for z in range(4001)]
+    assert [len(decode(p).zones) for p in snapshot_records(0, 0, {}, 0, many, [], 0, limit=size)[1:-1]] == [
+        2000, 2000, 1]
+
+
+def test_a_zone_attribute_item_marks_full_zones_and_reads_back_shorter_lists():
+    from retainz.placement import ZoneTable
+    from retainz.store.records import ZoneAttrs, zone_attr_item
+
+    t = ZoneTable({0: 100, 1: 100})
+    t.on_write(0, 100, reclaim_step=5.0, lifetime=2, step=3)
+    t.on_write(1, 10, reclaim_step=None, lifetime=0, step=4)
+    assert zone_attr_item(0, t[0]) == [0, 100, 1, 5.0, 2, 3, 1, 3]
+    assert zone_attr_item(1, t[1]) == [1, 10, 0, None, 0, 4, 2, 4]
+    assert ZoneAttrs.decode([1, 10, 0, None, 0, 4, 2, 4, 99]) == (1, ZoneAttrs(10, 0, None, 0, 4, 2, 4))
+    assert ZoneAttrs.decode([3, 10]) == (3, ZoneAttrs(10))
