@@ -581,3 +581,49 @@ def test_a_zone_attribute_item_marks_full_zones_and_reads_back_shorter_lists():
     assert zone_attr_item(1, t[1]) == [1, 10, 0, None, 0, 4, 2, 4]
     assert ZoneAttrs.decode([1, 10, 0, None, 0, 4, 2, 4, 99]) == (1, ZoneAttrs(10, 0, None, 0, 4, 2, 4))
     assert ZoneAttrs.decode([3, 10]) == (3, ZoneAttrs(10))
+
+
+def test_zone_attrs_of_a_summary_are_its_journaled_item():
+    from retainz.placement import ZoneTable
+    from retainz.store.records import ZoneAttrs, zone_attr_item
+
+    t = ZoneTable({0: 100, 1: 100})
+    t.on_write(0, 100, reclaim_step=5.0, lifetime=2, step=3)
+    t.on_write(1, 10, reclaim_step=None, lifetime=4, step=6)
+    t.on_write(1, 5, reclaim_step=8.0, lifetime=4, step=7)
+    assert ZoneAttrs.of(t[0]) == ZoneAttrs(100, 1, 5.0, 2, 3, 1, 3)
+    assert ZoneAttrs.of(t[1]) == ZoneAttrs(15, 0, 8.0, 4, 6, 2, 7) == tuple(zone_attr_item(1, t[1])[1:])
+
+
+def test_a_fresh_store_snapshot_is_empty():
+    from retainz.store.records import Kind, decode, empty_snapshot
+
+    head, zones, end = (decode(p) for p in empty_snapshot())
+    assert (head.kind, head.now, head.commit_seq, head.metrics) == (Kind.SNAP, 0, 0, {})
+    assert (zones.kind, list(zones.zones)) == (Kind.ZONES, [])
+    assert (end.kind, end.count) == (Kind.SNAP_END, 0)
+
+
+def test_the_journal_full_refusal_names_the_zones_bytes_and_what_is_kept():
+    import re
+
+    dev = MemoryDevice(Geometry(nr_zones=40, zone_size=64 * 1024, zone_capacity=48 * 1024, max_open=3,
+                                max_active=4))
+    with Store.format(dev, meta_zones=2) as s:
+        with pytest.raises(NoSpaceError) as e:
+            _fill(s, 200, names=8, name_len=200, data=False)
+    m = re.fullmatch(r"generation 'g\d{4}': the journal is full: a snapshot with it would take (\d+) meta "
+                     r"zones \((\d+) bytes\); 2 meta zones of 49152 bytes keep room for 2 x 1 \(1 free beside the "
+                     r"current chain\), so deletions can always be journaled; delete generations, or format with "
+                     r"more meta zones", str(e.value))
+    assert m, str(e.value)
+    assert int(m[1]) >= 2 and e.value.needed == int(m[2]) and e.value.available == 49152
+    assert e.value.cause == "journal"
+
+
+def test_default_meta_zones_never_leave_fewer_than_the_reserve_and_two_data_zones():
+    from retainz.store.journal import default_meta_zones
+
+    assert default_meta_zones(6, 48 * 1024, 4096, 2) == 2       # 6 - 2 - 2: the floor of 2
+    assert default_meta_zones(7, 48 * 1024, 4096, 2) == 3
+    assert default_meta_zones(1 << 20, 1 << 30, 4096, 2) == 64  # at most 64
