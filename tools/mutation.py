@@ -130,8 +130,10 @@ def _run_group(name: str, group: dict, only: list[str], max_children: int, budge
         (work / "mutants" / "src").mkdir(parents=True)
         print(f"== {name}: mutmut over {len(files)} file(s), tests: {' '.join(group['tests'])}", flush=True)
         with open(work / "mutmut.log", "w") as log:
+            # SIGINT stops mutmut at the budget: a job started in the background inherits it ignored
             proc = subprocess.Popen([str(mutmut), "run", "--max-children", str(max_children)], cwd=work,
-                                    env=env, stdout=log, stderr=subprocess.STDOUT)
+                                    env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
             try:
                 code = proc.wait(timeout=budget * 60 if budget else None)
             except subprocess.TimeoutExpired:   # out of time: stop, keep what was measured
@@ -155,6 +157,8 @@ def _run_group(name: str, group: dict, only: list[str], max_children: int, budge
                     survivors.append({"name": key, "module": rel, "status": status,
                                       "diff": (known or {}).get(key) if collect else None})
         modules[rel] = counts
+    # a run that finished its mutants while being stopped (or ignored the signal) was not cut short
+    stopped = stopped and any(c["not run"] for c in modules.values())
     todo = [(s["name"], s["module"]) for s in survivors if s["diff"] is None]
     if todo:   # what `mutmut show` prints, for all of them in one process
         out = subprocess.run([sys.executable, "-c", _DIFFS, json.dumps(todo)], cwd=work, env=env, text=True,
