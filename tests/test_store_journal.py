@@ -451,13 +451,17 @@ class _Calls:
         self.ops.append(("reset", z))
         self._dev.reset_zone(z)
 
+    def flush(self):
+        self.ops.append(("flush",))
+        self._dev.flush()
 
-def _journal():
+
+def _journal(snapshot=None):
     from retainz.store.journal import Journal
 
     s = Store.format(MemoryDevice(GEOM))
     j = s.journal
-    return Journal(_Calls(j.device), j.sb, j.chain, j.end)
+    return Journal(_Calls(j.device), j.sb, j.chain, j.end, snapshot)
 
 
 def test_roll_without_a_snapshot_source_is_refused():
@@ -500,7 +504,7 @@ def test_roll_resets_stale_free_zones_finishes_the_old_tail_then_resets_the_old_
     j.roll([b"a"])
     new = j.chain[0]
     assert j.device.ops[:2] == [("reset", stale), ("finish", old)]
-    assert j.device.ops[2:] == [("write", new), ("reset", old)]
+    assert j.device.ops[2:] == [("write", new), ("flush",), ("reset", old)]
     assert j.device.zone(old).cond == ZoneCond.EMPTY
 
 
@@ -627,3 +631,33 @@ def test_default_meta_zones_never_leave_fewer_than_the_reserve_and_two_data_zone
     assert default_meta_zones(6, 48 * 1024, 4096, 2) == 2       # 6 - 2 - 2: the floor of 2
     assert default_meta_zones(7, 48 * 1024, 4096, 2) == 3
     assert default_meta_zones(1 << 20, 1 << 30, 4096, 2) == 64  # at most 64
+
+
+def test_append_counts_flushes_and_refuses_a_record_larger_than_a_zone():
+    from retainz.errors import ZonedDeviceError
+
+    j = _journal(snapshot=lambda: [b"snapshot"])
+    records, written, end = j.records, j.bytes_written, j.end
+    j.append(b"a")
+    j.append(b"b", flush=False)
+    assert (j.records, j.bytes_written, j.end) == (records + 2, written + 2 * BS, end + 2 * BS)
+    assert j.device.ops == [("write", j.chain[-1]), ("flush",), ("write", j.chain[-1])]
+    with pytest.raises(NoSpaceError) as e:
+        j.append(b"x" * (BIG + 1))
+    assert str(e.value) == "journal record of 45049 bytes does not fit a meta zone (45056 bytes after the superblock)"
+    assert (e.value.needed, e.value.available) == (CAP, CAP - BS)
+    j.append(b"x" * BIG)                  # a whole zone's record: rolls over into a chain that keeps it room
+    assert (j.rollovers, j.end, len(j.chain)) == (1, CAP, 2)
+    # a failed write fences the chain: the next record goes to a fresh chain
+    real = j.device.write
+
+    def fail(offset, data):
+        raise ZonedDeviceError("write failed")
+
+    j.device.write = fail
+    with pytest.raises(ZonedDeviceError):
+        j.append(b"c")
+    j.device.write = real
+    assert j.fenced
+    j.append(b"d")
+    assert (j.rollovers, j.fenced) == (2, False)
