@@ -94,7 +94,7 @@ def _scratch(name: str, group: dict, files: list[str], max_children: int) -> Pat
     work = ROOT / "out" / "mutation" / name
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    for d in ("src", "tests"):
+    for d in ("src", "tests", "examples"):   # examples: the CLI tests run examples/lifecycle.py
         shutil.copytree(ROOT / d, work / d, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     config = (ROOT / "pyproject.toml").read_text()
     config += "\n[tool.mutmut]\n" + "\n".join([
@@ -103,6 +103,7 @@ def _scratch(name: str, group: dict, files: list[str], max_children: int) -> Pat
         f'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-m", "{FAST_LANE}"]',
         f"pytest_add_cli_args_test_selection = {json.dumps(group['tests'])}",
         "use_git_change_detection = false",
+        'also_copy = ["examples"]',
     ]) + "\n"
     (work / "pyproject.toml").write_text(config)
     return work
