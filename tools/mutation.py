@@ -62,7 +62,10 @@ GROUPS: dict[str, dict] = {
         "tests": ["tests/test_store_api.py", "tests/test_store_corruption.py", "tests/test_store_gc.py",
                   "tests/test_store_journal.py", "tests/test_store_metrics.py",
                   "tests/test_store_placement.py", "tests/test_store_readonly.py",
-                  "tests/test_store_recovery.py", "tests/test_store_stateful.py", "tests/test_store_cli.py"],
+                  "tests/test_store_recovery.py", "tests/test_store_stateful.py", "tests/test_store_cli.py",
+                  # I/O errors (zone reconcile, failed resets), replacement, hint updates, admission
+                  "tests/test_store_io_errors.py", "tests/test_store_replace.py", "tests/test_store_hint_update.py",
+                  "tests/test_store_admission.py", "tests/test_store_time_order.py"],
     },
     "retention": {
         "mutate": ["src/retainz/retention/*.py"],
