@@ -854,31 +854,29 @@ def test_conditions_round_trip_through_text_and_json(cond):
     assert condition_from_json(cond.to_json()) == cond
 
 
-@pytest.mark.parametrize("obj, message", [
-    ([1], "condition must be an object, got [1]"),
-    ({"kind": "nosuch"}, "unknown condition kind 'nosuch'; valid: after_newer, permanent, at_step, uncertain"),
-    ({"kind": "at_step", "at": 5, "zz": 1}, "condition at_step: unknown field(s) zz; valid: at"),
-    ({"kind": "after_newer", "k": 1}, "condition after_newer: missing of_class, timing"),
-    ({"kind": "at_step", "at": "5"}, "condition at_step: at must be an integer, got '5'"),
-    ({"kind": "permanent", "reason": 5}, "condition permanent: reason must be a string, got 5"),
-])
-def test_condition_json_refusals(obj, message):
+def _from_json(obj):
     from retainz.retention.conditions import condition_from_json
 
-    with pytest.raises(ValueError) as e:
-        condition_from_json(obj)
-    assert str(e.value) == message
+    return condition_from_json(obj)
 
 
-@pytest.mark.parametrize("text, message", [
-    ("nosuch:x=1", "condition 'nosuch:x=1': unknown kind 'nosuch'; valid: after_newer, permanent, at_step, uncertain"),
-    ("after_newer:k=1,timing=after_commit", "condition 'after_newer:k=1,timing=after_commit': expected of_class="),
-    ("after_newer:k=1,of_class=a", "condition 'after_newer:k=1,of_class=a': expected timing="),
-    ("at_step:at=x", "condition 'at_step:at=x': bad at 'x'"),
+@pytest.mark.parametrize("decode, given, message", [
+    (_from_json, [1], "condition must be an object, got [1]"),
+    (_from_json, {"kind": "nosuch"}, "unknown condition kind 'nosuch'; valid: after_newer, permanent, at_step, uncertain"),
+    (_from_json, {"kind": "at_step", "at": 5, "zz": 1}, "condition at_step: unknown field(s) zz; valid: at"),
+    (_from_json, {"kind": "after_newer", "k": 1}, "condition after_newer: missing of_class, timing"),
+    (_from_json, {"kind": "at_step", "at": "5"}, "condition at_step: at must be an integer, got '5'"),
+    (_from_json, {"kind": "permanent", "reason": 5}, "condition permanent: reason must be a string, got 5"),
+    (parse_condition, "nosuch:x=1",
+     "condition 'nosuch:x=1': unknown kind 'nosuch'; valid: after_newer, permanent, at_step, uncertain"),
+    (parse_condition, "after_newer:k=1,timing=after_commit",
+     "condition 'after_newer:k=1,timing=after_commit': expected of_class="),
+    (parse_condition, "after_newer:k=1,of_class=a", "condition 'after_newer:k=1,of_class=a': expected timing="),
+    (parse_condition, "at_step:at=x", "condition 'at_step:at=x': bad at 'x'"),
 ])
-def test_condition_text_refusals(text, message):
+def test_condition_refusals_in_both_encodings(decode, given, message):
     with pytest.raises(ValueError) as e:
-        parse_condition(text)
+        decode(given)
     assert str(e.value) == message
 
 
