@@ -237,3 +237,44 @@ def test_one_spec_grammar_refuses_a_key_given_twice(spec, what):
     build = {"policy": make_allocator, "device": open_device, "retention rule": parse_rule}[what]
     with pytest.raises(ValueError, match="given twice"):
         build(spec)
+
+
+def test_spec_grammar_items_and_values():
+    from retainz.spec import parse_spec
+
+    # empty items are skipped wherever they are; a value may itself hold "="
+    assert parse_spec("p:,a=1,,b = x=y ,", "policy") == ("p", [("a", "1"), ("b", "x=y")])
+    assert parse_spec("", "policy") == ("", [])
+
+
+@pytest.mark.parametrize("text, message", [
+    (":k", "policy ':k': expected key=value, got 'k'"),
+    ("p:=1", "policy p: expected key=value, got '=1'"),
+    (":k=1,k=2", "policy ':k=1,k=2': key k given twice"),
+    ("p:k=1,k=2", "policy p: key k given twice"),
+])
+def test_spec_grammar_errors_name_the_spec(text, message):
+    from retainz.spec import parse_spec
+
+    with pytest.raises(ValueError) as e:
+        parse_spec(text, "policy")
+    assert str(e.value) == message
+
+
+def test_class_bounds_of_a_one_step_interval_and_the_refusal():
+    assert class_bounds(1) == (2, 20)
+    with pytest.raises(ValueError) as e:
+        class_bounds(0)
+    assert str(e.value) == "interval must be >= 1 step, got 0"
+
+
+def test_explicit_condition_edges():
+    permanent = Hint(math.inf, Lifetime.EXTREME, Permanent("explicit").describe())
+    assert explicit_hint("never", 5) == explicit_hint(" Permanent ", 5) == permanent
+    # at_step:N without the save's step: the prediction, but no lifetime class
+    assert explicit_hint("at_step:500", None) == Hint(500, Lifetime.NOT_SET, AtStep(500).describe())
+    # the class counts from the save's step, also from step 0
+    assert explicit_hint("at_step:1100", 200).lifetime == Lifetime.SHORT
+    assert explicit_hint("at_step:1001", 0).lifetime == Lifetime.MEDIUM
+    with pytest.raises(ValueError, match="expected permanent, at_step:N, after:N"):
+        explicit_hint("soon:5", 10)

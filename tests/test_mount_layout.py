@@ -159,3 +159,25 @@ def test_retainz_inferred_replay_matches_exact_hints_on_megatron(tmp_path):
     assert r["retainz-nohint"]["waf"] > r["retainz"]["waf"] + 0.01
     assert r["retainz-inferred"]["waf"] == pytest.approx(r["retainz"]["waf"])
     assert r["retainz-inferred"]["dead_space_byte_steps"] < r["retainz-nohint"]["dead_space_byte_steps"]
+
+
+def test_inference_settles_at_its_third_deletion_and_reports_what_it_rests_on():
+    from retainz.hint import Hint, Lifetime
+    from retainz.retention.inference import InferredRule
+
+    inf = RetentionInference()
+    for step in range(100, 600, 100):                  # keep-latest-2 every 100 steps
+        inf.observe_save("a", f"s{step}", step)
+        if step >= 300:
+            inf.observe_delete(f"s{step - 200}", step)
+            assert (inf.rule("a") is None) == (step < 500)
+    assert inf.rule("a") == InferredRule("keep_latest", 100, k=2, evidence=3)
+    assert inf.summary() == {"a": {"rule": "inferred:keep_latest:k=2,interval=100", "saves": 5, "deletions": 3}}
+    assert inf.hint("a", 600) == Hint(800, Lifetime.SHORT, "inferred:keep_latest:k=2,interval=100")
+    inf.observe_delete("never-saved")                  # unknown keys are ignored
+    inf.observe_abort("never-saved")
+    assert inf.summary()["a"]["deletions"] == 3
+    b = RetentionInference()
+    for step in range(100, 3300, 100):
+        b.observe_save("b", f"s{step}", step)
+    assert b.rule("b") == InferredRule("keep_all", 100, evidence=32)

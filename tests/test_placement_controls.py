@@ -8,7 +8,7 @@ import math
 import pytest
 
 from retainz.hint import Hint, Lifetime
-from retainz.placement import POLICIES, Decision, ExtentRequest, ZoneTable, make_allocator
+from retainz.placement import NO_SPACE, POLICIES, Decision, ExtentRequest, ZoneTable, make_allocator
 from retainz.placement.hints import (
     class_reclaim_step,
     view_reclaim_step,
@@ -271,6 +271,23 @@ def test_dedicated_finishes_exactly_enough_of_the_fullest_open_zones():
     assert a.place(req(1.0, gen="g1")) == Decision(1, reclaim_step=1.0)   # g1 keeps its own zone
 
 
+def test_dedicated_finishes_nothing_on_a_device_without_an_active_limit():
+    t = ZoneTable({z: 100 for z in range(4)}, max_active=0)
+    a = make_allocator("dedicated")
+    a.bind(t)
+    for i in range(3):
+        assert a.place(req(1.0, gen=f"g{i}")) == Decision(i, reclaim_step=1.0)
+        t.on_write(i, 10, reclaim_step=1.0, lifetime=0, step=0)
+
+
+def test_greedy_with_every_zone_full_answers_exactly_no_space():
+    t = ZoneTable({z: 100 for z in range(2)}, max_active=0)
+    a = make_allocator("greedy")
+    a.bind(t)
+    for z in range(2):
+        t.on_write(z, 100, reclaim_step=1.0, lifetime=0, step=0)
+    assert a.place(req(5.0)) == NO_SPACE
+
 def test_dedicated_forgets_a_zone_once_it_is_full_or_reset():
     t = ZoneTable({z: 100 for z in range(10)}, max_active=0)
     a = make_allocator("dedicated")
@@ -305,6 +322,28 @@ def test_coarse_view_uses_the_given_class_bounds():
     assert view_reclaim_step(lt, "coarse", short=10, medium=100) == class_reclaim_step(
         Lifetime.MEDIUM, 1000, short=10, medium=100) != view_reclaim_step(lt, "coarse")
 
+
+def test_coarse_view_classifies_by_the_given_medium_bound_too():
+    # lifetime 500 is LONG under medium=100 (the default bounds would call it MEDIUM)
+    r = req(1500.0, step=1000)
+    assert view_reclaim_step(r, "coarse", short=10, medium=100) == 1000 + 4.0 * 100
+
+
+def test_view_defaults_are_no_noise_and_seed_zero():
+    r = req(6000.0, gen="g7")
+    assert view_reclaim_step(r, "noisy") == 6000.0                      # error defaults to 0: exact
+    seeded = view_reclaim_step(r, "noisy", error=0.5, seed=0)
+    assert view_reclaim_step(r, "noisy", error=0.5) == seeded != view_reclaim_step(r, "noisy", error=0.5, seed=1)
+
+
+def test_no_noise_keeps_even_an_overdue_prediction():
+    # error 0 returns the prediction itself, also one already behind the save's step
+    assert view_reclaim_step(req(900.0, step=1000), "noisy", error=0.0, seed=3) == 900.0
+
+
+def test_permanent_stays_permanent_under_any_noise():
+    # an error above 1 could scale a lifetime by a negative factor; a permanent save is never drawn
+    assert {view_reclaim_step(req(INF, gen=f"g{g}"), "noisy", error=3.0, seed=g) for g in range(40)} == {INF}
 
 def test_unknown_view_is_named_with_the_valid_ones():
     with pytest.raises(ValueError, match=r"^unknown hint view 'fuzzy'; valid: exact, none, coarse, noisy, oracle$"):

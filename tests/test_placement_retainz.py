@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from retainz.hint import Hint
 from retainz.placement import NO_SPACE, POLICIES, Decision, ExtentRequest, ZoneTable
-from retainz.placement.retainz import RetainZ
+from retainz.placement.retainz import UNCERTAIN_ZONE, RetainZ
 from tests.placement_driver import run
 
 M = 1 << 20
@@ -305,6 +305,176 @@ def test_gc_prefers_permanent_zones_with_garbage():
     t.now = 1000
     assert bound(t).gc_victims(reserve_zones=1) == [1, 0]
 
+
+
+def test_finishing_a_zone_that_dies_with_the_data_holds_its_free_space_until_then():
+    # the zone dies at 6000 like the new data: not an orphan, its 50 MiB stay unusable 900 -> 6000
+    t = table()
+    put(t, 0, 50 * M, 6000.0)
+    assert bound(t).finish_cost(t[0], 6000.0, 900) == (0, 50 * M * 5100.0)
+
+
+def test_candidates_are_the_nearest_on_each_side_of_the_reclaim_step():
+    t = table()
+    put(t, 0, 10, 100.0)
+    put(t, 2, 10, 50.0)
+    put(t, 3, 10, 200.0)
+    a = bound(t, neighbors=1)
+    assert [s.index for s in a.candidates(100.0)] == [2, 0]     # one below, then 100 itself and above
+
+
+def test_equal_join_costs_go_to_the_zone_nearest_the_reclaim_step():
+    # zone 0 (reclaim 0.5) and zone 1 (reclaim 1.0) both cost (0, 0.0) for 50 bytes dying at 1.0:
+    # the zone whose reclaim step is exactly the data's wins over the lower index
+    t = table(cap=100)
+    put(t, 0, 10, 0.5)
+    put(t, 1, 10, 1.0)
+    a = bound(t)
+    assert a.join_cost(t[0], 1.0, 50, 0) == a.join_cost(t[1], 1.0, 50, 0) == (0, 0.0)
+    assert a.place(req(50, 1.0, 0)) == Decision(1, reclaim_step=1.0)
+
+
+def test_gc_skips_open_zones_and_zones_with_no_live_or_no_dead_bytes():
+    t = table(n=5, cap=100)
+    put(t, 0, 50, 9000.0, dead=40)           # open, with garbage: never a victim
+    put(t, 1, 100, 9000.0, dead=100)         # full, nothing live: the store resets it, GC has no work
+    put(t, 2, 100, 9000.0)                   # full, all live: nothing to gain
+    put(t, 3, 100, 9000.0, dead=90)          # the only victim
+    t.now = 1000
+    assert bound(t).gc_victims(reserve_zones=3) == [3]
+
+
+def test_gc_keeps_scanning_past_a_zone_left_to_reset_itself():
+    t = table(n=3, cap=100)
+    put(t, 0, 100, 1010.0, dead=90)          # dies 10 steps from now: waited on
+    put(t, 1, 100, 9000.0, dead=90)
+    t.now = 1000
+    assert bound(t).gc_victims(reserve_zones=2) == [1]
+
+
+@pytest.mark.parametrize("opened, reclaim, wait_steps, victims", [
+    (900, 1050.0, 0, [0]),     # 50 steps left, age 100: the window is 10 steps: collected
+    (900, 1010.0, 0, []),      # 10 steps left = 10 % of its age: waited on (the bound is inclusive)
+    (0, 1010.0, 10, []),       # 10 steps left = wait_steps: waited on
+    (0, 1011.0, 10, [0]),
+])
+def test_gc_waiting_window_is_a_fraction_of_the_zones_age(opened, reclaim, wait_steps, victims):
+    t = table(n=4, cap=100)                  # two empty zones, three wanted (not forced)
+    put(t, 0, 100, reclaim, step=opened, dead=90)
+    put(t, 1, 100, 9000.0)                   # all live: never a victim
+    t.now = 1000
+    assert bound(t, wait_steps=wait_steps, wait_frac=0.0 if wait_steps else 0.1).gc_victims(3) == victims
+
+
+def test_gc_ranks_by_dead_byte_steps_per_live_byte():
+    # A: 90 dead for 100 steps over 10 live (900); B: 10 dead for 1000 steps over 90 live (111)
+    t = table(n=2, cap=100)
+    put(t, 1, 100, 1100.0, dead=90)
+    put(t, 0, 100, 2000.0, dead=10)
+    t.now = 1000
+    assert bound(t).gc_victims(reserve_zones=2) == [1, 0]
+
+
+def test_gc_ranks_permanent_zones_by_dead_bytes_per_live_byte():
+    t = table(n=2, cap=100)
+    put(t, 0, 100, INF, dead=50)             # 50 dead per 50 live
+    put(t, 1, 100, INF, dead=90)             # 90 dead per 10 live: first
+    t.now = 1000
+    assert bound(t).gc_victims(reserve_zones=2) == [1, 0]
+
+
+def test_gc_stops_once_the_missing_empty_zones_are_regained():
+    t = table(n=5, cap=100)
+    for z in range(4):
+        put(t, z, 100, 9000.0, dead=90)
+    t.now = 1000
+    # one empty zone, two wanted: 0.9 of a zone per victim, so two victims restore the reserve
+    assert bound(t).gc_victims(reserve_zones=2) == [0, 1]
+
+
+def test_held_counts_a_single_byte():
+    from retainz.placement.retainz import held
+
+    assert held(1, 0, 10) == (0, 10)
+    assert held(1, 0, INF) == (1, 0.0)
+    assert held(0, 0, 10) == held(5, 10, 10) == (0, 0.0)
+
+
+def test_a_reclaim_step_equal_to_now_is_taken_as_given_and_recorded_so():
+    a = bound(table())
+    rq = req(10, 1000.0, 1000, step=400)
+    assert a.reclaim_of(rq) == a.reclaim_step_of(rq) == 1000.0
+    assert a.reclaim_step_of(req(10, 999.0, 1000, step=400)) == 1600      # overdue: now + age
+
+
+def test_an_uncertain_save_takes_the_last_empty_zone_rather_than_share():
+    t = table(n=2)
+    put(t, 0, 30 * M, 1500.0, step=500)           # another generation's zone, same predicted step
+    assert bound(t).place(ureq(30 * M, 1500.0, 1000)) == Decision(1, reclaim_step=1500.0,
+                                                                   lifetime=UNCERTAIN_ZONE)
+
+
+def test_a_known_death_skips_an_uncertain_zone_and_still_prices_the_next():
+    t = table(n=3)
+    t.on_write(0, 30 * M, reclaim_step=1400.0, lifetime=UNCERTAIN_ZONE, step=1000)   # an uncertain group
+    put(t, 1, 30 * M, 1500.0, step=1000)
+    assert bound(t).place(req(30 * M, 1450.0, 1000)) == Decision(1, reclaim_step=1450.0)
+
+
+def test_equal_join_costs_prefer_the_zone_whose_reclaim_step_is_nearest():
+    # both zones' reclaim steps have passed (priced from now alike); 500 is nearer 1500 than 100
+    t = table(cap=100)
+    put(t, 0, 10, 100.0)
+    put(t, 1, 10, 500.0)
+    a = bound(t)
+    assert a.join_cost(t[0], 1500.0, 10, 1000) == a.join_cost(t[1], 1500.0, 10, 1000)
+    assert a.place(req(10, 1500.0, 1000)) == Decision(1, reclaim_step=1500.0)
+
+
+def test_at_the_limit_finishing_a_permanent_zone_costs_its_free_space_forever():
+    t = table(max_active=1)
+    put(t, 0, 50 * M, INF)                        # 50 MiB free, never reset
+    a = bound(t)
+    assert a.finish_cost(t[0], 6000.0, 900) == (50 * M, 0.0)
+    # joining holds our 10 MiB forever; finishing wastes 50 MiB forever: join
+    assert a.place(req(10 * M, 6000.0, 900)) == Decision(0, reclaim_step=6000.0)
+
+
+def test_at_the_limit_the_finish_cost_adds_to_the_opening_cost():
+    t = table(max_active=1)
+    put(t, 0, 50 * M, 9000.0)                     # dies at 9000: finishing holds 50 MiB 1000 -> 9000
+    a = bound(t)
+    assert a.join_cost(t[0], 6000.0, 50 * M, 1000) == (0, 150_000.0 * M)
+    assert a.open_cost(100 * M, 6000.0, 50 * M, 1000) == (0, 250_000.0 * M)
+    assert a.finish_cost(t[0], 6000.0, 1000) == (0, 400_000.0 * M)
+    assert a.place(req(50 * M, 6000.0, 1000)) == Decision(0, reclaim_step=6000.0)
+
+
+def test_an_uncertain_save_opening_a_zone_at_the_limit_marks_it():
+    t = table(max_active=1)
+    put(t, 0, 30 * M, 1500.0, step=500)
+    d = bound(t).place(ureq(30 * M, 1500.0, 1000))
+    assert d == Decision(1, finish=(0,), reclaim_step=1500.0, lifetime=UNCERTAIN_ZONE)
+
+
+def test_gc_waits_on_a_zone_whose_reclaim_step_is_now():
+    t = table(n=4, cap=100)
+    put(t, 0, 100, 1000.0, dead=90)               # resets at this very step
+    put(t, 1, 100, 9000.0)                        # all live
+    t.now = 1000
+    assert bound(t).gc_victims(reserve_zones=3) == []
+
+
+def test_at_the_limit_a_permanent_zone_nearly_full_is_finished_rather_than_join_another():
+    # the nearest permanent zone would hold our 10 MiB forever; finishing the nearly full one wastes
+    # only its last 1 MiB forever, and the opening's own cost is in steps, not forever
+    t = table(max_active=3)
+    put(t, 0, 50 * M, INF)
+    put(t, 1, 50 * M, INF)
+    put(t, 2, 99 * M, INF)
+    a = bound(t, neighbors=1)
+    assert [s.index for s in a.candidates(6000.0)] == [0]
+    assert a.place(req(10 * M, 6000.0, 900)) == Decision(3, finish=(2,), reclaim_step=6000.0)
 
 # -- equivalence: cached summaries, and decisions under recomputation ---------------------------------
 @pytest.mark.parametrize("policy", sorted(POLICIES))

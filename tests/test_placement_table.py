@@ -68,3 +68,69 @@ def test_describe_lists_parameters_or_the_bare_name():
     a = make_allocator("common:width=2")
     a.bind(table())
     assert a.describe() == "common:width=2"                 # the bound table is no parameter
+
+
+def test_a_new_table_is_at_step_zero_and_keeps_no_zone_for_the_store():
+    t = table(5, max_active=4)
+    assert (t.now, t.reserved_active) == (0, 0)
+    a = make_allocator("zenfs")
+    a.bind(t)
+    assert a.active_budget == 2           # min(4, 4 + 0 - 2): nothing reserved by the store
+    # RetainZ's GC window is measured from the table's step: 10 steps to the zone's reclaim step
+    t.on_write(0, 100, reclaim_step=10.0, lifetime=0, step=0)
+    t.on_kill(0, 90)
+    fill(t, 1, 100, 0)                    # all live: no victim, but not empty (GC is not forced)
+    r = make_allocator("retainz:wait_steps=9,wait_frac=0")
+    r.bind(t)
+    assert r.gc_victims(reserve_zones=4) == [0]
+
+
+def test_garbage_written_as_garbage_counts_as_dead_in_the_zone_and_the_table():
+    t = table()
+    t.on_write(0, 30, reclaim_step=1.0, lifetime=0, step=0, live=False)
+    t.on_write(0, 20, reclaim_step=1.0, lifetime=0, step=0, live=False)
+    t.on_write(1, 5, reclaim_step=1.0, lifetime=0, step=0, live=False)
+    assert (t[0].dead, t[0].live, t[1].dead, t.dead, t.live, t.written) == (50, 0, 5, 55, 0, 55)
+
+
+def test_a_reclaim_step_update_reaches_the_zone_and_the_listeners():
+    t = table()
+    t.on_write(0, 10, reclaim_step=1.0, lifetime=0, step=0)
+    seen = []
+    t.listeners.append(lambda s: seen.append((s.index, s.reclaim_step)))
+    t.on_reclaim_step(0, 7.0)
+    assert t[0].reclaim_step == 7.0 and seen == [(0, 7.0)]
+
+
+def test_resetting_a_full_zone_drops_its_live_bytes_from_the_totals():
+    t = table()
+    fill(t, 0, 60, 40)
+    t.on_write(1, 10, reclaim_step=1.0, lifetime=0, step=0)
+    t.on_reset(0)
+    assert (t.live, t.dead, t.written, t.unused, t.n_empty) == (10, 0, 10, 0, 7)
+    assert t[0].cond == ZoneCond.EMPTY and list(t.open) == [1]
+
+
+def test_resetting_an_empty_zone_changes_nothing_and_notifies_no_one():
+    t = table()
+    seen = []
+    t.listeners.append(seen.append)
+    before = t.key()
+    t.on_reset(3)
+    assert t.key() == before and seen == []
+
+
+def test_base_gc_never_names_a_full_zone_without_dead_bytes():
+    t = table(4)
+    a = make_allocator("greedy")
+    a.bind(t)
+    fill(t, 0, 100, 0)
+    fill(t, 1, 70, 30)
+    fill(t, 2, 100, 0)
+    assert a.gc_victims(reserve_zones=4) == [1]
+
+
+def test_a_table_without_zones_restores_to_nothing():
+    t = ZoneTable({})
+    t.restore([])
+    assert (len(t), t.n_empty, t.first_empty(), t.free) == (0, 0, None, 0)

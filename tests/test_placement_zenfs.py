@@ -448,3 +448,86 @@ def test_zenfs_nohint_files_share_not_set_zones():
             opened[policy] = sorted((z, s.table[z].lifetime) for z in s.table.open)
     assert [lt for _, lt in opened["zenfs"]] == [ME, ME, ME]
     assert [lt for _, lt in opened["zenfs-nohint"]] == [NS]
+
+
+# -- edges of each rule (each one a mutant of the port survived without) -------------------------------
+def test_class_bounds_are_the_policys_own_and_short_may_be_one():
+    a = ZenFS(short=5, medium=50)
+    assert [a.lifetime_of(Hint(reclaim_step=r), 100) for r in (105.0, 106.0, 150.0, 151.0)] == [SH, ME, ME, LO]
+    assert ZenFS(short=1, medium=1).lifetime_of(Hint(reclaim_step=2.0), 0) == LO
+    with pytest.raises(ValueError, match=r"^policy zenfs: short=0 is out of range; valid: an integer >= 1$"):
+        ZenFS(short=0)
+
+
+def test_a_zone_holding_one_live_byte_is_still_an_open_match():
+    assert zenfs(table((10, 1, LO), None)).best_open_match(ME) == (0, 1)
+
+
+def test_gc_migration_without_a_partly_filled_zone_is_exactly_no_space():
+    assert zenfs(table(None, None)).place(req(ME, gc=True)) == NO_SPACE
+
+
+def test_gc_migration_carries_the_reclaim_step():
+    a = zenfs(table((10, 10, SH), None))
+    r = ExtentRequest(nbytes=10, generation="g", step=0, hint=Hint(reclaim_step=700.0), now=0, gc=True)
+    assert a.place(r) == Decision(0, reclaim_step=700.0, lifetime=SH)
+
+
+def test_a_good_match_keeps_the_threshold_finishes():
+    # zone 0 is finished by the threshold (5 left < 10); zone 1 matches at diff 1: both in one decision
+    a = zenfs(table((95, 95, ME), (10, 10, LO), None), finish_threshold=10)
+    assert a.place(req(ME)) == Decision(1, finish=(0,), lifetime=ME)
+
+
+def test_threshold_finishes_free_active_tokens_before_the_cheapest_zone_is_finished():
+    # budget 2, two open zones; the threshold finishes zone 0: one token is free, no other finish
+    t = table((95, 95, SH), (10, 10, SH), None, max_active=2, reserved_active=2)
+    assert zenfs(t, finish_threshold=10).place(req(LO)) == Decision(2, finish=(0,), lifetime=LO)
+
+
+def test_finishing_the_cheapest_zones_takes_distinct_zones_until_a_token_is_free():
+    # budget 2 with three open zones: zones 1 and 2 (least remaining) are finished, then zone 3 opened
+    t = table((10, 10, SH), (80, 80, SH), (70, 70, SH), None, max_active=2, reserved_active=2)
+    assert zenfs(t).place(req(LO)) == Decision(3, finish=(1, 2), lifetime=LO)
+
+
+def test_q6_keeps_the_threshold_finishes():
+    # budget 0 and the only open zone is finished by the threshold: no zone to finish, no space, but
+    # the threshold's finish stands
+    t = table((95, 95, SH), None, max_active=1, reserved_active=1)
+    assert zenfs(t, finish_threshold=10).place(req(LO)) == Decision(None, finish=(0,))
+
+
+def test_gc_level_of_an_empty_table_and_its_integer_percent():
+    assert zenfs(ZoneTable({})).gc_level() == (100, None)
+    # 1 of 6 zones free: 16 % (integer), threshold 100 - 3 * (20 - 16) = 88
+    assert zenfs(gc_table(1, [50] * 5)).gc_level() == (16, 88)
+
+
+def test_gc_garbage_uses_the_integer_live_percent():
+    # capacity 1000, nothing free (threshold 40): live 595 is 59 % (garbage 41, a victim), live 600 is not
+    t = table((1000, 595, ME, "F"), (1000, 600, ME, "F"), cap=1000)
+    assert zenfs(t).gc_level() == (0, 40)
+    assert zenfs(t).gc_victims(0) == [0]
+
+
+def test_a_50_match_without_a_token_keeps_the_threshold_finishes():
+    # zone 0 (5 left) is finished by the threshold; zone 1 matches at 50 and no token is free
+    t = table((95, 95, ME), (10, 10, ME), None, max_active=1, reserved_active=2)
+    assert zenfs(t, finish_threshold=10).place(req(ME)) == Decision(1, finish=(0,), lifetime=ME)
+
+
+def test_gc_free_percent_rounds_down():
+    # 199 of 1000 bytes free: 19 % (not 20 %), threshold 100 - 3 * 1 = 97
+    assert zenfs(table((801, 801, ME), cap=1000)).gc_level() == (19, 97)
+
+
+def test_the_active_limit_refusal_names_the_limit_and_the_source():
+    from retainz.zoned import Geometry
+
+    g = Geometry(nr_zones=32, zone_size=64 * KiB, zone_capacity=64 * KiB, block_size=4096, max_open=2, max_active=2)
+    with pytest.raises(ValueError) as e:
+        ZenFS().check_device(g)
+    assert str(e.value) == ("policy zenfs: the device's active-zone limit (max_active 2) is too small for the "
+                            "policy: ZenFS keeps reserved_zones=2 of it for itself and needs at least 3 "
+                            "(max_nr_active_io_zones in ZonedBlockDevice::Open, fs/zbd_zenfs.cc)")

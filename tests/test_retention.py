@@ -608,3 +608,293 @@ def test_megatron_schedule_is_linear_in_saves_not_steps():
     assert steps == sorted(steps) and len(steps) == len(set(steps))
     assert classes[3 * 10**9] == "persistent" and classes[300000000] == "non_persistent"
     assert all(s % 10**9 == 0 for s in steps if classes[s] == "persistent")
+
+
+# -- the metric series the metric rules read ---------------------------------------------------------------
+def _trend(s, last, floor=2.0, scale=2.5, alpha=0.76, tau_frac=0.02, drops=(0.5, 0.75), drop=0.12):
+    tau = max(1.0, tau_frac * last)
+    return floor + scale * (1.0 + s / tau) ** -alpha + drop * sum(1 for f in drops if s < f * last)
+
+
+def test_plateau_metric_without_noise_or_spikes_is_its_documented_trend():
+    from retainz.retention.metrics import plateau_loss
+
+    steps = [0, 10, 25, 50, 60, 75, 90, 100]           # drops at 50 and 75: a drop's own step is after it
+    v = plateau_loss(steps, 3, noise=0.0, spike_rate=0.0).values
+    assert list(v) == steps
+    assert all(v[s] == pytest.approx(_trend(s, 100), abs=1e-12) for s in steps)
+    assert v[50] - v[60] == pytest.approx(_trend(50, 100) - _trend(60, 100))
+    assert plateau_loss([], 0).values == {}
+    # white noise (phi 0) is allowed; with phi 1 the first draw (mean 0, sd noise) stays
+    assert len(plateau_loss(steps, 3, phi=0.0, spike_rate=0.0).values) == len(steps)
+    held = plateau_loss(steps, 5, phi=1.0, noise=0.01, spike_rate=0.0).values
+    residual = {round(held[s] - _trend(s, 100), 12) for s in steps}
+    assert len(residual) == 1 and abs(residual.pop()) < 0.05
+
+
+def test_plateau_spikes_are_rare_by_default_and_pile_up_when_frequent():
+    from retainz.retention.metrics import plateau_loss
+
+    steps = list(range(0, 100_000, 1000))
+    v = plateau_loss(steps, 1, noise=0.0).values
+    x = [v[s] - _trend(s, steps[-1]) for s in steps]
+    assert 0 <= sum(1 for a, b in zip(x, x[1:], strict=False) if b > a + 1e-12) < 10
+    v = plateau_loss(steps, 1, noise=0.0, spike_rate=1.0).values
+    assert max(v[s] - _trend(s, steps[-1]) for s in steps) > 0.15      # decaying spikes add up
+
+
+@pytest.mark.parametrize("text, message", [
+    ("# loss\n0 2.5\n5 x\n", ":3: expected an integer step and a number, got '5 x'"),
+    ("0 2.5\n1 2 3\n", ":2: expected 'STEP VALUE', got '1 2 3'"),
+    ("0 2.5\n0 2.4\n", ":2: step 0 is not after step 0"),
+    ("0 2.5\n1 inf\n", ":2: value 'inf' is not finite"),
+    ("# nothing\n", ": no metric values"),
+])
+def test_metric_file_errors_name_the_file_and_line(tmp_path, text, message):
+    from retainz.retention.metrics import load_metric_file
+
+    p = tmp_path / "m.txt"
+    p.write_text(text, encoding="utf-8")
+    with pytest.raises(ValueError) as e:
+        load_metric_file(str(p))
+    assert str(e.value) == f"{p}{message}"
+
+
+def test_metric_file_starts_at_step_zero_and_records_its_path(tmp_path):
+    from retainz.retention.metrics import load_metric_file
+
+    p = tmp_path / "m.txt"
+    p.write_text("0 2.5\n10, 2.25\n", encoding="utf-8")            # a comma separates too
+    s = load_metric_file(str(p))
+    assert s.values == {0: 2.5, 10: 2.25} and s.source == str(p)
+
+
+# -- Accelerate: run bounds, the first save and the condition each save carries ---------------------------------
+def test_accelerate_run_bounds_are_checked():
+    rule = parse_rule("accelerate:save_steps=10")
+    with pytest.raises(ValueError, match=r"^a run needs at least 1 training step, got 0$"):
+        rule.start(0)
+    with pytest.raises(ValueError, match=r"^first_step must be in 0\.\.10, got 11$"):
+        rule.start(10, first_step=11)
+
+
+def test_accelerate_saves_from_step_one_with_the_condition_of_its_limit():
+    acts = run("accelerate:save_steps=1", 3)
+    assert [(a.step, a.hint.condition) for a in acts if a.kind == "save"] == [
+        (s, Permanent("keep_all").describe()) for s in (1, 2, 3)]
+    acts = run("accelerate:save_steps=10,total_limit=2", 30)
+    assert {a.hint.condition for a in acts if a.kind == "save"} == {
+        AfterNewer(2, "checkpoint", Timing.BEFORE_SAVE).describe()}
+
+
+# -- HF Trainer: conditions and the best checkpoint's comparison -----------------------------------------------
+def test_hf_conditions_without_a_limit_or_without_a_metric():
+    acts = run("hf:save_steps=10", 30)
+    assert {a.hint.condition for a in acts if a.kind == "save"} == {Permanent("keep_all").describe()}
+    acts = run("hf:save_steps=10,save_total_limit=2", 30)
+    assert {a.hint.condition for a in acts if a.kind == "save"} == {
+        AfterNewer(2, "checkpoint", Timing.AFTER_COMMIT).describe()}
+
+
+@pytest.mark.parametrize("values, greater, kept", [
+    ("1.0 1.0 1.0", "false", {10: {10}, 20: {10, 20}, 30: {10, 30}}),    # a tie is not better: 10 stays best
+    ("1.0 1.0 1.0", "true", {10: {10}, 20: {10, 20}, 30: {10, 30}}),
+    ("1.0 2.0 3.0", "true", {10: {10}, 20: {20}, 30: {30}}),             # higher is better: the newest
+    ("3.0 2.0 1.0", "false", {10: {10}, 20: {20}, 30: {30}}),
+])
+def test_hf_best_checkpoint_is_strictly_better(tmp_path, values, greater, kept):
+    p = tmp_path / "m.txt"
+    p.write_text("".join(f"{s} {v}\n" for s, v in zip((10, 20, 30), values.split(), strict=True)))
+    acts = run(f"hf:save_steps=10,save_total_limit=1,metric={p},greater_is_better={greater}", 30)
+    assert {s: steps_of(n) for s, n in existing_after_each_step(acts).items()} == kept
+
+
+def test_committed_steps_skips_every_uncommitted_id_wherever_it_is_listed():
+    ids = ["step-30", "step-10", "notes", "step-20"]
+    assert committed_steps(ids, {"step-10", "step-20", "notes"}) == [(10, "step-10"), (20, "step-20")]
+
+
+def test_hf_limits_without_a_best_and_above_two_are_kept_exactly(tmp_path):
+    acts = run("hf:save_steps=10,save_total_limit=1", 40)
+    assert {s: steps_of(n) for s, n in existing_after_each_step(acts).items()} == {
+        10: {10}, 20: {20}, 30: {30}, 40: {40}}
+    p = tmp_path / "m.txt"
+    p.write_text("10 1.0\n20 2.0\n30 3.0\n40 4.0\n50 5.0\n")
+    acts = run(f"hf:save_steps=10,save_total_limit=3,metric={p}", 50)
+    assert steps_of(existing_after_each_step(acts)[50]) == {10, 40, 50}   # the best (10) and the 2 newest
+
+
+# -- every rule: exact refusals, run bounds, the first save, the default seed, the canonical spec -----------------
+@pytest.mark.parametrize("spec, message", [
+    ("accelerate:save_steps=10,bogus=1",
+     "retention rule accelerate: unknown key 'bogus'; valid keys: save_steps (int, required), total_limit (int)"),
+    ("accelerate:save_steps=0", "retention rule accelerate: save_steps must be >= 1, got 0"),
+    ("accelerate:save_steps=10,total_limit=0", "retention rule accelerate: total_limit must be >= 1, got 0"),
+    ("hf:save_steps=0", "retention rule hf: save_steps must be >= 1, got 0"),
+    ("torchtitan:interval=0", "retention rule torchtitan: interval must be >= 1, got 0"),
+    ("torchtitan:interval=5,keep_latest_k=-1", "retention rule torchtitan: keep_latest_k cannot be negative"),
+    ("torchtitan:interval=5,keep_latest_k=1", "retention rule torchtitan: keep_latest_k=1 is rejected (TorchTitan keeps "
+     "at least 2 checkpoints, as the last one may be in the process of being saved)"),
+    ("torchtitan:interval=5,interval=6", "retention rule torchtitan: key interval given twice"),
+    ("", "empty retention rule; valid rules: torchtitan, megatron, lightning, hf, accelerate, orbax"),
+    ("megatron:save_interval=0", "retention rule megatron: save_interval must be >= 1, got 0"),
+    ("megatron:save_interval=10,retain_interval=0", "retention rule megatron: retain_interval must be >= 1, got 0"),
+    ("megatron:save_interval=10,non_persistent_interval=0",
+     "retention rule megatron: non_persistent_interval must be >= 1, got 0"),
+    ("megatron:save_interval=10,non_persistent=global",
+     "retention rule megatron: non_persistent needs non_persistent_interval"),
+    ("megatron:retain_interval=5000", "retention rule megatron: missing save_interval; valid keys: save_interval "
+     "(int, required), retain_interval (int), non_persistent_interval (int), non_persistent (str)"),
+    ("hf:save_steps=5,save_total_limit=0", "retention rule hf: save_total_limit must be >= 1, got 0"),
+    ("lightning:every_n_train_steps=0", "retention rule lightning: every_n_train_steps must be >= 1, got 0"),
+    ("lightning:every_n_train_steps=5,save_top_k=-2", "retention rule lightning: save_top_k must be >= -1, got -2"),
+    ("lightning:every_n_train_steps=5,save_top_k=2,metric=none",
+     "retention rule lightning: save_top_k=2 needs a monitored metric (Lightning rejects save_top_k > 1 with "
+     "monitor=None); use metric=synthetic or metric=FILE"),
+    ("orbax:save_interval_steps=0", "retention rule orbax: save_interval_steps must be >= 1, got 0"),
+    ("orbax:save_interval_steps=5,latest=0", "retention rule orbax: latest must be >= 1, got 0"),
+    ("orbax:save_interval_steps=5,every_steps=0", "retention rule orbax: every_steps must be >= 1, got 0"),
+])
+def test_rule_refusals_are_one_exact_line(spec, message):
+    with pytest.raises(ValueError) as e:
+        parse_rule(spec)
+    assert str(e.value) == message
+
+
+@pytest.mark.parametrize("k", [-1, 0, 1])
+def test_lightning_without_a_monitor_accepts_keep_all_none_and_one(k):
+    spec = f"lightning:every_n_train_steps=5,save_top_k={k},metric=none"
+    assert parse_rule(spec).spec() == spec + ",mode=min,save_last=false"
+
+
+@pytest.mark.parametrize("spec, first_saves", [
+    ("hf:save_steps=1", [1, 2, 3]), ("lightning:every_n_train_steps=1,save_top_k=-1,metric=none", [1, 2, 3]),
+    ("orbax:save_interval_steps=1", [1, 2, 3]),
+])
+def test_rules_save_from_step_one_and_check_the_run_bounds(spec, first_saves):
+    rule = parse_rule(spec)
+    assert [a.step for a in drive(rule.start(3)) if a.kind == "save"] == first_saves
+    with pytest.raises(ValueError, match=r"^a run needs at least 1 training step, got 0$"):
+        rule.start(0)
+    with pytest.raises(ValueError, match=r"^first_step must be in 0\.\.10, got 11$"):
+        rule.start(10, first_step=11)
+
+
+@pytest.mark.parametrize("spec", ["lightning:every_n_train_steps=10,save_top_k=3",
+                                  "hf:save_steps=10,save_total_limit=2,metric=synthetic"])
+def test_metric_rules_default_to_seed_zero(spec):
+    rule = parse_rule(spec)
+
+    def acts(**kw):
+        return [(a.kind, a.step, a.name) for a in drive(rule.start(200, **kw))]
+
+    assert acts() == acts(seed=0) != acts(seed=1)
+
+
+def test_rule_spec_is_canonical_skips_unset_keys_and_writes_booleans_in_lower_case():
+    assert parse_rule("orbax:save_interval_steps=5,every_steps=10").spec() == "orbax:every_steps=10,save_interval_steps=5"
+    assert parse_rule("lightning:every_n_train_steps=5,save_last=true").spec() == (
+        "lightning:every_n_train_steps=5,save_top_k=1,metric=synthetic,mode=min,save_last=true")
+
+
+def test_synthetic_metric_is_its_documented_curve_plus_small_noise():
+    from retainz.retention.metrics import synthetic_loss
+
+    steps = list(range(0, 20000, 100))
+    clean = synthetic_loss(steps, 4, noise=0.0)
+    assert all(clean.values[s] == pytest.approx(1.8 + 3.0 / math.sqrt(1.0 + s / 2000.0), abs=1e-12) for s in steps)
+    noisy = synthetic_loss(steps, 4)
+    assert noisy.source == "synthetic:seed=4"
+    residual = [noisy.values[s] - clean.values[s] for s in steps]
+    assert max(abs(r) for r in residual) < 0.15 and abs(sum(residual) / len(residual)) < 0.01
+
+
+@pytest.mark.parametrize("spec, conditions", [
+    ("lightning:every_n_train_steps=5,save_top_k=-1,metric=none,save_last=true",
+     {"last.ckpt": AfterNewer(1, "last", Timing.AFTER_COMMIT), "other": Permanent("keep_all")}),
+    ("lightning:every_n_train_steps=5,save_top_k=1,metric=none", {"other": AfterNewer(1, "topk", Timing.AFTER_COMMIT)}),
+    ("orbax:save_interval_steps=5", {"other": Permanent("keep_all")}),
+    ("orbax:save_interval_steps=5,latest=2", {"other": AfterNewer(2, "step", Timing.AFTER_COMMIT)}),
+])
+def test_lightning_and_orbax_saves_carry_their_rules_condition(spec, conditions):
+    got = {("last.ckpt" if a.name == "last.ckpt" else "other", a.hint.condition)
+           for a in drive(parse_rule(spec).start(20)) if a.kind == "save"}
+    assert got == {(k, c.describe()) for k, c in conditions.items()}
+
+
+def test_save_hint_reads_no_metric_file_picks_the_named_class_and_checks_its_steps():
+    from retainz.retention import save_hint
+
+    # a metric file's values are never used for one save's hint: the file is not even opened
+    on_file = parse_rule("lightning:every_n_train_steps=10,save_top_k=3,metric=/nonexistent/m.txt")
+    synthetic = parse_rule("lightning:every_n_train_steps=10,save_top_k=3,metric=synthetic")
+    assert save_hint(on_file, 50) == save_hint(synthetic, 50)
+    # two saves at one step: each class gets its own condition (last.ckpt is the second planned)
+    both = parse_rule("lightning:every_n_train_steps=10,save_top_k=3,metric=synthetic,save_last=true")
+    assert save_hint(both, 50, cls="last").condition == AfterNewer(1, "last", Timing.AFTER_COMMIT).describe()
+    assert save_hint(both, 50, cls="topk") == save_hint(both, 50) != save_hint(both, 50, cls="last")
+    with pytest.raises(ValueError) as e:
+        save_hint(synthetic, -1)
+    assert str(e.value) == "step must be >= 0, got -1"
+    with pytest.raises(ValueError) as e:
+        save_hint(synthetic, 50, total_steps=40)
+    assert str(e.value) == "step 50 is after the run's last step 40"
+
+
+# -- conditions: both encodings round-trip every field type; refusals are one exact line ----------------------
+@pytest.mark.parametrize("cond", [
+    AfterNewer(2, ("a", "b"), Timing.AFTER_COMMIT), AfterNewer(1, "topk", Timing.BEFORE_SAVE),
+    Uncertain(math.inf, 0.25, None, "x,y"), Uncertain(120.0, 0.5, 300.0, "empirical:key=1,n=2,retired=1"),
+    AtStep(700), Permanent("keep_all"),
+])
+def test_conditions_round_trip_through_text_and_json(cond):
+    from retainz.retention.conditions import condition_from_json
+
+    assert parse_condition(cond.describe()) == cond
+    assert condition_from_json(cond.to_json()) == cond
+
+
+def _from_json(obj):
+    from retainz.retention.conditions import condition_from_json
+
+    return condition_from_json(obj)
+
+
+@pytest.mark.parametrize("decode, given, message", [
+    (_from_json, [1], "condition must be an object, got [1]"),
+    (_from_json, {"kind": "nosuch"}, "unknown condition kind 'nosuch'; valid: after_newer, permanent, at_step, uncertain"),
+    (_from_json, {"kind": "at_step", "at": 5, "zz": 1}, "condition at_step: unknown field(s) zz; valid: at"),
+    (_from_json, {"kind": "after_newer", "k": 1}, "condition after_newer: missing of_class, timing"),
+    (_from_json, {"kind": "at_step", "at": "5"}, "condition at_step: at must be an integer, got '5'"),
+    (_from_json, {"kind": "permanent", "reason": 5}, "condition permanent: reason must be a string, got 5"),
+    (parse_condition, "nosuch:x=1",
+     "condition 'nosuch:x=1': unknown kind 'nosuch'; valid: after_newer, permanent, at_step, uncertain"),
+    (parse_condition, "after_newer:k=1,timing=after_commit",
+     "condition 'after_newer:k=1,timing=after_commit': expected of_class="),
+    (parse_condition, "after_newer:k=1,of_class=a", "condition 'after_newer:k=1,of_class=a': expected timing="),
+    (parse_condition, "at_step:at=x", "condition 'at_step:at=x': bad at 'x'"),
+])
+def test_condition_refusals_in_both_encodings(decode, given, message):
+    with pytest.raises(ValueError) as e:
+        decode(given)
+    assert str(e.value) == message
+
+
+@pytest.mark.parametrize("text, value", [("yes", True), ("no", False), ("1", True), ("0", False), ("TRUE", True)])
+def test_rule_booleans_take_every_spelling(text, value):
+    assert parse_rule(f"torchtitan:interval=5,async={text}").async_mode is value
+
+
+def test_drive_refuses_a_crash_period_below_one_save():
+    with pytest.raises(ValueError) as e:
+        list(drive(parse_rule("torchtitan:interval=5").start(10), crash_every=0))
+    assert str(e.value) == "crash_every must be >= 1 save, got 0"
+
+
+def test_rule_keys_give_type_default_and_help():
+    from retainz.retention.base import RULES, rule_keys
+
+    assert rule_keys(RULES["orbax"])[2] == {
+        "key": "save_interval_steps", "field": "save_interval_steps", "type": "int", "required": False, "default": 1,
+        "help": "save when step % save_interval_steps == 0", "choices": None}
+    assert rule_keys(RULES["accelerate"])[0]["default"] is None and rule_keys(RULES["accelerate"])[0]["required"]

@@ -390,3 +390,274 @@ def test_a_flipped_bit_in_each_of_the_last_records_is_corruption_not_a_torn_tail
                 Store.open(inner, readonly=True)
             tried += 1
     assert tried == sum(blocks) == 6
+
+
+# -- the snapshot's size: the packing rule and its O(1) bound ----------------------------------------------------
+def test_plan_zones_starts_each_zone_after_its_superblock_and_keeps_the_reserve():
+    from retainz.store.records import plan_zones
+
+    # capacity 10 blocks, superblock 1: frames of 4+4 fit a zone (9 blocks), a third opens the next
+    assert plan_zones([4 * BS, 4 * BS, 4 * BS], 10 * BS, BS) == [[0, 1], [2]]
+    assert plan_zones([4 * BS, 5 * BS], 10 * BS, BS) == [[0, 1]]                 # exactly full
+    assert plan_zones([4 * BS, 5 * BS], 10 * BS, BS, reserve=1) == [[0, 1], []]  # no room left to keep
+    assert plan_zones([4 * BS], 10 * BS, BS, reserve=5 * BS) == [[0]]
+    assert plan_zones([], 10 * BS, BS) == [[]]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_snapshot_zones_bounds_the_packed_snapshot(seed):
+    """The O(1) bound the admission rule uses never undercounts the zones a rollover packs (with room
+    for the record that triggers it), for any mix of entry sizes, zone attributes and geometry."""
+    import random
+
+    from retainz.store.records import frame_size, pack_zones, snapshot_zones
+
+    rnd = random.Random(seed)
+    for _ in range(300):
+        bs = rnd.choice([512, 4096])
+        cap = rnd.choice([16, 48, 64, 256, 1024]) * 1024
+        entries = [rnd.randint(50, rnd.choice([200, 2000, 20000])) for _ in range(rnd.randint(0, 300))]
+        zones = rnd.choice([0, 5, 100, 3000])
+        big = max(entries, default=0)
+        packed = pack_zones(entries, cap, bs, zones=zones, reserve=frame_size(max(big, 1024), bs))
+        bound = snapshot_zones(sum(entries), cap, bs, items=len(entries), biggest=big, zones=zones)
+        assert packed <= bound, (bs, cap, len(entries), big, zones)
+        assert snapshot_zones(sum(entries), cap, bs, biggest=big, zones=zones) >= packed    # items unknown
+
+
+# -- Journal.roll on its own: limits, counters, the zones it resets and finishes --------------------------------
+CAP = GEOM.zone_capacity
+BIG = CAP - BS - 8                      # a payload whose frame fills a meta zone after its superblock
+
+
+class _Calls:
+    """The device a journal writes to, recording every zone operation and write (zone, kind)."""
+
+    def __init__(self, dev):
+        self._dev, self.ops = dev, []
+
+    def __getattr__(self, name):
+        return getattr(self._dev, name)
+
+    def write(self, offset, data):
+        self.ops.append(("write", offset // GEOM.zone_size))
+        self._dev.write(offset, data)
+
+    def finish_zone(self, z):
+        self.ops.append(("finish", z))
+        self._dev.finish_zone(z)
+
+    def reset_zone(self, z):
+        self.ops.append(("reset", z))
+        self._dev.reset_zone(z)
+
+    def flush(self):
+        self.ops.append(("flush",))
+        self._dev.flush()
+
+
+def _journal(snapshot=None):
+    from retainz.store.journal import Journal
+
+    s = Store.format(MemoryDevice(GEOM))
+    j = s.journal
+    return Journal(_Calls(j.device), j.sb, j.chain, j.end, snapshot)
+
+
+def test_roll_without_a_snapshot_source_is_refused():
+    with pytest.raises(ValueError) as e:
+        _journal().roll()
+    assert str(e.value) == "Journal.roll: no snapshot source (give payloads, or set Journal.snapshot)"
+
+
+def test_roll_takes_a_record_that_fills_a_zone_and_refuses_one_block_more():
+    j = _journal()
+    seq, records, written = j.sb.sequence, j.records, j.bytes_written
+    j.roll([b"x" * BIG])
+    assert len(j.chain) == 1 and j.end == CAP                      # no reserve asked: no extra zone
+    assert (j.sb.sequence, j.sb.part, j.rollovers) == (seq + 1, 0, 1)
+    assert (j.records, j.bytes_written) == (records + 1, written + CAP)
+    j.roll([b"a", b"b"])
+    assert (j.records, j.bytes_written, j.end) == (records + 3, written + CAP + 3 * BS, 3 * BS)
+    with pytest.raises(NoSpaceError) as e:
+        j.roll([b"x" * (BIG + 1)])
+    assert str(e.value) == "a journal snapshot record of 49152 bytes does not fit a meta zone"
+    assert (e.value.needed, e.value.available) == (CAP, CAP - BS)
+
+
+def test_roll_refuses_a_snapshot_larger_than_the_free_meta_zones_naming_both():
+    j = _journal()
+    with pytest.raises(NoSpaceError) as e:
+        j.roll([b"x" * BIG] * 3)                   # three zones; two of the three meta zones are free
+    assert str(e.value) == ("journal snapshot of 147456 bytes needs 3 meta zones but 2 are free (3 meta zones of "
+                            "49152 bytes); format with more meta zones")
+    assert (e.value.needed, e.value.available) == (3 * CAP, 2 * CAP)
+    assert j.device.ops == []                      # nothing written, nothing reset
+
+
+def test_roll_resets_stale_free_zones_finishes_the_old_tail_then_resets_the_old_chain():
+    j = _journal()
+    old = j.chain[-1]
+    stale = next(z for z in j.meta if z not in j.chain)
+    j.device.write(stale * GEOM.zone_size, bytes(BS))             # leftovers of an earlier chain
+    j.device.ops.clear()
+    j.roll([b"a"])
+    new = j.chain[0]
+    assert j.device.ops[:2] == [("reset", stale), ("finish", old)]
+    assert j.device.ops[2:] == [("write", new), ("flush",), ("reset", old)]
+    assert j.device.zone(old).cond == ZoneCond.EMPTY
+
+
+# -- every record kind decodes to what was encoded -------------------------------------------------------------
+def _gen(gid="g1", step=40, seq=7, shards=2):
+    from retainz.hint import Lifetime
+    from retainz.store.types import GenerationInfo, GenState, ShardInfo
+
+    return GenerationInfo(
+        id=gid, step=step, hint=Hint(reclaim_step=90.0, lifetime=Lifetime.MEDIUM, condition="at_step:at=90",
+                                     actual_reclaim_step=95.0),
+        state=GenState.COMMITTED, commit_seq=seq,
+        shards={f"s{i}": ShardInfo(f"s{i}", 100 + i, 1234 + i, ((4, 0, 100 + i, 55 + i),)) for i in range(shards)})
+
+
+ATTRS = [[5, 4096, 1, 90.0, 3, 40, 2, 41], [6, 8192, 0, None, 0, 12, 3, 13]]
+
+
+def test_update_records_decode_to_their_fields():
+    from retainz.store.records import (
+        Kind,
+        ZoneAttrs,
+        commit_record,
+        decode,
+        delete_record,
+        gen_entry_bytes,
+        hint_record,
+        move_record,
+        sync_record,
+    )
+
+    zones = [(5, ZoneAttrs(4096, 1, 90.0, 3, 40, 2, 41)), (6, ZoneAttrs(8192, 0, None, 0, 12, 3, 13))]
+    g = _gen()
+    r = decode(commit_record(gen_entry_bytes(g), 41, ATTRS, 9))
+    assert (r.kind, r.gens, r.now, r.open_seq, r.zones, r.replaces, r.resets) == (Kind.COMMIT, [g], 41, 9, zones,
+                                                                                   False, [])
+    r = decode(commit_record(gen_entry_bytes(g), 41, ATTRS, 9, replace_resets=[3, 8]))
+    assert (r.replaces, r.resets, r.now, r.open_seq) == (True, [3, 8], 41, 9)
+    r = decode(delete_record("g1", [5], 42, ATTRS[:1], 10))
+    assert (r.kind, r.deleted, r.resets, r.now, r.open_seq, r.zones) == (Kind.DELETE, "g1", [5], 42, 10, zones[:1])
+    r = decode(move_record([["g1", "s0", [[6, 0, 100, 55]]]], [5], 43, ATTRS, 11))
+    assert (r.kind, r.moves, r.resets, r.now, r.open_seq) == (Kind.MOVE, [("g1", "s0", ((6, 0, 100, 55),))], [5], 43, 11)
+    r = decode(hint_record("g1", g.hint, 44, ATTRS, 12))
+    assert (r.kind, r.hint, r.now, r.open_seq, r.zones) == (Kind.HINT, ("g1", g.hint), 44, 12, zones)
+    r = decode(sync_record(45, {"resets": 3}, ATTRS, 13))
+    assert (r.kind, r.metrics, r.now, r.open_seq, r.commit_seq) == (Kind.SYNC, {"resets": 3}, 45, 13, None)
+
+
+def test_snapshot_records_decode_to_the_state_and_batch_by_the_limit():
+    from retainz.store.records import Kind, decode, gen_entry_bytes, gen_entry_size, snapshot_records
+
+    gens = [_gen(f"g{i}", step=i, seq=i + 1) for i in range(5)]
+    size = gen_entry_size(gens[0])
+    assert all(gen_entry_size(g) == size == len(gen_entry_bytes(g)) + 1 for g in gens)   # entry and separator
+    recs = [decode(p) for p in snapshot_records(77, 5, {"resets": 2}, 14, ATTRS, gens, 5, limit=2 * size)]
+    assert [r.kind for r in recs] == [Kind.SNAP, Kind.ZONES, Kind.GENS, Kind.GENS, Kind.GENS, Kind.SNAP_END]
+    head = recs[0]
+    assert (head.now, head.commit_seq, head.metrics, head.open_seq) == (77, 5, {"resets": 2}, 14)
+    assert [z for z, _ in recs[1].zones] == [5, 6]
+    assert [[g.id for g in r.gens] for r in recs[2:5]] == [["g0", "g1"], ["g2", "g3"], ["g4"]]
+    assert [g for r in recs[2:5] for g in r.gens] == gens and recs[-1].count == 5
+    # a limit one byte short of two entries puts every entry in a record of its own
+    assert len(snapshot_records(0, 0, {}, 0, [], gens, 5, limit=2 * size - 1)) == 2 + 5
+    # zone attributes go 2,000 to a record
+    many = [[z, 1, 0, None, 0, 0, 0, 0] for z in range(4001)]
+    assert [len(decode(p).zones) for p in snapshot_records(0, 0, {}, 0, many, [], 0, limit=size)[1:-1]] == [
+        2000, 2000, 1]
+
+
+def test_a_zone_attribute_item_marks_full_zones_and_reads_back_shorter_lists():
+    from retainz.placement import ZoneTable
+    from retainz.store.records import ZoneAttrs, zone_attr_item
+
+    t = ZoneTable({0: 100, 1: 100})
+    t.on_write(0, 100, reclaim_step=5.0, lifetime=2, step=3)
+    t.on_write(1, 10, reclaim_step=None, lifetime=0, step=4)
+    assert zone_attr_item(0, t[0]) == [0, 100, 1, 5.0, 2, 3, 1, 3]
+    assert zone_attr_item(1, t[1]) == [1, 10, 0, None, 0, 4, 2, 4]
+    assert ZoneAttrs.decode([1, 10, 0, None, 0, 4, 2, 4, 99]) == (1, ZoneAttrs(10, 0, None, 0, 4, 2, 4))
+    assert ZoneAttrs.decode([3, 10]) == (3, ZoneAttrs(10))
+
+
+def test_zone_attrs_of_a_summary_are_its_journaled_item():
+    from retainz.placement import ZoneTable
+    from retainz.store.records import ZoneAttrs, zone_attr_item
+
+    t = ZoneTable({0: 100, 1: 100})
+    t.on_write(0, 100, reclaim_step=5.0, lifetime=2, step=3)
+    t.on_write(1, 10, reclaim_step=None, lifetime=4, step=6)
+    t.on_write(1, 5, reclaim_step=8.0, lifetime=4, step=7)
+    assert ZoneAttrs.of(t[0]) == ZoneAttrs(100, 1, 5.0, 2, 3, 1, 3)
+    assert ZoneAttrs.of(t[1]) == ZoneAttrs(15, 0, 8.0, 4, 6, 2, 7) == tuple(zone_attr_item(1, t[1])[1:])
+
+
+def test_a_fresh_store_snapshot_is_empty():
+    from retainz.store.records import Kind, decode, empty_snapshot
+
+    head, zones, end = (decode(p) for p in empty_snapshot())
+    assert (head.kind, head.now, head.commit_seq, head.metrics) == (Kind.SNAP, 0, 0, {})
+    assert (zones.kind, list(zones.zones)) == (Kind.ZONES, [])
+    assert (end.kind, end.count) == (Kind.SNAP_END, 0)
+
+
+def test_the_journal_full_refusal_names_the_zones_bytes_and_what_is_kept():
+    import re
+
+    dev = MemoryDevice(Geometry(nr_zones=40, zone_size=64 * 1024, zone_capacity=48 * 1024, max_open=3,
+                                max_active=4))
+    with Store.format(dev, meta_zones=2) as s:
+        with pytest.raises(NoSpaceError) as e:
+            _fill(s, 200, names=8, name_len=200, data=False)
+    m = re.fullmatch(r"generation 'g\d{4}': the journal is full: a snapshot with it would take (\d+) meta "
+                     r"zones \((\d+) bytes\); 2 meta zones of 49152 bytes keep room for 2 x 1 \(1 free beside the "
+                     r"current chain\), so deletions can always be journaled; delete generations, or format with "
+                     r"more meta zones", str(e.value))
+    assert m, str(e.value)
+    assert int(m[1]) >= 2 and e.value.needed == int(m[2]) and e.value.available == 49152
+    assert e.value.cause == "journal"
+
+
+def test_default_meta_zones_never_leave_fewer_than_the_reserve_and_two_data_zones():
+    from retainz.store.journal import default_meta_zones
+
+    assert default_meta_zones(6, 48 * 1024, 4096, 2) == 2       # 6 - 2 - 2: the floor of 2
+    assert default_meta_zones(7, 48 * 1024, 4096, 2) == 3
+    assert default_meta_zones(1 << 20, 1 << 30, 4096, 2) == 64  # at most 64
+
+
+def test_append_counts_flushes_and_refuses_a_record_larger_than_a_zone():
+    from retainz.errors import ZonedDeviceError
+
+    j = _journal(snapshot=lambda: [b"snapshot"])
+    records, written, end = j.records, j.bytes_written, j.end
+    j.append(b"a")
+    j.append(b"b", flush=False)
+    assert (j.records, j.bytes_written, j.end) == (records + 2, written + 2 * BS, end + 2 * BS)
+    assert j.device.ops == [("write", j.chain[-1]), ("flush",), ("write", j.chain[-1])]
+    with pytest.raises(NoSpaceError) as e:
+        j.append(b"x" * (BIG + 1))
+    assert str(e.value) == "journal record of 45049 bytes does not fit a meta zone (45056 bytes after the superblock)"
+    assert (e.value.needed, e.value.available) == (CAP, CAP - BS)
+    # a failed write fences the chain: the next record goes to a fresh chain
+    real = j.device.write
+
+    def fail(offset, data):
+        raise ZonedDeviceError("write failed")
+
+    j.device.write = fail
+    with pytest.raises(ZonedDeviceError):
+        j.append(b"c")
+    j.device.write = real
+    assert j.fenced
+    j.append(b"d")
+    assert (j.rollovers, j.fenced) == (1, False)
+    j.append(b"x" * BIG)                  # a whole zone's record: rolls over into a chain that keeps it room
+    assert (j.rollovers, j.end, len(j.chain)) == (2, CAP, 2)

@@ -44,8 +44,8 @@ GROUPS: dict[str, dict] = {
         "mutate": ["src/retainz/placement/*.py", "src/retainz/hint.py", "src/retainz/spec.py"],
         "skip": {},
         "tests": ["tests/test_placement_controls.py", "tests/test_placement_table.py", "tests/test_hint_routes.py",
-                  "tests/test_placement_retainz.py", "tests/test_placement_zenfs.py", "tests/test_placement_store.py",
-                  "tests/test_store_placement.py"],
+                  "tests/test_placement_retainz.py", "tests/test_placement_zenfs.py", "tests/test_zenfs_active_limit.py",
+                  "tests/test_placement_store.py", "tests/test_store_placement.py"],
     },
     "journal": {
         "mutate": ["src/retainz/store/journal.py", "src/retainz/store/records.py", "src/retainz/store/metalog.py"],
@@ -62,12 +62,17 @@ GROUPS: dict[str, dict] = {
         "tests": ["tests/test_store_api.py", "tests/test_store_corruption.py", "tests/test_store_gc.py",
                   "tests/test_store_journal.py", "tests/test_store_metrics.py",
                   "tests/test_store_placement.py", "tests/test_store_readonly.py",
-                  "tests/test_store_recovery.py", "tests/test_store_stateful.py", "tests/test_store_cli.py"],
+                  "tests/test_store_recovery.py", "tests/test_store_stateful.py", "tests/test_store_cli.py",
+                  # I/O errors (zone reconcile, failed resets), replacement, hint updates, admission
+                  "tests/test_store_io_errors.py", "tests/test_store_replace.py", "tests/test_store_hint_update.py",
+                  "tests/test_store_admission.py", "tests/test_store_time_order.py"],
     },
     "retention": {
         "mutate": ["src/retainz/retention/*.py"],
         "skip": {},
-        "tests": ["tests/test_retention.py", "tests/test_replay.py"],
+        # inference and the hint routes are tested with the mount's layout and the hint routes
+        "tests": ["tests/test_retention.py", "tests/test_replay.py", "tests/test_hint_routes.py",
+                  "tests/test_mount_layout.py", "tests/test_rehint_on_resume.py"],
     },
 }
 
@@ -92,7 +97,7 @@ def _scratch(name: str, group: dict, files: list[str], max_children: int) -> Pat
     work = ROOT / "out" / "mutation" / name
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    for d in ("src", "tests"):
+    for d in ("src", "tests", "examples"):   # examples: the CLI tests run examples/lifecycle.py
         shutil.copytree(ROOT / d, work / d, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     config = (ROOT / "pyproject.toml").read_text()
     config += "\n[tool.mutmut]\n" + "\n".join([
@@ -101,6 +106,7 @@ def _scratch(name: str, group: dict, files: list[str], max_children: int) -> Pat
         f'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-m", "{FAST_LANE}"]',
         f"pytest_add_cli_args_test_selection = {json.dumps(group['tests'])}",
         "use_git_change_detection = false",
+        'also_copy = ["examples"]',
     ]) + "\n"
     (work / "pyproject.toml").write_text(config)
     return work
@@ -128,8 +134,10 @@ def _run_group(name: str, group: dict, only: list[str], max_children: int, budge
         (work / "mutants" / "src").mkdir(parents=True)
         print(f"== {name}: mutmut over {len(files)} file(s), tests: {' '.join(group['tests'])}", flush=True)
         with open(work / "mutmut.log", "w") as log:
+            # SIGINT stops mutmut at the budget: a job started in the background inherits it ignored
             proc = subprocess.Popen([str(mutmut), "run", "--max-children", str(max_children)], cwd=work,
-                                    env=env, stdout=log, stderr=subprocess.STDOUT)
+                                    env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
             try:
                 code = proc.wait(timeout=budget * 60 if budget else None)
             except subprocess.TimeoutExpired:   # out of time: stop, keep what was measured
@@ -153,6 +161,8 @@ def _run_group(name: str, group: dict, only: list[str], max_children: int, budge
                     survivors.append({"name": key, "module": rel, "status": status,
                                       "diff": (known or {}).get(key) if collect else None})
         modules[rel] = counts
+    # a run that finished its mutants while being stopped (or ignored the signal) was not cut short
+    stopped = stopped and any(c["not run"] for c in modules.values())
     todo = [(s["name"], s["module"]) for s in survivors if s["diff"] is None]
     if todo:   # what `mutmut show` prints, for all of them in one process
         out = subprocess.run([sys.executable, "-c", _DIFFS, json.dumps(todo)], cwd=work, env=env, text=True,
