@@ -13,7 +13,7 @@ G = Geometry(nr_zones=4, zone_size=256 * KiB, zone_capacity=256 * KiB, block_siz
 def test_writeback_starts_every_writeback_bytes_across_zones(tmp_path, monkeypatch):
     starts = []
     monkeypatch.setattr(file_mod, "WRITEBACK_BYTES", 64 * KiB)
-    monkeypatch.setattr(file_mod, "_start_writeback", lambda fd: starts.append(fd))
+    monkeypatch.setattr(file_mod, "start_writeback", lambda fd: starts.append(fd))
     dev = FileDevice.create(tmp_path / "d.img", G)
     dev.write(0, b"\x01" * (48 * KiB))
     assert starts == []                               # 48 KiB: below the threshold

@@ -44,7 +44,7 @@ from retainz.zoned.device import WriteData
 from retainz.zoned.emulated import EmulatedZonedDevice
 from retainz.zoned.model import Geometry, ZoneCond
 
-__all__ = ["FileDevice", "FILE_DEVICE_MAGIC"]
+__all__ = ["FileDevice", "FILE_DEVICE_MAGIC", "WRITEBACK_BYTES", "start_writeback"]
 
 FILE_DEVICE_MAGIC = b"RETAINZD"
 _STATE_MAGIC = b"RZSTATE\0"
@@ -198,7 +198,7 @@ class FileDevice(EmulatedZonedDevice):
         self._unkicked += len(data)
         if self._unkicked >= WRITEBACK_BYTES:
             self._unkicked = 0
-            _start_writeback(self._fd)
+            start_writeback(self._fd)
 
     def _load(self, zone: int, pos: int, length: int) -> bytes:
         off = self._data_offset + zone * self._zsize + pos
@@ -315,7 +315,7 @@ def _decode_slot(raw: bytes, nr_zones: int) -> tuple[int, list[int], list[int], 
     return seq, conds, written, order
 
 
-#: Bytes written between two starts of the kernel's writeback (:func:`_start_writeback`).
+#: Bytes written between two starts of the kernel's writeback (:func:`start_writeback`).
 WRITEBACK_BYTES = 8 << 20
 
 _libc = None
@@ -335,7 +335,7 @@ def _punch_hole(fd: int, offset: int, length: int) -> None:
 _SYNC_FILE_RANGE_WRITE = 0x2
 
 
-def _start_writeback(fd: int) -> None:
+def start_writeback(fd: int) -> None:
     """Start writing the file's dirty pages back without waiting (``sync_file_range(2)`` with
     ``SYNC_FILE_RANGE_WRITE``), so the next flush's ``fdatasync`` finds little left to write.
     Durability is unchanged: only :meth:`FileDevice.flush` promises anything (RocksDB's
