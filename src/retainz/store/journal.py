@@ -37,11 +37,21 @@ from dataclasses import dataclass, field
 
 from retainz.errors import CorruptJournalError, ForeignDeviceError, NoSpaceError, ZonedDeviceError
 from retainz.store.format import Superblock
-from retainz.store.records import EXTENT_BYTES, Kind, frame, kind_of, plan_zones, snapshot_zones, unframe
+from retainz.store.records import (
+    EXTENT_BYTES,
+    FRAME_HEADER,
+    Kind,
+    frame,
+    kind_of,
+    plan_zones,
+    snapshot_zones,
+    unframe,
+)
 from retainz.zoned.device import ZonedDevice
 from retainz.zoned.model import ZoneCond
 
-__all__ = ["parse_zone", "Journal", "MountScan", "scan", "MAX_META_ZONES", "default_meta_zones"]
+__all__ = ["parse_zone", "ZoneWindow", "SCAN_WINDOW", "Journal", "MountScan", "scan", "MAX_META_ZONES",
+           "default_meta_zones"]
 
 #: Meta zones are the first zones; at most this many.
 MAX_META_ZONES = 64
@@ -82,11 +92,80 @@ class ZoneParse:
     torn: int = 0
 
 
-def parse_zone(buf: bytes, start: int, end: int, bs: int, *, zone: int, tail: bool,
-               full: bool = True) -> ZoneParse:
-    """Parse the records in ``buf[start:end]`` (``buf`` is the zone's data from byte 0).
+#: Bytes of a meta zone :func:`scan` reads at a time (a record larger than this is read whole).
+SCAN_WINDOW = 4 << 20
+
+
+class ZoneWindow:
+    """A meta zone's bytes ``[0, end)`` as :func:`parse_zone` reads them: either a buffer holding
+    them (:meth:`over`) or read from the device a window of :data:`SCAN_WINDOW` bytes at a time
+    (:meth:`on`), so mounting a journal zone of any size holds one window in memory, not the zone.
 
     Args:
+        read: ``read(pos, n)``: the zone's bytes ``[pos, pos + n)`` (bytes-like).
+        end: bytes readable (the zone's written bytes).
+        window: bytes read at a time.
+    """
+
+    __slots__ = ("_read", "end", "_window", "_lo", "_view")
+
+    def __init__(self, read: Callable[[int, int], bytes], end: int, window: int = SCAN_WINDOW):
+        self._read = read
+        self.end = end
+        self._window = window
+        self._lo = 0
+        self._view = memoryview(b"")
+
+    @classmethod
+    def over(cls, buf) -> ZoneWindow:
+        """The zone's bytes already in ``buf`` (no copy, no reads)."""
+        w = cls(None, len(buf), len(buf))
+        w._view = memoryview(buf)
+        return w
+
+    @classmethod
+    def on(cls, device: ZonedDevice, zone_start: int, written: int, window: int = SCAN_WINDOW) -> ZoneWindow:
+        """The first ``written`` bytes of the zone starting at device byte ``zone_start``."""
+        return cls(lambda pos, n: device.read(zone_start + pos, n), written, window)
+
+    def _load(self, pos: int, n: int) -> None:
+        self._view = memoryview(self._read(pos, min(max(n, self._window), self.end - pos)))
+        self._lo = pos
+
+    def get(self, pos: int, n: int) -> memoryview:
+        """The bytes ``[pos, pos + n)`` (``pos + n <= end``), reading a new window if needed."""
+        if pos < self._lo or pos + n > self._lo + len(self._view):
+            self._load(pos, n)
+        return self._view[pos - self._lo:pos - self._lo + n]
+
+    def frame(self, pos: int, bs: int) -> tuple[int, int, bool, memoryview | None]:
+        """:func:`~retainz.store.records.unframe` at ``pos``, plus the frame's bytes (``None``
+        when its header is zero or it runs past ``end``); one window read at most."""
+        need = FRAME_HEADER
+        while True:
+            rel, v = pos - self._lo, self._view
+            if rel >= 0 and rel + need <= len(v):
+                n, total, ok = unframe(v, rel, len(v), bs)
+                if not total:
+                    return n, total, False, None
+                if rel + total <= len(v):
+                    return n, total, ok, v[rel:rel + total]
+                if pos + total > self.end:
+                    return n, total, False, None
+                need = total                # the frame runs past this window: read it whole
+            self._load(pos, need)
+            if len(self._view) < need:
+                raise CorruptJournalError(f"reading {need} bytes at byte {pos} of a meta zone returned "
+                                          f"{len(self._view)}")
+
+
+def parse_zone(buf, start: int, end: int, bs: int, *, zone: int, tail: bool,
+               full: bool = True) -> ZoneParse:
+    """Parse the records in the zone's bytes ``[start, end)``.
+
+    Args:
+        buf: the zone's data from byte 0: a bytes-like object holding at least ``end`` bytes, or a
+            :class:`ZoneWindow` (what :func:`scan` passes: read a window at a time).
         tail: True for the last zone of a chain, where a record that runs past ``end`` (the write
             pointer) is a torn tail; elsewhere it is corruption.
         full: the zone is Full, so ``end`` is its capacity and zero padding may end its records; in
@@ -97,15 +176,15 @@ def parse_zone(buf: bytes, start: int, end: int, bs: int, *, zone: int, tail: bo
         CorruptJournalError: a checksum mismatch inside ``end``, or a record past ``end`` that is not
             the last thing written.
     """
+    win = buf if isinstance(buf, ZoneWindow) else ZoneWindow.over(memoryview(buf)[:end])
     out = ZoneParse(end=start)
     pos = start
-    view = memoryview(buf)
 
     def later_valid() -> int | None:
-        return next((p for p in range(pos + bs, end, bs) if unframe(view, p, end, bs)[2]), None)
+        return next((p for p in range(pos + bs, end, bs) if win.frame(p, bs)[2]), None)
 
-    while pos + 8 <= end:
-        n, total, ok = unframe(view, pos, end, bs)
+    while pos + FRAME_HEADER <= end:
+        n, total, ok, view = win.frame(pos, bs)
         if not total:                       # a zero header
             later = later_valid()
             if later is not None or not full:
@@ -124,7 +203,7 @@ def parse_zone(buf: bytes, start: int, end: int, bs: int, *, zone: int, tail: bo
             out.torn = end - pos
             break
         if not ok:
-            if tail and full and total > bs and not view[pos + total - bs:end].tobytes().strip(b"\0"):
+            if tail and full and total > bs and not _holds_data(win, pos + total - bs, end):
                 # a torn record in a zone finished afterwards (a rollover finishes the old zone):
                 # the blocks it never wrote read as zeros up to the zone's end.  A record's last
                 # block always holds payload, so a record whose last block holds data was written
@@ -134,10 +213,20 @@ def parse_zone(buf: bytes, start: int, end: int, bs: int, *, zone: int, tail: bo
                 break
             raise CorruptJournalError(f"meta zone {zone}: record at byte {pos} ({n} bytes) fails its "
                                       "checksum: corrupt journal")
-        out.payloads.append(bytes(view[pos + 8:pos + 8 + n]))
+        out.payloads.append(bytes(view[FRAME_HEADER:FRAME_HEADER + n]))
         pos += total
         out.end = pos
     return out
+
+
+def _holds_data(win: ZoneWindow, pos: int, end: int) -> bool:
+    """Whether any byte of the zone's ``[pos, end)`` is not zero (read a window at a time)."""
+    while pos < end:
+        n = min(end - pos, SCAN_WINDOW)
+        if win.get(pos, n).tobytes().strip(b"\0"):
+            return True
+        pos += n
+    return False
 
 
 @dataclass
@@ -223,8 +312,8 @@ def scan(device: ZonedDevice) -> MountScan:
             z = zones[zi]
             last = i == len(chain) - 1
             written = z.capacity if z.cond == ZoneCond.FULL else z.wp - z.start
-            buf = device.read(z.start, written)
-            parsed = parse_zone(buf, bs, written, bs, zone=zi, tail=last, full=z.cond == ZoneCond.FULL)
+            parsed = parse_zone(ZoneWindow.on(device, z.start, written), bs, written, bs, zone=zi, tail=last,
+                                full=z.cond == ZoneCond.FULL)
             payloads += parsed.payloads
             end, torn = parsed.end, parsed.torn
         complete = (bool(payloads) and kind_of(payloads[0]) is Kind.SNAP
