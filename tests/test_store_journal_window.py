@@ -40,7 +40,7 @@ def outcome(buf, end: int, **kw):
 @pytest.mark.parametrize("window", [BS, 2 * BS, 3 * BS + BS // 2, 64 * BS, 1 << 30])
 def test_windowed_parse_equals_the_whole_zone_parse(window):
     rnd = random.Random(window)
-    for trial in range(30):
+    for _ in range(30):
         img, payloads = zone_image(rnd, rnd.randint(1, 25))
         reads: list[int] = []
         got = outcome(windowed(img, window, reads), len(img), tail=True)

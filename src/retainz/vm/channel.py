@@ -34,7 +34,8 @@ from pathlib import Path
 
 from retainz.vm.guest import PORT_NAME, ChannelConfig
 
-__all__ = ["Serving", "serving", "IVSHMEM_ID", "find_port", "map_window", "serve_device", "block_stat", "main"]
+__all__ = ["Serving", "serving", "remove_stale_channels", "CHANNEL_PREFIX", "WINDOW_PREFIX", "IVSHMEM_ID",
+           "find_port", "map_window", "serve_device", "block_stat", "main"]
 
 #: PCI vendor and device id of QEMU's ``ivshmem-plain`` (Red Hat, 0x1110).
 IVSHMEM_ID = ("0x1af4", "0x1110")
@@ -67,6 +68,45 @@ class Serving:
 #: Seconds to wait for QEMU to create the channel's socket.
 SOCKET_WAIT = 60.0
 
+#: Name prefixes of a channel's socket folder (in the temporary folder) and window file (in
+#: ``/dev/shm``); the owning process's pid follows, then ``-`` and a random part.
+CHANNEL_PREFIX, WINDOW_PREFIX = "retainz-chan-", "retainz-window-"
+
+
+def remove_stale_channels(tmp_dir: str, shm_dir: str) -> list[str]:
+    """Remove the socket folders and shared-memory windows that a killed process left behind
+    (``kill -9`` of ``retainz vm serve`` runs no clean-up; a window is 64 MiB of RAM in ``/dev/shm``):
+    those whose owner pid (in the name) is no longer running.  Entries of running processes and
+    names without a pid are left alone.  Returns the paths removed."""
+    removed = []
+    for folder, prefix in ((tmp_dir, CHANNEL_PREFIX), (shm_dir, WINDOW_PREFIX)):
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue
+        for name in names:
+            pid = name[len(prefix):].split("-", 1)[0] if name.startswith(prefix) else ""
+            if not pid.isdigit() or _running(int(pid)):
+                continue
+            path = os.path.join(folder, name)
+            if os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+            removed.append(path)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True            # another user's process
+    return True
+
 
 @contextlib.contextmanager
 def serving(out_dir: str | os.PathLike, cfg, device: str = "/dev/nvme0n1") -> Iterator[Serving]:
@@ -88,8 +128,11 @@ def serving(out_dir: str | os.PathLike, cfg, device: str = "/dev/nvme0n1") -> It
 
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    sock_dir = tempfile.mkdtemp(prefix="retainz-chan-")          # a short path: sockets allow ~107 bytes
-    fd, window = tempfile.mkstemp(prefix="retainz-window-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+    remove_stale_channels(tempfile.gettempdir(), shm)
+    tag = f"{os.getpid()}-"
+    sock_dir = tempfile.mkdtemp(prefix=CHANNEL_PREFIX + tag)      # a short path: sockets allow ~107 bytes
+    fd, window = tempfile.mkstemp(prefix=WINDOW_PREFIX + tag, dir=shm)
     os.close(fd)
     channel = ChannelConfig(socket=os.path.join(sock_dir, "port.sock"), window=window)
     src = os.path.dirname(os.path.dirname(os.path.abspath(retainz.__file__)))
