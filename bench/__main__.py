@@ -1,6 +1,7 @@
 """Every benchmark in ``bench/``, one run, each figure next to its target (``make bench``).
 
-Usage: ``python -m bench [--quick] [--json PATH] [--dir DIR] [--no-guest]``
+Usage: ``python -m bench [--quick] [--json PATH] [--dir DIR] [--no-guest]``;
+``python -m bench --markdown REPORT`` prints a report's figures as a Markdown table.
 
 Runs, in this order, with the sizes of :data:`FULL` (or :data:`QUICK` with ``--quick``, a smoke run of
 a minute or two that CI runs without thresholds):
@@ -18,7 +19,8 @@ The targets are those of issue 17 ("Speed") and of each benchmark's own docstrin
 
 JSON report (``--json PATH``)::
 
-    {"format": 1, "quick": bool, "cpus": int, "load_average": float, "seconds": float,
+    {"format": 1, "quick": bool, "cpus": int, "load_average_start": float, "load_average": float,
+     "date": "YYYY-MM-DD", "commit": str | null, "seconds": float,
      "figures": [{"name": str, "value": float | null, "target": float | null, "met": bool | null,
                   "comparison": ">=" | "<", "unit": str, "note": str}, ...],
      "details": {benchmark: its raw result}}
@@ -35,6 +37,7 @@ import json
 import math
 import os
 import shutil
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -214,6 +217,7 @@ def _fmt(v: float | None, unit: str) -> str:
 def run(sizes: Sizes, scratch: str, guest: bool = True, log=print) -> dict:
     """Run every benchmark at ``sizes``; return the report (see the module docstring)."""
     t0 = time.monotonic()
+    load0 = os.getloadavg()[0]
     figures: list[Figure] = []
     details: dict = {}
     steps = [("replay", lambda: _replay(sizes, os.path.join(scratch, "traces"))),
@@ -230,9 +234,34 @@ def run(sizes: Sizes, scratch: str, guest: bool = True, log=print) -> dict:
             log(f"{f.name:52s} {_fmt(f.value, f.unit):>10s} {f.unit:14s} target {f.target_text() or '-':>10s}  "
                 f"{met:7s} {f.note}")
         log(f"  [{name}: {time.monotonic() - t:.0f} s]")
-    return {"format": 1, "quick": sizes == QUICK, "cpus": os.cpu_count(), "load_average": os.getloadavg()[0],
-            "seconds": round(time.monotonic() - t0, 1), "figures": [f.to_dict() for f in figures],
-            "details": details}
+    return {"format": 1, "quick": sizes == QUICK, "cpus": os.cpu_count(), "load_average_start": load0,
+            "load_average": os.getloadavg()[0], "date": time.strftime("%Y-%m-%d", time.gmtime()),
+            "commit": _commit(), "seconds": round(time.monotonic() - t0, 1),
+            "figures": [f.to_dict() for f in figures], "details": details}
+
+
+def _commit() -> str | None:
+    """The checked-out commit (``-dirty`` if the tree has changes), ``None`` outside a git checkout."""
+    try:
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("-dirty" if dirty else "")
+
+
+def markdown(report: dict) -> str:
+    """The report's figures as a Markdown table (what README's Benchmarks section shows)."""
+    rows = ["| figure | value | target | met | note |", "| --- | ---: | ---: | --- | --- |"]
+    for f in report["figures"]:
+        fig = Figure(f["name"], f["value"], f["unit"], f["target"], f["comparison"], f["note"])
+        met = {True: "yes", False: "**no**", None: "-"}[fig.met]
+        unit = "" if fig.unit == "ratio" else f" {fig.unit}"
+        rows.append(f"| {fig.name} | {_fmt(fig.value, fig.unit)}{unit if fig.value is not None else ''} | "
+                    f"{fig.target_text() or '-'} | {met} | {fig.note} |")
+    return "\n".join(rows)
 
 
 def _finite(obj):
@@ -252,7 +281,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", metavar="PATH", help="write the report here (strict JSON)")
     ap.add_argument("--dir", default="out/bench", help="scratch directory on the disk to measure")
     ap.add_argument("--no-guest", action="store_true", help="skip the QEMU guest part")
+    ap.add_argument("--markdown", metavar="REPORT", help="print REPORT's figures as a Markdown table (runs nothing)")
     args = ap.parse_args(argv)
+    if args.markdown:
+        try:
+            with open(args.markdown) as f:
+                table = markdown(json.load(f))
+        except OSError as e:
+            print(f"{args.markdown}: {e.strerror}", file=sys.stderr)
+            return 2
+        except (ValueError, KeyError, TypeError) as e:
+            print(f"{args.markdown}: not a benchmark report ({type(e).__name__}: {e})", file=sys.stderr)
+            return 2
+        print(table)
+        return 0
     sizes = QUICK if args.quick else FULL
     os.makedirs(args.dir, exist_ok=True)
     print(f"python -m bench{' --quick' if args.quick else ''}: {os.cpu_count()} CPUs, load average "
