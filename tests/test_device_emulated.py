@@ -171,6 +171,38 @@ def test_second_writer_is_refused_readers_share(tmp_path):
             r1.write(0, data(1))
 
 
+def test_create_with_force_refuses_a_device_another_process_holds_and_changes_nothing(tmp_path):
+    """``device create --force`` over a device in use: refused before any byte changes (it used to
+    truncate the file, then find the lock taken)."""
+    import subprocess
+    import sys
+    import time
+
+    path = tmp_path / "d.img"
+    with FileDevice.create(path, SMALL) as dev:
+        dev.write(0, data(1, 3))
+        dev.flush()
+    before = path.read_bytes()
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom retainz.zoned import FileDevice\n"
+                               f"d = FileDevice({str(path)!r})\nprint('open', flush=True)\ntime.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        other = Geometry(nr_zones=2, zone_size=SMALL.zone_size, zone_capacity=SMALL.zone_capacity,
+                         block_size=SMALL.block_size)
+        for _ in range(2):                                   # and again: still refused, still unchanged
+            with pytest.raises(errors.DeviceBusyError, match="in use by another process; nothing was changed"):
+                FileDevice.create(path, other, force=True)
+            assert path.read_bytes() == before
+            time.sleep(0.05)
+    finally:
+        holder.kill()
+        holder.wait()
+    with FileDevice(path) as dev:                            # the holder is gone: the data is intact
+        assert dev.read(0, BS) == data(1, 3)
+    FileDevice.create(path, SMALL, force=True).close()      # and now --force works
+
+
 # -- read-only and offline zones ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kind", ["memory", "file"])

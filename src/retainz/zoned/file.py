@@ -111,6 +111,7 @@ class FileDevice(EmulatedZonedDevice):
 
         Raises:
             FileExistsError: the path exists and is not empty, and ``force`` is False.
+            DeviceBusyError: another process has the file open as a device (nothing is changed).
             OSError: the file cannot be made (e.g. larger than the file system allows); the message
                 names it, and a file this call created is removed.
         """
@@ -125,8 +126,14 @@ class FileDevice(EmulatedZonedDevice):
         label += struct.pack("<I", crc32c.crc32c(label))
         total = _LABEL_SIZE + 2 * slot + g.size
         existed = os.path.lexists(path)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:   # the lock before any change: a device in use elsewhere is refused untouched
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise DeviceBusyError(f"{path}: the device is in use by another process; nothing was changed") from None
         try:
+            os.ftruncate(fd, 0)
             os.pwrite(fd, label.ljust(_LABEL_SIZE, b"\0"), 0)
             empty = _encode_slot(1, [ZoneCond.EMPTY] * g.nr_zones, [0] * g.nr_zones, slot)
             os.pwrite(fd, empty, _LABEL_SIZE)
