@@ -37,7 +37,9 @@ def test_create_info_report_and_ops(tmp_path, capsys):
                                 "00000006291456, 0xe, 0, 0"]
     code, out, _ = run(capsys, "zones", "report", dev, "--json", "--start", "5", "--count", "1")
     assert json.loads(out)[0]["cond"] == "full"
-    assert run(capsys, "zones", "reset", dev, "5")[0] == 0
+    code, _, err = run(capsys, "zones", "reset", dev, "5")     # Full: what it holds is unknown
+    assert code == 2 and "zone 5 (full, 786,432 bytes written)" in err and "pass --force" in err
+    assert run(capsys, "zones", "reset", dev, "5", "--force")[0] == 0
     code, out, _ = run(capsys, "zones", "report", dev, "-ro", "fu")
     assert out == ""
 
@@ -110,3 +112,54 @@ def test_zone_ops_refuse_a_device_holding_a_store_without_force(tmp_path, capsys
     if op == "reset":                                                  # --force does what it says
         assert run(capsys, "zones", "reset", dev, "0", "--force")[0] == 0
         assert "holds no RetainZ store" in run(capsys, "ls", dev)[2]
+
+
+def test_zone_reset_refuses_data_it_does_not_recognise_without_force(tmp_path, capsys):
+    """No store superblock (e.g. one flipped bit in its magic), data in the zone: a reset would
+    discard bytes RetainZ cannot account for, so it needs --force; finishing or resetting an empty
+    zone needs nothing."""
+    from retainz.zoned import FileDevice
+
+    dev = str(tmp_path / "d.img")
+    main(["device", "create", dev, "--zones", "8", "--zone-size", "1MiB"])
+    with FileDevice(dev) as d:
+        d.write(4 << 20, b"\x07" * 8192)
+        d.flush()
+    capsys.readouterr()
+    code, _, err = run(capsys, "zones", "reset", dev, "4")
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert err.strip() == (f"retainz: error: {dev}: zone 4 (open-implicit, 8,192 bytes written) is on a device holding "
+                           "no RetainZ store: a reset discards data RetainZ does not recognise; pass --force")
+    with FileDevice(dev, readonly=True) as d:
+        assert d.zone(4).written == 8192 and d.read(4 << 20, 8192) == b"\x07" * 8192
+    assert run(capsys, "zones", "open", dev, "6")[0] == 0            # an empty zone: nothing to lose
+    assert run(capsys, "zones", "reset", dev, "6")[0] == 0
+    assert run(capsys, "zones", "reset", dev, "4", "--force")[0] == 0
+    with FileDevice(dev, readonly=True) as d:
+        assert d.zone(4).written == 0
+
+
+@pytest.mark.parametrize("kind", ["store", "foreign", "directory-file"])
+def test_demo_refuses_to_overwrite_what_is_not_its_own_device(tmp_path, capsys, kind):
+    out = tmp_path / "demo"
+    out.mkdir()
+    target = out / "zns.img"
+    if kind == "store":
+        main(["device", "create", str(target), "--zones", "8", "--zone-size", "1MiB"])
+        main(["mkfs", str(target)])
+    else:
+        target.write_bytes(b"precious" * 1000)
+    before = target.read_bytes()
+    capsys.readouterr()
+    code, _, err = run(capsys, "demo", "--out", str(out))
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert ("holds a RetainZ store" if kind == "store" else "is not a RetainZ device file") in err
+    assert "--force" in err and target.read_bytes() == before
+    assert run(capsys, "demo", "--out", str(out), "--force")[0] == 0
+
+
+def test_demo_reruns_over_its_own_device(tmp_path, capsys):
+    out = str(tmp_path / "demo")
+    assert run(capsys, "demo", "--out", out)[0] == 0
+    code, stdout, _ = run(capsys, "demo", "--out", out)
+    assert code == 0 and "12 MiB still written across 16 zones" in stdout

@@ -10,18 +10,43 @@ from __future__ import annotations
 import argparse
 import os
 
+from retainz.errors import RetainZError
+from retainz.store.store import superblock_zones
 from retainz.zoned import FileDevice, Geometry, ZoneCond, format_size
 
 
 def register(sub) -> None:
     p = sub.add_parser("demo", help="a short tour of the file-backed zoned device (the main job is `make main`)")
     p.add_argument("--out", default="out/demo", help="output folder (default: out/demo)")
+    p.add_argument("--force", action="store_true",
+                   help="overwrite OUT/zns.img even if it holds a store or is not a RetainZ device file")
     p.set_defaults(func=_demo)
+
+
+def _check_target(path: str) -> None:
+    """The demo rewrites its device file: refuse one that is not a RetainZ device file, or that holds
+    a store (a previous demo's device holds none).
+
+    Raises:
+        FileExistsError: ``path`` holds something else (nothing is changed).
+    """
+    if not os.path.lexists(path) or (os.path.isfile(path) and os.path.getsize(path) == 0):
+        return
+    try:
+        with FileDevice(path, readonly=True) as dev:
+            store = superblock_zones(dev)
+    except (RetainZError, OSError):
+        raise FileExistsError(f"{path} exists and is not a RetainZ device file; pass --force to overwrite it, "
+                              "or use another --out") from None
+    if store:
+        raise FileExistsError(f"{path} holds a RetainZ store; pass --force to overwrite it, or use another --out")
 
 
 def _demo(args: argparse.Namespace) -> int:
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "zns.img")
+    if not args.force:
+        _check_target(path)
     geometry = Geometry(nr_zones=16, zone_size=4 << 20, zone_capacity=3 << 20, max_open=4, max_active=6)
     dev = FileDevice.create(path, geometry, force=True)
     chunk = bytes(range(256)) * 4096  # 1 MiB

@@ -48,7 +48,8 @@ def register(sub) -> None:
         p.add_argument("device")
         p.add_argument("zone", type=count_arg)
         p.add_argument("--force", action="store_true",
-                       help="operate on a device that holds a RetainZ store (may destroy it)")
+                       help="operate on a device that holds a RetainZ store, or reset a zone holding data "
+                            "(may destroy it)")
         p.set_defaults(func=_zone_op, op=op)
 
 
@@ -122,6 +123,11 @@ def _zone_op(args: argparse.Namespace) -> int:
                     f"{args.device} holds a RetainZ store: a zone {args.op.value} would corrupt it; use "
                     "`retainz rm` / `retainz gc` to free space (`retainz mkfs --force` to erase the "
                     "store), or pass --force")
+            z = dev.zone(args.zone)
+            if args.op is ZoneOp.RESET and z.written:   # nor data it does not recognise
+                raise ForeignDeviceError(
+                    f"{args.device}: zone {args.zone} ({z.cond.long}, {z.written:,} bytes written) is on a device holding "
+                    "no RetainZ store: a reset discards data RetainZ does not recognise; pass --force")
         dev.zone_op(args.op, args.zone)
         z = dev.zone(args.zone)
     print(f"zone {z.index}: {z.cond.long}, wp {z.wp}")

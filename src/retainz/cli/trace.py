@@ -11,6 +11,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 import time
 
@@ -41,6 +43,7 @@ def register(sub) -> None:
     q.add_argument("--crash-every", type=int_arg(1), default=None, metavar="N",
                    help="crash during every N-th save (it never commits and is repeated)")
     q.add_argument("-o", "--output", required=True, help="trace file to write ('-' for stdout)")
+    q.add_argument("--force", action="store_true", help="overwrite OUTPUT even if it is not a RetainZ trace")
     q.set_defaults(func=_generate)
 
     q = tsub.add_parser("mix", help="merge several jobs' traces into one (jobs sharing a device)")
@@ -48,11 +51,36 @@ def register(sub) -> None:
     q.add_argument("--offsets", type=_offsets, default=None, metavar="S0,S1,...",
                    help="steps added to each job's steps (one per trace; default all 0)")
     q.add_argument("-o", "--output", required=True, help="mixed trace to write ('-' for stdout)")
+    q.add_argument("--force", action="store_true", help="overwrite OUTPUT even if it is not a RetainZ trace")
     q.set_defaults(func=_mix)
 
     q = tsub.add_parser("validate", help="validate a trace file")
     q.add_argument("file", help="trace file")
     q.set_defaults(func=_validate)
+
+
+def check_output(path: str, force: bool) -> None:
+    """Refuse to overwrite ``path`` unless it is missing, empty or already a RetainZ trace (its first
+    line a trace header), or ``force``: a trace written over a device file would destroy its store.
+
+    Raises:
+        FileExistsError: ``path`` holds something else (a device, a store, any other file).
+        IsADirectoryError: ``path`` is a directory.
+    """
+    if path == "-" or force or not os.path.lexists(path):
+        return
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{path} is a directory, not a trace file")
+    if not os.path.isfile(path) or os.path.getsize(path) == 0:
+        return                            # /dev/stdout, a FIFO, an empty file: nothing to lose
+    with open(path, "rb") as f:
+        first = f.readline(1 << 16).lstrip(b"\xef\xbb\xbf")
+    try:
+        header = json.loads(first)
+    except ValueError:
+        header = None
+    if not (isinstance(header, dict) and header.get("type") == "header"):
+        raise FileExistsError(f"{path} exists and is not a RetainZ trace; pass --force to overwrite it")
 
 
 def _offsets(raw: str) -> list[int]:
@@ -70,6 +98,7 @@ def _mix(args: argparse.Namespace) -> int:
 
     if args.output != "-" and args.output in args.traces:
         raise ValueError(f"the output {args.output} is also an input trace")
+    check_output(args.output, args.force)
     target = sys.stdout if args.output == "-" else args.output
     st = mix(args.traces, target, offsets=args.offsets)
     print(f"{args.output}: {st.jobs} jobs, {st.saves} saves, {st.deletes} deletes, {st.steps} steps; "
@@ -112,6 +141,7 @@ def _rules(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
+    check_output(args.output, args.force)
     t0 = time.perf_counter()
     target = sys.stdout if args.output == "-" else args.output
     st = write_generated(target, args.layout, args.retention, args.steps, seed=args.seed,
