@@ -115,6 +115,19 @@ def test_crash_events_recover_and_payload_reads_back(tmp_path):
     assert counted["host_bytes"] == r["host_bytes"]
 
 
+def test_file_device_that_exists_is_refused_untouched(tmp_path, capsys):
+    """--device file:PATH makes a new device: an existing file (a store, anything) is never
+    overwritten, and the message names no flag the command does not have."""
+    t = _trace(tmp_path, steps=30)
+    victim = tmp_path / "keep.img"
+    victim.write_bytes(b"precious" * 512)
+    code = main(["replay", str(t), "--pressure", "0.7", "--device", f"file:{victim}"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.strip() == (f"retainz: error: {victim} exists: --device file:PATH makes a new "
+                                         "device file for the replay; remove it or name another path")
+    assert victim.read_bytes() == b"precious" * 512
+
+
 def test_file_device_payload_is_verified(tmp_path):
     t = _trace(tmp_path, steps=120)
     r = replay(t, ReplayConfig(policy="retainz", pressure=0.7, device=f"file:{tmp_path / 'r.img'}", **GEO))

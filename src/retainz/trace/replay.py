@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import posixpath
 import time
 from dataclasses import dataclass, replace
@@ -569,7 +570,11 @@ def _make_device(device: str, geometry: Geometry) -> ZonedDevice:
     if device == "memory-payload":
         return MemoryDevice(geometry, payload=True)
     if device.startswith("file:"):
-        return FileDevice.create(device[5:], geometry)
+        path = device[5:]
+        if os.path.lexists(path) and (not os.path.isfile(path) or os.path.getsize(path)):
+            raise FileExistsError(f"{path} exists: --device file:PATH makes a new device file for the replay; "
+                                  "remove it or name another path")
+        return FileDevice.create(path, geometry)
     from retainz.zoned import open_device
 
     return open_device(device)
