@@ -143,11 +143,54 @@ def test_one_corrupt_state_copy_falls_back_to_the_other(tmp_path):
     seq = dev._seq
     slot = dev._slot_size
     dev.close()
+    with FileDevice(path, readonly=True) as dev:
+        assert dev.notes == ()                        # both copies good: nothing to say
     _flip(path, _LABEL_SIZE + (seq % 2) * slot + 20)  # corrupt the newest copy
     with FileDevice(path) as dev:
         assert dev.zone(0).wp == BS  # the previous state
+        assert dev.notes == (f"zone-state copy {'AB'[seq % 2]} fails its checksum (a write torn by a power cut, or "
+                             f"damage); the other copy, sequence {seq - 1}, was used: writes after it are not "
+                             "visible",)
     _flip(path, _LABEL_SIZE + ((seq + 1) % 2) * slot + 20)  # now both
     with pytest.raises(errors.CorruptDeviceError, match="both zone-state copies"):
+        FileDevice(path)
+
+
+def test_the_note_about_a_bad_state_copy_lasts_until_the_copy_is_rewritten(tmp_path):
+    path = tmp_path / "d.img"
+    with FileDevice.create(path, SMALL) as dev:
+        for i in range(2):                            # both copies written
+            dev.write(i * BS, data(1))
+            dev.flush()
+        seq, slot = dev._seq, dev._slot_size
+    _flip(path, _LABEL_SIZE + (seq % 2) * slot + 20)
+    for _ in range(2):
+        with FileDevice(path, readonly=True) as dev:
+            assert len(dev.notes) == 1 and dev.zone(0).wp == BS   # said at every open
+    with FileDevice(path) as dev:
+        dev.write(BS, data(2))
+        dev.flush()                                   # the next state goes to the bad copy's slot
+    with FileDevice(path, readonly=True) as dev:
+        assert dev.notes == () and dev.zone(0).wp == 3 * BS
+
+
+@pytest.mark.parametrize("written", [1, BS - 1, BS + 512, SMALL.zone_capacity + BS])
+def test_a_zone_state_with_an_impossible_write_pointer_is_refused(tmp_path, written):
+    """A zone-state copy whose checksum matches but whose write pointer is not a whole number of
+    blocks, or is past the zone capacity: refused at open (it used to pass, then break every write)."""
+    from retainz.zoned.file import _encode_slot
+
+    path = tmp_path / "d.img"
+    with FileDevice.create(path, SMALL) as dev:
+        seq, slot = dev._seq + 1, dev._slot_size
+    conds = [ZoneCond.EMPTY] * SMALL.nr_zones
+    conds[2] = ZoneCond.CLOSED
+    sizes = [0] * SMALL.nr_zones
+    sizes[2] = written
+    with open(path, "r+b") as f:
+        f.seek(_LABEL_SIZE + (seq % 2) * slot)
+        f.write(_encode_slot(seq, conds, sizes, slot))
+    with pytest.raises(errors.CorruptDeviceError, match=f"zone 2 state \\(4, {written}\\) is impossible"):
         FileDevice(path)
 
 

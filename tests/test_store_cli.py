@@ -267,3 +267,33 @@ def test_put_replace_swaps_a_generation_at_its_commit(tmp_path, capsys):
     out = tmp_path / "got"
     assert main(["get", str(path), "last", "-o", str(out)]) == 0
     assert (out / "model.bin").read_bytes() == b"new" * 2000
+
+
+def test_fsck_notes_a_zone_state_copy_that_fails_its_checksum(tmp_path, capsys):
+    """The store is intact through the older copy (clean, exit 0), and fsck says the newer one is
+    bad rather than staying silent about lost redundancy."""
+    from retainz.cli import main
+    from retainz.zoned import FileDevice
+    from retainz.zoned.file import _LABEL_SIZE
+
+    dev = str(tmp_path / "d.img")
+    src = tmp_path / "a.bin"
+    src.write_bytes(bytes(range(256)) * 400)
+    assert main(["device", "create", dev, "--zones", "16", "--zone-size", "1MiB"]) == 0
+    assert main(["mkfs", dev]) == 0 and main(["put", dev, "g1", str(src), "--step", "1"]) == 0
+    with FileDevice(dev, readonly=True) as d:
+        seq, slot = d._seq, d._slot_size
+    with open(dev, "r+b") as f:
+        off = _LABEL_SIZE + (seq % 2) * slot + 20
+        f.seek(off)
+        b = f.read(1)
+        f.seek(off)
+        f.write(bytes([b[0] ^ 0x10]))
+    capsys.readouterr()
+    assert main(["fsck", dev]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == (f"  note: zone-state copy {'AB'[seq % 2]} fails its checksum (a write torn by a power cut, "
+                      f"or damage); the other copy, sequence {seq - 1}, was used: writes after it are not visible")
+    assert out[-1] == "clean"
+    assert main(["fsck", dev, "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["notes"]) == 1

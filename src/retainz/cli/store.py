@@ -260,6 +260,8 @@ def _fsck(args) -> int:
             print(f"  problem: {p}")
         for r in rep.repairs:
             print(f"  a read-write open would: {r}")
+        for n in rep.notes:
+            print(f"  note: {n}")
         print("clean" if rep.ok else plural(len(rep.problems), "problem"))
     return 0 if rep.ok else 1
 

@@ -33,7 +33,7 @@ def fsck(device: ZonedDevice, catalog: Catalog, zones: ZoneBook, fresh: ZoneTabl
     Args:
         fresh: :func:`recompute_table` of the store (the cached summaries must equal it).
     """
-    rep = FsckReport(repairs=list(repairs))
+    rep = FsckReport(repairs=list(repairs), notes=list(device.notes))
     bs, zsize = zones.block_size, zones.zone_size
     reported = {z.index: z for z in device.report_zones()}
     spans: dict[int, list] = {}

@@ -189,6 +189,7 @@ class FsckReport:
             mismatch...).
         repairs: on a store opened read-only, what a read-write open would repair (the normal
             recovery of a crash: zones to reset, a journal rollover); not problems.
+        notes: what the device noticed when opened (:attr:`ZonedDevice.notes`); not problems.
     """
 
     generations: int = 0
@@ -198,6 +199,7 @@ class FsckReport:
     unverifiable_bytes: int = 0
     problems: list[str] = field(default_factory=list)
     repairs: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:

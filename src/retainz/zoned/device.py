@@ -100,6 +100,12 @@ class ZonedDevice(abc.ABC):
         """How the device is named in messages: its path, or its kind (``memory``)."""
         return self.info.path or self.info.kind
 
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """What the device noticed when it was opened that is not an error but a checker should say
+        (e.g. a file device whose newer zone-state copy fails its checksum); empty by default."""
+        return ()
+
     # -- zones -------------------------------------------------------------------------------------
     @abc.abstractmethod
     def report_zones(self, start: int = 0, count: int = 0) -> list[Zone]:

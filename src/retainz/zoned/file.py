@@ -88,6 +88,7 @@ class FileDevice(EmulatedZonedDevice):
         self._data_offset = _LABEL_SIZE + 2 * slot_size
         self._punch: set[int] = set()     # reset zones whose blocks are not punched yet (trim)
         self._unkicked = 0                 # bytes written since writeback was last started
+        self._notes: tuple[str, ...] = ()
         self._fd = os.open(path, os.O_RDONLY if readonly else os.O_RDWR)
         try:
             fcntl.flock(self._fd, (fcntl.LOCK_SH if readonly else fcntl.LOCK_EX) | fcntl.LOCK_NB)
@@ -97,6 +98,10 @@ class FileDevice(EmulatedZonedDevice):
             raise DeviceBusyError(f"{path}: the device is in use by another process") from None
         conds, written, self._seq = self._read_state()
         self._restore(conds, written, self._restore_order)
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        return self._notes
 
     # -- creation ----------------------------------------------------------------------------------
     @classmethod
@@ -175,16 +180,23 @@ class FileDevice(EmulatedZonedDevice):
 
     def _read_state(self) -> tuple[list[ZoneCond], list[int], int]:
         best = None
+        bad = []                           # slots that were written but fail their checksum
         for i in range(2):
             raw = os.pread(self._fd, self._slot_size, _LABEL_SIZE + i * self._slot_size)
             decoded = _decode_slot(raw, self._nz)
+            if decoded is None and raw.strip(b"\0"):
+                bad.append("AB"[i])
             if decoded and (best is None or decoded[0] > best[0]):
                 best = decoded
         if best is None:
             raise CorruptDeviceError(f"{self._info.path}: both zone-state copies fail their checksums")
+        if bad:
+            self._notes = (f"zone-state copy {bad[0]} fails its checksum (a write torn by a power cut, or "
+                           f"damage); the other copy, sequence {best[0]}, was used: writes after it are not "
+                           "visible",)
         seq, conds, written, order = best
         for z, (c, w) in enumerate(zip(conds, written, strict=True)):
-            if c not in ZoneCond.__members__.values() or w > self._zcap:
+            if c not in ZoneCond.__members__.values() or w > self._zcap or w % self._bs:
                 raise CorruptDeviceError(f"{self._info.path}: zone {z} state ({c}, {w}) is impossible")
         if any(z >= self._nz or conds[z] != ZoneCond.IMP_OPEN for z in order):
             raise CorruptDeviceError(f"{self._info.path}: implicit-open order {order} is impossible")
