@@ -297,3 +297,29 @@ def test_fsck_notes_a_zone_state_copy_that_fails_its_checksum(tmp_path, capsys):
     assert out[-1] == "clean"
     assert main(["fsck", dev, "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)["notes"]) == 1
+
+
+def test_ls_tells_permanent_from_not_retired_in_this_run(tmp_path, capsys):
+    """A save no rule retires is `permanent`; one a rule would retire after the run's last save
+    (the last k of keep-latest-k: reclaim step inf) is `not in this run`; the condition is shown."""
+    import math
+
+    from retainz.cli import main
+    from retainz.hint import Hint
+    from retainz.store import Store
+    from retainz.zoned import FileDevice, Geometry
+
+    dev = tmp_path / "d.img"
+    cond = "after_newer:k=2,of_class=interval,timing=after_commit"
+    with FileDevice.create(dev, Geometry(nr_zones=16, zone_size=1 << 20, zone_capacity=1 << 20)) as d:
+        s = Store.format(d)
+        for gid, hint in (("a", Hint(reclaim_step=math.inf)), ("b", Hint(reclaim_step=math.inf, condition=cond)),
+                          ("c", Hint(reclaim_step=9, condition=cond)), ("d", Hint())):
+            w = s.begin_generation(gid, 5, hint=hint)
+            w.write_shard("x", [b"1" * 100])
+            w.commit()
+        s.close()
+    capsys.readouterr()
+    assert main(["ls", str(dev)]) == 0
+    cols = [line.split("\t")[-1] for line in capsys.readouterr().out.splitlines()]
+    assert cols == ["reclaim permanent", f"reclaim not in this run ({cond})", f"reclaim 9 ({cond})", "reclaim -"]

@@ -148,14 +148,23 @@ def _ls(args) -> int:
                               for g in gens], indent=2)
             return 0
         for g in gens:
-            rs = g.hint.reclaim_step
-            rs = "-" if rs is None else ("permanent" if rs == PERMANENT else str(rs))
-            print(f"{g.id}\tstep {g.step}\t{format_size(g.size)}\t{plural(len(g.shards), 'shard')}\treclaim {rs}")
+            print(f"{g.id}\tstep {g.step}\t{format_size(g.size)}\t{plural(len(g.shards), 'shard')}\t"
+                  f"reclaim {_reclaim_text(g.hint)}")
             if args.long:
                 for s in g.shards.values():
                     crc = "-" if s.crc is None else f"{s.crc:08x}"
                     print(f"    {s.name}\t{s.size} B\tcrc32c {crc}\t{plural(len(s.extents), 'extent')}")
     return 0
+
+
+def _reclaim_text(hint) -> str:
+    """``ls``'s reclaim column: the predicted step, ``permanent`` for a save no rule retires, or
+    ``not in this run`` for one a rule would retire later than the run's last save (e.g. the last
+    ``k`` of keep-latest-k), with its retirement condition."""
+    rs = hint.reclaim_step
+    text = "-" if rs is None else str(rs) if rs != PERMANENT else (
+        "permanent" if hint.kind in ("", "permanent") else "not in this run")
+    return f"{text} ({hint.condition})" if hint.condition else text
 
 
 def _chunks(path: str, size: int = 1 << 20):
