@@ -24,9 +24,12 @@ def test_figure_met_compares_with_the_target_and_is_null_without_one():
     assert F("g", 3.0, "ratio", 256, op="<").met is True
     assert F("g", 300.0, "ratio", 256, op="<").met is False
     assert F("info", 1.2, "ratio").met is None                  # shown for information
+    assert F("info", 1.2, "ratio").to_dict()["comparison"] is None
     assert F("skipped", None, "ratio", 0.9, note="not measured: x").met is None
+    assert F("quick", 0.5, "ratio", 0.95, judged=False).met is None     # quick sizes: never judged
     d = F("x", math.inf, "ratio", 0.9).to_dict()
     assert d["value"] is None and set(d) == {"name", "value", "target", "met", "comparison", "unit", "note"}
+    assert d["comparison"] == ">="
 
 
 def test_replay_and_placement_figures_at_a_tiny_size(tmp_path):
@@ -55,4 +58,26 @@ def test_main_writes_one_strict_json_report(tmp_path, monkeypatch, capsys):
     assert [(f["name"], f["value"], f["target"], f["met"]) for f in rep["figures"]] == [
         ("r", 0.5, 0.95, False), ("n", None, 0.9, None)]
     assert rep["details"]["x"] == {"inf": None, "nan": None}
-    assert "0 of 2 figures meet their target, 1 do not, 1 without a target or not measured" in capsys.readouterr().out
+    assert "2 figures at quick sizes, none judged against its target" in capsys.readouterr().out
+
+
+def test_full_run_summary_counts_and_markdown_table(tmp_path, monkeypatch, capsys):
+    def fake_run(sizes, scratch, guest=True, log=print):
+        assert sizes is bench.FULL
+        figs = [bench.Figure("r", 0.5, "ratio", 0.95, note="a"), bench.Figure("n", None, "ratio", 0.9, note="b"),
+                bench.Figure("m", 300_000.0, "records/s", 250_000, note="c"), bench.Figure("i", 1.5, "ratio")]
+        return {"format": 1, "quick": False, "figures": [f.to_dict() for f in figs], "seconds": 2.0}
+
+    monkeypatch.setattr(bench, "run", fake_run)
+    out = tmp_path / "r.json"
+    assert bench.main(["--no-guest", "--dir", str(tmp_path / "s"), "--json", str(out)]) == 0
+    assert "1 of 4 figures meet their target, 1 do not, 2 without a target or not measured" in capsys.readouterr().out
+    assert bench.main(["--markdown", str(out)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "| figure | value | target | met | note |", "| --- | ---: | ---: | --- | --- |",
+        "| r | 0.500 | >= 0.95 | **no** | a |", "| n | - | >= 0.9 | - | b |",
+        "| m | 300,000 records/s | >= 250,000 | yes | c |", "| i | 1.500 | - | - |  |"]
+    out.write_text("[]")
+    assert bench.main(["--markdown", str(out)]) == 2
+    assert capsys.readouterr().err.strip() == f"{out}: not a benchmark report (TypeError: list indices must be " \
+                                              "integers or slices, not str)"
