@@ -323,3 +323,19 @@ def test_ls_tells_permanent_from_not_retired_in_this_run(tmp_path, capsys):
     assert main(["ls", str(dev)]) == 0
     cols = [line.split("\t")[-1] for line in capsys.readouterr().out.splitlines()]
     assert cols == ["reclaim permanent", f"reclaim not in this run ({cond})", f"reclaim 9 ({cond})", "reclaim -"]
+
+
+def test_get_that_cannot_replace_the_target_leaves_no_partial_file(dev, tmp_path, capsys):
+    """The rename onto an existing target refused (here: the target is a non-empty directory):
+    one error line, the .part file removed, the target untouched."""
+    run(capsys, "mkfs", dev)
+    a = tmp_path / "model.bin"
+    a.write_bytes(os.urandom(50_000))
+    assert run(capsys, "put", dev, "g1", a, "--step", 1)[0] == 0
+    out = tmp_path / "got"
+    (out / "model.bin").mkdir(parents=True)
+    (out / "model.bin" / "keep").write_text("mine")
+    code, _, err = run(capsys, "get", dev, "g1", "--out", out)
+    assert code == 2 and err.count("\n") == 1 and "model.bin" in err, err
+    assert sorted(p.name for p in out.iterdir()) == ["model.bin"]
+    assert (out / "model.bin" / "keep").read_text() == "mine"

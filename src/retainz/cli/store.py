@@ -6,6 +6,7 @@ embedded default.  Exit status: 0 success, 1 a failed operation or check, 2 bad 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -224,10 +225,11 @@ def _get(args) -> int:
                 with open(tmp, "wb") as f:
                     for chunk in store.read_shard(gen.id, name):
                         f.write(chunk)
+                os.replace(tmp, dest)
             except BaseException:
-                os.unlink(tmp)  # never leave a partial file behind (e.g. a checksum failure)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)  # never leave a partial file behind (a checksum failure, a refused rename)
                 raise
-            os.replace(tmp, dest)
             print(f"{dest}: {plural(gen.shards[name].size, 'byte')}, crc32c verified", file=sys.stderr)
     return 0
 
