@@ -285,3 +285,15 @@ def test_zenfs_decides_alike_on_payload_and_payload_less_devices(tmp_path, polic
             "capacity_stop_step", "capacity_stop_cause", "capacity_stop_state")
     assert {k: a[k] for k in keys} == {k: b[k] for k in keys}
     assert b["bytes_verified"] > 0
+
+
+def test_a_trace_without_saves_sized_by_pressure_says_so(tmp_path, capsys):
+    t = _trace(tmp_path, steps=30)
+    header_only = tmp_path / "h.trace"
+    with open(t) as f:
+        header_only.write_text(f.readline())         # the header line alone: a valid trace, no saves
+    code = main(["replay", str(header_only), "--pressure", "0.9"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.strip() == ("retainz: error: the trace saves nothing (peak live 0 bytes): no device "
+                                         "size follows from --pressure; give --zones")
+    assert main(["replay", str(header_only), "--zones", "4"]) == 0     # and replays with a size given

@@ -171,10 +171,14 @@ class ReplayConfig:
         ``zones`` as given, or ``ceil(peak_live / (pressure * zone_capacity))`` (at least 1).
 
         Raises:
-            ValueError: more than :data:`~retainz.zoned.model.MAX_ZONES` data zones.
+            ValueError: more than :data:`~retainz.zoned.model.MAX_ZONES` data zones; sizing by pressure a
+                trace that saves nothing (peak live 0 bytes).
         """
         zones = self.zones
         if zones is None:
+            if peak_live_bytes <= 0:
+                raise ValueError("the trace saves nothing (peak live 0 bytes): no device size follows from "
+                                 "--pressure; give --zones")
             zones = max(1, math.ceil(peak_live_bytes / (self.pressure * self.zone_capacity)))
         if zones > MAX_ZONES:
             raise ValueError(f"the replay device would need {zones:,} data zones of {self.zone_capacity:,} bytes "
