@@ -163,3 +163,32 @@ def test_demo_reruns_over_its_own_device(tmp_path, capsys):
     assert run(capsys, "demo", "--out", out)[0] == 0
     code, stdout, _ = run(capsys, "demo", "--out", out)
     assert code == 0 and "12 MiB still written across 16 zones" in stdout
+
+
+@pytest.mark.parametrize("damage", ["label", "both-states", "truncated", "journal"])
+def test_every_kind_of_damage_exits_1_with_one_line(tmp_path, capsys, damage):
+    """Damage is an operation failure (1) whichever layer finds it; bad input stays 2."""
+    import os
+
+    from retainz.zoned import FileDevice
+    from retainz.zoned.file import _LABEL_SIZE
+
+    dev = tmp_path / "d.img"
+    main(["device", "create", str(dev), "--zones", "16", "--zone-size", "1MiB"])
+    main(["mkfs", str(dev)])
+    with FileDevice(dev, readonly=True) as d:
+        slot, data_offset = d._slot_size, d._data_offset
+    with open(dev, "r+b") as f:
+        if damage == "truncated":
+            f.truncate(os.path.getsize(dev) - (1 << 20))
+        for off in {"label": [20], "both-states": [_LABEL_SIZE + 20, _LABEL_SIZE + slot + 20],
+                    "truncated": [], "journal": [data_offset + 4096 + 20]}[damage]:
+            f.seek(off)
+            b = f.read(1)
+            f.seek(off)
+            f.write(bytes([b[0] ^ 0x10]))
+    capsys.readouterr()
+    code, _, err = run(capsys, "ls", str(dev))
+    assert code == 1 and len(err.strip().splitlines()) == 1, err
+    assert {"label": "label", "both-states": "both zone-state copies", "truncated": "shorter than its geometry",
+            "journal": "fails its checksum: corrupt journal"}[damage] in err

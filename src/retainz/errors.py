@@ -188,7 +188,10 @@ class NotADeviceError(RetainZError, ValueError):
 
 
 class CorruptDeviceError(RetainZError, ValueError):
-    """A RetainZ device file whose zone-state header fails its checksum in both copies."""
+    """A RetainZ device file that is damaged: its label or both zone-state copies fail their
+    checksums, an impossible zone state, a truncated file."""
+
+    exit_status = 1  # the CLI: damage is an operation failure (as CorruptJournalError), not bad input
 
 
 class DeviceBusyError(RetainZError, OSError):
