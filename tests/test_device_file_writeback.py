@@ -37,3 +37,31 @@ def test_started_writeback_does_not_make_unflushed_writes_durable(tmp_path, monk
     with FileDevice(path) as again:
         assert again.zone(0).wp == 64 * KiB
         assert again.read(0, 64 * KiB) == b"\xaa" * (64 * KiB)
+
+
+def test_a_host_file_system_error_names_the_device_file(tmp_path, monkeypatch):
+    """ENOSPC (or EIO) from the host file system comes back naming the device file, same errno, for
+    writes, flushes and state writes alike (the CLI prints ``PATH: No space left on device``)."""
+    import errno
+    import os
+
+    import pytest
+
+    path = tmp_path / "d.img"
+    dev = FileDevice.create(path, G)
+    real_pwrite, real_sync = os.pwrite, file_mod._datasync
+
+    def full(*a):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    for target, name in ((os, "pwrite"), (file_mod, "_datasync")):
+        monkeypatch.setattr(target, name, full)
+        with pytest.raises(OSError) as info:
+            dev.write(0, b"\x01" * 4096) if name == "pwrite" else dev.flush()
+        assert (info.value.errno, info.value.filename) == (errno.ENOSPC, str(path))
+        assert f"{info.value.filename}: {info.value.strerror}" == f"{path}: No space left on device"
+        monkeypatch.setattr(os, "pwrite", real_pwrite)
+        monkeypatch.setattr(file_mod, "_datasync", real_sync)
+        if name == "pwrite":
+            dev.write(0, b"\x01" * 4096)             # the device still works once space is back
+    dev.close()

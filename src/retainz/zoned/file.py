@@ -210,10 +210,13 @@ class FileDevice(EmulatedZonedDevice):
             self._punch.discard(zone)      # rewritten: its old blocks are reused in place
         view = memoryview(data)
         off = self._data_offset + zone * self._zsize + pos
-        while view:
-            n = os.pwrite(self._fd, view, off)
-            view = view[n:]
-            off += n
+        try:
+            while view:
+                n = os.pwrite(self._fd, view, off)
+                view = view[n:]
+                off += n
+        except OSError as e:
+            raise self._named(e) from None
         self._unkicked += len(data)
         if self._unkicked >= WRITEBACK_BYTES:
             self._unkicked = 0
@@ -255,15 +258,25 @@ class FileDevice(EmulatedZonedDevice):
 
     def _sync_data(self) -> None:
         self._check_rw()
-        _datasync(self._fd)
+        try:
+            _datasync(self._fd)
+        except OSError as e:
+            raise self._named(e) from None
 
     def _persist(self) -> None:
         if self._fd < 0 or self.readonly:
             return
         self._seq += 1
         slot = _encode_slot(self._seq, self._dcond, self._dwritten, self._slot_size, self._imp_open)
-        os.pwrite(self._fd, slot, _LABEL_SIZE + (self._seq % 2) * self._slot_size)
-        _datasync(self._fd)
+        try:
+            os.pwrite(self._fd, slot, _LABEL_SIZE + (self._seq % 2) * self._slot_size)
+            _datasync(self._fd)
+        except OSError as e:
+            raise self._named(e) from None
+
+    def _named(self, e: OSError) -> OSError:
+        """``e`` naming the device file (``PATH: No space left on device``), same errno and class."""
+        return type(e)(e.errno, e.strerror, self._info.path) if e.filename is None and e.errno else e
 
     def _check_rw(self) -> None:
         if self._fd < 0:
