@@ -157,6 +157,8 @@ def small_device(tmp_path):
     (["zones", "report", "{dev}", "--start", "10", "--count", "7"], "zones 10..16 run past the last zone 15"),
     (["zones", "reset", "{dev}", "16"], "zone 16 does not exist: the device has zones 0..15"),
     (["zones", "finish", "{dev}", "-2"], "argument zone: -2 is negative"),
+    (["mkfs", "file:"], "bad device spec 'file:': no path after file:"),
+    (["ls", "file:"], "bad device spec 'file:': no path after file:"),
 ])
 def test_zone_numbers_outside_the_device_are_bad_input(small_device, capsys, argv, needle):
     """A zone index or count the user typed wrong is exit 2 (bad input), like every other bad argument,

@@ -167,7 +167,7 @@ def test_rows_axes_zipped_axes_and_row_lists():
     (lambda m: m["blocks"][0].update(rows=[{"label": "a"}, {"label": "a"}]), "duplicate case"),
     (lambda m: m["blocks"][0]["axes"].update(policy=["retainz", "nope"]), "key 'policy': unknown policy 'nope'"),
     (lambda m: m["blocks"][0]["axes"].update(policy=["retainz:neighbors=zz"]),
-     "key 'policy': policy retainz: neighbors='zz' is not a int"),
+     "key 'policy': policy retainz: neighbors='zz' is not an integer"),
     (lambda m: m["blocks"][0]["axes"].update(policy=["zenfs:reserved_zones=-100"]),
      "key 'policy': policy zenfs: reserved_zones=-100 is out of range"),
     (lambda m: m["defaults"].update(pressure=None, zones=-1), "key 'zones' must be >= 1, got -1"),

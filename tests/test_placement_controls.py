@@ -39,7 +39,7 @@ def test_every_policy_is_registered():
     ("retainz-noisy:sigma=1", "policy retainz-noisy has no parameter 'sigma'; valid: unknown_lifetime, "
                               "neighbors, wait_frac, wait_steps, recompute, uncertain_saves, error, seed"),
     ("greedy:x=1", "policy greedy has no parameter 'x'; valid: none"),
-    ("zenfs:finish_threshold=ten", "policy zenfs: finish_threshold='ten' is not a int"),
+    ("zenfs:finish_threshold=ten", "policy zenfs: finish_threshold='ten' is not an integer"),
     ("retainz:recompute=maybe", "policy retainz: recompute='maybe' is not a bool"),
     ("retainz:neighbors", "policy retainz: expected key=value, got 'neighbors'"),
 ])
@@ -71,9 +71,9 @@ def test_registry_errors_list_valid_names(spec, message):
     ("zenfs:finish_threshold=101",
      "policy zenfs: finish_threshold=101 is out of range; valid: an integer >= 0 and <= 100"),
     ("zenfs:medium=-1", "policy zenfs: medium=-1 is out of range; valid: an integer >= 1000"),
-    ("retainz:wait_frac=nan", "policy retainz: wait_frac='nan' is not a finite float"),
-    ("retainz:wait_frac=inf", "policy retainz: wait_frac='inf' is not a finite float"),
-    ("retainz-noisy:error=-inf", "policy retainz-noisy: error='-inf' is not a finite float"),
+    ("retainz:wait_frac=nan", "policy retainz: wait_frac='nan' is not a finite number"),
+    ("retainz:wait_frac=inf", "policy retainz: wait_frac='inf' is not a finite number"),
+    ("retainz-noisy:error=-inf", "policy retainz-noisy: error='-inf' is not a finite number"),
 ])
 def test_registry_refuses_out_of_range_parameters(spec, message):
     with pytest.raises(ValueError) as e:

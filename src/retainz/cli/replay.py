@@ -72,5 +72,7 @@ def _replay(args: argparse.Namespace) -> int:
     else:
         for k in _SHOW:
             v = result[k]
+            if v is None:
+                v = "-" if k != "capacity_stop_step" else "none (the trace ran to its end)"
             print(f"{k:28s} {v:.4f}" if isinstance(v, float) else f"{k:28s} {v}")
     return 0

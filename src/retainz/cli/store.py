@@ -94,8 +94,8 @@ def _open(spec: str, readonly: bool = False):
 
     try:
         dev = open_device(spec, readonly=readonly)
-    except DeviceBusyError as e:
-        raise StoreLockedError(f"{spec}: the store is open in another process ({e})") from None
+    except DeviceBusyError:
+        raise StoreLockedError(f"{spec}: the store is open in another process (the device is locked)") from None
     try:
         return Store.open(dev, readonly=readonly), dev
     except BaseException:

@@ -81,6 +81,7 @@ def _convert(policy: str, key: str, value: str, default):
                 raise ValueError(value)
             return f
     except ValueError:
-        kind = "finite float" if isinstance(default, float) else type(default).__name__
-        raise ValueError(f"policy {policy}: {key}={value!r} is not a {kind}") from None
+        kind = ("a bool" if isinstance(default, bool) else "a finite number" if isinstance(default, float)
+                else "an integer" if isinstance(default, int) else f"a {type(default).__name__}")
+        raise ValueError(f"policy {policy}: {key}={value!r} is not {kind}") from None
     return value

@@ -87,6 +87,8 @@ def open_device(spec: str, *, readonly: bool = False) -> ZonedDevice:
         return _open_linux(spec, readonly)
     if spec.startswith("file:"):
         spec = spec[5:]
+        if not spec:
+            raise DeviceFormatError("bad device spec 'file:': no path after file:")
     elif spec.startswith("/dev/") or (os.path.exists(spec) and _is_block_device(spec)):
         return _open_linux(spec, readonly)
     if not os.path.exists(spec):
