@@ -158,6 +158,9 @@ def small_device(tmp_path):
     (["zones", "reset", "{dev}", "16"], "zone 16 does not exist: the device has zones 0..15"),
     (["zones", "finish", "{dev}", "-2"], "argument zone: -2 is negative"),
     (["mkfs", "file:"], "bad device spec 'file:': no path after file:"),
+    (["mkfs", "mem:zones=16,zone_size=1MiB"], "mem:zones=16,zone_size=1MiB: an in-memory device lives only for "
+                                             "one command, so no store can be kept on it"),
+    (["ls", "mem:zones=16"], "an in-memory device lives only for one command"),
     (["ls", "file:"], "bad device spec 'file:': no path after file:"),
 ])
 def test_zone_numbers_outside_the_device_are_bad_input(small_device, capsys, argv, needle):

@@ -89,8 +89,20 @@ def register(sub) -> None:
     p.set_defaults(func=_crashtest)
 
 
+def _persistent(spec: str) -> None:
+    """Store commands need a device that outlives the command.
+
+    Raises:
+        ValueError: ``spec`` names an in-memory device (``mem:``), gone when the command exits."""
+    if spec.startswith("mem:"):
+        raise ValueError(f"{spec}: an in-memory device lives only for one command, so no store can be kept on "
+                         "it; make a file device (`retainz device create PATH ...`)")
+
+
 def _open(spec: str, readonly: bool = False):
     from retainz.store import Store
+
+    _persistent(spec)
 
     try:
         dev = open_device(spec, readonly=readonly)
@@ -125,6 +137,7 @@ class _Session:
 def _mkfs(args) -> int:
     from retainz.store import Store
 
+    _persistent(args.device)
     dev = open_device(args.device)
     try:
         store = Store.format(dev, meta_zones=args.meta_zones, policy=args.policy,
