@@ -161,6 +161,7 @@ def small_device(tmp_path):
     (["mkfs", "mem:zones=16,zone_size=1MiB"], "mem:zones=16,zone_size=1MiB: an in-memory device lives only for "
                                              "one command, so no store can be kept on it"),
     (["ls", "mem:zones=16"], "an in-memory device lives only for one command"),
+    (["run", "experiments/quick.json", "-o", "{dev}"], "not a directory (--output names the records folder)"),
     (["ls", "file:"], "bad device spec 'file:': no path after file:"),
 ])
 def test_zone_numbers_outside_the_device_are_bad_input(small_device, capsys, argv, needle):

@@ -21,7 +21,8 @@ def register(sub) -> None:
     create.add_argument("path")
     create.add_argument("--zones", type=int, required=True, help="number of zones")
     create.add_argument("--zone-size", type=size_arg, required=True, help="zone size, e.g. 64MiB")
-    create.add_argument("--zone-capacity", type=size_arg, help="writable bytes per zone (default: size)")
+    create.add_argument("--zone-capacity", type=size_arg,
+                        help="writable bytes per zone (default, or 0: the zone size)")
     create.add_argument("--block-size", type=int, default=4096, choices=(512, 4096))
     create.add_argument("--max-open", type=int, default=14, help="max open zones (0 = unlimited)")
     create.add_argument("--max-active", type=int, default=14, help="max active zones (0 = unlimited)")

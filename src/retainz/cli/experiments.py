@@ -72,6 +72,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.jobs is not None and args.jobs < 1:
         raise ValueError("--jobs must be >= 1")
     out = args.output or os.path.join("out", "runs", m["manifest"])
+    if os.path.lexists(out) and not os.path.isdir(out):
+        raise NotADirectoryError(f"{out}: not a directory (--output names the records folder)")
     print(f"{m['manifest']}: {len(cases)} cases -> {out}", file=sys.stderr)
     try:
         summary = run_cases(cases, out, jobs=args.jobs, trace_dir=args.trace_cache, resume=args.resume,
