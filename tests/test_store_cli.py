@@ -339,3 +339,27 @@ def test_get_that_cannot_replace_the_target_leaves_no_partial_file(dev, tmp_path
     assert code == 2 and err.count("\n") == 1 and "model.bin" in err, err
     assert sorted(p.name for p in out.iterdir()) == ["model.bin"]
     assert (out / "model.bin" / "keep").read_text() == "mine"
+
+
+def test_fsck_json_reports_damage_that_stops_the_mount(tmp_path, capsys):
+    """A flipped bit in a journal record stops the mount; `fsck --json` still prints a report."""
+    from retainz.cli import main
+    from retainz.zoned import FileDevice
+
+    dev = str(tmp_path / "d.img")
+    assert main(["device", "create", dev, "--zones", "16", "--zone-size", "1MiB"]) == 0
+    assert main(["mkfs", dev]) == 0
+    with FileDevice(dev, readonly=True) as d:
+        off = d._data_offset + 4096 + 20           # the first record after the superblock
+    with open(dev, "r+b") as f:
+        f.seek(off)
+        b = f.read(1)
+        f.seek(off)
+        f.write(bytes([b[0] ^ 0x10]))
+    capsys.readouterr()
+    assert main(["fsck", dev, "--json"]) == 1
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["ok"] is False and rep["mounted"] is False
+    assert rep["problems"] == ["meta zone 0: record at byte 4096 (42 bytes) fails its checksum: corrupt journal"]
+    assert main(["fsck", dev]) == 1                 # the text form: the one error line
+    assert capsys.readouterr().err.strip().endswith("fails its checksum: corrupt journal")

@@ -271,8 +271,17 @@ def _gc(args) -> int:
 
 
 def _fsck(args) -> int:
-    with _Session(args.device, readonly=True) as store:
-        rep = store.fsck()
+    from retainz.errors import CorruptDeviceError, CorruptJournalError
+
+    try:
+        with _Session(args.device, readonly=True) as store:
+            rep = store.fsck()
+    except (CorruptDeviceError, CorruptJournalError) as e:
+        if not args.json:
+            raise
+        # damage that stops the mount: a JSON reader still gets a report (what was found, not ok)
+        print_json({"ok": False, "mounted": False, "problems": [str(e)], "repairs": [], "notes": []}, indent=2)
+        return 1
     if args.json:
         print_json(rep.to_dict(), indent=2)
     else:
