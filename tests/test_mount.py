@@ -285,3 +285,7 @@ def test_fuse_unavailable_is_one_clear_line(tmp_path):
     assert r.returncode == 1
     assert r.stderr.strip() == ("retainz: error: FUSE is unavailable: the Python binding mfusepy is not installed "
                                 "(pip install 'retainz[mount]', or make setup-mount)")
+    code = ("import sys; sys.modules['mfusepy'] = None; from retainz.cli import main; "
+            f"sys.exit(main(['mount', {device!r}, {str(tmp_path)!r}, '--retention', 'bogus']))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env(), timeout=60)
+    assert r.returncode == 2 and "bogus" in r.stderr and "FUSE" not in r.stderr   # bad input is named first

@@ -127,6 +127,10 @@ def mount(device: str, mountpoint: str, *, retention: str | None = None, foregro
         RuntimeError: the server exited before mounting (its last log lines of this attempt in the
             message).
     """
+    if retention not in (None, "auto"):
+        from retainz.retention import parse_rule
+
+        parse_rule(retention)       # bad input first (here, not in the server's log), then the machine
     load_fuse()
     if not os.path.isfile(device):
         raise FileNotFoundError(f"{device}: no such device file (create one with `retainz device create` "
@@ -135,10 +139,6 @@ def mount(device: str, mountpoint: str, *, retention: str | None = None, foregro
     if foreground:
         serve(device, mountpoint, retention=retention)
         return
-    if retention not in (None, "auto"):
-        from retainz.retention import parse_rule
-
-        parse_rule(retention)       # a malformed or unknown rule is bad input here, not in the server's log
     logpath = device + ".mount.log"
     start = os.path.getsize(logpath) if os.path.exists(logpath) else 0
     cmd = [sys.executable, "-m", "retainz.cli", "mount", device, mountpoint, "--foreground"]
