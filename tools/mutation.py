@@ -70,7 +70,8 @@ GROUPS: dict[str, dict] = {
                   "tests/test_store_io_errors.py", "tests/test_store_replace.py", "tests/test_store_hint_update.py",
                   "tests/test_store_admission.py", "tests/test_store_time_order.py",
                   # the format's version refusal and the contract the rest of the code calls
-                  "tests/test_store_format_version.py", "tests/test_store_contract.py"],
+                  "tests/test_store_format_version.py", "tests/test_store_contract.py",
+                  "tests/test_store_writer.py", "tests/test_store_metalog.py"],
     },
     "retention": {
         "mutate": ["src/retainz/retention/*.py"],
