@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import pytest
 
+from retainz.errors import NoSpaceError
 from retainz.hint import Hint
 from retainz.store import Store
+from retainz.store.format import round_up
 from retainz.store.journal import scan
 from retainz.store.records import (
     EXTENT_BYTES,
@@ -18,6 +20,8 @@ from retainz.store.records import (
     decode,
     gen_entry_bytes,
     gen_entry_size,
+    pack_zones,
+    snapshot_zones,
 )
 from retainz.zoned import Geometry, MemoryDevice
 
@@ -166,6 +170,11 @@ def test_the_snapshot_budget_follows_commits_replacements_moves_and_deletions():
         put(s, "a", 3, n=100, shards=5, replace=True)   # the entry shrinks
         put(s, "c", 4, n=100, shards=20)
         s.delete("b", step=5)
+        for i in range(4):                              # dead space beside live data: GC moves and re-tracks
+            put(s, f"f{i}", 6 + i, n=20 * KiB)
+        for i in (0, 2):
+            s.delete(f"f{i}", step=10)
+        assert s.gc(force=True).bytes_copied > 0
         s.log.forget("never-committed")                 # forgetting an unknown id changes nothing
         sizes = entries(s)
         extent = GEOM.zone_capacity
@@ -198,3 +207,60 @@ def test_the_snapshot_bytes_needed_count_every_entry_in_flight_and_zone_with_sla
         assert nbytes == SNAPSHOT_HEAD_BYTES + (used + 8) * ZONE_ATTR_BYTES + gens + gens // 8
         assert sum(map(len, s.log.snapshot())) + 5000 <= nbytes
         assert z == 1                                   # all of it fits one meta zone
+
+
+def expected_zones(s: Store, extra: int, inflight: list[int]) -> int:
+    """Meta zones ``need`` documents: the O(1) bound of the entries (12.5 % slack, one more record as
+    large as the largest entry), and when that exceeds half the meta zones and at most 4,096 entries
+    are counted, the smaller exact packing of the same entries."""
+    j, t = s.journal, s.table
+    sizes = entries(s)
+    zones = len(t) - t.n_empty + 8
+    total = sum(sizes) + sum(inflight) + extra
+    total += total // 8
+    items = len(sizes) + len(inflight) + 1
+    biggest = max(sizes + [extra])
+    z = snapshot_zones(total, j.capacity, j.bs, items=items, biggest=biggest, zones=zones)
+    if 2 * z > len(j.meta) and items <= 4096:
+        exact = [n + n // 8 for n in sizes + inflight + [extra]]
+        z = min(z, pack_zones(exact, j.capacity, j.bs, zones=zones, reserve=round_up(max(biggest, 1024) + 8, j.bs)))
+    return z
+
+
+@pytest.mark.parametrize("inflight", [[], [600, 40_000], [1] * 4000, [1] * 4040, [1] * 4041, [1] * 4042])
+def test_the_meta_zones_needed_take_the_exact_packing_when_the_bound_is_loose(inflight):
+    """Small meta zones make the O(1) bound loose: ``need`` then packs the entries exactly (up to
+    4,096 of them: here the committed 55, the estimates in flight and the new one)."""
+    dev = MemoryDevice(Geometry(nr_zones=40, zone_size=64 * KiB, zone_capacity=48 * KiB, max_open=3,
+                                max_active=4))
+    with Store.format(dev, meta_zones=6) as s:
+        for i in range(55):
+            w = s.begin_generation(f"g{i:03d}", i, hint=Hint(reclaim_step=i + 100))
+            for k in range(1 + i % 9):
+                w.write_shard(f"shard-{k}-" + "n" * 60, [b"x"])
+            w.commit()
+        # 4,088 and 4,090 bytes: the reserve for the next record is one or two blocks
+        for extra in (300, 4088, 4090, 5000, 30_000):
+            got = s.log.need(extra, inflight)[1]
+            assert got == expected_zones(s, extra, inflight)
+            m, free = len(s.journal.meta), len(s.journal.meta) - len(s.journal.chain)
+            if 2 * got > m or got > free:                # refused: a rollover might not fit beside the chain
+                with pytest.raises(NoSpaceError) as e:
+                    s.log.check_room(extra, "it", inflight)
+                assert e.value.cause == "journal" and e.value.needed == s.log.need(extra, inflight)[0]
+                assert type(e.value.available) is int and e.value.available == min(m // 2, free) * s.journal.capacity
+                assert f"keep room for 2 x {m // 2} ({free} free beside the current chain)" in str(e.value)
+            else:
+                s.log.check_room(extra, "it", inflight)
+        loose = [s.log.need(e, inflight)[1] < expected_bound(s, e, inflight) for e in (300, 5000, 30_000)]
+        if len(entries(s)) + len(inflight) + 1 <= 4096 and sum(inflight) < 10_000:
+            assert any(loose)                           # the exact packing mattered here
+
+
+def expected_bound(s: Store, extra: int, inflight: list[int]) -> int:
+    j, t = s.journal, s.table
+    sizes = entries(s)
+    total = sum(sizes) + sum(inflight) + extra
+    total += total // 8
+    return snapshot_zones(total, j.capacity, j.bs, items=len(sizes) + len(inflight) + 1,
+                          biggest=max(sizes + [extra]), zones=len(t) - t.n_empty + 8)

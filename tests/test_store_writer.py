@@ -120,3 +120,20 @@ def test_a_counted_shard_is_refused_with_the_reason():
                 w.write_counted_shard("s", bad)
         w.write_counted_shard("s", 0)
         assert w.commit().shards["s"].size == 0
+
+
+@pytest.mark.parametrize("policy", ["greedy", "retainz"])
+def test_counted_shards_use_up_their_generations_admission_reserve(policy):
+    """A declared generation reserves its size at admission; the counted shards it writes turn the
+    reserve into written bytes, so what others can be admitted does not change until it is used."""
+    with Store.format(MemoryDevice(GEOM, payload=False), policy=policy) as s:
+        free = s.df().admissible
+        w = s.begin_generation("g", 1, declared_size=100 * KiB, hint=Hint(reclaim_step=9))
+        assert w.reserve == 100 * KiB and s.df().admissible == free - 100 * KiB
+        w.write_counted_shard("a", 30 * KiB)            # 32 KiB on the device (block-rounded)
+        assert w.reserve == 68 * KiB and s.df().admissible == free - 100 * KiB
+        w.write_counted_shard("b", 10 * KiB - 1)        # 12 KiB
+        assert w.reserve == 56 * KiB and s.df().admissible == free - 100 * KiB
+        w.write_counted_shard("c", 56 * KiB)
+        assert w.reserve == 0
+        w.commit()

@@ -213,10 +213,11 @@ def _merge(old: dict | None, new: dict) -> dict:
     mods = set(new["modules"])
     out = dict(old)
     out["modules"] = {**old["modules"], **new["modules"]}
+    out["module_dates"] = {**old.get("module_dates", {}), **{m: new["date"] for m in mods}}
     out["survivors"] = [s for s in old["survivors"] if s["module"] not in mods] + new["survivors"]
     out["reruns"] = old.get("reruns", []) + [{"date": new["date"], "files": sorted(mods),
-                                             "minutes": new["minutes"]}]
-    out["tests"] = new["tests"]
+                                             "minutes": new["minutes"], "tests": new["tests"],
+                                             "stopped": new["stopped"]}]
     return out
 
 
@@ -255,14 +256,15 @@ def write_report(data: dict, equivalent: dict[str, str], out: Path) -> None:
                         and s["status"] == "not covered")
             lines.append(f"| {name} | `{mod.removeprefix('src/')}` | {c['generated']} | {c['killed']} | {surv} | "
                          f"{nocov} | {eq} | {c['not run']} | {_rate(c['killed'], c['generated'], eq, c['not run'])} | "
-                         f"{g['date']} |")
+                         f"{g.get('module_dates', {}).get(mod, g['date'])} |")
             for k, v in (("generated", c["generated"]), ("killed", c["killed"]), ("survived", surv),
                          ("not covered", nocov), ("equivalent", eq), ("not run", c["not run"])):
                 tot[k] += v
+        dates = sorted({g["date"], *g.get("module_dates", {}).values()})
         lines.append(f"| **{name}** | all | {tot['generated']} | {tot['killed']} | {tot['survived']} | "
                      f"{tot['not covered']} | {tot['equivalent']} | {tot['not run']} | "
                      f"**{_rate(tot['killed'], tot['generated'], tot['equivalent'], tot['not run'])}** | "
-                     f"{g['date']} |")
+                     f"{' to '.join(dict.fromkeys([dates[0], dates[-1]]))} |")
     lines.append("")
     for name in GROUPS:
         g = data.get(name)
@@ -276,8 +278,11 @@ def write_report(data: dict, equivalent: dict[str, str], out: Path) -> None:
         if g.get("only"):
             lines.append(f"Run narrowed to: {', '.join(g['only'])}.")
         for r in g.get("reruns", []):
-            lines.append(f"Re-measured {r['date']} ({r['minutes']} min): " + ", ".join(f"`{f}`" for f in r["files"])
-                         + ".")
+            lines.append(f"Re-measured {r['date']} ({r['minutes']} min"
+                         + (", stopped by its time budget" if r.get("stopped") else "") + "): "
+                         + ", ".join(f"`{f}`" for f in r["files"])
+                         + (("; tests: " + ", ".join(f"`{t}`" for t in r["tests"])) if r.get("tests", g["tests"])
+                            != g["tests"] else "") + ".")
         for f, why in g["skipped"].items():
             lines.append(f"Not mutated: `{f}`: {why}.")
         lines.append("")
