@@ -5,12 +5,14 @@ what is wrong."""
 
 from __future__ import annotations
 
+import re
 from time import thread_time
 
 import pytest
 
 from retainz.errors import NoSpaceError
 from retainz.hint import Hint
+from retainz.placement.base import Decision
 from retainz.store import Store
 from retainz.zoned import Geometry, MemoryDevice, ZoneCond
 
@@ -137,3 +139,111 @@ def test_counted_shards_use_up_their_generations_admission_reserve(policy):
         w.write_counted_shard("c", 56 * KiB)
         assert w.reserve == 0
         w.commit()
+
+
+def misbehave(s: Store, decide) -> None:
+    """Make the store's policy answer ``decide(request, honest decision)`` instead."""
+    alloc = s.write_path.allocator
+    place = alloc.place
+    alloc.place = lambda req: decide(req, place(req))
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_decision_that_breaks_the_contract_is_refused_and_nothing_is_written(policy):
+    """The write path checks every decision (finish only open data zones; write only into a data
+    zone with room; open a zone only within the active-zone budget) before executing any of it."""
+    cases = {
+        "finish an empty zone": (lambda s, d: Decision(d.zone, finish=(empty(s),)),
+                                 r"asked to finish zone {e}, which is not an open data zone"),
+        "a full zone": (lambda s, d: Decision(full(s)), r"chose zone {f}, which is not a data zone with room"),
+        "a meta zone": (lambda s, d: Decision(0), r"chose zone 0, which is not a data zone with room"),
+        "past the last zone": (lambda s, d: Decision(GEOM.nr_zones), rf"chose zone {GEOM.nr_zones}, which is not "),
+        "beyond the budget": (lambda s, d: Decision(empty(s)), r"opened zone {e} beyond the active-zone budget {b}$"),
+    }
+    for what, (bad, message) in cases.items():
+        with Store.format(MemoryDevice(GEOM), policy=policy) as s:
+            w = s.begin_generation("full", 1, hint=Hint(reclaim_step=5))
+            w.write_shard("s", [b"f" * CAP])                # one full zone
+            w.commit()
+            budget = s.write_path.zones.max_active            # the data zones' share of max_active
+            assert 0 < budget < GEOM.max_active
+            if what == "beyond the budget":                 # exactly every active zone in use
+                for _ in range(budget - len(s.table.open)):
+                    s.write_path.zones.table.on_write(empty(s), 4096, reclaim_step=None, lifetime=0, step=1)
+            e_zone, f_zone = empty(s), full(s)
+            key, decisions = s.table.key(), s.metrics.decisions
+            misbehave(s, lambda req, d, bad=bad, s=s: bad(s, d))
+            w = s.begin_generation("g", 2)
+            with pytest.raises(ValueError) as err:
+                w.write_shard("s", [b"x" * 5000])
+            w.abort()
+            assert str(err.value).startswith(f"allocator {s.allocator.name} "), what
+            assert re.search(message.format(e=e_zone, f=f_zone, b=budget), str(err.value)), (what, str(err.value))
+            assert s.metrics.decisions > decisions
+            if what == "beyond the budget":
+                assert len(s.table.open) == budget
+            else:
+                assert s.table.key() == key                 # nothing finished, nothing written
+
+
+def empty(s: Store) -> int:
+    return next(z.index for z in s.table if z.cond is ZoneCond.EMPTY)
+
+
+def full(s: Store) -> int:
+    return next(z.index for z in s.table if z.cond is ZoneCond.FULL)
+
+
+def test_a_write_no_zone_can_take_names_the_bytes_and_the_free_space():
+    """ZenFS (no admission) fills the device; the refusal names the request, the free bytes and
+    whether a GC pass freed anything first."""
+    with Store.format(MemoryDevice(GEOM), policy="zenfs") as s:
+        with pytest.raises(NoSpaceError) as e:
+            for i in range(100):
+                w = s.begin_generation(f"g{i}", i, hint=Hint(reclaim_step=1000 + i))
+                w.write_shard("s", [b"x" * 40 * KiB])
+                w.commit()
+        err = e.value
+        w.abort()
+        assert err.cause == "allocation"                   # no dead bytes: nothing for GC to free
+        m = re.fullmatch(r"no zone can take (\d+) bytes of generation 'g\d+' \((\d+) bytes free in zones\)", str(err))
+        assert m and err.needed == int(m[1]) > 0 and err.available == int(m[2])
+        assert err.available == s.write_path.zones.free()
+    with Store.format(MemoryDevice(GEOM), policy="zenfs") as s:
+        passes = []
+        collect = s.write_path.collector.collect
+        s.write_path.collector.collect = lambda **kw: passes.append(collect(**kw)) or passes[-1]
+        with pytest.raises(NoSpaceError) as e:
+            for i in range(200):
+                w = s.begin_generation(f"g{i}", i, hint=Hint(reclaim_step=1000 + i))
+                w.write_shard("s", [b"x" * 40 * KiB])
+                w.commit()
+                if i % 4 == 1:
+                    s.delete(f"g{i - 1}", step=i)          # dead bytes GC can free, never enough
+        w.abort()
+        rep = passes[-1]                                # the forced pass the refused write ran
+        assert e.value.cause == ("gc" if rep.zones_reset or rep.bytes_copied else "allocation")
+        assert e.value.needed > 0 and e.value.available == s.write_path.zones.free()
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_a_pushed_shard_used_as_a_context_manager_closes_or_aborts(fail):
+    with Store.format(MemoryDevice(GEOM)) as s:
+        w = s.begin_generation("g", 1)
+        try:
+            with w.open_shard("s") as sh:
+                sh.write(b"abc" * 1000)
+                if fail:
+                    raise RuntimeError("caller failed")
+        except RuntimeError:
+            pass
+        if fail:
+            assert "s" not in w.gen.shards and s.table.live == 0
+            w.write_shard("s", [b"again"])              # the name is free again
+        w.commit()
+        assert b"".join(s.read_shard("g", "s")) == (b"again" if fail else b"abc" * 1000)
+        h = s.begin_generation("h", 2)
+        with h.open_shard("t") as sh:
+            sh.write(b"x")
+            sh.close()                                  # closed inside: the exit does nothing more
+        assert h.commit().shards["t"].size == 1
