@@ -247,3 +247,4 @@ def test_a_pushed_shard_used_as_a_context_manager_closes_or_aborts(fail):
             sh.write(b"x")
             sh.close()                                  # closed inside: the exit does nothing more
         assert h.commit().shards["t"].size == 1
+

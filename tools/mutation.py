@@ -99,8 +99,14 @@ def _files(group: dict, only: list[str]) -> list[str]:
     return out
 
 
-def _scratch(name: str, group: dict, files: list[str], max_children: int) -> Path:
-    work = ROOT / "out" / "mutation" / name
+def _workdir(name: str, only: list[str]) -> Path:
+    """The scratch copy of a group's run (one per ``--only`` selection, so runs of other files keep theirs)."""
+    tag = "-".join(Path(o).stem for o in only)
+    return ROOT / "out" / "mutation" / (f"{name}-{tag}" if tag else name)
+
+
+def _scratch(name: str, group: dict, files: list[str], only: list[str]) -> Path:
+    work = _workdir(name, only)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     for d in ("src", "tests", "examples"):   # examples: the CLI tests run examples/lifecycle.py
@@ -119,30 +125,49 @@ def _scratch(name: str, group: dict, files: list[str], max_children: int) -> Pat
     return work
 
 
+def _open_mutants(work: Path, files: list[str]) -> list[str]:
+    """Mutants of ``files`` in the scratch copy ``work`` that survived or were never run."""
+    names = []
+    for rel in files:
+        meta = work / "mutants" / (rel + ".meta")
+        if meta.exists():
+            codes = json.loads(meta.read_text())["exit_code_by_key"]
+            names += [k for k, code in codes.items() if STATUS.get(code, "survived") != "killed"]
+    return names
+
+
 def _run_group(name: str, group: dict, only: list[str], max_children: int, budget: float = 0,
-               collect: bool = False, known: dict[str, str] | None = None) -> dict:
+               collect: bool = False, known: dict[str, str] | None = None, resume: bool = False) -> dict:
     files = _files(group, only)
     if not files:
         raise SystemExit(f"group {name}: no file matches {only}")
-    work = ROOT / "out" / "mutation" / name
+    work = _workdir(name, only)
     mutmut = Path(sys.executable).with_name("mutmut")
     started = datetime.datetime.now(datetime.UTC)
     stopped = False
+    retried: list[str] = []
     if collect:   # an earlier (possibly stopped) run's results, from its scratch copy
         if not (work / "mutants").is_dir():
             raise SystemExit(f"group {name}: nothing to collect in {work}")
         started = datetime.datetime.fromtimestamp((work / "mutmut.log").stat().st_mtime, datetime.UTC)
+    elif resume:  # the same scratch copy with today's tests: only survivors and unrun mutants run again
+        if not (work / "mutants").is_dir():
+            raise SystemExit(f"group {name}: nothing to resume in {work}")
+        shutil.rmtree(work / "tests")
+        shutil.copytree(ROOT / "tests", work / "tests", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        retried = _open_mutants(work, files)
     else:
-        work = _scratch(name, group, files, max_children)
+        work = _scratch(name, group, files, only)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(work / "mutants" / "src"), str(ROOT / "tools")]))
-    if not collect:
+    if not collect and (retried or not resume):
         # subprocesses (CLI tests) import the mutated tree too; the directory must exist before
         # Python starts, or its import machinery caches it as missing
-        (work / "mutants" / "src").mkdir(parents=True)
-        print(f"== {name}: mutmut over {len(files)} file(s), tests: {' '.join(group['tests'])}", flush=True)
-        with open(work / "mutmut.log", "w") as log:
+        (work / "mutants" / "src").mkdir(parents=True, exist_ok=True)
+        print(f"== {name}: mutmut over {len(files)} file(s)" + (f", re-running {len(retried)} mutants" if resume
+              else "") + f", tests: {' '.join(group['tests'])}", flush=True)
+        with open(work / "mutmut.log", "a" if resume else "w") as log:
             # SIGINT stops mutmut at the budget: a job started in the background inherits it ignored
-            proc = subprocess.Popen([str(mutmut), "run", "--max-children", str(max_children)], cwd=work,
+            proc = subprocess.Popen([str(mutmut), "run", "--max-children", str(max_children), *retried], cwd=work,
                                     env=env, stdout=log, stderr=subprocess.STDOUT,
                                     preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
             try:
@@ -183,7 +208,8 @@ def _run_group(name: str, group: dict, only: list[str], max_children: int, budge
         minutes = None
     return {"date": started.strftime("%Y-%m-%d"), "files": files, "tests": group["tests"],
             "skipped": group["skip"], "only": only, "modules": modules, "survivors": survivors,
-            "minutes": minutes, "stopped": stopped or collect and any(c["not run"] for c in modules.values())}
+            "minutes": minutes, "stopped": stopped or collect and any(c["not run"] for c in modules.values()),
+            "resumed": len(retried) if resume else None}
 
 
 def pytest_collection_modifyitems(items: list) -> None:
@@ -217,7 +243,7 @@ def _merge(old: dict | None, new: dict) -> dict:
     out["survivors"] = [s for s in old["survivors"] if s["module"] not in mods] + new["survivors"]
     out["reruns"] = old.get("reruns", []) + [{"date": new["date"], "files": sorted(mods),
                                              "minutes": new["minutes"], "tests": new["tests"],
-                                             "stopped": new["stopped"]}]
+                                             "stopped": new["stopped"], "resumed": new.get("resumed")}]
     return out
 
 
@@ -279,7 +305,10 @@ def write_report(data: dict, equivalent: dict[str, str], out: Path) -> None:
             lines.append(f"Run narrowed to: {', '.join(g['only'])}.")
         for r in g.get("reruns", []):
             lines.append(f"Re-measured {r['date']} ({r['minutes']} min"
-                         + (", stopped by its time budget" if r.get("stopped") else "") + "): "
+                         + (", stopped by its time budget" if r.get("stopped") else "")
+                         + (f"; resumed: only the {r['resumed']} mutants that had survived or not run were run "
+                            "again with the new tests, earlier kills kept" if r.get("resumed") is not None else "")
+                         + "): "
                          + ", ".join(f"`{f}`" for f in r["files"])
                          + (("; tests: " + ", ".join(f"`{t}`" for t in r["tests"])) if r.get("tests", g["tests"])
                             != g["tests"] else "") + ".")
@@ -309,6 +338,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="minutes per group; then stop and report what ran (0: no limit)")
     ap.add_argument("--collect", action="store_true",
                     help="report an earlier (stopped) run from its scratch copy instead of running")
+    ap.add_argument("--resume", action="store_true",
+                    help="re-run only the surviving and unrun mutants of an earlier --only run's scratch copy, "
+                         "with the current tests (a kill stands: tests are only ever added)")
     ap.add_argument("--report-only", action="store_true", help="rewrite report.md from report.json")
     args = ap.parse_args(argv)
     names = [g for g in args.groups.split(",") if g]
@@ -323,7 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.report_only:
         for name in names:
             known = {v["name"]: v["diff"] for v in data.get(name, {}).get("survivors", [])}
-            got = _run_group(name, GROUPS[name], args.only, args.max_children, args.budget, args.collect, known)
+            got = _run_group(name, GROUPS[name], args.only, args.max_children, args.budget, args.collect, known,
+                             args.resume)
             data[name] = _merge(data.get(name), got) if args.only else got
             write_report(data, equivalent, args.out)
     write_report(data, equivalent, args.out)
