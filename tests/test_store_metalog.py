@@ -227,18 +227,36 @@ def expected_zones(s: Store, extra: int, inflight: list[int]) -> int:
     return z
 
 
+def small_journal_store() -> Store:
+    """55 committed generations of 1 to 9 shards in 6 meta zones (the O(1) bound is loose there)."""
+    dev = MemoryDevice(Geometry(nr_zones=40, zone_size=64 * KiB, zone_capacity=48 * KiB, max_open=3,
+                                max_active=4))
+    s = Store.format(dev, meta_zones=6)
+    for i in range(55):
+        w = s.begin_generation(f"g{i:03d}", i, hint=Hint(reclaim_step=i + 100))
+        for k in range(1 + i % 9):
+            w.write_shard(f"shard-{k}-" + "n" * 60, [b"x"])
+        w.commit()
+    return s
+
+
+@pytest.mark.parametrize("inflight, extra", [
+    ([], 16376), ([], 16389), ([], 36396),      # the new entry and the next record's reserve at a block edge
+    ([15] * 100, 14543),                         # fractions of a byte of slack add up
+    ([7] * 2000 + [8] * 2000, 100), ([7] * 300 + [8] * 300, 14490),
+])
+def test_the_exact_packing_counts_every_byte_of_slack_at_a_zone_edge(inflight, extra):
+    """Where a few bytes decide whether the snapshot takes one more meta zone, ``need`` counts the
+    12.5 % slack of every entry (whole bytes) and the next record's reserve exactly."""
+    with small_journal_store() as s:
+        assert s.log.need(extra, inflight)[1] == expected_zones(s, extra, inflight)
+
+
 @pytest.mark.parametrize("inflight", [[], [600, 40_000], [1] * 4000, [1] * 4040, [1] * 4041, [1] * 4042])
 def test_the_meta_zones_needed_take_the_exact_packing_when_the_bound_is_loose(inflight):
     """Small meta zones make the O(1) bound loose: ``need`` then packs the entries exactly (up to
     4,096 of them: here the committed 55, the estimates in flight and the new one)."""
-    dev = MemoryDevice(Geometry(nr_zones=40, zone_size=64 * KiB, zone_capacity=48 * KiB, max_open=3,
-                                max_active=4))
-    with Store.format(dev, meta_zones=6) as s:
-        for i in range(55):
-            w = s.begin_generation(f"g{i:03d}", i, hint=Hint(reclaim_step=i + 100))
-            for k in range(1 + i % 9):
-                w.write_shard(f"shard-{k}-" + "n" * 60, [b"x"])
-            w.commit()
+    with small_journal_store() as s:
         # 4,088 and 4,090 bytes: the reserve for the next record is one or two blocks
         for extra in (300, 4088, 4090, 5000, 30_000):
             got = s.log.need(extra, inflight)[1]

@@ -357,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
             known = {v["name"]: v["diff"] for v in data.get(name, {}).get("survivors", [])}
             got = _run_group(name, GROUPS[name], args.only, args.max_children, args.budget, args.collect, known,
                              args.resume)
+            # another run may have written the report meanwhile: merge into what is there now
+            data = json.loads(path.read_text()) if path.exists() else {}
             data[name] = _merge(data.get(name), got) if args.only else got
             write_report(data, equivalent, args.out)
     write_report(data, equivalent, args.out)
