@@ -10,7 +10,7 @@ from time import thread_time
 
 import pytest
 
-from retainz.errors import NoSpaceError
+from retainz.errors import NoSpaceError, ShardSizeError
 from retainz.hint import Hint
 from retainz.placement.base import Decision
 from retainz.store import Store
@@ -248,3 +248,91 @@ def test_a_pushed_shard_used_as_a_context_manager_closes_or_aborts(fail):
             sh.close()                                  # closed inside: the exit does nothing more
         assert h.commit().shards["t"].size == 1
 
+
+
+MiB = 1 << 20
+BIG = Geometry(nr_zones=32, zone_size=4 * MiB, zone_capacity=4 * MiB, block_size=4096, max_open=8, max_active=8)
+
+
+def test_decision_cpu_time_is_the_time_spent_in_each_place_call(monkeypatch):
+    """With a clock that advances one second per reading, every decision (also the one retried
+    after a GC pass) adds exactly one second."""
+    import retainz.store.writer as writer
+
+    ticks = iter(range(10**9))
+    monkeypatch.setattr(writer, "thread_time", lambda: float(next(ticks)))
+    with Store.format(MemoryDevice(GEOM), policy="zenfs") as s:
+        calls = counting_places(s)
+        retried = []
+        decide = s.write_path._decide
+        s.write_path._decide = lambda req: retried.append(req) or decide(req)
+        for i in range(200):
+            w = s.begin_generation(f"g{i}", i, hint=Hint(reclaim_step=1000 + i))
+            try:
+                w.write_shard("s", [bytes([i % 256]) * 40 * KiB])
+                w.commit()
+            except NoSpaceError:
+                w.abort()
+                break
+            if i % 3:
+                s.delete(f"g{i}", step=i)
+            assert s.metrics.decision_cpu_seconds == s.metrics.decisions == len(calls)
+        assert retried
+        assert s.metrics.decision_cpu_seconds == s.metrics.decisions == len(calls)
+
+
+def test_zenfs_asks_once_per_zone_a_pushed_shard_spans_not_once_per_buffer():
+    """ZenFS allocates a file a new zone only on its first write and when its zone is full
+    (``ZoneFile::AllocateNewZone``, fs/io_zenfs.cc): a 3 MiB shard pushed in 1 MiB buffers into a
+    4 MiB zone costs one decision; a user shard's later buffers keep its zone."""
+    with Store.format(MemoryDevice(BIG), policy="zenfs") as s:
+        calls = counting_places(s)
+        w = s.begin_generation("g", 1, hint=Hint(reclaim_step=10))
+        with w.open_shard("s") as sh:
+            for _ in range(12):
+                sh.write(b"z" * (MiB // 4))
+        info = w.gen.shards["s"]
+        assert len({e[0] for e in info.extents}) == 1 and len(info.extents) == 3
+        assert len(calls) == 1
+        w.commit()
+
+
+def test_a_pushed_shard_over_several_buffers_counts_all_its_bytes():
+    with Store.format(MemoryDevice(BIG)) as s:
+        w = s.begin_generation("g", 1)
+        with w.open_shard("s") as sh:
+            for _ in range(10):
+                sh.write(b"q" * (MiB // 4 + 1))
+        w.commit()
+        size = 10 * (MiB // 4 + 1)
+        assert s.metrics.host_bytes == -(-size // 4096) * 4096
+        assert s.generation("g").shards["s"].size == size
+
+
+def test_a_shard_that_fails_its_size_check_inside_a_with_block_is_dropped_once():
+    """``close`` aborts a pushed shard short of its size; leaving the ``with`` block must not drop
+    its bytes a second time."""
+    with Store.format(MemoryDevice(BIG)) as s:
+        keep = s.begin_generation("keep", 1)
+        keep.write_shard("k", [b"k" * 5000])
+        keep.commit()
+        live = s.table.live
+        w = s.begin_generation("g", 2)
+        with pytest.raises(ShardSizeError):
+            with w.open_shard("s", size=2 * MiB + 1) as sh:
+                sh.write(b"x" * 2 * MiB)                  # two extents on the device
+        assert s.table.live == live and "s" not in w.gen.shards
+        assert s.table.key() == s.recompute_table().key()
+        w.abort()
+        assert s.table.live == live and s.fsck().ok and s.table.key() == s.recompute_table().key()
+
+
+def test_aborting_a_generation_drops_its_open_shards():
+    with Store.format(MemoryDevice(BIG)) as s:
+        w = s.begin_generation("g", 1)
+        sh = w.open_shard("s")
+        sh.write(b"x" * (MiB + 5))                        # one extent written, the rest buffered
+        assert s.table.live > 0
+        w.abort()
+        assert s.table.live == 0 and s.table.key() == s.recompute_table().key()
+        assert all(z.cond is ZoneCond.EMPTY for z in s.table)
