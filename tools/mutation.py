@@ -31,6 +31,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,7 +72,7 @@ GROUPS: dict[str, dict] = {
                   "tests/test_store_admission.py", "tests/test_store_time_order.py",
                   # the format's version refusal and the contract the rest of the code calls
                   "tests/test_store_format_version.py", "tests/test_store_contract.py",
-                  "tests/test_store_writer.py", "tests/test_store_metalog.py"],
+                  "tests/test_store_writer.py", "tests/test_store_metalog.py", "tests/test_store_crc.py"],
     },
     "retention": {
         "mutate": ["src/retainz/retention/*.py"],
@@ -125,19 +126,22 @@ def _scratch(name: str, group: dict, files: list[str], only: list[str]) -> Path:
     return work
 
 
-def _open_mutants(work: Path, files: list[str]) -> list[str]:
-    """Mutants of ``files`` in the scratch copy ``work`` that survived or were never run."""
+def _open_mutants(work: Path, files: list[str], equivalent: dict[str, str]) -> list[str]:
+    """Mutants of ``files`` in the scratch copy ``work`` that survived or were never run, less those
+    marked equivalent (they would survive again: a full run of the tests for nothing)."""
     names = []
     for rel in files:
         meta = work / "mutants" / (rel + ".meta")
         if meta.exists():
             codes = json.loads(meta.read_text())["exit_code_by_key"]
-            names += [k for k, code in codes.items() if STATUS.get(code, "survived") != "killed"]
+            names += [k for k, code in codes.items()
+                      if STATUS.get(code, "survived") != "killed" and k not in equivalent]
     return names
 
 
 def _run_group(name: str, group: dict, only: list[str], max_children: int, budget: float = 0,
-               collect: bool = False, known: dict[str, str] | None = None, resume: bool = False) -> dict:
+               collect: bool = False, known: dict[str, str] | None = None, resume: bool = False,
+               equivalent: dict[str, str] | None = None) -> dict:
     files = _files(group, only)
     if not files:
         raise SystemExit(f"group {name}: no file matches {only}")
@@ -146,6 +150,7 @@ def _run_group(name: str, group: dict, only: list[str], max_children: int, budge
     started = datetime.datetime.now(datetime.UTC)
     stopped = False
     retried: list[str] = []
+    tests = group["tests"]
     if collect:   # an earlier (possibly stopped) run's results, from its scratch copy
         if not (work / "mutants").is_dir():
             raise SystemExit(f"group {name}: nothing to collect in {work}")
@@ -155,7 +160,9 @@ def _run_group(name: str, group: dict, only: list[str], max_children: int, budge
             raise SystemExit(f"group {name}: nothing to resume in {work}")
         shutil.rmtree(work / "tests")
         shutil.copytree(ROOT / "tests", work / "tests", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        retried = _open_mutants(work, files)
+        retried = _open_mutants(work, files, equivalent or {})
+        # the scratch copy keeps the test files it was made with (a new selection would reset mutmut's results)
+        tests = tomllib.loads((work / "pyproject.toml").read_text())["tool"]["mutmut"]["pytest_add_cli_args_test_selection"]
     else:
         work = _scratch(name, group, files, only)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(work / "mutants" / "src"), str(ROOT / "tools")]))
@@ -164,7 +171,7 @@ def _run_group(name: str, group: dict, only: list[str], max_children: int, budge
         # Python starts, or its import machinery caches it as missing
         (work / "mutants" / "src").mkdir(parents=True, exist_ok=True)
         print(f"== {name}: mutmut over {len(files)} file(s)" + (f", re-running {len(retried)} mutants" if resume
-              else "") + f", tests: {' '.join(group['tests'])}", flush=True)
+              else "") + f", tests: {' '.join(tests)}", flush=True)
         with open(work / "mutmut.log", "a" if resume else "w") as log:
             # SIGINT stops mutmut at the budget: a job started in the background inherits it ignored
             proc = subprocess.Popen([str(mutmut), "run", "--max-children", str(max_children), *retried], cwd=work,
@@ -206,7 +213,7 @@ def _run_group(name: str, group: dict, only: list[str], max_children: int, budge
     minutes = round((datetime.datetime.now(datetime.UTC) - started).total_seconds() / 60, 1)
     if collect:
         minutes = None
-    return {"date": started.strftime("%Y-%m-%d"), "files": files, "tests": group["tests"],
+    return {"date": started.strftime("%Y-%m-%d"), "files": files, "tests": tests,
             "skipped": group["skip"], "only": only, "modules": modules, "survivors": survivors,
             "minutes": minutes, "stopped": stopped or collect and any(c["not run"] for c in modules.values()),
             "resumed": len(retried) if resume else None}
@@ -356,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             known = {v["name"]: v["diff"] for v in data.get(name, {}).get("survivors", [])}
             got = _run_group(name, GROUPS[name], args.only, args.max_children, args.budget, args.collect, known,
-                             args.resume)
+                             args.resume, equivalent)
             # another run may have written the report meanwhile: merge into what is there now
             data = json.loads(path.read_text()) if path.exists() else {}
             data[name] = _merge(data.get(name), got) if args.only else got
