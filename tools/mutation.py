@@ -56,7 +56,7 @@ GROUPS: dict[str, dict] = {
         # mutant: minutes each on 2 cores)
         "tests": ["tests/test_store_journal.py", "tests/test_store_corruption.py", "tests/test_store_readonly.py",
                   "tests/test_store_metalog.py", "tests/test_store_admission.py", "tests/test_store_gc.py",
-                  "tests/test_store_hint_update.py"],
+                  "tests/test_store_hint_update.py", "tests/test_store_journal_scan.py"],
     },
     "store": {
         "mutate": ["src/retainz/store/*.py"],

@@ -1,0 +1,132 @@
+"""Finding the journal chain at mount (``store/journal.scan``): the newest complete chain wins, a
+crashed rollover falls back (and says how often), and every inconsistency among the meta zones'
+superblocks is refused with a message naming the zones."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from retainz.errors import CorruptJournalError, ForeignDeviceError
+from retainz.store import Store
+from retainz.store.format import Superblock
+from retainz.store.journal import scan
+from retainz.zoned import Geometry, MemoryDevice, ZoneCond
+
+KiB = 1024
+GEOM = Geometry(nr_zones=16, zone_size=64 * KiB, zone_capacity=48 * KiB, block_size=4096, max_open=3,
+                max_active=4)
+
+
+def store(n: int = 3) -> MemoryDevice:
+    dev = MemoryDevice(GEOM)
+    with Store.format(dev, meta_zones=4) as s:
+        for i in range(n):
+            w = s.begin_generation(f"g{i}", i)
+            w.write_shard("s", [bytes([i]) * 5000])
+            w.commit()
+    return dev
+
+
+def plant(dev: MemoryDevice, zone: int, sb: Superblock) -> None:
+    """Write superblock ``sb`` (and nothing else) at the start of the empty meta zone ``zone``."""
+    assert dev.zone(zone).cond is ZoneCond.EMPTY
+    dev.write(zone * GEOM.zone_size, sb.encode())
+    dev.flush()
+
+
+def current(dev: MemoryDevice) -> tuple[Superblock, int, int]:
+    """The chain's superblock, its first zone and an empty meta zone."""
+    found = scan(dev)
+    empty = next(z for z in range(found.sb.meta_zones) if dev.zone(z).cond is ZoneCond.EMPTY)
+    return found.sb, found.chain[0], empty
+
+
+def test_a_healthy_store_has_one_chain_and_no_fallback():
+    dev = store()
+    found = scan(dev)
+    assert (found.fallbacks, found.torn, found.stale, len(found.chain)) == (0, 0, [], 1)
+    assert found.sb.sequence >= 1
+
+
+def test_an_incomplete_newer_chain_is_skipped_and_counted():
+    """A rollover cut after its superblock but before its snapshot's end: the newer chains are
+    incomplete, mount falls back to the newest complete one (the older chain) and counts each."""
+    dev = store()
+    sb, first, empty = current(dev)
+    plant(dev, empty, dataclasses.replace(sb, sequence=sb.sequence + 1, part=0))
+    found = scan(dev)
+    assert (found.chain, found.fallbacks, found.sb.sequence) == ([first], 1, sb.sequence)
+    assert empty in found.stale                          # reset at mount
+    other = next(z for z in range(sb.meta_zones) if dev.zone(z).cond is ZoneCond.EMPTY)
+    plant(dev, other, dataclasses.replace(sb, sequence=sb.sequence + 2, part=0))
+    found = scan(dev)
+    assert (found.chain, found.fallbacks) == ([first], 2) and sorted(found.stale) == sorted([empty, other])
+    with Store.open(dev) as s:                           # and the store opens from the old chain
+        assert [g.id for g in s.generations()] == ["g0", "g1", "g2"]
+
+
+def test_a_chain_with_a_missing_part_is_refused():
+    dev = store()
+    sb, first, empty = current(dev)
+    plant(dev, empty, dataclasses.replace(sb, sequence=sb.sequence + 1, part=1))
+    with pytest.raises(CorruptJournalError) as e:
+        scan(dev)
+    assert str(e.value) == f"journal sequence {sb.sequence + 1} has parts [1]: a part is missing"
+
+
+def test_two_zones_claiming_one_part_are_refused():
+    dev = store()
+    sb, first, empty = current(dev)
+    plant(dev, empty, sb)
+    with pytest.raises(CorruptJournalError) as e:
+        scan(dev)
+    a, b = sorted([first, empty])
+    assert str(e.value) == f"meta zones {a} and {b} both claim part 0 of journal sequence {sb.sequence}"
+
+
+def test_superblocks_of_two_stores_are_refused_naming_each_zone():
+    dev, other = store(), store(1)
+    sb, first, empty = current(dev)
+    theirs = scan(other).sb
+    assert theirs.uuid != sb.uuid
+    plant(dev, empty, dataclasses.replace(theirs, meta_zones=sb.meta_zones))
+    with pytest.raises(CorruptJournalError) as e:
+        scan(dev)
+    listed = sorted([(first, sb.uuid), (empty, theirs.uuid)])
+    assert str(e.value) == ("meta zones hold superblocks of different stores: "
+                            + ", ".join(f"zone {z}: {u}" for z, u in listed))
+
+
+def test_a_bad_superblock_beside_a_good_one_and_alone():
+    dev = store()
+    sb, first, empty = current(dev)
+    block = bytearray(sb.encode())
+    block[40] ^= 0x10                                     # the magic survives, the checksum fails
+    dev.write(empty * GEOM.zone_size, bytes(block))
+    with pytest.raises(CorruptJournalError) as e:
+        scan(dev)
+    assert str(e.value) == f"meta zone(s) [{empty}]: superblock fails its checksum: corrupt store"
+    dev._data[first][40] ^= 0x10                          # now no good copy is left
+    with pytest.raises(CorruptJournalError) as e:
+        scan(dev)
+    assert str(e.value) == (f"meta zone(s) {sorted([first, empty])}: the RetainZ superblock fails its "
+                            "checksum and no other copy exists: corrupt store")
+
+
+def test_a_device_without_any_superblock_is_foreign():
+    dev = MemoryDevice(GEOM)
+    dev.write(0, b"\x07" * 4096)
+    with pytest.raises(ForeignDeviceError) as e:
+        scan(dev)
+    assert str(e.value) == f"{dev.name} holds no RetainZ store (no superblock in its first zones)"
+
+
+def test_no_complete_chain_is_corruption():
+    dev = MemoryDevice(GEOM)
+    sb = scan(store()).sb
+    plant(dev, 1, sb)                                     # a superblock and no snapshot after it
+    with pytest.raises(CorruptJournalError) as e:
+        scan(dev)
+    assert str(e.value) == "no journal chain with a complete snapshot: corrupt store"
