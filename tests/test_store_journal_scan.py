@@ -37,9 +37,11 @@ def plant(dev: MemoryDevice, zone: int, sb: Superblock) -> None:
 
 
 def current(dev: MemoryDevice) -> tuple[Superblock, int, int]:
-    """The chain's superblock, its first zone and an empty meta zone."""
+    """The chain's superblock, its first zone and the last empty meta zone (past an empty one:
+    scan reads every meta zone, not up to the first empty one)."""
     found = scan(dev)
-    empty = next(z for z in range(found.sb.meta_zones) if dev.zone(z).cond is ZoneCond.EMPTY)
+    empty = max(z for z in range(found.sb.meta_zones) if dev.zone(z).cond is ZoneCond.EMPTY)
+    assert any(dev.zone(z).cond is ZoneCond.EMPTY for z in range(empty))
     return found.sb, found.chain[0], empty
 
 
