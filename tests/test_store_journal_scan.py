@@ -11,7 +11,7 @@ import pytest
 from retainz.errors import CorruptJournalError, ForeignDeviceError
 from retainz.store import Store
 from retainz.store.format import Superblock
-from retainz.store.journal import scan
+from retainz.store.journal import frame, parse_zone, scan
 from retainz.zoned import Geometry, MemoryDevice, ZoneCond
 
 KiB = 1024
@@ -132,3 +132,64 @@ def test_no_complete_chain_is_corruption():
     with pytest.raises(CorruptJournalError) as e:
         scan(dev)
     assert str(e.value) == "no journal chain with a complete snapshot: corrupt store"
+
+
+BS = 4096
+
+
+def zone_image(*payloads: bytes) -> bytes:
+    """A meta zone's bytes: a superblock block (parse_zone skips it) then the framed records."""
+    return bytes(BS) + b"".join(frame(p, BS) for p in payloads)
+
+
+def zeroed(img: bytes, block: int) -> bytes:
+    out = bytearray(img)
+    out[block * BS:(block + 1) * BS] = bytes(BS)
+    return bytes(out)
+
+
+def poked(img: bytes, at: int, value: int) -> bytes:
+    out = bytearray(img)
+    out[at] = value
+    return bytes(out)
+
+
+CORRUPT = {
+    "zeroed block below the write pointer": (
+        zeroed(zone_image(b"a", b"b"), 2), False, False,
+        "meta zone 5: a zeroed block at byte 8192, below the write pointer (12288): corrupt journal"),
+    "zeroed block hiding a record": (
+        zeroed(zone_image(b"a", b"b", b"c"), 2), True, True,
+        "meta zone 5: a zeroed block at byte 8192, below the write pointer (16384), hides the valid record at "
+        "byte 12288: corrupt journal"),
+    "a record past the end of a zone that is not the tail": (
+        zone_image(b"a", b"y" * 9000)[:-BS], False, True,
+        "meta zone 5: record at byte 8192 claims 9000 bytes, past the end of the written area (16384): "
+        "corrupt journal"),
+    "a record past the end with a valid one after it": (
+        poked(zone_image(b"a", b"b", b"c"), 2 * BS + 6, 1), True, True,
+        "meta zone 5: record at byte 8192 claims 65537 bytes, past the end of the written area (16384), and a "
+        "valid record follows at byte 12288: corrupt journal"),
+    "a checksum failure": (
+        poked(zone_image(b"a", b"hello world", b"c"), 2 * BS + 10, ord("h") ^ 1), True, True,
+        "meta zone 5: record at byte 8192 (11 bytes) fails its checksum: corrupt journal"),
+    # a durable record (its last block holds payload bytes, here 'X's) with a bad checksum in the
+    # finished tail zone: corruption, not a torn tail, whatever the payload bytes are
+    "a checksum failure in a durable record of bytes 'X'": (
+        poked(zone_image(b"a", b"X" * 6000), BS + BS + 20, ord("Y")), True, True,
+        "meta zone 5: record at byte 8192 (6000 bytes) fails its checksum: corrupt journal"),
+}
+
+
+@pytest.mark.parametrize("what", CORRUPT)
+def test_each_kind_of_journal_corruption_is_refused_with_its_exact_message(what):
+    img, tail, full, message = CORRUPT[what]
+    with pytest.raises(CorruptJournalError) as e:
+        parse_zone(img, BS, len(img), BS, zone=5, tail=tail, full=full)
+    assert str(e.value) == message
+
+
+def test_a_zone_with_no_records_ends_where_it_starts():
+    img = zone_image() + bytes(2 * BS)
+    out = parse_zone(img, BS, len(img), BS, zone=0, tail=True)
+    assert (out.payloads, out.end, out.torn) == ([], BS, 0)
