@@ -661,3 +661,56 @@ def test_append_counts_flushes_and_refuses_a_record_larger_than_a_zone():
     assert (j.rollovers, j.fenced) == (1, False)
     j.append(b"x" * BIG)                  # a whole zone's record: rolls over into a chain that keeps it room
     assert (j.rollovers, j.end, len(j.chain)) == (2, CAP, 2)
+
+
+def _leveldb_mask(crc: int) -> int:
+    """LevelDB's ``crc32c::Mask`` (util/crc32c.h): rotate right by 15 bits, add 0xa282ead8."""
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+@pytest.mark.parametrize("payload", [b"", b"a", b"c " + b"x" * 4087, b"c " + b"x" * 4088, bytes(range(256)) * 40])
+def test_a_frame_is_the_masked_crc32c_of_length_and_payload_then_the_payload_block_padded(payload):
+    """The on-disk frame (module docstring of store/records.py): ``<I`` masked crc32c over the
+    little-endian length and the payload, ``<I`` length, payload, zeros to the block."""
+    import struct
+
+    import crc32c
+
+    from retainz.store.records import frame_size, unframe
+
+    length = struct.pack("<I", len(payload))
+    f = frame(payload, BS)
+    assert f[:4] == struct.pack("<I", _leveldb_mask(crc32c.crc32c(length + payload))) and f[4:8] == length
+    assert f[8:8 + len(payload)] == payload and not f[8 + len(payload):].strip(b"\0")
+    assert len(f) % BS == 0 and len(f) - BS < len(payload) + 8 <= len(f) == frame_size(len(payload), BS)
+    assert unframe(f, 0, len(f), BS) == (len(payload), len(f), True)
+    if len(f) > BS:                                     # a frame that runs past the end was not all written
+        assert unframe(f, 0, len(f) - BS, BS) == (len(payload), len(f), False)
+
+
+def test_a_zero_header_unframes_to_nothing():
+    from retainz.store.records import unframe
+
+    assert unframe(bytes(2 * BS), BS, 2 * BS, BS) == (0, 0, False)
+
+
+def test_decoding_refuses_unknown_kinds_and_bodies_that_are_not_objects_naming_them():
+    from retainz.store.records import Kind, decode
+
+    with pytest.raises(ValueError) as e:
+        decode(b"abcdefghijklmnopqrstuvwxyz {}")
+    assert str(e.value) == "unknown record kind b'abcdefghijklmnop'"
+    with pytest.raises(ValueError) as e:
+        decode(b"c [1, 2]")
+    assert str(e.value) == "a 'c' record's body is not a JSON object"
+    for word in (b"x", b"snap"):                        # metrics absent: an empty dict, not None
+        rec = decode(word + b' {"now": 3}')
+        assert rec.metrics == {} and rec.now == 3 and rec.kind in (Kind.SYNC, Kind.SNAP)
+
+
+def test_a_snapshot_record_batches_a_quarter_of_a_meta_zone_at_most_64_kib():
+    from retainz.store.records import FRAME_HEADER, snapshot_record_limit
+
+    assert snapshot_record_limit(48 * 1024, BS) == (48 * 1024 - BS - FRAME_HEADER) // 4 == 11262
+    assert snapshot_record_limit(1 << 20, BS) == 64 * 1024
+    assert isinstance(snapshot_record_limit(48 * 1024 + 512, 512), int)
