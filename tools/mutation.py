@@ -15,9 +15,15 @@ records what it found in ``results/mutation/report.json`` and ``report.md``:
 Groups that were not run keep their previous entry (with its date) in the report.  A full run takes
 hours on 2 cores, so this never runs in CI; ``--groups`` picks groups, ``--only`` narrows a group to
 some of its files (their rows and survivors replace the earlier ones of the group).  mutmut runs each mutant only against the selected tests that execute the mutated
-function (it records which tests reach which function in a first, instrumented run).
+function (it records which tests reach which function in a first, instrumented run), and this file,
+loaded into those runs as a pytest plugin, orders them fastest first: with ``-x`` a killed mutant
+stops at its cheapest failing test, and only a survivor pays for the power-cut campaigns.
+``--resume`` re-runs, in an ``--only`` run's scratch copy and with today's tests, just the mutants
+that survived or were never run (less those marked equivalent): adding tests cannot revive a killed
+mutant, so its kill stands; the report says which figures were resumed.
 
-Usage: ``python tools/mutation.py [--groups placement,journal] [--only FILE ...] [--max-children N]``.
+Usage: ``python tools/mutation.py [--groups placement,journal] [--only FILE ...] [--max-children N]
+[--budget MIN] [--resume]``.
 """
 
 from __future__ import annotations
