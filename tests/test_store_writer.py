@@ -263,6 +263,9 @@ def test_decision_cpu_time_is_the_time_spent_in_each_place_call(monkeypatch):
     monkeypatch.setattr(writer, "thread_time", lambda: float(next(ticks)))
     with Store.format(MemoryDevice(GEOM), policy="zenfs") as s:
         calls = counting_places(s)
+        answers = []
+        place = s.write_path.allocator.place
+        s.write_path.allocator.place = lambda req: answers.append(place(req)) or answers[-1]
         retried = []
         decide = s.write_path._decide
         s.write_path._decide = lambda req: retried.append(req) or decide(req)
@@ -279,6 +282,8 @@ def test_decision_cpu_time_is_the_time_spent_in_each_place_call(monkeypatch):
             assert s.metrics.decision_cpu_seconds == s.metrics.decisions == len(calls)
         assert retried
         assert s.metrics.decision_cpu_seconds == s.metrics.decisions == len(calls)
+        # a GC pass and a second decision follow only a user write's decision that found no zone
+        assert len(retried) <= sum(1 for req, d in zip(calls, answers, strict=True) if d.zone is None and not req.gc)
 
 
 def test_zenfs_asks_once_per_zone_a_pushed_shard_spans_not_once_per_buffer():
@@ -336,3 +341,47 @@ def test_aborting_a_generation_drops_its_open_shards():
         w.abort()
         assert s.table.live == 0 and s.table.key() == s.recompute_table().key()
         assert all(z.cond is ZoneCond.EMPTY for z in s.table)
+
+
+def test_pushed_chunks_are_cut_into_extents_of_at_most_the_write_buffer():
+    """Chunks of any size are buffered and written in extents of at most 1 MiB (one device write, one
+    crc32c each), however they straddle the buffer."""
+    data = bytes(range(256)) * (7 * MiB // 256)
+    with Store.format(MemoryDevice(BIG)) as s:
+        w = s.begin_generation("g", 1)
+        with w.open_shard("s") as sh:
+            for i in range(0, len(data), 3 * MiB // 4):       # 0.75 MiB chunks
+                sh.write(data[i:i + 3 * MiB // 4])
+        w.commit()
+        ext = s.generation("g").shards["s"].extents
+        assert [e[2] for e in ext] == [MiB] * 7
+        assert b"".join(s.read_shard("g", "s")) == data
+
+
+def test_a_pushed_shard_uses_up_its_generations_admission_reserve():
+    with Store.format(MemoryDevice(BIG)) as s:
+        free = s.df().admissible
+        w = s.begin_generation("g", 1, declared_size=3 * MiB)
+        with w.open_shard("s") as sh:
+            sh.write(b"a" * (MiB + 100))                  # one extent placed, 100 bytes buffered
+            assert w.reserve == 2 * MiB and s.df().admissible == free - 3 * MiB
+            sh.write(b"b" * MiB)
+            assert w.reserve == MiB and s.df().admissible == free - 3 * MiB
+        assert w.reserve == MiB - 4096                    # the tail took one block
+        w.commit()
+
+
+def test_a_shard_refuses_bytes_after_close_and_beyond_its_size_with_the_reason():
+    with Store.format(MemoryDevice(GEOM)) as s:
+        w = s.begin_generation("g", 1)
+        sh = w.open_shard("s", size=10)
+        with pytest.raises(ShardSizeError) as e:
+            sh.write(b"x" * 11)
+        assert str(e.value) == "shard 's': more than the 10 bytes given as its size"
+        t = w.open_shard("t")
+        t.write(b"y")
+        t.close()
+        with pytest.raises(ValueError) as e:
+            t.write(b"z")
+        assert str(e.value) == "shard 't' of generation 'g' is closed"
+        assert w.commit().shards["t"].size == 1 and "s" not in s.generation("g").shards
