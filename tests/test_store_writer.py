@@ -385,3 +385,33 @@ def test_a_shard_refuses_bytes_after_close_and_beyond_its_size_with_the_reason()
             t.write(b"z")
         assert str(e.value) == "shard 't' of generation 'g' is closed"
         assert w.commit().shards["t"].size == 1 and "s" not in s.generation("g").shards
+
+
+@pytest.mark.parametrize("policy", ["greedy", "retainz"])
+def test_a_failed_device_write_of_a_counted_shard_leaves_the_store_consistent(policy):
+    """An I/O error at each of a payload-less workload's writes: the shard fails, its zone is
+    reconciled with the device, and fsck and a recomputed zone table agree; the store keeps working."""
+    from retainz.errors import ZonedDeviceError
+    from retainz.testing import FaultyDevice
+
+    fired = 0
+    for after in range(12):
+        dev = FaultyDevice(MemoryDevice(GEOM, payload=False))
+        with Store.format(dev, policy=policy) as s:
+            fault = dev.fail("write", after=after)
+            for i in range(4):
+                w = s.begin_generation(f"g{i}", i, hint=Hint(reclaim_step=50 + i))
+                try:
+                    w.write_counted_shard("a", 30 * KiB + 7)
+                    w.write_counted_shard("b", 70 * KiB)
+                    w.commit()
+                except ZonedDeviceError:
+                    w.abort()
+            fired += fault.seen > after
+            dev.faults.clear()
+            assert s.fsck().ok and s.table.key() == s.recompute_table().key(), after
+            w = s.begin_generation("after", 100)
+            w.write_counted_shard("a", 5000)
+            w.commit()
+            assert s.table.key() == s.recompute_table().key()
+    assert fired >= 6
