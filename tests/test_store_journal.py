@@ -714,3 +714,24 @@ def test_a_snapshot_record_batches_a_quarter_of_a_meta_zone_at_most_64_kib():
     assert snapshot_record_limit(48 * 1024, BS) == (48 * 1024 - BS - FRAME_HEADER) // 4 == 11262
     assert snapshot_record_limit(1 << 20, BS) == 64 * 1024
     assert isinstance(snapshot_record_limit(48 * 1024 + 512, 512), int)
+
+
+@pytest.mark.parametrize("nr_zones, capacity", [
+    (n, c) for n in (6, 7, 9, 24, 100, 257, 904, 4096, 65536)
+    for c in (48 * 1024, 1 << 20, (2 << 20) + 4096, 96 << 20, 1077 << 20)
+] + [(102, 48 * 1024), (212, 48 * 1024),              # a zone more or less tips the snapshot a meta zone
+     (8, 8192), (25, 8192), (32, 8192)])               # tiny zones: an eighth of the zones is the cap
+def test_default_meta_zones_follow_their_rule_on_every_geometry(nr_zones, capacity):
+    """The rule of ``default_meta_zones`` (its docstring), term by term: twice the zones a snapshot
+    of every data zone full of extents takes, at least 3, at most 64 and an eighth of the zones, and
+    at least ``gc_reserve + 2`` data zones left."""
+    from retainz.store.journal import MAX_META_ZONES, default_meta_zones
+    from retainz.store.records import EXTENT_BYTES, snapshot_zones
+
+    data = max(nr_zones - 3, 1)                         # every zone but the (at least 3) meta zones
+    extents = data * max(1, capacity >> 20)             # one per MiB, or per zone when zones are smaller
+    snap = extents * EXTENT_BYTES
+    z = snapshot_zones(snap + snap // 8, capacity, BS, zones=data)
+    want = max(2, min(max(3, min(MAX_META_ZONES, nr_zones // 8, 2 * z)), nr_zones - 2 - 2))
+    got = default_meta_zones(nr_zones, capacity, BS, 2)
+    assert type(got) is int and got == want
