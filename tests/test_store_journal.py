@@ -735,3 +735,23 @@ def test_default_meta_zones_follow_their_rule_on_every_geometry(nr_zones, capaci
     want = max(2, min(max(3, min(MAX_META_ZONES, nr_zones // 8, 2 * z)), nr_zones - 2 - 2))
     got = default_meta_zones(nr_zones, capacity, BS, 2)
     assert type(got) is int and got == want
+
+
+def test_the_kind_of_a_payload_is_its_first_word_whatever_the_body_holds():
+    from retainz.store.records import Kind, kind_of
+
+    assert kind_of(b'snap {"metrics": {"a b": 1}, "note": "x y z"}') is Kind.SNAP
+    assert kind_of(b"send") is Kind.SNAP_END and kind_of(b"nope {}") is None and kind_of(b"") is None
+
+
+def test_a_journal_counts_from_zero_and_its_room_shrinks_by_each_frame():
+    from retainz.store.journal import Journal
+
+    s = Store.format(MemoryDevice(GEOM))
+    j0 = s.journal
+    j = Journal(j0.device, j0.sb, j0.chain, j0.end)
+    assert (j.bytes_written, j.records, j.rollovers, j.fenced) == (0, 0, 0, False)
+    room = j.room()
+    assert room == GEOM.zone_capacity - j0.end and 0 < room < GEOM.zone_capacity
+    j.append(b"x" * 5000)                               # two blocks
+    assert j.room() == room - 2 * BS and (j.bytes_written, j.records) == (2 * BS, 1)

@@ -193,3 +193,38 @@ def test_a_zone_with_no_records_ends_where_it_starts():
     img = zone_image() + bytes(2 * BS)
     out = parse_zone(img, BS, len(img), BS, zone=0, tail=True)
     assert (out.payloads, out.end, out.torn) == ([], BS, 0)
+
+
+def test_a_newer_chain_without_its_snapshot_end_or_head_is_incomplete():
+    """A rollover cut inside its snapshot leaves a head without its end (or, torn otherwise, an end
+    without its head): the chain is incomplete and mount falls back to the older one."""
+    for payloads in ([b'snap {"now":9,"commit_seq":99,"metrics":{},"o":1}'], [b'send {"n":0}']):
+        dev = store()
+        sb, first, empty = current(dev)
+        nsb = dataclasses.replace(sb, sequence=sb.sequence + 1, part=0)
+        dev.write(empty * GEOM.zone_size, nsb.encode() + b"".join(frame(p, GEOM.block_size) for p in payloads))
+        found = scan(dev)
+        assert (found.chain, found.fallbacks, found.sb.sequence) == ([first], 1, sb.sequence), payloads
+
+
+def test_a_superblock_past_the_meta_zones_is_never_read():
+    """Only the first zones can be meta zones: a superblock image inside a data zone (a stored file
+    that holds one) does not make a device a RetainZ store."""
+    g = Geometry(nr_zones=100, zone_size=64 * KiB, zone_capacity=48 * KiB, block_size=4096, max_open=3,
+                 max_active=4)
+    dev = MemoryDevice(g)
+    sb = dataclasses.replace(scan(store()).sb, geometry=g)
+    dev.write(80 * g.zone_size, sb.encode())
+    with pytest.raises(ForeignDeviceError):
+        scan(dev)
+
+
+def test_a_superblock_of_an_unknown_version_is_refused_naming_the_zone():
+    from retainz.errors import UnsupportedFormatError
+
+    dev = store()
+    sb, first, empty = current(dev)
+    plant(dev, empty, dataclasses.replace(sb, version=99, sequence=sb.sequence + 1))
+    with pytest.raises(UnsupportedFormatError) as e:
+        scan(dev)
+    assert str(e.value).startswith(f"{dev.name} meta zone {empty}: ")
