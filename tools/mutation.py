@@ -126,6 +126,9 @@ def _scratch(name: str, group: dict, files: list[str], only: list[str]) -> Path:
         f'pytest_add_cli_args = ["-p", "no:cacheprovider", "-p", "mutation", "-q", "-m", "{FAST_LANE}"]',
         f"pytest_add_cli_args_test_selection = {json.dumps(group['tests'])}",
         "use_git_change_detection = false",
+        # a mutant that hangs a test loop (a store that never fills) is stopped after 6 x its tests'
+        # CPU time (mutmut's default, 30 x, let one run 43 minutes); a timeout counts as killed
+        "timeout_multiplier = 3.0",
         'also_copy = ["examples"]',
     ]) + "\n"
     (work / "pyproject.toml").write_text(config)
