@@ -135,22 +135,24 @@ def _scratch(name: str, group: dict, files: list[str], only: list[str]) -> Path:
     return work
 
 
-def _open_mutants(work: Path, files: list[str], equivalent: dict[str, str]) -> list[str]:
-    """Mutants of ``files`` in the scratch copy ``work`` that survived or were never run, less those
-    marked equivalent (they would survive again: a full run of the tests for nothing)."""
+def _open_mutants(work: Path, files: list[str], equivalent: dict[str, str], unrun_only: bool = False) -> list[str]:
+    """Mutants of ``files`` in the scratch copy ``work`` that survived or were never run (``unrun_only``:
+    only those never run), less those marked equivalent (they would survive again: a full run of the
+    tests for nothing)."""
     names = []
     for rel in files:
         meta = work / "mutants" / (rel + ".meta")
         if meta.exists():
             codes = json.loads(meta.read_text())["exit_code_by_key"]
             names += [k for k, code in codes.items()
-                      if STATUS.get(code, "survived") != "killed" and k not in equivalent]
+                      if STATUS.get(code, "survived") != "killed" and k not in equivalent
+                      and (code is None or not unrun_only)]
     return names
 
 
 def _run_group(name: str, group: dict, only: list[str], max_children: int, budget: float = 0,
                collect: bool = False, known: dict[str, str] | None = None, resume: bool = False,
-               equivalent: dict[str, str] | None = None) -> dict:
+               equivalent: dict[str, str] | None = None, unrun_only: bool = False) -> dict:
     files = _files(group, only)
     if not files:
         raise SystemExit(f"group {name}: no file matches {only}")
@@ -169,7 +171,7 @@ def _run_group(name: str, group: dict, only: list[str], max_children: int, budge
             raise SystemExit(f"group {name}: nothing to resume in {work}")
         shutil.rmtree(work / "tests")
         shutil.copytree(ROOT / "tests", work / "tests", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        retried = _open_mutants(work, files, equivalent or {})
+        retried = _open_mutants(work, files, equivalent or {}, unrun_only)
         # the scratch copy keeps the test files it was made with (a new selection would reset mutmut's results)
         tests = tomllib.loads((work / "pyproject.toml").read_text())["tool"]["mutmut"]["pytest_add_cli_args_test_selection"]
     else:
@@ -357,6 +359,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--resume", action="store_true",
                     help="re-run only the surviving and unrun mutants of an earlier --only run's scratch copy, "
                          "with the current tests (a kill stands: tests are only ever added)")
+    ap.add_argument("--unrun", action="store_true",
+                    help="with --resume: only the mutants never run (the survivors were run with today's tests)")
     ap.add_argument("--report-only", action="store_true", help="rewrite report.md from report.json")
     args = ap.parse_args(argv)
     names = [g for g in args.groups.split(",") if g]
@@ -372,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             known = {v["name"]: v["diff"] for v in data.get(name, {}).get("survivors", [])}
             got = _run_group(name, GROUPS[name], args.only, args.max_children, args.budget, args.collect, known,
-                             args.resume, equivalent)
+                             args.resume, equivalent, args.unrun)
             # another run may have written the report meanwhile: merge into what is there now
             data = json.loads(path.read_text()) if path.exists() else {}
             data[name] = _merge(data.get(name), got) if args.only else got
