@@ -62,6 +62,6 @@ def test_a_narrowed_run_replaces_its_modules_and_the_report_says_how_it_ran(tmp_
     assert "| journal | `a.py` | 4 | 3 | 1 | 0 | 0 | 0 | 75.0 % | 2026-02-02 |" in md
     assert "| journal | `b.py` | 2 | 2 | 0 | 0 | 0 | 0 | 100.0 % | 2026-01-01 |" in md
     assert "| **journal** | all | 6 | 5 | 1 | 0 | 0 | 0 | **83.3 %** | 2026-01-01 to 2026-02-02 |" in md
-    assert ("Re-measured 2026-02-02 (1.5 min; resumed: only the 2 mutants that had survived or not run were "
-            "run again with the new tests, earlier kills kept): `a.py`; tests: `t1`, `t2`.") in md
+    assert ("Re-measured 2026-02-02 (1.5 min; resumed: 2 mutants not killed before (survivors or not run) were "
+            "run again with the then current tests, earlier kills kept): `a.py`; tests: `t1`, `t2`.") in md
     assert json.loads((tmp_path / "report.json").read_text()) == {"journal": merged}

@@ -324,8 +324,9 @@ def write_report(data: dict, equivalent: dict[str, str], out: Path) -> None:
         for r in g.get("reruns", []):
             lines.append(f"Re-measured {r['date']} ({r['minutes']} min"
                          + (", stopped by its time budget" if r.get("stopped") else "")
-                         + (f"; resumed: only the {r['resumed']} mutants that had survived or not run were run "
-                            "again with the new tests, earlier kills kept" if r.get("resumed") is not None else "")
+                         + (f"; resumed: {r['resumed']} mutants not killed before (survivors or not run) were run "
+                            "again with the then current tests, earlier kills kept" if r.get("resumed") is not None
+                            else "")
                          + "): "
                          + ", ".join(f"`{f}`" for f in r["files"])
                          + (("; tests: " + ", ".join(f"`{t}`" for t in r["tests"])) if r.get("tests", g["tests"])
