@@ -661,3 +661,97 @@ def test_append_counts_flushes_and_refuses_a_record_larger_than_a_zone():
     assert (j.rollovers, j.fenced) == (1, False)
     j.append(b"x" * BIG)                  # a whole zone's record: rolls over into a chain that keeps it room
     assert (j.rollovers, j.end, len(j.chain)) == (2, CAP, 2)
+
+
+def _leveldb_mask(crc: int) -> int:
+    """LevelDB's ``crc32c::Mask`` (util/crc32c.h): rotate right by 15 bits, add 0xa282ead8."""
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+@pytest.mark.parametrize("payload", [b"", b"a", b"c " + b"x" * 4087, b"c " + b"x" * 4088, bytes(range(256)) * 40])
+def test_a_frame_is_the_masked_crc32c_of_length_and_payload_then_the_payload_block_padded(payload):
+    """The on-disk frame (module docstring of store/records.py): ``<I`` masked crc32c over the
+    little-endian length and the payload, ``<I`` length, payload, zeros to the block."""
+    import struct
+
+    import crc32c
+
+    from retainz.store.records import frame_size, unframe
+
+    length = struct.pack("<I", len(payload))
+    f = frame(payload, BS)
+    assert f[:4] == struct.pack("<I", _leveldb_mask(crc32c.crc32c(length + payload))) and f[4:8] == length
+    assert f[8:8 + len(payload)] == payload and not f[8 + len(payload):].strip(b"\0")
+    assert len(f) % BS == 0 and len(f) - BS < len(payload) + 8 <= len(f) == frame_size(len(payload), BS)
+    assert unframe(f, 0, len(f), BS) == (len(payload), len(f), True)
+    if len(f) > BS:                                     # a frame that runs past the end was not all written
+        assert unframe(f, 0, len(f) - BS, BS) == (len(payload), len(f), False)
+
+
+def test_a_zero_header_unframes_to_nothing():
+    from retainz.store.records import unframe
+
+    assert unframe(bytes(2 * BS), BS, 2 * BS, BS) == (0, 0, False)
+
+
+def test_decoding_refuses_unknown_kinds_and_bodies_that_are_not_objects_naming_them():
+    from retainz.store.records import Kind, decode
+
+    with pytest.raises(ValueError) as e:
+        decode(b"abcdefghijklmnopqrstuvwxyz {}")
+    assert str(e.value) == "unknown record kind b'abcdefghijklmnop'"
+    with pytest.raises(ValueError) as e:
+        decode(b"c [1, 2]")
+    assert str(e.value) == "a 'c' record's body is not a JSON object"
+    for word in (b"x", b"snap"):                        # metrics absent: an empty dict, not None
+        rec = decode(word + b' {"now": 3}')
+        assert rec.metrics == {} and rec.now == 3 and rec.kind in (Kind.SYNC, Kind.SNAP)
+
+
+def test_a_snapshot_record_batches_a_quarter_of_a_meta_zone_at_most_64_kib():
+    from retainz.store.records import FRAME_HEADER, snapshot_record_limit
+
+    assert snapshot_record_limit(48 * 1024, BS) == (48 * 1024 - BS - FRAME_HEADER) // 4 == 11262
+    assert snapshot_record_limit(1 << 20, BS) == 64 * 1024
+    assert isinstance(snapshot_record_limit(48 * 1024 + 512, 512), int)
+
+
+@pytest.mark.parametrize("nr_zones, capacity", [
+    (n, c) for n in (6, 7, 9, 24, 100, 257, 904, 4096, 65536)
+    for c in (48 * 1024, 1 << 20, (2 << 20) + 4096, 96 << 20, 1077 << 20)
+] + [(102, 48 * 1024), (212, 48 * 1024),              # a zone more or less tips the snapshot a meta zone
+     (8, 8192), (25, 8192), (32, 8192)])               # tiny zones: an eighth of the zones is the cap
+def test_default_meta_zones_follow_their_rule_on_every_geometry(nr_zones, capacity):
+    """The rule of ``default_meta_zones`` (its docstring), term by term: twice the zones a snapshot
+    of every data zone full of extents takes, at least 3, at most 64 and an eighth of the zones, and
+    at least ``gc_reserve + 2`` data zones left."""
+    from retainz.store.journal import MAX_META_ZONES, default_meta_zones
+    from retainz.store.records import EXTENT_BYTES, snapshot_zones
+
+    data = max(nr_zones - 3, 1)                         # every zone but the (at least 3) meta zones
+    extents = data * max(1, capacity >> 20)             # one per MiB, or per zone when zones are smaller
+    snap = extents * EXTENT_BYTES
+    z = snapshot_zones(snap + snap // 8, capacity, BS, zones=data)
+    want = max(2, min(max(3, min(MAX_META_ZONES, nr_zones // 8, 2 * z)), nr_zones - 2 - 2))
+    got = default_meta_zones(nr_zones, capacity, BS, 2)
+    assert type(got) is int and got == want
+
+
+def test_the_kind_of_a_payload_is_its_first_word_whatever_the_body_holds():
+    from retainz.store.records import Kind, kind_of
+
+    assert kind_of(b'snap {"metrics": {"a b": 1}, "note": "x y z"}') is Kind.SNAP
+    assert kind_of(b"send") is Kind.SNAP_END and kind_of(b"nope {}") is None and kind_of(b"") is None
+
+
+def test_a_journal_counts_from_zero_and_its_room_shrinks_by_each_frame():
+    from retainz.store.journal import Journal
+
+    s = Store.format(MemoryDevice(GEOM))
+    j0 = s.journal
+    j = Journal(j0.device, j0.sb, j0.chain, j0.end)
+    assert (j.bytes_written, j.records, j.rollovers, j.fenced) == (0, 0, 0, False)
+    room = j.room()
+    assert room == GEOM.zone_capacity - j0.end and 0 < room < GEOM.zone_capacity
+    j.append(b"x" * 5000)                               # two blocks
+    assert j.room() == room - 2 * BS and (j.bytes_written, j.records) == (2 * BS, 1)

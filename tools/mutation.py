@@ -15,9 +15,15 @@ records what it found in ``results/mutation/report.json`` and ``report.md``:
 Groups that were not run keep their previous entry (with its date) in the report.  A full run takes
 hours on 2 cores, so this never runs in CI; ``--groups`` picks groups, ``--only`` narrows a group to
 some of its files (their rows and survivors replace the earlier ones of the group).  mutmut runs each mutant only against the selected tests that execute the mutated
-function (it records which tests reach which function in a first, instrumented run).
+function (it records which tests reach which function in a first, instrumented run), and this file,
+loaded into those runs as a pytest plugin, orders them fastest first: with ``-x`` a killed mutant
+stops at its cheapest failing test, and only a survivor pays for the power-cut campaigns.
+``--resume`` re-runs, in an ``--only`` run's scratch copy and with today's tests, just the mutants
+that survived or were never run (less those marked equivalent): adding tests cannot revive a killed
+mutant, so its kill stands; the report says which figures were resumed.
 
-Usage: ``python tools/mutation.py [--groups placement,journal] [--only FILE ...] [--max-children N]``.
+Usage: ``python tools/mutation.py [--groups placement,journal] [--only FILE ...] [--max-children N]
+[--budget MIN] [--resume]``.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,9 +57,12 @@ GROUPS: dict[str, dict] = {
     "journal": {
         "mutate": ["src/retainz/store/journal.py", "src/retainz/store/records.py", "src/retainz/store/metalog.py"],
         "skip": {},
-        # the journal's own tests (the power-cut campaigns reach every journal function and would
-        # run for every mutant: minutes each on 2 cores)
-        "tests": ["tests/test_store_journal.py", "tests/test_store_corruption.py", "tests/test_store_readonly.py"],
+        # the journal's own tests, and the store's fast ones that journal moves, hints and refusals of
+        # a full journal (the power-cut campaigns reach every journal function and would run for every
+        # mutant: minutes each on 2 cores)
+        "tests": ["tests/test_store_journal.py", "tests/test_store_corruption.py", "tests/test_store_readonly.py",
+                  "tests/test_store_metalog.py", "tests/test_store_admission.py", "tests/test_store_gc.py",
+                  "tests/test_store_hint_update.py", "tests/test_store_journal_scan.py"],
     },
     "store": {
         "mutate": ["src/retainz/store/*.py"],
@@ -65,7 +75,10 @@ GROUPS: dict[str, dict] = {
                   "tests/test_store_recovery.py", "tests/test_store_stateful.py", "tests/test_store_cli.py",
                   # I/O errors (zone reconcile, failed resets), replacement, hint updates, admission
                   "tests/test_store_io_errors.py", "tests/test_store_replace.py", "tests/test_store_hint_update.py",
-                  "tests/test_store_admission.py", "tests/test_store_time_order.py"],
+                  "tests/test_store_admission.py", "tests/test_store_time_order.py",
+                  # the format's version refusal and the contract the rest of the code calls
+                  "tests/test_store_format_version.py", "tests/test_store_contract.py",
+                  "tests/test_store_writer.py", "tests/test_store_metalog.py", "tests/test_store_crc.py"],
     },
     "retention": {
         "mutate": ["src/retainz/retention/*.py"],
@@ -93,8 +106,14 @@ def _files(group: dict, only: list[str]) -> list[str]:
     return out
 
 
-def _scratch(name: str, group: dict, files: list[str], max_children: int) -> Path:
-    work = ROOT / "out" / "mutation" / name
+def _workdir(name: str, only: list[str]) -> Path:
+    """The scratch copy of a group's run (one per ``--only`` selection, so runs of other files keep theirs)."""
+    tag = "-".join(Path(o).stem for o in only)
+    return ROOT / "out" / "mutation" / (f"{name}-{tag}" if tag else name)
+
+
+def _scratch(name: str, group: dict, files: list[str], only: list[str]) -> Path:
+    work = _workdir(name, only)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     for d in ("src", "tests", "examples"):   # examples: the CLI tests run examples/lifecycle.py
@@ -103,39 +122,70 @@ def _scratch(name: str, group: dict, files: list[str], max_children: int) -> Pat
     config += "\n[tool.mutmut]\n" + "\n".join([
         'source_paths = ["src/retainz"]',
         f"only_mutate = {json.dumps(files)}",
-        f'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-m", "{FAST_LANE}"]',
+        # -p mutation: this file, as the pytest plugin below (fastest tests first)
+        f'pytest_add_cli_args = ["-p", "no:cacheprovider", "-p", "mutation", "-q", "-m", "{FAST_LANE}"]',
         f"pytest_add_cli_args_test_selection = {json.dumps(group['tests'])}",
         "use_git_change_detection = false",
+        # a mutant that hangs a test loop (a store that never fills) is stopped after 6 x its tests'
+        # CPU time (mutmut's default, 30 x, let one run 43 minutes); a timeout counts as killed
+        "timeout_multiplier = 3.0",
         'also_copy = ["examples"]',
     ]) + "\n"
     (work / "pyproject.toml").write_text(config)
     return work
 
 
+def _open_mutants(work: Path, files: list[str], equivalent: dict[str, str], unrun_only: bool = False) -> list[str]:
+    """Mutants of ``files`` in the scratch copy ``work`` that survived or were never run (``unrun_only``:
+    only those never run), less those marked equivalent (they would survive again: a full run of the
+    tests for nothing)."""
+    names = []
+    for rel in files:
+        meta = work / "mutants" / (rel + ".meta")
+        if meta.exists():
+            codes = json.loads(meta.read_text())["exit_code_by_key"]
+            names += [k for k, code in codes.items()
+                      if STATUS.get(code, "survived") != "killed" and k not in equivalent
+                      and (code is None or not unrun_only)]
+    return names
+
+
 def _run_group(name: str, group: dict, only: list[str], max_children: int, budget: float = 0,
-               collect: bool = False, known: dict[str, str] | None = None) -> dict:
+               collect: bool = False, known: dict[str, str] | None = None, resume: bool = False,
+               equivalent: dict[str, str] | None = None, unrun_only: bool = False) -> dict:
     files = _files(group, only)
     if not files:
         raise SystemExit(f"group {name}: no file matches {only}")
-    work = ROOT / "out" / "mutation" / name
+    work = _workdir(name, only)
     mutmut = Path(sys.executable).with_name("mutmut")
     started = datetime.datetime.now(datetime.UTC)
     stopped = False
+    retried: list[str] = []
+    tests = group["tests"]
     if collect:   # an earlier (possibly stopped) run's results, from its scratch copy
         if not (work / "mutants").is_dir():
             raise SystemExit(f"group {name}: nothing to collect in {work}")
         started = datetime.datetime.fromtimestamp((work / "mutmut.log").stat().st_mtime, datetime.UTC)
+    elif resume:  # the same scratch copy with today's tests: only survivors and unrun mutants run again
+        if not (work / "mutants").is_dir():
+            raise SystemExit(f"group {name}: nothing to resume in {work}")
+        shutil.rmtree(work / "tests")
+        shutil.copytree(ROOT / "tests", work / "tests", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        retried = _open_mutants(work, files, equivalent or {}, unrun_only)
+        # the scratch copy keeps the test files it was made with (a new selection would reset mutmut's results)
+        tests = tomllib.loads((work / "pyproject.toml").read_text())["tool"]["mutmut"]["pytest_add_cli_args_test_selection"]
     else:
-        work = _scratch(name, group, files, max_children)
-    env = dict(os.environ, PYTHONPATH=str(work / "mutants" / "src"))
-    if not collect:
+        work = _scratch(name, group, files, only)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(work / "mutants" / "src"), str(ROOT / "tools")]))
+    if not collect and (retried or not resume):
         # subprocesses (CLI tests) import the mutated tree too; the directory must exist before
         # Python starts, or its import machinery caches it as missing
-        (work / "mutants" / "src").mkdir(parents=True)
-        print(f"== {name}: mutmut over {len(files)} file(s), tests: {' '.join(group['tests'])}", flush=True)
-        with open(work / "mutmut.log", "w") as log:
+        (work / "mutants" / "src").mkdir(parents=True, exist_ok=True)
+        print(f"== {name}: mutmut over {len(files)} file(s)" + (f", re-running {len(retried)} mutants" if resume
+              else "") + f", tests: {' '.join(tests)}", flush=True)
+        with open(work / "mutmut.log", "a" if resume else "w") as log:
             # SIGINT stops mutmut at the budget: a job started in the background inherits it ignored
-            proc = subprocess.Popen([str(mutmut), "run", "--max-children", str(max_children)], cwd=work,
+            proc = subprocess.Popen([str(mutmut), "run", "--max-children", str(max_children), *retried], cwd=work,
                                     env=env, stdout=log, stderr=subprocess.STDOUT,
                                     preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
             try:
@@ -174,9 +224,23 @@ def _run_group(name: str, group: dict, only: list[str], max_children: int, budge
     minutes = round((datetime.datetime.now(datetime.UTC) - started).total_seconds() / 60, 1)
     if collect:
         minutes = None
-    return {"date": started.strftime("%Y-%m-%d"), "files": files, "tests": group["tests"],
+    return {"date": started.strftime("%Y-%m-%d"), "files": files, "tests": tests,
             "skipped": group["skip"], "only": only, "modules": modules, "survivors": survivors,
-            "minutes": minutes, "stopped": stopped or collect and any(c["not run"] for c in modules.values())}
+            "minutes": minutes, "stopped": stopped or collect and any(c["not run"] for c in modules.values()),
+            "resumed": len(retried) if resume else None}
+
+
+def pytest_collection_modifyitems(items: list) -> None:
+    """pytest hook: in a mutant's run (this file is loaded as a plugin, ``-p mutation``) the selected
+    tests run fastest first, by the durations mutmut recorded in its instrumented run
+    (``mutmut-stats.json``, in the working directory of the mutant runs); with ``-x`` a killed mutant
+    then stops at its cheapest failing test instead of after a power-cut campaign.  Which tests run,
+    and so what a kill means, is unchanged; outside a mutant run (no stats file) the order is kept."""
+    stats = Path("mutmut-stats.json")
+    if not stats.exists():
+        return
+    took = json.loads(stats.read_text()).get("duration_by_test", {})
+    items.sort(key=lambda item: took.get(item.nodeid, float("inf")))
 
 
 _DIFFS = """
@@ -193,10 +257,11 @@ def _merge(old: dict | None, new: dict) -> dict:
     mods = set(new["modules"])
     out = dict(old)
     out["modules"] = {**old["modules"], **new["modules"]}
+    out["module_dates"] = {**old.get("module_dates", {}), **{m: new["date"] for m in mods}}
     out["survivors"] = [s for s in old["survivors"] if s["module"] not in mods] + new["survivors"]
     out["reruns"] = old.get("reruns", []) + [{"date": new["date"], "files": sorted(mods),
-                                             "minutes": new["minutes"]}]
-    out["tests"] = new["tests"]
+                                             "minutes": new["minutes"], "tests": new["tests"],
+                                             "stopped": new["stopped"], "resumed": new.get("resumed")}]
     return out
 
 
@@ -235,14 +300,15 @@ def write_report(data: dict, equivalent: dict[str, str], out: Path) -> None:
                         and s["status"] == "not covered")
             lines.append(f"| {name} | `{mod.removeprefix('src/')}` | {c['generated']} | {c['killed']} | {surv} | "
                          f"{nocov} | {eq} | {c['not run']} | {_rate(c['killed'], c['generated'], eq, c['not run'])} | "
-                         f"{g['date']} |")
+                         f"{g.get('module_dates', {}).get(mod, g['date'])} |")
             for k, v in (("generated", c["generated"]), ("killed", c["killed"]), ("survived", surv),
                          ("not covered", nocov), ("equivalent", eq), ("not run", c["not run"])):
                 tot[k] += v
+        dates = sorted({g["date"], *g.get("module_dates", {}).values()})
         lines.append(f"| **{name}** | all | {tot['generated']} | {tot['killed']} | {tot['survived']} | "
                      f"{tot['not covered']} | {tot['equivalent']} | {tot['not run']} | "
                      f"**{_rate(tot['killed'], tot['generated'], tot['equivalent'], tot['not run'])}** | "
-                     f"{g['date']} |")
+                     f"{' to '.join(dict.fromkeys([dates[0], dates[-1]]))} |")
     lines.append("")
     for name in GROUPS:
         g = data.get(name)
@@ -256,8 +322,15 @@ def write_report(data: dict, equivalent: dict[str, str], out: Path) -> None:
         if g.get("only"):
             lines.append(f"Run narrowed to: {', '.join(g['only'])}.")
         for r in g.get("reruns", []):
-            lines.append(f"Re-measured {r['date']} ({r['minutes']} min): " + ", ".join(f"`{f}`" for f in r["files"])
-                         + ".")
+            lines.append(f"Re-measured {r['date']} ({r['minutes']} min"
+                         + (", stopped by its time budget" if r.get("stopped") else "")
+                         + (f"; resumed: {r['resumed']} mutants not killed before (survivors or not run) were run "
+                            "again with the then current tests, earlier kills kept" if r.get("resumed") is not None
+                            else "")
+                         + "): "
+                         + ", ".join(f"`{f}`" for f in r["files"])
+                         + (("; tests: " + ", ".join(f"`{t}`" for t in r["tests"])) if r.get("tests", g["tests"])
+                            != g["tests"] else "") + ".")
         for f, why in g["skipped"].items():
             lines.append(f"Not mutated: `{f}`: {why}.")
         lines.append("")
@@ -284,6 +357,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="minutes per group; then stop and report what ran (0: no limit)")
     ap.add_argument("--collect", action="store_true",
                     help="report an earlier (stopped) run from its scratch copy instead of running")
+    ap.add_argument("--resume", action="store_true",
+                    help="re-run only the surviving and unrun mutants of an earlier --only run's scratch copy, "
+                         "with the current tests (a kill stands: tests are only ever added)")
+    ap.add_argument("--unrun", action="store_true",
+                    help="with --resume: only the mutants never run (the survivors were run with today's tests)")
     ap.add_argument("--report-only", action="store_true", help="rewrite report.md from report.json")
     args = ap.parse_args(argv)
     names = [g for g in args.groups.split(",") if g]
@@ -298,7 +376,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.report_only:
         for name in names:
             known = {v["name"]: v["diff"] for v in data.get(name, {}).get("survivors", [])}
-            got = _run_group(name, GROUPS[name], args.only, args.max_children, args.budget, args.collect, known)
+            got = _run_group(name, GROUPS[name], args.only, args.max_children, args.budget, args.collect, known,
+                             args.resume, equivalent, args.unrun)
+            # another run may have written the report meanwhile: merge into what is there now
+            data = json.loads(path.read_text()) if path.exists() else {}
             data[name] = _merge(data.get(name), got) if args.only else got
             write_report(data, equivalent, args.out)
     write_report(data, equivalent, args.out)

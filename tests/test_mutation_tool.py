@@ -1,0 +1,67 @@
+"""``tools/mutation.py`` (``make mutation``) without running mutmut: the mutant runs' test order,
+which mutants a resumed run takes up again, how a narrowed run merges into the report, and what the
+report says about it."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("mutation_tool", ROOT / "tools" / "mutation.py")
+tool = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(tool)
+
+
+def items(*ids: str) -> list:
+    return [SimpleNamespace(nodeid=i) for i in ids]
+
+
+def test_mutant_runs_take_the_fastest_tests_first_and_unknown_ones_last(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    got = items("t::slow", "t::new", "t::fast", "t::mid")
+    tool.pytest_collection_modifyitems(got)                     # no stats yet: the order stands
+    assert [i.nodeid for i in got] == ["t::slow", "t::new", "t::fast", "t::mid"]
+    (tmp_path / "mutmut-stats.json").write_text(json.dumps(
+        {"duration_by_test": {"t::slow": 20.0, "t::fast": 0.1, "t::mid": 2.5}}))
+    tool.pytest_collection_modifyitems(got)
+    assert [i.nodeid for i in got] == ["t::fast", "t::mid", "t::slow", "t::new"]
+
+
+def test_a_resumed_run_takes_up_survivors_and_unrun_mutants_but_not_kills_or_equivalents(tmp_path):
+    meta = tmp_path / "mutants" / "src" / "m.py.meta"
+    meta.parent.mkdir(parents=True)
+    codes = {"m.x_f__mutmut_1": 1, "m.x_f__mutmut_2": 0, "m.x_f__mutmut_3": None, "m.x_f__mutmut_4": 33,
+             "m.x_f__mutmut_5": 0, "m.x_f__mutmut_6": -24}
+    meta.write_text(json.dumps({"exit_code_by_key": codes}))
+    assert tool._open_mutants(tmp_path, ["src/m.py"], {"m.x_f__mutmut_5": "why"}) == [
+        "m.x_f__mutmut_2", "m.x_f__mutmut_3", "m.x_f__mutmut_4"]
+
+
+def test_a_narrowed_run_replaces_its_modules_and_the_report_says_how_it_ran(tmp_path):
+    old = {"date": "2026-01-01", "files": ["a.py", "b.py"], "tests": ["t1"], "skipped": {}, "only": [],
+           "minutes": 5.0, "stopped": False,
+           "modules": {"a.py": {"generated": 4, "killed": 2, "survived": 2, "not covered": 0, "not run": 0},
+                       "b.py": {"generated": 2, "killed": 2, "survived": 0, "not covered": 0, "not run": 0}},
+           "survivors": [{"name": "a1", "module": "a.py", "status": "survived", "diff": "-x\n+y"},
+                         {"name": "a2", "module": "a.py", "status": "survived", "diff": "-p\n+q"}]}
+    new = {"date": "2026-02-02", "files": ["a.py"], "tests": ["t1", "t2"], "skipped": {}, "only": ["a.py"],
+           "minutes": 1.5, "stopped": False, "resumed": 2,
+           "modules": {"a.py": {"generated": 4, "killed": 3, "survived": 1, "not covered": 0, "not run": 0}},
+           "survivors": [{"name": "a2", "module": "a.py", "status": "survived", "diff": "-p\n+q"}]}
+    merged = tool._merge(old, new)
+    assert merged["modules"]["a.py"]["killed"] == 3 and merged["modules"]["b.py"]["killed"] == 2
+    assert [s["name"] for s in merged["survivors"]] == ["a2"] and merged["tests"] == ["t1"]
+    assert merged["module_dates"] == {"a.py": "2026-02-02"}
+    assert merged["reruns"] == [{"date": "2026-02-02", "files": ["a.py"], "minutes": 1.5, "tests": ["t1", "t2"],
+                                 "stopped": False, "resumed": 2}]
+    tool.write_report({"journal": merged}, {}, tmp_path)
+    md = (tmp_path / "report.md").read_text()
+    assert "| journal | `a.py` | 4 | 3 | 1 | 0 | 0 | 0 | 75.0 % | 2026-02-02 |" in md
+    assert "| journal | `b.py` | 2 | 2 | 0 | 0 | 0 | 0 | 100.0 % | 2026-01-01 |" in md
+    assert "| **journal** | all | 6 | 5 | 1 | 0 | 0 | 0 | **83.3 %** | 2026-01-01 to 2026-02-02 |" in md
+    assert ("Re-measured 2026-02-02 (1.5 min; resumed: 2 mutants not killed before (survivors or not run) were "
+            "run again with the then current tests, earlier kills kept): `a.py`; tests: `t1`, `t2`.") in md
+    assert json.loads((tmp_path / "report.json").read_text()) == {"journal": merged}

@@ -1,0 +1,417 @@
+"""The write path (``store/writer.py``) as a caller sees it: counted shards (payload-less devices)
+fill zones at their write pointers and give every byte back when aborted; every placement decision
+is counted with its CPU time, also the one retried after a GC pass; a counted shard's refusals say
+what is wrong."""
+
+from __future__ import annotations
+
+import re
+from time import thread_time
+
+import pytest
+
+from retainz.errors import NoSpaceError, ShardSizeError
+from retainz.hint import Hint
+from retainz.placement.base import Decision
+from retainz.store import Store
+from retainz.zoned import Geometry, MemoryDevice, ZoneCond
+
+KiB = 1024
+CAP = 48 * KiB
+GEOM = Geometry(nr_zones=40, zone_size=64 * KiB, zone_capacity=CAP, block_size=4096, max_open=14, max_active=14)
+POLICIES = ["greedy", "retainz", "zenfs"]
+
+
+def counting_places(s: Store) -> list:
+    """Wrap the store's policy so every ``place`` call is recorded (the requests)."""
+    calls: list = []
+    alloc = s.write_path.allocator
+    place = alloc.place
+
+    def counted(req):
+        calls.append(req)
+        return place(req)
+
+    alloc.place = counted
+    return calls
+
+
+def zone_written(s: Store) -> dict[int, int]:
+    return {z.index: z.written for z in s.table if z.written}
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_counted_shard_fills_zones_at_their_write_pointers_and_an_abort_gives_every_byte_back(policy):
+    with Store.format(MemoryDevice(GEOM, payload=False), policy=policy) as s:
+        w0 = s.begin_generation("first", 1, hint=Hint(reclaim_step=500))
+        w0.write_counted_shard("a", 10 * KiB + 5)        # a partly used zone before the next shard
+        w0.commit()
+        before = zone_written(s)
+        live = s.table.live
+        calls = counting_places(s)
+        w = s.begin_generation("g", 2, hint=Hint(reclaim_step=50))
+        size = 2 * CAP + 7000 + 3                          # spans at least three zones
+        info = w.write_counted_shard("b", size)
+        ext = info.extents
+        assert info.crc is None and all(e[3] is None for e in ext)
+        assert sum(e[2] for e in ext) == size
+        for z, off, length, _ in ext[:-1]:                 # every extent but the last fills its zone
+            assert off == before.get(z, 0) and off + length == CAP
+        z, off, length, _ = ext[-1]
+        assert off == before.get(z, 0) and length == size - sum(e[2] for e in ext[:-1])
+        padded = -(-size // 4096) * 4096
+        after = zone_written(s)
+        grown = {z: after[z] - before.get(z, 0) for z in after if after[z] != before.get(z, 0)}
+        assert grown == {e[0]: min(CAP - e[1], padded - sum(x[2] for x in ext[:i]))
+                         for i, e in enumerate(ext)}
+        assert sum(grown.values()) == padded and s.table.live == live + padded
+        assert all(s.table[e[0]].reclaim_step == 50 for e in ext[1:])   # zones it opened take its step
+        assert len(calls) == len(ext) and s.metrics.decisions >= len(ext)
+        dead = s.table.dead
+        w.abort()                                          # its zones alone are reset, shared ones keep dead bytes
+        assert s.table.live == live and s.table.dead == dead + sum(grown[z] for z in grown if z in before)
+        assert zone_written(s) == {z: after[z] for z in after if z in before}
+        assert all(s.table[e[0]].cond is ZoneCond.EMPTY for e in ext if e[0] not in before)
+        assert s.fsck().ok and s.table.key() == s.recompute_table().key()
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_every_placement_decision_is_counted_with_its_cpu_time_also_after_a_gc_pass(policy):
+    start = thread_time()
+    with Store.format(MemoryDevice(GEOM), policy=policy, gc_reserve_zones=1) as s:
+        calls = counting_places(s)
+        for i in range(6):
+            w = s.begin_generation(f"g{i}", i, hint=Hint(reclaim_step=100 + i))
+            w.write_shard("s", [bytes([i]) * 40 * KiB])
+            w.commit()
+        for i in range(0, 6, 2):
+            s.delete(f"g{i}", step=10)
+        cpu = s.metrics.decision_cpu_seconds
+        assert 0 <= cpu <= thread_time() - start
+        retried = []
+        decide = s.write_path._decide
+        s.write_path._decide = lambda req: retried.append(req) or decide(req)
+        for i in range(6, 200):                      # until the store is full
+            w = s.begin_generation(f"g{i}", 10 + i, hint=Hint(reclaim_step=1000 + i))
+            try:
+                w.write_shard("s", [bytes([i]) * 40 * KiB])
+                w.commit()
+            except NoSpaceError:
+                w.abort()
+                break
+            if i % 3:
+                s.delete(f"g{i}", step=10 + i)
+        # ZenFS has no admission: a write that finds no zone runs a GC pass and asks once more
+        assert bool(retried) == (policy == "zenfs")
+        assert s.metrics.decisions == len(calls) > 6
+        assert cpu <= s.metrics.decision_cpu_seconds <= thread_time() - start
+
+
+def test_a_counted_shard_is_refused_with_the_reason():
+    with Store.format(MemoryDevice(GEOM)) as s:
+        w = s.begin_generation("g", 1)
+        with pytest.raises(ValueError, match=r"^shard 's': a counted shard \(size without bytes\) needs a "
+                                             r"payload-less device; this device keeps payload$"):
+            w.write_counted_shard("s", 100)
+    with Store.format(MemoryDevice(GEOM, payload=False)) as s:
+        w = s.begin_generation("g", 1)
+        with pytest.raises(ValueError, match=r"^shard 's': a counted shard needs its size$"):
+            w.write_counted_shard("s", None)
+        for bad in (-1, 2.5):
+            with pytest.raises(ValueError, match=r"^shard 's': size must be a non-negative int, not "):
+                w.write_counted_shard("s", bad)
+        w.write_counted_shard("s", 0)
+        assert w.commit().shards["s"].size == 0
+
+
+@pytest.mark.parametrize("policy", ["greedy", "retainz"])
+def test_counted_shards_use_up_their_generations_admission_reserve(policy):
+    """A declared generation reserves its size at admission; the counted shards it writes turn the
+    reserve into written bytes, so what others can be admitted does not change until it is used."""
+    with Store.format(MemoryDevice(GEOM, payload=False), policy=policy) as s:
+        free = s.df().admissible
+        w = s.begin_generation("g", 1, declared_size=100 * KiB, hint=Hint(reclaim_step=9))
+        assert w.reserve == 100 * KiB and s.df().admissible == free - 100 * KiB
+        w.write_counted_shard("a", 30 * KiB)            # 32 KiB on the device (block-rounded)
+        assert w.reserve == 68 * KiB and s.df().admissible == free - 100 * KiB
+        w.write_counted_shard("b", 10 * KiB - 1)        # 12 KiB
+        assert w.reserve == 56 * KiB and s.df().admissible == free - 100 * KiB
+        w.write_counted_shard("c", 56 * KiB)
+        assert w.reserve == 0
+        w.commit()
+
+
+def misbehave(s: Store, decide) -> None:
+    """Make the store's policy answer ``decide(request, honest decision)`` instead."""
+    alloc = s.write_path.allocator
+    place = alloc.place
+    alloc.place = lambda req: decide(req, place(req))
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_decision_that_breaks_the_contract_is_refused_and_nothing_is_written(policy):
+    """The write path checks every decision (finish only open data zones; write only into a data
+    zone with room; open a zone only within the active-zone budget) before executing any of it."""
+    cases = {
+        "finish an empty zone": (lambda s, d: Decision(d.zone, finish=(empty(s),)),
+                                 r"asked to finish zone {e}, which is not an open data zone"),
+        "a full zone": (lambda s, d: Decision(full(s)), r"chose zone {f}, which is not a data zone with room"),
+        "a meta zone": (lambda s, d: Decision(0), r"chose zone 0, which is not a data zone with room"),
+        "past the last zone": (lambda s, d: Decision(GEOM.nr_zones), rf"chose zone {GEOM.nr_zones}, which is not "),
+        "beyond the budget": (lambda s, d: Decision(empty(s)), r"opened zone {e} beyond the active-zone budget {b}$"),
+    }
+    for what, (bad, message) in cases.items():
+        with Store.format(MemoryDevice(GEOM), policy=policy) as s:
+            w = s.begin_generation("full", 1, hint=Hint(reclaim_step=5))
+            w.write_shard("s", [b"f" * CAP])                # one full zone
+            w.commit()
+            budget = s.write_path.zones.max_active            # the data zones' share of max_active
+            assert 0 < budget < GEOM.max_active
+            if what == "beyond the budget":                 # exactly every active zone in use
+                for _ in range(budget - len(s.table.open)):
+                    s.write_path.zones.table.on_write(empty(s), 4096, reclaim_step=None, lifetime=0, step=1)
+            e_zone, f_zone = empty(s), full(s)
+            key, decisions = s.table.key(), s.metrics.decisions
+            misbehave(s, lambda req, d, bad=bad, s=s: bad(s, d))
+            w = s.begin_generation("g", 2)
+            with pytest.raises(ValueError) as err:
+                w.write_shard("s", [b"x" * 5000])
+            w.abort()
+            assert str(err.value).startswith(f"allocator {s.allocator.name} "), what
+            assert re.search(message.format(e=e_zone, f=f_zone, b=budget), str(err.value)), (what, str(err.value))
+            assert s.metrics.decisions > decisions
+            if what == "beyond the budget":
+                assert len(s.table.open) == budget
+            else:
+                assert s.table.key() == key                 # nothing finished, nothing written
+
+
+def empty(s: Store) -> int:
+    return next(z.index for z in s.table if z.cond is ZoneCond.EMPTY)
+
+
+def full(s: Store) -> int:
+    return next(z.index for z in s.table if z.cond is ZoneCond.FULL)
+
+
+def test_a_write_no_zone_can_take_names_the_bytes_and_the_free_space():
+    """ZenFS (no admission) fills the device; the refusal names the request, the free bytes and
+    whether a GC pass freed anything first."""
+    with Store.format(MemoryDevice(GEOM), policy="zenfs") as s:
+        with pytest.raises(NoSpaceError) as e:
+            for i in range(100):
+                w = s.begin_generation(f"g{i}", i, hint=Hint(reclaim_step=1000 + i))
+                w.write_shard("s", [b"x" * 40 * KiB])
+                w.commit()
+        err = e.value
+        w.abort()
+        assert err.cause == "allocation"                   # no dead bytes: nothing for GC to free
+        m = re.fullmatch(r"no zone can take (\d+) bytes of generation 'g\d+' \((\d+) bytes free in zones\)", str(err))
+        assert m and err.needed == int(m[1]) > 0 and err.available == int(m[2])
+        assert err.available == s.write_path.zones.free()
+    with Store.format(MemoryDevice(GEOM), policy="zenfs") as s:
+        passes = []
+        collect = s.write_path.collector.collect
+        s.write_path.collector.collect = lambda **kw: passes.append(collect(**kw)) or passes[-1]
+        with pytest.raises(NoSpaceError) as e:
+            for i in range(200):
+                w = s.begin_generation(f"g{i}", i, hint=Hint(reclaim_step=1000 + i))
+                w.write_shard("s", [b"x" * 40 * KiB])
+                w.commit()
+                if i % 4 == 1:
+                    s.delete(f"g{i - 1}", step=i)          # dead bytes GC can free, never enough
+        w.abort()
+        rep = passes[-1]                                # the forced pass the refused write ran
+        assert e.value.cause == ("gc" if rep.zones_reset or rep.bytes_copied else "allocation")
+        assert e.value.needed > 0 and e.value.available == s.write_path.zones.free()
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_a_pushed_shard_used_as_a_context_manager_closes_or_aborts(fail):
+    with Store.format(MemoryDevice(GEOM)) as s:
+        w = s.begin_generation("g", 1)
+        try:
+            with w.open_shard("s") as sh:
+                sh.write(b"abc" * 1000)
+                if fail:
+                    raise RuntimeError("caller failed")
+        except RuntimeError:
+            pass
+        if fail:
+            assert "s" not in w.gen.shards and s.table.live == 0
+            w.write_shard("s", [b"again"])              # the name is free again
+        w.commit()
+        assert b"".join(s.read_shard("g", "s")) == (b"again" if fail else b"abc" * 1000)
+        h = s.begin_generation("h", 2)
+        with h.open_shard("t") as sh:
+            sh.write(b"x")
+            sh.close()                                  # closed inside: the exit does nothing more
+        assert h.commit().shards["t"].size == 1
+
+
+
+MiB = 1 << 20
+BIG = Geometry(nr_zones=32, zone_size=4 * MiB, zone_capacity=4 * MiB, block_size=4096, max_open=8, max_active=8)
+
+
+def test_decision_cpu_time_is_the_time_spent_in_each_place_call(monkeypatch):
+    """With a clock that advances one second per reading, every decision (also the one retried
+    after a GC pass) adds exactly one second."""
+    import retainz.store.writer as writer
+
+    ticks = iter(range(10**9))
+    monkeypatch.setattr(writer, "thread_time", lambda: float(next(ticks)))
+    with Store.format(MemoryDevice(GEOM), policy="zenfs") as s:
+        calls = counting_places(s)
+        answers = []
+        place = s.write_path.allocator.place
+        s.write_path.allocator.place = lambda req: answers.append(place(req)) or answers[-1]
+        retried = []
+        decide = s.write_path._decide
+        s.write_path._decide = lambda req: retried.append(req) or decide(req)
+        for i in range(200):
+            w = s.begin_generation(f"g{i}", i, hint=Hint(reclaim_step=1000 + i))
+            try:
+                w.write_shard("s", [bytes([i % 256]) * 40 * KiB])
+                w.commit()
+            except NoSpaceError:
+                w.abort()
+                break
+            if i % 3:
+                s.delete(f"g{i}", step=i)
+            assert s.metrics.decision_cpu_seconds == s.metrics.decisions == len(calls)
+        assert retried
+        assert s.metrics.decision_cpu_seconds == s.metrics.decisions == len(calls)
+        # a GC pass and a second decision follow only a user write's decision that found no zone
+        assert len(retried) <= sum(1 for req, d in zip(calls, answers, strict=True) if d.zone is None and not req.gc)
+
+
+def test_zenfs_asks_once_per_zone_a_pushed_shard_spans_not_once_per_buffer():
+    """ZenFS allocates a file a new zone only on its first write and when its zone is full
+    (``ZoneFile::AllocateNewZone``, fs/io_zenfs.cc): a 3 MiB shard pushed in 1 MiB buffers into a
+    4 MiB zone costs one decision; a user shard's later buffers keep its zone."""
+    with Store.format(MemoryDevice(BIG), policy="zenfs") as s:
+        calls = counting_places(s)
+        w = s.begin_generation("g", 1, hint=Hint(reclaim_step=10))
+        with w.open_shard("s") as sh:
+            for _ in range(12):
+                sh.write(b"z" * (MiB // 4))
+        info = w.gen.shards["s"]
+        assert len({e[0] for e in info.extents}) == 1 and len(info.extents) == 3
+        assert len(calls) == 1
+        w.commit()
+
+
+def test_a_pushed_shard_over_several_buffers_counts_all_its_bytes():
+    with Store.format(MemoryDevice(BIG)) as s:
+        w = s.begin_generation("g", 1)
+        with w.open_shard("s") as sh:
+            for _ in range(10):
+                sh.write(b"q" * (MiB // 4 + 1))
+        w.commit()
+        size = 10 * (MiB // 4 + 1)
+        assert s.metrics.host_bytes == -(-size // 4096) * 4096
+        assert s.generation("g").shards["s"].size == size
+
+
+def test_a_shard_that_fails_its_size_check_inside_a_with_block_is_dropped_once():
+    """``close`` aborts a pushed shard short of its size; leaving the ``with`` block must not drop
+    its bytes a second time."""
+    with Store.format(MemoryDevice(BIG)) as s:
+        keep = s.begin_generation("keep", 1)
+        keep.write_shard("k", [b"k" * 5000])
+        keep.commit()
+        live = s.table.live
+        w = s.begin_generation("g", 2)
+        with pytest.raises(ShardSizeError):
+            with w.open_shard("s", size=2 * MiB + 1) as sh:
+                sh.write(b"x" * 2 * MiB)                  # two extents on the device
+        assert s.table.live == live and "s" not in w.gen.shards
+        assert s.table.key() == s.recompute_table().key()
+        w.abort()
+        assert s.table.live == live and s.fsck().ok and s.table.key() == s.recompute_table().key()
+
+
+def test_aborting_a_generation_drops_its_open_shards():
+    with Store.format(MemoryDevice(BIG)) as s:
+        w = s.begin_generation("g", 1)
+        sh = w.open_shard("s")
+        sh.write(b"x" * (MiB + 5))                        # one extent written, the rest buffered
+        assert s.table.live > 0
+        w.abort()
+        assert s.table.live == 0 and s.table.key() == s.recompute_table().key()
+        assert all(z.cond is ZoneCond.EMPTY for z in s.table)
+
+
+def test_pushed_chunks_are_cut_into_extents_of_at_most_the_write_buffer():
+    """Chunks of any size are buffered and written in extents of at most 1 MiB (one device write, one
+    crc32c each), however they straddle the buffer."""
+    data = bytes(range(256)) * (7 * MiB // 256)
+    with Store.format(MemoryDevice(BIG)) as s:
+        w = s.begin_generation("g", 1)
+        with w.open_shard("s") as sh:
+            for i in range(0, len(data), 3 * MiB // 4):       # 0.75 MiB chunks
+                sh.write(data[i:i + 3 * MiB // 4])
+        w.commit()
+        ext = s.generation("g").shards["s"].extents
+        assert [e[2] for e in ext] == [MiB] * 7
+        assert b"".join(s.read_shard("g", "s")) == data
+
+
+def test_a_pushed_shard_uses_up_its_generations_admission_reserve():
+    with Store.format(MemoryDevice(BIG)) as s:
+        free = s.df().admissible
+        w = s.begin_generation("g", 1, declared_size=3 * MiB)
+        with w.open_shard("s") as sh:
+            sh.write(b"a" * (MiB + 100))                  # one extent placed, 100 bytes buffered
+            assert w.reserve == 2 * MiB and s.df().admissible == free - 3 * MiB
+            sh.write(b"b" * MiB)
+            assert w.reserve == MiB and s.df().admissible == free - 3 * MiB
+        assert w.reserve == MiB - 4096                    # the tail took one block
+        w.commit()
+
+
+def test_a_shard_refuses_bytes_after_close_and_beyond_its_size_with_the_reason():
+    with Store.format(MemoryDevice(GEOM)) as s:
+        w = s.begin_generation("g", 1)
+        sh = w.open_shard("s", size=10)
+        with pytest.raises(ShardSizeError) as e:
+            sh.write(b"x" * 11)
+        assert str(e.value) == "shard 's': more than the 10 bytes given as its size"
+        t = w.open_shard("t")
+        t.write(b"y")
+        t.close()
+        with pytest.raises(ValueError) as e:
+            t.write(b"z")
+        assert str(e.value) == "shard 't' of generation 'g' is closed"
+        assert w.commit().shards["t"].size == 1 and "s" not in s.generation("g").shards
+
+
+@pytest.mark.parametrize("policy", ["greedy", "retainz"])
+def test_a_failed_device_write_of_a_counted_shard_leaves_the_store_consistent(policy):
+    """An I/O error at each of a payload-less workload's writes: the shard fails, its zone is
+    reconciled with the device, and fsck and a recomputed zone table agree; the store keeps working."""
+    from retainz.errors import ZonedDeviceError
+    from retainz.testing import FaultyDevice
+
+    fired = 0
+    for after in range(12):
+        dev = FaultyDevice(MemoryDevice(GEOM, payload=False))
+        with Store.format(dev, policy=policy) as s:
+            fault = dev.fail("write", after=after)
+            for i in range(4):
+                w = s.begin_generation(f"g{i}", i, hint=Hint(reclaim_step=50 + i))
+                try:
+                    w.write_counted_shard("a", 30 * KiB + 7)
+                    w.write_counted_shard("b", 70 * KiB)
+                    w.commit()
+                except ZonedDeviceError:
+                    w.abort()
+            fired += fault.seen > after
+            dev.faults.clear()
+            assert s.fsck().ok and s.table.key() == s.recompute_table().key(), after
+            w = s.begin_generation("after", 100)
+            w.write_counted_shard("a", 5000)
+            w.commit()
+            assert s.table.key() == s.recompute_table().key()
+    assert fired >= 6
