@@ -78,14 +78,58 @@ def test_pending_of_a_split_request_and_of_streamed_buffers():
         assert s.fsck().ok
 
 
-def test_gc_requests_have_no_pending():
-    with Store.format(MemoryDevice(GEOM, payload=False), gc_reserve_zones=0) as s:
+@pytest.mark.parametrize("payload", [False, True])
+def test_gc_requests_have_no_pending(payload):
+    with Store.format(MemoryDevice(GEOM, payload=payload), gc_reserve_zones=0) as s:
         for i in range(6):
-            put(s, f"g{i}", i, [20 * KiB], declared_size=20 * KiB)
+            if payload:
+                w = s.begin_generation(f"g{i}", i, declared_size=20 * KiB)
+                w.write_shard("s0", [bytes([i]) * 20 * KiB])
+                w.commit()
+            else:
+                put(s, f"g{i}", i, [20 * KiB], declared_size=20 * KiB)
         s.delete("g1")
         reqs = spy(s)
         rep = s.gc(force=True)
         assert rep.extents_moved and all(r.gc and r.pending == 0 for r in reqs)
+
+
+@dataclass
+class _PerFileGreedy(Greedy):
+    """Greedy's zones, asked like ZenFS: once per zone a user shard spans (``keeps_file_zone``)."""
+
+    name = "test-per-file-greedy"
+    keeps_file_zone = True
+
+
+@pytest.mark.parametrize("payload", [False, True])
+def test_a_per_file_policy_is_asked_for_every_gc_copy(payload):
+    """A per-file policy keeps a user shard's zone while it has room, but every GC copy is placed
+    by its own decision (ZenFS: ``TakeMigrateZone`` per extent, ``ZenFS::MigrateExtents``), also
+    the copies of one shard's consecutive extents."""
+    with Store.format(MemoryDevice(GEOM, payload=payload), gc_reserve_zones=0) as s:
+        swap(s, _PerFileGreedy())
+        for i in range(4):                      # 36 KiB shards in 48 KiB zones: g1 and g2 span two zones
+            w = s.begin_generation(f"g{i}", i)
+            if payload:
+                w.write_shard("s", [bytes([i]) * 36 * KiB])
+            else:
+                w.write_counted_shard("s", 36 * KiB)
+            w.commit()
+        two = [g.id for g in s.generations() if len(g.shards["s"].extents) == 2]
+        assert two == ["g1", "g2"]
+        s.delete("g0")
+        s.delete("g2")                          # every zone g1 spans holds dead bytes: both its extents move
+        reqs = spy(s)
+        rep = s.gc(force=True)
+        assert rep.victims == [3, 4, 5] and rep.extents_moved == 3
+        # g1's two extents are copied one after the other into one zone: two decisions; g3's copy
+        # fills that zone and asks again for the rest
+        assert [(r.generation, r.nbytes, r.gc) for r in reqs] == [
+            ("g1", 12 * KiB, True), ("g1", 24 * KiB, True), ("g3", 36 * KiB, True), ("g3", 24 * KiB, True)]
+        assert [e[:3] for e in s.generation("g1").shards["s"].extents] == [(6, 0, 12 * KiB), (6, 12 * KiB, 24 * KiB)]
+        if payload:
+            assert b"".join(s.read_shard("g1", "s")) == b"\x01" * 36 * KiB
 
 
 # -- 1b: reserved_active ----------------------------------------------------------------------------

@@ -415,3 +415,146 @@ def test_a_failed_device_write_of_a_counted_shard_leaves_the_store_consistent(po
             w.commit()
             assert s.table.key() == s.recompute_table().key()
     assert fired >= 6
+
+
+# -- what the shard and generation writers refuse, and when their bytes reach the device ------------
+def test_a_whole_write_buffer_is_written_at_once_not_held_until_close():
+    """Bytes that fill the write buffer go to the device with the ``write`` call that completes it
+    (ZenFS flushes a full 1 MiB buffer the same way); only a partial buffer waits for more bytes."""
+    with Store.format(MemoryDevice(BIG)) as s:
+        w = s.begin_generation("g", 1)
+        sh = w.open_shard("s")
+        sh.write(b"a" * MiB)
+        assert s.table.live == MiB and len(sh.extents) == 1
+        sh.write(b"b" * (MiB - 4096))
+        assert s.table.live == MiB                      # held: the buffer is not full
+        sh.write(b"c" * 4096)
+        assert s.table.live == 2 * MiB and [e[2] for e in sh.extents] == [MiB, MiB]
+        sh.close()
+        w.commit()
+        assert b"".join(s.read_shard("g", "s")) == b"a" * MiB + b"b" * (MiB - 4096) + b"c" * 4096
+
+
+def test_a_shard_that_failed_is_closed_to_further_bytes():
+    with Store.format(MemoryDevice(GEOM)) as s:
+        w = s.begin_generation("g", 1)
+        sh = w.open_shard("s", size=10)
+        with pytest.raises(ShardSizeError):
+            sh.write(b"x" * 11)
+        for call in (lambda: sh.write(b"x"), sh.close):
+            with pytest.raises(ValueError, match=r"^shard 's' of generation 'g' is closed$"):
+                call()
+        assert w.open_shards == [] and s.table.live == 0
+        short = w.open_shard("short", size=10)
+        short.write(b"y" * 5)
+        with pytest.raises(ShardSizeError, match=r"^shard 'short': 5 bytes, not the 10 given as its size$"):
+            short.close()
+        with pytest.raises(ValueError, match=r"^shard 'short' of generation 'g' is closed$"):
+            short.write(b"y" * 5)
+        assert w.commit().shards == {} and s.table.live == 0
+
+
+def test_the_declared_size_counts_closed_open_and_counted_shards_together():
+    """A generation declared at ``N`` bytes refuses the shard byte that takes the sum of its closed
+    shards, its other open shards and this one past ``N``, naming the shard and both sums."""
+    with Store.format(MemoryDevice(GEOM)) as s:
+        w = s.begin_generation("g", 1, declared_size=4000)
+        w.write_shard("a", [b"a" * 1000])
+        w.write_shard("b", [b"b" * 1000])
+        c = w.open_shard("c")
+        d = w.open_shard("d")                            # two shards open at once, other names
+        c.write(b"c" * 700)
+        with pytest.raises(ShardSizeError, match=r"^generation 'g': shard 'd' brings it to 4001 bytes, "
+                                                 r"more than the 4000 declared$"):
+            d.write(b"d" * 1301)
+        c.write(b"c" * 300)
+        c.close()
+        assert w.open_shards == [] and set(w.gen.shards) == {"a", "b", "c"}
+        with pytest.raises(ShardSizeError, match=r"brings it to 4001 bytes"):
+            w.write_shard("e", [b"e" * 1001])
+        w.write_shard("e", [b"e" * 1000])
+        assert sum(i.size for i in w.commit().shards.values()) == 4000
+    with Store.format(MemoryDevice(GEOM, payload=False)) as s:
+        w = s.begin_generation("g", 1, declared_size=4000)
+        w.write_counted_shard("a", 3000)
+        with pytest.raises(ShardSizeError, match=r"^generation 'g': shard 'b' brings it to 4001 bytes"):
+            w.write_counted_shard("b", 1001)
+        w.write_counted_shard("b", 1000)
+        w.commit()
+
+
+def test_shard_names_sizes_and_calls_out_of_order_are_refused_with_the_reason():
+    from retainz.errors import InvalidIdError
+
+    with Store.format(MemoryDevice(GEOM)) as s:
+        w = s.begin_generation("g", 1)
+        with pytest.raises(InvalidIdError, match=r"^shard name 'a/b' contains"):
+            w.open_shard("a/b")
+        with pytest.raises(InvalidIdError, match=r"^shard name is empty"):
+            w.write_shard(" ", [b"x"])
+        with pytest.raises(ValueError, match=r"^shard 's': size must be a non-negative int, not -1$"):
+            w.open_shard("s", size=-1)
+        with pytest.raises(ValueError, match=r"^shard 's': no chunks given \(a counted shard on a payload-less "
+                                             r"device is write_counted_shard\)$"):
+            w.write_shard("s", None)
+        a = w.open_shard("a")
+        with pytest.raises(ValueError, match=r"^generation 'g' already has a shard 'a'$"):
+            w.open_shard("a")
+        b = w.open_shard("b")
+        a.write(b"1")
+        with pytest.raises(ValueError, match=r"^generation 'g': shard 'a' is still open; close or abort it "
+                                             r"before the commit$"):
+            w.commit()
+        a.close()
+        with pytest.raises(ValueError, match=r"^generation 'g': shard 'b' is still open"):
+            w.commit()
+        b.abort()
+        w.commit()
+        with pytest.raises(ValueError, match=r"^generation 'g' is committed, not writing$"):
+            w.open_shard("c")
+        h = s.begin_generation("h", 2)                    # names are per generation
+        h.write_shard("a", [b"2"])
+        assert h.commit().shards["a"].size == 1
+
+
+def test_peak_occupancy_counts_dead_bytes_not_yet_reclaimed():
+    """Occupancy is live + dead bytes (a deleted generation's bytes in a zone a live one shares
+    still occupy the device until a reset)."""
+    with Store.format(MemoryDevice(GEOM), policy="greedy") as s:
+        for i in range(3):
+            w = s.begin_generation(f"g{i}", i)
+            w.write_shard("s", [b"x" * 20 * KiB])          # greedy packs: zones are shared
+            w.commit()
+        s.delete("g0", step=5)
+        s.delete("g1", step=5)
+        dead = s.table.dead
+        assert dead > 0
+        w = s.begin_generation("g3", 6)
+        w.write_shard("s", [b"y" * 40 * KiB])
+        w.commit()
+        assert s.metrics.peak_occupancy == s.table.live + s.table.dead > s.table.live
+
+
+def test_a_decision_that_finishes_a_zone_and_names_another_runs_no_gc():
+    """A decision may finish zones and still name a zone (ZenFS finishes a zone below its finish
+    threshold, then opens another): it is executed as given; only a decision without a zone makes
+    the write path run a GC pass, even with dead bytes on the device."""
+    with Store.format(MemoryDevice(GEOM), policy="greedy") as s:
+        for i in range(3):
+            w = s.begin_generation(f"g{i}", i)
+            w.write_shard("s", [b"x" * 20 * KiB])          # greedy packs: g1 shares both of its zones
+            w.commit()
+        s.delete("g0", step=3)
+        assert s.table.dead and len(s.table.open) == 1
+        passes = []
+        collect = s.write_path.collector.collect
+        s.write_path.collector.collect = lambda **kw: passes.append(collect(**kw)) or passes[-1]
+        (opened,) = s.table.open
+        target = empty(s)
+        misbehave(s, lambda req, d: Decision(target, finish=tuple(s.table.open)) if not req.gc else d)
+        calls = counting_places(s)
+        w = s.begin_generation("g3", 4)
+        w.write_shard("s", [b"y" * 4096])
+        w.commit()
+        assert passes == [] and len(calls) == 1
+        assert s.table[opened].cond is ZoneCond.FULL and s.generation("g3").shards["s"].extents[0][0] == target
