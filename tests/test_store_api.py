@@ -353,3 +353,35 @@ def test_a_store_dropped_without_close_does_not_lock_a_later_device():
     for _ in range(50):  # new devices, some of which may reuse the freed id()
         d = MemoryDevice(GEOM)
         Store.format(d).close()
+
+
+def test_df_reports_every_figure_of_a_known_state(store):
+    """``df`` like ``zenfs df``: capacity, free, used (live), reclaimable (dead plus capacity lost to
+    finishes), space amplification, the zone counts by state, generations, and what admission can
+    still reserve (free less the GC reserve)."""
+    empty = store.df()
+    meta = empty.meta_zones
+    data = GEOM.nr_zones - meta
+    cap = data * GEOM.zone_capacity
+    reserve = store.admission_reserve_zones * GEOM.zone_capacity
+    assert 0 < meta < GEOM.nr_zones and reserve > 0
+    assert (empty.capacity, empty.free, empty.used, empty.reclaimable, empty.space_amplification) == (cap, cap, 0, 0, 0.0)
+    assert (empty.data_zones, empty.empty_zones, empty.open_zones, empty.full_zones, empty.generations) == (
+        data, data, 0, 0, 0)
+    assert (empty.admissible, empty.gc_reserve) == (cap - reserve, reserve)
+    put(store, "a", 1, {"s": blob(40 * KiB)})               # 40 KiB in the first zone
+    put(store, "b", 2, {"s": blob(20 * KiB)})               # fills it (8 KiB) and opens a second
+    store.delete("a", step=3)                               # 40 KiB dead in the full zone
+    (second,) = store.table.open
+    store.write_path.zones.finish(second)                   # 36 KiB of its capacity lost
+    df = store.df()
+    assert (df.used, df.reclaimable) == (20 * KiB, 40 * KiB + 36 * KiB)
+    assert df.free == cap - 2 * GEOM.zone_capacity and df.admissible == df.free - reserve
+    assert df.space_amplification == pytest.approx(100.0 * 76 / 20)
+    assert (df.data_zones, df.empty_zones, df.open_zones, df.full_zones, df.generations) == (data, data - 2, 0, 2, 1)
+    w = store.begin_generation("c", 4, declared_size=4 * KiB)
+    assert store.df().admissible == df.admissible - 4 * KiB and store.df().open_zones == 0
+    w.write_shard("s", [blob(4 * KiB)])
+    assert store.df().open_zones == 1 and store.df().full_zones == 2
+    w.commit()
+    assert store.df().generations == 2

@@ -102,7 +102,7 @@ def fsck(device: ZonedDevice, catalog: Catalog, zones: ZoneBook, fresh: ZoneTabl
     return rep
 
 
-def space(zones: ZoneBook, generations: int, *, admissible: int = 0, gc_reserve: int = 0) -> SpaceReport:
+def space(zones: ZoneBook, generations: int, *, admissible: int, gc_reserve: int) -> SpaceReport:
     """Space report, like ``zenfs df`` (see :class:`SpaceReport`); ``admissible`` and ``gc_reserve``
     in bytes, as the store's admission computes them."""
     t = zones.table
