@@ -205,8 +205,9 @@ def test_truncated_device_file_is_detected(tmp_path):
 def test_second_writer_is_refused_readers_share(tmp_path):
     path = tmp_path / "d.img"
     FileDevice.create(path, SMALL).close()
-    with FileDevice(path):
-        with pytest.raises(errors.DeviceBusyError, match="in use"):
+    with FileDevice(path):                                   # a second open in the same process: the lock
+        with pytest.raises(errors.DeviceBusyError, match=r"d\.img: the device is in use \(another open of it, "
+                                                         r"in this process or another, holds its lock\)$"):
             FileDevice(path)
     with FileDevice(path, readonly=True) as r1, FileDevice(path, readonly=True) as r2:
         assert r1.report_zones() == r2.report_zones()
@@ -234,7 +235,8 @@ def test_create_with_force_refuses_a_device_another_process_holds_and_changes_no
         other = Geometry(nr_zones=2, zone_size=SMALL.zone_size, zone_capacity=SMALL.zone_capacity,
                          block_size=SMALL.block_size)
         for _ in range(2):                                   # and again: still refused, still unchanged
-            with pytest.raises(errors.DeviceBusyError, match="in use by another process; nothing was changed"):
+            with pytest.raises(errors.DeviceBusyError, match=r"in use \(another open of it, in this process or "
+                                                             r"another, holds its lock\); nothing was changed$"):
                 FileDevice.create(path, other, force=True)
             assert path.read_bytes() == before
             time.sleep(0.05)

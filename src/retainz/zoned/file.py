@@ -95,7 +95,8 @@ class FileDevice(EmulatedZonedDevice):
         except BlockingIOError:
             os.close(self._fd)
             self._fd = -1
-            raise DeviceBusyError(f"{path}: the device is in use by another process") from None
+            raise DeviceBusyError(f"{path}: the device is in use (another open of it, in this process or "
+                                  "another, holds its lock)") from None
         conds, written, self._seq = self._read_state()
         self._restore(conds, written, self._restore_order)
 
@@ -136,7 +137,8 @@ class FileDevice(EmulatedZonedDevice):
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise DeviceBusyError(f"{path}: the device is in use by another process; nothing was changed") from None
+            raise DeviceBusyError(f"{path}: the device is in use (another open of it, in this process or "
+                                  "another, holds its lock); nothing was changed") from None
         try:
             os.ftruncate(fd, 0)
             os.pwrite(fd, label.ljust(_LABEL_SIZE, b"\0"), 0)
