@@ -65,3 +65,26 @@ def test_a_narrowed_run_replaces_its_modules_and_the_report_says_how_it_ran(tmp_
     assert ("Re-measured 2026-02-02 (1.5 min; resumed: 2 mutants not killed before (survivors or not run) were "
             "run again with the then current tests, earlier kills kept): `a.py`; tests: `t1`, `t2`.") in md
     assert json.loads((tmp_path / "report.json").read_text()) == {"journal": merged}
+
+
+def test_the_report_sums_each_package_over_the_groups_its_modules_are_in(tmp_path):
+    """The target is per package (``store/``): its files are split over the journal and store groups,
+    and the by-package row sums them, less equivalents, over the mutants run."""
+    def group(modules: dict, survivors: list) -> dict:
+        return {"date": "2026-03-03", "files": list(modules), "tests": ["t"], "skipped": {}, "only": [],
+                "minutes": 1.0, "stopped": False, "modules": modules, "survivors": survivors}
+
+    def counts(gen, killed, survived, not_run=0):
+        return {"generated": gen, "killed": killed, "survived": survived, "not covered": 0, "not run": not_run}
+
+    journal = group({"src/retainz/store/journal.py": counts(10, 8, 2)},
+                    [{"name": "j1", "module": "src/retainz/store/journal.py", "status": "survived", "diff": ""},
+                     {"name": "j2", "module": "src/retainz/store/journal.py", "status": "survived", "diff": ""}])
+    store = group({"src/retainz/store/store.py": counts(20, 15, 1, not_run=4),
+                   "src/retainz/hint.py": counts(3, 3, 0)},
+                  [{"name": "s1", "module": "src/retainz/store/store.py", "status": "survived", "diff": ""}])
+    tool.write_report({"journal": journal, "store": store}, {"j2": "why"}, tmp_path)
+    md = (tmp_path / "report.md").read_text()
+    # store/: 30 generated, 23 killed, 2 survived (j1, s1), 1 equivalent (j2), 4 not run: 23 / 25
+    assert "| `retainz/store/` | 30 | 23 | 2 | 0 | 1 | 4 | 92.0 % |" in md
+    assert "| `retainz/` | 3 | 3 | 0 | 0 | 0 | 0 | 100.0 % |" in md

@@ -278,6 +278,16 @@ def _rate(killed: int, generated: int, equivalent: int, not_run: int = 0) -> str
     return f"{100 * killed / n:.1f} %" if n else "-"
 
 
+def _module_counts(g: dict, mod: str, c: dict, equivalent: dict[str, str]) -> dict[str, int]:
+    """One module's row: mutmut's counts, its survivors split into survived, not covered and
+    equivalent (marked in ``equivalent.json``)."""
+    mine = [s for s in g["survivors"] if s["module"] == mod]
+    return {"generated": c["generated"], "killed": c["killed"],
+            "survived": sum(1 for s in mine if s["name"] not in equivalent and s["status"] == "survived"),
+            "not covered": sum(1 for s in mine if s["name"] not in equivalent and s["status"] == "not covered"),
+            "equivalent": sum(1 for s in mine if s["name"] in equivalent), "not run": c["not run"]}
+
+
 def write_report(data: dict, equivalent: dict[str, str], out: Path) -> None:
     """Write ``report.json`` (``data``) and ``report.md`` (kill rates, survivors) into ``out``."""
     out.mkdir(parents=True, exist_ok=True)
@@ -289,29 +299,36 @@ def write_report(data: dict, equivalent: dict[str, str], out: Path) -> None:
              "survived; \"not run\" counts mutants a run stopped by its time budget never tried.", "",
              "| group | module | generated | killed | survived | not covered | equivalent | not run | kill rate | "
              "measured |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    keys = ("generated", "killed", "survived", "not covered", "equivalent", "not run")
+    by_dir: dict[str, dict[str, int]] = {}
     for name in GROUPS:
         g = data.get(name)
         if not g:
             lines.append(f"| {name} | (not run) | | | | | | | | |")
             continue
-        tot = {"generated": 0, "killed": 0, "survived": 0, "not covered": 0, "equivalent": 0, "not run": 0}
+        tot = dict.fromkeys(keys, 0)
         for mod, c in g["modules"].items():
-            eq = sum(1 for s in g["survivors"] if s["module"] == mod and s["name"] in equivalent)
-            surv = sum(1 for s in g["survivors"] if s["module"] == mod and s["name"] not in equivalent
-                       and s["status"] == "survived")
-            nocov = sum(1 for s in g["survivors"] if s["module"] == mod and s["name"] not in equivalent
-                        and s["status"] == "not covered")
-            lines.append(f"| {name} | `{mod.removeprefix('src/')}` | {c['generated']} | {c['killed']} | {surv} | "
-                         f"{nocov} | {eq} | {c['not run']} | {_rate(c['killed'], c['generated'], eq, c['not run'])} | "
+            row = _module_counts(g, mod, c, equivalent)
+            lines.append(f"| {name} | `{mod.removeprefix('src/')}` | "
+                         + " | ".join(str(row[k]) for k in keys)
+                         + f" | {_rate(row['killed'], row['generated'], row['equivalent'], row['not run'])} | "
                          f"{g.get('module_dates', {}).get(mod, g['date'])} |")
-            for k, v in (("generated", c["generated"]), ("killed", c["killed"]), ("survived", surv),
-                         ("not covered", nocov), ("equivalent", eq), ("not run", c["not run"])):
-                tot[k] += v
+            folder = by_dir.setdefault(Path(mod.removeprefix("src/")).parent.as_posix() + "/",
+                                       dict.fromkeys(keys, 0))
+            for k in keys:
+                tot[k] += row[k]
+                folder[k] += row[k]
         dates = sorted({g["date"], *g.get("module_dates", {}).values()})
-        lines.append(f"| **{name}** | all | {tot['generated']} | {tot['killed']} | {tot['survived']} | "
-                     f"{tot['not covered']} | {tot['equivalent']} | {tot['not run']} | "
+        lines.append(f"| **{name}** | all | " + " | ".join(str(tot[k]) for k in keys) + " | "
                      f"**{_rate(tot['killed'], tot['generated'], tot['equivalent'], tot['not run'])}** | "
                      f"{' to '.join(dict.fromkeys([dates[0], dates[-1]]))} |")
+    # the issue's target is per package (store/ and placement/), whichever groups their files are in
+    lines += ["", "By package (the groups' rows summed by the folder of each module):", "",
+              "| package | generated | killed | survived | not covered | equivalent | not run | kill rate |",
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for folder, c in sorted(by_dir.items()):
+        lines.append(f"| `{folder}` | " + " | ".join(str(c[k]) for k in keys)
+                     + f" | {_rate(c['killed'], c['generated'], c['equivalent'], c['not run'])} |")
     lines.append("")
     for name in GROUPS:
         g = data.get(name)
