@@ -11,7 +11,7 @@ import pytest
 from retainz.cli import main
 from retainz.trace.generate import write_generated
 from retainz.zoned import FileDevice, Geometry
-from retainz.zoned.model import MAX_ZONES
+from retainz.zoned.model import MAX_DEVICE_BYTES, MAX_ZONE_LIMIT, MAX_ZONES
 
 BINARY = bytes(range(256)) * 4   # not UTF-8: 0x80 is a continuation byte
 
@@ -43,14 +43,27 @@ def trace(tmp_path):
     (["device", "info", "mem:zone_size=big"], "zone_size='big' is not a size"),
     (["device", "create", "{tmp}/c.img", "--zones", "100000000", "--zone-size", "1TiB"],
      "zone count 100,000,000 exceeds"),
+    # sizes beyond the on-disk fields (the device label, the superblock, NVMe's MOR/MAR): one line, not a
+    # struct.error traceback, on every command that takes a geometry
+    (["device", "create", "{tmp}/c.img", "--zones", "4", "--zone-size", str(1 << 70)],
+     f"4 zones of {1 << 70} bytes exceed the largest device, {(1 << 63) - 1} bytes"),
+    (["device", "create", "{tmp}/c.img", "--zones", "2", "--zone-size", str(1 << 62)], "exceed the largest device"),
+    (["device", "create", "{tmp}/c.img", "--zones", "4", "--zone-size", "4MiB", "--max-open", str(1 << 32),
+      "--max-active", str(1 << 32)], "max open/active zones cannot exceed 4294967295"),
+    (["device", "info", f"mem:zones=4,zone_size={1 << 70}"], "exceed the largest device"),
+    (["replay", "{trace}", "--zones", "10", "--zone-size", str(1 << 70)], "exceed the largest device"),
+    (["crashtest", f"mem:zones=12,zone_size={1 << 70}", "--workload", "basic"], "exceed the largest device"),
     (["replay", "{trace}", "--pressure", "0.9", "--zone-size", "0"], "zone size must be a positive"),
+    (["replay", "{trace}", "--zones", "100000000"], "--zones 100,000,000 is over the limit of 1,048,576 data zones"),
+    (["device", "create", "{tmp}", "--zones", "4", "--zone-size", "4MiB"], "{tmp} is a directory, not a device file"),
+    (["device", "create", "{tmp}", "--zones", "4", "--zone-size", "4MiB", "--force"], "is a directory"),
     (["replay", "{trace}", "--pressure", "0.9", "--zone-capacity", "0"], "zone capacity must be a positive"),
 ])
 def test_out_of_range_numbers_are_refused_up_front(tmp_path, trace, capsys, argv, needle):
     argv = [a.format(tmp=tmp_path, trace=trace) for a in argv]
     code, _, err = run(capsys, *argv)
     assert code == 2
-    assert needle in one_line(err)
+    assert needle.format(tmp=tmp_path) in one_line(err)
     assert not (tmp_path / "c.img").exists()
 
 
@@ -58,6 +71,16 @@ def test_the_zone_limit_is_the_geometry_limit_and_the_limit_itself_is_accepted()
     assert Geometry(nr_zones=MAX_ZONES, zone_size=4096, zone_capacity=4096).nr_zones == MAX_ZONES
     with pytest.raises(ValueError, match="exceeds the limit"):
         Geometry(nr_zones=MAX_ZONES + 1, zone_size=4096, zone_capacity=4096)
+    # the largest device and zone limits are accepted, one more is not
+    biggest = (MAX_DEVICE_BYTES // 4) // 4096 * 4096
+    assert Geometry(nr_zones=4, zone_size=biggest, zone_capacity=4096).size == 4 * biggest <= MAX_DEVICE_BYTES
+    with pytest.raises(ValueError, match="exceed the largest device"):
+        Geometry(nr_zones=4, zone_size=biggest + 4096, zone_capacity=4096)
+    assert Geometry(nr_zones=4, zone_size=4096, zone_capacity=4096, max_open=MAX_ZONE_LIMIT,
+                    max_active=MAX_ZONE_LIMIT).max_active == (1 << 32) - 1
+    for field in ("max_open", "max_active"):
+        with pytest.raises(ValueError, match="cannot exceed 4294967295"):
+            Geometry(nr_zones=4, zone_size=4096, zone_capacity=4096, **{field: 1 << 32})
 
 
 @pytest.mark.parametrize("exc", [MemoryError(), OverflowError("Python int too large to convert to C long")])

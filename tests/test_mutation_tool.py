@@ -88,3 +88,42 @@ def test_the_report_sums_each_package_over_the_groups_its_modules_are_in(tmp_pat
     # store/: 30 generated, 23 killed, 2 survived (j1, s1), 1 equivalent (j2), 4 not run: 23 / 25
     assert "| `retainz/store/` | 30 | 23 | 2 | 0 | 1 | 4 | 92.0 % |" in md
     assert "| `retainz/` | 3 | 3 | 0 | 0 | 0 | 0 | 100.0 % |" in md
+
+
+def test_bad_flags_are_refused_before_any_run_with_exit_2(tmp_path, monkeypatch, capsys):
+    """A bad flag must not start mutmut nor remove a group's scratch copy (a run replaces it)."""
+    import pytest
+
+    ran = []
+    monkeypatch.setattr(tool, "_run_group", lambda *a, **k: ran.append(a))
+    out = ["--out", str(tmp_path)]
+    for argv, message in ((["--budget", "-1"], "--budget must be a number of minutes >= 0 (0: no limit), not -1.0"),
+                          (["--budget", "nan"], "--budget must be a number of minutes >= 0"),
+                          (["--max-children", "0"], "--max-children must be at least 1, not 0"),
+                          (["--unrun"], "--unrun goes with --resume"),
+                          (["--groups", ","], "--groups names no group; valid: placement, journal, store, retention"),
+                          (["--groups", "nosuch"], "unknown group(s) nosuch; valid: placement, journal"),
+                          (["--only", "nosuchfile.py"], "--only nosuchfile.py: no file of group(s) (none) matches"),
+                          (["--groups", "placement", "--only", "store/journal.py"],
+                           "--only store/journal.py: no file of group(s) placement matches"),
+                          (["--report-only"], f"--report-only: no report.json in {tmp_path} to rewrite")):
+        with pytest.raises(SystemExit) as e:
+            tool.main(argv + out)
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert message in err.splitlines()[-1], (argv, err)
+    assert ran == []
+
+
+def test_only_without_groups_runs_the_groups_holding_those_files(tmp_path, monkeypatch):
+    ran = []
+
+    def fake(name, group, only, *a, **k):
+        ran.append((name, tuple(only)))
+        return {"date": "2026-04-04", "files": [], "tests": [], "skipped": {}, "only": only, "modules": {},
+                "survivors": [], "minutes": 0.0, "stopped": False, "resumed": None}
+
+    monkeypatch.setattr(tool, "_run_group", fake)
+    assert tool.main(["--only", "store/journal.py", "store/store.py", "--out", str(tmp_path)]) == 0
+    assert ran == [("journal", ("store/journal.py", "store/store.py")),
+                   ("store", ("store/journal.py", "store/store.py"))]

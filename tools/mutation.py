@@ -375,9 +375,10 @@ def write_report(data: dict, equivalent: dict[str, str], out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--groups", default=",".join(GROUPS), help="comma-separated: " + ", ".join(GROUPS))
+    ap.add_argument("--groups", help="comma-separated: " + ", ".join(GROUPS)
+                    + " (default: every group, or with --only the groups holding those files)")
     ap.add_argument("--only", nargs="*", default=[], help="mutate only these files of the group(s)")
-    ap.add_argument("--max-children", type=int, default=2)
+    ap.add_argument("--max-children", type=int, default=2, help="mutants run at once (at least 1)")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "mutation")
     ap.add_argument("--budget", type=float, default=0,
                     help="minutes per group; then stop and report what ran (0: no limit)")
@@ -390,11 +391,28 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --resume: only the mutants never run (the survivors were run with today's tests)")
     ap.add_argument("--report-only", action="store_true", help="rewrite report.md from report.json")
     args = ap.parse_args(argv)
-    names = [g for g in args.groups.split(",") if g]
+    # bad input is refused before anything is run or removed (a run replaces its group's scratch copy)
+    if not args.budget >= 0:
+        ap.error(f"--budget must be a number of minutes >= 0 (0: no limit), not {args.budget}")
+    if args.max_children < 1:
+        ap.error(f"--max-children must be at least 1, not {args.max_children}")
+    if args.unrun and not args.resume:
+        ap.error("--unrun goes with --resume (it narrows a resumed run to the mutants never run)")
+    if args.groups is None:
+        names = [g for g in GROUPS if not args.only or _files(GROUPS[g], args.only)]
+    else:
+        names = [g for g in args.groups.split(",") if g]
+        if not names:
+            ap.error(f"--groups names no group; valid: {', '.join(GROUPS)}")
     bad = [g for g in names if g not in GROUPS]
     if bad:
-        print(f"unknown group(s) {', '.join(bad)}; valid: {', '.join(GROUPS)}", file=sys.stderr)
-        return 2
+        ap.error(f"unknown group(s) {', '.join(bad)}; valid: {', '.join(GROUPS)}")
+    if args.only and not args.report_only:
+        missing = [o for o in args.only if not any(_files(GROUPS[g], [o]) for g in names)]
+        if missing:
+            ap.error(f"--only {' '.join(missing)}: no file of group(s) {', '.join(names) or '(none)'} matches")
+    if args.report_only and not (args.out / "report.json").exists():
+        ap.error(f"--report-only: no report.json in {args.out} to rewrite the report from")
     path = args.out / "report.json"
     data = json.loads(path.read_text()) if path.exists() else {}
     eq_path = args.out / "equivalent.json"

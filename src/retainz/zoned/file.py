@@ -117,11 +117,14 @@ class FileDevice(EmulatedZonedDevice):
 
         Raises:
             FileExistsError: the path exists and is not empty, and ``force`` is False.
+            IsADirectoryError: the path is a directory (``force`` or not).
             DeviceBusyError: another process has the file open as a device (nothing is changed).
             OSError: the file cannot be made (e.g. larger than the file system allows); the message
                 names it, and a file this call created is removed.
         """
         path = os.fspath(path)
+        if os.path.isdir(path):
+            raise IsADirectoryError(f"{path} is a directory, not a device file")
         if os.path.exists(path) and os.path.getsize(path) > 0 and not force:
             raise FileExistsError(f"{path} exists and is not empty; pass force=True (--force) to "
                                   "overwrite it")

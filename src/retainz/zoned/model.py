@@ -144,6 +144,12 @@ class Zone:
 #: 2 GiB zones has about 16,000; a 30 TB SMR disk with 256 MiB zones about 115,000).  Keeps the
 #: per-zone state (file-device header, in-memory zone table) bounded.
 MAX_ZONES = 1 << 20
+#: Largest device in bytes: every byte offset (``os.pwrite``, the file-device label, the superblock's
+#: zone size) is a signed 64-bit number.
+MAX_DEVICE_BYTES = (1 << 63) - 1
+#: Largest max open / max active zone count: NVMe ZNS reports MOR and MAR as 32-bit fields
+#: (Zoned Namespace Command Set, Identify Namespace data structure).
+MAX_ZONE_LIMIT = (1 << 32) - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,8 +190,14 @@ class Geometry:
                 or self.zone_capacity > self.zone_size):
             problems.append(f"zone capacity {self.zone_capacity} must be a positive multiple of the "
                             f"block size and at most the zone size {self.zone_size}")
+        if self.zone_size > 0 and self.nr_zones >= 1 and self.nr_zones * self.zone_size > MAX_DEVICE_BYTES:
+            problems.append(f"{self.nr_zones} zones of {self.zone_size} bytes exceed the largest device, "
+                            f"{MAX_DEVICE_BYTES} bytes (a byte offset is a signed 64-bit number)")
         if self.max_open < 0 or self.max_active < 0:
             problems.append("max open/active zones cannot be negative")
+        if max(self.max_open, self.max_active) > MAX_ZONE_LIMIT:
+            problems.append(f"max open/active zones cannot exceed {MAX_ZONE_LIMIT} (NVMe ZNS MOR and MAR are "
+                            "32-bit fields)")
         if self.max_active and self.max_open > self.max_active:
             problems.append(f"max open zones {self.max_open} exceeds max active zones {self.max_active}")
         if problems:
