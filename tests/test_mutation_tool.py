@@ -127,3 +127,28 @@ def test_only_without_groups_runs_the_groups_holding_those_files(tmp_path, monke
     assert tool.main(["--only", "store/journal.py", "store/store.py", "--out", str(tmp_path)]) == 0
     assert ran == [("journal", ("store/journal.py", "store/store.py")),
                    ("store", ("store/journal.py", "store/store.py"))]
+
+
+def test_a_new_time_limit_reruns_the_timeouts_and_an_interrupted_mutant_counts_as_not_run(tmp_path):
+    """Timeouts count as kills, so a limit a loaded machine could trip is widened and the mutants it
+    stopped run again; a mutant whose run was interrupted (mutmut's exit code 2) was never checked."""
+    meta = tmp_path / "mutants" / "src" / "m.py.meta"
+    meta.parent.mkdir(parents=True)
+    codes = {"m.x_f__mutmut_1": 1, "m.x_f__mutmut_2": -24, "m.x_f__mutmut_3": 2, "m.x_f__mutmut_4": 0,
+             "m.x_f__mutmut_5": 152, "m.x_f__mutmut_6": None}
+    meta.write_text(json.dumps({"exit_code_by_key": codes}))
+    assert tool._open_mutants(tmp_path, ["src/m.py"], {}, unrun_only=True) == ["m.x_f__mutmut_3", "m.x_f__mutmut_6"]
+    assert tool._open_mutants(tmp_path, ["src/m.py"], {"m.x_f__mutmut_5": "why"}, unrun_only=True, timeouts=True) == [
+        "m.x_f__mutmut_2", "m.x_f__mutmut_3", "m.x_f__mutmut_6"]
+    config = tmp_path / "pyproject.toml"
+    config.write_text('[tool.mutmut]\ntimeout_multiplier = 3.0\nalso_copy = ["examples"]\n')
+    assert tool._retime(tmp_path) is True
+    assert f"timeout_multiplier = {tool.TIMEOUT_MULTIPLIER}\n" in config.read_text()
+    assert tool._retime(tmp_path) is False                           # already today's limit: nothing reruns
+    group = {"date": "2026-05-05", "files": ["src/m.py"], "tests": ["t"], "skipped": {}, "only": [], "minutes": 1.0,
+             "stopped": False, "survivors": [],
+             "modules": {"src/m.py": {"generated": 6, "killed": 3, "survived": 1, "not covered": 0, "not run": 2,
+                                      "timeouts": 2}}}
+    tool.write_report({"store": group}, {}, tmp_path)
+    assert "| store | `m.py` | 6 | 3 (2 timed out) | 0 | 0 | 0 | 2 | 75.0 % | 2026-05-05 |" in (
+        tmp_path / "report.md").read_text()

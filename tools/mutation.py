@@ -96,7 +96,16 @@ GROUPS: dict[str, dict] = {
 UNUSED_PLUGINS = ("typeguard", "anyio", "platformdirs")
 
 STATUS = {1: "killed", 3: "killed", 36: "killed", 24: "killed", -24: "killed", 152: "killed", 255: "killed",
-          0: "survived", 5: "not covered", 33: "not covered", None: "not run"}
+          0: "survived", 5: "not covered", 33: "not covered", None: "not run",
+          2: "not run"}   # mutmut's "check was interrupted by user": a run stopped by its budget
+#: mutmut's exit codes of a mutant stopped by its time limit (counted as killed, and shown apart).
+TIMEOUT_CODES = frozenset({36, 24, -24, 152, 255})
+#: A mutant's time limit, as a multiple of its tests' recorded time: mutmut stops it after
+#: ``2 x (t + 1) x`` this in CPU seconds or ``(t + 1) x`` this in wall seconds.  The wall limit
+#: also stops a mutant that is only slow because the machine is loaded, and that would count as a
+#: kill: 3 x turned survivors into timeouts on 2 cores shared with other work, so the margin is
+#: wide (mutmut's default, 30 x, let one hung mutant run 43 minutes).
+TIMEOUT_MULTIPLIER = 10.0
 
 
 def _files(group: dict, only: list[str]) -> list[str]:
@@ -132,28 +141,41 @@ def _scratch(name: str, group: dict, files: list[str], only: list[str]) -> Path:
         f'pytest_add_cli_args = ["-p", "no:cacheprovider", "-p", "mutation", "-q", "-m", "{FAST_LANE}"]',
         f"pytest_add_cli_args_test_selection = {json.dumps(group['tests'])}",
         "use_git_change_detection = false",
-        # a mutant that hangs a test loop (a store that never fills) is stopped after 6 x its tests'
-        # CPU time (mutmut's default, 30 x, let one run 43 minutes); a timeout counts as killed
-        "timeout_multiplier = 3.0",
+        # a mutant that hangs a test loop (a store that never fills) is stopped; a timeout counts as killed
+        f"timeout_multiplier = {TIMEOUT_MULTIPLIER}",
         'also_copy = ["examples"]',
     ]) + "\n"
     (work / "pyproject.toml").write_text(config)
     return work
 
 
-def _open_mutants(work: Path, files: list[str], equivalent: dict[str, str], unrun_only: bool = False) -> list[str]:
+def _open_mutants(work: Path, files: list[str], equivalent: dict[str, str], unrun_only: bool = False,
+                  timeouts: bool = False) -> list[str]:
     """Mutants of ``files`` in the scratch copy ``work`` that survived or were never run (``unrun_only``:
-    only those never run), less those marked equivalent (they would survive again: a full run of the
-    tests for nothing)."""
+    only those never run), and those that timed out when ``timeouts`` (their time limit changed), less
+    those marked equivalent (they would survive again: a full run of the tests for nothing)."""
     names = []
     for rel in files:
         meta = work / "mutants" / (rel + ".meta")
         if meta.exists():
             codes = json.loads(meta.read_text())["exit_code_by_key"]
-            names += [k for k, code in codes.items()
-                      if STATUS.get(code, "survived") != "killed" and k not in equivalent
-                      and (code is None or not unrun_only)]
+            names += [k for k, code in codes.items() if k not in equivalent and (
+                      timeouts and code in TIMEOUT_CODES
+                      or STATUS.get(code, "survived") != "killed" and (STATUS.get(code) == "not run"
+                                                                       or not unrun_only))]
     return names
+
+
+def _retime(work: Path) -> bool:
+    """Give a scratch copy today's :data:`TIMEOUT_MULTIPLIER`; True if it had another one (mutmut
+    then runs its timed-out mutants again)."""
+    config = (work / "pyproject.toml").read_text()
+    old = tomllib.loads(config)["tool"]["mutmut"].get("timeout_multiplier")
+    if old == TIMEOUT_MULTIPLIER:
+        return False
+    (work / "pyproject.toml").write_text(config.replace(f"timeout_multiplier = {old}",
+                                                        f"timeout_multiplier = {TIMEOUT_MULTIPLIER}"))
+    return True
 
 
 def _run_group(name: str, group: dict, only: list[str], max_children: int, budget: float = 0,
@@ -177,7 +199,7 @@ def _run_group(name: str, group: dict, only: list[str], max_children: int, budge
             raise SystemExit(f"group {name}: nothing to resume in {work}")
         shutil.rmtree(work / "tests")
         shutil.copytree(ROOT / "tests", work / "tests", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        retried = _open_mutants(work, files, equivalent or {}, unrun_only)
+        retried = _open_mutants(work, files, equivalent or {}, unrun_only, timeouts=_retime(work))
         # the scratch copy keeps the test files it was made with (a new selection would reset mutmut's results)
         tests = tomllib.loads((work / "pyproject.toml").read_text())["tool"]["mutmut"]["pytest_add_cli_args_test_selection"]
     else:
@@ -210,12 +232,13 @@ def _run_group(name: str, group: dict, only: list[str], max_children: int, budge
     survivors = []
     for rel in files:
         meta = work / "mutants" / (rel + ".meta")
-        counts = {"generated": 0, "killed": 0, "survived": 0, "not covered": 0, "not run": 0}
+        counts = {"generated": 0, "killed": 0, "survived": 0, "not covered": 0, "not run": 0, "timeouts": 0}
         if meta.exists():
             for key, code in json.loads(meta.read_text())["exit_code_by_key"].items():
                 status = STATUS.get(code, "survived")
                 counts["generated"] += 1
                 counts[status] += 1
+                counts["timeouts"] += code in TIMEOUT_CODES
                 if status in ("survived", "not covered"):
                     survivors.append({"name": key, "module": rel, "status": status,
                                       "diff": (known or {}).get(key) if collect else None})
@@ -291,7 +314,15 @@ def _module_counts(g: dict, mod: str, c: dict, equivalent: dict[str, str]) -> di
     return {"generated": c["generated"], "killed": c["killed"],
             "survived": sum(1 for s in mine if s["name"] not in equivalent and s["status"] == "survived"),
             "not covered": sum(1 for s in mine if s["name"] not in equivalent and s["status"] == "not covered"),
-            "equivalent": sum(1 for s in mine if s["name"] in equivalent), "not run": c["not run"]}
+            "equivalent": sum(1 for s in mine if s["name"] in equivalent), "not run": c["not run"],
+            "timeouts": c.get("timeouts", 0)}
+
+
+def _cell(row: dict[str, int], key: str) -> str:
+    """A count of the report's tables; the killed count says how many of its mutants timed out."""
+    if key == "killed" and row.get("timeouts"):
+        return f"{row[key]} ({row['timeouts']} timed out)"
+    return str(row[key])
 
 
 def write_report(data: dict, equivalent: dict[str, str], out: Path) -> None:
@@ -301,8 +332,9 @@ def write_report(data: dict, equivalent: dict[str, str], out: Path) -> None:
     lines = ["# Mutation testing report", "",
              "Written by `make mutation` (`tools/mutation.py`, mutmut 3) from `report.json`; mutants marked",
              "equivalent are listed in `equivalent.json` with the reason.  Kill rate = killed / (generated -",
-             "equivalent - not run); a timeout counts as killed, a mutant no selected test reaches as",
-             "survived; \"not run\" counts mutants a run stopped by its time budget never tried.", "",
+             "equivalent - not run); a timeout counts as killed (\"killed\" says how many timed out, where",
+             "the run recorded it), a mutant no selected test reaches as survived; \"not run\" counts",
+             "mutants a run stopped by its time budget never tried.", "",
              "| group | module | generated | killed | survived | not covered | equivalent | not run | kill rate | "
              "measured |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     keys = ("generated", "killed", "survived", "not covered", "equivalent", "not run")
@@ -312,20 +344,20 @@ def write_report(data: dict, equivalent: dict[str, str], out: Path) -> None:
         if not g:
             lines.append(f"| {name} | (not run) | | | | | | | | |")
             continue
-        tot = dict.fromkeys(keys, 0)
+        tot = dict.fromkeys((*keys, "timeouts"), 0)
         for mod, c in g["modules"].items():
             row = _module_counts(g, mod, c, equivalent)
             lines.append(f"| {name} | `{mod.removeprefix('src/')}` | "
-                         + " | ".join(str(row[k]) for k in keys)
+                         + " | ".join(_cell(row, k) for k in keys)
                          + f" | {_rate(row['killed'], row['generated'], row['equivalent'], row['not run'])} | "
                          f"{g.get('module_dates', {}).get(mod, g['date'])} |")
             folder = by_dir.setdefault(Path(mod.removeprefix("src/")).parent.as_posix() + "/",
-                                       dict.fromkeys(keys, 0))
-            for k in keys:
+                                       dict.fromkeys((*keys, "timeouts"), 0))
+            for k in (*keys, "timeouts"):
                 tot[k] += row[k]
                 folder[k] += row[k]
         dates = sorted({g["date"], *g.get("module_dates", {}).values()})
-        lines.append(f"| **{name}** | all | " + " | ".join(str(tot[k]) for k in keys) + " | "
+        lines.append(f"| **{name}** | all | " + " | ".join(_cell(tot, k) for k in keys) + " | "
                      f"**{_rate(tot['killed'], tot['generated'], tot['equivalent'], tot['not run'])}** | "
                      f"{' to '.join(dict.fromkeys([dates[0], dates[-1]]))} |")
     # the issue's target is per package (store/ and placement/), whichever groups their files are in
@@ -333,7 +365,7 @@ def write_report(data: dict, equivalent: dict[str, str], out: Path) -> None:
               "| package | generated | killed | survived | not covered | equivalent | not run | kill rate |",
               "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for folder, c in sorted(by_dir.items()):
-        lines.append(f"| `{folder}` | " + " | ".join(str(c[k]) for k in keys)
+        lines.append(f"| `{folder}` | " + " | ".join(_cell(c, k) for k in keys)
                      + f" | {_rate(c['killed'], c['generated'], c['equivalent'], c['not run'])} |")
     lines.append("")
     for name in GROUPS:
