@@ -10,11 +10,11 @@ import random
 
 import pytest
 
-from retainz.errors import ZonedDeviceError
+from retainz.errors import InjectedIOError, ZonedDeviceError
 from retainz.hint import Hint
 from retainz.store import Store
 from retainz.testing import FaultyDevice
-from retainz.zoned import Geometry, MemoryDevice
+from retainz.zoned import Geometry, MemoryDevice, ZoneCond
 
 KiB = 1024
 GEOM = Geometry(nr_zones=12, zone_size=64 * KiB, zone_capacity=48 * KiB, block_size=4096, max_open=3,
@@ -115,3 +115,54 @@ def test_a_reset_failing_after_a_journaled_deletion_leaves_dead_bytes_not_live_o
         s.gc(force=True)
         assert s.table[z].written == 0
         check(s)
+
+
+class DoneThenFails(FaultyDevice):
+    """A device whose armed faults fire after the drive carried the operation out (a command that
+    completed but reported an error, e.g. a timeout): the zone's state has changed all the same."""
+
+    def zone_op(self, op, zone):
+        try:
+            super().zone_op(op, zone)
+        except InjectedIOError:
+            self.inner.zone_op(op, zone)
+            raise
+
+    def write(self, offset, data):
+        try:
+            super().write(offset, data)
+        except InjectedIOError:
+            self.inner.write(offset, data)
+            raise
+
+
+def test_a_reset_the_device_carried_out_before_failing_leaves_the_zone_empty_in_the_table(caplog):
+    """An aborted generation's zone is reset; the device does it but reports an error: the failure is
+    counted and logged, and the zone table follows the device (empty), not the failed call."""
+    dev = DoneThenFails(MemoryDevice(GEOM))
+    with Store.format(dev) as s:
+        zones = []
+        for i in range(2):
+            w = s.begin_generation(f"aborted{i}", i)
+            w.write_shard("a", [data(i)])                    # 9-10 KiB: one zone, part-filled
+            zones.append(w.gen.shards["a"].extents[0][0])
+            dev.fail("reset", zone=zones[-1])
+            with caplog.at_level("WARNING", logger="retainz.store.zonebook"):
+                w.abort()
+        assert s.zones.failed_resets == 2
+        assert [r.getMessage() for r in caplog.records if r.name == "retainz.store.zonebook"] == [
+            f"zone {z}: reset failed (injected I/O error on reset (zone {z})); it keeps its dead bytes "
+            "until a later reset" for z in zones]
+        for z in zones:
+            assert dev.zone(z).cond == ZoneCond.EMPTY
+            assert (s.table[z].cond, s.table[z].written, s.table[z].dead) == (ZoneCond.EMPTY, 0, 0)
+        assert s.table.written == s.table.dead == 0
+        check(s)
+        w = s.begin_generation("next", 5)                    # the next record journals the zones
+        w.write_shard("a", [data(5)])
+        w.commit()
+        check(s)
+    with Store.open(dev) as back:
+        assert back.recovery.zones_reset == [] and back.table.written == s.table.written
+        assert b"".join(back.read_shard("next", "a")) == data(5)
+        check(back)

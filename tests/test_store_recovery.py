@@ -413,3 +413,26 @@ def test_campaign_detects_a_hint_update_that_is_not_journaled(monkeypatch):
     monkeypatch.setattr(Store, "update_hint", in_memory)
     rep = campaign("hint", seed=0)
     assert rep.failures and all("reclaim step" in f and "expected one of" in f for f in rep.failures)
+
+
+def test_finishes_and_their_unused_capacity_are_counted_and_survive_a_reopen():
+    """``dedicated`` gives each generation its own zone and finishes the oldest open one when the
+    active-zone budget (4 - the journal's 1) is spent: each finish is counted and charged the
+    zone's remaining capacity, and the journaled counters come back at the next open."""
+    dev = MemoryDevice(GEOMETRY)
+    cap = GEOMETRY.zone_capacity
+    with Store.format(dev, policy="dedicated") as s:
+        budget = s.zones.max_active
+        for i in range(budget + 2):
+            w = s.begin_generation(f"g{i}", i)
+            w.write_shard("s", [bytes([65 + i]) * 20000])          # 5 blocks of a zone
+            w.commit()
+        finished = sorted(z.index for z in s.table if z.cond == ZoneCond.FULL)
+        assert len(finished) == 2 and s.metrics.finishes == 2
+        assert s.metrics.unused_capacity_bytes == 2 * (cap - 5 * 4096) == s.table.unused
+        before = s.metrics.to_dict()
+    with Store.open(dev) as s2:
+        assert s2.metrics.finishes == 2 and s2.metrics.unused_capacity_bytes == 2 * (cap - 5 * 4096)
+        assert sorted(z.index for z in s2.table if z.cond == ZoneCond.FULL) == finished
+        assert s2.table.unused == 2 * (cap - 5 * 4096)
+        assert s2.metrics.to_dict() == before                        # every counter, resumed
