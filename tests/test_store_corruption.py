@@ -4,12 +4,16 @@ silent wrong data."""
 from __future__ import annotations
 
 import random
+import re
+import uuid
 
 import crc32c
 import pytest
 
 from retainz.errors import ChecksumError, CorruptJournalError, RetainZError
 from retainz.store import Store
+from retainz.store.format import Superblock
+from retainz.store.records import empty_snapshot, frame
 from retainz.testing import FaultyDevice
 from retainz.zoned import Geometry, MemoryDevice
 
@@ -126,3 +130,21 @@ def test_extents_each_valid_but_in_the_wrong_order_fail_the_whole_shard_crc():
     swapped = data[n0:n0 + n1] + data[:n0] + data[n0 + n1:]
     assert (e.value.expected, e.value.actual) == (shard.crc, crc32c.crc32c(swapped))
     s.close()
+
+
+@pytest.mark.parametrize("payload, why", [(b'd {"r":[],"now":3}', "KeyError: 'g'"),
+                                          (b'c {"g":[1,2]}', "ValueError: not enough values to unpack "
+                                                             "(expected 5, got 2)")])
+def test_a_record_with_a_valid_checksum_that_does_not_decode_fails_the_mount_naming_it(payload, why):
+    """A record whose checksum matches but whose body is not a record (written by other code, or a
+    bug) is corruption: the mount names the record, its first bytes and what is wrong."""
+    dev = MemoryDevice(GEOM)
+    sb = Superblock(uuid=uuid.uuid4(), sequence=1, part=0, geometry=GEOM, meta_zones=3, gc_reserve_zones=2,
+                    policy="greedy")
+    records = [*empty_snapshot(), payload]
+    dev.write(0, sb.encode() + b"".join(frame(p, GEOM.block_size) for p in records))
+    dev.flush()
+    want = f"journal record 3 ({payload[:8]!r}...) does not decode: {why}"
+    for readonly in (False, True):
+        with pytest.raises(CorruptJournalError, match=f"^{re.escape(want)}$"):
+            Store.open(dev, readonly=readonly)

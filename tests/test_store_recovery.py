@@ -436,3 +436,58 @@ def test_finishes_and_their_unused_capacity_are_counted_and_survive_a_reopen():
         assert sorted(z.index for z in s2.table if z.cond == ZoneCond.FULL) == finished
         assert s2.table.unused == 2 * (cap - 5 * 4096)
         assert s2.metrics.to_dict() == before                        # every counter, resumed
+
+
+@pytest.mark.parametrize("reopen", [False, True])
+def test_a_replayed_replacement_leaves_the_old_zone_to_the_generations_still_in_it(reopen):
+    """x shares zone A with y; x is replaced by a version in zone B.  A hint update of y, now alone in
+    A, sets A's reclaim step to y's (a shared zone keeps the latest); the same after a reopen that
+    replays the replacing commit record."""
+    dev = MemoryDevice(GEOMETRY)
+
+    def put(s, gid, step, reclaim, n, replace=False):
+        w = s.begin_generation(gid, step, hint=Hint(reclaim_step=reclaim), replace=replace)
+        w.write_shard("s", [bytes([step]) * n])
+        return w.commit()
+
+    s = Store.format(dev, policy="greedy")
+    put(s, "x", 1, 100, 8192)
+    put(s, "y", 2, 100, 40960)                     # fills zone A with x
+    put(s, "x", 3, 500, 8192, replace=True)
+    a, b = s.generation("y").shards["s"].extents[0][0], s.generation("x").shards["s"].extents[0][0]
+    assert a != b
+    if reopen:
+        s.close()
+        s = Store.open(dev)
+        assert s.recovery.records > 3              # the replacing commit is replayed, not snapshotted
+    s.update_hint("y", Hint(reclaim_step=50))
+    assert (s.table[a].reclaim_step, s.table[b].reclaim_step) == (50, 500)
+    assert s.table.key() == s.recompute_table().key()
+    s.close()
+
+
+def test_interrupted_replacement_resets_are_redone_at_mount():
+    """The replacing commit record lands, the power goes before the old version's zones are reset:
+    the mount resets them (the record names them) and charges no live data to them."""
+    dev = FaultyDevice(MemoryDevice(GEOMETRY), torn_blocks=None, keep_unflushed=True)
+    s = Store.format(dev)
+    w = s.begin_generation("a", 1)
+    w.write_shard("s", [b"a" * (2 * GEOMETRY.zone_capacity)])     # two whole zones
+    w.commit()
+    old = sorted({e[0] for e in s.generation("a").shards["s"].extents})
+    w = s.begin_generation("a", 2, replace=True)
+    w.write_shard("s", [b"b" * 5000])
+    new = w.gen.shards["s"].extents[0][0]
+    assert new not in old
+    _crash(dev, s)                     # the commit record lands; the flush after it fails
+    with pytest.raises(PowerCutError):
+        w.commit()
+    _drop(s)
+    dev.reboot()
+    assert all(dev.zone(z).cond != ZoneCond.EMPTY for z in old)     # resets never ran
+    with Store.open(dev) as s2:
+        assert [(g.id, g.step) for g in s2.generations()] == [("a", 2)]
+        assert b"".join(s2.read_shard("a", "s")) == b"b" * 5000
+        assert s2.recovery.zones_reset == old and len(old) == 2
+        assert all(dev.zone(z).cond == ZoneCond.EMPTY and s2.table[z].written == 0 for z in old)
+        assert s2.fsck().ok and s2.table.key() == s2.recompute_table().key()
