@@ -166,3 +166,92 @@ def test_a_reset_the_device_carried_out_before_failing_leaves_the_zone_empty_in_
         assert back.recovery.zones_reset == [] and back.table.written == s.table.written
         assert b"".join(back.read_shard("next", "a")) == data(5)
         check(back)
+
+
+def summary(s: Store, z: int) -> tuple:
+    t = s.table[z]
+    return t.cond, t.written, t.live, t.dead, t.lifetime, t.opened_step, t.last_write_step
+
+
+def test_a_write_refused_before_any_byte_landed_leaves_the_zone_as_it_was():
+    dev = FaultyDevice(MemoryDevice(GEOM))
+    with Store.format(dev) as s:
+        empty = s.table.n_empty
+        w = s.begin_generation("g", 3)
+        dev.fail("write")
+        with pytest.raises(ZonedDeviceError, match=r"^injected I/O error on write \(zone \d+\)$"):
+            w.write_shard("a", [data(0)])
+        assert s.table.n_empty == empty and not s.table.open and s.table.written == 0
+        w.write_shard("a", [b"a" * 5000])                          # 2 blocks
+        w.commit()
+        z = s.generation("g").shards["a"].extents[0][0]
+        before = summary(s, z)
+        assert before == (ZoneCond.IMP_OPEN, 8192, 8192, 0, 0, 3, 3)
+        w = s.begin_generation("h", 7)
+        dev.fail("write")
+        with pytest.raises(ZonedDeviceError, match=rf"^injected I/O error on write \(zone {z}\)$"):
+            w.write_shard("a", [data(1)])
+        assert summary(s, z) == before                             # not even its last write step
+        w.abort()
+        check(s)
+
+
+def test_a_write_the_device_carried_out_before_failing_counts_its_bytes_dead():
+    """The bytes landed (the device's write pointer moved) but the write reported an error: the zone
+    table counts them written and dead, at the write's step (a zone they open has no lifetime), and
+    the zone goes on from the device's write pointer; a reopen agrees."""
+    dev = DoneThenFails(MemoryDevice(GEOM))
+    with Store.format(dev) as s:
+        w = s.begin_generation("g0", 3)
+        dev.fail("write")
+        with pytest.raises(ZonedDeviceError):
+            w.write_shard("a", [b"a" * 5000])                      # 2 blocks land, then the error
+        z = next(z.index for z in s.table if z.written)
+        assert summary(s, z) == (ZoneCond.IMP_OPEN, 8192, 0, 8192, 0, 3, 3)
+        assert s.table[z].open_seq == 1 and list(s.table.open) == [z]
+        w.write_shard("a", [b"a" * 5000])
+        assert w.gen.shards["a"].extents[0][:2] == (z, 8192)
+        w.commit()
+        assert summary(s, z) == (ZoneCond.IMP_OPEN, 16384, 8192, 8192, 0, 3, 3)
+        w = s.begin_generation("g1", 7)
+        dev.fail("write")
+        with pytest.raises(ZonedDeviceError):
+            w.write_shard("a", [b"b" * 10000])                     # 3 blocks land, then the error
+        assert dev.zone(z).wp - dev.zone(z).start == 28672
+        assert summary(s, z) == (ZoneCond.IMP_OPEN, 28672, 8192, 20480, 0, 3, 7)
+        assert s.table.dead == 20480 and s.table.live == 8192
+        check(s)
+        w.write_shard("a", [b"c" * 4096])                          # the store goes on after them
+        assert w.gen.shards["a"].extents[0][:2] == (z, 28672)
+        w.commit()
+        check(s)
+    with Store.open(dev) as back:
+        assert summary(back, z)[:4] == (ZoneCond.IMP_OPEN, 32768, 12288, 20480)
+        assert b"".join(back.read_shard("g1", "a")) == b"c" * 4096
+        check(back)
+
+
+def test_a_finish_the_device_carried_out_before_failing_leaves_the_zone_full():
+    """``dedicated`` finishes its oldest zone to open a new one; the device finishes it and reports
+    an error: the zone is full in the table (its rest counted written and dead, as recovery counts a
+    full zone whose finish was never journaled), no finish is counted, and the generation fails."""
+    dev = DoneThenFails(MemoryDevice(GEOM))
+    with Store.format(dev, policy="dedicated") as s:
+        for i in range(s.zones.max_active):
+            w = s.begin_generation(f"g{i}", i)
+            w.write_shard("a", [b"x" * 8192])
+            w.commit()
+        oldest = s.generation("g0").shards["a"].extents[0][0]
+        dev.fail("finish")
+        w = s.begin_generation("late", 9)
+        with pytest.raises(ZonedDeviceError, match=rf"^injected I/O error on finish \(zone {oldest}\)$"):
+            w.write_shard("a", [b"y" * 8192])
+        assert dev.zone(oldest).cond == ZoneCond.FULL
+        cap = GEOM.zone_capacity
+        assert summary(s, oldest)[:4] == (ZoneCond.FULL, cap, 8192, cap - 8192)
+        assert s.metrics.finishes == 0 and s.metrics.unused_capacity_bytes == 0 == s.table.unused
+        w.abort()
+        check(s)
+    with Store.open(dev) as back:
+        assert summary(back, oldest)[:4] == (ZoneCond.FULL, cap, 8192, cap - 8192)
+        check(back)
