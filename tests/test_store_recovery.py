@@ -491,3 +491,30 @@ def test_interrupted_replacement_resets_are_redone_at_mount():
         assert s2.recovery.zones_reset == old and len(old) == 2
         assert all(dev.zone(z).cond == ZoneCond.EMPTY and s2.table[z].written == 0 for z in old)
         assert s2.fsck().ok and s2.table.key() == s2.recompute_table().key()
+
+
+@pytest.mark.parametrize("readonly", [False, True])
+def test_a_write_pointer_below_any_committed_extent_end_is_data_lost(readonly):
+    """Two writers share a zone: b's shard lands first (blocks 0-1), a's after it (blocks 2-4), a
+    commits first.  A device whose write pointer is back at block 4 lost the end of a's extent,
+    the highest one though not the last in commit order: the mount refuses, naming both ends; an
+    empty zone is refused likewise."""
+    dev = MemoryDevice(GEOMETRY)
+    with Store.format(dev) as s:
+        wa, wb = s.begin_generation("a", 1), s.begin_generation("b", 1)
+        wb.write_shard("s", [b"b" * 5000])
+        wa.write_shard("s", [b"a" * 10000])
+        wa.commit()
+        wb.commit()
+        z = s.generation("a").shards["s"].extents[0][0]
+        assert [s.generation(g).shards["s"].extents[0][:2] for g in "ab"] == [(z, 8192), (z, 0)]
+    dev.zone_op(ZoneOp.RESET, z)
+    dev.write(z * GEOMETRY.zone_size, b"\0" * 16384)
+    want = (f"zone {z}: the device write pointer (16384 bytes in) is below the end of a committed extent "
+            f"(20480): data lost")
+    with pytest.raises(CorruptJournalError, match=f"^{re.escape(want)}$"):
+        Store.open(dev, readonly=readonly)
+    dev.zone_op(ZoneOp.RESET, z)
+    want = f"zone {z} is empty on the device but the journal has 20480 bytes of committed data in it: data lost"
+    with pytest.raises(CorruptJournalError, match=f"^{re.escape(want)}$"):
+        Store.open(dev, readonly=readonly)
