@@ -8,6 +8,8 @@ import pytest
 
 from retainz.errors import ChecksumError
 from retainz.store import Store
+from retainz.store.catalog import Catalog
+from retainz.store.types import GenerationInfo, GenState, ShardInfo
 from retainz.testing import FaultyDevice
 from retainz.zoned import Geometry, MemoryDevice, ZoneCond
 
@@ -109,3 +111,27 @@ def test_gc_that_runs_out_of_space_gives_up_cleanly():
         s.gc(force=True)
         assert {gid: read(s, gid) for gid in before} == before
         assert s.fsck().ok and s.table.key() == s.recompute_table().key()
+
+
+def test_a_move_reindexes_only_the_zones_a_generation_leaves_or_enters():
+    """The catalog's zone index after a GC move (``Catalog.replace_extents``): a generation leaves the
+    zones none of its shards use any more, enters the new ones, and keeps its place among the
+    generations of a zone it still uses (GC visits a zone's generations in that order).  Extent
+    offsets are byte offsets, never zone numbers: an extent at byte 4096 of zone 5 says nothing
+    about zone 4096."""
+    cat = Catalog()
+
+    def gen(gid, seq, **shards):
+        return GenerationInfo(gid, seq, state=GenState.COMMITTED, commit_seq=seq,
+                              shards={n: ShardInfo(n, 4096 * len(ext), None, ext) for n, ext in shards.items()})
+
+    cat.add(gen("a", 1, s=((4096, 0, 4096, None), (5, 4096, 4096, None)), t=((6, 0, 4096, None),)))
+    cat.add(gen("b", 2, s=((4096, 4096, 4096, None), (6, 4096, 4096, None))))
+    old = cat.replace_extents("a", "s", ((4096, 0, 4096, None), (7, 0, 4096, None)))
+    assert old == ((4096, 0, 4096, None), (5, 4096, 4096, None))
+    assert cat.gens["a"].shards["s"].extents == ((4096, 0, 4096, None), (7, 0, 4096, None))
+    assert {z: list(d) for z, d in cat.zone_gens.items()} == {4096: ["a", "b"], 6: ["a", "b"], 7: ["a"]}
+    cat.replace_extents("b", "s", ((8, 0, 4096, None), (6, 4096, 4096, None)))
+    assert {z: list(d) for z, d in cat.zone_gens.items()} == {4096: ["a"], 6: ["a", "b"], 7: ["a"], 8: ["b"]}
+    cat.replace_extents("a", "t", ((8, 4096, 4096, None),))
+    assert {z: list(d) for z, d in cat.zone_gens.items()} == {4096: ["a"], 6: ["b"], 7: ["a"], 8: ["b", "a"]}

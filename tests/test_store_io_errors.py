@@ -255,3 +255,22 @@ def test_a_finish_the_device_carried_out_before_failing_leaves_the_zone_full():
     with Store.open(dev) as back:
         assert summary(back, oldest)[:4] == (ZoneCond.FULL, cap, 8192, cap - 8192)
         check(back)
+
+
+def test_a_report_failing_while_reconciling_is_logged_and_the_table_kept(caplog):
+    dev = FaultyDevice(MemoryDevice(GEOM))
+    with Store.format(dev) as s:
+        w = s.begin_generation("g", 1)
+        w.write_shard("a", [b"a" * 5000])
+        z = w.gen.shards["a"].extents[0][0]
+        before = summary(s, z)
+        dev.fail("write")
+        dev.fail("report")
+        with caplog.at_level("WARNING", logger="retainz.store.zonebook"):
+            with pytest.raises(ZonedDeviceError, match=rf"^injected I/O error on write \(zone {z}\)$"):
+                w.write_shard("b", [b"b" * 5000])
+        assert [r.getMessage() for r in caplog.records if r.name == "retainz.store.zonebook"] == [
+            f"zone {z}: report failed while reconciling (injected I/O error on report)"]
+        assert summary(s, z) == before
+        w.commit()
+        check(s)
