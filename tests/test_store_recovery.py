@@ -518,3 +518,55 @@ def test_a_write_pointer_below_any_committed_extent_end_is_data_lost(readonly):
     want = f"zone {z} is empty on the device but the journal has 20480 bytes of committed data in it: data lost"
     with pytest.raises(CorruptJournalError, match=f"^{re.escape(want)}$"):
         Store.open(dev, readonly=readonly)
+
+
+def _dead(key: tuple) -> tuple:
+    """A zone summary key with its live bytes counted dead."""
+    idx, cap, cond, written, live, dead, *rest = key
+    return (idx, cap, cond, written, 0, dead + live, *rest)
+
+
+@pytest.mark.parametrize("finished", [False, True])
+def test_zones_holding_only_uncommitted_data_after_a_crash_readonly_and_read_write(finished):
+    """``a`` (step 1) is never committed; the commit records after it journal its zone's attributes
+    (``dedicated`` finishes that zone when a third generation opens one); ``c`` (step 6) writes a
+    zone no record ever names.  A read-only open shows a's zone as the store had it, all dead, and
+    c's zone from the device alone (written to its write pointer, last written at the latest step
+    the journal knows); a read-write open resets both, charging a part-empty zone's unused capacity
+    from its journaled last write to the journal's time."""
+    dev = FaultyDevice(MemoryDevice(GEOMETRY), torn_blocks=None, keep_unflushed=True)
+    s = Store.format(dev, policy="dedicated")
+    wa = s.begin_generation("a", 1, hint=Hint(reclaim_step=100))
+    wa.write_shard("s", [b"a" * 8192])
+    za = wa.gen.shards["s"].extents[0][0]
+    for i in range(3 if finished else 1):
+        w = s.begin_generation(f"b{i}", 2 + i)
+        w.write_shard("s", [b"b" * 8192])
+        w.commit()
+    now = s.zones.now
+    assert s.table[za].cond == (ZoneCond.FULL if finished else ZoneCond.IMP_OPEN)
+    had = s.table[za].key()
+    assert had[3:] == (8192, 8192, 0, 100, 0, 1, 1, 1)
+    wc = s.begin_generation("c", 6)
+    wc.write_shard("s", [b"c" * 4096])
+    zc = wc.gen.shards["s"].extents[0][0]
+    dev.cut_now()
+    _drop(s)
+    dev.reboot()
+    cap = GEOMETRY.zone_capacity
+    with Store.open(dev, readonly=True) as r:
+        assert r.zones.now == now
+        assert r.table[za].key() == _dead(had)
+        assert r.table[zc].key() == (zc, cap, ZoneCond.IMP_OPEN, 4096, 0, 4096, None, 0, 0, 0, now)
+        assert r.recovery.repairs == [f"reset data zone {za} (8192 bytes written, no committed data)",
+                                      f"reset data zone {zc} (4096 bytes written, no committed data)"]
+        assert r.recovery.zones_reset == []
+    with Store.open(dev) as r:
+        assert r.recovery.zones_reset == [za, zc] and r.recovery.repairs == []
+        assert r.table[za].written == r.table[zc].written == 0
+        m = r.metrics
+        assert m.resets == 2
+        unused_a = 0 if finished else cap - 8192              # a finished zone was charged at its finish
+        assert m.unused_capacity_bytes == unused_a + cap - 4096
+        assert m.unused_capacity_byte_steps == unused_a * (now - 1)
+        assert r.table.key() == r.recompute_table().key()
