@@ -570,3 +570,32 @@ def test_zones_holding_only_uncommitted_data_after_a_crash_readonly_and_read_wri
         assert m.unused_capacity_bytes == unused_a + cap - 4096
         assert m.unused_capacity_byte_steps == unused_a * (now - 1)
         assert r.table.key() == r.recompute_table().key()
+
+
+def test_bytes_past_the_committed_data_are_dead_whether_the_zone_is_open_or_full():
+    """What a crash leaves after the last record, written straight to the device after a clean
+    close: 1 and 2 blocks past b's and c's data (their zones stay open), and the rest of d's zone
+    (full, its finish never journaled: written to capacity).  a's zone was finished and journaled so
+    (written = its finish point, nothing dead).  Each zone is kept with those bytes dead, and the
+    report sums them."""
+    dev = MemoryDevice(GEOMETRY)
+    cap, bs = GEOMETRY.zone_capacity, GEOMETRY.block_size
+    with Store.format(dev, policy="dedicated") as s:
+        for i, g in enumerate("abcd"):
+            w = s.begin_generation(g, i)
+            w.write_shard("s", [g.encode() * 8192])
+            w.commit()
+        zone = {g: s.generation(g).shards["s"].extents[0][0] for g in "abcd"}
+        assert s.table[zone["a"]].cond == ZoneCond.FULL
+    for g, n in (("b", bs), ("c", 2 * bs), ("d", cap - 8192)):
+        dev.write(dev.zone(zone[g]).wp, b"\xee" * n)
+    assert dev.zone(zone["d"]).cond == ZoneCond.FULL
+    with Store.open(dev) as s:
+        got = {g: (s.table[z].cond, s.table[z].written, s.table[z].live, s.table[z].dead) for g, z in zone.items()}
+        assert got == {"a": (ZoneCond.FULL, 8192, 8192, 0), "b": (ZoneCond.IMP_OPEN, 8192 + bs, 8192, bs),
+                       "c": (ZoneCond.IMP_OPEN, 8192 + 2 * bs, 8192, 2 * bs),
+                       "d": (ZoneCond.FULL, cap, 8192, cap - 8192)}
+        assert s.recovery.dead_bytes_found == 3 * bs + cap - 8192 == s.table.dead
+        assert s.recovery.zones_reset == []
+        assert all(b"".join(s.read_shard(g, "s")) == g.encode() * 8192 for g in "abcd")
+        assert s.table.key() == s.recompute_table().key()
