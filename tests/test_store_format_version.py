@@ -108,3 +108,22 @@ def test_a_version_1_store_is_read_as_is_read_only_and_upgraded_by_a_read_write_
         w.commit()
     with Store.open(dev, readonly=True) as s:
         assert s.format_version == 2 and [g.id for g in s.generations()] == ["g"]
+
+
+@pytest.mark.parametrize("torn", [False, True])
+def test_a_read_only_open_says_why_it_would_roll_an_older_version_over(torn):
+    """A version-1 journal: a read-only open lists the upgrade rollover; with a torn tail record as
+    well it names the torn tail (the rollover drops it and upgrades in one)."""
+    g = GEOM
+    dev = MemoryDevice(g)
+    sb = Superblock(uuid=__import__("uuid").uuid4(), sequence=1, part=0, geometry=g, meta_zones=3,
+                    gc_reserve_zones=2, policy="greedy", version=1)
+    tail = frame(b"x " + b'{"now":1,"metrics":{},"pad":"' + b"p" * 6000 + b'"}', g.block_size)[:g.block_size]
+    dev.write(0, sb.encode() + b"".join(frame(p, g.block_size) for p in empty_snapshot()) + (tail if torn else b""))
+    dev.flush()
+    with Store.open(dev, readonly=True) as s:
+        assert s.format_version == 1 and s.recovery.torn_bytes == (g.block_size if torn else 0)
+        why = f"drop a torn tail of {g.block_size} bytes" if torn else "upgrade format version 1 to 2"
+        assert s.recovery.repairs == [f"roll the journal over to a fresh chain ({why})"]
+    with Store.open(dev) as s:
+        assert s.format_version == 2 and s.recovery.rolled and s.recovery.repairs == []

@@ -832,3 +832,33 @@ def test_journaled_metrics_a_store_does_not_keep_are_ignored():
     with Store.open(dev) as s:
         assert s.metrics.to_dict() == StoreMetrics(host_bytes=8192, gc_bytes=4096).to_dict()
         assert not hasattr(s.metrics, "later_counter")
+
+
+def test_a_crashed_rollover_leaves_a_stale_meta_zone_that_the_next_open_resets():
+    """The roll finishes the old chain's zone, then the power goes while the new chain's superblock
+    and snapshot land (one block of them): the open falls back to the old chain; read-only lists the
+    stale zone's reset and a rollover (the old chain's zone is full), read-write does both."""
+    dev = FaultyDevice(MemoryDevice(GEOM), torn_blocks=1)
+    s = Store.format(dev)
+    _fill(s, 3)
+    assert s.journal.chain == [0]
+    dev.cut_after_writes = dev.writes + 1
+    with pytest.raises(PowerCutError, match=r"^power cut during write #\d+: 4096 of \d+ bytes landed$"):
+        s.journal.roll()
+    crash_close(s)
+    dev.reboot()
+    assert (dev.zone(0).cond, dev.zone(1).cond, dev.zone(1).wp - dev.zone(1).start) == (ZoneCond.FULL,
+                                                                                      ZoneCond.CLOSED, BS)
+    before = [(z.cond, z.wp) for z in dev.report_zones()]
+    with Store.open(dev, readonly=True) as r:
+        assert r.recovery.fallbacks == 1 and r.journal.chain == [0]
+        assert r.recovery.repairs == ["reset stale meta zone 1 (an older or incomplete journal chain)",
+                                      "roll the journal over to a fresh chain (its last zone is full)"]
+        assert [g.id for g in r.generations()] == ["g0000", "g0001", "g0002"]
+    assert [(z.cond, z.wp) for z in dev.report_zones()] == before
+    with Store.open(dev) as s2:
+        assert (s2.recovery.fallbacks, s2.recovery.rolled, s2.recovery.repairs) == (1, True, [])
+        assert s2.journal.chain == [1] and dev.zone(0).cond == ZoneCond.EMPTY
+        assert [g.id for g in s2.generations()] == ["g0000", "g0001", "g0002"]
+    with Store.open(dev) as s3:
+        assert (s3.recovery.fallbacks, s3.recovery.rolled) == (0, False)
