@@ -135,3 +135,45 @@ def test_a_move_reindexes_only_the_zones_a_generation_leaves_or_enters():
     assert {z: list(d) for z, d in cat.zone_gens.items()} == {4096: ["a"], 6: ["a", "b"], 7: ["a"], 8: ["b"]}
     cat.replace_extents("a", "t", ((8, 4096, 4096, None),))
     assert {z: list(d) for z, d in cat.zone_gens.items()} == {4096: ["a"], 6: ["b"], 7: ["a"], 8: ["b", "a"]}
+
+
+def test_extents_of_shards_the_policy_does_not_migrate_stay_and_are_counted():
+    """ZenFS's ``MigrateExtents`` moves only ``.sst`` files: in a victim holding a.sst, b and c of
+    g0 and the first extent of g2's e (its second is in the next zone), only a.sst moves; the three
+    others stay, counted and named, and the victim keeps them (not reset)."""
+    from dataclasses import dataclass
+
+    from retainz.placement.zenfs import ZenFS
+
+    @dataclass
+    class EagerZenFS(ZenFS):
+        """ZenFS's placement and migration rules; GC victims by the base rule (any dead bytes)."""
+
+        name = "eager-zenfs"
+
+        def gc_victims(self, reserve_zones):
+            return super(ZenFS, self).gc_victims(reserve_zones)
+
+    g = Geometry(nr_zones=32, zone_size=64 * KiB, zone_capacity=48 * KiB, block_size=4096, max_open=3, max_active=4)
+    with Store.format(MemoryDevice(g), policy="greedy", gc_reserve_zones=0) as s:
+        for gid, shards in (("g0", {"a.sst": 8, "b.distcp": 8, "c.distcp": 8}), ("g1", {"d.distcp": 16}),
+                            ("g2", {"e.distcp": 16})):
+            w = s.begin_generation(gid, 1)
+            for name, kib in shards.items():
+                w.write_shard(name, [name.encode()[:1] * (kib * KiB)])
+            w.commit()
+        victim = s.generation("g0").shards["a.sst"].extents[0][0]
+        assert [e[0] for e in s.generation("g2").shards["e.distcp"].extents] == [victim, victim + 1]
+        assert s.table[victim].cond == ZoneCond.FULL
+        s.delete("g1")
+        s.use_allocator(EagerZenFS())
+        rep = s.gc(force=True)
+        assert (rep.victims, rep.partial, rep.skipped) == ([], [victim], [])
+        assert (rep.extents_moved, rep.extents_kept, rep.extents_skipped, rep.zones_reset) == (1, 3, 0, 0)
+        assert rep.errors == [f"zone {victim}: 3 extents not moved: policy eager-zenfs does not migrate their shards"]
+        assert s.generation("g0").shards["a.sst"].extents[0][0] != victim
+        assert s.table[victim].cond == ZoneCond.FULL and s.table[victim].live == 24 * KiB
+        for gid, name, kib in (("g0", "a.sst", 8), ("g0", "b.distcp", 8), ("g0", "c.distcp", 8),
+                               ("g2", "e.distcp", 16)):
+            assert b"".join(s.read_shard(gid, name)) == name.encode()[:1] * (kib * KiB)
+        assert s.table.key() == s.recompute_table().key()
