@@ -599,3 +599,10 @@ def test_bytes_past_the_committed_data_are_dead_whether_the_zone_is_open_or_full
         assert s.recovery.zones_reset == []
         assert all(b"".join(s.read_shard(g, "s")) == g.encode() * 8192 for g in "abcd")
         assert s.table.key() == s.recompute_table().key()
+        assert s.zones.now == 3                      # the journal's latest step (d's)
+        # the last write step: the journaled one where the device holds nothing more, else the
+        # latest step the journal knows
+        assert {g: s.table[z].last_write_step for g, z in zone.items()} == {"a": 0, "b": 3, "c": 3, "d": 3}
+        table = s.table.key()
+    with Store.open(dev) as s:                       # the close journaled what the open found
+        assert s.recovery.dead_bytes_found == 0 and s.table.key() == table
