@@ -177,3 +177,46 @@ def test_extents_of_shards_the_policy_does_not_migrate_stay_and_are_counted():
                                ("g2", "e.distcp", 16)):
             assert b"".join(s.read_shard(gid, name)) == name.encode()[:1] * (kib * KiB)
         assert s.table.key() == s.recompute_table().key()
+
+
+def test_a_victim_failing_its_checksum_is_given_up_and_the_next_victim_still_moves():
+    """Zone A holds c, a (deleted) and b (corrupt); zone B holds d, x (deleted) and y.  GC takes A
+    first (more dead bytes): c is copied, b fails its crc32c, so A is given up: c stays where it
+    was and its copy is dead.  B is then moved and reset.  The report says exactly that, and a
+    reopen sees the same store."""
+    dev = FaultyDevice(MemoryDevice(GEOM))
+    s = Store.format(dev, policy="greedy", verify_summaries=True)    # every placement checks the table
+    sizes = {"c": 8, "a": 32, "b": 8, "d": 8, "x": 24, "y": 16, "z": 8}
+    for i, (gid, kib) in enumerate(sizes.items()):
+        put(s, gid, i, data(100 + i, kib * KiB))
+    ext = {gid: s.generation(gid).shards["s"].extents for gid in "cabdxyz"}
+    za, zb, zc = ext["c"][0][0], ext["d"][0][0], ext["z"][0][0]
+    assert [e[0][:2] for e in ext.values()] == [(za, 0), (za, 8 * KiB), (za, 40 * KiB), (zb, 0), (zb, 8 * KiB),
+                                                (zb, 32 * KiB), (zc, 0)]
+    s.delete("a")
+    s.delete("x")
+    b = ext["b"][0]
+    dev.corrupt(b[0] * GEOM.zone_size + b[1] + 100)
+    rep = s.gc(force=True)
+    assert (rep.victims, rep.skipped, rep.partial, rep.zones_reset) == ([zb], [za], [], 1)
+    assert (rep.extents_moved, rep.bytes_copied, s.metrics.gc_bytes) == (2, 24 * KiB, 24 * KiB)
+    assert rep.errors == [f"zone {za}: generation 'b' shard 's': extent at zone {za} offset {40 * KiB} (8192 bytes) "
+                          "fails its crc32c; not moved"]
+    moved = {gid: s.generation(gid).shards["s"].extents for gid in "cbdyz"}
+    assert moved["c"] == ext["c"] and moved["b"] == ext["b"] and moved["z"] == ext["z"]
+    assert [e[:2] for e in moved["d"] + moved["y"]] == [(zc, 16 * KiB), (zc, 24 * KiB)]
+    got = {z.index: (z.cond, z.written, z.live, z.dead) for z in s.table if z.written}
+    assert got == {za: (ZoneCond.FULL, 48 * KiB, 16 * KiB, 32 * KiB),           # c's copy at zc+8 KiB: dead
+                   zc: (ZoneCond.IMP_OPEN, 40 * KiB, 32 * KiB, 8 * KiB)}
+    assert s.table.key() == s.recompute_table().key()
+    dev.corruptions.clear()
+    s.close()
+    with Store.open(dev) as back:
+        assert {gid: back.generation(gid).shards["s"].extents for gid in "cbdyz"} == moved
+        assert {z.index: (z.cond, z.written, z.live, z.dead) for z in back.table if z.written} == got
+        rep = back.gc(force=True)                  # readable now: A moves (c and b), counted on top
+        assert (rep.victims, rep.bytes_copied, back.metrics.gc_bytes) == ([za], 16 * KiB, 40 * KiB)
+        for i, (gid, kib) in enumerate(sizes.items()):
+            if gid not in "ax":
+                assert read(back, gid) == data(100 + i, kib * KiB)
+        assert back.fsck().ok
