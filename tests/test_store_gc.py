@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from retainz.errors import ChecksumError
+from retainz.errors import ChecksumError, ZonedDeviceError
 from retainz.store import Store
 from retainz.store.catalog import Catalog
 from retainz.store.types import GenerationInfo, GenState, ShardInfo
@@ -220,3 +220,105 @@ def test_a_victim_failing_its_checksum_is_given_up_and_the_next_victim_still_mov
             if gid not in "ax":
                 assert read(back, gid) == data(100 + i, kib * KiB)
         assert back.fsck().ok
+
+
+NO_ROOM = Geometry(nr_zones=8, zone_size=64 * KiB, zone_capacity=48 * KiB, block_size=4096, max_open=3, max_active=4)
+#: (generation, KiB) in commit order: zone A = g0 (deleted) g1 g2 g5, zone B = g6 (deleted) g7, g3 fills two
+#: zones, g4 leaves 12 KiB of the last zone free.
+NO_ROOM_GENS = [("g0", 16), ("g1", 8), ("g2", 16), ("g5", 8), ("g6", 16), ("g7", 32), ("g3", 96), ("g4", 36)]
+
+
+def no_room_store(dev, **kw):
+    s = Store.format(dev, gc_reserve_zones=0, policy="greedy", **kw)
+    for i, (gid, kib) in enumerate(NO_ROOM_GENS):
+        put(s, gid, i, data(i, kib * KiB))
+    zone = {gid: s.generation(gid).shards["s"].extents[0][0] for gid, _ in NO_ROOM_GENS}
+    assert (zone["g0"], zone["g6"], zone["g4"]) == (3, 4, 7) and zone["g5"] == 3 and zone["g7"] == 4
+    s.delete("g0")
+    s.delete("g6")
+    return s
+
+
+def zones_of(s) -> dict:
+    return {z.index: (z.cond, z.written, z.live, z.dead) for z in s.table if z.written}
+
+
+def test_extents_gc_has_no_room_for_stay_and_a_part_copy_is_undone():
+    """GC of A copies g1 (8 KiB) into the last zone; g2 (16 KiB) gets its first 4 KiB placed, then no
+    zone has room for the rest: that piece becomes dead and g2 stays, as do g5 and B's g7.  A and B
+    are partial victims (not reset); every placement checks the table (verify_summaries)."""
+    dev = MemoryDevice(NO_ROOM)
+    s = no_room_store(dev, verify_summaries=True)
+    before = {gid: s.generation(gid).shards["s"].extents for gid in ("g2", "g5", "g7")}
+    rep = s.gc(force=True)
+    assert (rep.victims, rep.skipped, rep.partial, rep.zones_reset) == ([], [], [3, 4], 0)
+    assert (rep.extents_moved, rep.extents_skipped, rep.bytes_copied) == (1, 3, 8 * KiB)
+    assert rep.errors == ["zone 3: 2 extents (24576 bytes) not moved: no space",
+                          "zone 4: 1 extents (32768 bytes) not moved: no space"]
+    assert s.generation("g1").shards["s"].extents[0][:3] == (7, 36 * KiB, 8 * KiB)
+    assert {gid: s.generation(gid).shards["s"].extents for gid in before} == before
+    got = zones_of(s)
+    assert (got[3], got[4], got[7]) == ((ZoneCond.FULL, 48 * KiB, 24 * KiB, 24 * KiB),
+                                        (ZoneCond.FULL, 48 * KiB, 32 * KiB, 16 * KiB),
+                                        (ZoneCond.FULL, 48 * KiB, 44 * KiB, 4 * KiB))
+    assert s.table.key() == s.recompute_table().key() and s.fsck().ok
+    s.close()
+    with Store.open(dev) as back:
+        assert zones_of(back) == got
+        for i, (gid, kib) in enumerate(NO_ROOM_GENS):
+            if gid not in ("g0", "g6"):
+                assert read(back, gid) == data(i, kib * KiB)
+
+
+@pytest.mark.parametrize("op, after, last", [
+    ("flush", 0, (ZoneCond.FULL, 48 * KiB, 36 * KiB, 12 * KiB)),       # after g2's undone piece
+    ("write", 1, (ZoneCond.IMP_OPEN, 44 * KiB, 36 * KiB, 8 * KiB))])   # g2's piece never lands
+def test_a_gc_pass_failing_part_way_undoes_every_copy(op, after, last):
+    """The same pass, but the flush before its move record, or the write of g2's piece, fails:
+    nothing moves, the copies made are dead in the last zone, the store is as consistent as before,
+    and the next pass runs."""
+    dev = FaultyDevice(MemoryDevice(NO_ROOM))
+    s = no_room_store(dev)
+    before = {gid: s.generation(gid).shards["s"].extents for gid, _ in NO_ROOM_GENS if gid not in ("g0", "g6")}
+    table = zones_of(s)
+    dev.fail(op, after=after)
+    with pytest.raises(ZonedDeviceError, match=rf"^injected I/O error on {op}( \(zone 7\))?$"):
+        s.gc(force=True)
+    assert {gid: s.generation(gid).shards["s"].extents for gid in before} == before
+    assert zones_of(s) == table | {7: last}
+    assert s.table.key() == s.recompute_table().key() and s.collector.inflight == []
+    rep = s.gc(force=True)                           # not left running
+    assert rep.partial[:2] == [3, 4] and rep.errors[0].startswith("zone 3: ")
+    assert s.table.key() == s.recompute_table().key()
+    s.close()
+    with Store.open(dev) as back:
+        assert zones_of(back) == zones_of(s)
+        assert back.fsck().ok
+
+
+def test_a_write_error_copying_the_second_victim_undoes_both_victims_copies():
+    """Victims A (c, a deleted, b) and B (d, x deleted, y); zone C is full of z, so the copies open
+    an empty zone.  c, b and d are copied there, then y's copy fails: every copy of the pass is
+    undone, and the zone holding only them is reset."""
+    dev = FaultyDevice(MemoryDevice(GEOM))
+    s = Store.format(dev, policy="greedy")
+    sizes = {"c": 8, "a": 32, "b": 8, "d": 8, "x": 24, "y": 16, "z": 48}
+    for i, (gid, kib) in enumerate(sizes.items()):
+        put(s, gid, i, data(200 + i, kib * KiB))
+    zone = {gid: s.generation(gid).shards["s"].extents[0][0] for gid in sizes}
+    assert [zone[g] for g in "cabdxyz"] == [3, 3, 3, 4, 4, 4, 5]
+    s.delete("a")
+    s.delete("x")
+    before = zones_of(s)
+    assert 6 not in before
+    dev.fail("write", after=3)
+    with pytest.raises(ZonedDeviceError, match=r"^injected I/O error on write \(zone 6\)$"):
+        s.gc(force=True)
+    assert zones_of(s) == before and dev.zone(6).cond == ZoneCond.EMPTY
+    assert {gid: s.generation(gid).shards["s"].extents[0][0] for gid in "cbdyz"} == {g: zone[g] for g in "cbdyz"}
+    assert s.table.key() == s.recompute_table().key()
+    assert s.gc(force=True).victims == [3, 4]
+    for i, (gid, kib) in enumerate(sizes.items()):
+        if gid not in "ax":
+            assert read(s, gid) == data(200 + i, kib * KiB)
+    s.close()
