@@ -9,7 +9,7 @@ import pytest
 from retainz.errors import ChecksumError, ZonedDeviceError
 from retainz.store import Store
 from retainz.store.catalog import Catalog
-from retainz.store.types import GenerationInfo, GenState, ShardInfo
+from retainz.store.types import GCReport, GenerationInfo, GenState, ShardInfo
 from retainz.testing import FaultyDevice
 from retainz.zoned import Geometry, MemoryDevice, ZoneCond
 
@@ -322,3 +322,73 @@ def test_a_write_error_copying_the_second_victim_undoes_both_victims_copies():
         if gid not in "ax":
             assert read(s, gid) == data(200 + i, kib * KiB)
     s.close()
+
+
+def test_a_shard_with_some_extents_moved_and_some_left_keeps_them_in_order():
+    """g1's shard has three extents (1 MiB writes) in victim A; the last zone has room for the first
+    one only (its copy fills the zone's free 1.5 MiB but for half a MiB, too little for the next).
+    The shard's extent list then holds the copy, then the two extents left in A, in data order."""
+    MiB = 1 << 20
+    g = Geometry(nr_zones=9, zone_size=4 * MiB, zone_capacity=4 * MiB, block_size=4096, max_open=3, max_active=4)
+    dev = MemoryDevice(g)
+    s = Store.format(dev, gc_reserve_zones=0, policy="greedy")
+    sizes = {"g0": MiB, "g1": 5 * MiB // 2, "g2": MiB // 2, "g3": 16 * MiB, "g4": 5 * MiB // 2}
+    for i, (gid, n) in enumerate(sizes.items()):
+        put(s, gid, i, data(300 + i, n))
+    old = s.generation("g1").shards["s"].extents
+    assert [e[:3] for e in old] == [(3, MiB, MiB), (3, 2 * MiB, MiB), (3, 3 * MiB, MiB // 2)]
+    s.delete("g0")
+    rep = s.gc(force=True)
+    assert (rep.partial, rep.extents_moved, rep.extents_skipped, rep.bytes_copied) == ([3], 1, 3, MiB)
+    assert rep.errors == [f"zone 3: 3 extents ({2 * MiB} bytes) not moved: no space"]
+    new = s.generation("g1").shards["s"].extents
+    assert new == ((8, 5 * MiB // 2, MiB, old[0][3]), old[1], old[2])
+    assert read(s, "g1") == data(301, sizes["g1"])
+    assert s.table.key() == s.recompute_table().key()
+    s.close()
+    with Store.open(dev) as back:
+        assert back.generation("g1").shards["s"].extents == new and read(back, "g1") == data(301, sizes["g1"])
+        assert back.fsck().ok
+
+
+def test_an_unforced_pass_asks_the_policy_with_the_store_reserve_and_a_forced_one_with_every_zone():
+    """greedy's rule collects only while fewer zones than the reserve are empty: with ten empty
+    zones an unforced pass collects nothing; a forced one asks with a reserve of every data zone and
+    takes the full zone holding dead bytes."""
+    with Store.format(MemoryDevice(GEOM), policy="greedy", gc_reserve_zones=2) as s:
+        put(s, "a", 0, data(0, 40 * KiB))
+        put(s, "b", 1, data(1, 16 * KiB))                 # fills a's zone, 8 KiB into the next
+        s.delete("a")
+        z = s.generation("b").shards["s"].extents[0][0]
+        assert s.table[z].cond == ZoneCond.FULL and s.table.n_empty == 9
+        assert s.gc() == GCReport()
+        assert s.gc(force=True).victims == [z]
+
+
+def test_zones_a_policy_names_that_gc_cannot_collect_are_skipped():
+    """A policy may name anything: a meta zone (not a data zone), an open zone.  GC skips each
+    (``GCReport.skipped``) and collects the rest."""
+    from retainz.placement.greedy import Greedy
+
+    class Named(Greedy):
+        name = "named"
+        victims: list = []
+
+        def gc_victims(self, reserve_zones):
+            return list(self.victims)
+
+    with Store.format(MemoryDevice(GEOM), policy="greedy") as s:
+        put(s, "a", 0, data(0, 40 * KiB))
+        put(s, "b", 1, data(1, 16 * KiB))                 # a's zone full, b's tail in the next
+        s.delete("a")
+        full, part = (e[0] for e in s.generation("b").shards["s"].extents)
+        assert (s.table[full].cond, s.table[full].dead, s.table[part].cond) == (ZoneCond.FULL, 40 * KiB,
+                                                                                ZoneCond.IMP_OPEN)
+        pol = Named()
+        s.use_allocator(pol)
+        pol.victims = [0, part, full]
+        rep = s.gc(force=True)
+        assert (rep.skipped, rep.victims) == ([0, part], [full])
+        assert s.table[full].written == 0 and s.table[part].live == 16 * KiB
+        assert read(s, "b") == data(1, 16 * KiB)
+        assert s.table.key() == s.recompute_table().key()
