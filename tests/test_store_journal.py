@@ -862,3 +862,13 @@ def test_a_crashed_rollover_leaves_a_stale_meta_zone_that_the_next_open_resets()
         assert [g.id for g in s2.generations()] == ["g0000", "g0001", "g0002"]
     with Store.open(dev) as s3:
         assert (s3.recovery.fallbacks, s3.recovery.rolled) == (0, False)
+
+
+def test_commits_are_numbered_from_one_in_commit_order_across_reopens():
+    dev = MemoryDevice(GEOM)
+    with Store.format(dev) as s:
+        _fill(s, 2)
+        assert [g.commit_seq for g in s.generations()] == [1, 2]
+    with Store.open(dev) as s:
+        _fill(s, 1, start=2)
+        assert [(g.id, g.commit_seq) for g in s.generations()] == [("g0000", 1), ("g0001", 2), ("g0002", 3)]
