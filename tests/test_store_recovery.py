@@ -430,6 +430,13 @@ def test_finishes_and_their_unused_capacity_are_counted_and_survive_a_reopen():
         finished = sorted(z.index for z in s.table if z.cond == ZoneCond.FULL)
         assert len(finished) == 2 and s.metrics.finishes == 2
         assert s.metrics.unused_capacity_bytes == 2 * (cap - 5 * 4096) == s.table.unused
+        assert s.table[finished[0]].opened_step == 0                # g0's step, in a fresh store
+        steps = s.metrics.unused_capacity_byte_steps
+        now = s.zones.now
+        s.advance(now + 10)
+        s.advance(now + 10)                                           # not later: nothing
+        s.advance(now + 15)                                           # lost capacity x steps held
+        assert s.metrics.unused_capacity_byte_steps == steps + 15 * s.table.unused
         before = s.metrics.to_dict()
     with Store.open(dev) as s2:
         assert s2.metrics.finishes == 2 and s2.metrics.unused_capacity_bytes == 2 * (cap - 5 * 4096)
@@ -606,3 +613,21 @@ def test_bytes_past_the_committed_data_are_dead_whether_the_zone_is_open_or_full
         table = s.table.key()
     with Store.open(dev) as s:                       # the close journaled what the open found
         assert s.recovery.dead_bytes_found == 0 and s.table.key() == table
+
+
+def test_a_device_without_an_active_zone_limit_leaves_data_zones_unlimited():
+    """``max_active=0`` (no limit): the data zones get no budget either, so ``dedicated`` opens a
+    zone per generation and never finishes one; a limit of 4 leaves data 3 (the journal keeps one)."""
+    from retainz.zoned import Geometry
+
+    g = Geometry(nr_zones=12, zone_size=64 * 1024, zone_capacity=48 * 1024, block_size=4096, max_open=0,
+                 max_active=0)
+    with Store.format(MemoryDevice(g), policy="dedicated") as s:
+        assert (s.zones.max_active, s.table.max_active, s.table.reserved_active) == (0, 0, 0)
+        for i in range(6):
+            w = s.begin_generation(f"g{i}", i)
+            w.write_shard("s", [b"x" * 8192])
+            w.commit()
+        assert len(s.table.open) == 6 and s.metrics.finishes == 0
+    with Store.format(MemoryDevice(GEOMETRY), policy="dedicated") as s:
+        assert (s.zones.max_active, s.table.max_active, s.table.reserved_active) == (3, 3, 1)
