@@ -317,7 +317,8 @@ def test_a_write_error_copying_the_second_victim_undoes_both_victims_copies():
     assert zones_of(s) == before and dev.zone(6).cond == ZoneCond.EMPTY
     assert {gid: s.generation(gid).shards["s"].extents[0][0] for gid in "cbdyz"} == {g: zone[g] for g in "cbdyz"}
     assert s.table.key() == s.recompute_table().key()
-    assert s.gc(force=True).victims == [3, 4]
+    rep = s.gc(force=True)
+    assert (rep.victims, rep.extents_moved, rep.bytes_copied) == ([3, 4], 4, 40 * KiB)   # c, b, d, y
     for i, (gid, kib) in enumerate(sizes.items()):
         if gid not in "ax":
             assert read(s, gid) == data(200 + i, kib * KiB)
