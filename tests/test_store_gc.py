@@ -393,3 +393,21 @@ def test_zones_a_policy_names_that_gc_cannot_collect_are_skipped():
         assert s.table[full].written == 0 and s.table[part].live == 16 * KiB
         assert read(s, "b") == data(1, 16 * KiB)
         assert s.table.key() == s.recompute_table().key()
+
+
+def test_a_flush_failing_after_two_victims_were_copied_undoes_both():
+    """The layout above; both victims are copied into the empty zone, then the flush before the move
+    record fails: the copies of both victims are undone and that zone is reset."""
+    dev = FaultyDevice(MemoryDevice(GEOM))
+    s = Store.format(dev, policy="greedy")
+    for i, (gid, kib) in enumerate({"c": 8, "a": 32, "b": 8, "d": 8, "x": 24, "y": 16, "z": 48}.items()):
+        put(s, gid, i, data(200 + i, kib * KiB))
+    s.delete("a")
+    s.delete("x")
+    before = zones_of(s)
+    dev.fail("flush")
+    with pytest.raises(ZonedDeviceError, match=r"^injected I/O error on flush$"):
+        s.gc(force=True)
+    assert zones_of(s) == before and dev.zone(6).cond == ZoneCond.EMPTY
+    assert s.table.key() == s.recompute_table().key()
+    s.close()
