@@ -4,12 +4,22 @@ silent wrong data."""
 from __future__ import annotations
 
 import random
+import re
+import uuid
 
 import crc32c
 import pytest
 
-from retainz.errors import ChecksumError, CorruptJournalError, RetainZError
+from retainz.errors import (
+    ChecksumError,
+    CorruptJournalError,
+    GenerationNotFoundError,
+    RetainZError,
+    ShardNotFoundError,
+)
 from retainz.store import Store
+from retainz.store.format import Superblock
+from retainz.store.records import empty_snapshot, frame
 from retainz.testing import FaultyDevice
 from retainz.zoned import Geometry, MemoryDevice
 
@@ -126,3 +136,78 @@ def test_extents_each_valid_but_in_the_wrong_order_fail_the_whole_shard_crc():
     swapped = data[n0:n0 + n1] + data[:n0] + data[n0 + n1:]
     assert (e.value.expected, e.value.actual) == (shard.crc, crc32c.crc32c(swapped))
     s.close()
+
+
+@pytest.mark.parametrize("payload, why", [(b'd {"r":[],"now":3}', "KeyError: 'g'"),
+                                          (b'c {"g":[1,2]}', "ValueError: not enough values to unpack "
+                                                             "(expected 5, got 2)")])
+def test_a_record_with_a_valid_checksum_that_does_not_decode_fails_the_mount_naming_it(payload, why):
+    """A record whose checksum matches but whose body is not a record (written by other code, or a
+    bug) is corruption: the mount names the record, its first bytes and what is wrong."""
+    dev = MemoryDevice(GEOM)
+    sb = Superblock(uuid=uuid.uuid4(), sequence=1, part=0, geometry=GEOM, meta_zones=3, gc_reserve_zones=2,
+                    policy="greedy")
+    records = [*empty_snapshot(), payload]
+    dev.write(0, sb.encode() + b"".join(frame(p, GEOM.block_size) for p in records))
+    dev.flush()
+    want = f"journal record 3 ({payload[:8]!r}...) does not decode: {why}"
+    for readonly in (False, True):
+        with pytest.raises(CorruptJournalError, match=f"^{re.escape(want)}$"):
+            Store.open(dev, readonly=readonly)
+
+
+def test_every_read_path_names_the_corrupt_extent_exactly():
+    """A flipped bit in g1's second extent (its shard spans two zones): the stream hands out the
+    first extent, then refuses the second; random access refuses exactly the bytes of that extent;
+    the error carries where, how long and both checksums."""
+    dev = FaultyDevice(MemoryDevice(GEOM))
+    s = Store.format(dev)
+    data = blob(9, 70 * KiB)
+    w = s.begin_generation("g1", 1)
+    w.write_shard("a", [data])
+    w.commit()
+    (z0, off0, n0, _), (z, off, n, ecrc) = s.generation("g1").shards["a"].extents
+    assert (z0, off0, n0, z, off, n) == (3, 0, 48 * KiB, 4, 0, 22 * KiB)
+    dev.corrupt(z * GEOM.zone_size + off + 777, 0x04)
+    bad = bytearray(data[n0:])
+    bad[777] ^= 0x04
+    want = f"generation 'g1' shard 'a': extent at zone {z} offset {off} ({n} bytes) fails its crc32c"
+    got = []
+    with pytest.raises(ChecksumError, match=f"^{re.escape(want)}$") as e:
+        for chunk in s.read_shard("g1", "a"):
+            got.append(chunk)
+    assert got == [data[:n0]]
+    err = e.value
+    assert (err.generation, err.shard, err.zone, err.offset, err.length) == ("g1", "a", z, off, n)
+    assert (err.expected, err.actual) == (ecrc, crc32c.crc32c(bytes(bad)))
+    assert s.read_shard_extent("g1", "a", n0 - 1) == (0, data[:n0])
+    for pos in (n0, len(data) - 1):
+        with pytest.raises(ChecksumError, match=f"^{re.escape(want)}$"):
+            s.read_shard_extent("g1", "a", pos)
+    dev.corruptions.clear()
+    assert s.read_shard_extent("g1", "a", n0) == (n0, data[n0:])
+    assert s.read_shard_extent("g1", "a", len(data) - 1) == (n0, data[n0:])
+    assert s.read_shard_extent("g1", "a", 0) == (0, data[:n0])
+    assert list(s.read_shard("g1", "a")) == [data[:n0], data[n0:]]
+    s.close()
+
+
+def test_reads_of_what_does_not_exist_say_what_is_missing():
+    with Store.format(MemoryDevice(GEOM)) as s:
+        w = s.begin_generation("g", 1)
+        w.write_shard("a", [b"x" * 100])
+        with pytest.raises(GenerationNotFoundError, match=r"^no committed generation 'g'$"):
+            s.read_shard("g", "a")                   # not committed yet
+        w.commit()
+        with pytest.raises(ShardNotFoundError, match=r"^generation 'g' has no shard 'b'$"):
+            s.read_shard("g", "b")
+        with pytest.raises(ShardNotFoundError, match=r"^generation 'g' has no shard 'b'$"):
+            s.read_shard_extent("g", "b", 0)
+        for pos in (-1, 100):
+            with pytest.raises(ValueError, match=rf"^generation 'g' shard 'a': byte {pos} is outside its 100 bytes$"):
+                s.read_shard_extent("g", "a", pos)
+        assert s.read_shard_extent("g", "a", 99) == (0, b"x" * 100)
+        stream = s.read_shard("g", "a")
+        s.delete("g")
+        with pytest.raises(GenerationNotFoundError, match=r"^generation 'g' was deleted while being read$"):
+            next(stream)

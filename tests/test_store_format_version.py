@@ -5,13 +5,16 @@ by a journal rollover at a read-write open, and a read-only open leaves it as it
 from __future__ import annotations
 
 import dataclasses
+import re
+import uuid
 
+import crc32c
 import pytest
 
 from retainz.cli import main
-from retainz.errors import UnsupportedFormatError
+from retainz.errors import CorruptJournalError, InvalidIdError, UnsupportedFormatError
 from retainz.store import Store
-from retainz.store.format import FORMAT_VERSION, READABLE_VERSIONS, Superblock
+from retainz.store.format import FORMAT_VERSION, READABLE_VERSIONS, Superblock, check_id
 from retainz.store.records import empty_snapshot, frame
 from retainz.zoned import FileDevice, Geometry, MemoryDevice
 
@@ -108,3 +111,67 @@ def test_a_version_1_store_is_read_as_is_read_only_and_upgraded_by_a_read_write_
         w.commit()
     with Store.open(dev, readonly=True) as s:
         assert s.format_version == 2 and [g.id for g in s.generations()] == ["g"]
+
+
+@pytest.mark.parametrize("torn", [False, True])
+def test_a_read_only_open_says_why_it_would_roll_an_older_version_over(torn):
+    """A version-1 journal: a read-only open lists the upgrade rollover; with a torn tail record as
+    well it names the torn tail (the rollover drops it and upgrades in one)."""
+    g = GEOM
+    dev = MemoryDevice(g)
+    sb = Superblock(uuid=__import__("uuid").uuid4(), sequence=1, part=0, geometry=g, meta_zones=3,
+                    gc_reserve_zones=2, policy="greedy", version=1)
+    tail = frame(b"x " + b'{"now":1,"metrics":{},"pad":"' + b"p" * 6000 + b'"}', g.block_size)[:g.block_size]
+    dev.write(0, sb.encode() + b"".join(frame(p, g.block_size) for p in empty_snapshot()) + (tail if torn else b""))
+    dev.flush()
+    with Store.open(dev, readonly=True) as s:
+        assert s.format_version == 1 and s.recovery.torn_bytes == (g.block_size if torn else 0)
+        why = f"drop a torn tail of {g.block_size} bytes" if torn else "upgrade format version 1 to 2"
+        assert s.recovery.repairs == [f"roll the journal over to a fresh chain ({why})"]
+    with Store.open(dev) as s:
+        assert s.format_version == 2 and s.recovery.rolled and s.recovery.repairs == []
+
+
+@pytest.mark.parametrize("change, why", [
+    ({"version": 3}, "RetainZ store format version 3; this code reads versions 1, 2 (newer software wrote it?)"),
+    ({"flags": 6}, "RetainZ store with unknown format flags 0x6 (format version 2)")])
+def test_the_refusal_of_an_unknown_version_or_flag_names_the_zone_and_what_it_found(change, why):
+    dev = MemoryDevice(GEOM)
+    stored(dev)
+    rewrite_superblock(dev, **change)
+    for readonly in (False, True):
+        with pytest.raises(UnsupportedFormatError, match=rf"^memory meta zone 0: {re.escape(why)}: nothing written$"):
+            Store.open(dev, readonly=readonly)
+
+
+def test_a_superblock_policy_spec_must_fit_64_bytes_of_utf8():
+    sb = Superblock(uuid=uuid.UUID(int=1), sequence=1, part=0, geometry=GEOM, meta_zones=3, gc_reserve_zones=2,
+                    policy="p" * 64)
+    assert Superblock.decode(sb.encode(), GEOM) == sb
+    with pytest.raises(ValueError, match=rf"^policy spec '{'q' * 65}' is longer than 64 bytes$"):
+        dataclasses.replace(sb, policy="q" * 65).encode()
+    raw = bytearray(sb.encode())
+    start = bytes(raw).index(b"p" * 64)
+    raw[start] = 0xFF                                    # not UTF-8, checksum made valid again
+    size = start + 64
+    raw[size:size + 4] = crc32c.crc32c(bytes(raw[:size])).to_bytes(4, "little")
+    with pytest.raises(CorruptJournalError, match=r"^a superblock's policy name is not UTF-8 text: corrupt store$"):
+        Superblock.decode(bytes(raw), GEOM)
+
+
+@pytest.mark.parametrize("value, why", [
+    ("", "shard name is empty or only whitespace ('')"), (" ", "shard name is empty or only whitespace (' ')"),
+    ("a/b", "shard name 'a/b' contains a path separator"), ("a\\b", "shard name 'a\\\\b' contains a path separator"),
+    ("..", "shard name '..' is '.' or contains '..'"), ("x..y", "shard name 'x..y' is '.' or contains '..'"),
+    (".", "shard name '.' is '.' or contains '..'"),
+    ("a\x00b", "shard name 'a\\x00b' contains NUL or a control character"),
+    ("a\x7fb", "shard name 'a\\x7fb' contains NUL or a control character"),
+    ("x" * 256, "shard name is longer than 255 bytes"), (5, "shard name must be a str, not int")])
+def test_a_name_that_cannot_be_a_file_name_is_refused_saying_why(value, why):
+    """Generation ids and shard names become file names (``retainz get``): the store's format
+    refuses the rest, one reason each."""
+    with pytest.raises(InvalidIdError, match=f"^{re.escape(why)}$"):
+        check_id(value, "shard name")
+    assert check_id("x" * 255, "shard name") == "x" * 255 and check_id("é" * 127) == "é" * 127
+    with pytest.raises(InvalidIdError, match=r"^generation id 'a/b' contains a path separator$"):
+        check_id("a/b")                                # what it names by default

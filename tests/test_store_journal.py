@@ -3,12 +3,20 @@ invariant, bytes corrupted directly)."""
 
 from __future__ import annotations
 
+import dataclasses
+import re
+import time
+import uuid
+
 import pytest
 
 from retainz.errors import CorruptJournalError, NoSpaceError, PowerCutError
 from retainz.hint import Hint
 from retainz.store import Store
+from retainz.store.format import Superblock
 from retainz.store.journal import frame, parse_zone, scan
+from retainz.store.records import empty_snapshot, snapshot_records, sync_record
+from retainz.store.types import StoreMetrics
 from retainz.testing import FaultyDevice
 from retainz.zoned import Geometry, MemoryDevice, ZoneCond
 
@@ -755,3 +763,112 @@ def test_a_journal_counts_from_zero_and_its_room_shrinks_by_each_frame():
     assert room == GEOM.zone_capacity - j0.end and 0 < room < GEOM.zone_capacity
     j.append(b"x" * 5000)                               # two blocks
     assert j.room() == room - 2 * BS and (j.bytes_written, j.records) == (2 * BS, 1)
+
+
+def hand_journal(dev: MemoryDevice, payloads: list[bytes], *, geometry: Geometry | None = None) -> None:
+    """Meta zone 0 of ``dev``: a superblock (``geometry``: the one it records) and ``payloads``."""
+    sb = Superblock(uuid=uuid.UUID(int=7), sequence=1, part=0, geometry=geometry or dev.geometry, meta_zones=3,
+                    gc_reserve_zones=2, policy="greedy")
+    dev.write(0, sb.encode().ljust(BS, b"\0") + b"".join(frame(p, BS) for p in payloads))
+    dev.flush()
+
+
+def sync(i: int) -> bytes:
+    return sync_record(i, {"host_bytes": 4096 * i}, [], 0)
+
+
+@pytest.mark.parametrize("blocks_left, rolled", [(3, False), (2, False), (1, True), (0, True)])
+def test_a_mount_rolls_the_journal_over_when_its_last_zone_has_under_two_blocks_left(blocks_left, rolled):
+    """Superblock, 3 snapshot records and sync records: a zone of 12 blocks with ``blocks_left``
+    free.  Under two blocks left (no room for a record and the next), a read-write open rolls over
+    and a read-only one says it would; a full zone too."""
+    dev = MemoryDevice(GEOM)
+    n = GEOM.zone_capacity // BS - 4 - blocks_left
+    hand_journal(dev, [*empty_snapshot(), *(sync(i) for i in range(1, n + 1))])
+    assert dev.zone(0).cond == (ZoneCond.FULL if blocks_left == 0 else ZoneCond.IMP_OPEN)
+    with Store.open(dev, readonly=True) as s:
+        assert s.recovery.records == 3 + n and s.zones.now == n and s.metrics.host_bytes == 4096 * n
+        assert s.recovery.repairs == (["roll the journal over to a fresh chain (its last zone is full)"] if rolled
+                                      else [])
+        assert not s.recovery.rolled
+    with Store.open(dev) as s:
+        assert s.recovery.rolled is rolled and s.recovery.repairs == []
+        assert (s.journal.chain == [0]) is not rolled
+        assert s.metrics.host_bytes == 4096 * n
+
+
+def test_the_open_reports_its_records_time_and_rate():
+    dev = MemoryDevice(GEOM)
+    hand_journal(dev, [*empty_snapshot(), *(sync(i) for i in range(1, 4))])
+    t0 = time.perf_counter()
+    s = Store.open(dev)
+    elapsed = time.perf_counter() - t0
+    rep = s.recovery
+    assert (rep.records, rep.torn_bytes, rep.fallbacks, rep.zones_reset, rep.dead_bytes_found) == (6, 0, 0, [], 0)
+    assert 0 < rep.seconds <= elapsed
+    assert rep.records_per_second == rep.records / rep.seconds
+    s.close()
+
+
+@pytest.mark.parametrize("change", [{"nr_zones": 8}, {"zone_size": 128 * 1024}, {"zone_capacity": 32 * 1024},
+                                    {"block_size": 512}])
+def test_a_superblock_recording_another_geometry_is_refused(change):
+    other = dataclasses.replace(GEOM, **change)
+    dev = MemoryDevice(GEOM)
+    hand_journal(dev, empty_snapshot(), geometry=other)
+    want = f"the superblock's geometry {other} does not match the device's {GEOM}"
+    for readonly in (False, True):
+        with pytest.raises(CorruptJournalError, match=f"^{re.escape(want)}$"):
+            Store.open(dev, readonly=readonly)
+
+
+def test_journaled_metrics_a_store_does_not_keep_are_ignored():
+    """A snapshot's metrics may name the derived ``waf`` or a counter this version does not keep
+    (a later version's): the open takes the counters it knows and ignores the rest."""
+    dev = MemoryDevice(GEOM)
+    head = snapshot_records(5, 0, {"host_bytes": 8192, "gc_bytes": 4096, "waf": 7.0, "later_counter": 3}, 0, [], [],
+                            0, 1 << 16)
+    hand_journal(dev, head)
+    with Store.open(dev) as s:
+        assert s.metrics.to_dict() == StoreMetrics(host_bytes=8192, gc_bytes=4096).to_dict()
+        assert not hasattr(s.metrics, "later_counter")
+
+
+def test_a_crashed_rollover_leaves_a_stale_meta_zone_that_the_next_open_resets():
+    """The roll finishes the old chain's zone, then the power goes while the new chain's superblock
+    and snapshot land (one block of them): the open falls back to the old chain; read-only lists the
+    stale zone's reset and a rollover (the old chain's zone is full), read-write does both."""
+    dev = FaultyDevice(MemoryDevice(GEOM), torn_blocks=1)
+    s = Store.format(dev)
+    _fill(s, 3)
+    assert s.journal.chain == [0]
+    dev.cut_after_writes = dev.writes + 1
+    with pytest.raises(PowerCutError, match=r"^power cut during write #\d+: 4096 of \d+ bytes landed$"):
+        s.journal.roll()
+    crash_close(s)
+    dev.reboot()
+    assert (dev.zone(0).cond, dev.zone(1).cond, dev.zone(1).wp - dev.zone(1).start) == (ZoneCond.FULL,
+                                                                                      ZoneCond.CLOSED, BS)
+    before = [(z.cond, z.wp) for z in dev.report_zones()]
+    with Store.open(dev, readonly=True) as r:
+        assert r.recovery.fallbacks == 1 and r.journal.chain == [0]
+        assert r.recovery.repairs == ["reset stale meta zone 1 (an older or incomplete journal chain)",
+                                      "roll the journal over to a fresh chain (its last zone is full)"]
+        assert [g.id for g in r.generations()] == ["g0000", "g0001", "g0002"]
+    assert [(z.cond, z.wp) for z in dev.report_zones()] == before
+    with Store.open(dev) as s2:
+        assert (s2.recovery.fallbacks, s2.recovery.rolled, s2.recovery.repairs) == (1, True, [])
+        assert s2.journal.chain == [1] and dev.zone(0).cond == ZoneCond.EMPTY
+        assert [g.id for g in s2.generations()] == ["g0000", "g0001", "g0002"]
+    with Store.open(dev) as s3:
+        assert (s3.recovery.fallbacks, s3.recovery.rolled) == (0, False)
+
+
+def test_commits_are_numbered_from_one_in_commit_order_across_reopens():
+    dev = MemoryDevice(GEOM)
+    with Store.format(dev) as s:
+        _fill(s, 2)
+        assert [g.commit_seq for g in s.generations()] == [1, 2]
+    with Store.open(dev) as s:
+        _fill(s, 1, start=2)
+        assert [(g.id, g.commit_seq) for g in s.generations()] == [("g0000", 1), ("g0001", 2), ("g0002", 3)]

@@ -413,3 +413,221 @@ def test_campaign_detects_a_hint_update_that_is_not_journaled(monkeypatch):
     monkeypatch.setattr(Store, "update_hint", in_memory)
     rep = campaign("hint", seed=0)
     assert rep.failures and all("reclaim step" in f and "expected one of" in f for f in rep.failures)
+
+
+def test_finishes_and_their_unused_capacity_are_counted_and_survive_a_reopen():
+    """``dedicated`` gives each generation its own zone and finishes the oldest open one when the
+    active-zone budget (4 - the journal's 1) is spent: each finish is counted and charged the
+    zone's remaining capacity, and the journaled counters come back at the next open."""
+    dev = MemoryDevice(GEOMETRY)
+    cap = GEOMETRY.zone_capacity
+    with Store.format(dev, policy="dedicated") as s:
+        budget = s.zones.max_active
+        for i in range(budget + 2):
+            w = s.begin_generation(f"g{i}", i)
+            w.write_shard("s", [bytes([65 + i]) * 20000])          # 5 blocks of a zone
+            w.commit()
+        finished = sorted(z.index for z in s.table if z.cond == ZoneCond.FULL)
+        assert len(finished) == 2 and s.metrics.finishes == 2
+        assert s.metrics.unused_capacity_bytes == 2 * (cap - 5 * 4096) == s.table.unused
+        assert s.table[finished[0]].opened_step == 0                # g0's step, in a fresh store
+        steps = s.metrics.unused_capacity_byte_steps
+        now = s.zones.now
+        s.advance(now + 10)
+        s.advance(now + 10)                                           # not later: nothing
+        s.advance(now + 15)                                           # lost capacity x steps held
+        assert s.metrics.unused_capacity_byte_steps == steps + 15 * s.table.unused
+        before = s.metrics.to_dict()
+    with Store.open(dev) as s2:
+        assert s2.metrics.finishes == 2 and s2.metrics.unused_capacity_bytes == 2 * (cap - 5 * 4096)
+        assert sorted(z.index for z in s2.table if z.cond == ZoneCond.FULL) == finished
+        assert s2.table.unused == 2 * (cap - 5 * 4096)
+        assert s2.metrics.to_dict() == before                        # every counter, resumed
+
+
+@pytest.mark.parametrize("reopen", [False, True])
+def test_a_replayed_replacement_leaves_the_old_zone_to_the_generations_still_in_it(reopen):
+    """x shares zone A with y; x is replaced by a version in zone B.  A hint update of y, now alone in
+    A, sets A's reclaim step to y's (a shared zone keeps the latest); the same after a reopen that
+    replays the replacing commit record."""
+    dev = MemoryDevice(GEOMETRY)
+
+    def put(s, gid, step, reclaim, n, replace=False):
+        w = s.begin_generation(gid, step, hint=Hint(reclaim_step=reclaim), replace=replace)
+        w.write_shard("s", [bytes([step]) * n])
+        return w.commit()
+
+    s = Store.format(dev, policy="greedy")
+    put(s, "x", 1, 100, 8192)
+    put(s, "y", 2, 100, 40960)                     # fills zone A with x
+    put(s, "x", 3, 500, 8192, replace=True)
+    a, b = s.generation("y").shards["s"].extents[0][0], s.generation("x").shards["s"].extents[0][0]
+    assert a != b
+    if reopen:
+        s.close()
+        s = Store.open(dev)
+        assert s.recovery.records > 3              # the replacing commit is replayed, not snapshotted
+    s.update_hint("y", Hint(reclaim_step=50))
+    assert (s.table[a].reclaim_step, s.table[b].reclaim_step) == (50, 500)
+    assert s.table.key() == s.recompute_table().key()
+    s.close()
+
+
+def test_interrupted_replacement_resets_are_redone_at_mount():
+    """The replacing commit record lands, the power goes before the old version's zones are reset:
+    the mount resets them (the record names them) and charges no live data to them."""
+    dev = FaultyDevice(MemoryDevice(GEOMETRY), torn_blocks=None, keep_unflushed=True)
+    s = Store.format(dev)
+    w = s.begin_generation("a", 1)
+    w.write_shard("s", [b"a" * (2 * GEOMETRY.zone_capacity)])     # two whole zones
+    w.commit()
+    old = sorted({e[0] for e in s.generation("a").shards["s"].extents})
+    w = s.begin_generation("a", 2, replace=True)
+    w.write_shard("s", [b"b" * 5000])
+    new = w.gen.shards["s"].extents[0][0]
+    assert new not in old
+    _crash(dev, s)                     # the commit record lands; the flush after it fails
+    with pytest.raises(PowerCutError):
+        w.commit()
+    _drop(s)
+    dev.reboot()
+    assert all(dev.zone(z).cond != ZoneCond.EMPTY for z in old)     # resets never ran
+    with Store.open(dev) as s2:
+        assert [(g.id, g.step) for g in s2.generations()] == [("a", 2)]
+        assert b"".join(s2.read_shard("a", "s")) == b"b" * 5000
+        assert s2.recovery.zones_reset == old and len(old) == 2
+        assert all(dev.zone(z).cond == ZoneCond.EMPTY and s2.table[z].written == 0 for z in old)
+        assert s2.fsck().ok and s2.table.key() == s2.recompute_table().key()
+
+
+@pytest.mark.parametrize("readonly", [False, True])
+def test_a_write_pointer_below_any_committed_extent_end_is_data_lost(readonly):
+    """Two writers share a zone: b's shard lands first (blocks 0-1), a's after it (blocks 2-4), a
+    commits first.  A device whose write pointer is back at block 4 lost the end of a's extent,
+    the highest one though not the last in commit order: the mount refuses, naming both ends; an
+    empty zone is refused likewise."""
+    dev = MemoryDevice(GEOMETRY)
+    with Store.format(dev) as s:
+        wa, wb = s.begin_generation("a", 1), s.begin_generation("b", 1)
+        wb.write_shard("s", [b"b" * 5000])
+        wa.write_shard("s", [b"a" * 10000])
+        wa.commit()
+        wb.commit()
+        z = s.generation("a").shards["s"].extents[0][0]
+        assert [s.generation(g).shards["s"].extents[0][:2] for g in "ab"] == [(z, 8192), (z, 0)]
+    dev.zone_op(ZoneOp.RESET, z)
+    dev.write(z * GEOMETRY.zone_size, b"\0" * 16384)
+    want = (f"zone {z}: the device write pointer (16384 bytes in) is below the end of a committed extent "
+            f"(20480): data lost")
+    with pytest.raises(CorruptJournalError, match=f"^{re.escape(want)}$"):
+        Store.open(dev, readonly=readonly)
+    dev.zone_op(ZoneOp.RESET, z)
+    want = f"zone {z} is empty on the device but the journal has 20480 bytes of committed data in it: data lost"
+    with pytest.raises(CorruptJournalError, match=f"^{re.escape(want)}$"):
+        Store.open(dev, readonly=readonly)
+
+
+def _dead(key: tuple) -> tuple:
+    """A zone summary key with its live bytes counted dead."""
+    idx, cap, cond, written, live, dead, *rest = key
+    return (idx, cap, cond, written, 0, dead + live, *rest)
+
+
+@pytest.mark.parametrize("finished", [False, True])
+def test_zones_holding_only_uncommitted_data_after_a_crash_readonly_and_read_write(finished):
+    """``a`` (step 1) is never committed; the commit records after it journal its zone's attributes
+    (``dedicated`` finishes that zone when a third generation opens one); ``c`` (step 6) writes a
+    zone no record ever names.  A read-only open shows a's zone as the store had it, all dead, and
+    c's zone from the device alone (written to its write pointer, last written at the latest step
+    the journal knows); a read-write open resets both, charging a part-empty zone's unused capacity
+    from its journaled last write to the journal's time."""
+    dev = FaultyDevice(MemoryDevice(GEOMETRY), torn_blocks=None, keep_unflushed=True)
+    s = Store.format(dev, policy="dedicated")
+    wa = s.begin_generation("a", 1, hint=Hint(reclaim_step=100))
+    wa.write_shard("s", [b"a" * 8192])
+    za = wa.gen.shards["s"].extents[0][0]
+    for i in range(3 if finished else 1):
+        w = s.begin_generation(f"b{i}", 2 + i)
+        w.write_shard("s", [b"b" * 8192])
+        w.commit()
+    now = s.zones.now
+    assert s.table[za].cond == (ZoneCond.FULL if finished else ZoneCond.IMP_OPEN)
+    had = s.table[za].key()
+    assert had[3:] == (8192, 8192, 0, 100, 0, 1, 1, 1)
+    wc = s.begin_generation("c", 6)
+    wc.write_shard("s", [b"c" * 4096])
+    zc = wc.gen.shards["s"].extents[0][0]
+    dev.cut_now()
+    _drop(s)
+    dev.reboot()
+    cap = GEOMETRY.zone_capacity
+    with Store.open(dev, readonly=True) as r:
+        assert r.zones.now == now
+        assert r.table[za].key() == _dead(had)
+        assert r.table[zc].key() == (zc, cap, ZoneCond.IMP_OPEN, 4096, 0, 4096, None, 0, 0, 0, now)
+        assert r.recovery.repairs == [f"reset data zone {za} (8192 bytes written, no committed data)",
+                                      f"reset data zone {zc} (4096 bytes written, no committed data)"]
+        assert r.recovery.zones_reset == []
+    with Store.open(dev) as r:
+        assert r.recovery.zones_reset == [za, zc] and r.recovery.repairs == []
+        assert r.table[za].written == r.table[zc].written == 0
+        m = r.metrics
+        assert m.resets == 2
+        unused_a = 0 if finished else cap - 8192              # a finished zone was charged at its finish
+        assert m.unused_capacity_bytes == unused_a + cap - 4096
+        assert m.unused_capacity_byte_steps == unused_a * (now - 1)
+        assert r.table.key() == r.recompute_table().key()
+
+
+def test_bytes_past_the_committed_data_are_dead_whether_the_zone_is_open_or_full():
+    """What a crash leaves after the last record, written straight to the device after a clean
+    close: 1 and 2 blocks past b's and c's data (their zones stay open), and the rest of d's zone
+    (full, its finish never journaled: written to capacity).  a's zone was finished and journaled so
+    (written = its finish point, nothing dead).  Each zone is kept with those bytes dead, and the
+    report sums them."""
+    dev = MemoryDevice(GEOMETRY)
+    cap, bs = GEOMETRY.zone_capacity, GEOMETRY.block_size
+    with Store.format(dev, policy="dedicated") as s:
+        for i, g in enumerate("abcd"):
+            w = s.begin_generation(g, i)
+            w.write_shard("s", [g.encode() * 8192])
+            w.commit()
+        zone = {g: s.generation(g).shards["s"].extents[0][0] for g in "abcd"}
+        assert s.table[zone["a"]].cond == ZoneCond.FULL
+    for g, n in (("b", bs), ("c", 2 * bs), ("d", cap - 8192)):
+        dev.write(dev.zone(zone[g]).wp, b"\xee" * n)
+    assert dev.zone(zone["d"]).cond == ZoneCond.FULL
+    with Store.open(dev) as s:
+        got = {g: (s.table[z].cond, s.table[z].written, s.table[z].live, s.table[z].dead) for g, z in zone.items()}
+        assert got == {"a": (ZoneCond.FULL, 8192, 8192, 0), "b": (ZoneCond.IMP_OPEN, 8192 + bs, 8192, bs),
+                       "c": (ZoneCond.IMP_OPEN, 8192 + 2 * bs, 8192, 2 * bs),
+                       "d": (ZoneCond.FULL, cap, 8192, cap - 8192)}
+        assert s.recovery.dead_bytes_found == 3 * bs + cap - 8192 == s.table.dead
+        assert s.recovery.zones_reset == []
+        assert all(b"".join(s.read_shard(g, "s")) == g.encode() * 8192 for g in "abcd")
+        assert s.table.key() == s.recompute_table().key()
+        assert s.zones.now == 3                      # the journal's latest step (d's)
+        # the last write step: the journaled one where the device holds nothing more, else the
+        # latest step the journal knows
+        assert {g: s.table[z].last_write_step for g, z in zone.items()} == {"a": 0, "b": 3, "c": 3, "d": 3}
+        table = s.table.key()
+    with Store.open(dev) as s:                       # the close journaled what the open found
+        assert s.recovery.dead_bytes_found == 0 and s.table.key() == table
+
+
+def test_a_device_without_an_active_zone_limit_leaves_data_zones_unlimited():
+    """``max_active=0`` (no limit): the data zones get no budget either, so ``dedicated`` opens a
+    zone per generation and never finishes one; a limit of 4 leaves data 3 (the journal keeps one)."""
+    from retainz.zoned import Geometry
+
+    g = Geometry(nr_zones=12, zone_size=64 * 1024, zone_capacity=48 * 1024, block_size=4096, max_open=0,
+                 max_active=0)
+    with Store.format(MemoryDevice(g), policy="dedicated") as s:
+        assert (s.zones.max_active, s.table.max_active, s.table.reserved_active) == (0, 0, 0)
+        for i in range(6):
+            w = s.begin_generation(f"g{i}", i)
+            w.write_shard("s", [b"x" * 8192])
+            w.commit()
+        assert len(s.table.open) == 6 and s.metrics.finishes == 0
+    with Store.format(MemoryDevice(GEOMETRY), policy="dedicated") as s:
+        assert (s.zones.max_active, s.table.max_active, s.table.reserved_active) == (3, 3, 1)
