@@ -102,8 +102,11 @@ class ZoneBook:
     def reconcile(self, z: int) -> None:
         """Bring zone ``z``'s summary in line with the device's report after a device operation on
         it failed part-way (a real device may have done some of it): a zone the device reports
-        empty is reset in the table, bytes past the table's written bytes count as dead, a zone it
-        reports full is finished.  Never raises for the zone's state; a failing report raises.
+        empty is reset in the table; bytes past the table's written bytes count as dead, and a zone
+        it reports full counts its whole capacity as written (the bytes past the table's, dead), so
+        it is full in the table too, with no finish or unused capacity charged (recovery's rule for
+        a full zone whose finish was never journaled).  Never raises for the zone's state; a failing
+        report raises.
 
         Raises:
             ZonedDeviceError: the report itself failed (the table is left as it was).
@@ -116,11 +119,8 @@ class ZoneBook:
                 self.changed.add(z)
             return
         wp = zr.capacity if zr.cond is _FULL else zr.wp - zr.start
-        if wp > s.written and s.cond is not _FULL:
+        if wp > s.written and s.cond is not _FULL:   # up to the capacity: the table's zone is full too
             self.table.on_write(z, wp - s.written, None, s.lifetime, self.now, live=False)
-            self.changed.add(z)
-        if zr.cond is _FULL and s.cond is not _FULL:
-            self.table.on_finish(z)
             self.changed.add(z)
 
     def finish(self, z: int) -> None:
