@@ -18,11 +18,14 @@ from retainz.errors import (
     ShardNotFoundError,
     ShardSizeError,
     StoreLockedError,
+    SummaryMismatchError,
 )
 from retainz.hint import Hint
 from retainz.placement.base import PERMANENT
 from retainz.store import GenState, Store
-from retainz.zoned import FileDevice, Geometry, MemoryDevice, ZoneCond
+from retainz.store.store import superblock_zones
+from retainz.testing import FaultyDevice
+from retainz.zoned import FileDevice, Geometry, MemoryDevice, ZoneCond, ZoneOp
 
 KiB = 1024
 GEOM = Geometry(nr_zones=16, zone_size=64 * KiB, zone_capacity=48 * KiB, block_size=4096, max_open=3,
@@ -385,3 +388,54 @@ def test_df_reports_every_figure_of_a_known_state(store):
     assert store.df().open_zones == 1 and store.df().full_zones == 2
     w.commit()
     assert store.df().generations == 2
+
+
+def test_the_constructor_is_refused_with_the_two_ways_to_get_a_store():
+    with pytest.raises(TypeError, match=r"^use Store\.format\(device\) or Store\.open\(device\)$"):
+        Store(MemoryDevice(GEOM))
+
+
+def test_repr_names_device_policy_generations_and_open_or_closed():
+    s = Store.format(MemoryDevice(GEOM))
+    put(s, "a", 1, {"s": blob(100)})
+    dev = "MemoryDevice('memory', zones=16, zone_size=65536, zone_capacity=49152)"
+    assert repr(s) == f"Store({dev}, policy='greedy', generations=1, open)"
+    s.close()
+    assert repr(s) == f"Store({dev}, policy='greedy', generations=1, closed)"
+
+
+def test_format_reads_no_zone_that_has_nothing_written():
+    """An explicitly opened zone with nothing written is not empty, but holds no superblock: format
+    refuses the device as unrecognised without reading the zone (a drive may refuse reads of
+    unwritten blocks: NVMe's Deallocated or Unwritten Logical Block Error)."""
+    inner = MemoryDevice(GEOM)
+    inner.zone_op(ZoneOp.OPEN, 0)
+    dev = FaultyDevice(inner)
+    dev.fail("read", zone=0, count=-1)
+    assert superblock_zones(dev) == []
+    with pytest.raises(ForeignDeviceError, match=r"^faulty\(memory\) holds data RetainZ does not recognise "
+                                                 r"\(1 non-empty zones, first 0\); pass force=True \(--force\) "
+                                                 r"to erase it$"):
+        Store.format(dev)
+    assert inner.zone(0).cond == ZoneCond.EXP_OPEN
+
+
+def test_verify_summaries_refuses_a_decision_on_stale_cached_summaries():
+    """In ``verify_summaries`` mode a cached summary that differs from the recomputation stops the
+    next decision with the first eight zones that differ, and nothing is placed."""
+    with Store.format(MemoryDevice(GEOM), verify_summaries=True) as s:
+        put(s, "a", 1, {"s": blob(100)})
+        key = s.table.key()
+        stale = [z for z, summary in s.table.zones.items() if summary.written == 0][:9]
+        assert len(stale) == 9
+        for z in stale:
+            s.table.zones[z].dead += 4096
+        w = s.begin_generation("b", 2)
+        with pytest.raises(SummaryMismatchError, match=r"^cached zone summaries differ from a recomputation in "
+                                                       rf"zones \[{', '.join(map(str, stale[:8]))}\]$"):
+            w.write_shard("s", [blob(100)])
+        w.abort()
+        for z in stale:
+            s.table.zones[z].dead -= 4096
+        assert s.table.key() == key == s.recompute_table().key()
+        assert [g.id for g in s.generations()] == ["a"]
