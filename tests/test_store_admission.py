@@ -9,12 +9,15 @@ import pytest
 from retainz.cli import main
 from retainz.errors import NoSpaceError
 from retainz.hint import Hint
+from retainz.placement.greedy import Greedy
 from retainz.store import Store
 from retainz.zoned import FileDevice, Geometry, MemoryDevice
 
 KiB = 1024
 GEOM = Geometry(nr_zones=12, zone_size=64 * KiB, zone_capacity=48 * KiB, block_size=4096, max_open=6,
                 max_active=6)
+ZENFS_GEOM = Geometry(nr_zones=40, zone_size=64 * KiB, zone_capacity=48 * KiB, block_size=4096, max_open=14,
+                      max_active=14)
 
 
 def fill_undeclared(s: Store, push: bool) -> NoSpaceError:
@@ -57,9 +60,7 @@ def test_a_declared_generation_is_admitted_whole_at_its_start_as_before():
 
 
 def test_zenfs_has_no_admission_on_any_path():
-    g = Geometry(nr_zones=40, zone_size=64 * KiB, zone_capacity=48 * KiB, block_size=4096, max_open=14,
-                 max_active=14)
-    with Store.format(MemoryDevice(g), policy="zenfs") as s:
+    with Store.format(MemoryDevice(ZENFS_GEOM), policy="zenfs") as s:
         e = fill_undeclared(s, push=True)
         assert e.cause in ("allocation", "gc") and s.df().gc_reserve == 0
 
@@ -77,3 +78,32 @@ def test_df_prints_admissible_bytes_and_the_reserve(tmp_path, capsys):
     import json
     rep = json.loads(capsys.readouterr().out)
     assert rep["gc_reserve"] == 2 * GEOM.zone_capacity and rep["admissible"] < 30 * KiB
+
+
+def test_df_admits_nothing_when_free_space_is_below_the_reserve():
+    """A store filled by ZenFS (no admission control) and reopened under a policy that keeps a GC
+    reserve has less free than the reserve: ``df`` says 0 bytes can be admitted (never a negative
+    figure), and a declared generation is refused with the same 0."""
+    dev = MemoryDevice(ZENFS_GEOM)
+    with Store.format(dev, policy="zenfs", gc_reserve_zones=8) as s:
+        fill_undeclared(s, push=False)
+    with Store.open(dev, policy="greedy") as s:
+        df = s.df()
+        assert df.free < df.gc_reserve == 8 * GEOM.zone_capacity
+        assert df.admissible == 0
+        with pytest.raises(NoSpaceError, match=r"^generation 'x' needs 4096 bytes; 0 can be reserved ") as e:
+            s.begin_generation("x", 10_000, declared_size=1)
+        assert (e.value.needed, e.value.available) == (4096, 0)
+
+
+class GreedyWithoutAdmission(Greedy):
+    """Greedy placement admitting every generation (a scripted policy given by ``use_allocator``)."""
+
+    admission_control = False
+
+
+def test_df_shows_no_gc_reserve_for_a_policy_without_admission_control():
+    with Store.format(MemoryDevice(GEOM), gc_reserve_zones=2) as s:
+        assert s.df().gc_reserve == 2 * GEOM.zone_capacity
+        s.use_allocator(GreedyWithoutAdmission())
+        assert s.admission_reserve_zones == 2 and s.df().gc_reserve == 0
