@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 import threading
 
 import pytest
@@ -439,3 +440,58 @@ def test_verify_summaries_refuses_a_decision_on_stale_cached_summaries():
             s.table.zones[z].dead -= 4096
         assert s.table.key() == key == s.recompute_table().key()
         assert [g.id for g in s.generations()] == ["a"]
+
+
+def small(nr_zones=16, zone_capacity=48 * KiB, max_open=3, max_active=4) -> MemoryDevice:
+    return MemoryDevice(Geometry(nr_zones=nr_zones, zone_size=64 * KiB, zone_capacity=zone_capacity,
+                                 block_size=4096, max_open=max_open, max_active=max_active), payload=False)
+
+
+@pytest.mark.parametrize("dev, kw, text", [
+    (small(), {"meta_zones": 1}, "meta_zones must be 2..64, not 1"),
+    (small(80), {"meta_zones": 65}, "meta_zones must be 2..64, not 65"),
+    (small(), {"gc_reserve_zones": -1}, "gc_reserve_zones cannot be negative (-1)"),
+    (small(6), {"meta_zones": 2, "gc_reserve_zones": 3},
+     "the device has 6 zones; a store needs at least 7 (2 meta, 3 GC reserve, 2 data)"),
+    (small(zone_capacity=12 * KiB), {}, "zone capacity 12288 is under 4 blocks: too small for a journal"),
+    (small(max_open=1, max_active=1), {}, "the device allows fewer than 2 active zones (one is the journal's)"),
+])
+def test_format_refuses_a_bad_layout_with_one_line_and_writes_nothing(dev, kw, text):
+    with pytest.raises(ValueError, match="^" + re.escape(text) + "$"):
+        Store.format(dev, **kw)
+    assert all(z.cond == ZoneCond.EMPTY for z in dev.report_zones())
+
+
+@pytest.mark.parametrize("dev, kw", [
+    (small(), {"meta_zones": 2}),
+    (small(68), {"meta_zones": 64}),
+    (small(), {"gc_reserve_zones": 0}),
+    (small(7), {"meta_zones": 2, "gc_reserve_zones": 3}),
+    (small(zone_capacity=16 * KiB), {"meta_zones": 2}),
+    (small(max_open=2, max_active=2), {}),
+    (small(max_open=0, max_active=0), {}),
+])
+def test_format_takes_every_layout_at_its_limits(dev, kw):
+    with Store.format(dev, **kw) as s:
+        for k, v in kw.items():
+            assert getattr(s, k) == v
+        assert s.fsck().ok and len(s.table.zones) == dev.geometry.nr_zones - s.meta_zones
+    with Store.open(dev) as s:
+        assert s.df().empty_zones == dev.geometry.nr_zones - s.meta_zones
+
+
+def test_format_defaults_greedy_with_two_zones_of_gc_reserve_and_no_verification():
+    """Defaults: greedy, 2 zones of GC reserve, and decisions on the cached summaries as they are
+    (no rebuild before each: a summary changed behind the store's back stays as it is)."""
+    with Store.format(small()) as s:
+        assert (s.policy, s.gc_reserve_zones, s.meta_zones) == ("greedy", 2, 3)
+        assert s.admission_reserve_zones == 2 and s.df().gc_reserve == 2 * 48 * KiB
+        last = max(s.table.zones)
+        s.table.zones[last].dead += 4096
+        put(s, "g", 1, {"a": b""}, declared_size=0)
+        w = s.begin_generation("h", 2)
+        w.write_counted_shard("a", 8 * KiB)
+        w.commit()
+        assert s.table.zones[last].dead == 4096 and s.table.key() != s.recompute_table().key()
+        s.table.zones[last].dead -= 4096
+        assert s.table.key() == s.recompute_table().key()
