@@ -495,3 +495,73 @@ def test_format_defaults_greedy_with_two_zones_of_gc_reserve_and_no_verification
         assert s.table.zones[last].dead == 4096 and s.table.key() != s.recompute_table().key()
         s.table.zones[last].dead -= 4096
         assert s.table.key() == s.recompute_table().key()
+
+
+def test_a_closed_store_refuses_every_operation_with_one_line():
+    s = Store.format(MemoryDevice(GEOM))
+    put(s, "g", 1, {"a": blob(100)})
+    w = s.begin_generation("h", 2)
+    s.close()
+    assert w.state is GenState.ABORTED            # close aborted the open writer
+    for op in (lambda: s.begin_generation("x", 3), lambda: s.delete("g"), lambda: s.gc(),
+               lambda: s.update_hint("g", Hint()), s.fsck, lambda: s.commit_writer(w)):
+        with pytest.raises(ValueError, match=r"^the store is closed$"):
+            op()
+    s.close()                                      # idempotent
+    assert repr(s).endswith(", closed)") and s.metrics.generations_aborted == 1
+
+
+def test_a_second_open_is_refused_and_a_failed_open_leaves_the_device_free():
+    dev = MemoryDevice(GEOM)
+    with pytest.raises(ForeignDeviceError) as failed:     # nothing on it yet (the error is kept alive)
+        Store.open(dev)
+    s = Store.format(dev)
+    with pytest.raises(StoreLockedError, match=r"^memory: the store is already open in this process$"):
+        Store.open(dev)
+    s.close()
+    assert failed.value is not None
+
+
+def test_generation_refusals_name_the_generation_and_its_state(store):
+    for size, shown in (("10", "'10'"), (-5, "-5"), (1.5, "1.5")):
+        with pytest.raises(ValueError, match=rf"^declared_size must be a non-negative int, not {shown}$"):
+            store.begin_generation("g", 1, declared_size=size)
+    g = put(store, "g", 1, {"a": b""}, declared_size=0)      # an empty generation declares 0
+    with pytest.raises(GenerationExistsError, match=r"^generation 'g' already exists \(to replace it at the new "
+                                                    r"one's commit: replace=True, `retainz put --replace`\)$"):
+        store.begin_generation("g", 2)
+    w = store.begin_generation("h", 2)
+    with pytest.raises(GenerationExistsError, match=r"^generation 'h' is being written$"):
+        store.begin_generation("h", 3)
+    for op in (lambda: store.generation("x"), lambda: store.delete("x")):
+        with pytest.raises(GenerationNotFoundError, match=r"^no committed generation 'x'$"):
+            op()
+    w.abort()
+    w.abort()                                      # a second abort is a no-op
+    with pytest.raises(ValueError, match=r"^generation 'h' is aborted: cannot commit it$"):
+        store.commit_writer(w)
+    done = store.begin_generation("g", 2, replace=True)
+    assert store.generation("g") is g              # the old one until the new one commits
+    done.commit()
+    with pytest.raises(ValueError, match=r"^generation 'g' is committed: cannot abort it$"):
+        store.abort_writer(done)
+    assert store.generation("g") is done.gen and g.state is GenState.DELETED
+
+
+def test_metrics_count_generations_and_commits_are_numbered_in_order():
+    dev = MemoryDevice(GEOM)
+    with Store.format(dev) as s:
+        for i in range(3):
+            put(s, f"g{i}", i, {"a": blob(100, i)})
+        s.begin_generation("x", 5).abort()
+        s.begin_generation("y", 5).abort()
+        s.delete("g0")
+        m = s.metrics
+        assert (m.generations_committed, m.generations_aborted, m.generations_deleted) == (3, 2, 1)
+        assert [g.commit_seq for g in s.generations()] == [2, 3]
+        put(s, "g3", 6, {"a": blob(100, 3)})
+        assert s.generation("g3").commit_seq == 4
+    with Store.open(dev) as s:
+        assert [(g.id, g.commit_seq) for g in s.generations()] == [("g1", 2), ("g2", 3), ("g3", 4)]
+        m = s.metrics
+        assert (m.generations_committed, m.generations_aborted, m.generations_deleted) == (4, 2, 1)
