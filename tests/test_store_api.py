@@ -565,3 +565,5 @@ def test_metrics_count_generations_and_commits_are_numbered_in_order():
         assert [(g.id, g.commit_seq) for g in s.generations()] == [("g1", 2), ("g2", 3), ("g3", 4)]
         m = s.metrics
         assert (m.generations_committed, m.generations_aborted, m.generations_deleted) == (4, 2, 1)
+        s.delete("g1")
+        assert m.generations_deleted == 2
