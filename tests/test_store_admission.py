@@ -7,10 +7,11 @@ from __future__ import annotations
 import pytest
 
 from retainz.cli import main
-from retainz.errors import NoSpaceError
+from retainz.errors import InjectedIOError, NoSpaceError
 from retainz.hint import Hint
 from retainz.placement.greedy import Greedy
 from retainz.store import Store
+from retainz.testing import FaultyDevice
 from retainz.zoned import FileDevice, Geometry, MemoryDevice
 
 KiB = 1024
@@ -107,3 +108,81 @@ def test_df_shows_no_gc_reserve_for_a_policy_without_admission_control():
         assert s.df().gc_reserve == 2 * GEOM.zone_capacity
         s.use_allocator(GreedyWithoutAdmission())
         assert s.admission_reserve_zones == 2 and s.df().gc_reserve == 0
+
+
+def test_an_admission_refusal_names_every_figure_and_exactly_what_can_be_reserved_is_admitted():
+    cap = GEOM.zone_capacity
+    with Store.format(MemoryDevice(GEOM), gc_reserve_zones=2) as s:
+        other = s.begin_generation("other", 1, declared_size=5000)          # reserves 2 blocks
+        assert other.reserve == 8192
+        free = s.df().free
+        avail = free - 8192 - 2 * cap
+        assert s.df().admissible == avail > 0
+        with pytest.raises(NoSpaceError, match=rf"^generation 'big' needs {avail + 4096} bytes; {avail} can be "
+                                               rf"reserved \({free} free, 8192 reserved by other writers, 2 zones "
+                                               r"kept for GC\)$") as e:
+            s.begin_generation("big", 2, declared_size=avail + 1)
+        assert (e.value.needed, e.value.available, e.value.cause) == (avail + 4096, avail, "admission")
+        assert e.value.state == s.stop_state() and e.value.state
+        fits = s.begin_generation("fits", 2, declared_size=avail)           # exactly what can be reserved
+        assert fits.reserve == avail and s.df().admissible == 0
+        u = s.begin_generation("u", 3)                                       # undeclared: nothing reserved yet
+        assert u.reserve == 0 and s.df().admissible == 0
+        with pytest.raises(NoSpaceError, match=rf"^generation 'u' needs 4096 more bytes; 0 can be reserved "
+                                               rf"\({free} free, {8192 + avail} reserved by other writers, 2 "
+                                               r"zones kept for GC\)$") as e:
+            u.write_shard("a", [b"u" * 100])
+        assert (e.value.needed, e.value.available, e.value.cause) == (4096, 0, "admission")
+        fits.abort()
+        u.write_shard("a", [b"u" * 100])
+        assert u.reserve == 0 and s.df().admissible == avail - 4096
+
+
+def test_admission_collects_only_when_the_free_space_is_short():
+    """Dead bytes alone start no GC at admission: only a size that does not fit what can be reserved
+    does (a forced pass), and one that fits exactly is admitted without one."""
+    with Store.format(MemoryDevice(GEOM), gc_reserve_zones=2) as s:
+        for i in range(4):                                      # two full zones, half of each dead
+            w = s.begin_generation(f"g{i}", i, declared_size=24 * KiB)
+            w.write_shard("a", [bytes([i]) * (24 * KiB)])
+            w.commit()
+        s.delete("g0")
+        s.delete("g2")
+        dead, resets = s.table.dead, s.metrics.resets
+        assert dead == 48 * KiB
+        avail = s.df().admissible
+        s.begin_generation("small", 5, declared_size=4096).abort()
+        s.begin_generation("exact", 5, declared_size=avail).abort()
+        assert (s.table.dead, s.metrics.resets, s.metrics.gc_bytes) == (dead, resets, 0)
+        w = s.begin_generation("more", 5, declared_size=avail + 1)   # a forced pass frees both zones
+        assert (s.table.dead, s.metrics.resets, s.metrics.gc_bytes) == (0, resets + 2, 48 * KiB)
+        assert w.reserve == avail + 4096
+        w.abort()
+
+
+def test_a_policy_without_admission_control_reserves_nothing_even_past_the_free_space():
+    with Store.format(MemoryDevice(ZENFS_GEOM), policy="zenfs") as s:
+        free = s.df().free
+        w = s.begin_generation("big", 1, declared_size=free + 4096)
+        assert w.reserve == 0 and s.df().admissible == free and s.df().gc_reserve == 0
+        w.write_shard("a", [b"z" * 8192])
+        w.commit()
+
+
+def test_a_failed_write_keeps_its_reservation_until_the_generation_ends():
+    with Store.format(FaultyDevice(MemoryDevice(GEOM)), gc_reserve_zones=2) as s:
+        dev = s.device
+        admissible = s.df().admissible
+        w = s.begin_generation("u", 1)
+        dev.fail("write")
+        with pytest.raises(InjectedIOError):
+            w.write_shard("a", [b"a" * 8192])
+        assert w.reserve == 8192
+        dev.fail("write")
+        with pytest.raises(InjectedIOError):
+            w.write_shard("b", [b"b" * 12288])
+        assert w.reserve == 12288
+        w.write_shard("c", [b"c" * 4096])
+        assert w.reserve == 8192
+        w.commit()
+        assert s.df().admissible == s.df().free - 2 * GEOM.zone_capacity < admissible
