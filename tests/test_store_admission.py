@@ -186,3 +186,26 @@ def test_a_failed_write_keeps_its_reservation_until_the_generation_ends():
         assert w.reserve == 8192
         w.commit()
         assert s.df().admissible == s.df().free - 2 * GEOM.zone_capacity < admissible
+
+
+def test_a_new_generation_starts_an_unforced_gc_pass_when_fewer_zones_than_the_reserve_are_empty():
+    """Without admission the data can use the reserve; the next ``begin_generation`` then runs one
+    GC pass by the policy's unforced rule (the base rule: the zones with most dead bytes until the
+    reserve is back), not a forced one that would compact every zone."""
+    with Store.format(MemoryDevice(GEOM), gc_reserve_zones=2) as s:
+        s.use_allocator(GreedyWithoutAdmission())
+        data_zones = len(s.table.zones)
+        for i in range(2 * (data_zones - 1)):               # two generations a zone, one zone left empty
+            w = s.begin_generation(f"g{i}", i)
+            w.write_shard("a", [bytes([i]) * (24 * KiB)])
+            w.commit()
+        for i in range(0, 2 * (data_zones - 1), 2):
+            s.delete(f"g{i}")
+        assert (s.table.n_empty, s.table.dead, s.metrics.gc_bytes) == (1, (data_zones - 1) * 24 * KiB, 0)
+        s.begin_generation("next", 100).abort()
+        assert s.metrics.gc_bytes == 24 * KiB                # one victim's live half copied
+        assert (s.table.n_empty, s.table.dead) == (1, (data_zones - 2) * 24 * KiB)
+        s.begin_generation("again", 101).abort()             # one zone empty is still short of 2
+        assert s.metrics.gc_bytes == 48 * KiB and s.table.n_empty == 2
+        s.begin_generation("enough", 102).abort()            # the reserve is back: no pass
+        assert s.metrics.gc_bytes == 48 * KiB and s.fsck().ok
