@@ -567,3 +567,52 @@ def test_metrics_count_generations_and_commits_are_numbered_in_order():
         assert (m.generations_committed, m.generations_aborted, m.generations_deleted) == (4, 2, 1)
         s.delete("g1")
         assert m.generations_deleted == 2
+
+
+def long_named_shards(w, k: int) -> None:
+    for j in range(k):
+        w.write_shard(f"{j:02d}-" + "n" * 200, [])     # 215 bytes of catalog entry each, no data
+
+
+def test_the_journal_estimate_counts_one_extent_per_mib_of_payload_or_per_zone_without():
+    """``journal_estimate``: 256 bytes, the id, and ``EXTENT_BYTES`` (48) per extent of the declared
+    size (1 MiB extents with payload, a zone each without) plus 8 (MetadataLog.estimate)."""
+    g = Geometry(nr_zones=16, zone_size=512 * KiB, zone_capacity=512 * KiB, block_size=4096, max_open=3,
+                 max_active=4)
+    for payload, extents in ((True, 2), (False, 3)):
+        with Store.format(MemoryDevice(g, payload=payload)) as s:
+            w = s.begin_generation("g", 1, declared_size=1536 * KiB)
+            assert w.journal_estimate == 256 + 1 + 48 * (extents + 8)
+            assert s.begin_generation("undeclared", 1).journal_estimate == 256 + 10 + 48 * 8
+
+
+def test_the_journal_refuses_what_it_could_not_roll_over_and_counts_other_writers_only():
+    """Journal admission (MetadataLog.check_room) on 2 meta zones: a new generation is refused when
+    the snapshot with it would need both; a commit is checked with the other writers' estimates,
+    not its own (its entry replaces it)."""
+    with Store.format(MemoryDevice(GEOM), meta_zones=2) as s:
+        for i in range(3):
+            w = s.begin_generation(f"g{i}", i)
+            assert w.journal_estimate == (256 + 2 + 48 * 8 if i == 0 else 4330)   # then the mean entry
+            long_named_shards(w, 20)
+            w.commit()
+        w = s.begin_generation("g3", 3)
+        long_named_shards(w, 20)
+        w.commit()                 # fits one meta zone; with its own estimate counted too it would not
+        text = ("generation 'g4': the journal is full: a snapshot with it would take 2 meta zones (27300 "
+                "bytes); 2 meta zones of 49152 bytes keep room for 2 x 1 (1 free beside the current chain), "
+                "so deletions can always be journaled; delete generations, or format with more meta zones")
+        with pytest.raises(NoSpaceError, match="^" + re.escape(text) + "$") as e:
+            s.begin_generation("g4", 4)
+        assert (e.value.needed, e.value.available, e.value.cause) == (27300, 49152, "journal")
+        assert e.value.state == s.stop_state() and e.value.state["empty_zones"] == len(s.table.zones)
+        s.delete("g3")
+        w = s.begin_generation("g3", 3)
+        long_named_shards(w, 30)
+        with pytest.raises(NoSpaceError, match=r"^commit of generation 'g3': the journal is full: a snapshot "
+                                               r"with it would take 2 meta zones \(24847 bytes\); ") as e:
+            w.commit()
+        assert (e.value.needed, e.value.available, e.value.cause) == (24847, 49152, "journal")
+        assert w.state is GenState.WRITING and w.gen.commit_seq == 0      # not committed, no number
+        w.abort()
+        assert [g.id for g in s.generations()] == ["g0", "g1", "g2"] and s.fsck().ok
