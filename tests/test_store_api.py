@@ -616,3 +616,29 @@ def test_the_journal_refuses_what_it_could_not_roll_over_and_counts_other_writer
         assert w.state is GenState.WRITING and w.gen.commit_seq == 0      # not committed, no number
         w.abort()
         assert [g.id for g in s.generations()] == ["g0", "g1", "g2"] and s.fsck().ok
+
+
+@pytest.mark.parametrize("last, fits", [(36, True), (37, False)])
+def test_a_commit_record_too_big_for_a_meta_zone_is_refused_before_it_is_appended(last, fits):
+    """A commit record must leave 256 bytes of a meta zone's record room (``Journal.max_record``,
+    45048 bytes here): 207 long shard names and a 36-character one make a record of 44792 bytes
+    (committed); one more character is refused with the record's size, and nothing is written."""
+    dev = MemoryDevice(GEOM)
+    with Store.format(dev, meta_zones=8) as s:
+        assert s.journal.max_record == 45048
+        w = s.begin_generation("wide", 1)
+        for j in range(207):
+            w.write_shard(f"{j:03d}-" + "n" * 200, [])
+        w.write_shard("z" * last, [])
+        if fits:
+            w.commit()
+        else:
+            written = s.journal.bytes_written
+            with pytest.raises(NoSpaceError, match=r"^journal record of about 44793 bytes \(generation 'wide'\) "
+                                                   r"does not fit a meta zone \(45048 bytes\)$") as e:
+                w.commit()
+            assert (e.value.needed, e.value.available, e.value.cause) == (44793, 45048, "journal")
+            assert w.gen.commit_seq == 0 and s.journal.bytes_written == written
+            w.abort()
+    with Store.open(dev) as s:
+        assert [(g.id, len(g.shards)) for g in s.generations()] == ([("wide", 208)] if fits else [])
