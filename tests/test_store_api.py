@@ -482,19 +482,25 @@ def test_format_takes_every_layout_at_its_limits(dev, kw):
 
 def test_format_defaults_greedy_with_two_zones_of_gc_reserve_and_no_verification():
     """Defaults: greedy, 2 zones of GC reserve, and decisions on the cached summaries as they are
-    (no rebuild before each: a summary changed behind the store's back stays as it is)."""
-    with Store.format(small()) as s:
+    (no rebuild before each, after format or open: a summary changed behind the store's back stays)."""
+    dev = small()
+    with Store.format(dev) as s:
         assert (s.policy, s.gc_reserve_zones, s.meta_zones) == ("greedy", 2, 3)
         assert s.admission_reserve_zones == 2 and s.df().gc_reserve == 2 * 48 * KiB
-        last = max(s.table.zones)
-        s.table.zones[last].dead += 4096
-        put(s, "g", 1, {"a": b""}, declared_size=0)
-        w = s.begin_generation("h", 2)
-        w.write_counted_shard("a", 8 * KiB)
-        w.commit()
-        assert s.table.zones[last].dead == 4096 and s.table.key() != s.recompute_table().key()
-        s.table.zones[last].dead -= 4096
-        assert s.table.key() == s.recompute_table().key()
+        decide_on_a_stale_summary(s, "g")
+    with Store.open(dev) as s:
+        decide_on_a_stale_summary(s, "h")
+
+
+def decide_on_a_stale_summary(s, gid):
+    last = max(s.table.zones)
+    s.table.zones[last].dead += 4096
+    w = s.begin_generation(gid, 2)
+    w.write_counted_shard("a", 8 * KiB)
+    w.commit()
+    assert s.table.zones[last].dead == 4096 and s.table.key() != s.recompute_table().key()
+    s.table.zones[last].dead -= 4096
+    assert s.table.key() == s.recompute_table().key()
 
 
 def test_a_closed_store_refuses_every_operation_with_one_line():
@@ -642,3 +648,32 @@ def test_a_commit_record_too_big_for_a_meta_zone_is_refused_before_it_is_appende
             w.abort()
     with Store.open(dev) as s:
         assert [(g.id, len(g.shards)) for g in s.generations()] == ([("wide", 208)] if fits else [])
+
+
+def test_open_keeps_the_uuid_and_policy_and_checks_the_device_against_the_policy_asked_for():
+    dev = MemoryDevice(GEOM)
+    with Store.format(dev, policy="retainz") as s:
+        uuid = s.uuid
+        put(s, "g", 1, {"a": blob(100)})
+    with Store.format(MemoryDevice(GEOM)) as other:
+        assert other.uuid != uuid
+    with Store.open(dev) as s:
+        assert (s.uuid, s.policy, s.gc_reserve_zones, s.meta_zones) == (uuid, "retainz", 2, 3)
+    with Store.open(dev, policy="greedy") as s:
+        assert s.policy == "greedy" and s.allocator.name == "greedy"
+    with pytest.raises(ValueError, match=r"^policy zenfs: the device has 16 zones; ZenFS refuses fewer than 32 "):
+        Store.open(dev, policy="zenfs")
+    with Store.open(dev) as s:                     # the refused open left nothing behind
+        assert [g.id for g in s.generations()] == ["g"]
+
+
+def test_gc_runs_the_unforced_rule_unless_forced(store):
+    for i in range(4):                                          # two full zones, half of each dead
+        put(store, f"g{i}", i, {"a": blob(24 * KiB, i)})
+    store.delete("g0")
+    store.delete("g2")
+    rep = store.gc()                                            # enough zones are empty: nothing to do
+    assert (rep.victims, rep.bytes_copied, store.table.dead) == ([], 0, 48 * KiB)
+    rep = store.gc(force=True)
+    assert (len(rep.victims), rep.bytes_copied, store.table.dead) == (2, 48 * KiB, 0)
+    assert [read(store, g, "a") for g in ("g1", "g3")] == [blob(24 * KiB, 1), blob(24 * KiB, 3)]
