@@ -510,7 +510,7 @@ def test_a_closed_store_refuses_every_operation_with_one_line():
     s.close()
     assert w.state is GenState.ABORTED            # close aborted the open writer
     for op in (lambda: s.begin_generation("x", 3), lambda: s.delete("g"), lambda: s.gc(),
-               lambda: s.update_hint("g", Hint()), s.fsck, lambda: s.commit_writer(w)):
+               lambda: s.update_hint("g", Hint()), s.fsck, w.commit):
         with pytest.raises(ValueError, match=r"^the store is closed$"):
             op()
     s.close()                                      # idempotent
