@@ -24,6 +24,7 @@ from retainz.errors import (
 from retainz.hint import Hint
 from retainz.placement.base import PERMANENT
 from retainz.store import GenState, Store
+from retainz.store.format import Superblock
 from retainz.store.store import superblock_zones
 from retainz.testing import FaultyDevice
 from retainz.zoned import FileDevice, Geometry, MemoryDevice, ZoneCond, ZoneOp
@@ -677,3 +678,14 @@ def test_gc_runs_the_unforced_rule_unless_forced(store):
     rep = store.gc(force=True)
     assert (len(rep.victims), rep.bytes_copied, store.table.dead) == (2, 48 * KiB, 0)
     assert [read(store, g, "a") for g in ("g1", "g3")] == [blob(24 * KiB, 1), blob(24 * KiB, 3)]
+
+
+def test_format_writes_the_first_journal_generation_in_zone_0():
+    """The superblock ``format`` writes: sequence 1 (a rollover writes the next under 2), part 0,
+    the store's uuid, layout and policy; the store opens on that chain."""
+    dev = MemoryDevice(GEOM)
+    with Store.format(dev, policy="retainz", gc_reserve_zones=3) as s:
+        sb = Superblock.decode(dev.read(0, GEOM.block_size), GEOM)
+        assert (sb.sequence, sb.part, sb.uuid, sb.meta_zones, sb.gc_reserve_zones, sb.policy) == (
+            1, 0, s.uuid, s.meta_zones, 3, "retainz")
+        assert sb.geometry == GEOM and s.journal.sb.sequence == 1 and superblock_zones(dev) == [0]
