@@ -9,6 +9,7 @@ import pytest
 from retainz.cli import main
 from retainz.errors import InjectedIOError, NoSpaceError
 from retainz.hint import Hint
+from retainz.placement import make_allocator
 from retainz.placement.greedy import Greedy
 from retainz.store import Store
 from retainz.testing import FaultyDevice
@@ -209,3 +210,29 @@ def test_a_new_generation_starts_an_unforced_gc_pass_when_fewer_zones_than_the_r
         assert s.metrics.gc_bytes == 48 * KiB and s.table.n_empty == 2
         s.begin_generation("enough", 102).abort()            # the reserve is back: no pass
         assert s.metrics.gc_bytes == 48 * KiB and s.fsck().ok
+
+
+def test_a_new_generation_starts_no_gc_pass_while_the_reserve_is_empty_whatever_the_policy_would_collect():
+    """``begin_generation``'s GC trigger is the store's reserve (fewer than ``gc_reserve_zones``
+    empty zones, and dead bytes), for every policy: ZenFS's rule ignores the reserve and would
+    collect here (11 % free, every full zone 92 % garbage), yet a new generation leaves it alone
+    while the one reserve zone is empty; an explicit ``gc()`` collects."""
+    with Store.format(MemoryDevice(GEOM), gc_reserve_zones=1) as s:
+        full = len(s.table.zones) - 2
+        for i in range(full):                               # a zone each: 4 KiB live, 44 KiB dead
+            for name, size in (("a", 4), ("b", 44)):
+                w = s.begin_generation(f"{name}{i}", i)
+                w.write_shard("s.sst", [bytes([i]) * (size * KiB)])
+                w.commit()
+        w = s.begin_generation("open", 50)
+        w.write_shard("s.sst", [b"o" * (24 * KiB)])
+        w.commit()
+        for i in range(full):
+            s.delete(f"b{i}")
+        s.use_allocator(make_allocator("zenfs"))
+        assert s.table.n_empty == 1 and s.allocator.gc_victims(1) == sorted(s.table.zones)[:full]
+        dead = s.table.dead
+        s.begin_generation("x", 100).abort()
+        assert (s.table.dead, s.metrics.gc_bytes, s.table.n_empty) == (dead, 0, 1)
+        rep = s.gc()
+        assert rep.bytes_copied == 6 * 4096 and s.table.n_empty == 7
