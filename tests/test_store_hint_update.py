@@ -142,3 +142,28 @@ def test_noisy_hints_are_drawn_once_per_generation_and_an_update_draws_the_same(
         assert r2 - 10 == pytest.approx(2 * (r - 10))       # the same draw scales the new lifetime
         s.update_hint("g", Hint(reclaim_step=1010))
         assert {s.table[z].reclaim_step for z in zones} == placed
+
+
+@pytest.mark.parametrize("shard_open", [False, True])
+def test_a_zone_shared_with_a_generation_being_written_only_takes_a_later_reclaim_step(shard_open):
+    """Data of a generation being written (a closed shard, or one still open) shares the zone even
+    though the catalog does not list it yet: a committed generation's new hint may only raise the
+    zone's reclaim step until that writer ends."""
+    g = Geometry(nr_zones=8, zone_size=2 << 20, zone_capacity=2 << 20, block_size=4096, max_open=4,
+                 max_active=4)
+    with Store.format(MemoryDevice(g), policy="greedy") as s:
+        (z,) = put(s, "a", 1, 500, n=8 * KiB)
+        w = s.begin_generation("b", 2, hint=Hint(reclaim_step=600))
+        if shard_open:
+            sh = w.open_shard("x")
+            sh.write(bytes(1 << 20))                 # a full write buffer goes out at once
+            assert set(sh.zone_bytes) == {z} and w.zone_bytes == {}
+        else:
+            w.write_shard("x", [bytes(1 << 20)])
+            assert set(w.zone_bytes) == {z}
+        assert s.table[z].reclaim_step == 600
+        s.update_hint("a", Hint(reclaim_step=100))
+        assert s.table[z].reclaim_step == 600
+        w.abort()
+        s.update_hint("a", Hint(reclaim_step=100))   # alone again: the zone takes it
+        assert s.table[z].reclaim_step == 100
