@@ -22,7 +22,8 @@ from retainz.errors import (
     SummaryMismatchError,
 )
 from retainz.hint import Hint
-from retainz.placement.base import PERMANENT
+from retainz.placement.base import NO_SPACE, PERMANENT
+from retainz.placement.greedy import Greedy
 from retainz.store import GenState, Store
 from retainz.store.format import Superblock
 from retainz.store.store import superblock_zones
@@ -689,3 +690,24 @@ def test_format_writes_the_first_journal_generation_in_zone_0():
         assert (sb.sequence, sb.part, sb.uuid, sb.meta_zones, sb.gc_reserve_zones, sb.policy) == (
             1, 0, s.uuid, s.meta_zones, 3, "retainz")
         assert sb.geometry == GEOM and s.journal.sb.sequence == 1 and superblock_zones(dev) == [0]
+
+
+class GreedyAfterGC(Greedy):
+    """Greedy, but no space for new data while any zone holds dead bytes (a scripted policy)."""
+
+    def place(self, req):
+        if not req.gc and self.table.dead:
+            return NO_SPACE
+        return super().place(req)
+
+
+def test_a_placement_without_space_runs_one_forced_gc_pass_and_asks_again(store):
+    put(store, "a", 1, {"s": blob(24 * KiB, 1)})
+    put(store, "b", 2, {"s": blob(24 * KiB, 2)})            # zone 3 full: a and b
+    store.delete("a")
+    assert store.table.dead == 24 * KiB
+    store.use_allocator(GreedyAfterGC())
+    put(store, "c", 3, {"s": blob(4 * KiB, 3)})              # no space until the pass frees zone 3
+    assert (store.metrics.gc_bytes, store.table.dead, store.table[3].written) == (24 * KiB, 0, 0)
+    assert [read(store, g, "s") for g in ("b", "c")] == [blob(24 * KiB, 2), blob(4 * KiB, 3)]
+    assert store.fsck().ok
