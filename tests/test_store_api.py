@@ -526,6 +526,8 @@ def test_a_second_open_is_refused_and_a_failed_open_leaves_the_device_free():
     s = Store.format(dev)
     with pytest.raises(StoreLockedError, match=r"^memory: the store is already open in this process$"):
         Store.open(dev)
+    with Store.format(MemoryDevice(GEOM)) as other:     # another device: its own store, open alongside
+        assert other.uuid != s.uuid and repr(other).endswith("open)")
     s.close()
     assert failed.value is not None
 
