@@ -236,3 +236,24 @@ def test_a_new_generation_starts_no_gc_pass_while_the_reserve_is_empty_whatever_
         assert (s.table.dead, s.metrics.gc_bytes, s.table.n_empty) == (dead, 0, 1)
         rep = s.gc()
         assert rep.bytes_copied == 6 * 4096 and s.table.n_empty == 7
+
+
+def test_bytes_already_reserved_are_written_without_a_new_admission():
+    """A write covered by the writer's own reservation (left by a failed write) needs no admission,
+    even when the space others took since leaves nothing more to reserve."""
+    with Store.format(FaultyDevice(MemoryDevice(GEOM)), gc_reserve_zones=2) as s:
+        w = s.begin_generation("u", 1)
+        s.device.fail("write")
+        with pytest.raises(InjectedIOError):
+            w.write_shard("a", [b"a" * 8192])
+        assert w.reserve == 8192
+        s.use_allocator(GreedyWithoutAdmission())            # others write into the reserve
+        x = s.begin_generation("x", 2)
+        x.write_shard("a", [bytes(s.df().free - 2 * GEOM.zone_capacity)])
+        x.commit()
+        s.use_allocator(Greedy())
+        df = s.df()
+        assert df.admissible == 0 and df.free < df.gc_reserve + w.reserve      # less than nothing left
+        w.write_shard("b", [b"b" * 8192])                     # within its reservation: admitted
+        w.commit()
+        assert b"".join(s.read_shard("u", "b")) == b"b" * 8192
