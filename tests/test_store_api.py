@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 import threading
 
 import pytest
@@ -18,11 +19,16 @@ from retainz.errors import (
     ShardNotFoundError,
     ShardSizeError,
     StoreLockedError,
+    SummaryMismatchError,
 )
 from retainz.hint import Hint
-from retainz.placement.base import PERMANENT
+from retainz.placement.base import NO_SPACE, PERMANENT
+from retainz.placement.greedy import Greedy
 from retainz.store import GenState, Store
-from retainz.zoned import FileDevice, Geometry, MemoryDevice, ZoneCond
+from retainz.store.format import Superblock
+from retainz.store.store import superblock_zones
+from retainz.testing import FaultyDevice
+from retainz.zoned import FileDevice, Geometry, MemoryDevice, ZoneCond, ZoneOp
 
 KiB = 1024
 GEOM = Geometry(nr_zones=16, zone_size=64 * KiB, zone_capacity=48 * KiB, block_size=4096, max_open=3,
@@ -385,3 +391,325 @@ def test_df_reports_every_figure_of_a_known_state(store):
     assert store.df().open_zones == 1 and store.df().full_zones == 2
     w.commit()
     assert store.df().generations == 2
+
+
+def test_the_constructor_is_refused_with_the_two_ways_to_get_a_store():
+    with pytest.raises(TypeError, match=r"^use Store\.format\(device\) or Store\.open\(device\)$"):
+        Store(MemoryDevice(GEOM))
+
+
+def test_repr_names_device_policy_generations_and_open_or_closed():
+    s = Store.format(MemoryDevice(GEOM))
+    put(s, "a", 1, {"s": blob(100)})
+    dev = "MemoryDevice('memory', zones=16, zone_size=65536, zone_capacity=49152)"
+    assert repr(s) == f"Store({dev}, policy='greedy', generations=1, open)"
+    s.close()
+    assert repr(s) == f"Store({dev}, policy='greedy', generations=1, closed)"
+
+
+def test_format_reads_no_zone_that_has_nothing_written():
+    """An explicitly opened zone with nothing written is not empty, but holds no superblock: format
+    refuses the device as unrecognised without reading the zone (a drive may refuse reads of
+    unwritten blocks: NVMe's Deallocated or Unwritten Logical Block Error)."""
+    inner = MemoryDevice(GEOM)
+    inner.zone_op(ZoneOp.OPEN, 0)
+    dev = FaultyDevice(inner)
+    dev.fail("read", zone=0, count=-1)
+    assert superblock_zones(dev) == []
+    with pytest.raises(ForeignDeviceError, match=r"^faulty\(memory\) holds data RetainZ does not recognise "
+                                                 r"\(1 non-empty zones, first 0\); pass force=True \(--force\) "
+                                                 r"to erase it$"):
+        Store.format(dev)
+    assert inner.zone(0).cond == ZoneCond.EXP_OPEN
+
+
+def test_verify_summaries_refuses_a_decision_on_stale_cached_summaries():
+    """In ``verify_summaries`` mode a cached summary that differs from the recomputation stops the
+    next decision with the first eight zones that differ, and nothing is placed."""
+    with Store.format(MemoryDevice(GEOM), verify_summaries=True) as s:
+        put(s, "a", 1, {"s": blob(100)})
+        key = s.table.key()
+        stale = [z for z, summary in s.table.zones.items() if summary.written == 0][:9]
+        assert len(stale) == 9
+        for z in stale:
+            s.table.zones[z].dead += 4096
+        w = s.begin_generation("b", 2)
+        with pytest.raises(SummaryMismatchError, match=r"^cached zone summaries differ from a recomputation in "
+                                                       rf"zones \[{', '.join(map(str, stale[:8]))}\]$"):
+            w.write_shard("s", [blob(100)])
+        w.abort()
+        for z in stale:
+            s.table.zones[z].dead -= 4096
+        assert s.table.key() == key == s.recompute_table().key()
+        assert [g.id for g in s.generations()] == ["a"]
+
+
+def small(nr_zones=16, zone_capacity=48 * KiB, max_open=3, max_active=4) -> MemoryDevice:
+    return MemoryDevice(Geometry(nr_zones=nr_zones, zone_size=64 * KiB, zone_capacity=zone_capacity,
+                                 block_size=4096, max_open=max_open, max_active=max_active), payload=False)
+
+
+@pytest.mark.parametrize("dev, kw, text", [
+    (small(), {"meta_zones": 1}, "meta_zones must be 2..64, not 1"),
+    (small(80), {"meta_zones": 65}, "meta_zones must be 2..64, not 65"),
+    (small(), {"gc_reserve_zones": -1}, "gc_reserve_zones cannot be negative (-1)"),
+    (small(6), {"meta_zones": 2, "gc_reserve_zones": 3},
+     "the device has 6 zones; a store needs at least 7 (2 meta, 3 GC reserve, 2 data)"),
+    (small(zone_capacity=12 * KiB), {}, "zone capacity 12288 is under 4 blocks: too small for a journal"),
+    (small(max_open=1, max_active=1), {}, "the device allows fewer than 2 active zones (one is the journal's)"),
+])
+def test_format_refuses_a_bad_layout_with_one_line_and_writes_nothing(dev, kw, text):
+    with pytest.raises(ValueError, match="^" + re.escape(text) + "$"):
+        Store.format(dev, **kw)
+    assert all(z.cond == ZoneCond.EMPTY for z in dev.report_zones())
+
+
+@pytest.mark.parametrize("dev, kw", [
+    (small(), {"meta_zones": 2}),
+    (small(68), {"meta_zones": 64}),
+    (small(), {"gc_reserve_zones": 0}),
+    (small(7), {"meta_zones": 2, "gc_reserve_zones": 3}),
+    (small(zone_capacity=16 * KiB), {"meta_zones": 2}),
+    (small(max_open=2, max_active=2), {}),
+    (small(max_open=0, max_active=0), {}),
+])
+def test_format_takes_every_layout_at_its_limits(dev, kw):
+    with Store.format(dev, **kw) as s:
+        for k, v in kw.items():
+            assert getattr(s, k) == v
+        assert s.fsck().ok and len(s.table.zones) == dev.geometry.nr_zones - s.meta_zones
+    with Store.open(dev) as s:
+        assert s.df().empty_zones == dev.geometry.nr_zones - s.meta_zones
+
+
+def test_format_defaults_greedy_with_two_zones_of_gc_reserve_and_no_verification():
+    """Defaults: greedy, 2 zones of GC reserve, and decisions on the cached summaries as they are
+    (no rebuild before each, after format or open: a summary changed behind the store's back stays)."""
+    dev = small()
+    with Store.format(dev) as s:
+        assert (s.policy, s.gc_reserve_zones, s.meta_zones) == ("greedy", 2, 3)
+        assert s.admission_reserve_zones == 2 and s.df().gc_reserve == 2 * 48 * KiB
+        decide_on_a_stale_summary(s, "g")
+    with Store.open(dev) as s:
+        decide_on_a_stale_summary(s, "h")
+
+
+def decide_on_a_stale_summary(s, gid):
+    last = max(s.table.zones)
+    s.table.zones[last].dead += 4096
+    w = s.begin_generation(gid, 2)
+    w.write_counted_shard("a", 8 * KiB)
+    w.commit()
+    assert s.table.zones[last].dead == 4096 and s.table.key() != s.recompute_table().key()
+    s.table.zones[last].dead -= 4096
+    assert s.table.key() == s.recompute_table().key()
+
+
+def test_a_closed_store_refuses_every_operation_with_one_line():
+    s = Store.format(MemoryDevice(GEOM))
+    put(s, "g", 1, {"a": blob(100)})
+    w = s.begin_generation("h", 2)
+    s.close()
+    assert w.state is GenState.ABORTED            # close aborted the open writer
+    for op in (lambda: s.begin_generation("x", 3), lambda: s.delete("g"), lambda: s.gc(),
+               lambda: s.update_hint("g", Hint()), s.fsck, w.commit):
+        with pytest.raises(ValueError, match=r"^the store is closed$"):
+            op()
+    s.close()                                      # idempotent
+    assert repr(s).endswith(", closed)") and s.metrics.generations_aborted == 1
+
+
+def test_a_second_open_is_refused_and_a_failed_open_leaves_the_device_free():
+    dev = MemoryDevice(GEOM)
+    with pytest.raises(ForeignDeviceError) as failed:     # nothing on it yet (the error is kept alive)
+        Store.open(dev)
+    s = Store.format(dev)
+    with pytest.raises(StoreLockedError, match=r"^memory: the store is already open in this process$"):
+        Store.open(dev)
+    with Store.format(MemoryDevice(GEOM)) as other:     # another device: its own store, open alongside
+        assert other.uuid != s.uuid and repr(other).endswith("open)")
+    s.close()
+    assert failed.value is not None
+
+
+def test_generation_refusals_name_the_generation_and_its_state(store):
+    for size, shown in (("10", "'10'"), (-5, "-5"), (1.5, "1.5")):
+        with pytest.raises(ValueError, match=rf"^declared_size must be a non-negative int, not {shown}$"):
+            store.begin_generation("g", 1, declared_size=size)
+    g = put(store, "g", 1, {"a": b""}, declared_size=0)      # an empty generation declares 0
+    with pytest.raises(GenerationExistsError, match=r"^generation 'g' already exists \(to replace it at the new "
+                                                    r"one's commit: replace=True, `retainz put --replace`\)$"):
+        store.begin_generation("g", 2)
+    w = store.begin_generation("h", 2)
+    with pytest.raises(GenerationExistsError, match=r"^generation 'h' is being written$"):
+        store.begin_generation("h", 3)
+    for op in (lambda: store.generation("x"), lambda: store.delete("x")):
+        with pytest.raises(GenerationNotFoundError, match=r"^no committed generation 'x'$"):
+            op()
+    w.abort()
+    w.abort()                                      # a second abort is a no-op
+    with pytest.raises(ValueError, match=r"^generation 'h' is aborted: cannot commit it$"):
+        store.commit_writer(w)
+    done = store.begin_generation("g", 2, replace=True)
+    assert store.generation("g") is g              # the old one until the new one commits
+    done.commit()
+    with pytest.raises(ValueError, match=r"^generation 'g' is committed: cannot abort it$"):
+        store.abort_writer(done)
+    assert store.generation("g") is done.gen and g.state is GenState.DELETED
+
+
+def test_metrics_count_generations_and_commits_are_numbered_in_order():
+    dev = MemoryDevice(GEOM)
+    with Store.format(dev) as s:
+        for i in range(3):
+            put(s, f"g{i}", i, {"a": blob(100, i)})
+        s.begin_generation("x", 5).abort()
+        s.begin_generation("y", 5).abort()
+        s.delete("g0")
+        m = s.metrics
+        assert (m.generations_committed, m.generations_aborted, m.generations_deleted) == (3, 2, 1)
+        assert [g.commit_seq for g in s.generations()] == [2, 3]
+        put(s, "g3", 6, {"a": blob(100, 3)})
+        assert s.generation("g3").commit_seq == 4
+    with Store.open(dev) as s:
+        assert [(g.id, g.commit_seq) for g in s.generations()] == [("g1", 2), ("g2", 3), ("g3", 4)]
+        m = s.metrics
+        assert (m.generations_committed, m.generations_aborted, m.generations_deleted) == (4, 2, 1)
+        s.delete("g1")
+        assert m.generations_deleted == 2
+
+
+def long_named_shards(w, k: int) -> None:
+    for j in range(k):
+        w.write_shard(f"{j:02d}-" + "n" * 200, [])     # 215 bytes of catalog entry each, no data
+
+
+def test_the_journal_estimate_counts_one_extent_per_mib_of_payload_or_per_zone_without():
+    """``journal_estimate``: 256 bytes, the id, and ``EXTENT_BYTES`` (48) per extent of the declared
+    size (1 MiB extents with payload, a zone each without) plus 8 (MetadataLog.estimate)."""
+    g = Geometry(nr_zones=16, zone_size=512 * KiB, zone_capacity=512 * KiB, block_size=4096, max_open=3,
+                 max_active=4)
+    for payload, extents in ((True, 2), (False, 3)):
+        with Store.format(MemoryDevice(g, payload=payload)) as s:
+            w = s.begin_generation("g", 1, declared_size=1536 * KiB)
+            assert w.journal_estimate == 256 + 1 + 48 * (extents + 8)
+            assert s.begin_generation("undeclared", 1).journal_estimate == 256 + 10 + 48 * 8
+
+
+def test_the_journal_refuses_what_it_could_not_roll_over_and_counts_other_writers_only():
+    """Journal admission (MetadataLog.check_room) on 2 meta zones: a new generation is refused when
+    the snapshot with it would need both; a commit is checked with the other writers' estimates,
+    not its own (its entry replaces it)."""
+    with Store.format(MemoryDevice(GEOM), meta_zones=2) as s:
+        for i in range(3):
+            w = s.begin_generation(f"g{i}", i)
+            assert w.journal_estimate == (256 + 2 + 48 * 8 if i == 0 else 4330)   # then the mean entry
+            long_named_shards(w, 20)
+            w.commit()
+        w = s.begin_generation("g3", 3)
+        long_named_shards(w, 20)
+        w.commit()                 # fits one meta zone; with its own estimate counted too it would not
+        text = ("generation 'g4': the journal is full: a snapshot with it would take 2 meta zones (27300 "
+                "bytes); 2 meta zones of 49152 bytes keep room for 2 x 1 (1 free beside the current chain), "
+                "so deletions can always be journaled; delete generations, or format with more meta zones")
+        with pytest.raises(NoSpaceError, match="^" + re.escape(text) + "$") as e:
+            s.begin_generation("g4", 4)
+        assert (e.value.needed, e.value.available, e.value.cause) == (27300, 49152, "journal")
+        assert e.value.state == s.stop_state() and e.value.state["empty_zones"] == len(s.table.zones)
+        s.delete("g3")
+        w = s.begin_generation("g3", 3)
+        long_named_shards(w, 30)
+        with pytest.raises(NoSpaceError, match=r"^commit of generation 'g3': the journal is full: a snapshot "
+                                               r"with it would take 2 meta zones \(24847 bytes\); ") as e:
+            w.commit()
+        assert (e.value.needed, e.value.available, e.value.cause) == (24847, 49152, "journal")
+        assert w.state is GenState.WRITING and w.gen.commit_seq == 0      # not committed, no number
+        w.abort()
+        assert [g.id for g in s.generations()] == ["g0", "g1", "g2"] and s.fsck().ok
+
+
+@pytest.mark.parametrize("last, fits", [(36, True), (37, False)])
+def test_a_commit_record_too_big_for_a_meta_zone_is_refused_before_it_is_appended(last, fits):
+    """A commit record must leave 256 bytes of a meta zone's record room (``Journal.max_record``,
+    45048 bytes here): 207 long shard names and a 36-character one make a record of 44792 bytes
+    (committed); one more character is refused with the record's size, and nothing is written."""
+    dev = MemoryDevice(GEOM)
+    with Store.format(dev, meta_zones=8) as s:
+        assert s.journal.max_record == 45048
+        w = s.begin_generation("wide", 1)
+        for j in range(207):
+            w.write_shard(f"{j:03d}-" + "n" * 200, [])
+        w.write_shard("z" * last, [])
+        if fits:
+            w.commit()
+        else:
+            written = s.journal.bytes_written
+            with pytest.raises(NoSpaceError, match=r"^journal record of about 44793 bytes \(generation 'wide'\) "
+                                                   r"does not fit a meta zone \(45048 bytes\)$") as e:
+                w.commit()
+            assert (e.value.needed, e.value.available, e.value.cause) == (44793, 45048, "journal")
+            assert w.gen.commit_seq == 0 and s.journal.bytes_written == written
+            w.abort()
+    with Store.open(dev) as s:
+        assert [(g.id, len(g.shards)) for g in s.generations()] == ([("wide", 208)] if fits else [])
+
+
+def test_open_keeps_the_uuid_and_policy_and_checks_the_device_against_the_policy_asked_for():
+    dev = MemoryDevice(GEOM)
+    with Store.format(dev, policy="retainz") as s:
+        uuid = s.uuid
+        put(s, "g", 1, {"a": blob(100)})
+    with Store.format(MemoryDevice(GEOM)) as other:
+        assert other.uuid != uuid
+    with Store.open(dev) as s:
+        assert (s.uuid, s.policy, s.gc_reserve_zones, s.meta_zones) == (uuid, "retainz", 2, 3)
+    with Store.open(dev, policy="greedy") as s:
+        assert s.policy == "greedy" and s.allocator.name == "greedy"
+    with pytest.raises(ValueError, match=r"^policy zenfs: the device has 16 zones; ZenFS refuses fewer than 32 "):
+        Store.open(dev, policy="zenfs")
+    with Store.open(dev) as s:                     # the refused open left nothing behind
+        assert [g.id for g in s.generations()] == ["g"]
+
+
+def test_gc_runs_the_unforced_rule_unless_forced(store):
+    for i in range(4):                                          # two full zones, half of each dead
+        put(store, f"g{i}", i, {"a": blob(24 * KiB, i)})
+    store.delete("g0")
+    store.delete("g2")
+    rep = store.gc()                                            # enough zones are empty: nothing to do
+    assert (rep.victims, rep.bytes_copied, store.table.dead) == ([], 0, 48 * KiB)
+    rep = store.gc(force=True)
+    assert (len(rep.victims), rep.bytes_copied, store.table.dead) == (2, 48 * KiB, 0)
+    assert [read(store, g, "a") for g in ("g1", "g3")] == [blob(24 * KiB, 1), blob(24 * KiB, 3)]
+
+
+def test_format_writes_the_first_journal_generation_in_zone_0():
+    """The superblock ``format`` writes: sequence 1 (a rollover writes the next under 2), part 0,
+    the store's uuid, layout and policy; the store opens on that chain."""
+    dev = MemoryDevice(GEOM)
+    with Store.format(dev, policy="retainz", gc_reserve_zones=3) as s:
+        sb = Superblock.decode(dev.read(0, GEOM.block_size), GEOM)
+        assert (sb.sequence, sb.part, sb.uuid, sb.meta_zones, sb.gc_reserve_zones, sb.policy) == (
+            1, 0, s.uuid, s.meta_zones, 3, "retainz")
+        assert sb.geometry == GEOM and s.journal.sb.sequence == 1 and superblock_zones(dev) == [0]
+
+
+class GreedyAfterGC(Greedy):
+    """Greedy, but no space for new data while any zone holds dead bytes (a scripted policy)."""
+
+    def place(self, req):
+        if not req.gc and self.table.dead:
+            return NO_SPACE
+        return super().place(req)
+
+
+def test_a_placement_without_space_runs_one_forced_gc_pass_and_asks_again(store):
+    put(store, "a", 1, {"s": blob(24 * KiB, 1)})
+    put(store, "b", 2, {"s": blob(24 * KiB, 2)})            # zone 3 full: a and b
+    store.delete("a")
+    assert store.table.dead == 24 * KiB
+    store.use_allocator(GreedyAfterGC())
+    put(store, "c", 3, {"s": blob(4 * KiB, 3)})              # no space until the pass frees zone 3
+    assert (store.metrics.gc_bytes, store.table.dead, store.table[3].written) == (24 * KiB, 0, 0)
+    assert [read(store, g, "s") for g in ("b", "c")] == [blob(24 * KiB, 2), blob(4 * KiB, 3)]
+    assert store.fsck().ok

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from retainz.errors import GenerationNotFoundError, PowerCutError
+from retainz.errors import GenerationNotFoundError, InjectedIOError, PowerCutError
 from retainz.hint import Hint
 from retainz.store import Store
 from retainz.testing import FaultyDevice
@@ -85,3 +85,85 @@ def test_a_generation_being_written_takes_the_hint_with_its_commit():
         w.commit()
     with Store.open(dev) as s:
         assert s.generation("g").hint.reclaim_step == 50
+
+
+def test_refusal_texts_and_a_reclaim_step_at_the_generations_own_step_is_taken():
+    with Store.format(MemoryDevice(GEOM)) as s:
+        zones = put(s, "g", 50, 100)
+        with pytest.raises(GenerationNotFoundError, match=r"^no generation 'nope'$"):
+            s.update_hint("nope", Hint(reclaim_step=100))
+        with pytest.raises(ValueError, match=r"^generation 'g': reclaim step 49 is before its own step 50 \(a "
+                                             r"generation cannot be retired before it is saved\)$"):
+            s.update_hint("g", Hint(reclaim_step=49))
+        s.update_hint("g", Hint(reclaim_step=50))           # retired the step it is saved: allowed
+        assert s.generation("g").hint.reclaim_step == 50
+        assert [s.table[z].reclaim_step for z in sorted(zones)] == [50] * len(zones)
+
+
+def test_a_journal_write_that_fails_leaves_the_hint_and_every_zones_reclaim_step_as_before():
+    dev = FaultyDevice(MemoryDevice(GEOM))
+    with Store.format(dev, policy="retainz") as s:
+        zones = put(s, "g", 10, 1010, n=48 * KiB)
+        put(s, "h", 20, 1020)
+        old = s.generation("g").hint
+        steps = {z: s.table[z].reclaim_step for z in zones}
+        key = s.table.key()
+        assert set(steps.values()) == {1010}
+        dev.fail("write")
+        with pytest.raises(InjectedIOError):
+            s.update_hint("g", Hint(reclaim_step=3000))
+        assert s.generation("g").hint is old
+        assert {z: s.table[z].reclaim_step for z in zones} == steps
+        assert s.table.key() == key == s.recompute_table().key()
+        s.update_hint("g", Hint(reclaim_step=3000))           # the next one lands
+        assert {s.table[z].reclaim_step for z in zones if len(s.catalog.zone_gens[z]) == 1} == {3000}
+
+
+def test_retainz_records_an_unknown_reclaim_step_as_the_generations_step_plus_the_unknown_lifetime():
+    with Store.format(MemoryDevice(GEOM), policy="retainz") as s:
+        zones = put(s, "g", 10, 1010, n=48 * KiB)
+        s.update_hint("g", Hint(), step=12)
+        assert s.generation("g").hint.reclaim_step is None
+        assert {s.table[z].reclaim_step for z in zones} == {10 + 5000}
+        assert s.table.key() == s.recompute_table().key()
+
+
+def test_noisy_hints_are_drawn_once_per_generation_and_an_update_draws_the_same():
+    """``retainz-noisy`` scales each generation's predicted lifetime by one seeded draw per
+    generation: an update back to the hint a generation was written with gives its zones the reclaim
+    step they were placed with."""
+    with Store.format(MemoryDevice(GEOM), policy="retainz-noisy:error=0.5") as s:
+        zones = put(s, "g", 10, 1010, n=48 * KiB)
+        placed = {s.table[z].reclaim_step for z in zones}
+        (r,) = placed
+        assert r != 1010 and 10 + 500 <= r <= 10 + 1500
+        s.update_hint("g", Hint(reclaim_step=2010))
+        (r2,) = {s.table[z].reclaim_step for z in zones}
+        assert r2 - 10 == pytest.approx(2 * (r - 10))       # the same draw scales the new lifetime
+        s.update_hint("g", Hint(reclaim_step=1010))
+        assert {s.table[z].reclaim_step for z in zones} == placed
+
+
+@pytest.mark.parametrize("shard_open", [False, True])
+def test_a_zone_shared_with_a_generation_being_written_only_takes_a_later_reclaim_step(shard_open):
+    """Data of a generation being written (a closed shard, or one still open) shares the zone even
+    though the catalog does not list it yet: a committed generation's new hint may only raise the
+    zone's reclaim step until that writer ends."""
+    g = Geometry(nr_zones=8, zone_size=2 << 20, zone_capacity=2 << 20, block_size=4096, max_open=4,
+                 max_active=4)
+    with Store.format(MemoryDevice(g), policy="greedy") as s:
+        (z,) = put(s, "a", 1, 500, n=8 * KiB)
+        w = s.begin_generation("b", 2, hint=Hint(reclaim_step=600))
+        if shard_open:
+            sh = w.open_shard("x")
+            sh.write(bytes(1 << 20))                 # a full write buffer goes out at once
+            assert set(sh.zone_bytes) == {z} and w.zone_bytes == {}
+        else:
+            w.write_shard("x", [bytes(1 << 20)])
+            assert set(w.zone_bytes) == {z}
+        assert s.table[z].reclaim_step == 600
+        s.update_hint("a", Hint(reclaim_step=100))
+        assert s.table[z].reclaim_step == 600
+        w.abort()
+        s.update_hint("a", Hint(reclaim_step=100))   # alone again: the zone takes it
+        assert s.table[z].reclaim_step == 100

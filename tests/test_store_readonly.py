@@ -98,3 +98,23 @@ def test_readonly_open_of_a_crashed_file_store_leaves_the_file_unchanged(tmp_pat
     with FileDevice(path) as dev, Store.open(dev) as s:
         assert s.recovery.zones_reset == [4, 5] and s.fsck().ok
     assert hashlib.sha256(path.read_bytes()).hexdigest() != digest
+
+
+def test_a_readonly_store_refuses_every_change_with_one_line_and_its_close_writes_nothing():
+    dev = MemoryDevice(GEOM)
+    with Store.format(dev) as s:
+        w = s.begin_generation("g1", 1)
+        w.write_shard("model", [G1])
+        w.commit()
+    before = device_state(dev)
+    s = Store.open(dev, readonly=True)
+    assert s.readonly
+    for op in (lambda: s.begin_generation("x", 9), lambda: s.delete("g1"), lambda: s.gc(),
+               lambda: s.update_hint("g1", s.generation("g1").hint)):
+        with pytest.raises(ReadOnlyStoreError, match=r"^memory: the store was opened read-only$"):
+            op()
+    s.close()
+    assert device_state(dev) == before
+    with Store.open(dev) as s:                 # read-write (the default) journals a sync record at close
+        assert not s.readonly
+    assert device_state(dev) != before

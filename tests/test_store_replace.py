@@ -116,3 +116,33 @@ def test_a_power_cut_at_every_write_of_a_replacement_leaves_exactly_one_version(
                 outcomes["old" if got == OLD else "new"] += 1
             points += 1
     assert outcomes["old"] and outcomes["new"] and points > boundaries
+
+
+def test_the_commit_record_retires_the_old_version_and_names_its_zones_for_a_replay_after_a_crash():
+    """No sync record (power cut right after the commit): the replay of the replacing commit record
+    alone retires the old version, resets the zones it held alone, and repairs nothing."""
+    dev = FaultyDevice(MemoryDevice(GEOM))
+    s = Store.format(dev)
+    write(s, "last", 10, {"model": random.Random(5).randbytes(48 * KiB)})      # one zone of its own
+    old_zones = {e[0] for sh in s.generation("last").shards.values() for e in sh.extents}
+    w = s.begin_generation("last", 20, hint=Hint(reclaim_step=120), replace=True)
+    for name, data in NEW.items():
+        w.write_shard(name, [data])
+    w.commit()
+    assert len(old_zones) == 1 and all(s.table[z].written == 0 for z in old_zones)    # reset at the commit
+    key = s.table.key()
+    dev.cut_now()
+    with pytest.raises(PowerCutError):
+        s.close()
+    dev.reboot()
+    with Store.open(dev) as back:
+        assert back.recovery.repairs == [] and back.table.key() == key and back.fsck().ok
+        assert contents(back, "last") == NEW and back.generation("last").step == 20
+        assert len(back.generations()) == 1 and not any(z in back.catalog.zone_gens for z in old_zones)
+        # the freed zone is reused by a generation alone in it: a new hint sets its reclaim step
+        w = back.begin_generation("x", 30, hint=Hint(reclaim_step=500))
+        w.write_shard("model", [bytes(48 * KiB)])
+        w.commit()
+        assert {e[0] for e in back.generation("x").shards["model"].extents} == old_zones
+        back.update_hint("x", Hint(reclaim_step=50))
+        assert [back.table[z].reclaim_step for z in old_zones] == [50]

@@ -3,6 +3,8 @@ before its own, is refused (API: ValueError; CLI: exit 2, one line) and nothing 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from retainz.cli import main
@@ -83,3 +85,43 @@ def test_steps_and_hints_that_are_not_are_refused_with_a_value_error(call):
         assert "\n" not in str(e.value)
         assert [g.id for g in s.generations()] == ["g"] and s.table.key() == key and s.now == now
         assert s.generation("g").hint.reclaim_step == 100
+
+
+MAX = 2 ** 63 - 1
+
+
+@pytest.mark.parametrize("call, text", [
+    (lambda s: s.begin_generation("x", True), f"step must be an int from 0 to {MAX}, not True"),
+    (lambda s: s.begin_generation("x", -1), f"step must be an int from 0 to {MAX}, not -1"),
+    (lambda s: s.begin_generation("x", MAX + 1), f"step must be an int from 0 to {MAX}, not {MAX + 1}"),
+    (lambda s: s.delete("g", step="300"), f"step must be an int from 0 to {MAX}, not '300'"),
+    (lambda s: s.begin_generation("x", 1, hint="soon"), "hint must be a retainz.hint.Hint, not str"),
+    (lambda s: s.begin_generation("x", 1, hint=Hint(reclaim_step=float("nan"))),
+     "hint reclaim_step must be a number or None, not nan"),
+    (lambda s: s.begin_generation("x", 1, hint=Hint(reclaim_step="x")),
+     "hint reclaim_step must be a number or None, not 'x'"),
+    (lambda s: s.update_hint("g", Hint(reclaim_step=400, actual_reclaim_step=float("nan"))),
+     "hint actual_reclaim_step must be a number or None, not nan"),
+    (lambda s: s.update_hint("g", Hint(reclaim_step=400, actual_reclaim_step=[1])),
+     "hint actual_reclaim_step must be a number or None, not [1]"),
+])
+def test_refusals_of_steps_and_hints_name_the_value(call, text):
+    with Store.format(MemoryDevice(GEOM)) as s:
+        w = s.begin_generation("g", 50, hint=Hint(reclaim_step=100))
+        w.write_shard("a", [b"x" * 5000])
+        w.commit()
+        with pytest.raises(ValueError, match="^" + re.escape(text) + "$"):
+            call(s)
+        assert [g.id for g in s.generations()] == ["g"] and s.now == 50
+
+
+def test_steps_from_zero_to_the_largest_and_numeric_hints_are_taken():
+    with Store.format(MemoryDevice(GEOM)) as s:
+        s.begin_generation("zero", 0, hint=Hint(reclaim_step=0, actual_reclaim_step=0)).commit()
+        s.begin_generation("half", 7, hint=Hint(reclaim_step=7.5, actual_reclaim_step=9)).commit()
+        s.begin_generation("last", MAX, hint=Hint(reclaim_step=float("inf"), actual_reclaim_step=MAX)).commit()
+        assert [(g.id, g.step) for g in s.generations()] == [("zero", 0), ("half", 7), ("last", MAX)]
+        assert s.now == MAX
+        s.delete("last", step=MAX)
+        s.update_hint("half", Hint(reclaim_step=None, actual_reclaim_step=8.5))
+        assert s.generation("half").hint.actual_reclaim_step == 8.5
