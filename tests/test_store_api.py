@@ -449,31 +449,35 @@ def small(nr_zones=16, zone_capacity=48 * KiB, max_open=3, max_active=4) -> Memo
                                  block_size=4096, max_open=max_open, max_active=max_active), payload=False)
 
 
-@pytest.mark.parametrize("dev, kw, text", [
-    (small(), {"meta_zones": 1}, "meta_zones must be 2..64, not 1"),
-    (small(80), {"meta_zones": 65}, "meta_zones must be 2..64, not 65"),
-    (small(), {"gc_reserve_zones": -1}, "gc_reserve_zones cannot be negative (-1)"),
-    (small(6), {"meta_zones": 2, "gc_reserve_zones": 3},
+# each case makes its device when it runs: a device made at collection would carry one run's store into
+# the next run of the same test (a rerun in one process)
+@pytest.mark.parametrize("make, kw, text", [
+    (lambda: small(), {"meta_zones": 1}, "meta_zones must be 2..64, not 1"),
+    (lambda: small(80), {"meta_zones": 65}, "meta_zones must be 2..64, not 65"),
+    (lambda: small(), {"gc_reserve_zones": -1}, "gc_reserve_zones cannot be negative (-1)"),
+    (lambda: small(6), {"meta_zones": 2, "gc_reserve_zones": 3},
      "the device has 6 zones; a store needs at least 7 (2 meta, 3 GC reserve, 2 data)"),
-    (small(zone_capacity=12 * KiB), {}, "zone capacity 12288 is under 4 blocks: too small for a journal"),
-    (small(max_open=1, max_active=1), {}, "the device allows fewer than 2 active zones (one is the journal's)"),
+    (lambda: small(zone_capacity=12 * KiB), {}, "zone capacity 12288 is under 4 blocks: too small for a journal"),
+    (lambda: small(max_open=1, max_active=1), {}, "the device allows fewer than 2 active zones (one is the journal's)"),
 ])
-def test_format_refuses_a_bad_layout_with_one_line_and_writes_nothing(dev, kw, text):
+def test_format_refuses_a_bad_layout_with_one_line_and_writes_nothing(make, kw, text):
+    dev = make()
     with pytest.raises(ValueError, match="^" + re.escape(text) + "$"):
         Store.format(dev, **kw)
     assert all(z.cond == ZoneCond.EMPTY for z in dev.report_zones())
 
 
-@pytest.mark.parametrize("dev, kw", [
-    (small(), {"meta_zones": 2}),
-    (small(68), {"meta_zones": 64}),
-    (small(), {"gc_reserve_zones": 0}),
-    (small(7), {"meta_zones": 2, "gc_reserve_zones": 3}),
-    (small(zone_capacity=16 * KiB), {"meta_zones": 2}),
-    (small(max_open=2, max_active=2), {}),
-    (small(max_open=0, max_active=0), {}),
+@pytest.mark.parametrize("make, kw", [
+    (lambda: small(), {"meta_zones": 2}),
+    (lambda: small(68), {"meta_zones": 64}),
+    (lambda: small(), {"gc_reserve_zones": 0}),
+    (lambda: small(7), {"meta_zones": 2, "gc_reserve_zones": 3}),
+    (lambda: small(zone_capacity=16 * KiB), {"meta_zones": 2}),
+    (lambda: small(max_open=2, max_active=2), {}),
+    (lambda: small(max_open=0, max_active=0), {}),
 ])
-def test_format_takes_every_layout_at_its_limits(dev, kw):
+def test_format_takes_every_layout_at_its_limits(make, kw):
+    dev = make()
     with Store.format(dev, **kw) as s:
         for k, v in kw.items():
             assert getattr(s, k) == v
