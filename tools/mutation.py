@@ -380,7 +380,8 @@ def write_report(data: dict, equivalent: dict[str, str], out: Path) -> None:
         if g.get("only"):
             lines.append(f"Run narrowed to: {', '.join(g['only'])}.")
         for r in g.get("reruns", []):
-            lines.append(f"Re-measured {r['date']} ({r['minutes']} min"
+            lines.append(f"Re-measured {r['date']} ("
+                         + (f"{r['minutes']} min" if r["minutes"] is not None else "collected from its scratch copy")
                          + (", stopped by its time budget" if r.get("stopped") else "")
                          + (f"; resumed: {r['resumed']} mutants not killed before (survivors or not run) were run "
                             "again with the then current tests, earlier kills kept" if r.get("resumed") is not None
