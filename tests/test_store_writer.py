@@ -558,3 +558,32 @@ def test_a_decision_that_finishes_a_zone_and_names_another_runs_no_gc():
         w.commit()
         assert passes == [] and len(calls) == 1
         assert s.table[opened].cond is ZoneCond.FULL and s.generation("g3").shards["s"].extents[0][0] == target
+
+
+def test_an_aborted_generations_zones_are_reset_one_by_one_and_counted():
+    """Zones an abort leaves with no live data are reset (``ZoneBook.reset``, not a journaled batch):
+    each reset is counted once, and a zone reset while part-empty is charged its unwritten capacity,
+    in bytes and in bytes x the steps since its last write; a full zone was charged nothing."""
+    with Store.format(MemoryDevice(GEOM)) as s:
+        m = s.metrics
+        w = s.begin_generation("g", 1)
+        w.write_shard("s", [b"x" * (CAP + 5000)])         # one full zone, one with 8 KiB written
+        s.advance(11)
+        assert (m.resets, m.unused_capacity_bytes, m.unused_capacity_byte_steps) == (0, 0, 0)
+        w.abort()
+        assert m.resets == 2 and all(z.cond is ZoneCond.EMPTY for z in s.table)
+        assert m.unused_capacity_bytes == CAP - 8192
+        assert m.unused_capacity_byte_steps == (CAP - 8192) * (11 - 1)
+        assert s.table.key() == s.recompute_table().key()
+        w = s.begin_generation("h", 12)
+        w.write_shard("s", [b"y" * 100])
+        w.abort()
+        assert m.resets == 3 and m.unused_capacity_bytes == (CAP - 8192) + (CAP - 4096)
+        w = s.begin_generation("f", 13)                   # a zone finished before the abort was charged then
+        w.write_shard("s", [b"z" * 100])
+        (z,) = s.table.open
+        s.write_path.zones.finish(z)
+        assert m.unused_capacity_bytes == (CAP - 8192) + 2 * (CAP - 4096)
+        w.abort()
+        assert m.resets == 4 and m.unused_capacity_bytes == (CAP - 8192) + 2 * (CAP - 4096)
+        assert s.table.key() == s.recompute_table().key()
