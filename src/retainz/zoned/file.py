@@ -73,7 +73,7 @@ class FileDevice(EmulatedZonedDevice):
         FileNotFoundError: no such file.
         NotADeviceError: the file is not a RetainZ device file (nothing is changed).
         CorruptDeviceError: the label or both zone-state slots fail their checksums.
-        DeviceBusyError: another process holds the lock.
+        DeviceBusyError: another open of the device (in this process or another) holds its lock.
     """
 
     def __init__(self, path: str | os.PathLike, *, readonly: bool = False):
@@ -118,7 +118,8 @@ class FileDevice(EmulatedZonedDevice):
         Raises:
             FileExistsError: the path exists and is not empty, and ``force`` is False.
             IsADirectoryError: the path is a directory (``force`` or not).
-            DeviceBusyError: another process has the file open as a device (nothing is changed).
+            DeviceBusyError: another open of the device (in this process or another) holds its lock
+                (nothing is changed).
             OSError: the file cannot be made (e.g. larger than the file system allows); the message
                 names it, and a file this call created is removed.
         """
