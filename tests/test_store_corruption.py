@@ -135,6 +135,7 @@ def test_extents_each_valid_but_in_the_wrong_order_fail_the_whole_shard_crc():
     n0, n1 = shard.extents[0][2], shard.extents[1][2]
     swapped = data[n0:n0 + n1] + data[:n0] + data[n0 + n1:]
     assert (e.value.expected, e.value.actual) == (shard.crc, crc32c.crc32c(swapped))
+    assert (e.value.generation, e.value.shard) == ("g", "s")
     s.close()
 
 
