@@ -146,15 +146,14 @@ class ZoneBook:
         for z, n in zone_bytes.items():
             on_kill(z, n)
 
-    def reset(self, z: int) -> bool:
+    def reset(self, z: int) -> None:
         """Reset data zone ``z`` (it holds no live data); a zone reset while part-empty is charged
         its unused capacity (:meth:`charge_part_empty`).  Its attributes are journaled with the
         next record.
 
         A reset the device refuses loses nothing (the zone holds only dead bytes): the zone is
         reconciled with the device's report, the failure is counted in :attr:`failed_resets` and
-        logged, and the zone waits for a later reset (GC, the next deletion, the next mount).
-        Returns whether the zone was reset."""
+        logged, and the zone waits for a later reset (GC, the next deletion, the next mount)."""
         s = self.table.zones[z]
         try:
             self.device.reset_zone(z)
@@ -162,12 +161,11 @@ class ZoneBook:
             raise                            # the device is gone: nothing to reconcile with
         except ZonedDeviceError as e:
             self._reset_failed(z, e)
-            return False
+            return
         self.charge_part_empty(s.capacity, s.written, s.cond is _FULL, s.last_write_step)
         self.table.on_reset(z)
         self.metrics.resets += 1
         self.changed.add(z)
-        return True
 
     def reset_journaled(self, zs: list[int]) -> None:
         """Reset data zones a journaled record already names for reset (``r`` of a deletion or a
@@ -214,14 +212,12 @@ class ZoneBook:
         except ZonedDeviceError as e:       # the report failed too: the table stays as it was
             log.warning("zone %d: report failed while reconciling (%s)", z, e)
 
-    def reset_dead(self, zones: Iterable[int]) -> int:
-        """Reset the zones among ``zones`` that hold bytes but no live data; returns how many."""
-        n = 0
+    def reset_dead(self, zones: Iterable[int]) -> None:
+        """Reset the zones among ``zones`` that hold bytes but no live data (:meth:`reset`)."""
         for z in list(zones):
             s = self.table.zones[z]
-            if s.written and not s.live and self.reset(z):
-                n += 1
-        return n
+            if s.written and not s.live:
+                self.reset(z)
 
     def charge_part_empty(self, capacity: int, written: int, full: bool, last_write_step: int) -> None:
         """Unused capacity of a zone reset while part-empty: ``capacity - written`` bytes, held

@@ -180,9 +180,9 @@ class ReplayConfig:
                 raise ValueError("the trace saves nothing (peak live 0 bytes): no device size follows from "
                                  "--pressure; give --zones")
             zones = max(1, math.ceil(peak_live_bytes / (self.pressure * self.zone_capacity)))
-        if zones > MAX_ZONES and self.zones is not None:
-            raise ValueError(f"--zones {zones:,} is over the limit of {MAX_ZONES:,} data zones")
         if zones > MAX_ZONES:
+            if self.zones is not None:
+                raise ValueError(f"--zones {zones:,} is over the limit of {MAX_ZONES:,} data zones")
             raise ValueError(f"the replay device would need {zones:,} data zones of {self.zone_capacity:,} bytes "
                              f"(peak live {peak_live_bytes:,} bytes at pressure {self.pressure}); the limit is "
                              f"{MAX_ZONES:,}: raise --pressure or the zone size")
