@@ -166,7 +166,7 @@ def _placement(sizes: Sizes) -> tuple[list[Figure], dict]:
                         "14 active); x256 would be linear")], {"retainz_us": us}
 
 
-#: Why a ratio to plain ``pwrite`` can exceed 1 (:func:`retainz.zoned.file.start_writeback`).
+#: Why a ratio to plain ``pwrite`` can exceed 1 (:func:`retainz.zoned.syscalls.start_writeback`).
 _EARLY = " (above 1: the FileDevice starts writeback early, plain pwrite does not)"
 
 

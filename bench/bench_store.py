@@ -32,7 +32,8 @@ from retainz.hint import Hint
 from retainz.placement.base import PERMANENT
 from retainz.store import Store
 from retainz.zoned import FileDevice, Geometry, MemoryDevice
-from retainz.zoned.file import WRITEBACK_BYTES, start_writeback
+from retainz.zoned.file import WRITEBACK_BYTES
+from retainz.zoned.syscalls import start_writeback
 
 MiB = 1 << 20
 #: The sync the baselines use: the same one the FileDevice uses (``fdatasync`` where available), so a
@@ -84,7 +85,7 @@ def bench_write(d: str, mib: int, reps: int) -> dict:
 def _raw_write(path: str, buf: bytes, mib: int, *, writeback: bool) -> float:
     """Seconds to ``pwrite`` ``buf`` ``mib`` times (1 MiB each) to a new file and ``fdatasync`` it;
     ``writeback``: also start the kernel's writeback every ``WRITEBACK_BYTES``, as the FileDevice
-    does (:func:`retainz.zoned.file.start_writeback`)."""
+    does (:func:`retainz.zoned.syscalls.start_writeback`)."""
     every = max(1, WRITEBACK_BYTES // MiB)
     t = time.perf_counter()
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)

@@ -8,6 +8,7 @@ served to the host) to add that device.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -19,13 +20,32 @@ from retainz.zoned import FileDevice, Geometry, MemoryDevice
 SMALL = Geometry(nr_zones=8, zone_size=64 * 1024, zone_capacity=48 * 1024, block_size=4096,
                  max_open=3, max_active=4)
 
+#: Byte offsets past 2^31 and 2^32 (a C ``int`` and a ``uint32``).
+GiB = 1 << 30
+
+
+def high(g: Geometry) -> Geometry:
+    """``g`` with 3 GiB zones (capacity and limits unchanged): zone 1 starts at 3 GiB, between 2^31 and
+    2^32 bytes, and every later zone past 2^32 bytes, so every device call crosses both widths a
+    truncated offset would lose (a sparse file: the unwritten span costs no disk)."""
+    return dataclasses.replace(g, zone_size=3 * GiB)
+
+
+#: More zones than a 16-bit index holds, and zones from index 65,536 on start at 2^32 bytes and beyond.
+WIDE = dataclasses.replace(SMALL, nr_zones=(1 << 16) + 64)
+
 _REAL = [p for p in os.environ.get("RETAINZ_TEST_ZBD", "").split(",") if p]
 _SERVED = os.environ.get("RETAINZ_TEST_REMOTE", "")
-DEVICE_KINDS = ["memory", "file", "faulty-memory", "faulty-file", "remote-memory", "remote-window-file"] + [
+DEVICE_KINDS = ["memory", "file", "faulty-memory", "faulty-file", "remote-memory", "remote-window-file",
+                "memory-high", "file-high", "faulty-file-high", "remote-window-file-high"] + [
     f"linux:{p}" for p in _REAL] + ([f"served:{_SERVED}"] if _SERVED else [])
 
 
 def make_device(kind: str, tmp_path, geometry: Geometry = SMALL):
+    """A fresh device of ``kind``; a ``-high`` kind has ``geometry``'s zones at offsets past 2^32
+    (:func:`high`)."""
+    if kind.endswith("-high"):
+        return make_device(kind.removesuffix("-high"), tmp_path, high(geometry))
     if kind == "memory":
         return MemoryDevice(geometry)
     if kind == "file":

@@ -29,7 +29,7 @@ from retainz.errors import (
     ZoneReadOnlyError,
 )
 from retainz.zoned import ZoneCond, ZoneOp, ZoneType, open_device
-from retainz.zoned.linux import (
+from retainz.zoned.blkzoned import (
     BLK_ZONE,
     BLK_ZONE_RANGE,
     BLK_ZONE_REP_CAPACITY,
@@ -41,7 +41,6 @@ from retainz.zoned.linux import (
     BLKREPORTZONE,
     BLKRESETZONE,
     REPORT_HEADER,
-    LinuxZonedDevice,
     RawZone,
     classify_write_error,
     classify_zone_op_error,
@@ -50,6 +49,7 @@ from retainz.zoned.linux import (
     parse_report,
     raw_to_zone,
 )
+from retainz.zoned.linux import LinuxZonedDevice
 from retainz.zoned.model import Zone
 
 MiB = 1 << 20

@@ -54,9 +54,10 @@ from tests.conftest import DEVICE_KINDS, make_device
 GEOMETRY = Geometry(nr_zones=16, zone_size=64 * 1024, zone_capacity=48 * 1024, block_size=4096,
                     max_open=3, max_active=4)
 REAL = [k for k in DEVICE_KINDS if k.startswith("linux:")]
-KINDS = ["memory", "file"] + REAL
+#: ``-high``: the same geometry with 3 GiB zones, so the data zones lie past 2^31 and 2^32 bytes.
+KINDS = ["memory", "file", "memory-high", "file-high"] + REAL
 #: Devices whose contents outlive the process (for the out-of-process crash).
-PERSISTENT = ["file"] + REAL
+PERSISTENT = ["file", "file-high"] + REAL
 
 
 class Rig:
@@ -92,12 +93,12 @@ class Rig:
 
     def release(self) -> None:
         """Close the device handle (another process may open the device now)."""
-        if self.kind != "memory":
+        if not self.kind.startswith("memory"):
             self.dev.close()
 
     def attach(self):
         """A new handle on the same medium: what the next process opens."""
-        if self.kind == "file":
+        if self.kind.startswith("file"):
             self.dev = FileDevice(self.tmp_path / "dev.img")
         elif self.kind.startswith("linux:"):
             from retainz.zoned.linux import LinuxZonedDevice
@@ -457,10 +458,11 @@ def test_killed_process_leaves_the_committed_set_exact(persistent_rig, point):
     switch, s, expect = _committed_base(rig)
     s.close()
     before = rig.dev.report_zones()
-    path = rig.tmp_path / "dev.img" if rig.kind == "file" else rig.kind[6:]
+    file = rig.kind.startswith("file")
+    path = rig.tmp_path / "dev.img" if file else rig.kind[6:]
     rig.release()
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    child = subprocess.run([sys.executable, "-c", _CHILD, "file" if rig.kind == "file" else "linux",
+    child = subprocess.run([sys.executable, "-c", _CHILD, "file" if file else "linux",
                             str(path), point, str(rig.g.zone_capacity)], capture_output=True, text=True,
                            timeout=120, cwd=root)
     assert child.returncode == -signal.SIGKILL, (child.returncode, child.stdout, child.stderr)
@@ -469,7 +471,7 @@ def test_killed_process_leaves_the_committed_set_exact(persistent_rig, point):
         assert "commit record written" in child.stdout
     rig.attach()
     touched = _zones_written_since(rig.dev, before)
-    assert touched or rig.kind == "file"
-    if point == "mid-commit" and rig.kind != "file":
+    assert touched or file
+    if point == "mid-commit" and not file:
         expect["g2"] = {"a": payload("g2", "a", rig.g.zone_capacity + 1237)}
     _after_recovery(rig, expect, touched)

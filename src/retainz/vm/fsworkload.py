@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import argparse
 import errno
-import fcntl
 import glob
 import json
 import os
@@ -140,21 +139,18 @@ class ZoneResetCounter:
     """
 
     def __init__(self, device: str):
-        from retainz.zoned import blkzoned as bz
+        from retainz.zoned import syscalls
 
-        self._bz = bz
+        self._report_zones = syscalls.report_zones
         self._fd = os.open(device, os.O_RDONLY)
         self.resets = 0
         self._wp = self._report()
 
     def _report(self) -> list[int]:
-        bz = self._bz
         wps: list[int] = []
         sector = 0
         while True:
-            buf = bz.pack_report_request(sector, 256)
-            fcntl.ioctl(self._fd, bz.BLKREPORTZONE, buf, True)
-            _, zones = bz.parse_report(buf)
+            _, zones = self._report_zones(self._fd, sector, 256)
             if not zones:
                 return wps
             wps += [z.wp - z.start for z in zones]

@@ -382,14 +382,13 @@ def qemu_command(qemu: str, kernel: Kernel, initramfs: Path, out_dir: Path, cfg:
 
 def _die_with_parent() -> None:
     """In the QEMU child before exec: be killed when the process that started it dies (Linux
-    ``prctl(PR_SET_PDEATHSIG, SIGKILL)``), so a killed ``retainz`` leaves no guest running."""
-    import ctypes
+    ``prctl(PR_SET_PDEATHSIG, SIGKILL)``), so a killed ``retainz`` leaves no guest running.  Best
+    effort (logged and counted where the platform has no ``prctl``)."""
     import signal
 
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))   # PR_SET_PDEATHSIG = 1
-    except (OSError, AttributeError):
-        pass                                                               # not Linux: best effort
+    from retainz.zoned.syscalls import best_effort, set_parent_death_signal
+
+    best_effort("prctl", set_parent_death_signal, int(signal.SIGKILL))
 
 
 def _guest_env(cfg: GuestConfig) -> dict[str, str]:

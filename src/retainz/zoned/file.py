@@ -30,8 +30,6 @@ reach the disk, never what a power cut keeps (that is still decided by the slot)
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import fcntl
 import os
 import struct
@@ -43,8 +41,9 @@ from retainz.errors import CorruptDeviceError, DeviceBusyError, NotADeviceError
 from retainz.zoned.device import WriteData
 from retainz.zoned.emulated import EmulatedZonedDevice
 from retainz.zoned.model import Geometry, ZoneCond
+from retainz.zoned.syscalls import best_effort, punch_hole, start_writeback
 
-__all__ = ["FileDevice", "FILE_DEVICE_MAGIC", "WRITEBACK_BYTES", "start_writeback"]
+__all__ = ["FileDevice", "FILE_DEVICE_MAGIC", "WRITEBACK_BYTES"]
 
 FILE_DEVICE_MAGIC = b"RETAINZD"
 _STATE_MAGIC = b"RZSTATE\0"
@@ -226,7 +225,7 @@ class FileDevice(EmulatedZonedDevice):
         self._unkicked += len(data)
         if self._unkicked >= WRITEBACK_BYTES:
             self._unkicked = 0
-            start_writeback(self._fd)
+            best_effort("sync_file_range", start_writeback, self._fd)
 
     def _load(self, zone: int, pos: int, length: int) -> bytes:
         off = self._data_offset + zone * self._zsize + pos
@@ -243,7 +242,8 @@ class FileDevice(EmulatedZonedDevice):
             return
         start = _round_up(keep, 4096)
         if start < self._zcap:
-            _punch_hole(self._fd, self._data_offset + zone * self._zsize + start, self._zcap - start)
+            best_effort("fallocate", punch_hole, self._fd, self._data_offset + zone * self._zsize + start,
+                        self._zcap - start)
 
     def trim(self) -> int:
         """Give the file-system blocks of reset zones back (punch holes); returns zones trimmed.
@@ -257,7 +257,7 @@ class FileDevice(EmulatedZonedDevice):
             return 0
         n = 0
         for zone in sorted(self._punch):
-            _punch_hole(self._fd, self._data_offset + zone * self._zsize, self._zcap)
+            best_effort("fallocate", punch_hole, self._fd, self._data_offset + zone * self._zsize, self._zcap)
             n += 1
         self._punch.clear()
         return n
@@ -353,35 +353,6 @@ def _decode_slot(raw: bytes, nr_zones: int) -> tuple[int, list[int], list[int], 
     return seq, conds, written, order
 
 
-#: Bytes written between two starts of the kernel's writeback (:func:`start_writeback`).
+#: Bytes written between two starts of the kernel's writeback (:func:`~retainz.zoned.syscalls.start_writeback`).
 WRITEBACK_BYTES = 8 << 20
 
-_libc = None
-_FALLOC_FL_KEEP_SIZE, _FALLOC_FL_PUNCH_HOLE = 0x01, 0x02
-
-
-def _punch_hole(fd: int, offset: int, length: int) -> None:
-    """Give a reset zone's blocks back to the file system (best effort: reads past the write pointer
-    return zeros whatever the file holds)."""
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-        _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
-    _libc.fallocate(fd, _FALLOC_FL_KEEP_SIZE | _FALLOC_FL_PUNCH_HOLE, offset, length)
-
-
-_SYNC_FILE_RANGE_WRITE = 0x2
-
-
-def start_writeback(fd: int) -> None:
-    """Start writing the file's dirty pages back without waiting (``sync_file_range(2)`` with
-    ``SYNC_FILE_RANGE_WRITE``), so the next flush's ``fdatasync`` finds little left to write.
-    Durability is unchanged: only :meth:`FileDevice.flush` promises anything (RocksDB's
-    ``bytes_per_sync`` does the same).  Best effort: an error or a platform without the call is ignored."""
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    f = getattr(_libc, "sync_file_range", None)
-    if f is not None:
-        f.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-        f(fd, 0, 0, _SYNC_FILE_RANGE_WRITE)

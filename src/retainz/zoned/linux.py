@@ -1,5 +1,5 @@
 """A real Linux zoned block device (``/dev/nvmeXnY``, null_blk zoned, an emulator's namespace) through
-the kernel's zoned block ioctls, with the standard library only (``fcntl``, ``struct``, ``mmap``).
+the kernel's zoned block ioctls (made by :mod:`.syscalls`; the ABI is :mod:`.blkzoned`).
 
 How it maps the :class:`~retainz.zoned.device.ZonedDevice` verbs onto the kernel:
 
@@ -59,11 +59,9 @@ guest lane, Linux 6.1, QEMU 7.2):
 from __future__ import annotations
 
 import errno as _errno
-import fcntl
 import mmap
 import os
 import stat
-import struct
 import threading
 from pathlib import Path
 
@@ -78,41 +76,24 @@ from retainz.errors import (
     ZoneInvalidWriteError,
     ZoneOfflineError,
 )
-
-# The kernel ABI and errno classification live in .blkzoned; re-exported here (``__all__``).
+from retainz.zoned import syscalls
 from retainz.zoned.blkzoned import (
-    BLK_ZONE,
-    BLK_ZONE_RANGE,
-    BLK_ZONE_REP_CAPACITY,
     BLKCLOSEZONE,
     BLKFINISHZONE,
     BLKGETNRZONES,
     BLKGETZONESZ,
     BLKOPENZONE,
-    BLKREPORTZONE,
     BLKRESETZONE,
-    REPORT_HEADER,
     SECTOR,
     RawZone,
     classify_write_error,
     classify_zone_op_error,
-    pack_report_request,
-    pack_zone_range,
-    parse_report,
     raw_to_zone,
 )
 from retainz.zoned.device import WriteData, ZonedDevice, ZoneOp, check_io_range, check_report_range
 from retainz.zoned.model import DeviceInfo, Geometry, Zone, ZoneCond
 
-__all__ = [
-    "LinuxZonedDevice",
-    "RawZone",
-    "BLKREPORTZONE", "BLKRESETZONE", "BLKGETZONESZ", "BLKGETNRZONES", "BLKOPENZONE", "BLKCLOSEZONE",
-    "BLKFINISHZONE",
-    "REPORT_HEADER", "BLK_ZONE", "BLK_ZONE_RANGE", "BLK_ZONE_REP_CAPACITY", "SECTOR",
-    "pack_report_request", "parse_report", "pack_zone_range", "raw_to_zone",
-    "classify_write_error", "classify_zone_op_error", "sysfs_queue_dir",
-]
+__all__ = ["LinuxZonedDevice", "sysfs_queue_dir"]
 
 _OP_IOCTL = {ZoneOp.OPEN: BLKOPENZONE, ZoneOp.CLOSE: BLKCLOSEZONE, ZoneOp.FINISH: BLKFINISHZONE,
              ZoneOp.RESET: BLKRESETZONE}
@@ -194,7 +175,7 @@ class LinuxZonedDevice(ZonedDevice):
         self._buf: mmap.mmap | None = None
 
     def _init_geometry(self, path: str) -> None:
-        zone_sectors = struct.unpack("<I", self._ioctl_get(BLKGETZONESZ, path))[0]
+        zone_sectors = self._ioctl_get(BLKGETZONESZ, path)
         queue = sysfs_queue_dir(path)
         model = _read_sysfs(queue, "zoned", "none")
         if zone_sectors == 0 or model == "none":
@@ -203,7 +184,7 @@ class LinuxZonedDevice(ZonedDevice):
         if model != "host-managed":
             raise NotADeviceError(f"{path} is a {model} zoned device; RetainZ drives host-managed "
                                   "devices only")
-        nr_zones = struct.unpack("<I", self._ioctl_get(BLKGETNRZONES, path))[0]
+        nr_zones = self._ioctl_get(BLKGETNRZONES, path)
         block_size = int(_read_sysfs(queue, "logical_block_size", "512"))
         chunk = int(_read_sysfs(queue, "chunk_sectors", "0") or 0)
         if chunk and chunk != zone_sectors:
@@ -233,9 +214,9 @@ class LinuxZonedDevice(ZonedDevice):
                             max_active=int(_read_sysfs(queue, "max_active_zones", "0") or 0))
         self._info = DeviceInfo(geometry=geometry, kind="linux", path=path, payload=True, model=model)
 
-    def _ioctl_get(self, request: int, path: str) -> bytes:
+    def _ioctl_get(self, request: int, path: str) -> int:
         try:
-            return fcntl.ioctl(self._fd, request, bytes(4))
+            return syscalls.ioctl_u32(self._fd, request)
         except OSError as e:
             if e.errno in (_errno.ENOTTY, _errno.EINVAL, _errno.EOPNOTSUPP):
                 raise NotADeviceError(f"{path} is a block device but not a zoned one (the zone ioctls "
@@ -253,9 +234,7 @@ class LinuxZonedDevice(ZonedDevice):
         zone = start
         while len(out) < count:
             n = min(_REPORT_BATCH, count - len(out))
-            buf = pack_report_request(zone * self._zone_sectors, n)
-            fcntl.ioctl(self._check_open(), BLKREPORTZONE, buf, True)
-            flags, got = parse_report(buf)
+            flags, got = syscalls.report_zones(self._check_open(), zone * self._zone_sectors, n)
             if not got:
                 break
             out.extend(got)
@@ -303,7 +282,7 @@ class LinuxZonedDevice(ZonedDevice):
 
     def _ioctl_zone(self, fd: int, op: ZoneOp, zone: int) -> None:
         try:
-            fcntl.ioctl(fd, _OP_IOCTL[op], pack_zone_range(zone * self._zone_sectors, self._zone_sectors))
+            syscalls.zone_management(fd, _OP_IOCTL[op], zone * self._zone_sectors, self._zone_sectors)
         except OSError as e:
             raise classify_zone_op_error(op, e.errno, self.zone(zone)) from None
 
@@ -367,7 +346,7 @@ class LinuxZonedDevice(ZonedDevice):
         if isinstance(data, int):
             raise TypeError(f"{type(self).__name__} keeps payload: write bytes, not a byte count")
         view = memoryview(data).cast("B")
-        if not view.readonly and view.c_contiguous and _address(view) % _PAGE == 0:
+        if not view.readonly and view.c_contiguous and (syscalls.buffer_address(view) or 1) % _PAGE == 0:
             return view
         if self._buf is None or len(self._buf) < length:
             if self._buf is not None:
@@ -546,13 +525,3 @@ class LinuxZonedDevice(ZonedDevice):
         if getattr(self, "_fd", -1) >= 0:
             os.close(self._fd)
             self._fd = -1
-
-
-def _address(view: memoryview) -> int:
-    """Memory address of a writable buffer (``ctypes`` only needs it to check page alignment)."""
-    import ctypes
-
-    try:
-        return ctypes.addressof(ctypes.c_char.from_buffer(view))
-    except (TypeError, ValueError):
-        return 1  # not addressable: treat as unaligned (copied)
