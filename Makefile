@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 TORCH_STAMP := $(VENV)/.torch-$(shell cksum pyproject.toml | cut -d' ' -f1)
 MOUNT_STAMP := $(VENV)/.mount-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: setup main demo test lint bench bench-placement bench-store bench-replay bench-device vm-setup setup-torch bench-dcp setup-mount bench-mount mutation clean
+.PHONY: setup main demo test test-scale lint bench bench-placement bench-store bench-replay bench-device vm-setup setup-torch bench-dcp setup-mount bench-mount mutation clean
 
 setup: $(STAMP)
 
@@ -40,6 +40,13 @@ test: lint vm-setup setup-torch setup-mount
 	$(PY) -m pytest -q -m payload tests/test_payload.py
 	$(PY) -m pytest -q -rs -m zns_guest tests/test_zns_guest.py
 	$(PY) -m bench --quick --json out/bench/quick.json
+
+# The real-size lane at full size (tests/test_scale.py, RETAINZ_SCALE=full): 16 GiB generations on a
+# 64-zone ZN540-like device file (2 GiB zones, 1,077 MiB capacity; sparse) through the CLI, DCP,
+# retainz:// and the mount, plus the power-cut and kill campaigns past 4 GiB.  Needs about 70 GiB of
+# free disk and an hour; make test runs the same lane at its CI size (zones past 4 GiB, 64 MiB generations).
+test-scale: setup-torch setup-mount
+	RETAINZ_SCALE=full RETAINZ_SCALE_KILLS=200 $(PY) -m pytest -q -s -m scale tests/test_scale.py --durations=0
 
 # QEMU, busybox, cpio, kmod and a guest kernel for the zns_guest lane (idempotent; cache in cache/vm).
 vm-setup: setup

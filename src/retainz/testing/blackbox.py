@@ -168,7 +168,7 @@ def _parse(log_path: Path) -> dict[str, list[str]]:
 
 
 def run(workdir: str | os.PathLike, iterations: int, *, seed: int = 0, max_delay: float = 0.25,
-        early_ack: bool = False, progress=None) -> BlackBoxReport:
+        early_ack: bool = False, geometry: Geometry = GEOMETRY, progress=None) -> BlackBoxReport:
     """Format a FileDevice in ``workdir`` and run ``iterations`` rounds: start a writer process,
     SIGKILL it after a random delay (uniform in 0..``max_delay`` seconds, seeded; counted from
     the writer's start in :data:`EARLY_KILLS` of the rounds, else from its ``open``), reopen, verify
@@ -182,6 +182,7 @@ def run(workdir: str | os.PathLike, iterations: int, *, seed: int = 0, max_delay
         seed: seeds the kill delays and the writers.
         max_delay: the longest a writer runs before it is killed, seconds.
         early_ack: writers acknowledge commits before ``commit()`` (see :func:`writer`).
+        geometry: the device file's geometry (default :data:`GEOMETRY`).
         progress: called with (rounds done, rounds total).
 
     Returns:
@@ -192,7 +193,7 @@ def run(workdir: str | os.PathLike, iterations: int, *, seed: int = 0, max_delay
     work = Path(workdir)
     work.mkdir(parents=True, exist_ok=True)
     path = str(work / "blackbox.img")
-    with FileDevice.create(path, GEOMETRY, force=True) as dev:
+    with FileDevice.create(path, geometry, force=True) as dev:
         Store.format(dev).close()
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["retainz.testing.blackbox"])
