@@ -45,16 +45,36 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from retainz.errors import ChecksumError, GenerationNotFoundError, NoSpaceError, RetainZError
+from retainz.errors import ChecksumError, GenerationNotFoundError, InvalidIdError, NoSpaceError, RetainZError
 from retainz.mount import layout as L
 from retainz.retention.inference import RetentionInference
 from retainz.retention.online import rule_hint
 from retainz.retention.steps import parse_step
 from retainz.store import ShardWriter
+from retainz.store.format import check_id
+from retainz.store.writer import WRITE_BUFFER
 
-__all__ = ["MountedStore"]
+__all__ = ["MountedStore", "VERSION_ROOM", "errno_of"]
 
 log = logging.getLogger("retainz.mount")
+
+#: Kept free in every generation id when a name is created, for the ``#N`` of a later version
+#: (:func:`retainz.mount.layout.file_generation_id`): a name is refused unless its id plus these
+#: bytes passes :func:`retainz.store.format.check_id`.
+VERSION_ROOM = "#99"
+
+
+def errno_of(e: BaseException) -> int:
+    """The errno a store error becomes at the system call that reports it: ``ENOSPC`` for
+    :class:`~retainz.errors.NoSpaceError` (data zones or journal full), ``ENAMETOOLONG`` for an id
+    over 255 bytes, ``EINVAL`` for another id rule, ``EIO`` for anything else."""
+    if isinstance(e, NoSpaceError):
+        return errno.ENOSPC
+    if isinstance(e, InvalidIdError):
+        return errno.ENAMETOOLONG if "longer than" in str(e) else errno.EINVAL
+    if isinstance(e, OSError) and e.errno:
+        return e.errno
+    return errno.EIO
 
 
 class _Error(OSError):
@@ -114,6 +134,8 @@ class _Handle:
         self.failed: BaseException | None = None
         self.finished = False          # released: committed or joined its checkpoint
         self.flushed = False           # a descriptor was closed since the last write
+        self.clean = False             # committed (or joined its checkpoint) since the last write
+        self.dirty = False             # written or truncated since it was opened or last committed
         self.done = threading.Event()  # set at release
         self.window: tuple[int, bytes] | None = None
 
@@ -160,6 +182,7 @@ class MountedStore:
         self.pending_files: dict[str, bytes] = {}        # closed files whose commit is queued
         self._ns_cache: tuple | None = None
         self.retired_at_mount: list[str] = []
+        self.destroyed = False                           # destroy ran (the mount ended)
         self._load()
 
     # -- the committed view ------------------------------------------------------------------------
@@ -336,10 +359,14 @@ class MountedStore:
                 return h
         return None
 
-    def _size(self, path: str) -> int:
+    def _committed(self, path: str) -> bool:
+        """True if readers of ``path`` see a committed version (it is not hidden or truncated)."""
+        return path in self.files and path not in self.hidden and path not in self.truncated
+
+    def _size(self, path: str, fh=None) -> int:
         h = self._writer_of(path)
-        if h is not None:
-            return h.size
+        if h is not None and (not self._committed(path) or (fh is not None and self.handles.get(fh) is h)):
+            return h.size                       # others see the committed version until the new one commits
         if path in self.truncated:
             return 0
         if path in self.pending_files:
@@ -368,6 +395,33 @@ class MountedStore:
     def _p(path: str | None) -> str:
         return (path or "/").strip("/")
 
+    def _check_name(self, p: str, *, directory: bool = False) -> None:
+        """Refuse, at the call that creates it, a name the store could not keep: the generation id
+        (with :data:`VERSION_ROOM`) and shard name it maps to must pass the store's id rules
+        (:func:`retainz.store.format.check_id`: at most 255 bytes of UTF-8), and the name must be
+        UTF-8.  A directory is refused when its own id fails: every id under it is longer.
+
+        Raises:
+            _Error: ``ENAMETOOLONG`` (an id or shard name over 255 bytes), ``EINVAL`` (not UTF-8, or
+                another id rule).
+        """
+        try:
+            p.encode("utf-8")
+        except UnicodeEncodeError:
+            raise _Error(errno.EINVAL, f"{p!r}: the name is not UTF-8 (the store keeps UTF-8 names)") from None
+        root = None if directory else L.checkpoint_root(p, self._is_dir)
+        if directory or root is not None:
+            checks = [(L.dir_generation_id(root or p) + VERSION_ROOM, "generation id")]
+            if root is not None:
+                checks.append((L.shard_name(posixpath.relpath(p, root)), "shard name"))
+        else:
+            checks = [(L.file_generation_id(p) + VERSION_ROOM, "generation id")]
+        for value, what in checks:
+            try:
+                check_id(value, what)
+            except InvalidIdError as e:
+                raise _Error(errno_of(e), f"{p}: the store cannot keep this name ({e})") from None
+
     # -- FUSE: metadata ----------------------------------------------------------------------------
     def init_with_config(self, conn_info, config_3) -> None:
         """Large requests: ask the kernel for 1 MiB writes and 1 MiB readahead (one store extent)."""
@@ -390,7 +444,7 @@ class MountedStore:
                         "st_ctime": t, "st_atime": t}
             if p in files:
                 t = files[p]
-                size = self._size(p)
+                size = self._size(p, fh)
                 return {"st_mode": stat.S_IFREG | 0o644, "st_nlink": 1, "st_size": size, "st_mtime": t,
                         "st_ctime": t, "st_atime": t, "st_blocks": (size + 511) // 512}
         raise _Error(errno.ENOENT)
@@ -410,11 +464,12 @@ class MountedStore:
         """Admissible space: data capacity less live bytes, writers' reservations and the GC reserve
         (what ``Store.begin_generation`` can admit after GC), in blocks of the device."""
         df = self.store.df()
-        g = self.store.device.geometry
-        bs = g.block_size
-        reserve = self.store.gc_reserve_zones * g.zone_capacity
-        avail = max(0, df.capacity - df.used - reserve - sum(
-            (h.size for h in self.handles.values() if h.write_mode and not h.finished), 0))
+        bs = self.store.device.geometry.block_size
+        with self._mu:
+            writers = [pd.writer for pd in self.pending.values() if pd.writer is not None]
+            writers += [h.writer for h in self.handles.values() if h.write_mode and h.writer is not None]
+        reserved = sum(w.reserve for w in writers)     # admitted for bytes accepted, not yet placed
+        avail = max(0, df.capacity - df.used - df.gc_reserve - reserved)
         return {"f_bsize": bs, "f_frsize": bs, "f_blocks": df.capacity // bs, "f_bfree": avail // bs,
                 "f_bavail": avail // bs, "f_files": 1 << 20, "f_ffree": (1 << 20) - df.generations,
                 "f_favail": (1 << 20) - df.generations, "f_namemax": 255}
@@ -443,6 +498,7 @@ class MountedStore:
                 raise _Error(errno.EEXIST)
             if posixpath.dirname(p) not in dirs:
                 raise _Error(errno.ENOENT)
+            self._check_name(p, directory=True)
             self.dirs[p] = time.time_ns()
             self._changed()
         return 0
@@ -483,7 +539,7 @@ class MountedStore:
             raise _Error(errno.ENOENT)
         w = self._writer_of(p)
         pd = self._pending_of(p)
-        if w is not None and not w.streaming:
+        if w is not None and not w.streaming and not self._committed(p):
             h = _Handle(self, p, write=False, buf=w.buf)   # reads what is written so far
         elif p in self.truncated:
             h = _Handle(self, p, write=False, buf=bytearray())
@@ -511,6 +567,8 @@ class MountedStore:
                 raise _Error(errno.ENOENT)
             if self._writer_of(p) is not None:
                 raise _Error(errno.EBUSY, f"{p}: already open for writing")
+            if p not in files:
+                self._check_name(p)
             root = L.checkpoint_root(p, self._is_dir)
             buf = bytearray()
             if root is not None:
@@ -526,6 +584,8 @@ class MountedStore:
                 elif rel in pd.streamed.values():
                     raise _Error(errno.EPERM, f"{p}: already streamed into checkpoint {root} (append-only)")
                 h = _Handle(self, p, write=True, pending=pd, rel=rel, buf=buf)
+                h.size = len(buf)
+                self._reserve(h)              # admitted (journal room) here: ENOSPC at open, not later
                 pd.writing[rel] = h
             else:
                 if p in files and not truncate and p not in self.truncated:
@@ -535,6 +595,8 @@ class MountedStore:
                                                   "can only be replaced whole (open it with O_TRUNC)")
                     buf = bytearray(self._read_all(p))
                 h = _Handle(self, p, write=True, buf=buf)
+                h.dirty = truncate and self._committed(p)     # O_TRUNC of a file: it is empty now
+                self._reserve(h)
             fh = next(self._fh)
             self.handles[fh] = h
             self._changed()
@@ -563,25 +625,34 @@ class MountedStore:
         return pd.writer
 
     def write(self, path, data, offset, fh):
+        """Take bytes: buffered in memory (small files) or streamed into the store (past
+        :attr:`stream_threshold`).  Admission is checked here: the generation's reservation in the
+        store grows to cover every byte accepted and not yet placed (``Store.admit``), so a device
+        too full for them refuses the write (``ENOSPC``) instead of a later commit."""
         h = self.handles.get(fh)
         if h is None or not h.write_mode:
             raise _Error(errno.EBADF)
         with h.lock:
             if h.failed is not None:
                 raise _Error(errno.EIO, f"{h.path}: an earlier write failed ({h.failed})")
+            if h.clean:
+                self._reopen(h)
             h.flushed = False
+            h.dirty = True
+            end = offset + len(data)
             if h.streaming:
                 if offset != h.size:
                     raise _Error(errno.EIO, f"{h.path}: write at byte {offset} of a file streamed "
                                             f"sequentially into the store ({h.size} bytes so far)")
+                self._reserve(h, end)
                 try:
                     h.sink.write(data)
                 except BaseException as e:
                     h.failed = e
-                    raise _Error(errno.ENOSPC if isinstance(e, NoSpaceError) else errno.EIO, f"{h.path}: {e}") from e
+                    raise _Error(errno_of(e), f"{h.path}: {e}") from e
                 h.size += len(data)
                 return len(data)
-            end = offset + len(data)
+            self._reserve(h, max(end, len(h.buf)))
             if offset > len(h.buf):
                 h.buf.extend(bytes(offset - len(h.buf)))
             h.buf[offset:end] = data
@@ -589,6 +660,71 @@ class MountedStore:
             if h.size >= self.stream_threshold and end == h.size:
                 self._try_stream(h)
             return len(data)
+
+    # -- admission ------------------------------------------------------------------------------------
+    def _pad(self, n: int) -> int:
+        bs = self.store.device.geometry.block_size
+        return -(-n // bs) * bs
+
+    def _unplaced(self, h: _Handle, size: int | None = None) -> int:
+        """Device bytes ``h`` has accepted (or, with ``size``, will have) and not placed: its buffer,
+        or the tail its open shard holds before the next 1 MiB extent."""
+        size = h.size if size is None else size
+        sink = h.sink
+        if sink is not None:
+            return self._pad(sink.written % WRITE_BUFFER + max(0, size - h.size))
+        return self._pad(size)
+
+    def _reserve(self, h: _Handle, size: int | None = None) -> None:
+        """Grow the reservation of ``h``'s generation to every byte it holds unplaced, ``h`` at
+        ``size`` bytes, plus one block (a layout shard); the generation is admitted first if it has
+        no writer yet.
+
+        Raises:
+            _Error: ``ENOSPC`` (the store's admission or journal refused; nothing changed).
+        """
+        try:
+            with self._mu:
+                if h.pending is not None:
+                    pd = h.pending
+                    w = self._writer(pd)
+                    need = sum(self._pad(len(b)) for b in pd.ready.values())
+                    need += sum(self._unplaced(o, size if o is h else None) for o in pd.writing.values())
+                else:
+                    w = h.writer if h.writer is not None else self._begin_file(h)
+                    need = self._unplaced(h, size)
+                with self.store.lock:
+                    self.store.admit(w, need + self._pad(1))
+        except RetainZError as e:
+            raise _Error(errno_of(e), f"{h.path}: {e}") from e
+
+    def _begin_file(self, h: _Handle):
+        """Admit the generation of a file outside checkpoint directories (its first byte arrives)."""
+        gid = self._free_id(L.file_generation_id, h.path)
+        step = parse_step(h.path, file_names=True)
+        hint = self._hint(posixpath.dirname(h.path), gid, step)
+        h.writer = self.store.begin_generation(gid, step or 0, hint=hint)
+        self._taken.add(gid)
+        return h.writer
+
+    def _reopen(self, h: _Handle) -> None:
+        """More bytes after a close of a duplicate descriptor committed the file: they make a new
+        version (a file) or take the file back from its checkpoint (buffered files only)."""
+        with self._mu:
+            if h.pending is None:
+                if not h.buf and h.size:
+                    h.buf = bytearray(self._read_all(h.path))     # it had streamed: copy it
+                h.clean = False
+                return
+            pd = h.pending
+            if self.pending.get(pd.root) is not pd:
+                raise _Error(errno.EPERM, f"{h.path}: its checkpoint {pd.root} has committed (append-only)")
+            if h.rel not in pd.ready:
+                raise _Error(errno.EPERM, f"{h.path}: already streamed into checkpoint {pd.root} (append-only)")
+            h.buf = pd.ready.pop(h.rel)
+            pd.writing[h.rel] = h
+            h.clean = False
+            self._changed()
 
     def _try_stream(self, h: _Handle) -> None:
         """Start streaming a large file's buffer into the store, if the slot is free (under ``h.lock``)."""
@@ -603,11 +739,7 @@ class MountedStore:
                         name = f"{name}%{len(pd.streamed)}"
                     writer = self._writer(pd)
                 else:
-                    gid = self._free_id(L.file_generation_id, h.path)
-                    step = parse_step(h.path, file_names=True)
-                    hint = self._hint(posixpath.dirname(h.path), gid, step)
-                    self._taken.add(gid)
-                    h.writer = writer = self.store.begin_generation(gid, step or 0, hint=hint)
+                    writer = h.writer if h.writer is not None else self._begin_file(h)
                     name = L.FILE_SHARD
             h.shard_name = name
             h.sink = writer.open_shard(name)
@@ -620,7 +752,7 @@ class MountedStore:
                 h.sink = None
             self.slot.release()
             h.failed = e
-            raise _Error(errno.ENOSPC if isinstance(e, NoSpaceError) else errno.EIO, f"{h.path}: {e}") from e
+            raise _Error(errno_of(e), f"{h.path}: {e}") from e
 
     def truncate(self, path, length, fh=None):
         p = self._p(path)
@@ -634,6 +766,11 @@ class MountedStore:
                     if length != h.size:
                         raise _Error(errno.EPERM, f"{p}: cannot truncate a file streamed into the store")
                     return 0
+                if length != h.size and h.clean:
+                    self._reopen(h)
+                h.dirty = h.dirty or length != h.size
+                if length > len(h.buf):
+                    self._reserve(h, length)
                 del h.buf[length:]
                 if length > len(h.buf):
                     h.buf.extend(bytes(length - len(h.buf)))
@@ -651,11 +788,15 @@ class MountedStore:
         raise _Error(errno.EPERM, f"{p}: committed files are append-only (replace them whole)")
 
     def flush(self, path, fh):
-        """``close(2)`` of one descriptor: the file is finished at ``release`` (the last descriptor,
-        which the kernel sends asynchronously; a shell's ``> file`` closes a descriptor it has
-        duplicated), so a flush only marks it: an open or read of the path waits for that release."""
+        """``close(2)`` of one descriptor: the file is finished here, so its error reaches the
+        program's ``close``: a file outside checkpoint directories commits (its new version replaces
+        the old), a file of a checkpoint joins it and, if it is the checkpoint's commit point
+        (``trainer_state.json``, ``.metadata``, a tracker file), the checkpoint commits.  More writes
+        through a duplicate descriptor make the file dirty again (a new version at the next close)."""
         h = self.handles.get(fh)
         if h is not None and h.write_mode:
+            if h.dirty or h.failed is not None:
+                self._finish(h, report=True)
             h.flushed = True
         return 0
 
@@ -672,22 +813,53 @@ class MountedStore:
             w.done.wait(0.5)
 
     def fsync(self, path, datasync, fh):
+        """``fsync(2)``: a file outside checkpoint directories commits now (as at close); a file of
+        a checkpoint reports any error so far (its bytes are reserved in the store and become
+        durable at the checkpoint's commit point)."""
+        h = self.handles.get(fh)
+        if h is None or not h.write_mode:
+            return 0
+        with h.lock:
+            if h.failed is not None:
+                raise _Error(errno_of(h.failed), f"{h.path}: an earlier write failed ({h.failed})")
+        if h.pending is None and h.dirty:
+            self._finish(h, report=True)
+        return 0
+
+    def opendir(self, path):
+        p = self._p(path)
+        with self._mu:
+            if p not in self._namespace()[1]:
+                raise _Error(errno.ENOENT)
+        return 0
+
+    def releasedir(self, path, fh):
         return 0
 
     def fsyncdir(self, path, datasync, fh):
-        """fsync of a checkpoint directory being written commits it (once its files are closed)."""
+        """``fsync`` of a directory: a checkpoint directory being written commits now (once its files
+        are closed; its error is this call's); any other directory has nothing unwritten (each file
+        commits at its close)."""
         p = self._p(path)
         with self._mu:
             pd = self.pending.get(p)
             if pd is not None:
                 self._request_commit(pd)
+                if pd.writing:
+                    raise _Error(errno.EBUSY, f"{p}: {len(pd.writing)} of its files are still open; "
+                                              "it commits when they are closed")
         return 0
 
     def release(self, path, fh):
         h = self.handles.get(fh)
         try:
             if h is not None and h.write_mode:
-                self._finish(h)
+                try:
+                    self._finish(h, report=False)
+                finally:
+                    with self._mu:
+                        h.finished = True      # until now the path's open writer is this handle
+                        self._changed()
         finally:
             with self._mu:
                 self.handles.pop(fh, None)
@@ -696,101 +868,134 @@ class MountedStore:
                 h.done.set()
         return 0
 
-    def _finish(self, h: _Handle) -> None:
+    def _finish(self, h: _Handle, *, report: bool) -> None:
+        """Commit or join ``h`` unless it is clean.  ``report``: raise the error as an errno (a
+        close or fsync); at release nothing can report it (logged; only reached if no close came)."""
         with h.lock:
-            if h.finished:
+            if h.clean or h.finished:
+                if h.failed is not None and report:
+                    raise _Error(errno_of(h.failed), f"{h.path}: {h.failed}")
+                return
+            if not h.dirty and h.pending is None and self._committed(h.path):
+                self._drop_writer(h)       # opened for writing, nothing changed: no new version
+                h.clean = True
                 return
             try:
                 self._close_writer(h)
+                h.clean = True
+                h.dirty = False
+            except _Error:
+                h.clean = True
+                if report:
+                    raise
             except RetainZError as e:
-                raise _Error(errno.ENOSPC if isinstance(e, NoSpaceError) else errno.EIO, f"{h.path}: {e}") from e
+                h.clean = True
+                h.failed = h.failed or e
+                if report:
+                    raise _Error(errno_of(e), f"{h.path}: {e}") from e
+                log.error("%s: not committed: %s", h.path, e)
             finally:
                 with self._mu:
-                    h.finished = True      # until now the path's open writer is this handle
                     self._changed()
 
     def _close_writer(self, h: _Handle) -> None:
         info = None
         streamed = h.streaming            # then this handle holds the store slot
+        err = h.failed
         if h.streaming:
             try:
                 info = h.sink.close()
             except BaseException as e:
-                h.failed = e
+                err = h.failed = e
             finally:
                 h.sink = None
-        with self._mu:
-            self._changed()
-            if h.pending is not None:
-                pd = h.pending
-                pd.writing.pop(h.rel, None)
-                if h.failed is not None:
-                    self._abort(pd)
-                elif info is not None:
-                    pd.streamed[h.shard_name] = h.rel
-                    pd.sizes[h.shard_name] = info.size
+                h.buf = bytearray()
+        try:
+            with self._mu:
+                self._changed()
+                if h.pending is not None:
+                    pd = h.pending
+                    pd.writing.pop(h.rel, None)
+                    if err is not None:
+                        self._abort(pd)
+                        raise _Error(errno_of(err), f"{h.path}: {err} (checkpoint {pd.root} dropped)")
+                    if info is not None:
+                        pd.streamed[h.shard_name] = h.rel
+                        pd.sizes[h.shard_name] = info.size
+                    else:
+                        pd.ready[h.rel] = h.buf
+                    name = posixpath.basename(h.rel)
+                    point = L.commit_point(pd.root, pd.ready | dict.fromkeys(pd.streamed.values()))
+                    if pd.root in self.pending and ((name == ".metadata" and point == "dcp-metadata")
+                                                    or (name == "trainer_state.json" and point == "hf-trainer-state"
+                                                        and "/" not in h.rel)):
+                        self._request_commit(pd)
+                    elif pd.commit_requested and not pd.writing:
+                        self._request_commit(pd)
                 else:
-                    pd.ready[h.rel] = h.buf
-                name = posixpath.basename(h.rel)
-                point = L.commit_point(pd.root, pd.ready | dict.fromkeys(pd.streamed.values()))
-                if pd.root in self.pending and ((name == ".metadata" and point == "dcp-metadata")
-                                                or (name == "trainer_state.json" and point == "hf-trainer-state"
-                                                    and "/" not in h.rel)):
-                    self._request_commit(pd)
-                elif pd.commit_requested and not pd.writing:
-                    self._request_commit(pd)
-            else:
-                self._close_file(h, info)
-        if streamed:
-            self._drain_and_release()
+                    if err is not None:
+                        self._drop_writer(h)
+                        raise _Error(errno_of(err), f"{h.path}: {err}")
+                    self._close_file(h, info)
+        finally:
+            if streamed:
+                self._drain_and_release()
+
+    def _drop_writer(self, h: _Handle) -> None:
+        if h.writer is not None:
+            with contextlib.suppress(Exception):
+                h.writer.abort()
+            self._taken.discard(h.writer.id)
+            h.writer = None
 
     def _close_file(self, h: _Handle, info) -> None:
-        """A file generation's writer closed: commit its new version, then retire the old one."""
+        """A file generation's descriptor closed: commit its new version now (the old one is
+        retired after); a store error is raised (the caller turns it into the close's errno), and
+        the old version, if any, stays."""
         p = h.path
         name = posixpath.basename(p)
         waiting = None
-        if name in L.TRACKER_FILES and not h.streaming:
+        if name in L.TRACKER_FILES and not h.streaming and info is None:
             wanted = set(L.tracked_names(name, bytes(h.buf)))
             for pd in list(self.pending.values()):
                 if posixpath.dirname(pd.root) == posixpath.dirname(p) and posixpath.basename(pd.root) in wanted:
                     self._request_commit(pd)      # the checkpoint commits before its tracker
-                    if pd.writing:                # a file of it is not released yet
+                    if pd.writing:                # a file of it is still open
                         waiting = pd
-        if h.failed is not None:
-            if h.writer is not None:
-                with contextlib.suppress(Exception):
-                    h.writer.abort()
-                self._taken.discard(h.writer.id)
-            return
-        if h.writer is not None:             # streamed: the slot is still ours
-            if L.parse_generation_id(h.writer.id)[1] != p:      # renamed while open
-                h.writer.write_shard(L.LAYOUT_SHARD, [L.layout_blob(p, {L.FILE_SHARD: ""})])
-            gen = h.writer.commit()
-            self._taken.discard(gen.id)
-            self._publish_file(p, gen)
-            return
-        data = bytes(h.buf)
-        step = parse_step(name, file_names=True)
+        try:
+            if info is not None:              # streamed: the shard is closed, the slot still ours
+                w = h.writer
+                if L.parse_generation_id(w.id)[1] != p:      # renamed while open
+                    w.write_shard(L.LAYOUT_SHARD, [L.layout_blob(p, {L.FILE_SHARD: ""})])
+            else:
+                data = bytes(h.buf)
+                w = h.writer
+                if w is not None and L.parse_generation_id(w.id)[1] != p:
+                    self._drop_writer(h)      # renamed while open, nothing placed: admit it under its path
+                    w = None
+                if w is None:
+                    self._reserve(h)
+                    w = h.writer
+                if waiting is not None:       # commits after the checkpoint it names
+                    gen_w = w
+                    h.writer = None
 
-        def commit():
-            gid = self._free_id(L.file_generation_id, p)
-            hint = self._hint(posixpath.dirname(p), gid, step)
-            w = self.store.begin_generation(gid, step or 0, hint=hint, declared_size=len(data))
-            try:
+                    def later():
+                        gen_w.write_shard(L.FILE_SHARD, [data])
+                        self._taken.discard(gen_w.id)
+                        self._publish_file(p, gen_w.commit())
+                    waiting.then.append(later)
+                    self.pending_files[p] = data
+                    self._changed()
+                    return
                 w.write_shard(L.FILE_SHARD, [data])
-                gen = w.commit()
-            except BaseException:
-                w.abort()
-                raise
-            self._publish_file(p, gen)
-
-        self.pending_files[p] = data
-        self._changed()
-        if waiting is not None:
-            waiting.then.append(lambda: self._store_work(commit))
-            return
-        if not self._store_work(commit):
-            log.info("%s: commit queued behind a streaming shard", p)
+            gen = w.commit()
+        except BaseException:
+            self._drop_writer(h)
+            raise
+        h.writer = None
+        self._taken.discard(gen.id)
+        self._publish_file(p, gen)
 
     def _publish_file(self, p: str, gen) -> None:
         old = self.by_path.get(("file", p))
@@ -803,17 +1008,24 @@ class MountedStore:
             self.gens.pop(old, None)
 
     def _request_commit(self, pd: _Pending) -> None:
-        """Commit a checkpoint directory at its commit point (when its last file closes if some are
-        still open; after a streaming shard ends if one is)."""
+        """Commit a checkpoint directory at its commit point, now (when its last file closes if
+        some are still open).  A refused commit drops the checkpoint (none of its files stays) and
+        raises the errno for the call that reached the commit point."""
         pd.commit_requested = True
-        if pd.writing:
+        if pd.writing or self.pending.get(pd.root) is not pd:
             return
-        if not self._store_work(lambda: self._commit_dir(pd)):
-            log.info("%s: commit queued behind a streaming shard", pd.root)
+        try:
+            self._commit_dir(pd)
+        except BaseException as e:
+            log.error("%s: commit refused, the checkpoint is dropped: %s", pd.root, e)
+            self._abort(pd)
+            raise _Error(errno_of(e), f"{pd.root}: commit refused: {e}") from e
 
     def _commit_dir(self, pd: _Pending) -> None:
         if self.pending.get(pd.root) is not pd:
             return
+        if not pd.streamed and L.parse_generation_id(pd.gid)[1] != pd.root:
+            self._readmit(pd)          # renamed before anything was placed: its id names its path
         names = dict(pd.streamed)
         for rel, data in pd.ready.items():
             name = L.shard_name(rel)
@@ -835,6 +1047,20 @@ class MountedStore:
         log.info("committed %s (%d files, %d bytes)", pd.root, len(names), gen.size)
         for fn in pd.then:
             fn()
+
+    def _readmit(self, pd: _Pending) -> None:
+        """Admit a renamed checkpoint directory again under the id of its new path (nothing of it
+        is placed yet), so the store lists it by the path the runtime gave it."""
+        gid = self._free_id(L.dir_generation_id, pd.root)
+        need = sum(self._pad(len(b)) for b in pd.ready.values()) + self._pad(1)
+        with self.store.lock:
+            old = pd.writer
+            if old is not None:
+                old.abort()
+            self._taken.discard(pd.gid)
+            pd.gid, pd.writer = gid, None
+            self._taken.add(gid)
+            self.store.admit(self._writer(pd), need)
 
     def _abort(self, pd: _Pending) -> None:
         if self.pending.get(pd.root) is pd:
@@ -963,6 +1189,7 @@ class MountedStore:
                 raise _Error(errno.EINVAL)
             if posixpath.dirname(b) not in dirs:
                 raise _Error(errno.ENOENT)
+            self._check_renamed(a, b, files, dirs)
             if a in dirs:
                 if b in files:
                     raise _Error(errno.ENOTDIR)
@@ -976,6 +1203,16 @@ class MountedStore:
             self._changed()
         return 0
 
+    def _check_renamed(self, a: str, b: str, files, dirs) -> None:
+        """:meth:`_check_name` for every name a rename of ``a`` to ``b`` creates."""
+        if a in dirs and a not in files:
+            self._check_name(b, directory=True)
+            for q in itertools.chain(files, dirs):
+                if q.startswith(a + "/"):
+                    self._check_name(b + q[len(a):], directory=q in dirs and q not in files)
+        else:
+            self._check_name(b)
+
     def _rename_open(self, a: str, b: str) -> int:
         """Rename a file still open for writing (a temporary file persisted before it is closed, as
         safetensors' ``serialize_file`` does through ``tempfile::persist``): the open file takes the
@@ -984,6 +1221,7 @@ class MountedStore:
         files, dirs = self._namespace()
         if b in dirs:
             raise _Error(errno.EISDIR)
+        self._check_name(b)
         if self._writer_of(b) is not None:
             raise _Error(errno.EBUSY, f"{b}: open for writing")
         if h.pending is not None:
@@ -1115,6 +1353,7 @@ class MountedStore:
         """Unmount: commit the checkpoint directories whose commit point is "closed" and whose files
         are all closed (a clean unmount is their last chance); abort the rest (a runtime whose
         tracker file never came did not finish its save)."""
+        self.destroyed = True
         with self._mu:
             for pd in list(self.pending.values()):
                 point = L.commit_point(pd.root, pd.ready | dict.fromkeys(pd.streamed.values()))

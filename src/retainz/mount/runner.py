@@ -10,6 +10,12 @@ come from the Debian package ``fuse3`` (``tools/fuse-setup.sh``, run by ``make s
 ``retainz mount`` serves in the foreground with ``--foreground``; otherwise it starts the serving
 process detached (its log: ``DEVICE.mount.log``) and returns once the mount point is mounted, or
 fails with the server's error.
+
+A device another process holds (a mount, a ``retainz put``, a training job) is refused at once
+(:class:`DeviceHeldError`, within :data:`HELD_WAIT` seconds): the mount never waits on the lock,
+so a server whose caller gave up can never mount itself later.  A foreground server stopped by
+SIGINT or SIGTERM unmounts (the ``destroy`` of :class:`~retainz.mount.fs.MountedStore` runs) and
+returns normally.
 """
 
 from __future__ import annotations
@@ -25,14 +31,58 @@ import time
 
 from retainz.errors import RetainZError
 
-__all__ = ["FuseUnavailableError", "load_fuse", "serve", "mount", "umount", "is_mounted", "FSTYPE"]
+__all__ = ["FuseUnavailableError", "DeviceHeldError", "load_fuse", "serve", "mount", "umount", "is_mounted",
+           "mounted_at", "FSTYPE", "HELD_WAIT"]
 
 #: ``/proc/mounts`` type of a RetainZ mount (``fuse.`` + the subtype).
 FSTYPE = "fuse.retainz"
+#: Seconds a mount waits for a device another process holds before refusing it (a previous
+#: mount's server still closing; ``retainz umount`` returns only once the lock is free).
+HELD_WAIT = 1.0
 
 
 class FuseUnavailableError(RetainZError):
     """FUSE cannot be used here: no binding, no libfuse 3, or no ``/dev/fuse``."""
+
+
+class DeviceHeldError(RetainZError):
+    """The device is held by another process (a mount, a store command, a training job)."""
+
+
+def mounted_at(device: str) -> list[str]:
+    """Mount points of RetainZ mounts serving ``device`` (``/proc/self/mounts``; the source is
+    ``retainz:`` + the device's real path)."""
+    want = "retainz:" + os.path.realpath(device)
+    out = []
+    with contextlib.suppress(OSError), open("/proc/self/mounts") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) > 2 and parts[2] == FSTYPE and _unescape(parts[0]) == want:
+                out.append(_unescape(parts[1]))
+    return out
+
+
+def _held_message(device: str) -> str:
+    where = mounted_at(device)
+    who = f"it is mounted at {', '.join(where)} (retainz umount it first)" if where else \
+        "another process has it open (a mount still closing, a retainz command or a training job)"
+    return f"{device}: the device is in use: {who}"
+
+
+def _check_free(device: str) -> None:
+    """Refuse a device whose lock another process holds (nothing is changed).
+
+    Raises:
+        DeviceHeldError: the lock is held (the message says by which mount, if it is one).
+    """
+    fd = os.open(device, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    except BlockingIOError:
+        raise DeviceHeldError(_held_message(device)) from None
+    finally:
+        os.close(fd)
 
 
 def load_fuse():
@@ -78,9 +128,13 @@ def _check_mountpoint(mountpoint: str) -> None:
         raise FileNotFoundError(f"{mountpoint}: no such directory (the mount point must exist)")
 
 
-def serve(device: str, mountpoint: str, *, retention: str | None = None, wait: float = 120.0,
+def serve(device: str, mountpoint: str, *, retention: str | None = None, wait: float = HELD_WAIT,
           debug: bool = False) -> None:
     """Open the store on ``device`` and serve it at ``mountpoint`` until unmounted (foreground).
+
+    Returns normally when the mount ends by ``retainz umount`` or by SIGINT/SIGTERM of this process
+    (libfuse's handlers end the loop; the mount's ``destroy`` commits what is complete, then the
+    mount point is unmounted).
 
     Args:
         device: a FileDevice file holding a RetainZ store (``retainz mkfs``).
@@ -89,7 +143,9 @@ def serve(device: str, mountpoint: str, *, retention: str | None = None, wait: f
         wait: seconds to wait for a device another process (a previous mount) still holds.
 
     Raises:
-        FuseUnavailableError, FileNotFoundError, ForeignDeviceError, TimeoutError.
+        FuseUnavailableError, FileNotFoundError, ForeignDeviceError.
+        DeviceHeldError: another process holds the device (after ``wait`` seconds).
+        RuntimeError: libfuse failed before serving (its status).
     """
     fuse = load_fuse()
     from retainz.integrations import _stores
@@ -103,17 +159,30 @@ def serve(device: str, mountpoint: str, *, retention: str | None = None, wait: f
         from retainz.retention import parse_rule
 
         parse_rule(retention)       # a malformed or unknown rule (RULES lists the known ones) is bad input, before mounting
-    with _stores.using(device, wait=wait) as store:
+    log = logging.getLogger("retainz.mount")
+    try:
+        opened = _stores.using(device, wait=wait)
+        store = opened.__enter__()
+    except TimeoutError:
+        raise DeviceHeldError(_held_message(device)) from None
+    try:
         ops = MountedStore(store, retention=retention)
         if ops.retired_at_mount:
-            logging.getLogger("retainz.mount").info("retired %d older versions at mount",
-                                                    len(ops.retired_at_mount))
+            log.info("retired %d older versions at mount", len(ops.retired_at_mount))
         try:
             fuse.FUSE(ops, mountpoint, foreground=True, nothreads=False, debug=debug,
                       fsname=f"retainz:{os.path.realpath(device)}", subtype="retainz", hard_remove=True)
+        except RuntimeError as e:
+            # libfuse's fuse_main returns non-zero when a signal (SIGINT, SIGTERM, SIGHUP) ended its
+            # loop, after unmounting and calling destroy: that is a clean stop, not a failure
+            if not ops.destroyed:
+                raise RuntimeError(f"libfuse failed with status {e} (see the lines above)") from None
+            log.info("stopped by a signal: unmounted %s", mountpoint)
         finally:
             if ops.inference is not None:
-                logging.getLogger("retainz.mount").info("retention inferred: %s", ops.inferred())
+                log.info("retention inferred: %s", ops.inferred())
+    finally:
+        opened.__exit__(None, None, None)
 
 
 def mount(device: str, mountpoint: str, *, retention: str | None = None, foreground: bool = False,
@@ -124,8 +193,10 @@ def mount(device: str, mountpoint: str, *, retention: str | None = None, foregro
         FuseUnavailableError: FUSE cannot be used here.
         FileNotFoundError, FileExistsError: a bad device or mount point.
         ValueError: a malformed retention rule (checked before any server starts).
+        DeviceHeldError: another process holds the device (refused at once; no server is left behind).
         RuntimeError: the server exited before mounting (its last log lines of this attempt in the
             message).
+        TimeoutError: not mounted after ``timeout`` seconds (the server is killed).
     """
     if retention not in (None, "auto"):
         from retainz.retention import parse_rule
@@ -136,6 +207,7 @@ def mount(device: str, mountpoint: str, *, retention: str | None = None, foregro
         raise FileNotFoundError(f"{device}: no such device file (create one with `retainz device create` "
                                 "and `retainz mkfs`)")
     _check_mountpoint(mountpoint)
+    _check_free(device)
     if foreground:
         serve(device, mountpoint, retention=retention)
         return
@@ -148,17 +220,29 @@ def mount(device: str, mountpoint: str, *, retention: str | None = None, foregro
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
     deadline = time.monotonic() + timeout
-    while not is_mounted(mountpoint):
-        if proc.poll() is not None:
-            with open(logpath, errors="replace") as f:
-                f.seek(start)                    # this attempt's lines only, not earlier mounts'
-                tail = [line.strip() for line in f.readlines()[-3:] if line.strip()]
-            raise RuntimeError(f"the mount server exited with status {proc.returncode}: "
-                               + (" / ".join(tail) or "no output") + f" (log: {logpath})")
-        if time.monotonic() > deadline:
+    try:
+        while not is_mounted(mountpoint):
+            if proc.poll() is not None:
+                with open(logpath, errors="replace") as f:
+                    f.seek(start)                    # this attempt's lines only, not earlier mounts'
+                    lines = [line.strip() for line in f.readlines() if line.strip()]
+                held = [line for line in lines if "the device is in use" in line]
+                if held:
+                    raise DeviceHeldError(held[-1].split("error: ", 1)[-1])
+                tail = lines[-3:]
+                raise RuntimeError(f"the mount server exited with status {proc.returncode}: "
+                                   + (" / ".join(tail) or "no output") + f" (log: {logpath})")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{mountpoint}: not mounted after {timeout:.0f} s (log: {logpath})")
+            time.sleep(0.05)
+    except BaseException:
+        # the caller gives up (timeout, Ctrl-C): the server must not stay behind and mount later
+        if proc.poll() is None:
             proc.kill()
-            raise TimeoutError(f"{mountpoint}: not mounted after {timeout:.0f} s (log: {logpath})")
-        time.sleep(0.05)
+            proc.wait()
+            if is_mounted(mountpoint):           # it mounted in the meantime: a stale mount now
+                _unmount_command(mountpoint)
+        raise
 
 
 def _mount_source(mountpoint: str) -> str | None:
@@ -170,6 +254,14 @@ def _mount_source(mountpoint: str) -> str | None:
                 src = _unescape(parts[0])
                 return src.split(":", 1)[1] if src.startswith("retainz:") else None
     return None
+
+
+def _unmount_command(mountpoint: str, *, run: bool = True) -> list[str]:
+    tool = shutil.which("fusermount3") or shutil.which("fusermount")
+    cmd = [tool, "-u", mountpoint] if tool else ["umount", mountpoint]
+    if run:
+        subprocess.run(cmd, capture_output=True)
+    return cmd
 
 
 def umount(mountpoint: str, *, wait: float = 120.0) -> None:
@@ -185,8 +277,7 @@ def umount(mountpoint: str, *, wait: float = 120.0) -> None:
     if not is_mounted(mountpoint):
         raise FileNotFoundError(f"{mountpoint}: not a RetainZ mount")
     device = _mount_source(mountpoint)
-    tool = shutil.which("fusermount3") or shutil.which("fusermount")
-    cmd = [tool, "-u", mountpoint] if tool else ["umount", mountpoint]
+    cmd = _unmount_command(mountpoint, run=False)
     busy_until = time.monotonic() + 5            # files being closed (a runtime exiting): retry briefly
     while True:
         r = subprocess.run(cmd, capture_output=True, text=True)
