@@ -136,6 +136,7 @@ class _Handle:
         self.flushed = False           # a descriptor was closed since the last write
         self.clean = False             # committed (or joined its checkpoint) since the last write
         self.dirty = False             # written or truncated since it was opened or last committed
+        self.writer_process = None     # the process of the last write (MountedStore.caller)
         self.done = threading.Event()  # set at release
         self.window: tuple[int, bytes] | None = None
 
@@ -159,6 +160,10 @@ class MountedStore:
     """
 
     use_ns = True
+    #: ``() -> process id`` of the calling process (the runner sets libfuse's context; ``None`` when
+    #: unknown).  A close commits only when made by the process that wrote last, so a forked child
+    #: or a close-on-exec of an inherited descriptor never commits a file half written.
+    caller = staticmethod(lambda: None)
 
     def __init__(self, store, *, retention: str | None = None, stream_threshold: int = 4 << 20):
         self.store = store
@@ -513,6 +518,19 @@ class MountedStore:
             return self._open_read(p)
         return self._open_write(p, truncate=bool(flags & os.O_TRUNC))
 
+    def direct_io(self, fh: int) -> bool:
+        """Whether the open of ``fh`` bypasses the kernel's page cache: a writer of a path that has
+        a committed version, and a reader of a path being written, so readers see the committed
+        version until the new one commits (the cache would show the writer's bytes)."""
+        h = self.handles.get(fh)
+        if h is None:
+            return False
+        with self._mu:
+            if h.write_mode:
+                return self._committed(h.path)
+            w = self._writer_of(h.path)
+            return w is not None and not w.clean
+
     def _open_read(self, p: str) -> int:
         self._settled(p)
         deadline = time.monotonic() + 30
@@ -639,6 +657,7 @@ class MountedStore:
                 self._reopen(h)
             h.flushed = False
             h.dirty = True
+            h.writer_process = self.caller()
             end = offset + len(data)
             if h.streaming:
                 if offset != h.size:
@@ -795,8 +814,8 @@ class MountedStore:
         through a duplicate descriptor make the file dirty again (a new version at the next close)."""
         h = self.handles.get(fh)
         if h is not None and h.write_mode:
-            if h.dirty or h.failed is not None:
-                self._finish(h, report=True)
+            if (h.dirty or h.failed is not None) and self.caller() == h.writer_process:
+                self._finish(h, report=True)      # not at a close by a process that never wrote
             h.flushed = True
         return 0
 

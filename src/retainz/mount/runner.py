@@ -167,10 +167,11 @@ def serve(device: str, mountpoint: str, *, retention: str | None = None, wait: f
         raise DeviceHeldError(_held_message(device)) from None
     try:
         ops = MountedStore(store, retention=retention)
+        ops.caller = _caller(fuse)
         if ops.retired_at_mount:
             log.info("retired %d older versions at mount", len(ops.retired_at_mount))
         try:
-            fuse.FUSE(ops, mountpoint, foreground=True, nothreads=False, debug=debug,
+            _binding(fuse)(ops, mountpoint, foreground=True, nothreads=False, debug=debug,
                       fsname=f"retainz:{os.path.realpath(device)}", subtype="retainz", hard_remove=True)
         except RuntimeError as e:
             # libfuse's fuse_main returns non-zero when a signal (SIGINT, SIGTERM, SIGHUP) ended its
@@ -183,6 +184,53 @@ def serve(device: str, mountpoint: str, *, retention: str | None = None, wait: f
                 log.info("retention inferred: %s", ops.inferred())
     finally:
         opened.__exit__(None, None, None)
+
+
+def _binding(fuse):
+    """mfusepy's ``FUSE`` with one addition: an open or create whose handle
+    :meth:`~retainz.mount.fs.MountedStore.direct_io` names bypasses the kernel's page cache
+    (``direct_io``), so readers of a file being replaced read the committed version from the mount,
+    never the new bytes a writer left in the cache."""
+
+    class _FUSE(fuse.FUSE):
+        def open(self, path, fip):
+            ret = super().open(path, fip)
+            self._direct(fip)
+            return ret
+
+        def create(self, path, mode, fip):
+            ret = super().create(path, mode, fip)
+            self._direct(fip)
+            return ret
+
+        def _direct(self, fip):
+            fi = fip.contents
+            if self.operations.direct_io(fi.fh):
+                fi.direct_io = 1
+
+    return _FUSE
+
+
+def _caller(fuse):
+    """``() -> thread group id`` of the process making the current FUSE request (libfuse's context
+    gives a thread id; ``/proc/TID/status`` names its process)."""
+    cache: dict[int, int] = {}
+
+    def caller():
+        tid = fuse.fuse_get_context()[2]
+        tgid = cache.get(tid)
+        if tgid is None:
+            tgid = tid
+            with contextlib.suppress(OSError, ValueError), open(f"/proc/{tid}/status") as f:
+                for line in f:
+                    if line.startswith("Tgid:"):
+                        tgid = int(line.split()[1])
+                        break
+            if len(cache) > 4096:
+                cache.clear()
+            cache[tid] = tgid
+        return tgid
+    return caller
 
 
 def mount(device: str, mountpoint: str, *, retention: str | None = None, foreground: bool = False,
