@@ -438,6 +438,8 @@ class MountedStore:
             for name in ("hard_remove", "use_ino"):
                 if hasattr(config_3, name):
                     setattr(config_3, name, 1 if name == "hard_remove" else 0)
+            if hasattr(config_3, "attr_timeout"):
+                config_3.attr_timeout = 0.0    # a size cached by the kernel would outlive a replace's commit
 
     def getattr(self, path, fh=None):
         p = self._p(path)
@@ -656,7 +658,6 @@ class MountedStore:
             if h.clean:
                 self._reopen(h)
             h.flushed = False
-            h.dirty = True
             h.writer_process = self.caller()
             end = offset + len(data)
             if h.streaming:
@@ -664,6 +665,7 @@ class MountedStore:
                     raise _Error(errno.EIO, f"{h.path}: write at byte {offset} of a file streamed "
                                             f"sequentially into the store ({h.size} bytes so far)")
                 self._reserve(h, end)
+                h.dirty = True
                 try:
                     h.sink.write(data)
                 except BaseException as e:
@@ -672,6 +674,7 @@ class MountedStore:
                 h.size += len(data)
                 return len(data)
             self._reserve(h, max(end, len(h.buf)))
+            h.dirty = True
             if offset > len(h.buf):
                 h.buf.extend(bytes(offset - len(h.buf)))
             h.buf[offset:end] = data

@@ -1,0 +1,308 @@
+"""The mount's edges (issue 27, items 3, 5 and 6) through the kernel: names the store cannot keep are
+refused at the call that creates them; a device already held is refused at once and no server stays
+behind; SIGINT/SIGTERM of a foreground server unmount cleanly (exit 0), also during a copy into the
+mount; near a full device every call that returned success corresponds to data present after a
+remount and every refused one got an errno; fsync of a directory works; readers of a file being
+replaced see the committed version until the new one commits."""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import signal
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("fsspec", reason="the mount extra (make setup-mount)")
+
+from tests.mountcheck import (  # noqa: E402
+    env,
+    fsck_clean,
+    make_device,
+    mounted,
+    paths,
+    require_fuse,
+    retainz,
+    serve_foreground,
+)
+
+pytestmark = pytest.mark.mount
+
+
+@pytest.fixture(autouse=True)
+def _fuse():
+    require_fuse()
+
+
+# -- 5(a) names ------------------------------------------------------------------------------------------
+def _errno_of(fn) -> int:
+    try:
+        fn()
+    except OSError as e:
+        return e.errno
+    return 0
+
+
+def test_names_the_store_cannot_keep_are_refused_at_creation(tmp_path):
+    device = make_device(tmp_path, zones=16, zone_size="1MiB")
+    with mounted(device, tmp_path / "mnt") as mnt:
+        # "@" + 251 bytes + "#99" = 255: the longest file name at the top level
+        (mnt / ("a" * 251)).write_bytes(b"kept")
+        cases = {
+            "file, id over 255 bytes": lambda: open(mnt / ("b" * 252), "wb").close(),
+            "file, multibyte": lambda: open(mnt / ("é" * 126), "wb").close(),     # 252 bytes of UTF-8
+            "file, escapes": lambda: open(mnt / ("%" * 90), "wb").close(),        # %25 each: 270 bytes
+            "directory": lambda: os.mkdir(mnt / ("d" * 253)),
+            "rename": lambda: os.rename(mnt / ("a" * 251), mnt / ("c" * 252)),
+        }
+        got = {what: _errno_of(fn) for what, fn in cases.items()}
+        assert got == dict.fromkeys(cases, errno.ENAMETOOLONG)
+        os.mkdir(mnt / "run")
+        os.mkdir(mnt / "run" / "checkpoint-1")
+        # a shard name (the path inside the checkpoint) over 255 bytes
+        assert _errno_of(lambda: open(mnt / "run" / "checkpoint-1" / ("s" * 256), "wb").close()) == \
+            errno.ENAMETOOLONG
+        # not UTF-8
+        bad = os.fsencode(str(mnt)) + b"/x\xff\xfe"
+        assert _errno_of(lambda: os.close(os.open(bad, os.O_CREAT | os.O_WRONLY))) == errno.EINVAL
+        names = sorted(os.listdir(mnt))
+        assert names == ["a" * 251, "run"]
+    after = paths(device)
+    assert sorted(after) == ["a" * 251]              # nothing accepted then dropped at unmount
+    assert fsck_clean(device)
+
+
+# -- 5(c) a held device ---------------------------------------------------------------------------------
+def test_a_second_mount_is_refused_at_once_and_leaves_no_server(tmp_path):
+    device = make_device(tmp_path, zones=16, zone_size="1MiB")
+    other = tmp_path / "other"
+    other.mkdir()
+    with mounted(device, tmp_path / "mnt") as mnt:
+        (mnt / "f").write_bytes(b"x")
+        r = retainz("mount", device, str(other), check=False, timeout=30)
+        assert r.returncode == 1
+        err = r.stderr.strip().splitlines()
+        assert len(err) == 1 and "the device is in use" in err[0] and str(mnt) in err[0]
+        r = retainz("mount", device, str(other), "--foreground", check=False, timeout=30)
+        assert r.returncode == 1 and "the device is in use" in r.stderr
+        # the detached server of the refused mount is gone: nothing of it runs
+        ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+        assert f"{other} --foreground" not in ps
+    from retainz.mount.runner import is_mounted
+
+    assert not is_mounted(str(other))                # never mounts itself later
+    assert sorted(paths(device)) == ["f"]
+
+
+# -- 5(e) and 3: signals --------------------------------------------------------------------------------
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_unmounts_a_foreground_server_cleanly(tmp_path, sig):
+    device = make_device(tmp_path, zones=16, zone_size="1MiB")
+    mnt = tmp_path / "mnt"
+    proc = serve_foreground(device, mnt)
+    try:
+        (mnt / "kept.bin").write_bytes(b"k" * 100_000)
+        os.makedirs(mnt / "run" / "step-1")
+        (mnt / "run" / "step-1" / "model.pt").write_bytes(b"m" * 5000)   # commit point: closed
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    from retainz.mount.runner import is_mounted
+
+    assert proc.returncode == 0, err.decode()[-1000:]
+    assert "Traceback" not in err.decode() and "error: 8" not in err.decode()
+    assert not is_mounted(str(mnt))
+    got = paths(device)
+    assert sorted(got) == ["kept.bin", "run/step-1"]
+    assert fsck_clean(device)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_copy_into_the_mount_interrupted(tmp_path, sig):
+    """A copy killed by a signal: what was committed before it is intact; the file it was writing
+    is absent or a prefix of the source (what it had written when killed), never garbage."""
+    device = make_device(tmp_path, zones=48, zone_size="4MiB")
+    src = tmp_path / "big.bin"
+    data = random.Random(1).randbytes(60 << 20)
+    src.write_bytes(data)
+    with mounted(device, tmp_path / "mnt") as mnt:
+        (mnt / "before.bin").write_bytes(data[:1 << 20])
+        cp = subprocess.Popen(["dd", f"if={src}", f"of={mnt}/copy.bin", "bs=1M", "status=none"])
+        while not (mnt / "copy.bin").exists() or os.stat(mnt / "copy.bin").st_size < (8 << 20):
+            assert cp.poll() is None, "the copy ended before it could be interrupted"
+        cp.send_signal(sig)
+        cp.wait(timeout=60)
+        assert cp.returncode == -sig
+    got = paths(device)
+    assert "before.bin" in got
+    from retainz.integrations import _stores
+
+    with _stores.using(device, wait=30) as store:
+        assert b"".join(store.read_shard(got["before.bin"].id, "file")) == data[:1 << 20]
+        if "copy.bin" in got:
+            copied = b"".join(store.read_shard(got["copy.bin"].id, "file"))
+            assert data.startswith(copied)
+    assert fsck_clean(device)
+
+
+# -- 6 near a full device -------------------------------------------------------------------------------
+def _attempt(calls: list, fn) -> bool:
+    try:
+        fn()
+    except OSError as e:
+        calls.append(e.errno)
+        return False
+    return True
+
+
+def _write_file(path, data: bytes, *, fsync: bool) -> int:
+    """Write a file; 0 on success, else the errno of the first call that failed (open, write,
+    fsync or close: the descriptor is closed whatever happens)."""
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o644)
+    except OSError as e:
+        return e.errno
+    failed = 0
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view[:1 << 20]):]
+        if fsync:
+            os.fsync(fd)
+    except OSError as e:
+        failed = e.errno
+    try:
+        os.close(fd)
+    except OSError as e:
+        failed = failed or e.errno
+    return failed
+
+
+def test_filling_with_small_files_loses_nothing_acknowledged(tmp_path):
+    device = make_device(tmp_path, zones=16, zone_size="1MiB")
+    rnd = random.Random(2)
+    ok: dict[str, bytes] = {}
+    refused: dict[str, int] = {}
+    data_of: dict[str, bytes] = {}
+    with mounted(device, tmp_path / "mnt") as mnt:
+        for i in range(2000):
+            name = f"f{i:04d}.bin"
+            data = data_of[name] = rnd.randbytes(rnd.choice([100, 5000, 40_000, 200_000]))
+            code = _write_file(mnt / name, data, fsync=i % 3 == 0)
+            if code:
+                refused[name] = code
+                if len(refused) >= 20:
+                    break
+            else:
+                ok[name] = data
+        st = os.statvfs(mnt)
+        avail = st.f_bavail * st.f_frsize
+        fd = os.open(mnt, os.O_RDONLY)
+        try:
+            os.fsync(fd)                               # fsync of a directory works
+        finally:
+            os.close(fd)
+    assert len(ok) > 20 and refused, (len(ok), refused)
+    assert set(refused.values()) == {errno.ENOSPC}
+    assert avail < 200_000 + 8192                      # df is honest: no room claimed that was refused
+    got = paths(device)
+    from retainz.integrations import _stores
+
+    with _stores.using(device, wait=30) as store:
+        for name, data in ok.items():
+            assert name in got, f"{name} acknowledged and lost"
+            assert b"".join(store.read_shard(got[name].id, "file")) == data
+        for name in set(refused) & set(got):         # created, then refused: what was accepted
+            assert data_of[name].startswith(b"".join(store.read_shard(got[name].id, "file")))
+    assert fsck_clean(device)
+
+
+def test_filling_with_hf_checkpoints_loses_nothing_acknowledged(tmp_path):
+    """HF Trainer's save order until the device refuses: a checkpoint whose trainer_state.json
+    closed with success is complete after remount; the one refused got ENOSPC and is absent."""
+    device = make_device(tmp_path, zones=16, zone_size="1MiB")
+    rnd = random.Random(3)
+    committed: dict[str, dict[str, bytes]] = {}
+    codes = []
+    with mounted(device, tmp_path / "mnt") as mnt:
+        for step in range(1, 40):
+            ck = mnt / "run" / f"checkpoint-{step}"
+            files = {"config.json": b'{"a": 1}', "model.safetensors": rnd.randbytes(1_500_000),
+                     "optimizer.pt": rnd.randbytes(300_000), "scheduler.pt": b"s", "rng_state.pth": b"r",
+                     "trainer_state.json": b'{"global_step": %d}' % step}
+            try:
+                os.makedirs(ck)
+            except OSError as e:
+                codes.append(e.errno)
+                break
+            failed = 0
+            for name, data in files.items():
+                failed = _write_file(ck / name, data, fsync=False)
+                if failed:
+                    break
+            if failed:
+                codes.append(failed)
+                break
+            committed[f"run/checkpoint-{step}"] = files
+    assert committed and codes == [errno.ENOSPC], (len(committed), codes)
+    got = paths(device)
+    assert sorted(got) == sorted(committed)            # the refused checkpoint is absent, whole
+    from retainz.integrations import _stores
+    from retainz.mount import layout
+
+    with _stores.using(device, wait=30) as store:
+        for root, files in committed.items():
+            g = got[root]
+            assert {layout.shard_path(s) for s in g.shards} == set(files)
+            for name, data in files.items():
+                assert b"".join(store.read_shard(g.id, layout.shard_name(name))) == data
+    assert fsck_clean(device)
+
+
+def test_readers_see_the_committed_version_until_the_replacement_commits(tmp_path):
+    device = make_device(tmp_path, zones=16, zone_size="1MiB")
+    with mounted(device, tmp_path / "mnt") as mnt:
+        (mnt / "latest").write_bytes(b"old version\n")
+        w = open(mnt / "latest", "wb")
+        try:
+            w.write(b"NEW, not committed")
+            w.flush()
+            # another process (a cat spawned meanwhile: its close-on-exec of the inherited
+            # descriptor must not commit the half-written file either)
+            seen = subprocess.run(["cat", str(mnt / "latest")], capture_output=True).stdout
+            assert seen == b"old version\n"
+            assert os.stat(mnt / "latest").st_size == len(b"old version\n")
+        finally:
+            w.close()
+        seen = subprocess.run(["cat", str(mnt / "latest")], capture_output=True).stdout
+        assert seen == b"NEW, not committed"
+
+
+def test_fsync_of_a_checkpoint_directory_commits_it(tmp_path):
+    device = make_device(tmp_path, zones=16, zone_size="1MiB")
+    code = (
+        "import os, sys\n"
+        "d = os.path.join(sys.argv[1], 'run', 'step-3')\n"
+        "os.makedirs(d)\n"
+        "open(os.path.join(d, 'model.pt'), 'wb').write(b'w' * 1000)\n"
+        "fd = os.open(d, os.O_RDONLY); os.fsync(fd); os.close(fd)\n"
+        "fd = os.open(sys.argv[1], os.O_RDONLY); os.fsync(fd); os.close(fd)\n"
+        "os.kill(int(sys.argv[2]), 9)\n"               # the server dies: no unmount commit
+    )
+    mnt = tmp_path / "mnt"
+    proc = serve_foreground(device, mnt)
+    try:
+        r = subprocess.run([sys.executable, "-c", code, str(mnt), str(proc.pid)], capture_output=True, text=True,
+                           env=env(), timeout=120)
+        assert r.returncode == 0, r.stderr
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        subprocess.run(["fusermount3", "-u", str(mnt)], capture_output=True)
+    assert sorted(paths(device)) == ["run/step-3"]
