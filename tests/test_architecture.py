@@ -1,4 +1,4 @@
-"""The house's floors (README "Architecture"): a package imports only its own floor or lower ones.
+"""The house's floors (docs/architecture.md): a package imports only its own floor or lower ones.
 Imports inside functions count; only ``if TYPE_CHECKING:`` blocks are exempt."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The real-payload lane: SmolLM2-135M architecture (2 of 30 layers) through the DCP plugin onto a
 FileDevice; the resumed update in a fresh process must equal the uninterrupted one bit for bit.
 
-The full-size run is the same command with ``--layers 30`` (README, "PyTorch DCP").
+The full-size run is the same command with ``--layers 30`` (docs/user-guide.md, "The real-payload check").
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Trace replay: run a trace through the real store and measure it.
 
 Replay is not a model of the store: it drives :class:`~retainz.store.Store` (the one backend) on a
-device, event by event (one backend: README "Architecture"):
+device, event by event (one backend: docs/architecture.md):
 
 ====================  =====================================================================
 trace event           what replay does
