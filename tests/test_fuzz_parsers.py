@@ -28,8 +28,8 @@ from retainz.store import Store
 from retainz.store.format import MAGIC, Superblock
 from retainz.store.journal import parse_zone, scan
 from retainz.store.records import FRAME_HEADER, decode, frame, unframe
-from retainz.testing import FaultyDevice
 from retainz.zoned import Geometry, MemoryDevice
+from retainz.zoned.faulty import FaultyDevice
 from retainz.zoned.model import ZoneCond
 
 #: Generated inputs of the slow lane, over every target.

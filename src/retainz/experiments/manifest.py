@@ -296,8 +296,8 @@ def _normalize(where: str, case: dict) -> dict:
 
 
 def _check_system(where: str, c: dict) -> None:
-    """A file-system comparison case: a known system spec, on the guest device (retainz.vm.fsworkload)."""
-    from retainz.vm.fsworkload import parse_system
+    """A file-system comparison case: a known system spec, on the guest device (retainz.experiments.fsworkload)."""
+    from retainz.experiments.fsworkload import parse_system
 
     try:
         c["system"] = parse_system(c["system"]).spec()

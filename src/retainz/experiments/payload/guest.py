@@ -141,7 +141,7 @@ def _tokenize_on_host(cache: str) -> None:
     """
     import subprocess
 
-    code = ("import sys; from retainz.integrations.payload.train import PayloadConfig, load_tokens; "
+    code = ("import sys; from retainz.experiments.payload.train import PayloadConfig, load_tokens; "
             "load_tokens(PayloadConfig(cache=sys.argv[1]))")
     r = subprocess.run([sys.executable, "-c", code, os.path.abspath(cache)], capture_output=True, text=True)
     if r.returncode != 0:
