@@ -335,7 +335,7 @@ def fuzz_trace_file(scratch, raw):
 
 # -- run records ------------------------------------------------------------------------------------------
 def _record() -> dict:
-    from retainz.analysis.records import record_digest
+    from retainz.runrecord import digest as record_digest
 
     rec = {"tags": {"experiment": "fuzz", "case": "c"}, "inputs": {"policy": "greedy", "zones": 40},
            "status": "ok", "result": {"waf": 1.25, "host_bytes": 10}}
