@@ -49,6 +49,8 @@ __all__ = [
     "InvalidIdError",
     "ShardSizeError",
     "SummaryMismatchError",
+    "UnsupportedFormatError",
+    "ReadOnlyStoreError",
 ]
 
 
