@@ -1,16 +1,19 @@
 """Decision cost per extent of every placement policy at 256, 4,096 and 65,536 zones, in one run.
 
 Everything runs through the real store (:class:`retainz.store.Store`) on a payload-less
-:class:`retainz.zoned.MemoryDevice` of 1 MiB zones.  For each zone count and policy the store is
-prefilled to a steady state (80 % of the data zones full with mixed live/dead bytes and reclaim
-steps, the open zones partly written, the rest empty): a scripted placement
-(:class:`_Prefill`, through ``Store.use_allocator``) puts each prefill generation's shards into the
-zones the plan names, and the generations holding the dead bytes are deleted.  Then the policy under
-test places a stream of keep-latest saves (16 shards of 256 KiB a save, one save in 20 permanent; the
-save ``K`` saves back is deleted as each commits) while prefill generations, oldest reclaim step
-first, then the oldest saves are deleted whenever the empty zones fall below ``max(4, zones / 64)``
-before a shard (untimed: deletions reset zones).  The figure is the store's own measure: ``decision_cpu_seconds / decisions``
-(``time.thread_time`` around every ``place`` call) over the stream.
+:class:`retainz.zoned.MemoryDevice` of 1 MiB zones.  For each zone count the store is prefilled
+once to a steady state (80 % of the data zones full with mixed live/dead bytes and reclaim steps, the
+open zones partly written, the rest empty): a scripted placement (:class:`_Prefill`, through
+``Store.use_allocator``) puts each prefill generation's shards into the zones the plan names, and the
+generations holding the dead bytes are deleted.  Each policy then opens the store on a copy of that
+device (``Store.open(policy=...)``) and places a stream of keep-latest saves (16 shards of 256 KiB a
+save, one save in 20 permanent; the save ``K`` saves back is deleted as each commits).  Before each
+shard, while fewer than ``max(4, zones / 64)`` zones are empty, the prefill generations (earliest
+reclaim step first), then the oldest saves, are deleted (untimed: deletions reset zones).  The
+figure is the store's own measure, ``decision_cpu_seconds / decisions`` (``time.thread_time``
+around every ``place`` call), over the stream.  The stream keeps empty zones above the store's GC
+reserve, so the decisions timed are the saves' (the store's GC, when it runs, asks the same
+``place``).
 
 Two configurations: the device limits of a ZN540-like drive (14 active zones, one kept for the
 journal, as the store does) and an unlimited device where a sixteenth of the zones are open, which
@@ -76,8 +79,9 @@ _PREFILLED: dict[tuple[int, int, int, int], tuple[MemoryDevice, list[str]]] = {}
 
 
 def prefilled(policy: str, n: int, max_active: int, n_open: int, seed: int) -> tuple[Store, list[str]]:
-    """:func:`prefill`'s store with ``policy``, opened on a copy of a device prefilled once per arguments (a
-    65,536-zone prefill takes about 10 s; a copy and ``Store.open`` about 1.5 s)."""
+    """:func:`prefill`'s store with ``policy``, opened on a copy of a device prefilled once per
+    arguments (a 65,536-zone prefill takes about 9 CPU-seconds, mostly journal rollovers; a copy and
+    ``Store.open`` about 1.5 s)."""
     key = (n, max_active, n_open, seed)
     if key not in _PREFILLED:
         st, old = prefill(*key)
@@ -110,8 +114,10 @@ def prefill(n: int, max_active: int, n_open: int, seed: int) -> tuple[Store, lis
     st.use_allocator(pre)
     for (step, r), plan in sorted(groups.items()):
         hint = Hint(reclaim_step=r, lifetime=lifetime_class(r, step), actual_reclaim_step=r)
-        live = st.begin_generation(f"p{step}-{r}", step, hint=hint)
-        dead = st.begin_generation(f"d{step}-{r}", step, hint=hint)
+        live = st.begin_generation(f"p{step}-{r}", step, hint=hint,
+                                   declared_size=sum(w - d for _, w, d in plan) * BLOCK)
+        dead = st.begin_generation(f"d{step}-{r}", step, hint=hint,
+                                   declared_size=sum(d for *_, d in plan) * BLOCK)
         pre.reclaim = r
         for z, w, d in plan:
             pre.zone = z

@@ -490,3 +490,5 @@ def test_recompute_mode_gives_identical_decisions(policy):
     assert {k: v for k, v in base.metrics().items() if k not in timing} == \
         {k: v for k, v in again.metrics().items() if k not in timing}
     assert base.metrics()["decisions"] == len(base.decisions) > 100
+    for r in (base, again):                             # and the cached summaries end equal to the catalog's
+        assert r.store.table.key() == r.store.recompute_table().key()
