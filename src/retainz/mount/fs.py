@@ -9,9 +9,15 @@ Paths map onto generations as :mod:`retainz.mount.layout` says.  What a runtime'
   write to a streamed file is ``EIO`` with a log line).  One shard streams at a time
   (:attr:`MountedStore.slot`); other files keep buffering meanwhile, and store work ordered after the
   stream (a small file's commit) is queued and run when it ends.
+* **admission**: ``open`` admits the generation, every ``write`` grows its reservation in the store
+  (``Store.admit``) to the bytes accepted and not yet placed: a full device refuses the ``write``
+  (``ENOSPC``), never a later commit.
 * **commit**: a checkpoint directory commits at its runtime's commit point
-  (:func:`retainz.mount.layout.commit_point`); a file outside checkpoint directories commits when its
-  last writer closes it.  Before that it is visible in this mount only and lost by a crash.
+  (:func:`retainz.mount.layout.commit_point`), in the call that reaches it (whose errno it returns);
+  a file outside checkpoint directories commits at ``close(2)`` (FUSE flush) or ``fsync`` by the
+  process that wrote it last, and the error is that call's.  Before that it is visible in this mount
+  only and lost by a crash.
+* **names**: a name the store could not keep is refused where it is created (:meth:`MountedStore._check_name`).
 * **replace**: writing a file that exists (``O_TRUNC``, a rewritten tracker file) or renaming over it
   commits the new version as a new generation (``#N`` id) first and retires the old one after: a
   crash in between leaves both committed and the next mount keeps the newest (``commit_seq``) and
@@ -25,7 +31,7 @@ Paths map onto generations as :mod:`retainz.mount.layout` says.  What a runtime'
 * **read**: committed shards through ``Store.read_shard_extent`` (every extent's crc32c verified;
   a mismatch is ``EIO``), so random and ``mmap`` reads work.
 * **statfs**: blocks of the data zones; available = what admission can reach after GC (data
-  capacity less live bytes, writers' reservations and the GC reserve).
+  capacity less live bytes, the open writers' reservations and the GC reserve).
 
 Times: a commit made in this session shows its wall-clock time; one made before shows its
 ``commit_seq`` as seconds since the epoch (the store keeps logical time only), so mtime order is
