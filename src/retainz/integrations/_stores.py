@@ -7,6 +7,10 @@ open :class:`~retainz.store.Store` per device path, reference counted; the last 
 
 Another *process* holding the device (another rank reading a peer's device) makes the open fail with
 ``DeviceBusyError``/``StoreLockedError``; :func:`using` retries until ``wait`` seconds have passed.
+
+When a node service (``retainz serve DEVICE``, :mod:`retainz.node`) listens at the device's socket, the
+store is a :class:`~retainz.node.NodeStore` served by it instead: every process of the node shares the
+device through the service, and nothing waits for a lock (docs/node.md).
 """
 
 from __future__ import annotations
@@ -37,10 +41,27 @@ def open_count() -> int:
         return len(_open)
 
 
+def _served_store(path: str):
+    """A :class:`~retainz.node.NodeStore` when a node service listens at the device's socket
+    (:func:`retainz.node.socket_path`), else ``None`` (no socket, or a stale one a killed service left:
+    the device is then opened directly, and fails busy if the service still holds it)."""
+    from retainz.node import NodeStore, served
+
+    if served(path) is None:
+        return None
+    try:
+        return NodeStore.connect(path)
+    except (ConnectionRefusedError, FileNotFoundError):
+        return None
+
+
 def _open_store(path: str, geometry, policy: str | None):
     from retainz.store import Store
     from retainz.zoned import FileDevice
 
+    node = _served_store(path)
+    if node is not None:
+        return node
     if is_device_spec(path):
         return _open_named_device_store(path, policy)
     if not os.path.exists(path):
