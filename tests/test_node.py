@@ -479,3 +479,29 @@ def test_a_fuzzed_request_stream_never_crashes_the_service(served):
         rep = c.fsck()
         assert rep.ok, rep.problems
     assert svc.store.recompute_table().key() == svc.store.table.key()
+
+
+def test_clients_that_join_a_generation_write_it_together_and_one_commits_it(served):
+    device, svc = served
+    with NodeStore.connect(device) as a, NodeStore.connect(device) as b, NodeStore.connect(device) as c:
+        wa = a.begin_generation("ck", 5, join="run1")
+        wb = b.begin_generation("ck", 5, join="run1")
+        with pytest.raises(GenerationExistsError, match="different join token"):
+            c.begin_generation("ck", 5, join="run2")
+        with pytest.raises(GenerationExistsError):
+            c.begin_generation("ck", 5)
+        wb.write_shard("__1", [b"b" * 5000])
+        wb.leave()                       # rank 1 done; the generation stays open for rank 0
+        wa.write_shard("__0", [b"a" * 7000])
+        gen = wa.commit()
+        assert sorted(gen.shards) == ["__0", "__1"]
+        assert b"".join(a.read_shard("ck", "__1")) == b"b" * 5000
+        # every holder leaving without a commit aborts: nothing stays live
+        x = a.begin_generation("ck2", 6, join="run1")
+        y = b.begin_generation("ck2", 6, join="run1")
+        y.write_shard("s", [b"y" * 9000])
+        y.leave()
+        assert [g.id for g in a.generations()] == ["ck"]
+        x.leave()
+    live = sum(round_up(e[2], 4096) for g in svc.store.generations() for s in g.shards.values() for e in s.extents)
+    assert svc.store.table.live == live and svc.store.fsck().ok

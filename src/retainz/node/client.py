@@ -184,12 +184,23 @@ class NodeStore:
 
     # -- the store contract ------------------------------------------------------------------------
     def begin_generation(self, gen_id: str, step: int, *, hint: Hint | None = None,
-                         declared_size: int | None = None, replace: bool = False) -> NodeGenerationWriter:
-        """Begin a generation in the service (``Store.begin_generation``; admission runs there)."""
+                         declared_size: int | None = None, replace: bool = False,
+                         join: str | None = None) -> NodeGenerationWriter:
+        """Begin a generation in the service (``Store.begin_generation``; admission runs there).
+
+        Args:
+            join: a token shared by the clients that write this one generation together (the ranks of
+                one DCP save on one device): the first to begin it begins it, the others join the same
+                writer (their shards go into it); one commits it, the others :meth:`~NodeGenerationWriter.leave`.
+
+        Raises:
+            GenerationExistsError: as ``Store.begin_generation``; also when other clients write the
+                generation under a different token.
+        """
         r = self._call("begin", gen=gen_id, step=step, hint=encode_hint(hint), declared_size=declared_size,
-                       replace=replace or None)
+                       replace=replace or None, join=join)
         gen = GenerationInfo(id=gen_id, step=step, hint=hint or Hint())
-        return NodeGenerationWriter(self, r["writer"], gen, declared_size)
+        return NodeGenerationWriter(self, r["writer"], gen, declared_size, joined=join is not None)
 
     def generations(self) -> list[GenerationInfo]:
         """Committed generations, ascending step then id (paged from the service)."""
@@ -314,11 +325,13 @@ class NodeGenerationWriter:
     """A generation being written through the service (``GenerationWriting``); returned by
     :meth:`NodeStore.begin_generation`.  Commit and abort run in the service."""
 
-    def __init__(self, store: NodeStore, handle: int, gen: GenerationInfo, declared_size: int | None):
+    def __init__(self, store: NodeStore, handle: int, gen: GenerationInfo, declared_size: int | None, *,
+                 joined: bool = False):
         self._store = store
         self._handle = handle
         self.gen = gen
         self.declared_size = declared_size
+        self.joined = joined
 
     @property
     def id(self) -> str:
@@ -361,6 +374,15 @@ class NodeGenerationWriter:
         self.gen.state = GenState.COMMITTED
         self.gen.commit_seq = info.commit_seq
         return info
+
+    def leave(self) -> None:
+        """Let go of a generation begun with a ``join`` token, leaving it to the clients that joined
+        it (the shards this client closed stay in it; the last client to leave without a commit
+        aborts it).  Nothing can be written through this writer afterwards."""
+        if self.gen.state is not GenState.WRITING:
+            return
+        self._store._call("leave", writer=self._handle)
+        self.gen.state = GenState.ABORTED
 
     def abort(self) -> None:
         """Drop the generation in the service.  A no-op once committed or aborted, or when the service

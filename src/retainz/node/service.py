@@ -30,7 +30,13 @@ import stat
 import threading
 from collections.abc import Callable
 
-from retainz.errors import DeviceBusyError, ProtocolError, RetainZError, ShardNotFoundError
+from retainz.errors import (
+    DeviceBusyError,
+    GenerationExistsError,
+    ProtocolError,
+    RetainZError,
+    ShardNotFoundError,
+)
 from retainz.node.protocol import (
     MAX_CLAIM,
     MAX_CRCS,
@@ -65,6 +71,18 @@ class _Shard:
         self.stream = stream
         self.writer = writer
         self.crcs: list[int] = []
+
+
+class _Shared:
+    """A generation several connections write (``begin`` with a ``join`` token: the ranks of one DCP
+    save on one device): the writer, its token, the sessions holding it."""
+
+    __slots__ = ("writer", "token", "holders")
+
+    def __init__(self, writer, token: str):
+        self.writer = writer
+        self.token = token
+        self.holders: set = set()
 
 
 class _Session:
@@ -126,10 +144,11 @@ class _Session:
             with contextlib.suppress(Exception):
                 sh.stream.abort()
         self.shards.clear()
-        for w in list(self.writers.values()):
-            with contextlib.suppress(Exception):
-                w.abort()
+        writers = list(self.writers.items())
         self.writers.clear()
+        for h, w in writers:
+            with contextlib.suppress(Exception):
+                self._unshare(w, h, abort=True)
         with contextlib.suppress(OSError):
             self.sock.close()
         self.service._forget(self)
@@ -186,10 +205,24 @@ class _Session:
             hint = rule_hint(self.retention, step)
         size = field(req, "declared_size", "int", default=None)
         replace = field(req, "replace", "bool", default=False)
+        token = field(req, "join", "text", default=None)
         h = self._handle()
-        self.writers[h] = self.service.store.begin_generation(gen, step, hint=hint, declared_size=size,
-                                                              replace=replace)
-        return {"writer": h}
+        svc = self.service
+        with svc._lock:        # begin-or-join is one step: two ranks racing to begin both join one writer
+            shared = svc._shared.get(gen) if token else None
+            if shared is not None and shared.writer.state.value == "writing":
+                if shared.token != token:
+                    raise GenerationExistsError(f"generation {gen!r} is being written by other clients (a "
+                                                "different join token)")
+                w = shared.writer
+            else:
+                w = svc.store.begin_generation(gen, step, hint=hint, declared_size=size, replace=replace)
+                if token:
+                    shared = svc._shared[gen] = _Shared(w, token)
+            if token:
+                shared.holders.add(self)
+        self.writers[h] = w
+        return {"writer": h, "joined": bool(token) and len(shared.holders) > 1}
 
     def open_shard(self, req: dict) -> dict:
         wh, w = self._writer(req)
@@ -231,26 +264,53 @@ class _Session:
         sh.stream.abort()
         return {}
 
-    def _end(self, req: dict, commit: bool) -> dict:
+    def _end(self, req: dict, how: str) -> dict:
+        """``commit``, ``abort`` or ``leave`` the generation of handle ``writer``."""
         h, w = self._writer(req)
         for sh_h in [k for k, sh in self.shards.items() if sh.writer == h]:
-            if commit:
+            if how == "commit":
                 raise ValueError(f"generation {w.id!r}: shard {self.shards[sh_h].stream.name!r} is still "
                                  "open; close or abort it before the commit")
             self.shards.pop(sh_h).stream.abort()
-        if commit:
+        if how == "commit":
             gen = w.commit()
             del self.writers[h]
+            self._unshare(w, h, abort=False)
             return {"gen": encode_gen(gen)}
         del self.writers[h]
-        w.abort()
+        if how == "leave":
+            self._unshare(w, h, abort=True)
+        else:
+            self._unshare(w, h, abort=False)
+            w.abort()
         return {}
 
+    def _unshare(self, w, _h: int, *, abort: bool) -> None:
+        """This session lets go of ``w``; with ``abort``, the generation is aborted when no other
+        session holds it (a writer begun without a join token has no other holder)."""
+        svc = self.service
+        with svc._lock:
+            shared = svc._shared.get(w.id)
+            if shared is None or shared.writer is not w:
+                last = True
+            else:
+                shared.holders.discard(self)
+                last = not shared.holders
+                if last or w.state.value != "writing":
+                    del svc._shared[w.id]
+        if abort and last and w.state.value == "writing":
+            w.abort()
+
     def commit(self, req: dict) -> dict:
-        return self._end(req, True)
+        return self._end(req, "commit")
 
     def abort(self, req: dict) -> dict:
-        return self._end(req, False)
+        return self._end(req, "abort")
+
+    def leave(self, req: dict) -> dict:
+        """Let go of a joined generation, leaving it to the other clients that joined it (its shards
+        closed here stay in it); the last to leave without a commit aborts it."""
+        return self._end(req, "leave")
 
     def delete(self, req: dict) -> dict:
         self.service.store.delete(field(req, "gen", "name"), step=field(req, "step", "int", default=None))
@@ -308,7 +368,7 @@ class _Session:
 
 _OPS: dict[str, Callable[[_Session, dict], dict]] = {
     name: getattr(_Session, name) for name in (
-        "hello", "begin", "open_shard", "claim", "written", "close_shard", "abort_shard", "commit", "abort",
+        "hello", "begin", "open_shard", "claim", "written", "close_shard", "abort_shard", "commit", "abort", "leave",
         "delete", "list", "generation", "locations", "update_hint", "advance", "now", "df", "fsck", "gc",
         "metrics", "bye")
 }
@@ -336,6 +396,7 @@ class Service:
         self.store = store
         self.path = path
         self._sessions: set[_Session] = set()
+        self._shared: dict[str, _Shared] = {}     # generation id -> the joined writer
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
