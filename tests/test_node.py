@@ -505,3 +505,19 @@ def test_clients_that_join_a_generation_write_it_together_and_one_commits_it(ser
         x.leave()
     live = sum(round_up(e[2], 4096) for g in svc.store.generations() for s in g.shards.values() for e in s.extents)
     assert svc.store.table.live == live and svc.store.fsck().ok
+
+
+def test_retainz_serve_refuses_bad_input_and_a_served_device_with_one_line(tmp_path):
+    def serve(*args):
+        return subprocess.run([sys.executable, "-m", "retainz.cli", "serve", *args], env=ENV,
+                              capture_output=True, text=True, timeout=120)
+
+    r = serve(str(tmp_path / "missing.img"))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no such device file" in r.stderr
+    device = make_device(tmp_path)
+    svc = start_service(device, tmp_path / "service.log")
+    try:
+        r = serve(device)
+        assert r.returncode == 1 and r.stderr.count("\n") == 1 and "in use" in r.stderr, r.stderr
+    finally:
+        stop_service(svc)
