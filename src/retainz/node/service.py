@@ -110,7 +110,11 @@ class _Session:
                 if req is None:
                     return
                 reply = self.answer(req)
-                send_frame(self.sock, reply)
+                try:
+                    send_frame(self.sock, reply)
+                except (TypeError, ValueError) as e:   # a reply JSON cannot carry: a bug, said so
+                    log.exception("reply to %r cannot be sent", req.get("op"))
+                    send_frame(self.sock, {"ok": False, "error": "InternalError", "message": f"reply: {e}"})
                 if req.get("op") == "bye":
                     return
         except OSError:
