@@ -103,6 +103,7 @@ class NodeStore:
         region = hello["region"]
         self._fd = -1
         self._region = 0
+        self._starts: tuple | None = None     # the last extent list indexed (_index)
         if region is not None:
             file, self._region = region
             try:
@@ -287,17 +288,31 @@ class NodeStore:
         done, whole = 0, 0
         while done < size:
             at, data, size, crc, ext = self._extent_at(gen_id, name, done, size, crc, ext)
-            data = data[done - at:]
-            whole = crc32c.crc32c(data, whole)
+            if done != at:           # a GC move split the extents at another boundary
+                data = data[done - at:]
+            i = self._index(ext)[1].get(at)
+            ecrc = ext[i][3] if i is not None and done == at else None
+            # the shard's crc from the extent's (already verified), without a second pass over the bytes
+            whole = (crc32c_combine(whole, ecrc, len(data)) if done else ecrc) if ecrc is not None else \
+                crc32c.crc32c(data, whole)
             done += len(data)
             if done >= size and crc is not None and whole != crc:
                 raise ChecksumError(f"generation {gen_id!r} shard {name!r}: whole-shard crc32c mismatch",
                                     generation=gen_id, shard=name, expected=crc, actual=whole)
             yield data
 
+    def _index(self, ext: list) -> tuple[list[int], dict[int, int]]:
+        """The data offset each extent starts at, as a list and as {offset: index} (cached per list)."""
+        hit = self._starts
+        if hit is not None and hit[0] is ext:
+            return hit[1], hit[2]
+        starts = [0, *accumulate(e[2] for e in ext)][:-1]
+        self._starts = (ext, starts, {a: i for i, a in enumerate(starts)})
+        return starts, self._starts[2]
+
     def _extent_at(self, gen_id, name, pos, size, crc, ext):
         for attempt in range(2):
-            starts = [0, *accumulate(e[2] for e in ext)][:-1]
+            starts = self._index(ext)[0]
             i = bisect.bisect_right(starts, pos) - 1
             data = self._verified(gen_id, name, ext, i)
             if data is not None:

@@ -444,8 +444,9 @@ class Service:
                 conn.close()
                 continue
             t = threading.Thread(target=s.run, name="retainz-node-client", daemon=True)
-            self._threads = [x for x in self._threads if x.is_alive()] + [t]
             t.start()
+            with self._lock:      # close() joins only started threads
+                self._threads = [x for x in self._threads if x.is_alive()] + [t]
 
     def _forget(self, s: _Session) -> None:
         with self._lock:
@@ -467,7 +468,9 @@ class Service:
         for s in sessions:
             with contextlib.suppress(OSError):
                 s.sock.shutdown(socket.SHUT_RDWR)
-        for t in self._threads:
+        with self._lock:
+            threads = list(self._threads)
+        for t in threads:
             t.join(timeout=30)
         self.store.close()
         with contextlib.suppress(FileNotFoundError):
