@@ -24,7 +24,7 @@ from typing import Any
 
 from retainz.errors import DeviceBusyError, StoreLockedError
 
-__all__ = ["using", "is_store", "open_count", "is_device_spec", "present"]
+__all__ = ["using", "is_store", "open_count", "is_device_spec", "present", "join_token", "is_coordinator"]
 
 _lock = threading.Lock()
 _open: dict[str, list[Any]] = {}  # realpath or device spec -> [store, refs]
@@ -39,6 +39,24 @@ def open_count() -> int:
     """Devices this process currently holds open through the integrations (tests check for leaks)."""
     with _lock:
         return len(_open)
+
+
+def join_token(name: str) -> str | None:
+    """The token the ranks of one torchrun job share for the checkpoint ``name`` (a DCP checkpoint id or
+    directory) and no other save does: the run's id (or its rendezvous address) and the name; ``None``
+    outside a multi-rank torchrun job (``WORLD_SIZE`` unset or 1).  With it, ranks writing one
+    checkpoint to one served device join one generation (``NodeStore.begin_generation(join=...)``)."""
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:
+        return None
+    run = os.environ.get("TORCHELASTIC_RUN_ID") or (f"{os.environ.get('MASTER_ADDR', '')}:"
+                                                     f"{os.environ.get('MASTER_PORT', '')}")
+    return f"dcp:{run}:{name}"[:1000]
+
+
+def is_coordinator() -> bool:
+    """True unless this process is a torchrun rank other than 0 (``RANK``): the rank that commits a
+    checkpoint several ranks joined."""
+    return int(os.environ.get("RANK", "0") or 0) == 0
 
 
 def _served_store(path: str):

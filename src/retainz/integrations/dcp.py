@@ -291,7 +291,7 @@ class ZonedStorageWriter(StorageWriter):
         # (replace-on-commit); no declared size: the store admits the bytes as they arrive
         if isinstance(store, NodeStore):   # ranks sharing one served device write one generation
             self._gen = store.begin_generation(gen, self.step, hint=self.hint(), replace=exists,
-                                               join=_join_token(self.checkpoint_id))
+                                               join=_dcp_join_token(self.checkpoint_id))
         else:
             self._gen = store.begin_generation(gen, self.step, hint=self.hint(), replace=exists)
         return dataclasses.replace(plan, storage_data=_RankStream(self.rank))
@@ -392,12 +392,13 @@ class ZonedStorageWriter(StorageWriter):
         self._release(abort=True)
 
 
-def _join_token(checkpoint_id: str | None) -> str:
-    """What the ranks of one save share and no other save does: the torchrun run (its id, or the
-    rendezvous address) and the checkpoint id."""
-    run = os.environ.get("TORCHELASTIC_RUN_ID") or (f"{os.environ.get('MASTER_ADDR', '')}:"
-                                                     f"{os.environ.get('MASTER_PORT', '')}")
-    return f"dcp:{run}:{checkpoint_id}"[:1000]
+def _dcp_join_token(checkpoint_id: str | None) -> str | None:
+    """The ranks of one save share it (:func:`~retainz.integrations._stores.join_token`; a process
+    group started without torchrun's environment: the checkpoint id); ``None`` for one process."""
+    token = _stores.join_token(str(checkpoint_id))
+    if token is None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        token = f"dcp:{checkpoint_id}"
+    return token
 
 
 def device_path_for(device: Any, rank: int) -> Any:
