@@ -253,6 +253,7 @@ def ask(s: socket.socket, req: dict) -> dict:
 def test_a_client_writes_reads_and_deletes_through_the_service(served):
     device, svc = served
     with NodeStore.connect(device, job="a") as c:
+        assert c.device.geometry == svc.store.device.geometry and c.device.name == device
         data = os.urandom((5 << 20) + 123)
         w = c.begin_generation("g", 7)
         info = w.write_shard("x", [data[i:i + 999_999] for i in range(0, len(data), 999_999)])

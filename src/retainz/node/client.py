@@ -49,8 +49,9 @@ from retainz.store.types import (
     SpaceReport,
     StoreMetrics,
 )
+from retainz.zoned.model import DeviceInfo, Geometry
 
-__all__ = ["NodeStore", "NodeGenerationWriter", "NodeShardStream", "BATCH", "served"]
+__all__ = ["NodeStore", "NodeGenerationWriter", "NodeShardStream", "ServedDevice", "BATCH", "served"]
 
 #: Bytes a shard stream buffers before it claims and writes them (8 extents of 1 MiB).
 BATCH = 8 << 20
@@ -68,6 +69,23 @@ def served(device: str | os.PathLike) -> str | None:
         return None
 
 
+class ServedDevice:
+    """The device a service serves, as its clients see it (``NodeStore.device``): geometry and name only;
+    its I/O goes through the :class:`NodeStore`, its lock is the service's, and :meth:`close` does
+    nothing."""
+
+    def __init__(self, path: str, geometry: Geometry):
+        self.info = DeviceInfo(geometry=geometry, kind="served", path=path, payload=True)
+        self.geometry = geometry
+        self.name = path
+
+    def close(self) -> None:
+        """Nothing to release (the service holds the device)."""
+
+    def __repr__(self) -> str:
+        return f"ServedDevice({self.name!r})"
+
+
 class NodeStore:
     """A store served by a node service (``retainz serve DEVICE``); see the module docstring.
 
@@ -77,12 +95,11 @@ class NodeStore:
     class); the zone table and the allocator live in the service and are not offered here.
 
     Attributes:
-        device: ``None`` (the service holds the device; this client opens only its file's data).
+        device: a :class:`ServedDevice` (geometry and name; the service holds the device, this client
+            opens only its file's data).
         path: the device path; socket: the socket path; job: the job this client writes for.
         uuid, policy, meta_zones, gc_reserve_zones: the served store's.
     """
-
-    device = None
 
     def __init__(self, sock: socket.socket, device: str, socket_file: str, job: str, retention: str | None):
         self._sock = sock
@@ -94,6 +111,9 @@ class NodeStore:
         hello = self._call("hello", protocol=PROTOCOL, job=job, retention=retention, pid=os.getpid())
         g = hello["geometry"]
         self.block_size, self.zone_size = g["block_size"], g["zone_size"]
+        self.device = ServedDevice(device, Geometry(nr_zones=g["nr_zones"], zone_size=g["zone_size"],
+                                                    zone_capacity=g["zone_capacity"], block_size=g["block_size"],
+                                                    max_open=g["max_open"], max_active=g["max_active"]))
         self.uuid = uuidlib.UUID(hello["uuid"])
         self.policy = hello["policy"]
         self.meta_zones = hello["meta_zones"]
