@@ -35,7 +35,7 @@ from tests.workers.node_client import content, sizes
 ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}{os.pathsep}{ROOT}", OMP_NUM_THREADS="1")
 WORKER = str(ROOT / "tests" / "workers" / "node_client.py")
-GEOMETRY = Geometry(nr_zones=64, zone_size=8 << 20, zone_capacity=8 << 20)
+GEOMETRY = Geometry(nr_zones=256, zone_size=8 << 20, zone_capacity=8 << 20)   # 2 GiB, sparse: the campaigns never delete
 
 
 def make_device(tmp_path: Path, geometry: Geometry = GEOMETRY) -> str:
