@@ -55,3 +55,73 @@ def test_two_ranks_sync_and_async_roundtrip(tmp_path):
     assert sizes[0] == 2048
     assert sizes[1] > 2048 + 33 * 4
     assert owners["replicated"] == 1 and owners["meta.step"] == 1
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_ranks_on_one_device_through_the_node_service(tmp_path, ranks):
+    """Every rank saves to and loads from ONE device file served by `retainz serve`: one generation per
+    checkpoint holding every rank's shard and the metadata, committed by the coordinator."""
+    from retainz.store import Store
+    from retainz.zoned import FileDevice, Geometry
+    from tests.test_node import start_service, stop_service
+
+    device = str(tmp_path / "node.img")
+    dev = FileDevice.create(device, Geometry(nr_zones=32, zone_size=1 << 20, zone_capacity=1 << 20))
+    Store.format(dev).close()
+    dev.close()
+    svc = start_service(device, tmp_path / "service.log")
+    try:
+        env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+                   OMP_NUM_THREADS="1")
+        proc = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
+             str(ROOT / "tests/workers/dcp_ranks.py"), str(tmp_path / "ckpt"), device],
+            capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+        assert all(f"RANK {r} OK" in proc.stdout for r in range(ranks))
+    finally:
+        stop_service(svc)
+    dev = FileDevice(device)
+    with Store.open(dev) as store:
+        gens = {g.id: g for g in store.generations()}
+        assert sorted(gens) == ["step-10", "step-20"]
+        for gid, g in gens.items():
+            assert sorted(g.shards) == [".metadata", *(f"__{r}_0.distcp" for r in range(ranks))], gid
+            assert g.hint.reclaim_step == g.step + 20
+        assert gens["step-10"].shards["__0_0.distcp"].size == 64 // ranks * 16 * 4   # its rows of fp32
+        assert store.fsck().ok
+    dev.close()
+
+
+def test_two_ranks_through_retainz_urls_on_one_device_through_the_node_service(tmp_path):
+    """DCP's own FsspecWriter/FsspecReader (retainz://DEVICE/ckpt/step-N), both ranks on one served
+    device: one generation per checkpoint directory with both ranks' files and the metadata."""
+    from retainz.store import Store
+    from retainz.zoned import FileDevice, Geometry
+    from tests.test_node import start_service, stop_service
+
+    device = str(tmp_path / "node.img")
+    dev = FileDevice.create(device, Geometry(nr_zones=32, zone_size=1 << 20, zone_capacity=1 << 20))
+    Store.format(dev).close()
+    dev.close()
+    svc = start_service(device, tmp_path / "service.log")
+    try:
+        env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+                   OMP_NUM_THREADS="1")
+        proc = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+             str(ROOT / "tests/workers/dcp_fsspec_ranks.py"), device],
+            capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+        assert "RANK 0 OK" in proc.stdout and "RANK 1 OK" in proc.stdout
+    finally:
+        stop_service(svc)
+    dev = FileDevice(device)
+    with Store.open(dev) as store:
+        gens = {g.id: g for g in store.generations()}
+        assert sorted(gens) == ["ckpt%2Fstep-10", "ckpt%2Fstep-20"]
+        for gid, g in gens.items():
+            assert {"__0_0.distcp", "__1_0.distcp", ".metadata"} <= set(g.shards), (gid, list(g.shards))
+            assert g.hint.reclaim_step == g.step + 20
+        assert store.fsck().ok
+    dev.close()

@@ -15,7 +15,7 @@ from retainz.store.contract import CheckpointStore, GenerationWriting, ShardStre
 from retainz.zoned import Geometry, MemoryDevice
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "retainz"
-CALLERS = ["integrations", "mount", "cli", "trace", "experiments", "vm"]
+CALLERS = ["integrations", "mount", "cli", "trace", "experiments", "vm", "node"]
 
 
 def _members(proto) -> set[str]:

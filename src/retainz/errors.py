@@ -51,6 +51,9 @@ __all__ = [
     "SummaryMismatchError",
     "UnsupportedFormatError",
     "ReadOnlyStoreError",
+    # node service
+    "ServiceGoneError",
+    "ProtocolError",
 ]
 
 
@@ -340,3 +343,26 @@ class ReadOnlyStoreError(StoreError, PermissionError):
 
 class SummaryMismatchError(StoreError, AssertionError):
     """``verify_summaries`` mode found cached zone summaries that differ from a recomputation."""
+
+
+# -- node service errors (retainz.node) -------------------------------------------------------------
+
+
+class ServiceGoneError(RetainZError, ConnectionError):
+    """The node service that owns the device went away (killed, stopped, restarted) while a client
+    talked to it.  What the client had not committed is gone (the service's restart reclaims it);
+    every acknowledged commit is durable.  Retry after ``retainz serve DEVICE`` runs again."""
+
+    exit_status = 1  # the CLI: an operation failure, not bad input
+
+    def __init__(self, message: str):
+        ConnectionError.__init__(self, _errno.ECONNRESET, message)
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+class ProtocolError(RetainZError, ValueError):
+    """A node-service message that breaks the protocol: a frame longer than its bound, a header that
+    is not a JSON object, an unknown request, a field of the wrong type or outside its bounds, a
+    handle the connection does not hold.  The service answers it with an error reply."""

@@ -1,6 +1,7 @@
 """torchrun worker for tests/test_dcp_multirank.py: 2 ranks, gloo on CPU, one device file per rank.
 
-Usage: torchrun --standalone --nproc_per_node=2 tests/workers/dcp_ranks.py DIR
+Usage: torchrun --standalone --nproc_per_node=2 tests/workers/dcp_ranks.py DIR [DEVICE]
+With DEVICE (a device file a node service serves) every rank saves to and loads from that one device.
 Saves a DTensor sharded across the ranks plus replicated tensors and bytes, sync (step-10) and async in
 THREAD mode (step-20), loads both into fresh tensors and checks every byte; prints "RANK r OK".
 """
@@ -42,26 +43,28 @@ def empty(mesh) -> dict:
 def check(out: dict, step: int, rank: int) -> None:
     f = full(step)
     local = out["sharded"].to_local()
-    assert torch.equal(local, f["sharded"][rank * 32:(rank + 1) * 32]), f"rank {rank} step {step} shard"
+    rows = 64 // dist.get_world_size()
+    assert torch.equal(local, f["sharded"][rank * rows:(rank + 1) * rows]), f"rank {rank} step {step} shard"
     assert torch.equal(out["replicated"], f["replicated"]), f"rank {rank} step {step} replicated"
     assert out["meta"] == {"step": step, "tag": f"s{step}"}, out["meta"]
 
 
 def main() -> None:
     root = sys.argv[1]
+    device = sys.argv[2] if len(sys.argv) > 2 else root
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     rule = "torchtitan:interval=10,keep_latest_k=2"
-    writer = ZonedStorageWriter(root, retention=rule, geometry=GEOMETRY)
+    writer = ZonedStorageWriter(device, retention=rule, geometry=GEOMETRY)
     dcp.save(state(10, mesh), storage_writer=writer, checkpoint_id=f"{root}/step-10")
-    fut = dcp.async_save(state(20, mesh), storage_writer=ZonedStorageWriter(root, retention=rule),
+    fut = dcp.async_save(state(20, mesh), storage_writer=ZonedStorageWriter(device, retention=rule),
                          checkpoint_id=f"{root}/step-20", async_checkpointer_type=AsyncCheckpointerType.THREAD)
     fut.result()
     dist.barrier()
     for step in (10, 20):
         out = empty(mesh)
-        dcp.load(out, storage_reader=ZonedStorageReader(root), checkpoint_id=f"{root}/step-{step}")
+        dcp.load(out, storage_reader=ZonedStorageReader(device), checkpoint_id=f"{root}/step-{step}")
         check(out, step, rank)
     dist.barrier()
     print(f"RANK {rank} OK pid={os.getpid()}", flush=True)

@@ -37,6 +37,7 @@ COMMAND_MODULES = [
     "retainz.cli.vm",
     "retainz.cli.payload",
     "retainz.cli.mount",
+    "retainz.cli.node",
 ]
 
 

@@ -7,6 +7,10 @@ open :class:`~retainz.store.Store` per device path, reference counted; the last 
 
 Another *process* holding the device (another rank reading a peer's device) makes the open fail with
 ``DeviceBusyError``/``StoreLockedError``; :func:`using` retries until ``wait`` seconds have passed.
+
+When a node service (``retainz serve DEVICE``, :mod:`retainz.node`) listens at the device's socket, the
+store is a :class:`~retainz.node.NodeStore` served by it instead: every process of the node shares the
+device through the service, and nothing waits for a lock (docs/node.md).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import Any
 
 from retainz.errors import DeviceBusyError, StoreLockedError
 
-__all__ = ["using", "is_store", "open_count", "is_device_spec", "present"]
+__all__ = ["using", "is_store", "open_count", "is_device_spec", "present", "join_token", "is_coordinator"]
 
 _lock = threading.Lock()
 _open: dict[str, list[Any]] = {}  # realpath or device spec -> [store, refs]
@@ -37,10 +41,45 @@ def open_count() -> int:
         return len(_open)
 
 
+def join_token(name: str) -> str | None:
+    """The token the ranks of one torchrun job share for the checkpoint ``name`` (a DCP checkpoint id or
+    directory) and no other save does: the run's id (or its rendezvous address) and the name; ``None``
+    outside a multi-rank torchrun job (``WORLD_SIZE`` unset or 1).  With it, ranks writing one
+    checkpoint to one served device join one generation (``NodeStore.begin_generation(join=...)``)."""
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:
+        return None
+    run = os.environ.get("TORCHELASTIC_RUN_ID") or (f"{os.environ.get('MASTER_ADDR', '')}:"
+                                                     f"{os.environ.get('MASTER_PORT', '')}")
+    return f"dcp:{run}:{name}"[:1000]
+
+
+def is_coordinator() -> bool:
+    """True unless this process is a torchrun rank other than 0 (``RANK``): the rank that commits a
+    checkpoint several ranks joined."""
+    return int(os.environ.get("RANK", "0") or 0) == 0
+
+
+def _served_store(path: str):
+    """A :class:`~retainz.node.NodeStore` when a node service listens at the device's socket
+    (:func:`retainz.node.socket_path`), else ``None`` (no socket, or a stale one a killed service left:
+    the device is then opened directly, and fails busy if the service still holds it)."""
+    from retainz.node import NodeStore, served
+
+    if served(path) is None:
+        return None
+    try:
+        return NodeStore.connect(path)
+    except (ConnectionRefusedError, FileNotFoundError):
+        return None
+
+
 def _open_store(path: str, geometry, policy: str | None):
     from retainz.store import Store
     from retainz.zoned import FileDevice
 
+    node = _served_store(path)
+    if node is not None:
+        return node
     if is_device_spec(path):
         return _open_named_device_store(path, policy)
     if not os.path.exists(path):

@@ -10,7 +10,10 @@ Layout (one device per rank; ``device`` is a directory ``DIR`` or a path contain
     DIR/rank1.img   generation "step-500": __1_0.distcp (rank 1's items)
     ...
 
-A single device file (no process group, or world size 1) holds both shards in one generation.
+A single device file (no process group, or world size 1) holds both shards in one generation.  With a
+node service for it (``retainz serve DEVICE``, docs/node.md) every rank uses that one device: the ranks
+join one generation (``NodeStore.begin_generation(join=...)``), each writes its shard, the others leave
+it after ``write_data`` and the coordinator's commit in ``finish`` commits them all.
 
 Commit protocol (torch 2.13 call order: ``reset`` -> ``set_up_storage_writer`` -> ``prepare_local_plan``
 -> (coordinator) ``prepare_global_plan`` -> ``write_data`` -> (coordinator) ``finish``):
@@ -60,6 +63,7 @@ from torch.futures import Future
 from retainz.errors import GenerationExistsError, GenerationNotFoundError, InvalidIdError, RetainZError
 from retainz.hint import Hint
 from retainz.integrations import _stores
+from retainz.node import NodeStore, served
 from retainz.retention.online import explicit_hint, rule_hint
 from retainz.retention.steps import parse_step
 
@@ -137,6 +141,8 @@ def device_path(device: str | os.PathLike, rank: int) -> str:
         return text.format(rank=rank)
     if os.path.isdir(text) or text.endswith("/"):
         return os.path.join(text, f"rank{rank}.img")
+    if rank != 0 and served(text) is not None:
+        return text       # one device for every rank, through its node service (docs/node.md)
     if rank != 0:
         raise ValueError(f"{text}: rank {rank} needs its own device; pass a directory (DIR/rank{{N}}.img) "
                          "or a path containing {rank}")
@@ -283,7 +289,11 @@ class ZonedStorageWriter(StorageWriter):
                                         "already committed (pass overwrite=True to replace it)")
         # overwrite: the committed checkpoint is replaced at this one's commit, not before
         # (replace-on-commit); no declared size: the store admits the bytes as they arrive
-        self._gen = store.begin_generation(gen, self.step, hint=self.hint(), replace=exists)
+        if isinstance(store, NodeStore):   # ranks sharing one served device write one generation
+            self._gen = store.begin_generation(gen, self.step, hint=self.hint(), replace=exists,
+                                               join=_dcp_join_token(self.checkpoint_id))
+        else:
+            self._gen = store.begin_generation(gen, self.step, hint=self.hint(), replace=exists)
         return dataclasses.replace(plan, storage_data=_RankStream(self.rank))
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
@@ -332,7 +342,10 @@ class ZonedStorageWriter(StorageWriter):
         try:
             self._gen.write_shard(shard, chunks())
             if not self.is_coordinator:
-                self._gen.commit()
+                if getattr(self._gen, "joined", False):
+                    self._gen.leave()     # the coordinator's commit commits this rank's shard too
+                else:
+                    self._gen.commit()
                 self._gen = None
                 self._release()
         except BaseException:
@@ -377,6 +390,15 @@ class ZonedStorageWriter(StorageWriter):
     def close(self) -> None:
         """Abort an unfinished generation and release the device."""
         self._release(abort=True)
+
+
+def _dcp_join_token(checkpoint_id: str | None) -> str | None:
+    """The ranks of one save share it (:func:`~retainz.integrations._stores.join_token`; a process
+    group started without torchrun's environment: the checkpoint id); ``None`` for one process."""
+    token = _stores.join_token(str(checkpoint_id))
+    if token is None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        token = f"dcp:{checkpoint_id}"
+    return token
 
 
 def device_path_for(device: Any, rank: int) -> Any:

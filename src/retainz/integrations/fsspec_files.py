@@ -13,6 +13,7 @@ from urllib.parse import quote
 
 from fsspec.spec import AbstractBufferedFile
 
+from retainz.integrations import _stores
 from retainz.retention.steps import parse_step
 from retainz.store import ShardWriter
 
@@ -127,6 +128,8 @@ class _WriteFile(AbstractBufferedFile):
         if self._dir:
             p = fs._pending[(self._device, self._gen)]
             p.files[self._name] = info.size if info is not None else 0
+            if getattr(p.writer, "joined", False) and not _stores.is_coordinator():
+                fs._leave((self._device, self._gen))
         elif self.autocommit:
             self.commit()
 

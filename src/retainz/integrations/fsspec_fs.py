@@ -38,8 +38,10 @@ Storage options (``fsspec.filesystem("retainz", retention=...)``, or for runtime
 
 A filesystem instance holds each device it touches open until :meth:`RetainZFileSystem.close_devices`
 (or :meth:`RetainZFileSystem.close_all`): a device file is locked by one process at a time, so a
-``retainz://`` device is used by one process; multi-rank jobs use ``ZonedStorageWriter`` with one device
-per rank (:mod:`retainz.integrations.dcp`).
+``retainz://`` device is used by one process, unless a node service serves it (``retainz serve``,
+docs/node.md): then the ranks of a torchrun job writing one checkpoint directory join one generation
+(:func:`~retainz.integrations._stores.join_token`); a rank other than 0 leaves it once its data files
+are closed, and rank 0's ``.metadata`` commits every rank's files.
 
 Registered under the protocol ``retainz`` through the ``fsspec.specs`` entry point (pyproject.toml) and
 :func:`register`.
@@ -66,6 +68,7 @@ from retainz.integrations.fsspec_files import (
     generation_for,
     is_dcp_name,
 )
+from retainz.node import NodeStore
 from retainz.retention.online import rule_hint
 from retainz.retention.steps import parse_step
 
@@ -310,6 +313,19 @@ class RetainZFileSystem(AbstractFileSystem):
     def rm_file(self, path):
         self._rm_one(path, recursive=False)
 
+    def _leave(self, key) -> None:
+        """A rank other than 0 is done with a joined directory generation once none of its files there
+        is open: it leaves it to rank 0, whose ``.metadata`` commits it."""
+        with self._lock:
+            p = self._pending.get(key)
+            if p is None or None in p.files.values() or p.tmp:
+                return
+            del self._pending[key]
+        try:
+            p.writer.leave()
+        finally:
+            p.release()
+
     def _abort(self, key) -> None:
         p = self._pending.pop(key, None)
         if p is not None:
@@ -336,7 +352,11 @@ class RetainZFileSystem(AbstractFileSystem):
                 except GenerationNotFoundError:
                     pass
                 step = parse_step(directory, file_names=True)
-                writer = store.begin_generation(gen, step or 0, hint=self._hint(directory, step))
+                token = _stores.join_token(self._full(device, directory)) if isinstance(store, NodeStore) else None
+                if token:      # the ranks of one job on one served device write one generation
+                    writer = store.begin_generation(gen, step or 0, hint=self._hint(directory, step), join=token)
+                else:
+                    writer = store.begin_generation(gen, step or 0, hint=self._hint(directory, step))
             except BaseException:
                 stack.close()
                 raise

@@ -10,7 +10,7 @@ Semantics, errors and units are documented on the implementing methods.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Protocol, runtime_checkable
 
 from retainz.hint import Hint
@@ -38,7 +38,7 @@ class ShardStream(Protocol):
 
     def write(self, chunk: bytes | bytearray | memoryview) -> None: ...
 
-    def close(self) -> ShardInfo: ...
+    def close(self, crcs: Sequence[int] | None = None) -> ShardInfo: ...
 
     def abort(self) -> None: ...
 

@@ -20,7 +20,7 @@ sizes without bytes or checksums.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from time import thread_time
 from typing import Protocol
 
@@ -162,7 +162,8 @@ class WritePath:
         return z, s, d
 
     def write(self, gen: GenerationInfo, data, data_len: int, extents: list, zone_bytes: dict, *,
-              gc: bool = False, shard_crc: int | None = None, pending: int = 0) -> tuple[int, int | None]:
+              gc: bool = False, shard_crc: int | None = None, pending: int = 0,
+              claim: bool = False) -> tuple[int, int | None]:
         """Write ``data`` (a bytes-like object, a multiple of the block size, holding ``data_len``
         bytes of shard data then zero padding) at zones the allocator picks; append ``(zone,
         offset, length, crc)`` extents and add to ``zone_bytes`` (zone -> device bytes).  Returns
@@ -173,6 +174,9 @@ class WritePath:
             shard_crc: the crc32c of the shard's bytes before these, to extend over the
                 ``data_len`` bytes (each byte read once); ``None``: not wanted (GC copies).
             pending: ``ExtentRequest.pending``: bytes of the generation still to come after these.
+            claim: ``data`` is a byte count whose bytes another process writes: each extent is
+                claimed on the device (:meth:`~retainz.zoned.device.ZonedDevice.claim`) instead of
+                written, and carries no crc until that process reports it (:meth:`ShardWriter.claim`).
 
         Every decision's zone gets ``decision.lifetime`` as its lifetime class when the decision
         opens it, or the generation's ``hint.lifetime`` when that is ``None``.
@@ -199,7 +203,10 @@ class WritePath:
             el = n if data_len - pos >= n else data_len - pos
             piece = n if counted else data[pos:pos + n]
             try:
-                dev.write(z * zsize + off, piece)
+                if claim:
+                    dev.claim(z * zsize + off, n)
+                else:
+                    dev.write(z * zsize + off, piece)
             except ZonedDeviceError:
                 self.zones.reconcile_quietly(z)
                 raise
@@ -262,7 +269,8 @@ class ShardWriter:
         written: data bytes taken so far.
     """
 
-    __slots__ = ("_w", "name", "size", "written", "_buf", "_crc", "extents", "zone_bytes", "_padded", "_open")
+    __slots__ = ("_w", "name", "size", "written", "_buf", "_crc", "extents", "zone_bytes", "_padded", "_open",
+                 "_claims")
 
     def __init__(self, writer: GenerationWriter, name: str, size: int | None):
         self._w = writer
@@ -275,13 +283,17 @@ class ShardWriter:
         self.zone_bytes: dict[int, int] = {}
         self._padded = 0
         self._open = True
+        self._claims = 0                # 0: bytes come through write(); 1: claimed; 2: the tail claimed
 
-    def _put(self, data, data_len: int) -> None:
+    def _put(self, data, data_len: int, claim: bool = False) -> None:
         w = self._w
-        n = len(data)
+        n = data if claim else len(data)
         w._host.admit(w, n)
-        padded, self._crc = w._host.write_path.write(w.gen, data, data_len, self.extents, self.zone_bytes,
-                                                      shard_crc=self._crc, pending=w._pending(n))
+        padded, crc = w._host.write_path.write(w.gen, data, data_len, self.extents, self.zone_bytes,
+                                               shard_crc=None if claim else self._crc,
+                                               pending=w._pending(n), claim=claim)
+        if not claim:
+            self._crc = crc
         self._padded += padded
         w._placed += n
         w.reserve -= min(n, w.reserve)
@@ -299,6 +311,9 @@ class ShardWriter:
         with w._host.lock:
             if not self._open:
                 raise ValueError(f"shard {self.name!r} of generation {w.gen.id!r} is closed")
+            if self._claims:
+                raise ValueError(f"shard {self.name!r}: its bytes are claimed for another process; "
+                                 "it takes no bytes through write()")
             try:
                 mv = memoryview(chunk).cast("B")
                 n = mv.nbytes
@@ -323,12 +338,69 @@ class ShardWriter:
                 self._fail()
                 raise
 
-    def close(self) -> ShardInfo:
+    def claim(self, nbytes: int) -> list[tuple[int, int, int]]:
+        """Place the next ``nbytes`` data bytes of the shard for a writer in another process, which
+        writes them itself (the node service, :mod:`retainz.node`): the allocator places them exactly
+        as :meth:`write` would (extents of at most :data:`WRITE_BUFFER` bytes, admission, the zone
+        table), the device's write pointers advance over them (``ZonedDevice.claim``), and nothing
+        is written here.  The writer reports each extent's crc32c at :meth:`close` (``crcs``).
+
+        A claim that is not a multiple of the block size is the shard's tail (its last extent is
+        padded to a block); no claim follows it.  A shard takes claims or bytes, not both.
+
+        Returns:
+            the new extents, ``(zone, offset in the zone, data bytes)`` each, in data order: the
+            writer puts data byte ``i`` of an extent at device byte ``zone * zone_size + offset + i``.
+
+        Raises:
+            ShardSizeError, NoSpaceError: as :meth:`write` (the shard is aborted).
+            ZoneOpNotSupportedError: the device cannot be written by another process (the shard is
+                aborted).
+            ValueError: ``nbytes`` is not a positive int, the tail was claimed, the shard took bytes
+                through :meth:`write`, or it is closed.
+        """
+        w = self._w
+        with w._host.lock:
+            if not self._open:
+                raise ValueError(f"shard {self.name!r} of generation {w.gen.id!r} is closed")
+            if nbytes.__class__ is not int or nbytes <= 0:
+                raise ValueError(f"shard {self.name!r}: a claim is a positive int of bytes, not {nbytes!r}")
+            if self._claims == 2:
+                raise ValueError(f"shard {self.name!r}: its tail was claimed; no claim follows it")
+            if self.written and not self._claims:
+                raise ValueError(f"shard {self.name!r} took bytes through write(); it takes no claims")
+            first = len(self.extents)
+            try:
+                self._claims = 1
+                self.written += nbytes
+                if self.size is not None and self.written > self.size:
+                    raise ShardSizeError(f"shard {self.name!r}: more than the {self.size} bytes given as its size")
+                w._check_declared(self.name, self.written)
+                bs, left = w._block_size, nbytes
+                while left:
+                    n = min(left, WRITE_BUFFER)
+                    self._put(round_up(n, bs), n, claim=True)
+                    left -= n
+                if nbytes % bs:
+                    self._claims = 2
+            except BaseException:
+                self._fail()
+                raise
+            return [(e[0], e[1], e[2]) for e in self.extents[first:]]
+
+    def close(self, crcs: Sequence[int] | None = None) -> ShardInfo:
         """Write the buffered tail and add the shard to its generation.
+
+        Args:
+            crcs: for a claimed shard (:meth:`claim`), the crc32c of every claimed extent's data
+                bytes, in order, as the writer computed them over what it wrote; the shard's crc32c
+                is combined from them.  ``None`` for a shard that took its bytes through :meth:`write`.
 
         Raises:
             ShardSizeError: fewer bytes than the ``size`` given (the shard is aborted).
-            NoSpaceError: as :meth:`write`.  ValueError: the shard is closed.
+            NoSpaceError: as :meth:`write`.  ValueError: the shard is closed; ``crcs`` missing for a
+                claimed shard, given for another, or not one int in 0 .. 2**32 - 1 per claimed extent
+                (the shard is aborted).
         """
         w = self._w
         with w._host.lock:
@@ -338,6 +410,8 @@ class ShardWriter:
                 if self.size is not None and self.written != self.size:
                     raise ShardSizeError(f"shard {self.name!r}: {self.written} bytes, not the {self.size} "
                                          "given as its size")
+                if self._claims or crcs:
+                    self._take_crcs(crcs)
                 if self._buf:
                     buf, n = self._buf, len(self._buf)
                     buf += bytes(-n % w._block_size)
@@ -348,6 +422,24 @@ class ShardWriter:
                 raise
             return w._add_shard(self, ShardInfo(self.name, self.written, self._crc, tuple(self.extents)),
                                 self._padded)
+
+    def _take_crcs(self, crcs) -> None:
+        """Give the claimed extents the crcs their writer reported and combine the shard's crc."""
+        ext = self.extents
+        if not self._claims:
+            raise ValueError(f"shard {self.name!r} took its bytes through write(); it takes no crcs")
+        if crcs is None or len(crcs) != len(ext):
+            got = "none" if crcs is None else len(crcs)
+            raise ValueError(f"shard {self.name!r}: {len(ext)} claimed extents need as many crcs, not {got}")
+        crc = 0
+        out = []
+        for e, c in zip(ext, crcs, strict=True):
+            if c.__class__ is not int or not 0 <= c < 1 << 32:
+                raise ValueError(f"shard {self.name!r}: a crc32c is an int in 0 .. 2**32 - 1, not {c!r}")
+            crc = crc32c_combine(crc, c, e[2]) if out else c
+            out.append((e[0], e[1], e[2], c))
+        self.extents = out
+        self._crc = crc
 
     def abort(self) -> None:
         """Drop the shard: its bytes become dead.  A no-op on a closed shard."""

@@ -170,6 +170,29 @@ class ZonedDevice(abc.ABC):
         """Zone append: write ``data`` at the zone's write pointer and return the device byte offset
         where it landed.  Same errors as :meth:`write`, except never ZoneInvalidWriteError."""
 
+    def claim(self, offset: int, length: int) -> None:
+        """Advance the write pointer over ``length`` bytes at device byte ``offset`` that another
+        process writes itself, through its own descriptor of the device's backing file (the node
+        service hands the extent out, :mod:`retainz.node`).  The zone rules are those of
+        :meth:`write` (``offset`` is the write pointer; the same transitions and errors); the bytes
+        read back as whatever that process wrote by the time of the read.  :meth:`flush` covers
+        them once written (a flush after a claim syncs the backing file's data).
+
+        Raises:
+            ZoneOpNotSupportedError: a device another process cannot write directly (the default:
+                memory devices, zoned block devices, remote devices).  The errors of :meth:`write`.
+        """
+        from retainz.errors import ZoneOpNotSupportedError
+
+        raise ZoneOpNotSupportedError(f"{self.name}: another process cannot write this device directly "
+                                      "(direct writes need a device file)", offset=offset, length=length)
+
+    def direct_region(self) -> tuple[str, int] | None:
+        """``(path of the backing file, byte offset of zone 0 in it)`` when other processes may write
+        claimed extents themselves (``pwrite(fd, data, region + zone * zone_size + offset)``), else
+        ``None`` (the default)."""
+        return None
+
     @abc.abstractmethod
     def read(self, offset: int, length: int) -> bytes:
         """Read ``length`` bytes from device byte ``offset`` (block aligned; may span zones).

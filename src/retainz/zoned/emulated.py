@@ -78,6 +78,7 @@ class EmulatedZonedDevice(ZonedDevice):
         self._imp_open: dict[int, None] = {}  # insertion order = age, for eviction
         self._exp_open: set[int] = set()
         self._nr_closed = 0
+        self._claimed = False               # a claim was made: every flush syncs the data
 
     # -- storage hooks -----------------------------------------------------------------------------
     @abc.abstractmethod
@@ -91,6 +92,14 @@ class EmulatedZonedDevice(ZonedDevice):
     @abc.abstractmethod
     def _discard(self, zone: int, keep: int) -> None:
         """Forget the zone's bytes from ``keep`` on (reset: keep=0; power loss: the durable end)."""
+
+    def _claim(self, zone: int, pos: int, length: int) -> None:
+        """Bytes ``pos .. pos + length`` of ``zone`` are written by another process (:meth:`claim`).
+        Default: refused (only a device with a backing file other processes open can take claims)."""
+        from retainz.errors import ZoneOpNotSupportedError
+
+        raise ZoneOpNotSupportedError(f"{self.name}: another process cannot write this device directly "
+                                      "(direct writes need a device file)", zone=zone, length=length)
 
     def _sync_data(self) -> None:  # noqa: B027 - optional hook
         """Make stored bytes durable (fsync)."""
@@ -202,6 +211,21 @@ class EmulatedZonedDevice(ZonedDevice):
                 zone=z, offset=offset, length=length)
         self._write_at_wp(z, cond, written, data, length, offset)
 
+    def claim(self, offset: int, length: int) -> None:
+        if length.__class__ is not int or length <= 0:
+            raise ValueError(f"claim length must be a positive int, not {length!r}")
+        self._check_range(offset, length)
+        z = offset // self._zsize
+        cond = self._cond[z]
+        self._check_writable(z, cond, offset, length)
+        pos = offset - z * self._zsize
+        written = self._written[z]
+        if pos != written:
+            raise ZoneInvalidWriteError(
+                f"zone {z}: claim at byte {pos} of the zone, but its write pointer is at byte {written}",
+                zone=z, offset=offset, length=length)
+        self._write_at_wp(z, cond, written, None, length, offset)
+
     def append(self, zone: int, data: WriteData) -> int:
         z = self._zone_index(zone)
         length = self._length(data)
@@ -221,7 +245,11 @@ class EmulatedZonedDevice(ZonedDevice):
                 f"{self._zcap}", zone=z, offset=offset, length=length)
         if cond != _IO and cond != _EO:
             self._acquire(z, _IO)
-        self._store(z, written, data)
+        if data is None:
+            self._claim(z, written, length)
+            self._claimed = True
+        else:
+            self._store(z, written, data)
         self._written[z] = written + length
         self._dirty.add(z)
         if written + length == self._zcap:
@@ -253,6 +281,8 @@ class EmulatedZonedDevice(ZonedDevice):
 
     def flush(self) -> None:
         if not self._dirty:
+            if self._claimed:    # claimed bytes may have been written since the last flush
+                self._sync_data()
             return
         self._sync_data()
         for z in self._dirty:

@@ -223,6 +223,16 @@ class FileDevice(EmulatedZonedDevice):
             self._unkicked = 0
             best_effort("sync_file_range", start_writeback, self._fd)
 
+    def _claim(self, zone: int, pos: int, length: int) -> None:
+        self._check_rw()
+        if self._punch:
+            self._punch.discard(zone)      # another process writes it: never punch it at trim
+
+    def direct_region(self) -> tuple[str, int] | None:
+        """``(the device file, byte offset of zone 0)``: a claimed extent at ``(zone, offset)`` is
+        written with ``pwrite(fd, data, region + zone * zone_size + offset)`` (module docstring)."""
+        return (self._info.path, self._data_offset)
+
     def _load(self, zone: int, pos: int, length: int) -> bytes:
         off = self._data_offset + zone * self._zsize + pos
         out = os.pread(self._fd, length, off)

@@ -1,0 +1,41 @@
+"""``retainz serve``: the node service of a device (one process owns it; clients write directly).
+
+Exit status: 0 the service stopped on SIGTERM/SIGINT; 1 it could not start (the device or its socket in
+use, no store on the device); 2 bad input (no such device file, a path that is not a socket).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+
+def register(sub) -> None:
+    p = sub.add_parser("serve", help="serve a device's store to many processes (the node service)")
+    p.add_argument("device", metavar="DEVICE", help="a device file holding a RetainZ store (retainz mkfs)")
+    p.add_argument("--socket", metavar="PATH", default=None,
+                   help="the Unix socket to listen on (default: DEVICE.sock beside a device file, where "
+                        "clients look for it)")
+    p.add_argument("--group", metavar="GROUP", default=None,
+                   help="let this group use the service too (socket mode 0660 instead of 0600)")
+    p.add_argument("--policy", default=None, help="placement policy (default: the one recorded at mkfs)")
+    p.set_defaults(func=_serve)
+
+
+def _serve(args) -> int:
+    import os
+
+    from retainz.node import serve
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if not args.device.startswith(("/dev/", "remote:")) and not os.path.exists(args.device):
+        raise FileNotFoundError(f"{args.device}: no such device file (create it with `retainz device create` "
+                                "and `retainz mkfs`)")
+
+    def ready(svc) -> None:
+        print(f"retainz: serving {args.device} on {svc.path}", file=sys.stderr, flush=True)
+
+    serve(args.device, socket=args.socket, policy=args.policy, mode=0o660 if args.group else 0o600,
+          group=args.group, ready=ready)
+    return 0

@@ -1,0 +1,549 @@
+"""The node-service client: a store (the :class:`~retainz.store.contract.CheckpointStore` calls the
+integrations make) whose metadata goes to the service over its socket and whose bytes go straight to the
+device file.
+
+A shard's bytes are buffered up to :data:`BATCH` bytes, then one ``claim`` asks the service where they go
+(placement runs there), the client ``pwrite``\\ s each extent at ``region + zone * zone_size + offset``
+of the device file and reports the extents' crc32c (``written``).  A read asks for a committed shard's
+extents (``locations``) and ``pread``\\ s them, verifying every extent's crc32c and the shard's; an
+extent that fails is looked up again once (GC may have moved the shard meanwhile) before
+:class:`~retainz.errors.ChecksumError`.
+
+Thread safety: one connection per :class:`NodeStore`, its requests serialised by a lock; reads of the
+device run outside it.  A lost connection raises :class:`~retainz.errors.ServiceGoneError` from then on.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import socket
+import threading
+import uuid as uuidlib
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import accumulate
+
+import crc32c
+
+from retainz.errors import ChecksumError, ProtocolError, ServiceGoneError
+from retainz.hint import Hint
+from retainz.node.protocol import (
+    MAX_CLAIM,
+    MAX_PAGE,
+    MAX_REPLY,
+    PROTOCOL,
+    decode_gen,
+    encode_hint,
+    raise_reply,
+    recv_frame,
+    send_frame,
+    socket_path,
+)
+from retainz.store.crc import crc32c_combine
+from retainz.store.types import (
+    FsckReport,
+    GCReport,
+    GenerationInfo,
+    GenState,
+    ShardInfo,
+    SpaceReport,
+    StoreMetrics,
+)
+from retainz.zoned.model import DeviceInfo, Geometry
+
+__all__ = ["NodeStore", "NodeGenerationWriter", "NodeShardStream", "ServedDevice", "BATCH", "served"]
+
+#: Bytes a shard stream buffers before it claims and writes them (8 extents of 1 MiB).
+BATCH = 8 << 20
+
+
+def served(device: str | os.PathLike) -> str | None:
+    """The socket of ``device``'s node service when one exists there (a socket file; it may still be
+    a stale one a killed service left: :meth:`NodeStore.connect` says), else ``None``."""
+    import stat
+
+    path = socket_path(device)
+    try:
+        return path if stat.S_ISSOCK(os.stat(path).st_mode) else None
+    except OSError:
+        return None
+
+
+class ServedDevice:
+    """The device a service serves, as its clients see it (``NodeStore.device``): geometry and name only;
+    its I/O goes through the :class:`NodeStore`, its lock is the service's, and :meth:`close` does
+    nothing."""
+
+    def __init__(self, path: str, geometry: Geometry):
+        self.info = DeviceInfo(geometry=geometry, kind="served", path=path, payload=True)
+        self.geometry = geometry
+        self.name = path
+
+    def close(self) -> None:
+        """Nothing to release (the service holds the device)."""
+
+    def __repr__(self) -> str:
+        return f"ServedDevice({self.name!r})"
+
+
+class NodeStore:
+    """A store served by a node service (``retainz serve DEVICE``); see the module docstring.
+
+    Open one with :meth:`connect`.  ``generations``, ``generation``, ``begin_generation``, ``delete``,
+    ``update_hint``, ``advance``, ``read_shard``, ``read_shard_extent``, ``gc``, ``fsck``, ``df``,
+    ``metrics`` and ``close`` behave as :class:`~retainz.store.Store`'s (same errors, raised again by
+    class); the zone table and the allocator live in the service and are not offered here.
+
+    Attributes:
+        device: a :class:`ServedDevice` (geometry and name; the service holds the device, this client
+            opens only its file's data).
+        path: the device path; socket: the socket path; job: the job this client writes for.
+        uuid, policy, meta_zones, gc_reserve_zones: the served store's.
+    """
+
+    def __init__(self, sock: socket.socket, device: str, socket_file: str, job: str, retention: str | None):
+        self._sock = sock
+        self._lock = threading.Lock()
+        self._gone: str | None = None
+        self.path = device
+        self.socket = socket_file
+        self.job = job
+        hello = self._call("hello", protocol=PROTOCOL, job=job, retention=retention, pid=os.getpid())
+        g = hello["geometry"]
+        self.block_size, self.zone_size = g["block_size"], g["zone_size"]
+        self.device = ServedDevice(device, Geometry(nr_zones=g["nr_zones"], zone_size=g["zone_size"],
+                                                    zone_capacity=g["zone_capacity"], block_size=g["block_size"],
+                                                    max_open=g["max_open"], max_active=g["max_active"]))
+        self.uuid = uuidlib.UUID(hello["uuid"])
+        self.policy = hello["policy"]
+        self.meta_zones = hello["meta_zones"]
+        self.gc_reserve_zones = hello["gc_reserve_zones"]
+        self.write_buffer = hello["write_buffer"]
+        self.batch = max(self.write_buffer, min(BATCH, hello.get("max_claim", MAX_CLAIM)))
+        region = hello["region"]
+        self._fd = -1
+        self._region = 0
+        self._starts: tuple | None = None     # the last extent list indexed (_index)
+        if region is not None:
+            file, self._region = region
+            try:
+                self._fd = os.open(file, os.O_RDWR | os.O_CLOEXEC)
+            except PermissionError:
+                self._fd = os.open(file, os.O_RDONLY | os.O_CLOEXEC)
+
+    @classmethod
+    def connect(cls, device: str | os.PathLike, *, socket_file: str | None = None, job: str | None = None,
+                retention: str | None = None, timeout: float | None = None) -> NodeStore:
+        """Connect to the node service of ``device`` (at ``socket_file``, default
+        :func:`~retainz.node.protocol.socket_path`) and say hello.
+
+        Args:
+            job: the job (series) this client writes for (default ``$RETAINZ_JOB`` or ``"default"``).
+            retention: the job's retention rule: the service predicts the hint of a generation begun
+                without one from it.
+            timeout: seconds every reply may take (``None``: no bound).
+
+        Raises:
+            ConnectionRefusedError, FileNotFoundError: no service listens there.
+            ProtocolError: the service speaks another protocol, or refused the hello.
+        """
+        device = os.fspath(device)
+        path = socket_file or socket_path(device)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(path)
+            return cls(sock, device, path, job or os.environ.get("RETAINZ_JOB") or "default", retention)
+        except BaseException:
+            sock.close()
+            raise
+
+    # -- the connection ----------------------------------------------------------------------------
+    def _call(self, op: str, **fields) -> dict:
+        """One request and its reply; raises the error a refusal names, ServiceGoneError when the
+        connection is lost."""
+        req = {"op": op, **{k: v for k, v in fields.items() if v is not None}}
+        with self._lock:
+            if self._gone is not None:
+                raise ServiceGoneError(self._gone)
+            try:
+                send_frame(self._sock, req)
+                reply = recv_frame(self._sock, MAX_REPLY)
+                if reply is None:
+                    raise EOFError("the connection closed")
+            except (OSError, EOFError, ProtocolError) as e:
+                self._gone = (f"{self.path}: the node service at {self.socket} went away ({e}); what was not "
+                              f"committed is gone: restart `retainz serve {self.path}` and retry")
+                raise ServiceGoneError(self._gone) from None
+        return raise_reply(reply)
+
+    def close(self) -> None:
+        """Say bye and disconnect (the service aborts generations this client left open).  Idempotent."""
+        if self._sock is None:
+            return
+        try:
+            if self._gone is None:
+                self._call("bye")
+        except (ServiceGoneError, ProtocolError):
+            pass
+        finally:
+            self._sock.close()
+            self._sock = None
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+            self._gone = self._gone or f"{self.path}: this client of the node service is closed"
+
+    def __enter__(self) -> NodeStore:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"NodeStore({self.path!r}, socket={self.socket!r}, job={self.job!r})"
+
+    # -- the store contract ------------------------------------------------------------------------
+    def begin_generation(self, gen_id: str, step: int, *, hint: Hint | None = None,
+                         declared_size: int | None = None, replace: bool = False,
+                         join: str | None = None) -> NodeGenerationWriter:
+        """Begin a generation in the service (``Store.begin_generation``; admission runs there).
+
+        Args:
+            join: a token shared by the clients that write this one generation together (the ranks of
+                one DCP save on one device): the first to begin it begins it, the others join the same
+                writer (their shards go into it); one commits it, the others :meth:`~NodeGenerationWriter.leave`.
+
+        Raises:
+            GenerationExistsError: as ``Store.begin_generation``; also when other clients write the
+                generation under a different token.
+        """
+        r = self._call("begin", gen=gen_id, step=step, hint=encode_hint(hint), declared_size=declared_size,
+                       replace=replace or None, join=join)
+        gen = GenerationInfo(id=gen_id, step=step, hint=hint or Hint())
+        return NodeGenerationWriter(self, r["writer"], gen, declared_size, joined=join is not None)
+
+    def generations(self) -> list[GenerationInfo]:
+        """Committed generations, ascending step then id (paged from the service)."""
+        out: list[GenerationInfo] = []
+        while True:
+            r = self._call("list", start=len(out), count=MAX_PAGE)
+            out += [decode_gen(d) for d in r["gens"]]
+            if len(out) >= r["total"] or not r["gens"]:
+                return out
+
+    def generation(self, gen_id: str) -> GenerationInfo:
+        """The committed generation ``gen_id`` (its shards without extents)."""
+        return decode_gen(self._call("generation", gen=gen_id)["gen"])
+
+    def delete(self, gen_id: str, *, step: int | None = None) -> None:
+        self._call("delete", gen=gen_id, step=step)
+
+    def update_hint(self, gen_id: str, hint: Hint, *, step: int | None = None) -> None:
+        self._call("update_hint", gen=gen_id, hint=encode_hint(hint), step=step)
+
+    def advance(self, step: int) -> None:
+        self._call("advance", step=step)
+
+    @property
+    def now(self) -> int:
+        """The latest training step the served store has seen."""
+        return self._call("now")["now"]
+
+    @property
+    def metrics(self) -> StoreMetrics:
+        """The served store's counters (a copy)."""
+        d = self._call("metrics")["metrics"]
+        d.pop("waf", None)
+        return StoreMetrics(**d)
+
+    def gc(self, *, force: bool = False) -> GCReport:
+        return GCReport(**self._call("gc", force=force)["report"])
+
+    def fsck(self) -> FsckReport:
+        return FsckReport(**self._call("fsck")["report"])
+
+    def df(self) -> SpaceReport:
+        return SpaceReport(**self._call("df")["report"])
+
+    # -- reads -------------------------------------------------------------------------------------
+    def _locations(self, gen_id: str, name: str) -> tuple[int, int | None, list]:
+        ext: list = []
+        while True:
+            r = self._call("locations", gen=gen_id, shard=name, start=len(ext), count=MAX_PAGE)
+            ext += [tuple(e) for e in r["extents"]]
+            if len(ext) >= r["total"] or not r["extents"]:
+                return r["size"], r["crc"], ext
+
+    def _pread(self, z: int, off: int, length: int) -> bytes:
+        if self._fd < 0:
+            raise ValueError(f"{self.path}: the device file is not readable by this client (the service "
+                             "offers no direct region)")
+        pos = self._region + z * self.zone_size + off
+        out = os.pread(self._fd, length, pos)
+        while len(out) < length:
+            more = os.pread(self._fd, length - len(out), pos + len(out))
+            if not more:
+                out += bytes(length - len(out))
+                break
+            out += more
+        return out
+
+    def _verified(self, gen_id: str, name: str, ext: list, i: int) -> bytes | None:
+        z, off, length, crc = ext[i]
+        data = self._pread(z, off, length)
+        return data if crc is None or crc32c.crc32c(data) == crc else None
+
+    def read_shard(self, gen_id: str, name: str) -> Iterator[bytes]:
+        """Stream a committed shard straight from the device file, every extent verified (an extent
+        that fails is looked up again once, for a GC move, before ChecksumError).
+
+        Raises:
+            GenerationNotFoundError, ShardNotFoundError (at the call); ChecksumError (while streaming).
+        """
+        size, crc, ext = self._locations(gen_id, name)
+        return self._stream(gen_id, name, size, crc, ext)
+
+    def _stream(self, gen_id: str, name: str, size: int, crc: int | None, ext: list) -> Iterator[bytes]:
+        done, whole = 0, 0
+        while done < size:
+            at, data, size, crc, ext = self._extent_at(gen_id, name, done, size, crc, ext)
+            if done != at:           # a GC move split the extents at another boundary
+                data = data[done - at:]
+            i = self._index(ext)[1].get(at)
+            ecrc = ext[i][3] if i is not None and done == at else None
+            # the shard's crc from the extent's (already verified), without a second pass over the bytes
+            whole = (crc32c_combine(whole, ecrc, len(data)) if done else ecrc) if ecrc is not None else \
+                crc32c.crc32c(data, whole)
+            done += len(data)
+            if done >= size and crc is not None and whole != crc:
+                raise ChecksumError(f"generation {gen_id!r} shard {name!r}: whole-shard crc32c mismatch",
+                                    generation=gen_id, shard=name, expected=crc, actual=whole)
+            yield data
+
+    def _index(self, ext: list) -> tuple[list[int], dict[int, int]]:
+        """The data offset each extent starts at, as a list and as {offset: index} (cached per list)."""
+        hit = self._starts
+        if hit is not None and hit[0] is ext:
+            return hit[1], hit[2]
+        starts = [0, *accumulate(e[2] for e in ext)][:-1]
+        self._starts = (ext, starts, {a: i for i, a in enumerate(starts)})
+        return starts, self._starts[2]
+
+    def _extent_at(self, gen_id, name, pos, size, crc, ext):
+        for attempt in range(2):
+            starts = self._index(ext)[0]
+            i = bisect.bisect_right(starts, pos) - 1
+            data = self._verified(gen_id, name, ext, i)
+            if data is not None:
+                return starts[i], data, size, crc, ext
+            if attempt == 0:
+                fresh = self._locations(gen_id, name)
+                if fresh[2] == ext:
+                    break
+                size, crc, ext = fresh
+        z, off, length, ecrc = ext[i]
+        raise ChecksumError(f"generation {gen_id!r} shard {name!r}: extent at zone {z} offset {off} ({length} "
+                            "bytes) fails its crc32c", generation=gen_id, shard=name, zone=z, offset=off,
+                            length=length, expected=ecrc)
+
+    def read_shard_extent(self, gen_id: str, name: str, pos: int) -> tuple[int, bytes]:
+        """Random access: the verified extent holding data byte ``pos`` (``Store.read_shard_extent``)."""
+        size, crc, ext = self._locations(gen_id, name)
+        if type(pos) is not int or not 0 <= pos < size:
+            raise ValueError(f"generation {gen_id!r} shard {name!r}: byte {pos} is outside its {size} bytes")
+        at, data, *_ = self._extent_at(gen_id, name, pos, size, crc, ext)
+        return at, data
+
+
+class NodeGenerationWriter:
+    """A generation being written through the service (``GenerationWriting``); returned by
+    :meth:`NodeStore.begin_generation`.  Commit and abort run in the service."""
+
+    def __init__(self, store: NodeStore, handle: int, gen: GenerationInfo, declared_size: int | None, *,
+                 joined: bool = False):
+        self._store = store
+        self._handle = handle
+        self.gen = gen
+        self.declared_size = declared_size
+        self.joined = joined
+
+    @property
+    def id(self) -> str:
+        return self.gen.id
+
+    @property
+    def state(self) -> GenState:
+        return self.gen.state
+
+    def open_shard(self, name: str, *, size: int | None = None) -> NodeShardStream:
+        """Open a shard (``GenerationWriter.open_shard``); its bytes go to the device file."""
+        if self.gen.state is not GenState.WRITING:
+            raise ValueError(f"generation {self.gen.id!r} is {self.gen.state.value}, not writing")
+        r = self._store._call("open_shard", writer=self._handle, name=name, size=size)
+        return NodeShardStream(self, r["shard"], name)
+
+    def write_shard(self, name: str, chunks: Iterable[bytes | bytearray | memoryview], *,
+                    size: int | None = None) -> ShardInfo:
+        """Stream one shard from an iterable of chunks (``GenerationWriter.write_shard``)."""
+        if chunks is None:
+            raise ValueError(f"shard {name!r}: no chunks given")
+        s = self.open_shard(name, size=size)
+        try:
+            for chunk in chunks:
+                s.write(chunk)
+        except BaseException:
+            s.abort()
+            raise
+        return s.close()
+
+    def write_counted_shard(self, name: str, size: int) -> ShardInfo:
+        """Refused: a served device keeps payload (counted shards are for trace replay in-process)."""
+        raise ValueError(f"shard {name!r}: a counted shard (size without bytes) needs a payload-less device; "
+                         "a served device keeps payload")
+
+    def commit(self) -> GenerationInfo:
+        """Commit in the service (it flushes the device file, then journals the commit record)."""
+        r = self._store._call("commit", writer=self._handle)
+        info = decode_gen(r["gen"])
+        self.gen.state = GenState.COMMITTED
+        self.gen.commit_seq = info.commit_seq
+        return info
+
+    def leave(self) -> None:
+        """Let go of a generation begun with a ``join`` token, leaving it to the clients that joined
+        it (the shards this client closed stay in it; the last client to leave without a commit
+        aborts it).  Nothing can be written through this writer afterwards."""
+        if self.gen.state is not GenState.WRITING:
+            return
+        self._store._call("leave", writer=self._handle)
+        self.gen.state = GenState.ABORTED
+
+    def abort(self) -> None:
+        """Drop the generation in the service.  A no-op once committed or aborted, or when the service
+        is gone (its restart reclaims the generation anyway)."""
+        if self.gen.state is not GenState.WRITING:
+            return
+        self.gen.state = GenState.ABORTED
+        try:
+            self._store._call("abort", writer=self._handle)
+        except ServiceGoneError:
+            pass
+
+    def __enter__(self) -> NodeGenerationWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self.gen.state is not GenState.WRITING:
+            return
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+
+    def __repr__(self) -> str:
+        return f"NodeGenerationWriter({self.gen.id!r}, step={self.gen.step}, {self.gen.state.value})"
+
+
+class NodeShardStream:
+    """One shard being written (``ShardStream``): bytes buffered to :data:`BATCH`, claimed, written to
+    the device file with ``pwrite``, their crcs reported."""
+
+    def __init__(self, writer: NodeGenerationWriter, handle: int, name: str):
+        self._w = writer
+        self._s = writer._store
+        self._handle = handle
+        self.name = name
+        self.written = 0
+        self._buf = bytearray()
+        self._open = True
+        self._crc = 0             # the shard's crc32c over the extents written so far
+        self._any = False
+
+    def _emit(self, view) -> None:
+        """Claim ``view``'s bytes, write each extent, report the crcs."""
+        s = self._s
+        if s._fd < 0:
+            raise ValueError(f"{s.path}: the device file is not writable by this client")
+        ext = s._call("claim", shard=self._handle, nbytes=len(view))["extents"]
+        crcs, p = [], 0
+        for z, off, length in ext:
+            piece = view[p:p + length]
+            pos = s._region + z * s.zone_size + off
+            done = 0
+            while done < length:
+                done += os.pwrite(s._fd, piece[done:], pos + done)
+            c = crc32c.crc32c(piece)
+            crcs.append(c)
+            self._crc = crc32c_combine(self._crc, c, length) if self._any else c
+            self._any = True
+            p += length
+        if p != len(view):
+            raise ProtocolError(f"shard {self.name!r}: the service claimed {p} bytes for {len(view)}")
+        s._call("written", shard=self._handle, crcs=crcs)
+
+    def write(self, chunk: bytes | bytearray | memoryview) -> None:
+        """Take the next bytes of the shard (written to the device a batch at a time).
+
+        Raises:
+            the errors of ``ShardWriter.write`` (the shard is aborted), ValueError once closed.
+        """
+        if not self._open:
+            raise ValueError(f"shard {self.name!r} of generation {self._w.id!r} is closed")
+        try:
+            mv = memoryview(chunk).cast("B")
+            n = mv.nbytes
+            self.written += n
+            batch, buf, pos = self._s.batch, self._buf, 0
+            if buf:
+                pos = min(batch - len(buf), n)
+                buf += mv[:pos]
+                if len(buf) == batch:
+                    self._emit(memoryview(buf))
+                    buf.clear()
+            while n - pos >= batch:
+                self._emit(mv[pos:pos + batch])
+                pos += batch
+            if pos < n:
+                buf += mv[pos:]
+        except BaseException:
+            self.abort()
+            raise
+
+    def close(self, crcs: Sequence[int] | None = None) -> ShardInfo:
+        """Write the buffered tail and close the shard in the service; returns its :class:`ShardInfo`
+        (extent count only: the extents stay in the service).
+
+        Raises:
+            ValueError: ``crcs`` given (a client computes them itself), or the shard is closed.
+        """
+        if crcs is not None:
+            raise ValueError("a node client reports crcs itself; close() takes none")
+        if not self._open:
+            raise ValueError(f"shard {self.name!r} of generation {self._w.id!r} is closed")
+        try:
+            if self._buf:
+                self._emit(memoryview(self._buf))
+                self._buf = bytearray()
+            name, size, crc, _n = self._s._call("close_shard", shard=self._handle)["info"]
+        except BaseException:
+            self.abort()
+            raise
+        self._open = False
+        if crc is not None and size and crc != self._crc:
+            raise ChecksumError(f"shard {name!r}: the service combined crc32c {crc:#x}, this client "
+                                f"computed {self._crc:#x}", shard=name, expected=self._crc, actual=crc)
+        info = ShardInfo(name, size, crc, ())
+        self._w.gen.shards[name] = info
+        return info
+
+    def abort(self) -> None:
+        """Drop the shard in the service (its bytes become dead).  A no-op once closed."""
+        if not self._open:
+            return
+        self._open = False
+        self._buf = bytearray()
+        try:
+            self._s._call("abort_shard", shard=self._handle)
+        except (ServiceGoneError, ProtocolError, ValueError):
+            pass

@@ -1,0 +1,538 @@
+"""The node service: one process owns a device's store; many client processes write their data to the
+device themselves and send only metadata here.
+
+Per connection a thread runs the requests in order (docs/node.md lists them).  The service holds the
+:class:`~retainz.store.Store` (its journal, zone book and allocator: one placement decision stream for
+every client) and executes every request on it; the store's lock orders them.  A client's bytes never
+cross the socket: ``claim`` runs placement for the next bytes of a shard and answers the extents
+(``ShardWriter.claim``: the device's write pointers advance over them), the client ``pwrite``\\ s its
+bytes there and reports their crc32c (``written``), and the commit flushes the device file (which
+syncs what every client wrote) before its commit record.
+
+Untrusted input: every field is checked against :mod:`.protocol`'s bounds; a malformed or refused
+request gets an error reply and the connection goes on (a frame that breaks the framing ends the
+connection); a bug answering a request becomes an ``InternalError`` reply, logged, never a crash.
+
+What a crash leaves: a client that dies (its connection ends) has its open shards and generations
+aborted, as a writer aborted in-process (their bytes dead, zones left with no live data reset).  A
+service that dies leaves the store as a killed writer process does: recovery at the next open (the
+next ``retainz serve``) reclaims everything uncommitted; its clients get
+:class:`~retainz.errors.ServiceGoneError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import stat
+import threading
+from collections.abc import Callable
+
+from retainz.errors import (
+    DeviceBusyError,
+    GenerationExistsError,
+    ProtocolError,
+    RetainZError,
+    ShardNotFoundError,
+)
+from retainz.node.protocol import (
+    MAX_CLAIM,
+    MAX_CRCS,
+    MAX_PAGE,
+    MAX_REQUEST,
+    PROTOCOL,
+    decode_hint,
+    encode_gen,
+    error_reply,
+    field,
+    recv_frame,
+    send_frame,
+    socket_path,
+)
+from retainz.store import Store
+from retainz.store.writer import WRITE_BUFFER
+
+__all__ = ["Service", "serve", "MAX_CONNECTIONS"]
+
+log = logging.getLogger("retainz.node")
+
+#: Connections served at once; one more is refused with an error reply.
+MAX_CONNECTIONS = 256
+#: Handles (open generations plus open shards) one connection may hold.
+MAX_HANDLES = 4096
+
+
+class _Shard:
+    __slots__ = ("stream", "writer", "crcs")
+
+    def __init__(self, stream, writer: int):
+        self.stream = stream
+        self.writer = writer
+        self.crcs: list[int] = []
+
+
+class _Shared:
+    """A generation several connections write (``begin`` with a ``join`` token: the ranks of one DCP
+    save on one device): the writer, its token, the sessions holding it."""
+
+    __slots__ = ("writer", "token", "holders")
+
+    def __init__(self, writer, token: str):
+        self.writer = writer
+        self.token = token
+        self.holders: set = set()
+
+
+class _Session:
+    """One connection: its job, the generations and shards it opened (handles are its own)."""
+
+    def __init__(self, service: Service, sock: socket.socket):
+        self.service = service
+        self.sock = sock
+        self.job: str | None = None
+        self.retention: str | None = None
+        self.writers: dict[int, object] = {}
+        self.shards: dict[int, _Shard] = {}
+        self._next = 1
+
+    # -- the loop ----------------------------------------------------------------------------------
+    def run(self) -> None:
+        try:
+            while True:
+                try:
+                    req = recv_frame(self.sock, MAX_REQUEST)
+                except ProtocolError as e:      # the framing is lost: say why, then hang up
+                    with contextlib.suppress(OSError):
+                        send_frame(self.sock, error_reply(e))
+                    return
+                if req is None:
+                    return
+                reply = self.answer(req)
+                try:
+                    send_frame(self.sock, reply)
+                except (TypeError, ValueError) as e:   # a reply JSON cannot carry: a bug, said so
+                    log.exception("reply to %r cannot be sent", req.get("op"))
+                    send_frame(self.sock, {"ok": False, "error": "InternalError", "message": f"reply: {e}"})
+                if req.get("op") == "bye":
+                    return
+        except OSError:
+            return
+        finally:
+            self.drop()
+
+    def answer(self, req: dict) -> dict:
+        """The reply to one request (never raises)."""
+        op = req.get("op")
+        try:
+            if type(op) is not str or op not in _OPS:
+                raise ProtocolError(f"unknown request {str(op)[:40]!r}")
+            if self.job is None and op != "hello":
+                raise ProtocolError(f"request {op!r} before hello")
+            out = _OPS[op](self, req) or {}
+            out["ok"] = True
+            return out
+        except RetainZError as e:
+            return error_reply(e)
+        except (ValueError, KeyError, OSError) as e:   # the store's own refusals of bad values
+            return error_reply(e)
+        except Exception as e:   # a bug: keep serving, say so
+            log.exception("request %r failed", op)
+            return {"ok": False, "error": "InternalError", "message": f"{type(e).__name__}: {e}"[:2000]}
+
+    def drop(self) -> None:
+        """The connection ended: abort what it left open (its bytes become dead, as an aborted
+        writer's)."""
+        for sh in list(self.shards.values()):
+            with contextlib.suppress(Exception):
+                sh.stream.abort()
+        self.shards.clear()
+        writers = list(self.writers.items())
+        self.writers.clear()
+        for h, w in writers:
+            with contextlib.suppress(Exception):
+                self._unshare(w, h, abort=True)
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        self.service._forget(self)
+
+    def _handle(self) -> int:
+        if len(self.writers) + len(self.shards) >= MAX_HANDLES:
+            raise ProtocolError(f"a connection holds at most {MAX_HANDLES} open generations and shards")
+        h = self._next
+        self._next += 1
+        return h
+
+    def _writer(self, req: dict):
+        h = field(req, "writer", "int")
+        w = self.writers.get(h)
+        if w is None:
+            raise ProtocolError(f"no open generation handle {h} on this connection")
+        return h, w
+
+    def _shard(self, req: dict) -> tuple[int, _Shard]:
+        h = field(req, "shard", "int")
+        sh = self.shards.get(h)
+        if sh is None:
+            raise ProtocolError(f"no open shard handle {h} on this connection")
+        return h, sh
+
+    # -- requests ----------------------------------------------------------------------------------
+    def hello(self, req: dict) -> dict:
+        proto = field(req, "protocol", "int")
+        if proto != PROTOCOL:
+            raise ProtocolError(f"protocol {proto} is not served (this service speaks {PROTOCOL})")
+        self.job = field(req, "job", "name", default="default")
+        rule = field(req, "retention", "text", default=None)
+        if rule:
+            from retainz.retention import parse_rule
+
+            parse_rule(rule)                    # a malformed rule is refused now, not at a save
+        self.retention = rule or None
+        svc = self.service
+        s, g = svc.store, svc.store.device.geometry
+        region = svc.store.device.direct_region()
+        return {"protocol": PROTOCOL, "region": list(region) if region else None,
+                "geometry": {"block_size": g.block_size, "zone_size": g.zone_size,
+                             "zone_capacity": g.zone_capacity, "nr_zones": g.nr_zones,
+                             "max_open": g.max_open, "max_active": g.max_active},
+                "uuid": str(s.uuid), "policy": s.policy, "meta_zones": s.meta_zones,
+                "gc_reserve_zones": s.gc_reserve_zones, "write_buffer": WRITE_BUFFER, "max_claim": MAX_CLAIM}
+
+    def begin(self, req: dict) -> dict:
+        gen = field(req, "gen", "name")
+        step = field(req, "step", "int")
+        hint = decode_hint(req.get("hint"))
+        if hint is None and self.retention:
+            from retainz.retention.online import rule_hint
+
+            hint = rule_hint(self.retention, step)
+        size = field(req, "declared_size", "int", default=None)
+        replace = field(req, "replace", "bool", default=False)
+        token = field(req, "join", "text", default=None)
+        h = self._handle()
+        svc = self.service
+        with svc._lock:        # begin-or-join is one step: two ranks racing to begin both join one writer
+            shared = svc._shared.get(gen) if token else None
+            if shared is not None and shared.writer.state.value == "writing":
+                if shared.token != token:
+                    raise GenerationExistsError(f"generation {gen!r} is being written by other clients (a "
+                                                "different join token)")
+                w = shared.writer
+            else:
+                w = svc.store.begin_generation(gen, step, hint=hint, declared_size=size, replace=replace)
+                if token:
+                    shared = svc._shared[gen] = _Shared(w, token)
+            if token:
+                shared.holders.add(self)
+        self.writers[h] = w
+        return {"writer": h, "joined": bool(token) and len(shared.holders) > 1}
+
+    def open_shard(self, req: dict) -> dict:
+        wh, w = self._writer(req)
+        name = field(req, "name", "name")
+        size = field(req, "size", "int", default=None)
+        h = self._handle()
+        self.shards[h] = _Shard(w.open_shard(name, size=size), wh)
+        return {"shard": h}
+
+    def claim(self, req: dict) -> dict:
+        h, sh = self._shard(req)
+        n = field(req, "nbytes", "int", low=1, high=MAX_CLAIM)
+        try:
+            ext = sh.stream.claim(n)
+        except BaseException:
+            if sh.stream not in self.writers[sh.writer].open_shards:
+                self.shards.pop(h, None)        # the store aborted the shard
+            raise
+        return {"extents": [list(e) for e in ext]}
+
+    def written(self, req: dict) -> dict:
+        _, sh = self._shard(req)
+        crcs = field(req, "crcs", "ints", high=MAX_CRCS)
+        if len(sh.crcs) + len(crcs) > len(sh.stream.extents):
+            raise ProtocolError(f"shard {sh.stream.name!r}: {len(sh.crcs) + len(crcs)} crcs reported for "
+                                f"{len(sh.stream.extents)} claimed extents")
+        sh.crcs += crcs
+        return {"reported": len(sh.crcs)}
+
+    def close_shard(self, req: dict) -> dict:
+        h, sh = self._shard(req)
+        self.shards.pop(h)
+        info = sh.stream.close(sh.crcs if sh.stream.extents else None)
+        return {"info": [info.name, info.size, info.crc, len(info.extents)]}
+
+    def abort_shard(self, req: dict) -> dict:
+        h, sh = self._shard(req)
+        self.shards.pop(h)
+        sh.stream.abort()
+        return {}
+
+    def _end(self, req: dict, how: str) -> dict:
+        """``commit``, ``abort`` or ``leave`` the generation of handle ``writer``."""
+        h, w = self._writer(req)
+        for sh_h in [k for k, sh in self.shards.items() if sh.writer == h]:
+            if how == "commit":
+                raise ValueError(f"generation {w.id!r}: shard {self.shards[sh_h].stream.name!r} is still "
+                                 "open; close or abort it before the commit")
+            self.shards.pop(sh_h).stream.abort()
+        if how == "commit":
+            gen = w.commit()
+            del self.writers[h]
+            self._unshare(w, h, abort=False)
+            return {"gen": encode_gen(gen)}
+        del self.writers[h]
+        if how == "leave":
+            self._unshare(w, h, abort=True)
+        else:
+            self._unshare(w, h, abort=False)
+            w.abort()
+        return {}
+
+    def _unshare(self, w, _h: int, *, abort: bool) -> None:
+        """This session lets go of ``w``; with ``abort``, the generation is aborted when no other
+        session holds it (a writer begun without a join token has no other holder)."""
+        svc = self.service
+        with svc._lock:
+            shared = svc._shared.get(w.id)
+            if shared is None or shared.writer is not w:
+                last = True
+            else:
+                shared.holders.discard(self)
+                last = not shared.holders
+                if last or w.state.value != "writing":
+                    del svc._shared[w.id]
+        if abort and last and w.state.value == "writing":
+            w.abort()
+
+    def commit(self, req: dict) -> dict:
+        return self._end(req, "commit")
+
+    def abort(self, req: dict) -> dict:
+        return self._end(req, "abort")
+
+    def leave(self, req: dict) -> dict:
+        """Let go of a joined generation, leaving it to the other clients that joined it (its shards
+        closed here stay in it); the last to leave without a commit aborts it."""
+        return self._end(req, "leave")
+
+    def delete(self, req: dict) -> dict:
+        self.service.store.delete(field(req, "gen", "name"), step=field(req, "step", "int", default=None))
+        return {}
+
+    def list(self, req: dict) -> dict:
+        start = field(req, "start", "int", default=0)
+        count = field(req, "count", "int", default=MAX_PAGE, high=MAX_PAGE)
+        gens = self.service.store.generations()
+        return {"total": len(gens), "gens": [encode_gen(g) for g in gens[start:start + count]]}
+
+    def generation(self, req: dict) -> dict:
+        return {"gen": encode_gen(self.service.store.generation(field(req, "gen", "name")))}
+
+    def locations(self, req: dict) -> dict:
+        gen_id, name = field(req, "gen", "name"), field(req, "shard", "name")
+        start = field(req, "start", "int", default=0)
+        count = field(req, "count", "int", default=MAX_PAGE, high=MAX_PAGE)
+        sh = self.service.store.generation(gen_id).shards.get(name)
+        if sh is None:
+            raise ShardNotFoundError(f"generation {gen_id!r} has no shard {name!r}")
+        ext = sh.extents      # one tuple: GC replaces it whole when it moves the shard
+        return {"size": sh.size, "crc": sh.crc, "total": len(ext),
+                "extents": [list(e) for e in ext[start:start + count]]}
+
+    def update_hint(self, req: dict) -> dict:
+        hint = decode_hint(field(req, "hint", "dict"))
+        self.service.store.update_hint(field(req, "gen", "name"), hint, step=field(req, "step", "int", default=None))
+        return {}
+
+    def advance(self, req: dict) -> dict:
+        self.service.store.advance(field(req, "step", "int"))
+        return {}
+
+    def now(self, req: dict) -> dict:
+        return {"now": self.service.store.now}
+
+    def df(self, req: dict) -> dict:
+        return {"report": self.service.store.df().to_dict()}
+
+    def fsck(self, req: dict) -> dict:
+        rep = self.service.store.fsck().to_dict()
+        rep.pop("ok", None)
+        return {"report": rep}
+
+    def gc(self, req: dict) -> dict:
+        return {"report": self.service.store.gc(force=field(req, "force", "bool", default=False)).to_dict()}
+
+    def metrics(self, req: dict) -> dict:
+        return {"metrics": self.service.store.metrics.to_dict()}
+
+    def bye(self, req: dict) -> dict:
+        return {}
+
+
+_OPS: dict[str, Callable[[_Session, dict], dict]] = {
+    name: getattr(_Session, name) for name in (
+        "hello", "begin", "open_shard", "claim", "written", "close_shard", "abort_shard", "commit", "abort", "leave",
+        "delete", "list", "generation", "locations", "update_hint", "advance", "now", "df", "fsck", "gc",
+        "metrics", "bye")
+}
+
+
+class Service:
+    """The node service of one device: a listening Unix socket and the store it serves.
+
+    Call sequence: ``svc = Service(store, path)`` (binds the socket, mode 0600), ``svc.serve_forever()``
+    (returns after :meth:`stop`), then ``svc.close()`` (ends every connection, aborting what it left
+    open, closes the store; the caller closes the device).  :func:`serve` does all of it.
+
+    Args:
+        store: the open store (the service's only user of it from now on).
+        path: the socket path (:func:`~retainz.node.protocol.socket_path` of the device).
+        mode: the socket's permission bits (0o600: its owner only; 0o660 with ``group`` for a group).
+        group: a group name or id to own the socket (``None``: the caller's).
+
+    Raises:
+        DeviceBusyError: a service already listens on ``path``.
+        FileExistsError: ``path`` exists and is not a socket (it is left alone).
+    """
+
+    def __init__(self, store: Store, path: str, *, mode: int = 0o600, group: str | int | None = None):
+        self.store = store
+        self.path = path
+        self._sessions: set[_Session] = set()
+        self._shared: dict[str, _Shared] = {}     # generation id -> the joined writer
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._threads: list[threading.Thread] = []
+        _clear_stale(path)
+        parent = os.path.dirname(path)
+        if parent and not os.path.isdir(parent):
+            os.makedirs(parent, mode=0o700, exist_ok=True)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o777 & ~mode)
+        try:
+            sock.bind(path)
+        finally:
+            os.umask(old)
+        os.chmod(path, mode)
+        if group is not None:
+            import grp
+
+            gid = group if isinstance(group, int) else grp.getgrnam(group).gr_gid
+            os.chown(path, -1, gid)
+        sock.listen(64)
+        self._sock = sock
+
+    def serve_forever(self) -> None:
+        """Accept connections, one thread each, until :meth:`stop`."""
+        while not self._stopping.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                if self._stopping.is_set():
+                    return
+                raise
+            with self._lock:
+                busy = len(self._sessions) >= MAX_CONNECTIONS
+                s = None if busy else _Session(self, conn)
+                if s is not None:
+                    self._sessions.add(s)
+            if s is None:
+                with contextlib.suppress(OSError):
+                    send_frame(conn, error_reply(ProtocolError(
+                        f"the service serves at most {MAX_CONNECTIONS} connections")))
+                conn.close()
+                continue
+            t = threading.Thread(target=s.run, name="retainz-node-client", daemon=True)
+            t.start()
+            with self._lock:      # close() joins only started threads
+                self._threads = [x for x in self._threads if x.is_alive()] + [t]
+
+    def _forget(self, s: _Session) -> None:
+        with self._lock:
+            self._sessions.discard(s)
+
+    def stop(self) -> None:
+        """Make :meth:`serve_forever` return (callable from a signal handler or another thread)."""
+        self._stopping.set()
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        """End every connection, close the store and remove the socket.  Idempotent."""
+        self.stop()
+        with contextlib.suppress(OSError):
+            self._sock.close()
+        with self._lock:
+            sessions = list(self._sessions)
+        for s in sessions:
+            with contextlib.suppress(OSError):
+                s.sock.shutdown(socket.SHUT_RDWR)
+        with self._lock:
+            threads = list(self._threads)
+        for t in threads:
+            t.join(timeout=30)
+        self.store.close()
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISSOCK(os.lstat(self.path).st_mode):
+                os.unlink(self.path)
+
+
+def _clear_stale(path: str) -> None:
+    """Remove a socket nobody listens on (a killed service's); refuse a live one or a non-socket."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise FileExistsError(f"{path} exists and is not a socket; remove it or pass --socket")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except (ConnectionRefusedError, FileNotFoundError):
+        os.unlink(path)
+        return
+    finally:
+        probe.close()
+    raise DeviceBusyError(f"{path}: a node service already listens there")
+
+
+def serve(device: str, *, socket: str | None = None, policy: str | None = None, mode: int = 0o600,
+          group: str | int | None = None, ready: Callable[[Service], None] | None = None) -> None:
+    """Serve the store on the device file ``device`` until SIGTERM or SIGINT (``retainz serve``).
+
+    Opens the device (its exclusive lock: no other process opens it directly meanwhile) and the store
+    (recovery), listens on ``socket`` (default :func:`~retainz.node.protocol.socket_path`), calls
+    ``ready(service)``, serves, and on a signal closes everything and removes the socket.
+
+    Raises:
+        FileNotFoundError, NotADeviceError, DeviceBusyError (the device or the socket in use),
+        ForeignDeviceError (no store on it: ``retainz mkfs`` first), the errors of ``Store.open``.
+    """
+    import signal
+
+    from retainz.zoned import FileDevice, open_device
+
+    dev = open_device(device) if device.startswith(("/dev/", "remote:")) else FileDevice(device)
+    try:
+        store = Store.open(dev, policy=policy)
+        try:
+            svc = Service(store, socket or socket_path(device), mode=mode, group=group)
+        except BaseException:
+            store.close()
+            raise
+        old = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                old[sig] = signal.signal(sig, lambda *_: svc.stop())
+        try:
+            if ready is not None:
+                ready(svc)
+            svc.serve_forever()
+        finally:
+            for sig, h in old.items():
+                signal.signal(sig, h)
+            svc.close()
+    finally:
+        dev.close()
