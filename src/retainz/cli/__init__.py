@@ -6,7 +6,9 @@ returns the exit status.  Add a module to :data:`COMMAND_MODULES` to add command
 
 Exit status: 0 success; 1 the operation failed (a device or store error, a failed check);
 2 bad usage or bad input (unknown option, missing device file, malformed value, a file that is not what
-the command takes), with one line on stderr.
+the command takes), with one line on stderr; 130 / 143 interrupted by SIGINT / SIGTERM (one line;
+:mod:`retainz.cli.interrupt` says what an interrupt leaves); 141 standard output closed by its reader.
+The full list is docs/cli.md's.
 
 ``--json`` output is strict JSON (RFC 8259: no ``Infinity`` or ``NaN``, which strict parsers refuse): a step that is infinite (a permanent generation's ``reclaim_step``) is the
 string ``"inf"``, as in the trace format (docs/trace-format.md); a float that is not a number is
@@ -20,6 +22,7 @@ import importlib
 import json
 import math
 import os
+import signal
 import sys
 
 from retainz import __version__
@@ -140,7 +143,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the ``retainz`` command; returns the exit status."""
+    """Run the ``retainz`` command; returns the exit status (the module docstring's convention).
+
+    SIGINT and SIGTERM are handled as :mod:`retainz.cli.interrupt` says while it runs.  Run as the
+    command (``argv`` None) it leaves them ignored on return, so a signal between the return and the
+    process exit cannot raise; called with ``argv`` (tests, embedding) it restores the caller's handlers."""
+    from retainz.cli import interrupt
+
+    previous = interrupt.install()
     try:
         args = build_parser().parse_args(argv)
         return int(args.func(args) or 0)
@@ -161,9 +171,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"retainz: error: {what}: the request is too large for this machine; use smaller values",
               file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("retainz: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        interrupt.ignore()        # a second signal while reporting the first: no traceback
+        signum = getattr(e, "signum", signal.SIGINT)
+        print(interrupt.message(signum), file=sys.stderr)
+        return interrupt.exit_status(signum)
+    finally:
+        if argv is None:
+            interrupt.ignore()    # the command is over: a signal now must not raise past main()
+        else:
+            interrupt.restore(previous)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import contextlib
 import os
 import sys
 
-from retainz.cli import plural, print_json
+from retainz.cli import interrupt, plural, print_json
 from retainz.errors import DeviceBusyError, StoreLockedError
 from retainz.hint import Hint
 from retainz.placement.base import PERMANENT
@@ -117,27 +117,44 @@ def _open(spec: str, readonly: bool = False):
 
 class _Session:
     """A store open for one command; ``readonly`` (ls, get, df, fsck) writes nothing to the device:
-    no recovery repair, no journal record (``Store.open(readonly=True)``)."""
+    no recovery repair, no journal record (``Store.open(readonly=True)``).  A read-write session
+    holds SIGINT/SIGTERM from the open to the close (:func:`retainz.cli.interrupt.deferred`): the
+    command sees them at its safe points (``put``: between input chunks) or after the close."""
 
     def __init__(self, spec: str, readonly: bool = False):
         self.spec = spec
         self.readonly = readonly
+        self._held = contextlib.ExitStack()
 
     def __enter__(self):
-        self.store, self.dev = _open(self.spec, self.readonly)
+        if not self.readonly:
+            self._held.enter_context(interrupt.deferred())
+        try:
+            self.store, self.dev = _open(self.spec, self.readonly)
+        except BaseException:
+            self._held.close()
+            raise
         return self.store
 
     def __exit__(self, *exc):
-        try:
-            self.store.close()
-        finally:
-            self.dev.close()
+        with self._held:
+            try:
+                self.store.close()
+            finally:
+                self.dev.close()
 
 
 def _mkfs(args) -> int:
     from retainz.store import Store
 
     _persistent(args.device)
+    with interrupt.deferred():
+        return _format(args)
+
+
+def _format(args) -> int:
+    from retainz.store import Store
+
     dev = open_device(args.device)
     try:
         store = Store.format(dev, meta_zones=args.meta_zones, policy=args.policy,
@@ -182,8 +199,13 @@ def _reclaim_text(hint) -> str:
 
 
 def _chunks(path: str, size: int = 1 << 20):
+    """The file's bytes, ``size`` at a time; each chunk boundary is an interrupt safe point."""
     with open(path, "rb") as f:
-        while chunk := f.read(size):
+        while True:
+            interrupt.checkpoint()
+            chunk = f.read(size)
+            if not chunk:
+                return
             yield chunk
 
 
@@ -238,10 +260,11 @@ def _get(args) -> int:
                 with open(tmp, "wb") as f:
                     for chunk in store.read_shard(gen.id, name):
                         f.write(chunk)
-                os.replace(tmp, dest)
+                with interrupt.deferred():
+                    os.replace(tmp, dest)
             except BaseException:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)  # never leave a partial file behind (a checksum failure, a refused rename)
+                with interrupt.deferred(), contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)  # never leave a partial file behind (a checksum failure, a refused rename, a signal)
                 raise
             print(f"{dest}: {plural(gen.shards[name].size, 'byte')}, crc32c verified", file=sys.stderr)
     return 0
