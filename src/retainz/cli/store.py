@@ -145,7 +145,6 @@ class _Session:
 
 
 def _mkfs(args) -> int:
-    from retainz.store import Store
 
     _persistent(args.device)
     with interrupt.deferred():
