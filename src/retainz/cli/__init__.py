@@ -43,13 +43,42 @@ COMMAND_MODULES = [
 
 
 def size_arg(text: str) -> int:
-    """argparse type for byte sizes with units (``64MiB``); the error names the problem."""
+    """argparse type for byte sizes with units (``64MiB``, ``64M``, ``64MB``), read by
+    :func:`retainz.zoned.model.parse_size`, the project's one size parser (units exactly as written;
+    docs/cli.md, "Sizes"); the error names the value and the problem.
+
+    Raises:
+        argparse.ArgumentTypeError: a malformed or ambiguous size (``64mb``), one line."""
     from retainz.zoned.model import parse_size
 
     try:
         return parse_size(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def check_blocks(flag: str, value: int | None, block_size: int) -> None:
+    """Refuse a size flag's value that is not a whole number of blocks.
+
+    Raises:
+        ValueError: one line naming the flag, the value and the block size (exit status 2)."""
+    if value and value % block_size:
+        from retainz.zoned.model import format_sizes
+
+        raise ValueError(f"{flag} {format_sizes(value)} is not a multiple of the block size ({block_size} B); "
+                         f"round it to {value // block_size * block_size:,} or {(value // block_size + 1) * block_size:,} B")
+
+
+def geometry_lines(g) -> list[str]:
+    """The geometry a device was created or formatted with, for people: zones, zone size and capacity,
+    block size, limits, and the totals, each size in IEC and SI units and in bytes (:func:`format_sizes`)."""
+    from retainz.zoned.model import format_sizes
+
+    lim = lambda n: "no limit" if n == 0 else str(n)  # noqa: E731
+    return [f"    zones: {g.nr_zones:,} of {format_sizes(g.zone_size)}",
+            f"    zone capacity: {format_sizes(g.zone_capacity)} writable per zone",
+            f"    block size: {g.block_size} B; max open zones {lim(g.max_open)}, max active {lim(g.max_active)}",
+            f"    total: {format_sizes(g.size)} ({format_sizes(g.capacity)} writable)"]
 
 
 def int_arg(low: int = 0, high: int | None = None, *, too_low: str = "", too_high: str = ""):

@@ -10,11 +10,11 @@ import contextlib
 import os
 import sys
 
-from retainz.cli import interrupt, plural, print_json
+from retainz.cli import geometry_lines, interrupt, plural, print_json
 from retainz.errors import DeviceBusyError, StoreLockedError
 from retainz.hint import Hint
 from retainz.placement.base import PERMANENT
-from retainz.zoned import format_size, open_device
+from retainz.zoned import format_size, format_sizes, open_device
 
 
 def register(sub) -> None:
@@ -161,6 +161,9 @@ def _format(args) -> int:
         g = dev.geometry
         print(f"{args.device}: RetainZ store {store.uuid}: {g.nr_zones - store.meta_zones} data zones of "
               f"{format_size(g.zone_capacity)}, {store.meta_zones} meta zones, policy {store.policy}")
+        for line in geometry_lines(g):
+            print(line)
+        print(f"    data: {format_sizes((g.nr_zones - store.meta_zones) * g.zone_capacity)} writable in data zones")
         store.close()
     finally:
         dev.close()
