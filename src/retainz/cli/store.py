@@ -10,7 +10,7 @@ import contextlib
 import os
 import sys
 
-from retainz.cli import geometry_lines, interrupt, plural, print_json
+from retainz.cli import geometry_lines, interrupt, plural, print_json, progress
 from retainz.errors import DeviceBusyError, StoreLockedError
 from retainz.hint import Hint
 from retainz.placement.base import PERMANENT
@@ -200,14 +200,17 @@ def _reclaim_text(hint) -> str:
     return f"{text} ({hint.condition})" if hint.condition else text
 
 
-def _chunks(path: str, size: int = 1 << 20):
-    """The file's bytes, ``size`` at a time; each chunk boundary is an interrupt safe point."""
+def _chunks(path: str, size: int = 1 << 20, bar=None):
+    """The file's bytes, ``size`` at a time; each chunk boundary is an interrupt safe point;
+    ``bar`` (a progress bar) counts them."""
     with open(path, "rb") as f:
         while True:
             interrupt.checkpoint()
             chunk = f.read(size)
             if not chunk:
                 return
+            if bar is not None:
+                bar.update(len(chunk))
             yield chunk
 
 
@@ -228,8 +231,9 @@ def _put(args) -> int:
         w = store.begin_generation(args.generation, args.step, declared_size=declared, replace=args.replace,
                                    hint=Hint(reclaim_step=rs))
         try:
-            for path, name in zip(args.files, names, strict=True):
-                w.write_shard(name, _chunks(path), size=os.path.getsize(path))
+            with progress.bar(declared, f"put {args.generation}") as bar:
+                for path, name in zip(args.files, names, strict=True):
+                    w.write_shard(name, _chunks(path, bar=bar), size=os.path.getsize(path))
             gen = w.commit()
         except BaseException:
             w.abort()
@@ -259,9 +263,10 @@ def _get(args) -> int:
             dest = os.path.join(args.out, name)
             tmp = dest + ".part"
             try:
-                with open(tmp, "wb") as f:
+                with open(tmp, "wb") as f, progress.bar(gen.shards[name].size, f"get {name}") as bar:
                     for chunk in store.read_shard(gen.id, name):
                         f.write(chunk)
+                        bar.update(len(chunk))
                 with interrupt.deferred():
                     os.replace(tmp, dest)
             except BaseException:
@@ -351,7 +356,8 @@ def _black_box(args) -> int:
         raise ValueError(f"--black-box must be a positive number of rounds, not {args.black_box}")
     if os.path.exists(args.device) and not os.path.isdir(args.device):
         raise ValueError(f"{args.device} is not a directory; --black-box needs a scratch directory")
-    rep = run(args.device, args.black_box, seed=args.seed)
+    with progress.bar(args.black_box, "black box", args, unit="round") as bar:
+        rep = run(args.device, args.black_box, seed=args.seed, progress=progress.callback(bar))
     if args.json:
         print_json({"black_box": True, "seed": args.seed, "points": rep.iterations,
                     "commits_acknowledged": rep.commits_acknowledged, "in_flight_present": rep.in_flight_present,
@@ -410,7 +416,9 @@ def _campaigns(args, names: list[str], geometry, make) -> int:
     failed = False
     for n in names:
         points = list(range(1, args.max_points + 1)) if args.max_points else None
-        rep = campaign(n, args.seed, geometry=geometry, points=points, make_device=make)
+        with progress.bar(None, f"crashtest {n}", args, unit="point") as bar:
+            rep = campaign(n, args.seed, geometry=geometry, points=points, make_device=make,
+                           progress=progress.callback(bar))
         failed |= not rep.ok
         results.append(rep)
         if not args.json:
