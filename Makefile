@@ -58,7 +58,7 @@ setup-torch: $(TORCH_STAMP)
 
 $(TORCH_STAMP): $(STAMP)
 	$(PY) -m pip install -q -e '.[dev,dask,payload,runtimes]'
-	$(PY) -m retainz.integrations.payload.sources --cache cache/payload
+	$(PY) -m retainz.experiments.payload.sources --cache cache/payload
 	rm -f $(VENV)/.torch-*
 	touch $@
 
@@ -70,7 +70,8 @@ $(MOUNT_STAMP): $(STAMP)
 	rm -f $(VENV)/.mount-*
 	touch $@
 
-# A 512 MiB checkpoint through the mount vs ZonedStorageWriter vs a local file system (ratios).
+# A 2 GiB state dict through the mount vs a local directory (torch.save, DCP, safetensors, dd; warm and cold)
+# and vs ZonedStorageWriter/Reader; the server's peak memory (issue 28.2's targets; also in make bench).
 bench-mount: setup-torch setup-mount
 	$(PY) -m bench.bench_mount
 

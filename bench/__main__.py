@@ -64,12 +64,17 @@ class Sizes:
     device_zones: int          # FileDevice zones written per round (64 MiB each)
     device_rounds: int
     guest: bool                # the QEMU guest part of device_write
+    mount_mib: int             # state-dict MiB through the mount, a local directory and ZonedStorageWriter
+    mount_reps: int
+    mount_cold: bool           # also cold loads (drop_caches)
 
 
 FULL = Sizes(replay_steps=100_000, replay_zones=4096, store_mib=512, store_reps=5, mount_records=100_000,
-             placement_decisions=1500, dcp_mib=512, dcp_reps=5, device_zones=8, device_rounds=5, guest=True)
+             placement_decisions=1500, dcp_mib=512, dcp_reps=5, device_zones=8, device_rounds=5, guest=True,
+             mount_mib=2048, mount_reps=3, mount_cold=True)
 QUICK = Sizes(replay_steps=2000, replay_zones=4096, store_mib=64, store_reps=3, mount_records=4000,
-              placement_decisions=100, dcp_mib=64, dcp_reps=1, device_zones=2, device_rounds=2, guest=False)
+              placement_decisions=100, dcp_mib=64, dcp_reps=1, device_zones=2, device_rounds=2, guest=False,
+              mount_mib=64, mount_reps=1, mount_cold=False)
 
 
 @dataclass
@@ -167,6 +172,7 @@ def _placement(sizes: Sizes) -> tuple[list[Figure], dict]:
 
 
 #: Why a ratio to plain ``pwrite`` can exceed 1 (:func:`retainz.zoned.syscalls.start_writeback`).
+MIB = 1 << 20
 _EARLY = " (above 1: the FileDevice starts writeback early, plain pwrite does not)"
 
 
@@ -191,6 +197,42 @@ def _dcp(sizes: Sizes, scratch: str) -> tuple[list[Figure], dict]:
                    note=f"{mbps['ours_save']:.0f} vs {mbps['stock_save']:.0f} MiB/s"),
             Figure("dcp.load ours / stock FileSystemReader", res["ratio_load"], "ratio",
                    note=f"page cache warm; {mbps['ours_load']:.0f} vs {mbps['stock_load']:.0f} MiB/s")], res
+
+
+def _mount(sizes: Sizes, scratch: str) -> tuple[list[Figure], dict]:
+    """Issue 28.2's targets: each operation through the mount >= 0.9x a local directory, DCP loads
+    >= 0.8x ZonedStorageReader, the server's peak memory < 256 MiB."""
+    try:
+        from bench import bench_mount
+
+        from retainz.mount.runner import load_fuse
+
+        load_fuse()
+    except (ImportError, OSError, RuntimeError) as e:
+        return [Figure("mount / local (torch.save)", None, "ratio", 0.90, note=f"not measured: {e}")], {}
+    d = os.path.join(scratch, "mount")
+    os.makedirs(d, exist_ok=True)
+    try:
+        res = bench_mount.run(d, sizes.mount_mib, sizes.mount_reps, cold=sizes.mount_cold)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    mbps, figs = res["MiB_per_s"], []
+    names = {"torch": "torch.save/load", "dcp": "DCP FileSystemWriter/Reader", "safetensors": "safetensors",
+             "dd": "dd bs=4M"}
+    for key, ratio in res["ratios"].items():
+        op, *what, _, _, versus = key.split("_")
+        what = " ".join(what).replace("load cold", "load (cold)")
+        place = "local" if versus == "local" else "zoned"
+        other = "local dir" if versus == "local" else "ZonedStorageReader"
+        mk = f"{op}_mount_{'_'.join(key.split('_')[1:-3])}"
+        figs.append(Figure(f"mount / {other}: {names[op]} {what}", ratio, "ratio",
+                           0.90 if versus == "local" else 0.80 if what.startswith("load") else None,
+                           note=f"{res['state_dict_bytes'] >> 20} MiB, {mbps[mk]:.0f} vs "
+                                f"{mbps[mk.replace('_mount_', f'_{place}_')]:.0f} MiB/s"))
+    hwm = res["server_hwm_bytes"]
+    figs.append(Figure("mount server peak memory", None if hwm is None else hwm / MIB, "MiB", 256, op="<",
+                       note=f"VmHWM while serving a {res['state_dict_bytes'] >> 20} MiB checkpoint"))
+    return figs, res
 
 
 def _device(sizes: Sizes, guest: bool) -> tuple[list[Figure], dict]:
@@ -233,6 +275,7 @@ def run(sizes: Sizes, scratch: str, guest: bool = True, log=print) -> dict:
              ("store", lambda: _store(sizes, scratch)),
              ("placement", lambda: _placement(sizes)),
              ("dcp", lambda: _dcp(sizes, scratch)),
+             ("mount", lambda: _mount(sizes, scratch)),
              ("device", lambda: _device(sizes, guest and sizes.guest))]
     for name, step in steps:
         t = time.monotonic()

@@ -1,20 +1,27 @@
-"""A 512 MiB checkpoint written through ``retainz mount`` vs ZonedStorageWriter vs a local file system,
-side by side, one run (``make bench-mount``).
+"""Checkpoints through ``retainz mount`` against the same operations on a local directory of the same file
+system, and against ZonedStorageWriter/Reader on the same kind of device, side by side in one run
+(``make bench-mount``; also part of ``make bench``; issue 28.2's targets).
 
-The same state dict (:func:`bench.bench_dcp.make_state`) is saved with ``dcp.save`` three ways, order
-rotating between repetitions, all on the same disk:
+One state dict of large float32 tensors (:func:`bench.bench_dcp.make_state`) is saved and loaded by
 
-* ``mount``: torch's stock ``FileSystemWriter`` into ``MNT/step-R`` on a ``retainz mount`` of a
-  FileDevice (the FUSE server is a separate process; writes arrive as 1 MiB FUSE requests, the
-  connection's ``max_write``), committed at DCP's ``.metadata``;
-* ``zoned``: ``ZonedStorageWriter`` on a FileDevice (no kernel crossing);
-* ``local``: ``FileSystemWriter`` into a directory of the local file system (``sync_files=True``).
+* ``torch``: ``torch.save`` of the whole dict as one file, ``torch.load`` back;
+* ``dcp``: DCP's stock ``FileSystemWriter``/``FileSystemReader`` into a checkpoint directory;
+* ``safetensors``: ``safetensors.torch.save_file``/``load_file`` (when safetensors is installed);
+* ``dd``: ``dd bs=4M`` copying the torch file in (save) and reading it to ``/dev/null`` (load);
 
-Each is then loaded back with the matching reader (``FileSystemReader`` through the mount) and the
-bytes checked.  Throughput = state-dict tensor bytes / wall seconds (median over repetitions); the
-ratios are mount/zoned and mount/local.
+each into ``MNT/...`` (a ``retainz mount`` of a FileDevice; the FUSE server is a separate process) and into
+a local directory beside the device file, and DCP also through ``ZonedStorageWriter``/``Reader`` on a second
+FileDevice there (``zoned``, no kernel crossing).  Every save ends durable (fsync for ``torch``,
+``safetensors`` and ``dd``, ``sync_files=True`` for DCP; a mounted file commits at close).  Loads run warm
+(right after the save) and, where ``/proc/sys/vm/drop_caches`` is writable, cold (caches dropped first).
+Every load is checked against the saved tensors.  The order of the places rotates between repetitions;
+figures are medians.  The mount server's peak resident memory (``VmHWM``) is read from ``/proc`` at the
+end.
 
-Usage: python -m bench.bench_mount [--dir DIR] [--mib N] [--reps N] [--json PATH]
+Throughput = state-dict tensor bytes / wall seconds.  Ratios: mount / local per operation (target 0.9),
+DCP load mount / zoned (target 0.8), server memory (target < 256 MiB).
+
+Usage: python -m bench.bench_mount [--dir DIR] [--mib N] [--reps N] [--no-cold] [--json PATH]
 """
 
 from __future__ import annotations
@@ -31,105 +38,180 @@ import time
 
 import torch
 import torch.distributed.checkpoint as dcp
-from bench.bench_dcp import MiB, empty_like, make_state, nbytes, same
+from bench.bench_dcp import MiB, drop_caches, empty_like, make_state, nbytes, same
 
 from retainz.integrations import _stores
 from retainz.integrations.dcp import ZonedStorageReader, ZonedStorageWriter
 from retainz.zoned import FileDevice, Geometry
+
+try:
+    from safetensors.torch import load_file, save_file
+except ImportError:           # the payload extra brings it (transformers)
+    load_file = save_file = None
+
+OPS = ("torch", "dcp", "safetensors", "dd")
 
 
 def _retainz(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "retainz.cli", *args], check=True, capture_output=True, text=True)
 
 
-def run(d: str, mib: int, reps: int) -> dict:
+def _fsync_path(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _server_hwm(device: str) -> int | None:
+    """Peak resident bytes (VmHWM) of the process serving ``device``'s mount, or None if not found."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+            if b"mount" not in argv or device.encode() not in argv:
+                continue
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            continue
+    return None
+
+
+def _tensors(sd: dict) -> dict:
+    """The tensors of ``sd`` (safetensors holds tensors only; the dict's step counter stays out)."""
+    return {k: v for k, v in sd.items() if isinstance(v, torch.Tensor)}
+
+
+def _save(op: str, place: str, root: str, sd: dict, name: str, zoned_dev: str, src_file: str) -> None:
+    if place == "zoned":
+        dcp.save(sd, storage_writer=ZonedStorageWriter(zoned_dev), checkpoint_id=name)
+        return
+    path = os.path.join(root, name)
+    if op == "torch":
+        with open(path, "wb") as f:
+            torch.save(sd, f)
+            f.flush()
+            os.fsync(f.fileno())
+    elif op == "dcp":
+        dcp.save(sd, storage_writer=dcp.FileSystemWriter(path, sync_files=True))
+    elif op == "safetensors":
+        save_file(_tensors(sd), path)
+        _fsync_path(path)
+    else:
+        subprocess.run(["dd", f"if={src_file}", f"of={path}", "bs=4M", "conv=fsync", "status=none"], check=True)
+
+
+def _load(op: str, place: str, root: str, sd: dict, name: str, zoned_dev: str) -> None:
+    if place == "zoned":
+        out = empty_like(sd)
+        dcp.load(out, storage_reader=ZonedStorageReader(zoned_dev), checkpoint_id=name)
+    else:
+        path = os.path.join(root, name)
+        if op == "torch":
+            out = torch.load(path, weights_only=True)
+        elif op == "dcp":
+            out = empty_like(sd)
+            dcp.load(out, storage_reader=dcp.FileSystemReader(path))
+        elif op == "safetensors":
+            out, sd = load_file(path), _tensors(sd)
+        else:
+            subprocess.run(["dd", f"if={path}", "of=/dev/null", "bs=4M", "status=none"], check=True)
+            return
+    if not same(sd, out):
+        raise AssertionError(f"{op} load from {place} returned different bytes")
+
+
+def _remove(op: str, place: str, root: str, name: str, store) -> None:
+    if place == "zoned":
+        store.delete(name, step=0)
+        return
+    path = os.path.join(root, name)
+    shutil.rmtree(path) if os.path.isdir(path) else os.unlink(path)
+
+
+def run(d: str, mib: int, reps: int, cold: bool = True) -> dict:
+    """Measure every operation at every place ``reps`` times in scratch folder ``d``; returns the report
+    (``MiB_per_s`` per ``OP_PLACE_save|load[_cold]``, the ratios, ``server_hwm_bytes``)."""
     from retainz.mount.runner import load_fuse
 
     load_fuse()
     sd = make_state(mib)
     size = nbytes(sd)
     zone = 64 * MiB
-    geometry = Geometry(nr_zones=2 * size // zone + 12, zone_size=zone, zone_capacity=zone, max_open=14,
+    geometry = Geometry(nr_zones=4 * size // zone + 16, zone_size=zone, zone_capacity=zone, max_open=14,
                         max_active=14)
-    zoned_dev = os.path.join(d, "zoned.img")
-    mount_dev = os.path.join(d, "mount.img")
+    zoned_dev, mount_dev = os.path.join(d, "zoned.img"), os.path.join(d, "mount.img")
     FileDevice.create(mount_dev, geometry).close()
     _retainz("mkfs", mount_dev)
-    mnt = os.path.join(d, "mnt")
-    local = os.path.join(d, "local")
+    mnt, local = os.path.join(d, "mnt"), os.path.join(d, "local")
     os.makedirs(mnt)
     os.makedirs(local)
-    t = {f"{w}_{op}": [] for w in ("mount", "zoned", "local") for op in ("save", "load")}
+    src_file = os.path.join(d, "src.pt")               # what dd copies in: the torch file, from local disk
+    torch.save(sd, src_file)
+    ops = [op for op in OPS if op != "safetensors" or save_file is not None]
+    cold = cold and drop_caches(True)
+    t: dict[str, list[float]] = {}
     _retainz("mount", mount_dev, mnt)
     try:
         with _stores.using(zoned_dev, geometry=geometry) as store:
             for r in range(reps):
-                cid = f"step-{r}"
-                order = ["mount", "zoned", "local"]
-                order = order[r % 3:] + order[:r % 3]
-                for w in order:
-                    s = time.perf_counter()
-                    if w == "zoned":
-                        dcp.save(sd, storage_writer=ZonedStorageWriter(zoned_dev), checkpoint_id=cid)
-                    else:
-                        root = mnt if w == "mount" else local
-                        dcp.save(sd, storage_writer=dcp.FileSystemWriter(os.path.join(root, cid)))
-                    t[f"{w}_save"].append(time.perf_counter() - s)
-                for w in order:
-                    out = empty_like(sd)
-                    s = time.perf_counter()
-                    if w == "zoned":
-                        dcp.load(out, storage_reader=ZonedStorageReader(zoned_dev), checkpoint_id=cid)
-                    else:
-                        root = mnt if w == "mount" else local
-                        dcp.load(out, storage_reader=dcp.FileSystemReader(os.path.join(root, cid)))
-                    t[f"{w}_load"].append(time.perf_counter() - s)
-                    if not same(sd, out):
-                        raise AssertionError(f"{w} load returned different bytes")
-                shutil.rmtree(os.path.join(mnt, cid))        # rm -r through the mount retires it
-                shutil.rmtree(os.path.join(local, cid))
-                store.delete(cid, step=r)
+                for op in ops:
+                    places = ["mount", "local"] + (["zoned"] if op == "dcp" else [])
+                    places = places[r % len(places):] + places[:r % len(places)]
+                    for place in places:
+                        root = mnt if place == "mount" else local
+                        name = f"step-{r}" if op == "dcp" else f"{op}-{r}.bin"
+                        s = time.perf_counter()
+                        _save(op, place, root, sd, name, zoned_dev, src_file)
+                        t.setdefault(f"{op}_{place}_save", []).append(time.perf_counter() - s)
+                        s = time.perf_counter()
+                        _load(op, place, root, sd, name, zoned_dev)
+                        t.setdefault(f"{op}_{place}_load", []).append(time.perf_counter() - s)
+                        if cold:
+                            drop_caches(True)
+                            s = time.perf_counter()
+                            _load(op, place, root, sd, name, zoned_dev)
+                            t.setdefault(f"{op}_{place}_load_cold", []).append(time.perf_counter() - s)
+                        _remove(op, place, root, name, store)
+        hwm = _server_hwm(mount_dev)
     finally:
         _retainz("umount", mnt)
-    med = {k: statistics.median(v) for k, v in t.items()}
-    mbps = {k: size / v / MiB for k, v in med.items()}
-    return {
-        "state_dict_bytes": size,
-        "reps": reps,
-        "seconds_median": {k: round(v, 4) for k, v in med.items()},
-        "MiB_per_s": {k: round(v, 1) for k, v in mbps.items()},
-        "ratio_save_mount_vs_zoned": round(mbps["mount_save"] / mbps["zoned_save"], 3),
-        "ratio_save_mount_vs_local": round(mbps["mount_save"] / mbps["local_save"], 3),
-        "ratio_load_mount_vs_zoned": round(mbps["mount_load"] / mbps["zoned_load"], 3),
-        "ratio_load_mount_vs_local": round(mbps["mount_load"] / mbps["local_load"], 3),
-        "torch": torch.__version__,
-        "cpus": os.cpu_count(),
-    }
+    mbps = {k: size / statistics.median(v) / MiB for k, v in t.items()}
+    ratios = {}
+    for k in mbps:
+        op, place, *what = k.split("_")
+        if place == "mount":
+            ratios[f"{op}_{'_'.join(what)}_mount_vs_local"] = round(mbps[k] / mbps[f"{op}_local_{'_'.join(what)}"], 3)
+            if op == "dcp":
+                ratios[f"dcp_{'_'.join(what)}_mount_vs_zoned"] = round(mbps[k] / mbps[f"dcp_zoned_{'_'.join(what)}"], 3)
+    return {"state_dict_bytes": size, "reps": reps, "cold": cold,
+            "MiB_per_s": {k: round(v, 1) for k, v in sorted(mbps.items())}, "ratios": ratios,
+            "server_hwm_bytes": hwm, "torch": torch.__version__, "cpus": os.cpu_count()}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dir", default=None, help="where all three write (default: a temp dir under out/)")
-    ap.add_argument("--mib", type=int, default=512, help="state dict size (MiB)")
+    ap.add_argument("--dir", default=None, help="scratch folder (default: a temp dir under out/)")
+    ap.add_argument("--mib", type=int, default=2048, help="state dict size (MiB)")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--no-cold", action="store_true", help="warm loads only (no drop_caches)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(2)
     os.makedirs("out", exist_ok=True)
     d = args.dir or tempfile.mkdtemp(prefix="bench-mount-", dir="out")
     try:
-        res = run(d, args.mib, args.reps)
+        res = run(d, args.mib, args.reps, cold=not args.no_cold)
     finally:
         if args.dir is None:
             shutil.rmtree(d, ignore_errors=True)
     print(json.dumps(res, indent=2))
-    m = res["MiB_per_s"]
-    print(f"save: mount {m['mount_save']:.0f}, ZonedStorageWriter {m['zoned_save']:.0f}, local {m['local_save']:.0f} "
-          f"MiB/s; mount/zoned = {res['ratio_save_mount_vs_zoned']:.2f}x, mount/local = "
-          f"{res['ratio_save_mount_vs_local']:.2f}x")
-    print(f"load: mount {m['mount_load']:.0f}, ZonedStorageReader {m['zoned_load']:.0f}, local {m['local_load']:.0f} "
-          f"MiB/s; mount/zoned = {res['ratio_load_mount_vs_zoned']:.2f}x, mount/local = "
-          f"{res['ratio_load_mount_vs_local']:.2f}x")
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:

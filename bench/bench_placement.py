@@ -1,19 +1,28 @@
 """Decision cost per extent of every placement policy at 256, 4,096 and 65,536 zones, in one run.
 
-For each zone count and policy: a ZoneTable is prefilled to a steady state (80 % of the zones full
-with mixed live/dead bytes and reclaim steps, the active budget open, the rest empty), then
-``place`` is timed for a stream of extents (keep-latest saves, a few permanent ones, 5 % GC copies)
-whose decisions are applied as the store applies them (finish, write, and untimed resets that keep
-empty zones available).  Only ``place`` is timed (``time.perf_counter_ns``).
+Everything runs through the real store (:class:`retainz.store.Store`) on a payload-less
+:class:`retainz.zoned.MemoryDevice` of 1 MiB zones.  For each zone count the store is prefilled
+once to a steady state (80 % of the data zones full with mixed live/dead bytes and reclaim steps, the
+open zones partly written, the rest empty): a scripted placement (:class:`_Prefill`, through
+``Store.use_allocator``) puts each prefill generation's shards into the zones the plan names, and the
+generations holding the dead bytes are deleted.  Each policy then opens the store on a copy of that
+device (``Store.open(policy=...)``) and places a stream of keep-latest saves (16 shards of 256 KiB a
+save, one save in 20 permanent; the save ``K`` saves back is deleted as each commits).  Before each
+shard, while fewer than ``max(4, zones / 64)`` zones are empty, the prefill generations (earliest
+reclaim step first), then the oldest saves, are deleted (untimed: deletions reset zones).  The
+figure is the store's own measure, ``decision_cpu_seconds / decisions`` (``time.thread_time``
+around every ``place`` call), over the stream.  The stream keeps empty zones above the store's GC
+reserve, so the decisions timed are the saves' (the store's GC, when it runs, asks the same
+``place``).
 
 Two configurations: the device limits of a ZN540-like drive (14 active zones, one kept for the
 journal, as the store does) and an unlimited device where a sixteenth of the zones are open, which
 is where an index over open zones matters.
 
 ``--compare`` instead replays one TorchTitan ``keep_latest_k=10`` trace (the project's generator,
-Llama-3-8B FSDP on 8 ranks, a save every 500 steps) through the real store on a payload-free
-MemoryDevice sized for a space pressure (peak live bytes / data capacity, 2 GC-reserve zones on top)
-and prints each policy's WAF, GC bytes, dead-space-time and unused capacity side by side.
+Llama-3-8B FSDP on 8 ranks, a save every 500 steps) with :func:`retainz.trace.replay.replay` on a
+payload-free MemoryDevice sized for a space pressure (peak live bytes / data capacity, 2 GC-reserve
+zones on top) and prints each policy's WAF, GC bytes, dead-space-time and unused capacity side by side.
 
 Usage: ``python bench/bench_placement.py [--json out.json] [--quick]`` (``make bench-placement``);
 ``python bench/bench_placement.py --compare [--pressure 0.9] [--steps 50000]``.
@@ -22,138 +31,172 @@ Usage: ``python bench/bench_placement.py [--json out.json] [--quick]`` (``make b
 from __future__ import annotations
 
 import argparse
+import copy
 import json
+import os
 import random
 import sys
-import time
-from dataclasses import replace
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from retainz.hint import Hint, lifetime_class  # noqa: E402
-from retainz.placement import POLICIES, ExtentRequest, ZoneTable, make_allocator  # noqa: E402
-from retainz.zoned.model import ZoneCond  # noqa: E402
+from retainz.placement import POLICIES, Decision  # noqa: E402
+from retainz.placement.base import Allocator  # noqa: E402
+from retainz.store import Store  # noqa: E402
+from retainz.store.journal import default_meta_zones  # noqa: E402
+from retainz.zoned import Geometry, MemoryDevice  # noqa: E402
 
 MiB = 1 << 20
+BLOCK = 4096
 SIZES = (256, 4096, 65536)
 INTERVAL, K = 500, 10
+SHARD, SHARDS = 256 * 1024, 16
 
 
-def prefill(n: int, max_active: int, n_open: int, seed: int) -> ZoneTable:
+@dataclass
+class _Prefill(Allocator):
+    """The prefill's scripted placement: every extent goes to :attr:`zone` with :attr:`reclaim` as
+    its reclaim step (the prefill sets both before each shard; a shard never spans zones).  No GC."""
+
+    name = "bench-prefill"
+    zone: int = -1
+    reclaim: float | None = None
+
+    def place(self, req):
+        return Decision(self.zone, reclaim_step=self.reclaim)
+
+    def gc_victims(self, reserve_zones):
+        del reserve_zones  # Ignored: the prefill never collects.
+        return []
+
+
+#: (zones, max_active, open zones, seed) -> the prefilled device (never opened again: copied) and
+#: its prefill generations.
+_PREFILLED: dict[tuple[int, int, int, int], tuple[MemoryDevice, list[str]]] = {}
+
+
+def prefilled(policy: str, n: int, max_active: int, n_open: int, seed: int) -> tuple[Store, list[str]]:
+    """:func:`prefill`'s store with ``policy``, opened on a copy of a device prefilled once per
+    arguments (a 65,536-zone prefill takes about 9 CPU-seconds, mostly journal rollovers; a copy and
+    ``Store.open`` about 1.5 s)."""
+    key = (n, max_active, n_open, seed)
+    if key not in _PREFILLED:
+        st, old = prefill(*key)
+        st.close()
+        _PREFILLED[key] = (st.device, old)
+    dev, old = _PREFILLED[key]
+    return Store.open(copy.deepcopy(dev), policy=policy), list(old)
+
+
+def prefill(n: int, max_active: int, n_open: int, seed: int) -> tuple[Store, list[str]]:
+    """A store on ``n`` data zones of 1 MiB (``max_active`` data zones active, 0 = unlimited) in the
+    steady state of the module docstring, ``n_open`` zones partly written; returns it and its
+    prefill generations, earliest reclaim step first (permanent ones left out: never deleted)."""
     rnd = random.Random(seed)
-    t = ZoneTable({z: MiB for z in range(n)}, max_active=max_active,
-                  reserved_active=1 if max_active else 0)
+    limit = max_active + 1 if max_active else 0
+    meta = default_meta_zones(n + 3, MiB, BLOCK, 2)      # the store's own count for such a device
+    geom = Geometry(nr_zones=n + meta, zone_size=MiB, zone_capacity=MiB, block_size=BLOCK, max_open=limit,
+                    max_active=limit)
+    st = Store.format(MemoryDevice(geom, payload=False), meta_zones=meta)
+    zones = sorted(st.table.zones)
     now = 100 * INTERVAL
-    t.now = now
     n_full = int(n * 0.8)
-    for z in range(n_full + n_open):
+    groups: dict[tuple[int, float], list[tuple[int, int, int]]] = {}
+    for i in range(n_full + n_open):
         r = float("inf") if rnd.random() < 0.05 else float(now + rnd.randint(0, K) * INTERVAL)
         step = int(now - INTERVAL * rnd.randint(0, K)) if r != float("inf") else now
-        w = MiB if z < n_full else rnd.randint(1, MiB - 1)
-        t.on_write(z, w, reclaim_step=r, lifetime=lifetime_class(r, step), step=step)
-        dead = rnd.randint(0, w - 1)
-        if dead:
-            t.on_kill(z, dead)
-    return t
-
-
-def requests(count: int, seed: int):
-    rnd = random.Random(seed)
-    now = 100 * INTERVAL
-    for i in range(count):
-        if i % 16 == 0:
-            now += INTERVAL
-        gen = f"g{now}"
-        r = float("inf") if rnd.random() < 0.05 else float(now + K * INTERVAL)
-        gc = rnd.random() < 0.05
-        step = now - rnd.randint(1, K) * INTERVAL if gc else now
-        yield ExtentRequest(nbytes=256 * 1024, generation=gen, step=step, now=now, gc=gc,
-                            hint=Hint(reclaim_step=r, lifetime=lifetime_class(r, step),
-                                      actual_reclaim_step=r),
-                            pending=0 if gc else rnd.randint(0, 4) * MiB)
+        w = MiB // BLOCK if i < n_full else rnd.randint(1, MiB // BLOCK - 1)       # blocks
+        groups.setdefault((step, r), []).append((zones[i], w, rnd.randint(0, w - 1)))
+    pre = _Prefill()
+    st.use_allocator(pre)
+    for (step, r), plan in sorted(groups.items()):
+        hint = Hint(reclaim_step=r, lifetime=lifetime_class(r, step), actual_reclaim_step=r)
+        live = st.begin_generation(f"p{step}-{r}", step, hint=hint,
+                                   declared_size=sum(w - d for _, w, d in plan) * BLOCK)
+        dead = st.begin_generation(f"d{step}-{r}", step, hint=hint,
+                                   declared_size=sum(d for *_, d in plan) * BLOCK)
+        pre.reclaim = r
+        for z, w, d in plan:
+            pre.zone = z
+            live.write_counted_shard(f"z{z}", (w - d) * BLOCK)
+            if d:
+                dead.write_counted_shard(f"z{z}", d * BLOCK)
+        live.commit()
+        dead.commit()
+        st.delete(dead.id, step=step)       # a zone keeps at least one live block: never reset here
+    older = sorted((r, step) for step, r in groups if r != float("inf"))
+    return st, [f"p{step}-{r}" for r, step in older]
 
 
 def bench_one(policy: str, n: int, max_active: int, n_open: int, count: int) -> float:
-    """Mean ``place`` time (microseconds) over ``count`` applied decisions."""
-    t = prefill(n, max_active, n_open, seed=n)
-    a = make_allocator(policy)
-    a.bind(t)
-    t.first_empty()   # untimed: drop the prefill's lazily deleted entries from the empty-zone heap
-    rnd = random.Random(1)
-    total = 0
-    for req in requests(count, seed=2):
-        t.now = req.now
-        t0 = time.perf_counter_ns()
-        d = a.place(req)
-        total += time.perf_counter_ns() - t0
-        for f in d.finish:
-            t.on_finish(f)
-        if d.zone is not None:
-            s = t[d.zone]
-            t.on_write(d.zone, min(req.nbytes, s.remaining), reclaim_step=d.reclaim_step,
-                       lifetime=req.hint.lifetime, step=req.now)
-        while t.n_empty < max(4, n // 64):   # untimed: deletions reset zones
-            z = rnd.randrange(n)
-            s = t[z]
-            if s.cond != ZoneCond.EMPTY:
-                if s.live:
-                    t.on_kill(z, s.live)
-                t.on_reset(z)
-    return total / count / 1000
-
-
-def torchtitan_events(steps: int, layout: str):
-    """``(events, peak live bytes)`` of a generated TorchTitan keep_latest_k=10 trace, with each
-    save's actual deletion step attached for the oracle."""
-    from retainz.trace.generate import generate_trace
-
-    tr = generate_trace(layout, "torchtitan:interval=500,keep_latest_k=10", steps)
-    deleted = {e.gen: e.step for e in tr.events if e.type == "delete"}
-    events, live, peak = [], {}, 0
-    for e in tr.events:
-        if e.type == "save":
-            hint = replace(e.hint, actual_reclaim_step=deleted.get(e.gen))
-            events.append(("save", f"g{e.gen}", e.step, [s.nbytes for s in e.shards], hint))
-            live[e.gen] = e.nbytes
-            peak = max(peak, sum(live.values()))
-        elif e.type == "delete":
-            events.append(("delete", f"g{e.gen}", e.step))
-            live.pop(e.gen)
-    return events, peak
+    """Mean decision time (microseconds, the store's ``decision_cpu_seconds / decisions``) over at
+    least ``count`` decisions of ``policy`` on the prefilled store (see the module docstring)."""
+    st, old = prefilled(policy, n, max_active, n_open, seed=n)
+    st.table.first_empty()   # untimed: drop the prefill's lazily deleted entries from the empty-zone heap
+    rnd = random.Random(2)
+    m = st.metrics
+    d0, t0 = m.decisions, m.decision_cpu_seconds
+    floor = max(4, n // 64)
+    now = 100 * INTERVAL
+    saved: list[str] = []
+    try:
+        while m.decisions - d0 < count:
+            now += INTERVAL
+            r = float("inf") if rnd.random() < 0.05 else float(now + K * INTERVAL)
+            w = st.begin_generation(f"g{now}", now, declared_size=SHARDS * SHARD,
+                                    hint=Hint(reclaim_step=r, lifetime=lifetime_class(r, now),
+                                              actual_reclaim_step=r))
+            for i in range(SHARDS):
+                while st.table.n_empty < floor and (old or saved):    # untimed: deletions reset zones
+                    st.delete((old or saved).pop(0), step=now)
+                w.write_counted_shard(f"s{i}", SHARD)
+            w.commit()
+            if r != float("inf"):
+                saved.append(w.id)
+            if len(saved) > K:
+                st.delete(saved.pop(0), step=now)
+    finally:
+        st.close()
+    return (m.decision_cpu_seconds - t0) / (m.decisions - d0) * 1e6
 
 
 def compare(pressure: float, steps: int, layout: str) -> dict:
-    from retainz.zoned import Geometry, MemoryDevice
+    """Every policy's replay metrics on one TorchTitan ``keep_latest_k=10`` trace (the module
+    docstring); returns ``{policy: replay result}``."""
+    from retainz.trace.generate import write_generated
+    from retainz.trace.replay import ReplayConfig, replay, trace_stats
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from tests.placement_driver import replay_store
-
-    events, peak = torchtitan_events(steps, layout)
     # The ZN540 zone (2 GiB, 1,077 MiB capacity, 14 active) scaled by 1/4, as the recorded manifests use
     # for this layout: the device then has the 32 zones upstream ZenFS needs (ZENFS_MIN_ZONES).
     cap = 1077 * MiB // 4
-    data_zones = -(-int(peak / pressure) // cap) + 2  # + GC reserve
-    geom = Geometry(nr_zones=data_zones + 3, zone_size=512 * MiB, zone_capacity=cap,
-                    block_size=4096, max_open=14, max_active=14)
-    print(f"\n## {layout}, torchtitan keep_latest_k=10, {steps} steps, peak live "
-          f"{peak / 2**30:,.0f} GiB, pressure {pressure}: {data_zones} data zones of 269.25 MiB\n")
-    print("| policy | WAF | GC GiB | dead-space-time (TiB-steps) | unused GiB (finished) | "
-          "unused (TiB-steps) | resets | capacity stop | decisions | us/decision |")
-    print("|---|---:|---:|---:|---:|---:|---:|---|---:|---:|")
     out = {}
-    for policy in sorted(POLICIES):
-        try:
-            m, log, stop = replay_store(policy, events, MemoryDevice(geom, payload=False))
-        except ValueError as e:                       # a policy that refuses the device (zenfs < 32 zones)
-            print(f"| {policy} | refused: {e} |", flush=True)
-            continue
-        out[policy] = dict(m, stop_step=stop)
-        us = m["decision_cpu_seconds"] / max(m["decisions"], 1) * 1e6
-        print(f"| {policy} | {m['waf']:.3f} | {m['gc_bytes'] / 2**30:,.0f} | "
-              f"{m['dead_space_byte_steps'] / 2**40:,.0f} | {m['unused_capacity_bytes'] / 2**30:,.0f} | "
-              f"{m['unused_capacity_byte_steps'] / 2**40:,.0f} | {m['resets']} | "
-              f"{stop if stop is not None else 'none'} | {m['decisions']} | {us:,.1f} |", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "torchtitan-k10.jsonl")
+        write_generated(path, layout, "torchtitan:interval=500,keep_latest_k=10", steps)
+        peak = trace_stats(path).peak_live_bytes
+        print(f"\n## {layout}, torchtitan keep_latest_k=10, {steps} steps, peak live "
+              f"{peak / 2**30:,.0f} GiB, pressure {pressure}: data zones of 269.25 MiB\n")
+        print("| policy | data zones | WAF | GC GiB | dead-space-time (TiB-steps) | unused GiB (finished) | "
+              "unused (TiB-steps) | resets | capacity stop | decisions | us/decision |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|")
+        for policy in sorted(POLICIES):
+            cfg = ReplayConfig(policy=policy, pressure=pressure, reserve_zones=2, meta_zones=3,
+                               zone_size=512 * MiB, zone_capacity=cap, max_active=14, max_open=14)
+            try:
+                m = replay(path, cfg)
+            except ValueError as e:                   # a policy that refuses the device (zenfs < 32 zones)
+                print(f"| {policy} | refused: {e} |", flush=True)
+                continue
+            out[policy] = m
+            stop = m["capacity_stop_step"]
+            us = m["decision_cpu_seconds"] / max(m["decisions"], 1) * 1e6
+            print(f"| {policy} | {m['zones']} | {m['waf']:.3f} | {m['gc_bytes'] / 2**30:,.0f} | "
+                  f"{m['dead_space_byte_steps'] / 2**40:,.0f} | {m['unused_capacity_bytes'] / 2**30:,.0f} | "
+                  f"{m['unused_capacity_byte_steps'] / 2**40:,.0f} | {m['resets']} | "
+                  f"{stop if stop is not None else 'none'} | {m['decisions']} | {us:,.1f} |", flush=True)
     return out
 
 

@@ -151,7 +151,7 @@ def test_analysis_never_imports_the_store():
             "import retainz.analysis, retainz.analysis.figures, retainz.analysis.table, retainz.analysis.zonemap, "
             "retainz.analysis.claims; "
             "bad = [m for m in sys.modules if m.split('.')[0] == 'retainz' and m.split('.')[1:2] and "
-            "m.split('.')[1] not in ('analysis',)]; print(json.dumps(bad))")
+            "m.split('.')[1] not in ('analysis', 'runrecord')]; print(json.dumps(bad))")
     r = subprocess.run([sys.executable, "-c", code, os.path.join(ROOT, "src")], capture_output=True, text=True,
                        check=True)
     assert json.loads(r.stdout) == []
@@ -220,19 +220,33 @@ def _figure_of(monkeypatch, module, draw, runs):
     return fig
 
 
-def test_pressure_figure_keeps_coinciding_policies_apart_with_a_compact_legend(quick_runs, monkeypatch):
+def test_pressure_figure_draws_ties_as_ties_with_a_compact_legend(quick_runs, monkeypatch):
+    """Issue 30.5: no display offsets. Every policy's line is at its recorded WAF; a band runs along the
+    best WAF at each pressure, and the count written under it is the number of policies tied there."""
     from retainz.analysis import figures
     from retainz.analysis.records import load
 
-    fig = _figure_of(monkeypatch, figures, figures.pressure_figure, load(str(quick_runs)))
+    runs = load(str(quick_runs))
+    fig = _figure_of(monkeypatch, figures, figures.pressure_figure, runs)
     ax = fig.axes[0]
-    lines = [ln for ln in ax.get_lines() if ln.get_linestyle() != "None" and len(ln.get_xdata())]
-    # the same data point of two policies lands on different pixels, and each policy has its own marker
-    y0 = {ln.get_transform().transform((ln.get_xdata()[0], ln.get_ydata()[0]))[1] for ln in lines}
-    assert len(y0) == len(lines) >= 5
+    lines = [ln for ln in ax.get_lines() if ln.get_linestyle() != "None" and len(ln.get_xdata())
+             and ln.get_linewidth() < 5]
+    assert len(lines) >= 5
+    for ln in lines:                       # drawn where the data is: the axes' own transform, no offset
+        assert ln.get_transform() == ax.transData
     assert len({ln.get_marker() for ln in lines}) == len(lines)
+    (band,) = [ln for ln in ax.get_lines() if ln.get_linewidth() >= 5 and len(ln.get_xdata())]
+    per_pressure: dict = {}
+    for ln in lines:
+        for x, y in zip(ln.get_xdata(), ln.get_ydata(), strict=True):
+            per_pressure.setdefault(float(x), []).append(float(y))
+    assert list(band.get_xdata()) == sorted(per_pressure)
+    assert list(band.get_ydata()) == [min(per_pressure[x]) for x in sorted(per_pressure)]
+    counts = [int(t.get_text()) for t in ax.texts]
+    assert counts == [sum(1 for w in per_pressure[x] if w - min(per_pressure[x]) <= figures.TIE_WAF)
+                      for x in sorted(per_pressure)]
     legend = fig.legends[0].get_window_extent()
-    assert legend.height / fig.dpi < 0.4          # inches: three rows of four, not a third of the figure
+    assert legend.height / fig.dpi < 0.45         # inches: four rows of four at most, not a third of the figure
 
 
 def test_mechanisms_bars_start_at_zero_and_panel_b_names_its_workload(quick_runs, monkeypatch):

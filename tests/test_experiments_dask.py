@@ -72,3 +72,24 @@ def test_bad_executor_is_a_usage_error(tmp_path, capsys):
 
 def test_ctrl_c_stops_a_dask_run_keeps_records_and_resume_completes(tmp_path):
     interrupt_then_resume(tmp_path, SMALL["defaults"], ["--executor", "dask"], appear=90, stop=30, resume=180)
+
+
+def test_an_unreachable_scheduler_fails_in_one_line_and_leaves_nothing(tmp_path, capsys):
+    """Issue 30.4: dask=ADDRESS with no scheduler behind it gives up after --connect-timeout (Dask's own
+    default is 30 s, not configurable from the command line before), exit 1, one line naming the address,
+    and no output folder or traces/ left behind."""
+    import socket
+
+    m = tmp_path / "m.json"
+    m.write_text(json.dumps(SMALL))
+    with socket.socket() as s:          # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "o"
+    code = main(["run", str(m), "-o", str(out), "--executor", f"dask=tcp://127.0.0.1:{port}",
+                 "--connect-timeout", "1.5", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 1
+    line = [ln for ln in err.splitlines() if ln.startswith("retainz: error:")]
+    assert len(line) == 1 and f"tcp://127.0.0.1:{port}" in line[0] and "within 1.5 s" in line[0]
+    assert not out.exists()

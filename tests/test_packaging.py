@@ -17,13 +17,20 @@ def test_license_is_an_spdx_string_and_setuptools_reads_it():
     assert req and int(re.search(r">=(\d+)", req[0]).group(1)) >= 77
 
 
-def test_markers_name_only_knobs_that_exist():
-    """Every ``NAME=1`` a marker description mentions is read somewhere in the Makefile, src or tests."""
-    sources = "".join(p.read_text() for p in [ROOT / "Makefile", *ROOT.glob("src/**/*.py"),
-                                               *ROOT.glob("tests/*.py")] if p.name != "test_packaging.py")
+def test_every_marker_is_applied_and_names_only_knobs_that_exist():
+    """Each declared marker marks some test, and every ``RETAINZ_*`` knob a marker's description names is
+    read somewhere in the Makefile, src or tests (the scale marker names RETAINZ_SCALE, so the knob check
+    has something to check)."""
+    tests = "".join(p.read_text() for p in ROOT.glob("tests/*.py") if p.name != "test_packaging.py")
+    sources = tests + "".join(p.read_text() for p in [ROOT / "Makefile", *ROOT.glob("src/**/*.py")])
+    knobs = []
     for marker in PYPROJECT["tool"]["pytest"]["ini_options"]["markers"]:
-        for knob in re.findall(r"\b([A-Z][A-Z_]+)=1\b", marker):
-            assert knob in sources, f"marker {marker!r} mentions {knob}, which nothing reads"
+        name = marker.split(":")[0]
+        assert f"pytest.mark.{name}" in tests, f"marker {name!r} is declared but marks no test"
+        for knob in re.findall(r"\b(RETAINZ_[A-Z_]+)\b", marker):
+            knobs.append(knob)
+            assert knob in sources, f"marker {name!r} mentions {knob}, which nothing reads"
+    assert "RETAINZ_SCALE" in knobs
 
 
 def test_the_project_points_to_no_folder_outside_it():
@@ -35,3 +42,16 @@ def test_the_project_points_to_no_folder_outside_it():
             for i, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
             if outside in line or "shared" + "/" in line]
     assert hits == []
+
+
+def test_errors_all_lists_every_error():
+    """``retainz.errors.__all__`` is the list of every exception the package defines, and nothing else
+    besides the stop-cause vocabulary."""
+    import inspect
+
+    import retainz.errors as errors
+
+    defined = {n for n, o in vars(errors).items()
+               if inspect.isclass(o) and issubclass(o, BaseException) and o.__module__ == errors.__name__}
+    assert set(errors.__all__) == defined | {"STOP_CAUSES"}
+    assert len(errors.__all__) == len(set(errors.__all__))

@@ -6,7 +6,7 @@ import pytest
 
 from retainz.placement import POLICIES
 from retainz.zoned import FileDevice, Geometry, MemoryDevice
-from tests.placement_driver import replay_store
+from tests.store_events import run
 from tests.test_placement_retainz import mixed_trace
 
 KiB = 1024
@@ -29,21 +29,22 @@ def device(kind, tmp_path):
 @pytest.mark.parametrize("policy", sorted(POLICIES))
 def test_policy_runs_through_the_store(policy, kind, tmp_path):
     dev = device(kind, tmp_path)
-    m, log, stop = replay_store(policy, events(), dev, payload=kind == "file")
+    r = run(policy, events(), device=dev, unit=1, payload=kind == "file")
     dev.close()
-    assert stop is None, f"{policy} stopped at step {stop}"
+    m = r.metrics()
+    assert r.stop is None, f"{policy} stopped at step {r.stop}"
     assert m["generations_committed"] == 40
     assert m["host_bytes"] == 40 * 40 * KiB
-    assert m["decisions"] == len(log) > 40
+    assert m["decisions"] == len(r.decisions) > 40
 
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))
 def test_store_verify_mode_gives_identical_decisions(policy):
     """The store's verify mode recomputes every summary from the catalog before each decision
     (raising if the cached ones differ) and restores the table from it: same decisions."""
-    a = replay_store(policy, events(), MemoryDevice(GEOM, payload=False))
-    b = replay_store(policy, events(), MemoryDevice(GEOM, payload=False), verify=True)
-    assert repr(a[1]) == repr(b[1])
+    a = run(policy, events(), device=MemoryDevice(GEOM, payload=False), unit=1)
+    b = run(policy, events(), device=MemoryDevice(GEOM, payload=False), unit=1, verify=True)
+    assert repr(a.decisions) == repr(b.decisions)
     strip = {"decision_cpu_seconds"}
-    assert {k: v for k, v in a[0].items() if k not in strip} == \
-        {k: v for k, v in b[0].items() if k not in strip}
+    assert {k: v for k, v in a.metrics().items() if k not in strip} == \
+        {k: v for k, v in b.metrics().items() if k not in strip}

@@ -8,7 +8,6 @@ from retainz.hint import Hint, Lifetime, lifetime_class
 from retainz.placement import NO_SPACE, Decision, ExtentRequest, ZoneTable, make_allocator
 from retainz.placement.zenfs import ZenFS, lifetime_diff, unused_zones
 from retainz.zoned.model import ZoneCond
-from tests.placement_driver import Driver, Gen
 
 CAP = 100
 NS, NO, SH, ME, LO, EX = Lifetime.NOT_SET, Lifetime.NONE, Lifetime.SHORT, Lifetime.MEDIUM, Lifetime.LONG, Lifetime.EXTREME
@@ -191,13 +190,22 @@ def test_reset_unused_zones_includes_partly_written():
     assert unused_zones(t) == [0, 1]
 
 
-def test_driver_resets_unused_and_returns_the_active_resource():
-    d = Driver("zenfs", zones=8, capacity=CAP, max_active=2, reserved_active=2)
-    d.gens["g"] = Gen(0, Hint(lifetime=ME))
-    d.write("g", 30)
-    assert len(d.table.open) == 1
-    d.delete("g")
-    assert len(d.table.open) == 0 and d.table.n_empty == 8 and d.metrics()["resets"] == 1
+def test_store_resets_unused_and_returns_the_active_resource():
+    """A deletion that leaves a zone with no live data resets it (ResetUnusedIOZones), and the zone's
+    active resource is free again: through the store, on a device of 8 data zones."""
+    from retainz.store import Store
+    from retainz.zoned import MemoryDevice
+    from tests.store_events import BLOCK, geometry
+
+    with Store.format(MemoryDevice(geometry(29, CAP, max_active=3), payload=False), policy="zenfs",
+                      meta_zones=3) as s:
+        assert s.allocator.active_budget == 2
+        w = s.begin_generation("g", 0, hint=Hint(lifetime=ME))
+        w.write_counted_shard("s", 30 * BLOCK)
+        w.commit()
+        assert len(s.table.open) == 1
+        s.delete("g")
+        assert len(s.table.open) == 0 and s.table.n_empty == 29 and s.metrics.resets == 1
 
 
 # -- GC -------------------------------------------------------------------------------------------------
@@ -270,13 +278,24 @@ def test_lifetime_from_hint(hint, lt):
 
 
 def test_zone_lifetime_is_set_once_by_the_opener():
-    d = Driver("zenfs", zones=4, capacity=CAP, max_active=1, reserved_active=2)
-    d.gens["a"] = Gen(0, Hint(reclaim_step=500.0))        # SHORT opens zone 0
-    d.gens["b"] = Gen(0, Hint(reclaim_step=50000.0))      # LONG: diff 100, no token: finish 0
-    d.write("a", 10)
-    assert d.table[0].lifetime == SH
-    d.write("b", 10)
-    assert d.table[0].lifetime == SH and d.table[1].lifetime == LO
+    """Through the store, with one ZenFS active token: SHORT data opens a zone; LONG data (difference
+    100, no token) finishes it and opens the next; the first zone keeps the opener's class."""
+    from retainz.store import Store
+    from retainz.zoned import MemoryDevice
+    from tests.store_events import BLOCK, geometry
+
+    with Store.format(MemoryDevice(geometry(29, CAP, max_active=2), payload=False), policy="zenfs",
+                      meta_zones=3) as s:
+        assert s.allocator.active_budget == 1
+        zone = {}
+        for gen, r in (("a", 500.0), ("b", 50000.0)):       # SHORT, then LONG
+            w = s.begin_generation(gen, 0, hint=Hint(reclaim_step=r))
+            zone[gen] = w.write_counted_shard("s", 10 * BLOCK).extents[0][0]
+            w.commit()
+            if gen == "a":
+                assert s.table[zone["a"]].lifetime == SH
+        assert zone["b"] != zone["a"] and s.table[zone["a"]].cond == ZoneCond.FULL
+        assert s.table[zone["a"]].lifetime == SH and s.table[zone["b"]].lifetime == LO
 
 
 def test_registry_parameters():

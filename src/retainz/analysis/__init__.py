@@ -41,8 +41,8 @@ def analyze(records_dir: str, out_dir: str, *, check: bool = False, expected: st
         records_dir: folder of run records.
         out_dir: where ``pressure.pdf``, ``mechanisms.pdf``, ``zonemap.pdf``, ``regimes.pdf``,
             ``filesystems.pdf`` (each with a PNG copy; the regime map and the file-system outputs only
-            when the records hold their experiments), ``placement_table.tex``, ``filesystems.md`` and
-            ``paper_claims.json`` go (created).
+            when the records hold their experiments), ``placement_table.tex``, ``filesystems.md``,
+            ``paper_claims.json`` and its Markdown rendering ``paper_claims.md`` go (created).
         check: compare the rounded claims with ``expected``; differences make the report failed.
         expected: the expected claims file for ``check``.
         write_expected: write the computed claims to ``expected`` (to accept a new recorded matrix).
@@ -80,6 +80,10 @@ def analyze(records_dir: str, out_dir: str, *, check: bool = False, expected: st
     regime_claims(runs, claims)
     p = os.path.join(out_dir, "paper_claims.json")
     _claims.write_claims(p, claims, os.path.normpath(records_dir))
+    rep.outputs.append(p)
+    p = os.path.join(out_dir, "paper_claims.md")
+    with open(p, "w", encoding="utf-8") as f:
+        f.write(_claims.render_claims_markdown(claims, os.path.normpath(records_dir)))
     rep.outputs.append(p)
     rep.lines += [f"wrote {o}" for o in rep.outputs]
     rep.lines.append(f"{len(claims)} claims")

@@ -360,6 +360,46 @@ def write_claims(path: str, claims: list[dict], source: str) -> None:
         f.write("\n")
 
 
+#: Sections of the Markdown claims report, by the first component of a claim id, in reading order.
+REPORT_SECTIONS = [("principal", "The principal result"), ("regime", "The regime map"),
+                   ("pressure", "WAF and capacity stops against space pressure"),
+                   ("placement", "The placement table"), ("hints", "Hint precision"),
+                   ("admission", "Common admission"), ("cost", "Allocation cost"),
+                   ("capacity", "Payload on a FileDevice"), ("filesystems", "btrfs and f2fs on the same namespace")]
+
+
+def _shown(value, rounding: int | None) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if rounding is None:
+        return f"{value:,}" if isinstance(value, int) else f"{value:,.6g}"
+    return f"{value:,.{rounding}f}" if rounding > 0 else f"{round(value):,}"
+
+
+def render_claims_markdown(claims: list[dict], source: str) -> str:
+    """The claims as a Markdown report (``paper_claims.md``): one section per kind of claim, a table of
+    what each claim says, its value as rounded for comparison, and how many run records it rests on.
+    The JSON file stays the one the check reads; this is for people."""
+    lines = ["# Claims", "", f"Recomputed from the run records in `{source}` by `retainz analyze`; "
+             f"{len(claims)} claims. Each value is shown at the rounding `--check` compares. "
+             "`paper_claims.json` holds the same claims with the ids of the runs behind each.", ""]
+    known = {k for k, _ in REPORT_SECTIONS}
+    sections = REPORT_SECTIONS + sorted({(c["id"].split(".")[0], c["id"].split(".")[0]) for c in claims
+                                         if c["id"].split(".")[0] not in known})
+    for key, title in sections:
+        part = [c for c in claims if c["id"].split(".")[0] == key]
+        if not part:
+            continue
+        lines += [f"## {title}", "", "| claim | value | runs |", "|---|---:|---:|"]
+        for c in part:
+            text = c.get("text", c["id"]).replace("|", "\\|")
+            lines.append(f"| {text} | {_shown(c['value'], c.get('rounding'))} | {len(c.get('runs', []))} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
 def check(claims: list[dict], expected_path: str) -> list[str]:
     """Differences between ``claims`` and the expected file (by id and rounded value)."""
     with open(expected_path, encoding="utf-8") as f:

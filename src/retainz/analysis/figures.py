@@ -2,15 +2,15 @@
 :data:`PNG_DPI`.
 
 * ``pressure.pdf``: WAF against space pressure, one panel per workload (layout x retention rule), one
-  line per policy, each with its own colour and marker; a cross marks the lowest pressure at which a
-  policy hit a capacity stop.  Policies often coincide (WAF 1.00): each line is drawn
-  :data:`DODGE_PT` points above or below the previous one (a display offset, the same in every panel,
-  never a change of the data), so every policy stays visible.
+  line per policy, each with its own colour and marker, at its recorded value; a cross marks the lowest
+  pressure at which a policy hit a capacity stop.  Policies often coincide (WAF 1.00): they are drawn as
+  they are, on top of each other, over a grey band along the best WAF at each pressure (the policies
+  within :data:`TIE_WAF` of it tie), and the number of policies on the band is written under it.
 * ``mechanisms.pdf``: (a) CPU per extent against zone count: inside the allocator's decisions
   (RetainZ, ZenFS-Alloc) and for the whole replay (RetainZ with cached vs recomputed summaries),
   (b) WAF against hint precision for the workload and pressure named in its title, (c) WAF of RetainZ
-  against common admission and dedicated zones across pressures.  Bars start at WAF 0, with the value
-  written above each bar that is not 1.00.
+  against common admission and dedicated zones across pressures (WAF at its recorded value, the axis
+  in plain decimals).  Bars start at WAF 0, with the value written above each bar that is not 1.00.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
-import matplotlib.transforms  # noqa: E402
 
 from retainz.analysis.records import (  # noqa: E402
     POLICY_STYLE,
@@ -38,14 +37,14 @@ from retainz.analysis.records import (  # noqa: E402
 )
 
 __all__ = ["setup_style", "pressure_figure", "mechanisms_figure", "save", "COLUMN_WIDTH", "PNG_DPI",
-           "DODGE_PT"]
+           "TIE_WAF"]
 
 #: One column of a two-column paper, inches.
 COLUMN_WIDTH = 3.3
 #: Resolution of the PNG copies (the PDFs are vector): 3.3 in -> ~990 pixels.
 PNG_DPI = 300
-#: Vertical display offset between consecutive policies' lines in ``pressure`` (points).
-DODGE_PT = 1.3
+#: Policies whose WAF is within this of the best at a pressure tie there (the band in ``pressure``).
+TIE_WAF = 0.0005
 
 
 def setup_style() -> None:
@@ -83,16 +82,15 @@ def pressure_figure(runs: Runs, out_dir: str) -> list[str]:
     policies = sorted({r["inputs"]["policy"] for r in recs}, key=policy_rank)
     nrow, ncol = len(layouts), len(rules)
     legend_cols = 4
-    legend_h = 0.1 * -(-(len(policies) + 1) // legend_cols)   # inches: rows of the legend
+    legend_h = 0.1 * -(-(len(policies) + 2) // legend_cols)   # inches: rows of the legend
     height = legend_h + 0.35 + 1.15 * nrow
     fig, axes = plt.subplots(nrow, ncol, figsize=(COLUMN_WIDTH, height), squeeze=False, sharex=True)
     handles = {}
     for i, layout in enumerate(layouts):
         for j, rule in enumerate(rules):
             ax = axes[i][j]
-            for k, pol in enumerate(policies):
-                dodge = matplotlib.transforms.offset_copy(
-                    ax.transData, fig=fig, y=(k - (len(policies) - 1) / 2) * DODGE_PT, units="points")
+            running: dict[float, list[float]] = {}      # pressure -> WAF of every policy still running
+            for pol in policies:
                 rs = sorted((r for r in recs if r["inputs"]["layout"] == layout and r["inputs"]["rule"] == rule
                              and r["inputs"]["policy"] == pol), key=lambda r: r["inputs"]["pressure"])
                 if not rs:
@@ -102,22 +100,31 @@ def pressure_figure(runs: Runs, out_dir: str) -> list[str]:
                 stopped = [r for r in rs if r["capacity_stop_step"] is not None]
                 first_stop = min((r["inputs"]["pressure"] for r in stopped), default=None)
                 ok = [r for r in ok if first_stop is None or r["inputs"]["pressure"] < first_stop]
+                for r in ok:
+                    running.setdefault(r["inputs"]["pressure"], []).append(r["metrics"]["waf"])
                 (h,) = ax.plot([r["inputs"]["pressure"] for r in ok], [r["metrics"]["waf"] for r in ok],
                                color=color, marker=marker or ".", linestyle=ls, markerfacecolor="none",
-                               markeredgewidth=0.7)
-                h.set_transform(dodge)      # after plot(): the axis limits still come from the data
+                               markeredgewidth=0.7, zorder=3)
                 handles.setdefault(pol, h)
                 if first_stop is not None:
                     s = [r for r in stopped if r["inputs"]["pressure"] == first_stop][0]
-                    (x,) = ax.plot([first_stop], [s["metrics"]["waf"]], color=color, marker="X", markersize=5,
-                                   linestyle="none", markeredgewidth=0.3, markeredgecolor="white")
-                    x.set_transform(dodge)
-            ax.grid(True, alpha=0.4)
-            ax.ticklabel_format(axis="y", useOffset=False)
+                    ax.plot([first_stop], [s["metrics"]["waf"]], color=color, marker="X", markersize=5,
+                            linestyle="none", markeredgewidth=0.3, markeredgecolor="white", zorder=4)
+            ps = sorted(running)
+            best = [min(running[p]) for p in ps]
+            ax.plot(ps, best, color="#bbbbbb", linewidth=5, alpha=0.6, solid_capstyle="round", zorder=1)
             lo, hi = ax.dataLim.intervaly
             hi = max(hi, lo + 0.05)                          # a flat WAF = 1 stays readable
-            pad = 0.12 * (hi - lo)                           # room for the lines dodged off the data
-            ax.set_ylim(lo - pad, hi + pad)
+            pad = 0.08 * (hi - lo)
+            ax.set_ylim(lo - 3.5 * pad, hi + pad)            # room for the tie counts under the band
+            low = False
+            for n, (p, b) in enumerate(zip(ps, best, strict=True)):
+                ties = sum(1 for w in running[p] if w - b <= TIE_WAF)
+                low = not low and n > 0 and p - ps[n - 1] < 0.04      # stagger counts of close pressures
+                ax.annotate(str(ties), (p, b), xytext=(0, -11 if low else -5), textcoords="offset points",
+                            ha="center", va="top", fontsize=4, color="#666666")
+            ax.grid(True, alpha=0.4)
+            ax.ticklabel_format(axis="y", useOffset=False)
             if i == 0:
                 ax.set_title(rule_family(rule), pad=3)
             if i == nrow - 1:
@@ -125,9 +132,10 @@ def pressure_figure(runs: Runs, out_dir: str) -> list[str]:
             if j == 0:
                 ax.set_ylabel(f"{layout_name(layout)}\nWAF")
     (stop_handle,) = axes[0][0].plot([], [], color="#444444", marker="X", linestyle="none", markersize=5)
-    labels = [policy_name(p) for p in handles] + ["capacity stop"]
-    fig.legend(list(handles.values()) + [stop_handle], labels, loc="upper center", ncol=legend_cols,
-               frameon=False, bbox_to_anchor=(0.5, 1.0), handlelength=1.2, columnspacing=0.5,
+    (band_handle,) = axes[0][0].plot([], [], color="#bbbbbb", linewidth=5, alpha=0.6)
+    labels = [policy_name(p) for p in handles] + ["capacity stop", "best WAF (n tied)"]
+    fig.legend(list(handles.values()) + [stop_handle, band_handle], labels, loc="upper center", ncol=legend_cols,
+               frameon=False, bbox_to_anchor=(0.5, 1.0), handlelength=1.2, columnspacing=1.0,
                handletextpad=0.3, labelspacing=0.25, fontsize=5, borderaxespad=0.0)
     fig.tight_layout(rect=(0, 0, 1, 1 - legend_h / height), h_pad=0.6, w_pad=0.4)
     return save(fig, out_dir, "pressure")
@@ -167,7 +175,10 @@ def mechanisms_figure(runs: Runs, out_dir: str) -> list[str]:
                         label=f"{policy_name(pol)}: {names[kind]}")
             ax.set_xscale("log")
             ax.set_yscale("log")
-            xs = sorted({p[0] for pts in lines.values() for p in pts})
+            xs = []
+            for x in sorted({p[0] for pts in lines.values() for p in pts}):
+                if not xs or x >= 1.5 * xs[-1]:              # ticks close on a log axis overlap
+                    xs.append(x)
             ax.set_xticks(xs)
             ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.0f}"))
             ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
@@ -213,18 +224,13 @@ def mechanisms_figure(runs: Runs, out_dir: str) -> list[str]:
                                label=f"{policy_name(pol)}" + (f", {rule_family(rule)}" if len(rules) > 1 else ""))
                         _bar_values(ax, [x], [rs[0]["metrics"]["waf"]], [rs[0]["capacity_stop_step"]])
                         continue
-                    dodge = matplotlib.transforms.offset_copy(
-                        ax.transData, fig=fig, units="points",
-                        y=(pols.index(pol) * len(rules) + k - (len(pols) * len(rules) - 1) / 2) * DODGE_PT)
-                    (h,) = ax.plot(xs, [r["metrics"]["waf"] for r in rs], color=color, marker=marker,
-                                   linestyle=["-", "--", ":"][k % 3], markerfacecolor="none",
-                                   label=f"{policy_name(pol)}, {rule_family(rule).split()[0]}")
-                    h.set_transform(dodge)
+                    ax.plot(xs, [r["metrics"]["waf"] for r in rs], color=color, marker=marker,
+                            linestyle=["-", "--", ":"][k % 3], markerfacecolor="none",
+                            label=f"{policy_name(pol)}, {rule_family(rule).split()[0]}")
                     stops = [r for r in rs if r["capacity_stop_step"] is not None]
-                    (h,) = ax.plot([r["inputs"]["pressure"] for r in stops], [r["metrics"]["waf"] for r in stops],
-                                   color=color, marker="X", markersize=5, linestyle="none", markeredgewidth=0.3,
-                                   markeredgecolor="white")
-                    h.set_transform(dodge)
+                    ax.plot([r["inputs"]["pressure"] for r in stops], [r["metrics"]["waf"] for r in stops],
+                            color=color, marker="X", markersize=5, linestyle="none", markeredgewidth=0.3,
+                            markeredgecolor="white")
             if len(runs.values("admission", "pressure")) == 1:
                 ax.set_ylim(0, 1.5 * max(r["metrics"]["waf"] for r in adm))
                 ax.set_xticks(range(len(pols)))
@@ -236,7 +242,8 @@ def mechanisms_figure(runs: Runs, out_dir: str) -> list[str]:
                 ax.set_xlabel("space pressure")
                 ax.legend(frameon=False, loc="upper left", ncol=2)
                 lo, hi = ax.dataLim.intervaly
-                ax.set_ylim(lo - 0.1 * (hi - lo), hi + 0.45 * (hi - lo))   # dodged lines; the legend
+                ax.set_ylim(lo - 0.1 * (hi - lo), hi + 0.45 * (hi - lo))   # room for the legend
+                ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter(useOffset=False))
             ax.set_ylabel("WAF")
         ax.grid(True, alpha=0.4)
         title = {"cost": "allocation cost", "hints": "hint precision",

@@ -33,6 +33,8 @@ def register(sub) -> None:
                    help="where cases run: local worker processes (default), a Dask LocalCluster of --jobs "
                         "workers (dask), or the Dask scheduler at ADDRESS (dask=tcp://host:8786; the workers "
                         "must share the output folder's file system); needs the dask extra")
+    p.add_argument("--connect-timeout", type=float, default=5.0, metavar="SECONDS",
+                   help="with dask=ADDRESS: give up on an unreachable scheduler after this long (default 5)")
     p.set_defaults(func=_run)
 
     p = sub.add_parser("verify", help="validate run records (schema, hashes, consistency)")
@@ -77,7 +79,8 @@ def _run(args: argparse.Namespace) -> int:
     print(f"{m['manifest']}: {len(cases)} cases -> {out}", file=sys.stderr)
     try:
         summary = run_cases(cases, out, jobs=args.jobs, trace_dir=args.trace_cache, resume=args.resume,
-                            progress=not args.no_progress, executor=args.executor)
+                            progress=not args.no_progress, executor=args.executor,
+                            connect_timeout=args.connect_timeout)
     except RecordExistsError as e:
         raise FileExistsError(str(e)) from None
     print(summary.line())

