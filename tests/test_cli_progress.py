@@ -1,5 +1,5 @@
-"""Progress bars (issue 27, item 2's last sentence): a terminal gets a tqdm bar for ``put``, ``get``
-and ``crashtest``; piped output and ``--json`` stay quiet (no bar, no carriage returns)."""
+"""Progress bars (issue 27, item 2's last sentence): a terminal gets a tqdm bar for ``put``, ``get``,
+``fsck`` and ``crashtest``; piped output and ``--json`` stay quiet (no bar, no carriage returns)."""
 
 from __future__ import annotations
 
@@ -48,6 +48,10 @@ def test_a_terminal_gets_a_bar_for_put_and_get(tmp_path):
     assert code == 0
     assert "get model.bin" in tty and "%|" in tty
     assert (tmp_path / "out" / "model.bin").read_bytes() == f.read_bytes()
+    code, tty = on_pty(retainz("fsck", path))
+    assert code == 0 and "fsck" in tty and "%|" in tty
+    code, tty = on_pty(retainz("fsck", path, "--json"))
+    assert code == 0 and tty == ""
 
 
 def test_piped_output_stays_quiet(tmp_path):
@@ -57,6 +61,8 @@ def test_piped_output_stays_quiet(tmp_path):
     out = tmp_path / "out"
     p = subprocess.run(retainz("get", path, "g", "-o", out), env=ENV, capture_output=True, text=True)
     assert p.returncode == 0 and p.stderr == f"{out / 'model.bin'}: 3145728 bytes, crc32c verified\n"
+    p = subprocess.run(retainz("fsck", path), env=ENV, capture_output=True, text=True)
+    assert p.returncode == 0 and p.stderr == "" and p.stdout.endswith("clean\n")
 
 
 def test_crashtest_bar_on_a_terminal_and_none_with_json():

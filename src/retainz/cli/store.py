@@ -291,7 +291,9 @@ def _fsck(args) -> int:
 
     try:
         with _Session(args.device, readonly=True) as store:
-            rep = store.fsck()
+            total = sum(g.size for g in store.generations())
+            with progress.bar(total, "fsck", args) as bar:
+                rep = store.fsck(progress=bar.update)
     except (CorruptDeviceError, CorruptJournalError) as e:
         if not args.json:
             raise

@@ -705,12 +705,13 @@ class Store:
         """The verified extent holding data byte ``pos`` (:meth:`Reader.read_shard_extent`)."""
         return self.reader.read_shard_extent(gen_id, name, pos)
 
-    def fsck(self) -> FsckReport:
-        """Check the whole store (:func:`~retainz.store.check.fsck`); nothing is written."""
+    def fsck(self, *, progress=None) -> FsckReport:
+        """Check the whole store (:func:`~retainz.store.check.fsck`); nothing is written.
+        ``progress``: called with the data bytes of each extent as it is checked."""
         with self.lock:
             self.check_open()
             return check.fsck(self.device, self.catalog, self.zones, self.recompute_table(),
-                              self.recovery.repairs)
+                              self.recovery.repairs, progress=progress)
 
     def df(self) -> SpaceReport:
         """Space report, like ``zenfs df`` (:func:`~retainz.store.check.space`), with what admission
