@@ -54,6 +54,18 @@ def test_a_terminal_gets_a_bar_for_put_and_get(tmp_path):
     assert code == 0 and tty == ""
 
 
+def test_gc_bar_on_a_terminal_and_none_with_json(tmp_path):
+    path, f = store(tmp_path)
+    for i in range(3):
+        assert main(["put", str(path), f"g{i}", str(f), "--step", str(i)]) == 0
+    assert main(["rm", str(path), "g0"]) == 0
+    code, tty = on_pty(retainz("gc", path, "--force", "--json"))
+    assert code == 0 and tty == ""
+    assert main(["rm", str(path), "g1"]) == 0
+    code, tty = on_pty(retainz("gc", path, "--force"))
+    assert code == 0 and "gc" in tty and "zone" in tty and "\r" in tty
+
+
 def test_piped_output_stays_quiet(tmp_path):
     path, f = store(tmp_path)
     p = subprocess.run(retainz("put", path, "g", f, "--step", 1), env=ENV, capture_output=True, text=True)

@@ -274,8 +274,8 @@ def _rm(args) -> int:
 
 
 def _gc(args) -> int:
-    with _Session(args.device) as store:
-        rep = store.gc(force=args.force)
+    with _Session(args.device) as store, progress.bar(None, "gc", args, unit="zone") as bar:
+        rep = store.gc(force=args.force, progress=progress.callback(bar))
     if args.json:
         print_json(rep.to_dict(), indent=2)
     else:

@@ -677,16 +677,17 @@ class Store:
         return self.zones.stop_state()
 
     # -- GC, reads, checks -------------------------------------------------------------------------------
-    def gc(self, *, force: bool = False) -> GCReport:
+    def gc(self, *, force: bool = False, progress=None) -> GCReport:
         """Run one pass of copying GC (:meth:`Collector.collect`).
 
         Args:
             force: ask the policy for victims as if every data zone had to be empty, not only when
                 fewer than ``gc_reserve_zones`` zones are empty.
+            progress: called with (victim zones done, victim zones) as the pass goes (a progress bar).
         """
         with self.lock:
             self._check_writable()
-            return self.collector.collect(force=force)
+            return self.collector.collect(force=force, progress=progress)
 
     def _busy_zones(self) -> set[int]:
         """Zones holding data of generations being written (GC leaves them alone)."""
