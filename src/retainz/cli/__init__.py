@@ -6,7 +6,9 @@ returns the exit status.  Add a module to :data:`COMMAND_MODULES` to add command
 
 Exit status: 0 success; 1 the operation failed (a device or store error, a failed check);
 2 bad usage or bad input (unknown option, missing device file, malformed value, a file that is not what
-the command takes), with one line on stderr.
+the command takes), with one line on stderr; 130 / 143 interrupted by SIGINT / SIGTERM (one line;
+:mod:`retainz.cli.interrupt` says what an interrupt leaves); 141 standard output closed by its reader.
+The full list is docs/cli.md's.
 
 ``--json`` output is strict JSON (RFC 8259: no ``Infinity`` or ``NaN``, which strict parsers refuse): a step that is infinite (a permanent generation's ``reclaim_step``) is the
 string ``"inf"``, as in the trace format (docs/trace-format.md); a float that is not a number is
@@ -20,6 +22,7 @@ import importlib
 import json
 import math
 import os
+import signal
 import sys
 
 from retainz import __version__
@@ -42,13 +45,42 @@ COMMAND_MODULES = [
 
 
 def size_arg(text: str) -> int:
-    """argparse type for byte sizes with units (``64MiB``); the error names the problem."""
+    """argparse type for byte sizes with units (``64MiB``, ``64M``, ``64MB``), read by
+    :func:`retainz.zoned.model.parse_size`, the project's one size parser (units exactly as written;
+    docs/cli.md, "Sizes"); the error names the value and the problem.
+
+    Raises:
+        argparse.ArgumentTypeError: a malformed or ambiguous size (``64mb``), one line."""
     from retainz.zoned.model import parse_size
 
     try:
         return parse_size(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def check_blocks(flag: str, value: int | None, block_size: int) -> None:
+    """Refuse a size flag's value that is not a whole number of blocks.
+
+    Raises:
+        ValueError: one line naming the flag, the value and the block size (exit status 2)."""
+    if value and value % block_size:
+        from retainz.zoned.model import format_sizes
+
+        raise ValueError(f"{flag} {format_sizes(value)} is not a multiple of the block size ({block_size} B); "
+                         f"round it to {value // block_size * block_size:,} or {(value // block_size + 1) * block_size:,} B")
+
+
+def geometry_lines(g) -> list[str]:
+    """The geometry a device was created or formatted with, for people: zones, zone size and capacity,
+    block size, limits, and the totals, each size in IEC and SI units and in bytes (:func:`format_sizes`)."""
+    from retainz.zoned.model import format_sizes
+
+    lim = lambda n: "no limit" if n == 0 else str(n)  # noqa: E731
+    return [f"    zones: {g.nr_zones:,} of {format_sizes(g.zone_size)}",
+            f"    zone capacity: {format_sizes(g.zone_capacity)} writable per zone",
+            f"    block size: {g.block_size} B; max open zones {lim(g.max_open)}, max active {lim(g.max_active)}",
+            f"    total: {format_sizes(g.size)} ({format_sizes(g.capacity)} writable)"]
 
 
 def int_arg(low: int = 0, high: int | None = None, *, too_low: str = "", too_high: str = ""):
@@ -142,7 +174,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the ``retainz`` command; returns the exit status."""
+    """Run the ``retainz`` command; returns the exit status (the module docstring's convention).
+
+    SIGINT and SIGTERM are handled as :mod:`retainz.cli.interrupt` says while it runs.  Run as the
+    command (``argv`` None) it leaves them ignored on return, so a signal between the return and the
+    process exit cannot raise; called with ``argv`` (tests, embedding) it restores the caller's handlers."""
+    from retainz.cli import interrupt
+
+    previous = interrupt.install()
     try:
         args = build_parser().parse_args(argv)
         return int(args.func(args) or 0)
@@ -163,9 +202,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"retainz: error: {what}: the request is too large for this machine; use smaller values",
               file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("retainz: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        interrupt.ignore()        # a second signal while reporting the first: no traceback
+        signum = getattr(e, "signum", signal.SIGINT)
+        print(interrupt.message(signum), file=sys.stderr)
+        return interrupt.exit_status(signum)
+    finally:
+        if argv is None:
+            interrupt.ignore()    # the command is over: a signal now must not raise past main()
+        else:
+            interrupt.restore(previous)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from retainz.cli import plural, print_json
+from retainz.cli import plural, print_json, progress
 from retainz.zoned import format_size, open_device
 
 
@@ -36,7 +36,8 @@ def _black_box(args) -> int:
         raise ValueError(f"--black-box must be a positive number of rounds, not {args.black_box}")
     if os.path.exists(args.device) and not os.path.isdir(args.device):
         raise ValueError(f"{args.device} is not a directory; --black-box needs a scratch directory")
-    rep = run(args.device, args.black_box, seed=args.seed)
+    with progress.bar(args.black_box, "black box", args, unit="round") as bar:
+        rep = run(args.device, args.black_box, seed=args.seed, progress=progress.callback(bar))
     if args.json:
         print_json({"black_box": True, "seed": args.seed, "points": rep.iterations,
                     "commits_acknowledged": rep.commits_acknowledged, "in_flight_present": rep.in_flight_present,
@@ -95,7 +96,9 @@ def _campaigns(args, names: list[str], geometry, make) -> int:
     failed = False
     for n in names:
         points = list(range(1, args.max_points + 1)) if args.max_points else None
-        rep = campaign(n, args.seed, geometry=geometry, points=points, make_device=make)
+        with progress.bar(None, f"crashtest {n}", args, unit="point") as bar:
+            rep = campaign(n, args.seed, geometry=geometry, points=points, make_device=make,
+                           progress=progress.callback(bar))
         failed |= not rep.ok
         results.append(rep)
         if not args.json:

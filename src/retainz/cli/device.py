@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from retainz.cli import count_arg, print_json, size_arg
+from retainz.cli import check_blocks, count_arg, geometry_lines, print_json, size_arg
 from retainz.zoned import FileDevice, Geometry, ZoneCond, ZoneOp, format_size, open_device
 
 
@@ -20,9 +20,10 @@ def register(sub) -> None:
     create = dsub.add_parser("create", help="create a file-backed zoned device (sparse file)")
     create.add_argument("path")
     create.add_argument("--zones", type=int, required=True, help="number of zones")
-    create.add_argument("--zone-size", type=size_arg, required=True, help="zone size, e.g. 64MiB")
+    create.add_argument("--zone-size", type=size_arg, required=True,
+                        help="zone size, e.g. 64MiB (= 64M; 64MB is 64,000,000 B), a multiple of the block size")
     create.add_argument("--zone-capacity", type=size_arg,
-                        help="writable bytes per zone (default, or 0: the zone size)")
+                        help="writable bytes per zone, a multiple of the block size (default, or 0: the zone size)")
     create.add_argument("--block-size", type=int, default=4096, choices=(512, 4096))
     create.add_argument("--max-open", type=int, default=14, help="max open zones (0 = unlimited)")
     create.add_argument("--max-active", type=int, default=14, help="max active zones (0 = unlimited)")
@@ -55,12 +56,16 @@ def register(sub) -> None:
 
 
 def _create(args: argparse.Namespace) -> int:
+    check_blocks("--zone-size", args.zone_size, args.block_size)
+    check_blocks("--zone-capacity", args.zone_capacity, args.block_size)
     geometry = Geometry(nr_zones=args.zones, zone_size=args.zone_size,
                         zone_capacity=args.zone_capacity or args.zone_size, block_size=args.block_size,
                         max_open=args.max_open, max_active=args.max_active)
     with FileDevice.create(args.path, geometry, force=args.force) as dev:
         print(f"created {args.path}: {geometry.nr_zones} zones of {format_size(geometry.zone_size)} "
               f"(capacity {format_size(geometry.zone_capacity)}), uuid {dev.uuid}")
+        for line in geometry_lines(geometry):
+            print(line)
     return 0
 
 

@@ -10,11 +10,11 @@ import contextlib
 import os
 import sys
 
-from retainz.cli import plural, print_json
+from retainz.cli import geometry_lines, interrupt, plural, print_json, progress
 from retainz.errors import DeviceBusyError, StoreLockedError
 from retainz.hint import Hint
 from retainz.placement.base import PERMANENT
-from retainz.zoned import format_size, open_device
+from retainz.zoned import format_size, format_sizes, open_device
 
 
 def register(sub) -> None:
@@ -103,27 +103,43 @@ def _open(spec: str, readonly: bool = False):
 
 class _Session:
     """A store open for one command; ``readonly`` (ls, get, df, fsck) writes nothing to the device:
-    no recovery repair, no journal record (``Store.open(readonly=True)``)."""
+    no recovery repair, no journal record (``Store.open(readonly=True)``).  A read-write session
+    holds SIGINT/SIGTERM from the open to the close (:func:`retainz.cli.interrupt.deferred`): the
+    command sees them at its safe points (``put``: between input chunks) or after the close."""
 
     def __init__(self, spec: str, readonly: bool = False):
         self.spec = spec
         self.readonly = readonly
+        self._held = contextlib.ExitStack()
 
     def __enter__(self):
-        self.store, self.dev = _open(self.spec, self.readonly)
+        if not self.readonly:
+            self._held.enter_context(interrupt.deferred())
+        try:
+            self.store, self.dev = _open(self.spec, self.readonly)
+        except BaseException:
+            self._held.close()
+            raise
         return self.store
 
     def __exit__(self, *exc):
-        try:
-            self.store.close()
-        finally:
-            self.dev.close()
+        with self._held:
+            try:
+                self.store.close()
+            finally:
+                self.dev.close()
 
 
 def _mkfs(args) -> int:
-    from retainz.store import Store
 
     _persistent(args.device)
+    with interrupt.deferred():
+        return _format(args)
+
+
+def _format(args) -> int:
+    from retainz.store import Store
+
     dev = open_device(args.device)
     try:
         store = Store.format(dev, meta_zones=args.meta_zones, policy=args.policy,
@@ -131,6 +147,9 @@ def _mkfs(args) -> int:
         g = dev.geometry
         print(f"{args.device}: RetainZ store {store.uuid}: {g.nr_zones - store.meta_zones} data zones of "
               f"{format_size(g.zone_capacity)}, {store.meta_zones} meta zones, policy {store.policy}")
+        for line in geometry_lines(g):
+            print(line)
+        print(f"    data: {format_sizes((g.nr_zones - store.meta_zones) * g.zone_capacity)} writable in data zones")
         store.close()
     finally:
         dev.close()
@@ -167,9 +186,17 @@ def _reclaim_text(hint) -> str:
     return f"{text} ({hint.condition})" if hint.condition else text
 
 
-def _chunks(path: str, size: int = 1 << 20):
+def _chunks(path: str, size: int = 1 << 20, bar=None):
+    """The file's bytes, ``size`` at a time; each chunk boundary is an interrupt safe point;
+    ``bar`` (a progress bar) counts them."""
     with open(path, "rb") as f:
-        while chunk := f.read(size):
+        while True:
+            interrupt.checkpoint()
+            chunk = f.read(size)
+            if not chunk:
+                return
+            if bar is not None:
+                bar.update(len(chunk))
             yield chunk
 
 
@@ -190,8 +217,9 @@ def _put(args) -> int:
         w = store.begin_generation(args.generation, args.step, declared_size=declared, replace=args.replace,
                                    hint=Hint(reclaim_step=rs))
         try:
-            for path, name in zip(args.files, names, strict=True):
-                w.write_shard(name, _chunks(path), size=os.path.getsize(path))
+            with progress.bar(declared, f"put {args.generation}") as bar:
+                for path, name in zip(args.files, names, strict=True):
+                    w.write_shard(name, _chunks(path, bar=bar), size=os.path.getsize(path))
             gen = w.commit()
         except BaseException:
             w.abort()
@@ -221,13 +249,15 @@ def _get(args) -> int:
             dest = os.path.join(args.out, name)
             tmp = dest + ".part"
             try:
-                with open(tmp, "wb") as f:
+                with open(tmp, "wb") as f, progress.bar(gen.shards[name].size, f"get {name}") as bar:
                     for chunk in store.read_shard(gen.id, name):
                         f.write(chunk)
-                os.replace(tmp, dest)
+                        bar.update(len(chunk))
+                with interrupt.deferred():
+                    os.replace(tmp, dest)
             except BaseException:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)  # never leave a partial file behind (a checksum failure, a refused rename)
+                with interrupt.deferred(), contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)  # never leave a partial file behind (a checksum failure, a refused rename, a signal)
                 raise
             print(f"{dest}: {plural(gen.shards[name].size, 'byte')}, crc32c verified", file=sys.stderr)
     return 0
@@ -244,8 +274,8 @@ def _rm(args) -> int:
 
 
 def _gc(args) -> int:
-    with _Session(args.device) as store:
-        rep = store.gc(force=args.force)
+    with _Session(args.device) as store, progress.bar(None, "gc", args, unit="zone") as bar:
+        rep = store.gc(force=args.force, progress=progress.callback(bar))
     if args.json:
         print_json(rep.to_dict(), indent=2)
     else:
@@ -261,7 +291,9 @@ def _fsck(args) -> int:
 
     try:
         with _Session(args.device, readonly=True) as store:
-            rep = store.fsck()
+            total = sum(g.size for g in store.generations())
+            with progress.bar(total, "fsck", args) as bar:
+                rep = store.fsck(progress=bar.update)
     except (CorruptDeviceError, CorruptJournalError) as e:
         if not args.json:
             raise

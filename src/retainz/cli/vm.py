@@ -20,8 +20,7 @@ import signal
 import sys
 import time
 
-from retainz.cli import int_arg, seconds_arg
-from retainz.zoned.model import parse_size
+from retainz.cli import int_arg, seconds_arg, size_arg
 
 
 def register(sub) -> None:
@@ -35,8 +34,10 @@ def register(sub) -> None:
     run.add_argument("--no-nvme", action="store_true", help="no NVMe ZNS namespace")
     run.add_argument("--no-nullblk", action="store_true", help="no null_blk zoned device (/dev/nullb0)")
     run.add_argument("--nullblk-zones", type=int, default=16)
-    run.add_argument("--nullblk-zone-size-mb", type=int, default=2)
-    run.add_argument("--nullblk-zone-capacity-mb", type=int, default=1)
+    run.add_argument("--nullblk-zone-size", type=size_arg, default=2 << 20,
+                     help="null_blk zone size, whole MiB (null_blk's unit; default 2MiB)")
+    run.add_argument("--nullblk-zone-capacity", type=size_arg, default=1 << 20,
+                     help="null_blk zone capacity, whole MiB (default 1MiB)")
     run.add_argument("--out", default="out/vm", help="output folder shared read-write (default out/vm)")
     run.add_argument("--timeout", type=float, default=600.0, help="kill a hung guest after this many s")
     run.add_argument("--memory", type=int, default=512, help="guest RAM in MiB")
@@ -65,12 +66,22 @@ ram_mb_arg = int_arg(128, too_low="{v} MiB is too little for the guest (at least
 
 def _namespace_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--zones", type=int, default=16, help="NVMe ZNS zones (default 16)")
-    p.add_argument("--zone-size", type=parse_size, default=1 << 20, help="zone size, a power of two (default 1MiB)")
-    p.add_argument("--zone-capacity", type=parse_size, default=768 << 10,
+    p.add_argument("--zone-size", type=size_arg, default=1 << 20, help="zone size, a power of two (default 1MiB)")
+    p.add_argument("--zone-capacity", type=size_arg, default=768 << 10,
                    help="writable bytes per zone (default 768KiB)")
     p.add_argument("--max-open", type=int, default=3, help="max open zones (default 3; 0 = unlimited)")
     p.add_argument("--max-active", type=int, default=4, help="max active zones (default 4; 0 = unlimited)")
     p.add_argument("--block-size", type=int, default=4096, choices=(512, 4096))
+
+
+def _whole_mib(flag: str, value: int) -> int:
+    """``value`` bytes in MiB, null_blk's unit for zone sizes.
+
+    Raises:
+        ValueError: not a positive whole number of MiB (one line naming the flag and value)."""
+    if value <= 0 or value % (1 << 20):
+        raise ValueError(f"{flag} {value:,} B is not a positive whole number of MiB (null_blk sizes zones in MiB)")
+    return value >> 20
 
 
 def _zns(args: argparse.Namespace):
@@ -103,8 +114,8 @@ def _run(args: argparse.Namespace) -> int:
         env[key] = value
     zns = None if args.no_nvme else _zns(args)
     nullblk = None if args.no_nullblk else NullBlkConfig(
-        zones=args.nullblk_zones, zone_size_mb=args.nullblk_zone_size_mb,
-        zone_capacity_mb=args.nullblk_zone_capacity_mb, max_open=args.max_open,
+        zones=args.nullblk_zones, zone_size_mb=_whole_mib("--nullblk-zone-size", args.nullblk_zone_size),
+        zone_capacity_mb=_whole_mib("--nullblk-zone-capacity", args.nullblk_zone_capacity), max_open=args.max_open,
         max_active=args.max_active, block_size=args.block_size)
     cfg = GuestConfig(zns=zns, nullblk=nullblk, memory_mb=args.memory, cpus=args.cpus,
                       timeout=args.timeout, env=env, scheduler=args.scheduler)

@@ -19,7 +19,7 @@ __all__ = ["fsck", "space", "recompute_table"]
 
 
 def fsck(device: ZonedDevice, catalog: Catalog, zones: ZoneBook, fresh: ZoneTable,
-         repairs: list[str]) -> FsckReport:
+         repairs: list[str], progress=None) -> FsckReport:
     """Check the whole store; never raises for what it finds (it lists it).
 
     Checks: every extent lies in a data zone below the zone's written bytes and below the
@@ -31,6 +31,7 @@ def fsck(device: ZonedDevice, catalog: Catalog, zones: ZoneBook, fresh: ZoneTabl
 
     Args:
         fresh: :func:`recompute_table` of the store (the cached summaries must equal it).
+        progress: called with the data bytes of each extent once it is checked (a progress bar).
     """
     rep = FsckReport(repairs=list(repairs), notes=list(device.notes))
     bs, zsize = zones.block_size, zones.zone_size
@@ -48,6 +49,8 @@ def fsck(device: ZonedDevice, catalog: Catalog, zones: ZoneBook, fresh: ZoneTabl
             verifiable = shard.crc is not None
             for z, off, length, ecrc in shard.extents:
                 rep.extents += 1
+                if progress is not None:
+                    progress(length)
                 n = round_up(length, bs)
                 s = zones.table.zones.get(z)
                 if s is None:

@@ -75,7 +75,7 @@ class Collector:
         self.running = False
         self.inflight: list = []
 
-    def collect(self, *, force: bool) -> GCReport:
+    def collect(self, *, force: bool, progress=None) -> GCReport:
         """One GC pass over the policy's victims.
 
         Victims always come from the policy's rule (``Allocator.gc_victims``).  Unforced, it is
@@ -113,7 +113,9 @@ class Collector:
         self.inflight = copy_ext
         done: list[int] = []
         try:
-            for v in victims:
+            for i, v in enumerate(victims):
+                if progress is not None:
+                    progress(i, len(victims))
                 s = t.zones.get(v)
                 if s is None or s.cond != ZoneCond.FULL or v in busy or s.written == 0:
                     rep.skipped.append(v)

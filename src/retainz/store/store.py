@@ -677,16 +677,17 @@ class Store:
         return self.zones.stop_state()
 
     # -- GC, reads, checks -------------------------------------------------------------------------------
-    def gc(self, *, force: bool = False) -> GCReport:
+    def gc(self, *, force: bool = False, progress=None) -> GCReport:
         """Run one pass of copying GC (:meth:`Collector.collect`).
 
         Args:
             force: ask the policy for victims as if every data zone had to be empty, not only when
                 fewer than ``gc_reserve_zones`` zones are empty.
+            progress: called with (victim zones done, victim zones) as the pass goes (a progress bar).
         """
         with self.lock:
             self._check_writable()
-            return self.collector.collect(force=force)
+            return self.collector.collect(force=force, progress=progress)
 
     def _busy_zones(self) -> set[int]:
         """Zones holding data of generations being written (GC leaves them alone)."""
@@ -705,12 +706,13 @@ class Store:
         """The verified extent holding data byte ``pos`` (:meth:`Reader.read_shard_extent`)."""
         return self.reader.read_shard_extent(gen_id, name, pos)
 
-    def fsck(self) -> FsckReport:
-        """Check the whole store (:func:`~retainz.store.check.fsck`); nothing is written."""
+    def fsck(self, *, progress=None) -> FsckReport:
+        """Check the whole store (:func:`~retainz.store.check.fsck`); nothing is written.
+        ``progress``: called with the data bytes of each extent as it is checked."""
         with self.lock:
             self.check_open()
             return check.fsck(self.device, self.catalog, self.zones, self.recompute_table(),
-                              self.recovery.repairs)
+                              self.recovery.repairs, progress=progress)
 
     def df(self) -> SpaceReport:
         """Space report, like ``zenfs df`` (:func:`~retainz.store.check.space`), with what admission

@@ -14,11 +14,20 @@ from retainz.zoned.device import WriteData, ZonedDevice, ZoneOp
 from retainz.zoned.emulated import EmulatedZonedDevice
 from retainz.zoned.file import FileDevice
 from retainz.zoned.memory import MemoryDevice
-from retainz.zoned.model import DeviceInfo, Geometry, Zone, ZoneCond, ZoneType, format_size, parse_size
+from retainz.zoned.model import (
+    DeviceInfo,
+    Geometry,
+    Zone,
+    ZoneCond,
+    ZoneType,
+    format_size,
+    format_sizes,
+    parse_size,
+)
 from retainz.zoned.spec import open_device, parse_geometry
 
 __all__ = [
     "DeviceInfo", "EmulatedZonedDevice", "FileDevice", "Geometry",
     "MemoryDevice", "WriteData", "Zone", "ZoneCond", "ZoneOp", "ZoneType", "ZonedDevice",
-    "format_size", "open_device", "parse_geometry", "parse_size",
+    "format_size", "format_sizes", "open_device", "parse_geometry", "parse_size",
 ]

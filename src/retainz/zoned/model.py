@@ -20,6 +20,8 @@ __all__ = [
     "Geometry",
     "DeviceInfo",
     "parse_size",
+    "format_sizes",
+    "SIZE_UNITS",
     "format_size",
 ]
 
@@ -242,10 +244,16 @@ class DeviceInfo:
         }
 
 
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20,
-          "g": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tib": 1 << 40,
-          "kb": 1000, "mb": 1000 ** 2, "gb": 1000 ** 3, "tb": 1000 ** 4}
-_SIZE_RE = re.compile(r"^\s*(\d+)\s*([a-zA-Z]*)\s*$")
+#: The size units :func:`parse_size` accepts, exactly as written (case matters): GNU coreutils'
+#: (``truncate -s``, ``dd``) and util-linux's convention.  K, M, G, T, P and KiB...PiB are powers of
+#: 1024 (IEC 80000-13 binary prefixes; the single letters as coreutils and QEMU read them); KB...PB and
+#: ``kB`` are powers of 1000 (SI); ``B`` is one byte.
+SIZE_UNITS = {"": 1, "B": 1,
+              "K": 1 << 10, "KiB": 1 << 10, "M": 1 << 20, "MiB": 1 << 20, "G": 1 << 30, "GiB": 1 << 30,
+              "T": 1 << 40, "TiB": 1 << 40, "P": 1 << 50, "PiB": 1 << 50,
+              "kB": 1000, "KB": 1000, "MB": 1000 ** 2, "GB": 1000 ** 3, "TB": 1000 ** 4, "PB": 1000 ** 5}
+_SIZE_RE = re.compile(r"([0-9]+) ?([A-Za-z]*)", re.ASCII)
+_UNIT_LIST = "B, K/KiB, M/MiB, G/GiB, T/TiB, P/PiB (x1024) or kB/KB, MB, GB, TB, PB (x1000)"
 
 
 def round_up(n: int, to: int) -> int:
@@ -253,22 +261,109 @@ def round_up(n: int, to: int) -> int:
     return -(-n // to) * to
 
 
-def parse_size(text: str | int) -> int:
-    """Parse ``"64MiB"``, ``"64M"``, ``"4096"`` or ``"1GB"`` into bytes.
+def parse_size(text: str | int, *, multiple_of: int | None = None, what: str = "size") -> int:
+    """Parse a byte size, ``"64MiB"``, ``"64M"``, ``"64MB"``, ``"4096"``, into bytes: the one size
+    parser of the project (command-line flags, ``mem:`` device specs, manifests, environment knobs).
 
-    Binary units (K, M, G, T, KiB...) are powers of 1024; KB, MB, GB, TB are powers of 1000
-    (as QEMU's ``zoned.zone_size=64M`` means 64 MiB).
+    The unit is read exactly as written (:data:`SIZE_UNITS`): ``64MiB`` and ``64M`` are 67,108,864
+    bytes, ``64MB`` is 64,000,000 bytes, and a unit that matches one only when case is ignored
+    (``64mb``, ``64mib``, ``64Mb``: megabits?) is refused as ambiguous rather than guessed.  A whole
+    number of units, optionally one space before the unit; no sign, no fraction, no surrounding space.
+
+    Args:
+        text: the size as written, or an ``int`` (bytes, taken as is once checked).
+        multiple_of: refuse a value that is not a multiple of this (a block size).
+        what: how the error names the value (``"--zone-size"``).
 
     Raises:
-        ValueError: an unparseable size or unknown unit (the message lists the units).
+        ValueError: one line naming ``text`` and the rule it breaks: malformed, an unknown or
+            ambiguous unit, negative, or not a multiple of ``multiple_of``.  (No upper bound here: the
+            consumer bounds it, e.g. :class:`Geometry` at the largest device, 2^63 - 1 bytes.)
     """
+    if isinstance(text, bool) or not isinstance(text, int | str):
+        raise ValueError(f"bad {what} {text!r}: expected a number of bytes or a string like 64MiB")
     if isinstance(text, int):
-        return text
-    m = _SIZE_RE.match(text)
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"bad size {text!r}: expected an integer with an optional unit "
-                         "(K, M, G, T, KiB, MiB, GiB, TiB, KB, MB, GB, TB)")
-    return int(m.group(1)) * _UNITS[m.group(2).lower()]
+        value = text
+        if value < 0:
+            raise ValueError(f"bad {what} {text}: a size cannot be negative")
+    else:
+        m = _SIZE_RE.fullmatch(text)
+        if m is None:
+            raise ValueError(f"bad {what} {text!r}: " + _malformed(text))
+        number, unit = m.groups()
+        if unit not in SIZE_UNITS:
+            meant = _meant(unit)
+            if meant:
+                choices = " or ".join(f"{number}{u} ({int(number) * SIZE_UNITS[u]:,} B)" for u in meant)
+                raise ValueError(f"bad {what} {text!r}: unit {unit!r} is ambiguous (units are case-sensitive): "
+                                 f"write {choices}")
+            raise ValueError(f"bad {what} {text!r}: unknown unit {unit!r}; valid: {_UNIT_LIST}")
+        value = int(number) * SIZE_UNITS[unit]
+    if multiple_of and value % multiple_of:
+        raise ValueError(f"bad {what} {text!r}: {value:,} bytes is not a multiple of the {multiple_of}-byte "
+                         "block size")
+    return value
+
+
+def _meant(unit: str) -> list[str]:
+    """The units a refused ``unit`` could mean when case is ignored: ``mb``, ``Mb``, ``mib``, ``m`` ->
+    ``MiB`` and ``MB`` (binary or decimal: the writer must say which); ``b`` -> ``B``; else none."""
+    u = unit.lower()
+    if u == "b":
+        return ["B"]
+    if len(u) in (1, 2, 3) and u[0] in "kmgtp" and u[1:] in ("", "b", "ib"):
+        p = u[0].upper()
+        return [f"{p}iB", "kB" if p == "K" else f"{p}B"]
+    return []
+
+
+def _whole(number: str, unit: str) -> str:
+    """For ``1.5`` ``GiB``: ``"; write 1536MiB"`` (the same bytes in a smaller unit of the same
+    system), or ``""`` when none is whole."""
+    from fractions import Fraction
+
+    if unit not in SIZE_UNITS:
+        return ""
+    n = Fraction(number) * SIZE_UNITS[unit]
+    if n.denominator != 1:
+        return ""
+    base = 1000 if SIZE_UNITS[unit] % 1000 == 0 else 1024
+    for u, scale in sorted(SIZE_UNITS.items(), key=lambda kv: -kv[1]):
+        if scale < SIZE_UNITS[unit] and (scale == 1 or scale % base == 0) and n % scale == 0 and u and \
+                (len(u) != 1 or u == "B"):
+            return f"; write {int(n // scale)}{u if u else ''}"
+    return ""
+
+
+def _malformed(text: str) -> str:
+    t = text.strip()
+    if t != text:
+        return "remove the surrounding spaces"
+    if t.startswith("-"):
+        return "a size cannot be negative"
+    m = re.fullmatch(r"([0-9]*[.,][0-9]+) ?([A-Za-z]*)", t, re.ASCII)
+    if m:
+        return "a size is a whole number of units" + _whole(m.group(1).replace(",", "."), m.group(2))
+    if not t:
+        return "empty"
+    return f"expected an integer with an optional unit ({_UNIT_LIST})"
+
+
+def format_sizes(n: int) -> str:
+    """``n`` bytes in both unit systems and exactly: ``"64 MiB = 67.11 MB = 67,108,864 B"`` (one unit
+    system is left out when it has nothing to add: ``"512 B"``)."""
+    iec = format_size(n)
+    si = _format_si(n)
+    exact = f"{n:,} B"
+    return " = ".join(dict.fromkeys([iec, si, exact]))
+
+
+def _format_si(n: int) -> str:
+    for unit, scale in (("TB", 1000 ** 4), ("GB", 1000 ** 3), ("MB", 1000 ** 2), ("kB", 1000)):
+        if abs(n) >= scale:
+            v = n / scale
+            return f"{v:.0f} {unit}" if v == int(v) else f"{v:.2f} {unit}"
+    return f"{n} B"
 
 
 def format_size(n: int) -> str:

@@ -44,16 +44,26 @@ def parse_geometry(options: dict[str, str]) -> Geometry:
                                 + ", ".join(GEOMETRY_KEYS))
     opts = {**_DEFAULTS, **options}
     values = {}
-    for key in GEOMETRY_KEYS:
+    for key in ("block_size", *(k for k in GEOMETRY_KEYS if k != "block_size")):
         raw = opts[key]
-        try:
-            if key in ("zones", "max_open", "max_active"):
+        if key in ("zones", "max_open", "max_active"):
+            try:
                 values[key] = int(raw)
-            else:
-                values[key] = parse_size(raw) if raw else None
-        except ValueError:
-            kind = "an integer" if key in ("zones", "max_open", "max_active") else "a size like 64MiB"
-            raise DeviceFormatError(f"bad geometry: {key}={raw!r} is not {kind}") from None
+            except ValueError:
+                raise DeviceFormatError(f"bad geometry: {key}={raw!r} is not an integer") from None
+            continue
+        if not raw:
+            values[key] = None
+            continue
+        try:   # sizes: the one parser, units exactly as written
+            values[key] = parse_size(raw, what=key)
+        except ValueError as e:
+            why = str(e).split(": ", 1)[-1]
+            raise DeviceFormatError(f"bad geometry: {key}={raw!r} is not a size: {why}") from None
+        block = values.get("block_size")
+        if key != "block_size" and block and values[key] % block:
+            raise DeviceFormatError(f"bad geometry: {key}={raw!r} ({values[key]:,} B) is not a multiple of the "
+                                    f"block size ({block} B)")
     zone_size = values["zone_size"]
     return Geometry(nr_zones=values["zones"], zone_size=zone_size,
                     zone_capacity=values["zone_capacity"] or zone_size, block_size=values["block_size"],

@@ -1,0 +1,85 @@
+"""Progress bars (issue 27, item 2's last sentence): a terminal gets a tqdm bar for ``put``, ``get``,
+``fsck`` and ``crashtest``; piped output and ``--json`` stay quiet (no bar, no carriage returns)."""
+
+from __future__ import annotations
+
+import os
+import pty
+import subprocess
+
+from interrupts import ENV, retainz
+from retainz.cli import main
+
+
+def on_pty(argv) -> tuple[int, str]:
+    """Run ``argv`` with stderr on a pseudo-terminal; returns (status, what the terminal received)."""
+    master, slave = pty.openpty()
+    p = subprocess.Popen(argv, env={**ENV, "COLUMNS": "100"}, stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=slave)
+    os.close(slave)
+    out = b""
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:       # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        out += data
+    os.close(master)
+    return p.wait(), out.decode(errors="replace")
+
+
+def store(tmp_path):
+    path = tmp_path / "d.img"
+    assert main(["device", "create", str(path), "--zones", "16", "--zone-size", "1MiB"]) == 0
+    assert main(["mkfs", str(path)]) == 0
+    f = tmp_path / "model.bin"
+    f.write_bytes(os.urandom(3 << 20))
+    return path, f
+
+
+def test_a_terminal_gets_a_bar_for_put_and_get(tmp_path):
+    path, f = store(tmp_path)
+    code, tty = on_pty(retainz("put", path, "g", f, "--step", 1))
+    assert code == 0
+    assert "put g" in tty and "%|" in tty and "\r" in tty
+    code, tty = on_pty(retainz("get", path, "g", "-o", tmp_path / "out"))
+    assert code == 0
+    assert "get model.bin" in tty and "%|" in tty
+    assert (tmp_path / "out" / "model.bin").read_bytes() == f.read_bytes()
+    code, tty = on_pty(retainz("fsck", path))
+    assert code == 0 and "fsck" in tty and "%|" in tty
+    code, tty = on_pty(retainz("fsck", path, "--json"))
+    assert code == 0 and tty == ""
+
+
+def test_gc_bar_on_a_terminal_and_none_with_json(tmp_path):
+    path, f = store(tmp_path)
+    for i in range(3):
+        assert main(["put", str(path), f"g{i}", str(f), "--step", str(i)]) == 0
+    assert main(["rm", str(path), "g0"]) == 0
+    code, tty = on_pty(retainz("gc", path, "--force", "--json"))
+    assert code == 0 and tty == ""
+    assert main(["rm", str(path), "g1"]) == 0
+    code, tty = on_pty(retainz("gc", path, "--force"))
+    assert code == 0 and "gc" in tty and "zone" in tty and "\r" in tty
+
+
+def test_piped_output_stays_quiet(tmp_path):
+    path, f = store(tmp_path)
+    p = subprocess.run(retainz("put", path, "g", f, "--step", 1), env=ENV, capture_output=True, text=True)
+    assert p.returncode == 0 and p.stderr == "" and p.stdout == "g: 1 shard, 3 MiB committed at step 1\n"
+    out = tmp_path / "out"
+    p = subprocess.run(retainz("get", path, "g", "-o", out), env=ENV, capture_output=True, text=True)
+    assert p.returncode == 0 and p.stderr == f"{out / 'model.bin'}: 3145728 bytes, crc32c verified\n"
+    p = subprocess.run(retainz("fsck", path), env=ENV, capture_output=True, text=True)
+    assert p.returncode == 0 and p.stderr == "" and p.stdout.endswith("clean\n")
+
+
+def test_crashtest_bar_on_a_terminal_and_none_with_json():
+    spec = "mem:zones=12,zone_size=64KiB,zone_capacity=48KiB,max_open=3,max_active=4"
+    code, tty = on_pty(retainz("crashtest", spec, "--workload", "basic", "--max-points", "5"))
+    assert code == 0 and "crashtest basic" in tty and "point" in tty
+    code, tty = on_pty(retainz("crashtest", spec, "--workload", "basic", "--max-points", "5", "--json"))
+    assert code == 0 and tty == ""
