@@ -15,7 +15,7 @@ import shutil
 
 import pytest
 
-from interrupts import SIGNALS, retainz, signal_after
+from tests.interrupts import SIGNALS, retainz, signal_after
 from retainz.cli import main
 from retainz.store import Store
 from retainz.zoned import FileDevice

@@ -7,7 +7,7 @@ import os
 import pty
 import subprocess
 
-from interrupts import ENV, retainz
+from tests.interrupts import ENV, retainz
 from retainz.cli import main
 
 

@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("torch", reason="needs the torch extra (make setup-torch)")
 
-from interrupts import ENV, ROOT, signal_after  # noqa: E402
+from tests.interrupts import ENV, ROOT, signal_after  # noqa: E402
 
 pytestmark = pytest.mark.dcp
 

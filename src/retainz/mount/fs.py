@@ -123,6 +123,12 @@ class _Pending:
     then: list = field(default_factory=list)                  # store work to run after its commit
 
 
+#: Readahead the mount asks for (bytes): whole extents, several in flight.
+READ_AHEAD = 8 << 20
+#: libfuse's ``FUSE_CAP_AUTO_INVAL_DATA`` (fuse_common.h).
+_FUSE_CAP_AUTO_INVAL_DATA = 1 << 12
+
+
 class _Handle:
     """An open file: a writer (buffer, then a streamed shard) or a reader."""
 
@@ -144,7 +150,7 @@ class _Handle:
         self.dirty = False             # written or truncated since it was opened or last committed
         self.writer_process = None     # the process of the last write (MountedStore.caller)
         self.done = threading.Event()  # set at release
-        self.window: tuple[int, bytes] | None = None
+        self.windows: dict[int, bytes] = {}    # verified extents read lately: first data byte -> bytes
 
     @property
     def streaming(self) -> bool:
@@ -182,6 +188,8 @@ class MountedStore:
         self._dlock = threading.Lock()
         self._fh = itertools.count(1)
         self.handles: dict[int, _Handle] = {}
+        self._served: dict[str, tuple[str, str]] = {}   # path -> (generation, shard) at its last read open
+        self._cached_writes: set[str] = set()   # new files written through the page cache, not yet committed
         self.gens: dict[str, _Gen] = {}
         self.by_path: dict[tuple[str, str], str] = {}
         self.files: dict[str, tuple[str, str]] = {}      # committed file path -> (gid, shard)
@@ -435,11 +443,18 @@ class MountedStore:
 
     # -- FUSE: metadata ----------------------------------------------------------------------------
     def init_with_config(self, conn_info, config_3) -> None:
-        """Large requests: ask the kernel for 1 MiB writes and 1 MiB readahead (one store extent)."""
+        """Large requests: ask the kernel for 1 MiB writes (one store extent) and up to
+        :data:`READ_AHEAD` of readahead (the runner raises the mount's bdi ``read_ahead_kb`` to it; the
+        kernel's default, 128 KiB, would cut every read into 128 KiB requests)."""
         if conn_info is not None and hasattr(conn_info, "max_write"):
             conn_info.max_write = 1 << 20
         if conn_info is not None and hasattr(conn_info, "max_readahead"):
-            conn_info.max_readahead = 1 << 20
+            conn_info.max_readahead = READ_AHEAD
+        # No FUSE_CAP_AUTO_INVAL_DATA: the kernel would drop a file's cached pages whenever its mtime moved
+        # (a commit stamps one).  The page cache is managed at open instead (keep_cache, direct_io).
+        for name in ("want", "want_ext"):
+            if conn_info is not None and hasattr(conn_info, name):
+                setattr(conn_info, name, getattr(conn_info, name) & ~_FUSE_CAP_AUTO_INVAL_DATA)
         if config_3 is not None:
             for name in ("hard_remove", "use_ino"):
                 if hasattr(config_3, name):
@@ -526,6 +541,20 @@ class MountedStore:
             return self._open_read(p)
         return self._open_write(p, truncate=bool(flags & os.O_TRUNC))
 
+    def keep_cache(self, fh: int) -> bool:
+        """Whether the open of read handle ``fh`` may keep the kernel's page cache of the file: it reads
+        a committed shard, nobody writes the path, and the path held the same committed shard when it was
+        last opened (so what the cache holds, it filled from this shard; committed bytes never change).
+        Any other open drops the cache (the kernel's default), so a replaced file is never served stale."""
+        h = self.handles.get(fh)
+        if h is None or h.write_mode or h.gen is None:
+            return False
+        with self._mu:
+            served = (h.gen.id, h.shard)
+            same = self._served.get(h.path) == served
+            self._served[h.path] = served
+            return same and self._writer_of(h.path) is None
+
     def direct_io(self, fh: int) -> bool:
         """Whether the open of ``fh`` bypasses the kernel's page cache: a writer of a path that has
         a committed version, and a reader of a path being written, so readers see the committed
@@ -535,7 +564,10 @@ class MountedStore:
             return False
         with self._mu:
             if h.write_mode:
-                return self._committed(h.path)
+                if self._committed(h.path):
+                    return True
+                self._cached_writes.add(h.path)     # the page cache will hold what this writer writes
+                return False
             w = self._writer_of(h.path)
             return w is not None and not w.clean
 
@@ -655,6 +687,15 @@ class MountedStore:
         :attr:`stream_threshold`).  Admission is checked here: the generation's reservation in the
         store grows to cover every byte accepted and not yet placed (``Store.admit``), so a device
         too full for them refuses the write (``ENOSPC``) instead of a later commit."""
+        try:
+            return self._write(data, offset, fh)
+        except BaseException:
+            h = self.handles.get(fh)
+            if h is not None:
+                self._cached_writes.discard(h.path)   # the kernel's pages may no longer be the file's bytes
+            raise
+
+    def _write(self, data, offset, fh) -> int:
         h = self.handles.get(fh)
         if h is None or not h.write_mode:
             raise _Error(errno.EBADF)
@@ -1026,6 +1067,7 @@ class MountedStore:
         self._publish_file(p, gen)
 
     def _publish_file(self, p: str, gen) -> None:
+        self._cache_committed(p, gen.id, L.FILE_SHARD)
         old = self.by_path.get(("file", p))
         self._add(gen, "file", p, {L.FILE_SHARD: ""}, time.time_ns())
         self.truncated.discard(p)
@@ -1034,6 +1076,16 @@ class MountedStore:
             with contextlib.suppress(GenerationNotFoundError):
                 self.store.delete(old)          # the new version's commit is durable: retire the old
             self.gens.pop(old, None)
+
+    def _cache_committed(self, p: str, gid: str, shard: str) -> None:
+        """``p`` committed as ``shard`` of ``gid``: when its bytes were written through the page cache
+        (a new file, every write accepted), the cache holds exactly the committed bytes, so the next read
+        open may keep it (:meth:`keep_cache`); otherwise that open drops it."""
+        if p in self._cached_writes:
+            self._cached_writes.discard(p)
+            self._served[p] = (gid, shard)
+        else:
+            self._served.pop(p, None)
 
     def _request_commit(self, pd: _Pending) -> None:
         """Commit a checkpoint directory at its commit point, now (when its last file closes if
@@ -1066,6 +1118,8 @@ class MountedStore:
         if relabelled:
             self._writer(pd).write_shard(L.LAYOUT_SHARD, [L.layout_blob(pd.root, names)])
         gen = self._writer(pd).commit()
+        for name, rel in names.items():
+            self._cache_committed(posixpath.join(pd.root, rel), gen.id, name)
         del self.pending[pd.root]
         self._taken.discard(pd.gid)
         old = self.by_path.get(("dir", pd.root))
@@ -1116,21 +1170,38 @@ class MountedStore:
             return bytes(h.buf[offset:offset + size])
         total = h.gen.sizes[h.shard]
         end = min(offset + size, total)
-        out = bytearray()
+        pieces = []
         pos = offset
         try:
             while pos < end:
-                w = h.window
-                if w is None or not w[0] <= pos < w[0] + len(w[1]):
-                    w = h.window = self.store.read_shard_extent(h.gen.id, h.shard, pos)
-                take = w[1][pos - w[0]:end - w[0]]
-                out += take
-                pos += len(take)
+                start, data = self._window(h, pos)
+                if pos == start and end - pos >= len(data):
+                    pieces.append(data)                 # the whole extent: no copy here
+                else:
+                    pieces.append(data[pos - start:end - start])
+                pos += len(pieces[-1])
         except ChecksumError as e:
             raise _Error(errno.EIO, f"{h.path}: {e}") from e
         except GenerationNotFoundError as e:
             raise _Error(errno.ESTALE, f"{h.path}: {e}") from e
-        return bytes(out)
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    #: Verified extents a read handle keeps (1 MiB each): the kernel's read-ahead sends requests for one
+    #: file from several threads, out of order, so one window would be evicted and read again.
+    WINDOWS = 8
+
+    def _window(self, h: _Handle, pos: int) -> tuple[int, bytes]:
+        """The verified extent of ``h``'s shard holding data byte ``pos``: ``(first byte, bytes)``."""
+        with h.lock:
+            for start, data in h.windows.items():
+                if start <= pos < start + len(data):
+                    return start, data
+        start, data = self.store.read_shard_extent(h.gen.id, h.shard, pos)
+        with h.lock:
+            if len(h.windows) >= self.WINDOWS:
+                del h.windows[next(iter(h.windows))]
+            h.windows[start] = data
+        return start, data
 
     def _read_all(self, p: str) -> bytes:
         if p in self.pending_files:
@@ -1193,6 +1264,20 @@ class MountedStore:
     def rename(self, old, new):
         """Rename a file or directory (see the module docstring); over an existing file it is an atomic
         replace, over an existing empty directory it replaces it, over a non-empty one ``ENOTEMPTY``."""
+        ret = self._rename_path(old, new)
+        a, b = self._p(old), self._p(new)
+        with self._mu:      # the kernel's pages follow the inode, so what is known of them follows the name
+            for q in [q for q in itertools.chain(self._cached_writes, self._served)
+                      if q == a or q.startswith(a + "/")]:
+                moved = b + q[len(a):]
+                if q in self._cached_writes:
+                    self._cached_writes.discard(q)
+                    self._cached_writes.add(moved)
+                if q in self._served:
+                    self._served[moved] = self._served.pop(q)
+        return ret
+
+    def _rename_path(self, old, new):
         a, b = self._p(old), self._p(new)
         if a == b:
             return 0

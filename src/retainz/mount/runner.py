@@ -25,8 +25,10 @@ import fcntl
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 
 from retainz.errors import RetainZError
@@ -170,6 +172,12 @@ def serve(device: str, mountpoint: str, *, retention: str | None = None, wait: f
         ops.caller = _caller(fuse)
         if ops.retired_at_mount:
             log.info("retired %d older versions at mount", len(ops.retired_at_mount))
+        threading.Thread(target=_raise_read_ahead, args=(mountpoint,), daemon=True,
+                         name="retainz-read-ahead").start()
+        # libfuse installs its own SIGINT/SIGTERM/SIGHUP handlers (they end the loop, unmount and call
+        # destroy) only where a signal still has its default action: give it back for the serving loop,
+        # whatever handler the caller (the retainz command's interrupt rule) had installed.
+        previous = {s: signal.signal(s, signal.SIG_DFL) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         try:
             _binding(fuse)(ops, mountpoint, foreground=True, nothreads=False, debug=debug,
                       fsname=f"retainz:{os.path.realpath(device)}", subtype="retainz", hard_remove=True)
@@ -180,17 +188,45 @@ def serve(device: str, mountpoint: str, *, retention: str | None = None, wait: f
                 raise RuntimeError(f"libfuse failed with status {e} (see the lines above)") from None
             log.info("stopped by a signal: unmounted %s", mountpoint)
         finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
             if ops.inference is not None:
                 log.info("retention inferred: %s", ops.inferred())
     finally:
         opened.__exit__(None, None, None)
 
 
+def _raise_read_ahead(mountpoint: str, timeout: float = 30.0) -> None:
+    """Once ``mountpoint`` is mounted, set its bdi's ``read_ahead_kb`` to :data:`~retainz.mount.fs.READ_AHEAD`
+    (``/sys/class/bdi/MAJOR:MINOR``; the kernel gives a FUSE mount 128 KiB, so sequential reads would
+    arrive in 128 KiB requests).  Best effort: without permission the mount works at the default."""
+    from retainz.mount.fs import READ_AHEAD
+
+    parent = os.stat(os.path.dirname(os.path.abspath(mountpoint))).st_dev
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            dev = os.stat(mountpoint).st_dev
+        except OSError:
+            dev = parent
+        if dev != parent:
+            path = f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb"
+            try:
+                with open(path, "w") as f:
+                    f.write(str(READ_AHEAD >> 10))
+            except OSError as e:
+                logging.getLogger("retainz.mount").info("read_ahead_kb left at the default: %s: %s", path, e)
+            return
+        time.sleep(0.05)
+
+
 def _binding(fuse):
     """mfusepy's ``FUSE`` with one addition: an open or create whose handle
     :meth:`~retainz.mount.fs.MountedStore.direct_io` names bypasses the kernel's page cache
     (``direct_io``), so readers of a file being replaced read the committed version from the mount,
-    never the new bytes a writer left in the cache."""
+    never the new bytes a writer left in the cache; a read open that
+    :meth:`~retainz.mount.fs.MountedStore.keep_cache` allows keeps the page cache filled by earlier
+    opens of the same committed shard (``keep_cache``)."""
 
     class _FUSE(fuse.FUSE):
         def open(self, path, fip):
@@ -207,6 +243,8 @@ def _binding(fuse):
             fi = fip.contents
             if self.operations.direct_io(fi.fh):
                 fi.direct_io = 1
+            elif self.operations.keep_cache(fi.fh):
+                fi.keep_cache = 1
 
     return _FUSE
 
