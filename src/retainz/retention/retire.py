@@ -40,13 +40,23 @@ from collections.abc import Sequence
 from retainz.retention.base import Rule
 from retainz.retention.conditions import Permanent
 
-__all__ = ["ENACTED", "check_enactable", "retired_after_commit", "pattern_of", "EXPLICIT_PERMANENT"]
+__all__ = ["ENACTED", "check_enactable", "retired_after_commit", "pattern_of", "EXPLICIT_PERMANENT", "is_explicit"]
 
 #: Rules :func:`retired_after_commit` enacts.
 ENACTED = ("torchtitan", "megatron", "hf")
 #: The condition of a save marked permanent by the caller (``ZonedStorageWriter.set_condition``):
 #: outside the rule, never counted or retired by it.
 EXPLICIT_PERMANENT = Permanent("explicit").describe()
+
+
+
+def is_explicit(condition: str | None) -> bool:
+    """True for the condition text of a save whose caller stated its retention
+    (:func:`retainz.retention.explicit_hint`: ``permanent:reason=explicit`` or ``at_step:at=N``; no
+    enacted rule states an ``at_step``): such a save is outside the rule, never counted, retired or
+    re-hinted by it."""
+    return bool(condition) and (condition == EXPLICIT_PERMANENT or condition.startswith("at_step:"))
+
 
 _PATTERNS = {
     "torchtitan": re.compile(r"step-([0-9]+)"),

@@ -1,0 +1,335 @@
+"""Retention stays in its own job (issue 27 item 7): on a device several jobs share, every retention
+path counts, retires and re-hints only the generations of the series (folder) it manages.
+
+Jobs with look-alike names share each device: ``a`` and ``a2``, a folder ``a/sub`` nested in ``a``, a
+job whose folder is itself named ``step-1``, the root, and foreign generations whose ids contain
+``step-N`` without being anyone's checkpoint.  Each test asserts every job's surviving set exactly as
+its rule says, and that nothing of any other job was lost.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from retainz.integrations.retention_callbacks import (
+    KeepLatestK,
+    MegatronNonPersistentGlobal,
+    MegatronRetainInterval,
+)
+from retainz.retention import rule_hint
+from retainz.retention.base import parse_rule
+from retainz.retention.retire import retired_after_commit
+from retainz.retention.series import (
+    generation_path,
+    member_name,
+    members,
+    series_folder,
+    series_generation_id,
+    series_of,
+)
+from retainz.store import Store
+from retainz.zoned import Geometry, MemoryDevice
+
+GEOM = Geometry(nr_zones=96, zone_size=256 << 10, zone_capacity=256 << 10)
+#: Generations that are nobody's checkpoint but whose ids contain ``step-N`` (main's KeepLatestK
+#: matched them with ``re.search``).
+FOREIGN = ("xstep-10", "step-10.tmp", "@notes-step-3.txt", "@a%2Fstep-10.log", "c%2Fstep-5", "b%2Fstep-1%2Fstep-9", "a2x%2Fstep-7")
+
+
+# -- the definition ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path, series", [
+    ("a/step-10", "a"), ("a2/step-10", "a2"), ("a/sub/step-10", "a/sub"), ("step-1/step-5", "step-1"),
+    ("step-5", ""), ("/jobs/a/step-5/", "jobs/a"), ("a/epoch=0-step=5.ckpt", "a"),
+])
+def test_the_series_of_a_checkpoint_is_its_parent_directory(path, series):
+    assert series_of(path) == series
+
+
+@pytest.mark.parametrize("gid, path", [
+    ("a%2Fstep-10", "a/step-10"), ("@a%2Fepoch%3D0-step%3D5.ckpt", "a/epoch=0-step=5.ckpt"),
+    ("a%2Fstep-10#2", "a/step-10"), ("step-500", "step-500"), ("x%2Fa%2E%2Eb%2Fstep-1", "x/a..b/step-1"),
+])
+def test_generation_ids_name_paths_as_the_filesystem_and_the_mount_name_them(gid, path):
+    assert generation_path(gid) == path
+
+
+def test_membership_is_exact_for_look_alike_names():
+    ids = ["step-10", "a%2Fstep-10", "a2%2Fstep-10", "a%2Fsub%2Fstep-10", "step-1%2Fstep-5", "xa%2Fstep-3"]
+    got = {s: [member_name(g, s) for g in ids] for s in ("", "a", "a2", "a/sub", "step-1")}
+    assert got == {
+        "": ["step-10", None, None, None, None, None],
+        "a": [None, "step-10", None, None, None, None],
+        "a2": [None, None, "step-10", None, None, None],
+        "a/sub": [None, None, None, "step-10", None, None],
+        "step-1": [None, None, None, None, "step-5", None],
+    }
+
+
+def test_series_ids_round_trip_and_bad_series_are_refused():
+    for series in ("", "a", "jobs/a2", "x/a..b"):
+        gid = series_generation_id(series, "step-7")
+        assert member_name(gid, series) == "step-7" and series_of(generation_path(gid)) == series
+    assert series_generation_id(None, "step-7") == "step-7"              # the DCP writer's historical id
+    assert series_generation_id("/jobs/a/", "step-7") == "jobs%2Fa%2Fstep-7"
+    for bad in ("a//b", "a/../b", "./a", "a/#1"):
+        with pytest.raises(ValueError, match="components cannot be empty"):
+            series_folder(bad)
+    with pytest.raises(ValueError, match="expected one path component"):
+        series_generation_id("a", "b/step-1")
+
+
+@pytest.mark.parametrize("spec, names, retired", [
+    ("torchtitan:interval=10,keep_latest_k=2", ["step-30", "step-100", "step-20", "xstep-1", "step-5.tmp"],
+     ["step-20"]),
+    ("torchtitan:interval=10,keep_latest_k=0", ["step-10", "step-20", "step-30"], []),
+    ("megatron:save_interval=10,retain_interval=30", [f"iter_{s:07d}" for s in (10, 20, 30, 40, 50, 60, 70)],
+     ["iter_0000010", "iter_0000020", "iter_0000040", "iter_0000050"]),
+    ("megatron:save_interval=10", ["iter_0000010", "iter_0000020"], []),
+    ("hf:save_steps=10,save_total_limit=3", [f"checkpoint-{s}" for s in (40, 10, 20, 30, 50)],
+     ["checkpoint-10", "checkpoint-20"]),
+])
+def test_each_rule_retires_by_the_step_its_names_carry(spec, names, retired):
+    assert retired_after_commit(parse_rule(spec), [(n, n) for n in names]) == retired
+
+
+@pytest.mark.parametrize("spec", ["lightning:every_n_train_steps=10,save_top_k=2,metric=synthetic",
+                                  "hf:save_steps=10,save_total_limit=2,metric=plateau",
+                                  "accelerate:save_steps=10,total_limit=2", "orbax:latest=2"])
+def test_rules_the_store_cannot_enact_are_refused(spec):
+    with pytest.raises(ValueError, match="retire=False"):
+        retired_after_commit(parse_rule(spec), [])
+
+
+# -- the runtime callbacks -----------------------------------------------------------------------------
+
+def _put(store, gid, step, hint=None):
+    w = store.begin_generation(gid, step, hint=hint)
+    w.write_shard("model_optim_rng.pt", [bytes([step % 251]) * 3000])
+    w.commit()
+
+
+def _ids(store):
+    return {g.id for g in store.generations()}
+
+
+def test_keep_latest_k_at_the_root_never_touches_another_jobs_generations():
+    """The reported fault: a root-folder KeepLatestK purged every id containing ``step-N``."""
+    with Store.format(MemoryDevice(GEOM)) as store:
+        for gid in FOREIGN:
+            _put(store, gid, 1)
+        cb = KeepLatestK(2, interval=10)
+        deleted = []
+        for step in (10, 20, 30, 40):
+            _put(store, cb.generation_id(step), step, cb.hint(step))
+            deleted += cb.after_commit(store, step)
+        assert deleted == ["step-10", "step-20"]
+        assert _ids(store) == set(FOREIGN) | {"step-30", "step-40"}
+
+
+def test_callbacks_of_interleaved_jobs_each_keep_exactly_their_rule():
+    jobs = {
+        "": KeepLatestK(2, interval=10),
+        "a": KeepLatestK(2, interval=10, folder="a"),
+        "a2": KeepLatestK(3, interval=10, folder="a2"),
+        "a/sub": KeepLatestK(2, interval=10, folder="/a/sub/"),
+        "step-1": KeepLatestK(2, interval=10, folder="step-1"),
+        "m": MegatronRetainInterval(10, 30, folder="m"),
+        "m/sub": MegatronRetainInterval(10, 20, folder="m/sub"),
+        "np": MegatronNonPersistentGlobal(5, save_interval=10, folder="np"),
+    }
+    with Store.format(MemoryDevice(GEOM)) as store:
+        for gid in FOREIGN:
+            _put(store, gid, 1)
+        order = list(jobs)
+        for i, step in enumerate(range(5, 81, 5)):
+            order = order[i % len(order):] + order[:i % len(order)]      # a different interleaving each step
+            for series in order:
+                cb = jobs[series]
+                if isinstance(cb, MegatronNonPersistentGlobal):
+                    if not cb.is_save_step(step):
+                        continue
+                    gone = cb.before_save(store, step)
+                    _put(store, cb.generation_id(step), step, cb.hint(step))
+                else:
+                    if step % 10:
+                        continue
+                    _put(store, cb.generation_id(step), step, cb.hint(step))
+                    gone = cb.after_commit(store, step)
+                assert all(member_name(g, series) is not None for g in gone), (series, gone)
+        own = [g for g in store.generations() if g.id not in FOREIGN]
+        survivors = {s: sorted(n for n, _ in members(own, s)) for s in jobs}
+        assert survivors == {
+            "": ["step-70", "step-80"],
+            "a": ["step-70", "step-80"],
+            "a2": ["step-60", "step-70", "step-80"],
+            "a/sub": ["step-70", "step-80"],
+            "step-1": ["step-70", "step-80"],
+            "m": ["iter_0000030", "iter_0000060", "iter_0000080"],
+            "m/sub": ["iter_0000020", "iter_0000040", "iter_0000060", "iter_0000080"],
+            "np": ["non_persistent-iter_0000065", "non_persistent-iter_0000075"],
+        }
+        assert set(FOREIGN) <= _ids(store)
+        # a resumed job's new rule re-hints its own series only
+        before = {g.id: g.hint for g in store.generations()}
+        changed = KeepLatestK(3, interval=10, folder="a").rehint(store, step=85)
+        assert sorted(changed) == ["a%2Fstep-70", "a%2Fstep-80"]
+        after = {g.id: g.hint for g in store.generations()}
+        assert {g for g in after if after[g] != before[g]} == set(changed)
+
+
+# -- the DCP writer -----------------------------------------------------------------------------------
+
+torch_needed = pytest.mark.dcp
+
+
+def _dcp():
+    pytest.importorskip("torch", reason="needs the torch extra (make setup-torch)")
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from retainz.integrations.dcp import ZonedStorageReader, ZonedStorageWriter
+    return torch, dcp, ZonedStorageWriter, ZonedStorageReader
+
+
+@pytest.fixture
+def device(tmp_path):
+    from retainz.integrations import _stores
+    from retainz.zoned import FileDevice
+
+    path = tmp_path / "dev.img"
+    dev = FileDevice.create(path, GEOM)
+    Store.format(dev).close()
+    dev.close()
+    yield str(path)
+    assert _stores.open_count() == 0
+
+
+def _survivors(device, series):
+    from retainz.integrations import _stores
+
+    with _stores.using(device) as store:
+        own = [g for g in store.generations() if g.id not in FOREIGN]
+        return sorted((g.step, name) for name, g in members(own, series))
+
+
+def _all(device):
+    from retainz.integrations import _stores
+
+    with _stores.using(device) as store:
+        return {g.id: (g.hint.reclaim_step, g.hint.condition) for g in store.generations()}
+
+
+WRITER_JOBS = {     # series -> (rule, checkpoint name format, kept after the last save)
+    None: ("torchtitan:interval=10,keep_latest_k=2", "step-{}", [50, 60]),
+    "a": ("torchtitan:interval=10,keep_latest_k=2", "step-{}", [50, 60]),
+    "a2": ("torchtitan:interval=10,keep_latest_k=3", "step-{}", [40, 50, 60]),
+    "a/sub": ("torchtitan:interval=10,keep_latest_k=2", "step-{}", [50, 60]),
+    "step-1": ("torchtitan:interval=10,keep_latest_k=2", "step-{}", [50, 60]),
+    "m": ("megatron:save_interval=10,retain_interval=30", "iter_{:07d}", [30, 60]),
+    "h": ("hf:save_steps=10,save_total_limit=2", "checkpoint-{}", [50, 60]),
+    "k": ("torchtitan:interval=10,keep_latest_k=0", "step-{}", [10, 20, 30, 40, 50, 60]),
+}
+
+
+def _expected(rule: str, saved: list[int]) -> list[int]:
+    r = parse_rule(rule)
+    if r.name == "megatron":
+        return [s for s in saved[:-1] if s % r.retain_interval == 0] + saved[-1:]
+    k = getattr(r, "keep_latest_k", None) or getattr(r, "save_total_limit", None)
+    return saved[-k:] if k else saved
+
+
+@torch_needed
+def test_zoned_storage_writers_of_interleaved_jobs_retire_only_their_series(device):
+    """After save N only what the job's rule keeps remains in its series, the deletes happen once the
+    save has committed, every other job is untouched, and survivors carry the rule's hints."""
+    torch, dcp, ZonedStorageWriter, ZonedStorageReader = _dcp()
+    from retainz.integrations import _stores
+
+    with _stores.using(device) as store:
+        for gid in FOREIGN:
+            _put(store, gid, 1)
+    writers = {s: ZonedStorageWriter(device, retention=rule, series=s) for s, (rule, _, _) in WRITER_JOBS.items()}
+    saved: dict = {s: [] for s in WRITER_JOBS}
+    order = list(WRITER_JOBS)
+    for i, step in enumerate(range(10, 61, 10)):
+        order = order[i % len(order):] + order[:i % len(order)]
+        for s in order:
+            rule, fmt, _ = WRITER_JOBS[s]
+            others = {g: h for g, h in _all(device).items() if member_name(g, s) is None}
+            dcp.save({"w": torch.full((64,), float(step))}, storage_writer=writers[s],
+                     checkpoint_id=f"/ckpt/{s or 'root'}/{fmt.format(step)}")
+            saved[s].append(step)
+            assert _survivors(device, s) == [(st, fmt.format(st)) for st in _expected(rule, saved[s])]
+            assert {g: h for g, h in _all(device).items() if member_name(g, s) is None} == others
+    for s, (rule, fmt, kept) in WRITER_JOBS.items():
+        assert [st for st, _ in _survivors(device, s)] == kept
+        for st in kept:
+            gid = series_generation_id(s, fmt.format(st))
+            want = rule_hint(rule, st)
+            assert _all(device)[gid] == (want.reclaim_step, want.condition)
+    assert set(FOREIGN) <= set(_all(device))
+    out = {"w": torch.zeros(64)}
+    dcp.load(out, storage_reader=ZonedStorageReader(device, series="a2"), checkpoint_id="/x/step-40")
+    assert torch.equal(out["w"], torch.full((64,), 40.0))
+
+
+@torch_needed
+def test_a_save_that_never_commits_retires_nothing(device):
+    torch, dcp, ZonedStorageWriter, _ = _dcp()
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    w = ZonedStorageWriter(device, retention="torchtitan:interval=10,keep_latest_k=2", series="a")
+    for step in (10, 20):
+        dcp.save({"w": torch.ones(8)}, storage_writer=w, checkpoint_id=f"step-{step}")
+
+    class Unpicklable:
+        def __reduce__(self):
+            raise RuntimeError("boom")
+
+    with pytest.raises((CheckpointException, RuntimeError)):
+        dcp.save({"w": torch.ones(8), "bad": Unpicklable()}, storage_writer=w, checkpoint_id="step-30")
+    assert _survivors(device, "a") == [(10, "step-10"), (20, "step-20")]
+    dcp.save({"w": torch.ones(8)}, storage_writer=w, checkpoint_id="step-30")
+    assert _survivors(device, "a") == [(20, "step-20"), (30, "step-30")]
+
+
+@torch_needed
+def test_a_resumed_job_with_a_smaller_k_retires_to_it_and_rehints_the_survivors(device):
+    torch, dcp, ZonedStorageWriter, _ = _dcp()
+    k4, k2 = "torchtitan:interval=10,keep_latest_k=4", "torchtitan:interval=10,keep_latest_k=2"
+    w = ZonedStorageWriter(device, retention=k4, series="a")
+    for step in (10, 20, 30, 40):
+        dcp.save({"w": torch.ones(8)}, storage_writer=w, checkpoint_id=f"step-{step}")
+    assert [s for s, _ in _survivors(device, "a")] == [10, 20, 30, 40]
+    w = ZonedStorageWriter(device, retention=k2, series="a")
+    dcp.save({"w": torch.ones(8)}, storage_writer=w, checkpoint_id="step-50")
+    assert [s for s, _ in _survivors(device, "a")] == [40, 50]
+    hints = _all(device)
+    for st in (40, 50):
+        want = rule_hint(k2, st)
+        assert hints[f"a%2Fstep-{st}"] == (want.reclaim_step, want.condition)
+
+
+@torch_needed
+def test_an_explicit_condition_puts_a_save_outside_the_rule(device):
+    torch, dcp, ZonedStorageWriter, _ = _dcp()
+    w = ZonedStorageWriter(device, retention="torchtitan:interval=10,keep_latest_k=2")
+    for step in (10, 20, 30, 40):
+        w.set_condition("permanent" if step == 20 else None)
+        dcp.save({"w": torch.ones(8)}, storage_writer=w, checkpoint_id=f"step-{step}")
+    assert [s for s, _ in _survivors(device, "")] == [20, 30, 40]
+    assert _all(device)["step-20"][0] == float("inf")
+
+
+@torch_needed
+def test_a_rule_the_store_cannot_enact_is_refused_unless_it_only_hints(device):
+    torch, dcp, ZonedStorageWriter, _ = _dcp()
+    rule = "lightning:every_n_train_steps=10,save_top_k=2,metric=synthetic"
+    with pytest.raises(ValueError, match="retention rule lightning: not enacted by the store"):
+        ZonedStorageWriter(device, retention=rule)
+    w = ZonedStorageWriter(device, retention="torchtitan:interval=10,keep_latest_k=2", retire=False)
+    for step in (10, 20, 30):
+        dcp.save({"w": torch.ones(8)}, storage_writer=w, checkpoint_id=f"step-{step}")
+    assert [s for s, _ in _survivors(device, "")] == [10, 20, 30]
