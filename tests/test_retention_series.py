@@ -333,3 +333,153 @@ def test_a_rule_the_store_cannot_enact_is_refused_unless_it_only_hints(device):
     for step in (10, 20, 30):
         dcp.save({"w": torch.ones(8)}, storage_writer=w, checkpoint_id=f"step-{step}")
     assert [s for s, _ in _survivors(device, "")] == [10, 20, 30]
+
+
+@torch_needed
+def test_a_writer_without_a_series_keeps_only_the_latest_k_of_the_root(device):
+    """``ZonedStorageWriter(retention="...keep_latest_k=2")`` used to keep every save (hints only)."""
+    torch, dcp, ZonedStorageWriter, _ = _dcp()
+    rule = "torchtitan:interval=10,keep_latest_k=2"
+    w = ZonedStorageWriter(device, retention=rule)
+    for step in (10, 20, 30, 40):
+        dcp.save({"w": torch.ones(8)}, storage_writer=w, checkpoint_id=f"/ckpt/step-{step}")
+        assert [s for s, _ in _survivors(device, "")] == [max(10, step - 10), step][-min(2, step // 10):]
+    want = {f"step-{s}": (rule_hint(rule, s).reclaim_step, rule_hint(rule, s).condition) for s in (30, 40)}
+    assert _all(device) == want
+
+
+# -- the retainz:// file system -------------------------------------------------------------------------
+
+@pytest.fixture
+def fs_device(device):
+    pytest.importorskip("fsspec")
+    import fsspec
+
+    from retainz.integrations.fsspec_fs import RetainZFileSystem
+
+    fsspec.config.conf.pop("retainz", None)
+    yield device
+    RetainZFileSystem.close_all()
+    RetainZFileSystem.clear_instance_cache()
+
+
+def _fs(retention):
+    import fsspec
+
+    from retainz.integrations.fsspec_fs import RetainZFileSystem
+
+    RetainZFileSystem.close_all()
+    RetainZFileSystem.clear_instance_cache()
+    return fsspec.filesystem("retainz", retention=retention)
+
+
+def _dcp_dir(fs, device, d):
+    with fs.open(f"{device}/{d}/__0_0.distcp", "wb") as f:
+        f.write(b"\1" * 5000)
+    with fs.open(f"{device}/{d}/.metadata", "wb") as f:
+        f.write(b"md")
+
+
+def test_the_filesystem_rehints_only_the_series_it_saves_into(fs_device):
+    """A job resumed with keep_latest_k=3 re-hints its own checkpoints, not the other jobs' ones
+    (``a2``, ``a/sub``, and ``a``'s single-file checkpoints stay as they were saved)."""
+    k10, k3 = "torchtitan:interval=10,keep_latest_k=10", "torchtitan:interval=10,keep_latest_k=3"
+    fs = _fs(k10)
+    for d in ("a", "a2", "a/sub"):
+        for step in (10, 20):
+            _dcp_dir(fs, fs_device, f"{d}/step-{step}")
+    before = _all(fs_device)
+    fs = _fs(k3)
+    _dcp_dir(fs, fs_device, "a/step-30")
+    after = _all(fs_device)
+    changed = {g for g in before if after[g] != before[g]}
+    assert changed == {"a%2Fstep-10", "a%2Fstep-20"}
+    assert all(after[g] == (rule_hint(k3, s).reclaim_step, rule_hint(k3, s).condition)
+               for g, s in (("a%2Fstep-10", 10), ("a%2Fstep-20", 20), ("a%2Fstep-30", 30)))
+
+
+def test_runtime_purges_through_the_filesystem_stay_in_their_folders(fs_device):
+    """HF Trainer's rotation (save_total_limit: ``_sorted_checkpoints`` of ``output_dir/checkpoint-*``,
+    ``rmtree`` of all but the last L) and Lightning's top-k by validation loss (``ModelCheckpoint``
+    removes the worst ``epoch=E-step=N.ckpt`` of ``dirpath``) run as the runtimes run them, for
+    interleaved jobs ``h``/``h2``/``h/sub`` and ``l``/``l2``: each keeps exactly what its rule says."""
+    fs = _fs(None)
+    dev = fs_device
+    hf = {"h": 2, "h2": 3, "h/sub": 1}
+    topk = {"l": 2, "l2": 3}
+    loss = {"l": lambda s: (s - 45) ** 2, "l2": lambda s: 100 - s}       # l: best around step 40-50
+    kept_l: dict = {j: {} for j in topk}
+    for step in range(10, 91, 10):
+        for out, limit in hf.items():
+            d = f"{out}/checkpoint-{step}"
+            for name in ("model.safetensors", "trainer_state.json"):
+                with fs.open(f"{dev}/{d}/{name}", "wb") as f:
+                    f.write(bytes([step]) * 3000)
+            ckpts = sorted((int(p.rsplit("-", 1)[1]), p) for p in fs.glob(f"{dev}/{out}/checkpoint-*"))
+            for _, p in ckpts[:-limit]:
+                fs.rm(p, recursive=True)
+        for dirpath, k in topk.items():
+            name = f"epoch=0-step={step}.ckpt"
+            with fs.open(f"{dev}/{dirpath}/{name}", "wb") as f:
+                f.write(bytes([step]) * 2000)
+            kept_l[dirpath][name] = loss[dirpath](step)
+            if len(kept_l[dirpath]) > k:
+                worst = max(kept_l[dirpath], key=kept_l[dirpath].get)
+                del kept_l[dirpath][worst]
+                fs.rm(f"{dev}/{dirpath}/{worst}")
+    listing = {j: sorted(p.rsplit("/", 1)[1] for p in fs.ls(f"{dev}/{j}", detail=False)
+                         if not fs.isdir(p) or "checkpoint-" in p) for j in (*hf, *topk)}
+    assert listing == {
+        "h": ["checkpoint-80", "checkpoint-90"],
+        "h2": ["checkpoint-70", "checkpoint-80", "checkpoint-90"],
+        "h/sub": ["checkpoint-90"],
+        "l": ["epoch=0-step=40.ckpt", "epoch=0-step=50.ckpt"],
+        "l2": ["epoch=0-step=70.ckpt", "epoch=0-step=80.ckpt", "epoch=0-step=90.ckpt"],
+    }
+    assert len(_gens_of(dev)) == 2 * (2 + 3 + 1) + 2 + 3       # HF: a generation per file; nothing else left
+    assert fs.ls(f"{dev}/h/checkpoint-90", detail=False) == [f"{dev}/h/checkpoint-90/model.safetensors",
+                                                             f"{dev}/h/checkpoint-90/trainer_state.json"]
+
+
+def _gens_of(device):
+    from retainz.integrations import _stores
+
+    with _stores.using(device) as store:
+        return list(store.generations())
+
+
+# -- the mount's inferred retention ----------------------------------------------------------------------
+
+def test_the_mount_infers_and_hints_each_series_on_its_own():
+    """``--retention auto`` with HF-like jobs ``a`` (limit 2), ``a2`` (limit 3) and ``a/sub`` (limit 2)
+    interleaved, each rotating its own ``output_dir`` (unlink + rmdir): one rule per series, and each
+    job's surviving set is its own rule's."""
+    pytest.importorskip("fsspec", reason="the mount streams through the fsspec filesystem's sink (mount extra)")
+    from retainz.mount.fs import MountedStore
+
+    store = Store.format(MemoryDevice(GEOM))
+    ms = MountedStore(store, retention="auto")
+    jobs = {"a": 2, "a2": 3, "a/sub": 2}
+    for d in ("/a", "/a2", "/a/sub"):
+        ms.mkdir(d, 0o755)
+    for step in range(10, 121, 10):
+        for job, limit in jobs.items():
+            root = f"/{job}/checkpoint-{step}"
+            ms.mkdir(root, 0o755)
+            for name in ("model.safetensors", "trainer_state.json"):
+                fh = ms.create(f"{root}/{name}", 0o644)
+                ms.write(f"{root}/{name}", bytes([step]) * 3000, 0, fh)
+                ms.release(f"{root}/{name}", fh)
+            ckpts = sorted(int(n.rsplit("-", 1)[1]) for n in ms.readdir(f"/{job}", None)
+                           if str(n).startswith("checkpoint-"))
+            for old in ckpts[:-limit]:
+                for name in ("model.safetensors", "trainer_state.json"):
+                    ms.unlink(f"/{job}/checkpoint-{old}/{name}")
+                ms.rmdir(f"/{job}/checkpoint-{old}")
+    rules = {j: ms.inference.rule(j) for j in jobs}
+    assert {j: (r.name, r.k, r.interval) for j, r in rules.items()} == {
+        "a": ("keep_latest", 2, 10), "a2": ("keep_latest", 3, 10), "a/sub": ("keep_latest", 2, 10)}
+    survivors = {j: sorted(g.step for _, g in members(store.generations(), j)) for j in jobs}
+    assert survivors == {"a": [110, 120], "a2": [100, 110, 120], "a/sub": [110, 120]}
+    assert store.generation("a2%2Fcheckpoint-120").hint.condition == "inferred:keep_latest:k=3,interval=10"
+    store.close()
