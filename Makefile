@@ -58,7 +58,7 @@ setup-torch: $(TORCH_STAMP)
 
 $(TORCH_STAMP): $(STAMP)
 	$(PY) -m pip install -q -e '.[dev,dask,payload,runtimes]'
-	$(PY) -m retainz.integrations.payload.sources --cache cache/payload
+	$(PY) -m retainz.experiments.payload.sources --cache cache/payload
 	rm -f $(VENV)/.torch-*
 	touch $@
 

@@ -13,8 +13,8 @@ import random
 from retainz.hint import Hint
 from retainz.placement.base import PERMANENT
 from retainz.store import Store
-from retainz.testing import FaultyDevice
 from retainz.zoned import Geometry, MemoryDevice, format_size
+from retainz.zoned.faulty import FaultyDevice
 
 KiB = 1024
 

@@ -13,8 +13,8 @@ import os
 
 import pytest
 
-from retainz.testing import FaultyDevice
 from retainz.zoned import FileDevice, Geometry, MemoryDevice
+from retainz.zoned.faulty import FaultyDevice
 
 #: The conformance geometry: capacity < size, small limits, 4 KiB blocks.
 SMALL = Geometry(nr_zones=8, zone_size=64 * 1024, zone_capacity=48 * 1024, block_size=4096,

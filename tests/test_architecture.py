@@ -1,45 +1,96 @@
-"""The house's floors (README "Architecture"): a package imports only its own floor or lower ones.
-Imports inside functions count; only ``if TYPE_CHECKING:`` blocks are exempt."""
+"""The house's layers (docs/architecture.md, "Layers and their direction"): every import of a ``retainz``
+module is checked against the table there, which declares for each package (or lab command module) the
+packages it may import. Imports inside functions count; only ``if TYPE_CHECKING:`` blocks are exempt.
+A sideways import (``placement -> retention``) fails as surely as an upward one."""
 
 from __future__ import annotations
 
+import graphlib
+import re
+from pathlib import Path
+
 from tests.test_import_cycles import SRC, import_graph
 
-#: Floors, lowest first.
-FLOORS = [
-    {"errors", "hint", "spec"},
-    {"zoned", "placement"},
-    {"retention", "store"},
-    {"testing", "trace"},
-    {"integrations", "experiments", "vm"},
-    {"mount", "analysis"},
-    {"cli"},
-]
+DOC = Path(__file__).resolve().parent.parent / "docs" / "architecture.md"
+ROW = re.compile(r"^\| (`[^|]+`) \| (product|lab) \|\s*([^|]*?)\s*\|")
 
 
-def _violations(graph: dict[str, set[str]]) -> list[str]:
-    floor = {name: i for i, names in enumerate(FLOORS) for name in names}
+def declared() -> tuple[dict[str, set[str]], dict[str, str]]:
+    """The table: {unit: packages it may import}, {unit: wing}.  A unit is a package (``store``) or a
+    command module (``cli.vm``); 'what `cli` may' in a row adds cli's own list."""
+    allowed, wing = {}, {}
+    for line in DOC.read_text().splitlines():
+        m = ROW.match(line)
+        if not m:
+            continue
+        units = re.findall(r"`([\w.]+)`", m[1])
+        deps = set(re.findall(r"`([\w.]+)`", m[3]))
+        if "what `cli` may" in m[3]:
+            deps = (deps - {"cli"}) | allowed["cli"]
+        for u in units:
+            allowed[u], wing[u] = deps, m[2]
+    return allowed, wing
+
+
+def _unit(module: str, allowed: dict[str, set[str]]) -> str:
+    """The table row a module falls under: the longest declared prefix (``retainz.cli.vm`` -> ``cli.vm``)."""
+    parts = module.split(".")[1:]
+    for n in range(len(parts), 0, -1):
+        if ".".join(parts[:n]) in allowed:
+            return ".".join(parts[:n])
+    raise KeyError(module)
+
+
+def violations(graph: dict[str, set[str]], allowed: dict[str, set[str]]) -> list[str]:
+    """Imports the table does not allow, as 'importer -> imported'."""
     out = []
     for mod, deps in graph.items():
-        parts = mod.split(".")
+        if mod == "retainz":
+            continue
+        src = _unit(mod, allowed)
         for d in deps:
-            dparts = d.split(".")
-            if len(parts) >= 2 and len(dparts) >= 2 and floor[dparts[1]] > floor[parts[1]]:
+            if d == "retainz":
+                continue
+            dst = d.split(".")[1]
+            if dst != src.split(".")[0] and dst not in allowed[src]:
                 out.append(f"{mod} -> {d}")
     return sorted(out)
 
 
-def test_every_package_has_a_floor():
+def test_the_table_declares_every_package():
+    allowed, _ = declared()
     pkg = SRC / "retainz"
     names = {p.name for p in pkg.iterdir() if (p / "__init__.py").exists()}
-    names |= {p.stem for p in pkg.glob("*.py") if p.stem != "__init__"}
-    assert names - {"__main__"} <= set().union(*FLOORS), names - set().union(*FLOORS)
+    names |= {p.stem for p in pkg.glob("*.py") if p.stem not in ("__init__", "__main__")}
+    assert names == {u for u in allowed if "." not in u}
+    for deps in allowed.values():
+        assert deps <= set(allowed), deps - set(allowed)
 
 
-def test_no_package_imports_a_higher_floor():
-    assert _violations(import_graph()) == []
+def test_the_declared_direction_has_no_cycle():
+    allowed, _ = declared()
+    graphlib.TopologicalSorter({u: {d for d in ds if d != u.split(".")[0]} for u, ds in allowed.items()
+                                if "." not in u}).static_order()
 
 
-def test_an_upward_import_is_caught():
-    assert _violations({"retainz.store.x": {"retainz.cli.y"}, "retainz.cli.y": {"retainz.store.x"}}) == \
-        ["retainz.store.x -> retainz.cli.y"]
+def test_the_product_never_imports_the_lab():
+    allowed, wing = declared()
+    leaks = {u: {d for d in ds if wing[d] == "lab"} for u, ds in allowed.items() if wing[u] == "product"}
+    assert {u: d for u, d in leaks.items() if d} == {}
+
+
+def test_every_import_follows_the_table():
+    allowed, _ = declared()
+    assert violations(import_graph(), allowed) == []
+
+
+def test_a_planted_sideways_or_upward_import_is_caught():
+    allowed, _ = declared()
+    graph = import_graph()
+    sideways = {**graph, "retainz.placement.greedy": graph["retainz.placement.greedy"] | {"retainz.retention.rules"}}
+    upward = {**graph, "retainz.store.gc": graph["retainz.store.gc"] | {"retainz.cli.store"}}
+    lab = {**graph, "retainz.trace.replay": graph["retainz.trace.replay"] | {"retainz.testing.crashtest"}}
+    base = set(violations(graph, allowed))
+    assert set(violations(sideways, allowed)) - base == {"retainz.placement.greedy -> retainz.retention.rules"}
+    assert set(violations(upward, allowed)) - base == {"retainz.store.gc -> retainz.cli.store"}
+    assert set(violations(lab, allowed)) - base == {"retainz.trace.replay -> retainz.testing.crashtest"}

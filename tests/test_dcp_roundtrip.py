@@ -1,7 +1,7 @@
 """dcp.save / dcp.load through ZonedStorageWriter / ZonedStorageReader (single process).
 
-Runs against the real store on a FileDevice and against the in-memory stand-in (tests/fakestore.py):
-same plugin, two implementations of the store contract.
+Runs against the real store on a FileDevice (by path) and on a MemoryDevice (the store object handed to the
+plugin): the one backend, reached both ways.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from retainz.integrations.dcp import (  # noqa: E402
     ZonedStorageWriter,
     generation_id,
 )
-from tests.fakestore import FakeStore  # noqa: E402
 
 pytestmark = pytest.mark.dcp
 
@@ -76,10 +75,15 @@ def _assert_bit_equal(a: dict, b: dict):
             assert a[k] == b[k], k
 
 
-@pytest.fixture(params=["fake", "file"])
+@pytest.fixture(params=["memory", "file"])
 def device(request, tmp_path):
-    if request.param == "fake":
-        yield FakeStore()
+    if request.param == "memory":
+        from retainz.store import Store
+        from retainz.zoned import Geometry, MemoryDevice
+
+        store = Store.format(MemoryDevice(Geometry(nr_zones=32, zone_size=4 << 20, zone_capacity=4 << 20)))
+        yield store
+        store.close()
     else:
         from retainz.store import Store
         from retainz.zoned import FileDevice, Geometry

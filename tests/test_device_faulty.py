@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 
 from retainz import errors
-from retainz.testing import FaultyDevice
-from retainz.testing.faulty import power_cut_states
 from retainz.zoned import FileDevice, MemoryDevice, ZoneCond
+from retainz.zoned.faulty import FaultyDevice, power_cut_states
 
 from .conftest import SMALL
 

@@ -17,7 +17,7 @@ from retainz.experiments.manifest import ManifestError, expand, load_manifest
 from retainz.trace.format import DeleteEvent, SaveEvent
 from retainz.trace.generate import write_generated
 from retainz.trace.io import TraceReader
-from retainz.vm import fsworkload as fw
+from retainz.experiments import fsworkload as fw
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

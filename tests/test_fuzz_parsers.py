@@ -28,8 +28,8 @@ from retainz.store import Store
 from retainz.store.format import MAGIC, Superblock
 from retainz.store.journal import parse_zone, scan
 from retainz.store.records import FRAME_HEADER, decode, frame, unframe
-from retainz.testing import FaultyDevice
 from retainz.zoned import Geometry, MemoryDevice
+from retainz.zoned.faulty import FaultyDevice
 from retainz.zoned.model import ZoneCond
 
 #: Generated inputs of the slow lane, over every target.
@@ -335,7 +335,7 @@ def fuzz_trace_file(scratch, raw):
 
 # -- run records ------------------------------------------------------------------------------------------
 def _record() -> dict:
-    from retainz.analysis.records import record_digest
+    from retainz.runrecord import digest as record_digest
 
     rec = {"tags": {"experiment": "fuzz", "case": "c"}, "inputs": {"policy": "greedy", "zones": 40},
            "status": "ok", "result": {"waf": 1.25, "host_bytes": 10}}

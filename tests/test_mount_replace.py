@@ -21,8 +21,8 @@ pytest.importorskip("fsspec", reason="the mount streams through the fsspec files
 from retainz.errors import PowerCutError  # noqa: E402
 from retainz.mount.fs import MountedStore  # noqa: E402
 from retainz.store import Store  # noqa: E402
-from retainz.testing import FaultyDevice
 from retainz.zoned import Geometry, MemoryDevice  # noqa: E402
+from retainz.zoned.faulty import FaultyDevice
 
 GEOM = Geometry(nr_zones=24, zone_size=256 << 10, zone_capacity=256 << 10)
 OLD = {"run/latest_checkpointed_iteration.txt": b"10", "run/state.json": b'{"step": 10}',

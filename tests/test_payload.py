@@ -1,7 +1,7 @@
 """The real-payload lane: SmolLM2-135M architecture (2 of 30 layers) through the DCP plugin onto a
 FileDevice; the resumed update in a fresh process must equal the uninterrupted one bit for bit.
 
-The full-size run is the same command with ``--layers 30`` (README, "PyTorch DCP").
+The full-size run is the same command with ``--layers 30`` (docs/user-guide.md, "The real-payload check").
 """
 
 from __future__ import annotations
@@ -63,11 +63,11 @@ def test_layout_lists_the_captured_shards(captured):
 
 def test_check_fails_without_rng_restore(captured):
     """The check has teeth: resuming without the RNG state draws other batches and diverges."""
-    from retainz.integrations.payload.train import PayloadConfig
+    from retainz.experiments.payload.train import PayloadConfig
 
     tmp, result, _ = captured
     cfg = replace(PayloadConfig(**result["config"]), restore_rng=False)
-    proc = subprocess.run([sys.executable, "-m", "retainz.integrations.payload.train", "resume", "--device",
+    proc = subprocess.run([sys.executable, "-m", "retainz.experiments.payload.train", "resume", "--device",
                            str(tmp / "dev.img"), "--config", json.dumps(asdict(cfg))],
                           capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

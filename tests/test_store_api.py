@@ -27,8 +27,8 @@ from retainz.placement.greedy import Greedy
 from retainz.store import GenState, Store
 from retainz.store.format import Superblock
 from retainz.store.store import superblock_zones
-from retainz.testing import FaultyDevice
 from retainz.zoned import FileDevice, Geometry, MemoryDevice, ZoneCond, ZoneOp
+from retainz.zoned.faulty import FaultyDevice
 
 KiB = 1024
 GEOM = Geometry(nr_zones=16, zone_size=64 * KiB, zone_capacity=48 * KiB, block_size=4096, max_open=3,

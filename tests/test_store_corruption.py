@@ -20,8 +20,8 @@ from retainz.errors import (
 from retainz.store import Store
 from retainz.store.format import Superblock
 from retainz.store.records import empty_snapshot, frame
-from retainz.testing import FaultyDevice
 from retainz.zoned import Geometry, MemoryDevice
+from retainz.zoned.faulty import FaultyDevice
 
 KiB = 1024
 GEOM = Geometry(nr_zones=12, zone_size=64 * KiB, zone_capacity=48 * KiB, block_size=4096, max_open=3,

@@ -10,7 +10,7 @@ Crashes here are **process crashes**: the store's process dies, the device keeps
 kernel completed (an ``O_DIRECT`` write that returned is on the device), and the next process opens
 the device again.  Two ways:
 
-* in-process: the device is wrapped in a :class:`~retainz.testing.FaultyDevice` used only as a
+* in-process: the device is wrapped in a :class:`~retainz.zoned.faulty.FaultyDevice` used only as a
   switch that stops all I/O at a write boundary (optionally landing only the first blocks of the
   cutting write: a torn write).  Dropping the store is then ``close()`` through the dead device: it
   writes nothing (every device call raises :class:`PowerCutError`) and its ``finally`` releases the
@@ -45,8 +45,8 @@ import pytest
 from retainz.errors import ForeignDeviceError, PowerCutError, StoreLockedError
 from retainz.hint import Hint
 from retainz.store import Store
-from retainz.testing import FaultyDevice
 from retainz.zoned import FileDevice, Geometry, ZoneCond
+from retainz.zoned.faulty import FaultyDevice
 from tests.conftest import DEVICE_KINDS, make_device
 
 #: The emulated devices' geometry: like the guest's devices (16 zones, capacity < size, 3 open / 4

@@ -10,8 +10,8 @@ from retainz.errors import ChecksumError, ZonedDeviceError
 from retainz.store import Store
 from retainz.store.catalog import Catalog
 from retainz.store.types import GCReport, GenerationInfo, GenState, ShardInfo
-from retainz.testing import FaultyDevice
 from retainz.zoned import Geometry, MemoryDevice, ZoneCond
+from retainz.zoned.faulty import FaultyDevice
 
 KiB = 1024
 GEOM = Geometry(nr_zones=14, zone_size=64 * KiB, zone_capacity=48 * KiB, block_size=4096, max_open=3,

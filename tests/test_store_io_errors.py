@@ -13,8 +13,8 @@ import pytest
 from retainz.errors import InjectedIOError, ZonedDeviceError
 from retainz.hint import Hint
 from retainz.store import Store
-from retainz.testing import FaultyDevice
 from retainz.zoned import Geometry, MemoryDevice, ZoneCond
+from retainz.zoned.faulty import FaultyDevice
 
 KiB = 1024
 GEOM = Geometry(nr_zones=12, zone_size=64 * KiB, zone_capacity=48 * KiB, block_size=4096, max_open=3,

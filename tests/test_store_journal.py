@@ -17,8 +17,8 @@ from retainz.store.format import Superblock
 from retainz.store.journal import frame, parse_zone, scan
 from retainz.store.records import empty_snapshot, snapshot_records, sync_record
 from retainz.store.types import StoreMetrics
-from retainz.testing import FaultyDevice
 from retainz.zoned import Geometry, MemoryDevice, ZoneCond
+from retainz.zoned.faulty import FaultyDevice
 
 BS = 4096
 GEOM = Geometry(nr_zones=16, zone_size=64 * 1024, zone_capacity=48 * 1024, block_size=BS, max_open=3,

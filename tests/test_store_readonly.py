@@ -11,8 +11,8 @@ import pytest
 from retainz.cli import main as cli_main
 from retainz.errors import PowerCutError, ReadOnlyStoreError
 from retainz.store import Store
-from retainz.testing import FaultyDevice
 from retainz.zoned import FileDevice, Geometry, MemoryDevice
+from retainz.zoned.faulty import FaultyDevice
 
 KiB = 1024
 GEOM = Geometry(nr_zones=12, zone_size=64 * KiB, zone_capacity=48 * KiB, block_size=4096, max_open=4,

@@ -11,9 +11,9 @@ import pytest
 from retainz.errors import CorruptJournalError, PowerCutError
 from retainz.hint import Hint
 from retainz.store import Store
-from retainz.testing import FaultyDevice
 from retainz.testing.crashtest import GEOMETRY, WORKLOADS, campaign, workload
 from retainz.zoned import FileDevice, MemoryDevice, ZoneCond, ZoneOp
+from retainz.zoned.faulty import FaultyDevice
 
 EXPECTED_CLASSES = {
     "basic": {"shard-data", "commit-record", "delete-record", "sync-record", "rollover-snapshot"},

@@ -14,9 +14,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from retainz.errors import NoSpaceError, PowerCutError
 from retainz.hint import Hint
 from retainz.store import Store
-from retainz.testing import FaultyDevice
-from retainz.testing.faulty import power_cut_states
 from retainz.zoned import Geometry, MemoryDevice
+from retainz.zoned.faulty import FaultyDevice, power_cut_states
 
 KiB = 1024
 GEOM = Geometry(nr_zones=14, zone_size=64 * KiB, zone_capacity=48 * KiB, block_size=4096, max_open=3,

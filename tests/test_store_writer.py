@@ -392,7 +392,7 @@ def test_a_failed_device_write_of_a_counted_shard_leaves_the_store_consistent(po
     """An I/O error at each of a payload-less workload's writes: the shard fails, its zone is
     reconciled with the device, and fsck and a recomputed zone table agree; the store keeps working."""
     from retainz.errors import ZonedDeviceError
-    from retainz.testing import FaultyDevice
+    from retainz.zoned.faulty import FaultyDevice
 
     fired = 0
     for after in range(12):

@@ -172,7 +172,7 @@ def test_hung_guest_is_killed_with_its_log_and_files_kept(tmp_path):
     assert "hanging-now" in result.console_log.read_text(errors="replace")
 
 
-# -- the file-system comparison, one small case per system (retainz.vm.fsworkload) ------------------
+# -- the file-system comparison, one small case per system (retainz.experiments.fsworkload) ------------------
 
 #: Systems the lane runs, each on the same namespace in turn (retainz first on the blank namespace; the
 #: mkfs tools reset every zone they format).
@@ -209,7 +209,7 @@ def fs_guest_run():
     for system in FS_SYSTEMS:
         res = FS_OUT / f"{system.replace(':', '_')}.json"
         res.unlink(missing_ok=True)
-        lines.append(f"{sys.executable} -m retainz.vm.fsworkload --system {system} --policy retainz "
+        lines.append(f"{sys.executable} -m retainz.experiments.fsworkload --system {system} --policy retainz "
                      f"--trace {trace} --out {res}")
     script = FS_OUT / "run.sh"
     script.write_text("\n".join(lines) + "\n")
@@ -300,7 +300,7 @@ def test_conformance_passes_on_the_namespace_served_to_the_host():
     assert guest.stats()["connections"] >= len(served) + 1     # one per case, and the stop
 
 
-# -- the real payload through the ZNS namespace (retainz.integrations.payload.guest) ----------------
+# -- the real payload through the ZNS namespace (retainz.experiments.payload.guest) ----------------
 
 #: Seconds before the payload run is given up (it takes about 3 minutes on 2 shared cores).
 PAYLOAD_TIMEOUT = float(os.environ.get("RETAINZ_GUEST_PAYLOAD_TIMEOUT", "1200"))
@@ -312,7 +312,7 @@ def test_payload_resume_is_bit_identical_on_the_zns_namespace():
     (served to the host, retainz.vm.channel), mounted again from the namespace by a fresh process,
     restored, and the resumed update compared bit for bit."""
     pytest.importorskip("torch", reason="needs the payload extra (make setup-torch)")
-    from retainz.integrations.payload.guest import capture_in_guest
+    from retainz.experiments.payload.guest import capture_in_guest
     from retainz.vm.setup import VMSetupError, ensure_all
 
     try:

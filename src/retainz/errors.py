@@ -176,7 +176,7 @@ class PowerCutError(ZonedDeviceError):
 
 
 class InjectedIOError(ZonedDeviceError):
-    """An I/O error injected by :class:`~retainz.testing.faulty.FaultyDevice`."""
+    """An I/O error injected by :class:`~retainz.zoned.faulty.FaultyDevice`."""
 
 
 class DeviceFormatError(RetainZError, ValueError):

@@ -1,16 +1,17 @@
-"""Reading run records for analysis (JSON only: analysis never imports the store).
+"""Reading run records for analysis (through the record module, :mod:`retainz.runrecord`: analysis
+reads records and never imports the store).
 
 Helpers turn a record into the quantities figures, the table and the claims use.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import re
 
-__all__ = ["load", "Runs", "TamperedRecordError", "record_digest", "policy_name", "POLICY_ORDER", "POLICY_STYLE", "rule_family", "layout_name",
+from retainz.runrecord import digest, load_records
+
+__all__ = ["load", "Runs", "TamperedRecordError", "policy_name", "POLICY_ORDER", "POLICY_STYLE", "rule_family", "layout_name",
            "zones_of", "payload_verified", "mean_gib", "steps_run", "stranded_gib", "GIB", "slug", "layout_rank", "rule_rank", "policy_rank", "base_policy"]
 
 GIB = float(1 << 30)
@@ -166,14 +167,6 @@ class NoRecordsError(ValueError):
     exit_status = 1   # an operation failure, as for a tampered record
 
 
-def record_digest(rec: dict) -> str:
-    """sha256 over the canonical JSON of ``rec`` without its ``digest`` field (the same text as
-    :func:`retainz.experiments.record.digest`, recomputed here: analysis imports no other package)."""
-    body = {k: v for k, v in rec.items() if k != "digest"}
-    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
 def load(directory: str) -> Runs:
     """Read every record (``*.json``) directly in ``directory``.
 
@@ -183,23 +176,16 @@ def load(directory: str) -> Runs:
         ValueError: a ``*.json`` file that is not JSON text, or JSON that is not a run record (names
             the file).
     """
+    recs, problems = load_records(directory)
+    if problems:
+        raise ValueError(f"{os.path.join(directory, problems[0])}; run `retainz verify {directory}`")
     ok, failed = [], []
-    for name in sorted(os.listdir(directory)):
-        if not name.endswith(".json") or name.startswith("."):
-            continue
+    for name, rec in recs:
         path = os.path.join(directory, name)
-        try:
-            with open(path, encoding="utf-8") as f:
-                rec = json.load(f)
-        except UnicodeDecodeError as e:
-            raise ValueError(f"{path}: not a JSON run record: byte 0x{e.object[e.start]:02x} is not UTF-8 "
-                             f"text (a binary file?); run `retainz verify {directory}`") from None
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: not a JSON run record: {e}; run `retainz verify {directory}`") from None
-        if not isinstance(rec, dict) or not {"tags", "inputs", "status"} <= rec.keys():
-            raise ValueError(f"{path}: not a run record (a JSON {type(rec).__name__} without tags, inputs "
-                             f"and status); run `retainz verify {directory}`")
-        if rec.get("digest") != record_digest(rec):
+        if not {"tags", "inputs", "status"} <= rec.keys():
+            raise ValueError(f"{path}: not a run record (a JSON object without tags, inputs and status); "
+                             f"run `retainz verify {directory}`")
+        if rec.get("digest") != digest(rec):
             what = "has no digest" if "digest" not in rec else "digest mismatch"
             raise TamperedRecordError(f"{path}: {what} (the record was edited after it was written); "
                                       f"refusing to analyze it: run `retainz verify {directory}`")

@@ -31,6 +31,7 @@ COMMAND_MODULES = [
     "retainz.cli.device",
     "retainz.cli.demo",
     "retainz.cli.store",
+    "retainz.cli.crashtest",
     "retainz.cli.replay",
     "retainz.cli.experiments",
     "retainz.cli.vm",

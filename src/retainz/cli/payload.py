@@ -3,7 +3,7 @@
 
 Trains the SmolLM2-135M architecture with AdamW on the Shakespeare stand-in corpus, checkpoints model,
 optimizer and RNG state through the DCP plugin onto a FileDevice, resumes in a fresh process and checks
-that the resumed update is bit-identical to the uninterrupted one (retainz.integrations.payload.train).
+that the resumed update is bit-identical to the uninterrupted one (retainz.experiments.payload.train).
 Exit status 0 identical, 1 not identical (the differing tensors are listed).  torch is imported only when
 the command runs.
 """
@@ -64,7 +64,7 @@ def _check_retention(spec: str) -> None:
 
 def _capture(args: argparse.Namespace) -> int:
     try:
-        from retainz.integrations.payload.train import PayloadConfig, capture
+        from retainz.experiments.payload.train import PayloadConfig, capture
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ValueError(f"the payload extra is not installed ({e}); run `make setup-torch`") from None
     _check_retention(args.retention)
@@ -85,7 +85,7 @@ def _capture(args: argparse.Namespace) -> int:
 def _guest(args: argparse.Namespace) -> int:
     import signal
 
-    from retainz.integrations.payload.guest import capture_in_guest
+    from retainz.experiments.payload.guest import capture_in_guest
 
     _check_retention(args.retention)
     # SIGTERM (e.g. `timeout`) stops the guest and removes the channel's files, as Ctrl-C does

@@ -1,5 +1,5 @@
 """Host side of the file-system comparison: one manifest case (``system`` set) -> one QEMU guest that
-runs :mod:`retainz.vm.fsworkload` on a fresh NVMe ZNS namespace.
+runs :mod:`retainz.experiments.fsworkload` on a fresh NVMe ZNS namespace.
 
 Every system gets the same namespace: ``zones`` raw zones when the case names them, else
 ``ceil(peak live bytes / (pressure * zone capacity))`` - pressure here is against the *raw* namespace,
@@ -50,7 +50,7 @@ def guest_config(system: str, nr_zones: int, inputs: dict, *, timeout: float, cw
     """The :class:`~retainz.vm.guest.GuestConfig` of one case: the namespace, the modules the system
     needs, f2fs's metadata disk, mq-deadline on the zoned device (f2fs requires it on ZNS; every system
     gets the same)."""
-    from retainz.vm.fsworkload import parse_system
+    from retainz.experiments.fsworkload import parse_system
     from retainz.vm.guest import DiskConfig, GuestConfig, ZNSConfig
 
     name = parse_system(system).name
@@ -87,7 +87,7 @@ def run_filesystem_case(trace_path: str, case, workdir: str) -> dict:
             os.unlink(stale)
     timeout = float(os.environ.get("RETAINZ_FS_TIMEOUT", "900"))
     cfg = guest_config(i["system"], nr, i, timeout=timeout, cwd=os.getcwd())
-    argv = [sys.executable, "-m", "retainz.vm.fsworkload", "--system", i["system"], "--trace",
+    argv = [sys.executable, "-m", "retainz.experiments.fsworkload", "--system", i["system"], "--trace",
             os.path.abspath(trace_path), "--out", result_file, "--policy", i["policy"],
             "--reserve-zones", str(i["reserve_zones"])]
     try:

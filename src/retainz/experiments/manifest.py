@@ -39,8 +39,10 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
+from retainz.runrecord import canonical_json
+
 __all__ = ["ManifestError", "Case", "TraceSpec", "CASE_FIELDS", "CASE_DEFAULTS", "TAG_FIELDS",
-           "DEVICES", "load_manifest", "expand", "case_id", "canonical_json", "parse_scale"]
+           "DEVICES", "load_manifest", "expand", "case_id", "parse_scale"]
 
 #: Manifest format version understood here.
 FORMAT = 1
@@ -99,11 +101,6 @@ CASE_DEFAULTS: dict[str, Any] = {
 
 class ManifestError(ValueError):
     """A manifest that cannot be expanded; the message names the file, the block and the key."""
-
-
-def canonical_json(obj: Any) -> str:
-    """Sorted-key, compact JSON: the text that ids and digests are computed over."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
 def parse_scale(value: str | int) -> Fraction:
@@ -296,8 +293,8 @@ def _normalize(where: str, case: dict) -> dict:
 
 
 def _check_system(where: str, c: dict) -> None:
-    """A file-system comparison case: a known system spec, on the guest device (retainz.vm.fsworkload)."""
-    from retainz.vm.fsworkload import parse_system
+    """A file-system comparison case: a known system spec, on the guest device (retainz.experiments.fsworkload)."""
+    from retainz.experiments.fsworkload import parse_system
 
     try:
         c["system"] = parse_system(c["system"]).spec()

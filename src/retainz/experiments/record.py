@@ -27,28 +27,19 @@ The digest makes any edit of a committed record detectable by ``retainz verify``
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 import platform
 import subprocess
 
 from retainz import __version__
-from retainz.experiments.manifest import canonical_json
+from retainz.runrecord import SCHEMA, digest
 
-__all__ = ["SCHEMA", "METRIC_KEYS", "finalize", "digest", "provenance"]
-
-SCHEMA = "retainz.run/1"
+__all__ = ["METRIC_KEYS", "finalize", "provenance"]
 
 #: Metrics every ok record must carry (the replay contract).
 METRIC_KEYS = ("host_bytes", "gc_bytes", "waf", "resets", "finishes", "dead_space_byte_steps",
                "unused_capacity_bytes", "unused_capacity_byte_steps", "peak_occupancy", "capacity_stop_step",
                "generations_committed", "decisions", "decision_cpu_seconds")
-
-
-def digest(rec: dict) -> str:
-    """sha256 over the canonical JSON of ``rec`` without its ``digest`` field."""
-    body = {k: v for k, v in rec.items() if k != "digest"}
-    return hashlib.sha256(canonical_json(body).encode()).hexdigest()
 
 
 def finalize(rec: dict) -> dict:

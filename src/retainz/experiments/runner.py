@@ -13,7 +13,7 @@ Phases:
 
 A case that raises is recorded with ``status: "failed"`` and its error and traceback; the others go on.
 
-The record schema is :data:`retainz.experiments.record.SCHEMA` (see ``docs/experiments.md``).
+The record schema is :data:`retainz.runrecord.SCHEMA` (see ``docs/experiments.md``).
 """
 
 from __future__ import annotations

@@ -18,43 +18,19 @@ Checks per record:
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
 
 from retainz.errors import STOP_CAUSES
 from retainz.experiments.manifest import TAG_FIELDS, case_id
-from retainz.experiments.record import METRIC_KEYS, SCHEMA, digest
+from retainz.experiments.record import METRIC_KEYS
+from retainz.runrecord import SCHEMA, digest, load_records
 
-__all__ = ["verify_dir", "verify_record", "load_records"]
+__all__ = ["verify_dir", "verify_record"]
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _COMMON = ("schema", "id", "manifest", "tags", "inputs", "backend", "provenance", "status", "timing", "digest")
-
-
-def load_records(directory: str) -> tuple[list[tuple[str, dict]], list[str]]:
-    """Read every ``*.json`` record directly in ``directory``; returns ``([(file, record)], problems)``."""
-    recs, problems = [], []
-    for name in sorted(os.listdir(directory)):
-        if not name.endswith(".json") or name.startswith("."):
-            continue
-        p = os.path.join(directory, name)
-        try:
-            with open(p, encoding="utf-8") as f:
-                rec = json.load(f)
-        except (OSError, json.JSONDecodeError) as e:
-            problems.append(f"{name}: unreadable: {e}")
-            continue
-        except UnicodeDecodeError as e:
-            problems.append(f"{name}: not a JSON run record: byte 0x{e.object[e.start]:02x} is not UTF-8 "
-                            "text (a binary file?)")
-            continue
-        if not isinstance(rec, dict):
-            problems.append(f"{name}: not a JSON object")
-            continue
-        recs.append((name, rec))
-    return recs, problems
 
 
 def _num(x) -> bool:

@@ -6,7 +6,7 @@
   writer, TorchTitan's CheckpointManager and Lightning's ModelCheckpoint run unmodified (imports fsspec);
 * :mod:`retainz.integrations.retention_callbacks` - Megatron-style retention adapters over the store's
   delete, and a TorchTitan-style purge helper (no torch needed);
-* :mod:`retainz.integrations.payload` - the real-payload check (SmolLM2-135M architecture).
+* :mod:`retainz.experiments.payload` - the real-payload check (SmolLM2-135M architecture).
 
 Nothing here is imported by the core: ``import retainz`` never imports torch or fsspec.
 """

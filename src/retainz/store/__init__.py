@@ -1,4 +1,4 @@
-"""The store: the backend that executes everything (README "Architecture", "Store").
+"""The store: the backend that executes everything (docs/architecture.md, docs/store.md).
 
 Public surface (everything else in this package is private)::
 

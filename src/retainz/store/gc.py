@@ -246,7 +246,7 @@ class Collector:
         z, off, length, crc = e
         padded = round_up(length, self.zones.block_size)
         if crc is None:
-            return self.write_path.write_counted(gen, padded, length, out, copies, gc=True)
+            return self.write_path.write(gen, padded, length, out, copies, gc=True)[0]
         data = self.zones.device.read(z * self.zones.zone_size + off, padded)
         actual = crc32c.crc32c(memoryview(data)[:length])
         if actual != crc:

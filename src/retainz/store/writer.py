@@ -182,7 +182,8 @@ class WritePath:
                 stay in ``extents``).
             ValueError: the allocator broke its contract.
         """
-        left = total = len(data)
+        counted = isinstance(data, int)
+        left = total = data if counted else len(data)
         pos = 0
         dev, zsize, now = self.zones.device, self.zones.zone_size, self.zones.now
         on_write = self.zones.table.on_write
@@ -196,16 +197,19 @@ class WritePath:
             if n > left:
                 n = left
             el = n if data_len - pos >= n else data_len - pos
-            piece = data[pos:pos + n]
+            piece = n if counted else data[pos:pos + n]
             try:
                 dev.write(z * zsize + off, piece)
             except ZonedDeviceError:
                 self.zones.reconcile_quietly(z)
                 raise
-            crc = crc32c.crc32c(piece[:el]) if el < n else crc32c.crc32c(piece)
-            if shard_crc is not None:
-                shard_crc = (crc32c_combine(shard_crc, crc, el) if el == WRITE_BUFFER
-                             else crc32c.crc32c(piece[:el], shard_crc))
+            if counted:
+                crc = None
+            else:
+                crc = crc32c.crc32c(piece[:el]) if el < n else crc32c.crc32c(piece)
+                if shard_crc is not None:
+                    shard_crc = (crc32c_combine(shard_crc, crc, el) if el == WRITE_BUFFER
+                                 else crc32c.crc32c(piece[:el], shard_crc))
             lt = d.lifetime
             on_write(z, n, d.reclaim_step, lifetime if lt is None else lt, now)
             dirty(z)
@@ -214,40 +218,6 @@ class WritePath:
             pos += n
             left -= n
         return total, shard_crc
-
-    def write_counted(self, gen: GenerationInfo, nbytes: int, data_len: int, extents: list, zone_bytes: dict, *,
-                      gc: bool = False, pending: int = 0) -> int:
-        """Place ``nbytes`` device bytes (a block multiple; ``data_len`` of them shard data) on a
-        payload-less device: like :meth:`write`, with extents that carry no crc (``None``).  The
-        hot path of trace replay: one ``place`` call, one device write and one table update per
-        extent, nothing proportional to the number of zones."""
-        left = nbytes
-        pos = 0
-        dev, zsize, now = self.zones.device, self.zones.zone_size, self.zones.now
-        on_write = self.zones.table.on_write
-        dirty = self.zones.changed.add
-        lifetime = gen.hint.lifetime
-        keep = self.allocator.keeps_file_zone and not gc
-        while left:
-            z, s, d = self._zone(gen, left, gc, pending, extents, keep)
-            off = s.written
-            n = s.capacity - off
-            if n > left:
-                n = left
-            el = n if data_len - pos >= n else data_len - pos
-            try:
-                dev.write(z * zsize + off, n)
-            except ZonedDeviceError:
-                self.zones.reconcile_quietly(z)
-                raise
-            lt = d.lifetime
-            on_write(z, n, d.reclaim_step, lifetime if lt is None else lt, now)
-            dirty(z)
-            zone_bytes[z] = zone_bytes.get(z, 0) + n
-            extents.append((z, off, el, None))
-            pos += n
-            left -= n
-        return nbytes
 
     def shard_written(self, padded: int) -> None:
         """A shard of ``padded`` device bytes was written for a user: host bytes, peak occupancy."""
@@ -537,8 +507,8 @@ class GenerationWriter:
             try:
                 if padded:
                     self._host.admit(self, padded)
-                    s._padded = self._host.write_path.write_counted(self.gen, padded, size, s.extents,
-                                                                    s.zone_bytes, pending=self._pending(padded))
+                    s._padded = self._host.write_path.write(self.gen, padded, size, s.extents, s.zone_bytes,
+                                                            pending=self._pending(padded))[0]
                     self._placed += padded
                     self.reserve -= min(padded, self.reserve)
             except BaseException:

@@ -1,8 +1,4 @@
-"""Crash-consistency testing of the store, shipped with it so users can run it against their own
-devices (``retainz crashtest``): the fault-injecting device (:mod:`.faulty`: power cuts, torn
-writes, injected I/O errors, corrupt reads) and the power-cut campaigns (:mod:`.crashtest`).
-Nothing in the store, placement or devices imports this package."""
-
-from retainz.testing.faulty import FaultyDevice, IOFault, power_cut_states
-
-__all__ = ["FaultyDevice", "IOFault", "power_cut_states"]
+"""Crash-consistency campaigns, shipped with the store so users can run them against their own devices
+(``retainz crashtest``): power cuts at every write boundary (:mod:`.crashtest`) and SIGKILLed writer
+processes (:mod:`.blackbox`). The fault-injecting device they run on is a device wrapper and lives with the
+devices (:mod:`retainz.zoned.faulty`). This is the lab: nothing in the product imports it."""

@@ -39,7 +39,7 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from retainz.placement.base import Hint
+from retainz.hint import Hint
 from retainz.store import Store
 from retainz.zoned.file import FileDevice
 from retainz.zoned.model import Geometry

@@ -1,11 +1,11 @@
 """Power-cut campaigns: run a scripted workload, cut the power at every write boundary, recover,
 check (LevelDB ``fault_injection_test``, on a zoned device).
 
-A campaign first runs the workload once on a :class:`~retainz.testing.FaultyDevice` to count its
+A campaign first runs the workload once on a :class:`~retainz.zoned.faulty.FaultyDevice` to count its
 write boundaries and label each (what the store was doing: shard data, commit record, rollover...).
 Then for every boundary ``k`` it formats a fresh device, runs the workload until the power is cut
 right after write ``k``, and tries the device states that cut can leave
-(:func:`~retainz.testing.faulty.power_cut_states`): every zone independently keeps a prefix of its
+(:func:`~retainz.zoned.faulty.power_cut_states`): every zone independently keeps a prefix of its
 unflushed writes, torn at a block, so a commit record can persist while the data it commits is lost
 and the other way round.  States are enumerated when a cut leaves few (``enumerate_up_to``), else
 sampled with a random source seeded by the workload seed and ``k``.  For every state it reboots the
@@ -34,7 +34,7 @@ from retainz.hint import Hint
 from retainz.store import Store
 from retainz.store.format import MAGIC
 from retainz.store.records import FRAME_HEADER, Kind, kind_of
-from retainz.testing.faulty import FaultyDevice, power_cut_states
+from retainz.zoned.faulty import FaultyDevice, power_cut_states
 from retainz.zoned.memory import MemoryDevice
 from retainz.zoned.model import Geometry
 
@@ -346,7 +346,7 @@ def campaign(name: str = "mixed", seed: int = 0, *, geometry: Geometry = GEOMETR
         second_cut: also cut the power again at this write after the reboot (during recovery's
             own writes, e.g. the mount-time rollover, or the first writes after it), reboot into a
             sampled state, then recover and check as usual (a double crash).
-        enumerate_up_to, samples: crash states per cut (:func:`~retainz.testing.faulty.power_cut_states`).
+        enumerate_up_to, samples: crash states per cut (:func:`~retainz.zoned.faulty.power_cut_states`).
         progress: called with (boundaries done, boundaries total).
     """
     make = make_device or (lambda g: MemoryDevice(g))

@@ -1,7 +1,7 @@
 """Trace replay: run a trace through the real store and measure it.
 
 Replay is not a model of the store: it drives :class:`~retainz.store.Store` (the one backend) on a
-device, event by event (one backend: README "Architecture"):
+device, event by event (one backend: docs/architecture.md):
 
 ====================  =====================================================================
 trace event           what replay does
@@ -47,12 +47,12 @@ import math
 import os
 import posixpath
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from retainz.errors import ChecksumError, NoSpaceError, PowerCutError
 from retainz.hint import Hint
 from retainz.placement import make_allocator
-from retainz.testing import FaultyDevice
 from retainz.trace.format import (
     CommitEvent,
     CrashEvent,
@@ -64,6 +64,7 @@ from retainz.trace.format import (
 )
 from retainz.trace.io import TraceReader
 from retainz.zoned import FileDevice, Geometry, MemoryDevice, ZonedDevice
+from retainz.zoned.faulty import FaultyDevice
 from retainz.zoned.model import MAX_ZONES
 
 __all__ = ["replay", "ReplayConfig", "trace_stats", "TraceStats", "DEFAULT_GEOMETRY", "ZONE_MAP_MAX_STEPS",
@@ -311,8 +312,11 @@ def _inferred_hint(inference, ev: SaveEvent, actual: dict) -> Hint:
     return replace(h, actual_reclaim_step=actual.get(ev.gen))
 
 
-def _pattern(gen: int, shard: str, nbytes: int):
-    """Deterministic, position-dependent bytes for a shard (verifiable after read-back)."""
+def shard_pattern(gen: int, shard: str, nbytes: int) -> Iterator[bytes]:
+    """The bytes replay writes for shard ``shard`` of generation number ``gen`` on a payload device:
+    ``nbytes`` bytes in chunks of at most ``_PATTERN_CHUNK`` (each chunk tagged with its index, the rest
+    from sha256 of ``"gen/shard"``), so any copy of them (a store, a file on btrfs or f2fs) is verified
+    after read-back without keeping one.  Deterministic across processes and hosts."""
     seed = hashlib.sha256(f"{gen}/{shard}".encode()).digest()
     base = (seed * (_PATTERN_CHUNK // len(seed)))
     off = 0
@@ -498,7 +502,7 @@ class _Run:
         self.saved_at[ev.gen] = ev
         for s in ev.shards:
             if self.payload:
-                w.write_shard(s.name, _pattern(ev.gen, s.name, s.nbytes))
+                w.write_shard(s.name, shard_pattern(ev.gen, s.name, s.nbytes))
             else:
                 w.write_counted_shard(s.name, s.nbytes)
 
@@ -551,7 +555,7 @@ class _Run:
             if gid not in committed:
                 continue
             for s in ev.shards:
-                want = b"".join(_pattern(gen, s.name, s.nbytes))
+                want = b"".join(shard_pattern(gen, s.name, s.nbytes))
                 got = b"".join(self.store.read_shard(gid, s.name))
                 if got != want:
                     raise ChecksumError(f"replay read-back of {gid}/{s.name} differs from what was written")

@@ -3,7 +3,7 @@
 the data, and the host opens it as ``remote:socket=PATH,window=PATH``.
 
 Why: under TCG, importing torch in the guest takes about a minute and a training update several, so
-the real payload (:mod:`retainz.integrations.payload`) runs on the host, at host speed, while every
+the real payload (:mod:`retainz.experiments.payload`) runs on the host, at host speed, while every
 byte of its checkpoints is written to, and read back from, the guest's NVMe ZNS namespace by the
 guest's kernel (``LinuxZonedDevice``: ``O_DIRECT`` writes at the write pointer, zone ioctls).
 Measured on this project's 2-core machines (TCG): a virtio-serial port carries about 3 MB/s host to

@@ -12,7 +12,7 @@ The guest:
   memory-backed null_blk zoned device (``/dev/nullb0``) made through configfs, and optionally a small
   regular virtio disk (``/dev/vda``, 4 KiB sectors: f2fs keeps its metadata there);
 * loads extra kernel modules on request (``GuestConfig.modules``: e.g. ``btrfs``, ``f2fs``, ``zonefs``
-  for the file-system comparison of :mod:`retainz.vm.fsworkload`);
+  for the file-system comparison of :mod:`retainz.experiments.fsworkload`);
 * runs the command from a script file in the output folder (the kernel command line holds ~2 KiB, so
   nothing of the command goes there), records its exit status there, and powers off.
 

@@ -5,7 +5,7 @@
 * ``LinuxZonedDevice`` (``retainz.zoned.linux``) - a real zoned block device through the kernel ioctls.
 
 Fault injection around an emulated device (power cuts, torn writes, I/O errors) is
-:class:`retainz.testing.FaultyDevice`.
+:class:`retainz.zoned.faulty.FaultyDevice`.
 
 :func:`open_device` turns a device specification string into a device.
 """

@@ -1,7 +1,7 @@
 """The guest workload driver of the file-system comparison: one checkpoint trace, written as real files
 on a zoned file system (btrfs, f2fs) or through RetainZ on the raw namespace, measured at the device.
 
-It runs *inside* the QEMU guest of :mod:`retainz.vm.guest` (``python -m retainz.vm.fsworkload``; the
+It runs *inside* the QEMU guest of :mod:`retainz.vm.guest` (``python -m retainz.experiments.fsworkload``; the
 host side is :mod:`retainz.experiments.filesystems`), on the NVMe ZNS namespace ``/dev/nvme0n1``:
 
 ==========  ======================================================================================
@@ -63,6 +63,7 @@ from dataclasses import dataclass, field
 from retainz.spec import parse_spec
 from retainz.trace.format import CommitEvent, CrashEvent, DeleteEvent, SaveEvent
 from retainz.trace.io import TraceReader
+from retainz.trace.replay import shard_pattern
 
 __all__ = ["SYSTEMS", "SystemSpec", "parse_system", "sectors_written", "ZoneResetCounter", "FileReplay", "same_stream",
            "survivors_before", "fill_at", "run_system", "ZONED_DEVICE", "META_DEVICE", "MOUNT_POINT"]
@@ -170,13 +171,6 @@ class ZoneResetCounter:
         os.close(self._fd)
 
 
-def _pattern(gen: int, shard: str, nbytes: int) -> Iterator[bytes]:
-    # the bytes trace replay writes on a payload device (so a file and a store hold the same data)
-    from retainz.trace.replay import _pattern as replay_pattern
-
-    return replay_pattern(gen, shard, nbytes)
-
-
 def same_stream(got: Iterator[bytes], want: Iterator[bytes]) -> tuple[bool, int]:
     """Compare two byte streams chunked differently without joining them; returns (equal, bytes that
     matched before the first difference or the end)."""
@@ -276,7 +270,7 @@ class FileReplay:
         for s in ev.shards:
             fd = os.open(os.path.join(d, s.name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
-                for chunk in _pattern(ev.gen, s.name, s.nbytes):
+                for chunk in shard_pattern(ev.gen, s.name, s.nbytes):
                     view = memoryview(chunk)
                     while view:
                         n = os.write(fd, view)
@@ -343,7 +337,7 @@ class FileReplay:
                 path = os.path.join(d, s.name)
                 try:
                     with open(path, "rb", buffering=0) as f:
-                        for want in _pattern(gen, s.name, s.nbytes):
+                        for want in shard_pattern(gen, s.name, s.nbytes):
                             got = f.read(len(want))
                             if got != want:
                                 problems.append(f"{path}: differs at byte {nbytes}")
@@ -502,7 +496,7 @@ def _run_retainz(policy: str, reserve_zones: int, meta_zones: int, trace_path: s
                 problems.append(f"{gid}: missing after reopen")
                 continue
             for s in ev.shards:
-                ok, n = same_stream(store.read_shard(gid, s.name), _pattern(gen, s.name, s.nbytes))
+                ok, n = same_stream(store.read_shard(gid, s.name), shard_pattern(gen, s.name, s.nbytes))
                 if not ok:
                     problems.append(f"{gid}/{s.name}: read back differs at byte {n}")
                 nbytes += n
@@ -567,10 +561,10 @@ def _derive(out: dict, events: list, raw: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m retainz.vm.fsworkload --system S --trace T --out result.json [--policy P]`` (in the
+    """``python -m retainz.experiments.fsworkload --system S --trace T --out result.json [--policy P]`` (in the
     guest).  Exit 0 when the run was measured (a capacity stop included), 1 when the read-back found a
     problem, 2 on bad arguments."""
-    ap = argparse.ArgumentParser(prog="python -m retainz.vm.fsworkload")
+    ap = argparse.ArgumentParser(prog="python -m retainz.experiments.fsworkload")
     ap.add_argument("--system", required=True, help="retainz, btrfs, btrfs:bg_reclaim_threshold=N, f2fs")
     ap.add_argument("--trace", required=True)
     ap.add_argument("--out", required=True, help="result JSON (rewritten at every checkpoint)")

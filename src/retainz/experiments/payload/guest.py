@@ -39,6 +39,8 @@ import sys
 import time
 from pathlib import Path
 
+from retainz.runrecord import digest
+
 __all__ = ["SCHEMA", "PAYLOAD_NAMESPACE", "GUEST_DEVICE", "capture_in_guest"]
 
 SCHEMA = "retainz.payload/1"
@@ -115,7 +117,7 @@ def capture_in_guest(retention: str, out_dir: str | os.PathLike, *, layers: int 
                      "device_bytes_written": device_io.get("device_bytes_written"),
                      "device_bytes_read": device_io.get("device_bytes_read")},
            "provenance": provenance()}
-    rec["digest"] = _digest(rec)
+    rec["digest"] = digest(rec)
     (out / "record.json").write_text(json.dumps(rec, indent=1, sort_keys=True) + "\n")
     return rec
 
@@ -141,16 +143,10 @@ def _tokenize_on_host(cache: str) -> None:
     """
     import subprocess
 
-    code = ("import sys; from retainz.integrations.payload.train import PayloadConfig, load_tokens; "
+    code = ("import sys; from retainz.experiments.payload.train import PayloadConfig, load_tokens; "
             "load_tokens(PayloadConfig(cache=sys.argv[1]))")
     r = subprocess.run([sys.executable, "-c", code, os.path.abspath(cache)], capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"tokenizing the payload corpus in {cache} failed:\n{r.stderr[-2000:]}")
 
 
-def _digest(rec: dict) -> str:
-    import hashlib
-
-    from retainz.experiments.manifest import canonical_json
-
-    return hashlib.sha256(canonical_json({k: v for k, v in rec.items() if k != "digest"}).encode()).hexdigest()

@@ -6,7 +6,7 @@
 2. ``dcp.save`` model, optimizer, RNG state and step through :class:`ZonedStorageWriter` onto a
    FileDevice, as generation ``step-{steps}``: the checkpoint under test;
 3. run one more update uninterrupted and save the result as ``step-{steps+1}``: the reference;
-4. in a *fresh process* (``python -m retainz.integrations.payload.train resume``): build the model,
+4. in a *fresh process* (``python -m retainz.experiments.payload.train resume``): build the model,
    ``dcp.load`` ``step-{steps}``, restore model, optimizer and RNG state, run one update, load the
    reference and compare the loss and every parameter and optimizer-state tensor byte for byte;
 5. write ``result.json`` (the verdict and timings) and ``layout.json`` (the captured shard sizes, in the
@@ -74,7 +74,7 @@ def _determinism(cfg: PayloadConfig) -> None:
 
 def load_tokens(cfg: PayloadConfig) -> torch.Tensor:
     """The corpus as SmolLM2 token ids (int64), tokenized once and cached next to the sources."""
-    from retainz.integrations.payload import sources
+    from retainz.experiments.payload import sources
 
     cache = Path(cfg.cache)
     path = cache / "shakespeare-smollm2-tokens.pt"
@@ -93,8 +93,8 @@ def load_tokens(cfg: PayloadConfig) -> torch.Tensor:
 
 
 def _build(cfg: PayloadConfig, init: str | None = None):
-    from retainz.integrations.payload import sources
-    from retainz.integrations.payload.model import build_model
+    from retainz.experiments.payload import sources
+    from retainz.experiments.payload.model import build_model
 
     init = init or cfg.init
     model = build_model(cfg.layers, init=init, seed=cfg.seed,
@@ -152,9 +152,9 @@ def capture(cfg: PayloadConfig, device: str, out: Path, *, force: bool = False) 
     from torch.distributed import checkpoint as dcp
 
     from retainz.errors import GenerationExistsError
+    from retainz.experiments.payload.model import INIT_LABELS
     from retainz.integrations import _stores
     from retainz.integrations.dcp import ZonedStorageWriter
-    from retainz.integrations.payload.model import INIT_LABELS
 
     device = str(device)
     if _stores.present(device):
@@ -193,7 +193,7 @@ def capture(cfg: PayloadConfig, device: str, out: Path, *, force: bool = False) 
 
     t2 = time.perf_counter()
     env = dict(os.environ, PYTHONHASHSEED="0")
-    proc = subprocess.run([sys.executable, "-m", "retainz.integrations.payload.train", "resume",
+    proc = subprocess.run([sys.executable, "-m", "retainz.experiments.payload.train", "resume",
                            "--device", device, "--config", json.dumps(asdict(cfg))],
                           capture_output=True, text=True, env=env)
     if proc.returncode != 0:
@@ -280,7 +280,7 @@ def resume_and_compare(cfg: PayloadConfig, device: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m retainz.integrations.payload.train")
+    ap = argparse.ArgumentParser(prog="python -m retainz.experiments.payload.train")
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("resume", help="(internal) the fresh-process half of the check; prints JSON")
     r.add_argument("--device", required=True, help="a device file, /dev/NAME or a remote: device spec")
