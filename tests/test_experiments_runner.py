@@ -13,9 +13,10 @@ import pytest
 
 from retainz.experiments.manifest import Case, case_id, expand
 from retainz.experiments.record import METRIC_KEYS
-from retainz.experiments.runner import RecordExistsError, run_cases, sha256_file
+from retainz.experiments.runner import RecordExistsError, run_cases
 from retainz.experiments.verify import verify_dir
 from retainz.runrecord import SCHEMA
+from retainz.trace.io import sha256_file
 from tests.replay_double import SyntheticReplayDouble, interrupt_then_resume
 
 BASE = {"layout": "smollm2-135m-dcp", "rule": "torchtitan:interval=500,keep_latest_k=10", "steps": 5000,

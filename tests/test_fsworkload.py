@@ -12,12 +12,12 @@ import os
 
 import pytest
 
+from retainz.experiments import fsworkload as fw
 from retainz.experiments.filesystems import guest_config, namespace_zones
 from retainz.experiments.manifest import ManifestError, expand, load_manifest
 from retainz.trace.format import DeleteEvent, SaveEvent
 from retainz.trace.generate import write_generated
 from retainz.trace.io import TraceReader
-from retainz.experiments import fsworkload as fw
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

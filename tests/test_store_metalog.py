@@ -10,7 +10,6 @@ import pytest
 from retainz.errors import NoSpaceError
 from retainz.hint import Hint
 from retainz.store import Store
-from retainz.store.format import round_up
 from retainz.store.journal import scan
 from retainz.store.records import (
     EXTENT_BYTES,
@@ -24,6 +23,7 @@ from retainz.store.records import (
     snapshot_zones,
 )
 from retainz.zoned import Geometry, MemoryDevice
+from retainz.zoned.model import round_up
 
 KiB = 1024
 GEOM = Geometry(nr_zones=16, zone_size=64 * KiB, zone_capacity=48 * KiB, block_size=4096, max_open=6,

@@ -19,7 +19,6 @@ The record schema is :data:`retainz.runrecord.SCHEMA` (see ``docs/experiments.md
 from __future__ import annotations
 
 import concurrent.futures as cf
-import hashlib
 import json
 import os
 import sys
@@ -37,20 +36,11 @@ if TYPE_CHECKING:
     from retainz.trace.replay import ReplayConfig
 
 __all__ = ["Backend", "RetainZBackend", "RunSummary", "run_manifest", "run_cases", "execute_case",
-           "replay_config", "sha256_file", "RecordExistsError"]
+           "replay_config", "RecordExistsError"]
 
 
 class RecordExistsError(FileExistsError):
     """The output folder already holds records of these cases."""
-
-
-def sha256_file(path: str) -> str:
-    """Hex sha256 of a file's bytes."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class Backend:
@@ -217,6 +207,8 @@ def _write_new(path: str, text: str) -> None:
 
 def _generate(backend: Backend, spec: TraceSpec, trace_dir: str) -> tuple[str, str, float]:
     """Generate (or reuse) the trace of ``spec``; returns (path, sha256, seconds)."""
+    from retainz.trace.io import sha256_file
+
     path = os.path.join(trace_dir, f"{spec.key()}.jsonl")
     t0 = time.perf_counter()
     if not os.path.exists(path):

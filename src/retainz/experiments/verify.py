@@ -75,7 +75,7 @@ def verify_record(name: str, rec: dict, directory: str | None = None) -> list[st
         elif directory and tr.get("file"):
             tp = os.path.normpath(os.path.join(directory, tr["file"]))
             if os.path.exists(tp):
-                from retainz.experiments.runner import sha256_file
+                from retainz.trace.io import sha256_file
 
                 if sha256_file(tp) != tr["sha256"]:
                     p.append(f"{name}: trace sha256 differs from the cached trace file {tr['file']}")

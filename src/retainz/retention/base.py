@@ -372,13 +372,9 @@ def parse_rule(spec: str) -> Rule:
         raise ValueError(f"unknown retention rule {name!r}; valid rules: {', '.join(RULES)}")
     keys = {k["key"]: k for k in rule_keys(cls)}
     kwargs: dict[str, Any] = {}
-    seen: set[str] = set()
-    for key, raw in pairs:
+    for key, raw in pairs:          # parse_spec has refused a key given twice
         if key not in keys:
             raise ValueError(f"retention rule {name}: unknown key {key!r}; valid keys: {_describe_keys(cls)}")
-        if key in seen:
-            raise ValueError(f"retention rule {name}: key {key} given twice")
-        seen.add(key)
         k = keys[key]
         kwargs[k["field"]] = _convert(name, key, k["type"], raw, k["choices"])
     missing = [k["key"] for k in keys.values() if k["required"] and k["field"] not in kwargs]

@@ -10,11 +10,10 @@ import crc32c
 from retainz.errors import ZonedDeviceError
 from retainz.placement.base import ZoneSummary, ZoneTable
 from retainz.store.catalog import Catalog
-from retainz.store.format import round_up
 from retainz.store.types import FsckReport, SpaceReport
 from retainz.store.zonebook import ZoneBook
 from retainz.zoned.device import ZonedDevice
-from retainz.zoned.model import ZoneCond
+from retainz.zoned.model import ZoneCond, round_up
 
 __all__ = ["fsck", "space", "recompute_table"]
 

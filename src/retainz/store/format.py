@@ -47,7 +47,7 @@ import crc32c
 from retainz.errors import CorruptJournalError, InvalidIdError, UnsupportedFormatError
 from retainz.zoned.model import Geometry
 
-__all__ = ["MAGIC", "FORMAT_VERSION", "READABLE_VERSIONS", "KNOWN_FLAGS", "Superblock", "check_id", "round_up",
+__all__ = ["MAGIC", "FORMAT_VERSION", "READABLE_VERSIONS", "KNOWN_FLAGS", "Superblock", "check_id",
            "MAX_ID_BYTES"]
 
 MAGIC = b"RETAINZS"
@@ -59,11 +59,6 @@ READABLE_VERSIONS = (1, 2)
 KNOWN_FLAGS = 0
 MAX_ID_BYTES = 255
 _SB = struct.Struct("<8sII16sQIIQQIII64s")
-
-
-def round_up(n: int, to: int) -> int:
-    """``n`` rounded up to a multiple of ``to``."""
-    return -(-n // to) * to
 
 
 @dataclass(frozen=True)

@@ -40,12 +40,11 @@ import crc32c
 from retainz.errors import ChecksumError, NoSpaceError
 from retainz.placement.base import Allocator
 from retainz.store.catalog import Catalog
-from retainz.store.format import round_up
 from retainz.store.metalog import MetadataLog
 from retainz.store.types import GCReport
 from retainz.store.writer import WritePath
 from retainz.store.zonebook import ZoneBook
-from retainz.zoned.model import ZoneCond
+from retainz.zoned.model import ZoneCond, round_up
 
 __all__ = ["Collector"]
 

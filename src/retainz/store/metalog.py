@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from retainz.errors import NoSpaceError
 from retainz.store.catalog import Catalog
-from retainz.store.format import round_up
 from retainz.store.journal import Journal
 from retainz.store.records import (
     EXTENT_BYTES,
@@ -32,6 +31,7 @@ from retainz.store.records import (
 )
 from retainz.store.types import GenerationInfo, GenState, StoreMetrics
 from retainz.store.zonebook import ZoneBook
+from retainz.zoned.model import round_up
 
 __all__ = ["MetadataLog"]
 

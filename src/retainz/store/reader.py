@@ -12,9 +12,9 @@ import crc32c
 
 from retainz.errors import ChecksumError, GenerationNotFoundError, ShardNotFoundError
 from retainz.store.catalog import Catalog
-from retainz.store.format import round_up
 from retainz.store.types import ShardInfo
 from retainz.zoned.device import ZonedDevice
+from retainz.zoned.model import round_up
 
 __all__ = ["Reader"]
 

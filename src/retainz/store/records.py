@@ -50,9 +50,8 @@ import crc32c
 
 from retainz.hint import Hint, Lifetime
 from retainz.placement.base import ZoneSummary
-from retainz.store.format import round_up
 from retainz.store.types import GenerationInfo, GenState, ShardInfo
-from retainz.zoned.model import ZoneCond
+from retainz.zoned.model import ZoneCond, round_up
 
 __all__ = ["Kind", "Record", "ZoneAttrs", "frame", "frame_size", "unframe", "FRAME_HEADER", "decode", "kind_of",
            "encode_gen", "decode_gen", "gen_entry_size", "commit_record", "delete_record", "move_record",

@@ -54,14 +54,14 @@ from dataclasses import dataclass, field
 from retainz.errors import CorruptJournalError
 from retainz.placement.base import ZoneSummary
 from retainz.store.catalog import Catalog
-from retainz.store.format import FORMAT_VERSION, Superblock, round_up
+from retainz.store.format import FORMAT_VERSION, Superblock
 from retainz.store.journal import Journal, scan
 from retainz.store.metalog import MetadataLog
 from retainz.store.records import NO_ATTRS, Kind, ZoneAttrs, decode
 from retainz.store.types import StoreMetrics
 from retainz.store.zonebook import ZoneBook
 from retainz.zoned.device import ZonedDevice
-from retainz.zoned.model import ZoneCond
+from retainz.zoned.model import ZoneCond, round_up
 
 __all__ = ["RecoveryReport", "Replayed", "Mounted", "replay", "reconcile", "mount"]
 

@@ -45,7 +45,7 @@ from retainz.placement import make_allocator
 from retainz.placement.base import Allocator, ExtentRequest, ZoneTable
 from retainz.store import check
 from retainz.store.catalog import Catalog
-from retainz.store.format import Superblock, check_id, round_up
+from retainz.store.format import Superblock, check_id
 from retainz.store.gc import Collector
 from retainz.store.journal import MAX_META_ZONES, Journal, default_meta_zones
 from retainz.store.metalog import MetadataLog
@@ -56,7 +56,7 @@ from retainz.store.types import FsckReport, GCReport, GenerationInfo, GenState, 
 from retainz.store.writer import GenerationWriter, WritePath
 from retainz.store.zonebook import ZoneBook
 from retainz.zoned.device import ZonedDevice
-from retainz.zoned.model import ZoneCond
+from retainz.zoned.model import ZoneCond, round_up
 
 __all__ = ["Store", "GenerationWriter"]
 

@@ -29,10 +29,10 @@ import crc32c
 from retainz.errors import NoSpaceError, ShardSizeError, ZonedDeviceError
 from retainz.placement.base import Allocator, Decision, ExtentRequest, ZoneSummary
 from retainz.store.crc import crc32c_combine
-from retainz.store.format import check_id, round_up
+from retainz.store.format import check_id
 from retainz.store.types import GenerationInfo, GenState, ShardInfo, StoreMetrics
 from retainz.store.zonebook import ZoneBook
-from retainz.zoned.model import ZoneCond
+from retainz.zoned.model import ZoneCond, round_up
 
 __all__ = ["GenerationWriter", "ShardWriter", "WritePath", "WRITE_BUFFER"]
 

@@ -9,6 +9,7 @@ trace the reader refuses.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator
 from typing import BinaryIO, TextIO
@@ -16,7 +17,7 @@ from typing import BinaryIO, TextIO
 from retainz.trace.format import Event, Trace, TraceFormatError, TraceHeader
 from retainz.trace.validate import Validator, _Bad, _loads, _parse_event, _parse_header
 
-__all__ = ["TraceReader", "TraceWriter", "read_trace", "write_trace"]
+__all__ = ["TraceReader", "TraceWriter", "read_trace", "sha256_file", "write_trace"]
 
 
 class TraceReader:
@@ -161,3 +162,9 @@ def write_trace(path: str, trace: Trace) -> None:
     with TraceWriter(path, trace.header) as w:
         for ev in trace.events:
             w.write(ev)
+
+
+def sha256_file(path: str) -> str:
+    """Hex sha256 of a trace file's bytes: the hash records and mixes name a trace by."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()

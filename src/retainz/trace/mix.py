@@ -26,7 +26,6 @@ The output is an ordinary v1 trace: replay, validation and every policy read it 
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 import math
 from collections.abc import Iterator, Sequence
@@ -43,7 +42,7 @@ from retainz.trace.format import (
     SaveEvent,
     TraceHeader,
 )
-from retainz.trace.io import TraceReader, TraceWriter
+from retainz.trace.io import TraceReader, TraceWriter, sha256_file
 
 __all__ = ["mix", "MixStats"]
 
@@ -80,14 +79,6 @@ def _shift_hint(h: Hint | None, offset: int) -> Hint | None:
     return replace(h, reclaim_step=_shift(h.reclaim_step, offset), condition=replace(cond, **steps).describe())
 
 
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _job_events(reader: TraceReader, job: int, offset: int) -> Iterator[tuple[int, int, int, Event]]:
     for i, ev in enumerate(reader):
         yield (ev.step + offset, job, i, ev)
@@ -120,7 +111,7 @@ def mix(paths: Sequence[str], target, *, offsets: Sequence[int] | None = None) -
     try:
         headers = [r.header for r in readers]
         jobs = [{"job": j, "layout": h.layout.get("name"), "retention": h.retention, "schedule": h.schedule,
-                 "seed": h.seed, "offset": offsets[j], "crash_every": h.crash_every, "sha256": _sha256(p)}
+                 "seed": h.seed, "offset": offsets[j], "crash_every": h.crash_every, "sha256": sha256_file(p)}
                 for j, (h, p) in enumerate(zip(headers, paths, strict=True))]
         crash = [h.crash_every for h in headers if h.crash_every is not None]
         header = TraceHeader(

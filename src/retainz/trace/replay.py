@@ -62,10 +62,10 @@ from retainz.trace.format import (
     TraceHeader,
     actual_reclaim_steps,
 )
-from retainz.trace.io import TraceReader
+from retainz.trace.io import TraceReader, sha256_file
 from retainz.zoned import FileDevice, Geometry, MemoryDevice, ZonedDevice
 from retainz.zoned.faulty import FaultyDevice
-from retainz.zoned.model import MAX_ZONES
+from retainz.zoned.model import MAX_ZONES, round_up
 
 __all__ = ["replay", "ReplayConfig", "trace_stats", "TraceStats", "DEFAULT_GEOMETRY", "ZONE_MAP_MAX_STEPS",
            "ZONE_MAP_MAX_ROWS"]
@@ -244,10 +244,6 @@ class TraceStats:
     actual_reclaim: dict
 
 
-def _round_up(n: int, to: int) -> int:
-    return -(-n // to) * to
-
-
 def trace_stats(path: str, block_size: int = 4096) -> TraceStats:
     """Read and validate a trace once: its hash, header, peak live bytes and event steps.
 
@@ -265,10 +261,7 @@ def read_events(path: str, block_size: int = 4096) -> tuple[TraceStats, list[Eve
     Raises:
         TraceFormatError: a malformed line (with its line number) or an unknown version.
     """
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
+    digest = sha256_file(path)
     size: dict[int, int] = {}
     live = peak = saves = 0
     steps: set[int] = set()
@@ -280,13 +273,13 @@ def read_events(path: str, block_size: int = 4096) -> tuple[TraceStats, list[Eve
             events.append(ev)
             if isinstance(ev, SaveEvent):
                 saves += 1
-                n = sum(_round_up(s.nbytes, block_size) for s in ev.shards)
+                n = sum(round_up(s.nbytes, block_size) for s in ev.shards)
                 size[ev.gen] = n
                 live += n
                 peak = max(peak, live)
             elif isinstance(ev, (DeleteEvent, CrashEvent)) and ev.gen is not None:
                 live -= size.pop(ev.gen, 0)
-    stats = TraceStats(h.hexdigest(), header, peak, tuple(sorted(steps)), saves, actual_reclaim_steps(events))
+    stats = TraceStats(digest, header, peak, tuple(sorted(steps)), saves, actual_reclaim_steps(events))
     return stats, events
 
 

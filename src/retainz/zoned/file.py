@@ -40,7 +40,7 @@ import crc32c
 from retainz.errors import CorruptDeviceError, DeviceBusyError, NotADeviceError
 from retainz.zoned.device import WriteData
 from retainz.zoned.emulated import EmulatedZonedDevice
-from retainz.zoned.model import Geometry, ZoneCond
+from retainz.zoned.model import Geometry, ZoneCond, round_up
 from retainz.zoned.syscalls import best_effort, punch_hole, start_writeback
 
 __all__ = ["FileDevice", "FILE_DEVICE_MAGIC", "WRITEBACK_BYTES"]
@@ -53,12 +53,8 @@ _SLOT_HEAD = struct.Struct("<8sQ")
 _LABEL_SIZE = 4096
 
 
-def _round_up(n: int, to: int) -> int:
-    return -(-n // to) * to
-
-
 def _slot_size(nr_zones: int) -> int:
-    return _round_up(_SLOT_HEAD.size + 13 * nr_zones + 8, 4096)
+    return round_up(_SLOT_HEAD.size + 13 * nr_zones + 8, 4096)
 
 
 class FileDevice(EmulatedZonedDevice):
@@ -240,7 +236,7 @@ class FileDevice(EmulatedZonedDevice):
         if keep == 0:      # a reset: give the blocks back later (see trim), not on the hot path
             self._punch.add(zone)
             return
-        start = _round_up(keep, 4096)
+        start = round_up(keep, 4096)
         if start < self._zcap:
             best_effort("fallocate", punch_hole, self._fd, self._data_offset + zone * self._zsize + start,
                         self._zcap - start)

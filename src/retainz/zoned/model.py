@@ -248,6 +248,11 @@ _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 <<
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*([a-zA-Z]*)\s*$")
 
 
+def round_up(n: int, to: int) -> int:
+    """``n`` (bytes, >= 0) rounded up to a multiple of ``to`` (a block or zone size, > 0)."""
+    return -(-n // to) * to
+
+
 def parse_size(text: str | int) -> int:
     """Parse ``"64MiB"``, ``"64M"``, ``"4096"`` or ``"1GB"`` into bytes.
 

