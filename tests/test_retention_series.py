@@ -483,3 +483,53 @@ def test_the_mount_infers_and_hints_each_series_on_its_own():
     assert survivors == {"a": [110, 120], "a2": [100, 110, 120], "a/sub": [110, 120]}
     assert store.generation("a2%2Fcheckpoint-120").hint.condition == "inferred:keep_latest:k=3,interval=10"
     store.close()
+
+
+@torch_needed
+def test_a_non_coordinator_rank_retires_when_its_next_save_starts(tmp_path):
+    """Rank 1 commits its generation in ``write_data``, before the coordinator's commit completes the
+    checkpoint, so it retires only once the next save starts: k + 1 on its device in between."""
+    torch, _, ZonedStorageWriter, _ = _dcp()
+    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+
+    from retainz.integrations import _stores
+
+    pattern = str(tmp_path / "rank{rank}.img")
+    w = ZonedStorageWriter(pattern, retention="torchtitan:interval=10,keep_latest_k=2", series="a", geometry=GEOM)
+    seen = []
+    for step in (10, 20, 30, 40):
+        w.reset(f"/ckpt/a/step-{step}")
+        w.set_up_storage_writer(False, rank=1)
+        planner = DefaultSavePlanner()
+        planner.set_up_planner({"w": torch.full((16,), float(step))}, is_coordinator=False)
+        plan = w.prepare_local_plan(planner.create_local_plan())
+        w.write_data(plan, planner).wait()
+        with _stores.using(pattern.format(rank=1)) as store:
+            seen.append(sorted(g.step for _, g in members(store.generations(), "a")))
+    assert seen == [[10], [10, 20], [10, 20, 30], [20, 30, 40]]
+    assert _stores.open_count() == 0
+
+
+@torch_needed
+def test_a_failed_purge_leaves_the_committed_save_and_is_retried_at_the_next(monkeypatch):
+    torch, dcp, ZonedStorageWriter, _ = _dcp()
+    from retainz.errors import ZonedDeviceError
+
+    with Store.format(MemoryDevice(GEOM)) as store:
+        w = ZonedStorageWriter(store, retention="torchtitan:interval=10,keep_latest_k=2", series="a")
+        for step in (10, 20):
+            dcp.save({"w": torch.ones(8)}, storage_writer=w, checkpoint_id=f"step-{step}")
+        real = store.delete
+        calls = []
+
+        def failing(gid, **kw):
+            calls.append(gid)
+            raise ZonedDeviceError("injected: the journal write of the delete failed")
+
+        monkeypatch.setattr(store, "delete", failing)
+        dcp.save({"w": torch.ones(8)}, storage_writer=w, checkpoint_id="step-30")   # committed; purge fails
+        assert calls == ["a%2Fstep-10"] and w.retire_failures == 1
+        assert sorted(g.step for _, g in members(store.generations(), "a")) == [10, 20, 30]
+        monkeypatch.setattr(store, "delete", real)
+        dcp.save({"w": torch.ones(8)}, storage_writer=w, checkpoint_id="step-40")
+        assert sorted(g.step for _, g in members(store.generations(), "a")) == [30, 40]

@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import logging
 import os
 import pickle
 import uuid
@@ -78,6 +79,8 @@ __all__ = [
     "device_path",
     "METADATA_SHARD",
 ]
+
+log = logging.getLogger("retainz.dcp")
 
 #: Shard holding the pickled DCP ``Metadata``; its commit is the checkpoint's commit point.
 METADATA_SHARD = ".metadata"
@@ -224,6 +227,8 @@ class ZonedStorageWriter(StorageWriter):
         if self._rule is not None:
             check_enactable(self._rule)
         self._retire_due = False
+        #: purges after a commit that failed (each logged; the next save's purge retries)
+        self.retire_failures = 0
         self.condition = condition
         self.explicit_step = step
         self.geometry, self.policy, self.overwrite, self.wait = geometry, policy, overwrite, wait
@@ -305,7 +310,7 @@ class ZonedStorageWriter(StorageWriter):
         self._store = store
         if self._retire_due:         # a non-coordinator's previous save is complete: DCP returned
             self._retire_due = False
-            self.retire(store)
+            self._retire_logged(store)
         try:
             store.generation(gen)
             exists = True
@@ -388,9 +393,19 @@ class ZonedStorageWriter(StorageWriter):
             self._gen.write_shard(METADATA_SHARD, [blob])
             self._gen.commit()
             self._gen = None
-            self.retire(self._store)
+            self._retire_logged(self._store)
         finally:
             self._release(abort=True)
+
+    def _retire_logged(self, store: Any) -> None:
+        # the save is committed: a failed purge must not report it as failed (TorchTitan's purge
+        # thread likewise logs a failed deletion and carries on); the next save's purge retries
+        try:
+            self.retire(store)
+        except Exception as e:
+            self.retire_failures += 1
+            log.warning("%s: retention after the commit failed (retried at the next save): %s",
+                        self.checkpoint_id, e)
 
     def retire(self, store: Any) -> list[str]:
         """Enact the rule on :attr:`series` of ``store``: delete the committed checkpoints it no
