@@ -92,7 +92,7 @@ class _WriteFile(AbstractBufferedFile):
             # an existing file is replaced at this one's commit (replace-on-commit: until then it
             # stays readable and intact; a crash leaves exactly one of the two)
             writer = store.begin_generation(self._gen, step or 0, replace=True,
-                                            hint=fs._hint(posixpath.dirname(self._inner), step))
+                                            hint=fs._hint(series_of(self._inner), step))
         except BaseException:
             stack.close()
             raise

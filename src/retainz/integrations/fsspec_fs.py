@@ -165,7 +165,7 @@ class RetainZFileSystem(AbstractFileSystem):
         for _, g in members(store.generations(), series):
             path = generation_path(g.id)
             if g.id.startswith("@"):
-                hint = self._hint(posixpath.dirname(path), parse_step(path, file_names=True))
+                hint = self._hint(series_of(path), parse_step(path, file_names=True))
             else:
                 hint = self._hint(path, parse_step(path))
             if hint is None or (hint.reclaim_step, hint.condition) == (g.hint.reclaim_step, g.hint.condition):
