@@ -15,10 +15,10 @@ import shutil
 
 import pytest
 
-from tests.interrupts import SIGNALS, retainz, signal_after
 from retainz.cli import main
 from retainz.store import Store
 from retainz.zoned import FileDevice
+from tests.interrupts import SIGNALS, retainz, signal_after
 
 MiB = 1 << 20
 #: A put moves 4 MiB in 1 MiB chunks: points every half MiB land before, between and after chunks.

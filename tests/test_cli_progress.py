@@ -7,8 +7,8 @@ import os
 import pty
 import subprocess
 
-from tests.interrupts import ENV, retainz
 from retainz.cli import main
+from tests.interrupts import ENV, retainz
 
 
 def on_pty(argv) -> tuple[int, str]:

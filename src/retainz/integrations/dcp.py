@@ -3,6 +3,9 @@
 One checkpoint id is one store generation.  The generation id is the id's last path component
 (``/ckpt/step-500`` -> ``step-500``), the step is parsed from it (``retainz.retention.steps.parse_step``)
 and the runtime's retention rule turns both into the placement hint (:func:`retainz.retention.rule_hint`).
+With ``series="jobs/a"`` (jobs sharing a device) the id is ``jobs%2Fa%2Fstep-500``, the ``retainz://`` id
+of ``jobs/a/step-500``.  With ``retention=`` the writer also enacts the rule on its series once a save
+commits (``ZonedStorageWriter.retire``; docs/retention.md).
 
 Layout (one device per rank; ``device`` is a directory ``DIR`` or a path containing ``{rank}``)::
 
@@ -40,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import logging
 import os
 import pickle
 import uuid
@@ -64,7 +68,10 @@ from retainz.errors import GenerationExistsError, GenerationNotFoundError, Inval
 from retainz.hint import Hint
 from retainz.integrations import _stores
 from retainz.node import NodeStore, served
+from retainz.retention.base import parse_rule
 from retainz.retention.online import explicit_hint, rule_hint
+from retainz.retention.retire import check_enactable, is_explicit, pattern_of, retired_after_commit
+from retainz.retention.series import members, series_folder, series_generation_id
 from retainz.retention.steps import parse_step
 
 __all__ = [
@@ -76,6 +83,8 @@ __all__ = [
     "device_path",
     "METADATA_SHARD",
 ]
+
+log = logging.getLogger("retainz.dcp")
 
 #: Shard holding the pickled DCP ``Metadata``; its commit is the checkpoint's commit point.
 METADATA_SHARD = ".metadata"
@@ -184,21 +193,48 @@ class ZonedStorageWriter(StorageWriter):
             ``"permanent"``, ``"at_step:N"``, ``"after:N"`` (:func:`retainz.retention.explicit_hint`)
             or a :class:`~retainz.hint.Hint`; change it per save with :meth:`set_condition`.
         step: the training step, when the id names none (``parse_step`` otherwise).
+        series: the job's checkpoint folder inside the device (``"jobs/a"``;
+            :mod:`retainz.retention.series`): the generation id is ``quote(series/name)`` (the
+            ``retainz://`` id of that directory) instead of the bare last component, and retention
+            counts and retires only this series.  Jobs sharing a device each pass their own; default
+            the root series (ids ``step-500``).
+        retire: enact ``retention`` (default True): once a save has committed, the checkpoints of its
+            series the rule no longer keeps are deleted (:func:`retainz.retention.retire.
+            retired_after_commit`: TorchTitan ``keep_latest_k``, Megatron ``retain_interval``, HF
+            ``save_total_limit``), and the survivors' hints are brought to the rule's.  False: the
+            rule only hints placement and nothing is deleted.
         geometry: create and format missing device files with this ``Geometry``.
         policy: placement policy for a device this writer formats or opens.
         overwrite: replace a committed generation of the same id at this one's commit
             (replace-on-commit: until then the old one stays readable; a crash leaves exactly one
             of the two); default False raises ``GenerationExistsError``.
         wait: seconds to wait for a device another process holds.
+
+    Retirement happens on each rank's own device at the first point that rank knows the save has
+    committed: the coordinator right after its commit in :meth:`finish`; another rank when its next
+    save starts (:meth:`prepare_local_plan`), since only the coordinator's commit completes a
+    checkpoint.  A save given an explicit condition (:meth:`set_condition`) is outside the rule:
+    never counted, retired or re-hinted by it.
+
+    Raises:
+        ValueError: a malformed rule or series, or ``retire`` with a rule the store cannot enact
+            (Lightning, Accelerate, Orbax, HF with ``metric``: pass ``retire=False``).
     """
 
     def __init__(self, device: Any, checkpoint_id: str | os.PathLike | None = None, *,
                  retention: str | None = None, condition: str | Hint | None = None,
-                 step: int | None = None, geometry=None, policy: str | None = None,
-                 overwrite: bool = False, wait: float = 120.0):
+                 step: int | None = None, series: str | None = None, retire: bool = True, geometry=None,
+                 policy: str | None = None, overwrite: bool = False, wait: float = 120.0):
         super().__init__()
         self.device = device
         self.retention = retention
+        self.series = series_folder(series)
+        self._rule = parse_rule(retention) if retention and retire else None
+        if self._rule is not None:
+            check_enactable(self._rule)
+        self._retire_due = False
+        #: purges after a commit that failed (each logged; the next save's purge retries)
+        self.retire_failures = 0
         self.condition = condition
         self.explicit_step = step
         self.geometry, self.policy, self.overwrite, self.wait = geometry, policy, overwrite, wait
@@ -215,10 +251,10 @@ class ZonedStorageWriter(StorageWriter):
     # -- properties ---------------------------------------------------------------------------------
     @property
     def generation(self) -> str:
-        """The generation id of the current checkpoint."""
+        """The generation id of the current checkpoint (its last component, in :attr:`series`)."""
         if self.checkpoint_id is None:
             raise ValueError("no checkpoint_id: pass it to ZonedStorageWriter or to dcp.save")
-        return generation_id(self.checkpoint_id)
+        return series_generation_id(self.series, generation_id(self.checkpoint_id))
 
     @property
     def step(self) -> int:
@@ -278,6 +314,9 @@ class ZonedStorageWriter(StorageWriter):
                                                        geometry=self.geometry, policy=self.policy,
                                                        wait=self.wait))
         self._store = store
+        if self._retire_due:         # a non-coordinator's previous save is complete: DCP returned
+            self._retire_due = False
+            self._retire_logged(store)
         try:
             store.generation(gen)
             exists = True
@@ -347,6 +386,7 @@ class ZonedStorageWriter(StorageWriter):
                 else:
                     self._gen.commit()
                 self._gen = None
+                self._retire_due = self._rule is not None
                 self._release()
         except BaseException:
             self._release(abort=True)
@@ -366,8 +406,48 @@ class ZonedStorageWriter(StorageWriter):
             self._gen.write_shard(METADATA_SHARD, [blob])
             self._gen.commit()
             self._gen = None
+            self._retire_logged(self._store)
         finally:
             self._release(abort=True)
+
+    def _retire_logged(self, store: Any) -> None:
+        # the save is committed: a failed purge must not report it as failed (TorchTitan's purge
+        # thread likewise logs a failed deletion and carries on); the next save's purge retries
+        try:
+            self.retire(store)
+        except Exception as e:
+            self.retire_failures += 1
+            log.warning("%s: retention after the commit failed (retried at the next save): %s",
+                        self.checkpoint_id, e)
+
+    def retire(self, store: Any) -> list[str]:
+        """Enact the rule on :attr:`series` of ``store``: delete the committed checkpoints it no
+        longer keeps (journaled at this save's step), then give each survivor it counts the rule's
+        hint for its step where the journaled one differs (a rule changed on resume, or saved
+        without one).  Called by the writer once a save has committed; no-op without an enacted rule.
+
+        Returns:
+            The ids deleted, oldest first.
+        """
+        if self._rule is None:
+            return []
+        pat = pattern_of(self._rule)
+        mine = [(name, g) for name, g in members(store.generations(), self.series)
+                if pat.fullmatch(name) and not is_explicit(g.hint.condition)]
+        doomed = retired_after_commit(self._rule, [(name, g.id) for name, g in mine])
+        step = self.step
+        deleted = []
+        for gid in doomed:
+            with contextlib.suppress(GenerationNotFoundError):   # another writer of the series got there
+                store.delete(gid, step=step)
+                deleted.append(gid)
+        for name, g in mine:
+            if g.id in doomed:
+                continue
+            hint = rule_hint(self._rule, int(pat.fullmatch(name).group(1)))
+            if hint is not None and (hint.reclaim_step, hint.condition) != (g.hint.reclaim_step, g.hint.condition):
+                store.update_hint(g.id, hint, step=step)
+        return deleted
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
@@ -451,12 +531,15 @@ class ZonedStorageReader(StorageReader):
     Args:
         device: as for :class:`ZonedStorageWriter`.
         checkpoint_id: the checkpoint id if not passed to ``dcp.load``.
+        series: the series the checkpoint was saved in (``ZonedStorageWriter(series=...)``).
         wait: seconds to wait for a device another process holds (another rank reading it).
     """
 
-    def __init__(self, device: Any, checkpoint_id: str | os.PathLike | None = None, *, wait: float = 120.0):
+    def __init__(self, device: Any, checkpoint_id: str | os.PathLike | None = None, *,
+                 series: str | None = None, wait: float = 120.0):
         super().__init__()
         self.device = device
+        self.series = series_folder(series)
         self.wait = wait
         self.checkpoint_id = os.fspath(checkpoint_id) if checkpoint_id is not None else None
         self.storage_data: dict[MetadataIndex, ZonedLocation] = {}
@@ -467,7 +550,7 @@ class ZonedStorageReader(StorageReader):
     def generation(self) -> str:
         if self.checkpoint_id is None:
             raise ValueError("no checkpoint_id: pass it to ZonedStorageReader or to dcp.load")
-        return generation_id(self.checkpoint_id)
+        return series_generation_id(self.series, generation_id(self.checkpoint_id))
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         self.storage_data = {}

@@ -14,6 +14,7 @@ from urllib.parse import quote
 from fsspec.spec import AbstractBufferedFile
 
 from retainz.integrations import _stores
+from retainz.retention.series import series_of
 from retainz.retention.steps import parse_step
 from retainz.store import ShardWriter
 
@@ -88,10 +89,11 @@ class _WriteFile(AbstractBufferedFile):
         store = stack.enter_context(fs._store(self._device))
         try:
             step = parse_step(self._inner, file_names=True)
+            fs._enter_series(self._device, store, series_of(self._inner))
             # an existing file is replaced at this one's commit (replace-on-commit: until then it
             # stays readable and intact; a crash leaves exactly one of the two)
             writer = store.begin_generation(self._gen, step or 0, replace=True,
-                                            hint=fs._hint(posixpath.dirname(self._inner), step))
+                                            hint=fs._hint(series_of(self._inner), step))
         except BaseException:
             stack.close()
             raise

@@ -33,7 +33,10 @@ Storage options (``fsspec.filesystem("retainz", retention=...)``, or for runtime
   ``{folder: rule}`` dict keyed by the folder inside the device: it becomes each generation's placement
   hint (:func:`retainz.retention.rule_hint`), with the step parsed from the name
   (:func:`retainz.retention.parse_step` with ``file_names``: ``step-N``, ``iter_N``, ``checkpoint-N``,
-  ``global_stepN``, ``tmp-checkpoint-N``, Lightning's ``step=N``);
+  ``global_stepN``, ``tmp-checkpoint-N``, Lightning's ``step=N``).  Before its first save into a
+  series (a checkpoint's parent folder, :mod:`retainz.retention.series`) an instance re-hints that
+  series' committed checkpoints with its rule (a job resumed with a changed rule); it never re-hints
+  another series, and it never deletes: the runtime's own purge (``rm -r``) retires checkpoints;
 * ``wait``: seconds to wait for a device another process holds (default 120).
 
 A filesystem instance holds each device it touches open until :meth:`RetainZFileSystem.close_devices`
@@ -70,6 +73,7 @@ from retainz.integrations.fsspec_files import (
 )
 from retainz.node import NodeStore
 from retainz.retention.online import rule_hint
+from retainz.retention.series import generation_path, members, series_of
 from retainz.retention.steps import parse_step
 
 __all__ = ["RetainZFileSystem", "register", "generation_for", "is_dcp_name"]
@@ -88,6 +92,7 @@ class RetainZFileSystem(AbstractFileSystem):
         self._lock = threading.RLock()
         self._pending: dict[tuple[str, str], _Pending] = {}
         self._held: dict[str, contextlib.ExitStack] = {}
+        self._entered: set[tuple[str, str]] = set()      # (device, series) re-hinted by this instance
         weakref.finalize(self, _release_all, self._held, self._lock)
 
     # -- paths -------------------------------------------------------------------------------------
@@ -140,24 +145,30 @@ class RetainZFileSystem(AbstractFileSystem):
                 store = stack.enter_context(_stores.using(device, wait=self.wait))
                 stack.store = store
                 self._held[device] = stack
-                if self.retention:
-                    try:
-                        self._rehint(store)
-                    except BaseException:
-                        del self._held[device]
-                        stack.close()
-                        raise
+                self._entered = {k for k in self._entered if k[0] != device}
             return contextlib.nullcontext(stack.store)
 
-    def _rehint(self, store) -> list[str]:
-        """Give every committed generation the hint this instance's retention rule predicts for it,
-        where it differs from the one it was saved with (the rule changed on resume:
-        ``keep_latest_k`` 10 -> 3): journaled by ``Store.update_hint``.  Returns the ids changed."""
+    def _enter_series(self, device: str, store, series: str) -> None:
+        """Before this instance's first save into ``series`` of ``device``: :meth:`_rehint` that
+        series (a job resumed with a changed rule re-hints its own checkpoints, never another job's)."""
+        if not self.retention:
+            return
+        with self._lock:
+            if (device, series) in self._entered:
+                return
+            self._rehint(store, series)
+            self._entered.add((device, series))
+
+    def _rehint(self, store, series: str) -> list[str]:
+        """Give every committed generation of ``series`` (:mod:`retainz.retention.series`) the hint
+        this instance's retention rule predicts for it, where it differs from the one it was saved
+        with (the rule changed on resume: ``keep_latest_k`` 10 -> 3): journaled by
+        ``Store.update_hint``.  Returns the ids changed."""
         changed = []
-        for g in store.generations():
-            path = unquote(g.id[1:] if g.id.startswith("@") else g.id)
+        for _, g in members(store.generations(), series):
+            path = generation_path(g.id)
             if g.id.startswith("@"):
-                hint = self._hint(posixpath.dirname(path), parse_step(path, file_names=True))
+                hint = self._hint(series_of(path), parse_step(path, file_names=True))
             else:
                 hint = self._hint(path, parse_step(path))
             if hint is None or (hint.reclaim_step, hint.condition) == (g.hint.reclaim_step, g.hint.condition):
@@ -352,6 +363,7 @@ class RetainZFileSystem(AbstractFileSystem):
                 except GenerationNotFoundError:
                     pass
                 step = parse_step(directory, file_names=True)
+                self._enter_series(device, store, series_of(directory))
                 token = _stores.join_token(self._full(device, directory)) if isinstance(store, NodeStore) else None
                 if token:      # the ranks of one job on one served device write one generation
                     writer = store.begin_generation(gen, step or 0, hint=self._hint(directory, step), join=token)

@@ -18,6 +18,13 @@ Every method returns the generation ids it deleted, in order.  The adapters coun
 generations only (the store shows nothing else): a save still in flight is never counted, so the
 checkpoint a tracker names is never deleted before its successor commits.
 
+Each callback manages one **series** (``folder=``, the job's checkpoint folder inside the device;
+default the root, :mod:`retainz.retention.series`): its ids are ``quote(folder/name)`` (the
+``retainz://`` file system's id of that directory; just ``name`` at the root), and it counts, retires
+and re-hints only the generations of that series.  Jobs sharing a device each pass their own folder;
+another job's checkpoints (``a2`` beside ``a``, a folder nested inside ``a``, an id that merely
+contains ``step-N``) are never touched.
+
 TorchTitan's purge runs as TorchTitan's own code through the ``retainz://`` filesystem
 (:mod:`retainz.integrations.fsspec_fs`); :class:`KeepLatestK` is the same rule for users of
 :class:`~retainz.integrations.dcp.ZonedStorageWriter` without TorchTitan.
@@ -27,12 +34,14 @@ No torch needed.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from retainz.errors import GenerationNotFoundError
+from retainz.retention.base import parse_rule
 from retainz.retention.online import rule_hint
+from retainz.retention.retire import retired_after_commit
+from retainz.retention.series import members, series_folder, series_generation_id
 
 __all__ = ["RetentionCallback", "MegatronRetainInterval", "MegatronNonPersistentGlobal",
            "MegatronNonPersistentLocal", "KeepLatestK"]
@@ -54,12 +63,22 @@ class RetentionCallback:
 
     Attributes:
         rule: the retention rule string the hints come from (:func:`retainz.retention.rule_hint`).
+        folder: the series this callback manages (:func:`retainz.retention.series.series_folder`).
     """
 
     rule: str | None = None
+    folder: str = ""
+
+    def _set_folder(self, folder: str | None) -> None:
+        self.folder = series_folder(folder)
+
+    def name(self, step: int) -> str:
+        """The checkpoint's name inside :attr:`folder` for the save at ``step``."""
+        raise NotImplementedError
 
     def generation_id(self, step: int) -> str:
-        raise NotImplementedError
+        """The generation id of the save at ``step``: :attr:`folder`'s id for :meth:`name`."""
+        return series_generation_id(self.folder, self.name(step))
 
     def hint(self, step: int):
         """The hint for the save at ``step``: :attr:`rule`'s prediction (``None`` without a rule)."""
@@ -86,12 +105,10 @@ class RetentionCallback:
         return []
 
     def _mine(self, store: Any) -> list[tuple[int, str]]:
-        """``(step, id)`` of the committed generations this callback names, oldest first."""
-        out = []
-        for g in store.generations():
-            if g.id == self.generation_id(g.step):
-                out.append((g.step, g.id))
-        return sorted(out)
+        """``(step, id)`` of the committed generations of :attr:`folder` this callback names, oldest
+        first."""
+        return sorted((g.step, g.id) for name, g in members(store.generations(), self.folder)
+                      if name == self.name(g.step))
 
 
 class MegatronRetainInterval(RetentionCallback):
@@ -105,9 +122,11 @@ class MegatronRetainInterval(RetentionCallback):
     Args:
         save_interval: ``--save-interval`` (steps).
         retain_interval: ``--save-retain-interval`` (a multiple of ``save_interval``), or ``None``.
+        folder: ``--save``, the series inside the device (default: the root).
     """
 
-    def __init__(self, save_interval: int, retain_interval: int | None = None):
+    def __init__(self, save_interval: int, retain_interval: int | None = None, *, folder: str | None = None):
+        self._set_folder(folder)
         if retain_interval is not None and retain_interval % save_interval:
             raise ValueError(f"--save-retain-interval {retain_interval} must be a multiple of "
                              f"--save-interval {save_interval}")
@@ -116,7 +135,7 @@ class MegatronRetainInterval(RetentionCallback):
             f",retain_interval={retain_interval}" if retain_interval else "")
         self.tracker: int | None = None
 
-    def generation_id(self, step: int) -> str:
+    def name(self, step: int) -> str:
         return f"iter_{step:07d}"
 
     def recover(self, store: Any) -> int | None:
@@ -142,15 +161,17 @@ class MegatronNonPersistentGlobal(RetentionCallback):
     Args:
         interval: ``--non-persistent-save-interval`` (steps).
         save_interval: ``--save-interval`` (persistent saves take precedence at their steps).
+        folder: the series inside the device (default: the root).
     """
 
-    def __init__(self, interval: int, save_interval: int | None = None):
+    def __init__(self, interval: int, save_interval: int | None = None, *, folder: str | None = None):
+        self._set_folder(folder)
         self.interval, self.save_interval = interval, save_interval
         # the rule needs a persistent interval; without one, none falls inside the hint's horizon
         self.rule = (f"megatron:save_interval={save_interval or 100 * interval},non_persistent_interval={interval},"
                      "non_persistent=global")
 
-    def generation_id(self, step: int) -> str:
+    def name(self, step: int) -> str:
         return f"non_persistent-iter_{step:07d}"
 
     def is_save_step(self, step: int) -> bool:
@@ -172,17 +193,23 @@ class MegatronNonPersistentLocal(RetentionCallback):
     Args:
         interval: ``--non-persistent-save-interval`` (steps).
         ranks: number of ranks.
+        folder: the series inside each rank's device (default: the root).
     """
 
-    def __init__(self, interval: int, ranks: int):
+    def __init__(self, interval: int, ranks: int, *, folder: str | None = None):
+        self._set_folder(folder)
         self.interval, self.ranks = interval, ranks
         self.rule = f"megatron:save_interval={100 * interval},non_persistent_interval={interval},non_persistent=local"
 
-    def generation_id(self, step: int, rank: int = 0) -> str:
+    def name(self, step: int, rank: int = 0) -> str:
         return f"iter_{step:07d}_{rank}_local"
 
+    def generation_id(self, step: int, rank: int = 0) -> str:
+        return series_generation_id(self.folder, self.name(step, rank))
+
     def _mine_rank(self, store: Any, rank: int) -> list[tuple[int, str]]:
-        return sorted((g.step, g.id) for g in store.generations() if g.id == self.generation_id(g.step, rank))
+        return sorted((g.step, g.id) for name, g in members(store.generations(), self.folder)
+                      if name == self.name(g.step, rank))
 
     def after_commit_all(self, stores: Sequence[Any], step: int) -> list[list[str]]:
         """Once every rank's ``iter_{step}`` is committed, delete all older iterations on every rank.
@@ -200,31 +227,39 @@ class MegatronNonPersistentLocal(RetentionCallback):
 
 
 class KeepLatestK(RetentionCallback):
-    """TorchTitan's purge (``CheckpointManager._purge_stale_checkpoints``) over the store: list the
-    generations whose id matches ``step-(\\d+)``, sort by parsed step, delete all but the last ``k``.
+    """TorchTitan's purge (``CheckpointManager._purge_stale_checkpoints``, torchtitan b5bcd76
+    ``torchtitan/components/checkpointer/dcp.py``) over the store: list the series' folder, take the
+    checkpoints named ``step-N``, sort by ``(N, id)``, delete all but the last ``k``
+    (:func:`retainz.retention.retire.retired_after_commit`).
 
-    TorchTitan runs it after each save is dispatched (sync: after it completes; async: right after
-    dispatch).  Committed generations only: an in-flight save is not counted.
+    TorchTitan lists only its own ``{dump_folder}/{checkpoint.folder}``; this callback lists only
+    :attr:`folder`'s committed generations, and names are matched whole (``step-N`` exactly).
+    TorchTitan runs the purge once ``dcp.save`` returns (sync) or right after an async save is
+    dispatched; here it runs at :meth:`after_commit`, so an in-flight save is never counted and never
+    pushes a committed one out.
 
     Args:
         k: ``keep_latest_k`` (>= 2; 0 keeps all).
         interval: ``[checkpoint] interval`` (for the hint).
+        folder: the job's checkpoint folder inside the device, its series (default: the root).
+
+    Raises:
+        ValueError: ``k`` is 1 or negative (TorchTitan's own checks), or a malformed ``folder``.
     """
 
-    _PATTERN = re.compile(r"step-(\d+)")
-
-    def __init__(self, k: int, interval: int = 500):
+    def __init__(self, k: int, interval: int = 500, *, folder: str | None = None):
         if k == 1:
             raise ValueError("keep_latest_k=1 is rejected by TorchTitan: the last checkpoint may still be saving")
+        if k < 0:
+            raise ValueError(f"keep_latest_k cannot be negative, got {k}")
+        self._set_folder(folder)
         self.k, self.interval = k, interval
         self.rule = f"torchtitan:interval={interval},keep_latest_k={k}"
+        self._parsed = parse_rule(self.rule)
 
-    def generation_id(self, step: int) -> str:
+    def name(self, step: int) -> str:
         return f"step-{step}"
 
     def after_commit(self, store: Any, step: int) -> list[str]:
-        if self.k <= 0:
-            return []
-        found = sorted((int(m.group(1)), g.id) for g in store.generations()
-                       if (m := self._PATTERN.search(g.id)))
-        return _delete(store, [gid for _, gid in found[:-self.k]], step)
+        found = [(name, g.id) for name, g in members(store.generations(), self.folder)]
+        return _delete(store, retired_after_commit(self._parsed, found), step)

@@ -55,6 +55,7 @@ from retainz.errors import ChecksumError, GenerationNotFoundError, InvalidIdErro
 from retainz.mount import layout as L
 from retainz.retention.inference import RetentionInference
 from retainz.retention.online import rule_hint
+from retainz.retention.series import series_of
 from retainz.retention.steps import parse_step
 from retainz.store import ShardWriter
 from retainz.store.format import check_id
@@ -224,7 +225,7 @@ class MountedStore:
             self._add(g, kind, path, names, g.commit_seq * 1_000_000_000)
             step = parse_step(path, file_names=True)
             if self.inference is not None and step is not None:    # earlier saves are evidence too
-                self.inference.observe_save(posixpath.dirname(path), g.id, step)
+                self.inference.observe_save(series_of(path), g.id, step)
 
     def _add(self, info, kind: str, path: str, names: dict[str, str], mtime_ns: int) -> _Gen:
         g = _Gen(info.id, kind, path, names, {s: info.shards[s].size for s in names}, mtime_ns)
@@ -261,7 +262,7 @@ class MountedStore:
         flushed; queued behind a streaming shard if one is being written)."""
         self._taken.add(gid)
         if self.inference is not None:
-            series = posixpath.dirname(self.gens[gid].path) if gid in self.gens else None
+            series = series_of(self.gens[gid].path) if gid in self.gens else None
             before = self.inference.rule(series) if series is not None else None
             self.inference.observe_delete(gid)
             if series is not None:
@@ -669,7 +670,7 @@ class MountedStore:
                 self._request_commit(other)
         step = parse_step(root, file_names=True)
         gid = self._free_id(L.dir_generation_id, root)
-        hint = self._hint(parent, gid, step)
+        hint = self._hint(series_of(root), gid, step)
         self._taken.add(gid)
         pd = self.pending[root] = _Pending(root, gid, step or 0, hint, mtime_ns=time.time_ns())
         self._changed()
@@ -771,7 +772,7 @@ class MountedStore:
         """Admit the generation of a file outside checkpoint directories (its first byte arrives)."""
         gid = self._free_id(L.file_generation_id, h.path)
         step = parse_step(h.path, file_names=True)
-        hint = self._hint(posixpath.dirname(h.path), gid, step)
+        hint = self._hint(series_of(h.path), gid, step)
         h.writer = self.store.begin_generation(gid, step or 0, hint=hint)
         self._taken.add(gid)
         return h.writer

@@ -45,7 +45,6 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-import posixpath
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -53,6 +52,7 @@ from dataclasses import dataclass, replace
 from retainz.errors import ChecksumError, NoSpaceError, PowerCutError
 from retainz.hint import Hint
 from retainz.placement import make_allocator
+from retainz.retention.series import series_of
 from retainz.trace.format import (
     CommitEvent,
     CrashEvent,
@@ -297,7 +297,7 @@ def _hint(ev: SaveEvent, actual: dict) -> Hint:
 def _inferred_hint(inference, ev: SaveEvent, actual: dict) -> Hint:
     """The ``retainz-inferred`` policy's hint: what the retention inference predicts for this save
     from the events before it (``retainz mount --retention auto``), then the save is observed."""
-    series = posixpath.dirname(ev.name)
+    series = series_of(ev.name)
     h = inference.hint(series, ev.step)
     inference.observe_save(series, str(ev.gen), ev.step)
     if h is None:

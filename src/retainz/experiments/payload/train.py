@@ -181,14 +181,14 @@ def capture(cfg: PayloadConfig, device: str, out: Path, *, force: bool = False) 
     rule = cfg.retention
     state = _state(model, opt, cfg.steps, losses[-1] if losses else float("nan"))
     t1 = time.perf_counter()
-    dcp.save(state, storage_writer=ZonedStorageWriter(device, retention=rule, geometry=geometry),
+    dcp.save(state, storage_writer=ZonedStorageWriter(device, retention=rule, retire=False, geometry=geometry),
              checkpoint_id=f"step-{cfg.steps}")
     t_save = time.perf_counter() - t1
     del state
 
     ref_loss = _update(model, opt, tokens, cfg)                      # the uninterrupted update
     dcp.save(_state(model, opt, cfg.steps + 1, ref_loss),
-             storage_writer=ZonedStorageWriter(device, retention=rule), checkpoint_id=f"step-{cfg.steps + 1}")
+             storage_writer=ZonedStorageWriter(device, retention=rule, retire=False), checkpoint_id=f"step-{cfg.steps + 1}")
     del model, opt
 
     t2 = time.perf_counter()
