@@ -199,21 +199,19 @@ class EmulatedZonedDevice(ZonedDevice):
 
     def write(self, offset: int, data: WriteData) -> None:
         length = self._length(data)
-        self._check_range(offset, length)
-        z = offset // self._zsize
-        cond = self._cond[z]
-        self._check_writable(z, cond, offset, length)
-        pos = offset - z * self._zsize
-        written = self._written[z]
-        if pos != written:
-            raise ZoneInvalidWriteError(
-                f"zone {z}: write at byte {pos} of the zone, but its write pointer is at byte {written}",
-                zone=z, offset=offset, length=length)
+        z, cond, written = self._at_write_pointer("write", offset, length)
         self._write_at_wp(z, cond, written, data, length, offset)
 
     def claim(self, offset: int, length: int) -> None:
         if length.__class__ is not int or length <= 0:
             raise ValueError(f"claim length must be a positive int, not {length!r}")
+        z, cond, written = self._at_write_pointer("claim", offset, length)
+        self._write_at_wp(z, cond, written, None, length, offset)
+
+    def _at_write_pointer(self, what: str, offset: int, length: int) -> tuple[int, object, int]:
+        """``(zone, condition, written bytes)`` for ``length`` bytes at device byte ``offset``, which
+        must be in range, in a writable zone and at its write pointer (NVMe ZNS 2.1: a write not at the
+        write pointer is an invalid write)."""
         self._check_range(offset, length)
         z = offset // self._zsize
         cond = self._cond[z]
@@ -222,9 +220,9 @@ class EmulatedZonedDevice(ZonedDevice):
         written = self._written[z]
         if pos != written:
             raise ZoneInvalidWriteError(
-                f"zone {z}: claim at byte {pos} of the zone, but its write pointer is at byte {written}",
+                f"zone {z}: {what} at byte {pos} of the zone, but its write pointer is at byte {written}",
                 zone=z, offset=offset, length=length)
-        self._write_at_wp(z, cond, written, None, length, offset)
+        return z, cond, written
 
     def append(self, zone: int, data: WriteData) -> int:
         z = self._zone_index(zone)
