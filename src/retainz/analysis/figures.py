@@ -133,9 +133,9 @@ def pressure_figure(runs: Runs, out_dir: str) -> list[str]:
                 ax.set_ylabel(f"{layout_name(layout)}\nWAF")
     (stop_handle,) = axes[0][0].plot([], [], color="#444444", marker="X", linestyle="none", markersize=5)
     (band_handle,) = axes[0][0].plot([], [], color="#bbbbbb", linewidth=5, alpha=0.6)
-    labels = [policy_name(p) for p in handles] + ["capacity stop", "best WAF (n tied)"]
+    labels = [policy_name(p) for p in handles] + ["capacity stop", "best (n tied)"]
     fig.legend(list(handles.values()) + [stop_handle, band_handle], labels, loc="upper center", ncol=legend_cols,
-               frameon=False, bbox_to_anchor=(0.5, 1.0), handlelength=1.2, columnspacing=1.0,
+               frameon=False, bbox_to_anchor=(0.5, 1.0), handlelength=1.2, columnspacing=0.5,
                handletextpad=0.3, labelspacing=0.25, fontsize=5, borderaxespad=0.0)
     fig.tight_layout(rect=(0, 0, 1, 1 - legend_h / height), h_pad=0.6, w_pad=0.4)
     return save(fig, out_dir, "pressure")

@@ -9,6 +9,7 @@ Semantics, errors and units are documented on the implementing methods.
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Protocol, runtime_checkable
@@ -79,6 +80,8 @@ class CheckpointStore(Protocol):
     gc_reserve_zones: int
     metrics: StoreMetrics
     allocator: Allocator
+    #: The store's lock (reentrant): a caller that checks and then admits or writes holds it across both.
+    lock: threading.RLock
 
     @property
     def table(self) -> ZoneTable: ...
@@ -106,9 +109,11 @@ class CheckpointStore(Protocol):
 
     def read_shard_extent(self, gen_id: str, name: str, pos: int) -> tuple[int, bytes]: ...
 
-    def gc(self, *, force: bool = False) -> GCReport: ...
+    def admit(self, w: GenerationWriting, nbytes: int) -> None: ...
 
-    def fsck(self) -> FsckReport: ...
+    def gc(self, *, force: bool = False, progress=None) -> GCReport: ...
+
+    def fsck(self, *, progress=None) -> FsckReport: ...
 
     def df(self) -> SpaceReport: ...
 
