@@ -12,37 +12,15 @@ import os
 import sys
 
 import fsspec
-import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from dcp_ranks import (  # the same state and checks as the ZonedStorageWriter worker (this folder)
+    check,
+    empty,
+    state,
+)
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import Shard, distribute_tensor
-
-
-def full(step: int) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(step)
-    return {"sharded": torch.randn(64, 16, generator=g), "replicated": torch.randn(33, generator=g)}
-
-
-def state(step: int, mesh) -> dict:
-    f = full(step)
-    return {"sharded": distribute_tensor(f["sharded"], mesh, [Shard(0)]),
-            "replicated": f["replicated"].clone(), "meta": {"step": step, "tag": f"s{step}"}}
-
-
-def empty(mesh) -> dict:
-    return {"sharded": distribute_tensor(torch.zeros(64, 16), mesh, [Shard(0)]),
-            "replicated": torch.zeros(33), "meta": {"step": -1, "tag": ""}}
-
-
-def check(out: dict, step: int, rank: int) -> None:
-    f = full(step)
-    local = out["sharded"].to_local()
-    rows = 64 // dist.get_world_size()
-    assert torch.equal(local, f["sharded"][rank * rows:(rank + 1) * rows]), f"rank {rank} step {step} shard"
-    assert torch.equal(out["replicated"], f["replicated"]), f"rank {rank} step {step} replicated"
-    assert out["meta"] == {"step": step, "tag": f"s{step}"}, out["meta"]
 
 
 def main() -> None:
