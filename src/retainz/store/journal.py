@@ -413,12 +413,17 @@ def scan(device: ZonedDevice, *, salvage: bool = False) -> MountScan:
                                       f"journal sequence {sb.sequence}")
         parts[sb.part] = z
     fallbacks = 0
+    gap = ""
     lost: list[str] = []
     for seq in sorted(by_seq, reverse=True):
         parts = by_seq[seq]
         chain = [parts[p] for p in sorted(parts)]
         if sorted(parts) != list(range(len(parts))):
-            raise CorruptJournalError(f"journal sequence {seq} has parts {sorted(parts)}: a part is missing")
+            # a roll cut before its flush may keep a later part and not an earlier one (zones keep
+            # their writes independently): an incomplete chain when an older one is complete
+            gap = gap or f"journal sequence {seq} has parts {sorted(parts)}: a part is missing"
+            fallbacks += 1
+            continue
         payloads: list[bytes] = []
         end = torn = 0
         chain_notes: list[str] = []
@@ -427,9 +432,18 @@ def scan(device: ZonedDevice, *, salvage: bool = False) -> MountScan:
             last = i == len(chain) - 1
             written = z.capacity if z.cond == ZoneCond.FULL else z.wp - z.start
             head = head_bytes(sbs[zi].version, bs)
-            parsed = parse_zone(ZoneWindow.on(device, z.start, written), head, written, bs, zone=zi, tail=last,
-                                full=z.cond == ZoneCond.FULL, limit=record_limit(g.zone_capacity, bs, head),
-                                salvage=salvage)
+            try:
+                parsed = parse_zone(ZoneWindow.on(device, z.start, written), head, written, bs, zone=zi,
+                                    tail=last, full=z.cond == ZoneCond.FULL,
+                                    limit=record_limit(g.zone_capacity, bs, head), salvage=salvage)
+            except CorruptJournalError as e:
+                # an older chain still on the device means this one's roll never completed (the
+                # old chain is reset only after the new one is flushed): fall back to it
+                gap = gap or str(e)
+                payloads = []
+                break
+            if written < head:   # a roll cut between its superblock copies: a torn tail (rolled over)
+                parsed.end, parsed.torn = written, head - written
             payloads += parsed.payloads
             end, torn = parsed.end, parsed.torn
             chain_notes += parsed.notes
@@ -439,12 +453,13 @@ def scan(device: ZonedDevice, *, salvage: bool = False) -> MountScan:
         if not complete:
             fallbacks += 1
             continue
+        gap = ""
         stale = [z.index for z in zones[:n_meta] if z.cond != ZoneCond.EMPTY and z.index not in chain
                  and z.index not in spares]
         return MountScan(sb=sbs[chain[0]], chain=chain, payloads=payloads, end=end, torn=torn,
                          stale=stale, fallbacks=fallbacks, spares=sorted(spares),
                          notes=notes + chain_notes, damaged=damaged or bool(chain_notes), lost=lost)
-    raise CorruptJournalError("no journal chain with a complete snapshot: corrupt store")
+    raise CorruptJournalError(gap or "no journal chain with a complete snapshot: corrupt store")
 
 
 class Journal:
