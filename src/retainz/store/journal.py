@@ -233,10 +233,7 @@ def parse_zone(buf, start: int, end: int, bs: int, *, zone: int, tail: bool,
                     + ": corrupt journal")
             break
         problem = None
-        if n > limit:
-            problem = (f"record at byte {pos} claims {n} bytes, more than a record holds ({limit}): "
-                       "corrupt journal")
-        elif pos + total > end:
+        if pos + total > end:
             later = later_valid()
             if tail and later is None:
                 out.torn = end - pos
@@ -244,6 +241,9 @@ def parse_zone(buf, start: int, end: int, bs: int, *, zone: int, tail: bool,
             problem = (f"record at byte {pos} claims {n} bytes, past the end of the written area ({end})"
                        + (f", and a valid record follows at byte {later}" if later is not None else "")
                        + ": corrupt journal")
+        elif n > limit:     # inside the zone but larger than any record: refused unread
+            problem = (f"record at byte {pos} claims {n} bytes, more than a record holds ({limit}): "
+                       "corrupt journal")
         elif not ok:
             if tail and full and total > bs and not _holds_data(win, pos + total - bs, end):
                 # a torn record in a zone finished afterwards (a rollover finishes the old zone):
@@ -391,16 +391,17 @@ def scan(device: ZonedDevice, *, salvage: bool = False) -> MountScan:
                                       "a journal chain: corrupt store")
         raise ForeignDeviceError(f"{device.name} holds no RetainZ store (no superblock in its first zones)")
     damaged_spares = []
-    for zi in bad:                          # a spare: one block, then zeros (finished); not a chain zone
+    for zi in bad:   # only block 0 written (a spare, or a roll cut before its copy 1): not a chain zone
         z = zones[zi]
-        if z.cond == ZoneCond.FULL and not device.read(z.start + bs, bs).strip(b"\0"):
+        if (z.cond != ZoneCond.FULL and z.wp - z.start <= bs) or (
+                z.cond == ZoneCond.FULL and not device.read(z.start + bs, bs).strip(b"\0")):
             damaged_spares.append(zi)
     bad = [z for z in bad if z not in damaged_spares]
     if bad:
         raise CorruptJournalError(f"meta zone(s) {bad}: both superblock copies fail their checksums: corrupt store")
     for zi in damaged_spares:
         damaged = True
-        notes.append(f"meta zone {zi}: its spare superblock is damaged (the chain's copies were used)")
+        notes.append(f"meta zone {zi}: its one superblock block (a spare) is damaged; the chain's copies were used")
     every = {**sbs, **spares}
     if len({sb.uuid for sb in every.values()}) > 1:
         raise CorruptJournalError("meta zones hold superblocks of different stores: "
