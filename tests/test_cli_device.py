@@ -111,7 +111,8 @@ def test_zone_ops_refuse_a_device_holding_a_store_without_force(tmp_path, capsys
     assert code == 0 and "g1" in out
     if op == "reset":                                                  # --force does what it says
         assert run(capsys, "zones", "reset", dev, "0", "--force")[0] == 0
-        assert "holds no RetainZ store" in run(capsys, "ls", dev)[2]
+        # the chain is gone; the spare superblocks (format version 3) still name the store
+        assert "hold spare superblocks but no zone holds a journal chain" in run(capsys, "ls", dev)[2]
 
 
 def test_zone_reset_refuses_data_it_does_not_recognise_without_force(tmp_path, capsys):
@@ -181,8 +182,10 @@ def test_every_kind_of_damage_exits_1_with_one_line(tmp_path, capsys, damage):
     with open(dev, "r+b") as f:
         if damage == "truncated":
             f.truncate(os.path.getsize(dev) - (1 << 20))
-        for off in {"label": [20], "both-states": [_LABEL_SIZE + 20, _LABEL_SIZE + slot + 20],
-                    "truncated": [], "journal": [data_offset + 4096 + 20]}[damage]:
+        # device format 2 keeps two label copies and two copies of each slot; store format 3 two
+        # superblock copies and two snapshot head copies: damage each copy, or a record written once
+        for off in {"label": [20, 2048 + 20], "both-states": [_LABEL_SIZE + k * slot + 20 for k in range(4)],
+                    "truncated": [], "journal": [data_offset + 4 * 4096 + 12]}[damage]:
             f.seek(off)
             b = f.read(1)
             f.seek(off)
@@ -190,5 +193,5 @@ def test_every_kind_of_damage_exits_1_with_one_line(tmp_path, capsys, damage):
     capsys.readouterr()
     code, _, err = run(capsys, "ls", str(dev))
     assert code == 1 and len(err.strip().splitlines()) == 1, err
-    assert {"label": "label", "both-states": "both zone-state copies", "truncated": "shorter than its geometry",
+    assert {"label": "label", "both-states": "every zone-state copy", "truncated": "shorter than its geometry",
             "journal": "fails its checksum: corrupt journal"}[damage] in err

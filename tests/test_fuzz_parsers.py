@@ -208,7 +208,12 @@ def fuzz_journal_image(pick, mask):
             pass
         else:
             if got != img["scan"]:
-                assert got == img["scan"][:len(got)] and len(got) == len(img["scan"]) - 1, "damage accepted"
+                from retainz.store.records import copy_of
+                want = img["scan"]
+                # a torn last record dropped, or one copy of a duplicated snapshot record (its twin used)
+                assert (got == want[:len(got)] and len(got) == len(want) - 1) or any(
+                    copy_of(want[i]) is not None and got == want[:i] + want[i + 1:] for i in range(len(want))
+                ), "damage accepted"
         try:
             with Store.open(dev, readonly=True) as s:
                 assert {g.id for g in s.generations()} <= {"g0", "g2", "g3"}

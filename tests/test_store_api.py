@@ -457,7 +457,7 @@ def small(nr_zones=16, zone_capacity=48 * KiB, max_open=3, max_active=4) -> Memo
     (lambda: small(), {"gc_reserve_zones": -1}, "gc_reserve_zones cannot be negative (-1)"),
     (lambda: small(6), {"meta_zones": 2, "gc_reserve_zones": 3},
      "the device has 6 zones; a store needs at least 7 (2 meta, 3 GC reserve, 2 data)"),
-    (lambda: small(zone_capacity=12 * KiB), {}, "zone capacity 12288 is under 4 blocks: too small for a journal"),
+    (lambda: small(zone_capacity=28 * KiB), {}, "zone capacity 28672 is under 8 blocks: too small for a journal"),
     (lambda: small(max_open=1, max_active=1), {}, "the device allows fewer than 2 active zones (one is the journal's)"),
 ])
 def test_format_refuses_a_bad_layout_with_one_line_and_writes_nothing(make, kw, text):
@@ -472,7 +472,7 @@ def test_format_refuses_a_bad_layout_with_one_line_and_writes_nothing(make, kw, 
     (lambda: small(68), {"meta_zones": 64}),
     (lambda: small(), {"gc_reserve_zones": 0}),
     (lambda: small(7), {"meta_zones": 2, "gc_reserve_zones": 3}),
-    (lambda: small(zone_capacity=16 * KiB), {"meta_zones": 2}),
+    (lambda: small(zone_capacity=32 * KiB), {"meta_zones": 2}),
     (lambda: small(max_open=2, max_active=2), {}),
     (lambda: small(max_open=0, max_active=0), {}),
 ])

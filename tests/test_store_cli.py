@@ -284,7 +284,7 @@ def test_fsck_notes_a_zone_state_copy_that_fails_its_checksum(tmp_path, capsys):
     with FileDevice(dev, readonly=True) as d:
         seq, slot = d._seq, d._slot_size
     with open(dev, "r+b") as f:
-        off = _LABEL_SIZE + (seq % 2) * slot + 20
+        off = _LABEL_SIZE + (seq % 2) * 2 * slot + 20   # the newest slot's first copy (A or B)
         f.seek(off)
         b = f.read(1)
         f.seek(off)
@@ -292,8 +292,9 @@ def test_fsck_notes_a_zone_state_copy_that_fails_its_checksum(tmp_path, capsys):
     capsys.readouterr()
     assert main(["fsck", dev]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[1] == (f"  note: zone-state copy {'AB'[seq % 2]} fails its checksum (a write torn by a power cut, "
-                      f"or damage); the other copy, sequence {seq - 1}, was used: writes after it are not visible")
+    # device format 2: its twin holds the same, newest state (format 1 fell back to sequence seq - 1)
+    assert out[1] == (f"  note: zone-state copy {'AB'[seq % 2]} is damaged; its twin {'AB'[seq % 2]}', sequence "
+                      f"{seq}, was used (fsck --repair rewrites it)")
     assert out[-1] == "clean"
     assert main(["fsck", dev, "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)["notes"]) == 1
@@ -350,7 +351,8 @@ def test_fsck_json_reports_damage_that_stops_the_mount(tmp_path, capsys):
     assert main(["device", "create", dev, "--zones", "16", "--zone-size", "1MiB"]) == 0
     assert main(["mkfs", dev]) == 0
     with FileDevice(dev, readonly=True) as d:
-        off = d._data_offset + 4096 + 20           # the first record after the superblock
+        off = d._data_offset + 4 * 4096 + 12       # the first record written once (after 2 superblock
+        #                                            copies and the snapshot head's 2 copies)
     with open(dev, "r+b") as f:
         f.seek(off)
         b = f.read(1)
@@ -360,6 +362,6 @@ def test_fsck_json_reports_damage_that_stops_the_mount(tmp_path, capsys):
     assert main(["fsck", dev, "--json"]) == 1
     rep = json.loads(capsys.readouterr().out)
     assert rep["ok"] is False and rep["mounted"] is False
-    assert rep["problems"] == ["meta zone 0: record at byte 4096 (42 bytes) fails its checksum: corrupt journal"]
+    assert rep["problems"] == ["meta zone 0: record at byte 16384 (11 bytes) fails its checksum: corrupt journal"]
     assert main(["fsck", dev]) == 1                 # the text form: the one error line
     assert capsys.readouterr().err.strip().endswith("fails its checksum: corrupt journal")

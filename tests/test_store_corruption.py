@@ -87,8 +87,9 @@ def test_flipped_bit_in_a_journal_record_fails_the_mount_clearly():
     dev = MemoryDevice(GEOM)
     make(dev).close()
     z = next(i for i in range(3) if dev._data[i])
-    flip(dev, z * GEOM.zone_size + 4 * 4096 + 20)        # inside the first commit record
-    with pytest.raises(CorruptJournalError, match=f"meta zone {z}: record at byte 16384 .* fails its checksum"):
+    flip(dev, z * GEOM.zone_size + 7 * 4096 + 20)        # inside the first commit record (after 2 superblock
+    #                                                      copies and 5 snapshot records, format version 3)
+    with pytest.raises(CorruptJournalError, match=f"meta zone {z}: record at byte 28672 .* fails its checksum"):
         Store.open(dev)
 
 
@@ -97,7 +98,8 @@ def test_flipped_bit_in_the_superblock_fails_the_mount_clearly():
     make(dev).close()
     z = next(i for i in range(3) if dev._data[i])
     flip(dev, z * GEOM.zone_size + 40)
-    with pytest.raises(CorruptJournalError, match="superblock fails its checksum"):
+    flip(dev, z * GEOM.zone_size + 4096 + 40)             # both copies (one alone is survived: test_metadata_redundancy)
+    with pytest.raises(CorruptJournalError, match="fails its checksum and no other copy exists"):
         Store.open(dev)
 
 
@@ -149,9 +151,9 @@ def test_a_record_with_a_valid_checksum_that_does_not_decode_fails_the_mount_nam
     sb = Superblock(uuid=uuid.uuid4(), sequence=1, part=0, geometry=GEOM, meta_zones=3, gc_reserve_zones=2,
                     policy="greedy")
     records = [*empty_snapshot(), payload]
-    dev.write(0, sb.encode() + b"".join(frame(p, GEOM.block_size) for p in records))
+    dev.write(0, sb.encode() * 2 + b"".join(frame(p, GEOM.block_size) for p in records))
     dev.flush()
-    want = f"journal record 3 ({payload[:8]!r}...) does not decode: {why}"
+    want = f"journal record {len(records) - 1} ({payload[:8]!r}...) does not decode: {why}"
     for readonly in (False, True):
         with pytest.raises(CorruptJournalError, match=f"^{re.escape(want)}$"):
             Store.open(dev, readonly=readonly)

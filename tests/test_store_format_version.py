@@ -48,7 +48,7 @@ def stored(dev: MemoryDevice) -> None:
 
 
 @pytest.mark.parametrize("change", [{"version": FORMAT_VERSION + 1}, {"version": 99}, {"version": 0},
-                                    {"flags": 1}, {"flags": 1 << 31}])
+                                    {"flags": 2}, {"flags": 1 << 31}])
 @pytest.mark.parametrize("readonly", [False, True])
 def test_an_unknown_version_or_flag_is_refused_and_nothing_is_written(change, readonly):
     dev = MemoryDevice(GEOM)
@@ -87,12 +87,12 @@ def test_the_cli_says_which_version_it_found_exit_1(tmp_path, capsys, command):
     argv = [a if a != "FILE" else str(tmp_path / "FILE") for a in command]
     assert main([argv[0], str(path), *argv[1:]]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "format version 5" in err[0] and "reads versions 1, 2" in err[0]
+    assert len(err) == 1 and "format version 5" in err[0] and "reads versions 1, 2, 3" in err[0]
     assert path.read_bytes() == raw
 
 
 def test_a_version_1_store_is_read_as_is_read_only_and_upgraded_by_a_read_write_open():
-    assert 1 in READABLE_VERSIONS and FORMAT_VERSION == 2
+    assert 1 in READABLE_VERSIONS and FORMAT_VERSION == 3
     g = GEOM
     dev = MemoryDevice(g)
     sb = Superblock(uuid=__import__("uuid").uuid4(), sequence=1, part=0, geometry=g, meta_zones=3,
@@ -102,15 +102,15 @@ def test_a_version_1_store_is_read_as_is_read_only_and_upgraded_by_a_read_write_
     before = snapshot(dev)
     with Store.open(dev, readonly=True) as s:
         assert s.format_version == 1 and s.generations() == []
-        assert any("upgrade format version 1 to 2" in r for r in s.recovery.repairs)
+        assert any("upgrade format version 1 to 3" in r for r in s.recovery.repairs)
     assert snapshot(dev) == before
     with Store.open(dev) as s:
-        assert s.format_version == 2 and s.recovery.rolled
+        assert s.format_version == 3 and s.recovery.rolled
         w = s.begin_generation("g", 1)
         w.write_shard("a", [b"z" * 100])
         w.commit()
     with Store.open(dev, readonly=True) as s:
-        assert s.format_version == 2 and [g.id for g in s.generations()] == ["g"]
+        assert s.format_version == 3 and [g.id for g in s.generations()] == ["g"]
 
 
 @pytest.mark.parametrize("torn", [False, True])
@@ -126,15 +126,15 @@ def test_a_read_only_open_says_why_it_would_roll_an_older_version_over(torn):
     dev.flush()
     with Store.open(dev, readonly=True) as s:
         assert s.format_version == 1 and s.recovery.torn_bytes == (g.block_size if torn else 0)
-        why = f"drop a torn tail of {g.block_size} bytes" if torn else "upgrade format version 1 to 2"
+        why = f"drop a torn tail of {g.block_size} bytes" if torn else "upgrade format version 1 to 3"
         assert s.recovery.repairs == [f"roll the journal over to a fresh chain ({why})"]
     with Store.open(dev) as s:
-        assert s.format_version == 2 and s.recovery.rolled and s.recovery.repairs == []
+        assert s.format_version == 3 and s.recovery.rolled and s.recovery.repairs == []
 
 
 @pytest.mark.parametrize("change, why", [
-    ({"version": 3}, "RetainZ store format version 3; this code reads versions 1, 2 (newer software wrote it?)"),
-    ({"flags": 6}, "RetainZ store with unknown format flags 0x6 (format version 2)")])
+    ({"version": 4}, "RetainZ store format version 4; this code reads versions 1, 2, 3 (newer software wrote it?)"),
+    ({"flags": 6}, "RetainZ store with unknown format flags 0x6 (format version 3)")])
 def test_the_refusal_of_an_unknown_version_or_flag_names_the_zone_and_what_it_found(change, why):
     dev = MemoryDevice(GEOM)
     stored(dev)

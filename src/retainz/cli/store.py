@@ -67,6 +67,9 @@ def register(sub) -> None:
     p = sub.add_parser("fsck", help="verify every checksum; cross-check catalog and write pointers")
     p.add_argument("device", metavar="DEV")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--repair", action="store_true",
+                   help="write: rewrite damaged metadata copies and salvage every intact committed generation "
+                        "(docs/format.md)")
     p.set_defaults(func=_fsck)
 
     p = sub.add_parser("df", help="free, used, reclaimable space and space amplification")
@@ -290,10 +293,13 @@ def _fsck(args) -> int:
     from retainz.errors import CorruptDeviceError, CorruptJournalError
 
     try:
-        with _Session(args.device, readonly=True) as store:
-            total = sum(g.size for g in store.generations())
-            with progress.bar(total, "fsck", args) as bar:
-                rep = store.fsck(progress=bar.update)
+        if args.repair:
+            rep = _repair(args.device)
+        else:
+            with _Session(args.device, readonly=True) as store:
+                total = sum(g.size for g in store.generations())
+                with progress.bar(total, "fsck", args) as bar:
+                    rep = store.fsck(progress=bar.update)
     except (CorruptDeviceError, CorruptJournalError) as e:
         if not args.json:
             raise
@@ -315,6 +321,28 @@ def _fsck(args) -> int:
             print(f"  note: {n}")
         print("clean" if rep.ok else plural(len(rep.problems), "problem"))
     return 0 if rep.ok else 1
+
+
+def _repair(spec: str):
+    """``fsck --repair``: the device's own metadata copies first (a FileDevice's label and zone-state
+    slots), then a salvaging read-write open (``Store.open(repair=True)``), then the check."""
+    from retainz.store import Store
+
+    _persistent(spec)
+    try:
+        dev = open_device(spec)
+    except DeviceBusyError:
+        raise StoreLockedError(f"{spec}: the store is open in another process (the device is locked)") from None
+    try:
+        done = dev.repair_metadata() if hasattr(dev, "repair_metadata") else []
+        with Store.open(dev, repair=True) as store:
+            rep = store.fsck()
+            rep.notes += [f"repaired: {line}" for line in done]
+            rep.notes.append("repaired: the journal rolled over to a fresh chain (every superblock and snapshot "
+                             "copy rewritten)")
+        return rep
+    finally:
+        dev.close()
 
 
 def _df(args) -> int:

@@ -7,7 +7,8 @@ zones 0 .. M-1            meta zones: the metadata journal (:mod:`retainz.store.
 zones M .. N-1            data zones: shard extents, placed by the allocator
 ========================  ==================================================================
 
-Every meta zone in use starts with a one-block **superblock** (little endian)::
+Every meta zone in use starts with a one-block **superblock** (little endian), written twice
+(blocks 0 and 1, from format version 3)::
 
     magic "RETAINZS" | u32 format version | u32 flags | 16 B uuid | u64 sequence | u32 part
     | u32 nr_zones | u64 zone_size | u64 zone_capacity | u32 block_size | u32 meta_zones
@@ -16,6 +17,13 @@ Every meta zone in use starts with a one-block **superblock** (little endian)::
 ``sequence`` numbers journal generations (ZenFS's superblock sequence): a rollover writes the new
 snapshot under ``sequence + 1``; ``part`` is the zone's place in a snapshot that spills across meta
 zones.  The rest of the block is zero.
+
+**Redundancy** (version 3; docs/format.md).  A chain zone holds two identical superblock copies, in
+blocks 0 and 1 (btrfs mirrors its superblock likewise), so one damaged block never hides the chain;
+its records start at block 2.  A meta zone outside the chain holds a *spare* superblock (flag
+:data:`SPARE`, block 0 only, the zone then finished), written at format and by each rollover into
+the free meta zones that are empty (ZenFS writes its superblock to every meta zone), so the store's
+identity and geometry survive on every meta zone but the ones a rollover has just reset.
 
 **Format versions.**  The version is bumped by any change older code would misread: a new record
 kind or record member, a new meaning of a field, a layout change.  (A change older code reads
@@ -32,7 +40,14 @@ correctly, e.g. a record member it may ignore, keeps the version.)  This code wr
   it reads stop below it) rather than misread it.
 
 History: 1 (the first format); 2 adds the replace commit (a commit record with ``rp``, retiring the
-committed generation of the same id in the same record) and the hint update record (``h``).
+committed generation of the same id in the same record) and the hint update record (``h``); 3 writes
+the superblock twice in each chain zone (records start at block 2), spare superblocks (flag
+:data:`SPARE`) in the other meta zones, and each snapshot's head and end records twice.
+
+**Bounds** (a device is input): :meth:`Superblock.decode` refuses, with a valid checksum, a geometry
+:class:`~retainz.zoned.model.Geometry` refuses (zone count over ``MAX_ZONES``...), meta zones
+outside ``2 .. MAX_META_ZONES`` or not below the zone count, a ``part`` not below the meta zones,
+and a GC reserve not below the zone count, before anything is sized from them.
 """
 
 from __future__ import annotations
@@ -47,18 +62,32 @@ import crc32c
 from retainz.errors import CorruptJournalError, InvalidIdError, UnsupportedFormatError
 from retainz.zoned.model import Geometry
 
-__all__ = ["MAGIC", "FORMAT_VERSION", "READABLE_VERSIONS", "KNOWN_FLAGS", "Superblock", "check_id",
-           "MAX_ID_BYTES"]
+__all__ = ["MAGIC", "FORMAT_VERSION", "READABLE_VERSIONS", "KNOWN_FLAGS", "SPARE", "Superblock", "check_id",
+           "MAX_ID_BYTES", "MAX_META_ZONES", "superblock_copies", "head_bytes"]
 
 MAGIC = b"RETAINZS"
 #: The format version this code writes.
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 #: The format versions this code reads.
-READABLE_VERSIONS = (1, 2)
-#: Superblock flag bits this code knows (none yet): any other bit refuses the store.
-KNOWN_FLAGS = 0
+READABLE_VERSIONS = (1, 2, 3)
+#: Superblock flag: a spare copy in a meta zone outside the journal chain (version 3).
+SPARE = 1
+#: Superblock flag bits this code knows: any other bit refuses the store.
+KNOWN_FLAGS = SPARE
 MAX_ID_BYTES = 255
+#: Meta zones are the first zones; at most this many.
+MAX_META_ZONES = 64
 _SB = struct.Struct("<8sII16sQIIQQIII64s")
+
+
+def superblock_copies(version: int) -> int:
+    """Superblock blocks at the start of a chain zone of format ``version``: 2 from version 3, else 1."""
+    return 2 if version >= 3 else 1
+
+
+def head_bytes(version: int, block_size: int) -> int:
+    """Bytes before a chain zone's first record (its superblock copies) in format ``version``."""
+    return superblock_copies(version) * block_size
 
 
 @dataclass(frozen=True)
@@ -73,7 +102,7 @@ class Superblock:
         meta_zones: M.
         gc_reserve_zones: GC starts when fewer data zones than this are empty.
         policy: the allocator spec recorded at format (``Store.open(policy=None)`` uses it).
-        flags: reserved (0).
+        flags: :data:`SPARE` for a spare copy outside the chain, else 0.
         version: format version.
     """
 
@@ -123,7 +152,8 @@ class Superblock:
 
         Raises:
             DeviceFormatError: the recorded geometry is impossible (a valid checksum over it).
-            CorruptJournalError: the recorded policy name is not UTF-8.
+            CorruptJournalError: the recorded policy name is not UTF-8, or the meta-zone count, part
+                or GC reserve is impossible (module docstring, "Bounds").
         """
         if len(block) < _SB.size + 4 or block[:8] != MAGIC:
             return None
@@ -132,6 +162,16 @@ class Superblock:
             return None
         (_, version, flags, raw_uuid, seq, part, nz, zsize, zcap, bs, meta, reserve,
          policy) = _SB.unpack_from(block)
+        bad = []
+        if not 2 <= meta <= MAX_META_ZONES or meta >= nz:
+            bad.append(f"{meta} meta zones (2..{MAX_META_ZONES}, below the {nz} zones)")
+        if part >= min(meta, MAX_META_ZONES):
+            bad.append(f"part {part} of {meta} meta zones")
+        if reserve >= nz:
+            bad.append(f"a GC reserve of {reserve} zones on {nz}")
+        if bad:
+            raise CorruptJournalError("a superblock with a valid checksum records an impossible "
+                                      + "; ".join(bad) + ": corrupt or crafted store")
         g = device_geometry
         geometry = Geometry(nr_zones=nz, zone_size=zsize, zone_capacity=zcap, block_size=bs,
                             max_open=g.max_open, max_active=g.max_active)

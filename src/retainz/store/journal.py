@@ -28,6 +28,15 @@ corruption; the one exception is a torn record in a zone finished afterwards (a 
 zeros where nothing was written): its last block and everything after it in the zone must read as
 zeros.  A checksum mismatch otherwise, a non-empty meta zone whose superblock fails its checksum, or
 a gap in a chain is :class:`CorruptJournalError` (never skipped silently).
+
+**Copies** (format version 3, docs/format.md).  A chain zone's superblock is read from block 0, or
+from block 1 when block 0 fails; a spare superblock (flag ``SPARE``) marks a meta zone outside the
+chain and is neither a chain nor stale.  A record of a snapshot's duplicated head or end
+(:func:`~retainz.store.records.copy_of`) that fails its checksum is skipped when its other copy is
+intact; every copy used in place of a damaged one is named in :attr:`MountScan.notes`.  A record
+whose header claims more than :func:`~retainz.store.records.record_limit` bytes is refused before
+anything past its header is read.  ``salvage`` (``fsck --repair``) skips any other damaged record to
+the next valid one and lists what it lost, so every intact record is replayed.
 """
 
 from __future__ import annotations
@@ -36,14 +45,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from retainz.errors import CorruptJournalError, ForeignDeviceError, NoSpaceError, ZonedDeviceError
-from retainz.store.format import Superblock
+from retainz.store.format import FORMAT_VERSION, MAX_META_ZONES, SPARE, Superblock, head_bytes
 from retainz.store.records import (
     EXTENT_BYTES,
     FRAME_HEADER,
     Kind,
+    copy_of,
     frame,
     kind_of,
     plan_zones,
+    record_limit,
     snapshot_zones,
     unframe,
 )
@@ -53,8 +64,6 @@ from retainz.zoned.model import ZoneCond
 __all__ = ["parse_zone", "ZoneWindow", "SCAN_WINDOW", "Journal", "MountScan", "scan", "MAX_META_ZONES",
            "default_meta_zones"]
 
-#: Meta zones are the first zones; at most this many.
-MAX_META_ZONES = 64
 
 
 def default_meta_zones(nr_zones: int, zone_capacity: int, block_size: int, gc_reserve_zones: int) -> int:
@@ -85,11 +94,15 @@ class ZoneParse:
         payloads: the records' payloads in order.
         end: byte (relative to the zone start) after the last valid record.
         torn: bytes dropped as a torn tail (0: none).
+        notes: damaged record copies skipped because the other copy is intact (one line each).
+        lost: damaged records a salvage skipped (one line each; only with ``salvage``).
     """
 
     payloads: list[bytes] = field(default_factory=list)
     end: int = 0
     torn: int = 0
+    notes: list[str] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)
 
 
 #: Bytes of a meta zone :func:`scan` reads at a time (a record larger than this is read whole).
@@ -138,15 +151,16 @@ class ZoneWindow:
             self._load(pos, n)
         return self._view[pos - self._lo:pos - self._lo + n]
 
-    def frame(self, pos: int, bs: int) -> tuple[int, int, bool, memoryview | None]:
+    def frame(self, pos: int, bs: int, limit: int | None = None) -> tuple[int, int, bool, memoryview | None]:
         """:func:`~retainz.store.records.unframe` at ``pos``, plus the frame's bytes (``None``
-        when its header is zero or it runs past ``end``); one window read at most."""
+        when its header is zero, it runs past ``end``, or its length is over ``limit``: nothing
+        past the header is read for it); one window read at most."""
         need = FRAME_HEADER
         while True:
             rel, v = pos - self._lo, self._view
             if rel >= 0 and rel + need <= len(v):
                 n, total, ok = unframe(v, rel, len(v), bs)
-                if not total:
+                if not total or (limit is not None and n > limit):
                     return n, total, False, None
                 if rel + total <= len(v):
                     return n, total, ok, v[rel:rel + total]
@@ -160,7 +174,7 @@ class ZoneWindow:
 
 
 def parse_zone(buf, start: int, end: int, bs: int, *, zone: int, tail: bool,
-               full: bool = True) -> ZoneParse:
+               full: bool = True, limit: int | None = None, salvage: bool = False) -> ZoneParse:
     """Parse the records in the zone's bytes ``[start, end)``.
 
     Args:
@@ -171,20 +185,45 @@ def parse_zone(buf, start: int, end: int, bs: int, *, zone: int, tail: bool,
         full: the zone is Full, so ``end`` is its capacity and zero padding may end its records; in
             a zone that is not Full, ``end`` is the write pointer and every block below it was
             written, so a zero header there is corruption (a zeroed block), never the end.
+        limit: the largest payload a record may claim (:func:`~retainz.store.records.record_limit`;
+            default: what fits ``end - start``); a larger claim is damage, refused unread.
+        salvage: skip a damaged record to the next valid one (listed in ``lost``) instead of
+            raising.
 
     Raises:
-        CorruptJournalError: a checksum mismatch inside ``end``, or a record past ``end`` that is not
-            the last thing written.
+        CorruptJournalError: a checksum mismatch inside ``end`` (unless it is one copy of a
+            duplicated record whose other copy is intact), a length over ``limit``, or a record
+            past ``end`` that is not the last thing written.
     """
     win = buf if isinstance(buf, ZoneWindow) else ZoneWindow.over(memoryview(buf)[:end])
+    if limit is None:
+        limit = max(0, end - start - FRAME_HEADER)
     out = ZoneParse(end=start)
     pos = start
+    prev0 = 0                               # frame bytes of the previous record if it was a copy 0
 
     def later_valid() -> int | None:
-        return next((p for p in range(pos + bs, end, bs) if win.frame(p, bs)[2]), None)
+        return next((p for p in range(pos + bs, end, bs) if win.frame(p, bs, limit)[2]), None)
+
+    def copy_skip() -> int | None:
+        """Where parsing resumes if the damaged record at ``pos`` is one copy of a duplicated
+        record whose other copy is intact (records.copy_of), else None."""
+        if prev0:                           # it is copy 1 of the copy 0 just read: same size
+            nxt = pos + prev0
+            if nxt <= end and (nxt + FRAME_HEADER > end or win.frame(nxt, bs, limit)[2]
+                               or not win.frame(nxt, bs, limit)[1]):
+                return nxt
+            return None
+        later = later_valid()               # copy 0: copy 1 follows it, the same size
+        if later is None:
+            return None
+        n2, total2, ok2, view2 = win.frame(later, bs, limit)
+        if ok2 and copy_of(view2[FRAME_HEADER:FRAME_HEADER + 16]) == 1 and later - pos == total2:
+            return later
+        return None
 
     while pos + FRAME_HEADER <= end:
-        n, total, ok, view = win.frame(pos, bs)
+        n, total, ok, view = win.frame(pos, bs, limit)
         if not total:                       # a zero header
             later = later_valid()
             if later is not None or not full:
@@ -193,16 +232,19 @@ def parse_zone(buf, start: int, end: int, bs: int, *, zone: int, tail: bool,
                     + (f", hides the valid record at byte {later}" if later is not None else "")
                     + ": corrupt journal")
             break
+        problem = None
         if pos + total > end:
             later = later_valid()
-            if not tail or later is not None:
-                raise CorruptJournalError(
-                    f"meta zone {zone}: record at byte {pos} claims {n} bytes, past the end of the "
-                    f"written area ({end})" + (f", and a valid record follows at byte {later}"
-                                               if later is not None else "") + ": corrupt journal")
-            out.torn = end - pos
-            break
-        if not ok:
+            if tail and later is None:
+                out.torn = end - pos
+                break
+            problem = (f"record at byte {pos} claims {n} bytes, past the end of the written area ({end})"
+                       + (f", and a valid record follows at byte {later}" if later is not None else "")
+                       + ": corrupt journal")
+        elif n > limit:     # inside the zone but larger than any record: refused unread
+            problem = (f"record at byte {pos} claims {n} bytes, more than a record holds ({limit}): "
+                       "corrupt journal")
+        elif not ok:
             if tail and full and total > bs and not _holds_data(win, pos + total - bs, end):
                 # a torn record in a zone finished afterwards (a rollover finishes the old zone):
                 # the blocks it never wrote read as zeros up to the zone's end.  A record's last
@@ -211,9 +253,27 @@ def parse_zone(buf, start: int, end: int, bs: int, *, zone: int, tail: bool,
                 # failure is corruption, never a torn tail.
                 out.torn = total
                 break
-            raise CorruptJournalError(f"meta zone {zone}: record at byte {pos} ({n} bytes) fails its "
-                                      "checksum: corrupt journal")
-        out.payloads.append(bytes(view[FRAME_HEADER:FRAME_HEADER + n]))
+            problem = f"record at byte {pos} ({n} bytes) fails its checksum: corrupt journal"
+        if problem is not None:
+            nxt = copy_skip()
+            if nxt is not None:
+                out.notes.append(f"meta zone {zone}: a snapshot record copy at byte {pos} is damaged; "
+                                 "its other copy was used")
+                prev0 = 0
+                pos = out.end = nxt
+                continue
+            if salvage:
+                out.lost.append(f"meta zone {zone}: {problem}")
+                nxt = later_valid()
+                if nxt is None:
+                    break
+                prev0 = 0
+                pos = nxt
+                continue
+            raise CorruptJournalError(f"meta zone {zone}: {problem}")
+        payload = bytes(view[FRAME_HEADER:FRAME_HEADER + n])
+        out.payloads.append(payload)
+        prev0 = total if copy_of(payload) == 0 else 0
         pos += total
         out.end = pos
     return out
@@ -239,8 +299,14 @@ class MountScan:
         payloads: every record of the chain in order (snapshot first).
         end: write position (relative) after the last valid record of the chain's last zone.
         torn: bytes dropped as a torn tail.
-        stale: non-empty meta zones outside the chain (older or incomplete chains) to reset.
+        stale: non-empty meta zones outside the chain (older or incomplete chains, damaged spares) to
+            reset.
         fallbacks: newer chains skipped because their snapshot was incomplete (a crashed roll).
+        spares: meta zones holding an intact spare superblock.
+        notes: each copy used in place of a damaged one (superblock copies, snapshot record copies,
+            damaged spares), one line each.
+        damaged: True when a copy was damaged: a rollover rewrites the chain's (``fsck --repair``).
+        lost: damaged records a salvage skipped (only with ``salvage``).
     """
 
     sb: Superblock
@@ -250,10 +316,38 @@ class MountScan:
     torn: int
     stale: list[int]
     fallbacks: int = 0
+    spares: list[int] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    damaged: bool = False
+    lost: list[str] = field(default_factory=list)
 
 
-def scan(device: ZonedDevice) -> MountScan:
+def _zone_superblock(device: ZonedDevice, z, written: int) -> tuple[Superblock | None, bool, int | None]:
+    """``(superblock, damaged, copy used)`` of meta zone ``z``: block 0, else block 1 (version 3
+    chain zones hold two copies).  ``damaged``: a copy that holds the magic fails its checksum, or
+    only block 1 is intact; a zone with neither copy is ``(None, damaged, None)``."""
+    g = device.geometry
+    bs = g.block_size
+    raw = device.read(z.start, min(2 * bs, max(written, bs)))
+    b0, b1 = raw[:bs], raw[bs:2 * bs]
+    sb0 = Superblock.decode(b0, g)
+    if sb0 is not None:
+        # a v3 chain zone's copy 1 should be intact too; a damaged one is rewritten by a repair
+        bad1 = (sb0.version >= 3 and not sb0.flags & SPARE and len(b1) == bs
+                and Superblock.decode(b1, g) is None)
+        return sb0, bad1, 0
+    sb1 = Superblock.decode(b1, g) if len(b1) == bs else None
+    if sb1 is not None and sb1.version >= 3 and not sb1.flags & SPARE:
+        return sb1, True, 1
+    return None, Superblock.has_magic(b0) or Superblock.has_magic(b1), None
+
+
+def scan(device: ZonedDevice, *, salvage: bool = False) -> MountScan:
     """Find the current journal chain on ``device`` and read its records.
+
+    Args:
+        salvage: skip damaged records (:func:`parse_zone`) instead of raising; what was lost is in
+            :attr:`MountScan.lost`.
 
     Raises:
         ForeignDeviceError: no meta zone holds a RetainZ superblock.
@@ -265,34 +359,53 @@ def scan(device: ZonedDevice) -> MountScan:
     bs = g.block_size
     zones = device.report_zones(0, min(g.nr_zones, MAX_META_ZONES))
     sbs: dict[int, Superblock] = {}
+    spares: dict[int, Superblock] = {}
     bad: list[int] = []
+    notes: list[str] = []
+    damaged = False
     n_meta = len(zones)
     for z in zones:
         if z.index >= n_meta:
             break
         if z.cond == ZoneCond.EMPTY:
             continue
-        block = device.read(z.start, bs)
-        sb = Superblock.decode(block, g)
+        written = z.capacity if z.cond == ZoneCond.FULL else z.wp - z.start
+        sb, hurt, used = _zone_superblock(device, z, written)
         if sb is None:
-            if Superblock.has_magic(block):
+            if hurt:
                 bad.append(z.index)
             continue
         sb.check_supported(f"{device.name} meta zone {z.index}")
-        if not sbs:
+        if hurt:
+            damaged = True
+            notes.append(f"meta zone {z.index}: superblock copy {1 - used} is damaged; copy {used} was used")
+        if not sbs and not spares:
             n_meta = min(sb.meta_zones, len(zones))
-        sbs[z.index] = sb
+        (spares if sb.flags & SPARE else sbs)[z.index] = sb
     bad = [z for z in bad if z < n_meta]
     if not sbs:
-        if bad:
+        if bad or spares:
             raise CorruptJournalError(f"meta zone(s) {bad}: the RetainZ superblock fails its checksum "
-                                      "and no other copy exists: corrupt store")
+                                      "and no other copy exists: corrupt store" if bad else
+                                      f"meta zones {sorted(spares)} hold spare superblocks but no zone holds "
+                                      "a journal chain: corrupt store")
         raise ForeignDeviceError(f"{device.name} holds no RetainZ store (no superblock in its first zones)")
+    damaged_spares = []
+    for zi in bad:   # only block 0 written (a spare, or a roll cut before its copy 1): not a chain zone
+        z = zones[zi]
+        if (z.cond != ZoneCond.FULL and z.wp - z.start <= bs) or (
+                z.cond == ZoneCond.FULL and not device.read(z.start + bs, bs).strip(b"\0")):
+            damaged_spares.append(zi)
+    bad = [z for z in bad if z not in damaged_spares]
     if bad:
-        raise CorruptJournalError(f"meta zone(s) {bad}: superblock fails its checksum: corrupt store")
-    if len({sb.uuid for sb in sbs.values()}) > 1:
+        raise CorruptJournalError(f"meta zone(s) {bad}: both superblock copies fail their checksums: corrupt store")
+    for zi in damaged_spares:
+        damaged = True
+        notes.append(f"meta zone {zi}: its one superblock block (a spare) is damaged; the chain's copies were used")
+    every = {**sbs, **spares}
+    if len({sb.uuid for sb in every.values()}) > 1:
         raise CorruptJournalError("meta zones hold superblocks of different stores: "
-                                  + ", ".join(f"zone {z}: {sb.uuid}" for z, sb in sorted(sbs.items())))
+                                  + ", ".join(f"zone {z}: {sb.uuid}" for z, sb in sorted(every.items())))
     by_seq: dict[int, dict[int, int]] = {}
     for z, sb in sbs.items():
         parts = by_seq.setdefault(sb.sequence, {})
@@ -301,30 +414,53 @@ def scan(device: ZonedDevice) -> MountScan:
                                       f"journal sequence {sb.sequence}")
         parts[sb.part] = z
     fallbacks = 0
+    gap = ""
+    lost: list[str] = []
     for seq in sorted(by_seq, reverse=True):
         parts = by_seq[seq]
         chain = [parts[p] for p in sorted(parts)]
         if sorted(parts) != list(range(len(parts))):
-            raise CorruptJournalError(f"journal sequence {seq} has parts {sorted(parts)}: a part is missing")
+            # a roll cut before its flush may keep a later part and not an earlier one (zones keep
+            # their writes independently): an incomplete chain when an older one is complete
+            gap = gap or f"journal sequence {seq} has parts {sorted(parts)}: a part is missing"
+            fallbacks += 1
+            continue
         payloads: list[bytes] = []
         end = torn = 0
+        chain_notes: list[str] = []
         for i, zi in enumerate(chain):
             z = zones[zi]
             last = i == len(chain) - 1
             written = z.capacity if z.cond == ZoneCond.FULL else z.wp - z.start
-            parsed = parse_zone(ZoneWindow.on(device, z.start, written), bs, written, bs, zone=zi, tail=last,
-                                full=z.cond == ZoneCond.FULL)
+            head = head_bytes(sbs[zi].version, bs)
+            try:
+                parsed = parse_zone(ZoneWindow.on(device, z.start, written), head, written, bs, zone=zi,
+                                    tail=last, full=z.cond == ZoneCond.FULL,
+                                    limit=record_limit(g.zone_capacity, bs, head), salvage=salvage)
+            except CorruptJournalError as e:
+                # an older chain still on the device means this one's roll never completed (the
+                # old chain is reset only after the new one is flushed): fall back to it
+                gap = gap or str(e)
+                payloads = []
+                break
+            if written < head:   # a roll cut between its superblock copies: a torn tail (rolled over)
+                parsed.end, parsed.torn = written, head - written
             payloads += parsed.payloads
             end, torn = parsed.end, parsed.torn
+            chain_notes += parsed.notes
+            lost += parsed.lost
         complete = (bool(payloads) and kind_of(payloads[0]) is Kind.SNAP
                     and any(kind_of(p) is Kind.SNAP_END for p in payloads))
         if not complete:
             fallbacks += 1
             continue
-        stale = [z.index for z in zones[:n_meta] if z.cond != ZoneCond.EMPTY and z.index not in chain]
+        gap = ""
+        stale = [z.index for z in zones[:n_meta] if z.cond != ZoneCond.EMPTY and z.index not in chain
+                 and z.index not in spares]
         return MountScan(sb=sbs[chain[0]], chain=chain, payloads=payloads, end=end, torn=torn,
-                         stale=stale, fallbacks=fallbacks)
-    raise CorruptJournalError("no journal chain with a complete snapshot: corrupt store")
+                         stale=stale, fallbacks=fallbacks, spares=sorted(spares),
+                         notes=notes + chain_notes, damaged=damaged or bool(chain_notes), lost=lost)
+    raise CorruptJournalError(gap or "no journal chain with a complete snapshot: corrupt store")
 
 
 class Journal:
@@ -337,10 +473,12 @@ class Journal:
         end: write position in the chain's last zone (bytes from its start).
         snapshot: callable returning the snapshot payloads of the store's current state (used by
             :meth:`roll`; the store's :class:`~retainz.store.metalog.MetadataLog` sets it).
+        spares: meta zones holding an intact spare superblock (a roll keeps them, and writes one
+            into every free meta zone that is empty).
     """
 
     def __init__(self, device: ZonedDevice, sb: Superblock, chain: list[int], end: int,
-                 snapshot: Callable[[], list[bytes]] | None = None):
+                 snapshot: Callable[[], list[bytes]] | None = None, spares: list[int] | None = None):
         self.device = device
         self.sb = sb
         self.chain = list(chain)
@@ -351,6 +489,7 @@ class Journal:
         self.zone_size = g.zone_size
         self.capacity = g.zone_capacity
         self.meta = list(range(sb.meta_zones))
+        self.spares = set(spares or ())
         self.bytes_written = 0
         self.records = 0
         self.rollovers = 0
@@ -359,8 +498,9 @@ class Journal:
 
     @property
     def max_record(self) -> int:
-        """Largest payload that fits a meta zone after its superblock."""
-        return self.capacity - self.bs - 8
+        """Largest payload a record may have (:func:`~retainz.store.records.record_limit`: it fits a
+        meta zone after its superblock copies, and at most ``MAX_RECORD_BYTES``)."""
+        return record_limit(self.capacity, self.bs)
 
     def room(self) -> int:
         """Bytes left in the chain's last zone."""
@@ -378,10 +518,10 @@ class Journal:
             ZonedDeviceError: the write or the flush failed.
         """
         rec = frame(payload, self.bs)
-        if len(rec) > self.capacity - self.bs:
+        if len(payload) > self.max_record:
             raise NoSpaceError(f"journal record of {len(payload)} bytes does not fit a meta zone "
-                               f"({self.capacity - self.bs} bytes after the superblock)",
-                               needed=len(rec), available=self.capacity - self.bs)
+                               f"(at most {self.max_record} bytes a record)",
+                               needed=len(rec), available=self.max_record)
         if self.end + len(rec) > self.capacity or self.fenced:
             self.roll(reserve=len(rec))
             self.fenced = False
@@ -412,26 +552,34 @@ class Journal:
             payloads = self.snapshot()
         frames = [frame(p, self.bs) for p in payloads]
         free = [z for z in self.meta if z not in self.chain]
-        for f in frames:
-            if len(f) > self.capacity - self.bs:
+        for p, f in zip(payloads, frames, strict=True):
+            if len(p) > self.max_record:
                 raise NoSpaceError(f"a journal snapshot record of {len(f)} bytes does not fit a meta zone",
-                                   needed=len(f), available=self.capacity - self.bs)
+                                   needed=len(f), available=self.max_record)
         plan = [[frames[i] for i in group]
                 for group in plan_zones(map(len, frames), self.capacity, self.bs, reserve)]
-        total = sum(map(len, frames)) + self.bs * len(plan)
+        head = head_bytes(FORMAT_VERSION, self.bs)
+        total = sum(map(len, frames)) + head * len(plan)
         if len(plan) > len(free):
             raise NoSpaceError(
                 f"journal snapshot of {total} bytes needs {len(plan)} meta zones but {len(free)} are free "
                 f"({len(self.meta)} meta zones of {self.capacity} bytes); format with more meta zones",
                 needed=total, available=len(free) * self.capacity)
         dev = self.device
-        for z in free:
-            if dev.zone(z).cond != ZoneCond.EMPTY:
+        use = free[:len(plan)]
+        for z in free:   # the zones the new chain takes, and anything but an intact spare
+            if dev.zone(z).cond != ZoneCond.EMPTY and (z in use or z not in self.spares):
                 dev.reset_zone(z)
+                self.spares.discard(z)
         old = self.chain
         if old and dev.zone(old[-1]).cond not in (ZoneCond.FULL, ZoneCond.EMPTY):
             dev.finish_zone(old[-1])
         seq = self.sb.sequence + 1
+        # spares first: no meta zone is active now (the old chain's last is finished), so each
+        # spare (written, then finished) needs one active zone at most, like the journal
+        for z in free[len(plan):]:
+            if dev.zone(z).cond == ZoneCond.EMPTY:
+                self.write_spare(z, seq)
         new: list[int] = []
         for part, group in enumerate(plan):
             z = free[part]
@@ -440,7 +588,8 @@ class Journal:
             sb = Superblock(uuid=self.sb.uuid, sequence=seq, part=part, geometry=self.sb.geometry,
                             meta_zones=self.sb.meta_zones, gc_reserve_zones=self.sb.gc_reserve_zones,
                             policy=self.sb.policy, flags=self.sb.flags)
-            data = sb.encode() + b"".join(group)
+            block = sb.encode()
+            data = block * 2 + b"".join(group)    # two superblock copies (format version 3)
             dev.write(z * self.zone_size, data)
             self.bytes_written += len(data)
             self.records += len(group)
@@ -454,3 +603,20 @@ class Journal:
                              policy=self.sb.policy, flags=self.sb.flags)
         self.chain = new
         self.rollovers += 1
+
+    def write_spare(self, zone: int, sequence: int | None = None) -> None:
+        """Write a spare superblock (flag ``SPARE``) into empty meta zone ``zone`` and finish it
+        (format version 3: :mod:`.format`, "Redundancy").  Not flushed (the caller's flush or the
+        next one makes it durable; a spare is only a copy).
+
+        Raises:
+            ZonedDeviceError: the write or the finish failed (e.g. the active-zone limit).
+        """
+        sb = Superblock(uuid=self.sb.uuid, sequence=self.sb.sequence if sequence is None else sequence, part=0,
+                        geometry=self.sb.geometry, meta_zones=self.sb.meta_zones,
+                        gc_reserve_zones=self.sb.gc_reserve_zones, policy=self.sb.policy,
+                        flags=self.sb.flags | SPARE)
+        self.device.write(zone * self.zone_size, sb.encode())
+        self.device.finish_zone(zone)
+        self.bytes_written += self.bs
+        self.spares.add(zone)

@@ -25,6 +25,14 @@ x       sync (clean close): ``now``, ``metrics``, ``z``, ``o``
 h       hint update (version 2): ``g`` generation id, ``h`` its new hint, ``now``, ``z``, ``o``
 ======  ==================================================================================
 
+**Copies** (version 3): a snapshot's head (``snap``) and end (``send``) records are written twice,
+one after the other, the first with ``"cp":0`` and the second with ``"cp":1`` as the body's first
+member (:func:`copy_of`); replaying either is the same, so a mount that finds one copy damaged uses
+the other (:func:`retainz.store.journal.parse_zone`).
+
+**Bounds**: a record's payload is at most :data:`MAX_RECORD_BYTES` and a frame never spans a meta
+zone, so :func:`record_limit` bounds what a mount reads for one record before its checksum.
+
 ``o`` is the zone table's opening counter (``ZoneTable.open_seq``).  Zone attributes
 (:class:`ZoneAttrs`) are absolute, so replaying one twice is harmless.  They carry what placement
 decisions depend on and the catalog cannot give: each zone's written bytes, whether it was
@@ -50,6 +58,7 @@ import crc32c
 
 from retainz.hint import Hint, Lifetime
 from retainz.placement.base import ZoneSummary
+from retainz.store.format import FORMAT_VERSION, head_bytes
 from retainz.store.types import GenerationInfo, GenState, ShardInfo
 from retainz.zoned.model import ZoneCond, round_up
 
@@ -57,7 +66,8 @@ __all__ = ["Kind", "Record", "ZoneAttrs", "frame", "frame_size", "unframe", "FRA
            "encode_gen", "decode_gen", "gen_entry_size", "commit_record", "delete_record", "move_record",
            "sync_record", "hint_record", "snapshot_records", "empty_snapshot", "plan_zones", "snapshot_record_limit",
            "snapshot_zones", "pack_zones", "SNAPSHOT_RECORD", "ZONE_ATTR_BYTES", "SNAPSHOT_HEAD_BYTES",
-           "EXTENT_BYTES", "ZONES_PER_RECORD", "BATCH_WRAP_BYTES", "SNAPSHOT_END_BYTES"]
+           "EXTENT_BYTES", "ZONES_PER_RECORD", "BATCH_WRAP_BYTES", "SNAPSHOT_END_BYTES", "MAX_RECORD_BYTES",
+           "record_limit", "copy_of"]
 
 # -- framing -------------------------------------------------------------------------------------------
 _HEADER = struct.Struct("<II")
@@ -65,6 +75,16 @@ _LEN = struct.Struct("<I")
 _MASK_DELTA = 0xA282EAD8
 #: Bytes of a frame header (masked crc, length).
 FRAME_HEADER = _HEADER.size
+#: The largest record payload written or read (64 MiB: a commit of about 1.4 million extents).
+MAX_RECORD_BYTES = 64 << 20
+
+
+def record_limit(zone_capacity: int, block_size: int, head: int | None = None) -> int:
+    """The largest payload (bytes) of a record in a meta zone of ``zone_capacity`` bytes whose records
+    start after ``head`` bytes (default: this version's superblock copies): the frame must fit the
+    zone and the payload :data:`MAX_RECORD_BYTES`.  What the journal writes and what a mount reads."""
+    head = head_bytes(FORMAT_VERSION, block_size) if head is None else head
+    return max(0, min(MAX_RECORD_BYTES, zone_capacity - head - FRAME_HEADER))
 
 
 def _mask(crc: int) -> int:
@@ -322,27 +342,42 @@ def _rec(kind: Kind, body: dict) -> bytes:
     return kind.encode() + b" " + _dumps(body).encode()
 
 
+def _copies(kind: Kind, body: dict) -> list[bytes]:
+    """A record written twice (module docstring, "Copies"): ``cp`` 0, then ``cp`` 1."""
+    return [_rec(kind, {"cp": i, **body}) for i in (0, 1)]
+
+
+def copy_of(payload) -> int | None:
+    """Which copy of a duplicated record ``payload`` is (0 or 1), ``None`` for a record written once.
+    Looks only at the payload's first bytes (``KIND {"cp":N``)."""
+    head = bytes(payload[:16])
+    i = head.find(b' {"cp":')
+    if i < 0 or i + 8 > len(head) or head[:i] not in (b"snap", b"send"):
+        return None
+    return {0x30: 0, 0x31: 1}.get(head[i + 7])
+
+
 #: Zone attribute items per snapshot ``sz`` record.
 ZONES_PER_RECORD = 2000
 
 
 def empty_snapshot() -> list[bytes]:
     """The snapshot of a freshly formatted store (what ``Store.format`` writes after the superblock)."""
-    return [_rec(Kind.SNAP, {"now": 0, "commit_seq": 0, "metrics": {}}), _rec(Kind.ZONES, {"z": []}),
-            _rec(Kind.SNAP_END, {"n": 0})]
+    return [*_copies(Kind.SNAP, {"now": 0, "commit_seq": 0, "metrics": {}}), _rec(Kind.ZONES, {"z": []}),
+            *_copies(Kind.SNAP_END, {"n": 0})]
 
 
 def snapshot_records(now: int, commit_seq: int, metrics: dict, open_seq: int, zones: list,
                      gens: Iterable[GenerationInfo], n_gens: int, limit: int) -> list[bytes]:
-    """The payloads of a snapshot: head, zone attribute batches, generation batches of at most
-    ``limit`` bytes (a single larger entry gets a record of its own), end.
+    """The payloads of a snapshot: head (twice), zone attribute batches, generation batches of at
+    most ``limit`` bytes (a single larger entry gets a record of its own), end (twice).
 
     Args:
         zones: attribute items (:func:`zone_attr_item`) of every zone that is not empty.
         gens: the committed generations, in catalog order; ``n_gens`` of them.
         limit: :func:`snapshot_record_limit`.
     """
-    out = [_rec(Kind.SNAP, {"now": now, "commit_seq": commit_seq, "metrics": metrics, "o": open_seq})]
+    out = _copies(Kind.SNAP, {"now": now, "commit_seq": commit_seq, "metrics": metrics, "o": open_seq})
     for i in range(0, len(zones), ZONES_PER_RECORD):
         out.append(_rec(Kind.ZONES, {"z": zones[i:i + ZONES_PER_RECORD]}))
     batch: list = []
@@ -357,7 +392,7 @@ def snapshot_records(now: int, commit_seq: int, metrics: dict, open_seq: int, zo
         size += n
     if batch:
         out.append(_rec(Kind.GENS, {"g": batch}))
-    out.append(_rec(Kind.SNAP_END, {"n": n_gens}))
+    out += _copies(Kind.SNAP_END, {"n": n_gens})
     return out
 
 
@@ -378,20 +413,20 @@ SNAPSHOT_END_BYTES = 64
 
 def snapshot_record_limit(zone_capacity: int, block_size: int) -> int:
     """Bytes of generations batched into one snapshot record (``sg``)."""
-    return min(SNAPSHOT_RECORD, (zone_capacity - block_size - FRAME_HEADER) // 4)
+    return min(SNAPSHOT_RECORD, (zone_capacity - head_bytes(FORMAT_VERSION, block_size) - FRAME_HEADER) // 4)
 
 
 def plan_zones(frame_sizes: Iterable[int], zone_capacity: int, block_size: int, reserve: int = 0) -> list[list[int]]:
-    """Pack frames into meta zones in order, as a rollover writes them: each zone starts with a
-    superblock block; a frame that does not fit the current zone opens the next; the last zone
+    """Pack frames into meta zones in order, as a rollover writes them: each zone starts with its
+    superblock copies (:func:`~retainz.store.format.head_bytes`); a frame that does not fit the current zone opens the next; the last zone
     keeps ``reserve`` bytes free (else one more, empty zone is planned).  Returns the frame
     indexes per zone.  The one packing rule: :meth:`Journal.roll` and :func:`pack_zones` use it."""
     plan: list[list[int]] = [[]]
-    used = block_size
+    head = used = head_bytes(FORMAT_VERSION, block_size)
     for i, f in enumerate(frame_sizes):
         if used + f > zone_capacity:
             plan.append([])
-            used = block_size
+            used = head
         plan[-1].append(i)
         used += f
     if used + reserve > zone_capacity:
@@ -405,7 +440,7 @@ def pack_zones(entries, zone_capacity: int, block_size: int, *, zones: int = 0, 
     catalog order), ``zones`` attribute items of at most ``ZONE_ATTR_BYTES`` each and a head of at
     most ``SNAPSHOT_HEAD_BYTES``, keeping ``reserve`` bytes free in the last zone.  O(entries)."""
     limit = snapshot_record_limit(zone_capacity, block_size)
-    payloads = [SNAPSHOT_HEAD_BYTES]
+    payloads = [SNAPSHOT_HEAD_BYTES, SNAPSHOT_HEAD_BYTES]
     for i in range(0, zones, ZONES_PER_RECORD):
         payloads.append(BATCH_WRAP_BYTES + min(ZONES_PER_RECORD, zones - i) * ZONE_ATTR_BYTES)
     size = 0
@@ -416,7 +451,7 @@ def pack_zones(entries, zone_capacity: int, block_size: int, *, zones: int = 0, 
         size += n
     if size:
         payloads.append(size + BATCH_WRAP_BYTES)
-    payloads.append(SNAPSHOT_END_BYTES)
+    payloads += [SNAPSHOT_END_BYTES, SNAPSHOT_END_BYTES]
     return len(plan_zones((frame_size(p, block_size) for p in payloads), zone_capacity, block_size, reserve))
 
 
@@ -436,14 +471,14 @@ def snapshot_zones(gen_bytes: int, zone_capacity: int, block_size: int, *, items
     (:func:`snapshot_record_limit`), so each record but the last holds more than ``limit -
     biggest`` bytes and at least ``limit // biggest`` entries (an entry larger than half the limit
     may get a record of its own); every record frame adds a header and less than a block of
-    padding.  The frames total ``T`` (head, end, ``sz`` frames of ``ZONE_ATTR_BYTES`` per zone,
+    padding.  The frames total ``T`` (head and end, twice each, ``sz`` frames of ``ZONE_ATTR_BYTES`` per zone,
     the generation frames, and a frame as large as the largest entry for the next record).
-    Everything fits one zone when ``T`` fits its capacity after the superblock; otherwise every
+    Everything fits one zone when ``T`` fits its capacity after the superblock copies; otherwise every
     zone but the last is filled to within one frame (``F``, the largest) of its end, so
     ``ceil(T / (capacity - superblock - F))`` zones.
     """
     limit = snapshot_record_limit(zone_capacity, block_size)
-    usable = zone_capacity - block_size
+    usable = zone_capacity - head_bytes(FORMAT_VERSION, block_size)
     pad = FRAME_HEADER + block_size - 1
     attr_records = -(-zones // ZONES_PER_RECORD)
     attr_frames = zones * ZONE_ATTR_BYTES + attr_records * pad
@@ -456,7 +491,7 @@ def snapshot_zones(gen_bytes: int, zone_capacity: int, block_size: int, *, items
         if items is not None:   # a batch takes at least limit // biggest entries
             n_gen = min(n_gen, items, -(-items // (limit // max(biggest, 1))))
     nxt = round_up(max(biggest, 1024) + pad, block_size)
-    total = (round_up(SNAPSHOT_HEAD_BYTES + FRAME_HEADER, block_size) + block_size + attr_frames
+    total = (2 * round_up(SNAPSHOT_HEAD_BYTES + FRAME_HEADER, block_size) + 2 * block_size + attr_frames
              + gen_bytes + n_gen * pad + nxt)
     if total <= usable:
         return 1

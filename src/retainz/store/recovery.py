@@ -83,6 +83,10 @@ class RecoveryReport:
             read-write open, which did them.
         seconds: wall time of the whole open.
         records_per_second: replay rate.
+        copies: each redundant copy used in place of a damaged one (superblock copies, snapshot
+            record copies, damaged spares; docs/format.md), one line each.
+        lost: with ``repair``: damaged records skipped and generations dropped because their data
+            is gone, one line each.
     """
 
     records: int = 0
@@ -94,6 +98,8 @@ class RecoveryReport:
     repairs: list[str] = field(default_factory=list)
     seconds: float = 0.0
     records_per_second: float = 0.0
+    copies: list[str] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -115,21 +121,29 @@ class Replayed:
     metrics: dict = field(default_factory=dict)
 
 
-def replay(payloads: list[bytes]) -> Replayed:
+def replay(payloads: list[bytes], *, salvage: bool = False, lost: list[str] | None = None) -> Replayed:
     """Replay a chain's records (snapshot first) into the catalog, zone attributes, time and metrics.
+
+    Args:
+        salvage: skip a record that does not decode (listed in ``lost``) instead of raising.
 
     Raises:
         CorruptJournalError: a record that does not decode (its checksum matched: written by other
-            code, or a bug).
+            code, or a bug; nesting too deep for the JSON parser included).
     """
     out = Replayed()
     cat, attrs = out.catalog, out.attrs
     for i, p in enumerate(payloads):
         try:
             rec = decode(p)
-        except (ValueError, KeyError, TypeError, IndexError) as e:
-            raise CorruptJournalError(f"journal record {i} ({bytes(p[:8])!r}...) does not decode: "
-                                      f"{type(e).__name__}: {e}") from None
+        except (ValueError, KeyError, TypeError, IndexError, RecursionError) as e:
+            msg = (f"journal record {i} ({bytes(p[:8])!r}...) does not decode: "
+                   f"{type(e).__name__}: {str(e)[:200]}")
+            if salvage:
+                if lost is not None:
+                    lost.append(msg)
+                continue
+            raise CorruptJournalError(msg) from None
         for z, a in rec.zones:
             attrs[z] = a
         if rec.open_seq is not None and rec.open_seq > out.open_seq:
@@ -257,8 +271,35 @@ class Mounted:
     report: RecoveryReport
 
 
-def mount(device: ZonedDevice, *, readonly: bool) -> Mounted:
+def _drop_missing(device: ZonedDevice, catalog: Catalog, meta_zones: int, rep: RecoveryReport) -> None:
+    """Salvage: drop committed generations whose extents the device no longer holds (an empty zone,
+    a write pointer below the extent's end, or a meta zone), as a replay that skipped damaged
+    records can leave (a lost deletion's zones were reset); each is listed in ``rep.lost``."""
+    g = device.geometry
+    reported = {z.index: z for z in device.report_zones()}
+    for gen in list(catalog.gens.values()):
+        why = None
+        for s in gen.shards.values():
+            for z, off, length, _ in s.extents:
+                zr = reported.get(z)
+                written = 0 if zr is None else zr.capacity if zr.cond == ZoneCond.FULL else zr.wp - zr.start
+                if zr is None or z < meta_zones or off + round_up(length, g.block_size) > written:
+                    why = f"its shard {s.name!r} has an extent in zone {z} the device does not hold"
+                    break
+            if why:
+                break
+        if why:
+            catalog.remove(gen.id)
+            rep.lost.append(f"generation {gen.id!r} dropped: {why}")
+
+
+def mount(device: ZonedDevice, *, readonly: bool, repair: bool = False) -> Mounted:
     """Steps 1-4 of the module docstring on ``device``.
+
+    ``repair`` (``fsck --repair``; read-write only): the journal scan skips damaged records
+    (:func:`~retainz.store.journal.scan` ``salvage``), generations whose data is gone are dropped,
+    and the journal rolls over to a fresh chain, which rewrites every superblock and snapshot copy
+    (and a spare into every free empty meta zone).  What was lost is in ``report.lost``.
 
     Raises:
         ForeignDeviceError: the device holds no RetainZ store.
@@ -266,22 +307,27 @@ def mount(device: ZonedDevice, *, readonly: bool) -> Mounted:
         CorruptJournalError: the journal or superblock is damaged, the superblock's geometry is
             not the device's, or committed data is missing.
     """
+    if repair and readonly:
+        raise ValueError("a repair writes: it needs a read-write open")
     t0 = time.perf_counter()
     g = device.geometry
-    found = scan(device)
+    found = scan(device, salvage=repair)
     sb = found.sb
     if (sb.geometry.nr_zones, sb.geometry.zone_size, sb.geometry.zone_capacity, sb.geometry.block_size) != \
             (g.nr_zones, g.zone_size, g.zone_capacity, g.block_size):
         raise CorruptJournalError(f"the superblock's geometry {sb.geometry} does not match the device's {g}")
-    rep = RecoveryReport(torn_bytes=found.torn, fallbacks=found.fallbacks, records=len(found.payloads))
-    state = replay(found.payloads)
+    rep = RecoveryReport(torn_bytes=found.torn, fallbacks=found.fallbacks, records=len(found.payloads),
+                         copies=list(found.notes), lost=list(found.lost))
+    state = replay(found.payloads, salvage=repair, lost=rep.lost)
+    if repair:
+        _drop_missing(device, state.catalog, sb.meta_zones, rep)
     metrics = StoreMetrics()
     for k, v in state.metrics.items():
         if hasattr(metrics, k) and k != "waf":
             setattr(metrics, k, v)
     zones = ZoneBook(device, sb.meta_zones, metrics)
     zones.now = state.now
-    journal = Journal(device, sb, found.chain, found.end)
+    journal = Journal(device, sb, found.chain, found.end, spares=found.spares)
     log = MetadataLog(journal, state.catalog, zones, metrics)
     reconcile(zones, state.catalog, state.attrs, state.open_seq, rep, readonly=readonly)
     for z in found.stale:
@@ -291,7 +337,9 @@ def mount(device: ZonedDevice, *, readonly: bool) -> Mounted:
             device.reset_zone(z)
     last = device.zone(journal.chain[-1])
     old = sb.version < FORMAT_VERSION
-    if found.torn or old or last.cond == ZoneCond.FULL or journal.room() < 2 * g.block_size:
+    if readonly and found.damaged:
+        rep.repairs.append("rewrite the damaged metadata copies (fsck --repair)")
+    if repair or found.torn or old or last.cond == ZoneCond.FULL or journal.room() < 2 * g.block_size:
         if readonly:
             why = (f"drop a torn tail of {found.torn} bytes" if found.torn
                    else f"upgrade format version {sb.version} to {FORMAT_VERSION}" if old else "its last zone is full")

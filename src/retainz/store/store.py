@@ -182,7 +182,8 @@ class Store:
                 it already holds a RetainZ store).  Nothing is written.
             ValueError: an unknown policy, a device the policy refuses (``Allocator.check_device``:
                 ZenFS needs 32 zones), or a geometry too small (fewer than meta zones + reserve
-                + 2 zones, zone capacity under 4 blocks, max active zones under 2).
+                + 2 zones, zone capacity under 8 blocks (the empty journal chain, its
+                superblock and snapshot copies, takes 7), max active zones under 2).
         """
         g = device.geometry
         make_allocator(policy).check_device(g)
@@ -196,8 +197,8 @@ class Store:
             raise ValueError(f"the device has {g.nr_zones} zones; a store needs at least "
                              f"{meta_zones + gc_reserve_zones + 2} ({meta_zones} meta, {gc_reserve_zones} "
                              "GC reserve, 2 data)")
-        if g.zone_capacity < 4 * g.block_size:
-            raise ValueError(f"zone capacity {g.zone_capacity} is under 4 blocks: too small for a journal")
+        if g.zone_capacity < 8 * g.block_size:   # the empty chain takes 7 (format version 3)
+            raise ValueError(f"zone capacity {g.zone_capacity} is under 8 blocks: too small for a journal")
         if g.max_active and g.max_active < 2:
             raise ValueError("the device allows fewer than 2 active zones (one is the journal's)")
         zones = device.report_zones()
@@ -214,13 +215,17 @@ class Store:
             device.reset_zone(z)
         sb = Superblock(uuid=uuidlib.uuid4(), sequence=1, part=0, geometry=g, meta_zones=meta_zones,
                         gc_reserve_zones=gc_reserve_zones, policy=policy)
-        device.write(0, sb.encode() + b"".join(frame(p, g.block_size) for p in empty_snapshot()))
+        block = sb.encode()     # two copies (format version 3), then the empty snapshot
+        device.write(0, block * 2 + b"".join(frame(p, g.block_size) for p in empty_snapshot()))
+        journal = Journal(device, sb, [0], 0)
+        for z in range(1, meta_zones):   # a spare superblock in every other meta zone (finished)
+            journal.write_spare(z)
         device.flush()
         return cls.open(device, verify_summaries=verify_summaries)
 
     @classmethod
     def open(cls, device: ZonedDevice, *, policy: str | None = None, verify_summaries: bool = False,
-             readonly: bool = False) -> Store:
+             readonly: bool = False, repair: bool = False) -> Store:
         """Open the store on ``device``: replay the journal and recover (see :mod:`.recovery`).
 
         Args:
@@ -236,6 +241,10 @@ class Store:
                 by :meth:`fsck`); zones it would reset are summarised as holding only dead bytes.
                 ``generations``, ``generation``, ``read_shard``, ``fsck`` and ``df`` work;
                 ``begin_generation``, ``delete`` and ``gc`` raise :class:`ReadOnlyStoreError`.
+            repair: salvage a damaged store (``fsck --repair``; not with ``readonly``): damaged
+                journal records are skipped, generations whose data is gone dropped, and the journal
+                rolls over, rewriting every metadata copy (:func:`~retainz.store.recovery.mount`);
+                ``recovery.lost`` lists what was lost.
 
         Raises:
             StoreLockedError: the store on this device is already open in this process.
@@ -253,15 +262,16 @@ class Store:
                 raise StoreLockedError(f"{device.name}: the store is already open in this process")
             _OPEN_STORES[key] = self
         try:
-            self._assemble(device, policy, verify_summaries, readonly)
+            self._assemble(device, policy, verify_summaries, readonly, repair)
         except BaseException:
             _release(key, self)
             raise
         return self
 
-    def _assemble(self, device: ZonedDevice, policy: str | None, verify: bool, readonly: bool) -> None:
+    def _assemble(self, device: ZonedDevice, policy: str | None, verify: bool, readonly: bool,
+                  repair: bool = False) -> None:
         """Mount (recovery builds the catalog, zone book and metadata log) and compose the rest."""
-        m = mount(device, readonly=readonly)
+        m = mount(device, readonly=readonly, repair=repair)
         sb = m.sb
         self.device = device
         self.readonly = readonly
@@ -711,8 +721,11 @@ class Store:
         ``progress``: called with the data bytes of each extent as it is checked."""
         with self.lock:
             self.check_open()
-            return check.fsck(self.device, self.catalog, self.zones, self.recompute_table(),
-                              self.recovery.repairs, progress=progress)
+            rep = check.fsck(self.device, self.catalog, self.zones, self.recompute_table(),
+                             self.recovery.repairs, progress=progress)
+            rep.notes += self.recovery.copies
+            rep.notes += [f"salvage: {line}" for line in self.recovery.lost]
+            return rep
 
     def df(self) -> SpaceReport:
         """Space report, like ``zenfs df`` (:func:`~retainz.store.check.space`), with what admission

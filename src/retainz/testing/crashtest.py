@@ -50,7 +50,7 @@ ENUMERATE_UP_TO = 16
 SAMPLES = 4
 WORKLOADS = ("basic", "gc", "rollover", "spill", "mixed", "shared", "replace", "hint")
 #: Meta zones per workload (``spill`` needs room for a snapshot spread over two zones).
-META_ZONES = {"spill": 6}
+META_ZONES = {"spill": 8}
 
 
 def workload(name: str, seed: int = 0) -> list[tuple]:
@@ -338,7 +338,7 @@ def campaign(name: str = "mixed", seed: int = 0, *, geometry: Geometry = GEOMETR
     Args:
         name: workload name (:data:`WORKLOADS`).
         seed: workload seed (also seeds the sampling of crash states).
-        geometry: device geometry (3 meta zones are used, 6 for ``spill``).
+        geometry: device geometry (3 meta zones are used, 8 for ``spill``).
         points: write boundaries to cut at (default: every one).
         make_device: builds a fresh emulated device (default: a payload ``MemoryDevice``).  A
             ``MemoryDevice`` is cut once per boundary and copied per state; any other device reruns

@@ -6,16 +6,23 @@ File layout (little endian; every region block aligned):
 offset                         content
 =============================  =================================================================
 0                              label block (4096 B), written once at creation: magic ``RETAINZD``,
-                               format version, geometry, state-slot size, uuid, crc32c
-4096                           zone-state slot A
-4096 + slot_size               zone-state slot B
-data_offset = 4096 + 2 * slot  zone 0, then zone 1, ... each ``zone_size`` bytes (sparse)
+                               format version, geometry, state-slot size, uuid, crc32c; a second
+                               copy of the label at byte 2048 of the block
+4096                           zone-state slot A, then its copy A'
+4096 + 2 * slot_size           zone-state slot B, then its copy B'
+data_offset = 4096 + 4 * slot  zone 0, then zone 1, ... each ``zone_size`` bytes (sparse)
 =============================  =================================================================
 
 A zone-state slot holds ``RZSTATE\\0``, a sequence number, every zone's condition (u8) and written
 bytes (u64), the implicitly open zones oldest first (u32 count + u32 each: the order in which the open
-limit closes them), and a crc32c.  Slots are written alternately; the valid slot with the highest sequence
-wins, so a torn slot write leaves the previous state readable.
+limit closes them), and a crc32c.  Slots are written alternately, each with its copy (A and A', or B and B', then one sync); the valid
+slot with the highest sequence wins, so a torn slot write leaves the previous state readable, and one
+damaged copy of the newest state leaves its twin (version 2; docs/format.md).  Version 1 files (one
+label, slots A and B without copies, data at ``4096 + 2 * slot``) are read and written as they are.
+
+**Bounds** (a file is input): the label's zone count is at most ``MAX_ZONES`` and its geometry must
+be one :class:`~retainz.zoned.model.Geometry` accepts, checked before the state-slot size is computed
+or anything is read past the label, and the file must be as long as the geometry says.
 
 What survives a power cut or a killed process: every zone's data up to its write pointer as recorded
 at the last :meth:`flush` (or the last finish/reset of that zone, which are durable on completion),
@@ -37,17 +44,19 @@ import uuid as uuidlib
 
 import crc32c
 
-from retainz.errors import CorruptDeviceError, DeviceBusyError, NotADeviceError
+from retainz.errors import CorruptDeviceError, DeviceBusyError, DeviceFormatError, NotADeviceError
 from retainz.zoned.device import WriteData
 from retainz.zoned.emulated import EmulatedZonedDevice
-from retainz.zoned.model import Geometry, ZoneCond, round_up
+from retainz.zoned.model import MAX_ZONES, Geometry, ZoneCond, round_up
 from retainz.zoned.syscalls import best_effort, punch_hole, start_writeback
 
 __all__ = ["FileDevice", "FILE_DEVICE_MAGIC", "WRITEBACK_BYTES"]
 
 FILE_DEVICE_MAGIC = b"RETAINZD"
 _STATE_MAGIC = b"RZSTATE\0"
-_VERSION = 1
+_VERSION = 2
+_READABLE = (1, 2)
+_LABEL_COPY = 2048          # byte of the label block holding the label's second copy (version 2)
 _LABEL = struct.Struct("<8sIIQQIIIQ16s")
 _SLOT_HEAD = struct.Struct("<8sQ")
 _LABEL_SIZE = 4096
@@ -75,15 +84,17 @@ class FileDevice(EmulatedZonedDevice):
         self._fd = -1
         path = os.fspath(path)
         label, geometry, slot_size, dev_uuid = self._read_label(path)
-        del label
+        version, label_note = label
         super().__init__(geometry, kind="file", path=path, payload=True)
         self.uuid = dev_uuid
         self.readonly = readonly
         self._slot_size = slot_size
-        self._data_offset = _LABEL_SIZE + 2 * slot_size
+        self._version = version
+        self._copies = 2 if version >= 2 else 1      # copies of each zone-state slot
+        self._data_offset = _LABEL_SIZE + 2 * self._copies * slot_size
         self._punch: set[int] = set()     # reset zones whose blocks are not punched yet (trim)
         self._unkicked = 0                 # bytes written since writeback was last started
-        self._notes: tuple[str, ...] = ()
+        self._notes: tuple[str, ...] = label_note
         self._fd = os.open(path, os.O_RDONLY if readonly else os.O_RDWR)
         try:
             fcntl.flock(self._fd, (fcntl.LOCK_SH if readonly else fcntl.LOCK_EX) | fcntl.LOCK_NB)
@@ -129,7 +140,7 @@ class FileDevice(EmulatedZonedDevice):
         label = _LABEL.pack(FILE_DEVICE_MAGIC, _VERSION, g.block_size, g.zone_size, g.zone_capacity,
                             g.nr_zones, g.max_open, g.max_active, slot, uuidlib.uuid4().bytes)
         label += struct.pack("<I", crc32c.crc32c(label))
-        total = _LABEL_SIZE + 2 * slot + g.size
+        total = _LABEL_SIZE + 4 * slot + g.size
         existed = os.path.lexists(path)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:   # the lock before any change: a device in use elsewhere is refused untouched
@@ -140,9 +151,9 @@ class FileDevice(EmulatedZonedDevice):
                                   "another, holds its lock); nothing was changed") from None
         try:
             os.ftruncate(fd, 0)
-            os.pwrite(fd, label.ljust(_LABEL_SIZE, b"\0"), 0)
+            os.pwrite(fd, label.ljust(_LABEL_COPY, b"\0") + label.ljust(_LABEL_SIZE - _LABEL_COPY, b"\0"), 0)
             empty = _encode_slot(1, [ZoneCond.EMPTY] * g.nr_zones, [0] * g.nr_zones, slot)
-            os.pwrite(fd, empty, _LABEL_SIZE)
+            os.pwrite(fd, empty * 2, _LABEL_SIZE)
             os.ftruncate(fd, total)
             os.fsync(fd)
         except (OSError, OverflowError) as e:  # e.g. EFBIG: larger than the file system allows
@@ -155,46 +166,79 @@ class FileDevice(EmulatedZonedDevice):
         return cls(path)
 
     @staticmethod
-    def _read_label(path: str) -> tuple[bytes, Geometry, int, uuidlib.UUID]:
+    def _read_label(path: str) -> tuple[tuple[int, tuple[str, ...]], Geometry, int, uuidlib.UUID]:
+        """``((version, notes), geometry, slot size, uuid)`` from the label or, when it fails its
+        checksum, its copy (version 2).
+
+        Raises:
+            NotADeviceError: no label magic in either copy, or an unknown version.
+            CorruptDeviceError: both copies fail their checksums, an impossible field (zone count
+                over ``MAX_ZONES``, a geometry ``Geometry`` refuses, a slot size that does not match),
+                or a file shorter than its geometry.
+        """
         with open(path, "rb") as f:
-            raw = f.read(_LABEL.size + 4)
-        if len(raw) < _LABEL.size + 4 or raw[:8] != FILE_DEVICE_MAGIC:
+            raw = f.read(_LABEL_SIZE)
+        n = _LABEL.size + 4
+        copies = [raw[:n], raw[_LABEL_COPY:_LABEL_COPY + n]]
+        if not any(len(c) == n and c[:8] == FILE_DEVICE_MAGIC for c in copies):
             raise NotADeviceError(f"{path} is not a RetainZ device file (no {FILE_DEVICE_MAGIC.decode()} "
                                   "label); nothing was changed. Create one with `retainz device create`.")
-        (crc,) = struct.unpack_from("<I", raw, _LABEL.size)
-        if crc32c.crc32c(raw[:_LABEL.size]) != crc:
+        good = [i for i, c in enumerate(copies)
+                if len(c) == n and struct.unpack_from("<I", c, _LABEL.size)[0] == crc32c.crc32c(c[:_LABEL.size])]
+        if not good:
             raise CorruptDeviceError(f"{path}: the device label fails its checksum")
-        (_, version, bs, zsize, zcap, nz, mopen, mactive, slot, raw_uuid) = _LABEL.unpack_from(raw)
-        if version != _VERSION:
+        used = copies[good[0]]
+        (_, version, bs, zsize, zcap, nz, mopen, mactive, slot, raw_uuid) = _LABEL.unpack_from(used)
+        if version not in _READABLE or (good[0] == 1 and version < 2):
             raise NotADeviceError(f"{path}: device file format version {version} is not supported "
-                                  f"(this RetainZ reads version {_VERSION})")
-        geometry = Geometry(nr_zones=nz, zone_size=zsize, zone_capacity=zcap, block_size=bs,
-                            max_open=mopen, max_active=mactive)
+                                  f"(this RetainZ reads versions {', '.join(map(str, _READABLE))}); nothing "
+                                  "was changed")
+        notes: tuple[str, ...] = ()
+        if version >= 2 and len(good) < 2:
+            notes = (f"device label copy {1 - good[0]} is damaged; copy {good[0]} was used (fsck --repair "
+                     "rewrites it)",)
+        if nz > MAX_ZONES:     # before the slot size is computed from it
+            raise CorruptDeviceError(f"{path}: the label claims {nz:,} zones, over the limit of {MAX_ZONES:,}")
+        try:
+            geometry = Geometry(nr_zones=nz, zone_size=zsize, zone_capacity=zcap, block_size=bs,
+                                max_open=mopen, max_active=mactive)
+        except DeviceFormatError as e:
+            raise CorruptDeviceError(f"{path}: the label's geometry is impossible: {e}") from None
         if slot != _slot_size(nz):
             raise CorruptDeviceError(f"{path}: the label's state-slot size {slot} does not match its "
                                      f"{nz} zones")
         size = os.path.getsize(path)
-        if size < _LABEL_SIZE + 2 * slot + geometry.size:
+        need = _LABEL_SIZE + (4 if version >= 2 else 2) * slot + geometry.size
+        if size < need:
             raise CorruptDeviceError(f"{path} is {size} bytes, shorter than its geometry "
-                                     f"({_LABEL_SIZE + 2 * slot + geometry.size} bytes): truncated?")
-        return raw, geometry, slot, uuidlib.UUID(bytes=raw_uuid)
+                                     f"({need} bytes): truncated?")
+        return (version, notes), geometry, slot, uuidlib.UUID(bytes=raw_uuid)
 
     def _read_state(self) -> tuple[list[ZoneCond], list[int], int]:
         best = None
         bad = []                           # slots that were written but fail their checksum
-        for i in range(2):
+        names = ["A", "A'", "B", "B'"] if self._copies == 2 else ["A", "B"]
+        seqs = {}
+        for i, name in enumerate(names):
             raw = os.pread(self._fd, self._slot_size, _LABEL_SIZE + i * self._slot_size)
             decoded = _decode_slot(raw, self._nz)
             if decoded is None and raw.strip(b"\0"):
-                bad.append("AB"[i])
+                bad.append(name)
+            if decoded:
+                seqs[name] = decoded[0]
             if decoded and (best is None or decoded[0] > best[0]):
                 best = decoded
         if best is None:
-            raise CorruptDeviceError(f"{self._info.path}: both zone-state copies fail their checksums")
-        if bad:
-            self._notes = (f"zone-state copy {bad[0]} fails its checksum (a write torn by a power cut, or "
-                           f"damage); the other copy, sequence {best[0]}, was used: writes after it are not "
-                           "visible",)
+            raise CorruptDeviceError(f"{self._info.path}: every zone-state copy fails its checksum")
+        self._damaged_slots = bool(bad)
+        used = [n for n in names if seqs.get(n) == best[0]]
+        if bad and self._copies == 2 and any(seqs.get(n + "'" if len(n) == 1 else n[0]) == best[0] for n in bad):
+            self._notes += (f"zone-state copy {bad[0]} is damaged; its twin {used[0]}, sequence {best[0]}, was "
+                            "used (fsck --repair rewrites it)",)
+        elif bad:
+            self._notes += (f"zone-state copy {bad[0]} fails its checksum (a write torn by a power cut, or "
+                            f"damage); copy {used[0]}, sequence {best[0]}, was used: writes after it are not "
+                            "visible",)
         seq, conds, written, order = best
         for z, (c, w) in enumerate(zip(conds, written, strict=True)):
             if c not in ZoneCond.__members__.values() or w > self._zcap or w % self._bs:
@@ -280,11 +324,42 @@ class FileDevice(EmulatedZonedDevice):
             return
         self._seq += 1
         slot = _encode_slot(self._seq, self._dcond, self._dwritten, self._slot_size, self._imp_open)
-        try:
-            os.pwrite(self._fd, slot, _LABEL_SIZE + (self._seq % 2) * self._slot_size)
+        try:   # the slot and its copy (version 2), then one sync
+            os.pwrite(self._fd, slot * self._copies,
+                      _LABEL_SIZE + (self._seq % 2) * self._copies * self._slot_size)
             _datasync(self._fd)
         except OSError as e:
             raise self._named(e) from None
+
+    def repair_metadata(self) -> list[str]:
+        """Rewrite damaged label and zone-state copies (``fsck --repair``): the label block from the
+        intact copy (version 2), and both slot pairs from the current state (two persists).
+        Returns what was rewritten, one line each.
+
+        Raises:
+            PermissionError: opened read-only.  OSError: a write failed.
+        """
+        self._check_rw()
+        done = []
+        if self._version >= 2:
+            with open(self._info.path, "rb") as f:
+                raw = f.read(_LABEL_SIZE)
+            n = _LABEL.size + 4
+            for c in (raw[:n], raw[_LABEL_COPY:_LABEL_COPY + n]):
+                if struct.unpack_from("<I", c, _LABEL.size)[0] == crc32c.crc32c(c[:_LABEL.size]):
+                    block = c.ljust(_LABEL_COPY, b"\0") + c.ljust(_LABEL_SIZE - _LABEL_COPY, b"\0")
+                    if block != raw:
+                        os.pwrite(self._fd, block, 0)
+                        done.append("rewrote the device label's copies")
+                    break
+        if getattr(self, "_damaged_slots", False):
+            self.flush()
+            self._persist()
+            self._persist()
+            self._damaged_slots = False
+            done.append("rewrote both zone-state slots and their copies")
+        _datasync(self._fd)
+        return done
 
     def _named(self, e: OSError) -> OSError:
         """``e`` naming the device file (``PATH: No space left on device``), same errno and class."""

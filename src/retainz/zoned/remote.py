@@ -174,7 +174,9 @@ class _Link:
         if not isinstance(header, dict):
             raise RemoteDeviceError("remote device: a message header that is not a JSON object")
         n = header.get("data", 0)
-        if not isinstance(n, int) or n < 0 or (self.window is not None and n > len(self.window)):
+        # bounded before anything is allocated for it: the window, or one inline part
+        if (not isinstance(n, int) or isinstance(n, bool) or n < 0
+                or n > (len(self.window) if self.window is not None else INLINE_CHUNK)):
             raise RemoteDeviceError(f"remote device: a data length of {n!r} bytes")
         if not n:
             return header, b""
