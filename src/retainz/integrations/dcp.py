@@ -79,6 +79,8 @@ __all__ = [
     "ZonedStorageReader",
     "ZonedLocation",
     "CheckpointNotFoundError",
+    "UnsafeMetadataError",
+    "load_metadata",
     "generation_id",
     "device_path",
     "METADATA_SHARD",
@@ -95,6 +97,55 @@ CHUNK_BYTES = 8 << 20
 class CheckpointNotFoundError(RetainZError, FileNotFoundError):
     """No committed checkpoint with that id on the device (never committed, still being written, or
     deleted), or a rank's data generation it references is missing."""
+
+
+class UnsafeMetadataError(RetainZError, pickle.UnpicklingError):
+    """A checkpoint's ``.metadata`` pickle names a global outside DCP's metadata types: loading it would
+    run code the checkpoint chose.  Pass ``trust_metadata=True`` only for a device you trust."""
+
+
+#: The globals a ``.metadata`` pickle may name: DCP's metadata dataclasses and enum (torch 2.13
+#: ``torch/distributed/checkpoint/metadata.py``), what they hold (``torch.Size``, the layout by name
+#: through ``torch.serialization._get_layout``, ``pathlib`` paths in ``StorageMeta.checkpoint_id``,
+#: ``OrderedDict``) and this writer's :class:`ZonedLocation`.  Dtypes (``torch.float32``, ...) are
+#: admitted by value: a ``torch`` attribute that is a ``torch.dtype``.
+_METADATA_GLOBALS = frozenset({
+    ("torch.distributed.checkpoint.metadata", name) for name in (
+        "Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
+        "BytesStorageMetadata", "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING")
+} | {
+    ("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
+    ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath"),
+    ("pathlib", "PureWindowsPath"), (__name__, "ZonedLocation"),
+})
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """``pickle.Unpickler`` that resolves only :data:`_METADATA_GLOBALS` and torch dtypes."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _METADATA_GLOBALS:
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise UnsafeMetadataError(f".metadata names {module}.{name}, not a DCP metadata type: refused "
+                                  "(pass trust_metadata=True to load a checkpoint from a device you trust)")
+
+
+def load_metadata(blob: bytes, *, trusted: bool = False) -> Metadata:
+    """Unpickle a ``.metadata`` shard (DCP ``Metadata``, as ``finish`` writes it).
+
+    torch 2.13's ``FileSystemReader.read_metadata`` runs ``pickle.load`` on the file, so a checkpoint
+    directory anyone could write runs their code; here only DCP's metadata types are resolved unless
+    ``trusted``.  Tensor data is never unpickled (raw bytes).
+
+    Raises:
+        UnsafeMetadataError: the pickle names any other global (and ``trusted`` is false).
+        pickle.UnpicklingError: the bytes are not a pickle.
+    """
+    if trusted:
+        return pickle.loads(blob)
+    return _MetadataUnpickler(io.BytesIO(blob)).load()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -533,12 +584,16 @@ class ZonedStorageReader(StorageReader):
         checkpoint_id: the checkpoint id if not passed to ``dcp.load``.
         series: the series the checkpoint was saved in (``ZonedStorageWriter(series=...)``).
         wait: seconds to wait for a device another process holds (another rank reading it).
+        trust_metadata: unpickle ``.metadata`` with plain ``pickle`` (any global, as torch's
+            ``FileSystemReader`` does); by default only DCP's metadata types load
+            (:func:`load_metadata`), and anything else raises :class:`UnsafeMetadataError`.
     """
 
     def __init__(self, device: Any, checkpoint_id: str | os.PathLike | None = None, *,
-                 series: str | None = None, wait: float = 120.0):
+                 series: str | None = None, wait: float = 120.0, trust_metadata: bool = False):
         super().__init__()
         self.device = device
+        self.trust_metadata = trust_metadata
         self.series = series_folder(series)
         self.wait = wait
         self.checkpoint_id = os.fspath(checkpoint_id) if checkpoint_id is not None else None
@@ -576,7 +631,8 @@ class ZonedStorageReader(StorageReader):
             if METADATA_SHARD not in info.shards:
                 raise CheckpointNotFoundError(f"checkpoint {self.checkpoint_id!r}: generation "
                                               f"{self.generation!r} has no {METADATA_SHARD} shard")
-            metadata = pickle.loads(b"".join(store.read_shard(self.generation, METADATA_SHARD)))
+            metadata = load_metadata(b"".join(store.read_shard(self.generation, METADATA_SHARD)),
+                                     trusted=self.trust_metadata)
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
