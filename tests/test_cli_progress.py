@@ -83,3 +83,39 @@ def test_crashtest_bar_on_a_terminal_and_none_with_json():
     assert code == 0 and "crashtest basic" in tty and "point" in tty
     code, tty = on_pty(retainz("crashtest", spec, "--workload", "basic", "--max-points", "5", "--json"))
     assert code == 0 and tty == ""
+
+
+def test_opening_a_store_reports_replayed_records():
+    from retainz.store import Store
+    from retainz.store.recovery import PROGRESS_RECORDS
+    from retainz.zoned import Geometry, MemoryDevice
+
+    dev = MemoryDevice(Geometry(nr_zones=16, zone_size=64 << 20, zone_capacity=64 << 20))
+    s = Store.format(dev)
+    for i in range(5000):
+        w = s.begin_generation(f"g{i}", i)
+        w.write_shard("a", [b"x"])
+        w.commit()
+    s.close()
+    calls = []
+    s = Store.open(dev, progress=lambda done, total: calls.append((done, total)))
+    n = s.recovery.records
+    s.close()
+    assert n > 5000
+    assert calls == [(i, n) for i in range(0, n, PROGRESS_RECORDS)] + [(n, n)]
+
+
+def test_open_bar_drawn_on_a_terminal_and_not_with_json(tmp_path, monkeypatch, capsys):
+    from retainz.cli import progress as progress_mod
+    from retainz.cli import store as store_cli
+
+    path, f = store(tmp_path)
+    assert main(["put", str(path), "g", str(f), "--step", "1"]) == 0
+    capsys.readouterr()
+    monkeypatch.setattr(store_cli, "OPEN_BAR_DELAY", 0.0)
+    monkeypatch.setattr(progress_mod.sys.stderr, "isatty", lambda: True, raising=False)
+    assert main(["ls", str(path)]) == 0
+    err = capsys.readouterr().err
+    assert "open" in err and "record" in err
+    assert main(["ls", str(path), "--json"]) == 0
+    assert "record" not in capsys.readouterr().err

@@ -22,9 +22,10 @@ def enabled(args=None) -> bool:
         return False
 
 
-def bar(total: int | None, desc: str, args=None, *, unit: str = "B"):
+def bar(total: int | None, desc: str, args=None, *, unit: str = "B", delay: float = 0.0):
     """A tqdm bar of ``total`` ``unit`` (bytes scaled to KiB/MiB/... with ``unit="B"``), disabled
-    unless :func:`enabled`; use as a context manager and call ``update(n)``."""
+    unless :func:`enabled`, drawn only once ``delay`` seconds have passed; use as a context manager
+    and call ``update(n)``."""
     import shutil
 
     from tqdm import tqdm
@@ -33,7 +34,7 @@ def bar(total: int | None, desc: str, args=None, *, unit: str = "B"):
     size = shutil.get_terminal_size()   # COLUMNS/LINES, else the terminal's, else 80x24 (a 0x0 pty too)
     return tqdm(total=total, desc=desc, unit=unit, unit_scale=scale, unit_divisor=1024 if scale else 1000,
                 file=sys.stderr, leave=False, ncols=size.columns or 80, nrows=size.lines or 24,
-                disable=not enabled(args))
+                delay=delay, disable=not enabled(args))
 
 
 def callback(b):

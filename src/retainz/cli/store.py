@@ -88,7 +88,11 @@ def _persistent(spec: str) -> None:
                          "it; make a file device (`retainz device create PATH ...`)")
 
 
-def _open(spec: str, readonly: bool = False):
+#: Seconds an open runs before its bar appears (most stores open in well under a second).
+OPEN_BAR_DELAY = 0.5
+
+
+def _open(spec: str, readonly: bool = False, args=None):
     from retainz.store import Store
 
     _persistent(spec)
@@ -98,7 +102,8 @@ def _open(spec: str, readonly: bool = False):
     except DeviceBusyError:
         raise StoreLockedError(f"{spec}: the store is open in another process (the device is locked)") from None
     try:
-        return Store.open(dev, readonly=readonly), dev
+        with progress.bar(None, "open", args, unit="record", delay=OPEN_BAR_DELAY) as bar:
+            return Store.open(dev, readonly=readonly, progress=progress.callback(bar)), dev
     except BaseException:
         dev.close()
         raise
@@ -110,16 +115,17 @@ class _Session:
     holds SIGINT/SIGTERM from the open to the close (:func:`retainz.cli.interrupt.deferred`): the
     command sees them at its safe points (``put``: between input chunks) or after the close."""
 
-    def __init__(self, spec: str, readonly: bool = False):
+    def __init__(self, spec: str, readonly: bool = False, args=None):
         self.spec = spec
         self.readonly = readonly
+        self.args = args
         self._held = contextlib.ExitStack()
 
     def __enter__(self):
         if not self.readonly:
             self._held.enter_context(interrupt.deferred())
         try:
-            self.store, self.dev = _open(self.spec, self.readonly)
+            self.store, self.dev = _open(self.spec, self.readonly, self.args)
         except BaseException:
             self._held.close()
             raise
@@ -160,7 +166,7 @@ def _format(args) -> int:
 
 
 def _ls(args) -> int:
-    with _Session(args.device, readonly=True) as store:
+    with _Session(args.device, readonly=True, args=args) as store:
         gens = store.generations()
         if args.json:
             print_json([{"id": g.id, "step": g.step, "size": g.size,
@@ -215,7 +221,7 @@ def _put(args) -> int:
     if len(set(names)) != len(names):
         raise ValueError("two files have the same name; shard names must be unique")
     rs = PERMANENT if args.permanent else args.reclaim_step
-    with _Session(args.device) as store:
+    with _Session(args.device, args=args) as store:
         declared = sum(os.path.getsize(p) for p in args.files)
         w = store.begin_generation(args.generation, args.step, declared_size=declared, replace=args.replace,
                                    hint=Hint(reclaim_step=rs))
@@ -232,7 +238,7 @@ def _put(args) -> int:
 
 
 def _get(args) -> int:
-    with _Session(args.device, readonly=True) as store:
+    with _Session(args.device, readonly=True, args=args) as store:
         gen = store.generation(args.generation)
         names = args.shards or list(gen.shards)
         for name in names:
@@ -267,7 +273,7 @@ def _get(args) -> int:
 
 
 def _rm(args) -> int:
-    with _Session(args.device) as store:
+    with _Session(args.device, args=args) as store:
         for gid in args.generations:
             store.generation(gid)
         for gid in args.generations:
@@ -277,7 +283,7 @@ def _rm(args) -> int:
 
 
 def _gc(args) -> int:
-    with _Session(args.device) as store, progress.bar(None, "gc", args, unit="zone") as bar:
+    with _Session(args.device, args=args) as store, progress.bar(None, "gc", args, unit="zone") as bar:
         rep = store.gc(force=args.force, progress=progress.callback(bar))
     if args.json:
         print_json(rep.to_dict(), indent=2)
@@ -296,7 +302,7 @@ def _fsck(args) -> int:
         if args.repair:
             rep = _repair(args.device)
         else:
-            with _Session(args.device, readonly=True) as store:
+            with _Session(args.device, readonly=True, args=args) as store:
                 total = sum(g.size for g in store.generations())
                 with progress.bar(total, "fsck", args) as bar:
                     rep = store.fsck(progress=bar.update)
@@ -346,7 +352,7 @@ def _repair(spec: str):
 
 
 def _df(args) -> int:
-    with _Session(args.device, readonly=True) as store:
+    with _Session(args.device, readonly=True, args=args) as store:
         rep = store.df()
         metrics = store.metrics.to_dict()
     if args.json:

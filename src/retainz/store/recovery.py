@@ -121,11 +121,17 @@ class Replayed:
     metrics: dict = field(default_factory=dict)
 
 
-def replay(payloads: list[bytes], *, salvage: bool = False, lost: list[str] | None = None) -> Replayed:
+#: Records replayed between two progress calls.
+PROGRESS_RECORDS = 4096
+
+
+def replay(payloads: list[bytes], *, salvage: bool = False, lost: list[str] | None = None,
+           progress=None) -> Replayed:
     """Replay a chain's records (snapshot first) into the catalog, zone attributes, time and metrics.
 
     Args:
         salvage: skip a record that does not decode (listed in ``lost``) instead of raising.
+        progress: ``progress(done, total)`` in records, every :data:`PROGRESS_RECORDS` and at the end.
 
     Raises:
         CorruptJournalError: a record that does not decode (its checksum matched: written by other
@@ -134,6 +140,8 @@ def replay(payloads: list[bytes], *, salvage: bool = False, lost: list[str] | No
     out = Replayed()
     cat, attrs = out.catalog, out.attrs
     for i, p in enumerate(payloads):
+        if progress is not None and i % PROGRESS_RECORDS == 0:
+            progress(i, len(payloads))
         try:
             rec = decode(p)
         except (ValueError, KeyError, TypeError, IndexError, RecursionError) as e:
@@ -176,6 +184,8 @@ def replay(payloads: list[bytes], *, salvage: bool = False, lost: list[str] | No
             out.metrics.update(rec.metrics)
             if rec.commit_seq is not None and rec.commit_seq > cat.commit_seq:
                 cat.commit_seq = rec.commit_seq
+    if progress is not None:
+        progress(len(payloads), len(payloads))
     return out
 
 
@@ -293,8 +303,10 @@ def _drop_missing(device: ZonedDevice, catalog: Catalog, meta_zones: int, rep: R
             rep.lost.append(f"generation {gen.id!r} dropped: {why}")
 
 
-def mount(device: ZonedDevice, *, readonly: bool, repair: bool = False) -> Mounted:
+def mount(device: ZonedDevice, *, readonly: bool, repair: bool = False, progress=None) -> Mounted:
     """Steps 1-4 of the module docstring on ``device``.
+
+    ``progress(done, total)`` follows the replay in journal records (:func:`replay`).
 
     ``repair`` (``fsck --repair``; read-write only): the journal scan skips damaged records
     (:func:`~retainz.store.journal.scan` ``salvage``), generations whose data is gone are dropped,
@@ -318,7 +330,7 @@ def mount(device: ZonedDevice, *, readonly: bool, repair: bool = False) -> Mount
         raise CorruptJournalError(f"the superblock's geometry {sb.geometry} does not match the device's {g}")
     rep = RecoveryReport(torn_bytes=found.torn, fallbacks=found.fallbacks, records=len(found.payloads),
                          copies=list(found.notes), lost=list(found.lost))
-    state = replay(found.payloads, salvage=repair, lost=rep.lost)
+    state = replay(found.payloads, salvage=repair, lost=rep.lost, progress=progress)
     if repair:
         _drop_missing(device, state.catalog, sb.meta_zones, rep)
     metrics = StoreMetrics()

@@ -225,7 +225,7 @@ class Store:
 
     @classmethod
     def open(cls, device: ZonedDevice, *, policy: str | None = None, verify_summaries: bool = False,
-             readonly: bool = False, repair: bool = False) -> Store:
+             readonly: bool = False, repair: bool = False, progress=None) -> Store:
         """Open the store on ``device``: replay the journal and recover (see :mod:`.recovery`).
 
         Args:
@@ -245,6 +245,8 @@ class Store:
                 journal records are skipped, generations whose data is gone dropped, and the journal
                 rolls over, rewriting every metadata copy (:func:`~retainz.store.recovery.mount`);
                 ``recovery.lost`` lists what was lost.
+            progress: ``progress(done, total)`` in journal records replayed (the CLI's bar for
+                opening a store whose journal holds many records).
 
         Raises:
             StoreLockedError: the store on this device is already open in this process.
@@ -262,16 +264,16 @@ class Store:
                 raise StoreLockedError(f"{device.name}: the store is already open in this process")
             _OPEN_STORES[key] = self
         try:
-            self._assemble(device, policy, verify_summaries, readonly, repair)
+            self._assemble(device, policy, verify_summaries, readonly, repair, progress)
         except BaseException:
             _release(key, self)
             raise
         return self
 
     def _assemble(self, device: ZonedDevice, policy: str | None, verify: bool, readonly: bool,
-                  repair: bool = False) -> None:
+                  repair: bool = False, progress=None) -> None:
         """Mount (recovery builds the catalog, zone book and metadata log) and compose the rest."""
-        m = mount(device, readonly=readonly, repair=repair)
+        m = mount(device, readonly=readonly, repair=repair, progress=progress)
         sb = m.sb
         self.device = device
         self.readonly = readonly
