@@ -25,7 +25,7 @@ from retainz.hint import Hint
 from retainz.placement.base import NO_SPACE, PERMANENT
 from retainz.placement.greedy import Greedy
 from retainz.store import GenState, Store
-from retainz.store.format import Superblock
+from retainz.store.format import SPARE, Superblock
 from retainz.store.store import superblock_zones
 from retainz.zoned import FileDevice, Geometry, MemoryDevice, ZoneCond, ZoneOp
 from retainz.zoned.faulty import FaultyDevice
@@ -607,55 +607,56 @@ def test_the_journal_refuses_what_it_could_not_roll_over_and_counts_other_writer
     with Store.format(MemoryDevice(GEOM), meta_zones=2) as s:
         for i in range(3):
             w = s.begin_generation(f"g{i}", i)
-            assert w.journal_estimate == (256 + 2 + 48 * 8 if i == 0 else 4330)   # then the mean entry
-            long_named_shards(w, 20)
+            assert w.journal_estimate == (256 + 2 + 48 * 8 if i == 0 else 3470)   # then the mean entry
+            long_named_shards(w, 16)
             w.commit()
         w = s.begin_generation("g3", 3)
-        long_named_shards(w, 20)
+        long_named_shards(w, 16)
         w.commit()                 # fits one meta zone; with its own estimate counted too it would not
-        text = ("generation 'g4': the journal is full: a snapshot with it would take 2 meta zones (27300 "
+        text = ("generation 'g4': the journal is full: a snapshot with it would take 2 meta zones (22462 "
                 "bytes); 2 meta zones of 49152 bytes keep room for 2 x 1 (1 free beside the current chain), "
                 "so deletions can always be journaled; delete generations, or format with more meta zones")
         with pytest.raises(NoSpaceError, match="^" + re.escape(text) + "$") as e:
             s.begin_generation("g4", 4)
-        assert (e.value.needed, e.value.available, e.value.cause) == (27300, 49152, "journal")
+        assert (e.value.needed, e.value.available, e.value.cause) == (22462, 49152, "journal")
         assert e.value.state == s.stop_state() and e.value.state["empty_zones"] == len(s.table.zones)
         s.delete("g3")
         w = s.begin_generation("g3", 3)
         long_named_shards(w, 30)
         with pytest.raises(NoSpaceError, match=r"^commit of generation 'g3': the journal is full: a snapshot "
-                                               r"with it would take 2 meta zones \(24847 bytes\); ") as e:
+                                               r"with it would take 2 meta zones \(21945 bytes\); ") as e:
             w.commit()
-        assert (e.value.needed, e.value.available, e.value.cause) == (24847, 49152, "journal")
+        assert (e.value.needed, e.value.available, e.value.cause) == (21945, 49152, "journal")
         assert w.state is GenState.WRITING and w.gen.commit_seq == 0      # not committed, no number
         w.abort()
         assert [g.id for g in s.generations()] == ["g0", "g1", "g2"] and s.fsck().ok
 
 
-@pytest.mark.parametrize("last, fits", [(36, True), (37, False)])
+@pytest.mark.parametrize("last, fits", [(44, True), (45, False)])
 def test_a_commit_record_too_big_for_a_meta_zone_is_refused_before_it_is_appended(last, fits):
     """A commit record must leave 256 bytes of a meta zone's record room (``Journal.max_record``,
-    45048 bytes here): 207 long shard names and a 36-character one make a record of 44792 bytes
-    (committed); one more character is refused with the record's size, and nothing is written."""
+    40952 bytes here: the zone's 48 KiB less two superblock blocks (format 3) and a frame header):
+    188 long shard names and a 44-character one make a record of 40696 bytes (committed); one more
+    character is refused with the record's size, and nothing is written."""
     dev = MemoryDevice(GEOM)
     with Store.format(dev, meta_zones=8) as s:
-        assert s.journal.max_record == 45048
+        assert s.journal.max_record == 40952
         w = s.begin_generation("wide", 1)
-        for j in range(207):
+        for j in range(188):
             w.write_shard(f"{j:03d}-" + "n" * 200, [])
         w.write_shard("z" * last, [])
         if fits:
             w.commit()
         else:
             written = s.journal.bytes_written
-            with pytest.raises(NoSpaceError, match=r"^journal record of about 44793 bytes \(generation 'wide'\) "
-                                                   r"does not fit a meta zone \(45048 bytes\)$") as e:
+            with pytest.raises(NoSpaceError, match=r"^journal record of about 40697 bytes \(generation 'wide'\) "
+                                                   r"does not fit a meta zone \(40952 bytes\)$") as e:
                 w.commit()
-            assert (e.value.needed, e.value.available, e.value.cause) == (44793, 45048, "journal")
+            assert (e.value.needed, e.value.available, e.value.cause) == (40697, 40952, "journal")
             assert w.gen.commit_seq == 0 and s.journal.bytes_written == written
             w.abort()
     with Store.open(dev) as s:
-        assert [(g.id, len(g.shards)) for g in s.generations()] == ([("wide", 208)] if fits else [])
+        assert [(g.id, len(g.shards)) for g in s.generations()] == ([("wide", 189)] if fits else [])
 
 
 def test_open_keeps_the_uuid_and_policy_and_checks_the_device_against_the_policy_asked_for():
@@ -689,13 +690,20 @@ def test_gc_runs_the_unforced_rule_unless_forced(store):
 
 def test_format_writes_the_first_journal_generation_in_zone_0():
     """The superblock ``format`` writes: sequence 1 (a rollover writes the next under 2), part 0,
-    the store's uuid, layout and policy; the store opens on that chain."""
+    the store's uuid, layout and policy, twice (blocks 0 and 1 of zone 0, format 3); the store opens
+    on that chain, and the other meta zones hold a spare superblock each (flag ``SPARE``, block 0)."""
     dev = MemoryDevice(GEOM)
+    bs = GEOM.block_size
     with Store.format(dev, policy="retainz", gc_reserve_zones=3) as s:
-        sb = Superblock.decode(dev.read(0, GEOM.block_size), GEOM)
-        assert (sb.sequence, sb.part, sb.uuid, sb.meta_zones, sb.gc_reserve_zones, sb.policy) == (
-            1, 0, s.uuid, s.meta_zones, 3, "retainz")
-        assert sb.geometry == GEOM and s.journal.sb.sequence == 1 and superblock_zones(dev) == [0]
+        sb = Superblock.decode(dev.read(0, bs), GEOM)
+        assert (sb.sequence, sb.part, sb.uuid, sb.meta_zones, sb.gc_reserve_zones, sb.policy, sb.flags) == (
+            1, 0, s.uuid, s.meta_zones, 3, "retainz", 0)
+        assert dev.read(bs, bs) == dev.read(0, bs)
+        assert sb.geometry == GEOM and s.journal.sb.sequence == 1 and superblock_zones(dev) == [0, 1, 2]
+        for z in (1, 2):
+            spare = Superblock.decode(dev.read(z * GEOM.zone_size, bs), GEOM)
+            assert (spare.flags & SPARE, spare.uuid, spare.sequence) == (SPARE, s.uuid, 1)
+            assert dev.zone(z).cond == ZoneCond.FULL
 
 
 class GreedyAfterGC(Greedy):
