@@ -9,7 +9,7 @@ import pytest
 
 from retainz import errors
 from retainz.zoned import FileDevice, Geometry, MemoryDevice, ZoneCond, open_device, parse_size
-from retainz.zoned.file import _LABEL_SIZE
+from retainz.zoned.file import _LABEL_COPY, _LABEL_SIZE
 
 from .conftest import SMALL
 
@@ -126,50 +126,73 @@ def _flip(path, offset):
 
 
 def test_corrupt_label_is_detected(tmp_path):
+    """Device format 2 keeps the label twice (bytes 0 and 2048): one damaged copy is noted and the
+    other used; both damaged is a corrupt device."""
     path = tmp_path / "d.img"
     FileDevice.create(path, SMALL).close()
     _flip(path, 20)
+    with FileDevice(path) as dev:
+        assert dev.geometry == SMALL
+        assert dev.notes[0].startswith("device label copy 0 is damaged; copy 1 was used")
+    _flip(path, _LABEL_COPY + 20)
     with pytest.raises(errors.CorruptDeviceError, match="label"):
         FileDevice(path)
 
 
+def _slot_copy(seq: int, copy: int, slot: int) -> int:
+    """Byte of zone-state copy ``copy`` (0, or 1 for its twin) of the pair sequence ``seq`` went to."""
+    return _LABEL_SIZE + (2 * (seq % 2) + copy) * slot
+
+
 def test_one_corrupt_state_copy_falls_back_to_the_other(tmp_path):
+    """Device format 2 writes each zone state twice (A A', then B B'): a damaged copy of the newest
+    state leaves its twin (nothing lost); both copies of it damaged leave the older pair (the writes
+    after it are not visible, as a torn flush); every copy damaged is a corrupt device."""
     path = tmp_path / "d.img"
     dev = FileDevice.create(path, SMALL)
     dev.write(0, data(1))
-    dev.flush()            # state seq 2 -> slot 0
+    dev.flush()            # state seq 2 -> pair 0 (A, A')
     dev.write(BS, data(1))
-    dev.flush()            # state seq 3 -> slot 1
+    dev.flush()            # state seq 3 -> pair 1 (B, B')
     seq = dev._seq
     slot = dev._slot_size
     dev.close()
+    names = ["A", "A'", "B", "B'"]
+    newest, older = names[2 * (seq % 2):2 * (seq % 2) + 2], names[2 * ((seq + 1) % 2):2 * ((seq + 1) % 2) + 2]
     with FileDevice(path, readonly=True) as dev:
-        assert dev.notes == ()                        # both copies good: nothing to say
-    _flip(path, _LABEL_SIZE + (seq % 2) * slot + 20)  # corrupt the newest copy
-    with FileDevice(path) as dev:
-        assert dev.zone(0).wp == BS  # the previous state
-        assert dev.notes == (f"zone-state copy {'AB'[seq % 2]} fails its checksum (a write torn by a power cut, or "
-                             f"damage); the other copy, sequence {seq - 1}, was used: writes after it are not "
+        assert dev.notes == ()                        # every copy good: nothing to say
+    _flip(path, _slot_copy(seq, 0, slot) + 20)       # the newest state's first copy
+    with FileDevice(path, readonly=True) as dev:
+        assert dev.zone(0).wp == 2 * BS               # its twin: nothing lost
+        assert dev.notes == (f"zone-state copy {newest[0]} is damaged; its twin {newest[1]}, sequence {seq}, "
+                             "was used (fsck --repair rewrites it)",)
+    _flip(path, _slot_copy(seq, 1, slot) + 20)       # and its twin
+    with FileDevice(path, readonly=True) as dev:
+        assert dev.zone(0).wp == BS                   # the previous state
+        assert dev.notes == (f"zone-state copy {newest[0]} fails its checksum (a write torn by a power cut, or "
+                             f"damage); copy {older[0]}, sequence {seq - 1}, was used: writes after it are not "
                              "visible",)
-    _flip(path, _LABEL_SIZE + ((seq + 1) % 2) * slot + 20)  # now both
-    with pytest.raises(errors.CorruptDeviceError, match="both zone-state copies"):
+    _flip(path, _slot_copy(seq + 1, 0, slot) + 20)
+    _flip(path, _slot_copy(seq + 1, 1, slot) + 20)   # now every copy
+    with pytest.raises(errors.CorruptDeviceError, match="every zone-state copy"):
         FileDevice(path)
 
 
 def test_the_note_about_a_bad_state_copy_lasts_until_the_copy_is_rewritten(tmp_path):
     path = tmp_path / "d.img"
     with FileDevice.create(path, SMALL) as dev:
-        for i in range(2):                            # both copies written
+        for i in range(2):                            # both pairs written
             dev.write(i * BS, data(1))
             dev.flush()
         seq, slot = dev._seq, dev._slot_size
-    _flip(path, _LABEL_SIZE + (seq % 2) * slot + 20)
+    _flip(path, _slot_copy(seq, 0, slot) + 20)
+    _flip(path, _slot_copy(seq, 1, slot) + 20)
     for _ in range(2):
         with FileDevice(path, readonly=True) as dev:
             assert len(dev.notes) == 1 and dev.zone(0).wp == BS   # said at every open
     with FileDevice(path) as dev:
         dev.write(BS, data(2))
-        dev.flush()                                   # the next state goes to the bad copy's slot
+        dev.flush()                                   # the next state goes to the bad pair's slots
     with FileDevice(path, readonly=True) as dev:
         assert dev.notes == () and dev.zone(0).wp == 3 * BS
 
