@@ -13,7 +13,7 @@ import pytest
 from retainz.errors import CorruptJournalError, NoSpaceError, PowerCutError
 from retainz.hint import Hint
 from retainz.store import Store
-from retainz.store.format import Superblock
+from retainz.store.format import SPARE, Superblock
 from retainz.store.journal import frame, parse_zone, scan
 from retainz.store.records import empty_snapshot, snapshot_records, sync_record
 from retainz.store.types import StoreMetrics
@@ -23,6 +23,10 @@ from retainz.zoned.faulty import FaultyDevice
 BS = 4096
 GEOM = Geometry(nr_zones=16, zone_size=64 * 1024, zone_capacity=48 * 1024, block_size=BS, max_open=3,
                 max_active=4)
+#: Meta zones whose capacity is their whole 64 KiB (16 blocks).
+GEOM64 = dataclasses.replace(GEOM, zone_capacity=64 * 1024)
+#: Bytes before a chain zone's first record: two superblock copies (store format 3).
+HEAD = 2 * BS
 
 
 def zone_image(*payloads: bytes) -> bytes:
@@ -115,33 +119,50 @@ def test_zeroed_last_record_below_the_write_pointer_is_corruption():
 
 
 def test_every_zeroed_journal_block_is_reported_never_silently_dropped():
-    """The whole kind of fault: zero each record block of a live journal in turn; every open (read-
-    write and read-only) must refuse with CorruptJournalError, and no committed generation may vanish
-    silently."""
-    dev = MemoryDevice(GEOM)
-    store = Store.format(dev)
-    for i in range(3):
-        w = store.begin_generation(f"g{i}", i)
-        w.write_shard("s", [bytes([i + 1]) * 5000])
-        w.commit()
-    store.close()
+    """The whole kind of fault: zero each block of a live journal's chain zone past its first
+    superblock block in turn (format 3: block 1 is the superblock's second copy, records start at
+    block 2); every open (read-write and read-only) must refuse with CorruptJournalError, or open
+    with every committed generation *and* name the copy it used instead: no committed generation
+    may vanish silently, no damage pass unreported."""
+    def build():
+        dev = MemoryDevice(GEOM)
+        store = Store.format(dev)
+        for i in range(3):
+            w = store.begin_generation(f"g{i}", i)
+            w.write_shard("s", [bytes([i + 1]) * 5000])
+            w.commit()
+        store.close()
+        return dev
+
+    dev = build()
     z = next(z for z in dev.report_zones(0, 3) if z.cond != ZoneCond.EMPTY and z.cond != ZoneCond.FULL)
+    # zone 0: 2 superblock blocks, 5 snapshot records (snap and send twice, sz), 3 commits, the
+    # close's sync record: 11 of its 12 blocks, so a read-write open rolls over (under two blocks
+    # left) and each open gets a freshly built device
+    assert (z.index, z.wp - z.start) == (0, 11 * BS)
     blocks = [(z.start + off) for off in range(BS, z.wp - z.start, BS)]
-    assert len(blocks) >= 4
+    outcomes = {}
     for at in blocks:
-        saved = dev.read(at, BS)
-        if not any(saved):
+        if not any(dev.read(at, BS)):
             continue                              # a padding block inside a record: not a record start
-        dev._data[z.index][at - z.start:at - z.start + BS] = bytes(BS)   # zero the block on the media
         for readonly in (False, True):
+            d = build()
+            d._data[z.index][at - z.start:at - z.start + BS] = bytes(BS)   # zero the block on the media
             try:
-                s = Store.open(dev, readonly=readonly)
+                s = Store.open(d, readonly=readonly)
             except CorruptJournalError:
+                outcomes[at, readonly] = "refused"
                 continue
-            ids = {g.id for g in s.generations()}
+            ids, copies = {g.id for g in s.generations()}, list(s.recovery.copies)
             s.close()
             assert ids == {"g0", "g1", "g2"}, f"zeroed block at {at}: generations {ids} silently"
-        dev._data[z.index][at - z.start:at - z.start + BS] = saved
+            assert copies, f"zeroed block at {at}: opened with no copy named"
+            outcomes[at, readonly] = copies
+    # the superblock's copy 1 is covered by copy 0 (named); a zeroed record block of any kind
+    # (a snapshot copy, a commit, the sync record) is refused
+    note = ["meta zone 0: superblock copy 1 is damaged; copy 0 was used"]
+    assert outcomes == {(at, ro): (note if at == BS else "refused") for at in blocks for ro in (False, True)}
+    assert len(blocks) == 10
 
 
 def _fill(store, n, start=0, names=1, name_len=8, data=True):
@@ -160,18 +181,39 @@ def crash_close(store):
 
 
 def test_rollover_writes_a_new_chain_and_resets_the_old():
+    """Rollovers write each new chain under the next sequence and reset the chain they replace; the
+    other meta zones hold spares (format 3: a rollover writes a spare superblock into every free meta
+    zone that is empty, except the ones it has just reset, which stay empty until the next one)."""
     dev = MemoryDevice(GEOM)
     with Store.format(dev) as s:
         first = list(s.journal.chain)
+        replaced = []                                   # the chain each rollover replaces
+        roll = s.journal.roll
+
+        def recording_roll(*args, **kwargs):
+            before = list(s.journal.chain)
+            roll(*args, **kwargs)
+            replaced.append(before)
+
+        s.journal.roll = recording_roll
         _fill(s, 6)
         s.delete("g0000")
         for i in range(1, 5):
             s.delete(f"g{i:04d}")
         _fill(s, 20, start=10)
         assert s.metrics.rollovers >= 1 and s.journal.sb.sequence == 1 + s.metrics.rollovers
-        chain = list(s.journal.chain)
+        assert len(replaced) == s.metrics.rollovers
+        chain, seq, store_uuid = list(s.journal.chain), s.journal.sb.sequence, s.uuid
     for z in range(3):
-        assert (dev.zone(z).cond == ZoneCond.EMPTY) == (z not in chain)
+        if z in chain:
+            assert dev.zone(z).cond != ZoneCond.EMPTY
+        elif z in replaced[-1]:                         # the chain the last rollover replaced: reset
+            assert dev.zone(z).cond == ZoneCond.EMPTY
+        else:             # a spare, finished (a rollover keeps an intact spare: its sequence may be older)
+            spare = Superblock.decode(dev.read(z * GEOM.zone_size, BS), GEOM)
+            assert dev.zone(z).cond == ZoneCond.FULL and (spare.flags & SPARE, spare.uuid) == (SPARE, store_uuid)
+            assert spare.sequence <= seq
+    assert any(dev.zone(z).cond == ZoneCond.EMPTY for z in range(3))
     assert chain != first or s.metrics.rollovers > 1
     with Store.open(dev) as s:
         assert [g.id for g in s.generations()] == ["g0005"] + [f"g{i:04d}" for i in range(10, 30)]
@@ -276,11 +318,15 @@ def test_zone_hints_survive_a_remount():
 def test_admission_refuses_on_journal_space_so_deleting_everything_still_works():
     """A catalog that grows until the journal could no longer roll over twice is refused at
     admission (naming the journal); deleting every generation then journals fine (with rollovers),
-    and the store admits generations again."""
+    and the store admits generations again.
+
+    Six shards of 100-character names a generation: 14 generations before the refusal (format 2 took
+    200-character names to 14; a format 3 chain zone of 48 KiB keeps 2 blocks fewer for records, its
+    second superblock copy and the snapshot head's and end's second copies)."""
     dev = MemoryDevice(Geometry(nr_zones=40, zone_size=64 * 1024, zone_capacity=48 * 1024, max_open=3,
                                 max_active=4), payload=False)
     s = Store.format(dev, meta_zones=3)
-    names = [f"{j}-" + "n" * 200 for j in range(6)]
+    names = [f"{j}-" + "n" * 100 for j in range(6)]
     n = 0
     with pytest.raises(NoSpaceError, match="journal is full") as err:
         while True:
@@ -289,9 +335,10 @@ def test_admission_refuses_on_journal_space_so_deleting_everything_still_works()
                 w.write_counted_shard(name, 4096)
             w.commit()
             n += 1
-    assert n > 10 and "meta zones" in str(err.value)
+    assert n == 14 and "meta zones" in str(err.value)
     assert len(s.generations()) == n and not s._writers
     rolls = s.metrics.rollovers
+    assert rolls == 4                                # the catalog grew across rollovers before the refusal
     for i in range(n):
         s.delete(f"g{i:04d}", step=n + i)
     assert s.generations() == [] and s.metrics.rollovers > rolls
@@ -343,12 +390,13 @@ def test_torn_record_in_a_finished_zone_needs_zeros_to_the_end_of_the_zone():
 
 
 def _record_spans(dev, zone: int) -> list[tuple[int, int, int]]:
-    """``(device byte, payload bytes, record bytes)`` of every record in a meta zone, in order."""
+    """``(device byte, payload bytes, record bytes)`` of every record in a chain zone, in order
+    (records start after the two superblock copies, format 3)."""
     z = dev.zone(zone)
     written = z.capacity if z.cond == ZoneCond.FULL else z.wp - z.start
-    parsed = parse_zone(dev.read(z.start, written), BS, written, BS, zone=zone, tail=True,
+    parsed = parse_zone(dev.read(z.start, written), HEAD, written, BS, zone=zone, tail=True,
                         full=z.cond == ZoneCond.FULL)
-    spans, pos = [], BS
+    spans, pos = [], HEAD
     for p in parsed.payloads:
         total = -(-(8 + len(p)) // BS) * BS
         spans.append((z.start + pos, len(p), total))
@@ -361,9 +409,13 @@ def test_a_flipped_bit_in_each_of_the_last_records_is_corruption_not_a_torn_tail
     """The whole kind: for each of the last 4 records (1- and 3-block commit records; after a clean
     close the newest is the close's sync record) and each of its blocks, flip one payload bit; the mount must refuse with CorruptJournalError, never open without
     the confirmed generation.  After a power cut (the record flushed, the cut right after) and with
-    the tail zone finished afterwards (what a crashed mount-time rollover leaves) alike."""
+    the tail zone finished afterwards (what a crashed mount-time rollover leaves) alike.
+
+    Meta zones of 64 KiB (16 blocks): two superblock blocks, the 5 snapshot records (``snap`` and
+    ``send`` twice, ``sz``: format 3), these 6 blocks of commits and the sync record fit one chain zone
+    with 2 blocks to spare, so no rollover moves them; a 48 KiB zone (12 blocks) no longer holds them."""
     def build():
-        inner = MemoryDevice(GEOM)
+        inner = MemoryDevice(GEOM64)
         dev = FaultyDevice(inner)
         s = Store.format(dev)
         _fill(s, 2)
@@ -380,7 +432,9 @@ def test_a_flipped_bit_in_each_of_the_last_records_is_corruption_not_a_torn_tail
         return inner, s.journal.chain[-1]
 
     inner, zone = build()
-    spans = _record_spans(inner, zone)[-4:]
+    every = _record_spans(inner, zone)
+    assert zone == 0 and len(every) == 5 + 4 + (how == "clean close")   # snapshot, 4 commits (, sync)
+    spans = every[-4:]
     blocks = [total // BS for _, _, total in spans]
     assert max(blocks) == 3 and blocks.count(1) == 3
     tried = 0
@@ -389,9 +443,9 @@ def test_a_flipped_bit_in_each_of_the_last_records_is_corruption_not_a_torn_tail
         for block in range(total // BS):
             inner, _ = build()
             offset = at + 8 + min(block * BS + 17, n - 1)     # a payload byte in this block
-            z, pos = divmod(offset, GEOM.zone_size)
+            z, pos = divmod(offset, GEOM64.zone_size)
             inner._data[z][pos] ^= 0x04
-            with pytest.raises(CorruptJournalError, match=f"record at byte {at - z * GEOM.zone_size} .* "
+            with pytest.raises(CorruptJournalError, match=f"record at byte {at - z * GEOM64.zone_size} .* "
                                                           "fails its checksum"):
                 Store.open(inner)
             with pytest.raises(CorruptJournalError):
@@ -404,11 +458,15 @@ def test_a_flipped_bit_in_each_of_the_last_records_is_corruption_not_a_torn_tail
 def test_plan_zones_starts_each_zone_after_its_superblock_and_keeps_the_reserve():
     from retainz.store.records import plan_zones
 
-    # capacity 10 blocks, superblock 1: frames of 4+4 fit a zone (9 blocks), a third opens the next
+    # capacity 10 blocks, two superblock blocks (format 3): frames of 4+4 fill a zone's 8 blocks of
+    # record room, a third opens the next
     assert plan_zones([4 * BS, 4 * BS, 4 * BS], 10 * BS, BS) == [[0, 1], [2]]
-    assert plan_zones([4 * BS, 5 * BS], 10 * BS, BS) == [[0, 1]]                 # exactly full
-    assert plan_zones([4 * BS, 5 * BS], 10 * BS, BS, reserve=1) == [[0, 1], []]  # no room left to keep
-    assert plan_zones([4 * BS], 10 * BS, BS, reserve=5 * BS) == [[0]]
+    assert plan_zones([4 * BS, 4 * BS], 10 * BS, BS) == [[0, 1]]                 # exactly full
+    assert plan_zones([4 * BS, 5 * BS], 10 * BS, BS) == [[0], [1]]               # one block more: two zones
+    assert plan_zones([4 * BS, 4 * BS], 10 * BS, BS, reserve=1) == [[0, 1], []]  # no room left to keep
+    assert plan_zones([4 * BS], 10 * BS, BS, reserve=4 * BS) == [[0]]           # the reserve fills it
+    assert plan_zones([4 * BS], 10 * BS, BS, reserve=4 * BS + 1) == [[0], []]
+    assert plan_zones([8 * BS, 8 * BS], 10 * BS, BS) == [[0], [1]]               # each zone starts after its copies
     assert plan_zones([], 10 * BS, BS) == [[]]
 
 
@@ -435,7 +493,9 @@ def test_snapshot_zones_bounds_the_packed_snapshot(seed):
 
 # -- Journal.roll on its own: limits, counters, the zones it resets and finishes --------------------------------
 CAP = GEOM.zone_capacity
-BIG = CAP - BS - 8                      # a payload whose frame fills a meta zone after its superblock
+#: A payload whose frame fills a chain zone after its superblock: the 48 KiB zone less two superblock
+#: blocks (format 3) and a frame header, 40952 bytes (``record_limit``, ``Journal.max_record``).
+BIG = CAP - HEAD - 8
 
 
 class _Calls:
@@ -469,7 +529,8 @@ def _journal(snapshot=None):
 
     s = Store.format(MemoryDevice(GEOM))
     j = s.journal
-    return Journal(_Calls(j.device), j.sb, j.chain, j.end, snapshot)
+    assert (j.chain, sorted(j.spares)) == ([0], [1, 2])     # format: the chain in zone 0, spares in 1 and 2
+    return Journal(_Calls(j.device), j.sb, j.chain, j.end, snapshot, spares=sorted(j.spares))
 
 
 def test_roll_without_a_snapshot_source_is_refused():
@@ -479,18 +540,25 @@ def test_roll_without_a_snapshot_source_is_refused():
 
 
 def test_roll_takes_a_record_that_fills_a_zone_and_refuses_one_block_more():
+    """A roll writes two superblock copies then the records (format 3), into the first free meta zone
+    (an intact spare is reset for it; the other spare is kept, nothing else is written); a record
+    whose frame is one block more than the zone's record room is refused, ``needed`` and
+    ``available`` both in frame bytes (40960 = 48 KiB less two superblock blocks)."""
     j = _journal()
     seq, records, written = j.sb.sequence, j.records, j.bytes_written
     j.roll([b"x" * BIG])
-    assert len(j.chain) == 1 and j.end == CAP                      # no reserve asked: no extra zone
+    assert j.chain == [1] and j.end == CAP                         # no reserve asked: no extra zone
     assert (j.sb.sequence, j.sb.part, j.rollovers) == (seq + 1, 0, 1)
     assert (j.records, j.bytes_written) == (records + 1, written + CAP)
-    j.roll([b"a", b"b"])
-    assert (j.records, j.bytes_written, j.end) == (records + 3, written + CAP + 3 * BS, 3 * BS)
+    assert j.device.read(GEOM.zone_size, BS) == j.device.read(GEOM.zone_size + BS, BS)    # the two copies
+    assert j.device.ops == [("reset", 1), ("finish", 0), ("write", 1), ("flush",), ("reset", 0)]
+    j.roll([b"a", b"b"])                                           # two superblock blocks and two records
+    assert (j.records, j.bytes_written, j.end) == (records + 3, written + CAP + 4 * BS, 4 * BS)
+    assert j.chain == [0] and sorted(j.spares) == [2]              # zone 1, just reset, stays empty
     with pytest.raises(NoSpaceError) as e:
         j.roll([b"x" * (BIG + 1)])
-    assert str(e.value) == "a journal snapshot record of 49152 bytes does not fit a meta zone"
-    assert (e.value.needed, e.value.available) == (CAP, CAP - BS)
+    assert str(e.value) == "a journal snapshot record of 45056 bytes does not fit a meta zone"
+    assert (e.value.needed, e.value.available) == (CAP - HEAD + BS, CAP - HEAD) == (45056, 40960)
 
 
 def test_roll_refuses_a_snapshot_larger_than_the_free_meta_zones_naming_both():
@@ -503,16 +571,29 @@ def test_roll_refuses_a_snapshot_larger_than_the_free_meta_zones_naming_both():
     assert j.device.ops == []                      # nothing written, nothing reset
 
 
-def test_roll_resets_stale_free_zones_finishes_the_old_tail_then_resets_the_old_chain():
+@pytest.mark.parametrize("stale", [1, 2])
+def test_roll_resets_stale_free_zones_finishes_the_old_tail_then_resets_the_old_chain(stale):
+    """Leftovers of an earlier chain in a free meta zone (not an intact spare) are reset first, in the
+    zone the new chain takes (1) and in one it does not (2, which then gets a spare: format 3); the
+    old chain's tail is finished, the new chain written and flushed, and only then the old chain
+    reset.  An intact spare the new chain does not take is left alone."""
     j = _journal()
     old = j.chain[-1]
-    stale = next(z for z in j.meta if z not in j.chain)
-    j.device.write(stale * GEOM.zone_size, bytes(BS))             # leftovers of an earlier chain
+    j.device.reset_zone(stale)                                     # the spare format wrote there ...
+    j.spares.discard(stale)
+    j.device.write(stale * GEOM.zone_size, bytes(BS))             # ... gone: leftovers of an earlier chain
     j.device.ops.clear()
     j.roll([b"a"])
     new = j.chain[0]
-    assert j.device.ops[:2] == [("reset", stale), ("finish", old)]
-    assert j.device.ops[2:] == [("write", new), ("flush",), ("reset", old)]
+    assert (old, new) == (0, 1)
+    if stale == 1:                   # the new chain's zone; the spare in zone 2 is kept
+        assert j.device.ops == [("reset", 1), ("finish", old), ("write", new), ("flush",), ("reset", old)]
+    else:                            # the spare in zone 1 gives way to the chain; zone 2 gets a new spare
+        assert j.device.ops == [("reset", 1), ("reset", 2), ("finish", old), ("write", 2), ("finish", 2),
+                                ("write", new), ("flush",), ("reset", old)]
+    spare = Superblock.decode(j.device.read(2 * GEOM.zone_size, BS), GEOM)
+    assert (spare.flags, spare.sequence) == (SPARE, j.sb.sequence if stale == 2 else 1)
+    assert sorted(j.spares) == [2] and j.device.zone(2).cond == ZoneCond.FULL
     assert j.device.zone(old).cond == ZoneCond.EMPTY
 
 
@@ -562,23 +643,27 @@ def test_update_records_decode_to_their_fields():
 
 
 def test_snapshot_records_decode_to_the_state_and_batch_by_the_limit():
-    from retainz.store.records import Kind, decode, gen_entry_bytes, gen_entry_size, snapshot_records
+    from retainz.store.records import Kind, copy_of, decode, gen_entry_bytes, gen_entry_size, snapshot_records
 
     gens = [_gen(f"g{i}", step=i, seq=i + 1) for i in range(5)]
     size = gen_entry_size(gens[0])
     assert all(gen_entry_size(g) == size == len(gen_entry_bytes(g)) + 1 for g in gens)   # entry and separator
-    recs = [decode(p) for p in snapshot_records(77, 5, {"resets": 2}, 14, ATTRS, gens, 5, limit=2 * size)]
-    assert [r.kind for r in recs] == [Kind.SNAP, Kind.ZONES, Kind.GENS, Kind.GENS, Kind.GENS, Kind.SNAP_END]
-    head = recs[0]
-    assert (head.now, head.commit_seq, head.metrics, head.open_seq) == (77, 5, {"resets": 2}, 14)
-    assert [z for z, _ in recs[1].zones] == [5, 6]
-    assert [[g.id for g in r.gens] for r in recs[2:5]] == [["g0", "g1"], ["g2", "g3"], ["g4"]]
-    assert [g for r in recs[2:5] for g in r.gens] == gens and recs[-1].count == 5
+    payloads = snapshot_records(77, 5, {"resets": 2}, 14, ATTRS, gens, 5, limit=2 * size)
+    recs = [decode(p) for p in payloads]
+    # format 3: the head and the end are written twice (copies 0 and 1), everything else once
+    assert [r.kind for r in recs] == [Kind.SNAP, Kind.SNAP, Kind.ZONES, Kind.GENS, Kind.GENS, Kind.GENS,
+                                      Kind.SNAP_END, Kind.SNAP_END]
+    assert [copy_of(p) for p in payloads] == [0, 1, None, None, None, None, 0, 1]
+    for head in recs[:2]:
+        assert (head.now, head.commit_seq, head.metrics, head.open_seq) == (77, 5, {"resets": 2}, 14)
+    assert [z for z, _ in recs[2].zones] == [5, 6]
+    assert [[g.id for g in r.gens] for r in recs[3:6]] == [["g0", "g1"], ["g2", "g3"], ["g4"]]
+    assert [g for r in recs[3:6] for g in r.gens] == gens and recs[-2].count == recs[-1].count == 5
     # a limit one byte short of two entries puts every entry in a record of its own
-    assert len(snapshot_records(0, 0, {}, 0, [], gens, 5, limit=2 * size - 1)) == 2 + 5
+    assert len(snapshot_records(0, 0, {}, 0, [], gens, 5, limit=2 * size - 1)) == 4 + 5
     # zone attributes go 2,000 to a record
     many = [[z, 1, 0, None, 0, 0, 0, 0] for z in range(4001)]
-    assert [len(decode(p).zones) for p in snapshot_records(0, 0, {}, 0, many, [], 0, limit=size)[1:-1]] == [
+    assert [len(decode(p).zones) for p in snapshot_records(0, 0, {}, 0, many, [], 0, limit=size)[2:-2]] == [
         2000, 2000, 1]
 
 
@@ -608,12 +693,17 @@ def test_zone_attrs_of_a_summary_are_its_journaled_item():
 
 
 def test_a_fresh_store_snapshot_is_empty():
-    from retainz.store.records import Kind, decode, empty_snapshot
+    """Head twice, an empty zone attribute batch, end twice (format 3: the copies are 0 and 1)."""
+    from retainz.store.records import Kind, copy_of, decode, empty_snapshot
 
-    head, zones, end = (decode(p) for p in empty_snapshot())
-    assert (head.kind, head.now, head.commit_seq, head.metrics) == (Kind.SNAP, 0, 0, {})
+    payloads = empty_snapshot()
+    assert [copy_of(p) for p in payloads] == [0, 1, None, 0, 1]
+    head0, head1, zones, end0, end1 = (decode(p) for p in payloads)
+    for head in (head0, head1):
+        assert (head.kind, head.now, head.commit_seq, head.metrics) == (Kind.SNAP, 0, 0, {})
     assert (zones.kind, list(zones.zones)) == (Kind.ZONES, [])
-    assert (end.kind, end.count) == (Kind.SNAP_END, 0)
+    for end in (end0, end1):
+        assert (end.kind, end.count) == (Kind.SNAP_END, 0)
 
 
 def test_the_journal_full_refusal_names_the_zones_bytes_and_what_is_kept():
@@ -652,8 +742,10 @@ def test_append_counts_flushes_and_refuses_a_record_larger_than_a_zone():
     assert j.device.ops == [("write", j.chain[-1]), ("flush",), ("write", j.chain[-1])]
     with pytest.raises(NoSpaceError) as e:
         j.append(b"x" * (BIG + 1))
-    assert str(e.value) == "journal record of 45049 bytes does not fit a meta zone (45056 bytes after the superblock)"
-    assert (e.value.needed, e.value.available) == (CAP, CAP - BS)
+    # the limit is the payload's (48 KiB less two superblock blocks and a frame header); needed and
+    # available are frame bytes: one block more than the zone's record room
+    assert str(e.value) == "journal record of 40953 bytes does not fit a meta zone (at most 40952 bytes a record)"
+    assert (e.value.needed, e.value.available) == (CAP - HEAD + BS, CAP - HEAD) == (45056, 40960)
     # a failed write fences the chain: the next record goes to a fresh chain
     real = j.device.write
 
@@ -719,7 +811,8 @@ def test_decoding_refuses_unknown_kinds_and_bodies_that_are_not_objects_naming_t
 def test_a_snapshot_record_batches_a_quarter_of_a_meta_zone_at_most_64_kib():
     from retainz.store.records import FRAME_HEADER, snapshot_record_limit
 
-    assert snapshot_record_limit(48 * 1024, BS) == (48 * 1024 - BS - FRAME_HEADER) // 4 == 11262
+    # a quarter of the record room: the 48 KiB zone less two superblock blocks (format 3) and a frame header
+    assert snapshot_record_limit(48 * 1024, BS) == (48 * 1024 - 2 * BS - FRAME_HEADER) // 4 == 10238
     assert snapshot_record_limit(1 << 20, BS) == 64 * 1024
     assert isinstance(snapshot_record_limit(48 * 1024 + 512, 512), int)
 
@@ -766,10 +859,16 @@ def test_a_journal_counts_from_zero_and_its_room_shrinks_by_each_frame():
 
 
 def hand_journal(dev: MemoryDevice, payloads: list[bytes], *, geometry: Geometry | None = None) -> None:
-    """Meta zone 0 of ``dev``: a superblock (``geometry``: the one it records) and ``payloads``."""
+    """A store of 3 meta zones laid out as ``Store.format`` lays it out (format 3): meta zone 0 holds
+    the superblock (``geometry``: the one it records) twice, in blocks 0 and 1, then ``payloads``;
+    meta zones 1 and 2 a spare superblock each (flag ``SPARE``, block 0, the zone finished)."""
     sb = Superblock(uuid=uuid.UUID(int=7), sequence=1, part=0, geometry=geometry or dev.geometry, meta_zones=3,
                     gc_reserve_zones=2, policy="greedy")
-    dev.write(0, sb.encode().ljust(BS, b"\0") + b"".join(frame(p, BS) for p in payloads))
+    block = sb.encode().ljust(BS, b"\0")
+    dev.write(0, block * 2 + b"".join(frame(p, BS) for p in payloads))
+    for z in (1, 2):
+        dev.write(z * dev.geometry.zone_size, dataclasses.replace(sb, flags=SPARE).encode().ljust(BS, b"\0"))
+        dev.finish_zone(z)
     dev.flush()
 
 
@@ -779,21 +878,22 @@ def sync(i: int) -> bytes:
 
 @pytest.mark.parametrize("blocks_left, rolled", [(3, False), (2, False), (1, True), (0, True)])
 def test_a_mount_rolls_the_journal_over_when_its_last_zone_has_under_two_blocks_left(blocks_left, rolled):
-    """Superblock, 3 snapshot records and sync records: a zone of 12 blocks with ``blocks_left``
-    free.  Under two blocks left (no room for a record and the next), a read-write open rolls over
-    and a read-only one says it would; a full zone too."""
+    """Two superblock blocks, the 5 snapshot records (``snap`` and ``send`` twice, ``sz``: format 3)
+    and ``n`` sync records: a zone of 12 blocks with ``blocks_left`` free (n = 12 - 2 - 5 -
+    blocks_left).  Under two blocks left (no room for a record and the next), a read-write open rolls
+    over and a read-only one says it would; a full zone too."""
     dev = MemoryDevice(GEOM)
-    n = GEOM.zone_capacity // BS - 4 - blocks_left
+    n = GEOM.zone_capacity // BS - 2 - 5 - blocks_left
     hand_journal(dev, [*empty_snapshot(), *(sync(i) for i in range(1, n + 1))])
     assert dev.zone(0).cond == (ZoneCond.FULL if blocks_left == 0 else ZoneCond.IMP_OPEN)
     with Store.open(dev, readonly=True) as s:
-        assert s.recovery.records == 3 + n and s.zones.now == n and s.metrics.host_bytes == 4096 * n
+        assert s.recovery.records == 5 + n and s.zones.now == n and s.metrics.host_bytes == 4096 * n
         assert s.recovery.repairs == (["roll the journal over to a fresh chain (its last zone is full)"] if rolled
                                       else [])
-        assert not s.recovery.rolled
+        assert not s.recovery.rolled and s.recovery.copies == []
     with Store.open(dev) as s:
         assert s.recovery.rolled is rolled and s.recovery.repairs == []
-        assert (s.journal.chain == [0]) is not rolled
+        assert s.journal.chain == ([1] if rolled else [0])
         assert s.metrics.host_bytes == 4096 * n
 
 
@@ -804,7 +904,9 @@ def test_the_open_reports_its_records_time_and_rate():
     s = Store.open(dev)
     elapsed = time.perf_counter() - t0
     rep = s.recovery
-    assert (rep.records, rep.torn_bytes, rep.fallbacks, rep.zones_reset, rep.dead_bytes_found) == (6, 0, 0, [], 0)
+    # the 5 snapshot records (head and end twice: format 3) and 3 sync records
+    assert (rep.records, rep.torn_bytes, rep.fallbacks, rep.zones_reset, rep.dead_bytes_found) == (8, 0, 0, [], 0)
+    assert rep.copies == []
     assert 0 < rep.seconds <= elapsed
     assert rep.records_per_second == rep.records / rep.seconds
     s.close()

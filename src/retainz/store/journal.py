@@ -52,6 +52,7 @@ from retainz.store.records import (
     Kind,
     copy_of,
     frame,
+    frame_size,
     kind_of,
     plan_zones,
     record_limit,
@@ -502,6 +503,13 @@ class Journal:
         meta zone after its superblock copies, and at most ``MAX_RECORD_BYTES``)."""
         return record_limit(self.capacity, self.bs)
 
+    @property
+    def max_frame(self) -> int:
+        """Bytes of the largest record frame (:attr:`max_record` framed and block padded): what a
+        refusal's ``NoSpaceError.available`` gives, in the frame bytes its ``needed`` counts (on a
+        chain zone, its capacity less the superblock copies)."""
+        return frame_size(self.max_record, self.bs)
+
     def room(self) -> int:
         """Bytes left in the chain's last zone."""
         return self.capacity - self.end
@@ -513,15 +521,16 @@ class Journal:
         record, so the next append first rolls over to a fresh chain.
 
         Raises:
-            NoSpaceError: the record is larger than a meta zone, or a needed rollover does not fit
-                the free meta zones (nothing was written).
+            NoSpaceError: the record is larger than a meta zone (``needed``: its frame's bytes,
+                ``available``: :attr:`max_frame`), or a needed rollover does not fit the free meta
+                zones (nothing was written).
             ZonedDeviceError: the write or the flush failed.
         """
         rec = frame(payload, self.bs)
         if len(payload) > self.max_record:
             raise NoSpaceError(f"journal record of {len(payload)} bytes does not fit a meta zone "
                                f"(at most {self.max_record} bytes a record)",
-                               needed=len(rec), available=self.max_record)
+                               needed=len(rec), available=self.max_frame)
         if self.end + len(rec) > self.capacity or self.fenced:
             self.roll(reserve=len(rec))
             self.fenced = False
@@ -544,7 +553,9 @@ class Journal:
         bytes free (the record that triggered the roll), so one roll always suffices.
 
         Raises:
-            NoSpaceError: the snapshot needs more meta zones than are free (nothing was written).
+            NoSpaceError: a snapshot record larger than a meta zone (``needed``: its frame's bytes,
+                ``available``: :attr:`max_frame`), or the snapshot needs more meta zones than are
+                free (nothing was written either way).
         """
         if payloads is None:
             if self.snapshot is None:
@@ -555,7 +566,7 @@ class Journal:
         for p, f in zip(payloads, frames, strict=True):
             if len(p) > self.max_record:
                 raise NoSpaceError(f"a journal snapshot record of {len(f)} bytes does not fit a meta zone",
-                                   needed=len(f), available=self.max_record)
+                                   needed=len(f), available=self.max_frame)
         plan = [[frames[i] for i in group]
                 for group in plan_zones(map(len, frames), self.capacity, self.bs, reserve)]
         head = head_bytes(FORMAT_VERSION, self.bs)
