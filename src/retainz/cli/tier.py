@@ -1,6 +1,6 @@
 """``retainz tier promote|status|restore``: the durable tier from the command line (docs/tiers.md).
 
-The destination is an fsspec URL (``file:///shared/ckpt``, ``s3://bucket/prefix``; s3fs reads its
+The destination is an fsspec URL (``file:///mnt/lustre/ckpt``, ``s3://bucket/prefix``; s3fs reads its
 credentials and endpoint from the usual AWS environment: ``AWS_ACCESS_KEY_ID``, ``AWS_ENDPOINT_URL``...).
 ``--to``/``--from`` name it; ``promote`` remembers it, the policy and the bandwidth beside a device
 file (``DEV.tier.json``), so ``status``, ``restore`` and ``get --from`` need not repeat it.

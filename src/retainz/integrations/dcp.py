@@ -267,7 +267,7 @@ class ZonedStorageWriter(StorageWriter):
             (replace-on-commit: until then the old one stays readable; a crash leaves exactly one
             of the two); default False raises ``GenerationExistsError``.
         wait: seconds to wait for a device another process holds.
-        promote: a destination URL (``file:///shared/ckpt``, ``s3://bucket/prefix``; ``{rank}`` in it is
+        promote: a destination URL (``file:///mnt/lustre/ckpt``, ``s3://bucket/prefix``; ``{rank}`` in it is
             replaced by the rank, one destination per rank device): committed saves the
             ``promote_policy`` selects are copied there in the background and verified
             (:class:`retainz.tier.Promoter`, docs/tiers.md); training does not wait.  Retention then
