@@ -176,7 +176,7 @@ def test_training_does_not_wait_for_a_stalled_destination(store, url):
         p.close()
 
 
-@pytest.mark.parametrize("fault", ["unreachable", "mid-upload", "full"])
+@pytest.mark.parametrize("fault", ["unreachable", "mid-upload", "full", "silent-corruption"])
 def test_a_failing_destination_reports_nothing_durable_then_recovers(store, url, fault):
     saved = save(store, "step-1", 1)
     fs = FaultyLocal()
@@ -184,15 +184,17 @@ def test_a_failing_destination_reports_nothing_durable_then_recovers(store, url,
         fs.down = True
     elif fault == "mid-upload":
         fs.fail_after = 100_000
-    else:
+    elif fault == "full":
         fs.full = True
+    else:
+        fs.flip_writes = True
     p = Promoter(store, url, fs=fs, retry_seconds=0.05)
     assert not p.run_pending()
     [row] = p.status()
     assert row.state == "failed" and not p.is_durable("step-1")
     assert {"unreachable": "Connection refused", "mid-upload": "mid-upload",
-            "full": "destination full"}[fault] in row.error
-    fs.down = fs.full = False
+            "full": "destination full", "silent-corruption": "read back"}[fault] in row.error
+    fs.down = fs.full = fs.flip_writes = False
     if fault != "unreachable":   # an independent look at the tree: no manifest
         assert Destination(url).manifest("step-1") is None
     fs.fail_after = None

@@ -1,7 +1,8 @@
 """Fault-injecting fsspec file systems for the tier tests (a real directory tree underneath):
 ``gate`` blocks every upload until set (a slow or stalled destination), ``fail_after`` raises
 mid-upload after that many bytes of an object, ``full`` raises ENOSPC as a full file system does,
-``down`` makes every call fail as an unreachable destination's would."""
+``down`` makes every call fail as an unreachable destination's would, ``flip_writes`` stores each
+object with its first byte flipped and reports success (only a read-back sees it)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ class _Writer:
             self.f.write(data[: max(fs.fail_after - self.n, 0)])
             fs.failures += 1
             raise ConnectionResetError(errno.ECONNRESET, "connection reset mid-upload")
+        if fs.flip_writes and self.n == 0 and data:      # a destination that stores other bytes, silently
+            data = bytes([data[0] ^ 1]) + bytes(data[1:])
         self.n += len(data)
         return self.f.write(data)
 
@@ -48,6 +51,7 @@ class FaultyLocal(LocalFileSystem):
         self.fail_after: int | None = None
         self.full = False
         self.down = False
+        self.flip_writes = False
         self.failures = 0
 
     def _check(self):
