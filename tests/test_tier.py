@@ -396,3 +396,42 @@ def test_destination_errors_are_one_type(tmp_path):
     with pytest.raises(DestinationError) as ei:
         d.manifest("g")
     assert "Connection refused" in str(ei.value) and "\n" not in str(ei.value)
+
+
+def test_retention_callbacks_keep_until_durable(store, url):
+    from retainz.integrations.retention_callbacks import KeepLatestK
+
+    fs = FaultyLocal()
+    fs.down = True
+    cb = KeepLatestK(2, interval=10)
+    p = Promoter(store, url, fs=fs, retry_seconds=0.05).start()
+    cb.promoter = p
+    try:
+        for step in (10, 20, 30, 40):
+            save(store, cb.generation_id(step), step)
+            p.committed(cb.generation_id(step))
+            cb.after_commit(store, step)
+        assert [g.id for g in store.generations()] == ["step-10", "step-20", "step-30", "step-40"]
+        assert p.deferred == ["step-10", "step-20"]
+        fs.down = False
+        assert p.wait(60)
+        assert [g.id for g in store.generations()] == ["step-30", "step-40"]
+        assert Destination(url).generations() == ["step-10", "step-20", "step-30", "step-40"]
+    finally:
+        p.close()
+
+
+def test_a_replaced_generation_is_promoted_again_and_the_old_manifest_never_vouches(store, url):
+    save(store, "last", 1)
+    p = Promoter(store, url)
+    assert p.run_pending()
+    w = store.begin_generation("last", 2, replace=True)
+    w.write_shard("model.bin", [payload(99, 300_000)])
+    w.commit()
+    assert not p.is_durable("last") and p.status()[0].state == "pending"
+    fs = FaultyLocal()
+    fs.fail_after = 100_000                             # the new copy fails halfway through its object
+    assert not Promoter(store, url, fs=fs).run_pending()
+    assert Destination(url).manifest("last") is None    # the old manifest no longer vouches for that object
+    assert p.run_pending()
+    assert durable_bytes(url, "last") == local_bytes(store, "last") == {"model.bin": payload(99, 300_000)}

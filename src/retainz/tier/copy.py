@@ -78,6 +78,9 @@ def promote_generation(store, gen: GenerationInfo, dest: Destination, *, limit: 
         if progress is not None:
             progress(gen.size)
         return found
+    # a manifest describing other bytes (a generation replaced under the same id, a damaged one) goes
+    # first, so it never vouches for the objects about to be rewritten
+    dest.remove(dest.manifest_path(gen.id))
     keys = {}
     for s in gen.shards.values():
         key = keys[s.name] = shard_key(s.name)
