@@ -435,3 +435,21 @@ def test_a_replaced_generation_is_promoted_again_and_the_old_manifest_never_vouc
     assert Destination(url).manifest("last") is None    # the old manifest no longer vouches for that object
     assert p.run_pending()
     assert durable_bytes(url, "last") == local_bytes(store, "last") == {"model.bin": payload(99, 300_000)}
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["tier", "promote", "DEV", "--to", "URL", "--policy", "every:n=0"], "at least 1 step"),
+    (["tier", "promote", "DEV", "--to", "URL", "--bandwidth", "0"], "--bandwidth must be a positive"),
+    (["tier", "promote", "DEV", "--to", "URL", "--gen", "nosuch"], "no committed generation 'nosuch'"),
+    (["tier", "restore", "DEV", "step-1", "--from", "URL"], "no durable copy of generation 'step-1'"),
+])
+def test_cli_bad_input_is_one_line_exit_2(tmp_path, url, capsys, argv, line):
+    dev = str(tmp_path / "dev.img")
+    assert main(["device", "create", dev, "--zones", "16", "--zone-size", "1MiB", "--max-open", "6",
+                 "--max-active", "6"]) == 0
+    assert main(["mkfs", dev]) == 0
+    capsys.readouterr()
+    assert main([dev if a == "DEV" else url if a == "URL" else a for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert line in err and err.count("\n") == 1
+    assert not os.path.exists(dev + ".tier.json")          # nothing remembered from a refused command

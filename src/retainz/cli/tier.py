@@ -24,8 +24,8 @@ def register(sub) -> None:
 
     p = ts.add_parser("promote", help="copy the generations a policy selects to the destination (verified)")
     p.add_argument("device", metavar="DEV")
-    p.add_argument("generations", metavar="GEN", nargs="*",
-                   help="also promote these generations, whatever the policy (remembered)")
+    p.add_argument("--gen", dest="generations", metavar="GEN", action="append", default=[],
+                   help="also promote this generation, whatever the policy (repeat it; remembered)")
     _destination_flags(p, "--to")
     p.add_argument("--bandwidth", type=size_arg, default=None, metavar="SIZE",
                    help="cap on bytes sent per second (e.g. 100MiB; default: no cap)")
@@ -74,6 +74,8 @@ def settings(device: str, url: str | None, policy: str | None = None, bandwidth:
         parse_policy(policy)
         s.policy = policy
     if bandwidth is not None:
+        if bandwidth <= 0:
+            raise ValueError(f"--bandwidth must be a positive size per second, not {bandwidth}")
         s.bandwidth = bandwidth
     return s, path
 
