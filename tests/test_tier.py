@@ -363,8 +363,8 @@ def test_cli_promote_status_get_fallback_restore(tmp_path, url, capsys):
                  "--max-active", "6"]) == 0
     assert main(["mkfs", fresh]) == 0
     assert main(["tier", "restore", fresh, "step-20", "--from", url]) == 0
-    assert main(["get", fresh, "step-20", "-o", str(tmp_path / "out2")]) == 0
-    assert "(local copy)" in capsys.readouterr().err
+    assert main(["get", fresh, "step-20", "-o", str(tmp_path / "out2"), "--from", url]) == 0
+    assert "crc32c verified (local copy)" in capsys.readouterr().err
     assert (tmp_path / "out2" / "model.bin").read_bytes() == src.read_bytes()
 
 

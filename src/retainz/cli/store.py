@@ -283,7 +283,8 @@ def _get(args) -> int:
                       f"{durable.url}", file=sys.stderr)
                 _get_shard(dest, gen.shards[name].size, name, chunks(name, False))
                 used = f"durable copy at {durable.url}"
-            print(f"{dest}: {plural(gen.shards[name].size, 'byte')}, crc32c verified ({used})", file=sys.stderr)
+            which = f" ({used})" if durable is not None else ""   # only a fallback makes the source a question
+            print(f"{dest}: {plural(gen.shards[name].size, 'byte')}, crc32c verified{which}", file=sys.stderr)
     return 0
 
 
