@@ -453,3 +453,20 @@ def test_cli_bad_input_is_one_line_exit_2(tmp_path, url, capsys, argv, line):
     err = capsys.readouterr().err
     assert line in err and err.count("\n") == 1
     assert not os.path.exists(dev + ".tier.json")          # nothing remembered from a refused command
+
+
+def test_a_resumed_promotion_sends_only_what_is_not_verified(store, url):
+    w = store.begin_generation("step-1", 1)
+    shards = {"a.bin": payload(1, 400_000), "b.bin": payload(2, 300_000)}
+    for name, data in shards.items():
+        w.write_shard(name, [data])
+    w.commit()
+    fs = FaultyLocal()
+    fs.fail_after, fs.fail_only = 100_000, "b.bin"      # a.bin lands whole, b.bin fails halfway
+    assert not Promoter(store, url, fs=fs).run_pending()
+    assert Destination(url).manifest("step-1") is None
+    again = FaultyLocal()
+    assert Promoter(store, url, fs=again).run_pending()
+    manifest = len(Destination(url).manifest("step-1").encode())
+    assert again.written == 300_000 + manifest         # a.bin was read back and kept, not sent again
+    assert durable_bytes(url, "step-1") == shards

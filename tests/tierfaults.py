@@ -13,8 +13,8 @@ from fsspec.implementations.local import LocalFileSystem
 
 
 class _Writer:
-    def __init__(self, fs, f):
-        self.fs, self.f, self.n = fs, f, 0
+    def __init__(self, fs, f, path):
+        self.fs, self.f, self.n, self.path = fs, f, 0, path
 
     def write(self, data):
         fs = self.fs
@@ -23,13 +23,15 @@ class _Writer:
             fs.gate.wait()
         if fs.full:
             raise OSError(errno.ENOSPC, "No space left on device")
-        if fs.fail_after is not None and self.n + len(data) > fs.fail_after:
+        if (fs.fail_after is not None and self.n + len(data) > fs.fail_after
+                and (fs.fail_only is None or fs.fail_only in self.path)):
             self.f.write(data[: max(fs.fail_after - self.n, 0)])
             fs.failures += 1
             raise ConnectionResetError(errno.ECONNRESET, "connection reset mid-upload")
         if fs.flip_writes and self.n == 0 and data:      # a destination that stores other bytes, silently
             data = bytes([data[0] ^ 1]) + bytes(data[1:])
         self.n += len(data)
+        fs.written += len(data)
         return self.f.write(data)
 
     def close(self):
@@ -52,6 +54,8 @@ class FaultyLocal(LocalFileSystem):
         self.full = False
         self.down = False
         self.flip_writes = False
+        self.fail_only: str | None = None     # fail_after applies only to paths containing this
+        self.written = 0                      # bytes stored, all objects
         self.failures = 0
 
     def _check(self):
@@ -69,7 +73,7 @@ class FaultyLocal(LocalFileSystem):
     def _open(self, path, mode="rb", **kw):
         self._check()
         f = super()._open(path, mode, **kw)
-        return _Writer(self, f) if "w" in mode else f
+        return _Writer(self, f, path) if "w" in mode else f
 
     def makedirs(self, path, exist_ok=False):
         self._check()
