@@ -247,8 +247,9 @@ store = Store.open(dev, readonly=True)
 seen = [0]
 def progress(n):
     seen[0] += n
-    if seen[0] > 1_500_000:
+    if seen[0] > 1_500_000:        # inside step-1's object: stop here until the parent's SIGKILL lands
         print("copying", flush=True)
+        time.sleep(600)
 p = Promoter(store, sys.argv[2], bandwidth=4 << 20, on_progress=progress)
 p.run_pending()
 print("finished", flush=True)
