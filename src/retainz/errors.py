@@ -54,6 +54,10 @@ __all__ = [
     # node service
     "ServiceGoneError",
     "ProtocolError",
+    # tiers (retainz.tier)
+    "PromotionBacklogError",
+    "DestinationError",
+    "DurableCopyError",
 ]
 
 
@@ -366,3 +370,52 @@ class ProtocolError(RetainZError, ValueError):
     """A node-service message that breaks the protocol: a frame longer than its bound, a header that
     is not a JSON object, an unknown request, a field of the wrong type or outside its bounds, a
     handle the connection does not hold.  The service answers it with an error reply."""
+
+
+# -- tier errors (retainz.tier) ----------------------------------------------------------------------
+
+
+class PromotionBacklogError(NoSpaceError):
+    """Admission refused a new generation because the local device is short of space while
+    generations that must be promoted wait for their durable copy (the destination is slow or
+    down), so retention may not retire them (docs/tiers.md, "Keep until durable").  Nothing was
+    deleted; the save can be retried once the backlog drains.
+
+    Attributes (besides :class:`NoSpaceError`'s, ``cause`` ``"admission"``):
+        backlog: generations waiting for promotion; backlog_bytes: their bytes.
+    """
+
+    def __init__(self, message: str, *, needed: int = 0, available: int = 0, backlog: int = 0,
+                 backlog_bytes: int = 0, state: dict | None = None):
+        super().__init__(message, needed=needed, available=available, cause="admission", state=state)
+        self.backlog = backlog
+        self.backlog_bytes = backlog_bytes
+
+    def __reduce__(self):
+        return (_rebuild_backlog, (self.strerror, self.needed, self.available, self.backlog,
+                                   self.backlog_bytes, self.state))
+
+
+def _rebuild_backlog(message, needed, available, backlog, backlog_bytes, state):
+    return PromotionBacklogError(message, needed=needed, available=available, backlog=backlog,
+                                 backlog_bytes=backlog_bytes, state=state)
+
+
+class DestinationError(RetainZError, OSError):
+    """A promotion destination (an fsspec URL) refused or failed an operation: unreachable, an
+    error mid-upload, full.  The message names the URL and the object; ``errno`` is the underlying
+    error's when it had one.  Nothing is counted durable by a failed copy; it is retried."""
+
+    exit_status = 1
+
+    def __init__(self, message: str, *, errno: int | None = None):
+        OSError.__init__(self, _errno.EIO if errno is None else errno, message)
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+class DurableCopyError(ChecksumError):
+    """A copy at the promotion destination does not match what was promoted: an object's size or
+    crc32c read back differs from the shard's, or its manifest is damaged or describes other bytes.
+    Such a copy is never counted durable (docs/tiers.md)."""

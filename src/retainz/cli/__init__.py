@@ -41,6 +41,7 @@ COMMAND_MODULES = [
     "retainz.cli.payload",
     "retainz.cli.mount",
     "retainz.cli.node",
+    "retainz.cli.tier",
 ]
 
 

@@ -50,6 +50,9 @@ def register(sub) -> None:
     p.add_argument("generation", metavar="GEN")
     p.add_argument("shards", metavar="SHARD", nargs="*", help="default: every shard")
     p.add_argument("-o", "--out", default=".", help="output directory (default .), or - for stdout")
+    p.add_argument("--from", dest="durable", metavar="URL", default=None,
+                   help="fall back to the durable copy at this destination when the local copy is missing or "
+                        "fails its checksum (default: the destination DEV promotes to, if any; docs/tiers.md)")
     p.set_defaults(func=_get)
 
     p = sub.add_parser("rm", help="delete generations")
@@ -238,15 +241,29 @@ def _put(args) -> int:
 
 
 def _get(args) -> int:
+    from retainz.errors import ChecksumError, GenerationNotFoundError
+
+    durable = _durable_source(args)
     with _Session(args.device, readonly=True, args=args) as store:
-        gen = store.generation(args.generation)
+        try:
+            gen, local = store.generation(args.generation), True
+        except GenerationNotFoundError:
+            if durable is None:
+                raise
+            gen, local = durable.generation(args.generation), False
+            print(f"{args.generation}: no local copy on {args.device}; reading the durable copy at {durable.url}",
+                  file=sys.stderr)
         names = args.shards or list(gen.shards)
         for name in names:
             if name not in gen.shards:
                 raise FileNotFoundError(f"generation {gen.id!r} has no shard {name!r}")
+
+        def chunks(name, from_local):
+            return store.read_shard(gen.id, name) if from_local else durable.read(gen.id, name)
+
         if args.out == "-":
             for name in names:
-                for chunk in store.read_shard(gen.id, name):
+                for chunk in chunks(name, local):
                     sys.stdout.buffer.write(chunk)
             sys.stdout.buffer.flush()
             return 0
@@ -256,20 +273,83 @@ def _get(args) -> int:
         os.makedirs(args.out, exist_ok=True)
         for name in names:
             dest = os.path.join(args.out, name)
-            tmp = dest + ".part"
             try:
-                with open(tmp, "wb") as f, progress.bar(gen.shards[name].size, f"get {name}") as bar:
-                    for chunk in store.read_shard(gen.id, name):
-                        f.write(chunk)
-                        bar.update(len(chunk))
-                with interrupt.deferred():
-                    os.replace(tmp, dest)
-            except BaseException:
-                with interrupt.deferred(), contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)  # never leave a partial file behind (a checksum failure, a refused rename, a signal)
-                raise
-            print(f"{dest}: {plural(gen.shards[name].size, 'byte')}, crc32c verified", file=sys.stderr)
+                _get_shard(dest, gen.shards[name].size, name, chunks(name, local))
+                used = "local copy" if local else f"durable copy at {durable.url}"
+            except ChecksumError as e:
+                if not local or durable is None:
+                    raise
+                print(f"{name}: the local copy fails its checksum ({e}); reading the durable copy at "
+                      f"{durable.url}", file=sys.stderr)
+                _get_shard(dest, gen.shards[name].size, name, chunks(name, False))
+                used = f"durable copy at {durable.url}"
+            which = f" ({used})" if durable is not None else ""   # only a fallback makes the source a question
+            print(f"{dest}: {plural(gen.shards[name].size, 'byte')}, crc32c verified{which}", file=sys.stderr)
     return 0
+
+
+def _get_shard(dest: str, size: int, name: str, chunks) -> None:
+    """Write ``chunks`` to ``dest`` through ``dest.part`` (renamed once whole and verified; never left
+    behind on a failure, a refused rename or a signal)."""
+    tmp = dest + ".part"
+    try:
+        with open(tmp, "wb") as f, progress.bar(size, f"get {name}") as bar:
+            for chunk in chunks:
+                f.write(chunk)
+                bar.update(len(chunk))
+        with interrupt.deferred():
+            os.replace(tmp, dest)
+    except BaseException:
+        with interrupt.deferred(), contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+class _Durable:
+    """``get``'s fallback: the durable copy of generations at a destination (:mod:`retainz.tier`)."""
+
+    def __init__(self, url: str):
+        from retainz.tier import Destination
+
+        self.url = url
+        self.dest = Destination(url)
+        self._manifests: dict = {}
+
+    def manifest(self, gen_id: str):
+        from retainz.tier import durable_manifest
+
+        if gen_id not in self._manifests:
+            self._manifests[gen_id] = durable_manifest(self.dest, gen_id)
+        return self._manifests[gen_id]
+
+    def generation(self, gen_id: str):
+        """The durable copy as a ``GenerationInfo`` (id, step, shards with sizes and crcs).
+
+        Raises:
+            GenerationNotFoundError: no durable copy either."""
+        from retainz.store.types import GenerationInfo, GenState, ShardInfo
+
+        m = self.manifest(gen_id)
+        return GenerationInfo(m.id, m.step, m.hint(), GenState.COMMITTED,
+                              {c.name: ShardInfo(c.name, c.size, c.crc32c) for c in m.shards})
+
+    def read(self, gen_id: str, name: str):
+        from retainz.tier import read_durable_shard
+
+        return read_durable_shard(self.dest, self.manifest(gen_id), name)
+
+
+def _durable_source(args):
+    """The durable copy ``get`` may fall back to: ``--from URL``, else the destination remembered for
+    the device (``DEV.tier.json``), else ``None``."""
+    url = getattr(args, "durable", None)
+    if url is None:
+        from retainz.tier import TierSettings, state_path_for
+
+        path = state_path_for(args.device)
+        saved = TierSettings.load(path) if path else None
+        url = saved.url if saved is not None else None
+    return _Durable(url) if url else None
 
 
 def _rm(args) -> int:

@@ -64,7 +64,14 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.futures import Future
 
-from retainz.errors import GenerationExistsError, GenerationNotFoundError, InvalidIdError, RetainZError
+from retainz.errors import (
+    ChecksumError,
+    GenerationExistsError,
+    GenerationNotFoundError,
+    InvalidIdError,
+    NoSpaceError,
+    RetainZError,
+)
 from retainz.hint import Hint
 from retainz.integrations import _stores
 from retainz.node import NodeStore, served
@@ -260,6 +267,17 @@ class ZonedStorageWriter(StorageWriter):
             (replace-on-commit: until then the old one stays readable; a crash leaves exactly one
             of the two); default False raises ``GenerationExistsError``.
         wait: seconds to wait for a device another process holds.
+        promote: a destination URL (``file:///mnt/lustre/ckpt``, ``s3://bucket/prefix``; ``{rank}`` in it is
+            replaced by the rank, one destination per rank device): committed saves the
+            ``promote_policy`` selects are copied there in the background and verified
+            (:class:`retainz.tier.Promoter`, docs/tiers.md); training does not wait.  Retention then
+            keeps a selected save until its copy is verified (its deletion is deferred, not dropped),
+            and a save refused for space while deletions wait raises
+            :class:`~retainz.errors.PromotionBacklogError`.
+        promote_policy: ``all``, ``every:n=STEPS``, ``requested`` (only saves named by
+            :meth:`request_promotion`) or ``none``.
+        promote_bandwidth: cap in bytes per second on the copies (``None``: none).
+        promote_options: fsspec storage options for the destination (s3fs credentials, endpoint).
 
     Retirement happens on each rank's own device at the first point that rank knows the save has
     committed: the coordinator right after its commit in :meth:`finish`; another rank when its next
@@ -275,9 +293,21 @@ class ZonedStorageWriter(StorageWriter):
     def __init__(self, device: Any, checkpoint_id: str | os.PathLike | None = None, *,
                  retention: str | None = None, condition: str | Hint | None = None,
                  step: int | None = None, series: str | None = None, retire: bool = True, geometry=None,
-                 policy: str | None = None, overwrite: bool = False, wait: float = 120.0):
+                 policy: str | None = None, overwrite: bool = False, wait: float = 120.0,
+                 promote: str | None = None, promote_policy: str = "all", promote_bandwidth: float | None = None,
+                 promote_options: dict | None = None):
         super().__init__()
         self.device = device
+        self.promote = promote
+        self._promote_args = {"policy": promote_policy, "bandwidth": promote_bandwidth,
+                              "storage_options": promote_options}
+        if promote is not None:
+            from retainz.tier import parse_policy
+
+            parse_policy(promote_policy)     # a malformed policy fails here, not at the first save
+        self._promoter: Any = None
+        self._promoter_hold = contextlib.ExitStack()
+        self._promote_next = False
         self.retention = retention
         self.series = series_folder(series)
         self._rule = parse_rule(retention) if retention and retire else None
@@ -365,6 +395,8 @@ class ZonedStorageWriter(StorageWriter):
                                                        geometry=self.geometry, policy=self.policy,
                                                        wait=self.wait))
         self._store = store
+        if self.promote is not None and self._promoter is None:
+            self._start_promoter()
         if self._retire_due:         # a non-coordinator's previous save is complete: DCP returned
             self._retire_due = False
             self._retire_logged(store)
@@ -436,9 +468,13 @@ class ZonedStorageWriter(StorageWriter):
                     self._gen.leave()     # the coordinator's commit commits this rank's shard too
                 else:
                     self._gen.commit()
+                    self._promote_committed()
                 self._gen = None
                 self._retire_due = self._rule is not None
                 self._release()
+        except NoSpaceError as e:
+            self._release(abort=True)
+            raise self._space_error(e) from e
         except BaseException:
             self._release(abort=True)
             raise
@@ -457,7 +493,10 @@ class ZonedStorageWriter(StorageWriter):
             self._gen.write_shard(METADATA_SHARD, [blob])
             self._gen.commit()
             self._gen = None
+            self._promote_committed()
             self._retire_logged(self._store)
+        except NoSpaceError as e:
+            raise self._space_error(e) from e
         finally:
             self._release(abort=True)
 
@@ -490,7 +529,10 @@ class ZonedStorageWriter(StorageWriter):
         deleted = []
         for gid in doomed:
             with contextlib.suppress(GenerationNotFoundError):   # another writer of the series got there
-                store.delete(gid, step=step)
+                if self._promoter is None:
+                    store.delete(gid, step=step)
+                elif not self._promoter.retire(store, gid, step):
+                    continue      # kept until its promotion is verified (then the promoter deletes it)
                 deleted.append(gid)
         for name, g in mine:
             if g.id in doomed:
@@ -508,6 +550,41 @@ class ZonedStorageWriter(StorageWriter):
             return False
         return True
 
+    # -- promotion (retainz.tier) ---------------------------------------------------------------------
+    @property
+    def promoter(self) -> Any:
+        """The :class:`retainz.tier.Promoter` of this writer's device (``None`` before the first save or
+        without ``promote``): ``status()``, ``backlog()``, ``finish(timeout=...)`` at job end."""
+        return self._promoter
+
+    def request_promotion(self) -> None:
+        """Promote the current save (the next to commit) whatever the policy: the runtime's per-save
+        choice (``promote_policy="requested"``)."""
+        self._promote_next = True
+
+    def _start_promoter(self) -> None:
+        from retainz.tier import Promoter, state_path_for
+
+        path = device_path_for(self.device, self.rank)
+        store = self._promoter_hold.enter_context(_stores.using(path, wait=self.wait))  # open between saves
+        state = state_path_for(path) if isinstance(path, str | os.PathLike) else None
+        url = self.promote.replace("{rank}", str(self.rank))
+        self._promoter = Promoter(store, url, state_path=state, **self._promote_args).start()
+
+    def _promote_committed(self) -> None:
+        if self._promoter is None:
+            return
+        gen = self.generation
+        if self._promote_next:
+            self._promote_next = False
+            self._promoter.request(gen)
+        else:
+            self._promoter.committed(gen)
+
+    def _space_error(self, e: NoSpaceError) -> NoSpaceError:
+        """Admission's refusal, as a :class:`PromotionBacklogError` when retirements wait for promotions."""
+        return self._promoter.backlog_error(e) if self._promoter is not None else e
+
     # -- helpers ------------------------------------------------------------------------------------
     def _release(self, abort: bool = False) -> None:
         if self._gen is not None and abort:
@@ -519,8 +596,13 @@ class ZonedStorageWriter(StorageWriter):
         self._held = contextlib.ExitStack()
 
     def close(self) -> None:
-        """Abort an unfinished generation and release the device."""
+        """Abort an unfinished generation, stop the promoter (a copy in flight is resumed by the next
+        writer's promoter) and release the device."""
         self._release(abort=True)
+        if self._promoter is not None:
+            self._promoter.close()
+            self._promoter = None
+        self._promoter_hold.close()
 
 
 def _dcp_join_token(checkpoint_id: str | None) -> str | None:
@@ -587,13 +669,24 @@ class ZonedStorageReader(StorageReader):
         trust_metadata: unpickle ``.metadata`` with plain ``pickle`` (any global, as torch's
             ``FileSystemReader`` does); by default only DCP's metadata types load
             (:func:`load_metadata`), and anything else raises :class:`UnsafeMetadataError`.
+        durable: the promotion destination (``ZonedStorageWriter(promote=...)``'s URL): when a rank's
+            local copy is missing (no device, no generation) or fails its checksum, that rank's shards
+            are read from the verified durable copy there instead (docs/tiers.md, "Restore").
+            :attr:`used` says which copy each rank's data came from, and a fallback is logged
+            (``retainz.dcp`` warning).
+        durable_options: fsspec storage options for ``durable``.
     """
 
     def __init__(self, device: Any, checkpoint_id: str | os.PathLike | None = None, *,
-                 series: str | None = None, wait: float = 120.0, trust_metadata: bool = False):
+                 series: str | None = None, wait: float = 120.0, trust_metadata: bool = False,
+                 durable: str | None = None, durable_options: dict | None = None):
         super().__init__()
         self.device = device
         self.trust_metadata = trust_metadata
+        self.durable = durable
+        self.durable_options = durable_options
+        #: rank -> ``"local"`` or ``"durable copy at URL"``: where that rank's data was read from
+        self.used: dict[int, str] = {}
         self.series = series_folder(series)
         self.wait = wait
         self.checkpoint_id = os.fspath(checkpoint_id) if checkpoint_id is not None else None
@@ -609,9 +702,27 @@ class ZonedStorageReader(StorageReader):
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         self.storage_data = {}
+        self.used = {}
         if checkpoint_id is not None:
             self.checkpoint_id = os.fspath(checkpoint_id)
         self.load_id = uuid.uuid4().hex
+
+    def _durable_copy(self, rank: int, why: BaseException):
+        """``(Destination, Manifest)`` of rank ``rank``'s durable copy, logging the fallback; re-raises
+        ``why`` when there is no destination."""
+        if self.durable is None:
+            raise why
+        from retainz.tier import Destination, durable_manifest
+
+        url = self.durable.replace("{rank}", str(rank))
+        dest = Destination(url, storage_options=self.durable_options)
+        m = durable_manifest(dest, self.generation)
+        where = f"durable copy at {url}"
+        if self.used.get(rank) != where:
+            log.warning("%s: rank %d's local copy is unusable (%s); reading the %s", self.checkpoint_id, rank,
+                        why, where)
+        self.used[rank] = where
+        return dest, m
 
     def _committed(self, store: Any, rank: int) -> Any:
         gen = self.generation
@@ -626,13 +737,20 @@ class ZonedStorageReader(StorageReader):
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         """Read ``.metadata`` of the committed generation on rank 0's device (every rank does; the
         device is opened in turn when ranks run in separate processes)."""
-        with _stores.using(device_path_for(self.device, 0), wait=self.wait) as store:
-            info = self._committed(store, 0)
-            if METADATA_SHARD not in info.shards:
-                raise CheckpointNotFoundError(f"checkpoint {self.checkpoint_id!r}: generation "
-                                              f"{self.generation!r} has no {METADATA_SHARD} shard")
-            metadata = load_metadata(b"".join(store.read_shard(self.generation, METADATA_SHARD)),
-                                     trusted=self.trust_metadata)
+        try:
+            with _stores.using(device_path_for(self.device, 0), wait=self.wait) as store:
+                info = self._committed(store, 0)
+                if METADATA_SHARD not in info.shards:
+                    raise CheckpointNotFoundError(f"checkpoint {self.checkpoint_id!r}: generation "
+                                                  f"{self.generation!r} has no {METADATA_SHARD} shard")
+                blob = b"".join(store.read_shard(self.generation, METADATA_SHARD))
+                self.used[0] = "local"
+        except (FileNotFoundError, ChecksumError) as e:   # no device, no generation, a failed checksum
+            from retainz.tier import read_durable_shard
+
+            dest, m = self._durable_copy(0, e)
+            blob = b"".join(read_durable_shard(dest, m, METADATA_SHARD))
+        metadata = load_metadata(blob, trusted=self.trust_metadata)
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
@@ -663,25 +781,34 @@ class ZonedStorageReader(StorageReader):
             groups.setdefault((loc.rank, loc.shard), []).append(req)
         ranks = sorted({r for r, _ in groups}, key=lambda r: (r != self.rank, r))
         for rank in ranks:
-            with _stores.using(device_path_for(self.device, rank), wait=self.wait) as store:
-                info = self._committed(store, rank)
-                for (r, shard), reqs in sorted(groups.items()):
-                    if r != rank:
-                        continue
-                    if shard not in info.shards:
-                        raise CheckpointNotFoundError(f"checkpoint {self.checkpoint_id!r}: rank {rank}'s "
-                                                      f"generation has no shard {shard!r}")
-                    self._read_shard(store, shard, reqs, planner)
+            mine = [(shard, reqs) for (r, shard), reqs in sorted(groups.items()) if r == rank]
+            try:
+                if self.used.get(rank, "local") != "local":
+                    raise CheckpointNotFoundError(f"rank {rank}'s metadata came from the durable copy")
+                with _stores.using(device_path_for(self.device, rank), wait=self.wait) as store:
+                    info = self._committed(store, rank)
+                    for shard, reqs in mine:
+                        if shard not in info.shards:
+                            raise CheckpointNotFoundError(f"checkpoint {self.checkpoint_id!r}: rank {rank}'s "
+                                                          f"generation has no shard {shard!r}")
+                        self._read_shard(store.read_shard(self.generation, shard), reqs, planner)
+                self.used.setdefault(rank, "local")
+            except (FileNotFoundError, ChecksumError) as e:   # every item of the rank is read again
+                from retainz.tier import read_durable_shard
+
+                dest, m = self._durable_copy(rank, e)
+                for shard, reqs in mine:
+                    self._read_shard(read_durable_shard(dest, m, shard), reqs, planner)
         fut: Future[None] = Future()
         fut.set_result(None)
         return fut
 
-    def _read_shard(self, store: Any, shard: str, reqs: list[ReadItem], planner: LoadPlanner) -> None:
+    def _read_shard(self, chunks: Iterator[bytes], reqs: list[ReadItem], planner: LoadPlanner) -> None:
         by_item: dict[MetadataIndex, list[ReadItem]] = {}
         for req in reqs:
             by_item.setdefault(req.storage_index, []).append(req)
         order = sorted(by_item, key=lambda idx: self.storage_data[idx].offset)
-        cursor = _ShardCursor(store.read_shard(self.generation, shard))
+        cursor = _ShardCursor(chunks)
         for idx in order:
             loc = self.storage_data[idx]
             cursor.skip_to(loc.offset)

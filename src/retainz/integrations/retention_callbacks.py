@@ -47,11 +47,16 @@ __all__ = ["RetentionCallback", "MegatronRetainInterval", "MegatronNonPersistent
            "MegatronNonPersistentLocal", "KeepLatestK"]
 
 
-def _delete(store: Any, ids: Iterable[str], step: int) -> list[str]:
+def _delete(store: Any, ids: Iterable[str], step: int, promoter: Any = None) -> list[str]:
+    """Delete ``ids`` from ``store``; with a :class:`retainz.tier.Promoter`, keep until durable: an id it
+    must promote and has not verified is deferred (deleted by the promoter once durable), not deleted."""
     done = []
     for gid in ids:
         try:
-            store.delete(gid, step=step)
+            if promoter is None:
+                store.delete(gid, step=step)
+            elif not promoter.retire(store, gid, step):
+                continue
         except GenerationNotFoundError:   # already gone (deleted by hand, or never committed)
             continue
         done.append(gid)
@@ -64,10 +69,15 @@ class RetentionCallback:
     Attributes:
         rule: the retention rule string the hints come from (:func:`retainz.retention.rule_hint`).
         folder: the series this callback manages (:func:`retainz.retention.series.series_folder`).
+        promoter: a :class:`retainz.tier.Promoter` of the store (set it: ``cb.promoter = p``): the
+            callback's deletions then keep a generation until its promotion is verified (deferred, not
+            dropped; docs/tiers.md).  ``None``: delete at once.  Not used by
+            :class:`MegatronNonPersistentLocal` (one store per rank).
     """
 
     rule: str | None = None
     folder: str = ""
+    promoter: Any = None
 
     def _set_folder(self, folder: str | None) -> None:
         self.folder = series_folder(folder)
@@ -147,7 +157,7 @@ class MegatronRetainInterval(RetentionCallback):
     def after_commit(self, store: Any, step: int) -> list[str]:
         prev, self.tracker = self.tracker, step
         if self.retain_interval and prev is not None and prev != step and prev % self.retain_interval != 0:
-            return _delete(store, [self.generation_id(prev)], step)
+            return _delete(store, [self.generation_id(prev)], step, self.promoter)
         return []
 
 
@@ -180,7 +190,7 @@ class MegatronNonPersistentGlobal(RetentionCallback):
 
     def before_save(self, store: Any, step: int) -> list[str]:
         mine = self._mine(store)
-        return _delete(store, [gid for _, gid in mine[:-1]], step)
+        return _delete(store, [gid for _, gid in mine[:-1]], step, self.promoter)
 
 
 class MegatronNonPersistentLocal(RetentionCallback):
@@ -262,4 +272,4 @@ class KeepLatestK(RetentionCallback):
 
     def after_commit(self, store: Any, step: int) -> list[str]:
         found = [(name, g.id) for name, g in members(store.generations(), self.folder)]
-        return _delete(store, retired_after_commit(self._parsed, found), step)
+        return _delete(store, retired_after_commit(self._parsed, found), step, self.promoter)

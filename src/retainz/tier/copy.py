@@ -1,0 +1,110 @@
+"""One generation's promotion, start to finish (docs/tiers.md, "The protocol").
+
+1. If the destination holds a manifest that matches the local generation and every object it names
+   has its size, the generation is durable already (a restart after the manifest was written).
+2. Each shard, in order: an object already there with the shard's size is read back; if its size and
+   crc32c match, it is kept (a resumed promotion re-sends nothing verified).  Otherwise the shard is
+   streamed from the store (every extent verified on the way out), through the bandwidth cap, and the
+   object is read back: size and crc32c must equal the shard's, or the copy fails
+   (:class:`~retainz.errors.DurableCopyError`) and is retried later.
+3. The manifest is written last and read back.  Only then is the generation durable.
+
+A crash (or an error) at any point leaves at most objects without a manifest: not durable, and the
+next attempt resumes at the first shard not yet verified.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from urllib.parse import quote
+
+from retainz.errors import DurableCopyError
+from retainz.store.types import GenerationInfo
+from retainz.tier.bandwidth import RateLimit
+from retainz.tier.destination import Destination
+from retainz.tier.manifest import Manifest
+
+__all__ = ["promote_generation", "shard_key", "manifest_holds"]
+
+
+def shard_key(name: str) -> str:
+    """The object key of shard ``name`` inside its generation's folder: ``data/<quoted name>``."""
+    return "data/" + quote(name, safe="-_.~")
+
+
+def manifest_holds(dest: Destination, gen: GenerationInfo) -> Manifest | None:
+    """The destination's manifest of ``gen`` when it matches the local generation and every object
+    it names is there with its size (a cheap check: no read-back); else ``None``.  A damaged manifest
+    counts as none.
+
+    Raises:
+        DestinationError: the destination did not answer (durability is then unknown: not durable)."""
+    try:
+        m = dest.manifest(gen.id)
+    except DurableCopyError:
+        return None
+    if m is None or not m.matches(gen):
+        return None
+    for c in m.shards:
+        if dest.size(dest.shard_path(gen.id, c.key)) != c.size:
+            return None
+    return m
+
+
+def promote_generation(store, gen: GenerationInfo, dest: Destination, *, limit: RateLimit | None = None,
+                       progress: Callable[[int], None] | None = None,
+                       stop: Callable[[], bool] | None = None) -> Manifest:
+    """Copy committed ``gen`` of ``store`` to ``dest`` and verify it (the module docstring's steps).
+
+    Args:
+        store: the open store (read-only is enough): ``read_shard`` is all it is asked for.
+        gen: the committed generation (``store.generation(id)``).
+        limit: the bandwidth cap on bytes sent.
+        progress: called with the bytes of each chunk sent or found already verified.
+        stop: polled between chunks; True aborts the copy (``InterruptedError``), leaving no manifest.
+
+    Returns:
+        The manifest written (or found).
+
+    Raises:
+        DestinationError: the destination failed (unreachable, an error mid-upload, full).
+        DurableCopyError: an object read back does not match its shard.
+        GenerationNotFoundError: the generation was deleted locally meanwhile.
+        ChecksumError: the local copy fails its checksum (it cannot be promoted).
+        InterruptedError: ``stop`` said so.
+    """
+    found = manifest_holds(dest, gen)
+    if found is not None:
+        if progress is not None:
+            progress(gen.size)
+        return found
+    # a manifest describing other bytes (a generation replaced under the same id, a damaged one) goes
+    # first, so it never vouches for the objects about to be rewritten
+    dest.remove(dest.manifest_path(gen.id))
+    keys = {}
+    for s in gen.shards.values():
+        key = keys[s.name] = shard_key(s.name)
+        path = dest.shard_path(gen.id, key)
+        if dest.size(path) == s.size and dest.checksum(path) == (s.size, s.crc):
+            if progress is not None:
+                progress(s.size)
+            continue
+        dest.write(path, _paced(store.read_shard(gen.id, s.name), limit, stop), progress=progress)
+        got = dest.checksum(path)
+        if got != (s.size, s.crc):
+            have = "nothing" if got is None else f"{got[0]} bytes with crc32c {got[1]:08x}"
+            raise DurableCopyError(f"{dest.where(path)}: read back {have}; the shard has {s.size} bytes with "
+                                   f"crc32c {s.crc:08x}", generation=gen.id, shard=s.name,
+                                   expected=s.crc, actual=None if got is None else got[1])
+    m = Manifest.of(store.uuid, gen, keys)
+    dest.put_manifest(m)
+    return m
+
+
+def _paced(chunks: Iterator[bytes], limit: RateLimit | None, stop: Callable[[], bool] | None) -> Iterator[bytes]:
+    for chunk in chunks:
+        if stop is not None and stop():
+            raise InterruptedError("promotion stopped")
+        if limit is not None:
+            limit.take(len(chunk))
+        yield chunk

@@ -1,0 +1,80 @@
+"""Fault-injecting fsspec file systems for the tier tests (a real directory tree underneath):
+``gate`` blocks every upload until set (a slow or stalled destination), ``fail_after`` raises
+mid-upload after that many bytes of an object, ``full`` raises ENOSPC as a full file system does,
+``down`` makes every call fail as an unreachable destination's would, ``flip_writes`` stores each
+object with its first byte flipped and reports success (only a read-back sees it)."""
+
+from __future__ import annotations
+
+import errno
+import threading
+
+from fsspec.implementations.local import LocalFileSystem
+
+
+class _Writer:
+    def __init__(self, fs, f, path):
+        self.fs, self.f, self.n, self.path = fs, f, 0, path
+
+    def write(self, data):
+        fs = self.fs
+        if fs.gate is not None:
+            fs.waiting.set()
+            fs.gate.wait()
+        if fs.full:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        if (fs.fail_after is not None and self.n + len(data) > fs.fail_after
+                and (fs.fail_only is None or fs.fail_only in self.path)):
+            self.f.write(data[: max(fs.fail_after - self.n, 0)])
+            fs.failures += 1
+            raise ConnectionResetError(errno.ECONNRESET, "connection reset mid-upload")
+        if fs.flip_writes and self.n == 0 and data:      # a destination that stores other bytes, silently
+            data = bytes([data[0] ^ 1]) + bytes(data[1:])
+        self.n += len(data)
+        fs.written += len(data)
+        return self.f.write(data)
+
+    def close(self):
+        return self.f.close()
+
+    def discard(self):
+        return self.f.close()
+
+
+class FaultyLocal(LocalFileSystem):
+    """A local file system whose uploads fail as the attributes say (set them at any time)."""
+
+    cachable = False
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.gate: threading.Event | None = None
+        self.waiting = threading.Event()
+        self.fail_after: int | None = None
+        self.full = False
+        self.down = False
+        self.flip_writes = False
+        self.fail_only: str | None = None     # fail_after applies only to paths containing this
+        self.written = 0                      # bytes stored, all objects
+        self.failures = 0
+
+    def _check(self):
+        if self.down:
+            raise ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused")
+
+    def info(self, path, **kw):
+        self._check()
+        return super().info(path, **kw)
+
+    def ls(self, path, detail=False, **kw):
+        self._check()
+        return super().ls(path, detail=detail, **kw)
+
+    def _open(self, path, mode="rb", **kw):
+        self._check()
+        f = super()._open(path, mode, **kw)
+        return _Writer(self, f, path) if "w" in mode else f
+
+    def makedirs(self, path, exist_ok=False):
+        self._check()
+        return super().makedirs(path, exist_ok=exist_ok)
