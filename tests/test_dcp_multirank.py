@@ -111,7 +111,7 @@ def test_two_ranks_through_retainz_urls_on_one_device_through_the_node_service(t
         proc = subprocess.run(
             [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
              str(ROOT / "tests/workers/dcp_fsspec_ranks.py"), device],
-            capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+            capture_output=True, text=True, timeout=300, env={**env, "RETAINZ_JOB": "ckpt"}, cwd=ROOT)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
         assert "RANK 0 OK" in proc.stdout and "RANK 1 OK" in proc.stdout
     finally:

@@ -126,7 +126,7 @@ def test_several_client_processes_write_concurrently_through_one_service(tmp_pat
             assert p.returncode == 0, err[-3000:]
         must = set().union(*(acknowledged(log)[0] for log in logs.values()))
         assert len(must) == 16
-        with NodeStore.connect(device) as client:
+        with NodeStore.connect(device, job="*") as client:
             assert verify(client, must, set()) == must
             assert client.fsck().ok
     finally:
@@ -135,7 +135,7 @@ def test_several_client_processes_write_concurrently_through_one_service(tmp_pat
     assert check_direct(device, must, set()) == must
     dev = FileDevice(device)       # the four jobs share zones: one placement stream, one device
     with Store.open(dev) as store:
-        zones_of = {g.id.split("-")[0]: {e[0] for s in g.shards.values() for e in s.extents}
+        zones_of = {g.id.split("%2F")[0]: {e[0] for s in g.shards.values() for e in s.extents}
                     for g in store.generations()}
     dev.close()
     assert len(set.union(*zones_of.values())) < sum(len(z) for z in zones_of.values())
@@ -166,7 +166,7 @@ def test_clients_killed_at_random_moments_lose_no_acknowledged_commit(tmp_path):
                 done, open_ = acknowledged(log)
                 must |= done
                 may |= open_
-            with NodeStore.connect(device) as client:     # the service goes on serving, intact
+            with NodeStore.connect(device, job="*") as client:     # the service goes on serving, intact
                 verify(client, must, may)
                 assert client.fsck().ok
     finally:
@@ -187,7 +187,7 @@ def test_service_killed_at_random_moments_loses_no_acknowledged_commit(tmp_path)
     kills = gone = 0
     for r in range(4):
         svc = start_service(device, tmp_path / "service.log")
-        with NodeStore.connect(device) as client:          # the restart recovered everything so far
+        with NodeStore.connect(device, job="*") as client:          # the restart recovered everything so far
             verify(client, must, may)
         logs = [tmp_path / f"r{r}c{i}.log" for i in range(3)]
         procs = [start_client(device, log, f"r{r}c{i}", 40, rng.randrange(1 << 30)) for i, log in enumerate(logs)]
@@ -211,7 +211,7 @@ def test_service_killed_at_random_moments_loses_no_acknowledged_commit(tmp_path)
             may |= open_
     svc = start_service(device, tmp_path / "service.log")
     try:
-        with NodeStore.connect(device) as client:
+        with NodeStore.connect(device, job="*") as client:
             verify(client, must, may)
             assert client.fsck().ok
     finally:
@@ -252,7 +252,7 @@ def ask(s: socket.socket, req: dict) -> dict:
 
 def test_a_client_writes_reads_and_deletes_through_the_service(served):
     device, svc = served
-    with NodeStore.connect(device, job="a") as c:
+    with NodeStore.connect(device, job="") as c:     # the root series: ids without a folder
         assert c.device.geometry == svc.store.device.geometry and c.device.name == device
         data = os.urandom((5 << 20) + 123)
         w = c.begin_generation("g", 7)
@@ -302,7 +302,7 @@ def test_refused_requests_get_one_line_errors_and_the_connection_goes_on(served)
                 {"op": "locations", "gen": "g", "shard": "s", "count": 1 << 40}):
         r = ask(s, bad)
         assert r["ok"] is False and "\n" not in r["message"], (bad, r)
-    w = ask(s, {"op": "begin", "gen": "g", "step": 1})["writer"]
+    w = ask(s, {"op": "begin", "gen": "j%2Fg", "step": 1})["writer"]
     sh = ask(s, {"op": "open_shard", "writer": w, "name": "s"})["shard"]
     assert ask(s, {"op": "claim", "shard": sh, "nbytes": (64 << 20) + 1})["ok"] is False
     ext = ask(s, {"op": "claim", "shard": sh, "nbytes": 4096})["extents"]
@@ -565,3 +565,36 @@ def test_a_flush_after_a_claim_syncs_the_file_even_with_no_zone_dirty(tmp_path, 
     dev.flush()                              # the other process wrote its bytes meanwhile
     assert len(syncs) == 2
     dev.close()
+
+
+def test_a_rank_that_finishes_before_the_committer_begins_leaves_its_shard_in_the_generation(served):
+    """An async DCP save: rank 1 opens, writes and leaves the joined generation before rank 0 has begun
+    it.  With ``ranks`` the generation waits for the rank still to come; rank 0 joins and commits both
+    shards.  A lost connection still aborts, and another run's token takes over an abandoned one."""
+    device, svc = served
+    with NodeStore.connect(device) as r0, NodeStore.connect(device) as r1:
+        w1 = r1.begin_generation("async", 20, join="run1", ranks=2)
+        w1.write_shard("__1_0.distcp", [b"1" * 6000])
+        w1.leave()                                   # nobody holds it now: kept for rank 0
+        w0 = r0.begin_generation("async", 20, join="run1", ranks=2)
+        w0.write_shard("__0_0.distcp", [b"0" * 5000])
+        gen = w0.commit()
+        assert sorted(gen.shards) == ["__0_0.distcp", "__1_0.distcp"]
+        assert b"".join(r0.read_shard("async", "__1_0.distcp")) == b"1" * 6000
+        # every rank joined and left without a commit: aborted
+        a = r0.begin_generation("both-left", 21, join="run1", ranks=2)
+        b = r1.begin_generation("both-left", 21, join="run1", ranks=2)
+        b.write_shard("s", [b"b" * 100])
+        b.leave()
+        a.leave()
+        assert "both-left" not in svc._shared
+        # a rank left, its committer never came; a later run's begin replaces the abandoned writer
+        x = r1.begin_generation("stale", 22, join="run1", ranks=2)
+        x.write_shard("s", [b"x" * 100])
+        x.leave()
+        y = r0.begin_generation("stale", 22, join="run2", ranks=1)
+        y.write_shard("t", [b"y" * 100])
+        assert list(y.commit().shards) == ["t"]
+    assert [g.id for g in svc.store.generations()] == ["async", "stale"]
+    live = sum(round_up(e[2], 4096) for g in svc.store.generations() for s in g.shards.values() for e in s.extents)
+    assert svc.store.table.live == live and svc.store.fsck().ok

@@ -54,6 +54,7 @@ __all__ = [
     # node service
     "ServiceGoneError",
     "ProtocolError",
+    "AccessDeniedError",
 ]
 
 
@@ -366,3 +367,11 @@ class ProtocolError(RetainZError, ValueError):
     """A node-service message that breaks the protocol: a frame longer than its bound, a header that
     is not a JSON object, an unknown request, a field of the wrong type or outside its bounds, a
     handle the connection does not hold.  The service answers it with an error reply."""
+
+
+class AccessDeniedError(RetainZError, PermissionError):
+    """A node-service client asked for a generation outside what its job may see (its series folder
+    and the operator's grants, ``retainz serve --grant/--allow-all``), or for the whole-device view
+    (job ``*``) it was not granted.  Nothing was done; the message names the job and the generation."""
+
+    exit_status = 1  # the CLI: an operation refused, not malformed input
