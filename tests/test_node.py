@@ -35,6 +35,9 @@ from tests.workers.node_client import content, sizes
 ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}{os.pathsep}{ROOT}", OMP_NUM_THREADS="1")
 WORKER = str(ROOT / "tests" / "workers" / "node_client.py")
+#: The kill campaigns' size: kills per campaign (service kills at random moments, service kills at
+#: commit points; client rounds of 3 clients are a third of it).  CI size by default; a soak sets it higher.
+KILLS = int(os.environ.get("RETAINZ_NODE_KILLS", "") or 0) or None
 GEOMETRY = Geometry(nr_zones=256, zone_size=8 << 20, zone_capacity=8 << 20)   # 2 GiB, sparse: the campaigns never delete
 
 
@@ -150,7 +153,7 @@ def test_clients_killed_at_random_moments_lose_no_acknowledged_commit(tmp_path):
     may: set[str] = set()
     kills = rounds = 0
     try:
-        for r in range(5):
+        for r in range(5 if KILLS is None else max(1, -(-KILLS // 3))):
             rounds += 1
             logs = [tmp_path / f"r{r}c{i}.log" for i in range(3)]
             procs = [start_client(device, log, f"r{r}c{i}", 40, rng.randrange(1 << 30))
@@ -174,7 +177,7 @@ def test_clients_killed_at_random_moments_lose_no_acknowledged_commit(tmp_path):
     check_direct(device, must, may)
     print(f"\nclient kill campaign: {rounds} rounds, {kills} clients SIGKILLed, {len(must)} acknowledged "
           "commits, 0 lost")
-    assert kills >= 5 and must
+    assert kills >= (5 if KILLS is None else 1) and must
 
 
 def test_service_killed_at_random_moments_loses_no_acknowledged_commit(tmp_path):
@@ -185,7 +188,7 @@ def test_service_killed_at_random_moments_loses_no_acknowledged_commit(tmp_path)
     must: set[str] = set()
     may: set[str] = set()
     kills = gone = 0
-    for r in range(4):
+    for r in range(4 if KILLS is None else KILLS):
         svc = start_service(device, tmp_path / "service.log")
         with NodeStore.connect(device, job="*") as client:          # the restart recovered everything so far
             verify(client, must, may)
@@ -598,3 +601,62 @@ def test_a_rank_that_finishes_before_the_committer_begins_leaves_its_shard_in_th
     assert [g.id for g in svc.store.generations()] == ["async", "stale"]
     live = sum(round_up(e[2], 4096) for g in svc.store.generations() for s in g.shards.values() for e in s.extents)
     assert svc.store.table.live == live and svc.store.fsck().ok
+
+
+KILL_POINTS = ("before-flush", "before-record", "after-record")
+
+
+def test_the_service_killed_inside_a_commit_at_each_point_loses_no_acknowledged_commit(tmp_path):
+    """SIGKILL the service inside its N-th commit: before the device file's sync, between the sync and
+    the commit record, after the durable record but before the reply (tests/workers/node_service_kill.py).
+    After each kill the next service recovers: every acknowledged commit is there and reads back right
+    (crc), the killed commit is there only if its record was durable, nothing uncommitted stays live."""
+    device = make_device(tmp_path)
+    rng = random.Random(29_2)
+    must: set[str] = set()
+    may: set[str] = set()
+    rounds = 6 if KILLS is None else KILLS
+    gone = durable_unacked = 0
+    log = tmp_path / "service.log"
+    for r in range(rounds):
+        point, n = KILL_POINTS[r % 3], rng.randint(1, 6)
+        svc = subprocess.Popen([sys.executable, str(ROOT / "tests/workers/node_service_kill.py"), device, point,
+                                str(n)], env=ENV, stdout=subprocess.DEVNULL, stderr=open(log, "ab"))
+        while True:
+            assert svc.poll() is None, log.read_text()[-3000:]
+            try:
+                with NodeStore.connect(device, job="*") as client:     # the last kill recovered
+                    before = verify(client, must, may)
+                break
+            except (ConnectionRefusedError, FileNotFoundError):
+                time.sleep(0.05)
+        logs = [tmp_path / f"p{r}c{i}.log" for i in range(2)]
+        procs = [start_client(device, lg, f"p{r}c{i}", 40, rng.randrange(1 << 30)) for i, lg in enumerate(logs)]
+        assert svc.wait(timeout=300) == -signal.SIGKILL        # it died where it was told to
+        for p in procs:
+            _, err = p.communicate(timeout=120)
+            assert p.returncode in (3, 4), err[-3000:]          # every client told the service went away
+            gone += p.returncode == 3
+        for lg in logs:
+            done, open_ = acknowledged(lg)
+            must |= done
+            may |= open_
+        dev = FileDevice(device)
+        with Store.open(dev) as store:       # recovery, as the next service's open does
+            ids = {g.id for g in store.generations()}
+        dev.close()
+        new = ids - before
+        assert len({g for g in new if g not in must}) == (1 if point == "after-record" else 0), (point, new - must)
+        durable_unacked += len(new - must)
+    svc = start_service(device, log)
+    try:
+        with NodeStore.connect(device, job="*") as client:
+            verify(client, must, may)
+            assert client.fsck().ok
+    finally:
+        stop_service(svc)
+    check_direct(device, must, may)
+    print(f"\nservice commit-point kill campaign: {rounds} SIGKILLs ({', '.join(KILL_POINTS)}), {gone} clients told "
+          f"ServiceGoneError, {len(must)} acknowledged commits checked, {durable_unacked} durable but unacknowledged, "
+          "0 lost")
+    assert must and gone >= rounds
