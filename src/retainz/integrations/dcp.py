@@ -312,7 +312,7 @@ class ZonedStorageWriter(StorageWriter):
         self._release(abort=True)
         store = self._held.enter_context(_stores.using(device_path_for(self.device, self.rank),
                                                        geometry=self.geometry, policy=self.policy,
-                                                       wait=self.wait))
+                                                       wait=self.wait, job=self.series or None))
         self._store = store
         if self._retire_due:         # a non-coordinator's previous save is complete: DCP returned
             self._retire_due = False
@@ -571,7 +571,7 @@ class ZonedStorageReader(StorageReader):
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         """Read ``.metadata`` of the committed generation on rank 0's device (every rank does; the
         device is opened in turn when ranks run in separate processes)."""
-        with _stores.using(device_path_for(self.device, 0), wait=self.wait) as store:
+        with _stores.using(device_path_for(self.device, 0), wait=self.wait, job=self.series or None) as store:
             info = self._committed(store, 0)
             if METADATA_SHARD not in info.shards:
                 raise CheckpointNotFoundError(f"checkpoint {self.checkpoint_id!r}: generation "
@@ -607,7 +607,7 @@ class ZonedStorageReader(StorageReader):
             groups.setdefault((loc.rank, loc.shard), []).append(req)
         ranks = sorted({r for r, _ in groups}, key=lambda r: (r != self.rank, r))
         for rank in ranks:
-            with _stores.using(device_path_for(self.device, rank), wait=self.wait) as store:
+            with _stores.using(device_path_for(self.device, rank), wait=self.wait, job=self.series or None) as store:
                 info = self._committed(store, rank)
                 for (r, shard), reqs in sorted(groups.items()):
                     if r != rank:

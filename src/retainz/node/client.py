@@ -277,10 +277,13 @@ class NodeStore:
         d.pop("waf", None)
         return StoreMetrics(**d)
 
-    def gc(self, *, force: bool = False) -> GCReport:
+    def gc(self, *, force: bool = False, progress=None) -> GCReport:
+        """GC in the service (``progress`` is not called: the work runs there)."""
         return GCReport(**self._call("gc", force=force)["report"])
 
-    def fsck(self) -> FsckReport:
+    def fsck(self, *, progress=None) -> FsckReport:
+        """fsck in the service: every extent's crc, the catalog against the zones (``progress`` is
+        not called: the work runs there)."""
         return FsckReport(**self._call("fsck")["report"])
 
     def df(self) -> SpaceReport:
