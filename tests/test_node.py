@@ -194,7 +194,11 @@ def test_service_killed_at_random_moments_loses_no_acknowledged_commit(tmp_path)
             verify(client, must, may)
         logs = [tmp_path / f"r{r}c{i}.log" for i in range(3)]
         procs = [start_client(device, log, f"r{r}c{i}", 40, rng.randrange(1 << 30)) for i, log in enumerate(logs)]
-        time.sleep(rng.uniform(0.2, 1.5))
+        deadline = time.monotonic() + 120      # the clients are under way (a loaded machine starts them late)
+        while not any(acknowledged(lg)[0] for lg in logs) and time.monotonic() < deadline \
+                and all(p.poll() is None for p in procs):
+            time.sleep(0.02)
+        time.sleep(rng.uniform(0.0, 1.0))
         svc.send_signal(signal.SIGKILL)
         svc.wait()
         kills += 1

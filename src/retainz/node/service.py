@@ -9,6 +9,10 @@ cross the socket: ``claim`` runs placement for the next bytes of a shard and ans
 bytes there and reports their crc32c (``written``), and the commit flushes the device file (which
 syncs what every client wrote) before its commit record.
 
+Access (:mod:`.access`): each connection declares its job in ``hello``; every request naming a
+generation outside the job's scope is refused (``AccessDeniedError``), listings show only the scope;
+the whole-device job ``*`` is checked against the peer's kernel credentials (``SO_PEERCRED``).
+
 Untrusted input: every field is checked against :mod:`.protocol`'s bounds; a malformed or refused
 request gets an error reply and the connection goes on (a frame that breaks the framing ends the
 connection); a bug answering a request becomes an ``InternalError`` reply, logged, never a crash.
