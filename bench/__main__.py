@@ -12,6 +12,9 @@ a minute or two that CI runs without thresholds):
 * ``bench_placement``: the retainz decision cost at 256 and 65,536 zones (growth must stay sub-linear);
 * ``bench_dcp``: ``dcp.save`` through ``ZonedStorageWriter`` vs raw ``pwrite`` of the same tensor
   bytes (needs the torch extra, ``make setup-torch``; otherwise not measured);
+* ``bench_node``: 4 and 8 rank processes saving and loading on one device through the node service
+  (``retainz serve``) vs the same processes ``pwrite``-ing their own files in a directory of the same
+  file system (issue 29.4);
 * ``device_write``: FileDevice vs ``os.pwrite`` on the host, and LinuxZonedDevice vs ``os.pwrite`` in
   the QEMU guest (full size only, when ``make vm-setup`` has run; ``--no-guest`` skips it).
 
@@ -67,14 +70,16 @@ class Sizes:
     mount_mib: int             # state-dict MiB through the mount, a local directory and ZonedStorageWriter
     mount_reps: int
     mount_cold: bool           # also cold loads (drop_caches)
+    node_mib: int              # MiB each rank saves and loads through the node service (4 and 8 ranks)
+    node_reps: int
 
 
 FULL = Sizes(replay_steps=100_000, replay_zones=4096, store_mib=512, store_reps=5, mount_records=100_000,
              placement_decisions=1500, dcp_mib=512, dcp_reps=5, device_zones=8, device_rounds=5, guest=True,
-             mount_mib=2048, mount_reps=3, mount_cold=True)
+             mount_mib=2048, mount_reps=3, mount_cold=True, node_mib=128, node_reps=3)
 QUICK = Sizes(replay_steps=2000, replay_zones=4096, store_mib=64, store_reps=3, mount_records=4000,
               placement_decisions=100, dcp_mib=64, dcp_reps=1, device_zones=2, device_rounds=2, guest=False,
-              mount_mib=64, mount_reps=1, mount_cold=False)
+              mount_mib=64, mount_reps=1, mount_cold=False, node_mib=8, node_reps=1)
 
 
 @dataclass
@@ -199,6 +204,27 @@ def _dcp(sizes: Sizes, scratch: str) -> tuple[list[Figure], dict]:
                    note=f"page cache warm; {mbps['ours_load']:.0f} vs {mbps['stock_load']:.0f} MiB/s")], res
 
 
+def _node(sizes: Sizes, scratch: str) -> tuple[list[Figure], dict]:
+    """Issue 29.4: aggregate save and load of 4 and 8 ranks on one device through the node service
+    >= 0.9x the same ranks pwrite-ing their own files in a directory of the same file system."""
+    from bench import bench_node
+
+    d = os.path.join(scratch, "node")
+    os.makedirs(d, exist_ok=True)
+    try:
+        res = bench_node.run(d, [4, 8], sizes.node_mib, sizes.node_reps)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    figs = []
+    for n, r in res["by_ranks"].items():
+        for op in ("save", "load"):
+            figs.append(Figure(f"node service {op}, {n} ranks on one device / pwrite files", r[f"ratio_{op}"],
+                               "ratio", 0.90, note=f"{n} x {sizes.node_mib} MiB, {r[f'{op}_mib_s']:.0f} vs "
+                                                   f"{r[f'raw_{op}_mib_s']:.0f} MiB/s aggregate"
+                                                   + (" (page cache warm)" if op == "load" else "")))
+    return figs, res
+
+
 def _mount(sizes: Sizes, scratch: str) -> tuple[list[Figure], dict]:
     """Issue 28.2's targets: each operation through the mount >= 0.9x a local directory, DCP loads
     >= 0.8x ZonedStorageReader, the server's peak memory < 256 MiB."""
@@ -276,6 +302,7 @@ def run(sizes: Sizes, scratch: str, guest: bool = True, log=print) -> dict:
              ("placement", lambda: _placement(sizes)),
              ("dcp", lambda: _dcp(sizes, scratch)),
              ("mount", lambda: _mount(sizes, scratch)),
+             ("node", lambda: _node(sizes, scratch)),
              ("device", lambda: _device(sizes, guest and sizes.guest))]
     for name, step in steps:
         t = time.monotonic()

@@ -111,7 +111,7 @@ def test_two_ranks_through_retainz_urls_on_one_device_through_the_node_service(t
         proc = subprocess.run(
             [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
              str(ROOT / "tests/workers/dcp_fsspec_ranks.py"), device],
-            capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+            capture_output=True, text=True, timeout=300, env={**env, "RETAINZ_JOB": "ckpt"}, cwd=ROOT)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
         assert "RANK 0 OK" in proc.stdout and "RANK 1 OK" in proc.stdout
     finally:
@@ -123,5 +123,47 @@ def test_two_ranks_through_retainz_urls_on_one_device_through_the_node_service(t
         for gid, g in gens.items():
             assert {"__0_0.distcp", "__1_0.distcp", ".metadata"} <= set(g.shards), (gid, list(g.shards))
             assert g.hint.reclaim_step == g.step + 20
+        assert store.fsck().ok
+    dev.close()
+
+
+def test_two_jobs_of_eight_ranks_on_one_device_each_with_its_own_retention(tmp_path):
+    """World size 8, twice at once on ONE served device: job jobs/a through ZonedStorageWriter/Reader
+    (HF Trainer, save_total_limit=1), job jobs/b through DCP's FsspecWriter on retainz:// (TorchTitan, keep the latest 2).  Each
+    job's retention retires only its own checkpoints; every kept checkpoint holds its 8 ranks' shards."""
+    from retainz.store import Store
+    from retainz.zoned import FileDevice, Geometry
+    from tests.test_node import start_service, stop_service
+
+    device = str(tmp_path / "node.img")
+    dev = FileDevice.create(device, Geometry(nr_zones=64, zone_size=1 << 20, zone_capacity=1 << 20))
+    Store.format(dev).close()
+    dev.close()
+    svc = start_service(device, tmp_path / "service.log")
+    base = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", OMP_NUM_THREADS="1")
+    jobs = {
+        "jobs/a": ("dcp_ranks.py", [str(tmp_path / "a"), device], "hf:save_steps=10,save_total_limit=1", "20"),
+        "jobs/b": ("dcp_fsspec_ranks.py", [device], "torchtitan:interval=10,keep_latest_k=2", "10,20"),
+    }
+    try:
+        procs = {job: subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=8",
+             str(ROOT / "tests/workers" / worker), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**base, "RETAINZ_JOB": job, "DCP_SERIES": job, "DCP_RULE": rule, "DCP_LOAD": load,
+                  "DCP_PREFIX": "checkpoint-" if rule.startswith("hf") else "step-"}, cwd=ROOT)
+            for job, (worker, args, rule, load) in jobs.items()}
+        for job, p in procs.items():
+            out, err = p.communicate(timeout=600)
+            assert p.returncode == 0, (job, out[-3000:] + err[-6000:])
+            assert all(f"RANK {r} OK" in out for r in range(8)), job
+    finally:
+        stop_service(svc)
+    dev = FileDevice(device)
+    with Store.open(dev) as store:
+        gens = {g.id: g for g in store.generations()}
+        assert sorted(gens) == ["jobs%2Fa%2Fcheckpoint-20", "jobs%2Fb%2Fstep-10", "jobs%2Fb%2Fstep-20"]
+        for gid, g in gens.items():
+            assert {".metadata", *(f"__{r}_0.distcp" for r in range(8))} <= set(g.shards), (gid, list(g.shards))
+        assert gens["jobs%2Fa%2Fcheckpoint-20"].shards["__0_0.distcp"].size == 64 // 8 * 16 * 4   # its 8 rows of fp32
         assert store.fsck().ok
     dev.close()

@@ -54,6 +54,7 @@ __all__ = [
     # node service
     "ServiceGoneError",
     "ProtocolError",
+    "AccessDeniedError",
     # tiers (retainz.tier)
     "PromotionBacklogError",
     "DestinationError",
@@ -419,3 +420,11 @@ class DurableCopyError(ChecksumError):
     """A copy at the promotion destination does not match what was promoted: an object's size or
     crc32c read back differs from the shard's, or its manifest is damaged or describes other bytes.
     Such a copy is never counted durable (docs/tiers.md)."""
+
+
+class AccessDeniedError(RetainZError, PermissionError):
+    """A node-service client asked for a generation outside what its job may see (its series folder
+    and the operator's grants, ``retainz serve --grant/--allow-all``), or for the whole-device view
+    (job ``*``) it was not granted.  Nothing was done; the message names the job and the generation."""
+
+    exit_status = 1  # the CLI: an operation refused, not malformed input

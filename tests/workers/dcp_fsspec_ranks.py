@@ -2,6 +2,8 @@
 FsspecReader on ``retainz://DEVICE/ckpt/step-N`` (one device file served by a node service).
 
 Usage: torchrun --standalone --nproc_per_node=2 tests/workers/dcp_fsspec_ranks.py DEVICE
+Environment: DCP_SERIES (the checkpoint folder, default ckpt), DCP_RULE (the retention rule, default
+torchtitan:interval=10,keep_latest_k=2), DCP_LOAD (the steps to load back, default 10,20).
 Saves a DTensor sharded across the ranks plus replicated tensors and bytes, sync (step-10) and async in
 THREAD mode (step-20), loads both into fresh tensors and checks every byte; prints "RANK r OK".
 """
@@ -28,14 +30,14 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-    fsspec.config.conf["retainz"] = {"retention": "torchtitan:interval=10,keep_latest_k=2"}
-    url = f"retainz://{device}/ckpt"
+    fsspec.config.conf["retainz"] = {"retention": os.environ.get("DCP_RULE", "torchtitan:interval=10,keep_latest_k=2")}
+    url = f"retainz://{device}/{os.environ.get('DCP_SERIES', 'ckpt')}"
     dcp.save(state(10, mesh), checkpoint_id=f"{url}/step-10")
     fut = dcp.async_save(state(20, mesh), checkpoint_id=f"{url}/step-20",
                          async_checkpointer_type=AsyncCheckpointerType.THREAD)
     fut.result()
     dist.barrier()
-    for step in (10, 20):
+    for step in (int(x) for x in os.environ.get("DCP_LOAD", "10,20").split(",")):
         out = empty(mesh)
         dcp.load(out, checkpoint_id=f"{url}/step-{step}")
         check(out, step, rank)

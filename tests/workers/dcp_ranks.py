@@ -2,6 +2,10 @@
 
 Usage: torchrun --standalone --nproc_per_node=2 tests/workers/dcp_ranks.py DIR [DEVICE]
 With DEVICE (a device file a node service serves) every rank saves to and loads from that one device.
+Environment: DCP_SERIES (the writer's and reader's series, default the root), DCP_RULE (the retention
+rule, default torchtitan:interval=10,keep_latest_k=2), DCP_LOAD (the steps to load back, default 10,20:
+the ones the rule keeps), DCP_PREFIX (the checkpoint names' prefix, default step-: checkpoint- for the hf
+rule).
 Saves a DTensor sharded across the ranks plus replicated tensors and bytes, sync (step-10) and async in
 THREAD mode (step-20), loads both into fresh tensors and checks every byte; prints "RANK r OK".
 """
@@ -55,16 +59,18 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-    rule = "torchtitan:interval=10,keep_latest_k=2"
-    writer = ZonedStorageWriter(device, retention=rule, geometry=GEOMETRY)
-    dcp.save(state(10, mesh), storage_writer=writer, checkpoint_id=f"{root}/step-10")
-    fut = dcp.async_save(state(20, mesh), storage_writer=ZonedStorageWriter(device, retention=rule),
-                         checkpoint_id=f"{root}/step-20", async_checkpointer_type=AsyncCheckpointerType.THREAD)
+    rule = os.environ.get("DCP_RULE", "torchtitan:interval=10,keep_latest_k=2")
+    series = os.environ.get("DCP_SERIES") or None
+    prefix = os.environ.get("DCP_PREFIX", "step-")
+    writer = ZonedStorageWriter(device, retention=rule, geometry=GEOMETRY, series=series)
+    dcp.save(state(10, mesh), storage_writer=writer, checkpoint_id=f"{root}/{prefix}10")
+    fut = dcp.async_save(state(20, mesh), storage_writer=ZonedStorageWriter(device, retention=rule, series=series),
+                         checkpoint_id=f"{root}/{prefix}20", async_checkpointer_type=AsyncCheckpointerType.THREAD)
     fut.result()
     dist.barrier()
-    for step in (10, 20):
+    for step in (int(x) for x in os.environ.get("DCP_LOAD", "10,20").split(",")):
         out = empty(mesh)
-        dcp.load(out, storage_reader=ZonedStorageReader(device), checkpoint_id=f"{root}/step-{step}")
+        dcp.load(out, storage_reader=ZonedStorageReader(device, series=series), checkpoint_id=f"{root}/{prefix}{step}")
         check(out, step, rank)
     dist.barrier()
     print(f"RANK {rank} OK pid={os.getpid()}", flush=True)

@@ -1,5 +1,5 @@
-"""A client process of the node service (tests/test_node.py): writes generations JOB-g0, JOB-g1, ...
-through ``NodeStore`` and logs each acknowledged commit.
+"""A client process of the node service (tests/test_node.py): writes generations JOB/g0, JOB/g1, ...
+through ``NodeStore`` as job JOB (its series folder: ids ``JOB%2Fg0``...) and logs each acknowledged commit.
 
     python tests/workers/node_client.py DEVICE LOG JOB GENERATIONS SEED
 
@@ -35,6 +35,7 @@ def content(gen_id: str, shard: str, size: int) -> bytes:
 def main(device: str, log_path: str, job: str, n: int, seed: int) -> int:
     from retainz.errors import ServiceGoneError
     from retainz.node import NodeStore
+    from retainz.retention.series import series_generation_id
 
     rng = random.Random(seed)
     log = open(log_path, "a", buffering=1)
@@ -47,7 +48,7 @@ def main(device: str, log_path: str, job: str, n: int, seed: int) -> int:
     try:
         store = NodeStore.connect(device, job=job)
         for k in range(n):
-            gen = f"{job}-g{k}"
+            gen = series_generation_id(job, f"g{k}")       # JOB%2Fg{k}: the job's series folder
             note(f"begin {gen}")
             w = store.begin_generation(gen, k + 1)
             for name, size in sizes(gen).items():

@@ -18,6 +18,11 @@ def register(sub) -> None:
                         "clients look for it)")
     p.add_argument("--group", metavar="GROUP", default=None,
                    help="let this group use the service too (socket mode 0660 instead of 0600)")
+    p.add_argument("--allow-all", action="store_true",
+                   help="every client may see and delete every job's generations (default: only its own job's)")
+    p.add_argument("--grant", metavar="JOB=SERIES", action="append", default=[],
+                   help="job JOB may also see and delete the generations of series SERIES (* for every "
+                        "series); repeatable")
     p.add_argument("--policy", default=None, help="placement policy (default: the one recorded at mkfs)")
     p.set_defaults(func=_serve)
 
@@ -36,6 +41,21 @@ def _serve(args) -> int:
     def ready(svc) -> None:
         print(f"retainz: serving {args.device} on {svc.path}", file=sys.stderr, flush=True)
 
+    from retainz.node.access import parse_grant
+
+    grants: dict[str, set[str]] = {}
+    for text in args.grant:
+        job, series = parse_grant(text)
+        grants.setdefault(job, set()).add(series)
+    if args.group is not None:
+        import grp
+
+        try:
+            grp.getgrnam(args.group)
+        except KeyError:
+            if not args.group.isdigit():
+                raise ValueError(f"--group {args.group!r}: no such group") from None
     serve(args.device, socket=args.socket, policy=args.policy, mode=0o660 if args.group else 0o600,
-          group=args.group, ready=ready)
+          group=int(args.group) if args.group and args.group.isdigit() else args.group, allow_all=args.allow_all,
+          grants={j: frozenset(s) for j, s in grants.items()}, ready=ready)
     return 0

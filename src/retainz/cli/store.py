@@ -1,7 +1,10 @@
 """``retainz mkfs|ls|put|get|rm|gc|fsck|df``: the store from the command line.
 
 ``DEV`` is a device specification (:func:`retainz.zoned.open_device`): a device-file path for the
-embedded default.  Exit status: 0 success, 1 a failed operation or check, 2 bad input (one line).
+embedded default.  A device file a node service holds (``retainz serve DEV``) is used through the
+service's socket by ls, put, get, rm, gc, fsck and df (job ``$RETAINZ_JOB``, else the whole device:
+docs/node.md); mkfs and fsck --repair need the device itself and say who holds it.  A device a mount
+holds is refused with one line naming the mount point and its pid.  Exit status: 0 success, 1 a failed operation or check, 2 bad input (one line).
 """
 
 from __future__ import annotations
@@ -91,6 +94,29 @@ def _persistent(spec: str) -> None:
                          "it; make a file device (`retainz device create PATH ...`)")
 
 
+def _served(spec: str):
+    """A :class:`~retainz.node.NodeStore` when a node service answers at the device's socket, else
+    ``None``.  Its job: ``$RETAINZ_JOB``, else ``*`` (the whole device: the service's own user; a
+    client of another user is refused it with one line)."""
+    from retainz.node import NodeStore, served
+
+    if spec.startswith(("mem:", "remote:")) or served(spec) is None:
+        return None
+    try:
+        return NodeStore.connect(spec, job=os.environ.get("RETAINZ_JOB", "*"))
+    except (ConnectionRefusedError, FileNotFoundError):    # a stale socket: open the device itself
+        return None
+
+
+def _busy(spec: str) -> StoreLockedError:
+    """The one-line refusal of a device another process holds: who (a mount and where, a node
+    service, a pid), from :func:`retainz.mount.runner.held_message`."""
+    from retainz.mount.runner import held_message
+
+    return StoreLockedError(held_message(spec) if not spec.startswith(("mem:", "remote:", "/dev/")) else
+                            f"{spec}: the store is open in another process (the device is locked)")
+
+
 #: Seconds an open runs before its bar appears (most stores open in well under a second).
 OPEN_BAR_DELAY = 0.5
 
@@ -99,11 +125,13 @@ def _open(spec: str, readonly: bool = False, args=None):
     from retainz.store import Store
 
     _persistent(spec)
-
+    node = _served(spec)
+    if node is not None:
+        return node, node.device
     try:
         dev = open_device(spec, readonly=readonly)
     except DeviceBusyError:
-        raise StoreLockedError(f"{spec}: the store is open in another process (the device is locked)") from None
+        raise _busy(spec) from None
     try:
         with progress.bar(None, "open", args, unit="record", delay=OPEN_BAR_DELAY) as bar:
             return Store.open(dev, readonly=readonly, progress=progress.callback(bar)), dev
@@ -146,7 +174,10 @@ def _mkfs(args) -> int:
 
     _persistent(args.device)
     with interrupt.deferred():
-        return _format(args)
+        try:
+            return _format(args)
+        except DeviceBusyError:
+            raise _busy(args.device) from None
 
 
 def _format(args) -> int:
@@ -175,7 +206,7 @@ def _ls(args) -> int:
             print_json([{"id": g.id, "step": g.step, "size": g.size,
                                "reclaim_step": g.hint.reclaim_step, "condition": g.hint.condition,
                                "shards": [{"name": s.name, "size": s.size, "crc32c": s.crc,
-                                           "extents": len(s.extents)} for s in g.shards.values()]}
+                                           "extents": _extents(s)} for s in g.shards.values()]}
                               for g in gens], indent=2)
             return 0
         for g in gens:
@@ -184,8 +215,13 @@ def _ls(args) -> int:
             if args.long:
                 for s in g.shards.values():
                     crc = "-" if s.crc is None else f"{s.crc:08x}"
-                    print(f"    {s.name}\t{s.size} B\tcrc32c {crc}\t{plural(len(s.extents), 'extent')}")
+                    print(f"    {s.name}\t{s.size} B\tcrc32c {crc}\t{plural(_extents(s), 'extent')}")
     return 0
+
+
+def _extents(s) -> int:
+    """A shard's extent count (a served store's listing carries the count, not the extents)."""
+    return getattr(s, "extent_count", None) or len(s.extents)
 
 
 def _reclaim_text(hint) -> str:
@@ -418,7 +454,7 @@ def _repair(spec: str):
     try:
         dev = open_device(spec)
     except DeviceBusyError:
-        raise StoreLockedError(f"{spec}: the store is open in another process (the device is locked)") from None
+        raise _busy(spec) from None
     try:
         done = dev.repair_metadata() if hasattr(dev, "repair_metadata") else []
         with Store.open(dev, repair=True) as store:

@@ -59,7 +59,7 @@ def is_coordinator() -> bool:
     return int(os.environ.get("RANK", "0") or 0) == 0
 
 
-def _served_store(path: str):
+def _served_store(path: str, job: str | None = None):
     """A :class:`~retainz.node.NodeStore` when a node service listens at the device's socket
     (:func:`retainz.node.socket_path`), else ``None`` (no socket, or a stale one a killed service left:
     the device is then opened directly, and fails busy if the service still holds it)."""
@@ -68,16 +68,16 @@ def _served_store(path: str):
     if served(path) is None:
         return None
     try:
-        return NodeStore.connect(path)
+        return NodeStore.connect(path, job=job)
     except (ConnectionRefusedError, FileNotFoundError):
         return None
 
 
-def _open_store(path: str, geometry, policy: str | None):
+def _open_store(path: str, geometry, policy: str | None, job: str | None = None):
     from retainz.store import Store
     from retainz.zoned import FileDevice
 
-    node = _served_store(path)
+    node = _served_store(path, job)
     if node is not None:
         return node
     if is_device_spec(path):
@@ -132,7 +132,8 @@ def _open_named_device_store(path: str, policy: str | None):
 
 
 @contextlib.contextmanager
-def using(device: Any, *, geometry=None, policy: str | None = None, wait: float = 120.0) -> Iterator[Any]:
+def using(device: Any, *, geometry=None, policy: str | None = None, wait: float = 120.0,
+          job: str | None = None) -> Iterator[Any]:
     """Yield an open store for ``device`` (a store object, or a device file path).
 
     Args:
@@ -143,6 +144,9 @@ def using(device: Any, *, geometry=None, policy: str | None = None, wait: float 
             does not exist.
         policy: placement policy name for ``Store.format``/``Store.open`` (``None``: the store's).
         wait: seconds to keep retrying while another process holds the device.
+        job: the job a node service's client declares (:meth:`retainz.node.NodeStore.connect`; ``None``:
+            ``$RETAINZ_JOB``, else the root series); each job has its own connection.  Ignored when
+            the device is opened directly.
 
     Raises:
         TimeoutError: the device stayed busy for ``wait`` seconds (the message names the device).
@@ -153,16 +157,22 @@ def using(device: Any, *, geometry=None, policy: str | None = None, wait: float 
     path = os.fspath(device)
     if not is_device_spec(path):
         path = os.path.realpath(path)
+    if job is not None:
+        from retainz.node import served
+
+        if served(path) is None:
+            job = None             # opened directly: one store per device in a process, whatever the job
+    key = path if job is None else f"{path}\0{job}"
     deadline = time.monotonic() + wait
     delay = 0.005
     while True:
         with _lock:
-            entry = _open.get(path)
+            entry = _open.get(key)
             if entry is not None:
                 entry[1] += 1
                 break
             try:
-                entry = _open[path] = [_open_store(path, geometry, policy), 1]
+                entry = _open[key] = [_open_store(path, geometry, policy, job), 1]
                 break
             except (DeviceBusyError, StoreLockedError) as e:
                 if time.monotonic() > deadline:
@@ -175,7 +185,7 @@ def using(device: Any, *, geometry=None, policy: str | None = None, wait: float 
         with _lock:
             entry[1] -= 1
             if entry[1] == 0:
-                del _open[path]
+                del _open[key]
                 store = entry[0]
                 device_obj = getattr(store, "device", None)
                 store.close()

@@ -393,7 +393,7 @@ class ZonedStorageWriter(StorageWriter):
         self._release(abort=True)
         store = self._held.enter_context(_stores.using(device_path_for(self.device, self.rank),
                                                        geometry=self.geometry, policy=self.policy,
-                                                       wait=self.wait))
+                                                       wait=self.wait, job=self.series or None))
         self._store = store
         if self.promote is not None and self._promoter is None:
             self._start_promoter()
@@ -738,7 +738,8 @@ class ZonedStorageReader(StorageReader):
         """Read ``.metadata`` of the committed generation on rank 0's device (every rank does; the
         device is opened in turn when ranks run in separate processes)."""
         try:
-            with _stores.using(device_path_for(self.device, 0), wait=self.wait) as store:
+            with _stores.using(device_path_for(self.device, 0), wait=self.wait,
+                                 job=self.series or None) as store:
                 info = self._committed(store, 0)
                 if METADATA_SHARD not in info.shards:
                     raise CheckpointNotFoundError(f"checkpoint {self.checkpoint_id!r}: generation "
@@ -785,7 +786,8 @@ class ZonedStorageReader(StorageReader):
             try:
                 if self.used.get(rank, "local") != "local":
                     raise CheckpointNotFoundError(f"rank {rank}'s metadata came from the durable copy")
-                with _stores.using(device_path_for(self.device, rank), wait=self.wait) as store:
+                with _stores.using(device_path_for(self.device, rank), wait=self.wait,
+                                     job=self.series or None) as store:
                     info = self._committed(store, rank)
                     for shard, reqs in mine:
                         if shard not in info.shards:

@@ -34,7 +34,7 @@ import time
 from retainz.errors import RetainZError
 
 __all__ = ["FuseUnavailableError", "DeviceHeldError", "load_fuse", "serve", "mount", "umount", "is_mounted",
-           "mounted_at", "FSTYPE", "HELD_WAIT"]
+           "mounted_at", "held_message", "lock_holders", "FSTYPE", "HELD_WAIT"]
 
 #: ``/proc/mounts`` type of a RetainZ mount (``fuse.`` + the subtype).
 FSTYPE = "fuse.retainz"
@@ -64,11 +64,60 @@ def mounted_at(device: str) -> list[str]:
     return out
 
 
-def _held_message(device: str) -> str:
+def lock_holders(device: str) -> list[int]:
+    """Pids of the processes holding a ``flock`` on the device file (``/proc/locks``, matched by the
+    file's device and inode); ``[]`` when none or unknown (not Linux, no such file)."""
+    try:
+        st = os.stat(device)
+    except OSError:
+        return []
+    want = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    pids = []
+    with contextlib.suppress(OSError), open("/proc/locks") as f:
+        for line in f:
+            parts = line.split()
+            if "->" in parts:
+                continue                  # a waiter, not a holder
+            if len(parts) > 5 and parts[1] == "FLOCK" and parts[5] == want and parts[4].isdigit():
+                pids.append(int(parts[4]))
+    return sorted(set(pids))
+
+
+def _command_of(pid: int) -> str:
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as f:
+        words = f.read().split(b"\0")
+        text = " ".join(w.decode(errors="replace") for w in words if w)
+        return text[:120]
+    return ""
+
+
+def held_message(device: str) -> str:
+    """One line saying who holds ``device``: the RetainZ mount(s) serving it and where (with the
+    holder's pid), a node service (``retainz serve``, its pid and socket), or the pid and command
+    holding its lock (docs/mount.md, docs/node.md)."""
+    from retainz.node import socket_path
+
     where = mounted_at(device)
-    who = f"it is mounted at {', '.join(where)} (retainz umount it first)" if where else \
-        "another process has it open (a mount still closing, a retainz command or a training job)"
+    pids = lock_holders(device)
+    pid_text = f"pid {', '.join(map(str, pids))}" if pids else "pid unknown"
+    sock = socket_path(device)
+    served = any("serve" in _command_of(p).split() for p in pids) and os.path.exists(sock)
+    if where and not served:
+        who = f"it is mounted at {', '.join(where)} (retainz mount, {pid_text}): use the files there, or " \
+              f"`retainz umount {where[0]}` first"
+    elif served:
+        who = f"a node service holds it (retainz serve, {pid_text}, socket {sock})" + \
+              (f" and it is mounted through it at {', '.join(where)}" if where else "") + \
+              ": this needs the device itself; stop the service first (SIGTERM)"
+    elif pids:
+        who = f"the store is open in another process ({pid_text}: {_command_of(pids[0]) or 'gone'})"
+    else:
+        who = "another process has it open (a mount still closing, a retainz command or a training job)"
     return f"{device}: the device is in use: {who}"
+
+
+def _held_message(device: str) -> str:
+    return held_message(device)
 
 
 def _check_free(device: str) -> None:
@@ -163,7 +212,8 @@ def serve(device: str, mountpoint: str, *, retention: str | None = None, wait: f
         parse_rule(retention)       # a malformed or unknown rule (RULES lists the known ones) is bad input, before mounting
     log = logging.getLogger("retainz.mount")
     try:
-        opened = _stores.using(device, wait=wait)
+        # through a node service the mount shows the whole device (its own user's right), or $RETAINZ_JOB's
+        opened = _stores.using(device, wait=wait, job=os.environ.get("RETAINZ_JOB", "*"))
         store = opened.__enter__()
     except TimeoutError:
         raise DeviceHeldError(_held_message(device)) from None

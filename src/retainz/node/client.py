@@ -115,6 +115,9 @@ class NodeStore:
                                                     zone_capacity=g["zone_capacity"], block_size=g["block_size"],
                                                     max_open=g["max_open"], max_active=g["max_active"]))
         self.uuid = uuidlib.UUID(hello["uuid"])
+        self.job = hello.get("job", job)
+        #: The series folders this client may see and change (``None``: the whole device).
+        self.scope = hello.get("scope")
         self.policy = hello["policy"]
         self.meta_zones = hello["meta_zones"]
         self.gc_reserve_zones = hello["gc_reserve_zones"]
@@ -122,14 +125,19 @@ class NodeStore:
         self.batch = max(self.write_buffer, min(BATCH, hello.get("max_claim", MAX_CLAIM)))
         region = hello["region"]
         self._fd = -1
+        self._writable = False
         self._region = 0
         self._starts: tuple | None = None     # the last extent list indexed (_index)
         if region is not None:
             file, self._region = region
             try:
                 self._fd = os.open(file, os.O_RDWR | os.O_CLOEXEC)
+                self._writable = True
             except PermissionError:
-                self._fd = os.open(file, os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    self._fd = os.open(file, os.O_RDONLY | os.O_CLOEXEC)
+                except PermissionError:   # metadata only: listings, df; reads and writes say why not
+                    self._fd = -1
 
     @classmethod
     def connect(cls, device: str | os.PathLike, *, socket_file: str | None = None, job: str | None = None,
@@ -138,7 +146,10 @@ class NodeStore:
         :func:`~retainz.node.protocol.socket_path`) and say hello.
 
         Args:
-            job: the job (series) this client writes for (default ``$RETAINZ_JOB`` or ``"default"``).
+            job: the job this client writes for: a series folder (``"jobs/a"``), ``""`` the root series, or
+                ``"*"`` the whole device (the service's own user, or a grant); default ``$RETAINZ_JOB``,
+                else the root series.  The client sees and changes only the generations of its job's
+                scope (:mod:`retainz.node.access`).
             retention: the job's retention rule: the service predicts the hint of a generation begun
                 without one from it.
             timeout: seconds every reply may take (``None``: no bound).
@@ -146,6 +157,7 @@ class NodeStore:
         Raises:
             ConnectionRefusedError, FileNotFoundError: no service listens there.
             ProtocolError: the service speaks another protocol, or refused the hello.
+            AccessDeniedError: job ``*`` without the right to it.
         """
         device = os.fspath(device)
         path = socket_file or socket_path(device)
@@ -153,7 +165,9 @@ class NodeStore:
         try:
             sock.settimeout(timeout)
             sock.connect(path)
-            return cls(sock, device, path, job or os.environ.get("RETAINZ_JOB") or "default", retention)
+            if job is None:
+                job = os.environ.get("RETAINZ_JOB", "")
+            return cls(sock, device, path, job, retention)
         except BaseException:
             sock.close()
             raise
@@ -206,20 +220,26 @@ class NodeStore:
     # -- the store contract ------------------------------------------------------------------------
     def begin_generation(self, gen_id: str, step: int, *, hint: Hint | None = None,
                          declared_size: int | None = None, replace: bool = False,
-                         join: str | None = None) -> NodeGenerationWriter:
+                         join: str | None = None, ranks: int | None = None) -> NodeGenerationWriter:
         """Begin a generation in the service (``Store.begin_generation``; admission runs there).
 
         Args:
             join: a token shared by the clients that write this one generation together (the ranks of
                 one DCP save on one device): the first to begin it begins it, the others join the same
                 writer (their shards go into it); one commits it, the others :meth:`~NodeGenerationWriter.leave`.
+            ranks: how many clients join it (default ``$WORLD_SIZE`` with ``join``): until that many have
+                joined, the last to leave leaves it open for the others (a rank that finished before the
+                committer began) instead of aborting it.
 
         Raises:
             GenerationExistsError: as ``Store.begin_generation``; also when other clients write the
                 generation under a different token.
         """
+        if join is not None and ranks is None:
+            world = os.environ.get("WORLD_SIZE", "")
+            ranks = int(world) if world.isdigit() and 0 < int(world) <= 1 << 16 else None
         r = self._call("begin", gen=gen_id, step=step, hint=encode_hint(hint), declared_size=declared_size,
-                       replace=replace or None, join=join)
+                       replace=replace or None, join=join, ranks=ranks if join is not None else None)
         gen = GenerationInfo(id=gen_id, step=step, hint=hint or Hint())
         return NodeGenerationWriter(self, r["writer"], gen, declared_size, joined=join is not None)
 
@@ -257,10 +277,13 @@ class NodeStore:
         d.pop("waf", None)
         return StoreMetrics(**d)
 
-    def gc(self, *, force: bool = False) -> GCReport:
+    def gc(self, *, force: bool = False, progress=None) -> GCReport:
+        """GC in the service (``progress`` is not called: the work runs there)."""
         return GCReport(**self._call("gc", force=force)["report"])
 
-    def fsck(self) -> FsckReport:
+    def fsck(self, *, progress=None) -> FsckReport:
+        """fsck in the service: every extent's crc, the catalog against the zones (``progress`` is
+        not called: the work runs there)."""
         return FsckReport(**self._call("fsck")["report"])
 
     def df(self) -> SpaceReport:
@@ -277,8 +300,8 @@ class NodeStore:
 
     def _pread(self, z: int, off: int, length: int) -> bytes:
         if self._fd < 0:
-            raise ValueError(f"{self.path}: the device file is not readable by this client (the service "
-                             "offers no direct region)")
+            raise PermissionError(f"{self.path}: this client cannot read the device file (its permissions, or "
+                                  "the service offers no direct region)")
         pos = self._region + z * self.zone_size + off
         out = os.pread(self._fd, length, pos)
         while len(out) < length:
@@ -463,8 +486,8 @@ class NodeShardStream:
     def _emit(self, view) -> None:
         """Claim ``view``'s bytes, write each extent, report the crcs."""
         s = self._s
-        if s._fd < 0:
-            raise ValueError(f"{s.path}: the device file is not writable by this client")
+        if not s._writable:
+            raise PermissionError(f"{s.path}: this client cannot write the device file (its permissions)")
         ext = s._call("claim", shard=self._handle, nbytes=len(view))["extents"]
         crcs, p = [], 0
         for z, off, length in ext:

@@ -19,6 +19,7 @@ import math
 import os
 import socket
 import struct
+from dataclasses import dataclass
 
 from retainz import errors
 from retainz.errors import ProtocolError
@@ -197,12 +198,20 @@ def encode_gen(g: GenerationInfo) -> dict:
             "shards": [[s.name, s.size, s.crc, len(s.extents)] for s in g.shards.values()]}
 
 
+@dataclass(slots=True)
+class ServedShardInfo(ShardInfo):
+    """A shard as a served store lists it: its extents stay in the service (``extents`` is empty),
+    ``extent_count`` says how many it has."""
+
+    extent_count: int = 0
+
+
 def decode_gen(d: dict) -> GenerationInfo:
-    """The :class:`GenerationInfo` of :func:`encode_gen` (shards without extents)."""
+    """The :class:`GenerationInfo` of :func:`encode_gen` (shards without extents, with their count)."""
     gen = GenerationInfo(id=d["id"], step=d["step"], hint=decode_hint(d["hint"]) or Hint(),
                          state=GenState(d["state"]), commit_seq=d["commit_seq"])
-    for name, size, crc, _n in d["shards"]:
-        gen.shards[name] = ShardInfo(name, size, crc, ())
+    for name, size, crc, n in d["shards"]:
+        gen.shards[name] = ServedShardInfo(name, size, crc, (), n)
     return gen
 
 

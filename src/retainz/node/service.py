@@ -9,6 +9,10 @@ cross the socket: ``claim`` runs placement for the next bytes of a shard and ans
 bytes there and reports their crc32c (``written``), and the commit flushes the device file (which
 syncs what every client wrote) before its commit record.
 
+Access (:mod:`.access`): each connection declares its job in ``hello``; every request naming a
+generation outside the job's scope is refused (``AccessDeniedError``), listings show only the scope;
+the whole-device job ``*`` is checked against the peer's kernel credentials (``SO_PEERCRED``).
+
 Untrusted input: every field is checked against :mod:`.protocol`'s bounds; a malformed or refused
 request gets an error reply and the connection goes on (a frame that breaks the framing ends the
 connection); a bug answering a request becomes an ``InternalError`` reply, logged, never a crash.
@@ -37,9 +41,11 @@ from retainz.errors import (
     RetainZError,
     ShardNotFoundError,
 )
+from retainz.node.access import Scope, parse_job, scope_for
 from retainz.node.protocol import (
     MAX_CLAIM,
     MAX_CRCS,
+    MAX_NAME,
     MAX_PAGE,
     MAX_REQUEST,
     PROTOCOL,
@@ -75,14 +81,17 @@ class _Shard:
 
 class _Shared:
     """A generation several connections write (``begin`` with a ``join`` token: the ranks of one DCP
-    save on one device): the writer, its token, the sessions holding it."""
+    save on one device): the writer, its token, the sessions holding it, how many clients write it
+    (``ranks``, ``None``: unknown) and how many have joined so far."""
 
-    __slots__ = ("writer", "token", "holders")
+    __slots__ = ("writer", "token", "holders", "ranks", "joins")
 
-    def __init__(self, writer, token: str):
+    def __init__(self, writer, token: str, ranks: int | None):
         self.writer = writer
         self.token = token
         self.holders: set = set()
+        self.ranks = ranks
+        self.joins = 0
 
 
 class _Session:
@@ -92,7 +101,9 @@ class _Session:
         self.service = service
         self.sock = sock
         self.job: str | None = None
+        self.scope: Scope | None = None
         self.retention: str | None = None
+        self.peer = _peer(sock)
         self.writers: dict[int, object] = {}
         self.shards: dict[int, _Shard] = {}
         self._next = 1
@@ -180,17 +191,26 @@ class _Session:
 
     # -- requests ----------------------------------------------------------------------------------
     def hello(self, req: dict) -> dict:
+        if self.job is not None:
+            raise ProtocolError("hello was already said on this connection (its job is fixed: connect again "
+                                "for another job)")
         proto = field(req, "protocol", "int")
         if proto != PROTOCOL:
             raise ProtocolError(f"protocol {proto} is not served (this service speaks {PROTOCOL})")
-        self.job = field(req, "job", "name", default="default")
+        job = field(req, "job", "text", default="")
+        if len(job) > MAX_NAME:
+            raise ProtocolError(f"request 'hello': field 'job' is longer than {MAX_NAME} characters")
+        job = parse_job(job)
         rule = field(req, "retention", "text", default=None)
         if rule:
             from retainz.retention import parse_rule
 
             parse_rule(rule)                    # a malformed rule is refused now, not at a save
-        self.retention = rule or None
         svc = self.service
+        self.scope = scope_for(job, peer_uid=self.peer[1], owner_uid=svc.owner_uid, allow_all=svc.allow_all,
+                               grants=svc.grants)
+        self.job = job
+        self.retention = rule or None
         s, g = svc.store, svc.store.device.geometry
         region = svc.store.device.direct_region()
         return {"protocol": PROTOCOL, "region": list(region) if region else None,
@@ -198,11 +218,13 @@ class _Session:
                              "zone_capacity": g.zone_capacity, "nr_zones": g.nr_zones,
                              "max_open": g.max_open, "max_active": g.max_active},
                 "uuid": str(s.uuid), "policy": s.policy, "meta_zones": s.meta_zones,
-                "gc_reserve_zones": s.gc_reserve_zones, "write_buffer": WRITE_BUFFER, "max_claim": MAX_CLAIM}
+                "gc_reserve_zones": s.gc_reserve_zones, "write_buffer": WRITE_BUFFER, "max_claim": MAX_CLAIM,
+                "job": job, "scope": self.scope.to_json()}
 
     def begin(self, req: dict) -> dict:
         gen = field(req, "gen", "name")
         step = field(req, "step", "int")
+        self.scope.check(gen, "write")
         hint = decode_hint(req.get("hint"))
         if hint is None and self.retention:
             from retainz.retention.online import rule_hint
@@ -211,10 +233,16 @@ class _Session:
         size = field(req, "declared_size", "int", default=None)
         replace = field(req, "replace", "bool", default=False)
         token = field(req, "join", "text", default=None)
+        ranks = field(req, "ranks", "int", default=None, low=1, high=1 << 16)
         h = self._handle()
         svc = self.service
         with svc._lock:        # begin-or-join is one step: two ranks racing to begin both join one writer
             shared = svc._shared.get(gen) if token else None
+            if shared is not None and shared.writer.state.value == "writing" and not shared.holders \
+                    and shared.token != token:
+                shared.writer.abort()      # left by every rank of another run that never committed it
+                del svc._shared[gen]
+                shared = None
             if shared is not None and shared.writer.state.value == "writing":
                 if shared.token != token:
                     raise GenerationExistsError(f"generation {gen!r} is being written by other clients (a "
@@ -223,9 +251,10 @@ class _Session:
             else:
                 w = svc.store.begin_generation(gen, step, hint=hint, declared_size=size, replace=replace)
                 if token:
-                    shared = svc._shared[gen] = _Shared(w, token)
+                    shared = svc._shared[gen] = _Shared(w, token, ranks)
             if token:
                 shared.holders.add(self)
+                shared.joins += 1
         self.writers[h] = w
         return {"writer": h, "joined": bool(token) and len(shared.holders) > 1}
 
@@ -284,15 +313,17 @@ class _Session:
             return {"gen": encode_gen(gen)}
         del self.writers[h]
         if how == "leave":
-            self._unshare(w, h, abort=True)
+            self._unshare(w, h, abort=True, leaving=True)
         else:
             self._unshare(w, h, abort=False)
             w.abort()
         return {}
 
-    def _unshare(self, w, _h: int, *, abort: bool) -> None:
+    def _unshare(self, w, _h: int, *, abort: bool, leaving: bool = False) -> None:
         """This session lets go of ``w``; with ``abort``, the generation is aborted when no other
-        session holds it (a writer begun without a join token has no other holder)."""
+        session holds it (a writer begun without a join token has no other holder) -- unless this
+        session ``leaving`` it was not the last of its ``ranks`` to join: a rank that finished before
+        the coordinator began leaves the generation open for it (a lost connection never does)."""
         svc = self.service
         with svc._lock:
             shared = svc._shared.get(w.id)
@@ -301,6 +332,10 @@ class _Session:
             else:
                 shared.holders.discard(self)
                 last = not shared.holders
+                waiting = (leaving and shared.ranks is not None and shared.joins < shared.ranks
+                           and w.state.value == "writing")
+                if last and waiting:
+                    return                 # kept, with no holder, for the ranks still to come
                 if last or w.state.value != "writing":
                     del svc._shared[w.id]
         if abort and last and w.state.value == "writing":
@@ -318,22 +353,30 @@ class _Session:
         return self._end(req, "leave")
 
     def delete(self, req: dict) -> dict:
-        self.service.store.delete(field(req, "gen", "name"), step=field(req, "step", "int", default=None))
+        gen = field(req, "gen", "name")
+        step = field(req, "step", "int", default=None)
+        self.scope.check(gen, "delete")
+        self.service.store.delete(gen, step=step)
         return {}
 
     def list(self, req: dict) -> dict:
         start = field(req, "start", "int", default=0)
         count = field(req, "count", "int", default=MAX_PAGE, high=MAX_PAGE)
         gens = self.service.store.generations()
+        if not self.scope.everything:
+            gens = [g for g in gens if self.scope.allows(g.id)]
         return {"total": len(gens), "gens": [encode_gen(g) for g in gens[start:start + count]]}
 
     def generation(self, req: dict) -> dict:
-        return {"gen": encode_gen(self.service.store.generation(field(req, "gen", "name")))}
+        gen = field(req, "gen", "name")
+        self.scope.check(gen, "read")
+        return {"gen": encode_gen(self.service.store.generation(gen))}
 
     def locations(self, req: dict) -> dict:
         gen_id, name = field(req, "gen", "name"), field(req, "shard", "name")
         start = field(req, "start", "int", default=0)
         count = field(req, "count", "int", default=MAX_PAGE, high=MAX_PAGE)
+        self.scope.check(gen_id, "read")
         sh = self.service.store.generation(gen_id).shards.get(name)
         if sh is None:
             raise ShardNotFoundError(f"generation {gen_id!r} has no shard {name!r}")
@@ -343,7 +386,10 @@ class _Session:
 
     def update_hint(self, req: dict) -> dict:
         hint = decode_hint(field(req, "hint", "dict"))
-        self.service.store.update_hint(field(req, "gen", "name"), hint, step=field(req, "step", "int", default=None))
+        gen = field(req, "gen", "name")
+        step = field(req, "step", "int", default=None)
+        self.scope.check(gen, "re-hint")
+        self.service.store.update_hint(gen, hint, step=step)
         return {}
 
     def advance(self, req: dict) -> dict:
@@ -391,15 +437,21 @@ class Service:
         path: the socket path (:func:`~retainz.node.protocol.socket_path` of the device).
         mode: the socket's permission bits (0o600: its owner only; 0o660 with ``group`` for a group).
         group: a group name or id to own the socket (``None``: the caller's).
+        allow_all: every client's scope is the whole device (:mod:`.access`).
+        grants: ``{job: {series, ...}}``: more series a job may see and change (``*``: all).
 
     Raises:
         DeviceBusyError: a service already listens on ``path``.
         FileExistsError: ``path`` exists and is not a socket (it is left alone).
     """
 
-    def __init__(self, store: Store, path: str, *, mode: int = 0o600, group: str | int | None = None):
+    def __init__(self, store: Store, path: str, *, mode: int = 0o600, group: str | int | None = None,
+                 allow_all: bool = False, grants: dict[str, frozenset[str]] | None = None):
         self.store = store
         self.path = path
+        self.owner_uid = os.geteuid()
+        self.allow_all = allow_all
+        self.grants = dict(grants or {})
         self._sessions: set[_Session] = set()
         self._shared: dict[str, _Shared] = {}     # generation id -> the joined writer
         self._lock = threading.Lock()
@@ -408,19 +460,25 @@ class Service:
         _clear_stale(path)
         parent = os.path.dirname(path)
         if parent and not os.path.isdir(parent):
-            os.makedirs(parent, mode=0o700, exist_ok=True)
+            os.makedirs(parent, mode=0o700 if group is None else 0o711, exist_ok=True)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        old = os.umask(0o777 & ~mode)
+        old = os.umask(0o177)          # owner-only from the bind on; the group gets it after the chown
         try:
             sock.bind(path)
         finally:
             os.umask(old)
-        os.chmod(path, mode)
-        if group is not None:
-            import grp
+        try:
+            if group is not None:
+                import grp
 
-            gid = group if isinstance(group, int) else grp.getgrnam(group).gr_gid
-            os.chown(path, -1, gid)
+                gid = group if isinstance(group, int) else grp.getgrnam(group).gr_gid
+                os.chown(path, -1, gid)
+            os.chmod(path, mode)
+        except BaseException:
+            sock.close()
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            raise
         sock.listen(64)
         self._sock = sock
 
@@ -479,6 +537,18 @@ class Service:
                 os.unlink(self.path)
 
 
+def _peer(sock: socket.socket) -> tuple[int | None, int | None, int | None]:
+    """The connected client's ``(pid, uid, gid)`` from the kernel (``SO_PEERCRED``; ``None`` each where
+    the platform does not say)."""
+    import struct
+
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        return struct.unpack("3i", raw)
+    except (AttributeError, OSError):
+        return None, None, None
+
+
 def _clear_stale(path: str) -> None:
     """Remove a socket nobody listens on (a killed service's); refuse a live one or a non-socket."""
     try:
@@ -499,7 +569,8 @@ def _clear_stale(path: str) -> None:
 
 
 def serve(device: str, *, socket: str | None = None, policy: str | None = None, mode: int = 0o600,
-          group: str | int | None = None, ready: Callable[[Service], None] | None = None) -> None:
+          group: str | int | None = None, allow_all: bool = False, grants: dict[str, frozenset[str]] | None = None,
+          ready: Callable[[Service], None] | None = None) -> None:
     """Serve the store on the device file ``device`` until SIGTERM or SIGINT (``retainz serve``).
 
     Opens the device (its exclusive lock: no other process opens it directly meanwhile) and the store
@@ -518,7 +589,8 @@ def serve(device: str, *, socket: str | None = None, policy: str | None = None, 
     try:
         store = Store.open(dev, policy=policy)
         try:
-            svc = Service(store, socket or socket_path(device), mode=mode, group=group)
+            svc = Service(store, socket or socket_path(device), mode=mode, group=group, allow_all=allow_all,
+                          grants=grants)
         except BaseException:
             store.close()
             raise
