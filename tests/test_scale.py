@@ -73,6 +73,15 @@ S = scale()
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(autouse=True)
+def _give_the_disk_back(tmp_path):
+    """Each test's device and source files go when it ends: pytest keeps every ``tmp_path`` of a
+    session, and at full size the faces' files together (about 9 x the generation size) would
+    outgrow the disk before the last test runs."""
+    yield
+    shutil.rmtree(tmp_path, ignore_errors=True)
+
+
 def env() -> dict:
     return dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}{os.pathsep}{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
 
