@@ -150,3 +150,40 @@ def test_a_small_fleet_replays_through_the_store(tmp_path):
         assert r["waf"] == pytest.approx((r["host_bytes"] + r["gc_bytes"]) / r["host_bytes"])
     assert res["retainz"]["capacity_stop_step"] is None
     assert 1.0 <= res["retainz"]["waf"] < 1.1
+
+
+def _rec(policy, waf, *, seed=0, stop=None, conc=4, churn=16, p=0.9, geo="zn540"):
+    return {"id": f"fleet-{policy}-{seed}-{conc}-{churn}-{p}-{geo}", "tags": {"experiment": "fleet", "label": geo},
+            "inputs": {"policy": policy, "pressure": p, "trace_seed": seed,
+                       "fleet": {"concurrency": conc, "churn": churn}},
+            "capacity_stop_step": stop, "metrics": {"waf": waf, "peak_live_bytes": 2**40}}
+
+
+def test_the_fleet_map_judges_each_seed_and_states_medians_spreads_and_counts(tmp_path):
+    from retainz.analysis.fleetmap import fleet_claims, fleet_table, map_cells
+    from retainz.analysis.records import Runs
+
+    recs = [
+        _rec("retainz", 1.0, seed=0), _rec("greedy", 1.3, seed=0), _rec("oracle", 0.9, seed=0),   # win +0.3
+        _rec("retainz", 1.0, seed=1), _rec("greedy", 1.01, seed=1),                                # tie
+        _rec("retainz", 1.2, seed=2, stop=40000), _rec("dedicated", 1.1, seed=2),                  # stop
+        _rec("retainz", 1.0, p=0.7), _rec("greedy", 1.0, p=0.7),                                   # other cell: tie
+    ]
+    cells = map_cells(Runs(recs, [], "x"))
+    assert [m.where for m in cells] == [(4, 16, 0.7, "zn540"), (4, 16, 0.9, "zn540")]
+    hot = cells[1]
+    assert sorted(c.outcome for c in hot.cells) == ["lose", "tie", "win"]
+    assert hot.count("lose", "stop") == 1 and hot.margins == pytest.approx([0.3, 0.01])
+    claims: list = []
+    fleet_claims(Runs(recs, [], "x"), claims)
+    got = {c["id"]: c["value"] for c in claims}
+    assert got["fleet.cells"] == 2 and got["fleet.run_cells"] == 4
+    assert (got["fleet.wins"], got["fleet.ties"], got["fleet.losses"]) == (1, 2, 1)
+    assert got["fleet.stops_where_another_completes"] == 1
+    assert got["fleet.max_waf_margin"] == 0.3 and got["fleet.min_waf_margin"] == 0.0
+    assert got["fleet.c4.churn16.zn540.p0.9.median_waf_margin"] == 0.155
+    assert got["fleet.c4.churn16.zn540.p0.9.waf_margin_spread"] == 0.29
+    assert got["fleet.c4.churn16.zn540.p0.9.stops"] == 1
+    (path,) = fleet_table(Runs(recs, [], "x"), str(tmp_path))
+    row = [line for line in open(path) if line.startswith("| 4 | 16 | zn540 | 0.9 |")]
+    assert row == ["| 4 | 16 | zn540 | 0.9 | 3 | +0.155 | +0.010..+0.300 | 1 | 1 | 1 | 1 | 1.000 | 1.100 | 1024 |\n"]
