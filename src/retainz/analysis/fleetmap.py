@@ -93,7 +93,7 @@ def map_cells(runs: Runs) -> list[MapCell]:
 
 def _id(where: tuple) -> str:
     conc, churn, p, geo = where
-    return f"fleet.c{conc:g}.churn{churn:g}.{geo}.p{p:g}"
+    return f"fleet.c{conc:g}.churn{churn:g}.{geo.replace('/', '-')}.p{p:g}"
 
 
 def fleet_claims(runs: Runs, out: list) -> None:
