@@ -206,3 +206,26 @@ def test_zenfs_scans_of_the_open_zones_answer_as_upstreams_scan_of_every_zone(tm
             "capacity_stop_step", "decisions", "generations_committed")
     assert {k: fast[k] for k in keys} == {k: full[k] for k in keys}
     assert fast["decisions"] > 1000 and fast["zones"] > 32
+
+
+@pytest.mark.parametrize("fleet, message", [
+    ({"churn": -1}, "key 'fleet': fleet config: key 'churn': must be > 0"),
+    ({"steps": 100}, "key 'fleet': give 'steps' as the case's own field"),
+    ({"colour": 1}, "key 'fleet': fleet config: key 'colour': unknown key"),
+])
+def test_a_manifests_fleet_case_is_validated_and_named_by_its_whole_config(fleet, message):
+    from retainz.experiments.manifest import ManifestError, expand
+
+    base = {"manifest": "f", "format": 1, "defaults": {"layout": "smollm2-135m-dcp", "rule": "torchtitan",
+            "steps": 20000, "policy": "retainz", "pressure": 0.9, "zone_size": "256MiB", "zone_capacity": "256MiB",
+            "max_active": 14, "max_open": 14}, "blocks": [{"experiment": "fleet", "axes": {"fleet": [{"churn": 4}]}}]}
+    (case,) = expand(base)
+    assert case.inputs["fleet"]["churn"] == 4 and case.inputs["fleet"]["steps"] == 20000
+    assert case.inputs["fleet"]["jobs"] == DEFAULT_CONFIG["jobs"] and "tenants" not in case.inputs
+    assert case.inputs["layout"] == "fleet:concurrency=4,churn=4"
+    assert case.trace.fleet is not None and case.trace.key() != expand({**base, "blocks": [
+        {"experiment": "fleet", "axes": {"fleet": [{"churn": 5}]}}]})[0].trace.key()
+    bad = {**base, "blocks": [{"experiment": "fleet", "axes": {"fleet": [fleet]}}]}
+    with pytest.raises(ManifestError) as e:
+        expand(bad)
+    assert message in str(e.value) and "\n" not in str(e.value)
