@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 TORCH_STAMP := $(VENV)/.torch-$(shell cksum pyproject.toml | cut -d' ' -f1)
 MOUNT_STAMP := $(VENV)/.mount-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: setup main demo test test-scale lint bench bench-placement bench-store bench-replay bench-device vm-setup setup-torch bench-dcp setup-mount bench-mount mutation clean
+.PHONY: setup main fleet demo test test-scale lint bench bench-placement bench-store bench-replay bench-device vm-setup setup-torch bench-dcp setup-mount bench-mount mutation clean
 
 setup: $(STAMP)
 
@@ -22,6 +22,13 @@ $(STAMP): pyproject.toml
 main: setup
 	$(VENV)/bin/retainz run experiments/quick.json -o out/quick --resume
 	$(VENV)/bin/retainz analyze out/quick --out out/quick/analysis
+
+# The fleet regime map (docs/fleet.md): jobs arriving, checkpointing and leaving one node-local device,
+# every practical policy and the oracle; its analysis (fleet_map.md, the fleet.* claims) lands in
+# out/fleet/analysis.
+fleet: setup
+	$(VENV)/bin/retainz run experiments/fleet.json -o out/fleet --resume
+	$(VENV)/bin/retainz analyze out/fleet --out out/fleet/analysis
 
 # A short tour of the embedded default device (a file-backed zoned device).
 demo: setup

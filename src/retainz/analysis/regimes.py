@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from retainz.analysis.claims import add_claim
 from retainz.analysis.records import Runs, base_policy, slug
 
-__all__ = ["EXPERIMENTS", "PRACTICAL", "TIE", "RATIO_BINS", "Cell", "Regime", "cells", "regime_map",
+__all__ = ["EXPERIMENTS", "PRACTICAL", "TIE", "RATIO_BINS", "Cell", "judge", "Regime", "cells", "regime_map",
            "regime_figure", "regime_claims", "ratio_bin"]
 
 #: Experiments whose records form the map (the issue-13 manifests).
@@ -92,7 +92,7 @@ class Cell:
         return [self.retainz] + self.others
 
 
-def _judge(c: Cell) -> None:
+def judge(c: Cell) -> None:
     done = [r for r in c.others if _completes(r)]
     best = min(done, key=lambda r: (r["metrics"]["waf"], r["inputs"]["policy"])) if done else None
     c.best = best["inputs"]["policy"] if best else None
@@ -133,7 +133,7 @@ def cells(runs: Runs) -> list[Cell]:
         ratio = save / longest["inputs"]["zone_capacity"]
         c = Cell(rz[0]["tags"]["experiment"], _tenants(rz[0]), ratio, rz[0]["inputs"]["pressure"], rz[0],
                  sorted(others, key=lambda r: r["inputs"]["policy"]))
-        _judge(c)
+        judge(c)
         out.append(c)
     out.sort(key=lambda c: (c.tenants, c.ratio, c.pressure, c.retainz["id"]))
     return out

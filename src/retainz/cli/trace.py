@@ -3,6 +3,9 @@
 * ``retainz trace layouts`` - the layouts with their files, sizes and sources;
 * ``retainz trace rules`` - the retention rules and their keys;
 * ``retainz trace generate --layout NAME --retention SPEC --steps N [--seed S] [--crash-every N] -o FILE``;
+* ``retainz trace fleet [--config FLEET.json] [--concurrency X] [--churn X] [--steps N] [--seed S] -o FILE`` -
+  jobs arriving, checkpointing and leaving one node-local device (:mod:`retainz.trace.fleet`,
+  docs/fleet.md); ``--show-config`` prints the effective config instead;
 * ``retainz trace validate FILE`` - exit 0 if valid, 2 (bad input) with ``FILE:LINE: what`` if not.
 * ``retainz trace mix A.jsonl B.jsonl ... [--offsets 0,250,...] -o M.jsonl`` - several jobs on one
   device: their traces merged in step order (:mod:`retainz.trace.mix`).
@@ -16,7 +19,7 @@ import os
 import sys
 import time
 
-from retainz.cli import int_arg, plural
+from retainz.cli import UsageError, int_arg, plural
 from retainz.retention import RULES, rule_keys
 from retainz.trace.format import TraceFormatError
 from retainz.trace.generate import write_generated
@@ -53,6 +56,20 @@ def register(sub) -> None:
     q.add_argument("-o", "--output", required=True, help="mixed trace to write ('-' for stdout)")
     q.add_argument("--force", action="store_true", help="overwrite OUTPUT even if it is not a RetainZ trace")
     q.set_defaults(func=_mix)
+
+    q = tsub.add_parser("fleet", help="generate a fleet trace: jobs arriving, checkpointing and leaving one device")
+    q.add_argument("--config", default=None, metavar="FLEET.json",
+                   help="fleet config (docs/fleet.md); default: the built-in config")
+    q.add_argument("--concurrency", type=_positive, default=None, metavar="X",
+                   help="mean jobs running at once (overrides the config)")
+    q.add_argument("--churn", type=_positive, default=None, metavar="X",
+                   help="mean job length / checkpoint interval (overrides the config)")
+    q.add_argument("--steps", type=int_arg(1), default=None, help="steps the trace covers (overrides the config)")
+    q.add_argument("--seed", type=int, default=0, help="fleet seed (default 0)")
+    q.add_argument("-o", "--output", default=None, help="trace file to write ('-' for stdout)")
+    q.add_argument("--show-config", action="store_true", help="print the effective config as JSON and exit")
+    q.add_argument("--force", action="store_true", help="overwrite OUTPUT even if it is not a RetainZ trace")
+    q.set_defaults(func=_fleet)
 
     q = tsub.add_parser("validate", help="validate a trace file")
     q.add_argument("file", help="trace file")
@@ -91,6 +108,41 @@ def _offsets(raw: str) -> list[int]:
     if any(x < 0 for x in out):
         raise argparse.ArgumentTypeError(f"offsets must be >= 0 steps, got {raw!r}")
     return out
+
+
+def _positive(raw: str) -> float:
+    try:
+        v = float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a number") from None
+    if not 0 < v < float("inf"):
+        raise argparse.ArgumentTypeError(f"{raw} must be a positive, finite number")
+    return v
+
+
+def _fleet(args: argparse.Namespace) -> int:
+    from retainz.trace.fleet import DEFAULT_CONFIG, FleetConfig, load_config, write_fleet
+
+    raw = dict(load_config(args.config).raw if args.config else DEFAULT_CONFIG)
+    for key in ("concurrency", "churn", "steps"):
+        if getattr(args, key) is not None:
+            raw[key] = getattr(args, key)
+    config = FleetConfig.from_json(raw)
+    if args.show_config:
+        print(json.dumps(config.to_json(), indent=2))
+        return 0
+    if args.output is None:
+        raise UsageError("retainz trace fleet: the following arguments are required: -o/--output")
+    check_output(args.output, args.force)
+    t0 = time.perf_counter()
+    target = sys.stdout if args.output == "-" else args.output
+    st = write_fleet(target, config, args.seed)
+    causes = ", ".join(f"{n} {k}" for k, n in st.causes.items())
+    print(f"{args.output}: {plural(st.jobs, 'job')} ({causes}; at most {st.peak_jobs} at once), "
+          f"{plural(st.saves, 'save')}, {plural(st.deletes, 'delete')}; {st.bytes_saved:,} B saved, "
+          f"peak live {st.peak_live_bytes:,} B; trace {st.trace_bytes:,} B in {time.perf_counter() - t0:.2f} s",
+          file=sys.stderr if target is sys.stdout else sys.stdout)
+    return 0
 
 
 def _mix(args: argparse.Namespace) -> int:

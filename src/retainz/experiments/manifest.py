@@ -74,13 +74,16 @@ CASE_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "zone_map": ((bool,), "ask replay for the zone-state timeline (zone-map figure)"),
     "tenants": ((list, type(None)), "jobs sharing the device, [{layout, rule, offset}, ...] (their traces "
                 "mixed: retainz trace mix), or null for one job (layout, rule)"),
+    "fleet": ((dict, type(None)), "a fleet of jobs arriving and leaving the device (retainz trace fleet, "
+              "docs/fleet.md): fleet config keys over the default config (steps and scale are the case's), "
+              "or null (default) for one job or tenants"),
     "system": ((str, type(None)), "file-system comparison in the QEMU guest (device guest): retainz (the "
                                   "store with `policy` on the raw namespace), btrfs, "
                                   "btrfs:bg_reclaim_threshold=N or f2fs; null (default) for a store replay"),
 }
 #: Fields added after format 1 that stay out of a case's inputs (and so out of its id) while they hold
 #: their default, so the ids of the cases recorded before them do not change.
-OPTIONAL_FIELDS = ("system",)
+OPTIONAL_FIELDS = ("system", "fleet")
 
 #: Defaults below every manifest's own defaults.
 CASE_DEFAULTS: dict[str, Any] = {
@@ -96,6 +99,7 @@ CASE_DEFAULTS: dict[str, Any] = {
     "zone_map": False,
     "tenants": None,
     "system": None,
+    "fleet": None,
 }
 
 
@@ -121,7 +125,8 @@ class TraceSpec:
     Attributes: layout, rule, steps, seed (the trace seed) and scale (``"1"`` or ``"1/1024"``);
     tenants: ``((layout, rule, offset), ...)`` for jobs sharing the device, or ``None``: job ``j``
     trains ``steps - offset`` steps from its offset (seed ``seed + j``), and the jobs' traces are
-    mixed by :func:`retainz.trace.mix.mix`, so the mix spans ``steps``.
+    mixed by :func:`retainz.trace.mix.mix`, so the mix spans ``steps``; fleet: the canonical JSON of
+    a whole fleet config (:mod:`retainz.trace.fleet`; ``seed`` is the fleet's seed), or ``None``.
     """
 
     layout: str
@@ -130,12 +135,14 @@ class TraceSpec:
     seed: int
     scale: str
     tenants: tuple | None = None
+    fleet: str | None = None
 
     def key(self) -> str:
         """16 hex digits of sha256 over the spec: the trace's cache name."""
         d = dict(self.__dict__)
-        if d["tenants"] is None:
-            del d["tenants"]      # one job: the key it always had
+        for k in ("tenants", "fleet"):
+            if d[k] is None:
+                del d[k]          # one job: the key it always had
         return hashlib.sha256(canonical_json(d).encode()).hexdigest()[:16]
 
 
@@ -159,8 +166,10 @@ class Case:
     def trace(self) -> TraceSpec:
         i = self.inputs
         ten = i.get("tenants")
+        fleet = i.get("fleet")
         return TraceSpec(i["layout"], i["rule"], i["steps"], i["trace_seed"], i["scale"],
-                         None if ten is None else tuple((t["layout"], t["rule"], t["offset"]) for t in ten))
+                         None if ten is None else tuple((t["layout"], t["rule"], t["offset"]) for t in ten),
+                         None if fleet is None else canonical_json(fleet))
 
     def to_dict(self) -> dict:
         return {"id": self.id, "manifest": self.manifest, "tags": dict(self.tags), "inputs": dict(self.inputs)}
@@ -268,7 +277,9 @@ def _normalize(where: str, case: dict) -> dict:
     if c["reserve_zones"] < 0:
         raise ManifestError(f"{where}: key 'reserve_zones' must be >= 0, got {c['reserve_zones']!r}")
     _check_policy(where, c["policy"])
-    if c["tenants"] is None:
+    if c["fleet"] is not None:
+        _fleet(where, c)
+    elif c["tenants"] is None:
         del c["tenants"]          # one job: the inputs (and so the case id) it always had
         _check_trace_spec(where, "layout", c["layout"])
         _check_trace_spec(where, "rule", c["rule"])
@@ -290,6 +301,26 @@ def _normalize(where: str, case: dict) -> dict:
         if c[k] == CASE_DEFAULTS[k]:
             del c[k]
     return c
+
+
+def _fleet(where: str, c: dict) -> None:
+    """A fleet case: its config validated and made whole (the case's steps and scale in it), so the
+    case's inputs (and id) name every number its trace depends on."""
+    from retainz.trace.fleet import DEFAULT_CONFIG, FleetConfig
+
+    if c["tenants"] is not None:
+        raise ManifestError(f"{where}: key 'fleet': a fleet case has no 'tenants' (the fleet draws its jobs)")
+    for k in ("steps", "scale"):
+        if k in c["fleet"]:
+            raise ManifestError(f"{where}: key 'fleet': give {k!r} as the case's own field, not in the fleet config")
+    try:
+        cfg = FleetConfig.from_json({**DEFAULT_CONFIG, **c["fleet"], "steps": c["steps"], "scale": c["scale"]})
+    except ValueError as e:
+        raise ManifestError(f"{where}: key 'fleet': {e}") from None
+    c["fleet"] = cfg.to_json()
+    del c["tenants"]
+    c["layout"] = f"fleet:concurrency={cfg.raw['concurrency']:g},churn={cfg.raw['churn']:g}"
+    c["rule"] = "fleet:" + ";".join(r["rule"].split(":")[0] for r in cfg.raw["runtimes"])
 
 
 def _check_system(where: str, c: dict) -> None:

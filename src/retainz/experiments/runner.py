@@ -73,6 +73,13 @@ class RetainZBackend(Backend):
     def generate_trace(self, spec: TraceSpec, path: str) -> None:
         from retainz.trace.generate import write_generated
 
+        if spec.fleet is not None:
+            import json
+
+            from retainz.trace.fleet import FleetConfig, write_fleet
+
+            write_fleet(path, FleetConfig.from_json(json.loads(spec.fleet)), seed=spec.seed)
+            return
         if spec.tenants is None:
             write_generated(path, scaled_layout(spec.layout, spec.scale), spec.rule, spec.steps, seed=spec.seed)
             return

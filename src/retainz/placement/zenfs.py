@@ -200,13 +200,21 @@ class ZenFS(Allocator):
         return min(t.max_active, t.max_active + t.reserved_active - self.reserved_zones)
 
     # -- the scans (all zones, ascending) -----------------------------------------------------------
+    # Upstream scans every zone; only zones in ``table.open`` (holding data, not full: the table's
+    # IMP_OPEN) can match, so the scans visit those, in ascending index as upstream does: the same
+    # answers at O(active zones) instead of O(zones) per extent (a 17,000-zone fleet device spent 98 %
+    # of its replay in the full scan).
+    def _open_ascending(self):
+        t = self.table
+        return (t.open[i] for i in sorted(t.open))
+
     def best_open_match(self, lifetime: int, min_capacity: int = 0,
                         exclude: frozenset[int] | set[int] = frozenset()) -> tuple[int | None, int]:
         """``GetBestOpenZoneMatch``: among zones with live data, not full and with at least
         ``min_capacity`` bytes left, the one of least lifetime difference; equal differences go to
         the LAST zone scanned.  Returns ``(zone or None, best difference)`` (100 when none)."""
         best, cand = LIFETIME_DIFF_NOT_GOOD, None
-        for s in self.table.zones.values():
+        for s in self._open_ascending():
             if (s.live > 0 and s.cond != ZoneCond.FULL and s.capacity - s.written >= min_capacity
                     and s.index not in exclude):
                 diff = lifetime_diff(s.lifetime, lifetime)
@@ -220,14 +228,14 @@ class ZenFS(Allocator):
         thr = self.finish_threshold
         if not thr:
             return []
-        return [s.index for s in self.table.zones.values()
+        return [s.index for s in self._open_ascending()
                 if s.cond == ZoneCond.IMP_OPEN and s.capacity - s.written < s.capacity * thr // 100]
 
     def cheapest_zone(self, exclude: set[int]) -> int | None:
         """``FinishCheapestIOZone``'s victim: the non-empty, non-full zone with the least remaining
         capacity; ties go to the FIRST zone scanned."""
         victim, least = None, None
-        for s in self.table.zones.values():
+        for s in self._open_ascending():
             if s.cond == ZoneCond.IMP_OPEN and s.index not in exclude:
                 rem = s.capacity - s.written
                 if least is None or rem < least:

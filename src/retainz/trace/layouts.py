@@ -14,6 +14,7 @@ name                        what
                             ``pytorch_model.bin`` (measured: 2,090,751,965 bytes)
 ``llama3-8b-fsdp[:ranks=N]`` Llama-3-8B under TorchTitan FSDP2, DCP ``__{rank}_0.distcp`` per rank
                             + ``.metadata`` (computed; ``param_dtype=fp32|bf16``)
+``llama3-70b-fsdp[:ranks=N]`` Llama-3-70B, the same layout rule (computed)
 ==========================  ==================================================================
 """
 
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from retainz.spec import parse_spec
 
 __all__ = ["ShardSpec", "Layout", "LAYOUTS", "get_layout", "list_layouts",
-           "pythia_1b_params", "llama3_8b_tensors"]
+           "pythia_1b_params", "llama3_8b_tensors", "llama3_tensors"]
 
 
 @dataclass(frozen=True)
@@ -185,14 +186,23 @@ def _pythia(params: dict[str, str]) -> Layout:
 # -- Llama-3-8B, TorchTitan FSDP2 + DCP -------------------------------------------------------------
 
 LLAMA_LAYERS, LLAMA_DIM, LLAMA_FFN, LLAMA_HEADS, LLAMA_KV_HEADS, LLAMA_VOCAB = 32, 4096, 14336, 32, 8, 128256
+#: Llama-3 architectures (Meta's published params.json / HF config.json): layers, dim, FFN hidden, heads,
+#: KV heads, vocabulary.  8B: 32/4096/14336/32/8/128256; 70B: 80/8192/28672/64/8/128256.
+LLAMA3_ARCH = {"8b": (32, 4096, 14336, 32, 8, 128256), "70b": (80, 8192, 28672, 64, 8, 128256)}
 
 
-def llama3_8b_tensors() -> list[tuple[str, tuple[int, ...]]]:
-    """TorchTitan's Llama-3-8B parameters: (name, shape), 291 tensors, 8,030,261,248 parameters."""
-    d, f, v = LLAMA_DIM, LLAMA_FFN, LLAMA_VOCAB
-    kv = LLAMA_KV_HEADS * (d // LLAMA_HEADS)  # 8 KV heads x head_dim 128 = 1024
+def llama3_tensors(size: str = "8b") -> list[tuple[str, tuple[int, ...]]]:
+    """TorchTitan's Llama-3 parameters for ``size`` (``"8b"`` or ``"70b"``): (name, shape) in order.
+
+    8B: 291 tensors, 8,030,261,248 parameters; 70B: 723 tensors, 70,553,706,496 parameters (the
+    published counts).
+
+    Raises:
+        KeyError: an unknown size."""
+    layers, d, f, heads, kv_heads, v = LLAMA3_ARCH[size]
+    kv = kv_heads * (d // heads)  # 8 KV heads x head_dim 128 = 1024
     out: list[tuple[str, tuple[int, ...]]] = [("tok_embeddings.weight", (v, d))]
-    for i in range(LLAMA_LAYERS):
+    for i in range(layers):
         p = f"layers.{i}."
         out += [(p + "attention.wq.weight", (d, d)), (p + "attention.wk.weight", (kv, d)),
                 (p + "attention.wv.weight", (kv, d)), (p + "attention.wo.weight", (d, d)),
@@ -203,21 +213,28 @@ def llama3_8b_tensors() -> list[tuple[str, tuple[int, ...]]]:
     return out
 
 
+def llama3_8b_tensors() -> list[tuple[str, tuple[int, ...]]]:
+    """TorchTitan's Llama-3-8B parameters: (name, shape), 291 tensors, 8,030,261,248 parameters."""
+    return llama3_tensors("8b")
+
+
 def _rows_on_rank(rows: int, ranks: int, rank: int) -> int:
     """Rows of a dim-0 FSDP2 shard (torch.chunk: ceil(rows / ranks) per rank, the remainder last)."""
     chunk = -(-rows // ranks)
     return max(0, min(chunk, rows - rank * chunk))
 
 
-def _llama(params: dict[str, str]) -> Layout:
-    ranks = _int_param("llama3-8b-fsdp", params, "ranks", 8, {"ranks", "param_dtype"})
+def _llama(params: dict[str, str], size: str = "8b") -> Layout:
+    base = f"llama3-{size}-fsdp"
+    ranks = _int_param(base, params, "ranks", 8, {"ranks", "param_dtype"})
     dtype = params.get("param_dtype", "fp32")
     if dtype not in ("fp32", "bf16"):
-        raise ValueError(f"layout llama3-8b-fsdp: param_dtype must be fp32 or bf16, got {dtype!r}")
+        raise ValueError(f"layout {base}: param_dtype must be fp32 or bf16, got {dtype!r}")
     pbytes = 4 if dtype == "fp32" else 2
-    tensors = llama3_8b_tensors()
+    tensors = llama3_tensors(size)
     total_params = sum(_numel(s) for _, s in tensors)
-    assert len(tensors) == 291 and total_params == 8_030_261_248
+    assert (len(tensors), total_params) in ((291, 8_030_261_248), (723, 70_553_706_496))
+    layers, dim, ffn, heads, kv_heads, vocab = LLAMA3_ARCH[size]
     n = len(tensors)
     shards, model_only = [], []
     for r in range(ranks):
@@ -242,10 +259,11 @@ def _llama(params: dict[str, str]) -> Layout:
                             f"{DCP_METADATA_PER_CHUNK} B per chunk entry (from the measured SmolLM2 .metadata)"))
     model_only.append(ShardSpec(".metadata", n * ranks * DCP_METADATA_PER_CHUNK,
                                 f"computed (rough): {n} items x {ranks} chunks x {DCP_METADATA_PER_CHUNK} B"))
-    name = f"llama3-8b-fsdp:ranks={ranks}" + (f",param_dtype={dtype}" if dtype != "fp32" else "")
+    name = f"{base}:ranks={ranks}" + (f",param_dtype={dtype}" if dtype != "fp32" else "")
     return Layout(
         name,
-        f"Llama-3-8B (32 layers, dim 4096, FFN 14336, 32 heads / 8 KV, vocab 128256, untied), TorchTitan FSDP2 over "
+        f"Llama-3-{size.upper()} ({layers} layers, dim {dim}, FFN {ffn}, {heads} heads / {kv_heads} KV, vocab {vocab}, "
+        f"untied), TorchTitan FSDP2 over "
         f"{ranks} ranks, {dtype} params + fp32 AdamW, DCP FileSystemWriter",
         "computed from architecture",
         tuple(shards), tuple(model_only),
@@ -295,6 +313,8 @@ LAYOUTS = {
     "smollm2-135m-dcp": (_smollm2, "SmolLM2-135M model + AdamW under torch DCP, 1 rank (measured)"),
     "pythia-1b": (_pythia, "Pythia-1B GPT-NeoX layer files + ZeRO-1 shards (computed); pytorch_model.bin (measured)"),
     "llama3-8b-fsdp": (_llama, "Llama-3-8B TorchTitan FSDP2 DCP over N ranks (computed); :ranks=N,param_dtype=fp32|bf16"),
+    "llama3-70b-fsdp": (lambda p: _llama(p, "70b"),
+                        "Llama-3-70B TorchTitan FSDP2 DCP over N ranks (computed); :ranks=N,param_dtype=fp32|bf16"),
 }
 
 

@@ -44,7 +44,7 @@ from retainz.trace.format import (
 )
 from retainz.trace.io import TraceReader, TraceWriter, sha256_file
 
-__all__ = ["mix", "MixStats"]
+__all__ = ["mix", "MixStats", "shift_hint"]
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,10 @@ def _shift(v, offset: int):
     return v + offset
 
 
-def _shift_hint(h: Hint | None, offset: int) -> Hint | None:
+def shift_hint(h: Hint | None, offset: int) -> Hint | None:
+    """A save's hint with every step in it (the predicted reclaim step, the condition's ``at``,
+    ``earliest`` and ``expected``) moved by ``offset`` steps: a job that starts ``offset`` steps into a
+    shared trace.  ``None`` and infinite steps stay as they are."""
     if h is None or offset == 0:
         return h
     cond = parse_condition(h.condition)
@@ -135,7 +138,7 @@ def mix(paths: Sequence[str], target, *, offsets: Sequence[int] | None = None) -
                     g = renum[(job, ev.gen)] = len(renum)
                     saves += 1
                     w.write(replace(ev, step=step, gen=g, name=f"j{job}:{ev.name}",
-                                    hint=_shift_hint(ev.hint, offsets[job])))
+                                    hint=shift_hint(ev.hint, offsets[job])))
                 elif isinstance(ev, CommitEvent):
                     w.write(CommitEvent(step, renum[(job, ev.gen)]))
                 elif isinstance(ev, DeleteEvent):

@@ -1,0 +1,231 @@
+"""The fleet workload generator (retainz.trace.fleet, `retainz trace fleet`): determinism, config
+validation, traces that validate, and a small fleet replayed through the real store."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+
+import pytest
+
+from retainz.cli import main
+from retainz.trace.fleet import DEFAULT_CONFIG, FleetConfig, draw_jobs, node_layout, write_fleet
+from retainz.trace.format import DeleteEvent, SaveEvent
+from retainz.trace.io import TraceReader
+from retainz.trace.layouts import get_layout
+
+#: A small fleet: SmolLM2 and one-node Pythia jobs only, so a replay takes a second.
+SMALL = {"steps": 20000, "concurrency": 3, "churn": 6, "interval": 500,
+         "jobs": [{"model": "smollm2-135m", "gpus": 1, "weight": 3}, {"model": "pythia-1b", "gpus": 8, "weight": 1}]}
+
+
+def _digest(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_same_config_and_seed_give_the_same_bytes_and_another_seed_does_not(tmp_path):
+    cfg = FleetConfig.from_json(SMALL)
+    a, b, c = tmp_path / "a.jsonl", tmp_path / "b.jsonl", tmp_path / "c.jsonl"
+    write_fleet(str(a), cfg, seed=7)
+    write_fleet(str(b), FleetConfig.from_json(json.loads(json.dumps(SMALL))), seed=7)
+    write_fleet(str(c), cfg, seed=8)
+    assert _digest(a) == _digest(b)
+    assert _digest(a) != _digest(c)
+
+
+def test_cli_writes_the_same_trace_as_the_library(tmp_path):
+    cfg_file = tmp_path / "fleet.json"
+    cfg_file.write_text(json.dumps(SMALL))
+    out = tmp_path / "cli.jsonl"
+    assert main(["trace", "fleet", "--config", str(cfg_file), "--seed", "3", "-o", str(out)]) == 0
+    lib = tmp_path / "lib.jsonl"
+    write_fleet(str(lib), FleetConfig.from_json(SMALL), seed=3)
+    assert _digest(out) == _digest(lib)
+    assert main(["trace", "validate", str(out)]) == 0
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"fleet": 2}, "fleet config: key 'fleet': format version must be 1, got 2"),
+    ({"concurrency": 0}, "fleet config: key 'concurrency': must be > 0 and <= 1024, got 0"),
+    ({"churn": "8"}, "fleet config: key 'churn': must be a number, got \"8\""),
+    ({"steps": 1.5}, "fleet config: key 'steps': must be an integer, got 1.5"),
+    ({"colour": 1}, "fleet config: key 'colour': unknown key"),
+    ({"jobs": []}, "fleet config: key 'jobs': must be a non-empty list"),
+    ({"jobs": [{"model": "gpt-9", "gpus": 1, "weight": 1}]}, "key 'jobs': entry 0: unknown model \"gpt-9\""),
+    ({"jobs": [{"model": "smollm2-135m", "gpus": 4, "weight": 1}]}, "one-rank layout: gpus must be 1, got 4"),
+    ({"jobs": [{"model": "llama3-8b", "gpus": 8}]}, "key 'jobs': entry 0: missing key 'weight'"),
+    ({"jobs": [{"model": "llama3-8b", "gpus": 8, "weight": -1}]}, "weight must be a number >= 0, got -1"),
+    ({"runtimes": [{"rule": "torchtitan:interval={interval},keep=3", "weight": 1}]}, "key 'runtimes': entry 0:"),
+    ({"runtimes": [{"rule": "nosuch:x={interval}", "weight": 1}]}, "key 'runtimes': entry 0:"),
+    ({"end": {"crashed": {"weight": 1, "linger": 0}}}, "key 'end': unknown cause \"crashed\""),
+    ({"end": {"failed": {"weight": 1, "linger": -5}}}, "failed: linger must be a number of steps >= 0, got -5"),
+    ({"interval_factors": [[0, 1]]}, "key 'interval_factors': must be a non-empty list of [factor > 0"),
+    ({"scale": "2"}, "key 'scale': must be in (0, 1], got 2"),
+])
+def test_bad_config_fields_are_one_line_errors_with_exit_status_2(tmp_path, capsys, override, message):
+    with pytest.raises(ValueError) as e:
+        FleetConfig.from_json({**SMALL, **override})
+    assert message in str(e.value) and "\n" not in str(e.value)
+    cfg_file = tmp_path / "bad.json"
+    cfg_file.write_text(json.dumps({**SMALL, **override}))
+    assert main(["trace", "fleet", "--config", str(cfg_file), "-o", str(tmp_path / "t.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and not (tmp_path / "t.jsonl").exists()
+
+
+def test_a_config_that_is_not_json_is_a_one_line_error(tmp_path, capsys):
+    cfg_file = tmp_path / "bad.json"
+    cfg_file.write_text("{concurrency: 4}")
+    assert main(["trace", "fleet", "--config", str(cfg_file), "-o", str(tmp_path / "t.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert "fleet config is not valid JSON" in err and err.count("\n") == 1
+
+
+def test_jobs_follow_the_config_little_law_and_end_causes():
+    cfg = FleetConfig.from_json({**DEFAULT_CONFIG, "steps": 400000, "concurrency": 4, "churn": 10})
+    jobs = draw_jobs(cfg, seed=1)
+    # Little's law: mean running jobs = arrival rate x mean length; the job-steps over the horizon say it
+    busy = sum(min(j.end, 400000) - j.start for j in jobs) / 400000
+    assert 2.0 < busy < 4.5           # ended early (failed, preempted) jobs run less than planned
+    planned = sum(j.planned for j in jobs) / len(jobs)
+    assert 0.7 * cfg.mean_length < planned < 1.3 * cfg.mean_length
+    share = {c: sum(j.cause == c for j in jobs) / len(jobs) for c in ("finished", "failed", "preempted")}
+    assert abs(share["finished"] - 0.5) < 0.1 and abs(share["failed"] - 0.4) < 0.1
+    for j in jobs:
+        assert j.end == j.start + j.planned if j.cause == "finished" else j.start < j.end <= j.start + j.planned
+        assert j.cleanup is None or j.cleanup >= j.end
+        assert j.nodes == math.ceil(j.gpus / 8)
+
+
+def test_node_layout_keeps_the_first_nodes_ranks_and_the_rankless_files():
+    lay = node_layout(get_layout("llama3-70b-fsdp:ranks=64"), 64, 8)
+    names = [s.name for s in lay.shards]
+    assert names == [f"__{r}_0.distcp" for r in range(8)] + [".metadata"]
+    assert lay.name == "llama3-70b-fsdp:ranks=64@node=0/8"
+    full = get_layout("llama3-70b-fsdp:ranks=64")
+    assert lay.total_bytes == sum(s.nbytes for s in full.shards if s.name in names)
+    assert 100e9 < lay.total_bytes < 110e9      # 70.55e9 params x 12 B / 64 ranks x 8 ranks = 105.8 GB
+    py = node_layout(get_layout("pythia-1b:dp=16"), 16, 8)
+    assert sum(n.startswith("zero_pp_rank_") for n in (s.name for s in py.shards)) == 8
+    assert "layer_00-model_00-model_states.pt" in {s.name for s in py.shards}
+    one = get_layout("llama3-8b-fsdp:ranks=8")
+    assert node_layout(one, 8, 8) is one
+
+
+def test_every_checkpoint_a_job_leaves_is_deleted_at_its_cleanup_and_hints_are_the_runtimes(tmp_path):
+    out = tmp_path / "f.jsonl"
+    st = write_fleet(str(out), FleetConfig.from_json(SMALL), seed=2)
+    with TraceReader(str(out)) as r:
+        jobs = {j["job"]: j for j in r.header.layout["jobs"]}
+        events = list(r)
+    saves = [e for e in events if isinstance(e, SaveEvent)]
+    assert st.saves == len(saves) and st.deletes == sum(isinstance(e, DeleteEvent) for e in events)
+    assert st.jobs == len(jobs) > 5
+    deleted = {e.gen: e.step for e in events if isinstance(e, DeleteEvent)}
+    for s in saves:
+        job = jobs[int(s.name.split(":")[0][1:])]
+        assert job["start"] <= s.step < max(job["end"], job["start"] + 1) or s.step == job["end"]
+        assert s.hint is not None                   # the runtime's own save-time hint
+        if job["cleanup"] is not None:
+            assert deleted[s.gen] <= job["cleanup"]  # nothing of a cleaned-up job survives
+        else:
+            assert s.gen not in deleted or deleted[s.gen] <= 20000
+
+
+def test_a_small_fleet_replays_through_the_store(tmp_path):
+    from retainz.trace.replay import ReplayConfig, replay
+
+    out = tmp_path / "f.jsonl"
+    st = write_fleet(str(out), FleetConfig.from_json(SMALL), seed=0)
+    res = {p: replay(str(out), ReplayConfig(policy=p, pressure=0.9, reserve_zones=4, zone_size=512 << 20,
+                                            zone_capacity=282_329_088, max_active=14, max_open=14))
+           for p in ("retainz", "greedy")}
+    for r in res.values():
+        assert r["peak_live_bytes"] >= st.peak_live_bytes      # block-rounded
+        assert r["peak_live_bytes"] < st.peak_live_bytes + st.saves * 70 * 4096
+        assert r["generations_committed"] == st.saves
+        assert r["host_bytes"] >= st.bytes_saved
+        assert 0.85 < r["effective_pressure"] <= 0.9
+        assert r["waf"] == pytest.approx((r["host_bytes"] + r["gc_bytes"]) / r["host_bytes"])
+    assert res["retainz"]["capacity_stop_step"] is None
+    assert 1.0 <= res["retainz"]["waf"] < 1.1
+
+
+def _rec(policy, waf, *, seed=0, stop=None, conc=4, churn=16, p=0.9, geo="zn540"):
+    return {"id": f"fleet-{policy}-{seed}-{conc}-{churn}-{p}-{geo}", "tags": {"experiment": "fleet", "label": geo},
+            "inputs": {"policy": policy, "pressure": p, "trace_seed": seed,
+                       "fleet": {"concurrency": conc, "churn": churn}},
+            "capacity_stop_step": stop, "metrics": {"waf": waf, "peak_live_bytes": 2**40}}
+
+
+def test_the_fleet_map_judges_each_seed_and_states_medians_spreads_and_counts(tmp_path):
+    from retainz.analysis.fleetmap import fleet_claims, fleet_table, map_cells
+    from retainz.analysis.records import Runs
+
+    recs = [
+        _rec("retainz", 1.0, seed=0), _rec("greedy", 1.3, seed=0), _rec("oracle", 0.9, seed=0),   # win +0.3
+        _rec("retainz", 1.0, seed=1), _rec("greedy", 1.01, seed=1),                                # tie
+        _rec("retainz", 1.2, seed=2, stop=40000), _rec("dedicated", 1.1, seed=2),                  # stop
+        _rec("retainz", 1.0, p=0.7), _rec("greedy", 1.0, p=0.7),                                   # other cell: tie
+    ]
+    cells = map_cells(Runs(recs, [], "x"))
+    assert [m.where for m in cells] == [(4, 16, 0.7, "zn540"), (4, 16, 0.9, "zn540")]
+    hot = cells[1]
+    assert sorted(c.outcome for c in hot.cells) == ["lose", "tie", "win"]
+    assert hot.count("lose", "stop") == 1 and hot.margins == pytest.approx([0.3, 0.01])
+    claims: list = []
+    fleet_claims(Runs(recs, [], "x"), claims)
+    got = {c["id"]: c["value"] for c in claims}
+    assert got["fleet.cells"] == 2 and got["fleet.run_cells"] == 4
+    assert (got["fleet.wins"], got["fleet.ties"], got["fleet.losses"]) == (1, 2, 1)
+    assert got["fleet.stops_where_another_completes"] == 1
+    assert got["fleet.max_waf_margin"] == 0.3 and got["fleet.min_waf_margin"] == 0.0
+    assert got["fleet.c4.churn16.zn540.p0.9.median_waf_margin"] == 0.155
+    assert got["fleet.c4.churn16.zn540.p0.9.waf_margin_spread"] == 0.29
+    assert got["fleet.c4.churn16.zn540.p0.9.stops"] == 1
+    (path,) = fleet_table(Runs(recs, [], "x"), str(tmp_path))
+    row = [line for line in open(path) if line.startswith("| 4 | 16 | zn540 | 0.9 |")]
+    assert row == ["| 4 | 16 | zn540 | 0.9 | 3 | +0.155 | +0.010..+0.300 | 1 | 1 | 1 | 1 | 1.000 | 1.100 | 1024 |\n"]
+
+
+def test_zenfs_scans_of_the_open_zones_answer_as_upstreams_scan_of_every_zone(tmp_path, monkeypatch):
+    """ZenFS-Alloc visits only the open zones (its speed-up for fleet-sized devices); a replay with the
+    upstream-shaped scan over every zone, ascending, must give the same outcome, decision for decision."""
+    from retainz.placement.zenfs import ZenFS
+    from retainz.trace.replay import ReplayConfig, replay
+
+    out = tmp_path / "f.jsonl"
+    write_fleet(str(out), FleetConfig.from_json({**SMALL, "concurrency": 6}), seed=4)
+    cfg = ReplayConfig(policy="zenfs", pressure=0.97, reserve_zones=4, zone_size=256 << 20, zone_capacity=256 << 20,
+                       max_active=14, max_open=14)
+    fast = replay(str(out), cfg)
+    monkeypatch.setattr(ZenFS, "_open_ascending", lambda self: iter(self.table.zones.values()))
+    full = replay(str(out), cfg)
+    keys = ("host_bytes", "gc_bytes", "resets", "finishes", "dead_space_byte_steps", "unused_capacity_bytes",
+            "capacity_stop_step", "decisions", "generations_committed")
+    assert {k: fast[k] for k in keys} == {k: full[k] for k in keys}
+    assert fast["decisions"] > 1000 and fast["zones"] > 32
+
+
+@pytest.mark.parametrize("fleet, message", [
+    ({"churn": -1}, "key 'fleet': fleet config: key 'churn': must be > 0"),
+    ({"steps": 100}, "key 'fleet': give 'steps' as the case's own field"),
+    ({"colour": 1}, "key 'fleet': fleet config: key 'colour': unknown key"),
+])
+def test_a_manifests_fleet_case_is_validated_and_named_by_its_whole_config(fleet, message):
+    from retainz.experiments.manifest import ManifestError, expand
+
+    base = {"manifest": "f", "format": 1, "defaults": {"layout": "smollm2-135m-dcp", "rule": "torchtitan",
+            "steps": 20000, "policy": "retainz", "pressure": 0.9, "zone_size": "256MiB", "zone_capacity": "256MiB",
+            "max_active": 14, "max_open": 14}, "blocks": [{"experiment": "fleet", "axes": {"fleet": [{"churn": 4}]}}]}
+    (case,) = expand(base)
+    assert case.inputs["fleet"]["churn"] == 4 and case.inputs["fleet"]["steps"] == 20000
+    assert case.inputs["fleet"]["jobs"] == DEFAULT_CONFIG["jobs"] and "tenants" not in case.inputs
+    assert case.inputs["layout"] == "fleet:concurrency=4,churn=4"
+    assert case.trace.fleet is not None and case.trace.key() != expand({**base, "blocks": [
+        {"experiment": "fleet", "axes": {"fleet": [{"churn": 5}]}}]})[0].trace.key()
+    bad = {**base, "blocks": [{"experiment": "fleet", "axes": {"fleet": [fleet]}}]}
+    with pytest.raises(ManifestError) as e:
+        expand(bad)
+    assert message in str(e.value) and "\n" not in str(e.value)
