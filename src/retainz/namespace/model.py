@@ -66,7 +66,7 @@ from retainz.retention.steps import parse_step
 from retainz.store import ShardWriter
 from retainz.store.writer import WRITE_BUFFER
 
-__all__ = ["Namespace", "NamespaceError", "Entry", "errno_of"]
+__all__ = ["Namespace", "NamespaceError", "Entry", "errno_of", "rule_for"]
 
 log = logging.getLogger("retainz.namespace")
 
@@ -135,6 +135,20 @@ class Entry:
     mtime_ns: int
 
 
+def rule_for(retention: str | dict | None, folder: str) -> str | None:
+    """The retention rule of checkpoints in ``folder``: ``retention`` itself (a rule string), or of a
+    ``{folder: rule}`` dict the entry of the longest folder that holds ``folder``; ``None`` for no rule
+    or ``"auto"`` (inferred instead)."""
+    if isinstance(retention, dict):
+        best = None
+        for f, rule in retention.items():
+            f = f.strip("/")
+            if (not f or folder == f or folder.startswith(f + "/")) and (best is None or len(f) > len(best[0])):
+                best = (f, rule)
+        return best[1] if best else None
+    return retention if retention != "auto" else None
+
+
 class _NoCache:
     """The observer of a face without a page cache (:attr:`Namespace.observer`)."""
 
@@ -170,6 +184,7 @@ class _Handle:
         self.dirty = False             # written or truncated since it was opened or last committed
         self.writer_process = None     # the process of the last write (MountedStore.caller)
         self.done = threading.Event()  # set at release
+        self.unlinked = False          # unlinked or discarded while open: nothing of it commits
         self.windows: dict[int, bytes] = {}    # verified extents read lately: first data byte -> bytes
 
     @property
@@ -210,6 +225,10 @@ class Namespace:
         self.begin = lambda store, gid, step, hint, path: store.begin_generation(gid, step, hint=hint)
         self.on_series = lambda series: None
         self._series_seen: set[str] = set()
+        self.implicit_dirs = False
+        self.after_close = lambda pd: None
+        self._seen: tuple = ()
+        self._layouts: dict[tuple[str, int], tuple[str, dict[str, str]]] = {}
         self.inference = RetentionInference() if retention == "auto" else None
         self.stream_threshold = stream_threshold
         self._mu = threading.RLock()
@@ -233,14 +252,51 @@ class Namespace:
         self._load()
 
     # -- the committed view ------------------------------------------------------------------------
+    def _resolve(self, g) -> tuple[str, str, dict[str, str]]:
+        """``(kind, path, {shard: relative path})`` of a committed generation: from its id, or from its
+        layout shard (read once per commit)."""
+        kind, path, _ = L.parse_generation_id(g.id)
+        names = {s: ("" if kind == "file" else L.shard_path(s)) for s in g.shards if s != L.LAYOUT_SHARD}
+        if L.LAYOUT_SHARD in g.shards:
+            key = (g.id, g.commit_seq)
+            if key not in self._layouts:
+                self._layouts[key] = L.read_layout(b"".join(self.store.read_shard(g.id, L.LAYOUT_SHARD)))
+            path, names = self._layouts[key]
+        return kind, path, names
+
+    def refresh(self) -> None:
+        """Bring the committed view up to date with the store, for a face whose store others write too
+        (other ``retainz://`` instances, other processes through a node service): generations committed
+        elsewhere appear, deleted ones go; the newest version of a path is the one seen.  What this
+        namespace is writing is kept.  Cheap when nothing changed (one ``generations()`` call)."""
+        gens = self.store.generations()
+        key = tuple((g.id, g.commit_seq) for g in gens)
+        if key == self._seen:
+            return
+        with self._mu:
+            current = {g.id: g for g in gens if g.id not in self._taken}
+            for gid in [gid for gid in self.gens if gid not in current]:
+                self._forget(gid)
+            found = [(g, *self._resolve(g)) for g in current.values()]
+            best, stale = L.newest_versions((g, kind, path) for g, kind, path, _ in found)
+            for g in stale:
+                self._forget(g.id)
+            by_id = {g.id: (kind, path, names) for g, kind, path, names in found}
+            for g in sorted(best.values(), key=lambda g: g.commit_seq):
+                known = self.gens.get(g.id)
+                if known is None or known.sizes != {s: g.shards[s].size for s in known.names if s in g.shards}:
+                    kind, path, names = by_id[g.id]
+                    if known is not None:
+                        self._forget(g.id)
+                    self._add(g, kind, path, names, g.commit_seq * 1_000_000_000)
+            self._seen = key
+            self._changed()
+
     def _load(self) -> None:
         found = []
-        for g in self.store.generations():
-            kind, path, _ = L.parse_generation_id(g.id)
-            names = {s: ("" if kind == "file" else L.shard_path(s)) for s in g.shards if s != L.LAYOUT_SHARD}
-            if L.LAYOUT_SHARD in g.shards:
-                path, names = L.read_layout(b"".join(self.store.read_shard(g.id, L.LAYOUT_SHARD)))
-            found.append((g, kind, path, names))
+        gens = self.store.generations()
+        for g in gens:
+            found.append((g, *self._resolve(g)))
         by_id = {g.id: (kind, path, names) for g, kind, path, names in found}
         best, stale = L.newest_versions((g, kind, path) for g, kind, path, _ in found)
         for g in stale:
@@ -253,6 +309,7 @@ class Namespace:
             step = parse_step(path, file_names=True)
             if self.inference is not None and step is not None:    # earlier saves are evidence too
                 self.inference.observe_save(series_of(path), g.id, step)
+        self._seen = tuple((g.id, g.commit_seq) for g in gens if g.id not in self.retired_at_mount)
 
     def _add(self, info, kind: str, path: str, names: dict[str, str], mtime_ns: int) -> _Gen:
         g = _Gen(info.id, kind, path, names, {s: info.shards[s].size for s in names}, mtime_ns)
@@ -326,16 +383,7 @@ class Namespace:
         return None
 
     def _rule(self, folder: str) -> str | None:
-        """The retention rule of checkpoints in ``folder``: the rule, or of a ``{folder: rule}`` dict the
-        entry of the longest folder that holds ``folder`` (``None``: no hint)."""
-        if isinstance(self.retention, dict):
-            best = None
-            for f, rule in self.retention.items():
-                f = f.strip("/")
-                if (not f or folder == f or folder.startswith(f + "/")) and (best is None or len(f) > len(best[0])):
-                    best = (f, rule)
-            return best[1] if best else None
-        return self.retention if self.retention != "auto" else None
+        return rule_for(self.retention, folder)
 
     # -- the store slot: one streamed shard at a time --------------------------------------------------
     def _store_work(self, fn) -> bool:
@@ -388,7 +436,7 @@ class Namespace:
             for rel in list(pd.streamed.values()) + list(pd.ready) + list(pd.writing):
                 files[posixpath.join(pd.root, rel)] = pd.mtime_ns
         for h in self.handles.values():
-            if h.write_mode and not h.finished:
+            if h.write_mode and not h.finished and not h.unlinked:
                 files.setdefault(h.path, time.time_ns())
         for p in self.pending_files:
             files.setdefault(p, time.time_ns())
@@ -418,7 +466,7 @@ class Namespace:
 
     def _writer_of(self, path: str) -> _Handle | None:
         for h in self.handles.values():
-            if h.write_mode and not h.finished and h.path == path:
+            if h.write_mode and not h.finished and not h.unlinked and h.path == path:
                 return h
         return None
 
@@ -450,6 +498,19 @@ class Namespace:
             if path.startswith(root + "/"):
                 return pd
         return None
+
+    def _check_parent(self, p: str, files, dirs) -> None:
+        """A new name's parent must be a directory; with :attr:`implicit_dirs` missing parents are
+        implied (no ancestor may be a file)."""
+        parent = posixpath.dirname(p)
+        if parent in dirs and parent not in files:
+            return
+        if not self.implicit_dirs:
+            raise NamespaceError(errno.ENOENT, f"{p}: no directory {parent or '/'}")
+        while parent:
+            if parent in files:
+                raise NamespaceError(errno.ENOTDIR, f"{p}: {parent} is a file")
+            parent = posixpath.dirname(parent)
 
     def _is_dir(self, path: str) -> bool:
         return path in self._namespace()[1]
@@ -639,8 +700,7 @@ class Namespace:
             files, dirs = self._namespace()
             if p in dirs:
                 raise NamespaceError(errno.EISDIR)
-            if posixpath.dirname(p) not in dirs:
-                raise NamespaceError(errno.ENOENT)
+            self._check_parent(p, files, dirs)
             if self._writer_of(p) is not None:
                 raise NamespaceError(errno.EBUSY, f"{p}: already open for writing")
             if p not in files:
@@ -648,9 +708,11 @@ class Namespace:
             root = L.checkpoint_root(p, self._is_dir)
             buf = bytearray()
             if root is not None:
-                if ("dir", root) in self.by_path and p not in self.hidden:
-                    raise NamespaceError(errno.EPERM, f"{p}: checkpoint {root} is committed and append-only "
-                                              "(rm -r it before writing it again)")
+                if ("dir", root) in self.by_path and p in files and not truncate and root not in self.pending:
+                    raise NamespaceError(errno.EPERM, f"{p}: checkpoint {root} is committed: its files can be "
+                                              "replaced whole (O_TRUNC), not changed in place")
+                # a file written into a committed checkpoint starts its next version, which replaces it
+                # at its commit point (the files it does not rewrite are carried over)
                 pd = self.pending.get(root) or self._begin_dir(root)
                 rel = posixpath.relpath(p, root)
                 if rel in pd.ready:
@@ -718,6 +780,8 @@ class Namespace:
         if h is None or not h.write_mode:
             raise NamespaceError(errno.EBADF)
         with h.lock:
+            if h.unlinked:
+                return len(data)           # POSIX: the descriptor of an unlinked file still takes bytes
             if h.failed is not None:
                 raise NamespaceError(errno.EIO, f"{h.path}: an earlier write failed ({h.failed})")
             if h.clean:
@@ -780,10 +844,17 @@ class Namespace:
                 else:
                     w = h.writer if h.writer is not None else self._begin_file(h)
                     need = self._unplaced(h, size)
-                with self.store.lock:
-                    self.store.admit(w, need + self._pad(1))
+                self._admit(w, need + self._pad(1))
         except RetainZError as e:
             raise NamespaceError(errno_of(e), f"{h.path}: {e}") from e
+
+    def _admit(self, w, nbytes: int) -> None:
+        """Grow ``w``'s reservation to ``nbytes`` (``Store.admit``); a store without it (a node
+        service's client) admits in the service as the bytes arrive."""
+        admit = getattr(self.store, "admit", None)
+        if admit is not None:
+            with self.store.lock:
+                admit(w, nbytes)
 
     def _begin_file(self, h: _Handle):
         """Admit the generation of a file outside checkpoint directories (its first byte arrives)."""
@@ -949,6 +1020,9 @@ class Namespace:
         """Commit or join ``h`` unless it is clean.  ``report``: raise the error as an errno (a
         close or fsync); at release nothing can report it (logged; only reached if no close came)."""
         with h.lock:
+            if h.unlinked:
+                h.clean = True
+                return
             if h.clean or h.finished:
                 if h.failed is not None and report:
                     raise NamespaceError(errno_of(h.failed), f"{h.path}: {h.failed}")
@@ -1009,6 +1083,8 @@ class Namespace:
                         self._request_commit(pd)
                     elif pd.commit_requested and not pd.writing:
                         self._request_commit(pd)
+                    if self.pending.get(pd.root) is pd:
+                        self.after_close(pd)
                 else:
                     if err is not None:
                         self._drop_writer(h)
@@ -1042,8 +1118,8 @@ class Namespace:
         try:
             if info is not None:              # streamed: the shard is closed, the slot still ours
                 w = h.writer
-                if L.parse_generation_id(w.id)[1] != p:      # renamed while open
-                    w.write_shard(L.LAYOUT_SHARD, [L.layout_blob(p, {L.FILE_SHARD: ""})])
+                if L.parse_generation_id(w.id)[1] != p and not self._rename_writer(w, L.file_generation_id, p):
+                    w.write_shard(L.LAYOUT_SHARD, [L.layout_blob(p, {L.FILE_SHARD: ""})])   # renamed while open
             else:
                 data = bytes(h.buf)
                 w = h.writer
@@ -1114,8 +1190,21 @@ class Namespace:
                 name = f"{name}%{len(names)}"
             self._writer(pd).write_shard(name, [bytes(data)])
             names[name] = rel
-        relabelled = pd.relabelled or pd.gid != L.dir_generation_id(pd.root, _version(pd.gid)) or any(
-            L.shard_name(rel) != s for s, rel in names.items())
+        old = self.by_path.get(("dir", pd.root))
+        if old is not None and old != pd.gid:           # a new version: the files it did not rewrite stay
+            written = set(names.values())
+            for s, rel in self.gens[old].names.items():
+                if rel in written or posixpath.join(pd.root, rel) in self.hidden:
+                    continue
+                name = L.shard_name(rel)
+                if name in names or name == L.LAYOUT_SHARD:
+                    name = f"{name}%{len(names)}"
+                self._writer(pd).write_shard(name, self.store.read_shard(old, s))
+                names[name] = rel
+        moved = pd.gid != L.dir_generation_id(pd.root, _version(pd.gid))    # renamed while streaming
+        if moved and self._rename_writer(self._writer(pd), L.dir_generation_id, pd.root, pd):
+            moved = False                                  # it commits under its final name
+        relabelled = pd.relabelled or moved or any(L.shard_name(rel) != s for s, rel in names.items())
         if relabelled:
             self._writer(pd).write_shard(L.LAYOUT_SHARD, [L.layout_blob(pd.root, names)])
         gen = self._writer(pd).commit()
@@ -1131,19 +1220,38 @@ class Namespace:
         for fn in pd.then:
             fn()
 
+    def _rename_writer(self, w, make, path: str, pd: _Pending | None = None) -> bool:
+        """Give an uncommitted generation renamed while it was written the id of its final ``path``
+        (``GenerationWriter.rename``), so the store lists it under the user's name, not a temporary
+        one; ``False`` where the store cannot (a node service's writer: a layout shard says the path)."""
+        rename = getattr(w, "rename", None)
+        if rename is None:
+            return False
+        old = w.id
+        gid = self._free_id(make, path)
+        try:
+            rename(gid)
+        except RetainZError as e:
+            log.info("%s: keeps its id %s (%s)", path, old, e)
+            return False
+        self._taken.discard(old)
+        self._taken.add(gid)
+        if pd is not None:
+            pd.gid = gid
+        return True
+
     def _readmit(self, pd: _Pending) -> None:
         """Admit a renamed checkpoint directory again under the id of its new path (nothing of it
         is placed yet), so the store lists it by the path the runtime gave it."""
         gid = self._free_id(L.dir_generation_id, pd.root)
         need = sum(self._pad(len(b)) for b in pd.ready.values()) + self._pad(1)
-        with self.store.lock:
-            old = pd.writer
-            if old is not None:
-                old.abort()
-            self._taken.discard(pd.gid)
-            pd.gid, pd.writer = gid, None
-            self._taken.add(gid)
-            self.store.admit(self._writer(pd), need)
+        old = pd.writer
+        if old is not None:
+            old.abort()
+        self._taken.discard(pd.gid)
+        pd.gid, pd.writer = gid, None
+        self._taken.add(gid)
+        self._admit(self._writer(pd), need)
 
     def _abort(self, pd: _Pending) -> None:
         if self.pending.get(pd.root) is pd:
@@ -1218,11 +1326,21 @@ class Namespace:
 
     # -- removal ---------------------------------------------------------------------------------
     def unlink(self, path: str) -> int:
+        """Remove a file: a file being written is dropped (its descriptor still takes bytes; nothing
+        of it commits, as torch's cleanup of a failed save expects), a file generation is retired, a
+        file of a committed checkpoint is hidden (``rmdir`` of the emptied directory retires it).
+
+        Raises:
+            NamespaceError: ``ENOENT``.
+        """
         p = self._p(path)
         with self._mu:
             files, _ = self._namespace()
             if p not in files:
-                raise NamespaceError(errno.ENOENT)
+                raise NamespaceError(errno.ENOENT, f"{p}: no such file")
+            h = self._writer_of(p)
+            if h is not None:
+                self._drop_open(h)
             pd = self._pending_of(p)
             if pd is not None:
                 rel = posixpath.relpath(p, pd.root)
@@ -1231,9 +1349,12 @@ class Namespace:
                     if r == rel:
                         del pd.streamed[s]
                         pd.relabelled = True
+                if p in self.files and self.gens[self.files[p][0]].kind == "dir":
+                    self.hidden.add(p)        # not carried over into the new version either
                 self._changed()
                 return 0
-            if p in self.files:
+            self.pending_files.pop(p, None)
+            if p in self.files and p not in self.hidden:
                 gid, _ = self.files[p]
                 g = self.gens[gid]
                 if g.kind == "file":
@@ -1243,6 +1364,87 @@ class Namespace:
             self.truncated.discard(p)
             self._changed()
         return 0
+
+    def remove_tree(self, path: str) -> None:
+        """``rm -r path``: every file under it unlinked, then every directory removed, deepest first,
+        exactly as ``rm -r`` through the mount does (committed checkpoints are retired, pending ones
+        dropped).  ``""`` empties the whole tree.
+
+        Raises:
+            NamespaceError: ``ENOENT``.
+        """
+        p = self._p(path)
+        with self._mu:
+            files, dirs = self._namespace()
+            if p in files:
+                self.unlink(p)
+                return
+            if p not in dirs:
+                raise NamespaceError(errno.ENOENT, f"{p}: no such file or directory")
+            prefix = p + "/" if p else ""
+            for f in sorted((f for f in files if f.startswith(prefix)), reverse=True):
+                self.unlink(f)
+            _, dirs = self._namespace()
+            for d in sorted((d for d in dirs if d and (d == p or d.startswith(prefix))), key=len, reverse=True):
+                if d in self._namespace()[1]:        # an implied parent goes with its last child
+                    self.rmdir(d)
+
+    def checkpoint_of(self, path: str) -> str | None:
+        """The committed checkpoint directory whose file ``path`` is, or ``None`` (a file of its own, a
+        file being written, no such file)."""
+        p = self._p(path)
+        with self._mu:
+            if p not in self.files or p in self.hidden or self._pending_of(p) is not None:
+                return None
+            g = self.gens[self.files[p][0]]
+            return g.path if g.kind == "dir" else None
+
+    def detach(self, root: str):
+        """Hand the writer of pending checkpoint ``root`` back without committing it: its buffered files
+        are written as shards first (a rank of a joined generation leaves it to the rank that commits).
+        Returns the writer (``None`` if nothing is pending there)."""
+        with self._mu:
+            pd = self.pending.get(self._p(root))
+            if pd is None or pd.writing:
+                return None
+            w = self._writer(pd)
+            for rel, data in pd.ready.items():
+                w.write_shard(L.shard_name(rel), [bytes(data)])
+            del self.pending[pd.root]
+            self._taken.discard(pd.gid)
+            self._changed()
+            return w
+
+    def _drop_open(self, h: _Handle) -> None:
+        """``h`` (open for writing) is unlinked or discarded: what it wrote is dropped, its streamed shard
+        aborted (the store slot released), and nothing of it commits at its close."""
+        with h.lock:
+            h.unlinked = True
+            if h.sink is not None:
+                with contextlib.suppress(Exception):
+                    h.sink.abort()
+                h.sink = None
+                self._drain_and_release()
+            h.buf = bytearray()
+            if h.pending is not None:
+                h.pending.writing.pop(h.rel, None)
+            else:
+                self._drop_writer(h)
+        self._changed()
+
+    def discard(self, fh: int) -> None:
+        """Abandon open file ``fh`` (its writer raised): nothing of it commits; a file of a checkpoint
+        being written drops that checkpoint (the save failed, as a write error does); a committed
+        version of the path stays as it was."""
+        with self._mu:
+            h = self.handles.get(fh)
+            if h is None or not h.write_mode or h.unlinked:
+                return
+            pd = h.pending
+            self._drop_open(h)
+            if pd is not None and self.pending.get(pd.root) is pd:
+                self._abort(pd)
+            self._changed()
 
     def rmdir(self, path: str) -> int:
         p = self._p(path)
@@ -1299,8 +1501,7 @@ class Namespace:
                 raise NamespaceError(errno.ENOENT)
             if b.startswith(a + "/"):
                 raise NamespaceError(errno.EINVAL)
-            if posixpath.dirname(b) not in dirs:
-                raise NamespaceError(errno.ENOENT)
+            self._check_parent(b, files, dirs)
             self._check_renamed(a, b, files, dirs)
             if a in dirs:
                 if b in files:
@@ -1364,8 +1565,7 @@ class Namespace:
         for root in [r for r in self.pending if r == a or r.startswith(pa)]:
             pd = self.pending.pop(root)
             was = posixpath.basename(pd.root)
-            pd.root = b + pd.root[len(a):]
-            pd.relabelled = True
+            pd.root = b + pd.root[len(a):]      # its id follows at the commit (_commit_dir)
             self.pending[pd.root] = pd
             if L.commit_point(was, ()) == "hf-rename" and L.is_checkpoint_dir_name(posixpath.basename(pd.root)):
                 self._request_commit(pd)             # HF Trainer's commit point: the rename
