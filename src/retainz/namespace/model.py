@@ -284,8 +284,9 @@ class Namespace:
             by_id = {g.id: (kind, path, names) for g, kind, path, names in found}
             for g in sorted(best.values(), key=lambda g: g.commit_seq):
                 known = self.gens.get(g.id)
-                if known is None or known.sizes != {s: g.shards[s].size for s in known.names if s in g.shards}:
-                    kind, path, names = by_id[g.id]
+                kind, path, names = by_id[g.id]
+                if known is None or set(known.names) != set(names) or any(
+                        known.sizes[s] != g.shards[s].size for s in known.names):
                     if known is not None:
                         self._forget(g.id)
                     self._add(g, kind, path, names, g.commit_seq * 1_000_000_000)
@@ -1208,6 +1209,9 @@ class Namespace:
         if relabelled:
             self._writer(pd).write_shard(L.LAYOUT_SHARD, [L.layout_blob(pd.root, names)])
         gen = self._writer(pd).commit()
+        for name in gen.shards:                  # shards other writers joined in (ranks of a served device)
+            if name not in names and name != L.LAYOUT_SHARD:
+                names[name] = L.shard_path(name)
         for name, rel in names.items():
             self._cache_committed(posixpath.join(pd.root, rel), gen.id, name)
         del self.pending[pd.root]
