@@ -30,6 +30,7 @@ class _ReadFile(AbstractBufferedFile):
         try:
             self._fh = self._ns.open_read(self._inner)
         except NamespaceError as e:
+            self.closed = True         # nothing to flush at its __del__
             raise _os_error(e, path) from None
 
     def _fetch_range(self, start, end):
@@ -60,6 +61,7 @@ class _WriteFile(AbstractBufferedFile):
         try:
             self._fh = self._ns.open_write(self._inner, truncate=True)
         except NamespaceError as e:
+            self.closed = True         # nothing to flush at its __del__
             raise _os_error(e, path) from None
         self._pos = 0
         self._done = False
@@ -76,7 +78,7 @@ class _WriteFile(AbstractBufferedFile):
             if final and self.autocommit:
                 self.commit()
         except NamespaceError as e:
-            self._abandon()
+            self.discard()
             raise _os_error(e, self.path) from None
         return True
 
@@ -109,8 +111,10 @@ class _WriteFile(AbstractBufferedFile):
 
     def _abandon(self) -> None:
         """Drop what this file wrote (and a checkpoint directory being written that it belongs to); a
-        replaced file stays as it was."""
+        replaced file stays as it was.  The file is closed: nothing more reaches the namespace."""
         self.discard()
+        self.closed = True
+        self.buffer = None
 
     def __exit__(self, exc_type, exc, tb):
         """An exception inside ``with fs.open(path, "wb")`` abandons the file instead of committing
@@ -119,6 +123,4 @@ class _WriteFile(AbstractBufferedFile):
         if exc_type is None or self.closed:
             return super().__exit__(exc_type, exc, tb)
         self._abandon()
-        self.closed = True
-        self.buffer = None
         return False

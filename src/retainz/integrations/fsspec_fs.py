@@ -277,11 +277,13 @@ class RetainZFileSystem(AbstractFileSystem):
     def open(self, path, mode="rb", block_size=None, cache_options=None, compression=None, **kwargs):
         """fsspec's ``open``; a text-mode file abandons its writes when its ``with`` raises, as a binary
         one does (fsspec's text wrapper would close, i.e. commit, a partial file)."""
-        f = super().open(path, mode, block_size=block_size, cache_options=cache_options,
-                         compression=compression, **kwargs)
-        if isinstance(f, io.TextIOWrapper) and isinstance(f.buffer, _WriteFile):
-            f.__class__ = _TextWriteFile
-        return f
+        if "b" not in mode and ("w" in mode or "x" in mode):
+            text = {k: kwargs.pop(k) for k in ("encoding", "errors", "newline") if k in kwargs}
+            binary = self.open(path, mode.replace("t", "") + "b", block_size=block_size,
+                               cache_options=cache_options, compression=compression, **kwargs)
+            return _TextWriteFile(binary, **text)
+        return super().open(path, mode, block_size=block_size, cache_options=cache_options,
+                            compression=compression, **kwargs)
 
     def _open(self, path, mode="rb", block_size=None, autocommit=True, cache_options=None, **kwargs):
         path = self._strip_protocol(path)
@@ -333,7 +335,7 @@ class _TextWriteFile(io.TextIOWrapper):
     """A text-mode ``retainz://`` writer: an exception inside its ``with`` abandons the file."""
 
     def __exit__(self, exc_type, exc, tb):
-        if exc_type is None:
+        if exc_type is None or not isinstance(self.buffer, _WriteFile):
             return super().__exit__(exc_type, exc, tb)
         self.buffer._abandon()
         with contextlib.suppress(ValueError):
