@@ -7,7 +7,6 @@ from __future__ import annotations
 from fsspec.spec import AbstractBufferedFile
 
 from retainz.namespace import NamespaceError
-from retainz.namespace.names import FILE_SHARD as _FILE_SHARD  # noqa: F401 - the single-file shard name
 from retainz.namespace.names import generation_for, is_dcp_name
 
 __all__ = ["generation_for", "is_dcp_name"]

@@ -123,11 +123,9 @@ class RetainZFileSystem(AbstractFileSystem):
         return device + ("/" + inner if inner else "")
 
     # -- the devices and their namespaces ---------------------------------------------------------------
-    def _store(self, device: str):
-        """The open store of ``device`` (opened on first use, held until :meth:`close_devices`)."""
-        return contextlib.nullcontext(self._opened(device).store)
-
     def _opened(self, device: str) -> contextlib.ExitStack:
+        """``device``'s open store (``.store``) and namespace (``.ns``): opened on first use, held until
+        :meth:`close_devices` (opening a store replays its journal; closing journals and flushes)."""
         with self._lock:
             stack = self._held.get(device)
             if stack is None:
@@ -175,10 +173,6 @@ class RetainZFileSystem(AbstractFileSystem):
         if fresh:
             ns.refresh()
         return ns
-
-    def _rehint(self, store, series: str) -> list[str]:
-        """:func:`_rehint` with this instance's retention rule."""
-        return _rehint(self.retention, store, series)
 
     @classmethod
     def close_all(cls) -> None:

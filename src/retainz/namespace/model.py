@@ -214,6 +214,10 @@ class Namespace:
         begin: ``(store, gid, step, hint, path) -> GenerationWriter``: how a generation is begun
             (``retainz://`` joins the ranks of a served device into one generation).
         on_series: called with a series before the first save into it (``retainz://`` re-hints it).
+        implicit_dirs: a new file's missing parents are implied by it (``retainz://``, as on an object
+            store); ``False`` (the mount): the parent must exist (``ENOENT``).
+        after_close: called with a pending checkpoint directory when one of its files closed and it did
+            not commit (``retainz://`` hands a joined generation back to rank 0: :meth:`detach`).
     """
 
     caller = staticmethod(lambda: None)
