@@ -88,16 +88,16 @@ def test_rm_recursive_retires_generations(device):
     fs.pipe(f"{device}/other/epoch=1-step=7.ckpt", b"lightning")
     assert fs.ls(f"{device}/ckpt", detail=False) == [f"{device}/ckpt/step-{s}" for s in (10, 20, 30)]
     fs.rm(f"{device}/ckpt/step-10", recursive=True)
-    assert sorted(_gens(device)) == ["@other%2Fepoch%3D1-step%3D7.ckpt", "ckpt%2Fstep-20", "ckpt%2Fstep-30"]
+    assert sorted(_gens(device)) == ["@other%2Fepoch=1-step=7.ckpt", "ckpt%2Fstep-20", "ckpt%2Fstep-30"]
     fs.rm(f"{device}/ckpt/step-20/.metadata")              # invalidate-first retires the checkpoint
-    assert sorted(_gens(device)) == ["@other%2Fepoch%3D1-step%3D7.ckpt", "ckpt%2Fstep-30"]
+    assert sorted(_gens(device)) == ["@other%2Fepoch=1-step=7.ckpt", "ckpt%2Fstep-30"]
     with pytest.raises(PermissionError, match="append-only"):
         fs.rm(f"{device}/ckpt/step-30/__0_0.distcp")
     with pytest.raises(IsADirectoryError):
         fs.rm(f"{device}/ckpt")
     fs.rm(f"{device}/ckpt", recursive=True)
-    assert sorted(_gens(device)) == ["@other%2Fepoch%3D1-step%3D7.ckpt"]
-    assert _gens(device)["@other%2Fepoch%3D1-step%3D7.ckpt"].step == 7
+    assert sorted(_gens(device)) == ["@other%2Fepoch=1-step=7.ckpt"]
+    assert _gens(device)["@other%2Fepoch=1-step=7.ckpt"].step == 7
     with pytest.raises(FileNotFoundError):
         fs.rm(f"{device}/ckpt/step-10", recursive=True)
 

@@ -175,6 +175,6 @@ def test_lightning_model_checkpoint(tmp_path):
         assert back["global_step"] == 8
         assert torch.equal(back["state_dict"]["layer.weight"], model.layer.weight.detach())
     gens = generations(device)
-    assert sorted(gens) == ["@lightning%2Fepoch%3D0-step%3D8.ckpt"]
-    assert gens["@lightning%2Fepoch%3D0-step%3D8.ckpt"].step == 8
+    assert sorted(gens) == ["@lightning%2Fepoch=0-step=8.ckpt"]
+    assert gens["@lightning%2Fepoch=0-step=8.ckpt"].step == 8
     assert fsck_clean(device)

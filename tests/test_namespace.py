@@ -54,8 +54,10 @@ def _ids(store) -> dict[str, list[str]]:
     ("run..1/step-5/model.pt", "run%2E%2E1%2Fstep-5", "model.pt"),       # '..' encoded: the store refuses it
     ("m/iter_0000100/mp_rank_00/model_optim_rng.pt", "m%2Fiter_0000100", "mp_rank_00%2Fmodel_optim_rng.pt"),
     ("any/dir/.metadata", "any%2Fdir", ".metadata"),
-    ("l/epoch=0-step=10.ckpt", "@l%2Fepoch%3D0-step%3D10.ckpt", "file"),
+    ("l/epoch=0-step=10.ckpt", "@l%2Fepoch=0-step=10.ckpt", "file"),
     ("a..b", "@a%2E%2Eb", "file"),
+    ("r/lr:3e-4,bs=8 (x)/m.pt", "@r%2Flr:3e-4,bs=8%20(x)%2Fm.pt", "file"),   # 27.5(b): ordinary names as written
+    ("@x/#1%", "@%40x%2F%231%25", "file"),                     # '@', '#', '%' stay encoded
 ])
 def test_one_encoding_of_paths_into_ids(path, gid, shard):
     from retainz.store.format import check_id
@@ -65,6 +67,19 @@ def test_one_encoding_of_paths_into_ids(path, gid, shard):
     check_id(shard, "shard name")
     kind, back, _ = L.parse_generation_id(gid)
     assert back == (path if kind == "file" else L.checkpoint_root(path))
+
+
+def test_ids_written_by_the_older_full_encoding_still_resolve(store):
+    """Stores written before the minimal encoding hold ``@l%2Fepoch%3D0-step%3D10.ckpt``: its path is the
+    same, and its next version replaces it (the view goes by path, not by id)."""
+    w = store.begin_generation("@l%2Fepoch%3D0-step%3D10.ckpt", 10)
+    w.write_shard("file", [b"old"])
+    w.commit()
+    ns = _ns(store)
+    assert ns.listdir("l") == ["epoch=0-step=10.ckpt"] and _get(ns, "l/epoch=0-step=10.ckpt") == b"old"
+    _put(ns, "l/epoch=0-step=10.ckpt", b"new")
+    assert _ids(store) == {"@l%2Fepoch=0-step=10.ckpt": ["file"]}
+    assert _get(_ns(store), "l/epoch=0-step=10.ckpt") == b"new"
 
 
 @pytest.mark.parametrize("path, code", [

@@ -443,7 +443,7 @@ def test_runtime_purges_through_the_filesystem_stay_in_their_folders(fs_device):
     assert sorted(g.id for g in _gens_of(dev)) == sorted(
         [f"{j.replace('/', '%2F')}%2Fcheckpoint-{s}" for j, keep in (("h", (80, 90)), ("h2", (70, 80, 90)),
                                                                      ("h/sub", (90,))) for s in keep]
-        + [f"@{j}%2Fepoch%3D0-step%3D{s}.ckpt" for j, keep in (("l", (40, 50)), ("l2", (70, 80, 90))) for s in keep])
+        + [f"@{j}%2Fepoch=0-step={s}.ckpt" for j, keep in (("l", (40, 50)), ("l2", (70, 80, 90))) for s in keep])
     assert fs.ls(f"{dev}/h/checkpoint-90", detail=False) == [f"{dev}/h/checkpoint-90/model.safetensors",
                                                              f"{dev}/h/checkpoint-90/trainer_state.json"]
 

@@ -4,7 +4,7 @@ and each runtime's commit point.  One set of rules for both faces (the FUSE moun
 The store is flat (generations of shards, no rename); the namespace lays a directory tree over it,
 so a checkpoint written through either face is the same generation:
 
-* a **checkpoint directory** ``D`` is one generation, id ``quote(D)``
+* a **checkpoint directory** ``D`` is one generation, id ``encode_path(D)``
   (``run/checkpoint-500`` -> ``run%2Fcheckpoint-500``), and every file under it is a shard named by
   its path relative to ``D`` (:func:`shard_name`: ``/`` and ``%`` escaped, so Megatron's
   ``iter_0000100/mp_rank_00/model_optim_rng.pt`` is shard ``mp_rank_00%2Fmodel_optim_rng.pt``).  A
@@ -14,7 +14,7 @@ so a checkpoint written through either face is the same generation:
   ``…step=N….ckpt`` directory (Lightning's sharded strategies); or, as in the fsspec filesystem, when
   it holds DCP files (``*.distcp``, ``.metadata``).  The outermost such directory on a path wins (an HF
   ``checkpoint-N`` holding DeepSpeed's ``global_stepN`` is one generation).
-* any **other file** is a generation of its own, id ``@`` + ``quote(path)``, one shard ``file``.
+* any **other file** is a generation of its own, id ``@`` + ``encode_path(path)``, one shard ``file``.
 * a later **version** of a path (an atomic replace, a rewritten tracker file) gets ``#N`` appended to
   its id; the newest commit (``commit_seq``) of a path is the one visible, older ones are retired
   (:func:`newest_versions`).
@@ -28,9 +28,10 @@ import errno
 import json
 import posixpath
 import re
-from urllib.parse import quote, unquote
+from urllib.parse import unquote
 
 from retainz.errors import InvalidIdError
+from retainz.retention.series import encode_path
 from retainz.retention.steps import parse_step
 from retainz.store.format import check_id
 
@@ -177,14 +178,16 @@ def check_name(path: str, *, directory: bool = False, is_dir: callable = lambda 
 
 
 def dir_generation_id(directory: str, version: int = 0) -> str:
-    """``quote(directory)`` (the fsspec id), ``#version`` appended for a later version."""
-    gid = _safe_id(quote(directory, safe=""))
+    """:func:`~retainz.retention.series.encode_path` of ``directory`` (``run/step-5`` -> ``run%2Fstep-5``),
+    ``#version`` appended for a later version."""
+    gid = encode_path(directory)
     return gid if not version else f"{gid}#{version}"
 
 
 def file_generation_id(path: str, version: int = 0) -> str:
-    """``@`` + ``quote(path)`` (the fsspec id), ``#version`` appended for a later version."""
-    gid = "@" + _safe_id(quote(path, safe=""))
+    """``@`` + :func:`~retainz.retention.series.encode_path` of ``path`` (``l/epoch=0-step=10.ckpt`` ->
+    ``@l%2Fepoch=0-step=10.ckpt``), ``#version`` appended for a later version."""
+    gid = "@" + encode_path(path)
     return gid if not version else f"{gid}#{version}"
 
 
