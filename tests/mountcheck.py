@@ -94,7 +94,7 @@ def paths(device: str) -> dict:
     """``{path in the mount: GenerationInfo}``: ids resolved as the mount does (a generation renamed
     while being written carries its path in its layout shard)."""
     from retainz.integrations import _stores
-    from retainz.mount import layout
+    from retainz.namespace import names as layout
 
     out = {}
     with _stores.using(device, wait=30) as store:

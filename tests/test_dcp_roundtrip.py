@@ -143,8 +143,9 @@ def test_existing_generation_refused_unless_overwrite(device):
     err = _failure(dcp.save, {"x": torch.ones(4)}, storage_writer=ZonedStorageWriter(device),
                    checkpoint_id="step-5")
     assert isinstance(err, GenerationExistsError)
-    assert str(err) == ("checkpoint 'step-5': generation 'step-5' is already committed "
-                        "(pass overwrite=True to replace it)")
+    # DCP's wording (torch FileSystemWriter: "Checkpoint already exists and self.overwrite=False."), issue 28.3(f)
+    assert str(err) == ("Checkpoint already exists and overwrite=False: checkpoint 'step-5': generation 'step-5' "
+                        "is already committed (pass overwrite=True to replace it)")
     dcp.save({"x": torch.full((4,), 7.0)}, storage_writer=ZonedStorageWriter(device, overwrite=True),
              checkpoint_id="step-5")
     out = {"x": torch.zeros(4)}

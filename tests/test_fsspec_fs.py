@@ -88,26 +88,33 @@ def test_rm_recursive_retires_generations(device):
     fs.pipe(f"{device}/other/epoch=1-step=7.ckpt", b"lightning")
     assert fs.ls(f"{device}/ckpt", detail=False) == [f"{device}/ckpt/step-{s}" for s in (10, 20, 30)]
     fs.rm(f"{device}/ckpt/step-10", recursive=True)
-    assert sorted(_gens(device)) == ["@other%2Fepoch%3D1-step%3D7.ckpt", "ckpt%2Fstep-20", "ckpt%2Fstep-30"]
+    assert sorted(_gens(device)) == ["@other%2Fepoch=1-step=7.ckpt", "ckpt%2Fstep-20", "ckpt%2Fstep-30"]
     fs.rm(f"{device}/ckpt/step-20/.metadata")              # invalidate-first retires the checkpoint
-    assert sorted(_gens(device)) == ["@other%2Fepoch%3D1-step%3D7.ckpt", "ckpt%2Fstep-30"]
+    assert sorted(_gens(device)) == ["@other%2Fepoch=1-step=7.ckpt", "ckpt%2Fstep-30"]
     with pytest.raises(PermissionError, match="append-only"):
         fs.rm(f"{device}/ckpt/step-30/__0_0.distcp")
     with pytest.raises(IsADirectoryError):
         fs.rm(f"{device}/ckpt")
     fs.rm(f"{device}/ckpt", recursive=True)
-    assert sorted(_gens(device)) == ["@other%2Fepoch%3D1-step%3D7.ckpt"]
-    assert _gens(device)["@other%2Fepoch%3D1-step%3D7.ckpt"].step == 7
+    assert sorted(_gens(device)) == ["@other%2Fepoch=1-step=7.ckpt"]
+    assert _gens(device)["@other%2Fepoch=1-step=7.ckpt"].step == 7
     with pytest.raises(FileNotFoundError):
         fs.rm(f"{device}/ckpt/step-10", recursive=True)
 
 
 def test_committed_checkpoint_is_append_only(device):
+    """A committed checkpoint's files never change in place; a re-save into its directory (DCP's
+    writers default to overwrite=True, issue 28.3(a)) writes its next version, which replaces it at
+    its commit point (before that FileExistsError "already committed")."""
     fs = fsspec.filesystem("retainz")
     fs.pipe(f"{device}/c/step-1/__0_0.distcp", b"x")
     fs.pipe(f"{device}/c/step-1/.metadata", b"m")
-    with pytest.raises(FileExistsError, match="already committed"):
-        fs.pipe(f"{device}/c/step-1/__0_0.distcp", b"y")
+    fs.pipe(f"{device}/c/step-1/__0_0.distcp", b"y")
+    other = fsspec.filesystem("retainz", wait=5)          # another instance sees the committed version
+    assert other.cat(f"{device}/c/step-1/__0_0.distcp") == b"x"
+    fs.pipe(f"{device}/c/step-1/.metadata", b"m2")        # the new version's commit point
+    assert other.cat(f"{device}/c/step-1/__0_0.distcp") == b"y" and other.cat(f"{device}/c/step-1/.metadata") == b"m2"
+    assert list(_gens(device)) == ["c%2Fstep-1#1"]
     with pytest.raises(PermissionError, match="append-only"):
         fs.open(f"{device}/c/step-1/x.bin", "ab")
     with pytest.raises(ValueError, match="not supported"):

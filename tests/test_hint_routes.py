@@ -219,7 +219,7 @@ def test_one_lifetime_classifier_with_one_set_of_bounds():
     ("step-5.tmp", None, None), ("xstep=5", None, None), ("tmp-checkpoint-" + "9" * 19, None, None),
 ])
 def test_one_step_parser(name, strict, on_a_file_system):
-    from retainz.mount.layout import is_checkpoint_dir_name
+    from retainz.namespace.names import is_checkpoint_dir_name
 
     assert parse_step(name) == strict
     assert parse_step(name, file_names=True) == on_a_file_system

@@ -157,8 +157,10 @@ def test_deepspeed_latest_and_tmp_rename(tmp_path):
             del old
         os.rename(mnt / "ds" / "global_step5", mnt / "ds" / "kept_global_step5")   # a committed dir moves
     gens = generations(device)
-    assert set(gens) == {"ds%2Fglobal_step10", "@ds%2Flatest#1", "hf%2Ftmp-checkpoint-4", "@hf%2Fstate.json#1",
+    # the renamed tmp-checkpoint-4 commits under its final name (issue 27.5(b): no temporary id)
+    assert set(gens) == {"ds%2Fglobal_step10", "@ds%2Flatest#1", "hf%2Fcheckpoint-4", "@hf%2Fstate.json#1",
                          "ds%2Fkept_global_step5"}
+    assert "%layout" not in gens["hf%2Fcheckpoint-4"].shards
     with mounted(device, tmp_path / "mnt") as mnt:
         assert (mnt / "ds/latest").read_text() == "global_step10"
         assert sorted(os.listdir(mnt / "hf")) == ["checkpoint-4", "state.json"]

@@ -253,7 +253,7 @@ def test_filling_with_hf_checkpoints_loses_nothing_acknowledged(tmp_path):
     got = paths(device)
     assert sorted(got) == sorted(committed)            # the refused checkpoint is absent, whole
     from retainz.integrations import _stores
-    from retainz.mount import layout
+    from retainz.namespace import names as layout
 
     with _stores.using(device, wait=30) as store:
         for root, files in committed.items():

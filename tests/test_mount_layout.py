@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from retainz.mount import layout as L
+from retainz.namespace import names as L
 from retainz.retention.inference import RetentionInference
 from retainz.retention.steps import parse_step
 from retainz.trace.format import DeleteEvent, SaveEvent

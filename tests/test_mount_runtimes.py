@@ -55,11 +55,13 @@ def test_torch_save_load_mmap_and_safetensors(tmp_path):
         del back, st
         gc.collect()                               # drop the mmaps before unmounting
     # step-7 has no commit point of its own: it commits when read back; safetensors writes a temporary
-    # file and renames it before closing it: that generation carries its final path in a layout shard
+    # file and renames it before closing it: that generation commits under its final name (issue 27.5(b):
+    # no temporary id, no layout shard)
     gens = paths(device)
     assert sorted(gens) == ["ckpt/step-7", "ckpt/weights.safetensors"]
     assert gens["ckpt/step-7"].id == "ckpt%2Fstep-7" and gens["ckpt/step-7"].step == 7
-    assert gens["ckpt/weights.safetensors"].id.startswith("@ckpt%2F.tmp")
+    assert gens["ckpt/weights.safetensors"].id == "@ckpt%2Fweights.safetensors"
+    assert list(gens["ckpt/weights.safetensors"].shards) == ["file"]
     with mounted(device, tmp_path / "mnt") as mnt:
         back = torch.load(mnt / "ckpt" / "step-7" / "model.pt", mmap=True, weights_only=True)
         assert torch.equal(back["w"], sd["w"])
@@ -173,6 +175,6 @@ def test_lightning_model_checkpoint(tmp_path):
         assert back["global_step"] == 8
         assert torch.equal(back["state_dict"]["layer.weight"], model.layer.weight.detach())
     gens = generations(device)
-    assert sorted(gens) == ["@lightning%2Fepoch%3D0-step%3D8.ckpt"]
-    assert gens["@lightning%2Fepoch%3D0-step%3D8.ckpt"].step == 8
+    assert sorted(gens) == ["@lightning%2Fepoch=0-step=8.ckpt"]
+    assert gens["@lightning%2Fepoch=0-step=8.ckpt"].step == 8
     assert fsck_clean(device)

@@ -57,7 +57,7 @@ def test_model_checkpoint_rotation_on_retainz(tmp_path):
         trainer = pl.Trainer(max_steps=8, callbacks=[rec, ckpt], logger=False, enable_progress_bar=False,
                              enable_model_summary=False, default_root_dir=str(tmp_path), accelerator="cpu")
         trainer.fit(Tiny(), torch.utils.data.DataLoader(data, batch_size=1))
-        fid = lambda s: f"@lightning%2Fepoch%3D0-step%3D{s}.ckpt"  # noqa: E731
+        fid = lambda s: f"@lightning%2Fepoch=0-step={s}.ckpt"  # noqa: E731
         # global_step g at a batch start: the saves up to step g are done; each new save removed the
         # previous file (save_top_k=1, no monitor)
         assert rec.seen == {0: [], 1: [], 2: [fid(2)], 3: [fid(2)], 4: [fid(4)], 5: [fid(4)], 6: [fid(6)],

@@ -407,8 +407,11 @@ class ZonedStorageWriter(StorageWriter):
             exists = False
         if exists and not self.overwrite:
             self._release()
-            raise GenerationExistsError(f"checkpoint {self.checkpoint_id!r}: generation {gen!r} is "
-                                        "already committed (pass overwrite=True to replace it)")
+            # DCP's own FileSystemWriter says "Checkpoint already exists and self.overwrite=False." (torch
+            # filesystem.py); callers and PyTorch's tests match that wording
+            raise GenerationExistsError(f"Checkpoint already exists and overwrite=False: checkpoint "
+                                        f"{self.checkpoint_id!r}: generation {gen!r} is already committed "
+                                        "(pass overwrite=True to replace it)")
         # overwrite: the committed checkpoint is replaced at this one's commit, not before
         # (replace-on-commit); no declared size: the store admits the bytes as they arrive
         if isinstance(store, NodeStore):   # ranks sharing one served device write one generation

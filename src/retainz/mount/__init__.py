@@ -1,7 +1,7 @@
 """``retainz mount``: a RetainZ store as a directory tree, for every training runtime, unmodified.
 
-* :mod:`~retainz.mount.layout` - paths -> generations and shards, and each runtime's commit point;
-* :mod:`~retainz.mount.fs` - :class:`MountedStore`, the FUSE operations over an open store;
+* :mod:`~retainz.mount.fs` - :class:`MountedStore`, the FUSE operations: an adapter over
+  :class:`retainz.namespace.Namespace` (paths -> generations and shards, each runtime's commit point);
 * :mod:`~retainz.mount.runner` - the binding (mfusepy over libfuse 3), ``mount``/``umount``.
 
 Retention without configuration (``--retention auto``) is :mod:`retainz.retention.inference`.

@@ -4,7 +4,7 @@ The binding is **mfusepy** (``pip install 'retainz[mount]'``), the maintained su
 pure-Python ctypes bindings for the high-level, path-based libfuse 3 API.  It needs no compiler and
 no libfuse headers (pyfuse3 builds a Cython extension against ``libfuse3-dev`` and drives everything
 through trio's async API, around the low-level inode API), and the path-based API is what the mount's
-path -> generation mapping (:mod:`retainz.mount.layout`) wants.  libfuse 3 itself and ``fusermount3``
+path -> generation mapping (:mod:`retainz.namespace.names`) wants.  libfuse 3 itself and ``fusermount3``
 come from the Debian package ``fuse3`` (``tools/fuse-setup.sh``, run by ``make setup-mount``).
 
 ``retainz mount`` serves in the foreground with ``--foreground``; otherwise it starts the serving

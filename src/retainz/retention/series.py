@@ -15,8 +15,9 @@ callbacks (:mod:`retainz.integrations.retention_callbacks`), the DCP writer's re
 and the mount's inference (:class:`retainz.retention.inference.RetentionInference` per series).
 
 Generation ids and paths (the id scheme the ``retainz://`` file system and the mount share): a
-checkpoint directory ``D`` is the generation ``quote(D)`` (``jobs%2Fa%2Fstep-500``), a single-file
-checkpoint ``F`` is ``@`` + ``quote(F)``, and a later version of a path appends ``#N``.  A DCP id
+checkpoint directory ``D`` is the generation ``encode_path(D)`` (``jobs%2Fa%2Fstep-500``), a single-file
+checkpoint ``F`` is ``@`` + ``encode_path(F)`` (``@l%2Fepoch=0-step=10.ckpt``), and a later version of a
+path appends ``#N``.  Ids written before the minimal encoding (``epoch%3D0``) decode the same.  A DCP id
 written without a series (``ZonedStorageWriter`` without ``series=``) is its last component only
 (``step-500``): a checkpoint of the root series.
 """
@@ -29,7 +30,22 @@ from typing import Any
 from urllib.parse import quote, unquote
 
 __all__ = ["ROOT", "series_folder", "series_of", "generation_path", "series_generation_id", "member_name",
-           "members"]
+           "members", "encode_path", "ID_SAFE"]
+
+#: Characters a generation id keeps as written (besides letters, digits and ``_.-~``, which
+#: ``urllib.parse.quote`` always keeps): the punctuation of ordinary checkpoint names
+#: (``epoch=0-step=10.ckpt``, ``lr:3e-4``).  Everything else is percent-encoded: ``/`` (the store
+#: refuses it in ids), ``%`` (the escape), ``#`` (the version suffix), ``@`` (the file-generation
+#: prefix), spaces, shell metacharacters and non-ASCII bytes.
+ID_SAFE = "=+,:;!()[]{}^"
+
+
+def encode_path(path: str) -> str:
+    """A path inside the device as the store can keep it in an id: percent-encoded except for the
+    characters of :data:`ID_SAFE`, and with ``.`` encoded too when the text would hold ``..`` (the store
+    refuses it).  :func:`generation_path` decodes it (and the older, fully encoded ids)."""
+    text = quote(path, safe=ID_SAFE)
+    return text.replace(".", "%2E") if ".." in text else text
 
 #: The device's root folder as a series.
 ROOT = ""
@@ -72,7 +88,7 @@ def generation_path(gid: str) -> str:
 
 def series_generation_id(series: str | None, name: str) -> str:
     """The generation id of checkpoint directory ``name`` in ``series``: ``name`` itself in the root
-    series (the DCP writer's historical ids), else ``quote(series/name)``, the ``retainz://`` file
+    series (the DCP writer's historical ids), else ``encode_path(series/name)``, the ``retainz://`` file
     system's id for that directory (so ``ls`` through either shows ``series/name``).
 
     Raises:
@@ -84,8 +100,7 @@ def series_generation_id(series: str | None, name: str) -> str:
         raise ValueError(f"checkpoint name {name!r}: expected one path component")
     if not s:
         return name
-    text = quote(f"{s}/{name}", safe="")
-    return text.replace(".", "%2E") if ".." in text else text     # the store refuses '..' in ids
+    return encode_path(f"{s}/{name}")
 
 
 def member_name(gid: str, series: str | None) -> str | None:

@@ -531,6 +531,24 @@ class Store:
             self.metrics.generations_committed += 1
             return gen
 
+    def rename_writer(self, w: GenerationWriter, gen_id: str) -> None:
+        """Re-key ``w``'s uncommitted generation to ``gen_id`` (:meth:`GenerationWriter.rename`; see there);
+        its journal estimate grows by the longer id."""
+        with self.lock:
+            self._check_writable()
+            check_id(gen_id)
+            if gen_id in self._writers:
+                raise GenerationExistsError(f"generation {gen_id!r} is being written")
+            if gen_id in self.catalog.gens:
+                raise GenerationExistsError(f"generation {gen_id!r} already exists")
+            old = w.gen.id
+            if self._writers.get(old) is not w:
+                raise ValueError(f"generation {old!r} is not being written by this writer")
+            del self._writers[old]
+            w.gen.id = gen_id
+            w.journal_estimate += max(0, len(gen_id.encode()) - len(old.encode()))
+            self._writers[gen_id] = w
+
     def abort_writer(self, w: GenerationWriter) -> None:
         """Drop ``w``'s generation (:meth:`GenerationWriter.abort` calls this; see there)."""
         with self.lock:

@@ -255,6 +255,8 @@ class _WriterHost(Protocol):
 
     def abort_writer(self, w: GenerationWriter) -> None: ...
 
+    def rename_writer(self, w: GenerationWriter, gen_id: str) -> None: ...
+
 
 class ShardWriter:
     """One shard being written, push-style: :meth:`write` chunks as they arrive, then :meth:`close`
@@ -642,6 +644,19 @@ class GenerationWriter:
                 raise ValueError(f"generation {self.gen.id!r}: shard {self._open[0].name!r} is still open; "
                                  "close or abort it before the commit")
             return self._host.commit_writer(self)
+
+    def rename(self, gen_id: str) -> None:
+        """Give the uncommitted generation another id (a file renamed while it was being written keeps
+        its data where it is and commits under its final name).  Nothing is journaled: the id is written
+        with the commit record.
+
+        Raises:
+            InvalidIdError: a bad id.  GenerationExistsError: ``gen_id`` is being written or committed.
+            ValueError: the writer is not writing.
+        """
+        with self._host.lock:
+            self._check_writing()
+            self._host.rename_writer(self, gen_id)
 
     def abort(self) -> None:
         """Drop the generation: its bytes become dead and zones left with no live data are reset.

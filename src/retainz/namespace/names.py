@@ -1,10 +1,10 @@
-"""Paths on a mounted device -> generations and shards, and each runtime's commit point.
+"""The namespace's rules: paths -> generation ids and shard names, the names the store can keep,
+and each runtime's commit point.  One set of rules for both faces (the FUSE mount and ``retainz://``).
 
-The store is flat (generations of shards, no rename); the mount lays a directory tree over it with
-the id scheme of the ``retainz://`` fsspec filesystem (:mod:`retainz.integrations.fsspec_files`), so
-a DCP checkpoint written through either one is the same generation:
+The store is flat (generations of shards, no rename); the namespace lays a directory tree over it,
+so a checkpoint written through either face is the same generation:
 
-* a **checkpoint directory** ``D`` is one generation, id ``quote(D)``
+* a **checkpoint directory** ``D`` is one generation, id ``encode_path(D)``
   (``run/checkpoint-500`` -> ``run%2Fcheckpoint-500``), and every file under it is a shard named by
   its path relative to ``D`` (:func:`shard_name`: ``/`` and ``%`` escaped, so Megatron's
   ``iter_0000100/mp_rank_00/model_optim_rng.pt`` is shard ``mp_rank_00%2Fmodel_optim_rng.pt``).  A
@@ -14,7 +14,7 @@ a DCP checkpoint written through either one is the same generation:
   ``…step=N….ckpt`` directory (Lightning's sharded strategies); or, as in the fsspec filesystem, when
   it holds DCP files (``*.distcp``, ``.metadata``).  The outermost such directory on a path wins (an HF
   ``checkpoint-N`` holding DeepSpeed's ``global_stepN`` is one generation).
-* any **other file** is a generation of its own, id ``@`` + ``quote(path)``, one shard ``file``.
+* any **other file** is a generation of its own, id ``@`` + ``encode_path(path)``, one shard ``file``.
 * a later **version** of a path (an atomic replace, a rewritten tracker file) gets ``#N`` appended to
   its id; the newest commit (``commit_seq``) of a path is the one visible, older ones are retired
   (:func:`newest_versions`).
@@ -24,20 +24,36 @@ a DCP checkpoint written through either one is the same generation:
 
 from __future__ import annotations
 
+import errno
 import json
 import posixpath
 import re
-from urllib.parse import quote, unquote
+from urllib.parse import unquote
 
-from retainz.integrations.fsspec_files import is_dcp_name
+from retainz.errors import InvalidIdError
+from retainz.retention.series import encode_path
 from retainz.retention.steps import parse_step
+from retainz.store.format import check_id
 
 __all__ = [
     "FILE_SHARD", "LAYOUT_SHARD", "is_checkpoint_dir_name", "checkpoint_root",
     "dir_generation_id", "file_generation_id", "parse_generation_id", "shard_name", "shard_path",
     "commit_point", "COMMIT_POINTS", "TRACKER_FILES", "tracked_names", "newest_versions", "layout_blob",
-    "read_layout",
+    "read_layout", "is_dcp_name", "generation_for", "VERSION_ROOM", "NameRefused", "check_name", "errno_of_id",
 ]
+
+_DCP_NAME = re.compile(r"(.*\.distcp|(__\d+)?\.metadata(\.tmp)?)")
+
+#: Kept free in every generation id when a name is created, for the ``#N`` of a later version
+#: (:func:`file_generation_id`): a name is refused unless its id plus these bytes passes
+#: :func:`retainz.store.format.check_id`.
+VERSION_ROOM = "#99"
+
+
+def is_dcp_name(name: str) -> bool:
+    """True for DCP's file names (``*.distcp``, ``.metadata``, ``.metadata.tmp``, ``__N.metadata``):
+    their directory is a checkpoint directory whatever its name."""
+    return bool(_DCP_NAME.fullmatch(name))
 
 #: The shard of a single-file generation (the fsspec filesystem's name for it).
 FILE_SHARD = "file"
@@ -102,15 +118,76 @@ def _safe_id(text: str) -> str:
     return text.replace(".", "%2E") if ".." in text else text
 
 
+def generation_for(path: str, is_dir: callable = lambda p: False) -> tuple[str, str, bool]:
+    """``(generation id, shard name, is_directory_generation)`` of a new file at ``path`` (no version):
+    the shard of its checkpoint directory's generation (:func:`checkpoint_root`), or a generation of
+    its own (shard :data:`FILE_SHARD`).
+
+    Raises:
+        ValueError: a DCP file at the top of the device (it needs a checkpoint directory).
+    """
+    root = checkpoint_root(path, is_dir)
+    if root is not None:
+        return dir_generation_id(root), shard_name(posixpath.relpath(path, root)), True
+    if is_dcp_name(path):
+        raise ValueError(f"{path}: DCP files must be inside a checkpoint directory")
+    return file_generation_id(path), FILE_SHARD, False
+
+
+class NameRefused(OSError):
+    """A name the store could not keep, refused where it is created: ``errno`` is ``ENAMETOOLONG``
+    (an id or shard name over 255 bytes) or ``EINVAL`` (not UTF-8, another id rule)."""
+
+
+def errno_of_id(e: InvalidIdError) -> int:
+    """``ENAMETOOLONG`` for an id over the store's 255 bytes, ``EINVAL`` for any other id rule."""
+    return errno.ENAMETOOLONG if "longer than" in str(e) else errno.EINVAL
+
+
+def check_name(path: str, *, directory: bool = False, is_dir: callable = lambda p: False) -> None:
+    """Refuse a name the store could not keep, at the call that creates it: the generation id (with
+    :data:`VERSION_ROOM`) and shard name ``path`` maps to must pass the store's id rules
+    (:func:`retainz.store.format.check_id`: at most 255 bytes of UTF-8, no control characters), and
+    the name must be UTF-8.  A directory is refused when its own id fails: every id under it is
+    longer.  Both faces call this (the mount turns it into the errno, ``retainz://`` raises it).
+
+    Raises:
+        NameRefused: ``ENAMETOOLONG`` or ``EINVAL``, the message naming the rule.
+    """
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        raise NameRefused(errno.EINVAL, f"{path!r}: the name is not UTF-8 (the store keeps UTF-8 names)") from None
+    parts = path.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise NameRefused(errno.EINVAL, f"{path!r}: empty, '.' and '..' components are not names")
+    root = None if directory else checkpoint_root(path, is_dir)
+    if directory or root is not None:
+        checks = [(dir_generation_id(root or path) + VERSION_ROOM, "generation id")]
+        if root is not None:
+            checks.append((shard_name(posixpath.relpath(path, root)), "shard name"))
+    else:
+        if is_dcp_name(path):
+            raise NameRefused(errno.EINVAL, f"{path}: DCP files must be inside a checkpoint directory")
+        checks = [(file_generation_id(path) + VERSION_ROOM, "generation id")]
+    for value, what in checks:
+        try:
+            check_id(value, what)
+        except InvalidIdError as e:
+            raise NameRefused(errno_of_id(e), f"{path}: the store cannot keep this name ({e})") from None
+
+
 def dir_generation_id(directory: str, version: int = 0) -> str:
-    """``quote(directory)`` (the fsspec id), ``#version`` appended for a later version."""
-    gid = _safe_id(quote(directory, safe=""))
+    """:func:`~retainz.retention.series.encode_path` of ``directory`` (``run/step-5`` -> ``run%2Fstep-5``),
+    ``#version`` appended for a later version."""
+    gid = encode_path(directory)
     return gid if not version else f"{gid}#{version}"
 
 
 def file_generation_id(path: str, version: int = 0) -> str:
-    """``@`` + ``quote(path)`` (the fsspec id), ``#version`` appended for a later version."""
-    gid = "@" + _safe_id(quote(path, safe=""))
+    """``@`` + :func:`~retainz.retention.series.encode_path` of ``path`` (``l/epoch=0-step=10.ckpt`` ->
+    ``@l%2Fepoch=0-step=10.ckpt``), ``#version`` appended for a later version."""
+    gid = "@" + encode_path(path)
     return gid if not version else f"{gid}#{version}"
 
 

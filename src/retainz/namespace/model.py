@@ -1,0 +1,1697 @@
+"""The namespace model: a directory tree over one open store, the same for every face.
+
+:class:`Namespace` owns the path state (the committed view: path -> generation and shard; pending
+checkpoint directories and files; open files; directories made in this session; hidden and
+truncated paths; ids in flight) and every rule over it.  The FUSE mount (:mod:`retainz.mount.fs`) and
+``retainz://`` (:mod:`retainz.integrations.fsspec_fs`) are adapters: they translate their calls into
+the POSIX-like calls below (paths inside the device, no leading ``/``; errors are
+:class:`NamespaceError`, an ``OSError`` with the errno) and hold no path state of their own.
+
+Paths map onto generations as :mod:`retainz.namespace.names` says.  What the calls do:
+
+* **write**: a file's bytes are buffered in memory up to :attr:`Namespace.stream_threshold`
+  (small files may be written at any offset, truncated, re-opened); past it they stream into the
+  store as a shard (``GenerationWriter.open_shard``: each write is pushed into 1 MiB extents), which
+  needs sequential writes (``torch.save``, safetensors and DCP write sequentially; an out-of-order
+  write to a streamed file is ``EIO`` with a log line).  One shard streams at a time
+  (:attr:`Namespace.slot`); other files keep buffering meanwhile, and store work ordered after the
+  stream (a small file's commit) is queued and run when it ends.
+* **admission**: ``open`` admits the generation, every ``write`` grows its reservation in the store
+  (``Store.admit``) to the bytes accepted and not yet placed: a full device refuses the ``write``
+  (``ENOSPC``), never a later commit.
+* **commit**: a checkpoint directory commits at its runtime's commit point
+  (:func:`retainz.namespace.names.commit_point`), in the call that reaches it (whose errno it returns);
+  a file outside checkpoint directories commits at ``close(2)`` (FUSE flush) or ``fsync`` by the
+  process that wrote it last, and the error is that call's.  Before that it is visible in this mount
+  only and lost by a crash.
+* **names**: a name the store could not keep is refused where it is created (:func:`retainz.namespace.names.check_name`).
+* **replace**: writing a file that exists (``O_TRUNC``, a rewritten tracker file) or renaming over it
+  commits the new version as a new generation (``#N`` id) first and retires the old one after: a
+  crash in between leaves both committed and the next mount keeps the newest (``commit_seq``) and
+  retires the other (:func:`retainz.namespace.names.newest_versions`).  Readers see the old version until
+  the new one's commit is durable.
+* **rename**: a file or checkpoint directory still being written is relabelled (the generation gets
+  a layout shard at its commit); a committed one is copied through the store into a new generation
+  that commits before the source is retired (the store has no rename).
+* **delete**: ``unlink`` of a file generation retires it; inside a committed checkpoint directory it
+  hides the file, and ``rmdir`` of the emptied directory retires the generation (``rm -r``).
+* **read**: committed shards through ``Store.read_shard_extent`` (every extent's crc32c verified;
+  a mismatch is ``EIO``), so random and ``mmap`` reads work.
+* **statfs**: blocks of the data zones; available = what admission can reach after GC (data
+  capacity less live bytes, the open writers' reservations and the GC reserve).
+
+Times: a commit made in this session shows its wall-clock time; one made before shows its
+``commit_seq`` as seconds since the epoch (the store keeps logical time only), so time order is
+commit order, which HF Trainer's ``sort_checkpoints(use_mtime=True)`` relies on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import itertools
+import logging
+import os
+import posixpath
+import threading
+import time
+from dataclasses import dataclass, field
+
+from retainz.errors import ChecksumError, GenerationNotFoundError, InvalidIdError, NoSpaceError, RetainZError
+from retainz.namespace import names as L
+from retainz.retention.inference import RetentionInference
+from retainz.retention.online import rule_hint
+from retainz.retention.series import series_of
+from retainz.retention.steps import parse_step
+from retainz.store import ShardWriter
+from retainz.store.writer import WRITE_BUFFER
+
+__all__ = ["Namespace", "NamespaceError", "Entry", "errno_of", "rule_for"]
+
+log = logging.getLogger("retainz.namespace")
+
+
+def errno_of(e: BaseException) -> int:
+    """The errno a store error becomes at the system call that reports it: ``ENOSPC`` for
+    :class:`~retainz.errors.NoSpaceError` (data zones or journal full), ``ENAMETOOLONG`` for an id
+    over 255 bytes, ``EINVAL`` for another id rule, ``EIO`` for anything else."""
+    if isinstance(e, NoSpaceError):
+        return errno.ENOSPC
+    if isinstance(e, InvalidIdError):
+        return L.errno_of_id(e)
+    if isinstance(e, OSError) and e.errno:
+        return e.errno
+    return errno.EIO
+
+
+class NamespaceError(OSError):
+    """A refused namespace call: an ``OSError`` with the errno (the mount returns ``-errno``;
+    ``retainz://`` raises it, so ``ENOENT`` is a ``FileNotFoundError`` and so on); logged."""
+
+    def __init__(self, code: int, message: str = ""):
+        super().__init__(code, message or os.strerror(code))
+        if message:
+            log.warning("%s", message)
+
+
+@dataclass
+class _Gen:
+    """A committed generation as the mount shows it."""
+
+    id: str
+    kind: str                      # "dir" or "file"
+    path: str
+    names: dict[str, str]          # shard -> path relative to the directory ("" for a file)
+    sizes: dict[str, int]
+    mtime_ns: int
+
+
+@dataclass
+class _Pending:
+    """A checkpoint directory being written: one open ``GenerationWriter``."""
+
+    root: str
+    gid: str
+    step: int
+    hint: object = None
+    writer: object = None          # begun when a shard streams or at commit (with the store slot)
+    streamed: dict[str, str] = field(default_factory=dict)   # shard -> rel (in the store already)
+    sizes: dict[str, int] = field(default_factory=dict)      # shard -> size
+    ready: dict[str, bytearray] = field(default_factory=dict)  # rel -> closed buffered file
+    writing: dict[str, _Handle] = field(default_factory=dict)  # rel -> open write handle
+    relabelled: bool = False
+    commit_requested: bool = False
+    mtime_ns: int = 0
+    then: list = field(default_factory=list)                  # store work to run after its commit
+
+
+@dataclass(frozen=True)
+class Entry:
+    """What :meth:`Namespace.stat` reports of a path: a directory or a file, its size in bytes (0 for
+    a directory) and its time in ns since the epoch (see :meth:`Namespace.stat`)."""
+
+    is_dir: bool
+    size: int
+    mtime_ns: int
+
+
+def rule_for(retention: str | dict | None, folder: str) -> str | None:
+    """The retention rule of checkpoints in ``folder``: ``retention`` itself (a rule string), or of a
+    ``{folder: rule}`` dict the entry of the longest folder that holds ``folder``; ``None`` for no rule
+    or ``"auto"`` (inferred instead)."""
+    if isinstance(retention, dict):
+        best = None
+        for f, rule in retention.items():
+            f = f.strip("/")
+            if (not f or folder == f or folder.startswith(f + "/")) and (best is None or len(f) > len(best[0])):
+                best = (f, rule)
+        return best[1] if best else None
+    return retention if retention != "auto" else None
+
+
+class _NoCache:
+    """The observer of a face without a page cache (:attr:`Namespace.observer`)."""
+
+    def committed(self, path: str, gid: str, shard: str) -> None:
+        """``path`` committed as ``shard`` of ``gid``."""
+
+    def written(self, path: str) -> None:
+        """A write to ``path`` failed: what a cache holds of it may not be the file's bytes."""
+
+    def moved(self, a: str, b: str) -> None:
+        """``a`` (a file or a directory) was renamed to ``b``."""
+
+
+
+class _Handle:
+    """An open file: a writer (buffer, then a streamed shard) or a reader."""
+
+    def __init__(self, fs: Namespace, path: str, *, write: bool, pending: _Pending | None = None,
+                 rel: str = "", buf: bytearray | None = None, gen: _Gen | None = None, shard: str = ""):
+        self.fs, self.path, self.write_mode = fs, path, write
+        self.pending, self.rel = pending, rel
+        self.buf = buf if buf is not None else bytearray()
+        self.size = len(self.buf)
+        self.gen, self.shard = gen, shard
+        self.sink: ShardWriter | None = None   # the shard being streamed (push-style)
+        self.writer = None             # the file generation's writer while streaming
+        self.shard_name = ""
+        self.lock = threading.Lock()
+        self.failed: BaseException | None = None
+        self.finished = False          # released: committed or joined its checkpoint
+        self.flushed = False           # a descriptor was closed since the last write
+        self.clean = False             # committed (or joined its checkpoint) since the last write
+        self.dirty = False             # written or truncated since it was opened or last committed
+        self.writer_process = None     # the process of the last write (MountedStore.caller)
+        self.done = threading.Event()  # set at release
+        self.unlinked = False          # unlinked or discarded while open: nothing of it commits
+        self.windows: dict[int, bytes] = {}    # verified extents read lately: first data byte -> bytes
+
+    @property
+    def streaming(self) -> bool:
+        return self.sink is not None
+
+
+class Namespace:
+    """The namespace over an open store (see the module docstring); one per face instance.
+
+    Args:
+        store: the open :class:`~retainz.store.Store` (or a store with the same contract); the caller
+            closes it after :meth:`unmount`.
+        retention: ``None`` (no hints), a rule string for :func:`retainz.retention.rule_hint`
+            (``"hf:save_steps=500,save_total_limit=2"``), a ``{folder: rule}`` dict (the longest
+            folder holding a checkpoint wins), or ``"auto"`` (:class:`RetentionInference`).
+        stream_threshold: bytes a file buffers in memory before it streams into the store.
+
+    Attributes:
+        inference: the :class:`~retainz.retention.inference.RetentionInference` of ``"auto"``.
+        retired_at_mount: ids of older versions retired when the namespace was loaded (recovery of a
+            replace).
+        observer: told of commits, failed writes and renames (the mount's page-cache bookkeeping).
+        caller: ``() -> process id`` of the calling process (``None`` when unknown).  A close commits
+            only when made by the process that wrote last, so a forked child or a close-on-exec of an
+            inherited descriptor never commits a file half written.
+        begin: ``(store, gid, step, hint, path) -> GenerationWriter``: how a generation is begun
+            (``retainz://`` joins the ranks of a served device into one generation).
+        on_series: called with a series before the first save into it (``retainz://`` re-hints it).
+        implicit_dirs: a new file's missing parents are implied by it (``retainz://``, as on an object
+            store); ``False`` (the mount): the parent must exist (``ENOENT``).
+        after_close: called with a pending checkpoint directory when one of its files closed and it did
+            not commit (``retainz://`` hands a joined generation back to rank 0: :meth:`detach`).
+    """
+
+    caller = staticmethod(lambda: None)
+
+    def __init__(self, store, *, retention: str | None = None, stream_threshold: int = 4 << 20):
+        self.store = store
+        self.retention = retention
+        self.observer = _NoCache()
+        self.begin = lambda store, gid, step, hint, path: store.begin_generation(gid, step, hint=hint)
+        self.on_series = lambda series: None
+        self._series_seen: set[str] = set()
+        self.implicit_dirs = False
+        self.after_close = lambda pd: None
+        self._seen: tuple = ()
+        self._layouts: dict[tuple[str, int], tuple[str, dict[str, str]]] = {}
+        self.inference = RetentionInference() if retention == "auto" else None
+        self.stream_threshold = stream_threshold
+        self._mu = threading.RLock()
+        self.slot = threading.Lock()
+        self._deferred: list = []
+        self._dlock = threading.Lock()
+        self._fh = itertools.count(1)
+        self.handles: dict[int, _Handle] = {}
+        self.gens: dict[str, _Gen] = {}
+        self.by_path: dict[tuple[str, str], str] = {}
+        self.files: dict[str, tuple[str, str]] = {}      # committed file path -> (gid, shard)
+        self.pending: dict[str, _Pending] = {}
+        self.dirs: dict[str, int] = {"": time.time_ns()}  # directories made in this session
+        self.hidden: set[str] = set()
+        self.truncated: set[str] = set()
+        self._taken: set[str] = set()                    # ids in flight (writers, deletions queued)
+        self.pending_files: dict[str, bytes] = {}        # closed files whose commit is queued
+        self._ns_cache: tuple | None = None
+        self.retired_at_mount: list[str] = []
+        self.destroyed = False                           # unmount ran
+        self._load()
+
+    # -- the committed view ------------------------------------------------------------------------
+    def _resolve(self, g) -> tuple[str, str, dict[str, str]]:
+        """``(kind, path, {shard: relative path})`` of a committed generation: from its id, or from its
+        layout shard (read once per commit)."""
+        kind, path, _ = L.parse_generation_id(g.id)
+        names = {s: ("" if kind == "file" else L.shard_path(s)) for s in g.shards if s != L.LAYOUT_SHARD}
+        if L.LAYOUT_SHARD in g.shards:
+            key = (g.id, g.commit_seq)
+            if key not in self._layouts:
+                self._layouts[key] = L.read_layout(b"".join(self.store.read_shard(g.id, L.LAYOUT_SHARD)))
+            path, names = self._layouts[key]
+        return kind, path, names
+
+    def refresh(self) -> None:
+        """Bring the committed view up to date with the store, for a face whose store others write too
+        (other ``retainz://`` instances, other processes through a node service): generations committed
+        elsewhere appear, deleted ones go; the newest version of a path is the one seen.  What this
+        namespace is writing is kept.  Cheap when nothing changed (one ``generations()`` call)."""
+        gens = self.store.generations()
+        key = tuple((g.id, g.commit_seq) for g in gens)
+        if key == self._seen:
+            return
+        with self._mu:
+            current = {g.id: g for g in gens if g.id not in self._taken}
+            for gid in [gid for gid in self.gens if gid not in current]:
+                self._forget(gid)
+            found = [(g, *self._resolve(g)) for g in current.values()]
+            best, stale = L.newest_versions((g, kind, path) for g, kind, path, _ in found)
+            for g in stale:
+                self._forget(g.id)
+            by_id = {g.id: (kind, path, names) for g, kind, path, names in found}
+            for g in sorted(best.values(), key=lambda g: g.commit_seq):
+                known = self.gens.get(g.id)
+                kind, path, names = by_id[g.id]
+                if known is None or set(known.names) != set(names) or any(
+                        known.sizes[s] != g.shards[s].size for s in known.names):
+                    if known is not None:
+                        self._forget(g.id)
+                    self._add(g, kind, path, names, g.commit_seq * 1_000_000_000)
+            self._seen = key
+            self._changed()
+
+    def _load(self) -> None:
+        found = []
+        gens = self.store.generations()
+        for g in gens:
+            found.append((g, *self._resolve(g)))
+        by_id = {g.id: (kind, path, names) for g, kind, path, names in found}
+        best, stale = L.newest_versions((g, kind, path) for g, kind, path, _ in found)
+        for g in stale:
+            log.info("retiring %s: an older version of %s (a replace was interrupted)", g.id, by_id[g.id][1])
+            self.store.delete(g.id)
+            self.retired_at_mount.append(g.id)
+        for g in sorted(best.values(), key=lambda g: g.commit_seq):
+            kind, path, names = by_id[g.id]
+            self._add(g, kind, path, names, g.commit_seq * 1_000_000_000)
+            step = parse_step(path, file_names=True)
+            if self.inference is not None and step is not None:    # earlier saves are evidence too
+                self.inference.observe_save(series_of(path), g.id, step)
+        self._seen = tuple((g.id, g.commit_seq) for g in gens if g.id not in self.retired_at_mount)
+
+    def _add(self, info, kind: str, path: str, names: dict[str, str], mtime_ns: int) -> _Gen:
+        g = _Gen(info.id, kind, path, names, {s: info.shards[s].size for s in names}, mtime_ns)
+        self.gens[g.id] = g
+        self.by_path[(kind, path)] = g.id
+        for s, rel in names.items():
+            self.files[posixpath.join(path, rel) if rel else path] = (g.id, s)
+        self._ns_cache = None
+        return g
+
+    def _forget(self, gid: str) -> _Gen | None:
+        g = self.gens.pop(gid, None)
+        if g is None:
+            return None
+        if self.by_path.get((g.kind, g.path)) == gid:
+            del self.by_path[(g.kind, g.path)]
+        for rel in g.names.values():
+            p = posixpath.join(g.path, rel) if rel else g.path
+            if self.files.get(p, (None,))[0] == gid:
+                del self.files[p]
+            self.hidden.discard(p)
+        if g.kind == "dir":
+            self.hidden -= {h for h in self.hidden if h.startswith(g.path + "/")}
+        self._ns_cache = None
+        return g
+
+    def _log_rule(self, series: str, before) -> None:
+        after = self.inference.rule(series)
+        if after is not None and (before is None or before.describe() != after.describe()):
+            log.info("retention inferred for %s/: %s (%d events)", series, after.describe(), after.evidence)
+
+    def _retire(self, gid: str) -> None:
+        """Drop a committed generation from the view and delete it from the store (journaled,
+        flushed; queued behind a streaming shard if one is being written)."""
+        self._taken.add(gid)
+        if self.inference is not None:
+            series = series_of(self.gens[gid].path) if gid in self.gens else None
+            before = self.inference.rule(series) if series is not None else None
+            self.inference.observe_delete(gid)
+            if series is not None:
+                self._log_rule(series, before)
+        self._forget(gid)
+
+        def delete():
+            with contextlib.suppress(GenerationNotFoundError):
+                self.store.delete(gid)
+            self._taken.discard(gid)
+        self._store_work(delete)
+
+    def _free_id(self, make, path: str) -> str:
+        for v in itertools.count():
+            gid = make(path, v)
+            if gid not in self.gens and gid not in self._taken:
+                return gid
+        raise AssertionError("unreachable")
+
+    def _hint(self, series: str, gid: str, step: int | None):
+        if self.inference is not None:
+            hint = self.inference.hint(series, step)
+            if step is not None:
+                before = self.inference.rule(series)
+                self.inference.observe_save(series, gid, step)
+                self._log_rule(series, before)
+            return hint
+        rule = self._rule(series)
+        if rule:
+            if series not in self._series_seen:
+                self._series_seen.add(series)
+                self.on_series(series)
+            return rule_hint(rule, step)
+        return None
+
+    def _rule(self, folder: str) -> str | None:
+        return rule_for(self.retention, folder)
+
+    # -- the store slot: one streamed shard at a time --------------------------------------------------
+    def _store_work(self, fn) -> bool:
+        """Run ``fn`` now if no shard is streaming (errors propagate), else queue it for the end of
+        the stream (errors are logged).  Returns whether it ran now."""
+        if not self.slot.acquire(blocking=False):
+            with self._dlock:
+                self._deferred.append(fn)
+            if self.slot.acquire(blocking=False):      # the stream ended meanwhile
+                self._drain_and_release()
+            return False
+        try:
+            fn()
+        finally:
+            self._drain_and_release()
+        return True
+
+    def _drain_and_release(self) -> None:
+        """Run queued store work while holding the slot, then release it (called by its holder)."""
+        try:
+            while True:
+                with self._dlock:
+                    if not self._deferred:
+                        break
+                    fn = self._deferred.pop(0)
+                try:
+                    with self._mu:
+                        fn()
+                except Exception as e:  # noqa: BLE001 - deferred work has no caller to raise to
+                    log.error("deferred store operation failed: %s", e)
+        finally:
+            self.slot.release()
+        with self._dlock:
+            more = bool(self._deferred)
+        if more and self.slot.acquire(blocking=False):
+            self._drain_and_release()
+
+    # -- the namespace -------------------------------------------------------------------------------
+    def _namespace(self) -> tuple[dict[str, int], dict[str, int]]:
+        """``({file: mtime_ns}, {directory: mtime_ns})`` visible now (sizes come from :meth:`_size`)."""
+        if self._ns_cache is not None:
+            return self._ns_cache
+        files: dict[str, int] = {}
+        for p, (gid, _) in self.files.items():
+            if p not in self.hidden:
+                files[p] = self.gens[gid].mtime_ns
+        dirs = dict(self.dirs)
+        for pd in self.pending.values():
+            dirs[pd.root] = pd.mtime_ns
+            for rel in list(pd.streamed.values()) + list(pd.ready) + list(pd.writing):
+                files[posixpath.join(pd.root, rel)] = pd.mtime_ns
+        for h in self.handles.values():
+            if h.write_mode and not h.finished and not h.unlinked:
+                files.setdefault(h.path, time.time_ns())
+        for p in self.pending_files:
+            files.setdefault(p, time.time_ns())
+        for g in self.gens.values():             # a committed checkpoint directory and the directories
+            if g.kind == "dir":                  # inside it stay until removed (rmdir), even if emptied
+                dirs.setdefault(g.path, g.mtime_ns)
+                for rel in g.names.values():
+                    sub = posixpath.dirname(rel)
+                    while sub:
+                        q = posixpath.join(g.path, sub)
+                        if q not in self.hidden:
+                            dirs.setdefault(q, g.mtime_ns)
+                        sub = posixpath.dirname(sub)
+        for f in list(files) + list(dirs):
+            parent = posixpath.dirname(f)
+            while True:
+                if parent not in dirs:
+                    dirs[parent] = files.get(f, dirs.get(f, 0))
+                if not parent:
+                    break
+                parent = posixpath.dirname(parent)
+        self._ns_cache = (files, dirs)
+        return self._ns_cache
+
+    def _changed(self) -> None:
+        self._ns_cache = None
+
+    def _writer_of(self, path: str) -> _Handle | None:
+        for h in self.handles.values():
+            if h.write_mode and not h.finished and not h.unlinked and h.path == path:
+                return h
+        return None
+
+    def _committed(self, path: str) -> bool:
+        """True if readers of ``path`` see a committed version (it is not hidden or truncated)."""
+        return path in self.files and path not in self.hidden and path not in self.truncated
+
+    def _size(self, path: str, fh=None) -> int:
+        h = self._writer_of(path)
+        if h is not None and (not self._committed(path) or (fh is not None and self.handles.get(fh) is h)):
+            return h.size                       # others see the committed version until the new one commits
+        if path in self.truncated:
+            return 0
+        if path in self.pending_files:
+            return len(self.pending_files[path])
+        pd = self._pending_of(path)
+        if pd is not None:
+            rel = posixpath.relpath(path, pd.root)
+            if rel in pd.ready:
+                return len(pd.ready[rel])
+            for s, r in pd.streamed.items():
+                if r == rel:
+                    return pd.sizes[s]
+        gid, shard = self.files[path]
+        return self.gens[gid].sizes[shard]
+
+    def _pending_of(self, path: str) -> _Pending | None:
+        for root, pd in self.pending.items():
+            if path.startswith(root + "/"):
+                return pd
+        return None
+
+    def _check_parent(self, p: str, files, dirs) -> None:
+        """A new name's parent must be a directory; with :attr:`implicit_dirs` missing parents are
+        implied (no ancestor may be a file)."""
+        parent = posixpath.dirname(p)
+        if parent in dirs and parent not in files:
+            return
+        if not self.implicit_dirs:
+            raise NamespaceError(errno.ENOENT, f"{p}: no directory {parent or '/'}")
+        while parent:
+            if parent in files:
+                raise NamespaceError(errno.ENOTDIR, f"{p}: {parent} is a file")
+            parent = posixpath.dirname(parent)
+
+    def _is_dir(self, path: str) -> bool:
+        return path in self._namespace()[1]
+
+    @staticmethod
+    def _p(path: str | None) -> str:
+        return (path or "/").strip("/")
+
+    def _check_name(self, p: str, *, directory: bool = False) -> None:
+        """:func:`retainz.namespace.names.check_name` of ``p`` (directories as this namespace sees them).
+
+        Raises:
+            NamespaceError: ``ENAMETOOLONG``, ``EINVAL``.
+        """
+        try:
+            L.check_name(p, directory=directory, is_dir=self._is_dir)
+        except L.NameRefused as e:
+            raise NamespaceError(e.errno, e.strerror) from None
+
+    # -- metadata ----------------------------------------------------------------------------------
+    def stat(self, path: str, fh: int | None = None) -> Entry:
+        """The directory or file at ``path``.  Its time: a commit made by this instance shows its
+        wall-clock time; one made before shows its ``commit_seq`` as seconds since the epoch (the store
+        keeps logical time only), so time order is commit order.  The size a writer sees through its
+        own handle ``fh`` is what it wrote; others see the committed version until the new one commits.
+
+        Raises:
+            NamespaceError: ``ENOENT``.
+        """
+        p = self._p(path)
+        with self._mu:
+            files, dirs = self._namespace()
+            if p in dirs and p not in files:
+                return Entry(True, 0, dirs[p])
+            if p in files:
+                return Entry(False, self._size(p, fh), files[p])
+        raise NamespaceError(errno.ENOENT, f"{p}: no such file or directory")
+
+    def exists(self, path: str) -> bool:
+        """Whether ``path`` is a file or directory visible now."""
+        p = self._p(path)
+        with self._mu:
+            files, dirs = self._namespace()
+            return p in files or p in dirs
+
+    def listdir(self, path: str) -> list[str]:
+        """The names in directory ``path``, sorted.
+
+        Raises:
+            NamespaceError: ``ENOENT`` (no such directory), ``ENOTDIR``.
+        """
+        p = self._p(path)
+        with self._mu:
+            files, dirs = self._namespace()
+            if p in files:
+                raise NamespaceError(errno.ENOTDIR, f"{p}: not a directory")
+        return [n for n in self.readdir(p) if n not in (".", "..")]
+
+    def walk_files(self, path: str) -> dict[str, int]:
+        """``{file: size}`` of every file at or under ``path`` visible now (``""``: the whole tree)."""
+        p = self._p(path)
+        with self._mu:
+            files, _ = self._namespace()
+            prefix = p + "/" if p else ""
+            return {f: self._size(f) for f in files if f == p or f.startswith(prefix)}
+
+    def readdir(self, path, fh=None):
+        p = self._p(path)
+        with self._mu:
+            files, dirs = self._namespace()
+            if p not in dirs:
+                raise NamespaceError(errno.ENOENT)
+            prefix = p + "/" if p else ""
+            names = {q[len(prefix):].split("/", 1)[0] for q in itertools.chain(files, dirs)
+                     if q.startswith(prefix) and q != p}
+        return [".", ".."] + sorted(n for n in names if n)
+
+    def space(self) -> tuple[int, int, int, int]:
+        """``(block size, capacity, available, generations)`` in bytes: available is what admission can
+        reach after GC (data capacity less live bytes, the open writers' reservations and the GC
+        reserve), what ``Store.begin_generation`` can admit."""
+        df = self.store.df()
+        bs = self.store.device.geometry.block_size
+        with self._mu:
+            writers = [pd.writer for pd in self.pending.values() if pd.writer is not None]
+            writers += [h.writer for h in self.handles.values() if h.write_mode and h.writer is not None]
+        reserved = sum(w.reserve for w in writers)     # admitted for bytes accepted, not yet placed
+        avail = max(0, df.capacity - df.used - df.gc_reserve - reserved)
+        return bs, df.capacity, avail, df.generations
+
+    def mkdir(self, path: str) -> None:
+        """Make a directory (this instance's, until a file under it commits).
+
+        Raises:
+            NamespaceError: ``EEXIST``, ``ENOENT`` (no parent), a refused name.
+        """
+        p = self._p(path)
+        with self._mu:
+            files, dirs = self._namespace()
+            if p in files or p in dirs:
+                raise NamespaceError(errno.EEXIST)
+            if posixpath.dirname(p) not in dirs:
+                raise NamespaceError(errno.ENOENT)
+            self._check_name(p, directory=True)
+            self.dirs[p] = time.time_ns()
+            self._changed()
+        return 0
+
+    # -- opening and writing ------------------------------------------------------------------------
+    def open_write(self, path: str, *, truncate: bool = True) -> int:
+        """Open ``path`` for writing (created if new; ``truncate``: start empty) and return its handle.
+
+        Raises:
+            NamespaceError: ``EISDIR``, ``ENOENT`` (no parent), ``EBUSY`` (open for writing already),
+                ``EPERM`` (a streamed file of a checkpoint being written, opened again), ``ENOSPC``,
+                a refused name.
+        """
+        return self._open_write(self._p(path), truncate=truncate)
+
+    def open_read(self, path: str) -> int:
+        """Open ``path`` for reading and return its handle (see :meth:`read`).
+
+        Raises:
+            NamespaceError: ``ENOENT``, ``EBUSY`` (streamed into the store and not committed yet).
+        """
+        return self._open_read(self._p(path))
+
+    def handle(self, fh: int) -> _Handle | None:
+        """The open file of handle ``fh`` (``None`` once released)."""
+        return self.handles.get(fh)
+
+    def writer_of(self, path: str) -> _Handle | None:
+        """The open, unreleased writer of ``path``, if any."""
+        return self._writer_of(self._p(path))
+
+    def committed(self, path: str) -> bool:
+        """Whether readers of ``path`` see a committed version."""
+        return self._committed(self._p(path))
+
+    def _open_read(self, p: str) -> int:
+        self._settled(p)
+        deadline = time.monotonic() + 30
+        while True:
+            with self._mu:
+                pd = self._pending_of(p)
+                if (self._writer_of(p) is None and pd is not None and not pd.writing
+                        and posixpath.relpath(p, pd.root) not in pd.ready and (pd.commit_requested or L.commit_point(
+                            pd.root, pd.ready | dict.fromkeys(pd.streamed.values())) == "closed")):
+                    self._request_commit(pd)     # a save with no commit point of its own, read back: it is done
+                    if self._pending_of(p) is not pd:
+                        return self._open_read_locked(p)
+                else:
+                    return self._open_read_locked(p)
+            if time.monotonic() > deadline:      # its commit is queued behind a stream that goes on
+                break
+            time.sleep(0.01)
+        with self._mu:
+            return self._open_read_locked(p)
+
+    def _open_read_locked(self, p: str) -> int:
+        files, _ = self._namespace()
+        if p not in files:
+            raise NamespaceError(errno.ENOENT)
+        w = self._writer_of(p)
+        pd = self._pending_of(p)
+        if w is not None and not w.streaming and not self._committed(p):
+            h = _Handle(self, p, write=False, buf=w.buf)   # reads what is written so far
+        elif p in self.truncated:
+            h = _Handle(self, p, write=False, buf=bytearray())
+        elif p in self.pending_files:
+            h = _Handle(self, p, write=False, buf=bytearray(self.pending_files[p]))
+        elif pd is not None and posixpath.relpath(p, pd.root) in pd.ready:
+            h = _Handle(self, p, write=False, buf=bytearray(pd.ready[posixpath.relpath(p, pd.root)]))
+        elif p in self.files:
+            gid, shard = self.files[p]
+            h = _Handle(self, p, write=False, gen=self.gens[gid], shard=shard)
+        else:
+            raise NamespaceError(errno.EBUSY, f"{p}: being written into the store and not committed yet; "
+                                      "it can be read after its checkpoint commits")
+        fh = next(self._fh)
+        self.handles[fh] = h
+        return fh
+
+    def _open_write(self, p: str, truncate: bool) -> int:
+        self._settled(p)
+        with self._mu:
+            files, dirs = self._namespace()
+            if p in dirs:
+                raise NamespaceError(errno.EISDIR)
+            self._check_parent(p, files, dirs)
+            if self._writer_of(p) is not None:
+                raise NamespaceError(errno.EBUSY, f"{p}: already open for writing")
+            if p not in files:
+                self._check_name(p)
+            root = L.checkpoint_root(p, self._is_dir)
+            buf = bytearray()
+            if root is not None:
+                if ("dir", root) in self.by_path and p in files and not truncate and root not in self.pending:
+                    raise NamespaceError(errno.EPERM, f"{p}: checkpoint {root} is committed: its files can be "
+                                              "replaced whole (O_TRUNC), not changed in place")
+                # a file written into a committed checkpoint starts its next version, which replaces it
+                # at its commit point (the files it does not rewrite are carried over)
+                pd = self.pending.get(root) or self._begin_dir(root)
+                rel = posixpath.relpath(p, root)
+                if rel in pd.ready:
+                    if not truncate:
+                        buf = pd.ready[rel]
+                    del pd.ready[rel]
+                elif rel in pd.streamed.values():
+                    raise NamespaceError(errno.EPERM, f"{p}: already streamed into checkpoint {root} (append-only)")
+                h = _Handle(self, p, write=True, pending=pd, rel=rel, buf=buf)
+                h.size = len(buf)
+                self._reserve(h)              # admitted (journal room) here: ENOSPC at open, not later
+                pd.writing[rel] = h
+            else:
+                if p in files and not truncate and p not in self.truncated:
+                    size = self._size(p)
+                    if size > self.stream_threshold:
+                        raise NamespaceError(errno.EPERM, f"{p}: a committed file over {self.stream_threshold} bytes "
+                                                  "can only be replaced whole (open it with O_TRUNC)")
+                    buf = bytearray(self._read_all(p))
+                h = _Handle(self, p, write=True, buf=buf)
+                h.dirty = truncate and self._committed(p)     # O_TRUNC of a file: it is empty now
+                self._reserve(h)
+            fh = next(self._fh)
+            self.handles[fh] = h
+            self._changed()
+            return fh
+
+    def _begin_dir(self, root: str) -> _Pending:
+        """Admit the generation of a new checkpoint directory (its first file is being created)."""
+        parent = posixpath.dirname(root)
+        for other in list(self.pending.values()):   # the runtime moved on: its earlier save is done
+            if (posixpath.dirname(other.root) == parent and not other.writing
+                    and L.commit_point(other.root, other.ready | dict.fromkeys(other.streamed.values())) == "closed"):
+                self._request_commit(other)
+        step = parse_step(root, file_names=True)
+        gid = self._free_id(L.dir_generation_id, root)
+        hint = self._hint(series_of(root), gid, step)
+        self._taken.add(gid)
+        pd = self.pending[root] = _Pending(root, gid, step or 0, hint, mtime_ns=time.time_ns())
+        self._changed()
+        return pd
+
+    def _writer(self, pd: _Pending):
+        """The pending directory's ``GenerationWriter`` (admitted on first need; the caller holds the
+        store slot)."""
+        if pd.writer is None:
+            pd.writer = self.begin(self.store, pd.gid, pd.step, pd.hint, pd.root)
+        return pd.writer
+
+    def write(self, fh: int, data, offset: int) -> int:
+        """Take bytes: buffered in memory (small files) or streamed into the store (past
+        :attr:`stream_threshold`).  Admission is checked here: the generation's reservation in the
+        store grows to cover every byte accepted and not yet placed (``Store.admit``), so a device
+        too full for them refuses the write (``ENOSPC``) instead of a later commit."""
+        try:
+            return self._write(data, offset, fh)
+        except BaseException:
+            h = self.handles.get(fh)
+            if h is not None:
+                self.observer.written(h.path)   # a cache's pages may no longer be the file's bytes
+            raise
+
+    def _write(self, data, offset, fh) -> int:
+        h = self.handles.get(fh)
+        if h is None or not h.write_mode:
+            raise NamespaceError(errno.EBADF)
+        with h.lock:
+            if h.unlinked:
+                return len(data)           # POSIX: the descriptor of an unlinked file still takes bytes
+            if h.failed is not None:
+                raise NamespaceError(errno.EIO, f"{h.path}: an earlier write failed ({h.failed})")
+            if h.clean:
+                self._reopen(h)
+            h.flushed = False
+            h.writer_process = self.caller()
+            end = offset + len(data)
+            if h.streaming:
+                if offset != h.size:
+                    raise NamespaceError(errno.EIO, f"{h.path}: write at byte {offset} of a file streamed "
+                                            f"sequentially into the store ({h.size} bytes so far)")
+                self._reserve(h, end)
+                h.dirty = True
+                try:
+                    h.sink.write(data)
+                except BaseException as e:
+                    h.failed = e
+                    raise NamespaceError(errno_of(e), f"{h.path}: {e}") from e
+                h.size += len(data)
+                return len(data)
+            self._reserve(h, max(end, len(h.buf)))
+            h.dirty = True
+            if offset > len(h.buf):
+                h.buf.extend(bytes(offset - len(h.buf)))
+            h.buf[offset:end] = data
+            h.size = len(h.buf)
+            if h.size >= self.stream_threshold and end == h.size:
+                self._try_stream(h)
+            return len(data)
+
+    # -- admission ------------------------------------------------------------------------------------
+    def _pad(self, n: int) -> int:
+        bs = self.store.device.geometry.block_size
+        return -(-n // bs) * bs
+
+    def _unplaced(self, h: _Handle, size: int | None = None) -> int:
+        """Device bytes ``h`` has accepted (or, with ``size``, will have) and not placed: its buffer,
+        or the tail its open shard holds before the next 1 MiB extent."""
+        size = h.size if size is None else size
+        sink = h.sink
+        if sink is not None:
+            return self._pad(sink.written % WRITE_BUFFER + max(0, size - h.size))
+        return self._pad(size)
+
+    def _reserve(self, h: _Handle, size: int | None = None) -> None:
+        """Grow the reservation of ``h``'s generation to every byte it holds unplaced, ``h`` at
+        ``size`` bytes, plus one block (a layout shard); the generation is admitted first if it has
+        no writer yet.
+
+        Raises:
+            NamespaceError: ``ENOSPC`` (the store's admission or journal refused; nothing changed).
+        """
+        try:
+            with self._mu:
+                if h.pending is not None:
+                    pd = h.pending
+                    w = self._writer(pd)
+                    need = sum(self._pad(len(b)) for b in pd.ready.values())
+                    need += sum(self._unplaced(o, size if o is h else None) for o in pd.writing.values())
+                else:
+                    w = h.writer if h.writer is not None else self._begin_file(h)
+                    need = self._unplaced(h, size)
+                self._admit(w, need + self._pad(1))
+        except RetainZError as e:
+            raise NamespaceError(errno_of(e), f"{h.path}: {e}") from e
+
+    def _admit(self, w, nbytes: int) -> None:
+        """Grow ``w``'s reservation to ``nbytes`` (``Store.admit``); a store without it (a node
+        service's client) admits in the service as the bytes arrive."""
+        admit = getattr(self.store, "admit", None)
+        if admit is not None:
+            with self.store.lock:
+                admit(w, nbytes)
+
+    def _begin_file(self, h: _Handle):
+        """Admit the generation of a file outside checkpoint directories (its first byte arrives)."""
+        gid = self._free_id(L.file_generation_id, h.path)
+        step = parse_step(h.path, file_names=True)
+        hint = self._hint(series_of(h.path), gid, step)
+        h.writer = self.begin(self.store, gid, step or 0, hint, h.path)
+        self._taken.add(gid)
+        return h.writer
+
+    def _reopen(self, h: _Handle) -> None:
+        """More bytes after a close of a duplicate descriptor committed the file: they make a new
+        version (a file) or take the file back from its checkpoint (buffered files only)."""
+        with self._mu:
+            if h.pending is None:
+                if not h.buf and h.size:
+                    h.buf = bytearray(self._read_all(h.path))     # it had streamed: copy it
+                h.clean = False
+                return
+            pd = h.pending
+            if self.pending.get(pd.root) is not pd:
+                raise NamespaceError(errno.EPERM, f"{h.path}: its checkpoint {pd.root} has committed (append-only)")
+            if h.rel not in pd.ready:
+                raise NamespaceError(errno.EPERM, f"{h.path}: already streamed into checkpoint {pd.root} (append-only)")
+            h.buf = pd.ready.pop(h.rel)
+            pd.writing[h.rel] = h
+            h.clean = False
+            self._changed()
+
+    def _try_stream(self, h: _Handle) -> None:
+        """Start streaming a large file's buffer into the store, if the slot is free (under ``h.lock``)."""
+        if not self.slot.acquire(blocking=False):
+            return
+        try:
+            with self._mu:
+                if h.pending is not None:
+                    pd = h.pending
+                    name = L.shard_name(h.rel)
+                    if name in pd.streamed or name == L.LAYOUT_SHARD:
+                        name = f"{name}%{len(pd.streamed)}"
+                    writer = self._writer(pd)
+                else:
+                    writer = h.writer if h.writer is not None else self._begin_file(h)
+                    name = L.FILE_SHARD
+            h.shard_name = name
+            h.sink = writer.open_shard(name)
+            h.sink.write(h.buf)
+            h.buf = bytearray()
+        except BaseException as e:
+            if h.sink is not None:
+                with contextlib.suppress(BaseException):
+                    h.sink.abort()
+                h.sink = None
+            self.slot.release()
+            h.failed = e
+            raise NamespaceError(errno_of(e), f"{h.path}: {e}") from e
+
+    def truncate(self, path: str, length: int, fh: int | None = None) -> int:
+        p = self._p(path)
+        h = self.handles.get(fh) if fh else None
+        if h is None:
+            with self._mu:
+                h = self._writer_of(p)
+        if h is not None and h.write_mode:
+            with h.lock:
+                if h.streaming:
+                    if length != h.size:
+                        raise NamespaceError(errno.EPERM, f"{p}: cannot truncate a file streamed into the store")
+                    return 0
+                if length != h.size and h.clean:
+                    self._reopen(h)
+                h.dirty = h.dirty or length != h.size
+                if length > len(h.buf):
+                    self._reserve(h, length)
+                del h.buf[length:]
+                if length > len(h.buf):
+                    h.buf.extend(bytes(length - len(h.buf)))
+                h.size = len(h.buf)
+            return 0
+        with self._mu:
+            files, _ = self._namespace()
+            if p not in files:
+                raise NamespaceError(errno.ENOENT)
+            if length == 0 and L.checkpoint_root(p, self._is_dir) is None:
+                self.truncated.add(p)      # the next writer replaces it; it reads empty meanwhile
+                return 0
+            if length == self._size(p):
+                return 0
+        raise NamespaceError(errno.EPERM, f"{p}: committed files are append-only (replace them whole)")
+
+    def close(self, fh: int) -> int:
+        """``close(2)`` of one descriptor: the file is finished here, so its error reaches the
+        program's ``close``: a file outside checkpoint directories commits (its new version replaces
+        the old), a file of a checkpoint joins it and, if it is the checkpoint's commit point
+        (``trainer_state.json``, ``.metadata``, a tracker file), the checkpoint commits.  More writes
+        through a duplicate descriptor make the file dirty again (a new version at the next close)."""
+        h = self.handles.get(fh)
+        if h is not None and h.write_mode:
+            if (h.dirty or h.failed is not None) and self.caller() == h.writer_process:
+                self._finish(h, report=True)      # not at a close by a process that never wrote
+            h.flushed = True
+        return 0
+
+    def _settled(self, p: str) -> None:
+        """Wait (up to 30 s, without the namespace lock) until a writer of ``p`` that was closed has
+        been released, so the next open sees the finished file (a runtime reads or rewrites what it
+        has just closed)."""
+        deadline = time.monotonic() + 30
+        while True:
+            with self._mu:
+                w = self._writer_of(p)
+            if w is None or not w.flushed or time.monotonic() > deadline:
+                return
+            w.done.wait(0.5)
+
+    def fsync(self, fh: int) -> int:
+        """``fsync(2)``: a file outside checkpoint directories commits now (as at close); a file of
+        a checkpoint reports any error so far (its bytes are reserved in the store and become
+        durable at the checkpoint's commit point)."""
+        h = self.handles.get(fh)
+        if h is None or not h.write_mode:
+            return 0
+        with h.lock:
+            if h.failed is not None:
+                raise NamespaceError(errno_of(h.failed), f"{h.path}: an earlier write failed ({h.failed})")
+        if h.pending is None and h.dirty:
+            self._finish(h, report=True)
+        return 0
+
+    def fsyncdir(self, path: str) -> int:
+        """``fsync`` of a directory: a checkpoint directory being written commits now (once its files
+        are closed; its error is this call's); any other directory has nothing unwritten (each file
+        commits at its close)."""
+        p = self._p(path)
+        with self._mu:
+            pd = self.pending.get(p)
+            if pd is not None:
+                self._request_commit(pd)
+                if pd.writing:
+                    raise NamespaceError(errno.EBUSY, f"{p}: {len(pd.writing)} of its files are still open; "
+                                              "it commits when they are closed")
+        return 0
+
+    def release(self, fh: int) -> int:
+        h = self.handles.get(fh)
+        try:
+            if h is not None and h.write_mode:
+                try:
+                    self._finish(h, report=False)
+                finally:
+                    with self._mu:
+                        h.finished = True      # until now the path's open writer is this handle
+                        self._changed()
+        finally:
+            with self._mu:
+                self.handles.pop(fh, None)
+                self._changed()
+            if h is not None:
+                h.done.set()
+        return 0
+
+    def _finish(self, h: _Handle, *, report: bool) -> None:
+        """Commit or join ``h`` unless it is clean.  ``report``: raise the error as an errno (a
+        close or fsync); at release nothing can report it (logged; only reached if no close came)."""
+        with h.lock:
+            if h.unlinked:
+                h.clean = True
+                return
+            if h.clean or h.finished:
+                if h.failed is not None and report:
+                    raise NamespaceError(errno_of(h.failed), f"{h.path}: {h.failed}")
+                return
+            if not h.dirty and h.pending is None and self._committed(h.path):
+                self._drop_writer(h)       # opened for writing, nothing changed: no new version
+                h.clean = True
+                return
+            try:
+                self._close_writer(h)
+                h.clean = True
+                h.dirty = False
+            except NamespaceError:
+                h.clean = True
+                if report:
+                    raise
+            except RetainZError as e:
+                h.clean = True
+                h.failed = h.failed or e
+                if report:
+                    raise NamespaceError(errno_of(e), f"{h.path}: {e}") from e
+                log.error("%s: not committed: %s", h.path, e)
+            finally:
+                with self._mu:
+                    self._changed()
+
+    def _close_writer(self, h: _Handle) -> None:
+        info = None
+        streamed = h.streaming            # then this handle holds the store slot
+        err = h.failed
+        if h.streaming:
+            try:
+                info = h.sink.close()
+            except BaseException as e:
+                err = h.failed = e
+            finally:
+                h.sink = None
+                h.buf = bytearray()
+        try:
+            with self._mu:
+                self._changed()
+                if h.pending is not None:
+                    pd = h.pending
+                    pd.writing.pop(h.rel, None)
+                    if err is not None:
+                        self._abort(pd)
+                        raise NamespaceError(errno_of(err), f"{h.path}: {err} (checkpoint {pd.root} dropped)")
+                    if info is not None:
+                        pd.streamed[h.shard_name] = h.rel
+                        pd.sizes[h.shard_name] = info.size
+                    else:
+                        pd.ready[h.rel] = h.buf
+                    name = posixpath.basename(h.rel)
+                    point = L.commit_point(pd.root, pd.ready | dict.fromkeys(pd.streamed.values()))
+                    if pd.root in self.pending and ((name == ".metadata" and point == "dcp-metadata")
+                                                    or (name == "trainer_state.json" and point == "hf-trainer-state"
+                                                        and "/" not in h.rel)):
+                        self._request_commit(pd)
+                    elif pd.commit_requested and not pd.writing:
+                        self._request_commit(pd)
+                    if self.pending.get(pd.root) is pd:
+                        self.after_close(pd)
+                else:
+                    if err is not None:
+                        self._drop_writer(h)
+                        raise NamespaceError(errno_of(err), f"{h.path}: {err}")
+                    self._close_file(h, info)
+        finally:
+            if streamed:
+                self._drain_and_release()
+
+    def _drop_writer(self, h: _Handle) -> None:
+        if h.writer is not None:
+            with contextlib.suppress(Exception):
+                h.writer.abort()
+            self._taken.discard(h.writer.id)
+            h.writer = None
+
+    def _close_file(self, h: _Handle, info) -> None:
+        """A file generation's descriptor closed: commit its new version now (the old one is
+        retired after); a store error is raised (the caller turns it into the close's errno), and
+        the old version, if any, stays."""
+        p = h.path
+        name = posixpath.basename(p)
+        waiting = None
+        if name in L.TRACKER_FILES and not h.streaming and info is None:
+            wanted = set(L.tracked_names(name, bytes(h.buf)))
+            for pd in list(self.pending.values()):
+                if posixpath.dirname(pd.root) == posixpath.dirname(p) and posixpath.basename(pd.root) in wanted:
+                    self._request_commit(pd)      # the checkpoint commits before its tracker
+                    if pd.writing:                # a file of it is still open
+                        waiting = pd
+        try:
+            if info is not None:              # streamed: the shard is closed, the slot still ours
+                w = h.writer
+                if L.parse_generation_id(w.id)[1] != p and not self._rename_writer(w, L.file_generation_id, p):
+                    w.write_shard(L.LAYOUT_SHARD, [L.layout_blob(p, {L.FILE_SHARD: ""})])   # renamed while open
+            else:
+                data = bytes(h.buf)
+                w = h.writer
+                if w is not None and L.parse_generation_id(w.id)[1] != p:
+                    self._drop_writer(h)      # renamed while open, nothing placed: admit it under its path
+                    w = None
+                if w is None:
+                    self._reserve(h)
+                    w = h.writer
+                if waiting is not None:       # commits after the checkpoint it names
+                    gen_w = w
+                    h.writer = None
+
+                    def later():
+                        gen_w.write_shard(L.FILE_SHARD, [data])
+                        self._taken.discard(gen_w.id)
+                        self._publish_file(p, gen_w.commit())
+                    waiting.then.append(later)
+                    self.pending_files[p] = data
+                    self._changed()
+                    return
+                w.write_shard(L.FILE_SHARD, [data])
+            gen = w.commit()
+        except BaseException:
+            self._drop_writer(h)
+            raise
+        h.writer = None
+        self._taken.discard(gen.id)
+        self._publish_file(p, gen)
+
+    def _publish_file(self, p: str, gen) -> None:
+        self._cache_committed(p, gen.id, L.FILE_SHARD)
+        old = self.by_path.get(("file", p))
+        self._add(gen, "file", p, {L.FILE_SHARD: ""}, time.time_ns())
+        self.truncated.discard(p)
+        self.pending_files.pop(p, None)
+        if old is not None and old != gen.id:
+            with contextlib.suppress(GenerationNotFoundError):
+                self.store.delete(old)          # the new version's commit is durable: retire the old
+            self.gens.pop(old, None)
+
+    def _cache_committed(self, p: str, gid: str, shard: str) -> None:
+        self.observer.committed(p, gid, shard)
+
+    def _request_commit(self, pd: _Pending) -> None:
+        """Commit a checkpoint directory at its commit point, now (when its last file closes if
+        some are still open).  A refused commit drops the checkpoint (none of its files stays) and
+        raises the errno for the call that reached the commit point."""
+        pd.commit_requested = True
+        if pd.writing or self.pending.get(pd.root) is not pd:
+            return
+        try:
+            self._commit_dir(pd)
+        except BaseException as e:
+            log.error("%s: commit refused, the checkpoint is dropped: %s", pd.root, e)
+            self._abort(pd)
+            raise NamespaceError(errno_of(e), f"{pd.root}: commit refused: {e}") from e
+
+    def _commit_dir(self, pd: _Pending) -> None:
+        if self.pending.get(pd.root) is not pd:
+            return
+        if not pd.streamed and L.parse_generation_id(pd.gid)[1] != pd.root:
+            self._readmit(pd)          # renamed before anything was placed: its id names its path
+        names = dict(pd.streamed)
+        for rel, data in pd.ready.items():
+            name = L.shard_name(rel)
+            if name in names or name == L.LAYOUT_SHARD:
+                name = f"{name}%{len(names)}"
+            self._writer(pd).write_shard(name, [bytes(data)])
+            names[name] = rel
+        old = self.by_path.get(("dir", pd.root))
+        if old is not None and old != pd.gid:           # a new version: the files it did not rewrite stay
+            written = set(names.values())
+            for s, rel in self.gens[old].names.items():
+                if rel in written or posixpath.join(pd.root, rel) in self.hidden:
+                    continue
+                name = L.shard_name(rel)
+                if name in names or name == L.LAYOUT_SHARD:
+                    name = f"{name}%{len(names)}"
+                self._writer(pd).write_shard(name, self.store.read_shard(old, s))
+                names[name] = rel
+        moved = pd.gid != L.dir_generation_id(pd.root, _version(pd.gid))    # renamed while streaming
+        if moved and self._rename_writer(self._writer(pd), L.dir_generation_id, pd.root, pd):
+            moved = False                                  # it commits under its final name
+        relabelled = pd.relabelled or moved or any(L.shard_name(rel) != s for s, rel in names.items())
+        if relabelled:
+            self._writer(pd).write_shard(L.LAYOUT_SHARD, [L.layout_blob(pd.root, names)])
+        gen = self._writer(pd).commit()
+        for name in gen.shards:                  # shards other writers joined in (ranks of a served device)
+            if name not in names and name != L.LAYOUT_SHARD:
+                names[name] = L.shard_path(name)
+        for name, rel in names.items():
+            self._cache_committed(posixpath.join(pd.root, rel), gen.id, name)
+        del self.pending[pd.root]
+        self._taken.discard(pd.gid)
+        old = self.by_path.get(("dir", pd.root))
+        self._add(gen, "dir", pd.root, names, time.time_ns())
+        if old is not None and old != gen.id:
+            self._retire(old)
+        log.info("committed %s (%d files, %d bytes)", pd.root, len(names), gen.size)
+        for fn in pd.then:
+            fn()
+
+    def _rename_writer(self, w, make, path: str, pd: _Pending | None = None) -> bool:
+        """Give an uncommitted generation renamed while it was written the id of its final ``path``
+        (``GenerationWriter.rename``), so the store lists it under the user's name, not a temporary
+        one; ``False`` where the store cannot (a node service's writer: a layout shard says the path)."""
+        rename = getattr(w, "rename", None)
+        if rename is None:
+            return False
+        old = w.id
+        gid = self._free_id(make, path)
+        try:
+            rename(gid)
+        except RetainZError as e:
+            log.info("%s: keeps its id %s (%s)", path, old, e)
+            return False
+        self._taken.discard(old)
+        self._taken.add(gid)
+        if pd is not None:
+            pd.gid = gid
+        return True
+
+    def _readmit(self, pd: _Pending) -> None:
+        """Admit a renamed checkpoint directory again under the id of its new path (nothing of it
+        is placed yet), so the store lists it by the path the runtime gave it."""
+        gid = self._free_id(L.dir_generation_id, pd.root)
+        need = sum(self._pad(len(b)) for b in pd.ready.values()) + self._pad(1)
+        old = pd.writer
+        if old is not None:
+            old.abort()
+        self._taken.discard(pd.gid)
+        pd.gid, pd.writer = gid, None
+        self._taken.add(gid)
+        self._admit(self._writer(pd), need)
+
+    def _abort(self, pd: _Pending) -> None:
+        if self.pending.get(pd.root) is pd:
+            del self.pending[pd.root]
+        if pd.writer is not None:
+            def abort(w=pd.writer, gid=pd.gid):
+                with contextlib.suppress(Exception):
+                    w.abort()
+                self._taken.discard(gid)
+            self._store_work(abort)
+        else:
+            self._taken.discard(pd.gid)
+        if self.inference is not None:
+            self.inference.observe_abort(pd.gid)
+        self._changed()
+        for fn in pd.then:
+            fn()
+
+    # -- reading -------------------------------------------------------------------------------
+    def read(self, fh: int, size: int, offset: int) -> bytes:
+        """Up to ``size`` bytes at ``offset`` of open file ``fh`` (committed shards through verified
+        extent reads).
+
+        Raises:
+            NamespaceError: ``EBADF``, ``EIO`` (a checksum mismatch), ``ESTALE`` (retired meanwhile).
+        """
+        h = self.handles.get(fh)
+        if h is None:
+            raise NamespaceError(errno.EBADF)
+        if h.gen is None:
+            return bytes(h.buf[offset:offset + size])
+        total = h.gen.sizes[h.shard]
+        end = min(offset + size, total)
+        pieces = []
+        pos = offset
+        try:
+            while pos < end:
+                start, data = self._window(h, pos)
+                if pos == start and end - pos >= len(data):
+                    pieces.append(data)                 # the whole extent: no copy here
+                else:
+                    pieces.append(data[pos - start:end - start])
+                pos += len(pieces[-1])
+        except ChecksumError as e:
+            raise NamespaceError(errno.EIO, f"{h.path}: {e}") from e
+        except GenerationNotFoundError as e:
+            raise NamespaceError(errno.ESTALE, f"{h.path}: {e}") from e
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    #: Verified extents a read handle keeps (1 MiB each): the kernel's read-ahead sends requests for one
+    #: file from several threads, out of order, so one window would be evicted and read again.
+    WINDOWS = 8
+
+    def _window(self, h: _Handle, pos: int) -> tuple[int, bytes]:
+        """The verified extent of ``h``'s shard holding data byte ``pos``: ``(first byte, bytes)``."""
+        with h.lock:
+            for start, data in h.windows.items():
+                if start <= pos < start + len(data):
+                    return start, data
+        start, data = self.store.read_shard_extent(h.gen.id, h.shard, pos)
+        with h.lock:
+            if len(h.windows) >= self.WINDOWS:
+                del h.windows[next(iter(h.windows))]
+            h.windows[start] = data
+        return start, data
+
+    def _read_all(self, p: str) -> bytes:
+        if p in self.pending_files:
+            return self.pending_files[p]
+        gid, shard = self.files[p]
+        return b"".join(self.store.read_shard(gid, shard))
+
+    # -- removal ---------------------------------------------------------------------------------
+    def unlink(self, path: str) -> int:
+        """Remove a file: a file being written is dropped (its descriptor still takes bytes; nothing
+        of it commits, as torch's cleanup of a failed save expects), a file generation is retired, a
+        file of a committed checkpoint is hidden (``rmdir`` of the emptied directory retires it).
+
+        Raises:
+            NamespaceError: ``ENOENT``.
+        """
+        p = self._p(path)
+        with self._mu:
+            files, _ = self._namespace()
+            if p not in files:
+                raise NamespaceError(errno.ENOENT, f"{p}: no such file")
+            h = self._writer_of(p)
+            if h is not None:
+                self._drop_open(h)
+            pd = self._pending_of(p)
+            if pd is not None:
+                rel = posixpath.relpath(p, pd.root)
+                pd.ready.pop(rel, None)
+                for s, r in list(pd.streamed.items()):
+                    if r == rel:
+                        del pd.streamed[s]
+                        pd.relabelled = True
+                if p in self.files and self.gens[self.files[p][0]].kind == "dir":
+                    self.hidden.add(p)        # not carried over into the new version either
+                self._changed()
+                return 0
+            self.pending_files.pop(p, None)
+            if p in self.files and p not in self.hidden:
+                gid, _ = self.files[p]
+                g = self.gens[gid]
+                if g.kind == "file":
+                    self._retire(gid)
+                else:
+                    self.hidden.add(p)
+            self.truncated.discard(p)
+            self._changed()
+        return 0
+
+    def remove_tree(self, path: str) -> None:
+        """``rm -r path``: every file under it unlinked, then every directory removed, deepest first,
+        exactly as ``rm -r`` through the mount does (committed checkpoints are retired, pending ones
+        dropped).  ``""`` empties the whole tree.
+
+        Raises:
+            NamespaceError: ``ENOENT``.
+        """
+        p = self._p(path)
+        with self._mu:
+            files, dirs = self._namespace()
+            if p in files:
+                self.unlink(p)
+                return
+            if p not in dirs:
+                raise NamespaceError(errno.ENOENT, f"{p}: no such file or directory")
+            prefix = p + "/" if p else ""
+            for f in sorted((f for f in files if f.startswith(prefix)), reverse=True):
+                self.unlink(f)
+            _, dirs = self._namespace()
+            for d in sorted((d for d in dirs if d and (d == p or d.startswith(prefix))), key=len, reverse=True):
+                if d in self._namespace()[1]:        # an implied parent goes with its last child
+                    self.rmdir(d)
+
+    def checkpoint_of(self, path: str) -> str | None:
+        """The committed checkpoint directory whose file ``path`` is, or ``None`` (a file of its own, a
+        file being written, no such file)."""
+        p = self._p(path)
+        with self._mu:
+            if p not in self.files or p in self.hidden or self._pending_of(p) is not None:
+                return None
+            g = self.gens[self.files[p][0]]
+            return g.path if g.kind == "dir" else None
+
+    def detach(self, root: str):
+        """Hand the writer of pending checkpoint ``root`` back without committing it: its buffered files
+        are written as shards first (a rank of a joined generation leaves it to the rank that commits).
+        Returns the writer (``None`` if nothing is pending there)."""
+        with self._mu:
+            pd = self.pending.get(self._p(root))
+            if pd is None or pd.writing:
+                return None
+            w = self._writer(pd)
+            for rel, data in pd.ready.items():
+                w.write_shard(L.shard_name(rel), [bytes(data)])
+            del self.pending[pd.root]
+            self._taken.discard(pd.gid)
+            self._changed()
+            return w
+
+    def _drop_open(self, h: _Handle) -> None:
+        """``h`` (open for writing) is unlinked or discarded: what it wrote is dropped, its streamed shard
+        aborted (the store slot released), and nothing of it commits at its close."""
+        with h.lock:
+            h.unlinked = True
+            if h.sink is not None:
+                with contextlib.suppress(Exception):
+                    h.sink.abort()
+                h.sink = None
+                self._drain_and_release()
+            h.buf = bytearray()
+            if h.pending is not None:
+                h.pending.writing.pop(h.rel, None)
+            else:
+                self._drop_writer(h)
+        self._changed()
+
+    def discard(self, fh: int) -> None:
+        """Abandon open file ``fh`` (its writer raised): nothing of it commits; a file of a checkpoint
+        being written drops that checkpoint (the save failed, as a write error does); a committed
+        version of the path stays as it was."""
+        with self._mu:
+            h = self.handles.get(fh)
+            if h is None or not h.write_mode or h.unlinked:
+                return
+            pd = h.pending
+            self._drop_open(h)
+            if pd is not None and self.pending.get(pd.root) is pd:
+                self._abort(pd)
+            self._changed()
+
+    def rmdir(self, path: str) -> int:
+        p = self._p(path)
+        with self._mu:
+            files, dirs = self._namespace()
+            if p not in dirs or p in files:
+                raise NamespaceError(errno.ENOENT if p not in dirs else errno.ENOTDIR)
+            prefix = p + "/"
+            if any(q.startswith(prefix) for q in itertools.chain(files, dirs)):
+                raise NamespaceError(errno.ENOTEMPTY)
+            gid = self.by_path.get(("dir", p))
+            if gid is not None:                       # rm -r of a committed checkpoint: retire it
+                self._retire(gid)
+            elif any(p.startswith(g.path + "/") for g in self.gens.values() if g.kind == "dir"):
+                self.hidden.add(p)                    # a directory inside a committed checkpoint
+            for g in [g for g in self.gens.values() if g.kind == "dir" and g.path.startswith(prefix)]:
+                self._retire(g.id)
+            pd = self.pending.get(p)
+            if pd is not None:
+                self._abort(pd)
+            self.dirs.pop(p, None)
+            self._changed()
+        return 0
+
+    # -- rename -----------------------------------------------------------------------------------
+    def rename(self, old: str, new: str) -> int:
+        """Rename a file or directory (see the module docstring); over an existing file it is an atomic
+        replace, over an existing empty directory it replaces it, over a non-empty one ``ENOTEMPTY``."""
+        ret = self._rename_path(old, new)
+        with self._mu:
+            self.observer.moved(self._p(old), self._p(new))
+        return ret
+
+    def _rename_path(self, old, new):
+        a, b = self._p(old), self._p(new)
+        if a == b:
+            return 0
+        with self._mu:
+            if self._writer_of(a) is not None:
+                return self._rename_open(a, b)
+        if not self.slot.acquire(timeout=60):
+            raise NamespaceError(errno.EBUSY, f"{a}: a file has been streaming for 60 s; rename after it is closed")
+        try:
+            return self._rename(a, b)
+        finally:
+            self._drain_and_release()
+
+    def _rename(self, a: str, b: str) -> int:
+        """Rename, holding the store slot: store work queued meanwhile runs, in order, before the
+        slot is released (the new version commits before the source or the old target is retired)."""
+        with self._mu:
+            files, dirs = self._namespace()
+            if a not in files and a not in dirs:
+                raise NamespaceError(errno.ENOENT)
+            if b.startswith(a + "/"):
+                raise NamespaceError(errno.EINVAL)
+            self._check_parent(b, files, dirs)
+            self._check_renamed(a, b, files, dirs)
+            if a in dirs:
+                if b in files:
+                    raise NamespaceError(errno.ENOTDIR)
+                if any(q.startswith(b + "/") for q in itertools.chain(files, dirs)):
+                    raise NamespaceError(errno.ENOTEMPTY)
+                self._rename_dir(a, b)
+            else:
+                if b in dirs:
+                    raise NamespaceError(errno.EISDIR)
+                self._rename_file(a, b)
+            self._changed()
+        return 0
+
+    def _check_renamed(self, a: str, b: str, files, dirs) -> None:
+        """:meth:`_check_name` for every name a rename of ``a`` to ``b`` creates."""
+        if a in dirs and a not in files:
+            self._check_name(b, directory=True)
+            for q in itertools.chain(files, dirs):
+                if q.startswith(a + "/"):
+                    self._check_name(b + q[len(a):], directory=q in dirs and q not in files)
+        else:
+            self._check_name(b)
+
+    def _rename_open(self, a: str, b: str) -> int:
+        """Rename a file still open for writing (a temporary file persisted before it is closed, as
+        safetensors' ``serialize_file`` does through ``tempfile::persist``): the open file takes the
+        new path and commits there when closed, replacing what ``b`` holds then."""
+        h = self._writer_of(a)
+        files, dirs = self._namespace()
+        if b in dirs:
+            raise NamespaceError(errno.EISDIR)
+        self._check_name(b)
+        if self._writer_of(b) is not None:
+            raise NamespaceError(errno.EBUSY, f"{b}: open for writing")
+        if h.pending is not None:
+            if self._pending_of(b) is not h.pending:
+                raise NamespaceError(errno.EXDEV, f"{a}: open for writing; it can move within its checkpoint only")
+            pd = h.pending
+            rb = posixpath.relpath(b, pd.root)
+            pd.writing.pop(h.rel, None)
+            pd.ready.pop(rb, None)
+            for s_, r in list(pd.streamed.items()):
+                if r == rb:
+                    del pd.streamed[s_]
+                    pd.relabelled = True
+            h.rel = rb
+            pd.writing[rb] = h
+        else:
+            if L.checkpoint_root(b, self._is_dir) is not None:
+                raise NamespaceError(errno.EXDEV, f"{a}: open for writing; close it before moving it into a checkpoint")
+            if b in files and b in self.files and self.gens[self.files[b][0]].kind == "dir":
+                raise NamespaceError(errno.EPERM, f"{b}: inside a committed checkpoint (append-only)")
+        h.path = b
+        self.truncated.discard(b)
+        self._changed()
+        return 0
+
+    def _rename_dir(self, a: str, b: str) -> None:
+        pa = a + "/"
+        for root in [r for r in self.pending if r == a or r.startswith(pa)]:
+            pd = self.pending.pop(root)
+            was = posixpath.basename(pd.root)
+            pd.root = b + pd.root[len(a):]      # its id follows at the commit (_commit_dir)
+            self.pending[pd.root] = pd
+            if L.commit_point(was, ()) == "hf-rename" and L.is_checkpoint_dir_name(posixpath.basename(pd.root)):
+                self._request_commit(pd)             # HF Trainer's commit point: the rename
+        for d in [d for d in self.dirs if d == a or d.startswith(pa)]:
+            self.dirs[b + d[len(a):]] = self.dirs.pop(d)
+        for g in [g for g in self.gens.values() if g.path == a or g.path.startswith(pa)]:
+            self._copy_gen(g, b + g.path[len(a):])
+        for p in [p for p in self.truncated if p.startswith(pa)]:
+            self.truncated.discard(p)
+            self.truncated.add(b + p[len(a):])
+
+    def _rename_file(self, a: str, b: str) -> None:
+        pd = self._pending_of(a)
+        if pd is not None and self._pending_of(b) is pd:
+            ra, rb = posixpath.relpath(a, pd.root), posixpath.relpath(b, pd.root)
+            if ra in pd.writing:
+                raise NamespaceError(errno.EBUSY, f"{a}: renamed while open for writing")
+            if ra in pd.ready:
+                pd.ready[rb] = pd.ready.pop(ra)
+            for s, r in list(pd.streamed.items()):
+                if r == rb:
+                    del pd.streamed[s]
+                if r == ra:
+                    pd.streamed[s] = rb
+                    pd.relabelled = True
+            if posixpath.basename(rb) == ".metadata" and L.commit_point(pd.root, pd.ready) == "dcp-metadata":
+                self._request_commit(pd)             # DCP's commit point: .metadata.tmp -> .metadata
+            return
+        data = self._read_all(a) if (a in self.files or a in self.pending_files) else None
+        if data is None:
+            src = pd.ready.get(posixpath.relpath(a, pd.root)) if pd is not None else None
+            if src is None:
+                raise NamespaceError(errno.EBUSY, f"{a}: still being written; rename it after it is closed")
+            data = bytes(src)
+        h = _Handle(self, b, write=True, buf=bytearray(data))
+        root = L.checkpoint_root(b, self._is_dir)
+        if root is not None:
+            if ("dir", root) in self.by_path:
+                raise NamespaceError(errno.EPERM, f"{b}: checkpoint {root} is committed and append-only")
+            h.pending = self.pending.get(root) or self._begin_dir(root)
+            h.rel = posixpath.relpath(b, root)
+        self._close_writer_locked(h)                 # commits the copy (the new version) first
+        self._unlink_locked(a)                       # then retires the source
+
+    def _close_writer_locked(self, h: _Handle) -> None:
+        if h.pending is not None:
+            h.pending.ready[h.rel] = h.buf
+            self._changed()
+            return
+        self._close_file(h, None)
+
+    def _unlink_locked(self, p: str) -> None:
+        if p in self.files:
+            gid, _ = self.files[p]
+            if self.gens[gid].kind == "file":
+                self._retire(gid)
+            else:
+                self.hidden.add(p)
+        pd = self._pending_of(p)
+        if pd is not None:
+            pd.ready.pop(posixpath.relpath(p, pd.root), None)
+        self.pending_files.pop(p, None)
+        self._changed()
+
+    def _copy_gen(self, g: _Gen, path: str) -> None:
+        """Rename a committed generation: copy its shards into a new generation at ``path``, commit,
+        then retire the source (the store has no rename)."""
+        def work():
+            make = L.dir_generation_id if g.kind == "dir" else L.file_generation_id
+            gid = self._free_id(make, path)
+            info = self.store.generation(g.id)
+            w = self.store.begin_generation(gid, info.step, hint=info.hint, declared_size=info.size)
+            names = {}
+            try:
+                for s, rel in g.names.items():
+                    w.write_shard(s, self.store.read_shard(g.id, s))
+                    names[s] = rel
+                if g.kind == "dir" or path != L.parse_generation_id(gid)[1]:
+                    if gid != make(path, _version(gid)) or g.kind == "dir" and any(
+                            L.shard_name(r) != s for s, r in names.items()):
+                        w.write_shard(L.LAYOUT_SHARD, [L.layout_blob(path, names)])
+                gen = w.commit()
+            except BaseException:
+                w.abort()
+                raise
+            old = self.by_path.get((g.kind, path))
+            self._forget(g.id)
+            self._add(gen, g.kind, path, names, g.mtime_ns)
+            if old is not None and old != gen.id:
+                self._retire(old)
+            with contextlib.suppress(GenerationNotFoundError):
+                self.store.delete(g.id)
+        self._store_work(work)
+
+    # -- lifetime -----------------------------------------------------------------------------------
+    def unmount(self) -> None:
+        """Unmount: commit the checkpoint directories whose commit point is "closed" and whose files
+        are all closed (a clean unmount is their last chance); abort the rest (a runtime whose
+        tracker file never came did not finish its save)."""
+        self.destroyed = True
+        with self._mu:
+            for pd in list(self.pending.values()):
+                point = L.commit_point(pd.root, pd.ready | dict.fromkeys(pd.streamed.values()))
+                if not pd.writing and (point == "closed" or pd.commit_requested):
+                    try:
+                        self._store_work(lambda pd=pd: self._commit_dir(pd))
+                    except Exception as e:  # noqa: BLE001 - unmount goes on
+                        log.error("%s: commit at unmount failed: %s", pd.root, e)
+                        self._abort(pd)
+                else:
+                    log.warning("%s: not committed at unmount (its commit point, %s, never came)", pd.root,
+                                L.COMMIT_POINTS[point])
+                    self._abort(pd)
+
+    def inferred(self) -> dict:
+        """What ``--retention auto`` has inferred so far (``RetentionInference.summary``)."""
+        return self.inference.summary() if self.inference is not None else {}
+
+
+def _version(gid: str) -> int:
+    return L.parse_generation_id(gid)[2]

@@ -1,0 +1,237 @@
+"""The namespace model on its own (:class:`retainz.namespace.Namespace`, no FUSE, no fsspec), over the
+real store on a MemoryDevice: ids and name rules, re-save as a new version, unlink and discard of open
+files, rename to the final id, ``rm -r``, implied parents, and a view refreshed from other writers."""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+
+from retainz.errors import GenerationExistsError
+from retainz.namespace import Namespace, NamespaceError
+from retainz.namespace import names as L
+from retainz.store import Store
+from retainz.zoned import Geometry, MemoryDevice
+
+GEOM = Geometry(nr_zones=32, zone_size=1 << 20, zone_capacity=1 << 20)
+
+
+@pytest.fixture
+def store():
+    s = Store.format(MemoryDevice(GEOM))
+    yield s
+    s.close()
+
+
+def _ns(store, **kw) -> Namespace:
+    ns = Namespace(store, stream_threshold=64 << 10, **kw)
+    ns.implicit_dirs = True
+    return ns
+
+
+def _put(ns: Namespace, path: str, data: bytes) -> None:
+    fh = ns.open_write(path)
+    ns.write(fh, data, 0)
+    ns.close(fh)
+    ns.release(fh)
+
+
+def _get(ns: Namespace, path: str) -> bytes:
+    fh = ns.open_read(path)
+    try:
+        return ns.read(fh, 1 << 24, 0)
+    finally:
+        ns.release(fh)
+
+
+def _ids(store) -> dict[str, list[str]]:
+    return {g.id: sorted(g.shards) for g in store.generations()}
+
+
+@pytest.mark.parametrize("path, gid, shard", [
+    ("run/step-5/__0_0.distcp", "run%2Fstep-5", "__0_0.distcp"),
+    ("run..1/step-5/model.pt", "run%2E%2E1%2Fstep-5", "model.pt"),       # '..' encoded: the store refuses it
+    ("m/iter_0000100/mp_rank_00/model_optim_rng.pt", "m%2Fiter_0000100", "mp_rank_00%2Fmodel_optim_rng.pt"),
+    ("any/dir/.metadata", "any%2Fdir", ".metadata"),
+    ("l/epoch=0-step=10.ckpt", "@l%2Fepoch=0-step=10.ckpt", "file"),
+    ("a..b", "@a%2E%2Eb", "file"),
+    ("r/lr:3e-4,bs=8 (x)/m.pt", "@r%2Flr:3e-4,bs=8%20(x)%2Fm.pt", "file"),   # 27.5(b): ordinary names as written
+    ("@x/#1%", "@%40x%2F%231%25", "file"),                     # '@', '#', '%' stay encoded
+])
+def test_one_encoding_of_paths_into_ids(path, gid, shard):
+    from retainz.store.format import check_id
+
+    assert L.generation_for(path)[:2] == (gid, shard)
+    check_id(gid)
+    check_id(shard, "shard name")
+    kind, back, _ = L.parse_generation_id(gid)
+    assert back == (path if kind == "file" else L.checkpoint_root(path))
+
+
+def test_ids_written_by_the_older_full_encoding_still_resolve(store):
+    """Stores written before the minimal encoding hold ``@l%2Fepoch%3D0-step%3D10.ckpt``: its path is the
+    same, and its next version replaces it (the view goes by path, not by id)."""
+    w = store.begin_generation("@l%2Fepoch%3D0-step%3D10.ckpt", 10)
+    w.write_shard("file", [b"old"])
+    w.commit()
+    ns = _ns(store)
+    assert ns.listdir("l") == ["epoch=0-step=10.ckpt"] and _get(ns, "l/epoch=0-step=10.ckpt") == b"old"
+    _put(ns, "l/epoch=0-step=10.ckpt", b"new")
+    assert _ids(store) == {"@l%2Fepoch=0-step=10.ckpt": ["file"]}
+    assert _get(_ns(store), "l/epoch=0-step=10.ckpt") == b"new"
+
+
+@pytest.mark.parametrize("path, code", [
+    ("x" * 252, errno.ENAMETOOLONG),                          # '@' + 252 + '#99' > 255 bytes
+    ("ck/step-1/" + "s" * 256, errno.ENAMETOOLONG),           # the shard name
+    ("d" * 253 + "/f", errno.ENAMETOOLONG),                   # the directory's own id
+    ("bad\udcff", errno.EINVAL),                              # not UTF-8
+    (".metadata", errno.EINVAL),                              # a DCP file needs a checkpoint directory
+    ("a//b", errno.EINVAL),
+])
+def test_names_the_store_refuses(store, path, code):
+    with pytest.raises(L.NameRefused) as e:
+        L.check_name(path)
+    assert e.value.errno == code
+    ns = _ns(store)
+    with pytest.raises(NamespaceError) as e:
+        ns.open_write(path)
+    assert e.value.errno == code and not ns.exists(path) and _ids(store) == {}
+
+
+def test_resave_into_a_committed_checkpoint_is_its_next_version_with_the_rest_carried_over(store):
+    ns = _ns(store)
+    for name, data in (("__0_0.distcp", b"a" * 100_000), ("__1_0.distcp", b"b" * 50), (".metadata", b"m1")):
+        _put(ns, f"ck/step-5/{name}", data)
+    assert _ids(store) == {"ck%2Fstep-5": [".metadata", "__0_0.distcp", "__1_0.distcp"]}
+    _put(ns, "ck/step-5/__0_0.distcp", b"A" * 90_000)              # a re-save with one rank fewer
+    other = _ns(store)                                            # another face: the old version until the commit
+    assert _get(other, "ck/step-5/__0_0.distcp") == b"a" * 100_000
+    _put(ns, "ck/step-5/.metadata", b"m2")
+    assert _ids(store) == {"ck%2Fstep-5#1": [".metadata", "__0_0.distcp", "__1_0.distcp"]}
+    other.refresh()
+    assert [_get(other, f"ck/step-5/{n}") for n in ("__0_0.distcp", "__1_0.distcp", ".metadata")] == [
+        b"A" * 90_000, b"b" * 50, b"m2"]
+
+
+def test_a_committed_checkpoint_file_is_not_changed_in_place(store):
+    ns = _ns(store)
+    _put(ns, "ck/step-1/__0_0.distcp", b"x")
+    _put(ns, "ck/step-1/.metadata", b"m")
+    with pytest.raises(NamespaceError) as e:
+        ns.open_write("ck/step-1/__0_0.distcp", truncate=False)
+    assert e.value.errno == errno.EPERM
+
+
+@pytest.mark.parametrize("size", [100, 200_000], ids=["buffered", "streamed"])
+def test_unlink_of_a_file_open_for_writing_drops_it(store, size):
+    ns = _ns(store)
+    _put(ns, "run/old.bin", b"o" * 10)
+    fh = ns.open_write("run/new.bin")
+    ns.write(fh, b"n" * size, 0)
+    ns.unlink("run/new.bin")
+    assert not ns.exists("run/new.bin")
+    assert ns.write(fh, b"more", size) == 4                       # the descriptor still takes bytes
+    ns.close(fh)
+    ns.release(fh)
+    assert ns.listdir("run") == ["old.bin"] and _ids(store) == {"@run%2Fold.bin": ["file"]}
+    assert ns.slot.acquire(blocking=False)                        # a streamed shard gave the slot back
+    ns.slot.release()
+
+
+def test_discard_leaves_the_committed_version_and_drops_a_pending_checkpoint(store):
+    ns = _ns(store)
+    _put(ns, "run/last.ckpt", b"old")
+    fh = ns.open_write("run/last.ckpt")
+    ns.write(fh, b"partial" * 30_000, 0)
+    ns.discard(fh)
+    ns.release(fh)
+    assert _get(ns, "run/last.ckpt") == b"old"
+    _put(ns, "ck/step-2/__0_0.distcp", b"d")
+    fh = ns.open_write("ck/step-2/__1_0.distcp")
+    ns.write(fh, b"x", 0)
+    ns.discard(fh)
+    ns.release(fh)
+    assert not ns.exists("ck/step-2") and not ns.exists("ck")
+    assert _ids(store) == {"@run%2Flast.ckpt": ["file"]}
+
+
+def test_a_file_renamed_while_streaming_commits_under_its_final_id(store):
+    ns = _ns(store)
+    fh = ns.open_write("run/tmpXYZ")
+    ns.write(fh, b"s" * 300_000, 0)                                # streaming by now
+    ns.rename("run/tmpXYZ", "run/model.safetensors")
+    ns.close(fh)
+    ns.release(fh)
+    assert _ids(store) == {"@run%2Fmodel.safetensors": ["file"]}
+    assert _get(_ns(store), "run/model.safetensors") == b"s" * 300_000
+
+
+def test_a_checkpoint_renamed_while_streaming_commits_under_its_final_id(store):
+    ns = _ns(store)
+    _put(ns, "hf/tmp-checkpoint-4/model.safetensors", b"w" * 300_000)
+    _put(ns, "hf/tmp-checkpoint-4/config.json", b"{}")
+    ns.rename("hf/tmp-checkpoint-4", "hf/checkpoint-4")                 # HF 4.3x's commit point
+    assert _ids(store) == {"hf%2Fcheckpoint-4": ["config.json", "model.safetensors"]}
+
+
+def test_the_store_renames_an_uncommitted_generation(store):
+    w = store.begin_generation("tmp", 1)
+    w.write_shard("a", [b"x" * 5000])
+    store.begin_generation("taken", 1).commit()
+    with pytest.raises(GenerationExistsError):
+        w.rename("taken")
+    w.rename("final")
+    with pytest.raises(GenerationExistsError):
+        store.begin_generation("final", 1)                        # the new id is in flight now
+    store.begin_generation("tmp", 1).abort()                      # the old one is free
+    w.commit()
+    assert _ids(store) == {"final": ["a"], "taken": []}
+    assert b"".join(store.read_shard("final", "a")) == b"x" * 5000 and store.fsck().ok
+
+
+def test_remove_tree_is_rm_r(store):
+    ns = _ns(store)
+    for step in (10, 20):
+        _put(ns, f"ck/step-{step}/__0_0.distcp", bytes([step]) * 1000)
+        _put(ns, f"ck/step-{step}/.metadata", b"m")
+    _put(ns, "ck/notes.txt", b"n")
+    _put(ns, "ck/step-30/__0_0.distcp", b"pending")                   # being written: dropped
+    _put(ns, "keep/last.ckpt", b"L")
+    ns.remove_tree("ck/step-10")
+    assert ns.listdir("ck") == ["notes.txt", "step-20", "step-30"]
+    ns.remove_tree("ck")
+    assert ns.listdir("") == ["keep"] and _ids(store) == {"@keep%2Flast.ckpt": ["file"]}
+    with pytest.raises(NamespaceError) as e:
+        ns.remove_tree("ck")
+    assert e.value.errno == errno.ENOENT
+
+
+def test_implied_parents_and_their_absence(store):
+    ns = _ns(store)
+    _put(ns, "a/b/c.bin", b"c")
+    assert ns.stat("a/b").is_dir and ns.listdir("a") == ["b"]
+    with pytest.raises(NamespaceError) as e:
+        ns.open_write("a/b/c.bin/d")
+    assert e.value.errno == errno.ENOTDIR
+    strict = Namespace(store)                                     # the mount's: parents must exist
+    with pytest.raises(NamespaceError) as e:
+        strict.open_write("x/y.bin")
+    assert e.value.errno == errno.ENOENT
+
+
+def test_refresh_sees_what_other_writers_commit_and_delete(store):
+    a, b = _ns(store), _ns(store)
+    _put(a, "run/step-1/model.pt", b"1")
+    a.fsyncdir("run/step-1")                                          # no commit point of its own: fsync
+    assert not b.exists("run/step-1")
+    b.refresh()
+    assert _get(b, "run/step-1/model.pt") == b"1"
+    _put(a, "run/x.bin", b"x")
+    a.remove_tree("run/step-1")
+    b.refresh()
+    assert b.listdir("run") == ["x.bin"] and b.stat("run/x.bin").size == 1
+    _put(b, "run/x.bin", b"xx")                                        # a new version, written by b
+    a.refresh()
+    assert _get(a, "run/x.bin") == b"xx" and a.listdir("run") == ["x.bin"]
