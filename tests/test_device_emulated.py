@@ -362,3 +362,52 @@ def test_open_device_specs(tmp_path):
     FileDevice.create(tmp_path / "d.img", SMALL).close()
     with open_device(f"file:{tmp_path / 'd.img'}") as d:
         assert d.geometry == SMALL
+
+
+@pytest.mark.parametrize("cond", [ZoneCond.IMP_OPEN, ZoneCond.EXP_OPEN, ZoneCond.CLOSED])
+def test_a_zone_saved_open_with_every_byte_written_reopens_full(tmp_path, cond):
+    """The write that reaches the zone capacity makes the zone Full (NVMe ZNS); a state saved between
+    its two steps (a KeyboardInterrupt between the write pointer's update and the transition, then
+    the close's flush) says open with every byte written.  It reopens Full, holding no open or
+    active resource, and the store on it is consistent (this was a flaky fsck problem after SIGINT
+    during a DCP save: "zone 15: full in the store, open-implicit on the device")."""
+    from retainz.store import Store
+    from retainz.zoned.emulated import EmulatedZonedDevice
+
+    path = tmp_path / "d.img"
+    dev = FileDevice.create(path, SMALL)
+    store = Store.format(dev)
+    z = store.meta_zones
+    w = store.begin_generation("g", 1)
+    w.write_shard("a", [b"\x01" * (SMALL.zone_capacity - BS)])
+    w.commit()
+    assert dev.zone(z).cond == ZoneCond.IMP_OPEN
+    real = EmulatedZonedDevice._set_cond
+
+    def torn(self, zone, new):
+        if new == ZoneCond.FULL:
+            raise KeyboardInterrupt
+        real(self, zone, new)
+
+    EmulatedZonedDevice._set_cond = torn
+    try:
+        w = store.begin_generation("h", 2)
+        with pytest.raises(KeyboardInterrupt):
+            w.write_shard("a", [b"\x02" * BS])
+    finally:
+        EmulatedZonedDevice._set_cond = real
+    if cond != ZoneCond.IMP_OPEN:
+        dev._cond[z] = cond               # the same tear from an explicitly opened or closed zone
+    w.abort()                             # the interrupted job's exit path: abort, close
+    store.close()
+    dev.close()
+    with FileDevice(path) as dev:
+        assert (dev.zone(z).cond, dev.zone(z).wp) == (ZoneCond.FULL, (z + 1) * SMALL.zone_size)
+        assert [x.index for x in dev.report_zones() if x.cond == ZoneCond.IMP_OPEN] == [0]   # the journal's
+        for i in range(SMALL.max_active - 1):  # every other active resource is free
+            dev.write((z + 1 + i) * SMALL.zone_size, data(1))
+        for i in range(SMALL.max_active - 1):
+            dev.reset_zone(z + 1 + i)
+        with Store.open(dev) as s:
+            assert [g.id for g in s.generations()] == ["g"]
+            assert s.fsck().ok

@@ -245,6 +245,14 @@ class FileDevice(EmulatedZonedDevice):
                 raise CorruptDeviceError(f"{self._info.path}: zone {z} state ({c}, {w}) is impossible")
         if any(z >= self._nz or conds[z] != ZoneCond.IMP_OPEN for z in order):
             raise CorruptDeviceError(f"{self._info.path}: implicit-open order {order} is impossible")
+        # A zone written to its capacity is Full (NVMe ZNS: the write that reaches the zone capacity
+        # transitions the zone to ZSF).  A state saved between the two steps of that write (a
+        # KeyboardInterrupt lands between any two bytecodes, and the close then flushes) says open
+        # with every byte written: it is read as the Full zone it is.
+        for z, w in enumerate(written):
+            if w == self._zcap and conds[z] in (ZoneCond.IMP_OPEN, ZoneCond.EXP_OPEN, ZoneCond.CLOSED):
+                conds[z] = ZoneCond.FULL
+        order = [z for z in order if conds[z] == ZoneCond.IMP_OPEN]
         self._restore_order = order
         return [ZoneCond(c) for c in conds], written, seq
 
