@@ -165,3 +165,31 @@ def test_gc_interrupted_loses_nothing(tmp_path, sig, code, msg, times):
             assert out.stderr in (msg + "\n", msg + " (at once)\n")
         assert committed(path) == live
     assert interrupted >= 3
+
+
+@pytest.mark.parametrize("cut", [0, 1, 5, 12])
+@pytest.mark.parametrize("sig", [s for s, _, _ in SIGNALS], ids=["SIGINT", "SIGTERM"])
+def test_the_interrupt_line_stands_alone_when_a_print_is_cut_between_its_text_and_newline(
+        monkeypatch, capsys, sig, cut):
+    """print() writes its text and its newline in two calls; a signal between them (seen in CI as
+    "...crc32c verifiedretainz: interrupted") must still leave the interrupt's line on its own."""
+    import argparse
+    import sys
+
+    from retainz.cli import interrupt
+
+    def command(args):
+        print("g/model.bin: 4,096 bytes, crc32c verified", file=sys.stderr)
+        sys.stderr.write("g/small.bin: 70,000 bytes, crc32c verified"[:cut])   # the text, not yet its newline
+        raise interrupt.Interrupted(sig)
+
+    real = argparse.ArgumentParser.parse_args
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args",
+                        lambda self, argv=None, ns=None: argparse.Namespace(func=command)
+                        if argv == ["ls", "x"] else real(self, argv, ns))
+    assert main(["ls", "x"]) == interrupt.exit_status(sig)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "g/model.bin: 4,096 bytes, crc32c verified"
+    assert lines[-1] == interrupt.message(sig)
+    assert lines[1:-1] == (["g/small.bin: 70,000 bytes, crc32c verified"[:cut]] if cut else [])
+    assert not isinstance(sys.stderr, interrupt.LineTrackingStream)     # main() put stderr back

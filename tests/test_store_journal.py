@@ -158,10 +158,16 @@ def test_every_zeroed_journal_block_is_reported_never_silently_dropped():
             assert ids == {"g0", "g1", "g2"}, f"zeroed block at {at}: generations {ids} silently"
             assert copies, f"zeroed block at {at}: opened with no copy named"
             outcomes[at, readonly] = copies
-    # the superblock's copy 1 is covered by copy 0 (named); a zeroed record block of any kind
-    # (a snapshot copy, a commit, the sync record) is refused
-    note = ["meta zone 0: superblock copy 1 is damaged; copy 0 was used"]
-    assert outcomes == {(at, ro): (note if at == BS else "refused") for at in blocks for ro in (False, True)}
+    # the superblock's copy 1 is covered by copy 0, each copy of the snapshot's head and end (blocks
+    # 2, 3, 5, 6) by its twin (each named); a zeroed block of a record written once (sz, a commit,
+    # the sync record) is refused
+    def expected(at):
+        if at == BS:
+            return ["meta zone 0: superblock copy 1 is damaged; copy 0 was used"]
+        if at // BS in (2, 3, 5, 6):
+            return [f"meta zone 0: a snapshot record copy at byte {at - z.start} is zeroed; its other copy was used"]
+        return "refused"
+    assert outcomes == {(at, ro): expected(at) for at in blocks for ro in (False, True)}
     assert len(blocks) == 10
 
 

@@ -183,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     from retainz.cli import interrupt
 
     previous = interrupt.install()
+    stderr = sys.stderr = interrupt.LineTrackingStream(sys.stderr)
     try:
         args = build_parser().parse_args(argv)
         return int(args.func(args) or 0)
@@ -206,9 +207,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as e:
         interrupt.ignore()        # a second signal while reporting the first: no traceback
         signum = getattr(e, "signum", signal.SIGINT)
-        print(interrupt.message(signum), file=sys.stderr)
+        print(stderr.line_break() + interrupt.message(signum), file=sys.stderr)
         return interrupt.exit_status(signum)
     finally:
+        sys.stderr = stderr.stream
         if argv is None:
             interrupt.ignore()    # the command is over: a signal now must not raise past main()
         else:

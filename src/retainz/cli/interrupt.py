@@ -26,7 +26,8 @@ import os
 import signal
 from collections.abc import Iterator
 
-__all__ = ["Interrupted", "install", "restore", "ignore", "deferred", "checkpoint", "exit_status", "message"]
+__all__ = ["Interrupted", "install", "restore", "ignore", "deferred", "checkpoint", "exit_status", "message",
+           "LineTrackingStream"]
 
 #: Signals the command turns into :class:`Interrupted`.
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -55,6 +56,30 @@ def exit_status(signum: int) -> int:
 def message(signum: int) -> str:
     """The one line printed for ``signum``: ``retainz: interrupted`` (SIGINT), ``retainz: terminated``."""
     return "retainz: interrupted" if signum == signal.SIGINT else "retainz: terminated"
+
+
+class LineTrackingStream:
+    """A text stream (``sys.stderr``) that knows whether its output ends a line.
+
+    ``print(text)`` writes ``text`` and its newline in two calls, so a signal between them leaves
+    a line open; the interrupt's one line then starts with :meth:`line_break` so it stands on a line
+    of its own.  Everything but ``write`` is the wrapped stream's (``isatty``, ``fileno`` for tqdm)."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.at_line_start = True
+
+    def write(self, text: str) -> int:
+        if text:      # before the write: a signal between the two leaves at most an extra newline
+            self.at_line_start = text.endswith("\n")
+        return self.stream.write(text)
+
+    def line_break(self) -> str:
+        """``"\\n"`` when the last write left a line open (a bar's ``\\r``, a print cut short), else ``""``."""
+        return "" if self.at_line_start else "\n"
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
 
 
 def _hard_exit(signum: int) -> None:

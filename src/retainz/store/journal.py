@@ -32,8 +32,8 @@ a gap in a chain is :class:`CorruptJournalError` (never skipped silently).
 **Copies** (format version 3, docs/format.md).  A chain zone's superblock is read from block 0, or
 from block 1 when block 0 fails; a spare superblock (flag ``SPARE``) marks a meta zone outside the
 chain and is neither a chain nor stale.  A record of a snapshot's duplicated head or end
-(:func:`~retainz.store.records.copy_of`) that fails its checksum is skipped when its other copy is
-intact; every copy used in place of a damaged one is named in :attr:`MountScan.notes`.  A record
+(:func:`~retainz.store.records.copy_of`) that fails its checksum or reads as zeros is skipped when its
+other copy is intact; every copy used in place of a damaged one is named in :attr:`MountScan.notes`.  A record
 whose header claims more than :func:`~retainz.store.records.record_limit` bytes is refused before
 anything past its header is read.  ``salvage`` (``fsck --repair``) skips any other damaged record to
 the next valid one and lists what it lost, so every intact record is replayed.
@@ -226,6 +226,13 @@ def parse_zone(buf, start: int, end: int, bs: int, *, zone: int, tail: bool,
     while pos + FRAME_HEADER <= end:
         n, total, ok, view = win.frame(pos, bs, limit)
         if not total:                       # a zero header
+            nxt = copy_skip()               # a zeroed copy of a duplicated record: use the other
+            if nxt is not None:
+                out.notes.append(f"meta zone {zone}: a snapshot record copy at byte {pos} is zeroed; "
+                                 "its other copy was used")
+                prev0 = 0
+                pos = out.end = nxt
+                continue
             later = later_valid()
             if later is not None or not full:
                 raise CorruptJournalError(
