@@ -225,23 +225,18 @@ def parse_zone(buf, start: int, end: int, bs: int, *, zone: int, tail: bool,
 
     while pos + FRAME_HEADER <= end:
         n, total, ok, view = win.frame(pos, bs, limit)
-        if not total:                       # a zero header
-            nxt = copy_skip()               # a zeroed copy of a duplicated record: use the other
-            if nxt is not None:
-                out.notes.append(f"meta zone {zone}: a snapshot record copy at byte {pos} is zeroed; "
-                                 "its other copy was used")
-                prev0 = 0
-                pos = out.end = nxt
-                continue
-            later = later_valid()
-            if later is not None or not full:
-                raise CorruptJournalError(
-                    f"meta zone {zone}: a zeroed block at byte {pos}, below the write pointer ({end})"
-                    + (f", hides the valid record at byte {later}" if later is not None else "")
-                    + ": corrupt journal")
-            break
         problem = None
-        if pos + total > end:
+        if not total:                       # a zero header
+            if copy_skip() is None:         # not a zeroed copy of a duplicated record
+                later = later_valid()
+                if later is not None or not full:
+                    raise CorruptJournalError(
+                        f"meta zone {zone}: a zeroed block at byte {pos}, below the write pointer ({end})"
+                        + (f", hides the valid record at byte {later}" if later is not None else "")
+                        + ": corrupt journal")
+                break
+            problem = "a zeroed copy"       # its twin is used below
+        elif pos + total > end:
             later = later_valid()
             if tail and later is None:
                 out.torn = end - pos
@@ -265,8 +260,8 @@ def parse_zone(buf, start: int, end: int, bs: int, *, zone: int, tail: bool,
         if problem is not None:
             nxt = copy_skip()
             if nxt is not None:
-                out.notes.append(f"meta zone {zone}: a snapshot record copy at byte {pos} is damaged; "
-                                 "its other copy was used")
+                out.notes.append(f"meta zone {zone}: a snapshot record copy at byte {pos} is "
+                                 f"{'damaged' if total else 'zeroed'}; its other copy was used")
                 prev0 = 0
                 pos = out.end = nxt
                 continue
