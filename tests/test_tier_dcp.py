@@ -36,17 +36,23 @@ def ids(path) -> list[str]:
         return [g.id for g in store.generations()]
 
 
-def test_retention_waits_for_promotion_then_retires(tmp_path, monkeypatch):
-    fs = FaultyLocal()
-    fs.gate = threading.Event()                       # the destination stalls
+def promoting_writer(tmp_path, monkeypatch, fs):
+    """(destination url, device path, a ZonedStorageWriter promoting there under TorchTitan
+    keep_latest_k=2) with every promotion going through the faulty file system ``fs``."""
     import retainz.tier.promoter as promoter_mod
 
     real = promoter_mod.Destination
     monkeypatch.setattr(promoter_mod, "Destination", lambda url, **kw: real(url, storage_options=None, fs=fs))
     url = (tmp_path / "shared").as_uri()
     dev = tmp_path / "dev.img"
-    w = ZonedStorageWriter(str(dev), retention="torchtitan:interval=10,keep_latest_k=2", geometry=GEO,
-                           promote=url)
+    return url, dev, ZonedStorageWriter(str(dev), retention="torchtitan:interval=10,keep_latest_k=2",
+                                        geometry=GEO, promote=url)
+
+
+def test_retention_waits_for_promotion_then_retires(tmp_path, monkeypatch):
+    fs = FaultyLocal()
+    fs.gate = threading.Event()                       # the destination stalls
+    url, dev, w = promoting_writer(tmp_path, monkeypatch, fs)
     try:
         for step in (10, 20, 30, 40):
             dcp.save(state(step), storage_writer=w, checkpoint_id=f"/ckpt/step-{step}")
@@ -76,14 +82,7 @@ def test_retention_waits_for_promotion_then_retires(tmp_path, monkeypatch):
 def test_a_device_short_of_space_refuses_with_promotion_backlog(tmp_path, monkeypatch):
     fs = FaultyLocal()
     fs.down = True                                    # the destination is down
-    import retainz.tier.promoter as promoter_mod
-
-    real = promoter_mod.Destination
-    monkeypatch.setattr(promoter_mod, "Destination", lambda url, **kw: real(url, storage_options=None, fs=fs))
-    url = (tmp_path / "shared").as_uri()
-    dev = tmp_path / "dev.img"
-    w = ZonedStorageWriter(str(dev), retention="torchtitan:interval=10,keep_latest_k=2", geometry=GEO,
-                           promote=url)
+    url, dev, w = promoting_writer(tmp_path, monkeypatch, fs)
     w_state = lambda s: state(s, 1_500_000)  # noqa: E731 - about 1.5 MB a save on a 7-zone data area
     saved = []
     try:
