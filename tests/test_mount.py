@@ -103,6 +103,48 @@ def test_checkpoint_directory_commits_and_reads_back(tmp_path):
         assert not (mnt / "run/checkpoint-3").exists()
 
 
+_MEMMAP = """
+import sys, numpy as np
+path, n, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+if mode == "w+":
+    a = np.memmap(path, dtype=np.uint32, mode="w+", shape=(n // 4,))
+    a[:] = np.arange(n // 4, dtype=np.uint32)
+    a.flush()
+    del a
+else:
+    a = np.memmap(path, dtype=np.uint32, mode="r")
+    assert (a == np.arange(n // 4, dtype=np.uint32)).all()
+print("ok")
+"""
+
+
+def test_a_shared_writable_mmap_of_a_large_file_works_or_fails_with_an_errno(tmp_path):
+    """numpy.memmap 'w+' of a file past the stream threshold (issue 28.3(e)): it used to kill the
+    process with SIGBUS at 8 MiB.  Up to the namespace's hole_limit (256 MiB) it works and commits
+    what the mapping wrote; past it the extension fails with EFBIG at the write, never a signal."""
+    device = make_device(tmp_path, zones=96)
+    run = lambda *a: subprocess.run([sys.executable, "-c", _MEMMAP, *map(str, a)], env=env(),  # noqa: E731
+                                    capture_output=True, text=True, timeout=120)
+    n = 12 << 20
+    with mounted(device, tmp_path / "mnt") as mnt:
+        for name in ("a.bin", "run/step-1/a.bin"):
+            os.makedirs((mnt / name).parent, exist_ok=True)
+            out = run(mnt / name, n, "w+")
+            assert (out.returncode, out.stdout.strip()) == (0, "ok"), out.stderr[-500:]
+            assert run(mnt / name, n, "r").returncode == 0
+        (mnt / "run/step-1/.metadata").write_bytes(b"m")      # the checkpoint's commit point
+        again = run(mnt / "a.bin", n, "w+")      # a committed version exists: its writer bypasses the cache
+        assert again.returncode == 1 and "[Errno 19] No such device" in again.stderr, again.stderr[-300:]
+        big = run(mnt / "huge.bin", 300 << 20, "w+")
+        assert big.returncode == 1 and "[Errno 27] File too large" in big.stderr, (big.returncode, big.stderr[-300:])
+    with mounted(device, tmp_path / "mnt") as mnt:             # what the mappings wrote is committed
+        out = run(mnt / "run/step-1/a.bin", n, "r")
+        assert (out.returncode, out.stdout.strip()) == (0, "ok"), out.stderr[-500:]
+        # the refused w+ had truncated a.bin and written its last byte, as on a local file system
+        assert (mnt / "a.bin").read_bytes() == bytes(n)
+    assert fsck_clean(device)
+
+
 def test_megatron_tracker_commits_and_rm_r_retires(tmp_path):
     """Megatron-LM's order: every rank's iter_NNNNNNN/mp_rank_XX/model_optim_rng.pt, then rank 0 rewrites
     latest_checkpointed_iteration.txt (the commit point); older iterations are removed with rm -r."""

@@ -235,3 +235,47 @@ def test_refresh_sees_what_other_writers_commit_and_delete(store):
     _put(b, "run/x.bin", b"xx")                                        # a new version, written by b
     a.refresh()
     assert _get(a, "run/x.bin") == b"xx" and a.listdir("run") == ["x.bin"]
+
+
+@pytest.mark.parametrize("extend", ["write past the end", "truncate up"])
+@pytest.mark.parametrize("inside", [False, True], ids=["file", "in a checkpoint"])
+def test_a_file_extended_past_its_end_stays_in_memory_and_takes_writes_in_any_order(store, extend, inside):
+    """numpy.memmap 'w+' writes the last byte first and then the pages of a shared mapping, in any
+    order (issue 28.3(e)): a file with a hole never streams, so every later write lands, up to
+    hole_limit; past it the extension is refused with EFBIG and nothing of the call is taken."""
+    ns = _ns(store, hole_limit=1 << 20)
+    n = 256 << 10                                   # 4 x the stream threshold of these tests
+    path = "run/step-3/arr.bin" if inside else "arr.bin"
+    fh = ns.open_write(path)
+    if extend == "truncate up":
+        ns.truncate(path, n, fh)
+    else:
+        ns.write(fh, b"\0", n - 1)
+    data = bytes(range(256)) * (n // 256)
+    for off in reversed(range(0, n, 4096)):         # pages written back last first
+        ns.write(fh, data[off:off + 4096], off)
+    assert ns.read(fh, n, 0) == data
+    with pytest.raises(NamespaceError) as e:
+        ns.truncate(path, (1 << 20) + 1, fh)
+    assert e.value.errno == errno.EFBIG and "write it in order" in str(e.value)
+    with pytest.raises(NamespaceError) as e:
+        ns.write(fh, b"x", 1 << 20)
+    assert e.value.errno == errno.EFBIG
+    ns.close(fh)
+    ns.release(fh)
+    if inside:
+        _put(ns, "run/step-3/.metadata", b"m")      # DCP's commit point
+    assert _get(ns, path) == data
+
+
+def test_a_file_written_in_order_still_streams_past_the_threshold(store):
+    ns = _ns(store, hole_limit=1 << 20)
+    fh = ns.open_write("big.bin")
+    data = bytes(range(256)) * 4096                 # 1 MiB, written in order: streamed, no hole limit
+    for off in range(0, len(data), 64 << 10):
+        ns.write(fh, data[off:off + (64 << 10)], off)
+    assert ns.handle(fh).streaming
+    ns.write(fh, b"tail", len(data))               # past hole_limit, in order: fine
+    ns.close(fh)
+    ns.release(fh)
+    assert _get(ns, "big.bin") == data + b"tail"

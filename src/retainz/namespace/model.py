@@ -13,7 +13,9 @@ Paths map onto generations as :mod:`retainz.namespace.names` says.  What the cal
   (small files may be written at any offset, truncated, re-opened); past it they stream into the
   store as a shard (``GenerationWriter.open_shard``: each write is pushed into 1 MiB extents), which
   needs sequential writes (``torch.save``, safetensors and DCP write sequentially; an out-of-order
-  write to a streamed file is ``EIO`` with a log line).  One shard streams at a time
+  write to a streamed file is ``EIO`` with a log line).  A file extended past its end (a hole:
+  ``numpy.memmap`` ``w+``, ``ftruncate`` up) never streams; it stays in memory, taking writes in any
+  order, up to :attr:`Namespace.hole_limit` (``EFBIG`` past it).  One shard streams at a time
   (:attr:`Namespace.slot`); other files keep buffering meanwhile, and store work ordered after the
   stream (a small file's commit) is queued and run when it ends.
 * **admission**: ``open`` admits the generation, every ``write`` grows its reservation in the store
@@ -185,6 +187,7 @@ class _Handle:
         self.writer_process = None     # the process of the last write (MountedStore.caller)
         self.done = threading.Event()  # set at release
         self.unlinked = False          # unlinked or discarded while open: nothing of it commits
+        self.holed = False             # extended past its bytes (a hole): held in memory, never streamed
         self.windows: dict[int, bytes] = {}    # verified extents read lately: first data byte -> bytes
 
     @property
@@ -202,6 +205,8 @@ class Namespace:
             (``"hf:save_steps=500,save_total_limit=2"``), a ``{folder: rule}`` dict (the longest
             folder holding a checkpoint wins), or ``"auto"`` (:class:`RetentionInference`).
         stream_threshold: bytes a file buffers in memory before it streams into the store.
+        hole_limit: the largest file extended past its end (a hole) that is held in memory until it
+            commits (larger: ``EFBIG``); such a file never streams.
 
     Attributes:
         inference: the :class:`~retainz.retention.inference.RetentionInference` of ``"auto"``.
@@ -222,7 +227,8 @@ class Namespace:
 
     caller = staticmethod(lambda: None)
 
-    def __init__(self, store, *, retention: str | None = None, stream_threshold: int = 4 << 20):
+    def __init__(self, store, *, retention: str | None = None, stream_threshold: int = 4 << 20,
+                 hole_limit: int = 256 << 20):
         self.store = store
         self.retention = retention
         self.observer = _NoCache()
@@ -235,6 +241,7 @@ class Namespace:
         self._layouts: dict[tuple[str, int], tuple[str, dict[str, str]]] = {}
         self.inference = RetentionInference() if retention == "auto" else None
         self.stream_threshold = stream_threshold
+        self.hole_limit = hole_limit
         self._mu = threading.RLock()
         self.slot = threading.Lock()
         self._deferred: list = []
@@ -807,15 +814,31 @@ class Namespace:
                     raise NamespaceError(errno_of(e), f"{h.path}: {e}") from e
                 h.size += len(data)
                 return len(data)
+            if offset > len(h.buf):
+                self._hole(h, max(end, len(h.buf)))
             self._reserve(h, max(end, len(h.buf)))
             h.dirty = True
             if offset > len(h.buf):
                 h.buf.extend(bytes(offset - len(h.buf)))
             h.buf[offset:end] = data
             h.size = len(h.buf)
-            if h.size >= self.stream_threshold and end == h.size:
+            if h.size >= self.stream_threshold and end == h.size and not h.holed:
                 self._try_stream(h)
             return len(data)
+
+    def _hole(self, h: _Handle, size: int) -> None:
+        """``h`` is extended past its bytes to ``size`` (a write past the end, ``ftruncate`` up): the
+        hole will be written later and out of order (``numpy.memmap`` mode ``w+`` writes the last byte,
+        then its pages through a shared mapping), which a streamed shard cannot take.  The file stays
+        in memory until it commits, up to :attr:`hole_limit` bytes.
+
+        Raises:
+            NamespaceError: ``EFBIG`` past :attr:`hole_limit` (nothing of the call is taken)."""
+        if size > self.hole_limit:
+            raise NamespaceError(errno.EFBIG, f"{h.path}: a file extended past its end (a hole, as numpy.memmap "
+                                              f"'w+' makes) is held in memory until it commits, up to "
+                                              f"{self.hole_limit} bytes; {size} asked: write it in order")
+        h.holed = True
 
     # -- admission ------------------------------------------------------------------------------------
     def _pad(self, n: int) -> int:
@@ -933,6 +956,7 @@ class Namespace:
                     self._reopen(h)
                 h.dirty = h.dirty or length != h.size
                 if length > len(h.buf):
+                    self._hole(h, length)
                     self._reserve(h, length)
                 del h.buf[length:]
                 if length > len(h.buf):
