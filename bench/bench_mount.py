@@ -129,7 +129,7 @@ def _load(op: str, place: str, root: str, sd: dict, name: str, zoned_dev: str) -
 
 def _remove(op: str, place: str, root: str, name: str, store) -> None:
     if place == "zoned":
-        store.delete(name, step=0)
+        store.delete(name)
         return
     path = os.path.join(root, name)
     shutil.rmtree(path) if os.path.isdir(path) else os.unlink(path)
