@@ -13,9 +13,11 @@ Paths map onto generations as :mod:`retainz.namespace.names` says.  What the cal
   (small files may be written at any offset, truncated, re-opened); past it they stream into the
   store as a shard (``GenerationWriter.open_shard``: each write is pushed into 1 MiB extents), which
   needs sequential writes (``torch.save``, safetensors and DCP write sequentially; an out-of-order
-  write to a streamed file is ``EIO`` with a log line).  A file extended past its end (a hole:
-  ``numpy.memmap`` ``w+``, ``ftruncate`` up) never streams; it stays in memory, taking writes in any
-  order, up to :attr:`Namespace.hole_limit` (``EFBIG`` past it).  One shard streams at a time
+  write to a streamed file is ``EIO`` with a log line).  A file written past its end (a hole:
+  ``numpy.memmap`` ``w+``) never streams; it stays in memory, taking writes in any order, up to
+  :attr:`Namespace.hole_limit` (``EFBIG`` past it).  An ``ftruncate`` up to at most ``hole_limit``
+  is held the same way; a larger one streams once its writes reach the new end (safetensors sets
+  the length first, then writes in order).  One shard streams at a time
   (:attr:`Namespace.slot`); other files keep buffering meanwhile, and store work ordered after the
   stream (a small file's commit) is queued and run when it ends.
 * **admission**: ``open`` admits the generation, every ``write`` grows its reservation in the store
@@ -827,7 +829,7 @@ class Namespace:
             return len(data)
 
     def _hole(self, h: _Handle, size: int) -> None:
-        """``h`` is extended past its bytes to ``size`` (a write past the end, ``ftruncate`` up): the
+        """``h`` is extended past its bytes to ``size`` by a write past its end: the
         hole will be written later and out of order (``numpy.memmap`` mode ``w+`` writes the last byte,
         then its pages through a shared mapping), which a streamed shard cannot take.  The file stays
         in memory until it commits, up to :attr:`hole_limit` bytes.
@@ -956,7 +958,10 @@ class Namespace:
                     self._reopen(h)
                 h.dirty = h.dirty or length != h.size
                 if length > len(h.buf):
-                    self._hole(h, length)
+                    # an extension (safetensors sets the final length before writing in order; a
+                    # shared mapping writes in any order): held in memory up to hole_limit; a
+                    # larger one streams once its writes reach the end, as before
+                    h.holed = h.holed or length <= self.hole_limit
                     self._reserve(h, length)
                 del h.buf[length:]
                 if length > len(h.buf):
