@@ -18,6 +18,9 @@ def register(sub) -> None:
                    help="the runtime's retention rule (e.g. hf:save_steps=500,save_total_limit=2), or auto "
                         "to infer it from the saves and deletions seen")
     p.add_argument("--foreground", action="store_true", help="serve in this process until unmounted")
+    from retainz.cli.node import add_access_options
+
+    add_access_options(p)     # the mount serves DEVICE.sock to other processes, as retainz serve does
     p.set_defaults(func=_mount)
 
     p = sub.add_parser("umount", help="unmount a RetainZ mount (waits until the store is closed)")
@@ -26,13 +29,15 @@ def register(sub) -> None:
 
 
 def _mount(args) -> int:
+    from retainz.cli.node import access_options
     from retainz.mount.runner import FuseUnavailableError, mount
 
+    access = access_options(args)         # bad input (a --grant, a --group) before anything starts
     if args.foreground:
         logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                             format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
-        mount(args.device, args.mountpoint, retention=args.retention, foreground=args.foreground)
+        mount(args.device, args.mountpoint, retention=args.retention, foreground=args.foreground, access=access)
     except FuseUnavailableError as e:
         print(f"retainz: error: {e}", file=sys.stderr)
         return 1

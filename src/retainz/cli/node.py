@@ -16,6 +16,14 @@ def register(sub) -> None:
     p.add_argument("--socket", metavar="PATH", default=None,
                    help="the Unix socket to listen on (default: DEVICE.sock beside a device file, where "
                         "clients look for it)")
+    add_access_options(p)
+    p.add_argument("--policy", default=None, help="placement policy (default: the one recorded at mkfs)")
+    p.set_defaults(func=_serve)
+
+
+def add_access_options(p) -> None:
+    """The socket's access flags, the same for ``retainz serve`` and ``retainz mount`` (docs/node.md
+    "Access control")."""
     p.add_argument("--group", metavar="GROUP", default=None,
                    help="let this group use the service too (socket mode 0660 instead of 0600)")
     p.add_argument("--allow-all", action="store_true",
@@ -23,8 +31,32 @@ def register(sub) -> None:
     p.add_argument("--grant", metavar="JOB=SERIES", action="append", default=[],
                    help="job JOB may also see and delete the generations of series SERIES (* for every "
                         "series); repeatable")
-    p.add_argument("--policy", default=None, help="placement policy (default: the one recorded at mkfs)")
-    p.set_defaults(func=_serve)
+
+
+def access_options(args) -> dict:
+    """``{"mode", "group", "allow_all", "grants"}`` from :func:`add_access_options`'s flags, as
+    :class:`retainz.node.Service` takes them.
+
+    Raises:
+        ValueError: a malformed ``--grant`` (:func:`retainz.node.access.parse_grant`), or a ``--group``
+            that names no group (one line)."""
+    from retainz.node.access import parse_grant
+
+    grants: dict[str, set[str]] = {}
+    for text in args.grant:
+        job, series = parse_grant(text)
+        grants.setdefault(job, set()).add(series)
+    if args.group is not None:
+        import grp
+
+        try:
+            grp.getgrnam(args.group)
+        except KeyError:
+            if not args.group.isdigit():
+                raise ValueError(f"--group {args.group!r}: no such group") from None
+    return {"mode": 0o660 if args.group else 0o600,
+            "group": int(args.group) if args.group and args.group.isdigit() else args.group,
+            "allow_all": args.allow_all, "grants": {j: frozenset(s) for j, s in grants.items()}}
 
 
 def _serve(args) -> int:
@@ -41,21 +73,5 @@ def _serve(args) -> int:
     def ready(svc) -> None:
         print(f"retainz: serving {args.device} on {svc.path}", file=sys.stderr, flush=True)
 
-    from retainz.node.access import parse_grant
-
-    grants: dict[str, set[str]] = {}
-    for text in args.grant:
-        job, series = parse_grant(text)
-        grants.setdefault(job, set()).add(series)
-    if args.group is not None:
-        import grp
-
-        try:
-            grp.getgrnam(args.group)
-        except KeyError:
-            if not args.group.isdigit():
-                raise ValueError(f"--group {args.group!r}: no such group") from None
-    serve(args.device, socket=args.socket, policy=args.policy, mode=0o660 if args.group else 0o600,
-          group=int(args.group) if args.group and args.group.isdigit() else args.group, allow_all=args.allow_all,
-          grants={j: frozenset(s) for j, s in grants.items()}, ready=ready)
+    serve(args.device, socket=args.socket, policy=args.policy, ready=ready, **access_options(args))
     return 0

@@ -13,9 +13,23 @@ fails with the server's error.
 
 A device another process holds (a mount, a ``retainz put``, a training job) is refused at once
 (:class:`DeviceHeldError`, within :data:`HELD_WAIT` seconds): the mount never waits on the lock,
-so a server whose caller gave up can never mount itself later.  A foreground server stopped by
+so a server whose caller gave up can never mount itself later.  A device a node service holds
+(``retainz serve``) is mounted as that service's client.  A foreground server stopped by
 SIGINT or SIGTERM unmounts (the ``destroy`` of :class:`~retainz.mount.fs.MountedStore` runs) and
 returns normally.
+
+**The mount is a node service too.**  A mount that holds its device serves the device's socket
+(:func:`retainz.node.socket_path`) with :class:`retainz.node.Service` over its own store, with the
+same access rules and socket mode as ``retainz serve``: the store commands, ``ZonedStorageWriter``
+and ``retainz://`` of other processes use the mounted device through it, while the mount's own
+bytes stay in this process.  After a client's commit or delete the mount's namespace is refreshed
+before the client's reply, so a save committed from another process is under the mount point
+by the time its commit returns.  The socket is removed at unmount.
+
+**Unmount.**  The server holds a ``flock`` on the mount point's own directory (the one under the
+mount) from before it mounts until its store and device are closed; ``retainz umount`` waits for
+that lock, so it returns once this server is done, whether it held the device or was a client of a
+``retainz serve`` that keeps holding it.
 """
 
 from __future__ import annotations
@@ -102,7 +116,11 @@ def held_message(device: str) -> str:
     pid_text = f"pid {', '.join(map(str, pids))}" if pids else "pid unknown"
     sock = socket_path(device)
     served = any("serve" in _command_of(p).split() for p in pids) and os.path.exists(sock)
-    if where and not served:
+    if where and not served and os.path.exists(sock):
+        who = f"it is mounted at {', '.join(where)} (retainz mount, {pid_text}), which serves the store " \
+              f"commands and other processes on {sock}: this needs the device itself; " \
+              f"`retainz umount {where[0]}` first"
+    elif where and not served:
         who = f"it is mounted at {', '.join(where)} (retainz mount, {pid_text}): use the files there, or " \
               f"`retainz umount {where[0]}` first"
     elif served:
@@ -121,19 +139,49 @@ def _held_message(device: str) -> str:
 
 
 def _check_free(device: str) -> None:
-    """Refuse a device whose lock another process holds (nothing is changed).
+    """Refuse a device whose lock another process holds (nothing is changed), unless a node service
+    holds it and no mount serves it yet: the mount then becomes that service's client.
 
     Raises:
-        DeviceHeldError: the lock is held (the message says by which mount, if it is one).
+        DeviceHeldError: the lock is held by a mount (a second mount of one device), or by a process
+            that serves no socket (the message says which).
     """
     fd = os.open(device, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         fcntl.flock(fd, fcntl.LOCK_UN)
     except BlockingIOError:
-        raise DeviceHeldError(_held_message(device)) from None
+        where = mounted_at(device)
+        answers = _service_answers(device)
+        if where and answers:
+            raise DeviceHeldError(f"{device}: the device is in use: it is already mounted at {', '.join(where)} "
+                                  f"(one mount per device): use the files there, or `retainz umount {where[0]}` "
+                                  "first") from None
+        if not answers:
+            raise DeviceHeldError(_held_message(device)) from None
     finally:
         os.close(fd)
+
+
+def _service_answers(device: str) -> bool:
+    """Whether a node service listens at ``device``'s socket (:func:`retainz.node.socket_path`): a
+    connection is accepted (a killed service's stale socket refuses it)."""
+    import socket
+
+    from retainz.node import served
+
+    path = served(device)
+    if path is None:
+        return False
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(HELD_WAIT)
+        probe.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
 
 
 def load_fuse():
@@ -180,22 +228,32 @@ def _check_mountpoint(mountpoint: str) -> None:
 
 
 def serve(device: str, mountpoint: str, *, retention: str | None = None, wait: float = HELD_WAIT,
-          debug: bool = False) -> None:
+          debug: bool = False, access: dict | None = None) -> None:
     """Open the store on ``device`` and serve it at ``mountpoint`` until unmounted (foreground).
+
+    A mount that holds the device also serves the device's socket to other processes (a
+    :class:`retainz.node.Service` over the same store, its namespace refreshed after each client's
+    commit or delete); on a device a ``retainz serve`` holds, the mount is that service's client.
 
     Returns normally when the mount ends by ``retainz umount`` or by SIGINT/SIGTERM of this process
     (libfuse's handlers end the loop; the mount's ``destroy`` commits what is complete, then the
-    mount point is unmounted).
+    mount point is unmounted); the socket is removed, the store and the device are closed, and only
+    then is the mount point's lock released (what ``retainz umount`` waits for).
 
     Args:
         device: a FileDevice file holding a RetainZ store (``retainz mkfs``).
         mountpoint: an existing directory.
         retention: ``None``, a rule string, or ``"auto"`` (:class:`~retainz.mount.fs.MountedStore`).
         wait: seconds to wait for a device another process (a previous mount) still holds.
+        access: the socket's access rules, as ``retainz serve`` takes them: ``{"mode": 0o600,
+            "group": None, "allow_all": False, "grants": {job: frozenset(series)}}`` (each key
+            optional; ``None``: the defaults, owner only).
 
     Raises:
         FuseUnavailableError, FileNotFoundError, ForeignDeviceError.
         DeviceHeldError: another process holds the device (after ``wait`` seconds).
+        DeviceBusyError: a live service already listens at the device's socket.
+        FileExistsError: the socket path exists and is not a socket.
         RuntimeError: libfuse failed before serving (its status).
     """
     fuse = load_fuse()
@@ -211,17 +269,18 @@ def serve(device: str, mountpoint: str, *, retention: str | None = None, wait: f
 
         parse_rule(retention)       # a malformed or unknown rule (RULES lists the known ones) is bad input, before mounting
     log = logging.getLogger("retainz.mount")
-    try:
-        # through a node service the mount shows the whole device (its own user's right), or $RETAINZ_JOB's
-        opened = _stores.using(device, wait=wait, job=os.environ.get("RETAINZ_JOB", "*"))
-        store = opened.__enter__()
-    except TimeoutError:
-        raise DeviceHeldError(_held_message(device)) from None
-    try:
+    with contextlib.ExitStack() as held:
+        held.enter_context(_serving_lock(mountpoint))       # released last: after the device is closed
+        try:
+            # through a node service the mount shows the whole device (its own user's right), or $RETAINZ_JOB's
+            store = held.enter_context(_stores.using(device, wait=wait, job=os.environ.get("RETAINZ_JOB", "*")))
+        except TimeoutError:
+            raise DeviceHeldError(_held_message(device)) from None
         ops = MountedStore(store, retention=retention)
         ops.caller = _caller(fuse)
         if ops.retired_at_mount:
             log.info("retired %d older versions at mount", len(ops.retired_at_mount))
+        held.enter_context(_node_service(store, device, ops, access or {}))
         threading.Thread(target=_raise_read_ahead, args=(mountpoint,), daemon=True,
                          name="retainz-read-ahead").start()
         # libfuse installs its own SIGINT/SIGTERM/SIGHUP handlers (they end the loop, unmount and call
@@ -242,8 +301,49 @@ def serve(device: str, mountpoint: str, *, retention: str | None = None, wait: f
                 signal.signal(sig, handler)
             if ops.inference is not None:
                 log.info("retention inferred: %s", ops.inferred())
+
+
+@contextlib.contextmanager
+def _serving_lock(mountpoint: str):
+    """Hold a shared ``flock`` on the mount point's own directory (opened before the mount covers it)
+    while the server runs; :func:`umount` waits until it can take it exclusively."""
+    fd = os.open(mountpoint, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        yield
     finally:
-        opened.__exit__(None, None, None)
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _node_service(store, device: str, ops, access: dict):
+    """Serve ``store`` on ``device``'s socket while the mount runs, when this process holds the device
+    (a :class:`~retainz.store.Store`; a store served by another process is left alone).  A client's
+    commit or delete refreshes the mount's namespace before its reply.  At exit the service ends
+    every connection (aborting what its clients left open) and removes the socket; the store stays
+    open for its opener to close."""
+    from retainz.node import Service, socket_path
+    from retainz.store import Store
+
+    if not isinstance(store, Store):
+        yield None
+        return
+
+    def refresh() -> None:
+        if not ops.destroyed:
+            ops.ns.refresh()
+
+    svc = Service(store, socket_path(device), mode=access.get("mode", 0o600), group=access.get("group"),
+                  allow_all=access.get("allow_all", False), grants=access.get("grants"), on_change=refresh,
+                  own_store=False)
+    thread = threading.Thread(target=svc.serve_forever, name="retainz-node-service", daemon=True)
+    thread.start()
+    logging.getLogger("retainz.mount").info("serving %s on %s", device, svc.path)
+    try:
+        yield svc
+    finally:
+        svc.close()
+        thread.join(timeout=30)
 
 
 def _raise_read_ahead(mountpoint: str, timeout: float = 30.0) -> None:
@@ -322,8 +422,10 @@ def _caller(fuse):
 
 
 def mount(device: str, mountpoint: str, *, retention: str | None = None, foreground: bool = False,
-          timeout: float = 120.0) -> None:
+          timeout: float = 120.0, access: dict | None = None) -> None:
     """``retainz mount``: serve in the foreground, or start a detached server and wait until mounted.
+
+    ``access``: the rules of the socket the mount serves (:func:`serve`; ``None``: owner only).
 
     Raises:
         FuseUnavailableError: FUSE cannot be used here.
@@ -345,13 +447,20 @@ def mount(device: str, mountpoint: str, *, retention: str | None = None, foregro
     _check_mountpoint(mountpoint)
     _check_free(device)
     if foreground:
-        serve(device, mountpoint, retention=retention)
+        serve(device, mountpoint, retention=retention, access=access)
         return
     logpath = device + ".mount.log"
     start = os.path.getsize(logpath) if os.path.exists(logpath) else 0
     cmd = [sys.executable, "-m", "retainz.cli", "mount", device, mountpoint, "--foreground"]
     if retention:
         cmd += ["--retention", retention]
+    access = access or {}
+    if access.get("group") is not None:
+        cmd += ["--group", str(access["group"])]
+    if access.get("allow_all"):
+        cmd += ["--allow-all"]
+    for job, series in sorted((access.get("grants") or {}).items()):
+        cmd += [arg for s in sorted(series) for arg in ("--grant", f"{job}={s}")]
     with open(logpath, "ab") as logf:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -402,13 +511,15 @@ def _unmount_command(mountpoint: str, *, run: bool = True) -> list[str]:
 
 def umount(mountpoint: str, *, wait: float = 120.0) -> None:
     """``retainz umount``: unmount (``fusermount3 -u``, or ``umount`` without it) and wait until the
-    server has closed the store (the device file's lock is free), so the device can be used at once.
-    Works on a stale mount whose server died.
+    server is done: its socket removed, its store and device closed (it releases the mount point's
+    lock last, :func:`_serving_lock`), so a device it held can be used at once.  A server that was
+    the client of a ``retainz serve`` is waited for the same way, never for the device's lock, which
+    the service keeps.  Works on a stale mount whose server died.
 
     Raises:
         FileNotFoundError: ``mountpoint`` is not a RetainZ mount.
         RuntimeError: the unmount command failed (its message).
-        TimeoutError: the server still holds the device after ``wait`` seconds.
+        TimeoutError: the server is still closing ``wait`` seconds after the unmount.
     """
     if not is_mounted(mountpoint):
         raise FileNotFoundError(f"{mountpoint}: not a RetainZ mount")
@@ -423,19 +534,18 @@ def umount(mountpoint: str, *, wait: float = 120.0) -> None:
         if "busy" not in msg.lower() or time.monotonic() > busy_until:
             raise RuntimeError(f"{' '.join(cmd)} failed: {msg}")
         time.sleep(0.2)
-    if device and os.path.exists(device):
-        deadline = time.monotonic() + wait
-        fd = os.open(device, os.O_RDONLY)
-        try:
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    fcntl.flock(fd, fcntl.LOCK_UN)
-                    return
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"{device}: still held by the mount server {wait:.0f} s after "
-                                           "unmount") from None
-                    time.sleep(0.05)
-        finally:
-            os.close(fd)
+    deadline = time.monotonic() + wait
+    fd = os.open(mountpoint, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)   # the directory under the mount now
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                return
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{device or mountpoint}: the mount server is still closing {wait:.0f} s "
+                                       "after unmount") from None
+                time.sleep(0.05)
+    finally:
+        os.close(fd)

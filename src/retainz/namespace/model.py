@@ -281,12 +281,16 @@ class Namespace:
         """Bring the committed view up to date with the store, for a face whose store others write too
         (other ``retainz://`` instances, other processes through a node service): generations committed
         elsewhere appear, deleted ones go; the newest version of a path is the one seen.  What this
-        namespace is writing is kept.  Cheap when nothing changed (one ``generations()`` call)."""
-        gens = self.store.generations()
-        key = tuple((g.id, g.commit_seq) for g in gens)
-        if key == self._seen:
-            return
+        namespace is writing is kept.  Cheap when nothing changed (one ``generations()`` call).
+
+        Safe from any thread (the mount calls it from its node service's client threads after a
+        client's commit or delete): the store is listed under the namespace lock, so a commit this
+        namespace makes meanwhile is either in the listing or not yet published here."""
         with self._mu:
+            gens = self.store.generations()
+            key = tuple((g.id, g.commit_seq) for g in gens)
+            if key == self._seen:
+                return
             current = {g.id: g for g in gens if g.id not in self._taken}
             for gid in [gid for gid in self.gens if gid not in current]:
                 self._forget(gid)

@@ -143,6 +143,8 @@ class _Session:
                 raise ProtocolError(f"request {op!r} before hello")
             out = _OPS[op](self, req) or {}
             out["ok"] = True
+            if op in _CHANGES:
+                self.service._changed()
             return out
         except RetainZError as e:
             return error_reply(e)
@@ -417,6 +419,9 @@ class _Session:
         return {}
 
 
+#: Requests that change the committed generations (after them the service's ``on_change`` runs).
+_CHANGES = frozenset({"commit", "delete"})
+
 _OPS: dict[str, Callable[[_Session, dict], dict]] = {
     name: getattr(_Session, name) for name in (
         "hello", "begin", "open_shard", "claim", "written", "close_shard", "abort_shard", "commit", "abort", "leave",
@@ -430,7 +435,9 @@ class Service:
 
     Call sequence: ``svc = Service(store, path)`` (binds the socket, mode 0600), ``svc.serve_forever()``
     (returns after :meth:`stop`), then ``svc.close()`` (ends every connection, aborting what it left
-    open, closes the store; the caller closes the device).  :func:`serve` does all of it.
+    open, closes the store unless ``own_store`` is false; the caller closes the device).  :func:`serve`
+    does all of it; ``retainz mount`` serves its own store this way beside its FUSE loop
+    (:func:`retainz.mount.runner.serve`).
 
     Args:
         store: the open store (the service's only user of it from now on).
@@ -439,6 +446,12 @@ class Service:
         group: a group name or id to own the socket (``None``: the caller's).
         allow_all: every client's scope is the whole device (:mod:`.access`).
         grants: ``{job: {series, ...}}``: more series a job may see and change (``*``: all).
+        on_change: called (no arguments, in the client's thread, before its reply is sent) after a
+            client's ``commit`` or ``delete`` changed the committed generations, so another user of
+            the same store (the mount's namespace) can bring its view up to date; an exception it
+            raises is logged and the reply stays the request's.
+        own_store: :meth:`close` closes the store (``False``: its opener closes it, as the mount
+            does after its own unmount).
 
     Raises:
         DeviceBusyError: a service already listens on ``path``.
@@ -446,9 +459,12 @@ class Service:
     """
 
     def __init__(self, store: Store, path: str, *, mode: int = 0o600, group: str | int | None = None,
-                 allow_all: bool = False, grants: dict[str, frozenset[str]] | None = None):
+                 allow_all: bool = False, grants: dict[str, frozenset[str]] | None = None,
+                 on_change: Callable[[], None] | None = None, own_store: bool = True):
         self.store = store
         self.path = path
+        self.on_change = on_change
+        self.own_store = own_store
         self.owner_uid = os.geteuid()
         self.allow_all = allow_all
         self.grants = dict(grants or {})
@@ -507,6 +523,15 @@ class Service:
             with self._lock:      # close() joins only started threads
                 self._threads = [x for x in self._threads if x.is_alive()] + [t]
 
+    def _changed(self) -> None:
+        """A client changed the committed generations: tell ``on_change`` (errors logged, never a
+        client's)."""
+        if self.on_change is not None:
+            try:
+                self.on_change()
+            except Exception:   # noqa: BLE001 - the request succeeded; its reply must say so
+                log.exception("on_change after a client's change failed")
+
     def _forget(self, s: _Session) -> None:
         with self._lock:
             self._sessions.discard(s)
@@ -518,7 +543,7 @@ class Service:
             self._sock.shutdown(socket.SHUT_RDWR)
 
     def close(self) -> None:
-        """End every connection, close the store and remove the socket.  Idempotent."""
+        """End every connection, close the store (when ``own_store``) and remove the socket.  Idempotent."""
         self.stop()
         with contextlib.suppress(OSError):
             self._sock.close()
@@ -531,7 +556,8 @@ class Service:
             threads = list(self._threads)
         for t in threads:
             t.join(timeout=30)
-        self.store.close()
+        if self.own_store:
+            self.store.close()
         with contextlib.suppress(FileNotFoundError):
             if stat.S_ISSOCK(os.lstat(self.path).st_mode):
                 os.unlink(self.path)
