@@ -1,5 +1,6 @@
 """The store commands on a device another process holds (issue 29, 27.5(d)): through a node service's
-socket when `retainz serve` holds it; one line naming the mount point and pid when a mount holds it."""
+socket when `retainz serve` or a mount holds it; one line naming the mount point and pid for what needs
+the device itself."""
 
 from __future__ import annotations
 
@@ -51,7 +52,9 @@ def test_store_commands_on_a_served_device_go_through_the_service(tmp_path):
     assert retainz("ls", device).stdout == ""            # and directly again once the service is gone
 
 
-def test_store_commands_on_a_mounted_device_say_where_it_is_mounted_and_by_which_pid(tmp_path):
+def test_store_commands_on_a_mounted_device_go_through_its_socket_and_the_rest_say_where_it_is_mounted(tmp_path):
+    """A mount serves the device's socket (tests/test_mount_service.py has the rest): the store commands
+    work on a mounted device; those that need the device itself name the mount point and the pid."""
     require_fuse()
     from retainz.mount.runner import lock_holders
 
@@ -59,7 +62,12 @@ def test_store_commands_on_a_mounted_device_say_where_it_is_mounted_and_by_which
     with mounted(device, tmp_path / "mnt") as mnt:
         pids = lock_holders(device)
         assert len(pids) == 1
-        for args in (["ls", device], ["df", device], ["put", device, "g", device, "--step", "1"], ["rm", device, "g"]):
+        small = tmp_path / "small.bin"
+        small.write_bytes(b"s" * 5000)
+        for args in (["put", device, "g", str(small), "--step", "1"], ["ls", device], ["df", device], ["rm", device, "g"]):
+            r = retainz(*args, check=False)
+            assert r.returncode == 0, (args, r.stderr)
+        for args in (["mkfs", device, "--force"], ["fsck", device, "--repair"]):
             r = retainz(*args, check=False)
             line = r.stderr.strip()
             assert r.returncode == 1 and "\n" not in line, (args, r.stderr)
