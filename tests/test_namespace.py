@@ -237,6 +237,22 @@ def test_refresh_sees_what_other_writers_commit_and_delete(store):
     assert _get(a, "run/x.bin") == b"xx" and a.listdir("run") == ["x.bin"]
 
 
+def test_refresh_drops_what_another_writer_deleted_even_when_the_listing_is_back_to_the_last_refresh(store):
+    """The mount refreshes its view after a node-service client's delete: a file this namespace
+    committed since its last refresh, deleted by another writer, leaves the view (the store's listing
+    then equals the one of the last refresh), and a reader still holding it gets ``ESTALE``."""
+    ns = _ns(store)
+    _put(ns, "a.bin", b"a" * 1000)
+    fh = ns.open_read("a.bin")
+    store.delete("@a.bin")                    # another writer (a client of the mount's socket)
+    ns.refresh()
+    assert not ns.exists("a.bin") and ns.listdir("") == []
+    with pytest.raises(OSError) as e:
+        ns.read(fh, 10, 0)
+    assert e.value.errno == errno.ESTALE
+    ns.release(fh)
+
+
 @pytest.mark.parametrize("extend", ["write past the end", "truncate up"])
 @pytest.mark.parametrize("inside", [False, True], ids=["file", "in a checkpoint"])
 def test_a_file_extended_past_its_end_stays_in_memory_and_takes_writes_in_any_order(store, extend, inside):

@@ -289,8 +289,8 @@ class Namespace:
         with self._mu:
             gens = self.store.generations()
             key = tuple((g.id, g.commit_seq) for g in gens)
-            if key == self._seen:
-                return
+            if key == self._seen and self.gens.keys() <= {g.id for g in gens}:
+                return      # (this namespace's own commits since are in the view; one deleted elsewhere is not)
             current = {g.id: g for g in gens if g.id not in self._taken}
             for gid in [gid for gid in self.gens if gid not in current]:
                 self._forget(gid)
