@@ -13,6 +13,7 @@ import signal
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -190,6 +191,18 @@ def test_umount_of_a_mount_served_by_retainz_serve_returns_without_waiting_for_i
         mnt.mkdir()
         retainz("mount", device, str(mnt), timeout=60)      # the service's client
         (mnt / "f.bin").write_bytes(b"f" * 70_000)
+        # another client's commit shows under it at its next refresh (CLIENT_REFRESH; bounded wait)
+        (tmp_path / "g.bin").write_bytes(b"g" * 3000)
+        retainz("put", device, "other%2Fstep-3", str(tmp_path / "g.bin"), "--step", "3")
+        deadline = time.monotonic() + 60
+        while "other" not in os.listdir(mnt) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert (mnt / "other" / "step-3" / "g.bin").read_bytes() == b"g" * 3000
+        retainz("rm", device, "other%2Fstep-3")
+        deadline = time.monotonic() + 60
+        while "other" in os.listdir(mnt) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert sorted(os.listdir(mnt)) == ["f.bin"]
         # bounded well below the 120 s the device lock would take (the service keeps it)
         r = retainz("umount", str(mnt), timeout=30)
         assert r.returncode == 0 and not is_mounted(str(mnt))

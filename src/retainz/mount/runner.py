@@ -280,7 +280,7 @@ def serve(device: str, mountpoint: str, *, retention: str | None = None, wait: f
         ops.caller = _caller(fuse)
         if ops.retired_at_mount:
             log.info("retired %d older versions at mount", len(ops.retired_at_mount))
-        held.enter_context(_node_service(store, device, ops, access or {}))
+        held.enter_context(_sharing(store, device, ops, access or {}))
         threading.Thread(target=_raise_read_ahead, args=(mountpoint,), daemon=True,
                          name="retainz-read-ahead").start()
         # libfuse installs its own SIGINT/SIGTERM/SIGHUP handlers (they end the loop, unmount and call
@@ -315,23 +315,47 @@ def _serving_lock(mountpoint: str):
         os.close(fd)
 
 
+#: Seconds between two refreshes of the view of a mount that is the client of a ``retainz serve``
+#: (it is not told of the other clients' commits; one ``list`` request each time).
+CLIENT_REFRESH = 1.0
+
+
 @contextlib.contextmanager
-def _node_service(store, device: str, ops, access: dict):
-    """Serve ``store`` on ``device``'s socket while the mount runs, when this process holds the device
-    (a :class:`~retainz.store.Store`; a store served by another process is left alone).  A client's
-    commit or delete refreshes the mount's namespace before its reply.  At exit the service ends
-    every connection (aborting what its clients left open) and removes the socket; the store stays
-    open for its opener to close."""
+def _sharing(store, device: str, ops, access: dict):
+    """Share the device with other processes while the mount runs.
+
+    When this process holds the device (``store`` is a :class:`~retainz.store.Store`), serve it on
+    ``device``'s socket; a client's commit or delete refreshes the mount's namespace before its reply.
+    At exit the service ends every connection (aborting what its clients left open) and removes the
+    socket; the store stays open for its opener to close.  When ``store`` is served by another process
+    (a ``retainz serve``), refresh the namespace every :data:`CLIENT_REFRESH` seconds instead."""
     from retainz.node import Service, socket_path
     from retainz.store import Store
-
-    if not isinstance(store, Store):
-        yield None
-        return
 
     def refresh() -> None:
         if not ops.destroyed:
             ops.ns.refresh()
+
+    if not isinstance(store, Store):
+        stop = threading.Event()
+
+        def poll() -> None:
+            said = None
+            while not stop.wait(CLIENT_REFRESH):
+                try:
+                    refresh()
+                except Exception as e:  # noqa: BLE001 - the service went away: the mount's calls say so
+                    if str(e) != said:
+                        logging.getLogger("retainz.mount").warning("refresh from the node service failed: %s", e)
+                    said = str(e)
+        thread = threading.Thread(target=poll, name="retainz-refresh", daemon=True)
+        thread.start()
+        try:
+            yield None
+        finally:
+            stop.set()
+            thread.join(timeout=30)
+        return
 
     svc = Service(store, socket_path(device), mode=access.get("mode", 0o600), group=access.get("group"),
                   allow_all=access.get("allow_all", False), grants=access.get("grants"), on_change=refresh,
