@@ -98,7 +98,7 @@ def test_store_commands_work_on_a_mounted_device_and_the_mount_shows_their_chang
 
         pids = lock_holders(device)
         assert len(pids) == 1
-        for args in (["mkfs", device, "--force"], ["fsck", device, "--repair"]):
+        for args in (["mkfs", device, "--force"], ["fsck", device, "--repair"], ["serve", device]):
             r = retainz(*args, check=False)
             line = r.stderr.strip()
             assert r.returncode == 1 and "\n" not in line, (args, r.stderr)
@@ -256,3 +256,39 @@ def test_a_killed_mount_s_stale_socket_is_replaced_and_the_access_flags_reach_th
         assert r.returncode == 1 and "may not" in r.stderr and r.stderr.count("\n") == 1, r.stderr
         assert sorted(os.listdir(m)) == ["jobs", "own.txt"]
     assert not os.path.exists(sock)
+
+
+def test_the_mount_s_writes_and_another_process_s_saves_interleave_on_one_store(tmp_path):
+    """One store, one placement decision stream: files written through the mount while another process
+    saves DCP checkpoints through the mount's socket all commit, each byte for byte, fsck clean."""
+    pytest.importorskip("torch")
+    import threading
+
+    device = make_device(tmp_path, zones=48, zone_size="4MiB")
+    blobs = {f"data/f{i:02d}.bin": os.urandom(150_000 + 7_000 * i) for i in range(16)}
+    blobs.update({f"data/big{i}.bin": os.urandom(6_000_000 + i) for i in range(3)})   # these stream (> 4 MiB)
+    with mounted(device, tmp_path / "mnt") as mnt:
+        os.makedirs(mnt / "data")
+        errors = []
+
+        def write_files():
+            try:
+                for p, b in blobs.items():
+                    (mnt / p).write_bytes(b)
+            except BaseException as e:  # noqa: BLE001 - reported by the assertion below
+                errors.append(e)
+        t = threading.Thread(target=write_files)
+        t.start()
+        committed = {ckpt: _save_elsewhere(device, "zoned", ckpt) for ckpt in ("step-1", "step-2", "step-3")}
+        t.join(timeout=300)
+        assert not t.is_alive() and not errors, errors
+        for p, b in blobs.items():
+            assert (mnt / p).read_bytes() == b, p
+        for ckpt, shards in committed.items():
+            got = {f: hashlib.sha256((mnt / "run" / ckpt / f).read_bytes()).hexdigest()
+                   for f in os.listdir(mnt / "run" / ckpt)}
+            assert got == shards, ckpt
+        r = retainz("fsck", device)             # through the mount's socket, while mounted
+        assert r.stdout.splitlines()[-1] == "clean"
+    assert sorted(paths(device)) == sorted([*blobs, "run/step-1", "run/step-2", "run/step-3"])
+    assert fsck_clean(device)

@@ -73,5 +73,15 @@ def _serve(args) -> int:
     def ready(svc) -> None:
         print(f"retainz: serving {args.device} on {svc.path}", file=sys.stderr, flush=True)
 
-    serve(args.device, socket=args.socket, policy=args.policy, ready=ready, **access_options(args))
+    from retainz.errors import DeviceBusyError
+
+    access = access_options(args)
+    try:
+        serve(args.device, socket=args.socket, policy=args.policy, ready=ready, **access)
+    except DeviceBusyError:
+        from retainz.mount.runner import held_message, lock_holders
+
+        if args.device.startswith(("/dev/", "remote:")) or not lock_holders(args.device):
+            raise
+        raise DeviceBusyError(held_message(args.device)) from None    # who holds it: a mount, a pid
     return 0
