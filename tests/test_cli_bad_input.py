@@ -245,3 +245,15 @@ def test_guest_commands_refuse_bad_arguments_before_booting_anything(tmp_path, c
     assert (code, out) == (2, "")
     assert needle in one_line(err)
     assert not (tmp_path / "p").exists() and not (tmp_path / "d.img").exists()
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--grant", "jobs/a"], "--grant 'jobs/a': expected JOB=SERIES"),
+    (["--group", "no-such-group-xyz"], "--group 'no-such-group-xyz': no such group"),
+])
+def test_mount_refuses_bad_access_flags_before_anything_starts(tmp_path, capsys, extra, needle):
+    """The mount serves its device's socket with retainz serve's access flags: a bad one is bad input."""
+    (tmp_path / "mnt").mkdir()
+    code, out, err = run(capsys, "mount", tmp_path / "d.img", tmp_path / "mnt", *extra)
+    assert (code, out) == (2, "") and needle in one_line(err)
+    assert not (tmp_path / "d.img").exists()

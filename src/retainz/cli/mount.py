@@ -1,7 +1,14 @@
 """``retainz mount|umount``: serve a store on a device file as a directory tree (FUSE).
 
+While it holds the device the mount also serves ``DEVICE.sock`` (the node service's socket, with
+``retainz serve``'s access flags ``--group``, ``--grant``, ``--allow-all``), so the store commands
+and other processes use the mounted device; on a device a ``retainz serve`` holds it is that service's
+client.  ``umount`` returns once the mount's server is done (docs/mount.md "Inspecting and sharing a
+mounted store").
+
 Exit status: 0 success; 1 the mount failed (FUSE unavailable, the server failed, the device busy);
-2 bad input (no such device or mount point, already mounted, a malformed retention rule).
+2 bad input (no such device or mount point, already mounted, a malformed retention rule, a malformed
+``--grant`` or an unknown ``--group``).
 """
 
 from __future__ import annotations

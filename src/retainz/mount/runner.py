@@ -309,7 +309,10 @@ def _serving_lock(mountpoint: str):
     while the server runs; :func:`umount` waits until it can take it exclusively."""
     fd = os.open(mountpoint, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        except OSError as e:      # a file system without flock: umount then waits for the device's lock
+            logging.getLogger("retainz.mount").info("%s: no flock on the mount point (%s)", mountpoint, e)
         yield
     finally:
         os.close(fd)
@@ -559,17 +562,29 @@ def umount(mountpoint: str, *, wait: float = 120.0) -> None:
             raise RuntimeError(f"{' '.join(cmd)} failed: {msg}")
         time.sleep(0.2)
     deadline = time.monotonic() + wait
-    fd = os.open(mountpoint, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)   # the directory under the mount now
+    # the directory under the mount now; where it takes no flock, the device's lock says it instead
+    if not _wait_unlocked(mountpoint, deadline) and device and os.path.exists(device):
+        _wait_unlocked(device, deadline)
+
+
+def _wait_unlocked(path: str, deadline: float) -> bool:
+    """Wait until nobody holds a ``flock`` on ``path`` (True), or say its file system takes none (False).
+
+    Raises:
+        TimeoutError: still held at ``deadline`` (``time.monotonic()``)."""
+    flags = os.O_RDONLY | os.O_CLOEXEC | (os.O_DIRECTORY if os.path.isdir(path) else 0)
+    fd = os.open(path, flags)
     try:
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 fcntl.flock(fd, fcntl.LOCK_UN)
-                return
+                return True
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"{device or mountpoint}: the mount server is still closing {wait:.0f} s "
-                                       "after unmount") from None
+                    raise TimeoutError(f"{path}: the mount server is still closing after unmount") from None
                 time.sleep(0.05)
+            except OSError:
+                return False
     finally:
         os.close(fd)
