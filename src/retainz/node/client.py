@@ -139,6 +139,11 @@ class NodeStore:
         #: over the socket); :data:`~retainz.node.protocol.DATA_PATHS`.  ``data_reason`` says why.
         self.data_path = "direct"
         self.data_reason = ""
+        #: How direct writes go (``ZonedDevice.direct_io``): ``{}`` for a device file, ``O_DIRECT``
+        #: and its block size and largest write for a zoned block device.
+        self.direct_io = hello.get("direct_io") or {}
+        self._wfd = -1                         # the descriptor direct writes go through
+        self._abuf = None                      # a page-aligned buffer for O_DIRECT writes
         self._choose_data_path(hello.get("region"))
         log.info("%s: data path %s (%s)", device, self.data_path, self.data_reason)
 
@@ -160,7 +165,16 @@ class NodeStore:
         elif want in ("auto", "direct"):
             file, self._region = region
             try:
-                self._fd = os.open(file, os.O_RDWR | os.O_CLOEXEC)
+                if self.direct_io.get("o_direct"):     # reads go through the page cache, writes around it
+                    self._wfd = os.open(file, os.O_RDWR | os.O_DIRECT | os.O_CLOEXEC)
+                    try:
+                        self._fd = os.open(file, os.O_RDONLY | os.O_CLOEXEC)
+                    except BaseException:
+                        os.close(self._wfd)
+                        self._wfd = -1
+                        raise
+                else:
+                    self._fd = self._wfd = os.open(file, os.O_RDWR | os.O_CLOEXEC)
                 self._writable = True
                 self.data_path, self.data_reason = "direct", f"writes {file} at the claimed extents"
                 return
@@ -207,6 +221,36 @@ class NodeStore:
             return m
         finally:
             os.close(fd)
+
+    def _write_direct(self, piece, pos: int) -> None:
+        """Write ``piece`` at device byte ``pos`` with ``O_DIRECT`` (a zoned block device): from a
+        page-aligned buffer, zero-padded to the block size, in pieces of at most ``max_write`` bytes one
+        after the other (the discipline of ``LinuxZonedDevice.write``: the kernel may reorder the
+        requests a large write is split into unless the queue orders them)."""
+        import mmap
+
+        bs = self.direct_io.get("block_size") or 4096
+        n = len(piece)
+        padded = -(-n // bs) * bs
+        if self._abuf is None or len(self._abuf) < padded:
+            if self._abuf is not None:
+                self._abuf.close()
+            self._abuf = mmap.mmap(-1, -(-padded // mmap.PAGESIZE) * mmap.PAGESIZE)
+        buf = self._abuf
+        buf[:n] = piece
+        if padded > n:
+            buf[n:padded] = bytes(padded - n)
+        step = self.direct_io.get("max_write") or padded
+        view = memoryview(buf)
+        try:
+            done = 0
+            while done < padded:
+                k = os.pwrite(self._wfd, view[done:min(padded, done + step)], pos + done)
+                if k <= 0:
+                    raise OSError(5, f"{self.path}: short O_DIRECT write at byte {pos + done}")
+                done += k
+        finally:
+            view.release()
 
     @property
     def direct(self) -> bool:
@@ -283,6 +327,12 @@ class NodeStore:
             if self._shm is not None:
                 self._shm.close()
                 self._shm = None
+            if self._wfd >= 0 and self._wfd != self._fd:
+                os.close(self._wfd)
+            self._wfd = -1
+            if self._abuf is not None:
+                self._abuf.close()
+                self._abuf = None
             if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1
@@ -620,9 +670,12 @@ class NodeShardStream:
         for z, off, length in ext:
             piece = view[p:p + length]
             pos = s._region + z * s.zone_size + off
-            done = 0
-            while done < length:
-                done += os.pwrite(s._fd, piece[done:], pos + done)
+            if s.direct_io.get("o_direct"):
+                s._write_direct(piece, pos)
+            else:
+                done = 0
+                while done < length:
+                    done += os.pwrite(s._wfd, piece[done:], pos + done)
             c = crc32c.crc32c(piece)
             crcs.append(c)
             self._crc = crc32c_combine(self._crc, c, length) if self._any else c

@@ -77,13 +77,16 @@ class _Shard:
     its claimed extents, and how its bytes come (``mode``: ``None`` until the first, then ``"claim"``
     -- the client writes the device -- or ``"put"`` -- the bytes come through the service)."""
 
-    __slots__ = ("stream", "writer", "crcs", "mode")
+    __slots__ = ("stream", "writer", "crcs", "mode", "leases")
 
     def __init__(self, stream, writer: int):
         self.stream = stream
         self.writer = writer
         self.crcs: list[int] = []
         self.mode: str | None = None
+        #: ``(extent index, (zone, offset, padded length))`` of claimed extents not yet found written
+        #: on the device (a zoned block device's leases, ``ZonedDevice.claim_turn``).
+        self.leases: list[tuple[int, tuple[int, int, int]]] = []
 
 
 class _Shared:
@@ -179,8 +182,10 @@ class _Session:
 
     def drop(self) -> None:
         """The connection ended: abort what it left open (its bytes become dead, as an aborted
-        writer's)."""
+        writer's; the leases it left unwritten on a zoned block device are filled first)."""
         for sh in list(self.shards.values()):
+            with contextlib.suppress(Exception):
+                self._release(sh)
             with contextlib.suppress(Exception):
                 sh.stream.abort()
         self.shards.clear()
@@ -243,6 +248,7 @@ class _Session:
         s, g = svc.store, svc.store.device.geometry
         region = svc.store.device.direct_region()
         return {"protocol": PROTOCOL, "region": list(region) if region else None,
+                "direct_io": svc.store.device.direct_io() if region else None,
                 "geometry": {"block_size": g.block_size, "zone_size": g.zone_size,
                              "zone_capacity": g.zone_capacity, "nr_zones": g.nr_zones,
                              "max_open": g.max_open, "max_active": g.max_active},
@@ -302,13 +308,28 @@ class _Session:
             raise ValueError(f"shard {sh.stream.name!r} takes its bytes through the service (put); it takes "
                              "no claims")
         sh.mode = "claim"
+        first = len(sh.stream.extents)
+        dev = self.service.store.device
+        bs = dev.geometry.block_size
         try:
             ext = sh.stream.claim(n)
         except BaseException:
+            sh.leases += [(first + i, (e[0], e[1], -(-e[2] // bs) * bs))
+                          for i, e in enumerate(sh.stream.extents[first:])]
             if sh.stream not in self.writers[sh.writer].open_shards:
                 self.shards.pop(h, None)        # the store aborted the shard
+                self._release(sh)
             raise
+        leases = [(z, off, -(-length // bs) * bs) for z, off, length in ext]
+        sh.leases += [(first + i, le) for i, le in enumerate(leases)]
+        dev.claim_turn(leases)                  # a zoned block device: this client's turn in each zone
         return {"extents": [list(e) for e in ext]}
+
+    def _release(self, sh: _Shard) -> None:
+        """End the leases ``sh`` leaves unwritten (``ZonedDevice.release_claims``)."""
+        if sh.leases:
+            leases, sh.leases = [le for _, le in sh.leases], []
+            self.service.store.device.release_claims(leases)
 
     def written(self, req: dict) -> dict:
         _, sh = self._shard(req)
@@ -316,13 +337,26 @@ class _Session:
         if len(sh.crcs) + len(crcs) > len(sh.stream.extents):
             raise ProtocolError(f"shard {sh.stream.name!r}: {len(sh.crcs) + len(crcs)} crcs reported for "
                                 f"{len(sh.stream.extents)} claimed extents")
+        upto = len(sh.crcs) + len(crcs)
+        due = [le for i, le in sh.leases if i < upto]
+        if due:
+            short = self.service.store.device.claims_written(due)
+            if short:
+                z, off, n = short[0]
+                raise ProtocolError(f"shard {sh.stream.name!r}: the extent at zone {z} offset {off} ({n} bytes) is "
+                                    "reported written, but the device's write pointer has not passed it")
+            sh.leases = [(i, le) for i, le in sh.leases if i >= upto]
         sh.crcs += crcs
         return {"reported": len(sh.crcs)}
 
     def close_shard(self, req: dict) -> dict:
         h, sh = self._shard(req)
         self.shards.pop(h)
-        info = sh.stream.close(sh.crcs if sh.stream.extents and sh.mode == "claim" else None)
+        try:
+            info = sh.stream.close(sh.crcs if sh.stream.extents and sh.mode == "claim" else None)
+        except BaseException:
+            self._release(sh)
+            raise
         return {"info": [info.name, info.size, info.crc, len(info.extents)]}
 
     # -- the data paths for clients that cannot write the device (docs/node.md, "Data paths") --------
@@ -416,6 +450,7 @@ class _Session:
     def abort_shard(self, req: dict) -> dict:
         h, sh = self._shard(req)
         self.shards.pop(h)
+        self._release(sh)
         sh.stream.abort()
         return {}
 
@@ -426,7 +461,9 @@ class _Session:
             if how == "commit":
                 raise ValueError(f"generation {w.id!r}: shard {self.shards[sh_h].stream.name!r} is still "
                                  "open; close or abort it before the commit")
-            self.shards.pop(sh_h).stream.abort()
+            sh = self.shards.pop(sh_h)
+            self._release(sh)
+            sh.stream.abort()
         if how == "commit":
             gen = w.commit()
             del self.writers[h]
