@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #: Test files run inside the guest (their ``linux:`` parameters: see tests/conftest.py).  The store's
 #: other test files (tests/test_store_*.py) build emulated devices of their own (FaultyDevice power-cut
 #: campaigns, hypothesis machines): tests/test_store_device.py is their real-device counterpart.
-GUEST_TEST_FILES = ["tests/test_device_conformance.py", "tests/test_store_device.py"]
+GUEST_TEST_FILES = ["tests/test_device_conformance.py", "tests/test_store_device.py", "tests/test_node_zbd.py"]
 #: Real-device cases of tests/test_store_device.py per device (each must pass, none may skip).
 STORE_CASES = {"test_format_refuses_a_non_empty_device_unless_forced": 1,
                "test_generations_round_trip_delete_gc_and_reopen": 1,
@@ -146,6 +146,19 @@ def test_store_passes_on_real_device(zns_guest_run, kind):
     assert not bad, f"{dev}: {bad}"
     ran = {name: sum(f"::{name}[" in c["name"] for c in mine) for name in STORE_CASES}
     assert ran == STORE_CASES, f"{dev}: store device cases that passed {ran}, expected {STORE_CASES}"
+
+
+@pytest.mark.zns_guest
+@pytest.mark.parametrize("kind", sorted(DEVICES))
+def test_node_service_claims_pass_on_real_device(zns_guest_run, kind):
+    """tests/test_node_zbd.py on the device: three client processes writing through one node service
+    at once, each zone in write-pointer order, and a client SIGKILLed mid-claim whose lease the service
+    fills (docs/node.md)."""
+    _, cases = zns_guest_run
+    dev = DEVICES[kind]
+    mine = [c for c in cases if f"linux:{dev}" in c["name"] and "test_node_zbd" in c["name"]]
+    assert len(mine) == 1 and mine[0]["outcome"] == "passed", [(c["name"], c["outcome"], c["message"][:1500])
+                                                               for c in mine]
 
 
 @pytest.mark.zns_guest
