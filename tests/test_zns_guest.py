@@ -1,5 +1,6 @@
-"""The QEMU ZNS guest lane: the device conformance suite and the store's device tests (write, read,
-delete, GC, reopen, crash recovery) against real Linux zoned block devices.
+"""The QEMU ZNS guest lane: the device conformance suite, the store's device tests (write, read,
+delete, GC, reopen, crash recovery) and the node service's claims by several client processes
+(tests/test_node_zbd.py) against real Linux zoned block devices.
 
 One guest is booted for the whole session (``zns_guest_run``): it has an emulated NVMe ZNS namespace
 (``/dev/nvme0n1``) and a null_blk zoned device (``/dev/nullb0``), runs pytest on :data:`GUEST_TEST_FILES`
@@ -44,8 +45,10 @@ STORE_CASES = {"test_format_refuses_a_non_empty_device_unless_forced": 1,
                "test_killed_process_leaves_the_committed_set_exact": 2}
 OUT = ROOT / "out" / "zns_guest"
 JUNIT = OUT / "junit.xml"
-#: Seconds before a hung guest is killed (the lane's budget is 5 minutes in all).
-GUEST_TIMEOUT = float(os.environ.get("RETAINZ_GUEST_TIMEOUT", "240"))
+#: Seconds before a hung guest is killed: a guard against a hang, not a budget.  The first guest runs its
+#: files in about 3 to 4 minutes on a loaded 2-core machine (measured: 235 s of pytest, 284 s with the boot, at
+#: load average 7 to 8; tests/test_node_zbd.py takes 84 s of it), so this leaves room.
+GUEST_TIMEOUT = float(os.environ.get("RETAINZ_GUEST_TIMEOUT", "480"))
 DEVICES = {"nvme": "/dev/nvme0n1", "nullblk": "/dev/nullb0"}
 #: The lane's devices span 8 GiB (16 zones of 512 MiB, sparse / lazily allocated), so every zone from
 #: the 9th on starts past 2^32 bytes: the conformance suite and the store's device tests cross 32-bit

@@ -1,11 +1,13 @@
 """A client process of a node service on a zoned block device (tests/test_node_zbd.py).
 
-    python tests/workers/node_zbd_client.py write DEVICE JOB GENERATIONS    # writes JOB%2Fg0 ... and commits
-    python tests/workers/node_zbd_client.py stall DEVICE GEN NBYTES PART    # claims NBYTES, writes PART of them, waits
+    python tests/workers/node_zbd_client.py write DEVICE JOB GO     # JOB%2Fg0, then (once file GO exists) JOB%2Fg1
+    python tests/workers/node_zbd_client.py stall DEVICE GEN NBYTES PART START
 
-``write`` prints ``committed GEN`` per acknowledged commit; shard sizes and bytes are functions of the
-names (:func:`shards`).  ``stall`` claims one extent, writes only its first PART bytes with O_DIRECT,
-prints ``stalled ZONE OFFSET LENGTH`` and sleeps (the test SIGKILLs it: a client dead mid-claim).
+Both wait for the service's socket (they are started with it).  ``write`` prints ``committed GEN`` per
+acknowledged commit, and ``go`` when it starts its second generation; shard sizes and bytes are
+functions of the names (:func:`shards`).  ``stall`` waits for file START, claims NBYTES, writes only the
+first PART bytes of its first extent with O_DIRECT, prints ``stalled ZONE OFFSET LENGTH PART`` (that
+extent) and sleeps: the test SIGKILLs it, a client dead mid-claim.
 """
 
 from __future__ import annotations
@@ -27,14 +29,37 @@ def shards(gen_id: str) -> dict[str, bytes]:
     return {n: block(seed_of(gen_id, n), 0, s) for n, s in sizes.items()}
 
 
-def write(device: str, job: str, n: int) -> int:
+def _wait_for(path: str) -> None:
+    deadline = time.monotonic() + 300
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} never appeared")
+        time.sleep(0.05)
+
+
+def _connect(device: str, **kw):
     from retainz.node import NodeStore
+
+    deadline = time.monotonic() + 300
+    while True:
+        try:
+            return NodeStore.connect(device, **kw)
+        except (FileNotFoundError, ConnectionRefusedError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def write(device: str, job: str, go: str) -> int:
     from retainz.retention.series import series_generation_id
 
-    with NodeStore.connect(device, job=job) as store:
+    with _connect(device, job=job) as store:
         assert store.data_path == "direct", store.data_reason
         store.batch = 64 << 10            # many small claims: the clients take turns in each zone often
-        for k in range(n):
+        for k in range(2):
+            if k:
+                _wait_for(go)
+                print("go", flush=True)
             gen = series_generation_id(job, f"g{k}")
             w = store.begin_generation(gen, k + 1)
             for name, data in shards(gen).items():
@@ -47,19 +72,20 @@ def write(device: str, job: str, n: int) -> int:
     return 0
 
 
-def stall(device: str, gen: str, nbytes: int, part: int) -> int:
+def stall(device: str, gen: str, nbytes: int, part: int, start: str) -> int:
     import mmap
 
-    from retainz.node import NodeStore
-
-    store = NodeStore.connect(device)
+    store = _connect(device)
+    _wait_for(start)
     w = store.begin_generation(gen, 1)
     s = w.open_shard("x")
-    (z, off, length), = store._call("claim", shard=s._handle, nbytes=nbytes)["extents"]
+    ext = store._call("claim", shard=s._handle, nbytes=nbytes)["extents"]
+    z, off, length = ext[0]                  # the claim may span two zones: the first is left part written
+    part = min(part, length // 4096 * 4096)
     buf = mmap.mmap(-1, part)
     buf[:] = b"\x5a" * part
     os.pwrite(store._wfd, buf, z * store.zone_size + off)
-    print(f"stalled {z} {off} {length}", flush=True)
+    print(f"stalled {z} {off} {length} {part}", flush=True)
     time.sleep(600)
     return 1
 
@@ -67,5 +93,5 @@ def stall(device: str, gen: str, nbytes: int, part: int) -> int:
 if __name__ == "__main__":
     cmd, args = sys.argv[1], sys.argv[2:]
     if cmd == "write":
-        sys.exit(write(args[0], args[1], int(args[2])))
-    sys.exit(stall(args[0], args[1], int(args[2]), int(args[3])))
+        sys.exit(write(args[0], args[1], args[2]))
+    sys.exit(stall(args[0], args[1], int(args[2]), int(args[3]), args[4]))
