@@ -181,8 +181,15 @@ class LinuxZonedDevice(ZonedDevice):
         self._last_write = [0] * self._nz  # per zone: the write counter at its last write
         self._tick = 0
         self._buf: mmap.mmap | None = None
-        #: The leases of extents other processes write (:meth:`claim`).
-        self.claims = ZoneClaims(self._zsize, self._real_written, self._fill_zeros)
+
+    _claims: ZoneClaims | None = None
+
+    @property
+    def claims(self) -> ZoneClaims:
+        """The leases of extents other processes write (:meth:`claim`), made at the first use."""
+        if self._claims is None:
+            self._claims = ZoneClaims(self._zsize, self._real_written, self._fill_zeros)
+        return self._claims
 
     def _init_geometry(self, path: str) -> None:
         zone_sectors = self._ioctl_get(BLKGETZONESZ, path)
@@ -257,7 +264,7 @@ class LinuxZonedDevice(ZonedDevice):
         zones = [raw_to_zone(r, flags, self._zone_sectors) for r in raw]
         for i, z in enumerate(zones):
             self._wp_cache[z.index] = z.written
-            ahead = self.claims.pointer(z.index) if getattr(self, "claims", None) else None
+            ahead = self._claims.pointer(z.index) if self._claims is not None else None
             if ahead is not None and ahead > z.written:     # the model's view: claims moved the pointer
                 full = ahead >= self._zcap
                 zones[i] = dataclasses.replace(
@@ -342,8 +349,8 @@ class LinuxZonedDevice(ZonedDevice):
             raise OutOfRangeError(f"zone {zone} does not exist: the device has zones 0..{self._nz - 1}",
                                   zone=zone if isinstance(zone, int) else None)
         fd = self._check_rw()
-        if op is not ZoneOp.RESET:
-            self.claims.wait_settled(zone)
+        if op is not ZoneOp.RESET and self._claims is not None:
+            self._claims.wait_settled(zone)
         with self._locks[zone]:
             if op is ZoneOp.FINISH and self.geometry.max_active:
                 self._check_finish_of_empty(zone)
@@ -359,7 +366,8 @@ class LinuxZonedDevice(ZonedDevice):
                     self._ioctl_zone(fd, op, zone)
             if op is ZoneOp.RESET:
                 self._wp_cache[zone] = 0
-                self.claims.reset(zone)
+                if self._claims is not None:
+                    self._claims.reset(zone)
             elif op is ZoneOp.FINISH:
                 self._wp_cache[zone] = self._zcap
             elif op is ZoneOp.CLOSE:
@@ -460,8 +468,8 @@ class LinuxZonedDevice(ZonedDevice):
         if fd < 0 or self.readonly:
             fd = self._check_rw()
         z = offset // self._zsize
-        if self.claims.outstanding(z):
-            self.claims.wait_settled(z)
+        if self._claims is not None and self._claims.outstanding(z):
+            self._claims.wait_settled(z)
         with self._locks[z]:
             self._write_locked(fd, z, offset, data, length)
 
@@ -539,7 +547,8 @@ class LinuxZonedDevice(ZonedDevice):
         length = memoryview(data).nbytes
         fd = self._check_rw()
         start = zone * self._zsize
-        self.claims.wait_settled(zone)
+        if self._claims is not None:
+            self._claims.wait_settled(zone)
         with self._locks[zone]:
             for attempt in range(2):
                 written = self._wp_cache.get(zone)
