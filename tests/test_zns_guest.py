@@ -45,9 +45,9 @@ STORE_CASES = {"test_format_refuses_a_non_empty_device_unless_forced": 1,
                "test_killed_process_leaves_the_committed_set_exact": 2}
 OUT = ROOT / "out" / "zns_guest"
 JUNIT = OUT / "junit.xml"
-#: Seconds before a hung guest is killed: a guard against a hang, not a budget.  The first guest runs its
-#: files in about 3 to 4 minutes on a loaded 2-core machine (measured: 235 s of pytest, 284 s with the boot, at
-#: load average 7 to 8; tests/test_node_zbd.py takes 84 s of it), so this leaves room.
+#: Seconds before a hung guest is killed: a guard against a hang, not a budget.  The first guest's pytest
+#: took 64 s on an idle 2-core machine (tests/test_node_zbd.py: 25 s of it) and 235 s at load average 7 to
+#: 8 (84 s; 284 s with the boot), so this leaves room.
 GUEST_TIMEOUT = float(os.environ.get("RETAINZ_GUEST_TIMEOUT", "480"))
 DEVICES = {"nvme": "/dev/nvme0n1", "nullblk": "/dev/nullb0"}
 #: The lane's devices span 8 GiB (16 zones of 512 MiB, sparse / lazily allocated), so every zone from
