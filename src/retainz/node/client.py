@@ -16,6 +16,8 @@ device run outside it.  A lost connection raises :class:`~retainz.errors.Service
 from __future__ import annotations
 
 import bisect
+import contextlib
+import logging
 import os
 import socket
 import threading
@@ -28,6 +30,7 @@ import crc32c
 from retainz.errors import ChecksumError, ProtocolError, ServiceGoneError
 from retainz.hint import Hint
 from retainz.node.protocol import (
+    DATA_PATHS,
     MAX_CLAIM,
     MAX_PAGE,
     MAX_REPLY,
@@ -35,6 +38,7 @@ from retainz.node.protocol import (
     decode_gen,
     encode_hint,
     raise_reply,
+    recv_exact,
     recv_frame,
     send_frame,
     socket_path,
@@ -52,6 +56,8 @@ from retainz.store.types import (
 from retainz.zoned.model import DeviceInfo, Geometry
 
 __all__ = ["NodeStore", "NodeGenerationWriter", "NodeShardStream", "ServedDevice", "BATCH", "served"]
+
+log = logging.getLogger("retainz.node")
 
 #: Bytes a shard stream buffers before it claims and writes them (8 extents of 1 MiB).
 BATCH = 8 << 20
@@ -123,21 +129,133 @@ class NodeStore:
         self.gc_reserve_zones = hello["gc_reserve_zones"]
         self.write_buffer = hello["write_buffer"]
         self.batch = max(self.write_buffer, min(BATCH, hello.get("max_claim", MAX_CLAIM)))
-        region = hello["region"]
         self._fd = -1
         self._writable = False
         self._region = 0
         self._starts: tuple | None = None     # the last extent list indexed (_index)
-        if region is not None:
+        self._shm = None                       # the shared buffer of the shm path (an mmap of a memfd)
+        #: How this client's bytes reach the device: ``"direct"`` (it writes the device at claimed
+        #: extents), ``"shm"`` (a shared buffer the service writes from) or ``"socket"`` (the bytes go
+        #: over the socket); :data:`~retainz.node.protocol.DATA_PATHS`.  ``data_reason`` says why.
+        self.data_path = "direct"
+        self.data_reason = ""
+        #: How direct writes go (``ZonedDevice.direct_io``): ``{}`` for a device file, ``O_DIRECT``
+        #: and its block size and largest write for a zoned block device.
+        self.direct_io = hello.get("direct_io") or {}
+        self._wfd = -1                         # the descriptor direct writes go through
+        self._abuf = None                      # a page-aligned buffer for O_DIRECT writes
+        self._choose_data_path(hello.get("region"))
+        log.info("%s: data path %s (%s)", device, self.data_path, self.data_reason)
+
+    def _choose_data_path(self, region) -> None:
+        """Open the device's direct region when the service offers one and this process may write it,
+        else take the shared-memory path, else the socket (``$RETAINZ_NODE_DATA`` = ``direct``,
+        ``shm`` or ``socket`` asks for one; ``auto`` or unset: the best that works).
+
+        Raises:
+            ValueError: ``$RETAINZ_NODE_DATA`` names no data path.
+            PermissionError: ``direct`` asked for and the device cannot be written from here.
+        """
+        want = os.environ.get("RETAINZ_NODE_DATA", "auto").strip() or "auto"
+        if want not in ("auto", *DATA_PATHS):
+            raise ValueError(f"RETAINZ_NODE_DATA={want!r}: expected auto, {', '.join(DATA_PATHS)}")
+        why = ""
+        if region is None:
+            why = "the service offers no direct region"
+        elif want in ("auto", "direct"):
             file, self._region = region
             try:
-                self._fd = os.open(file, os.O_RDWR | os.O_CLOEXEC)
+                if self.direct_io.get("o_direct"):     # reads go through the page cache, writes around it
+                    self._wfd = os.open(file, os.O_RDWR | os.O_DIRECT | os.O_CLOEXEC)
+                    try:
+                        self._fd = os.open(file, os.O_RDONLY | os.O_CLOEXEC)
+                    except BaseException:
+                        os.close(self._wfd)
+                        self._wfd = -1
+                        raise
+                else:
+                    self._fd = self._wfd = os.open(file, os.O_RDWR | os.O_CLOEXEC)
                 self._writable = True
-            except PermissionError:
-                try:
+                self.data_path, self.data_reason = "direct", f"writes {file} at the claimed extents"
+                return
+            except OSError as e:
+                why = f"cannot write {file}: {e.strerror or e}"
+                try:         # reads may still go straight to the device
                     self._fd = os.open(file, os.O_RDONLY | os.O_CLOEXEC)
-                except PermissionError:   # metadata only: listings, df; reads and writes say why not
+                except OSError:
                     self._fd = -1
+        else:
+            why = f"RETAINZ_NODE_DATA={want}"
+            file, self._region = region
+            with contextlib.suppress(OSError):
+                self._fd = os.open(file, os.O_RDONLY | os.O_CLOEXEC)
+        if want == "direct":
+            raise PermissionError(f"{self.path}: RETAINZ_NODE_DATA=direct, but {why}")
+        if want in ("auto", "shm"):
+            try:
+                self._shm = self._give_shm()
+                self.data_path, self.data_reason = "shm", f"{why}: bytes through a shared memfd the service writes"
+                return
+            except (OSError, AttributeError, ProtocolError) as e:
+                if want == "shm":
+                    raise
+                why = f"{why}; no shared memory ({e})"
+        self.data_path, self.data_reason = "socket", f"{why}: bytes through the socket"
+
+    def _give_shm(self):
+        """Make a memfd of :attr:`batch` bytes sealed against shrinking, hand it to the service
+        (``shm``, ``SCM_RIGHTS``) and map it here."""
+        import fcntl
+        import mmap
+
+        fd = os.memfd_create("retainz-node", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(fd, self.batch)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+            m = mmap.mmap(fd, self.batch, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            try:
+                self._call("shm", _fds=(fd,), size=self.batch)
+            except BaseException:
+                m.close()
+                raise
+            return m
+        finally:
+            os.close(fd)
+
+    def _write_direct(self, piece, pos: int) -> None:
+        """Write ``piece`` at device byte ``pos`` with ``O_DIRECT`` (a zoned block device): from a
+        page-aligned buffer, zero-padded to the block size, in pieces of at most ``max_write`` bytes one
+        after the other (the discipline of ``LinuxZonedDevice.write``: the kernel may reorder the
+        requests a large write is split into unless the queue orders them)."""
+        import mmap
+
+        bs = self.direct_io.get("block_size") or 4096
+        n = len(piece)
+        padded = -(-n // bs) * bs
+        if self._abuf is None or len(self._abuf) < padded:
+            if self._abuf is not None:
+                self._abuf.close()
+            self._abuf = mmap.mmap(-1, -(-padded // mmap.PAGESIZE) * mmap.PAGESIZE)
+        buf = self._abuf
+        buf[:n] = piece
+        if padded > n:
+            buf[n:padded] = bytes(padded - n)
+        step = self.direct_io.get("max_write") or padded
+        view = memoryview(buf)
+        try:
+            done = 0
+            while done < padded:
+                k = os.pwrite(self._wfd, view[done:min(padded, done + step)], pos + done)
+                if k <= 0:
+                    raise OSError(5, f"{self.path}: short O_DIRECT write at byte {pos + done}")
+                done += k
+        finally:
+            view.release()
+
+    @property
+    def direct(self) -> bool:
+        """True when this client writes the device itself (the ``direct`` data path)."""
+        return self.data_path == "direct"
 
     @classmethod
     def connect(cls, device: str | os.PathLike, *, socket_file: str | None = None, job: str | None = None,
@@ -173,18 +291,21 @@ class NodeStore:
             raise
 
     # -- the connection ----------------------------------------------------------------------------
-    def _call(self, op: str, **fields) -> dict:
+    def _call(self, op: str, *, _data=None, _fds: tuple[int, ...] = (), _into=None, **fields) -> dict:
         """One request and its reply; raises the error a refusal names, ServiceGoneError when the
-        connection is lost."""
+        connection is lost.  ``_data``: a data part sent after the frame; ``_fds``: descriptors sent
+        with it; ``_into``: a list that gets the data part of a successful reply (``length`` bytes)."""
         req = {"op": op, **{k: v for k, v in fields.items() if v is not None}}
         with self._lock:
             if self._gone is not None:
                 raise ServiceGoneError(self._gone)
             try:
-                send_frame(self._sock, req)
+                send_frame(self._sock, req, _data, _fds)
                 reply = recv_frame(self._sock, MAX_REPLY)
                 if reply is None:
                     raise EOFError("the connection closed")
+                if _into is not None and reply.get("ok") is True:
+                    _into.append(recv_exact(self._sock, reply["length"]))
             except (OSError, EOFError, ProtocolError) as e:
                 self._gone = (f"{self.path}: the node service at {self.socket} went away ({e}); what was not "
                               f"committed is gone: restart `retainz serve {self.path}` and retry")
@@ -203,6 +324,15 @@ class NodeStore:
         finally:
             self._sock.close()
             self._sock = None
+            if self._shm is not None:
+                self._shm.close()
+                self._shm = None
+            if self._wfd >= 0 and self._wfd != self._fd:
+                os.close(self._wfd)
+            self._wfd = -1
+            if self._abuf is not None:
+                self._abuf.close()
+                self._abuf = None
             if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1
@@ -215,7 +345,7 @@ class NodeStore:
         self.close()
 
     def __repr__(self) -> str:
-        return f"NodeStore({self.path!r}, socket={self.socket!r}, job={self.job!r})"
+        return f"NodeStore({self.path!r}, socket={self.socket!r}, job={self.job!r}, data={self.data_path!r})"
 
     # -- the store contract ------------------------------------------------------------------------
     def begin_generation(self, gen_id: str, step: int, *, hint: Hint | None = None,
@@ -324,8 +454,39 @@ class NodeStore:
         Raises:
             GenerationNotFoundError, ShardNotFoundError (at the call); ChecksumError (while streaming).
         """
+        if self._fd < 0 and self.data_path != "direct":
+            r = self._call("locations", gen=gen_id, shard=name, start=0, count=0)
+            return self._stream_via_service(gen_id, name, r["size"], r["crc"])
         size, crc, ext = self._locations(gen_id, name)
         return self._stream(gen_id, name, size, crc, ext)
+
+    def _read_via_service(self, gen_id: str, name: str, pos: int) -> tuple[int, bytes, int, int | None]:
+        """``(at, bytes, shard size, shard crc)``: the verified extent holding byte ``pos``, read by the
+        service (a client that cannot read the device)."""
+        if self.data_path == "shm":
+            r = self._call("read", gen=gen_id, shard=name, pos=pos, via="shm")
+            data = self._shm[:r["length"]]
+        else:
+            got: list = []
+            r = self._call("read", gen=gen_id, shard=name, pos=pos, via="socket", _into=got)
+            data = got[0]
+        return r["at"], data, r["size"], r["crc"]
+
+    def _stream_via_service(self, gen_id: str, name: str, size: int, crc: int | None) -> Iterator[bytes]:
+        """The shard's bytes extent by extent as the service reads and verifies them, the shard's
+        crc32c checked at the end (a shard GC moved meanwhile is read at its new extents)."""
+        done, whole = 0, 0
+        while done < size:
+            at, data, size, crc = self._read_via_service(gen_id, name, done)
+            piece = data[done - at:]
+            if not piece:
+                raise ProtocolError(f"generation {gen_id!r} shard {name!r}: the service read nothing at byte {done}")
+            whole = crc32c.crc32c(piece, whole)
+            done += len(piece)
+            if done >= size and crc is not None and whole != crc:
+                raise ChecksumError(f"generation {gen_id!r} shard {name!r}: whole-shard crc32c mismatch",
+                                    generation=gen_id, shard=name, expected=crc, actual=whole)
+            yield piece
 
     def _stream(self, gen_id: str, name: str, size: int, crc: int | None, ext: list) -> Iterator[bytes]:
         done, whole = 0, 0
@@ -372,6 +533,10 @@ class NodeStore:
 
     def read_shard_extent(self, gen_id: str, name: str, pos: int) -> tuple[int, bytes]:
         """Random access: the verified extent holding data byte ``pos`` (``Store.read_shard_extent``)."""
+        if self._fd < 0 and self.data_path != "direct":
+            if type(pos) is not int or pos < 0:
+                raise ValueError(f"generation {gen_id!r} shard {name!r}: byte {pos} is outside the shard")
+            return self._read_via_service(gen_id, name, pos)[:2]
         size, crc, ext = self._locations(gen_id, name)
         if type(pos) is not int or not 0 <= pos < size:
             raise ValueError(f"generation {gen_id!r} shard {name!r}: byte {pos} is outside its {size} bytes")
@@ -484,8 +649,20 @@ class NodeShardStream:
         self._any = False
 
     def _emit(self, view) -> None:
-        """Claim ``view``'s bytes, write each extent, report the crcs."""
+        """Claim ``view``'s bytes, write each extent, report the crcs (the direct path); or hand them to
+        the service through the shared buffer or the socket (``put``)."""
         s = self._s
+        if not s.direct:
+            n = len(view)
+            if s.data_path == "shm":
+                s._shm[:n] = view
+                s._call("put", shard=self._handle, nbytes=n, offset=0, via="shm")
+            else:
+                s._call("put", shard=self._handle, nbytes=n, via="socket", _data=view)
+            c = crc32c.crc32c(view)
+            self._crc = crc32c_combine(self._crc, c, n) if self._any else c
+            self._any = True
+            return
         if not s._writable:
             raise PermissionError(f"{s.path}: this client cannot write the device file (its permissions)")
         ext = s._call("claim", shard=self._handle, nbytes=len(view))["extents"]
@@ -493,9 +670,12 @@ class NodeShardStream:
         for z, off, length in ext:
             piece = view[p:p + length]
             pos = s._region + z * s.zone_size + off
-            done = 0
-            while done < length:
-                done += os.pwrite(s._fd, piece[done:], pos + done)
+            if s.direct_io.get("o_direct"):
+                s._write_direct(piece, pos)
+            else:
+                done = 0
+                while done < length:
+                    done += os.pwrite(s._wfd, piece[done:], pos + done)
             c = crc32c.crc32c(piece)
             crcs.append(c)
             self._crc = crc32c_combine(self._crc, c, length) if self._any else c

@@ -28,7 +28,7 @@ from retainz.store.types import GenerationInfo, GenState, ShardInfo
 
 __all__ = [
     "PROTOCOL", "MAX_REQUEST", "MAX_REPLY", "MAX_CLAIM", "MAX_CRCS", "MAX_PAGE", "MAX_NAME", "MAX_TEXT",
-    "send_frame", "recv_frame", "field", "encode_hint", "decode_hint", "encode_gen", "decode_gen",
+    "send_frame", "recv_frame", "recv_exact", "field", "DATA_PATHS", "encode_hint", "decode_hint", "encode_gen", "decode_gen",
     "error_reply", "raise_reply", "socket_path",
 ]
 
@@ -48,18 +48,63 @@ MAX_PAGE = 4096
 MAX_NAME = 255
 #: Longest free text (a retention rule, a hint's condition).
 MAX_TEXT = 1024
+#: The ways a client's bytes reach the device, best first (docs/node.md, "Data paths"): ``direct`` (the
+#: client writes the device itself at claimed extents), ``shm`` (a shared memory buffer, a sealed memfd
+#: passed over the socket with ``SCM_RIGHTS``: the service writes it), ``socket`` (the bytes follow the
+#: frames on the socket).
+DATA_PATHS = ("direct", "shm", "socket")
+#: Most file descriptors one frame may carry (more are closed unread and the request refused).
+MAX_FDS = 4
 #: Largest handle, step or byte count a request may carry (a signed 64-bit integer).
 MAX_INT = (1 << 63) - 1
 
 
-def send_frame(sock: socket.socket, obj: dict) -> None:
-    """Send one frame holding ``obj`` (strict JSON).
+def send_frame(sock: socket.socket, obj: dict, data=None, fds: tuple[int, ...] = ()) -> None:
+    """Send one frame holding ``obj`` (strict JSON), then ``data``'s bytes when given (the data part of
+    a ``put`` or ``read`` on the socket path), with ``fds`` attached to the frame's first bytes
+    (``SCM_RIGHTS``: the ``shm`` request's memfd).
 
     Raises:
         OSError: the peer went away.
     """
     body = json.dumps(obj, allow_nan=False, separators=(",", ":")).encode()
-    sock.sendall(_LEN.pack(len(body)) + body)
+    frame = _LEN.pack(len(body)) + body
+    if fds:
+        sent = socket.send_fds(sock, [frame], list(fds))
+        frame = frame[sent:]
+    if data is not None and len(frame) + len(data) <= 1 << 16:
+        sock.sendall(frame + bytes(data))
+        return
+    if frame:
+        sock.sendall(frame)
+    if data is not None:
+        sock.sendall(data)
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    """Exactly ``n`` bytes from ``sock`` (a frame's data part).
+
+    Raises:
+        ProtocolError: the stream ended first.  OSError: the connection failed.
+    """
+    got = _recv_exact(sock, n)
+    if got is None or len(got) < n:
+        raise ProtocolError(f"the connection ended inside a data part of {n} bytes")
+    return got
+
+
+def _recv_head(sock: socket.socket, fds: list[int]) -> bytes | None:
+    """A frame's length prefix, collecting the file descriptors that arrive with it into ``fds``."""
+    head = b""
+    while len(head) < _LEN.size:
+        msg, got, flags, _ = socket.recv_fds(sock, _LEN.size - len(head), MAX_FDS)
+        fds.extend(got)
+        if flags & getattr(socket, "MSG_CTRUNC", 0):
+            raise ProtocolError(f"a frame carried more than {MAX_FDS} file descriptors")
+        if not msg:
+            return None if not head else b""
+        head += msg
+    return head
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
@@ -74,15 +119,17 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
     return bytes(buf)
 
 
-def recv_frame(sock: socket.socket, limit: int) -> dict | None:
-    """Receive one frame; ``None`` when the peer closed the connection between frames.
+def recv_frame(sock: socket.socket, limit: int, fds: list[int] | None = None) -> dict | None:
+    """Receive one frame; ``None`` when the peer closed the connection between frames.  With ``fds``
+    (a list), the file descriptors sent with the frame (``SCM_RIGHTS``) are appended to it: the caller
+    owns and closes them; without it, any sent are dropped by the kernel.
 
     Raises:
         ProtocolError: a length of 0 or above ``limit``, a header that is not a UTF-8 JSON object, or
             the stream ending inside a frame (the connection cannot be resynchronised: close it).
         OSError: the connection failed.
     """
-    head = _recv_exact(sock, _LEN.size)
+    head = _recv_exact(sock, _LEN.size) if fds is None else _recv_head(sock, fds)
     if head is None:
         return None
     if len(head) < _LEN.size:

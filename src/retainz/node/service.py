@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import mmap
 import os
 import socket
 import stat
@@ -53,6 +54,7 @@ from retainz.node.protocol import (
     encode_gen,
     error_reply,
     field,
+    recv_exact,
     recv_frame,
     send_frame,
     socket_path,
@@ -71,12 +73,20 @@ MAX_HANDLES = 4096
 
 
 class _Shard:
-    __slots__ = ("stream", "writer", "crcs")
+    """An open shard of a connection: its store stream, its generation's handle, the crcs reported for
+    its claimed extents, and how its bytes come (``mode``: ``None`` until the first, then ``"claim"``
+    -- the client writes the device -- or ``"put"`` -- the bytes come through the service)."""
+
+    __slots__ = ("stream", "writer", "crcs", "mode", "leases")
 
     def __init__(self, stream, writer: int):
         self.stream = stream
         self.writer = writer
         self.crcs: list[int] = []
+        self.mode: str | None = None
+        #: ``(extent index, (zone, offset, padded length))`` of claimed extents not yet found written
+        #: on the device (a zoned block device's leases, ``ZonedDevice.claim_turn``).
+        self.leases: list[tuple[int, tuple[int, int, int]]] = []
 
 
 class _Shared:
@@ -107,22 +117,33 @@ class _Session:
         self.writers: dict[int, object] = {}
         self.shards: dict[int, _Shard] = {}
         self._next = 1
+        self.shm: mmap.mmap | None = None       # the client's shared buffer (``shm``), mapped here
+        self._fds: list[int] = []               # descriptors that came with the request being answered
+        self._payload: bytes | None = None      # the data part that came with it (``put`` on the socket)
 
     # -- the loop ----------------------------------------------------------------------------------
     def run(self) -> None:
         try:
             while True:
                 try:
-                    req = recv_frame(self.sock, MAX_REQUEST)
+                    req = recv_frame(self.sock, MAX_REQUEST, self._fds)
+                    self._payload = _data_part(self.sock, req)
                 except ProtocolError as e:      # the framing is lost: say why, then hang up
                     with contextlib.suppress(OSError):
                         send_frame(self.sock, error_reply(e))
                     return
                 if req is None:
                     return
-                reply = self.answer(req)
+                if self._fds and req.get("op") != "shm":
+                    self._close_fds()           # descriptors only the shm request takes
                 try:
-                    send_frame(self.sock, reply)
+                    reply = self.answer(req)
+                finally:
+                    self._close_fds()
+                    self._payload = None
+                data = reply.pop("_data", None)
+                try:
+                    send_frame(self.sock, reply, data)
                 except (TypeError, ValueError) as e:   # a reply JSON cannot carry: a bug, said so
                     log.exception("reply to %r cannot be sent", req.get("op"))
                     send_frame(self.sock, {"ok": False, "error": "InternalError", "message": f"reply: {e}"})
@@ -131,7 +152,14 @@ class _Session:
         except OSError:
             return
         finally:
+            self._close_fds()
             self.drop()
+
+    def _close_fds(self) -> None:
+        for fd in self._fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._fds.clear()
 
     def answer(self, req: dict) -> dict:
         """The reply to one request (never raises)."""
@@ -156,8 +184,10 @@ class _Session:
 
     def drop(self) -> None:
         """The connection ended: abort what it left open (its bytes become dead, as an aborted
-        writer's)."""
+        writer's; the leases it left unwritten on a zoned block device are filled first)."""
         for sh in list(self.shards.values()):
+            with contextlib.suppress(Exception):
+                self._release(sh)
             with contextlib.suppress(Exception):
                 sh.stream.abort()
         self.shards.clear()
@@ -168,6 +198,10 @@ class _Session:
                 self._unshare(w, h, abort=True)
         with contextlib.suppress(OSError):
             self.sock.close()
+        if self.shm is not None:
+            with contextlib.suppress(BufferError):
+                self.shm.close()
+            self.shm = None
         self.service._forget(self)
 
     def _handle(self) -> int:
@@ -216,6 +250,7 @@ class _Session:
         s, g = svc.store, svc.store.device.geometry
         region = svc.store.device.direct_region()
         return {"protocol": PROTOCOL, "region": list(region) if region else None,
+                "direct_io": svc.store.device.direct_io() if region else None,
                 "geometry": {"block_size": g.block_size, "zone_size": g.zone_size,
                              "zone_capacity": g.zone_capacity, "nr_zones": g.nr_zones,
                              "max_open": g.max_open, "max_active": g.max_active},
@@ -271,13 +306,32 @@ class _Session:
     def claim(self, req: dict) -> dict:
         h, sh = self._shard(req)
         n = field(req, "nbytes", "int", low=1, high=MAX_CLAIM)
+        if sh.mode == "put":
+            raise ValueError(f"shard {sh.stream.name!r} takes its bytes through the service (put); it takes "
+                             "no claims")
+        sh.mode = "claim"
+        first = len(sh.stream.extents)
+        dev = self.service.store.device
+        bs = dev.geometry.block_size
         try:
             ext = sh.stream.claim(n)
         except BaseException:
+            sh.leases += [(first + i, (e[0], e[1], -(-e[2] // bs) * bs))
+                          for i, e in enumerate(sh.stream.extents[first:])]
             if sh.stream not in self.writers[sh.writer].open_shards:
                 self.shards.pop(h, None)        # the store aborted the shard
+                self._release(sh)
             raise
+        leases = [(z, off, -(-length // bs) * bs) for z, off, length in ext]
+        sh.leases += [(first + i, le) for i, le in enumerate(leases)]
+        dev.claim_turn(leases)                  # a zoned block device: this client's turn in each zone
         return {"extents": [list(e) for e in ext]}
+
+    def _release(self, sh: _Shard) -> None:
+        """End the leases ``sh`` leaves unwritten (``ZonedDevice.release_claims``)."""
+        if sh.leases:
+            leases, sh.leases = [le for _, le in sh.leases], []
+            self.service.store.device.release_claims(leases)
 
     def written(self, req: dict) -> dict:
         _, sh = self._shard(req)
@@ -285,18 +339,120 @@ class _Session:
         if len(sh.crcs) + len(crcs) > len(sh.stream.extents):
             raise ProtocolError(f"shard {sh.stream.name!r}: {len(sh.crcs) + len(crcs)} crcs reported for "
                                 f"{len(sh.stream.extents)} claimed extents")
+        upto = len(sh.crcs) + len(crcs)
+        due = [le for i, le in sh.leases if i < upto]
+        if due:
+            short = self.service.store.device.claims_written(due)
+            if short:
+                z, off, n = short[0]
+                raise ProtocolError(f"shard {sh.stream.name!r}: the extent at zone {z} offset {off} ({n} bytes) is "
+                                    "reported written, but the device's write pointer has not passed it")
+            sh.leases = [(i, le) for i, le in sh.leases if i >= upto]
         sh.crcs += crcs
         return {"reported": len(sh.crcs)}
 
     def close_shard(self, req: dict) -> dict:
         h, sh = self._shard(req)
         self.shards.pop(h)
-        info = sh.stream.close(sh.crcs if sh.stream.extents else None)
+        try:
+            info = sh.stream.close(sh.crcs if sh.stream.extents and sh.mode == "claim" else None)
+        except BaseException:
+            self._release(sh)
+            raise
         return {"info": [info.name, info.size, info.crc, len(info.extents)]}
+
+    # -- the data paths for clients that cannot write the device (docs/node.md, "Data paths") --------
+    def shm(self, req: dict) -> dict:
+        """Take the client's shared buffer: one memfd sent with this request (``SCM_RIGHTS``), sealed
+        against shrinking (``F_SEAL_SHRINK``, so no later ``ftruncate`` can make a read of the mapping
+        fault: memfd_create(2), "File sealing" in fcntl(2)), of ``size`` bytes (1 .. ``MAX_CLAIM``).
+        It replaces a buffer given before."""
+        import fcntl
+
+        size = field(req, "size", "int", low=1, high=MAX_CLAIM)
+        if len(self._fds) != 1:
+            raise ProtocolError(f"request 'shm' carries {len(self._fds)} file descriptors, not one memfd")
+        fd = self._fds[0]
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ProtocolError("request 'shm': the descriptor is not a memfd (not a regular file)")
+        try:
+            seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+        except OSError:
+            raise ProtocolError("request 'shm': the descriptor takes no seals (not a memfd made with "
+                                "MFD_ALLOW_SEALING)") from None
+        if not seals & fcntl.F_SEAL_SHRINK:
+            raise ProtocolError("request 'shm': the memfd is not sealed against shrinking (F_SEAL_SHRINK)")
+        if st.st_size < size:
+            raise ProtocolError(f"request 'shm': the memfd holds {st.st_size} bytes, not the {size} announced")
+        m = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        if self.shm is not None:
+            self.shm.close()
+        self.shm = m
+        return {"size": size}
+
+    def _put_shard(self, req: dict) -> tuple[int, _Shard]:
+        h, sh = self._shard(req)
+        if sh.mode == "claim":
+            raise ValueError(f"shard {sh.stream.name!r} takes claims (its client writes the device); it takes "
+                             "no bytes through the service")
+        return h, sh
+
+    def put(self, req: dict) -> dict:
+        """Write the shard's next ``nbytes`` bytes, which the client put in its shared buffer (from byte
+        ``offset``, ``via`` ``"shm"``) or sent after this frame (``via`` ``"socket"``): the store writes
+        them as an in-process writer's (``ShardWriter.write``: placement, write-pointer order, crcs)."""
+        h, sh = self._put_shard(req)
+        n = field(req, "nbytes", "int", low=1, high=MAX_CLAIM)
+        if self._payload is not None:
+            data = self._payload
+        else:
+            off = field(req, "offset", "int", default=0, high=MAX_CLAIM)
+            if self.shm is None:
+                raise ProtocolError("request 'put' via shm before a shared buffer was given (shm)")
+            if off + n > len(self.shm):
+                raise ProtocolError(f"request 'put': bytes {off} .. {off + n} are outside the {len(self.shm)}-byte "
+                                    "shared buffer")
+            data = self.shm[off:off + n]       # a copy: the client may reuse its buffer at the reply
+        sh.mode = "put"
+        try:
+            sh.stream.write(data)
+        except BaseException:
+            if sh.stream not in self.writers[sh.writer].open_shards:
+                self.shards.pop(h, None)        # the store aborted the shard
+            raise
+        return {"written": sh.stream.written}
+
+    def read(self, req: dict) -> dict:
+        """The verified extent holding data byte ``pos`` of a committed shard (``Store.read_shard_extent``)
+        for a client that cannot read the device: its bytes go to the shared buffer (``via`` ``"shm"``,
+        from byte 0) or follow the reply (``via`` ``"socket"``).  Replies ``at`` (the extent's first data
+        byte in the shard), ``length``, ``size`` and ``crc`` (the shard's)."""
+        gen, name = field(req, "gen", "name"), field(req, "shard", "name")
+        pos = field(req, "pos", "int")
+        via = field(req, "via", "text", default="socket")
+        if via not in ("shm", "socket"):
+            raise ProtocolError(f"request 'read': via {via[:20]!r} is not 'shm' or 'socket'")
+        self.scope.check(gen, "read")
+        store = self.service.store
+        sh = store.generation(gen).shards.get(name)
+        if sh is None:
+            raise ShardNotFoundError(f"generation {gen!r} has no shard {name!r}")
+        at, data = store.read_shard_extent(gen, name, pos)
+        out = {"at": at, "length": len(data), "size": sh.size, "crc": sh.crc}
+        if via == "shm":
+            if self.shm is None or len(data) > len(self.shm):
+                raise ProtocolError(f"request 'read' via shm: an extent of {len(data)} bytes needs a shared buffer "
+                                    "at least that large (shm)")
+            self.shm[:len(data)] = data
+        else:
+            out["_data"] = data
+        return out
 
     def abort_shard(self, req: dict) -> dict:
         h, sh = self._shard(req)
         self.shards.pop(h)
+        self._release(sh)
         sh.stream.abort()
         return {}
 
@@ -307,7 +463,9 @@ class _Session:
             if how == "commit":
                 raise ValueError(f"generation {w.id!r}: shard {self.shards[sh_h].stream.name!r} is still "
                                  "open; close or abort it before the commit")
-            self.shards.pop(sh_h).stream.abort()
+            sh = self.shards.pop(sh_h)
+            self._release(sh)
+            sh.stream.abort()
         if how == "commit":
             gen = w.commit()
             del self.writers[h]
@@ -425,6 +583,7 @@ _CHANGES = frozenset({"commit", "delete"})
 _OPS: dict[str, Callable[[_Session, dict], dict]] = {
     name: getattr(_Session, name) for name in (
         "hello", "begin", "open_shard", "claim", "written", "close_shard", "abort_shard", "commit", "abort", "leave",
+        "shm", "put", "read",
         "delete", "list", "generation", "locations", "update_hint", "advance", "now", "df", "fsck", "gc",
         "metrics", "bye")
 }
@@ -561,6 +720,19 @@ class Service:
         with contextlib.suppress(FileNotFoundError):
             if stat.S_ISSOCK(os.lstat(self.path).st_mode):
                 os.unlink(self.path)
+
+
+def _data_part(sock: socket.socket, req: dict | None) -> bytes | None:
+    """The data part that follows a ``put`` frame sent ``via`` ``"socket"`` (``nbytes`` bytes), else
+    ``None``.
+
+    Raises:
+        ProtocolError: ``nbytes`` missing or out of bounds (how many bytes follow is unknown: the framing
+            is lost), or the stream ended inside the data.
+    """
+    if not isinstance(req, dict) or req.get("op") != "put" or req.get("via") != "socket":
+        return None
+    return recv_exact(sock, field(req, "nbytes", "int", low=1, high=MAX_CLAIM))
 
 
 def _peer(sock: socket.socket) -> tuple[int | None, int | None, int | None]:

@@ -395,7 +395,7 @@ def _guest_env(cfg: GuestConfig) -> dict[str, str]:
     env = {"PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"),
            "HOME": GUEST_TMP, "TMPDIR": GUEST_TMP, "PYTHONDONTWRITEBYTECODE": "1", "LANG": "C.UTF-8",
            "TERM": "dumb"}
-    for key in ("VIRTUAL_ENV",):
+    for key in ("VIRTUAL_ENV", "PYTHONPATH"):     # a checkout run with its sources first tests them in the guest too
         if key in os.environ:
             env[key] = os.environ[key]
     env.update(cfg.env)

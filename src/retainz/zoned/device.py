@@ -193,6 +193,27 @@ class ZonedDevice(abc.ABC):
         ``None`` (the default)."""
         return None
 
+    def direct_io(self) -> dict:
+        """How another process must write a claimed extent: ``{}`` (the default: any ``pwrite``), or
+        ``{"o_direct": True, "block_size": B, "max_write": M}`` (``O_DIRECT`` from a page-aligned
+        buffer padded to ``B``, in pieces of at most ``M`` bytes, 0: one piece)."""
+        return {}
+
+    def claim_turn(self, extents) -> None:  # noqa: B027 - optional hook
+        """Return once the claimed ``extents`` (``(zone, offset, length)``, as :meth:`claim` took them)
+        may be written: on a device that takes a zone's writes only at its write pointer, once every
+        earlier claim of their zones is written.  Default: at once (a device file takes any order)."""
+
+    def claims_written(self, extents) -> list:
+        """The claimed ``extents`` whose bytes the device does not hold yet (default: none can be
+        told apart: ``[]``)."""
+        return []
+
+    def release_claims(self, extents) -> int:
+        """End claimed ``extents`` whose writer will not write them (it died or gave up); returns the
+        bytes the device wrote to close their gap (default 0: a device file has no gap to close)."""
+        return 0
+
     @abc.abstractmethod
     def read(self, offset: int, length: int) -> bytes:
         """Read ``length`` bytes from device byte ``offset`` (block aligned; may span zones).

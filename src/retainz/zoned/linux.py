@@ -24,7 +24,12 @@ How it maps the :class:`~retainz.zoned.device.ZonedDevice` verbs onto the kernel
   where the data landed.  Correct as long as nothing else writes the zone (the device is opened
   ``O_EXCL``; a non-exclusive writer elsewhere could still move the write pointer, in which case one
   retry after re-reading the write pointer is made);
-* flush: ``fsync`` (the kernel sends a device cache flush).
+* flush: ``fsync`` (the kernel sends a device cache flush);
+* :meth:`~LinuxZonedDevice.claim` (the node service: another process writes the extent with its own
+  ``O_DIRECT`` descriptor): a lease at the zone's claim pointer, kept by :class:`~retainz.zoned.claims.
+  ZoneClaims`, which orders the zone's writers by turns; the device's own writes and zone operations
+  wait until the zone's leases are written.  A zone with leases outstanding reports its claim pointer as
+  its write pointer (the model's view: a claim advances the write pointer).
 
 Errors: the kernel answers most zone errors with a bare ``EIO``.  :func:`classify_write_error` and
 :func:`classify_zone_op_error` turn an errno plus a fresh report of the zone into the same exception
@@ -58,6 +63,7 @@ guest lane, Linux 6.1, QEMU 7.2):
 
 from __future__ import annotations
 
+import dataclasses
 import errno as _errno
 import mmap
 import os
@@ -71,6 +77,7 @@ from retainz.errors import (
     OutOfRangeError,
     TooManyActiveZonesError,
     TooManyOpenZonesError,
+    ZoneBoundaryError,
     ZonedDeviceError,
     ZoneFullError,
     ZoneInvalidWriteError,
@@ -90,6 +97,7 @@ from retainz.zoned.blkzoned import (
     classify_zone_op_error,
     raw_to_zone,
 )
+from retainz.zoned.claims import ZoneClaims
 from retainz.zoned.device import WriteData, ZonedDevice, ZoneOp, check_io_range, check_report_range
 from retainz.zoned.model import DeviceInfo, Geometry, Zone, ZoneCond
 
@@ -174,6 +182,15 @@ class LinuxZonedDevice(ZonedDevice):
         self._tick = 0
         self._buf: mmap.mmap | None = None
 
+    _claims: ZoneClaims | None = None
+
+    @property
+    def claims(self) -> ZoneClaims:
+        """The leases of extents other processes write (:meth:`claim`), made at the first use."""
+        if self._claims is None:
+            self._claims = ZoneClaims(self._zsize, self._real_written, self._fill_zeros)
+        return self._claims
+
     def _init_geometry(self, path: str) -> None:
         zone_sectors = self._ioctl_get(BLKGETZONESZ, path)
         queue = sysfs_queue_dir(path)
@@ -245,9 +262,86 @@ class LinuxZonedDevice(ZonedDevice):
         end = check_report_range(self.geometry, start, count)
         flags, raw = self._report_raw(start, end - start)
         zones = [raw_to_zone(r, flags, self._zone_sectors) for r in raw]
-        for z in zones:
+        for i, z in enumerate(zones):
             self._wp_cache[z.index] = z.written
+            ahead = self._claims.pointer(z.index) if self._claims is not None else None
+            if ahead is not None and ahead > z.written:     # the model's view: claims moved the pointer
+                full = ahead >= self._zcap
+                zones[i] = dataclasses.replace(
+                    z, wp=z.start + (self._zsize if full else ahead),
+                    cond=ZoneCond.FULL if full else (ZoneCond.IMP_OPEN if z.cond in (ZoneCond.EMPTY, ZoneCond.CLOSED)
+                                                     else z.cond))
         return zones
+
+    def _real_written(self, zone: int) -> int:
+        """Bytes the device has written in ``zone`` now (a fresh report; claims not counted)."""
+        flags, raw = self._report_raw(zone, 1)
+        z = raw_to_zone(raw[0], flags, self._zone_sectors)
+        self._wp_cache[zone] = z.written
+        return z.written
+
+    def _fill_zeros(self, zone: int, pos: int, length: int) -> None:
+        """Write ``length`` zero bytes at byte ``pos`` of ``zone`` (its write pointer): the end of a
+        lease its writer left (:meth:`ZoneClaims.fill`)."""
+        fd = self._check_rw()
+        buf = mmap.mmap(-1, -(-length // _PAGE) * _PAGE)
+        try:
+            with self._locks[zone]:
+                self._write_locked(fd, zone, zone * self._zsize + pos, memoryview(buf)[:length], length)
+        finally:
+            buf.close()
+
+    # -- claims (the node service: other processes write the extents) ------------------------------
+    def claim(self, offset: int, length: int) -> None:
+        """Lease ``length`` bytes at device byte ``offset`` (the zone's claim pointer) to another process
+        that writes them with its own ``O_DIRECT`` descriptor, in its turn
+        (:class:`~retainz.zoned.claims.ZoneClaims`; :meth:`claim_turn`).
+
+        Raises:
+            MisalignedIOError, OutOfRangeError; ZoneFullError, ZoneBoundaryError (past the capacity);
+            ZoneInvalidWriteError (not the claim pointer); PermissionError (opened read-only).
+        """
+        if length.__class__ is not int or length <= 0:
+            raise ValueError(f"claim length must be a positive int, not {length!r}")
+        self._check_range(offset, length)
+        self._check_rw()
+        z = offset // self._zsize
+        pos = offset - z * self._zsize
+        ahead = self.claims.pointer(z)
+        wp = ahead if ahead is not None else self._wp_cache.get(z)
+        if wp is None:
+            wp = self._real_written(z)
+        if wp >= self._zcap:
+            raise ZoneFullError(f"zone {z} is full", zone=z, offset=offset, length=length)
+        if pos + length > self._zcap:
+            raise ZoneBoundaryError(f"zone {z}: claim of {length} bytes at byte {pos} crosses the zone capacity "
+                                    f"{self._zcap}", zone=z, offset=offset, length=length)
+        self.claims.lease(z, pos, length, wp)
+
+    def direct_region(self) -> tuple[str, int] | None:
+        """``(the device node, 0)``: a claimed extent at ``(zone, offset)`` is at device byte
+        ``zone * zone_size + offset``, written with ``O_DIRECT`` in the claim's turn (:meth:`direct_io`)."""
+        return (self._info.path, 0) if not self.readonly else None
+
+    def direct_io(self) -> dict:
+        """How another process writes a claimed extent here: ``O_DIRECT`` from a page-aligned buffer,
+        padded to the block size, in pieces of at most ``max_write`` bytes (0: one piece), one after the
+        other (the same discipline as :meth:`write`)."""
+        return {"o_direct": True, "block_size": self._bs, "max_write": self.max_write}
+
+    def claim_turn(self, extents) -> None:
+        """Return once each zone of ``extents`` (``(zone, offset, length)``, as claimed) has its write
+        pointer at the first of them (:meth:`ZoneClaims.wait_turn`)."""
+        self.claims.wait_turn(extents)
+
+    def claims_written(self, extents) -> list:
+        """The claimed ``extents`` whose bytes the device does not hold yet (:meth:`ZoneClaims.settle`)."""
+        return self.claims.settle(extents)
+
+    def release_claims(self, extents) -> int:
+        """End claimed ``extents`` their writer will not write: zero-fill what is left of each in its
+        turn (:meth:`ZoneClaims.fill`); returns the bytes filled."""
+        return self.claims.fill(extents)
 
     # -- zone management ---------------------------------------------------------------------------
     def zone_op(self, op: ZoneOp, zone: int) -> None:
@@ -255,6 +349,8 @@ class LinuxZonedDevice(ZonedDevice):
             raise OutOfRangeError(f"zone {zone} does not exist: the device has zones 0..{self._nz - 1}",
                                   zone=zone if isinstance(zone, int) else None)
         fd = self._check_rw()
+        if op is not ZoneOp.RESET and self._claims is not None:
+            self._claims.wait_settled(zone)
         with self._locks[zone]:
             if op is ZoneOp.FINISH and self.geometry.max_active:
                 self._check_finish_of_empty(zone)
@@ -270,6 +366,8 @@ class LinuxZonedDevice(ZonedDevice):
                     self._ioctl_zone(fd, op, zone)
             if op is ZoneOp.RESET:
                 self._wp_cache[zone] = 0
+                if self._claims is not None:
+                    self._claims.reset(zone)
             elif op is ZoneOp.FINISH:
                 self._wp_cache[zone] = self._zcap
             elif op is ZoneOp.CLOSE:
@@ -370,6 +468,8 @@ class LinuxZonedDevice(ZonedDevice):
         if fd < 0 or self.readonly:
             fd = self._check_rw()
         z = offset // self._zsize
+        if self._claims is not None and self._claims.outstanding(z):
+            self._claims.wait_settled(z)
         with self._locks[z]:
             self._write_locked(fd, z, offset, data, length)
 
@@ -447,6 +547,8 @@ class LinuxZonedDevice(ZonedDevice):
         length = memoryview(data).nbytes
         fd = self._check_rw()
         start = zone * self._zsize
+        if self._claims is not None:
+            self._claims.wait_settled(zone)
         with self._locks[zone]:
             for attempt in range(2):
                 written = self._wp_cache.get(zone)
