@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from retainz.hint import Hint, Lifetime
-from retainz.retention import StepRate, rule_hint, until_durable
+from retainz.retention import StepRate, UntilDurable, parse_condition, rule_hint, until_durable
 from retainz.store import Store
 from retainz.zoned import FileDevice, Geometry, MemoryDevice
 
@@ -20,21 +20,40 @@ KiB = 1024
 
 
 # -- retention: the prediction --------------------------------------------------------------------
+RULE = "after_newer:k=2,of_class=interval,timing=after_commit"
+
+
 @pytest.mark.parametrize("reclaim, durable, want", [
-    (2000, 4000, 4000),          # the promotion outlasts the rule: it decides
+    (2000, 3999.2, 4000),        # the promotion outlasts the rule: it decides (whole steps)
     (5000, 4000, 5000),          # promoted before the rule retires it: the rule decides
     (4000, 4000, 4000),
     (math.inf, 9000, math.inf),  # permanent stays permanent
-    (None, 4000, None),          # the rule says nothing: nothing is invented
+    (None, 4000, 4000),          # the rule cannot say when: the promotion is the one known bound
     (2000, None, 2000),          # no expectation (no bandwidth, no pace yet): the rule's hint
 ])
 def test_until_durable_is_the_later_of_retirement_and_promotion(reclaim, durable, want):
-    h = Hint(reclaim, Lifetime.SHORT if reclaim not in (None, math.inf) else Lifetime.NOT_SET, "after_newer:k=2")
+    h = Hint(reclaim, Lifetime.SHORT if reclaim not in (None, math.inf) else Lifetime.NOT_SET, RULE,
+             actual_reclaim_step=7000)
     out = until_durable(h, 1000, durable)
-    assert out.reclaim_step == want
-    assert out.condition == h.condition                         # the rule's condition, its kind kept
+    assert out.reclaim_step == want and out.actual_reclaim_step == 7000
     if want == reclaim:
         assert out is h
+    else:                                                       # the promotion decides, and says so
+        assert out.kind == "until_durable"
+        assert parse_condition(out.condition) == UntilDurable(want, RULE)
+        assert parse_condition(parse_condition(out.condition).rule) == parse_condition(RULE)
+
+
+def test_an_uncertain_death_the_promotion_outlasts_is_a_known_one():
+    # a top-k save expected to be evicted at 3000 (or with no estimate) but promoted only at 9000 dies
+    # at 9000: placement no longer treats it as uncertain (no zones kept apart for it)
+    unc = "uncertain:earliest=2000,probability=0.9,expected=3000,basis=empirical"
+    for reclaim in (3000, None):
+        out = until_durable(Hint(reclaim, Lifetime.SHORT, unc), 1000, 9000)
+        assert (out.reclaim_step, out.kind) == (9000, "until_durable")
+    # evicted after the promotion: still uncertain
+    late = Hint(20000, Lifetime.LONG, unc)
+    assert until_durable(late, 1000, 9000) is late
 
 
 def test_until_durable_reclassifies_the_longer_life_at_the_rules_bounds():
@@ -197,4 +216,5 @@ def test_writer_hint_of_a_save_kept_until_durable_includes_the_expected_promotio
     # step-30 waits for step-10 and step-20 (stalled), then itself: at least their bytes over the cap
     least = 30 + 10 * (sizes["step-10"] + sizes["step-20"] + sizes["step-20"]) / cap
     assert hints["step-30"].reclaim_step >= least > 50
-    assert hints["step-30"].condition == rule.condition
+    cond = parse_condition(hints["step-30"].condition)
+    assert cond == UntilDurable(hints["step-30"].reclaim_step, rule.condition)

@@ -579,8 +579,7 @@ class ZonedStorageWriter(StorageWriter):
             if g.id in doomed:
                 continue
             hint = rule_hint(self._rule, int(pat.fullmatch(name).group(1)))
-            if (g.id in pending and hint is not None and hint.condition == g.hint.condition
-                    and _later(g.hint.reclaim_step, hint.reclaim_step)):
+            if g.id in pending and g.hint.kind == "until_durable":
                 continue      # kept until durable: its expected promotion finish stands until it is durable
             if hint is not None and (hint.reclaim_step, hint.condition) != (g.hint.reclaim_step, g.hint.condition):
                 store.update_hint(g.id, hint, step=step)
@@ -647,11 +646,6 @@ class ZonedStorageWriter(StorageWriter):
             self._promoter.close()
             self._promoter = None
         self._promoter_hold.close()
-
-
-def _later(a: float | None, b: float | None) -> bool:
-    """True when reclaim step ``a`` is a finite step after ``b`` (both known)."""
-    return a is not None and b is not None and b < a < math.inf
 
 
 def _dcp_join_token(checkpoint_id: str | None) -> str | None:

@@ -1,7 +1,7 @@
 """Runtime retention rules -> retirement conditions -> predicted reclaim steps.
 
 * :mod:`~retainz.retention.conditions` - the condition family (:class:`AfterNewer`, :class:`Permanent`,
-  :class:`AtStep`, :class:`Uncertain`), its text and JSON forms (:func:`parse_condition`,
+  :class:`AtStep`, :class:`Uncertain`, :class:`UntilDurable`), its text and JSON forms (:func:`parse_condition`,
   :func:`condition_from_json`) and the save schedule;
 * :mod:`~retainz.retention.rules` - TorchTitan, Megatron-LM, Lightning/NeMo, HF Trainer, Accelerate,
   Orbax, each driven as its runtime drives it (:func:`drive`);
@@ -24,6 +24,7 @@ from retainz.retention.conditions import (
     SaveSchedule,
     Timing,
     Uncertain,
+    UntilDurable,
     condition_from_json,
     parse_condition,
 )
@@ -36,7 +37,8 @@ from retainz.retention.steps import committed_steps, parse_step
 __all__ = [
     "NEVER", "RULES", "Accelerate", "Action", "AfterNewer", "AtStep", "Condition", "Gen", "HFTrainer",
     "Lightning", "Megatron", "MetricSeries", "Orbax", "Permanent", "PlannedSave",
-    "Rule", "SaveSchedule", "Session", "StepRate", "Timing", "TorchTitan", "Uncertain", "committed_steps", "condition_from_json",
+    "Rule", "SaveSchedule", "Session", "StepRate", "Timing", "TorchTitan", "Uncertain", "UntilDurable",
+    "committed_steps", "condition_from_json",
     "drive", "explicit_hint", "load_metric_file", "parse_condition", "parse_rule", "parse_step", "rule_hint",
     "rule_keys", "save_hint", "synthetic_loss", "until_durable",
 ]

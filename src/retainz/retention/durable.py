@@ -22,6 +22,7 @@ from collections import deque
 from dataclasses import replace
 
 from retainz.hint import DEFAULT_MEDIUM, DEFAULT_SHORT, Hint, lifetime_class
+from retainz.retention.conditions import UntilDurable
 
 __all__ = ["until_durable", "StepRate"]
 
@@ -34,16 +35,21 @@ def until_durable(hint: Hint, step: int, durable_step: float | None, *, short: i
     ============================================  ===================================================
     the rule's prediction (``hint.reclaim_step``)  the result
     ============================================  ===================================================
-    ``None`` (unknown)                             unchanged: the rule says nothing of its retirement
     ``math.inf`` (permanent)                       unchanged: never retired, whenever it is promoted
     finite ``r >= durable_step``                   unchanged: promoted before the rule retires it
-    finite ``r < durable_step``                    ``reclaim_step = durable_step``, the lifetime class
-                                                   of the longer life (never shorter than the rule's)
+    finite ``r < durable_step``, or ``None``       the promotion decides: reclaim step
+    (unknown)                                      ``ceil(durable_step)``, condition
+                                                   :class:`~retainz.retention.conditions.UntilDurable`
+                                                   (the rule's condition kept inside it), the lifetime
+                                                   class of the longer life (never shorter than the rule's)
     ============================================  ===================================================
 
-    The condition text stays the rule's (placement reads its kind; an uncertain death stays
-    uncertain).  ``durable_step=None`` (no expectation: no bandwidth known, or the run's pace not
-    measured yet) returns the hint unchanged.
+    The new condition's kind matters to placement: a top-k save (an ``uncertain`` death) whose
+    expected eviction comes before its promotion is verified dies when the promotion does, a death
+    the runtime can predict, so it is placed as one (RetainZ's uncertain-save rule no longer keeps
+    it apart; the ``tier`` experiment measures what that rule costs under a promotion backlog,
+    docs/results.md).  ``durable_step=None`` (no expectation: no bandwidth known, or the run's pace
+    not measured yet) returns the hint unchanged.
 
     Args:
         hint: the rule's hint for the save (:func:`retainz.retention.save_hint`).
@@ -63,10 +69,11 @@ def until_durable(hint: Hint, step: int, durable_step: float | None, *, short: i
     if isinstance(durable_step, float) and math.isnan(durable_step):
         raise ValueError("durable_step must be a step, not NaN")
     r = hint.reclaim_step
-    if r is None or math.isinf(r) or r >= durable_step:
+    if r is not None and (math.isinf(r) or r >= durable_step):
         return hint
-    cls = max(hint.lifetime, lifetime_class(durable_step, step, short=short, medium=medium))
-    return replace(hint, reclaim_step=durable_step, lifetime=cls)
+    at = math.ceil(durable_step)
+    cls = max(hint.lifetime, lifetime_class(at, step, short=short, medium=medium))
+    return replace(hint, reclaim_step=at, lifetime=cls, condition=UntilDurable(at, hint.condition).describe())
 
 
 class StepRate:
