@@ -17,10 +17,11 @@ EXPECTED = os.path.join(ROOT, "results", "expected_claims.json")
 def test_committed_runs_are_the_whole_paper_matrix_and_verify():
     """results/runs holds the replay matrix (paper.json), the file-system comparison recorded in the
     QEMU guest (filesystems.json; not part of paper.json, which runs without a guest) and the fleet
-    regime map (fleet.json, run by `make fleet`)."""
+    regime map (fleet.json, run by `make fleet`) and the promotion-delay axis (tier.json)."""
     _, cases = load_manifest(os.path.join(ROOT, "experiments", "paper.json"))
     cases += load_manifest(os.path.join(ROOT, "experiments", "filesystems.json"))[1]
     cases += load_manifest(os.path.join(ROOT, "experiments", "fleet.json"))[1]
+    cases += load_manifest(os.path.join(ROOT, "experiments", "tier.json"))[1]
     names = {n[:-5] for n in os.listdir(RUNS) if n.endswith(".json")}
     assert names == {c.id for c in cases}
     n, problems = verify_dir(RUNS)

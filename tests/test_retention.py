@@ -862,13 +862,13 @@ def _from_json(obj):
 
 @pytest.mark.parametrize("decode, given, message", [
     (_from_json, [1], "condition must be an object, got [1]"),
-    (_from_json, {"kind": "nosuch"}, "unknown condition kind 'nosuch'; valid: after_newer, permanent, at_step, uncertain"),
+    (_from_json, {"kind": "nosuch"}, "unknown condition kind 'nosuch'; valid: after_newer, permanent, at_step, uncertain, until_durable"),
     (_from_json, {"kind": "at_step", "at": 5, "zz": 1}, "condition at_step: unknown field(s) zz; valid: at"),
     (_from_json, {"kind": "after_newer", "k": 1}, "condition after_newer: missing of_class, timing"),
     (_from_json, {"kind": "at_step", "at": "5"}, "condition at_step: at must be an integer, got '5'"),
     (_from_json, {"kind": "permanent", "reason": 5}, "condition permanent: reason must be a string, got 5"),
     (parse_condition, "nosuch:x=1",
-     "condition 'nosuch:x=1': unknown kind 'nosuch'; valid: after_newer, permanent, at_step, uncertain"),
+     "condition 'nosuch:x=1': unknown kind 'nosuch'; valid: after_newer, permanent, at_step, uncertain, until_durable"),
     (parse_condition, "after_newer:k=1,timing=after_commit",
      "condition 'after_newer:k=1,timing=after_commit': expected of_class="),
     (parse_condition, "after_newer:k=1,of_class=a", "condition 'after_newer:k=1,of_class=a': expected timing="),

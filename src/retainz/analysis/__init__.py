@@ -56,6 +56,7 @@ def analyze(records_dir: str, out_dir: str, *, check: bool = False, expected: st
     from retainz.analysis.fleetmap import fleet_claims, fleet_table
     from retainz.analysis.regimes import regime_claims, regime_figure
     from retainz.analysis.table import render_table
+    from retainz.analysis.tiermap import tier_claims, tier_table
     from retainz.analysis.zonemap import zonemap_figure
 
     rep = AnalysisReport()
@@ -68,7 +69,7 @@ def analyze(records_dir: str, out_dir: str, *, check: bool = False, expected: st
     rep.lines.append(f"{records_dir}: {len(runs.records)} ok records, {len(runs.failed)} failed")
     setup_style()
     for fn in (pressure_figure, mechanisms_figure, zonemap_figure, regime_figure, filesystems_figure,
-               write_table, fleet_table):
+               write_table, fleet_table, tier_table):
         rep.outputs += fn(runs, out_dir)
     tex = render_table(runs)
     if tex:
@@ -80,6 +81,7 @@ def analyze(records_dir: str, out_dir: str, *, check: bool = False, expected: st
     filesystem_claims(runs, claims)
     regime_claims(runs, claims)
     fleet_claims(runs, claims)
+    tier_claims(runs, claims)
     p = os.path.join(out_dir, "paper_claims.json")
     _claims.write_claims(p, claims, os.path.normpath(records_dir))
     rep.outputs.append(p)

@@ -49,6 +49,12 @@ def register(sub) -> None:
                    help="recompute zone summaries before every decision (slow; checks the cache)")
     p.add_argument("--no-verify-payload", dest="verify_payload", action="store_false",
                    help="on a payload device, do not read the committed generations back at the end")
+    p.add_argument("--promote-bandwidth", type=size_arg, default=d["promote_bandwidth"], metavar="BYTES",
+                   help="model promotion to a durable tier at BYTES per step (e.g. 4MiB), every generation "
+                        "kept until durable: deletions wait for their promotion (default: no promotion)")
+    p.add_argument("--no-promote-hint", dest="promote_hint", action="store_false",
+                   help="with --promote-bandwidth, give the policies the rule's hints alone (not the expected "
+                        "promotion finish): the ablation")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_replay)
 

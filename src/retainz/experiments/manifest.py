@@ -80,10 +80,15 @@ CASE_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "system": ((str, type(None)), "file-system comparison in the QEMU guest (device guest): retainz (the "
                                   "store with `policy` on the raw namespace), btrfs, "
                                   "btrfs:bg_reclaim_threshold=N or f2fs; null (default) for a store replay"),
+    "promote_bandwidth": ((int, str, type(None)), "promotion to a durable tier at this many bytes per step of "
+                          "logical time (\"4MB\" allowed), every generation kept until durable "
+                          "(retainz.trace.promotion); null (default): no promotion"),
+    "promote_hint": ((bool,), "with promote_bandwidth: the hints carry the expected promotion finish (true, "
+                     "default); false gives the rule's hints alone (the ablation)"),
 }
 #: Fields added after format 1 that stay out of a case's inputs (and so out of its id) while they hold
 #: their default, so the ids of the cases recorded before them do not change.
-OPTIONAL_FIELDS = ("system", "fleet")
+OPTIONAL_FIELDS = ("system", "fleet", "promote_bandwidth", "promote_hint")
 
 #: Defaults below every manifest's own defaults.
 CASE_DEFAULTS: dict[str, Any] = {
@@ -100,6 +105,8 @@ CASE_DEFAULTS: dict[str, Any] = {
     "tenants": None,
     "system": None,
     "fleet": None,
+    "promote_bandwidth": None,
+    "promote_hint": True,
 }
 
 
@@ -297,6 +304,17 @@ def _normalize(where: str, case: dict) -> dict:
         c["rule"] = "mix:" + ";".join(t["rule"] for t in c["tenants"])
     if c["max_open"] > c["max_active"]:
         raise ManifestError(f"{where}: key 'max_open' ({c['max_open']}) exceeds 'max_active' ({c['max_active']})")
+    if c["promote_bandwidth"] is not None:
+        try:
+            c["promote_bandwidth"] = parse_size(c["promote_bandwidth"])
+        except ValueError as e:
+            raise ManifestError(f"{where}: key 'promote_bandwidth': {e}") from None
+        if c["promote_bandwidth"] <= 0:
+            raise ManifestError(f"{where}: key 'promote_bandwidth' must be a positive number of bytes per step, "
+                                f"got {c['promote_bandwidth']!r}")
+    elif not c["promote_hint"]:
+        raise ManifestError(f"{where}: key 'promote_hint': false needs a promote_bandwidth (no promotion, no "
+                            "promotion hint)")
     for k in OPTIONAL_FIELDS:
         if c[k] == CASE_DEFAULTS[k]:
             del c[k]

@@ -118,7 +118,7 @@ class RetainZBackend(Backend):
 
 def replay_config(case: Case, device: str) -> ReplayConfig:
     """The :class:`~retainz.trace.replay.ReplayConfig` of a case's inputs (policy, zones or pressure,
-    GC reserve, geometry, seed, zone map, recompute mode) on ``device``, a replay device spec
+    GC reserve, geometry, seed, zone map, recompute mode, promotion bandwidth) on ``device``, a replay device spec
     (``memory``, ``file:PATH``, ``/dev/nvme0n1`` in the guest): the one place a case becomes replay
     parameters.  Journal zones, block size and payload read-back are the configuration's defaults.
 
@@ -132,7 +132,8 @@ def replay_config(case: Case, device: str) -> ReplayConfig:
                         reserve_zones=i["reserve_zones"], zone_size=i["zone_size"],
                         zone_capacity=i["zone_capacity"], max_active=i["max_active"], max_open=i["max_open"],
                         device=device, seed=i["seed"], zone_map=i["zone_map"],
-                        verify_summaries=i["verify_summaries"])
+                        verify_summaries=i["verify_summaries"], promote_bandwidth=i.get("promote_bandwidth"),
+                        promote_hint=i.get("promote_hint", True))
 
 
 def scaled_layout(name: str, scale: str):

@@ -44,8 +44,10 @@ import contextlib
 import dataclasses
 import io
 import logging
+import math
 import os
 import pickle
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -72,10 +74,11 @@ from retainz.errors import (
     NoSpaceError,
     RetainZError,
 )
-from retainz.hint import Hint
+from retainz.hint import Hint, class_bounds
 from retainz.integrations import _stores
 from retainz.node import NodeStore, served
 from retainz.retention.base import parse_rule
+from retainz.retention.durable import StepRate, until_durable
 from retainz.retention.online import explicit_hint, rule_hint
 from retainz.retention.retire import check_enactable, is_explicit, pattern_of, retired_after_commit
 from retainz.retention.series import members, series_folder, series_generation_id
@@ -308,6 +311,9 @@ class ZonedStorageWriter(StorageWriter):
         self._promoter: Any = None
         self._promoter_hold = contextlib.ExitStack()
         self._promote_next = False
+        self._pace = StepRate()          # the run's steps per second, from the saves' start times
+        #: the clock the run's pace is measured by (seconds, monotonic; tests set a fake one)
+        self.clock = time.monotonic
         self.retention = retention
         self.series = series_folder(series)
         self._rule = parse_rule(retention) if retention and retire else None
@@ -359,6 +365,34 @@ class ZonedStorageWriter(StorageWriter):
         if self.condition:
             return explicit_hint(self.condition, step)
         return rule_hint(self.retention, step) if self.retention else None
+
+    def keeps_until_durable(self) -> bool:
+        """True when the rule retires the current save only once its promotion is verified: an enacted
+        rule (``retention`` with ``retire=True``), a promoter whose policy selects the save (or
+        :meth:`request_promotion`), and no explicit condition (such a save is outside the rule)."""
+        if self._rule is None or self._promoter is None or self.condition:
+            return False
+        return self._promote_next or self._promoter.policy.selects(self.generation, self.step)
+
+    def store_hint(self) -> Hint | None:
+        """The hint the store is given for the current save: :meth:`hint`, and for a save kept until
+        durable (:meth:`keeps_until_durable`) a predicted reclaim step of at least the step its
+        promotion is expected to be verified at (:func:`retainz.retention.until_durable`): the
+        promoter's expected delay in seconds (:meth:`retainz.tier.Promoter.expected_delay`: the backlog
+        and this save at the measured bandwidth, or the cap before any measurement) turned into steps
+        at the run's pace, measured from the saves' start times (:class:`retainz.retention.StepRate`).
+        Until two saves have been seen, or with no bandwidth known, the rule's hint stands.  Each call
+        records one save's start (:attr:`clock`) for the pace.
+        """
+        hint = self.hint()
+        self._pace.observe(self.step, self.clock())
+        if hint is None or not self.keeps_until_durable():
+            return hint
+        steps = self._pace.steps_in(self._promoter.expected_delay())
+        if steps is None:
+            return hint
+        short, medium = class_bounds(self._rule.base_interval)
+        return until_durable(hint, self.step, self.step + math.ceil(steps), short=short, medium=medium)
 
     def set_condition(self, condition: str | Hint | None) -> None:
         """Set the explicit retention condition for the following saves (``None``: use the rule)."""
@@ -415,10 +449,10 @@ class ZonedStorageWriter(StorageWriter):
         # overwrite: the committed checkpoint is replaced at this one's commit, not before
         # (replace-on-commit); no declared size: the store admits the bytes as they arrive
         if isinstance(store, NodeStore):   # ranks sharing one served device write one generation
-            self._gen = store.begin_generation(gen, self.step, hint=self.hint(), replace=exists,
+            self._gen = store.begin_generation(gen, self.step, hint=self.store_hint(), replace=exists,
                                                join=_dcp_join_token(self.checkpoint_id))
         else:
-            self._gen = store.begin_generation(gen, self.step, hint=self.hint(), replace=exists)
+            self._gen = store.begin_generation(gen, self.step, hint=self.store_hint(), replace=exists)
         return dataclasses.replace(plan, storage_data=_RankStream(self.rank))
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
@@ -517,7 +551,9 @@ class ZonedStorageWriter(StorageWriter):
         """Enact the rule on :attr:`series` of ``store``: delete the committed checkpoints it no
         longer keeps (journaled at this save's step), then give each survivor it counts the rule's
         hint for its step where the journaled one differs (a rule changed on resume, or saved
-        without one).  Called by the writer once a save has committed; no-op without an enacted rule.
+        without one; a survivor whose promotion is not verified yet keeps the later reclaim step its
+        expected promotion finish gave it, :meth:`store_hint`).  Called by the writer once a save has
+        committed; no-op without an enacted rule.
 
         Returns:
             The ids deleted, oldest first.
@@ -537,10 +573,14 @@ class ZonedStorageWriter(StorageWriter):
                 elif not self._promoter.retire(store, gid, step):
                     continue      # kept until its promotion is verified (then the promoter deletes it)
                 deleted.append(gid)
+        pending = set() if self._promoter is None else {
+            r.id for r in self._promoter.status() if r.state not in ("durable", "local")}
         for name, g in mine:
             if g.id in doomed:
                 continue
             hint = rule_hint(self._rule, int(pat.fullmatch(name).group(1)))
+            if g.id in pending and g.hint.kind == "until_durable":
+                continue      # kept until durable: its expected promotion finish stands until it is durable
             if hint is not None and (hint.reclaim_step, hint.condition) != (g.hint.reclaim_step, g.hint.condition):
                 store.update_hint(g.id, hint, step=step)
         return deleted

@@ -9,7 +9,9 @@ training step at which the generation's data becomes garbage (logical time: trai
   HF ``save_total_limit``, Orbax ``LatestN``...);
 * :class:`Permanent` - never retired during the run (every R-th, the final step, keep-all);
 * :class:`AtStep` - retired at a known step;
-* :class:`Uncertain` - a probabilistic death time (top-k by a metric: it depends on future values).
+* :class:`Uncertain` - a probabilistic death time (top-k by a metric: it depends on future values);
+* :class:`UntilDurable` - kept past the rule's retirement until its promotion to a durable tier is
+  verified, expected at a step (:func:`retainz.retention.until_durable`).
 
 Predicted reclaim steps are ``int`` steps, :data:`NEVER` (``math.inf``) for data that survives the run,
 or ``None`` when unknown.
@@ -38,6 +40,7 @@ __all__ = [
     "Permanent",
     "AtStep",
     "Uncertain",
+    "UntilDurable",
     "CONDITIONS",
     "condition_from_json",
     "parse_condition",
@@ -243,8 +246,29 @@ class Uncertain(Condition):
         return self.expected if self.probability >= 0.5 else NEVER
 
 
+@dataclass(frozen=True)
+class UntilDurable(Condition):
+    """Kept until durable: the rule would retire it earlier (or cannot say when), but its local copy
+    is deleted only once its promotion to the durable tier is verified, expected at ``at``
+    (docs/tiers.md, "Keep until durable"; :func:`retainz.retention.until_durable` makes it).
+
+    Attributes:
+        at: the step the promotion is expected to be verified at (steps).
+        rule: the rule's own condition, in its text form (:meth:`Condition.describe`; ``""`` if none).
+    """
+
+    at: int
+    rule: str = ""
+    kind = "until_durable"
+
+    def predict(self, step: int, schedule: SaveSchedule) -> float | None:
+        del step, schedule  # The expectation was made from the promoter's queue.
+        return self.at
+
+
 #: The condition classes by kind (the ``kind`` of :meth:`Condition.to_json`).
-CONDITIONS: dict[str, type[Condition]] = {c.kind: c for c in (AfterNewer, Permanent, AtStep, Uncertain)}
+CONDITIONS: dict[str, type[Condition]] = {c.kind: c for c in (AfterNewer, Permanent, AtStep, Uncertain,
+                                                              UntilDurable)}
 
 
 def _field_value(kind: str, name: str, raw):

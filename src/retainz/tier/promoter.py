@@ -38,6 +38,7 @@ from retainz.tier.bandwidth import RateLimit
 from retainz.tier.copy import manifest_holds, promote_generation
 from retainz.tier.destination import Destination
 from retainz.tier.manifest import Manifest
+from retainz.tier.measure import MeasuredBandwidth
 from retainz.tier.policy import PromotionPolicy, parse_policy
 from retainz.tier.state import TierSettings
 
@@ -89,7 +90,7 @@ class Promoter:
         state_path: the settings file keeping the runtime's explicit requests (:mod:`.state`).
         retry_seconds: how long a failed generation waits before its next attempt.
         on_progress: called with the bytes of each chunk sent (a progress bar).
-        clock, sleep: for the bandwidth cap (tests).
+        clock, sleep: for the bandwidth cap and the measured bandwidth (tests).
 
     Raises:
         ValueError: a malformed policy, URL or bandwidth.
@@ -104,6 +105,9 @@ class Promoter:
         self.dest = Destination(url, storage_options=storage_options, fs=fs)
         self.policy = parse_policy(policy) if isinstance(policy, str) else policy
         self.limit = RateLimit(bandwidth, clock=clock, sleep=sleep)
+        self._clock = clock
+        #: the effective bandwidth of verified promotions (:meth:`expected_delay`)
+        self.measured = MeasuredBandwidth()
         self.state_path = state_path
         self.retry_seconds = retry_seconds
         self.on_progress = on_progress
@@ -238,8 +242,10 @@ class Promoter:
                 gen = self.store.generation(gid)
             except GenerationNotFoundError:
                 return False                     # deleted locally by hand: nothing to promote
+            started = self._clock()
             m = promote_generation(self.store, gen, self.dest, limit=self.limit, progress=self._progress,
                                    stop=lambda: self._stop)
+            self.measured.record(gen.size, self._clock() - started)
         except InterruptedError:
             with self._cv:
                 self._queue.setdefault(gid, 0.0)
@@ -391,6 +397,29 @@ class Promoter:
                 n += 1
                 b += row.size
         return n, b
+
+    def expected_delay(self, nbytes: int | None = None) -> float | None:
+        """Seconds until a generation of ``nbytes`` bytes committed now is expected to be durable: the
+        backlog ahead of it (bytes selected and not durable yet, less what the copy in flight has sent)
+        plus its own bytes, over the bandwidth this promoter measured (:attr:`measured`), or its cap
+        before any measurement.  What retention adds to a keep-until-durable generation's predicted
+        reclaim step (:func:`retainz.retention.until_durable`; docs/tiers.md).
+
+        Args:
+            nbytes: the new generation's size in bytes; ``None``: the newest committed generation's
+                (a runtime's saves are alike, and the new one's size is known only at its commit).
+
+        Returns:
+            Seconds (>= 0), or ``None`` when no bandwidth is known (no cap, nothing measured yet).
+        """
+        rate = self.measured.rate() or self.limit.rate
+        if rate is None:
+            return None
+        rows = self.status()
+        if nbytes is None:
+            nbytes = max(rows, key=lambda r: r.step).size if rows else 0
+        ahead = sum(r.size - r.done for r in rows if r.state not in ("durable", "local"))
+        return max(0, ahead + nbytes) / rate
 
     def backlog_error(self, e: NoSpaceError) -> NoSpaceError:
         """The error admission's refusal ``e`` should surface as: a :class:`PromotionBacklogError`

@@ -15,6 +15,12 @@ trace event           what replay does
                       power-cycled keeping what it completed, and the store is reopened (recovery)
 ====================  =====================================================================
 
+Promotion delay (``promote_bandwidth``, bytes per step): every committed generation is promoted
+through a FIFO queue at that bandwidth and kept until durable, so a ``delete`` is deferred to the
+step its promotion is verified; the practical policies' hints carry the expected promotion finish
+(:mod:`retainz.trace.promotion`).  The deferred deletions are the events the store is fed: every
+policy and the oracle see them, and the device is sized from the live bytes they leave.
+
 A :class:`~retainz.errors.NoSpaceError` at admission or while writing is a *capacity stop*: the run
 ends cleanly there and records the step (the honest outcome when no space can be made),
 its cause (``capacity_stop_cause``: ``admission``, ``allocation``, ``gc`` or ``journal``, see
@@ -50,8 +56,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from retainz.errors import ChecksumError, NoSpaceError, PowerCutError
-from retainz.hint import Hint
+from retainz.hint import DEFAULT_MEDIUM, DEFAULT_SHORT, Hint, class_bounds
 from retainz.placement import make_allocator
+from retainz.retention.base import parse_rule
+from retainz.retention.durable import until_durable
 from retainz.retention.series import series_of
 from retainz.trace.format import (
     CommitEvent,
@@ -63,6 +71,7 @@ from retainz.trace.format import (
     actual_reclaim_steps,
 )
 from retainz.trace.io import TraceReader, sha256_file
+from retainz.trace.promotion import defer_retirements, promotion_finish
 from retainz.zoned import FileDevice, Geometry, MemoryDevice, ZonedDevice
 from retainz.zoned.faulty import FaultyDevice
 from retainz.zoned.model import MAX_ZONES, round_up
@@ -108,6 +117,12 @@ class ReplayConfig:
             every decision).
         verify_payload: on a payload device, read back and check every generation still committed
             at the end (``bytes_verified`` in the result).
+        promote_bandwidth: model promotion to a durable tier at this many bytes per step of logical
+            time, every generation kept until durable (:mod:`retainz.trace.promotion`); ``None``
+            (default): no promotion, deletions at the trace's steps.
+        promote_hint: with ``promote_bandwidth``, the hints carry the expected promotion finish
+            (default True, what a live writer does); False gives the rule's hints alone (the
+            ablation: the same deferred deletions, placed without knowing of them).
 
     Raises:
         ValueError: a field of the wrong type; both or neither of zones/pressure; a pressure outside
@@ -132,14 +147,16 @@ class ReplayConfig:
     zone_map: bool = False
     verify_summaries: bool = False
     verify_payload: bool = True
+    promote_bandwidth: int | None = None
+    promote_hint: bool = True
 
     def __post_init__(self) -> None:
         for name in ("reserve_zones", "meta_zones", "zone_size", "max_active", "max_open", "block_size", "seed"):
             _need_int(name, getattr(self, name))
-        for name in ("zones", "zone_capacity"):
+        for name in ("zones", "zone_capacity", "promote_bandwidth"):
             if getattr(self, name) is not None:
                 _need_int(name, getattr(self, name))
-        for name in ("zone_map", "verify_summaries", "verify_payload"):
+        for name in ("zone_map", "verify_summaries", "verify_payload", "promote_hint"):
             if type(getattr(self, name)) is not bool:
                 raise ValueError(f"{name} must be true or false, not {getattr(self, name)!r}")
         if not isinstance(self.policy, str) or not self.policy:
@@ -152,6 +169,9 @@ class ReplayConfig:
         if self.zones is not None and self.zones < 2:
             raise ValueError(f"zones must be at least 2 (a store needs 2 data zones besides the GC reserve), "
                              f"not {self.zones}")
+        if self.promote_bandwidth is not None and self.promote_bandwidth <= 0:
+            raise ValueError(f"promote_bandwidth must be a positive number of bytes per step, not "
+                             f"{self.promote_bandwidth}")
         for name in ("reserve_zones", "meta_zones"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} cannot be negative, not {getattr(self, name)}")
@@ -214,6 +234,10 @@ class ReplayConfig:
             argv.append("--verify-summaries")
         if not self.verify_payload:
             argv.append("--no-verify-payload")
+        if self.promote_bandwidth is not None:
+            argv += ["--promote-bandwidth", str(self.promote_bandwidth)]
+        if not self.promote_hint:
+            argv.append("--no-promote-hint")
         return argv
 
 
@@ -262,25 +286,29 @@ def read_events(path: str, block_size: int = 4096) -> tuple[TraceStats, list[Eve
         TraceFormatError: a malformed line (with its line number) or an unknown version.
     """
     digest = sha256_file(path)
+    with TraceReader(path) as reader:
+        header = reader.header
+        events: list[Event] = list(reader)
+    return stats_of(digest, header, events, block_size), events
+
+
+def stats_of(digest: str, header: TraceHeader, events: list[Event], block_size: int = 4096) -> TraceStats:
+    """The :class:`TraceStats` of a trace's events (validated, in order): peak live bytes, event
+    steps, saves and actual reclaim steps."""
     size: dict[int, int] = {}
     live = peak = saves = 0
     steps: set[int] = set()
-    events: list[Event] = []
-    with TraceReader(path) as reader:
-        header = reader.header
-        for ev in reader:
-            steps.add(ev.step)
-            events.append(ev)
-            if isinstance(ev, SaveEvent):
-                saves += 1
-                n = sum(round_up(s.nbytes, block_size) for s in ev.shards)
-                size[ev.gen] = n
-                live += n
-                peak = max(peak, live)
-            elif isinstance(ev, (DeleteEvent, CrashEvent)) and ev.gen is not None:
-                live -= size.pop(ev.gen, 0)
-    stats = TraceStats(digest, header, peak, tuple(sorted(steps)), saves, actual_reclaim_steps(events))
-    return stats, events
+    for ev in events:
+        steps.add(ev.step)
+        if isinstance(ev, SaveEvent):
+            saves += 1
+            n = sum(round_up(s.nbytes, block_size) for s in ev.shards)
+            size[ev.gen] = n
+            live += n
+            peak = max(peak, live)
+        elif isinstance(ev, (DeleteEvent, CrashEvent)) and ev.gen is not None:
+            live -= size.pop(ev.gen, 0)
+    return TraceStats(digest, header, peak, tuple(sorted(steps)), saves, actual_reclaim_steps(events))
 
 
 def _gen_id(ev: SaveEvent) -> str:
@@ -292,6 +320,15 @@ def _hint(ev: SaveEvent, actual: dict) -> Hint:
     """The save's recorded hint with the step the trace deletes the generation at (the oracle's)."""
     act = actual.get(ev.gen)
     return Hint(actual_reclaim_step=act) if ev.hint is None else replace(ev.hint, actual_reclaim_step=act)
+
+
+def _class_bounds(retention: str | None) -> tuple[int, int]:
+    """The lifetime class bounds of a trace's retention rule (:func:`retainz.hint.class_bounds` of its
+    save interval); the default bounds for a mix, a fleet or a rule this version does not parse."""
+    try:
+        return class_bounds(parse_rule(retention).base_interval)
+    except (ValueError, TypeError, NotImplementedError):
+        return DEFAULT_SHORT, DEFAULT_MEDIUM
 
 
 def _inferred_hint(inference, ev: SaveEvent, actual: dict) -> Hint:
@@ -396,7 +433,14 @@ def replay(trace_path: str, config: ReplayConfig) -> dict:
     """
     t0 = time.perf_counter()
     stats, events = read_events(trace_path, config.block_size)
-    run = _Run.start(config, stats)
+    durable_at, promotion = None, None
+    if config.promote_bandwidth is not None:
+        durable_at = promotion_finish(events, config.promote_bandwidth)
+        events, pstats = defer_retirements(events, durable_at, config.promote_bandwidth)
+        promotion = {**pstats.to_json(), "peak_live_bytes_undeferred": stats.peak_live_bytes,
+                     "hint": config.promote_hint}
+        stats = stats_of(stats.sha256, stats.header, events, config.block_size)
+    run = _Run.start(config, stats, durable_at if config.promote_hint else None)
     try:
         zmap = _ZoneMap(stats.event_steps, list(run.store.table.zones)) \
             if config.zone_map and stats.event_steps else None
@@ -404,7 +448,10 @@ def replay(trace_path: str, config: ReplayConfig) -> dict:
         measured = run.measure(stop, zmap, verify_payload=config.verify_payload)
     finally:
         run.close()
-    return _result(config, stats, run.geometry, measured, stop, time.perf_counter() - t0)
+    result = _result(config, stats, run.geometry, measured, stop, time.perf_counter() - t0)
+    if promotion is not None:
+        result["promotion"] = promotion
+    return result
 
 
 @dataclass(frozen=True)
@@ -421,12 +468,15 @@ class _Run:
     flight, the saves not yet deleted, the metrics of sessions ended by a crash, and the retention
     inference of the ``retainz-inferred`` policy."""
 
-    def __init__(self, store, dev: ZonedDevice, geometry: Geometry, payload: bool, actual_reclaim: dict):
+    def __init__(self, store, dev: ZonedDevice, geometry: Geometry, payload: bool, actual_reclaim: dict,
+                 durable_at: dict | None = None, bounds: tuple[int, int] = (DEFAULT_SHORT, DEFAULT_MEDIUM)):
         self.store = store
         self.dev = dev
         self.geometry = geometry  # the device's own (a real zoned device has its own)
         self.payload = payload
         self.actual_reclaim = actual_reclaim
+        self.durable_at = durable_at      # gen -> the step its promotion is verified (promotion delay)
+        self.bounds = bounds              # the trace rule's lifetime class bounds
         self.writers: dict = {}
         self.saved_at: dict[int, SaveEvent] = {}
         self.carried: dict = {}  # metrics of sessions ended by a crash
@@ -438,10 +488,11 @@ class _Run:
             self.inference = RetentionInference()
 
     @classmethod
-    def start(cls, config: ReplayConfig, stats: TraceStats) -> _Run:
+    def start(cls, config: ReplayConfig, stats: TraceStats, durable_at: dict | None = None) -> _Run:
         """Size the device for the trace (:meth:`ReplayConfig.data_zones`), open it (wrapped in a
         :class:`FaultyDevice` when the trace has crash events and the device can lose power) and
-        format the store on it.
+        format the store on it.  ``durable_at`` (gen -> step its promotion is verified,
+        :func:`~retainz.trace.promotion.promotion_finish`) makes each save's hint keep until durable.
 
         Raises:
             ValueError: too many zones, or the store refuses the device or the policy.
@@ -457,7 +508,8 @@ class _Run:
         except BaseException:
             dev.close()
             raise
-        return cls(store, dev, base.geometry, base.info.payload, stats.actual_reclaim)
+        return cls(store, dev, base.geometry, base.info.payload, stats.actual_reclaim, durable_at,
+                   _class_bounds(stats.header.retention))
 
     def drive(self, events: list[Event], zmap: _ZoneMap | None) -> _Stop | None:
         """Apply every event of the trace (validated, in order: :func:`read_events`; the table in
@@ -490,6 +542,9 @@ class _Run:
     def _save(self, ev: SaveEvent) -> None:
         hint = (_hint(ev, self.actual_reclaim) if self.inference is None
                 else _inferred_hint(self.inference, ev, self.actual_reclaim))
+        if self.durable_at is not None:
+            short, medium = self.bounds
+            hint = until_durable(hint, ev.step, self.durable_at.get(ev.gen), short=short, medium=medium)
         w = self.store.begin_generation(_gen_id(ev), ev.step, hint=hint, declared_size=ev.nbytes)
         self.writers[ev.gen] = w
         self.saved_at[ev.gen] = ev
