@@ -169,3 +169,79 @@ def test_megatron_non_persistent_local_keeps_until_durable(tmp_path, faulty):
             s.close()
         for d in devs:
             d.close()
+
+
+def test_the_mount_keeps_deletions_until_durable_and_reads_the_durable_copy(tmp_path):
+    import os
+    import time
+
+    from tests.mountcheck import generations, make_device, mounted, require_fuse
+
+    require_fuse()
+    device = make_device(tmp_path, zones=24, zone_size="1MiB")
+    url = (tmp_path / "shared").as_uri()
+    dest = Destination(url)
+    files = {"model.safetensors": payload(1, 300_000), "trainer_state.json": b'{"global_step": 1}'}
+
+    def hf_save(ck):
+        os.makedirs(ck)
+        for name, data in files.items():             # HF Trainer's commit point, trainer_state.json, last
+            with open(ck / name, "wb") as f:
+                f.write(data)
+
+    # promotion capped at 4 KiB/s: checkpoint-1 (300 kB) is far from durable when the runtime deletes it
+    with mounted(device, tmp_path / "mnt", "--promote", url, "--promote-bandwidth", "4KiB") as mnt:
+        hf_save(mnt / "run" / "checkpoint-1")
+        hf_save(mnt / "run" / "checkpoint-2")
+        os.system(f"rm -r {mnt / 'run' / 'checkpoint-1'}")             # the runtime's rotation
+        assert os.listdir(mnt / "run") == ["checkpoint-2"]
+    assert "run%2Fcheckpoint-1" in generations(device)                 # kept on the device: not durable
+    assert dest.generations() == []
+
+    # mounted again at full speed: the kept checkpoint shows again (deferrals live in memory); deleted
+    # again, it goes once its copy is verified
+    with mounted(device, tmp_path / "mnt", "--promote", url) as mnt:
+        assert sorted(os.listdir(mnt / "run")) == ["checkpoint-1", "checkpoint-2"]
+        os.system(f"rm -r {mnt / 'run' / 'checkpoint-1'}")
+        deadline = time.monotonic() + 120
+        while len(dest.generations()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert dest.generations() == ["run%2Fcheckpoint-1", "run%2Fcheckpoint-2"]
+    assert "run%2Fcheckpoint-1" not in generations(device)             # deleted once durable
+
+    # a byte of checkpoint-2's model flipped on the device: the mount reads the durable copy, and logs it
+    dev = FileDevice(device)
+    with Store.open(dev) as store:
+        g = store.generation("run%2Fcheckpoint-2")
+        shard = next(s for s in g.shards if "model" in s)
+        z, off, _, _ = g.shards[shard].extents[0]
+        region = dev.direct_region()[1]
+    dev.close()
+    with open(device, "r+b") as f:
+        f.seek(region + z * (1 << 20) + off + 100)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 1]))
+    log = device + ".mount.log"
+    with mounted(device, tmp_path / "mnt", "--promote", url) as mnt:
+        assert (mnt / "run" / "checkpoint-2" / "model.safetensors").read_bytes() == files["model.safetensors"]
+    with open(log) as f:
+        assert f"reading the durable copy at {url}" in f.read()
+
+
+def test_a_capped_copy_stops_within_a_quarter_second_of_bytes():
+    """Closing a promoter (an unmount) must not wait for a whole extent at the capped rate: under a cap
+    the bytes go in pieces of a quarter second's worth (4 KiB at least), and a stop is seen between
+    pieces."""
+    from retainz.tier import RateLimit
+    from retainz.tier.copy import _paced
+
+    now = [0.0]
+    limit = RateLimit(64 << 10, clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s))
+    sent = []
+    it = _paced(iter([b"x" * (1 << 20)]), limit, stop=lambda: len(sent) >= 2)
+    with pytest.raises(InterruptedError):
+        for part in it:
+            sent.append(len(part))
+    assert sent == [16 << 10, 16 << 10]                  # 2 pieces of 16 KiB sent, not the 1 MiB chunk
+    assert now[0] == pytest.approx(0.0 + 0.0)            # both within the first second's burst

@@ -180,7 +180,7 @@ def _check_mountpoint(mountpoint: str) -> None:
 
 
 def serve(device: str, mountpoint: str, *, retention: str | None = None, wait: float = HELD_WAIT,
-          debug: bool = False) -> None:
+          debug: bool = False, promote: dict | None = None) -> None:
     """Open the store on ``device`` and serve it at ``mountpoint`` until unmounted (foreground).
 
     Returns normally when the mount ends by ``retainz umount`` or by SIGINT/SIGTERM of this process
@@ -192,6 +192,9 @@ def serve(device: str, mountpoint: str, *, retention: str | None = None, wait: f
         mountpoint: an existing directory.
         retention: ``None``, a rule string, or ``"auto"`` (:class:`~retainz.mount.fs.MountedStore`).
         wait: seconds to wait for a device another process (a previous mount) still holds.
+        promote: ``{"url": URL, "policy": SPEC | None, "bandwidth": BYTES_PER_S | None}``: promote what
+            the mount commits there, keep the runtime's deletions until durable, read a shard whose
+            local copy fails from the durable copy (:class:`~retainz.integrations.tiering.NamespaceTier`).
 
     Raises:
         FuseUnavailableError, FileNotFoundError, ForeignDeviceError.
@@ -217,8 +220,14 @@ def serve(device: str, mountpoint: str, *, retention: str | None = None, wait: f
         store = opened.__enter__()
     except TimeoutError:
         raise DeviceHeldError(_held_message(device)) from None
+    tier = None
     try:
         ops = MountedStore(store, retention=retention)
+        if promote is not None:
+            from retainz.integrations.tiering import NamespaceTier
+
+            tier = NamespaceTier(store, promote["url"], device, policy=promote.get("policy"),
+                                 bandwidth=promote.get("bandwidth")).attach(ops.ns)
         ops.caller = _caller(fuse)
         if ops.retired_at_mount:
             log.info("retired %d older versions at mount", len(ops.retired_at_mount))
@@ -243,6 +252,8 @@ def serve(device: str, mountpoint: str, *, retention: str | None = None, wait: f
             if ops.inference is not None:
                 log.info("retention inferred: %s", ops.inferred())
     finally:
+        if tier is not None:
+            tier.close()
         opened.__exit__(None, None, None)
 
 
@@ -322,7 +333,7 @@ def _caller(fuse):
 
 
 def mount(device: str, mountpoint: str, *, retention: str | None = None, foreground: bool = False,
-          timeout: float = 120.0) -> None:
+          timeout: float = 120.0, promote: dict | None = None) -> None:
     """``retainz mount``: serve in the foreground, or start a detached server and wait until mounted.
 
     Raises:
@@ -345,13 +356,16 @@ def mount(device: str, mountpoint: str, *, retention: str | None = None, foregro
     _check_mountpoint(mountpoint)
     _check_free(device)
     if foreground:
-        serve(device, mountpoint, retention=retention)
+        serve(device, mountpoint, retention=retention, promote=promote)
         return
     logpath = device + ".mount.log"
     start = os.path.getsize(logpath) if os.path.exists(logpath) else 0
     cmd = [sys.executable, "-m", "retainz.cli", "mount", device, mountpoint, "--foreground"]
     if retention:
         cmd += ["--retention", retention]
+    for flag, key in (("--promote", "url"), ("--promote-policy", "policy"), ("--promote-bandwidth", "bandwidth")):
+        if promote is not None and promote.get(key) is not None:
+            cmd += [flag, str(promote[key])]
     with open(logpath, "ab") as logf:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})

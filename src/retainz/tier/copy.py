@@ -133,9 +133,17 @@ def promote_generation(store, gen: GenerationInfo, dest: Destination, *, limit: 
 
 
 def _paced(chunks: Iterator[bytes], limit: RateLimit | None, stop: Callable[[], bool] | None) -> Iterator[bytes]:
+    """``chunks`` through the cap; under a cap, in pieces of at most a quarter second's worth (4 KiB at
+    least), so a stop is seen within about that long however slow the cap (a close of the promoter
+    does not wait for a whole extent at the capped rate)."""
+    piece = None if limit is None or limit.rate is None else max(int(limit.rate // 4), 4096)
     for chunk in chunks:
-        if stop is not None and stop():
-            raise InterruptedError("promotion stopped")
-        if limit is not None:
-            limit.take(len(chunk))
-        yield chunk
+        view = memoryview(chunk)
+        step = len(view) if piece is None else piece
+        for start in range(0, len(view), max(step, 1)):
+            if stop is not None and stop():
+                raise InterruptedError("promotion stopped")
+            part = view[start:start + step]
+            if limit is not None:
+                limit.take(len(part))
+            yield part
