@@ -582,6 +582,13 @@ class ZonedStorageWriter(StorageWriter):
             # shards, and a save is durable once every rank's part is (docs/tiers.md, "Several nodes")
             nodes = {"node": f"rank{self.rank}", "nodes": [f"rank{r}" for r in range(world)]}
         self._promoter = Promoter(store, url, state_path=state, **self._promote_args, **nodes).start()
+        if state is not None:       # retainz tier status / df / get then know the destination
+            from retainz.tier.state import remember
+
+            try:
+                remember(state, url, self._promoter.policy.describe(), self._promote_args["bandwidth"], **nodes)
+            except OSError as e:
+                log.warning("%s: could not record the promotion settings: %s", state, e)
 
     def _promote_committed(self) -> None:
         if self._promoter is None:

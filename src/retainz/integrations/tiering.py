@@ -63,6 +63,13 @@ class NamespaceTier:
         self.store = store
         self.promoter = Promoter(store, self.url, policy=policy or "all", bandwidth=bandwidth,
                                  storage_options=storage_options, state_path=state)
+        if state is not None:       # retainz tier status / df / get then know the destination
+            from retainz.tier.state import remember
+
+            try:
+                remember(state, self.url, self.promoter.policy.describe(), bandwidth)
+            except OSError as e:
+                log.warning("%s: could not record the promotion settings: %s", state, e)
         #: ``(generation, shard)`` -> ``"durable copy at URL"`` for each shard a read took from there
         self.used: dict[tuple[str, str], str] = {}
 
