@@ -150,3 +150,38 @@ def test_training_keeps_going_while_checkpoints_promote_to_s3(s3, tmp_path):  # 
     assert r.used == {0: f"durable copy at {url}"}
     t3.load(sd)
     assert same(flat(t3.state()), saved[20])
+
+
+def test_torchtitan_checkpoint_manager_through_retainz_promotes_to_s3(s3, tmp_path):  # noqa: F811 - the fixture
+    """TorchTitan's own CheckpointManager and purge thread on a ``retainz://`` folder that promotes to S3:
+    its purge is kept until durable, every checkpoint ends durable, and its own load resumes on a fresh
+    device restored from S3, bit-identical, training on to the same weights."""
+    pytest.importorskip("torchtitan", reason="needs the runtimes extra (make setup-torch)")
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    device = tmp_path / "dev.img"
+    dev = FileDevice.create(device, Geometry(nr_zones=32, zone_size=1 << 20, zone_capacity=1 << 20))
+    Store.format(dev).close()
+    dev.close()
+    url = f"s3://{BUCKET}/titan"
+    env = dict(os.environ, PYTHONPATH=f"{root / 'src'}{os.pathsep}{root}")
+    proc = subprocess.run([sys.executable, str(root / "tests/workers/torchtitan_tier.py"), str(device),
+                           str(tmp_path / "fresh.img"), url, s3], capture_output=True, text=True, timeout=400,
+                          env=env, cwd=root)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    ids = [f"ckpt%2Fstep-{s}" for s in (10, 20, 30, 40)]
+    assert r["lost"] == []                                  # after every save: each one local or durable
+    assert max(r["backlog"]) >= 2, r["backlog"]             # the saves ran ahead of promotion
+    # the purge's view: keep_latest_k=2 after each save (TorchTitan does not purge at the last step)
+    assert r["listed"] == {"10": ["step-10"], "20": ["step-10", "step-20"], "30": ["step-20", "step-30"],
+                           "40": ["step-20", "step-30", "step-40"]}
+    assert "ckpt%2Fstep-10" in r["deferred"]                # its purge waited for the copy
+    assert r["finished"] and r["durable"] == ids            # every checkpoint durable at the end
+    assert r["local"] == ids[1:]                            # the purged one deleted once durable
+    assert r["loaded"] is True and r["resumed_equal"] is True and r["continued_equal"] is True

@@ -152,7 +152,7 @@ class RetainZFileSystem(AbstractFileSystem):
                     if self.promote is not None:
                         from retainz.integrations.tiering import NamespaceTier
 
-                        stack.tier = NamespaceTier(store, self.promote, device, **self._promote_args)
+                        stack.tier = NamespaceTier.shared(store, self.promote, device, **self._promote_args)
                         stack.callback(stack.tier.close)      # before the store closes
                         stack.tier.attach(stack.ns)
                 except BaseException:

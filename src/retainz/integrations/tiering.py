@@ -11,6 +11,12 @@ retainz://"): a :class:`~retainz.tier.Promoter` on the face's store, wired into 
   durable copy (``Namespace.durable_copy``): the shard is fetched whole, verified against the
   manifest's size and crc32c into a temporary file, logged (``retainz.tier`` warning naming the
   copy), and recorded in :attr:`NamespaceTier.used`.
+
+One promoter per store in a process (:meth:`NamespaceTier.shared`): fsspec caches a filesystem
+instance per thread (TorchTitan's purge thread gets its own ``retainz://`` instance, with its own
+namespace over the same shared store), so every namespace of the store shares one
+:class:`NamespaceTier`, its deferred deletions are out of every namespace's view
+(``Namespace.retiring``), and nothing is promoted twice.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import threading
 from typing import Any
 
 from retainz.errors import DurableCopyError, GenerationNotFoundError
@@ -25,6 +32,9 @@ from retainz.errors import DurableCopyError, GenerationNotFoundError
 __all__ = ["NamespaceTier", "destination_for"]
 
 log = logging.getLogger("retainz.tier")
+
+_lock = threading.Lock()
+_shared: dict[int, NamespaceTier] = {}     # id(store) -> its tier, while any face holds it
 
 
 def destination_for(url: str, device: str) -> str:
@@ -72,12 +82,34 @@ class NamespaceTier:
                 log.warning("%s: could not record the promotion settings: %s", state, e)
         #: ``(generation, shard)`` -> ``"durable copy at URL"`` for each shard a read took from there
         self.used: dict[tuple[str, str], str] = {}
+        self._refs = 1
+
+    @classmethod
+    def shared(cls, store: Any, url: str, device: str | None = None, **kw) -> NamespaceTier:
+        """The process's one tier of ``store`` (made on first use; each call takes a reference that
+        :meth:`close` gives back; the last stops the promoter).
+
+        Raises:
+            ValueError: the store already promotes to another destination in this process; what the
+                constructor raises."""
+        with _lock:
+            tier = _shared.get(id(store))
+            if tier is not None:
+                want = destination_for(url, device) if device is not None else url
+                if want != tier.url:
+                    raise ValueError(f"{device or 'the store'}: already promoting to {tier.url} in this process, "
+                                     f"not {want}")
+                tier._refs += 1
+                return tier
+            tier = _shared[id(store)] = cls(store, url, device, **kw)
+            return tier
 
     def attach(self, ns: Any) -> NamespaceTier:
         """Wire the hooks into namespace ``ns`` and start the promoter (it first scans the store)."""
         ns.on_commit = self.promoter.committed
         ns.retire_generation = self.retire
         ns.durable_copy = self.durable_copy
+        ns.retiring = lambda: self.promoter.deferred
         self.promoter.start()
         return self
 
@@ -121,6 +153,13 @@ class NamespaceTier:
         return f
 
     def close(self) -> None:
-        """Stop the promoter (a copy in flight resumes at the next start; deferred deletions are
-        forgotten: the generations stay on the device and show again at the next mount)."""
+        """Give back a reference; the last stops the promoter (a copy in flight resumes at the next
+        start; deferred deletions are forgotten: the generations stay on the device and show again at
+        the next mount)."""
+        with _lock:
+            self._refs -= 1
+            if self._refs > 0:
+                return
+            if _shared.get(id(self.store)) is self:
+                del _shared[id(self.store)]
         self.promoter.close()

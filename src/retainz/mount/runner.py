@@ -226,8 +226,8 @@ def serve(device: str, mountpoint: str, *, retention: str | None = None, wait: f
         if promote is not None:
             from retainz.integrations.tiering import NamespaceTier
 
-            tier = NamespaceTier(store, promote["url"], device, policy=promote.get("policy"),
-                                 bandwidth=promote.get("bandwidth")).attach(ops.ns)
+            tier = NamespaceTier.shared(store, promote["url"], device, policy=promote.get("policy"),
+                                        bandwidth=promote.get("bandwidth")).attach(ops.ns)
         ops.caller = _caller(fuse)
         if ops.retired_at_mount:
             log.info("retired %d older versions at mount", len(ops.retired_at_mount))

@@ -246,6 +246,8 @@ class Namespace:
         self.retire_generation = None
         #: called with the id of each generation this namespace commits (a promoter queues it)
         self.on_commit = lambda gid: None
+        #: ids of generations whose deletion is deferred (by any face of the store): kept out of the view
+        self.retiring = lambda: ()
         #: the durable copy of a committed shard whose local copy fails its checksum or is gone:
         #: ``(gid, shard, why) -> a seekable binary file`` of its verified bytes; ``None``: EIO / ESTALE
         self.durable_copy = None
@@ -293,11 +295,12 @@ class Namespace:
         elsewhere appear, deleted ones go; the newest version of a path is the one seen.  What this
         namespace is writing is kept.  Cheap when nothing changed (one ``generations()`` call)."""
         gens = self.store.generations()
-        key = tuple((g.id, g.commit_seq) for g in gens)
+        retiring = frozenset(self.retiring())
+        key = (tuple((g.id, g.commit_seq) for g in gens), retiring)
         if key == self._seen:
             return
         with self._mu:
-            current = {g.id: g for g in gens if g.id not in self._taken}
+            current = {g.id: g for g in gens if g.id not in self._taken and g.id not in retiring}
             for gid in [gid for gid in self.gens if gid not in current]:
                 self._forget(gid)
             found = [(g, *self._resolve(g)) for g in current.values()]
@@ -333,7 +336,7 @@ class Namespace:
             step = parse_step(path, file_names=True)
             if self.inference is not None and step is not None:    # earlier saves are evidence too
                 self.inference.observe_save(series_of(path), g.id, step)
-        self._seen = tuple((g.id, g.commit_seq) for g in gens if g.id not in self.retired_at_mount)
+        self._seen = (tuple((g.id, g.commit_seq) for g in gens if g.id not in self.retired_at_mount), frozenset())
 
     def _add(self, info, kind: str, path: str, names: dict[str, str], mtime_ns: int) -> _Gen:
         g = _Gen(info.id, kind, path, names, {s: info.shards[s].size for s in names}, mtime_ns)
