@@ -185,3 +185,56 @@ def test_torchtitan_checkpoint_manager_through_retainz_promotes_to_s3(s3, tmp_pa
     assert r["finished"] and r["durable"] == ids            # every checkpoint durable at the end
     assert r["local"] == ids[1:]                            # the purged one deleted once durable
     assert r["loaded"] is True and r["resumed_equal"] is True and r["continued_equal"] is True
+
+
+def test_hf_trainer_through_the_mount_promotes_to_s3(s3, tmp_path, monkeypatch):  # noqa: F811 - the fixture
+    """HF Trainer, unmodified, saving through ``retainz mount --promote s3://...``: its
+    ``save_total_limit`` rotation (``rm -r`` through the mount) is kept until durable, every checkpoint
+    ends durable, and a resume from a rotated-away checkpoint restored from S3 onto a fresh device
+    reaches the first run's final weights bit for bit."""
+    pytest.importorskip("transformers", reason="needs the payload extra (make setup-torch)")
+    import gc
+    import os
+    import time
+
+    from tests.mountcheck import generations, make_device, mounted, require_fuse
+    from tests.test_mount_runtimes import _trainer
+
+    require_fuse()
+    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_ENDPOINT_URL": s3,
+                 "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(k, v)                       # the mount server's s3fs reads the usual AWS variables
+    url = f"s3://{BUCKET}/hf-run"
+    dest = Destination(url, storage_options=options(s3))
+    device = make_device(tmp_path, zones=64)
+    ids = [f"hf%2Fcheckpoint-{s}" for s in (2, 4, 6)]
+    with mounted(device, tmp_path / "mnt", "--retention", "hf:save_steps=2,save_total_limit=2",
+                 "--promote", url, "--promote-bandwidth", "64KiB") as mnt:
+        t = _trainer(mnt / "hf", 6)
+        t.train()
+        assert sorted(os.listdir(mnt / "hf")) == ["checkpoint-4", "checkpoint-6"]   # the rotation, as it sees it
+        final = {k: v.detach().clone() for k, v in t.model.state_dict().items()}
+        del t
+        gc.collect()
+        deadline = time.monotonic() + 240
+        while dest.generations() != ids and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert dest.generations() == ids                                  # every checkpoint durable
+    assert sorted(generations(device)) == ids[1:]                        # checkpoint-2 deleted once durable
+    with open(device + ".mount.log") as f:                                # ...and not before: it was deferred
+        assert "hf%2Fcheckpoint-2: retirement deferred until its promotion" in f.read()
+
+    (tmp_path / "fresh").mkdir()
+    fresh = make_device(tmp_path / "fresh", zones=64)
+    dev = FileDevice(fresh)
+    with Store.open(dev) as store:
+        restore_generation(store, dest, "hf%2Fcheckpoint-2")
+    dev.close()
+    with mounted(fresh, tmp_path / "mnt2") as mnt:
+        t = _trainer(mnt / "hf", 6)
+        t.train(resume_from_checkpoint=str(mnt / "hf" / "checkpoint-2"))
+        assert t.state.global_step == 6
+        resumed = {k: v.detach().clone() for k, v in t.model.state_dict().items()}
+        del t
+        gc.collect()
+    assert resumed.keys() == final.keys() and all(torch.equal(resumed[k], final[k]) for k in final)
