@@ -16,6 +16,8 @@ from __future__ import annotations
 import logging
 import sys
 
+from retainz.cli import size_arg
+
 
 def register(sub) -> None:
     p = sub.add_parser("mount", help="mount a store as a directory tree (FUSE) for any training runtime")
@@ -28,6 +30,13 @@ def register(sub) -> None:
     from retainz.cli.node import add_access_options
 
     add_access_options(p)     # the mount serves DEVICE.sock to other processes, as retainz serve does
+    p.add_argument("--promote", metavar="URL", default=None,
+                   help="promote what is saved to this fsspec URL (docs/tiers.md); deletions wait until durable, "
+                        "and a shard whose local copy fails is read from the durable copy")
+    p.add_argument("--promote-policy", metavar="POLICY", default=None,
+                   help="all (default), every:n=STEPS, requested or none")
+    p.add_argument("--promote-bandwidth", metavar="SIZE", type=size_arg, default=None,
+                   help="cap on promotion, bytes per second (100MiB)")
     p.set_defaults(func=_mount)
 
     p = sub.add_parser("umount", help="unmount a RetainZ mount (waits until the store is closed)")
@@ -43,8 +52,23 @@ def _mount(args) -> int:
     if args.foreground:
         logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                             format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    promote = None
+    if args.promote is not None:
+        if args.promote_policy is not None:
+            from retainz.tier import parse_policy
+
+            try:
+                parse_policy(args.promote_policy)
+            except ValueError as e:
+                print(f"retainz: error: {e}", file=sys.stderr)
+                return 2
+        promote = {"url": args.promote, "policy": args.promote_policy, "bandwidth": args.promote_bandwidth}
+    elif args.promote_policy is not None or args.promote_bandwidth is not None:
+        print("retainz: error: --promote-policy and --promote-bandwidth need --promote URL", file=sys.stderr)
+        return 2
     try:
-        mount(args.device, args.mountpoint, retention=args.retention, foreground=args.foreground, access=access)
+        mount(args.device, args.mountpoint, retention=args.retention, foreground=args.foreground, access=access,
+              promote=promote)
     except FuseUnavailableError as e:
         print(f"retainz: error: {e}", file=sys.stderr)
         return 1

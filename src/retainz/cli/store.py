@@ -468,11 +468,14 @@ def _repair(spec: str):
 
 
 def _df(args) -> int:
+    from retainz.cli.tier import tier_counters
+
     with _Session(args.device, readonly=True, args=args) as store:
         rep = store.df()
         metrics = store.metrics.to_dict()
+        tier = tier_counters(store, args.device)
     if args.json:
-        print_json({**rep.to_dict(), "metrics": metrics}, indent=2)
+        print_json({**rep.to_dict(), "metrics": metrics, **({"tier": tier} if tier is not None else {})}, indent=2)
         return 0
     # zenfs df's lines, in MiB (1,048,576 B) rounded to two decimals (zenfs prints truncated "MB")
     mib = 1 << 20
@@ -484,4 +487,9 @@ def _df(args) -> int:
     print(f"Space amplification: {rep.space_amplification:.0f}%")
     print(f"Zones: {rep.data_zones} data ({rep.empty_zones} empty, {rep.open_zones} open, {rep.full_zones} "
           f"full), {rep.meta_zones} meta; {plural(rep.generations, 'generation')}; WAF {metrics['waf']:.3f}")
+    if tier is not None:
+        bl = tier["backlog"]
+        print(f"Promotion: {plural(tier['durable'], 'generation')} durable at {tier['url']}; backlog "
+              f"{plural(bl['generations'], 'generation')}, {bl['bytes'] / mib:,.2f} MiB"
+              + (f"; {tier['failed']} failed ({tier['error']})" if tier["failed"] else ""))
     return 0

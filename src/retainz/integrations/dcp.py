@@ -271,7 +271,9 @@ class ZonedStorageWriter(StorageWriter):
             of the two); default False raises ``GenerationExistsError``.
         wait: seconds to wait for a device another process holds.
         promote: a destination URL (``file:///mnt/lustre/ckpt``, ``s3://bucket/prefix``; ``{rank}`` in it is
-            replaced by the rank, one destination per rank device): committed saves the
+            replaced by the rank, one destination per rank device; without ``{rank}`` and with several
+            ranks, each rank's device promotes its own shards to the one destination as node
+            ``rank{N}`` of the world, and a save is durable once every rank's part is): committed saves the
             ``promote_policy`` selects are copied there in the background and verified
             (:class:`retainz.tier.Promoter`, docs/tiers.md); training does not wait.  Retention then
             keeps a selected save until its copy is verified (its deletion is deferred, not dropped),
@@ -612,7 +614,21 @@ class ZonedStorageWriter(StorageWriter):
         store = self._promoter_hold.enter_context(_stores.using(path, wait=self.wait))  # open between saves
         state = state_path_for(path) if isinstance(path, str | os.PathLike) else None
         url = self.promote.replace("{rank}", str(self.rank))
-        self._promoter = Promoter(store, url, state_path=state, **self._promote_args).start()
+        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        nodes: dict[str, Any] = {}
+        if ("{rank}" not in self.promote and world > 1 and isinstance(path, str | os.PathLike)
+                and served(os.fspath(path)) is None):
+            # one device per rank, one destination: each rank's device is a node promoting its own
+            # shards, and a save is durable once every rank's part is (docs/tiers.md, "Several nodes")
+            nodes = {"node": f"rank{self.rank}", "nodes": [f"rank{r}" for r in range(world)]}
+        self._promoter = Promoter(store, url, state_path=state, **self._promote_args, **nodes).start()
+        if state is not None:       # retainz tier status / df / get then know the destination
+            from retainz.tier.state import remember
+
+            try:
+                remember(state, url, self._promoter.policy.describe(), self._promote_args["bandwidth"], **nodes)
+            except OSError as e:
+                log.warning("%s: could not record the promotion settings: %s", state, e)
 
     def _promote_committed(self) -> None:
         if self._promoter is None:
@@ -767,6 +783,17 @@ class ZonedStorageReader(StorageReader):
         self.used[rank] = where
         return dest, m
 
+    def _rank_device(self, rank: int) -> Any:
+        """Rank ``rank``'s device; with ``durable``, a single device file serves every rank (a layout
+        other than the save's: one node loading what several saved, a generation restored whole onto
+        one fresh device), and a shard it lacks is read from the durable copy."""
+        try:
+            return device_path_for(self.device, rank)
+        except ValueError:
+            if self.durable is None:
+                raise
+            return device_path_for(self.device, 0)
+
     def _committed(self, store: Any, rank: int) -> Any:
         gen = self.generation
         try:
@@ -829,7 +856,7 @@ class ZonedStorageReader(StorageReader):
             try:
                 if self.used.get(rank, "local") != "local":
                     raise CheckpointNotFoundError(f"rank {rank}'s metadata came from the durable copy")
-                with _stores.using(device_path_for(self.device, rank), wait=self.wait,
+                with _stores.using(self._rank_device(rank), wait=self.wait,
                                      job=self.series or None) as store:
                     info = self._committed(store, rank)
                     for shard, reqs in mine:

@@ -44,7 +44,12 @@ Storage options (``fsspec.filesystem("retainz", retention=...)``, or for runtime
   checkpoint's parent folder, :mod:`retainz.retention.series`) an instance re-hints that series'
   committed checkpoints with its rule (a job resumed with a changed rule); it never re-hints another
   series, and it never deletes: the runtime's own purge (``rm -r``) retires checkpoints;
-* ``wait``: seconds to wait for a device another process holds (default 120).
+* ``wait``: seconds to wait for a device another process holds (default 120);
+* ``promote`` (a destination URL; ``{device}`` becomes the device file's name), ``promote_policy``,
+  ``promote_bandwidth`` (bytes per second), ``promote_options`` (fsspec options for the destination):
+  each device this instance opens promotes what it commits there in the background, the runtime's
+  purge keeps a checkpoint until its copy is verified, and a read whose local copy fails its checksum
+  is served from the durable copy (:mod:`retainz.integrations.tiering`, docs/tiers.md).
 
 A filesystem instance holds each device it touches open until :meth:`RetainZFileSystem.close_devices`
 (or :meth:`RetainZFileSystem.close_all`): a device file is locked by one process at a time, so a
@@ -89,10 +94,19 @@ class RetainZFileSystem(AbstractFileSystem):
     root_marker = "/"
     cachable = True
 
-    def __init__(self, retention: str | dict[str, str] | None = None, wait: float = 120.0, **kwargs):
+    def __init__(self, retention: str | dict[str, str] | None = None, wait: float = 120.0, *,
+                 promote: str | None = None, promote_policy: str | None = None,
+                 promote_bandwidth: float | None = None, promote_options: dict | None = None, **kwargs):
         super().__init__(**kwargs)
         self.retention = retention
         self.wait = float(wait)
+        self.promote = promote
+        self._promote_args = {"policy": promote_policy, "bandwidth": promote_bandwidth,
+                              "storage_options": promote_options}
+        if promote is not None and promote_policy is not None:
+            from retainz.tier import parse_policy
+
+            parse_policy(promote_policy)      # a malformed policy fails here, not at the first device
         self._lock = threading.RLock()
         self._held: dict[str, contextlib.ExitStack] = {}
         weakref.finalize(self, _release_all, self._held, self._lock)
@@ -134,6 +148,13 @@ class RetainZFileSystem(AbstractFileSystem):
                 stack.store = store
                 try:
                     stack.ns = self._namespace_over(store)
+                    stack.tier = None
+                    if self.promote is not None:
+                        from retainz.integrations.tiering import NamespaceTier
+
+                        stack.tier = NamespaceTier.shared(store, self.promote, device, **self._promote_args)
+                        stack.callback(stack.tier.close)      # before the store closes
+                        stack.tier.attach(stack.ns)
                 except BaseException:
                     stack.close()
                     raise
@@ -166,6 +187,11 @@ class RetainZFileSystem(AbstractFileSystem):
         retention = self.retention          # no reference back to this instance (its finalizer holds the devices)
         ns.on_series = lambda series: _rehint(retention, store, series)
         return ns
+
+    def tier(self, path: str):
+        """The :class:`~retainz.integrations.tiering.NamespaceTier` of the device ``path`` is on (its
+        ``promoter``: ``status()``, ``backlog()``, ``finish()``; ``used``), ``None`` without ``promote``."""
+        return self._opened(self._split(path)[0]).tier
 
     def _ns(self, device: str, *, fresh: bool = True) -> Namespace:
         """``device``'s namespace, its committed view refreshed first (``fresh``)."""

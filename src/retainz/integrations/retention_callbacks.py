@@ -71,8 +71,8 @@ class RetentionCallback:
         folder: the series this callback manages (:func:`retainz.retention.series.series_folder`).
         promoter: a :class:`retainz.tier.Promoter` of the store (set it: ``cb.promoter = p``): the
             callback's deletions then keep a generation until its promotion is verified (deferred, not
-            dropped; docs/tiers.md).  ``None``: delete at once.  Not used by
-            :class:`MegatronNonPersistentLocal` (one store per rank).
+            dropped; docs/tiers.md).  ``None``: delete at once.  :class:`MegatronNonPersistentLocal`
+            (one store per rank) takes one per rank instead: ``cb.promoters``.
     """
 
     rule: str | None = None
@@ -198,7 +198,10 @@ class MegatronNonPersistentLocal(RetentionCallback):
     local``): per-rank ``iter_{N:07d}_{rank}_local.pt`` written as ``.dirty`` then renamed; at finalize,
     after every rank confirmed the new iteration, all older iterations are unlinked on every rank.
 
-    One store per rank (``stores[rank]``); :meth:`after_commit_all` takes them all.
+    One store per rank (``stores[rank]``); :meth:`after_commit_all` takes them all.  Keep until durable:
+    set ``cb.promoters`` to one :class:`retainz.tier.Promoter` per rank (``promoters[rank]`` of
+    ``stores[rank]``; several nodes promoting to one destination: ``Promoter(..., node=..., nodes=...)``,
+    docs/tiers.md): an older iteration not yet durable is deferred on that rank, not deleted.
 
     Args:
         interval: ``--non-persistent-save-interval`` (steps).
@@ -209,6 +212,7 @@ class MegatronNonPersistentLocal(RetentionCallback):
     def __init__(self, interval: int, ranks: int, *, folder: str | None = None):
         self._set_folder(folder)
         self.interval, self.ranks = interval, ranks
+        self.promoters: Sequence[Any] | None = None
         self.rule = f"megatron:save_interval={100 * interval},non_persistent_interval={interval},non_persistent=local"
 
     def name(self, step: int, rank: int = 0) -> str:
@@ -222,7 +226,8 @@ class MegatronNonPersistentLocal(RetentionCallback):
                       if name == self.name(g.step, rank))
 
     def after_commit_all(self, stores: Sequence[Any], step: int) -> list[list[str]]:
-        """Once every rank's ``iter_{step}`` is committed, delete all older iterations on every rank.
+        """Once every rank's ``iter_{step}`` is committed, delete all older iterations on every rank
+        (with :attr:`promoters`: each once durable; the lists hold the ids deleted now).
 
         Raises:
             RuntimeError: a rank has not committed ``step`` (nothing is deleted anywhere).
@@ -232,7 +237,8 @@ class MegatronNonPersistentLocal(RetentionCallback):
                 store.generation(self.generation_id(step, rank))
             except GenerationNotFoundError:
                 raise RuntimeError(f"rank {rank} has not committed iteration {step}: nothing is deleted") from None
-        return [_delete(store, [gid for s, gid in self._mine_rank(store, rank) if s < step], step)
+        promoters = self.promoters or [None] * len(stores)
+        return [_delete(store, [gid for s, gid in self._mine_rank(store, rank) if s < step], step, promoters[rank])
                 for rank, store in enumerate(stores)]
 
 

@@ -228,7 +228,7 @@ def _check_mountpoint(mountpoint: str) -> None:
 
 
 def serve(device: str, mountpoint: str, *, retention: str | None = None, wait: float = HELD_WAIT,
-          debug: bool = False, access: dict | None = None) -> None:
+          debug: bool = False, access: dict | None = None, promote: dict | None = None) -> None:
     """Open the store on ``device`` and serve it at ``mountpoint`` until unmounted (foreground).
 
     A mount that holds the device also serves the device's socket to other processes (a
@@ -248,6 +248,9 @@ def serve(device: str, mountpoint: str, *, retention: str | None = None, wait: f
         access: the socket's access rules, as ``retainz serve`` takes them: ``{"mode": 0o600,
             "group": None, "allow_all": False, "grants": {job: frozenset(series)}}`` (each key
             optional; ``None``: the defaults, owner only).
+        promote: ``{"url": URL, "policy": SPEC | None, "bandwidth": BYTES_PER_S | None}``: promote what
+            the mount commits there, keep the runtime's deletions until durable, read a shard whose
+            local copy fails from the durable copy (:class:`~retainz.integrations.tiering.NamespaceTier`).
 
     Raises:
         FuseUnavailableError, FileNotFoundError, ForeignDeviceError.
@@ -277,6 +280,12 @@ def serve(device: str, mountpoint: str, *, retention: str | None = None, wait: f
         except TimeoutError:
             raise DeviceHeldError(_held_message(device)) from None
         ops = MountedStore(store, retention=retention)
+        if promote is not None:
+            from retainz.integrations.tiering import NamespaceTier
+
+            tier = NamespaceTier.shared(store, promote["url"], device, policy=promote.get("policy"),
+                                        bandwidth=promote.get("bandwidth")).attach(ops.ns)
+            held.callback(tier.close)                       # before the store closes
         ops.caller = _caller(fuse)
         if ops.retired_at_mount:
             log.info("retired %d older versions at mount", len(ops.retired_at_mount))
@@ -449,7 +458,7 @@ def _caller(fuse):
 
 
 def mount(device: str, mountpoint: str, *, retention: str | None = None, foreground: bool = False,
-          timeout: float = 120.0, access: dict | None = None) -> None:
+          timeout: float = 120.0, access: dict | None = None, promote: dict | None = None) -> None:
     """``retainz mount``: serve in the foreground, or start a detached server and wait until mounted.
 
     ``access``: the rules of the socket the mount serves (:func:`serve`; ``None``: owner only).
@@ -474,7 +483,7 @@ def mount(device: str, mountpoint: str, *, retention: str | None = None, foregro
     _check_mountpoint(mountpoint)
     _check_free(device)
     if foreground:
-        serve(device, mountpoint, retention=retention, access=access)
+        serve(device, mountpoint, retention=retention, access=access, promote=promote)
         return
     logpath = device + ".mount.log"
     start = os.path.getsize(logpath) if os.path.exists(logpath) else 0
@@ -488,6 +497,9 @@ def mount(device: str, mountpoint: str, *, retention: str | None = None, foregro
         cmd += ["--allow-all"]
     for job, series in sorted((access.get("grants") or {}).items()):
         cmd += [arg for s in sorted(series) for arg in ("--grant", f"{job}={s}")]
+    for flag, key in (("--promote", "url"), ("--promote-policy", "policy"), ("--promote-bandwidth", "bandwidth")):
+        if promote is not None and promote.get(key) is not None:
+            cmd += [flag, str(promote[key])]
     with open(logpath, "ab") as logf:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})

@@ -191,6 +191,7 @@ class _Handle:
         self.unlinked = False          # unlinked or discarded while open: nothing of it commits
         self.holed = False             # extended past its bytes (a hole): held in memory, never streamed
         self.windows: dict[int, bytes] = {}    # verified extents read lately: first data byte -> bytes
+        self.durable = None            # the shard's durable copy (a file), once the local one failed
 
     @property
     def streaming(self) -> bool:
@@ -239,6 +240,17 @@ class Namespace:
         self._series_seen: set[str] = set()
         self.implicit_dirs = False
         self.after_close = lambda pd: None
+        #: keep until durable (a face with a promotion destination, docs/tiers.md): called instead of
+        #: ``store.delete(gid)`` when the runtime retires a committed checkpoint (``rm -r``, ``unlink``);
+        #: False means the deletion was deferred, and the generation stays out of the view meanwhile
+        self.retire_generation = None
+        #: called with the id of each generation this namespace commits (a promoter queues it)
+        self.on_commit = lambda gid: None
+        #: ids of generations whose deletion is deferred (by any face of the store): kept out of the view
+        self.retiring = lambda: ()
+        #: the durable copy of a committed shard whose local copy fails its checksum or is gone:
+        #: ``(gid, shard, why) -> a seekable binary file`` of its verified bytes; ``None``: EIO / ESTALE
+        self.durable_copy = None
         self._seen: tuple = ()
         self._layouts: dict[tuple[str, int], tuple[str, dict[str, str]]] = {}
         self.inference = RetentionInference() if retention == "auto" else None
@@ -285,13 +297,15 @@ class Namespace:
 
         Safe from any thread (the mount calls it from its node service's client threads after a
         client's commit or delete): the store is listed under the namespace lock, so a commit this
-        namespace makes meanwhile is either in the listing or not yet published here."""
+        namespace makes meanwhile is either in the listing or not yet published here.  Generations a
+        durable tier keeps only until their copy is verified (:meth:`retiring`) stay out of the view."""
         with self._mu:
             gens = self.store.generations()
-            key = tuple((g.id, g.commit_seq) for g in gens)
+            retiring = frozenset(self.retiring())
+            key = (tuple((g.id, g.commit_seq) for g in gens), retiring)
             if key == self._seen and self.gens.keys() <= {g.id for g in gens}:
                 return      # (this namespace's own commits since are in the view; one deleted elsewhere is not)
-            current = {g.id: g for g in gens if g.id not in self._taken}
+            current = {g.id: g for g in gens if g.id not in self._taken and g.id not in retiring}
             for gid in [gid for gid in self.gens if gid not in current]:
                 self._forget(gid)
             found = [(g, *self._resolve(g)) for g in current.values()]
@@ -327,7 +341,7 @@ class Namespace:
             step = parse_step(path, file_names=True)
             if self.inference is not None and step is not None:    # earlier saves are evidence too
                 self.inference.observe_save(series_of(path), g.id, step)
-        self._seen = tuple((g.id, g.commit_seq) for g in gens if g.id not in self.retired_at_mount)
+        self._seen = (tuple((g.id, g.commit_seq) for g in gens if g.id not in self.retired_at_mount), frozenset())
 
     def _add(self, info, kind: str, path: str, names: dict[str, str], mtime_ns: int) -> _Gen:
         g = _Gen(info.id, kind, path, names, {s: info.shards[s].size for s in names}, mtime_ns)
@@ -372,9 +386,14 @@ class Namespace:
         self._forget(gid)
 
         def delete():
+            deleted = True
             with contextlib.suppress(GenerationNotFoundError):
-                self.store.delete(gid)
-            self._taken.discard(gid)
+                if self.retire_generation is None:
+                    self.store.delete(gid)
+                else:
+                    deleted = self.retire_generation(gid)
+            if deleted:         # a deferred one stays taken: out of the view until it is deleted
+                self._taken.discard(gid)
         self._store_work(delete)
 
     def _free_id(self, make, path: str) -> str:
@@ -1052,6 +1071,8 @@ class Namespace:
                 self._changed()
             if h is not None:
                 h.done.set()
+                if h.durable is not None:
+                    h.durable.close()
         return 0
 
     def _finish(self, h: _Handle, *, report: bool) -> None:
@@ -1192,6 +1213,7 @@ class Namespace:
         self._cache_committed(p, gen.id, L.FILE_SHARD)
         old = self.by_path.get(("file", p))
         self._add(gen, "file", p, {L.FILE_SHARD: ""}, time.time_ns())
+        self.on_commit(gen.id)
         self.truncated.discard(p)
         self.pending_files.pop(p, None)
         if old is not None and old != gen.id:
@@ -1255,6 +1277,7 @@ class Namespace:
         self._taken.discard(pd.gid)
         old = self.by_path.get(("dir", pd.root))
         self._add(gen, "dir", pd.root, names, time.time_ns())
+        self.on_commit(gen.id)
         if old is not None and old != gen.id:
             self._retire(old)
         log.info("committed %s (%d files, %d bytes)", pd.root, len(names), gen.size)
@@ -1326,6 +1349,8 @@ class Namespace:
             return bytes(h.buf[offset:offset + size])
         total = h.gen.sizes[h.shard]
         end = min(offset + size, total)
+        if h.durable is not None:
+            return self._read_durable(h, offset, end, None)
         pieces = []
         pos = offset
         try:
@@ -1337,10 +1362,31 @@ class Namespace:
                     pieces.append(data[pos - start:end - start])
                 pos += len(pieces[-1])
         except ChecksumError as e:
-            raise NamespaceError(errno.EIO, f"{h.path}: {e}") from e
+            if self.durable_copy is None:
+                raise NamespaceError(errno.EIO, f"{h.path}: {e}") from e
+            return self._read_durable(h, offset, end, e)
         except GenerationNotFoundError as e:
-            raise NamespaceError(errno.ESTALE, f"{h.path}: {e}") from e
+            if self.durable_copy is None:
+                raise NamespaceError(errno.ESTALE, f"{h.path}: {e}") from e
+            return self._read_durable(h, offset, end, e)
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    def _read_durable(self, h: _Handle, offset: int, end: int, why: BaseException | None) -> bytes:
+        """Bytes ``offset:end`` of ``h``'s shard from its durable copy (:attr:`durable_copy`), fetched
+        and verified whole at the first local failure ``why`` and kept for the handle's life.
+
+        Raises:
+            NamespaceError: ``EIO`` (a checksum mismatch) or ``ESTALE`` (retired meanwhile) when there
+                is no usable durable copy either (both reasons in the message)."""
+        with h.lock:
+            if h.durable is None:
+                try:
+                    h.durable = self.durable_copy(h.gen.id, h.shard, why)
+                except Exception as e:   # noqa: BLE001 - no durable copy: the local failure stands
+                    code = errno.EIO if isinstance(why, ChecksumError) else errno.ESTALE
+                    raise NamespaceError(code, f"{h.path}: {why}; no durable copy either: {e}") from e
+            h.durable.seek(offset)
+            return h.durable.read(max(end - offset, 0))
 
     #: Verified extents a read handle keeps (1 MiB each): the kernel's read-ahead sends requests for one
     #: file from several threads, out of order, so one window would be evicted and read again.
@@ -1695,6 +1741,7 @@ class Namespace:
             old = self.by_path.get((g.kind, path))
             self._forget(g.id)
             self._add(gen, g.kind, path, names, g.mtime_ns)
+            self.on_commit(gen.id)
             if old is not None and old != gen.id:
                 self._retire(old)
             with contextlib.suppress(GenerationNotFoundError):

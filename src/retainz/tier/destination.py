@@ -5,6 +5,8 @@ Layout under the URL ``U`` (a shared directory ``file:///mnt/lustre/ckpt``, ``s3
 
     U/<generation id>/data/<shard>     one object per shard (names percent-quoted: one flat level)
     U/<generation id>/MANIFEST.json    written last (:mod:`.manifest`)
+    U/<generation id>/MANIFEST.<node>.json   instead, with several nodes: one per node, each written
+                                              last by that node (docs/tiers.md, "Several nodes")
 
 Every call that reaches the destination turns its failure (unreachable, refused, an error mid-upload,
 full) into :class:`~retainz.errors.DestinationError` naming the URL and the object; a missing object
@@ -21,6 +23,9 @@ import crc32c
 
 from retainz.errors import DestinationError, DurableCopyError
 from retainz.tier.manifest import MANIFEST_NAME, Manifest
+
+#: A node manifest's name: ``MANIFEST.<quoted node>.json``.
+NODE_MANIFEST_PREFIX, NODE_MANIFEST_SUFFIX = "MANIFEST.", ".json"
 
 __all__ = ["Destination", "object_name", "READ_CHUNK"]
 
@@ -78,9 +83,11 @@ class Destination:
         """The path of the object ``key`` (a shard's, ``data/<quoted name>``) of generation ``gen_id``."""
         return f"{self.folder(gen_id)}/{key}"
 
-    def manifest_path(self, gen_id: str) -> str:
-        """The path of generation ``gen_id``'s manifest."""
-        return f"{self.folder(gen_id)}/{MANIFEST_NAME}"
+    def manifest_path(self, gen_id: str, node: str | None = None) -> str:
+        """The path of generation ``gen_id``'s manifest, or of node ``node``'s manifest of its part."""
+        if node is None:
+            return f"{self.folder(gen_id)}/{MANIFEST_NAME}"
+        return f"{self.folder(gen_id)}/{NODE_MANIFEST_PREFIX}{object_name(node)}{NODE_MANIFEST_SUFFIX}"
 
     def where(self, path: str) -> str:
         """``path`` for messages, with the URL's protocol."""
@@ -214,27 +221,80 @@ class Destination:
 
         Raises:
             DestinationError: the write failed; DurableCopyError: what was read back differs."""
-        path = self.manifest_path(m.id)
+        path = self.manifest_path(m.id, m.node)
         blob = m.encode()
         self.write(path, [blob])
         back = b"".join(self.read(path))
         if back != blob:
             raise DurableCopyError(f"{self.where(path)}: the manifest read back differs from the one written")
 
-    def manifest(self, gen_id: str) -> Manifest | None:
-        """The manifest of ``gen_id`` at the destination, ``None`` when there is none.
+    def node_manifest(self, gen_id: str, node: str | None = None) -> Manifest | None:
+        """The manifest at :meth:`manifest_path` (``node``: that node's), ``None`` when there is none.
 
         Raises:
-            DestinationError: the destination did not answer; DurableCopyError: a damaged manifest."""
-        path = self.manifest_path(gen_id)
+            DestinationError: the destination did not answer; DurableCopyError: a damaged manifest, or a
+                node manifest naming another node."""
+        path = self.manifest_path(gen_id, node)
         try:
             data = b"".join(self.read(path))
         except FileNotFoundError:
             return None
-        return Manifest.decode(data, self.where(path))
+        m = Manifest.decode(data, self.where(path))
+        if m.node != node:
+            raise DurableCopyError(f"{self.where(path)}: the manifest is node {m.node!r}'s, not {node!r}'s")
+        return m
+
+    def node_names(self, gen_id: str) -> list[str]:
+        """The nodes with a node manifest of ``gen_id`` at the destination (unverified), sorted.
+
+        Raises:
+            DestinationError: the destination did not answer."""
+        from urllib.parse import unquote
+
+        folder = self.folder(gen_id)
+        self.fs.invalidate_cache(folder)
+        try:
+            entries = self._call("list", folder, self.fs.ls, folder, detail=False)
+        except FileNotFoundError:
+            return []
+        out = []
+        for e in entries:
+            name = e.rstrip("/").rsplit("/", 1)[-1]
+            if (name.startswith(NODE_MANIFEST_PREFIX) and name.endswith(NODE_MANIFEST_SUFFIX)
+                    and name != MANIFEST_NAME):
+                out.append(unquote(name[len(NODE_MANIFEST_PREFIX):-len(NODE_MANIFEST_SUFFIX)]))
+        return sorted(out)
+
+    def manifest(self, gen_id: str) -> Manifest | None:
+        """The manifest of the whole generation ``gen_id`` at the destination: its ``MANIFEST.json``, or
+        the union of its node manifests once every node of their world has written one
+        (:meth:`Manifest.union`); ``None`` when there is none or a node's is still missing.
+
+        Raises:
+            DestinationError: the destination did not answer; DurableCopyError: a damaged manifest, or
+                node manifests that disagree."""
+        m = self.node_manifest(gen_id)
+        if m is not None:
+            return m
+        present = self.node_names(gen_id)
+        if not present:
+            return None
+        first = self.node_manifest(gen_id, present[0])
+        if first is None:
+            return None
+        parts = [first]
+        for node in first.nodes:
+            if node == first.node:
+                continue
+            part = self.node_manifest(gen_id, node)
+            if part is None:
+                return None       # a node has not finished its part: not durable (yet)
+            parts.append(part)
+        return Manifest.union(parts, self.where(self.folder(gen_id)))
 
     def generations(self) -> list[str]:
-        """Ids of the generations with a manifest at the destination (unverified), sorted.
+        """Ids of the generations with a manifest at the destination (unverified), or with the node
+        manifests of every node of their world, sorted.
 
         Raises:
             DestinationError: the destination did not answer."""
@@ -249,4 +309,10 @@ class Destination:
             name = e.rstrip("/").rsplit("/", 1)[-1]
             if self.size(f"{self.root}/{name}/{MANIFEST_NAME}") is not None:
                 out.append(unquote(name))
+                continue
+            try:
+                if self.manifest(unquote(name)) is not None:    # every node's part is there
+                    out.append(unquote(name))
+            except DurableCopyError:
+                continue
         return sorted(out)

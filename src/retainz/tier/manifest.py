@@ -5,11 +5,18 @@ It is JSON (``MANIFEST.json`` in the generation's folder at the destination)::
 
     {"format": 1, "store": UUID, "id": GEN, "step": N, "reclaim_step": R | "inf" | null,
      "condition": TEXT, "shards": [{"name": NAME, "key": OBJECT, "size": BYTES, "crc32c": CRC}...],
+     ["node": NODE, "nodes": [NODE...],]
      "crc32c": CRC of the canonical JSON of every other member}
 
 A manifest counts only when it parses, its own crc32c matches, and every shard it lists has the size
 and crc32c of the local generation's shard of that name (:meth:`Manifest.matches`); it is written
 only after every shard object was read back and verified.
+
+Several nodes (docs/tiers.md, "Several nodes"): each node promotes the shards its own device holds
+and writes a **node manifest** (``MANIFEST.<node>.json``) naming itself (``node``) and the world's
+nodes (``nodes``, sorted).  The generation is durable only when every node of ``nodes`` has a node
+manifest that agrees on the id, step and world; :meth:`Manifest.union` makes them one manifest of the
+whole generation.
 """
 
 from __future__ import annotations
@@ -55,10 +62,16 @@ class Manifest:
     reclaim_step: float | None
     condition: str
     shards: tuple[ShardCopy, ...]
+    #: the node whose shards this node manifest lists (``None``: a whole generation's manifest)
+    node: str | None = None
+    #: the world's nodes, sorted (empty for a single device's manifest)
+    nodes: tuple[str, ...] = ()
 
     @classmethod
-    def of(cls, store_uuid: str, gen: GenerationInfo, keys: dict[str, str]) -> Manifest:
-        """The manifest of committed ``gen`` whose shard ``name`` lives at ``keys[name]``.
+    def of(cls, store_uuid: str, gen: GenerationInfo, keys: dict[str, str], *, node: str | None = None,
+           nodes: tuple[str, ...] = ()) -> Manifest:
+        """The manifest of committed ``gen`` whose shard ``name`` lives at ``keys[name]`` (with ``node``
+        and ``nodes``: that node's manifest of its part of a generation of several nodes).
 
         Raises:
             ValueError: a counted shard (no crc32c: a payload-less device holds no bytes to promote).
@@ -69,7 +82,39 @@ class Manifest:
                 raise ValueError(f"generation {gen.id!r} shard {s.name!r} has no bytes (a payload-less device): "
                                  "nothing to promote")
             shards.append(ShardCopy(s.name, keys[s.name], s.size, s.crc))
-        return cls(str(store_uuid), gen.id, gen.step, gen.hint.reclaim_step, gen.hint.condition, tuple(shards))
+        return cls(str(store_uuid), gen.id, gen.step, gen.hint.reclaim_step, gen.hint.condition, tuple(shards),
+                   node, tuple(sorted(nodes)))
+
+    @classmethod
+    def union(cls, parts: list[Manifest], where: str) -> Manifest:
+        """One manifest of a whole generation from the node manifests of every node of its world.
+
+        Args:
+            parts: one node manifest per node of ``parts[0].nodes``.
+            where: the generation's folder, for messages.
+
+        Raises:
+            DurableCopyError: the parts disagree on the id, step or world, a node of the world is
+                missing or given twice, or two nodes name the same shard (one line naming ``where``).
+        """
+        first = parts[0]
+        world = first.nodes
+        if sorted(p.node for p in parts) != list(world):
+            raise DurableCopyError(f"{where}: node manifests of {sorted(str(p.node) for p in parts)} do not make "
+                                   f"the world {list(world)}")
+        shards: dict[str, ShardCopy] = {}
+        for p in parts:
+            if (p.id, p.step, p.nodes) != (first.id, first.step, world):
+                raise DurableCopyError(f"{where}: node {p.node!r}'s manifest describes generation {p.id!r} step "
+                                       f"{p.step} of nodes {list(p.nodes)}, node {first.node!r}'s {first.id!r} "
+                                       f"step {first.step} of nodes {list(world)}")
+            for c in p.shards:
+                if c.name in shards:
+                    raise DurableCopyError(f"{where}: shard {c.name!r} is named by two nodes' manifests")
+                shards[c.name] = c
+        stores = ",".join(sorted({p.store for p in parts}))
+        return cls(stores, first.id, first.step, first.reclaim_step, first.condition,
+                   tuple(shards[n] for n in sorted(shards)), None, world)
 
     @property
     def size(self) -> int:
@@ -93,11 +138,15 @@ class Manifest:
 
     def _body(self) -> dict:
         rs = self.reclaim_step
-        return {"format": MANIFEST_FORMAT, "store": self.store, "id": self.id, "step": self.step,
+        body = {"format": MANIFEST_FORMAT, "store": self.store, "id": self.id, "step": self.step,
                 "reclaim_step": "inf" if rs is not None and math.isinf(rs) else rs,
                 "condition": self.condition,
                 "shards": [{"name": c.name, "key": c.key, "size": c.size, "crc32c": c.crc32c}
                            for c in self.shards]}
+        if self.node is not None:
+            body["node"] = self.node
+            body["nodes"] = list(self.nodes)
+        return body
 
     def encode(self) -> bytes:
         """The manifest's bytes (canonical JSON with its own crc32c)."""
@@ -126,9 +175,13 @@ class Manifest:
             rs = obj["reclaim_step"]
             shards = tuple(ShardCopy(str(c["name"]), str(c["key"]), int(c["size"]), int(c["crc32c"]))
                            for c in obj["shards"])
+            node = obj.get("node")
+            nodes = tuple(str(n) for n in obj.get("nodes", ()))
+            if node is not None and (str(node) not in nodes or list(nodes) != sorted(set(nodes))):
+                raise DurableCopyError(f"{where}: node {node!r} is not one of the manifest's nodes {list(nodes)}")
             return cls(str(obj["store"]), str(obj["id"]), int(obj["step"]),
                        math.inf if rs == "inf" else (rs if rs is None or type(rs) is int else float(rs)),
-                       str(obj["condition"]), shards)
+                       str(obj["condition"]), shards, None if node is None else str(node), nodes)
         except DurableCopyError:
             raise
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:

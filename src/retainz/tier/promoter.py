@@ -35,7 +35,7 @@ from retainz.errors import (
     PromotionBacklogError,
 )
 from retainz.tier.bandwidth import RateLimit
-from retainz.tier.copy import manifest_holds, promote_generation
+from retainz.tier.copy import manifest_holds, promote_generation, world_holds
 from retainz.tier.destination import Destination
 from retainz.tier.manifest import Manifest
 from retainz.tier.measure import MeasuredBandwidth
@@ -47,9 +47,10 @@ __all__ = ["Promoter", "GenerationTier", "TIER_STATES"]
 log = logging.getLogger("retainz.tier")
 
 #: A generation's tier state: ``durable`` (a verified copy at the destination), ``copying``,
-#: ``pending`` (selected, waiting), ``failed`` (the last attempt failed; retried), ``local`` (not
-#: selected by the policy: the local copy is the only one, by choice).
-TIER_STATES = ("durable", "copying", "pending", "failed", "local")
+#: ``pending`` (selected, waiting), ``failed`` (the last attempt failed; retried), ``nodes`` (several
+#: nodes: this node's part is verified, another node's is not there yet), ``local`` (not selected by
+#: the policy: the local copy is the only one, by choice).
+TIER_STATES = ("durable", "copying", "pending", "failed", "nodes", "local")
 
 
 @dataclass
@@ -91,15 +92,23 @@ class Promoter:
         retry_seconds: how long a failed generation waits before its next attempt.
         on_progress: called with the bytes of each chunk sent (a progress bar).
         clock, sleep: for the bandwidth cap and the measured bandwidth (tests).
+        node, nodes: this node's name and every node's (the world), when several nodes each promote
+            the shards their own devices hold of one generation to one ``url`` (docs/tiers.md,
+            "Several nodes"): a generation is durable only once every node's part is verified.
 
     Raises:
-        ValueError: a malformed policy, URL or bandwidth.
+        ValueError: a malformed policy, URL or bandwidth; ``node`` not one of ``nodes``.
     """
 
     def __init__(self, store, url: str, *, policy: str | PromotionPolicy = "all", bandwidth: float | None = None,
                  storage_options: dict | None = None, fs=None, state_path: str | None = None,
                  retry_seconds: float = 2.0, on_progress: Callable[[int], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                 node: str | None = None, nodes: list[str] | tuple[str, ...] | None = None):
+        if (node is None) != (nodes is None) or (node is not None and node not in nodes):
+            raise ValueError(f"promotion node {node!r} must be one of nodes {nodes!r} (give both or neither)")
+        self.node = node
+        self.nodes = tuple(sorted(set(nodes))) if nodes is not None else ()
         self.store = store
         self.url = url
         self.dest = Destination(url, storage_options=storage_options, fs=fs)
@@ -120,6 +129,7 @@ class Promoter:
         self._durable: dict[str, Manifest] = {}
         self._queue: dict[str, float] = {}        # gen id -> monotonic time of its next attempt
         self._failed: dict[str, str] = {}
+        self._waiting: set[str] = set()            # this node's part verified, another node's not yet
         self._deferred: dict[str, int | None] = {}
         self._current: str | None = None
         self._done = 0
@@ -179,7 +189,7 @@ class Promoter:
             if not self.selects(gen):
                 continue
             try:
-                m = manifest_holds(self.dest, gen)
+                m = world_holds(self.dest, gen, self.node)
             except DestinationError as e:
                 m = None
                 with self._cv:
@@ -189,6 +199,7 @@ class Promoter:
                     self._durable[gen.id] = m
                     self._queue.pop(gen.id, None)
                     self._failed.pop(gen.id, None)
+                    self._waiting.discard(gen.id)
                 else:
                     self._durable.pop(gen.id, None)
                     self._enqueue(gen.id)
@@ -244,8 +255,17 @@ class Promoter:
                 return False                     # deleted locally by hand: nothing to promote
             started = self._clock()
             m = promote_generation(self.store, gen, self.dest, limit=self.limit, progress=self._progress,
-                                   stop=lambda: self._stop)
+                                   stop=lambda: self._stop, node=self.node, nodes=self.nodes)
             self.measured.record(gen.size, self._clock() - started)
+            if self.node is not None:
+                whole = world_holds(self.dest, gen, self.node)
+                if whole is None:          # this node's part is verified; wait for the others' and look again
+                    with self._cv:
+                        self._waiting.add(gid)
+                        self._failed.pop(gid, None)
+                        self._queue[gid] = time.monotonic() + self.retry_seconds
+                    return False
+                m = whole
         except InterruptedError:
             with self._cv:
                 self._queue.setdefault(gid, 0.0)
@@ -267,6 +287,7 @@ class Promoter:
         with self._cv:
             self._durable[gid] = m
             self._failed.pop(gid, None)
+            self._waiting.discard(gid)
             self.promoted += 1
             step = self._deferred.pop(gid, "none")
             self._cv.notify_all()
@@ -334,7 +355,7 @@ class Promoter:
         except GenerationNotFoundError:
             return False
         try:
-            m = manifest_holds(self.dest, gen)
+            m = world_holds(self.dest, gen, self.node)
         except DestinationError:
             return False
         with self._cv:
@@ -448,6 +469,8 @@ class Promoter:
                     state = "copying"
                 elif g.id in self._failed:
                     state = "failed"
+                elif g.id in self._waiting:
+                    state = "nodes"
                 else:
                     state = "pending"
                 rows.append(GenerationTier(g.id, g.step, g.size, state,
@@ -467,7 +490,7 @@ class Promoter:
         for gen in self.store.generations():
             if not self.selects(gen):
                 continue
-            m = manifest_holds(self.dest, gen)
+            m = manifest_holds(self.dest, gen, self.node)
             problem = None
             if m is None:
                 if gen.id in self._durable:
@@ -478,14 +501,15 @@ class Promoter:
                     if self.dest.checksum(path) != (c.size, c.crc32c):
                         problem = f"{gen.id}: {self.dest.where(path)} fails its crc32c or size"
                         break
+            whole = world_holds(self.dest, gen, self.node) if problem is None and m is not None else None
             with self._cv:
-                if problem is None and m is not None:
-                    self._durable[gen.id] = m
+                if whole is not None:
+                    self._durable[gen.id] = whole
                     continue
                 self._durable.pop(gen.id, None)
                 self._enqueue(gen.id)
             if problem is not None:
                 bad.append(problem)
                 if m is not None:
-                    self.dest.remove(self.dest.manifest_path(gen.id))
+                    self.dest.remove(self.dest.manifest_path(gen.id, self.node))
         return bad

@@ -58,14 +58,23 @@ def read_durable_shard(dest: Destination, m: Manifest, name: str) -> Iterator[by
                                expected=copy.crc32c, actual=crc)
 
 
-def restore_generation(store, dest: Destination, gen_id: str) -> GenerationInfo:
+def restore_generation(store, dest: Destination, gen_id: str, *, node: str | None = None) -> GenerationInfo:
     """Pull the durable copy of ``gen_id`` onto ``store`` as a committed generation of the same id,
-    step and hint (every shard verified as it arrives; a failure aborts, leaving nothing).
+    step and hint (every shard verified as it arrives; a failure aborts, leaving nothing).  A
+    generation of several nodes comes whole (every node's shards, onto one device: a node layout other
+    than the save's), or with ``node`` only that node's part (its replacement device), and only once
+    the whole generation is durable.
 
     Raises:
-        GenerationNotFoundError: no durable copy; GenerationExistsError: the store has ``gen_id``;
-        DurableCopyError, DestinationError; NoSpaceError: the store cannot admit it."""
+        GenerationNotFoundError: no durable copy (or not every node's part yet); GenerationExistsError:
+        the store has ``gen_id``; DurableCopyError, DestinationError; NoSpaceError: the store cannot
+        admit it."""
     m = durable_manifest(dest, gen_id)
+    if node is not None:
+        if node not in m.nodes:
+            raise GenerationNotFoundError(f"durable copy of generation {gen_id!r} at {dest.url} has no node "
+                                          f"{node!r} (nodes: {', '.join(m.nodes) or 'none'})")
+        m = dest.node_manifest(gen_id, node)
     w = store.begin_generation(gen_id, m.step, hint=m.hint(), declared_size=m.size)
     try:
         for c in m.shards:
