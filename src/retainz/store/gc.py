@@ -25,7 +25,9 @@ the skipped ones and is not reset (``GCReport.partial``).  Likewise the extents 
 policy does not migrate (``Allocator.migrates``: ZenFS's ``MigrateExtents`` moves only ``.sst``
 files) stay where they are.  A victim whose copy fails its checksum
 is given up: its copies become dead, the victims copied before it are still moved, and the error
-is listed in the :class:`GCReport`; GC never loops: one pass per call.
+is listed in the :class:`GCReport`; :meth:`Collector.collect` never loops: one pass per call.
+Admission asks :meth:`Collector.make_room` instead, which repeats forced passes while each frees
+space and the generation still does not fit (f2fs's foreground GC rule).
 
 Which zones are victims is always the policy's rule (``Allocator.gc_victims``), forced or not
 (:meth:`Collector.collect` says what forced means per policy).
@@ -170,6 +172,37 @@ class Collector:
         finally:
             self.running = False
         return rep
+
+    def make_room(self, enough: Callable[[], bool]) -> int:
+        """Forced passes (:meth:`collect` with ``force=True``) until ``enough()`` holds or a pass
+        frees nothing: foreground GC as f2fs runs it (``f2fs_gc``, fs/f2fs/gc.c: a foreground pass
+        goes back to ``gc_more`` while ``has_not_enough_free_secs``, "Foreground GC should do
+        cleaning job until acquiring enough free sections", commit 8d63a795).  One pass can copy
+        only into the space free at its start, since its victims are reset when it ends; the
+        next pass has them.
+
+        Args:
+            enough: returns True once the caller's need is met (checked before each pass).
+
+        Returns:
+            passes run (0 when ``enough()`` held, or nothing is dead at the start).  It stops when a
+            pass leaves the data zones' free bytes (:meth:`ZoneBook.free`) no higher than before
+            (free bytes are bounded by the capacity, so this terminates).
+
+        Raises:
+            as :meth:`collect`.
+        """
+        passes = 0
+        if not self.zones.table.dead:
+            return 0
+        while not enough():
+            before = self.zones.free()
+            self.collect(force=True)
+            passes += 1
+            if self.zones.free() <= before:
+                break
+        return passes
+
     def _copy_zone(self, v: int, pending: dict, copy_ext: list, vcopies: dict, moved_out: list,
                    touched: set) -> tuple[int, int, int, int]:
         """Copy every committed extent in zone ``v`` (step 1); record each affected shard's new

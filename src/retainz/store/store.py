@@ -378,7 +378,8 @@ class Store:
 
         Admission reserves ``declared_size`` bytes (rounded up to a block): the data zones' free
         bytes, less the policy's GC reserve (:attr:`admission_reserve_zones` zones of capacity)
-        and other writers' reservations, must cover it, after a GC pass if needed; otherwise the
+        and other writers' reservations, must cover it, after forced GC passes if needed (repeated
+        while each frees space: :meth:`Collector.make_room`); otherwise the
         generation is refused before anything is written.  A policy without admission control
         (``Allocator.admission_control`` False: ZenFS) has its generations admitted without
         this check or a reservation; its writes stop where its allocation fails.  The store's
@@ -456,8 +457,8 @@ class Store:
     def admit(self, w: GenerationWriter, nbytes: int) -> None:
         """Admission as bytes arrive, for a generation begun without a declared size (fsspec, a
         mount, DCP without a plan): before ``nbytes`` more device bytes are placed, the writer's
-        reservation grows to cover them, under the same rule as :meth:`begin_generation` (after a
-        forced GC pass if needed), so no path writes into the GC reserve.  A declared generation
+        reservation grows to cover them, under the same rule as :meth:`begin_generation` (after
+        forced GC passes if needed), so no path writes into the GC reserve.  A declared generation
         was admitted whole at its start; a policy without admission control is not checked.
 
         Raises:
@@ -472,15 +473,15 @@ class Store:
 
     def _reserve_or_refuse(self, gen_id: str, need: int, more: str) -> None:
         """The admission rule: ``need`` bytes must fit what can be reserved (free bytes less the
-        writers' reservations and the GC reserve), after a forced GC pass if not.
+        writers' reservations and the GC reserve), after forced GC passes if not, repeated while
+        each frees space (:meth:`Collector.make_room`: a generation is refused only when GC can
+        make no more room).
 
         Raises:
             NoSpaceError: ``cause`` ``"admission"``, ``state`` the zones' state at the refusal.
         """
+        self.collector.make_room(lambda: need <= self._admittable())
         avail = self._admittable()
-        if need > avail and self.zones.table.dead:
-            self.collector.collect(force=True)
-            avail = self._admittable()
         if need > avail:
             raise NoSpaceError(f"generation {gen_id!r} needs {need}{more} bytes; {max(avail, 0)} can be "
                                f"reserved ({self.zones.free()} free, {self._reserved()} reserved by other "

@@ -83,12 +83,14 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "interval_factors": [[0.5, 1], [1, 2], [2, 1]],
     "length_sigma": 1.0,
     "gpus_per_node": 8,
+    # Weights: each GPU-count bin's share of job presence on a node, from Helios (Hu et al., SC'21,
+    # Figure 6(b): GPU time by job size) divided by the job's GPUs per node (docs/fleet.md).
     "jobs": [
-        {"model": "smollm2-135m", "gpus": 1, "weight": 50},
-        {"model": "pythia-1b", "gpus": 8, "weight": 25},
-        {"model": "llama3-8b", "gpus": 8, "weight": 12},
-        {"model": "llama3-8b", "gpus": 32, "weight": 8},
-        {"model": "llama3-70b", "gpus": 64, "weight": 5},
+        {"model": "smollm2-135m", "gpus": 1, "weight": 29.4},
+        {"model": "pythia-1b", "gpus": 8, "weight": 21.0},
+        {"model": "llama3-8b", "gpus": 8, "weight": 10.1},
+        {"model": "llama3-8b", "gpus": 32, "weight": 30.6},
+        {"model": "llama3-70b", "gpus": 64, "weight": 9.0},
     ],
     "runtimes": [
         {"rule": "torchtitan:interval={interval},keep_latest_k=5", "weight": 1},
@@ -97,10 +99,12 @@ DEFAULT_CONFIG: dict[str, Any] = {
         {"rule": "hf:save_steps={interval},save_total_limit=3,metric=plateau", "weight": 1},
         {"rule": "orbax:save_interval_steps={interval},latest=3", "weight": 1},
     ],
+    # Weights: Helios GPU jobs by final status (Hu et al., SC'21, Figure 7(a)): completed 62.4 %,
+    # failed 15.5 %, canceled 22.1 % (``preempted``: ended by a person or the scheduler).
     "end": {
-        "finished": {"weight": 50, "linger": 10000},
-        "failed": {"weight": 40, "linger": 2000},
-        "preempted": {"weight": 10, "linger": 1000},
+        "finished": {"weight": 62.4, "linger": 10000},
+        "failed": {"weight": 15.5, "linger": 2000},
+        "preempted": {"weight": 22.1, "linger": 1000},
     },
     "scale": "1",
 }
