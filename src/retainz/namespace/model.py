@@ -61,7 +61,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from retainz.errors import ChecksumError, GenerationNotFoundError, InvalidIdError, NoSpaceError, RetainZError
+from retainz.errors import (
+    ChecksumError,
+    GenerationNotFoundError,
+    InvalidIdError,
+    NoSpaceError,
+    RetainZError,
+    ShardExistsError,
+)
 from retainz.namespace import names as L
 from retainz.retention.inference import RetentionInference
 from retainz.retention.online import rule_hint
@@ -1233,7 +1240,12 @@ class Namespace:
                 name = L.shard_name(rel)
                 if name in names or name == L.LAYOUT_SHARD:
                     name = f"{name}%{len(names)}"
-                self._writer(pd).write_shard(name, self.store.read_shard(old, s))
+                try:
+                    self._writer(pd).write_shard(name, self.store.read_shard(old, s))
+                except ShardExistsError:
+                    if not getattr(pd.writer, "joined", False):
+                        raise
+                    continue       # another rank of the joined generation rewrote it: its version stays
                 names[name] = rel
         moved = pd.gid != L.dir_generation_id(pd.root, _version(pd.gid))    # renamed while streaming
         if moved and self._rename_writer(self._writer(pd), L.dir_generation_id, pd.root, pd):
