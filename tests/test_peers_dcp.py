@@ -256,3 +256,39 @@ def test_faces_see_each_others_checkpoints(places):
     dcp.load(out_b, storage_reader=m.reader("cross-b"))
     assert _equal(out_a, a) and _equal(out_b, b)
     assert Path(m.path("cross-a")).is_dir() and sorted(os.listdir(m.path("cross-b")))[0] == ".metadata"
+
+
+def test_async_save_in_a_background_process(tmp_path):
+    """``dcp.async_save`` in PROCESS mode (torch's ``AsyncCheckpointerType.PROCESS``: the save runs in a
+    background process that lives on for the next save, as ``test_async_process_executor`` in torch's
+    test/distributed/checkpoint drives it), then a load in the training process: on the mount (one
+    server for every process), and on ``retainz://`` through a node service (without one, a device is
+    held by one process: the background process keeps it, and the load waits "device busy", the
+    documented limit of a device without a service, docs/node.md)."""
+    import subprocess
+    import sys
+
+    from tests.mountcheck import ROOT, env
+    from tests.test_node import start_service, stop_service
+
+    require_fuse()
+    (tmp_path / "m").mkdir()
+    (tmp_path / "r").mkdir()
+    mdev = make_device(tmp_path / "m", zones=32)
+    rdev = make_device(tmp_path / "r", zones=32)
+    svc = start_service(rdev, tmp_path / "service.log")
+    try:
+        with mounted(mdev, tmp_path / "m" / "mnt") as mnt:
+            ids = [str(mnt / "ck" / "step-1"), str(mnt / "ck" / "step-2"), f"retainz://{rdev}/ck/step-1",
+                   f"retainz://{rdev}/ck/step-2"]
+            r = subprocess.run([sys.executable, str(ROOT / "tests/workers/dcp_async_process.py"),
+                                str(tmp_path / "pg"), *ids], capture_output=True, text=True, timeout=400,
+                               env={**env(), "RETAINZ_JOB": "ck", "OMP_NUM_THREADS": "1"})
+            assert r.stdout.split("\n")[:5] == [f"OK {i}" for i in ids] + ["DONE"], r.stdout + r.stderr[-4000:]
+    finally:
+        stop_service(svc)
+    from tests.mountcheck import generations
+
+    for dev in (mdev, rdev):
+        assert sorted(generations(dev)) == ["ck%2Fstep-1", "ck%2Fstep-2"], dev
+        assert fsck_clean(dev)

@@ -6,7 +6,8 @@ it through a node service, ``retainz serve``; the mount is one server for every 
 The worker (``tests/workers/dcp_peer_ranks.py``) runs, on each rank, the scenarios of pytorch/pytorch
 ``test/distributed/checkpoint/test_file_system_checkpoint.py``: ``test_read_write_shard_tensor`` (a
 sharded state dict, uneven shards), ``test_load_rowwise_to_colwise`` and
-``test_load_with_different_shard_plan`` (saved by rows, loaded by columns),
+``test_load_with_different_shard_plan`` (saved by rows, loaded by columns; then every ordered pair of
+three plans, each saved into the same directory over the one before),
 ``test_switch_between_sharded_tensor_to_tensor``, and ``test_fsspec.py``'s ``test_overwrite`` at world
 size 2, plus an ``async_save``; it reports the per-rank files of the checkpoint next to a local
 directory's after the same saves.  This test then loads the two-rank checkpoint in one process, no
@@ -83,7 +84,9 @@ def test_two_ranks_on_the_mount(tmp_path):
     from tests.mountcheck import generations
 
     gens = generations(device)
-    assert sorted(gens) == ["ck%2Fasync", "ck%2Fsharded#1"] and sorted(gens["ck%2Fsharded#1"].shards) == PER_RANK
+    # plans: saved 6 times, one generation left (each version retired the one before; ids alternate)
+    assert sorted(gens) == ["ck%2Fasync", "ck%2Fplans#1", "ck%2Fsharded#1"]
+    assert sorted(gens["ck%2Fsharded#1"].shards) == PER_RANK
     assert fsck_clean(device)
 
 
@@ -106,7 +109,8 @@ def test_two_ranks_through_the_node_service(tmp_path, face):
         gens = {g.id: sorted(g.shards) for g in store.generations()}
     if face == "retainz":
         assert got["face"] == got["local"] == PER_RANK
-        assert gens == {"ck%2Fasync": PER_RANK, "ck%2Fsharded#1": PER_RANK}
+        assert sorted(gens) == ["ck%2Fasync", "ck%2Fplans#1", "ck%2Fsharded#1"]     # plans: one left
+        assert gens["ck%2Fasync"] == gens["ck%2Fsharded#1"] == PER_RANK
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
         from retainz.integrations.fsspec_fs import RetainZFileSystem
@@ -118,7 +122,8 @@ def test_two_ranks_through_the_node_service(tmp_path, face):
     else:
         # ZonedStorageWriter: one shard per rank (no thread_count), generations of the series ck
         shards = [".metadata", "__0_0.distcp", "__1_0.distcp"]
-        assert gens == {"ck%2Fasync": shards, "ck%2Fsharded": shards}, gens       # its overwrite keeps the id
+        assert sorted(gens) == ["ck%2Fasync", "ck%2Fplans", "ck%2Fsharded"]    # its overwrite keeps the id
+        assert gens["ck%2Fasync"] == gens["ck%2Fsharded"] == shards, gens
         from retainz.integrations.dcp import ZonedStorageReader
 
         # world size 1 reads both ranks' shards from the one device, the service stopped

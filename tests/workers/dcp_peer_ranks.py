@@ -109,6 +109,17 @@ def scenarios(face: Face, mesh, rank: int, kw: dict) -> None:
     dcp.load(out, storage_reader=face.reader("sharded"))
     _eq(out["w"].full_tensor(), f["w"], "overwrite")
     assert out["meta"] == {"step": 2}, out["meta"]
+    # test_load_with_different_shard_plan itself: every ordered pair of shard plans, each saved into the
+    # SAME directory (every save after the first replaces the one before) and loaded with the other plan
+    plans = {"rows": [Shard(0)], "cols": [Shard(1)], "replicated": [Replicate()]}
+    for n, (a, b) in enumerate((a, b) for a in plans for b in plans if a != b):
+        g = torch.Generator().manual_seed(100 + n)
+        whole = torch.randn(ROWS, COLS, generator=g)
+        dcp.save({"t": distribute_tensor(whole, mesh, plans[a]), "n": n}, storage_writer=face.writer("plans", **kw))
+        out = {"t": distribute_tensor(torch.zeros(ROWS, COLS), mesh, plans[b]), "n": -1}
+        dcp.load(out, storage_reader=face.reader("plans"))
+        _eq(out["t"].full_tensor(), whole, f"saved {a}, loaded {b}")
+        assert out["n"] == n, (a, b, out["n"])
     # dcp.async_save at world size 2 (thread mode), then loaded resharded
     fut = dcp.async_save(sharded(3, mesh), storage_writer=face.writer("async", **kw))
     fut.result()
