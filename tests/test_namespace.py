@@ -308,3 +308,41 @@ def test_a_file_written_in_order_still_streams_past_the_threshold(store):
     ns.close(fh)
     ns.release(fh)
     assert _get(ns, "big.bin") == data + b"tail"
+
+
+def test_a_read_only_store_refuses_every_change_with_erofs():
+    """Over a store opened read-only every call that would change the tree is ``EROFS`` before
+    anything changes, as on a read-only file system (it used to be EIO at the first write, a bare
+    PermissionError without errno from unlink, with the file already gone from the view, and
+    ENOENT from rename); reads work and the store is unchanged."""
+    dev = MemoryDevice(GEOM)
+    s = Store.format(dev)
+    ns = _ns(s)
+    _put(ns, "run/log.txt", b"log")
+    _put(ns, "run/step-1/model.pt", b"m" * 1000)
+    _put(ns, "run/step-1/.metadata", b"md")
+    before = _ids(s)
+    s.close()
+    ro = Store.open(dev, readonly=True)
+    ns = _ns(ro)
+    calls = {
+        "create": lambda: ns.open_write("run/new.bin"),
+        "rewrite": lambda: ns.open_write("run/log.txt"),
+        "mkdir": lambda: ns.mkdir("run/d"),
+        "unlink": lambda: ns.unlink("run/log.txt"),
+        "unlink in a checkpoint": lambda: ns.unlink("run/step-1/model.pt"),
+        "rmdir": lambda: ns.rmdir("run/step-1"),
+        "rm -r": lambda: ns.remove_tree("run"),
+        "rename": lambda: ns.rename("run/log.txt", "run/log2.txt"),
+        "truncate": lambda: ns.truncate("run/log.txt", 0),
+    }
+    got = {}
+    for what, fn in calls.items():
+        with pytest.raises(OSError) as e:
+            fn()
+        got[what] = e.value.errno
+    assert got == dict.fromkeys(calls, errno.EROFS)
+    assert _get(ns, "run/log.txt") == b"log" and _get(ns, "run/step-1/model.pt") == b"m" * 1000
+    assert sorted(ns.listdir("run")) == ["log.txt", "step-1"]
+    assert _ids(ro) == before
+    ro.close()

@@ -587,3 +587,23 @@ def test_an_aborted_generations_zones_are_reset_one_by_one_and_counted():
         w.abort()
         assert m.resets == 4 and m.unused_capacity_bytes == (CAP - 8192) + 2 * (CAP - 4096)
         assert s.table.key() == s.recompute_table().key()
+
+
+def test_a_duplicate_shard_name_is_its_own_error_also_through_a_node_service_reply():
+    """A shard name the generation already has (closed or open) is ShardExistsError (still a
+    ValueError), refused before a byte is placed, and a node service's reply raises it again as itself:
+    the namespace's carry-over into a joined re-save tells "another rank wrote it" from other refusals."""
+    from retainz.errors import ShardExistsError
+    from retainz.node.protocol import error_reply, raise_reply
+
+    with Store.format(MemoryDevice(GEOM)) as s:
+        w = s.begin_generation("g", 1)
+        w.write_shard("a", [b"1" * 5000])
+        used = s.df().used
+        with pytest.raises(ShardExistsError, match=r"^generation 'g' already has a shard 'a'$") as e:
+            w.write_shard("a", [b"2" * 5000])
+        assert isinstance(e.value, ValueError) and s.df().used == used
+        with pytest.raises(ShardExistsError, match="already has a shard 'a'"):
+            raise_reply(error_reply(e.value))
+        w.commit()
+        assert b"".join(s.read_shard("g", "a")) == b"1" * 5000

@@ -47,6 +47,7 @@ __all__ = [
     "StoreLockedError",
     "ForeignDeviceError",
     "InvalidIdError",
+    "ShardExistsError",
     "ShardSizeError",
     "SummaryMismatchError",
     "UnsupportedFormatError",
@@ -335,6 +336,12 @@ class ForeignDeviceError(StoreError, ValueError):
 class InvalidIdError(StoreError, ValueError):
     """A generation id or shard name that is empty, longer than 255 bytes (UTF-8), ``.``/``..`` or
     containing ``..``, a path separator, NUL or a control character."""
+
+
+class ShardExistsError(StoreError, ValueError):
+    """A shard name the generation being written already has (closed or open): refused at
+    ``open_shard`` before any byte is placed.  A namespace carrying a checkpoint's unchanged files
+    into its next version skips the ones other ranks of a joined generation already wrote."""
 
 
 class ShardSizeError(StoreError, ValueError):

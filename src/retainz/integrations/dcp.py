@@ -199,19 +199,21 @@ def generation_id(checkpoint_id: str | os.PathLike) -> str:
     return name
 
 
-def device_path(device: str | os.PathLike, rank: int) -> str:
+def device_path(device: str | os.PathLike, rank: int, *, reading: bool = False) -> str:
     """The device file of ``rank``: ``device`` formatted with ``{rank}``, ``DIR/rank{rank}.img`` for a
-    directory (existing, or a path ending in ``/``), else the file itself (rank 0 only).
+    directory (existing, or a path ending in ``/``), else the file itself (rank 0 only, or any rank
+    when served by a node service or when ``reading``: a checkpoint saved through a node service
+    holds every rank's shards on that one device, and a load at another world size reads them there).
 
     Raises:
-        ValueError: a single device file for a rank other than 0.
+        ValueError: a single device file for a rank other than 0, neither served nor read.
     """
     text = os.fspath(device)
     if "{rank}" in text:
         return text.format(rank=rank)
     if os.path.isdir(text) or text.endswith("/"):
         return os.path.join(text, f"rank{rank}.img")
-    if rank != 0 and served(text) is not None:
+    if rank != 0 and (reading or served(text) is not None):
         return text       # one device for every rank, through its node service (docs/node.md)
     if rank != 0:
         raise ValueError(f"{text}: rank {rank} needs its own device; pass a directory (DIR/rank{{N}}.img) "
@@ -673,9 +675,9 @@ def _dcp_join_token(checkpoint_id: str | None) -> str | None:
     return token
 
 
-def device_path_for(device: Any, rank: int) -> Any:
+def device_path_for(device: Any, rank: int, *, reading: bool = False) -> Any:
     """``device`` itself for an open store, else :func:`device_path`."""
-    return device if _stores.is_store(device) else device_path(device, rank)
+    return device if _stores.is_store(device) else device_path(device, rank, reading=reading)
 
 
 class _ShardCursor:
@@ -788,7 +790,7 @@ class ZonedStorageReader(StorageReader):
         other than the save's: one node loading what several saved, a generation restored whole onto
         one fresh device), and a shard it lacks is read from the durable copy."""
         try:
-            return device_path_for(self.device, rank)
+            return device_path_for(self.device, rank, reading=True)
         except ValueError:
             if self.durable is None:
                 raise
@@ -801,7 +803,7 @@ class ZonedStorageReader(StorageReader):
         except GenerationNotFoundError:
             raise CheckpointNotFoundError(
                 f"checkpoint {self.checkpoint_id!r}: no committed generation {gen!r} on "
-                f"{device_path_for(self.device, rank)} (never committed, still being written, or deleted)"
+                f"{device_path_for(self.device, rank, reading=True)} (never committed, still being written, or deleted)"
             ) from None
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:

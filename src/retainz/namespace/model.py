@@ -61,7 +61,15 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from retainz.errors import ChecksumError, GenerationNotFoundError, InvalidIdError, NoSpaceError, RetainZError
+from retainz.errors import (
+    ChecksumError,
+    GenerationNotFoundError,
+    InvalidIdError,
+    NoSpaceError,
+    ReadOnlyStoreError,
+    RetainZError,
+    ShardExistsError,
+)
 from retainz.namespace import names as L
 from retainz.retention.inference import RetentionInference
 from retainz.retention.online import rule_hint
@@ -78,9 +86,12 @@ log = logging.getLogger("retainz.namespace")
 def errno_of(e: BaseException) -> int:
     """The errno a store error becomes at the system call that reports it: ``ENOSPC`` for
     :class:`~retainz.errors.NoSpaceError` (data zones or journal full), ``ENAMETOOLONG`` for an id
-    over 255 bytes, ``EINVAL`` for another id rule, ``EIO`` for anything else."""
+    over 255 bytes, ``EINVAL`` for another id rule, ``EROFS`` for a store opened read-only
+    (:class:`~retainz.errors.ReadOnlyStoreError`), ``EIO`` for anything else."""
     if isinstance(e, NoSpaceError):
         return errno.ENOSPC
+    if isinstance(e, ReadOnlyStoreError):
+        return errno.EROFS
     if isinstance(e, InvalidIdError):
         return L.errno_of_id(e)
     if isinstance(e, OSError) and e.errno:
@@ -568,6 +579,13 @@ class Namespace:
             raise NamespaceError(e.errno, e.strerror) from None
 
     # -- metadata ----------------------------------------------------------------------------------
+    def _writable(self, p: str) -> None:
+        """Refuse a change to the tree of a store opened read-only (``Store.open(readonly=True)``) with
+        ``EROFS`` before anything changes, as a read-only file system does (``rename(2)``, ``open(2)``:
+        "EROFS pathname refers to a file on a read-only filesystem")."""
+        if getattr(self.store, "readonly", False):
+            raise NamespaceError(errno.EROFS, f"{p}: the store is open read-only")
+
     def stat(self, path: str, fh: int | None = None) -> Entry:
         """The directory or file at ``path``.  Its time: a commit made by this instance shows its
         wall-clock time; one made before shows its ``commit_seq`` as seconds since the epoch (the store
@@ -626,16 +644,17 @@ class Namespace:
         return [".", ".."] + sorted(n for n in names if n)
 
     def space(self) -> tuple[int, int, int, int]:
-        """``(block size, capacity, available, generations)`` in bytes: available is what admission can
-        reach after GC (data capacity less live bytes, the open writers' reservations and the GC
-        reserve), what ``Store.begin_generation`` can admit."""
+        """``(block size, capacity, available, generations)`` in bytes: available is what a new file
+        can take, admission's reach after GC (data capacity less live bytes, the open writers'
+        reservations and the GC reserve) less the one block every new generation keeps for its
+        layout record (:meth:`_reserve`), so a file of exactly that size is written whole."""
         df = self.store.df()
         bs = self.store.device.geometry.block_size
         with self._mu:
             writers = [pd.writer for pd in self.pending.values() if pd.writer is not None]
             writers += [h.writer for h in self.handles.values() if h.write_mode and h.writer is not None]
         reserved = sum(w.reserve for w in writers)     # admitted for bytes accepted, not yet placed
-        avail = max(0, df.capacity - df.used - df.gc_reserve - reserved)
+        avail = max(0, df.capacity - df.used - df.gc_reserve - reserved - self._pad(1))
         return bs, df.capacity, avail, df.generations
 
     def mkdir(self, path: str) -> None:
@@ -645,6 +664,7 @@ class Namespace:
             NamespaceError: ``EEXIST``, ``ENOENT`` (no parent), a refused name.
         """
         p = self._p(path)
+        self._writable(p)
         with self._mu:
             files, dirs = self._namespace()
             if p in files or p in dirs:
@@ -663,8 +683,9 @@ class Namespace:
         Raises:
             NamespaceError: ``EISDIR``, ``ENOENT`` (no parent), ``EBUSY`` (open for writing already),
                 ``EPERM`` (a streamed file of a checkpoint being written, opened again), ``ENOSPC``,
-                a refused name.
+                a refused name, ``EROFS`` (a store opened read-only).
         """
+        self._writable(self._p(path))
         return self._open_write(self._p(path), truncate=truncate)
 
     def open_read(self, path: str) -> int:
@@ -967,6 +988,7 @@ class Namespace:
 
     def truncate(self, path: str, length: int, fh: int | None = None) -> int:
         p = self._p(path)
+        self._writable(p)
         h = self.handles.get(fh) if fh else None
         if h is None:
             with self._mu:
@@ -1259,7 +1281,12 @@ class Namespace:
                 name = L.shard_name(rel)
                 if name in names or name == L.LAYOUT_SHARD:
                     name = f"{name}%{len(names)}"
-                self._writer(pd).write_shard(name, self.store.read_shard(old, s))
+                try:
+                    self._writer(pd).write_shard(name, self.store.read_shard(old, s))
+                except ShardExistsError:
+                    if not getattr(pd.writer, "joined", False):
+                        raise
+                    continue       # another rank of the joined generation rewrote it: its version stays
                 names[name] = rel
         moved = pd.gid != L.dir_generation_id(pd.root, _version(pd.gid))    # renamed while streaming
         if moved and self._rename_writer(self._writer(pd), L.dir_generation_id, pd.root, pd):
@@ -1421,6 +1448,7 @@ class Namespace:
             NamespaceError: ``ENOENT``.
         """
         p = self._p(path)
+        self._writable(p)
         with self._mu:
             files, _ = self._namespace()
             if p not in files:
@@ -1461,6 +1489,7 @@ class Namespace:
             NamespaceError: ``ENOENT``.
         """
         p = self._p(path)
+        self._writable(p)
         with self._mu:
             files, dirs = self._namespace()
             if p in files:
@@ -1535,6 +1564,7 @@ class Namespace:
 
     def rmdir(self, path: str) -> int:
         p = self._p(path)
+        self._writable(p)
         with self._mu:
             files, dirs = self._namespace()
             if p not in dirs or p in files:
@@ -1560,6 +1590,7 @@ class Namespace:
     def rename(self, old: str, new: str) -> int:
         """Rename a file or directory (see the module docstring); over an existing file it is an atomic
         replace, over an existing empty directory it replaces it, over a non-empty one ``ENOTEMPTY``."""
+        self._writable(self._p(old))
         ret = self._rename_path(old, new)
         with self._mu:
             self.observer.moved(self._p(old), self._p(new))

@@ -26,7 +26,7 @@ from typing import Protocol
 
 import crc32c
 
-from retainz.errors import NoSpaceError, ShardSizeError, ZonedDeviceError
+from retainz.errors import NoSpaceError, ShardExistsError, ShardSizeError, ZonedDeviceError
 from retainz.placement.base import Allocator, Decision, ExtentRequest, ZoneSummary
 from retainz.store.crc import crc32c_combine
 from retainz.store.format import check_id
@@ -529,7 +529,7 @@ class GenerationWriter:
     def _check_name(self, name: str, size: int | None) -> None:
         check_id(name, "shard name")
         if name in self.gen.shards or any(s.name == name for s in self._open):
-            raise ValueError(f"generation {self.gen.id!r} already has a shard {name!r}")
+            raise ShardExistsError(f"generation {self.gen.id!r} already has a shard {name!r}")
         if size is not None and (not isinstance(size, int) or size < 0):
             raise ValueError(f"shard {name!r}: size must be a non-negative int, not {size!r}")
 
@@ -541,8 +541,8 @@ class GenerationWriter:
             size: the shard's length in bytes, if known; the chunks must add up to exactly it.
 
         Raises:
-            InvalidIdError: a bad name.  ValueError: a duplicate name, a negative size, or a writer
-                that is no longer writing.
+            InvalidIdError: a bad name.  ShardExistsError (a ValueError): a duplicate name.
+                ValueError: a negative size, or a writer that is no longer writing.
         """
         with self._host.lock:
             self._check_writing()
