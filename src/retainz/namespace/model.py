@@ -16,8 +16,9 @@ Paths map onto generations as :mod:`retainz.namespace.names` says.  What the cal
   write to a streamed file is ``EIO`` with a log line).  A file written past its end (a hole:
   ``numpy.memmap`` ``w+``) never streams; it stays in memory, taking writes in any order, up to
   :attr:`Namespace.hole_limit` (``EFBIG`` past it).  An ``ftruncate`` up to at most ``hole_limit``
-  is held the same way; a larger one streams once its writes reach the new end (safetensors sets
-  the length first, then writes in order).  One shard streams at a time
+  is held the same way; a larger one only sets the length (safetensors sets it first, then writes
+  in order): its zeros are not held, writes in order stream past the threshold, the unwritten rest
+  commits as zeros; a write skipping ahead into it holds the file until its writes reach the end.  One shard streams at a time
   (:attr:`Namespace.slot`); other files keep buffering meanwhile, and store work ordered after the
   stream (a small file's commit) is queued and run when it ends.
 * **admission**: ``open`` admits the generation, every ``write`` grows its reservation in the store
@@ -190,6 +191,9 @@ class _Handle:
         self.done = threading.Event()  # set at release
         self.unlinked = False          # unlinked or discarded while open: nothing of it commits
         self.holed = False             # extended past its bytes (a hole): held in memory, never streamed
+        self.put = 0                   # bytes pushed into the streamed shard (its data end)
+        self.gapped = False            # a write skipped part of a length set ahead: streams only at its end
+        self.source: _Handle | None = None   # the writer whose buffer this reader shares
         self.windows: dict[int, bytes] = {}    # verified extents read lately: first data byte -> bytes
 
     @property
@@ -692,6 +696,7 @@ class Namespace:
         pd = self._pending_of(p)
         if w is not None and not w.streaming and not self._committed(p):
             h = _Handle(self, p, write=False, buf=w.buf)   # reads what is written so far
+            h.source = w
         elif p in self.truncated:
             h = _Handle(self, p, write=False, buf=bytearray())
         elif p in self.pending_files:
@@ -804,9 +809,9 @@ class Namespace:
             h.writer_process = self.caller()
             end = offset + len(data)
             if h.streaming:
-                if offset != h.size:
+                if offset != h.put:
                     raise NamespaceError(errno.EIO, f"{h.path}: write at byte {offset} of a file streamed "
-                                            f"sequentially into the store ({h.size} bytes so far)")
+                                            f"sequentially into the store ({h.put} bytes so far)")
                 self._reserve(h, end)
                 h.dirty = True
                 try:
@@ -814,17 +819,20 @@ class Namespace:
                 except BaseException as e:
                     h.failed = e
                     raise NamespaceError(errno_of(e), f"{h.path}: {e}") from e
-                h.size += len(data)
+                h.put = end
+                h.size = max(h.size, end)
                 return len(data)
-            if offset > len(h.buf):
-                self._hole(h, max(end, len(h.buf)))
-            self._reserve(h, max(end, len(h.buf)))
+            if offset > h.size:
+                self._hole(h, end)
+            self._reserve(h, max(end, h.size))
             h.dirty = True
-            if offset > len(h.buf):
+            if offset > len(h.buf):                # into the length an ftruncate set ahead: held from here
+                h.gapped = True
                 h.buf.extend(bytes(offset - len(h.buf)))
             h.buf[offset:end] = data
-            h.size = len(h.buf)
-            if h.size >= self.stream_threshold and end == h.size and not h.holed:
+            h.size = max(h.size, len(h.buf))
+            if (len(h.buf) >= self.stream_threshold and end == len(h.buf) and not h.holed
+                    and (not h.gapped or end == h.size)):
                 self._try_stream(h)
             return len(data)
 
@@ -850,10 +858,10 @@ class Namespace:
     def _unplaced(self, h: _Handle, size: int | None = None) -> int:
         """Device bytes ``h`` has accepted (or, with ``size``, will have) and not placed: its buffer,
         or the tail its open shard holds before the next 1 MiB extent."""
-        size = h.size if size is None else size
+        size = h.size if size is None else max(size, h.size)
         sink = h.sink
         if sink is not None:
-            return self._pad(sink.written % WRITE_BUFFER + max(0, size - h.size))
+            return self._pad(sink.written % WRITE_BUFFER + size - h.put)
         return self._pad(size)
 
     def _reserve(self, h: _Handle, size: int | None = None) -> None:
@@ -932,6 +940,7 @@ class Namespace:
             h.shard_name = name
             h.sink = writer.open_shard(name)
             h.sink.write(h.buf)
+            h.put = len(h.buf)
             h.buf = bytearray()
         except BaseException as e:
             if h.sink is not None:
@@ -957,16 +966,16 @@ class Namespace:
                 if length != h.size and h.clean:
                     self._reopen(h)
                 h.dirty = h.dirty or length != h.size
-                if length > len(h.buf):
-                    # an extension (safetensors sets the final length before writing in order; a
-                    # shared mapping writes in any order): held in memory up to hole_limit; a
-                    # larger one streams once its writes reach the end, as before
-                    h.holed = h.holed or length <= self.hole_limit
+                if length > h.size:
                     self._reserve(h, length)
                 del h.buf[length:]
-                if length > len(h.buf):
+                if length > len(h.buf) and length <= self.hole_limit:
+                    # an extension a shared mapping may write in any order: held in memory
+                    h.holed = True
                     h.buf.extend(bytes(length - len(h.buf)))
-                h.size = len(h.buf)
+                # a larger one (safetensors sets the final length before writing in order) is set
+                # ahead: its zeros are not held, and its writes stream as they arrive in order
+                h.size = length
             return 0
         with self._mu:
             files, _ = self._namespace()
@@ -1085,10 +1094,18 @@ class Namespace:
 
     def _close_writer(self, h: _Handle) -> None:
         info = None
+        if not h.streaming and h.size > len(h.buf) and h.failed is None:
+            # a length set ahead (ftruncate up) and not all written: stream it with its zeros, or hold them
+            if h.size >= self.stream_threshold and not h.gapped and not h.holed:
+                with contextlib.suppress(NamespaceError):
+                    self._try_stream(h)
+            if not h.streaming and h.failed is None:
+                h.buf.extend(bytes(h.size - len(h.buf)))
         streamed = h.streaming            # then this handle holds the store slot
         err = h.failed
         if h.streaming:
             try:
+                self._zeros_to_end(h)
                 info = h.sink.close()
             except BaseException as e:
                 err = h.failed = e
@@ -1127,6 +1144,16 @@ class Namespace:
         finally:
             if streamed:
                 self._drain_and_release()
+
+    def _zeros_to_end(self, h: _Handle) -> None:
+        """Push the zeros of a length set ahead (``ftruncate`` up) and never written into the
+        streamed shard, a block-multiple piece at a time."""
+        if h.put < h.size:
+            zeros = bytes(min(WRITE_BUFFER, h.size - h.put))
+            while h.put < h.size:
+                n = min(len(zeros), h.size - h.put)
+                h.sink.write(zeros if n == len(zeros) else memoryview(zeros)[:n])
+                h.put += n
 
     def _drop_writer(self, h: _Handle) -> None:
         if h.writer is not None:
@@ -1319,7 +1346,11 @@ class Namespace:
         if h is None:
             raise NamespaceError(errno.EBADF)
         if h.gen is None:
-            return bytes(h.buf[offset:offset + size])
+            out = bytes(h.buf[offset:offset + size])
+            length = (h.source.size if h.source is not None and h.source.buf is h.buf else len(h.buf))
+            if len(out) < size and offset + len(out) < length:    # zeros of a length set ahead
+                out += bytes(min(size - len(out), length - offset - len(out)))
+            return out
         total = h.gen.sizes[h.shard]
         end = min(offset + size, total)
         pieces = []
