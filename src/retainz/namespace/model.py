@@ -1342,6 +1342,26 @@ class Namespace:
         Raises:
             NamespaceError: ``EBADF``, ``EIO`` (a checksum mismatch), ``ESTALE`` (retired meanwhile).
         """
+        pieces = list(self._pieces(fh, size, offset))
+        return bytes(pieces[0]) if len(pieces) == 1 else b"".join(pieces)
+
+    def read_into(self, fh: int, out, offset: int) -> int:
+        """:meth:`read` into the writable buffer ``out`` (``len(out)`` bytes asked; a FUSE request's
+        own buffer), one copy per byte; returns the bytes given (fewer at the end of the file).
+
+        Raises:
+            as :meth:`read`.
+        """
+        out = memoryview(out).cast("B")
+        n = 0
+        for piece in self._pieces(fh, len(out), offset):
+            out[n:n + len(piece)] = piece
+            n += len(piece)
+        return n
+
+    def _pieces(self, fh: int, size: int, offset: int):
+        """The bytes at ``offset`` (up to ``size``) of ``fh``, as views of what is held (buffers,
+        verified extents), in order."""
         h = self.handles.get(fh)
         if h is None:
             raise NamespaceError(errno.EBADF)
@@ -1350,24 +1370,20 @@ class Namespace:
             length = (h.source.size if h.source is not None and h.source.buf is h.buf else len(h.buf))
             if len(out) < size and offset + len(out) < length:    # zeros of a length set ahead
                 out += bytes(min(size - len(out), length - offset - len(out)))
-            return out
-        total = h.gen.sizes[h.shard]
-        end = min(offset + size, total)
-        pieces = []
+            yield out
+            return
+        end = min(offset + size, h.gen.sizes[h.shard])
         pos = offset
         try:
             while pos < end:
                 start, data = self._window(h, pos)
-                if pos == start and end - pos >= len(data):
-                    pieces.append(data)                 # the whole extent: no copy here
-                else:
-                    pieces.append(data[pos - start:end - start])
-                pos += len(pieces[-1])
+                stop = min(end, start + len(data))
+                yield data if pos == start and stop - start == len(data) else memoryview(data)[pos - start:stop - start]
+                pos = stop
         except ChecksumError as e:
             raise NamespaceError(errno.EIO, f"{h.path}: {e}") from e
         except GenerationNotFoundError as e:
             raise NamespaceError(errno.ESTALE, f"{h.path}: {e}") from e
-        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     #: Verified extents a read handle keeps (1 MiB each): the kernel's read-ahead sends requests for one
     #: file from several threads, out of order, so one window would be evicted and read again.
