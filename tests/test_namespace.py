@@ -338,6 +338,66 @@ def test_a_write_skipping_into_a_length_set_ahead_is_held_until_the_end(store):
     assert _get(ns, "g.bin") == data
 
 
+@pytest.mark.parametrize("inside", [False, True], ids=["file", "in a checkpoint"])
+def test_a_device_error_while_a_file_streams_reaches_its_writer_and_nothing_commits(inside):
+    """A streamed file's chunks are written into the store while the next write arrives (the mount's
+    pump): a device error on one of them is the errno (EIO) of a later write, fsync or the close, and
+    neither the file nor its checkpoint commits; the store stays usable."""
+    from retainz.zoned.faulty import FaultyDevice
+
+    dev = FaultyDevice(MemoryDevice(GEOM))
+    store = Store.format(dev)
+    try:
+        ns = _ns(store)
+        path = "run/step-4/big.bin" if inside else "big.bin"
+        fh = ns.open_write(path)
+        chunk = bytes(range(256)) * 64                      # 16 KiB
+        dev.fail("write", count=-1)                         # every device write from now on
+        failed = None
+        for i in range(256):                                # 4 MiB: streams past 64 KiB
+            try:
+                ns.write(fh, chunk, i * len(chunk))
+            except NamespaceError as e:
+                failed = e
+                break
+        if failed is None:
+            with pytest.raises(NamespaceError) as e:
+                ns.fsync(fh)
+            failed = e.value
+        assert failed.errno == errno.EIO
+        with pytest.raises(NamespaceError) as e:
+            ns.close(fh)
+        assert e.value.errno == errno.EIO
+        ns.release(fh)
+        if inside:
+            with pytest.raises(NamespaceError):
+                _put(ns, "run/step-4/.metadata", b"m")
+        assert not ns.exists(path)
+        dev.faults.clear()
+        _put(ns, "after.bin", b"ok")                         # the store is usable again
+        assert _get(ns, "after.bin") == b"ok"
+    finally:
+        store.close()
+
+
+def test_unlinking_a_file_while_its_chunks_are_queued_drops_them(store):
+    """torch's cleanup of a failed write unlinks the file it was streaming: the chunks still queued
+    for the store are dropped with it, the descriptor keeps taking bytes, and nothing commits."""
+    ns = _ns(store)
+    fh = ns.open_write("tmp.bin")
+    chunk = bytes(range(256)) * 256                         # 64 KiB
+    for i in range(32):
+        ns.write(fh, chunk, i * len(chunk))
+    assert ns.handle(fh).streaming
+    ns.unlink("tmp.bin")
+    assert ns.write(fh, chunk, 32 * len(chunk)) == len(chunk)
+    ns.close(fh)
+    ns.release(fh)
+    assert not ns.exists("tmp.bin")
+    _put(ns, "after.bin", b"ok")                             # the store slot is free again
+    assert _get(ns, "after.bin") == b"ok"
+
+
 def test_a_file_written_in_order_still_streams_past_the_threshold(store):
     ns = _ns(store, hole_limit=1 << 20)
     fh = ns.open_write("big.bin")

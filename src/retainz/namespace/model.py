@@ -13,7 +13,9 @@ Paths map onto generations as :mod:`retainz.namespace.names` says.  What the cal
   (small files may be written at any offset, truncated, re-opened); past it they stream into the
   store as a shard (``GenerationWriter.open_shard``: each write is pushed into 1 MiB extents), which
   needs sequential writes (``torch.save``, safetensors and DCP write sequentially; an out-of-order
-  write to a streamed file is ``EIO`` with a log line).  A file written past its end (a hole:
+  write to a streamed file is ``EIO`` with a log line).  A streamed file's chunks are written by a
+  thread of its own (:class:`_Pump`) while the next write arrives; a store error on them is the
+  errno of the file's next write, fsync or close.  A file written past its end (a hole:
   ``numpy.memmap`` ``w+``) never streams; it stays in memory, taking writes in any order, up to
   :attr:`Namespace.hole_limit` (``EFBIG`` past it).  An ``ftruncate`` up to at most ``hole_limit``
   is held the same way; a larger one only sets the length (safetensors sets it first, then writes
@@ -52,6 +54,7 @@ commit order, which HF Trainer's ``sort_checkpoints(use_mtime=True)`` relies on.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import itertools
@@ -168,6 +171,87 @@ class _NoCache:
 
 
 
+class _Pump:
+    """Writes a streamed file's chunks into its shard on a thread of its own, in order, so the
+    request that brought them returns while they are written (the next one arrives meanwhile).
+
+    At most :attr:`LIMIT` bytes wait; :meth:`put` blocks past it.  The first error of the shard stops
+    the pump and is raised by every later :meth:`put` and by :meth:`drain`.
+    """
+
+    #: Bytes taken and not yet in the shard before :meth:`put` waits (four 1 MiB requests).
+    LIMIT = 4 << 20
+
+    def __init__(self, sink):
+        self.sink = sink
+        self.cv = threading.Condition()
+        self.q: collections.deque = collections.deque()
+        self.queued = 0                 # bytes taken, not yet written into the shard
+        self.error: BaseException | None = None
+        self.closed = False
+        self.thread = threading.Thread(target=self._run, name="retainz-stream", daemon=True)
+        self.thread.start()
+
+    def put(self, data) -> None:
+        """Take a copy of ``data`` (the request's buffer is reused after it returns).
+
+        Raises:
+            the shard's first error (``NoSpaceError``, a device error), if one happened."""
+        chunk = bytes(data)
+        with self.cv:
+            while self.queued >= self.LIMIT and self.error is None:
+                self.cv.wait()
+            if self.error is not None:
+                raise self.error
+            self.q.append(chunk)
+            self.queued += len(chunk)
+            self.cv.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self.cv:
+                while not self.q and not self.closed:
+                    self.cv.wait()
+                if not self.q:
+                    return
+                chunk = self.q[0]
+            err = None
+            if self.error is None:
+                try:
+                    self.sink.write(chunk)
+                except BaseException as e:  # noqa: BLE001 - handed to the writer's next call
+                    err = e
+            with self.cv:
+                if self.q and self.q[0] is chunk:
+                    self.q.popleft()
+                    self.queued -= len(chunk)
+                if err is not None and self.error is None:
+                    self.error = err
+                self.cv.notify_all()
+
+    def drain(self) -> None:
+        """Wait until every chunk taken is in the shard.
+
+        Raises:
+            the shard's first error."""
+        with self.cv:
+            while self.q and self.error is None:
+                self.cv.wait()
+            if self.error is not None:
+                raise self.error
+
+    def stop(self, *, discard: bool = False) -> None:
+        """End the thread, after writing what waits (``discard``: dropping it)."""
+        with self.cv:
+            if discard:
+                while len(self.q) > 1:
+                    self.queued -= len(self.q.pop())
+            self.closed = True
+            self.cv.notify_all()
+        if self.thread is not threading.current_thread():
+            self.thread.join()
+
+
 class _Handle:
     """An open file: a writer (buffer, then a streamed shard) or a reader."""
 
@@ -179,6 +263,7 @@ class _Handle:
         self.size = len(self.buf)
         self.gen, self.shard = gen, shard
         self.sink: ShardWriter | None = None   # the shard being streamed (push-style)
+        self.pump: _Pump | None = None         # writes the sink's chunks while the next request arrives
         self.writer = None             # the file generation's writer while streaming
         self.shard_name = ""
         self.lock = threading.Lock()
@@ -815,7 +900,7 @@ class Namespace:
                 self._reserve(h, end)
                 h.dirty = True
                 try:
-                    h.sink.write(data)
+                    h.pump.put(data)
                 except BaseException as e:
                     h.failed = e
                     raise NamespaceError(errno_of(e), f"{h.path}: {e}") from e
@@ -861,7 +946,7 @@ class Namespace:
         size = h.size if size is None else max(size, h.size)
         sink = h.sink
         if sink is not None:
-            return self._pad(sink.written % WRITE_BUFFER + size - h.put)
+            return self._pad(h.pump.queued + sink.written % WRITE_BUFFER + size - h.put)
         return self._pad(size)
 
     def _reserve(self, h: _Handle, size: int | None = None) -> None:
@@ -942,6 +1027,7 @@ class Namespace:
             h.sink.write(h.buf)
             h.put = len(h.buf)
             h.buf = bytearray()
+            h.pump = _Pump(h.sink)
         except BaseException as e:
             if h.sink is not None:
                 with contextlib.suppress(BaseException):
@@ -1021,6 +1107,11 @@ class Namespace:
         if h is None or not h.write_mode:
             return 0
         with h.lock:
+            if h.pump is not None:
+                try:
+                    h.pump.drain()
+                except BaseException as e:  # noqa: BLE001 - reported as this call's errno
+                    h.failed = h.failed or e
             if h.failed is not None:
                 raise NamespaceError(errno_of(h.failed), f"{h.path}: an earlier write failed ({h.failed})")
         if h.pending is None and h.dirty:
@@ -1105,6 +1196,7 @@ class Namespace:
         err = h.failed
         if h.streaming:
             try:
+                self._stop_pump(h)
                 self._zeros_to_end(h)
                 info = h.sink.close()
             except BaseException as e:
@@ -1144,6 +1236,17 @@ class Namespace:
         finally:
             if streamed:
                 self._drain_and_release()
+
+    def _stop_pump(self, h: _Handle, *, discard: bool = False) -> None:
+        """Write what ``h``'s pump holds into the shard (``discard``: drop it) and end its thread.
+
+        Raises:
+            the shard's first error (not with ``discard``)."""
+        pump, h.pump = h.pump, None
+        if pump is not None:
+            pump.stop(discard=discard)
+            if pump.error is not None and not discard:
+                raise pump.error
 
     def _zeros_to_end(self, h: _Handle) -> None:
         """Push the zeros of a length set ahead (``ftruncate`` up) and never written into the
@@ -1505,6 +1608,7 @@ class Namespace:
         with h.lock:
             h.unlinked = True
             if h.sink is not None:
+                self._stop_pump(h, discard=True)
                 with contextlib.suppress(Exception):
                     h.sink.abort()
                 h.sink = None
