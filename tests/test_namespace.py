@@ -297,6 +297,123 @@ def test_a_large_ftruncate_up_then_writes_in_order_streams(store):
     assert _get(ns, "m.safetensors") == data
 
 
+def test_a_length_set_ahead_is_not_held_and_its_writes_stream_in_order(store):
+    """safetensors sets the final length, then writes in order: past hole_limit the zeros set ahead
+    are never held in memory and the writes stream once the threshold is reached (not when they reach
+    the end: a 2 GiB save_file used to sit whole in the server's memory), so the buffer stays below
+    the threshold plus one write; bytes never written read back as zeros."""
+    ns = _ns(store, hole_limit=128 << 10)
+    fh = ns.open_write("m.safetensors")
+    data = bytes(range(256)) * 1024                 # 256 KiB, over hole_limit and the 64 KiB threshold
+    ns.truncate("m.safetensors", len(data) + 8192, fh)      # the last 8 KiB are never written
+    h = ns.handle(fh)
+    assert len(h.buf) == 0 and ns.stat("m.safetensors").size == len(data) + 8192
+    peak = 0
+    for off in range(0, len(data), 16 << 10):
+        ns.write(fh, data[off:off + (16 << 10)], off)
+        peak = max(peak, len(h.buf))
+    assert h.streaming and peak < (64 << 10) + (16 << 10)
+    assert ns.stat("m.safetensors").size == len(data) + 8192
+    ns.close(fh)
+    ns.release(fh)
+    assert _get(ns, "m.safetensors") == data + bytes(8192)
+
+
+@pytest.mark.parametrize("written", [0, 100 << 10], ids=["never written", "partly written"])
+def test_a_length_set_ahead_and_left_unwritten_commits_as_zeros(store, written):
+    """An ftruncate up past hole_limit followed by fewer writes (or none) commits the zeros up to the
+    length, whether the file streamed or not."""
+    ns = _ns(store, hole_limit=128 << 10)
+    fh = ns.open_write("sparse.bin")
+    n = 300 << 10
+    ns.truncate("sparse.bin", n, fh)
+    data = bytes(range(256)) * (written // 256)
+    if data:
+        ns.write(fh, data, 0)
+    ns.close(fh)
+    ns.release(fh)
+    assert _get(ns, "sparse.bin") == data + bytes(n - len(data))
+
+
+def test_a_write_skipping_into_a_length_set_ahead_is_held_until_the_end(store):
+    """A write that skips part of a length set ahead past hole_limit is taken (the gap is zeros) and
+    the file streams only once its writes reach the end, so the gap can still be written."""
+    ns = _ns(store, hole_limit=128 << 10)
+    fh = ns.open_write("g.bin")
+    n = 256 << 10
+    ns.truncate("g.bin", n, fh)
+    data = bytes(range(256)) * (n // 256)
+    ns.write(fh, data[:4096], 0)
+    ns.write(fh, data[128 << 10:(192 << 10)], 128 << 10)     # skips ahead
+    ns.write(fh, data[4096:128 << 10], 4096)                  # the gap, behind the last write
+    assert not ns.handle(fh).streaming
+    ns.write(fh, data[192 << 10:], 192 << 10)                 # reaches the end: streams
+    assert ns.handle(fh).streaming
+    ns.close(fh)
+    ns.release(fh)
+    assert _get(ns, "g.bin") == data
+
+
+@pytest.mark.parametrize("inside", [False, True], ids=["file", "in a checkpoint"])
+def test_a_device_error_while_a_file_streams_reaches_its_writer_and_nothing_commits(inside):
+    """A streamed file's chunks are written into the store while the next write arrives (the mount's
+    pump): a device error on one of them is the errno (EIO) of a later write, fsync or the close, and
+    neither the file nor its checkpoint commits; the store stays usable."""
+    from retainz.zoned.faulty import FaultyDevice
+
+    dev = FaultyDevice(MemoryDevice(GEOM))
+    store = Store.format(dev)
+    try:
+        ns = _ns(store)
+        path = "run/step-4/big.bin" if inside else "big.bin"
+        fh = ns.open_write(path)
+        chunk = bytes(range(256)) * 64                      # 16 KiB
+        dev.fail("write", count=-1)                         # every device write from now on
+        failed = None
+        for i in range(256):                                # 4 MiB: streams past 64 KiB
+            try:
+                ns.write(fh, chunk, i * len(chunk))
+            except NamespaceError as e:
+                failed = e
+                break
+        if failed is None:
+            with pytest.raises(NamespaceError) as e:
+                ns.fsync(fh)
+            failed = e.value
+        assert failed.errno == errno.EIO
+        with pytest.raises(NamespaceError) as e:
+            ns.close(fh)
+        assert e.value.errno == errno.EIO
+        ns.release(fh)
+        if inside:
+            with pytest.raises(NamespaceError):
+                _put(ns, "run/step-4/.metadata", b"m")
+        assert not ns.exists(path)
+        dev.faults.clear()
+        _put(ns, "after.bin", b"ok")                         # the store is usable again
+        assert _get(ns, "after.bin") == b"ok"
+    finally:
+        store.close()
+
+
+def test_unlinking_a_file_while_its_chunks_are_queued_drops_them(store):
+    """torch's cleanup of a failed write unlinks the file it was streaming: the chunks still queued
+    for the store are dropped with it, the descriptor keeps taking bytes, and nothing commits."""
+    ns = _ns(store)
+    fh = ns.open_write("tmp.bin")
+    chunk = bytes(range(256)) * 256                         # 64 KiB
+    for i in range(32):
+        ns.write(fh, chunk, i * len(chunk))
+    assert ns.handle(fh).streaming
+    ns.unlink("tmp.bin")
+    assert ns.write(fh, chunk, 32 * len(chunk)) == len(chunk)
+    ns.close(fh)
+    ns.release(fh)
+    assert not ns.exists("tmp.bin")
+    _put(ns, "after.bin", b"ok")                             # the store slot is free again
+    assert _get(ns, "after.bin") == b"ok"
+
+
 def test_a_file_written_in_order_still_streams_past_the_threshold(store):
     ns = _ns(store, hole_limit=1 << 20)
     fh = ns.open_write("big.bin")

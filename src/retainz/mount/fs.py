@@ -216,6 +216,11 @@ class MountedStore:
     def read(self, path, size, offset, fh):
         return self.ns.read(fh, size, offset)
 
+    def read_into(self, fh, out, offset) -> int:
+        """Fill ``out`` (a FUSE request's own buffer) from ``offset``; returns the bytes given
+        (:meth:`Namespace.read_into`)."""
+        return self.ns.read_into(fh, out, offset)
+
     def truncate(self, path, length, fh=None):
         return self.ns.truncate(path, length, fh)
 

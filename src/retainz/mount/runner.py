@@ -35,6 +35,7 @@ that lock, so it returns once this server is done, whether it held the device or
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import logging
 import os
@@ -415,6 +416,17 @@ def _binding(fuse):
     opens of the same committed shard (``keep_cache``)."""
 
     class _FUSE(fuse.FUSE):
+        # The request's bytes stay in libfuse's buffer: a write hands the namespace a view of it (the
+        # namespace copies what it keeps before returning; mfusepy copies it into a bytes first) and a
+        # read fills it in place (mfusepy copies a returned bytes into it).
+        def write(self, path, buf, size, offset, fip):
+            data = memoryview((ctypes.c_char * size).from_address(ctypes.addressof(buf.contents))).cast("B")
+            return self.operations.write(None, data, offset, fip.contents.fh)
+
+        def read(self, path, buf, size, offset, fip):
+            out = (ctypes.c_char * size).from_address(ctypes.addressof(buf.contents))
+            return self.operations.read_into(fip.contents.fh, out, offset)
+
         def open(self, path, fip):
             ret = super().open(path, fip)
             self._direct(fip)

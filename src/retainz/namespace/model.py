@@ -13,11 +13,14 @@ Paths map onto generations as :mod:`retainz.namespace.names` says.  What the cal
   (small files may be written at any offset, truncated, re-opened); past it they stream into the
   store as a shard (``GenerationWriter.open_shard``: each write is pushed into 1 MiB extents), which
   needs sequential writes (``torch.save``, safetensors and DCP write sequentially; an out-of-order
-  write to a streamed file is ``EIO`` with a log line).  A file written past its end (a hole:
+  write to a streamed file is ``EIO`` with a log line).  A streamed file's chunks are written by a
+  thread of its own (:class:`_Pump`) while the next write arrives; a store error on them is the
+  errno of the file's next write, fsync or close.  A file written past its end (a hole:
   ``numpy.memmap`` ``w+``) never streams; it stays in memory, taking writes in any order, up to
   :attr:`Namespace.hole_limit` (``EFBIG`` past it).  An ``ftruncate`` up to at most ``hole_limit``
-  is held the same way; a larger one streams once its writes reach the new end (safetensors sets
-  the length first, then writes in order).  One shard streams at a time
+  is held the same way; a larger one only sets the length (safetensors sets it first, then writes
+  in order): its zeros are not held, writes in order stream past the threshold, the unwritten rest
+  commits as zeros; a write skipping ahead into it holds the file until its writes reach the end.  One shard streams at a time
   (:attr:`Namespace.slot`); other files keep buffering meanwhile, and store work ordered after the
   stream (a small file's commit) is queued and run when it ends.
 * **admission**: ``open`` admits the generation, every ``write`` grows its reservation in the store
@@ -51,6 +54,7 @@ commit order, which HF Trainer's ``sort_checkpoints(use_mtime=True)`` relies on.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import itertools
@@ -178,6 +182,87 @@ class _NoCache:
 
 
 
+class _Pump:
+    """Writes a streamed file's chunks into its shard on a thread of its own, in order, so the
+    request that brought them returns while they are written (the next one arrives meanwhile).
+
+    At most :attr:`LIMIT` bytes wait; :meth:`put` blocks past it.  The first error of the shard stops
+    the pump and is raised by every later :meth:`put` and by :meth:`drain`.
+    """
+
+    #: Bytes taken and not yet in the shard before :meth:`put` waits (four 1 MiB requests).
+    LIMIT = 4 << 20
+
+    def __init__(self, sink):
+        self.sink = sink
+        self.cv = threading.Condition()
+        self.q: collections.deque = collections.deque()
+        self.queued = 0                 # bytes taken, not yet written into the shard
+        self.error: BaseException | None = None
+        self.closed = False
+        self.thread = threading.Thread(target=self._run, name="retainz-stream", daemon=True)
+        self.thread.start()
+
+    def put(self, data) -> None:
+        """Take a copy of ``data`` (the request's buffer is reused after it returns).
+
+        Raises:
+            the shard's first error (``NoSpaceError``, a device error), if one happened."""
+        chunk = bytes(data)
+        with self.cv:
+            while self.queued >= self.LIMIT and self.error is None:
+                self.cv.wait()
+            if self.error is not None:
+                raise self.error
+            self.q.append(chunk)
+            self.queued += len(chunk)
+            self.cv.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self.cv:
+                while not self.q and not self.closed:
+                    self.cv.wait()
+                if not self.q:
+                    return
+                chunk = self.q[0]
+            err = None
+            if self.error is None:
+                try:
+                    self.sink.write(chunk)
+                except BaseException as e:  # noqa: BLE001 - handed to the writer's next call
+                    err = e
+            with self.cv:
+                if self.q and self.q[0] is chunk:
+                    self.q.popleft()
+                    self.queued -= len(chunk)
+                if err is not None and self.error is None:
+                    self.error = err
+                self.cv.notify_all()
+
+    def drain(self) -> None:
+        """Wait until every chunk taken is in the shard.
+
+        Raises:
+            the shard's first error."""
+        with self.cv:
+            while self.q and self.error is None:
+                self.cv.wait()
+            if self.error is not None:
+                raise self.error
+
+    def stop(self, *, discard: bool = False) -> None:
+        """End the thread, after writing what waits (``discard``: dropping it)."""
+        with self.cv:
+            if discard:
+                while len(self.q) > 1:
+                    self.queued -= len(self.q.pop())
+            self.closed = True
+            self.cv.notify_all()
+        if self.thread is not threading.current_thread():
+            self.thread.join()
+
+
 class _Handle:
     """An open file: a writer (buffer, then a streamed shard) or a reader."""
 
@@ -189,6 +274,7 @@ class _Handle:
         self.size = len(self.buf)
         self.gen, self.shard = gen, shard
         self.sink: ShardWriter | None = None   # the shard being streamed (push-style)
+        self.pump: _Pump | None = None         # writes the sink's chunks while the next request arrives
         self.writer = None             # the file generation's writer while streaming
         self.shard_name = ""
         self.lock = threading.Lock()
@@ -201,6 +287,9 @@ class _Handle:
         self.done = threading.Event()  # set at release
         self.unlinked = False          # unlinked or discarded while open: nothing of it commits
         self.holed = False             # extended past its bytes (a hole): held in memory, never streamed
+        self.put = 0                   # bytes pushed into the streamed shard (its data end)
+        self.gapped = False            # a write skipped part of a length set ahead: streams only at its end
+        self.source: _Handle | None = None   # the writer whose buffer this reader shares
         self.windows: dict[int, bytes] = {}    # verified extents read lately: first data byte -> bytes
         self.durable = None            # the shard's durable copy (a file), once the local one failed
 
@@ -736,6 +825,7 @@ class Namespace:
         pd = self._pending_of(p)
         if w is not None and not w.streaming and not self._committed(p):
             h = _Handle(self, p, write=False, buf=w.buf)   # reads what is written so far
+            h.source = w
         elif p in self.truncated:
             h = _Handle(self, p, write=False, buf=bytearray())
         elif p in self.pending_files:
@@ -848,27 +938,30 @@ class Namespace:
             h.writer_process = self.caller()
             end = offset + len(data)
             if h.streaming:
-                if offset != h.size:
+                if offset != h.put:
                     raise NamespaceError(errno.EIO, f"{h.path}: write at byte {offset} of a file streamed "
-                                            f"sequentially into the store ({h.size} bytes so far)")
+                                            f"sequentially into the store ({h.put} bytes so far)")
                 self._reserve(h, end)
                 h.dirty = True
                 try:
-                    h.sink.write(data)
+                    h.pump.put(data)
                 except BaseException as e:
                     h.failed = e
                     raise NamespaceError(errno_of(e), f"{h.path}: {e}") from e
-                h.size += len(data)
+                h.put = end
+                h.size = max(h.size, end)
                 return len(data)
-            if offset > len(h.buf):
-                self._hole(h, max(end, len(h.buf)))
-            self._reserve(h, max(end, len(h.buf)))
+            if offset > h.size:
+                self._hole(h, end)
+            self._reserve(h, max(end, h.size))
             h.dirty = True
-            if offset > len(h.buf):
+            if offset > len(h.buf):                # into the length an ftruncate set ahead: held from here
+                h.gapped = True
                 h.buf.extend(bytes(offset - len(h.buf)))
             h.buf[offset:end] = data
-            h.size = len(h.buf)
-            if h.size >= self.stream_threshold and end == h.size and not h.holed:
+            h.size = max(h.size, len(h.buf))
+            if (len(h.buf) >= self.stream_threshold and end == len(h.buf) and not h.holed
+                    and (not h.gapped or end == h.size)):
                 self._try_stream(h)
             return len(data)
 
@@ -894,10 +987,10 @@ class Namespace:
     def _unplaced(self, h: _Handle, size: int | None = None) -> int:
         """Device bytes ``h`` has accepted (or, with ``size``, will have) and not placed: its buffer,
         or the tail its open shard holds before the next 1 MiB extent."""
-        size = h.size if size is None else size
+        size = h.size if size is None else max(size, h.size)
         sink = h.sink
         if sink is not None:
-            return self._pad(sink.written % WRITE_BUFFER + max(0, size - h.size))
+            return self._pad(h.pump.queued + sink.written % WRITE_BUFFER + size - h.put)
         return self._pad(size)
 
     def _reserve(self, h: _Handle, size: int | None = None) -> None:
@@ -976,7 +1069,9 @@ class Namespace:
             h.shard_name = name
             h.sink = writer.open_shard(name)
             h.sink.write(h.buf)
+            h.put = len(h.buf)
             h.buf = bytearray()
+            h.pump = _Pump(h.sink)
         except BaseException as e:
             if h.sink is not None:
                 with contextlib.suppress(BaseException):
@@ -1002,16 +1097,16 @@ class Namespace:
                 if length != h.size and h.clean:
                     self._reopen(h)
                 h.dirty = h.dirty or length != h.size
-                if length > len(h.buf):
-                    # an extension (safetensors sets the final length before writing in order; a
-                    # shared mapping writes in any order): held in memory up to hole_limit; a
-                    # larger one streams once its writes reach the end, as before
-                    h.holed = h.holed or length <= self.hole_limit
+                if length > h.size:
                     self._reserve(h, length)
                 del h.buf[length:]
-                if length > len(h.buf):
+                if length > len(h.buf) and length <= self.hole_limit:
+                    # an extension a shared mapping may write in any order: held in memory
+                    h.holed = True
                     h.buf.extend(bytes(length - len(h.buf)))
-                h.size = len(h.buf)
+                # a larger one (safetensors sets the final length before writing in order) is set
+                # ahead: its zeros are not held, and its writes stream as they arrive in order
+                h.size = length
             return 0
         with self._mu:
             files, _ = self._namespace()
@@ -1057,6 +1152,11 @@ class Namespace:
         if h is None or not h.write_mode:
             return 0
         with h.lock:
+            if h.pump is not None:
+                try:
+                    h.pump.drain()
+                except BaseException as e:  # noqa: BLE001 - reported as this call's errno
+                    h.failed = h.failed or e
             if h.failed is not None:
                 raise NamespaceError(errno_of(h.failed), f"{h.path}: an earlier write failed ({h.failed})")
         if h.pending is None and h.dirty:
@@ -1132,10 +1232,19 @@ class Namespace:
 
     def _close_writer(self, h: _Handle) -> None:
         info = None
+        if not h.streaming and h.size > len(h.buf) and h.failed is None:
+            # a length set ahead (ftruncate up) and not all written: stream it with its zeros, or hold them
+            if h.size >= self.stream_threshold and not h.gapped and not h.holed:
+                with contextlib.suppress(NamespaceError):
+                    self._try_stream(h)
+            if not h.streaming and h.failed is None:
+                h.buf.extend(bytes(h.size - len(h.buf)))
         streamed = h.streaming            # then this handle holds the store slot
         err = h.failed
         if h.streaming:
             try:
+                self._stop_pump(h)
+                self._zeros_to_end(h)
                 info = h.sink.close()
             except BaseException as e:
                 err = h.failed = e
@@ -1174,6 +1283,27 @@ class Namespace:
         finally:
             if streamed:
                 self._drain_and_release()
+
+    def _stop_pump(self, h: _Handle, *, discard: bool = False) -> None:
+        """Write what ``h``'s pump holds into the shard (``discard``: drop it) and end its thread.
+
+        Raises:
+            the shard's first error (not with ``discard``)."""
+        pump, h.pump = h.pump, None
+        if pump is not None:
+            pump.stop(discard=discard)
+            if pump.error is not None and not discard:
+                raise pump.error
+
+    def _zeros_to_end(self, h: _Handle) -> None:
+        """Push the zeros of a length set ahead (``ftruncate`` up) and never written into the
+        streamed shard, a block-multiple piece at a time."""
+        if h.put < h.size:
+            zeros = bytes(min(WRITE_BUFFER, h.size - h.put))
+            while h.put < h.size:
+                n = min(len(zeros), h.size - h.put)
+                h.sink.write(zeros if n == len(zeros) else memoryview(zeros)[:n])
+                h.put += n
 
     def _drop_writer(self, h: _Handle) -> None:
         if h.writer is not None:
@@ -1369,34 +1499,55 @@ class Namespace:
         Raises:
             NamespaceError: ``EBADF``, ``EIO`` (a checksum mismatch), ``ESTALE`` (retired meanwhile).
         """
+        pieces = list(self._pieces(fh, size, offset))
+        return bytes(pieces[0]) if len(pieces) == 1 else b"".join(pieces)
+
+    def read_into(self, fh: int, out, offset: int) -> int:
+        """:meth:`read` into the writable buffer ``out`` (``len(out)`` bytes asked; a FUSE request's
+        own buffer), one copy per byte; returns the bytes given (fewer at the end of the file).
+
+        Raises:
+            as :meth:`read`.
+        """
+        out = memoryview(out).cast("B")
+        n = 0
+        for piece in self._pieces(fh, len(out), offset):
+            out[n:n + len(piece)] = piece
+            n += len(piece)
+        return n
+
+    def _pieces(self, fh: int, size: int, offset: int):
+        """The bytes at ``offset`` (up to ``size``) of ``fh``, as views of what is held (buffers,
+        verified extents), in order."""
         h = self.handles.get(fh)
         if h is None:
             raise NamespaceError(errno.EBADF)
         if h.gen is None:
-            return bytes(h.buf[offset:offset + size])
-        total = h.gen.sizes[h.shard]
-        end = min(offset + size, total)
+            out = bytes(h.buf[offset:offset + size])
+            length = (h.source.size if h.source is not None and h.source.buf is h.buf else len(h.buf))
+            if len(out) < size and offset + len(out) < length:    # zeros of a length set ahead
+                out += bytes(min(size - len(out), length - offset - len(out)))
+            yield out
+            return
+        end = min(offset + size, h.gen.sizes[h.shard])
         if h.durable is not None:
-            return self._read_durable(h, offset, end, None)
-        pieces = []
+            yield self._read_durable(h, offset, end, None)
+            return
         pos = offset
         try:
             while pos < end:
                 start, data = self._window(h, pos)
-                if pos == start and end - pos >= len(data):
-                    pieces.append(data)                 # the whole extent: no copy here
-                else:
-                    pieces.append(data[pos - start:end - start])
-                pos += len(pieces[-1])
+                stop = min(end, start + len(data))
+                yield data if pos == start and stop - start == len(data) else memoryview(data)[pos - start:stop - start]
+                pos = stop
         except ChecksumError as e:
             if self.durable_copy is None:
                 raise NamespaceError(errno.EIO, f"{h.path}: {e}") from e
-            return self._read_durable(h, offset, end, e)
+            yield self._read_durable(h, pos, end, e)     # the rest, from the verified durable copy
         except GenerationNotFoundError as e:
             if self.durable_copy is None:
                 raise NamespaceError(errno.ESTALE, f"{h.path}: {e}") from e
-            return self._read_durable(h, offset, end, e)
-        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+            yield self._read_durable(h, pos, end, e)
 
     def _read_durable(self, h: _Handle, offset: int, end: int, why: BaseException | None) -> bytes:
         """Bytes ``offset:end`` of ``h``'s shard from its durable copy (:attr:`durable_copy`), fetched
@@ -1537,6 +1688,7 @@ class Namespace:
         with h.lock:
             h.unlinked = True
             if h.sink is not None:
+                self._stop_pump(h, discard=True)
                 with contextlib.suppress(Exception):
                     h.sink.abort()
                 h.sink = None
