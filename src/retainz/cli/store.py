@@ -468,12 +468,12 @@ def _repair(spec: str):
 
 
 def _df(args) -> int:
-    from retainz.cli.tier import tier_counters
+    from retainz.tier import promotion_counters
 
     with _Session(args.device, readonly=True, args=args) as store:
         rep = store.df()
         metrics = store.metrics.to_dict()
-        tier = tier_counters(store, args.device)
+        tier = promotion_counters(store, args.device)
     if args.json:
         print_json({**rep.to_dict(), "metrics": metrics, **({"tier": tier} if tier is not None else {})}, indent=2)
         return 0

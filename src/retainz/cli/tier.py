@@ -83,34 +83,7 @@ def settings(device: str, url: str | None, policy: str | None = None, bandwidth:
 def _promoter(store, s, path, **kw):
     from retainz.tier import Promoter
 
-    nodes = {"node": s.node, "nodes": s.nodes} if s.node is not None else {}
-    return Promoter(store, s.url, policy=s.policy, bandwidth=s.bandwidth, state_path=path, **nodes, **kw)
-
-
-def tier_counters(store, device: str) -> dict | None:
-    """``retainz df``'s promotion counters for ``device`` when it has a destination remembered
-    (``DEVICE.tier.json``), asked of the destination now: ``{"url", "policy", "durable", "backlog":
-    {"generations", "bytes"}, "failed", "error"}`` (``error``: the destination's first failure, else
-    ``""``); ``None`` without one."""
-    from retainz.errors import DestinationError
-    from retainz.tier import TierSettings, state_path_for
-
-    path = state_path_for(device)
-    try:
-        s = TierSettings.load(path) if path else None
-        if s is None:
-            return None
-        p = _promoter(store, s, path)
-    except (ValueError, DestinationError) as e:     # a damaged settings file, no fsspec: df still answers
-        return {"url": "", "policy": "", "durable": 0, "backlog": {"generations": 0, "bytes": 0}, "failed": 0,
-                "error": str(e)}
-    p.refresh()
-    rows = p.status()
-    n, b = p.backlog()
-    failed = [r for r in rows if r.state == "failed"]
-    return {"url": s.url, "policy": s.policy, "durable": sum(r.state == "durable" for r in rows),
-            "backlog": {"generations": n, "bytes": b}, "failed": len(failed),
-            "error": failed[0].error if failed else ""}
+    return Promoter.from_settings(store, s, path, **kw)
 
 
 def _promote(args) -> int:

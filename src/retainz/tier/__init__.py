@@ -22,10 +22,10 @@ from retainz.tier.destination import Destination
 from retainz.tier.manifest import Manifest
 from retainz.tier.measure import MeasuredBandwidth
 from retainz.tier.policy import PromotionPolicy, parse_policy
-from retainz.tier.promoter import TIER_STATES, GenerationTier, Promoter
+from retainz.tier.promoter import TIER_STATES, GenerationTier, Promoter, promotion_counters
 from retainz.tier.restore import durable_manifest, read_durable_shard, restore_generation
 from retainz.tier.state import TierSettings, state_path_for
 
-__all__ = ["Promoter", "GenerationTier", "TIER_STATES", "Destination", "Manifest", "PromotionPolicy",
+__all__ = ["Promoter", "GenerationTier", "TIER_STATES", "promotion_counters", "Destination", "Manifest", "PromotionPolicy",
            "parse_policy", "RateLimit", "MeasuredBandwidth", "promote_generation", "durable_manifest", "read_durable_shard",
            "restore_generation", "TierSettings", "state_path_for"]

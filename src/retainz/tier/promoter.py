@@ -42,7 +42,7 @@ from retainz.tier.measure import MeasuredBandwidth
 from retainz.tier.policy import PromotionPolicy, parse_policy
 from retainz.tier.state import TierSettings
 
-__all__ = ["Promoter", "GenerationTier", "TIER_STATES"]
+__all__ = ["Promoter", "GenerationTier", "TIER_STATES", "promotion_counters"]
 
 log = logging.getLogger("retainz.tier")
 
@@ -99,6 +99,18 @@ class Promoter:
     Raises:
         ValueError: a malformed policy, URL or bandwidth; ``node`` not one of ``nodes``.
     """
+
+    @classmethod
+    def from_settings(cls, store, settings, state_path, **kw) -> Promoter:
+        """A promoter for ``store`` as a device's remembered :class:`~retainz.tier.state.TierSettings`
+        say (destination, policy, bandwidth, and this node's name and the world's when several nodes
+        promote one generation); ``kw`` as :class:`Promoter` takes them.
+
+        Raises:
+            DestinationError, ValueError: as :class:`Promoter`."""
+        nodes = {"node": settings.node, "nodes": settings.nodes} if settings.node is not None else {}
+        return cls(store, settings.url, policy=settings.policy, bandwidth=settings.bandwidth,
+                   state_path=state_path, **nodes, **kw)
 
     def __init__(self, store, url: str, *, policy: str | PromotionPolicy = "all", bandwidth: float | None = None,
                  storage_options: dict | None = None, fs=None, state_path: str | None = None,
@@ -513,3 +525,29 @@ class Promoter:
                 if m is not None:
                     self.dest.remove(self.dest.manifest_path(gen.id, self.node))
         return bad
+
+
+def promotion_counters(store, device: str) -> dict | None:
+    """``retainz df``'s promotion counters for ``device`` when it has a destination remembered
+    (``DEVICE.tier.json``), asked of the destination now: ``{"url", "policy", "durable", "backlog":
+    {"generations", "bytes"}, "failed", "error"}`` (``error``: the destination's first failure, else
+    ``""``); ``None`` without one."""
+    from retainz.errors import DestinationError
+    from retainz.tier.state import TierSettings, state_path_for
+
+    path = state_path_for(device)
+    try:
+        s = TierSettings.load(path) if path else None
+        if s is None:
+            return None
+        p = Promoter.from_settings(store, s, path)
+    except (ValueError, DestinationError) as e:     # a damaged settings file, no fsspec: df still answers
+        return {"url": "", "policy": "", "durable": 0, "backlog": {"generations": 0, "bytes": 0}, "failed": 0,
+                "error": str(e)}
+    p.refresh()
+    rows = p.status()
+    n, b = p.backlog()
+    failed = [r for r in rows if r.state == "failed"]
+    return {"url": s.url, "policy": s.policy, "durable": sum(r.state == "durable" for r in rows),
+            "backlog": {"generations": n, "bytes": b}, "failed": len(failed),
+            "error": failed[0].error if failed else ""}
