@@ -257,3 +257,18 @@ def test_mount_refuses_bad_access_flags_before_anything_starts(tmp_path, capsys,
     code, out, err = run(capsys, "mount", tmp_path / "d.img", tmp_path / "mnt", *extra)
     assert (code, out) == (2, "") and needle in one_line(err)
     assert not (tmp_path / "d.img").exists()
+
+
+def test_mount_refuses_a_foreign_file_in_its_own_process(tmp_path, capsys):
+    """A file that is not a RetainZ device is refused by ``retainz mount`` itself, exit 2 like ``ls`` and
+    ``fsck`` (it used to start a server that failed, exit 1 with the server's nested line, and left a
+    ``.mount.log`` behind); the file is untouched."""
+    pytest.importorskip("mfusepy")
+    (tmp_path / "mnt").mkdir()
+    junk = tmp_path / "junk.txt"
+    junk.write_bytes(b"not a device\n")
+    code, out, err = run(capsys, "mount", junk, tmp_path / "mnt")
+    assert (code, out) == (2, "")
+    assert "is not a RetainZ device file" in one_line(err) and "mount server" not in err
+    assert junk.read_bytes() == b"not a device\n"
+    assert not (tmp_path / "junk.txt.mount.log").exists()

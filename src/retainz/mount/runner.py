@@ -493,6 +493,9 @@ def mount(device: str, mountpoint: str, *, retention: str | None = None, foregro
         raise FileNotFoundError(f"{device}: no such device file (create one with `retainz device create` "
                                 "and `retainz mkfs`)")
     _check_mountpoint(mountpoint)
+    from retainz.zoned import FileDevice
+
+    FileDevice.check_label(device)      # a foreign file is refused here, not in the server's log
     _check_free(device)
     if foreground:
         serve(device, mountpoint, retention=retention, access=access, promote=promote)

@@ -166,6 +166,17 @@ class FileDevice(EmulatedZonedDevice):
         return cls(path)
 
     @staticmethod
+    def check_label(path: str) -> None:
+        """Read ``path``'s device label (or its copy) without opening the device or taking its lock:
+        a caller that hands the device to another process (the mount's server) refuses a foreign file
+        first, in its own process.
+
+        Raises:
+            NotADeviceError, CorruptDeviceError: as opening the device would.
+        """
+        FileDevice._read_label(path)
+
+    @staticmethod
     def _read_label(path: str) -> tuple[tuple[int, tuple[str, ...]], Geometry, int, uuidlib.UUID]:
         """``((version, notes), geometry, slot size, uuid)`` from the label or, when it fails its
         checksum, its copy (version 2).
