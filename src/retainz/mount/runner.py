@@ -35,7 +35,6 @@ that lock, so it returns once this server is done, whether it held the device or
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
 import logging
 import os
@@ -415,17 +414,17 @@ def _binding(fuse):
     :meth:`~retainz.mount.fs.MountedStore.keep_cache` allows keeps the page cache filled by earlier
     opens of the same committed shard (``keep_cache``)."""
 
+    from retainz.zoned.syscalls import foreign_buffer
+
     class _FUSE(fuse.FUSE):
         # The request's bytes stay in libfuse's buffer: a write hands the namespace a view of it (the
         # namespace copies what it keeps before returning; mfusepy copies it into a bytes first) and a
         # read fills it in place (mfusepy copies a returned bytes into it).
         def write(self, path, buf, size, offset, fip):
-            data = memoryview((ctypes.c_char * size).from_address(ctypes.addressof(buf.contents))).cast("B")
-            return self.operations.write(None, data, offset, fip.contents.fh)
+            return self.operations.write(None, foreign_buffer(buf, size), offset, fip.contents.fh)
 
         def read(self, path, buf, size, offset, fip):
-            out = (ctypes.c_char * size).from_address(ctypes.addressof(buf.contents))
-            return self.operations.read_into(fip.contents.fh, out, offset)
+            return self.operations.read_into(fip.contents.fh, foreign_buffer(buf, size), offset)
 
         def open(self, path, fip):
             ret = super().open(path, fip)

@@ -39,7 +39,7 @@ from collections.abc import Callable
 from retainz.zoned import blkzoned as bz
 
 __all__ = ["punch_hole", "start_writeback", "set_parent_death_signal", "ioctl_u32", "report_zones",
-           "zone_management", "buffer_address", "best_effort", "FAILURES", "FALLOC_FL_KEEP_SIZE",
+           "zone_management", "buffer_address", "foreign_buffer", "best_effort", "FAILURES", "FALLOC_FL_KEEP_SIZE",
            "FALLOC_FL_PUNCH_HOLE", "SYNC_FILE_RANGE_WRITE", "PR_SET_PDEATHSIG"]
 
 log = logging.getLogger("retainz.zoned")
@@ -204,3 +204,10 @@ def buffer_address(view: memoryview) -> int | None:
         return ctypes.addressof(ctypes.c_char.from_buffer(view))
     except (TypeError, ValueError):
         return None
+
+
+def foreign_buffer(pointer, size: int) -> memoryview:
+    """A writable byte view (``size`` bytes, format ``B``) of memory a foreign library owns, at the
+    address a ctypes ``pointer`` holds (libfuse's request buffer handed to a FUSE callback): no copy.
+    Valid only while the owner keeps that memory (for FUSE, until the callback returns)."""
+    return memoryview((ctypes.c_char * size).from_address(ctypes.addressof(pointer.contents))).cast("B")
