@@ -986,11 +986,14 @@ class Namespace:
 
     def _unplaced(self, h: _Handle, size: int | None = None) -> int:
         """Device bytes ``h`` has accepted (or, with ``size``, will have) and not placed: its buffer,
-        or the tail its open shard holds before the next 1 MiB extent."""
+        or, streamed, every byte past the shard's placed extents (those its pump still holds, and
+        the tail the shard buffers before its next 1 MiB extent).  Read under the store's lock
+        (:meth:`_reserve`): the pump's thread places extents and shrinks the reservation together
+        under that lock, so what is placed and what is reserved are seen at one instant."""
         size = h.size if size is None else max(size, h.size)
         sink = h.sink
         if sink is not None:
-            return self._pad(h.pump.queued + sink.written % WRITE_BUFFER + size - h.put)
+            return self._pad(size - (sink.written - sink.written % WRITE_BUFFER))
         return self._pad(size)
 
     def _reserve(self, h: _Handle, size: int | None = None) -> None:
@@ -1002,7 +1005,7 @@ class Namespace:
             NamespaceError: ``ENOSPC`` (the store's admission or journal refused; nothing changed).
         """
         try:
-            with self._mu:
+            with self._mu, self._admission_lock():
                 if h.pending is not None:
                     pd = h.pending
                     w = self._writer(pd)
@@ -1014,6 +1017,12 @@ class Namespace:
                 self._admit(w, need + self._pad(1))
         except RetainZError as e:
             raise NamespaceError(errno_of(e), f"{h.path}: {e}") from e
+
+    def _admission_lock(self):
+        """The store's lock, which its writers hold while they place extents and shrink their
+        reservations (a node service's client has none: the service admits)."""
+        lock = getattr(self.store, "lock", None)
+        return lock if lock is not None and hasattr(self.store, "admit") else contextlib.nullcontext()
 
     def _admit(self, w, nbytes: int) -> None:
         """Grow ``w``'s reservation to ``nbytes`` (``Store.admit``); a store without it (a node
@@ -1056,7 +1065,7 @@ class Namespace:
         if not self.slot.acquire(blocking=False):
             return
         try:
-            with self._mu:
+            with self._mu, self._admission_lock():
                 if h.pending is not None:
                     pd = h.pending
                     name = L.shard_name(h.rel)
