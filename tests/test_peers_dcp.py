@@ -1,7 +1,8 @@
 """PyTorch DCP's own storage scenarios (issue 28.4), as our tests, on every face a DCP user can aim at:
 ``FileSystemWriter``/``Reader`` on the mount, DCP's ``FsspecWriter``/``Reader`` on the mount (fsspec's
 local file system) and on ``retainz://``, and ``ZonedStorageWriter``/``Reader`` where the scenario
-applies to it (it has no ``thread_count``, ``single_file_per_rank`` or file-system calls).
+applies to it (it takes ``thread_count``: one shard per thread; it has no ``single_file_per_rank=False``
+or file-system calls).
 
 Each test names the upstream test it mirrors (pytorch/pytorch ``test/distributed/checkpoint/``
 ``test_file_system_checkpoint.py`` and ``test_fsspec.py``); the scenarios were learnt from there, the
@@ -52,8 +53,9 @@ class Place:
             return FsspecWriter(self.path(name), **kw)
         from retainz.integrations.dcp import ZonedStorageWriter
 
-        assert set(kw) <= {"overwrite"}, kw
-        return ZonedStorageWriter(self.device, name, overwrite=kw.get("overwrite", True))
+        assert set(kw) <= {"overwrite", "thread_count"}, kw
+        return ZonedStorageWriter(self.device, name, overwrite=kw.get("overwrite", True),
+                                  thread_count=kw.get("thread_count", 1))
 
     def reader(self, name: str):
         if self.kind in ("local", "mount"):
@@ -134,20 +136,19 @@ def test_read_write_only_tensor(places, kind, thread_count, per_rank):
     into a fresh one without resharding, equal to the bit; the face lists the files a local directory
     holds after the same save."""
     kw = {"thread_count": thread_count, "single_file_per_rank": per_rank}
-    if kind == "zoned" and (thread_count, per_rank) != (1, True):
-        pytest.skip("ZonedStorageWriter writes one shard per rank; it has no thread_count or per-item files")
+    if kind == "zoned" and not per_rank:
+        pytest.skip("ZonedStorageWriter writes shards per rank (thread_count of them), not a file per item")
     place = places[kind]
     name = f"rw-{kind}-t{thread_count}-{'rank' if per_rank else 'item'}"
     sd = _module_state(1)
-    dcp.save(sd, storage_writer=place.writer(name, **({} if kind == "zoned" else kw)))
+    dcp.save(sd, storage_writer=place.writer(name, **({"thread_count": thread_count} if kind == "zoned" else kw)))
     out = _zeros(sd)
     assert not _equal(out, sd)
     dcp.load(out, storage_reader=place.reader(name))
     assert _equal(out, sd)
-    if kind != "zoned":
-        dcp.save(sd, storage_writer=places["local"].writer(name, **kw))
-        assert place.listing(name) == places["local"].listing(name)
-        assert len(place.listing(name)) == 1 + (thread_count if per_rank else len(sd))
+    dcp.save(sd, storage_writer=places["local"].writer(name, **kw))
+    assert place.listing(name) == places["local"].listing(name)
+    assert len(place.listing(name)) == 1 + (thread_count if per_rank else len(sd))
 
 
 @pytest.mark.parametrize("kind", ALL)
@@ -329,3 +330,70 @@ def test_async_save_in_a_background_process(tmp_path):
     for dev in (mdev, rdev):
         assert sorted(generations(dev)) == ["ck%2Fstep-1", "ck%2Fstep-2"], dev
         assert fsck_clean(dev)
+
+
+@pytest.mark.parametrize("bins", [1, 2, 3, 5])
+def test_zoned_writer_deals_items_over_its_shards_as_file_system_writer_deals_them_over_files(bins):
+    """``thread_count`` (issue 28.4f): ``split_items`` deals a rank's items over its shards by DCP's own
+    rule (torch ``filesystem.py`` ``_split_by_size_and_type``: byte items round-robin, tensors largest
+    first to the emptiest file), compared item by item with torch's function on a plan of mixed sizes
+    with byte items; one shard keeps plan order, byte items first."""
+    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+    from torch.distributed.checkpoint.filesystem import _split_by_size_and_type
+
+    from retainz.integrations.dcp import split_items
+
+    torch.manual_seed(5)
+    sd = {f"t{i}": torch.randn(n) for i, n in enumerate([7, 300, 41, 300, 2, 1000, 64, 5, 128])}
+    sd.update({"step": 12, "note": "bytes", "lr": [0.1, 0.2]})
+    planner = DefaultSavePlanner()
+    planner.set_up_planner(sd, is_coordinator=True)
+    items = planner.create_local_plan().items
+    assert sum(i.type.name == "BYTE_IO" for i in items) == 3
+    ours = split_items(list(items), bins)
+    assert len(ours) == bins
+    if bins == 1:
+        assert [i.type.name == "BYTE_IO" for i in ours[0]] == [True] * 3 + [False] * 9
+        assert {i.index for i in ours[0]} == {i.index for i in items}
+    else:
+        theirs = _split_by_size_and_type(bins, list(items))
+        assert [[i.index for i in b] for b in ours] == [[i.index for i in b] for b in theirs]
+
+
+def test_zoned_writer_thread_count_writes_one_shard_per_thread_and_loads_back(tmp_path):
+    """``ZonedStorageWriter(thread_count=4)`` writes ``__0_0..3.distcp``, each from its own thread,
+    with the tensor bytes balanced as DCP balances its files; the load is equal to the bit; a bad
+    ``thread_count`` is refused at construction."""
+    import threading
+
+    from retainz.integrations import _stores
+    from retainz.integrations.dcp import ZonedStorageReader, ZonedStorageWriter
+
+    device = make_device(tmp_path, zones=32)
+    torch.manual_seed(9)
+    sd = {f"w{i}": torch.randn(64 << 10) for i in range(8)}     # 8 tensors of 256 KiB
+    seen: set[str] = set()
+    orig = torch.Tensor.detach
+
+    def detach(t):
+        seen.add(threading.current_thread().name.split("_")[0])
+        return orig(t)
+
+    torch.Tensor.detach = detach
+    try:
+        dcp.save(sd, storage_writer=ZonedStorageWriter(device, "step-1", thread_count=4))
+    finally:
+        torch.Tensor.detach = orig
+    assert {n for n in seen if n.startswith("retainz-dcp")} == {"retainz-dcp"}
+    with _stores.using(device) as store:
+        info = store.generation("step-1")
+        shards = {n: s.size for n, s in info.shards.items()}
+    assert shards.keys() == {".metadata", "__0_0.distcp", "__0_1.distcp", "__0_2.distcp", "__0_3.distcp"}
+    assert [shards[f"__0_{i}.distcp"] for i in range(4)] == [2 * (256 << 10)] * 4
+    out = _zeros(sd)
+    dcp.load(out, storage_reader=ZonedStorageReader(device, "step-1"))
+    assert _equal(out, sd)
+    for bad in (0, -1, 1.5, "2"):
+        with pytest.raises(ValueError, match="thread_count must be a positive int"):
+            ZonedStorageWriter(device, "step-2", thread_count=bad)
+    assert fsck_clean(device)

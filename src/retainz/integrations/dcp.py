@@ -50,6 +50,7 @@ import pickle
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -225,6 +226,41 @@ def _current_rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
+def _item_bytes(item: Any) -> int:
+    """A tensor write item's bytes (elements of its chunk times the dtype's size); 0 for a byte item."""
+    td = item.tensor_data
+    if td is None:
+        return 0
+    return math.prod(td.chunk.sizes) * td.properties.dtype.itemsize
+
+
+def split_items(items: list, bins: int) -> list[list]:
+    """A rank's write items dealt over ``bins`` shards, as DCP's ``FileSystemWriter`` deals them over
+    its ``thread_count`` files (torch ``distributed/checkpoint/filesystem.py``
+    ``_split_by_size_and_type``): byte items round-robin, then tensors largest first, each to the
+    shard holding the fewest tensor bytes so far (the first such on a tie).  Every shard holds its
+    byte items first (the planner serializes them), then its tensors in the order dealt.
+
+    One shard holds the byte items, then the tensors in plan order (as DCP writes its one file).
+
+    Returns:
+        ``bins`` lists of items (some may be empty).
+    """
+    if bins == 1:
+        return [[i for i in items if i.type == WriteItemType.BYTE_IO]
+                + [i for i in items if i.type != WriteItemType.BYTE_IO]]
+    shards: list[list] = [[] for _ in range(bins)]
+    sizes = [0] * bins
+    byte_items = [i for i in items if i.type == WriteItemType.BYTE_IO]
+    for n, item in enumerate(byte_items):
+        shards[n % bins].append(item)
+    for item in sorted((i for i in items if i.type != WriteItemType.BYTE_IO), key=_item_bytes, reverse=True):
+        k = sizes.index(min(sizes))
+        shards[k].append(item)
+        sizes[k] += _item_bytes(item)
+    return shards
+
+
 def _tensor_chunks(t: torch.Tensor) -> Iterator[memoryview]:
     """Views of ``t``'s bytes in C order, ``CHUNK_BYTES`` at a time (a copy only if not contiguous)."""
     if t.device.type != "cpu":
@@ -285,6 +321,10 @@ class ZonedStorageWriter(StorageWriter):
             :meth:`request_promotion`) or ``none``.
         promote_bandwidth: cap in bytes per second on the copies (``None``: none).
         promote_options: fsspec storage options for the destination (s3fs credentials, endpoint).
+        thread_count: shards per rank, each written by a thread of its own, as ``FileSystemWriter``'s
+            ``thread_count`` files (``__{rank}_0.distcp`` ... ``__{rank}_{n-1}.distcp``; items dealt by
+            :func:`split_items`).  The store places one thread's extent at a time (its lock); what
+            overlaps is each thread's serialization and device-to-host copies.
 
     Retirement happens on each rank's own device at the first point that rank knows the save has
     committed: the coordinator right after its commit in :meth:`finish`; another rank when its next
@@ -302,8 +342,11 @@ class ZonedStorageWriter(StorageWriter):
                  step: int | None = None, series: str | None = None, retire: bool = True, geometry=None,
                  policy: str | None = None, overwrite: bool = False, wait: float = 120.0,
                  promote: str | None = None, promote_policy: str = "all", promote_bandwidth: float | None = None,
-                 promote_options: dict | None = None):
+                 promote_options: dict | None = None, thread_count: int = 1):
         super().__init__()
+        if thread_count.__class__ is not int or thread_count < 1:
+            raise ValueError(f"thread_count must be a positive int, not {thread_count!r}")
+        self.thread_count = thread_count
         self.device = device
         self.promote = promote
         self._promote_args = {"policy": promote_policy, "bandwidth": promote_bandwidth,
@@ -465,45 +508,55 @@ class ZonedStorageWriter(StorageWriter):
                 for i, p in enumerate(plans)]
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
-        """Stream this rank's items into the shard ``__{rank}_0.distcp`` and, on a non-coordinator,
-        commit the rank's generation.
+        """Stream this rank's items into the shards ``__{rank}_{i}.distcp`` (``i`` below
+        :attr:`thread_count`, one thread each; :func:`split_items`) and, on a non-coordinator, commit
+        the rank's generation.
 
-        Byte items go first (the planner serializes them to ``BytesIO``), then tensors in plan order;
-        tensor bytes are handed to the store as views of the tensor's storage, ``CHUNK_BYTES`` at a
+        Tensor bytes are handed to the store as views of the tensor's storage, ``CHUNK_BYTES`` at a
         time, and ``planner.resolve_data`` is called lazily per item as the store consumes them.
         """
         if self._gen is None:
             raise RuntimeError("write_data before prepare_local_plan")
         rank = plan.storage_data.rank if isinstance(plan.storage_data, _RankStream) else self.rank
-        shard = f"__{rank}_0.distcp"
-        items = ([i for i in plan.items if i.type == WriteItemType.BYTE_IO]
-                 + [i for i in plan.items if i.type != WriteItemType.BYTE_IO])
-        results: list[WriteResult] = []
+        gen = self._gen
 
-        def chunks() -> Iterator[memoryview]:
-            offset = 0
-            for item in items:
-                data = planner.resolve_data(item)
-                length, loc_dtype, loc_shape = 0, None, None
-                if item.type == WriteItemType.BYTE_IO:
-                    buf = data.getbuffer() if isinstance(data, io.BytesIO) else memoryview(bytes(data))
-                    length = len(buf)
-                    if length:
-                        yield buf
-                else:
-                    tensor = data.detach()
-                    loc_dtype = str(tensor.dtype).removeprefix("torch.")
-                    loc_shape = tuple(tensor.shape)
-                    for view in _tensor_chunks(tensor):
-                        length += len(view)
-                        yield view
-                results.append(WriteResult(index=item.index, size_in_bytes=length,
-                                           storage_data=ZonedLocation(rank, shard, offset, length,
-                                                                      loc_dtype, loc_shape)))
-                offset += length
+        def write(shard: str, items: list) -> list[WriteResult]:
+            results: list[WriteResult] = []
 
+            def chunks() -> Iterator[memoryview]:
+                offset = 0
+                for item in items:
+                    data = planner.resolve_data(item)
+                    length, loc_dtype, loc_shape = 0, None, None
+                    if item.type == WriteItemType.BYTE_IO:
+                        buf = data.getbuffer() if isinstance(data, io.BytesIO) else memoryview(bytes(data))
+                        length = len(buf)
+                        if length:
+                            yield buf
+                    else:
+                        tensor = data.detach()
+                        loc_dtype = str(tensor.dtype).removeprefix("torch.")
+                        loc_shape = tuple(tensor.shape)
+                        for view in _tensor_chunks(tensor):
+                            length += len(view)
+                            yield view
+                    results.append(WriteResult(index=item.index, size_in_bytes=length,
+                                               storage_data=ZonedLocation(rank, shard, offset, length,
+                                                                          loc_dtype, loc_shape)))
+                    offset += length
+
+            gen.write_shard(shard, chunks())
+            return results
+
+        shards = [(f"__{rank}_{i}.distcp", items)
+                  for i, items in enumerate(split_items(list(plan.items), self.thread_count))]
         try:
-            self._gen.write_shard(shard, chunks())
+            if len(shards) == 1:
+                results = write(*shards[0])
+            else:
+                with ThreadPoolExecutor(len(shards), thread_name_prefix="retainz-dcp") as pool:
+                    done = [pool.submit(write, shard, items) for shard, items in shards]
+                    results = [r for f in done for r in f.result()]
             if not self.is_coordinator:
                 if getattr(self._gen, "joined", False):
                     self._gen.leave()     # the coordinator's commit commits this rank's shard too
