@@ -272,3 +272,19 @@ def test_mount_refuses_a_foreign_file_in_its_own_process(tmp_path, capsys):
     assert "is not a RetainZ device file" in one_line(err) and "mount server" not in err
     assert junk.read_bytes() == b"not a device\n"
     assert not (tmp_path / "junk.txt.mount.log").exists()
+
+
+@pytest.mark.parametrize("argv, prog", [
+    (["ls", "dev.img", "--bogus"], "retainz ls"),
+    (["device", "create", "x.img", "--zones", "4", "--zone-size", "1MiB", "--nope", "1"], "retainz device create"),
+    (["tier", "promote", "dev.img", "file:///x", "--node", "a"], "retainz tier promote"),
+    (["run", "experiments/quick.json", "extra-positional", "--and-a-flag"], "retainz run"),
+])
+def test_an_unknown_argument_is_refused_naming_the_command_that_refused_it(tmp_path, capsys, monkeypatch, argv, prog):
+    """argparse reports unrecognized arguments from the top parser (``retainz: unrecognized
+    arguments``); the line names the (sub)command they were given to, and nothing runs."""
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == ""
+    assert one_line(err).startswith(f"{prog}: unrecognized arguments: "), err
+    assert argv[-1] in err and not os.listdir(tmp_path)

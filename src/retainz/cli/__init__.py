@@ -160,6 +160,10 @@ class UsageError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.set_defaults(command_prog=self.prog)     # the innermost (sub)command's parser wins
+
     def error(self, message):  # one clear line, status 2 (argparse prints usage + message)
         raise UsageError(f"{self.prog}: {message}")
 
@@ -185,7 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     previous = interrupt.install()
     stderr = sys.stderr = interrupt.LineTrackingStream(sys.stderr)
     try:
-        args = build_parser().parse_args(argv)
+        args, extra = build_parser().parse_known_args(argv)
+        if extra:     # argparse names the top command only; name the (sub)command that refused them
+            raise UsageError(f"{args.command_prog}: unrecognized arguments: {' '.join(extra)}")
         return int(args.func(args) or 0)
     except UsageError as e:
         print(str(e), file=sys.stderr)
