@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pty
+import struct
 import subprocess
+import termios
 
 from retainz.cli import main
 from tests.interrupts import ENV, retainz
@@ -14,6 +17,7 @@ from tests.interrupts import ENV, retainz
 def on_pty(argv) -> tuple[int, str]:
     """Run ``argv`` with stderr on a pseudo-terminal; returns (status, what the terminal received)."""
     master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))   # a terminal has a size
     p = subprocess.Popen(argv, env={**ENV, "COLUMNS": "100"}, stdin=subprocess.DEVNULL,
                          stdout=subprocess.DEVNULL, stderr=slave)
     os.close(slave)
@@ -119,3 +123,25 @@ def test_open_bar_drawn_on_a_terminal_and_not_with_json(tmp_path, monkeypatch, c
     assert "open" in err and "record" in err
     assert main(["ls", str(path), "--json"]) == 0
     assert "record" not in capsys.readouterr().err
+
+
+def test_run_draws_its_bar_on_a_terminal_only(tmp_path):
+    """``retainz run``'s case bar follows the same rule as every command (``progress.enabled``): a
+    terminal on stderr gets it, stderr redirected to a file gets the summary lines and no bar frames
+    (it drew them whenever ``--no-progress`` was not given: a fresh-user trial's log was full of them)."""
+    import json
+
+    manifest = tmp_path / "tiny.json"
+    manifest.write_text(json.dumps({
+        "manifest": "tiny", "format": 1,
+        "defaults": {"layout": "smollm2-135m-dcp", "rule": "torchtitan:interval=500,keep_latest_k=3", "steps": 2000,
+                     "zone_size": "256MiB", "zone_capacity": "256MiB", "max_active": 8, "max_open": 8,
+                     "reserve_zones": 2, "pressure": 0.9},
+        "blocks": [{"experiment": "pressure", "axes": {"policy": ["retainz", "greedy"]}}]}))
+    code, tty = on_pty(retainz("run", manifest, "-o", tmp_path / "a", "-j", "1"))
+    assert code == 0 and "cases: 2/2 |" in tty and "\r" in tty
+    with open(tmp_path / "log", "w") as log:
+        p = subprocess.run(retainz("run", manifest, "-o", tmp_path / "b", "-j", "1"), env=ENV, stdout=log,
+                           stderr=subprocess.STDOUT)
+    text = (tmp_path / "log").read_text()
+    assert p.returncode == 0 and "\r" not in text and "|" not in text and "2 ok" in text, text

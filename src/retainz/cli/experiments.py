@@ -15,7 +15,7 @@ import argparse
 import os
 import sys
 
-from retainz.cli import plural
+from retainz.cli import plural, progress
 
 
 def register(sub) -> None:
@@ -28,7 +28,7 @@ def register(sub) -> None:
     p.add_argument("--trace-cache", help="generated traces (default: <output>/traces)")
     p.add_argument("--device", choices=("memory", "file", "guest"),
                    help="run every case on this device instead of the one the manifest names")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (none either when stderr is not a terminal)")
     p.add_argument("--executor", default="local", metavar="local|dask[=ADDRESS]",
                    help="where cases run: local worker processes (default), a Dask LocalCluster of --jobs "
                         "workers (dask), or the Dask scheduler at ADDRESS (dask=tcp://host:8786; the workers "
@@ -79,7 +79,7 @@ def _run(args: argparse.Namespace) -> int:
     print(f"{m['manifest']}: {len(cases)} cases -> {out}", file=sys.stderr)
     try:
         summary = run_cases(cases, out, jobs=args.jobs, trace_dir=args.trace_cache, resume=args.resume,
-                            progress=not args.no_progress, executor=args.executor,
+                            progress=progress.enabled(args) and not args.no_progress, executor=args.executor,
                             connect_timeout=args.connect_timeout)
     except RecordExistsError as e:
         raise FileExistsError(str(e)) from None
