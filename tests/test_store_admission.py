@@ -302,3 +302,59 @@ def test_admission_refuses_once_gc_frees_nothing_more_and_the_refusal_is_honest(
         # all 16 zones' capacity less the 15 live halves, less the 1-zone reserve
         assert e.value.available == 16 * 48 * KiB - 15 * 24 * KiB - 48 * KiB
         assert s.fsck().ok
+
+
+def finished_tails_store(policy: str) -> Store:
+    """13 data zones of 48 KiB, 2 of them active for data, the GC reserve 1 zone.  One permanent
+    24 KiB generation holds an open zone; then 72 KiB saves, each with a reclaim step three times
+    farther out than the one before: each fills a zone and leaves a 24 KiB tail in a zone of its
+    own, and the next one, with the active budget spent, finishes that tail zone (orphaned: its
+    data dies first, so finishing it costs nothing under RetainZ's rule) rather than join it.
+    After 6 saves: 5 finished tail zones, each 24 KiB live and 24 KiB of unused capacity, no dead
+    byte, no empty zone: the fleet map's RetainZ stop in small (docs/fleet.md)."""
+    geom = Geometry(nr_zones=16, zone_size=64 * KiB, zone_capacity=48 * KiB, block_size=4096, max_open=3,
+                    max_active=3)
+    s = Store.format(MemoryDevice(geom), policy=policy, gc_reserve_zones=1)
+    w = s.begin_generation("g0", 0, hint=Hint(reclaim_step=float("inf")), declared_size=24 * KiB)
+    w.write_shard("s", [b"x" * (24 * KiB)])
+    w.commit()
+    for i in range(1, 7):
+        w = s.begin_generation(f"g{i}", 10 * i, hint=Hint(reclaim_step=10 * i + 100 * 3 ** i),
+                               declared_size=72 * KiB)
+        w.write_shard("s", [b"x" * (72 * KiB)])
+        w.commit()
+    t = s.table
+    assert (s.metrics.finishes, t.unused, t.dead, t.n_empty) == (5, 5 * 24 * KiB, 0, 0)
+    return s
+
+
+@pytest.mark.parametrize("policy", ["retainz", "oracle"])
+def test_admission_collects_capacity_lost_to_finishes_when_nothing_is_dead(policy):
+    # The fleet map's one RetainZ stop (concurrency 4, churn 16, zn540/small-models, pressure 0.97,
+    # seed 1): refused at admission with 0 dead bytes while 20 finished zones held 11 GB of unused
+    # capacity, because forced GC ran only when something was dead.  A reset returns a finished
+    # zone's unwritten capacity as it returns dead bytes (ZoneTable.reclaimable), and RetainZ's
+    # victim rule names such zones: admission now collects them before it refuses.
+    with finished_tails_store(policy) as s:
+        assert s.zones.free() - s.admission_reserve_zones * 48 * KiB == 0     # nothing admittable
+        w = s.begin_generation("g7", 70, hint=Hint(reclaim_step=10**6), declared_size=72 * KiB)
+        assert s.metrics.gc_bytes == 5 * 24 * KiB                 # the 5 tails moved together
+        assert s.table.unused == 0 and s.table.dead == 0
+        w.write_shard("s", [b"y" * (72 * KiB)])
+        w.commit()
+        assert s.fsck().ok and s.table.key() == s.recompute_table().key()
+        assert b"".join(s.read_shard("g0", "s")) == b"x" * (24 * KiB)
+        assert all(b"".join(s.read_shard(f"g{i}", "s")) == b"x" * (72 * KiB) for i in range(1, 7))
+
+
+def test_admission_refuses_once_nothing_is_reclaimable_and_the_refusal_is_honest():
+    with finished_tails_store("retainz") as s:
+        with pytest.raises(NoSpaceError) as e:   # 4 zones: more than the 5 finished tails could free
+            s.begin_generation("huge", 70, declared_size=4 * 48 * KiB)
+        assert e.value.cause == "admission"
+        assert s.table.reclaimable == 0          # GC went on until no dead byte and no unused capacity
+        st = e.value.state
+        assert st["dead_bytes"] == 0 and st["live_bytes"] == 24 * KiB + 6 * 72 * KiB
+        # all 13 zones' capacity less the live bytes, less the 1-zone reserve
+        assert e.value.available == 13 * 48 * KiB - (24 + 6 * 72) * KiB - 48 * KiB
+        assert s.fsck().ok

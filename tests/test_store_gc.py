@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from retainz.errors import ChecksumError, ZonedDeviceError
+from retainz.errors import ChecksumError, NoSpaceError, ZonedDeviceError
+from retainz.hint import Hint, Lifetime
 from retainz.store import Store
 from retainz.store.catalog import Catalog
 from retainz.store.types import GCReport, GenerationInfo, GenState, ShardInfo
@@ -411,3 +412,35 @@ def test_a_flush_failing_after_two_victims_were_copied_undoes_both():
     assert zones_of(s) == before and dev.zone(6).cond == ZoneCond.EMPTY
     assert s.table.key() == s.recompute_table().key()
     s.close()
+
+
+def test_a_placement_with_no_space_collects_capacity_lost_to_finishes_when_nothing_is_dead():
+    # The write path's retry (a policy without admission: ZenFS) has the same precondition as
+    # admission's GC: a pass runs when something is reclaimable, dead bytes or capacity lost to
+    # finishes (ZoneTable.reclaimable), not only dead bytes.  ZenFS with a finish threshold of 60 %
+    # (ApplyFinishThreshold) finishes every half-written zone at its next allocation: one-file zones
+    # of 24 KiB live and 24 KiB unused, no dead byte; its GC (GCWorker: garbage 50 % above the threshold)
+    # moves one of them into the one partly filled zone with room, and the file that found no zone
+    # gets the reset one.
+    geom = Geometry(nr_zones=40, zone_size=64 * KiB, zone_capacity=48 * KiB, block_size=4096, max_open=14,
+                    max_active=14)
+    with Store.format(MemoryDevice(geom), policy="zenfs:finish_threshold=60") as s:
+        w = s.begin_generation("a", 0, hint=Hint(lifetime=Lifetime.SHORT))
+        w.write_shard("a.sst", [b"a" * (8 * KiB)])
+        w.commit()
+        for i in range(1, 36):
+            w = s.begin_generation(f"g{i}", i, hint=Hint(lifetime=Lifetime.LONG))
+            w.write_shard("l.sst", [data(i, 24 * KiB)])
+            w.commit()
+        t = s.table
+        assert (t.n_empty, t.dead, t.unused, s.metrics.finishes) == (0, 0, 34 * 24 * KiB, 34)
+        w = s.begin_generation("g36", 36, hint=Hint(lifetime=Lifetime.LONG))
+        w.write_shard("l.sst", [data(36, 24 * KiB)])        # no zone: GC makes one
+        w.commit()
+        assert (s.metrics.gc_bytes, s.metrics.resets) == (24 * KiB, 1)
+        assert s.fsck().ok and s.table.key() == s.recompute_table().key()
+        assert all(b"".join(s.read_shard(f"g{i}", "l.sst")) == data(i, 24 * KiB) for i in range(1, 37))
+        w = s.begin_generation("g37", 37, hint=Hint(lifetime=Lifetime.LONG))
+        with pytest.raises(NoSpaceError) as e:                 # nothing left GC has room to move
+            w.write_shard("l.sst", [data(37, 24 * KiB)])
+        assert e.value.cause == "allocation" and e.value.state["dead_bytes"] == 0

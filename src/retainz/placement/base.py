@@ -250,6 +250,16 @@ class ZoneTable:
     def n_empty(self) -> int:
         return self._empty.count
 
+    @property
+    def reclaimable(self) -> int:
+        """Bytes that resets could return to the free space beyond the live data, O(1): dead bytes
+        plus the capacity lost to finishes (``unused``).  A finished zone's unwritten capacity
+        comes back only with a reset (NVMe ZNS: Finish Zone makes the zone Full; Reset Zone makes
+        it Empty), exactly as its dead bytes do, so a copying pass can free both: ZenFS's
+        ``GCWorker`` (fs/fs_zenfs.cc) rates a full zone's garbage ``100 - 100 * used_capacity /
+        max_capacity``, unwritten capacity included.  0 means no GC pass can free anything."""
+        return self.dead + self.unused
+
     def first_empty(self) -> int | None:
         """Lowest-index empty data zone (ZenFS AllocateEmptyZone order), O(log zones)."""
         return self._empty.first()

@@ -185,7 +185,9 @@ class Collector:
             enough: returns True once the caller's need is met (checked before each pass).
 
         Returns:
-            passes run (0 when ``enough()`` held, or nothing is dead at the start).  It stops when a
+            passes run (0 when ``enough()`` held, or nothing is reclaimable at the start: no dead
+            bytes and no capacity lost to finishes, :attr:`ZoneTable.reclaimable`; a finished
+            zone's unwritten capacity comes back with its reset like dead bytes).  It stops when a
             pass leaves the data zones' free bytes (:meth:`ZoneBook.free`) no higher than before
             (free bytes are bounded by the capacity, so this terminates).
 
@@ -193,7 +195,7 @@ class Collector:
             as :meth:`collect`.
         """
         passes = 0
-        if not self.zones.table.dead:
+        if not self.zones.table.reclaimable:
             return 0
         while not enough():
             before = self.zones.free()

@@ -110,14 +110,15 @@ class WritePath:
         Raises:
             NoSpaceError: still no space.  ``cause`` is ``"gc"`` when the GC pass reclaimed
                 something (reset a zone or copied bytes) and the policy still found no space,
-                else ``"allocation"`` (the policy's own no-space answer stands: no dead bytes, or
+                else ``"allocation"`` (the policy's own no-space answer stands: nothing reclaimable
+                (no dead bytes, no capacity lost to finishes: ``ZoneTable.reclaimable``), or
                 its GC rule named nothing it could move); ``state`` is the zone book's
                 ``stop_state`` at the refusal.
         """
         d = self._execute(d)
         freed = False
         gc = self.collector
-        if d is None and not req.gc and gc is not None and not gc.running and self.zones.table.dead:
+        if d is None and not req.gc and gc is not None and not gc.running and self.zones.table.reclaimable:
             rep = gc.collect(force=True)
             freed = bool(rep.zones_reset or rep.bytes_copied)
             d = self._decide(req)
