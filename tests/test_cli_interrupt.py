@@ -183,9 +183,9 @@ def test_the_interrupt_line_stands_alone_when_a_print_is_cut_between_its_text_an
         sys.stderr.write("g/small.bin: 70,000 bytes, crc32c verified"[:cut])   # the text, not yet its newline
         raise interrupt.Interrupted(sig)
 
-    real = argparse.ArgumentParser.parse_args
-    monkeypatch.setattr(argparse.ArgumentParser, "parse_args",
-                        lambda self, argv=None, ns=None: argparse.Namespace(func=command)
+    real = argparse.ArgumentParser.parse_known_args
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args",
+                        lambda self, argv=None, ns=None: (argparse.Namespace(func=command), [])
                         if argv == ["ls", "x"] else real(self, argv, ns))
     assert main(["ls", "x"]) == interrupt.exit_status(sig)
     lines = capsys.readouterr().err.splitlines()
