@@ -369,6 +369,47 @@ def test_cli_promote_status_get_fallback_restore(tmp_path, url, capsys):
     assert (tmp_path / "out2" / "model.bin").read_bytes() == src.read_bytes()
 
 
+UNREACHABLE = "ftp://127.0.0.1:1/ckpt"     # fsspec's FTP file system connects when made: refused at once
+
+
+def test_cli_an_unreachable_destination_is_one_line_and_never_stands_between_get_and_a_local_copy(
+        tmp_path, url, capsys):
+    """A promote to a destination it cannot reach fails in one line naming the URL (exit 1) and
+    remembers nothing (it saved the URL, and every later ``get`` failed on a healthy local copy:
+    a fresh-user trial); a remembered destination that has become unreachable is not touched by a
+    ``get`` whose local copy is whole, and is named when the fallback is needed."""
+    dev = str(tmp_path / "dev.img")
+    src = tmp_path / "model.bin"
+    src.write_bytes(payload(4, 300_000))
+    assert main(["device", "create", dev, "--zones", "16", "--zone-size", "1MiB", "--max-open", "6",
+                 "--max-active", "6"]) == 0
+    assert main(["mkfs", dev]) == 0
+    assert main(["put", dev, "step-5", str(src), "--step", "5"]) == 0
+    capsys.readouterr()
+    assert main(["tier", "promote", dev, "--to", UNREACHABLE]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{UNREACHABLE}: cannot reach the destination" in err, err
+    assert not os.path.exists(dev + ".tier.json")
+    assert main(["tier", "promote", dev, "--to", url]) == 0
+    remembered = open(dev + ".tier.json").read()
+    assert main(["tier", "promote", dev, "--to", UNREACHABLE]) == 1
+    assert open(dev + ".tier.json").read() == remembered             # the old settings stand
+    settings = json.loads(remembered)
+    settings["url"] = UNREACHABLE                                       # the destination goes away later
+    with open(dev + ".tier.json", "w") as f:
+        json.dump(settings, f)
+    capsys.readouterr()
+    assert main(["get", dev, "step-5", "-o", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "model.bin").read_bytes() == src.read_bytes()
+    assert main(["get", dev, "step-5", "nosuch", "-o", str(tmp_path / "out2")]) == 2
+    assert "has no shard 'nosuch'" in capsys.readouterr().err
+    assert main(["rm", dev, "step-5"]) == 0
+    capsys.readouterr()
+    assert main(["get", dev, "step-5", "-o", str(tmp_path / "out3")]) == 1      # now it is needed
+    err = capsys.readouterr().err
+    assert err.count("\n") <= 2 and f"{UNREACHABLE}: cannot reach the destination" in err, err
+
+
 def test_cli_get_falls_back_when_the_local_copy_fails_its_checksum(tmp_path, url, capsys):
     path = tmp_path / "dev.img"
     dev = FileDevice.create(path, GEO)

@@ -345,11 +345,18 @@ class _Durable:
     """``get``'s fallback: the durable copy of generations at a destination (:mod:`retainz.tier`)."""
 
     def __init__(self, url: str):
-        from retainz.tier import Destination
-
         self.url = url
-        self.dest = Destination(url)
+        self._dest = None
         self._manifests: dict = {}
+
+    @property
+    def dest(self):
+        """The destination, reached on first need: a healthy local copy never touches it."""
+        if self._dest is None:
+            from retainz.tier import Destination
+
+            self._dest = Destination(self.url)
+        return self._dest
 
     def manifest(self, gen_id: str):
         from retainz.tier import durable_manifest

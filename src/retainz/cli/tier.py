@@ -93,10 +93,10 @@ def _promote(args) -> int:
     with _Session(args.device, readonly=True) as store:
         for gid in args.generations:
             store.generation(gid)
-        if path is not None:
-            s.save(path)
         with progress.bar(None, "promote", args) as bar:
-            p = _promoter(store, s, path, on_progress=bar.update)
+            p = _promoter(store, s, path, on_progress=bar.update)    # reaches the destination (or raises)
+            if path is not None:
+                s.save(path)             # remembered once reached: a failed promote leaves the old settings
             for gid in args.generations:
                 p.request(gid)
             p.refresh()

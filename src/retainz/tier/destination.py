@@ -50,6 +50,9 @@ def _fs_for(url: str, storage_options: dict | None):
                                "'retainz[tier]'") from None
     except (ValueError, TypeError) as e:
         raise ValueError(f"{url}: not a destination URL ({e})") from None
+    except OSError as e:     # a file system that connects when made (ftp://, sftp://): unknown host, refused
+        raise DestinationError(f"{url}: cannot reach the destination ({e.strerror or e})",
+                               errno=e.errno if isinstance(e.errno, int) and e.errno > 0 else None) from None
     return fs, root.rstrip("/")
 
 
@@ -63,7 +66,8 @@ class Destination:
             the URL's path part is the root.
 
     Raises:
-        ValueError: a URL fsspec cannot parse; DestinationError: no implementation for its protocol.
+        ValueError: a URL fsspec cannot parse; DestinationError: no implementation for its protocol, or
+            a file system that connects when made could not (an unknown host, a refused connection).
     """
 
     def __init__(self, url: str, *, storage_options: dict | None = None, fs=None):
