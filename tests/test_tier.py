@@ -330,15 +330,22 @@ def test_restore_onto_a_fresh_device(store, url, tmp_path):
 
 
 # -- the command line -------------------------------------------------------------------------------------
-def test_cli_promote_status_get_fallback_restore(tmp_path, url, capsys):
+def cli_device(tmp_path, seed: int, n: int, steps: list[int]):
+    """``retainz device create`` + ``mkfs`` of ``tmp_path/dev.img`` and a ``put`` of ``model.bin``
+    (``payload(seed, n)``) as ``step-S`` for each step; returns (device path, source file)."""
     dev = str(tmp_path / "dev.img")
     src = tmp_path / "model.bin"
-    src.write_bytes(payload(3, 400_000))
+    src.write_bytes(payload(seed, n))
     assert main(["device", "create", dev, "--zones", "16", "--zone-size", "1MiB", "--max-open", "6",
                  "--max-active", "6"]) == 0
     assert main(["mkfs", dev]) == 0
-    assert main(["put", dev, "step-10", str(src), "--step", "10"]) == 0
-    assert main(["put", dev, "step-20", str(src), "--step", "20"]) == 0
+    for step in steps:
+        assert main(["put", dev, f"step-{step}", str(src), "--step", str(step)]) == 0
+    return dev, src
+
+
+def test_cli_promote_status_get_fallback_restore(tmp_path, url, capsys):
+    dev, src = cli_device(tmp_path, 3, 400_000, [10, 20])
     capsys.readouterr()
     assert main(["tier", "status", dev]) == 2                       # no destination yet: one line
     assert "no destination" in capsys.readouterr().err
@@ -378,13 +385,7 @@ def test_cli_an_unreachable_destination_is_one_line_and_never_stands_between_get
     remembers nothing (it saved the URL, and every later ``get`` failed on a healthy local copy:
     a fresh-user trial); a remembered destination that has become unreachable is not touched by a
     ``get`` whose local copy is whole, and is named when the fallback is needed."""
-    dev = str(tmp_path / "dev.img")
-    src = tmp_path / "model.bin"
-    src.write_bytes(payload(4, 300_000))
-    assert main(["device", "create", dev, "--zones", "16", "--zone-size", "1MiB", "--max-open", "6",
-                 "--max-active", "6"]) == 0
-    assert main(["mkfs", dev]) == 0
-    assert main(["put", dev, "step-5", str(src), "--step", "5"]) == 0
+    dev, src = cli_device(tmp_path, 4, 300_000, [5])
     capsys.readouterr()
     assert main(["tier", "promote", dev, "--to", UNREACHABLE]) == 1
     err = capsys.readouterr().err
