@@ -122,7 +122,13 @@ def test_put_of_something_that_is_not_a_regular_file(tmp_path, capsys):
     run(capsys, "mkfs", dev)
     code, _, err = run(capsys, "put", dev, "x", tmp_path, "--step", 1)
     assert code == 2
-    assert f"{tmp_path}: not a regular file" in one_line(err)
+    assert f"{tmp_path}: not a regular file but a directory" in one_line(err)
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    code, _, err = run(capsys, "put", dev, "x", fifo, "--step", 1)
+    assert code == 2 and f"{fifo}: not a regular file but a FIFO" in one_line(err)
+    code, _, err = run(capsys, "put", dev, "x", "/dev/null", "--step", 1)
+    assert code == 2 and "/dev/null: not a regular file but a character device" in one_line(err)
     code, _, err = run(capsys, "put", dev, "x", tmp_path / "missing", "--step", 1)
     assert code == 2 and "missing: no such file" in one_line(err)
 

@@ -44,6 +44,19 @@ def test_create_info_report_and_ops(tmp_path, capsys):
     assert out == ""
 
 
+@pytest.mark.parametrize("zones, limit", [(4, 4), (13, 13), (14, 14), (40, 14)])
+def test_create_limits_default_to_14_but_never_past_the_zone_count(tmp_path, capsys, zones, limit):
+    dev = str(tmp_path / "d.img")
+    code, out, _ = run(capsys, "device", "create", dev, "--zones", str(zones), "--zone-size", "64KiB")
+    assert code == 0 and f"max open zones {limit}, max active {limit}" in out
+    info = json.loads(run(capsys, "device", "info", dev, "--json")[1])
+    assert (info["max_open"], info["max_active"]) == (limit, limit)
+    code, out, _ = run(capsys, "device", "create", dev, "--zones", str(zones), "--zone-size", "64KiB",
+                       "--max-open", "0", "--max-active", "3", "--force")
+    info = json.loads(run(capsys, "device", "info", dev, "--json")[1])
+    assert code == 0 and (info["max_open"], info["max_active"]) == (0, 3)
+
+
 @pytest.mark.parametrize("argv, needle, status", [
     (["zones", "report", "/nonexistent/d.img"], "no such device file", 2),
     (["zones", "reset", "{dev}", "99"], "zone 99 does not exist", 2),

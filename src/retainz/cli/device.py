@@ -14,6 +14,10 @@ from retainz.cli import check_blocks, count_arg, geometry_lines, print_json, siz
 from retainz.zoned import FileDevice, Geometry, ZoneCond, ZoneOp, format_size, open_device
 
 
+#: Open and active zone limit of a created device unless given (a ZN540's 14).
+DEFAULT_ZONE_LIMIT = 14
+
+
 def register(sub) -> None:
     dev = sub.add_parser("device", help="create or describe a zoned device")
     dsub = dev.add_subparsers(dest="device_command", metavar="ACTION", required=True)
@@ -25,8 +29,10 @@ def register(sub) -> None:
     create.add_argument("--zone-capacity", type=size_arg,
                         help="writable bytes per zone, a multiple of the block size (default, or 0: the zone size)")
     create.add_argument("--block-size", type=int, default=4096, choices=(512, 4096))
-    create.add_argument("--max-open", type=int, default=14, help="max open zones (0 = unlimited)")
-    create.add_argument("--max-active", type=int, default=14, help="max active zones (0 = unlimited)")
+    create.add_argument("--max-open", type=int, help="max open zones (default: 14, or every zone when the device "
+                        "has fewer; 0 = unlimited)")
+    create.add_argument("--max-active", type=int, help="max active zones (default: 14, or every zone when the "
+                        "device has fewer; 0 = unlimited)")
     create.add_argument("--force", action="store_true", help="overwrite an existing file")
     create.set_defaults(func=_create)
     info = dsub.add_parser("info", help="print a device's geometry")
@@ -58,9 +64,13 @@ def register(sub) -> None:
 def _create(args: argparse.Namespace) -> int:
     check_blocks("--zone-size", args.zone_size, args.block_size)
     check_blocks("--zone-capacity", args.zone_capacity, args.block_size)
+    # a ZN540-like default limit of 14, but never more than the device has zones (a 4-zone device that
+    # reported 14 open zones read as a bug)
+    default_limit = min(DEFAULT_ZONE_LIMIT, max(args.zones, 0))
     geometry = Geometry(nr_zones=args.zones, zone_size=args.zone_size,
                         zone_capacity=args.zone_capacity or args.zone_size, block_size=args.block_size,
-                        max_open=args.max_open, max_active=args.max_active)
+                        max_open=default_limit if args.max_open is None else args.max_open,
+                        max_active=default_limit if args.max_active is None else args.max_active)
     with FileDevice.create(args.path, geometry, force=args.force) as dev:
         print(f"created {args.path}: {geometry.nr_zones} zones of {format_size(geometry.zone_size)} "
               f"(capacity {format_size(geometry.zone_capacity)}), uuid {dev.uuid}")

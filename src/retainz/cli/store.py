@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import sys
 
 from retainz.cli import geometry_lines, interrupt, plural, print_json, progress
@@ -248,12 +249,22 @@ def _chunks(path: str, size: int = 1 << 20, bar=None):
             yield chunk
 
 
+def _file_kind(path: str) -> str:
+    """What ``path`` is, in words, for a refusal (``a directory``, ``a FIFO``...)."""
+    mode = os.stat(path).st_mode
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISCHR, "a character device")):
+        if test(mode):
+            return kind
+    return "a special file"
+
+
 def _put(args) -> int:
     for path in args.files:
         if not os.path.exists(path):
             raise FileNotFoundError(f"{path}: no such file")
         if not os.path.isfile(path):
-            raise ValueError(f"{path}: not a regular file (put stores files, not directories or devices)")
+            raise ValueError(f"{path}: not a regular file but {_file_kind(path)}; put stores regular files")
     if args.step < 0:
         raise ValueError(f"--step must be >= 0, not {args.step}")
     names = [os.path.basename(p) for p in args.files]
