@@ -206,7 +206,7 @@ def fs_guest_run():
     Returns ``(GuestResult, {system: result dict})``."""
     import json
 
-    from retainz.experiments.filesystems import F2FS_META_BYTES
+    from retainz.experiments.filesystems import f2fs_meta_bytes
     from retainz.experiments.runner import scaled_layout
     from retainz.trace.generate import write_generated
     from retainz.vm.guest import DiskConfig, GuestConfig, ZNSConfig, run_in_guest
@@ -232,7 +232,7 @@ def fs_guest_run():
     import retainz
 
     cfg = GuestConfig(zns=ZNSConfig(zones=26, zone_size=8 << 20, zone_capacity=8 << 20, max_open=14, max_active=14),
-                      nullblk=None, disk=DiskConfig(F2FS_META_BYTES), modules=("btrfs", "f2fs"),
+                      nullblk=None, disk=DiskConfig(f2fs_meta_bytes(8 << 20)), modules=("btrfs", "f2fs"),
                       scheduler="mq-deadline", timeout=FS_TIMEOUT, cwd=str(ROOT),
                       env={"PYTHONPATH": str(Path(retainz.__file__).resolve().parents[1])})
     t0 = time.monotonic()

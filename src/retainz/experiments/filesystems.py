@@ -5,7 +5,7 @@ Every system gets the same namespace: ``zones`` raw zones when the case names th
 ``ceil(peak live bytes / (pressure * zone capacity))`` - pressure here is against the *raw* namespace,
 because every system pays its own metadata out of it (btrfs: superblock log zones and DUP metadata
 block groups; f2fs: overprovisioning and GC sections; RetainZ: journal zones and the GC reserve).
-f2fs also gets a small regular disk for its metadata (:data:`F2FS_META_BYTES`).
+f2fs also gets a small regular disk for its metadata (:func:`f2fs_meta_bytes`).
 
 The guest timeout is ``$RETAINZ_FS_TIMEOUT`` seconds (default 900): btrfs can hang in ``sync`` after an
 ENOSPC; the driver writes its result file before syncing, so a killed guest still leaves the replay's
@@ -19,10 +19,25 @@ import math
 import os
 import sys
 
-__all__ = ["namespace_zones", "guest_config", "run_filesystem_case", "F2FS_META_BYTES", "FS_METRIC_KEYS"]
+__all__ = ["namespace_zones", "guest_config", "run_filesystem_case", "f2fs_meta_bytes", "FS_METRIC_KEYS"]
 
-#: Size of the regular virtio disk f2fs keeps its metadata on (its writes count as device writes).
-F2FS_META_BYTES = 64 << 20
+#: Smallest regular virtio disk f2fs keeps its metadata on (its writes count as device writes).
+F2FS_META_MIN_BYTES = 64 << 20
+
+
+def f2fs_meta_bytes(zone_size: int) -> int:
+    """Bytes of the regular disk that holds f2fs's metadata in front of a namespace of ``zone_size`` zones:
+    :data:`F2FS_META_MIN_BYTES`, or two zones when that is more.
+
+    The rule is mkfs.f2fs's (f2fs-tools mkfs/f2fs_format.c, ``f2fs_prepare_super_block``): segment0
+    starts at a zone boundary (``zone_align_start_offset``), the metadata areas (checkpoint, SIT, NAT,
+    SSA) are rounded up to whole zones (``ZONE_ALIGN``) and the main area starts on a zone, so the
+    regular device must hold the superblock's zone and at least one zone of metadata.  mkfs.f2fs 1.15
+    refuses a 64 MiB disk in front of 256 MiB zones ("Conventional device /dev/vda is too small,
+    (512 MiB needed)"); 64 MiB serves zones up to 32 MiB.  The disk is a sparse file, so its size
+    costs nothing; only what f2fs writes to it counts.
+    """
+    return max(F2FS_META_MIN_BYTES, 2 * zone_size)
 #: Metrics every ok file-system record carries (``retainz verify`` checks them).
 FS_METRIC_KEYS = ("system", "device_bytes_written", "checkpoint_bytes", "device_waf", "enospc_step",
                   "enospc_fill", "peak_fill", "zone_resets", "capacity_stop_step", "raw_capacity_bytes",
@@ -60,7 +75,7 @@ def guest_config(system: str, nr_zones: int, inputs: dict, *, timeout: float, cw
 
     # the guest imports this very source tree (a worktree's, not whatever the venv has installed)
     env = {"PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(retainz.__file__)))}
-    return GuestConfig(zns=zns, nullblk=None, disk=DiskConfig(F2FS_META_BYTES) if name == "f2fs" else None,
+    return GuestConfig(zns=zns, nullblk=None, disk=DiskConfig(f2fs_meta_bytes(zns.zone_size)) if name == "f2fs" else None,
                        modules=() if name == "retainz" else (name,), scheduler="mq-deadline",
                        memory_mb=512, timeout=timeout, cwd=cwd, env=env)
 

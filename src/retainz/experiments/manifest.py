@@ -85,10 +85,12 @@ CASE_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
                           "(retainz.trace.promotion); null (default): no promotion"),
     "promote_hint": ((bool,), "with promote_bandwidth: the hints carry the expected promotion finish (true, "
                      "default); false gives the rule's hints alone (the ablation)"),
+    "rerun": ((int,), "an independent rerun of an otherwise identical case, 0 (default) for the first: the "
+              "same trace and inputs under another id (guest file-system figures vary run to run)"),
 }
 #: Fields added after format 1 that stay out of a case's inputs (and so out of its id) while they hold
 #: their default, so the ids of the cases recorded before them do not change.
-OPTIONAL_FIELDS = ("system", "fleet", "promote_bandwidth", "promote_hint")
+OPTIONAL_FIELDS = ("system", "fleet", "promote_bandwidth", "promote_hint", "rerun")
 
 #: Defaults below every manifest's own defaults.
 CASE_DEFAULTS: dict[str, Any] = {
@@ -107,6 +109,7 @@ CASE_DEFAULTS: dict[str, Any] = {
     "fleet": None,
     "promote_bandwidth": None,
     "promote_hint": True,
+    "rerun": 0,
 }
 
 
@@ -283,6 +286,8 @@ def _normalize(where: str, case: dict) -> dict:
         raise ManifestError(f"{where}: key 'zones' must be >= 1, got {c['zones']!r}")
     if c["reserve_zones"] < 0:
         raise ManifestError(f"{where}: key 'reserve_zones' must be >= 0, got {c['reserve_zones']!r}")
+    if c["rerun"] < 0:
+        raise ManifestError(f"{where}: key 'rerun' must be >= 0, got {c['rerun']!r}")
     _check_policy(where, c["policy"])
     if c["fleet"] is not None:
         _fleet(where, c)
