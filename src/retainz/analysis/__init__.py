@@ -41,7 +41,7 @@ def analyze(records_dir: str, out_dir: str, *, check: bool = False, expected: st
         records_dir: folder of run records.
         out_dir: where ``pressure.pdf``, ``mechanisms.pdf``, ``zonemap.pdf``, ``regimes.pdf``,
             ``filesystems.pdf`` (each with a PNG copy; the regime map and the file-system outputs only
-            when the records hold their experiments), ``placement_table.tex``, ``filesystems.md``, ``fleet_map.md`` (with fleet records),
+            when the records hold their experiments), ``placement_table.tex``, ``filesystems.md``, ``fleet_filesystems.md``, ``fleet_map.md`` (with fleet records),
             ``paper_claims.json`` and its Markdown rendering ``paper_claims.md`` go (created).
         check: compare the rounded claims with ``expected``; differences make the report failed.
         expected: the expected claims file for ``check``.
@@ -52,7 +52,8 @@ def analyze(records_dir: str, out_dir: str, *, check: bool = False, expected: st
         TamperedRecordError: a record's digest does not match its content.
     """
     from retainz.analysis.figures import mechanisms_figure, pressure_figure, setup_style
-    from retainz.analysis.filesystems import filesystem_claims, filesystems_figure, write_table
+    from retainz.analysis.filesystems import (filesystem_claims, filesystems_figure, fleet_filesystem_claims,
+                                             write_fleet_table, write_table)
     from retainz.analysis.fleetmap import fleet_claims, fleet_table
     from retainz.analysis.regimes import regime_claims, regime_figure
     from retainz.analysis.table import render_table
@@ -69,7 +70,7 @@ def analyze(records_dir: str, out_dir: str, *, check: bool = False, expected: st
     rep.lines.append(f"{records_dir}: {len(runs.records)} ok records, {len(runs.failed)} failed")
     setup_style()
     for fn in (pressure_figure, mechanisms_figure, zonemap_figure, regime_figure, filesystems_figure,
-               write_table, fleet_table, tier_table):
+               write_table, write_fleet_table, fleet_table, tier_table):
         rep.outputs += fn(runs, out_dir)
     tex = render_table(runs)
     if tex:
@@ -79,6 +80,7 @@ def analyze(records_dir: str, out_dir: str, *, check: bool = False, expected: st
         rep.outputs.append(p)
     claims = _claims.compute_claims(runs)
     filesystem_claims(runs, claims)
+    fleet_filesystem_claims(runs, claims)
     regime_claims(runs, claims)
     fleet_claims(runs, claims)
     tier_claims(runs, claims)

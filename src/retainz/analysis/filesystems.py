@@ -8,6 +8,13 @@ zoned against the RetainZ store on the same QEMU NVMe ZNS namespace, from the ru
   vertical "n/a" marks a system with no run there (ZenFS-Alloc on a namespace of fewer than 32 zones);
 * ``filesystems.md``: the comparison table (README, the issue's closing note);
 * claims ``filesystems.*`` (:func:`filesystem_claims`).
+
+The fleet mix (experiment ``fleet-filesystems``, experiments/fleet-filesystems.json) runs one fleet trace
+on each system several times (``rerun``): guest figures vary run to run, so every figure there is the
+median over the reruns with its range.
+
+* ``fleet_filesystems.md``: per system the median and range of each measure (:func:`fleet_filesystems_table`);
+* claims ``fleetfs.*`` (:func:`fleet_filesystem_claims`).
 """
 
 from __future__ import annotations
@@ -17,10 +24,13 @@ import os
 from retainz.analysis.claims import add_claim
 from retainz.analysis.records import Runs, rule_family, rule_rank, slug
 
-__all__ = ["EXPERIMENT", "system_key", "system_name", "filesystems_figure", "filesystems_table", "write_table",
-           "filesystem_claims"]
+__all__ = ["EXPERIMENT", "FLEET_EXPERIMENT", "system_key", "system_name", "filesystems_figure", "filesystems_table",
+           "write_table", "filesystem_claims", "fleet_filesystems_table", "write_fleet_table",
+           "fleet_filesystem_claims"]
 
 EXPERIMENT = "filesystems"
+#: The fleet mix on each system, rerun (module docstring).
+FLEET_EXPERIMENT = "fleet-filesystems"
 #: (system key, display name, color, hatch-free marker) in display order.
 SYSTEMS = [("retainz", "RetainZ", "#1f4e9c"), ("zenfs", "Store + ZenFS-Alloc", "#c0392b"),
            ("greedy", "Store + greedy log", "#8c8c8c"), ("btrfs", "btrfs zoned", "#e6a23c"),
@@ -185,3 +195,106 @@ def filesystem_claims(runs: Runs, out: list) -> None:
            "file-system comparison runs that completed their trace without ENOSPC")
     add_claim(out, "filesystems.runs_read_back_ok", sum(bool(r["metrics"]["verify_ok"]) for r in recs), 0, recs,
            "file-system comparison runs whose every surviving checkpoint read back correctly")
+
+
+def _fleet_records(runs: Runs) -> dict[str, list[dict]]:
+    """The fleet-mix records by system key, in display order."""
+    recs = [r for r in runs.of(FLEET_EXPERIMENT) if r["inputs"].get("system")]
+    by: dict[str, list[dict]] = {}
+    for r in sorted(recs, key=lambda r: (_rank(system_key(r)), r["inputs"].get("rerun", 0))):
+        by.setdefault(system_key(r), []).append(r)
+    return by
+
+
+def _median(values: list[float]) -> float:
+    v = sorted(values)
+    n = len(v)
+    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
+
+
+def _range(values: list[float], fmt: str) -> str:
+    """``median (min-max)`` of ``values``; the median alone for one value."""
+    med = format(_median(values), fmt)
+    if len(values) == 1:
+        return med
+    return f"{med} ({format(min(values), fmt)}-{format(max(values), fmt)})"
+
+
+def _throughput_ratios(by: dict[str, list[dict]], key: str) -> list[float]:
+    """Each run's save throughput over the median of the store's (RetainZ placement) runs."""
+    base = [r["metrics"]["save_throughput"] for r in by.get("retainz", []) if r["metrics"]["save_throughput"]]
+    if not base:
+        return []
+    b = _median(base)
+    return [r["metrics"]["save_throughput"] / b for r in by[key] if r["metrics"]["save_throughput"]]
+
+
+def fleet_filesystems_table(runs: Runs) -> str:
+    """The fleet mix on each system as Markdown ('' without records): a line naming the fleet and the
+    namespace, then per system the number of runs and, for each measure, the median over the runs with
+    the range in brackets.  Device WAF's spread is (max - min) / median.  Save throughput is each run's
+    over the median of the store's runs (TCG: ratios only)."""
+    by = _fleet_records(runs)
+    if not by:
+        return ""
+    first = next(iter(by.values()))[0]
+    i, m = first["inputs"], first["metrics"]
+    fleet = i["fleet"]
+    lines = [f"Fleet: mean concurrency {fleet['concurrency']:g}, churn {fleet['churn']:g}, seed {i['trace_seed']}, "
+             f"{i['steps']:,} steps, shards scaled by {i['scale']}; namespace {m['namespace_zones']} zones of "
+             f"{i['zone_size'] / 2**20:g} MiB (capacity {i['zone_capacity'] / 2**20:g} MiB), pressure "
+             f"{i['pressure']:g} (peak live {m['trace_peak_live_bytes'] / 1e9:.1f} GB, "
+             f"{m['trace_bytes'] / 1e9:.1f} GB saved).", "",
+             "| system | runs | device WAF | WAF spread | device GB written | ENOSPC | most held (of raw) "
+             "| zone resets | save throughput vs RetainZ | read back |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for key, rs in by.items():
+        ms = [r["metrics"] for r in rs]
+        waf = [x["device_waf"] for x in ms]
+        stops = [x["enospc_step"] for x in ms if x["enospc_step"] is not None]
+        ratios = _throughput_ratios(by, key)
+        ok = sum(bool(x["verify_ok"]) for x in ms)
+        lines.append("| " + " | ".join([
+            system_name(key), str(len(rs)), _range(waf, ".4f"),
+            f"{(max(waf) - min(waf)) / _median(waf):.2%}",
+            _range([x["device_bytes_written"] / 1e9 for x in ms], ".2f"),
+            "none" if not stops else f"{len(stops)} of {len(rs)} (step {_range(stops, ',.0f')})",
+            _range([x["peak_fill"] for x in ms], ".3f"), _range([x["zone_resets"] for x in ms], ",.0f"),
+            _range(ratios, ".2f") if ratios else "-",
+            f"{ok} of {len(rs)} ok" if ok == len(rs) else f"{len(rs) - ok} of {len(rs)} FAILED"]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_fleet_table(runs: Runs, out_dir: str) -> list[str]:
+    """``fleet_filesystems.md`` in ``out_dir`` (nothing without records)."""
+    text = fleet_filesystems_table(runs)
+    if not text:
+        return []
+    p = os.path.join(out_dir, "fleet_filesystems.md")
+    with open(p, "w", encoding="utf-8") as f:
+        f.write(text)
+    return [p]
+
+
+def fleet_filesystem_claims(runs: Runs, out: list) -> None:
+    """Claims ``fleetfs.*``: per system the runs, the median device WAF with its minimum and maximum,
+    the runs that hit ENOSPC and the median fill reached; over all runs, how many read back correctly."""
+    by = _fleet_records(runs)
+    for key, rs in by.items():
+        name = system_name(key)
+        waf = [r["metrics"]["device_waf"] for r in rs]
+        add_claim(out, f"fleetfs.{key}.runs", len(rs), 0, rs, f"fleet-mix runs of {name}")
+        add_claim(out, f"fleetfs.{key}.device_waf_median", _median(waf), 4, rs,
+                  f"median device write amplification of {name} on the fleet mix")
+        add_claim(out, f"fleetfs.{key}.device_waf_min", min(waf), 4, rs,
+                  f"lowest device write amplification of {name} over its fleet-mix runs")
+        add_claim(out, f"fleetfs.{key}.device_waf_max", max(waf), 4, rs,
+                  f"highest device write amplification of {name} over its fleet-mix runs")
+        add_claim(out, f"fleetfs.{key}.enospc_runs", sum(r["metrics"]["enospc_step"] is not None for r in rs), 0,
+                  rs, f"fleet-mix runs of {name} that stopped at ENOSPC")
+        add_claim(out, f"fleetfs.{key}.fill_reached_median", _median([_reached(r) for r in rs]), 3, rs,
+                  f"median of the most live checkpoint bytes {name} held (of the raw namespace) before any ENOSPC")
+    every = [r for rs in by.values() for r in rs]
+    if every:
+        add_claim(out, "fleetfs.runs_read_back_ok", sum(bool(r["metrics"]["verify_ok"]) for r in every), 0, every,
+                  "fleet-mix runs whose every surviving checkpoint read back correctly")

@@ -355,7 +355,9 @@ def draw_jobs(config: FleetConfig, seed: int) -> list[FleetJob]:
     fweights = [w for _, w in c["interval_factors"]]
     classes, cweights = c["jobs"], [j["weight"] for j in c["jobs"]]
     rules, rweights = c["runtimes"], [r["weight"] for r in c["runtimes"]]
-    causes = list(c["end"])
+    # a fixed order, not the config's key order: the same config with its keys in another order (the
+    # runner stores configs as canonical JSON, keys sorted) must draw the same fleet
+    causes = sorted(c["end"])
     eweights = [c["end"][k]["weight"] for k in causes]
     jobs: list[FleetJob] = []
     t = 0.0
