@@ -321,6 +321,27 @@ def test_mount_bad_input_and_already_mounted(tmp_path):
     assert r.returncode == 2 and "not a RetainZ mount" in r.stderr
 
 
+@pytest.mark.parametrize("foreground", [False, True])
+def test_mount_of_a_device_without_a_store_is_one_line_and_leaves_nothing(tmp_path, foreground):
+    """A device made by `retainz device create` but never formatted: one line saying to run mkfs,
+    exit 2 (bad input, as `ls` and `put` say it), no server started, no log, nothing mounted, the
+    device unchanged."""
+    from retainz.mount.runner import is_mounted
+
+    device = str(tmp_path / "dev.img")
+    retainz("device", "create", device, "--zones", "16", "--zone-size", "1MiB")
+    before = open(device, "rb").read()
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    r = retainz("mount", device, str(mnt), *(["--foreground"] if foreground else []), check=False)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == [f"retainz: error: {device} holds no RetainZ store (no superblock in "
+                                             f"its first zones); format it with `retainz mkfs {device}`"]
+    assert not os.path.exists(device + ".mount.log") and not is_mounted(str(mnt))
+    assert open(device, "rb").read() == before
+    assert retainz("ls", device, check=False).returncode == 2          # the same verdict as the store commands
+
+
 def test_fuse_unavailable_is_one_clear_line(tmp_path):
     """Without the binding (or libfuse 3, or /dev/fuse) the command says what is missing: exit 1."""
     device = make_device(tmp_path)

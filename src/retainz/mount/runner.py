@@ -138,6 +138,29 @@ def _held_message(device: str) -> str:
     return held_message(device)
 
 
+def _check_formatted(device: str) -> None:
+    """Refuse a device that holds no store (labelled by ``retainz device create`` but never formatted)
+    here, in one line, rather than in the server's log.  A device a node service holds is that
+    service's to judge (its shared lock cannot be taken; the mount becomes its client).
+
+    Raises:
+        ForeignDeviceError: no superblock in the device's first zones (the message says to run
+            ``retainz mkfs``).
+    """
+    from retainz.errors import DeviceBusyError, ForeignDeviceError
+    from retainz.store.store import superblock_zones
+    from retainz.zoned import FileDevice
+
+    try:
+        dev = FileDevice(device, readonly=True)
+    except DeviceBusyError:
+        return
+    with dev:
+        if not superblock_zones(dev):
+            raise ForeignDeviceError(f"{device} holds no RetainZ store (no superblock in its first zones); "
+                                     f"format it with `retainz mkfs {device}`")
+
+
 def _check_free(device: str) -> None:
     """Refuse a device whose lock another process holds (nothing is changed), unless a node service
     holds it and no mount serves it yet: the mount then becomes that service's client.
@@ -479,6 +502,7 @@ def mount(device: str, mountpoint: str, *, retention: str | None = None, foregro
         FileNotFoundError, FileExistsError: a bad device or mount point.
         ValueError: a malformed retention rule (checked before any server starts).
         DeviceHeldError: another process holds the device (refused at once; no server is left behind).
+        ForeignDeviceError: the device holds no store (refused at once; no server, no log).
         RuntimeError: the server exited before mounting (its last log lines of this attempt in the
             message).
         TimeoutError: not mounted after ``timeout`` seconds (the server is killed).
@@ -496,6 +520,7 @@ def mount(device: str, mountpoint: str, *, retention: str | None = None, foregro
 
     FileDevice.check_label(device)      # a foreign file is refused here, not in the server's log
     _check_free(device)
+    _check_formatted(device)
     if foreground:
         serve(device, mountpoint, retention=retention, access=access, promote=promote)
         return
