@@ -7,8 +7,8 @@ client.  ``umount`` returns once the mount's server is done (docs/mount.md "Insp
 mounted store").
 
 Exit status: 0 success; 1 the mount failed (FUSE unavailable, the server failed, the device busy);
-2 bad input (no such device or mount point, already mounted, a malformed retention rule, a malformed
-``--grant`` or an unknown ``--group``).
+2 bad input (no such device or mount point, a device without a store, already mounted, a malformed
+retention rule, a malformed ``--grant`` or an unknown ``--group``).
 """
 
 from __future__ import annotations
