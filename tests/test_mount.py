@@ -342,6 +342,26 @@ def test_mount_of_a_device_without_a_store_is_one_line_and_leaves_nothing(tmp_pa
     assert retainz("ls", device, check=False).returncode == 2          # the same verdict as the store commands
 
 
+def test_a_mount_over_a_non_empty_directory_says_what_it_hides(tmp_path):
+    """libfuse 3 mounts over a non-empty directory (as mount(8) does); the command warns in one line, and
+    the files are back after umount."""
+    device = make_device(tmp_path)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    (mnt / "a").write_text("x")
+    (mnt / "b").mkdir()
+    r = retainz("mount", device, str(mnt))
+    try:
+        assert r.stderr.strip().splitlines() == [f"retainz: warning: {mnt} is not empty: its 2 entries are hidden "
+                                                 f"until `retainz umount {mnt}`"]
+        assert os.listdir(mnt) == []
+    finally:
+        retainz("umount", str(mnt))
+    assert sorted(os.listdir(mnt)) == ["a", "b"]
+    r = retainz("mount", device, str(tmp_path / "nope"), check=False)       # no warning before an error
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "warning" not in r.stderr
+
+
 def test_fuse_unavailable_is_one_clear_line(tmp_path):
     """Without the binding (or libfuse 3, or /dev/fuse) the command says what is missing: exit 1."""
     device = make_device(tmp_path)

@@ -66,6 +66,12 @@ def _mount(args) -> int:
     elif args.promote_policy is not None or args.promote_bandwidth is not None:
         print("retainz: error: --promote-policy and --promote-bandwidth need --promote URL", file=sys.stderr)
         return 2
+    # libfuse 3 and mount(8) mount over a non-empty directory; say what the mount hides, once it is up
+    hidden = _entries(args.mountpoint)
+    warning = (f"retainz: warning: {args.mountpoint} is not empty: its {hidden} entr"
+               f"{'y is' if hidden == 1 else 'ies are'} hidden until `retainz umount {args.mountpoint}`")
+    if hidden and args.foreground:
+        print(warning, file=sys.stderr)
     try:
         mount(args.device, args.mountpoint, retention=args.retention, foreground=args.foreground, access=access,
               promote=promote)
@@ -75,7 +81,19 @@ def _mount(args) -> int:
     except (RuntimeError, TimeoutError) as e:
         print(f"retainz: error: {e}", file=sys.stderr)
         return 1
+    if hidden and not args.foreground:
+        print(warning, file=sys.stderr)
     return 0
+
+
+def _entries(path: str) -> int:
+    """Entries of the directory ``path`` (0 when it cannot be listed: mount() names that problem)."""
+    import os
+
+    try:
+        return len(os.listdir(path))
+    except OSError:
+        return 0
 
 
 def _umount(args) -> int:
