@@ -154,15 +154,19 @@ def filesystems_table(runs: Runs) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_table(runs: Runs, out_dir: str) -> list[str]:
-    """``filesystems.md`` in ``out_dir`` (nothing without records)."""
-    text = filesystems_table(runs)
+def _write_markdown(text: str, out_dir: str, name: str) -> list[str]:
+    """``text`` as ``out_dir/name``; nothing for an empty text (no records).  Returns the paths written."""
     if not text:
         return []
-    p = os.path.join(out_dir, "filesystems.md")
+    p = os.path.join(out_dir, name)
     with open(p, "w", encoding="utf-8") as f:
         f.write(text)
     return [p]
+
+
+def write_table(runs: Runs, out_dir: str) -> list[str]:
+    """``filesystems.md`` in ``out_dir`` (nothing without records)."""
+    return _write_markdown(filesystems_table(runs), out_dir, "filesystems.md")
 
 
 def filesystem_claims(runs: Runs, out: list) -> None:
@@ -267,13 +271,7 @@ def fleet_filesystems_table(runs: Runs) -> str:
 
 def write_fleet_table(runs: Runs, out_dir: str) -> list[str]:
     """``fleet_filesystems.md`` in ``out_dir`` (nothing without records)."""
-    text = fleet_filesystems_table(runs)
-    if not text:
-        return []
-    p = os.path.join(out_dir, "fleet_filesystems.md")
-    with open(p, "w", encoding="utf-8") as f:
-        f.write(text)
-    return [p]
+    return _write_markdown(fleet_filesystems_table(runs), out_dir, "fleet_filesystems.md")
 
 
 def fleet_filesystem_claims(runs: Runs, out: list) -> None:
