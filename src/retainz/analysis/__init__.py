@@ -52,8 +52,13 @@ def analyze(records_dir: str, out_dir: str, *, check: bool = False, expected: st
         TamperedRecordError: a record's digest does not match its content.
     """
     from retainz.analysis.figures import mechanisms_figure, pressure_figure, setup_style
-    from retainz.analysis.filesystems import (filesystem_claims, filesystems_figure, fleet_filesystem_claims,
-                                             write_fleet_table, write_table)
+    from retainz.analysis.filesystems import (
+        filesystem_claims,
+        filesystems_figure,
+        fleet_filesystem_claims,
+        write_fleet_table,
+        write_table,
+    )
     from retainz.analysis.fleetmap import fleet_claims, fleet_table
     from retainz.analysis.regimes import regime_claims, regime_figure
     from retainz.analysis.table import render_table

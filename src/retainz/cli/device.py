@@ -13,7 +13,6 @@ import argparse
 from retainz.cli import check_blocks, count_arg, geometry_lines, print_json, size_arg
 from retainz.zoned import FileDevice, Geometry, ZoneCond, ZoneOp, format_size, open_device
 
-
 #: Open and active zone limit of a created device unless given (a ZN540's 14).
 DEFAULT_ZONE_LIMIT = 14
 
