@@ -3,7 +3,7 @@ records alone (retainz.analysis.filesystems)."""
 
 from __future__ import annotations
 
-from retainz.analysis.filesystems import fleet_filesystem_claims, fleet_filesystems_table
+from retainz.analysis.filesystems import fleet_filesystem_claims, fleet_filesystems_figure, fleet_filesystems_table
 from retainz.analysis.records import Runs
 
 
@@ -61,3 +61,13 @@ def test_no_fleet_records_no_table_and_no_claims():
     out: list = []
     fleet_filesystem_claims(runs, out)
     assert fleet_filesystems_table(runs) == "" and out == []
+
+
+def test_the_figure_is_drawn_from_the_records(tmp_path):
+    from retainz.analysis.figures import setup_style
+
+    setup_style()
+    paths = fleet_filesystems_figure(_runs(), str(tmp_path))
+    assert sorted(p.rsplit("/", 1)[1] for p in paths) == ["fleet_filesystems.pdf", "fleet_filesystems.png"]
+    assert all((tmp_path / p.rsplit("/", 1)[1]).stat().st_size > 5000 for p in paths)
+    assert fleet_filesystems_figure(Runs([], [], "test"), str(tmp_path / "none")) == []

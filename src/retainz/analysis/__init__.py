@@ -56,6 +56,7 @@ def analyze(records_dir: str, out_dir: str, *, check: bool = False, expected: st
         filesystem_claims,
         filesystems_figure,
         fleet_filesystem_claims,
+        fleet_filesystems_figure,
         write_fleet_table,
         write_table,
     )
@@ -75,7 +76,7 @@ def analyze(records_dir: str, out_dir: str, *, check: bool = False, expected: st
     rep.lines.append(f"{records_dir}: {len(runs.records)} ok records, {len(runs.failed)} failed")
     setup_style()
     for fn in (pressure_figure, mechanisms_figure, zonemap_figure, regime_figure, filesystems_figure,
-               write_table, write_fleet_table, fleet_table, tier_table):
+               fleet_filesystems_figure, write_table, write_fleet_table, fleet_table, tier_table):
         rep.outputs += fn(runs, out_dir)
     tex = render_table(runs)
     if tex:

@@ -13,6 +13,8 @@ The fleet mix (experiment ``fleet-filesystems``, experiments/fleet-filesystems.j
 on each system several times (``rerun``): guest figures vary run to run, so every figure there is the
 median over the reruns with its range.
 
+* ``fleet_filesystems.pdf``: per system, every run's device WAF and the fill it reached, the median
+  marked (:func:`fleet_filesystems_figure`);
 * ``fleet_filesystems.md``: per system the median and range of each measure (:func:`fleet_filesystems_table`);
 * claims ``fleetfs.*`` (:func:`fleet_filesystem_claims`).
 """
@@ -25,7 +27,7 @@ from retainz.analysis.claims import add_claim
 from retainz.analysis.records import Runs, rule_family, rule_rank, slug
 
 __all__ = ["EXPERIMENT", "FLEET_EXPERIMENT", "system_key", "system_name", "filesystems_figure", "filesystems_table",
-           "write_table", "filesystem_claims", "fleet_filesystems_table", "write_fleet_table",
+           "write_table", "filesystem_claims", "fleet_filesystems_figure", "fleet_filesystems_table", "write_fleet_table",
            "fleet_filesystem_claims"]
 
 EXPERIMENT = "filesystems"
@@ -231,6 +233,40 @@ def _throughput_ratios(by: dict[str, list[dict]], key: str) -> list[float]:
         return []
     b = _median(base)
     return [r["metrics"]["save_throughput"] / b for r in by[key] if r["metrics"]["save_throughput"]]
+
+
+def fleet_filesystems_figure(runs: Runs, out_dir: str) -> list[str]:
+    """``fleet_filesystems.pdf``/``.png``: (a) device WAF and (b) the fill reached before any ENOSPC (of the
+    raw namespace; dotted: what the fleet needs), one dot per run, a bar at each system's median; a hollow
+    dot is a run that stopped at ENOSPC.  Nothing without records."""
+    import matplotlib.pyplot as plt
+
+    from retainz.analysis.figures import COLUMN_WIDTH, save
+
+    by = _fleet_records(runs)
+    if not by:
+        return []
+    fig, axes = plt.subplots(1, 2, figsize=(2 * COLUMN_WIDTH, 1.9))
+    for ax, (metric, label) in zip(axes, (("device_waf", "device WAF"), ("fill", "fill reached (of raw)")), strict=True):
+        for x, (key, rs) in enumerate(by.items()):
+            color = next((c for k, _, c in SYSTEMS if k == key), "#555555")
+            values = [r["metrics"]["device_waf"] if metric == "device_waf" else _reached(r) for r in rs]
+            for k, (r, v) in enumerate(zip(rs, values, strict=True)):
+                stopped = r["metrics"]["enospc_step"] is not None
+                ax.plot(x + (k - (len(rs) - 1) / 2) * 0.12, v, "o", markersize=3, color=color,
+                        markerfacecolor="none" if stopped else color)
+            ax.plot([x - 0.3, x + 0.3], [_median(values)] * 2, color=color, linewidth=1.2)
+        if metric == "fill":
+            ax.axhline(next(iter(by.values()))[0]["inputs"]["pressure"], color="black", linewidth=0.6, linestyle=":")
+            ax.set_ylim(0, 1)
+        ax.set_xticks(range(len(by)))
+        ax.set_xticklabels([system_name(k) for k in by], fontsize=6)
+        ax.set_ylabel(label)
+        ax.grid(axis="y", alpha=0.3)
+    fig.text(0.99, 0.005, "one dot per run, bar: median; hollow: stopped at ENOSPC; dotted: fill the fleet needs",
+             ha="right", fontsize=5)
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    return save(fig, out_dir, "fleet_filesystems")
 
 
 def fleet_filesystems_table(runs: Runs) -> str:
