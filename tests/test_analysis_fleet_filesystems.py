@@ -3,7 +3,11 @@ records alone (retainz.analysis.filesystems)."""
 
 from __future__ import annotations
 
-from retainz.analysis.filesystems import fleet_filesystem_claims, fleet_filesystems_figure, fleet_filesystems_table
+from retainz.analysis.filesystems import (
+    fleet_filesystem_claims,
+    fleet_filesystems_figure,
+    fleet_filesystems_table,
+)
 from retainz.analysis.records import Runs
 
 
