@@ -15,7 +15,7 @@ import pytest
 from retainz.experiments import fsworkload as fw
 from retainz.experiments.filesystems import guest_config, namespace_zones
 from retainz.experiments.manifest import ManifestError, expand, load_manifest
-from retainz.trace.format import DeleteEvent, SaveEvent
+from retainz.trace.format import CommitEvent, DeleteEvent, SaveEvent
 from retainz.trace.generate import write_generated
 from retainz.trace.io import TraceReader
 
@@ -109,6 +109,51 @@ def test_file_replay_stops_at_the_first_enospc_and_keeps_the_committed(tmp_path,
     monkeypatch.setattr(fw.os, "write", real_write)
     gens, _, problems = fr.verify(events)
     assert gens == 3 and problems == []    # the half-written sixth save is not a survivor, and not an error
+
+
+@pytest.mark.parametrize("failing", ["save", "commit", "delete"])
+def test_the_generation_whose_operation_failed_is_in_doubt_not_a_read_back_problem(tmp_path, trace, monkeypatch,
+                                                                                    failing):
+    """btrfs zoned aborting a transaction fails whichever operation is in flight (a write with EROFS, a
+    commit's fsync with EIO, a delete halfway): that generation may be whole, partial or gone."""
+    _, events = trace
+    kinds = {"save": SaveEvent, "commit": CommitEvent, "delete": DeleteEvent}
+    target = [e for e in events if isinstance(e, kinds[failing])][3]
+    real = {"write": os.write, "fsync": os.fsync, "unlink": os.unlink}
+    armed = {"on": False}
+
+    def failing_call(name, err):
+        def call(*a, **kw):
+            if armed["on"]:
+                if name == "unlink":              # the delete removes one file, then fails
+                    armed["on"] = False
+                    real[name](*a, **kw)
+                raise OSError(err, os.strerror(err))
+            return real[name](*a, **kw)
+        return call
+
+    monkeypatch.setattr(fw.os, "write", failing_call("write", errno.EROFS))
+    monkeypatch.setattr(fw.os, "fsync", failing_call("fsync", errno.EIO))
+    monkeypatch.setattr(fw.os, "unlink", failing_call("unlink", errno.EIO))
+    root = tmp_path / "mnt"
+    root.mkdir()
+    fr = fw.FileReplay(str(root))
+    stop = events.index(target)
+    fr.run(events[:stop])
+    armed["on"] = True
+    fr.run(events[stop:stop + 1])
+    armed["on"] = False
+    fr.stop_index += stop
+    assert fr.stop_step == target.step and fr.stop_errno == {"save": "EROFS", "commit": "EIO", "delete": "EIO"}[failing]
+    assert fr.in_doubt is not None and fr.in_doubt.startswith(f"{target.gen:08d}-")
+    assert fr.in_doubt in os.listdir(root)       # left behind, whole or in part
+    gens, _, problems = fr.verify(events)
+    assert problems == []
+    want = {g for g in fw.survivors_before(events, fr.stop_index) if g != target.gen}
+    assert gens == len(want) >= 2
+    # the read-back still has teeth around it: a stray folder is a problem
+    (root / "stray").mkdir()
+    assert fr.verify(events)[2] == [f"{root}/stray: not a surviving generation"]
 
 
 def test_survivors_and_fill_follow_the_trace(trace):

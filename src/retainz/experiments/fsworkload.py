@@ -248,6 +248,8 @@ class FileReplay:
 
     Attributes filled while running: checkpoint_bytes, saves_committed, generations_deleted,
     stop_index / stop_step / stop_errno / stop_error (the first failure), peak_live (bytes held).
+    The generation whose save, commit or delete failed is *in doubt*: the file system may hold all, part
+    or none of it, so the read-back neither requires nor forbids it.
     """
 
     root: str
@@ -260,11 +262,14 @@ class FileReplay:
     stop_errno: str | None = None
     stop_error: str | None = None
     peak_live: int = 0
+    in_doubt: str | None = None
     _open: dict = field(default_factory=dict)
     _live: dict = field(default_factory=dict)
+    _dirs: dict = field(default_factory=dict)
 
     def _save(self, ev: SaveEvent) -> None:
         d = os.path.join(self.root, _gen_dir(ev))
+        self._dirs[ev.gen] = _gen_dir(ev)
         os.mkdir(d)
         self._open[ev.gen] = (ev, d)
         for s in ev.shards:
@@ -280,7 +285,7 @@ class FileReplay:
                 os.close(fd)
 
     def _commit(self, ev: CommitEvent) -> None:
-        save, d = self._open.pop(ev.gen)
+        save, d = self._open[ev.gen]
         for s in save.shards:
             fd = os.open(os.path.join(d, s.name), os.O_RDONLY)
             try:
@@ -293,13 +298,14 @@ class FileReplay:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+        del self._open[ev.gen]
         self._live[ev.gen] = save
         self.saves_committed += 1
         self.peak_live = max(self.peak_live, sum(e.nbytes for e in self._live.values()))
 
     def _delete(self, ev: DeleteEvent) -> None:
-        save = self._live.pop(ev.gen)
-        shutil.rmtree(os.path.join(self.root, _gen_dir(save)))
+        shutil.rmtree(os.path.join(self.root, _gen_dir(self._live[ev.gen])))
+        del self._live[ev.gen]
         self.generations_deleted += 1
 
     def run(self, events: list) -> None:
@@ -322,14 +328,20 @@ class FileReplay:
                 self.stop_index, self.stop_step = i, ev.step
                 self.stop_errno = errno.errorcode.get(e.errno, str(e.errno)) if e.errno else None
                 self.stop_error = f"{type(ev).__name__} of generation {ev.gen} at step {ev.step}: {e}"
+                self.in_doubt = self._dirs.get(ev.gen)
                 return
             finally:
                 if self.counter is not None:
                     self.counter.sample()
 
     def verify(self, events: list) -> tuple[int, int, list[str]]:
-        """Read back every surviving generation; returns (generations, bytes, problems)."""
-        expect = survivors_before(events, self.stop_index)
+        """Read back every surviving generation; returns (generations, bytes, problems).
+
+        Survivors are the generations committed and not deleted before the stop, less the one in doubt;
+        a folder that is neither a survivor, an open save's nor the one in doubt is a problem.
+        """
+        expect = {g: ev for g, ev in survivors_before(events, self.stop_index).items()
+                  if _gen_dir(ev) != self.in_doubt}
         nbytes, problems = 0, []
         for gen, ev in sorted(expect.items()):
             d = os.path.join(self.root, _gen_dir(ev))
@@ -350,7 +362,7 @@ class FileReplay:
                     problems.append(f"{path}: {e}")
         present = sorted(os.listdir(self.root))
         extra = sorted(set(present) - {_gen_dir(ev) for ev in expect.values()}
-                       - {_gen_dir(ev) for ev, _ in self._open.values()})
+                       - {_gen_dir(ev) for ev, _ in self._open.values()} - {self.in_doubt})
         problems += [f"{self.root}/{x}: not a surviving generation" for x in extra]
         return len(expect), nbytes, problems
 
