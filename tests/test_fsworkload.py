@@ -156,6 +156,19 @@ def test_the_generation_whose_operation_failed_is_in_doubt_not_a_read_back_probl
     assert fr.verify(events)[2] == [f"{root}/stray: not a surviving generation"]
 
 
+def test_kernel_errors_keep_the_lines_naming_the_file_system():
+    log = ("nvme nvme0: I/O 12 QID 1 timeout\n"
+           "BTRFS: error (device nvme0n1: state A) in btrfs_create_pending_block_groups:2562: errno=-28 No space left\n"
+           "BTRFS info (device nvme0n1: state EA): forced readonly\n"
+           "F2FS-fs (vda): inconsistent node block\n")
+    assert fw.kernel_errors(log, "btrfs") == [
+        "BTRFS: error (device nvme0n1: state A) in btrfs_create_pending_block_groups:2562: errno=-28 No space left",
+        "BTRFS info (device nvme0n1: state EA): forced readonly"]
+    assert fw.kernel_errors(log, "f2fs") == ["F2FS-fs (vda): inconsistent node block"]
+    assert fw.kernel_errors(log, "btrfs", limit=1) == fw.kernel_errors(log, "btrfs")[:1]
+    assert fw.kernel_errors("", "btrfs") == []
+
+
 def test_survivors_and_fill_follow_the_trace(trace):
     _, events = trace
     saves = [e for e in events if isinstance(e, SaveEvent)]
@@ -185,11 +198,14 @@ def test_filesystems_manifest_expands_and_leaves_other_ids_alone():
     # a case without a system has no "system" input, so the ids recorded before the field stay put
     _, quick = load_manifest(os.path.join(ROOT, "experiments", "quick.json"))
     assert all("system" not in c.inputs for c in quick)
+    assert all("guest_memory_mib" not in c.inputs for c in cases + quick)     # the default: absent
 
 
 @pytest.mark.parametrize("fields,message", [
     ({"system": "ext4"}, "key 'system': unknown system 'ext4'"),
     ({"system": "btrfs", "device": "memory"}, "runs on device 'guest', not 'memory'"),
+    ({"system": "btrfs", "guest_memory_mib": 64}, "key 'guest_memory_mib' must be >= 128"),
+    ({"system": "btrfs", "guest_memory_mib": "2GiB"}, "guest_memory_mib"),
 ])
 def test_manifest_refuses_bad_system_cases(fields, message):
     m = {"manifest": "t", "format": 1, "defaults": {
@@ -215,6 +231,8 @@ def test_namespace_sizing_and_guest_devices():
     rz = guest_config("retainz", 52, inputs, timeout=60, cwd="/")
     assert rz.disk is None and rz.modules == ()
     assert os.path.isdir(os.path.join(rz.env["PYTHONPATH"], "retainz"))
+    assert rz.memory_mb == 512 and guest_config("btrfs", 52, {**inputs, "guest_memory_mib": 2048}, timeout=60,
+                                                cwd="/").memory_mb == 2048
 
 
 def test_qemu_command_attaches_the_metadata_disk_with_4k_sectors(tmp_path):

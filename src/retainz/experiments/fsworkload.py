@@ -42,6 +42,9 @@ Measured (record fields, all from this guest's devices):
   ``enospc_fill``: bytes the workload asked the device to hold at that moment (every generation saved
   and not deleted, the failing one whole) / raw namespace capacity; ``peak_fill``: the most live
   bytes held before any failure / raw capacity;
+* ``kernel_errors``: file systems: the first error lines the guest's kernel logged about the file
+  system (``dmesg --level=emerg,alert,crit,err``, lines naming it), the cause behind a stop whose
+  errno (EROFS, EIO) only says the file system gave up;
 * ``replay_seconds`` and ``save_throughput`` (checkpoint bytes / replay seconds): TCG-emulated, so
   only ratios between systems mean anything.
 """
@@ -66,7 +69,7 @@ from retainz.trace.io import TraceReader
 from retainz.trace.replay import shard_pattern
 
 __all__ = ["SYSTEMS", "SystemSpec", "parse_system", "sectors_written", "ZoneResetCounter", "FileReplay", "same_stream",
-           "survivors_before", "fill_at", "run_system", "ZONED_DEVICE", "META_DEVICE", "MOUNT_POINT"]
+           "survivors_before", "fill_at", "kernel_errors", "run_system", "ZONED_DEVICE", "META_DEVICE", "MOUNT_POINT"]
 
 #: Systems the driver knows.  retainz's placement policy is the case's ``policy``.
 SYSTEMS = ("retainz", "btrfs", "f2fs")
@@ -226,6 +229,21 @@ def fill_at(events: list, index: int) -> int:
 
 def _first_index_at_step(events: list, step: int) -> int:
     return next(i for i, ev in enumerate(events) if ev.step >= step)
+
+
+def kernel_errors(log: str, system: str, limit: int = 5) -> list[str]:
+    """The first ``limit`` lines of a kernel log (``dmesg --notime`` text) that name ``system``
+    (``btrfs`` matches ``BTRFS: error ...``, ``f2fs`` matches ``F2FS-fs (vda): ...``), stripped."""
+    tag = system.upper()
+    return [ln.strip() for ln in log.splitlines() if tag in ln.upper()][:limit]
+
+
+def _kernel_errors(system: str) -> list[str]:
+    try:
+        log = _run(["dmesg", "--notime", "--level=emerg,alert,crit,err"], "dmesg")
+    except (OSError, RuntimeError, TimeoutError) as e:
+        return [f"dmesg: {e}"]
+    return kernel_errors(log, system)
 
 
 def _run(argv: list[str], what: str, timeout: float = COMMAND_TIMEOUT) -> str:
@@ -431,7 +449,7 @@ def _run_filesystem(spec: SystemSpec, events: list, out: dict, write) -> None:
     out.update(checkpoint_bytes=fr.checkpoint_bytes, saves_committed=fr.saves_committed,
                generations_deleted=fr.generations_deleted, enospc_step=fr.stop_step,
                stop_errno=fr.stop_errno, stop_error=fr.stop_error, peak_live_bytes=fr.peak_live,
-               stop_index=fr.stop_index)
+               stop_index=fr.stop_index, kernel_errors=_kernel_errors(spec.name))
     # a hung sync below must not lose what the replay measured: write it with the bytes so far
     out["zoned_bytes_written"] = sectors_written(ZONED_DEVICE) - before[ZONED_DEVICE]
     out["conventional_bytes_written"] = (sectors_written(META_DEVICE) - before[META_DEVICE]

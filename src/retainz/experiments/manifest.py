@@ -87,10 +87,13 @@ CASE_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
                      "default); false gives the rule's hints alone (the ablation)"),
     "rerun": ((int,), "an independent rerun of an otherwise identical case, 0 (default) for the first: the "
               "same trace and inputs under another id (guest file-system figures vary run to run)"),
+    "guest_memory_mib": ((int,), "RAM of a file-system comparison's QEMU guest in MiB (default 512; a node's "
+                         "kernel has far more, and btrfs zoned aborts a transaction with ENOMEM in 512 MiB "
+                         "under a fleet's tens of GB)"),
 }
 #: Fields added after format 1 that stay out of a case's inputs (and so out of its id) while they hold
 #: their default, so the ids of the cases recorded before them do not change.
-OPTIONAL_FIELDS = ("system", "fleet", "promote_bandwidth", "promote_hint", "rerun")
+OPTIONAL_FIELDS = ("system", "fleet", "promote_bandwidth", "promote_hint", "rerun", "guest_memory_mib")
 
 #: Defaults below every manifest's own defaults.
 CASE_DEFAULTS: dict[str, Any] = {
@@ -110,6 +113,7 @@ CASE_DEFAULTS: dict[str, Any] = {
     "promote_bandwidth": None,
     "promote_hint": True,
     "rerun": 0,
+    "guest_memory_mib": 512,
 }
 
 
@@ -288,6 +292,9 @@ def _normalize(where: str, case: dict) -> dict:
         raise ManifestError(f"{where}: key 'reserve_zones' must be >= 0, got {c['reserve_zones']!r}")
     if c["rerun"] < 0:
         raise ManifestError(f"{where}: key 'rerun' must be >= 0, got {c['rerun']!r}")
+    if c["guest_memory_mib"] < 128:
+        raise ManifestError(f"{where}: key 'guest_memory_mib' must be >= 128 (the guest's kernel and "
+                            f"Python), got {c['guest_memory_mib']!r}")
     _check_policy(where, c["policy"])
     if c["fleet"] is not None:
         _fleet(where, c)
