@@ -22,6 +22,7 @@ median over the reruns with its range.
 from __future__ import annotations
 
 import os
+from collections import Counter
 
 from retainz.analysis.claims import add_claim
 from retainz.analysis.records import Runs, rule_family, rule_rank, slug
@@ -236,9 +237,10 @@ def _throughput_ratios(by: dict[str, list[dict]], key: str) -> list[float]:
 
 
 def fleet_filesystems_figure(runs: Runs, out_dir: str) -> list[str]:
-    """``fleet_filesystems.pdf``/``.png``: (a) device WAF and (b) the fill reached before any ENOSPC (of the
+    """``fleet_filesystems.pdf``/``.png``: (a) device WAF and (b) the fill reached before any stop (of the
     raw namespace; dotted: what the fleet needs), one dot per run, a bar at each system's median; a hollow
-    dot is a run that stopped at ENOSPC.  Nothing without records."""
+    dot is a run that stopped before the trace's end (ENOSPC, or the file system forced read-only).
+    Nothing without records."""
     import matplotlib.pyplot as plt
 
     from retainz.analysis.figures import COLUMN_WIDTH, save
@@ -263,7 +265,7 @@ def fleet_filesystems_figure(runs: Runs, out_dir: str) -> list[str]:
         ax.set_xticklabels([system_name(k) for k in by], fontsize=6)
         ax.set_ylabel(label)
         ax.grid(axis="y", alpha=0.3)
-    fig.text(0.99, 0.005, "one dot per run, bar: median; hollow: stopped at ENOSPC; dotted: fill the fleet needs",
+    fig.text(0.99, 0.005, "one dot per run, bar: median; hollow: stopped early (ENOSPC or read-only); dotted: fill the fleet needs",
              ha="right", fontsize=5)
     fig.tight_layout(rect=(0, 0.03, 1, 1))
     return save(fig, out_dir, "fleet_filesystems")
@@ -272,8 +274,10 @@ def fleet_filesystems_figure(runs: Runs, out_dir: str) -> list[str]:
 def fleet_filesystems_table(runs: Runs) -> str:
     """The fleet mix on each system as Markdown ('' without records): a line naming the fleet and the
     namespace, then per system the number of runs and, for each measure, the median over the runs with
-    the range in brackets.  Device WAF's spread is (max - min) / median.  Save throughput is each run's
-    over the median of the store's runs (TCG: ratios only)."""
+    the range in brackets.  Device WAF's spread is (max - min) / median.  "stopped" counts the runs that
+    ended before the trace did, with each errno the replay got (ENOSPC; EROFS or EIO when the file system
+    gave up, the kernel's reason in the record's ``kernel_errors``) and the step.  Save throughput is each
+    run's over the median of the store's runs (TCG: ratios only)."""
     by = _fleet_records(runs)
     if not by:
         return ""
@@ -285,7 +289,7 @@ def fleet_filesystems_table(runs: Runs) -> str:
              f"{i['zone_size'] / 2**20:g} MiB (capacity {i['zone_capacity'] / 2**20:g} MiB), pressure "
              f"{i['pressure']:g} (peak live {m['trace_peak_live_bytes'] / 1e9:.1f} GB, "
              f"{m['trace_bytes'] / 1e9:.1f} GB saved).", "",
-             "| system | runs | device WAF | WAF spread | device GB written | ENOSPC | most held (of raw) "
+             "| system | runs | device WAF | WAF spread | device GB written | stopped | most held (of raw) "
              "| zone resets | save throughput vs RetainZ | read back |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for key, rs in by.items():
@@ -298,11 +302,22 @@ def fleet_filesystems_table(runs: Runs) -> str:
             system_name(key), str(len(rs)), _range(waf, ".4f"),
             f"{(max(waf) - min(waf)) / _median(waf):.2%}",
             _range([x["device_bytes_written"] / 1e9 for x in ms], ".2f"),
-            "none" if not stops else f"{len(stops)} of {len(rs)} (step {_range(stops, ',.0f')})",
+            _stops(ms),
             _range([x["peak_fill"] for x in ms], ".3f"), _range([x["zone_resets"] for x in ms], ",.0f"),
             _range(ratios, ".2f") if ratios else "-",
             f"{ok} of {len(rs)} ok" if ok == len(rs) else f"{len(rs) - ok} of {len(rs)} FAILED"]) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _stops(ms: list[dict]) -> str:
+    """``none`` or ``2 of 3: EROFS x2, step 8,700 (8,675-8,728)``: the runs that stopped, their errnos
+    (ENOSPC when the record names none) and the step of the stop."""
+    stopped = [x for x in ms if x["enospc_step"] is not None]
+    if not stopped:
+        return "none"
+    errnos = Counter(x.get("stop_errno") or "ENOSPC" for x in stopped)
+    named = ", ".join(f"{e} x{n}" for e, n in sorted(errnos.items()))
+    return f"{len(stopped)} of {len(ms)}: {named}, step {_range([x['enospc_step'] for x in stopped], ',.0f')}"
 
 
 def write_fleet_table(runs: Runs, out_dir: str) -> list[str]:
@@ -312,7 +327,8 @@ def write_fleet_table(runs: Runs, out_dir: str) -> list[str]:
 
 def fleet_filesystem_claims(runs: Runs, out: list) -> None:
     """Claims ``fleetfs.*``: per system the runs, the median device WAF with its minimum and maximum,
-    the runs that hit ENOSPC and the median fill reached; over all runs, how many read back correctly."""
+    the runs that stopped before the trace's end (any errno) and the median fill reached; over all runs,
+    how many read back correctly."""
     by = _fleet_records(runs)
     for key, rs in by.items():
         name = system_name(key)
@@ -324,10 +340,11 @@ def fleet_filesystem_claims(runs: Runs, out: list) -> None:
                   f"lowest device write amplification of {name} over its fleet-mix runs")
         add_claim(out, f"fleetfs.{key}.device_waf_max", max(waf), 4, rs,
                   f"highest device write amplification of {name} over its fleet-mix runs")
-        add_claim(out, f"fleetfs.{key}.enospc_runs", sum(r["metrics"]["enospc_step"] is not None for r in rs), 0,
-                  rs, f"fleet-mix runs of {name} that stopped at ENOSPC")
+        add_claim(out, f"fleetfs.{key}.stopped_runs", sum(r["metrics"]["enospc_step"] is not None for r in rs), 0,
+                  rs, f"fleet-mix runs of {name} that stopped before the trace's end (ENOSPC, or the file "
+                      f"system forced read-only)")
         add_claim(out, f"fleetfs.{key}.fill_reached_median", _median([_reached(r) for r in rs]), 3, rs,
-                  f"median of the most live checkpoint bytes {name} held (of the raw namespace) before any ENOSPC")
+                  f"median of the most live checkpoint bytes {name} held (of the raw namespace) before any stop")
     every = [r for rs in by.values() for r in rs]
     if every:
         add_claim(out, "fleetfs.runs_read_back_ok", sum(bool(r["metrics"]["verify_ok"]) for r in every), 0, every,
