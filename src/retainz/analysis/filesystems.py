@@ -295,7 +295,6 @@ def fleet_filesystems_table(runs: Runs) -> str:
     for key, rs in by.items():
         ms = [r["metrics"] for r in rs]
         waf = [x["device_waf"] for x in ms]
-        stops = [x["enospc_step"] for x in ms if x["enospc_step"] is not None]
         ratios = _throughput_ratios(by, key)
         ok = sum(bool(x["verify_ok"]) for x in ms)
         lines.append("| " + " | ".join([
