@@ -20,6 +20,15 @@ ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
 
+def default_sigint() -> None:
+    """``preexec_fn`` for a child a test will Ctrl-C: restore SIGINT's default disposition.
+
+    A test run from a background job (``cmd &`` in a script, nohup) ignores SIGINT and every child
+    inherits that; Python then installs no KeyboardInterrupt handler and dd never sees the signal,
+    so the interrupt under test would silently not happen."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @dataclass
 class Outcome:
     """What one signalled run did: ``signalled`` False when it ended before the point."""
@@ -58,7 +67,8 @@ def signal_after(argv: list[str], sig: int, nbytes: int, *, opened: str | os.Pat
                  counter: str = "wchar", cwd=None, times: int = 1) -> Outcome:
     """Run ``argv``; once it holds ``opened`` open and then has moved ``nbytes`` more bytes (``counter``
     of ``/proc/PID/io``), send ``sig`` (``times`` times in a row); wait for it to end."""
-    p = subprocess.Popen(argv, env=ENV, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p = subprocess.Popen(argv, env=ENV, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         preexec_fn=default_sigint)
     signalled = False
     base = None
     while p.poll() is None:

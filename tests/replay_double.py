@@ -132,6 +132,7 @@ def interrupt_then_resume(tmp_path, defaults: dict, extra: list[str], *, appear:
     import sys
 
     from retainz.experiments.verify import verify_dir
+    from tests.interrupts import default_sigint
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     m = {"manifest": "t", "format": 1, "defaults": defaults,
@@ -140,10 +141,8 @@ def interrupt_then_resume(tmp_path, defaults: dict, extra: list[str], *, appear:
     (tmp_path / "m.json").write_text(json.dumps(m))
     out = tmp_path / "out"
     argv = [sys.executable, "-c", INTERRUPTIBLE, "1.0", str(tmp_path / "m.json"), str(out), *extra]
-    # a Ctrl-C reaches the run even when this test runs in a background job (whose SIGINT is ignored,
-    # which the child would inherit: Python then installs no KeyboardInterrupt handler)
     p = subprocess.Popen(argv, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                         preexec_fn=default_sigint)
     try:
         deadline = time.monotonic() + appear
         while time.monotonic() < deadline and not (out.is_dir() and records(out)):

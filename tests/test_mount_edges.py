@@ -18,6 +18,7 @@ import pytest
 
 pytest.importorskip("fsspec", reason="the mount extra (make setup-mount)")
 
+from tests.interrupts import default_sigint  # noqa: E402
 from tests.mountcheck import (  # noqa: E402
     env,
     fsck_clean,
@@ -132,7 +133,8 @@ def test_a_copy_into_the_mount_interrupted(tmp_path, sig):
     src.write_bytes(data)
     with mounted(device, tmp_path / "mnt") as mnt:
         (mnt / "before.bin").write_bytes(data[:1 << 20])
-        cp = subprocess.Popen(["dd", f"if={src}", f"of={mnt}/copy.bin", "bs=1M", "status=none"])
+        cp = subprocess.Popen(["dd", f"if={src}", f"of={mnt}/copy.bin", "bs=1M", "status=none"],
+                              preexec_fn=default_sigint)
         while not (mnt / "copy.bin").exists() or os.stat(mnt / "copy.bin").st_size < (8 << 20):
             assert cp.poll() is None, "the copy ended before it could be interrupted"
         cp.send_signal(sig)
