@@ -201,13 +201,24 @@ def test_bad_policy_names_the_block_and_row():
     assert str(e.value).startswith("bad.json block 1 (placement) row 1: key 'policy': unknown policy 'nope'")
 
 
+def test_a_bad_axis_value_is_located_by_its_axes():
+    """A value out of range that came from an axis names the combination it came from, not only the
+    row the axes were laid under."""
+    m = manifest([{"experiment": "pressure", "axes": {"policy": ["retainz", "zenfs"], "pressure": [0.5, 1.5]}}])
+    with pytest.raises(ManifestError) as e:
+        expand(m, name="bad.json")
+    assert str(e.value) == ("bad.json block 0 (pressure) row 0 at axes policy='retainz', pressure=1.5: "
+                            "key 'pressure' must be in (0, 1), got 1.5")
+
+
 def test_cli_run_refuses_a_bad_policy_before_running_anything(tmp_path, capsys):
     from retainz.cli import main
 
     bad = manifest([{"experiment": "pressure", "axes": {"policy": ["retainz", "nope"]}}])
     (tmp_path / "bad.json").write_text(json.dumps(bad))
     assert main(["run", str(tmp_path / "bad.json"), "--output", str(tmp_path / "out")]) == 2
-    assert "bad.json block 0 (pressure) row 0: key 'policy': unknown policy 'nope'" in capsys.readouterr().err
+    assert ("bad.json block 0 (pressure) row 0 at axes policy='nope': key 'policy': unknown policy 'nope'"
+            in capsys.readouterr().err)
     assert not (tmp_path / "out").exists()
 
 

@@ -204,8 +204,11 @@ def test_filesystems_manifest_expands_and_leaves_other_ids_alone():
 @pytest.mark.parametrize("fields,message", [
     ({"system": "ext4"}, "key 'system': unknown system 'ext4'"),
     ({"system": "btrfs", "device": "memory"}, "runs on device 'guest', not 'memory'"),
-    ({"system": "btrfs", "guest_memory_mib": 64}, "key 'guest_memory_mib' must be >= 128"),
+    ({"system": "btrfs", "guest_memory_mib": 64}, r"key 'guest_memory_mib' must be in \[128, 65536\]"),
     ({"system": "btrfs", "guest_memory_mib": "2GiB"}, "guest_memory_mib"),
+    ({"system": "btrfs", "guest_memory_mib": 131072}, r"must be in \[128, 65536\]"),
+    ({"device": "memory", "guest_memory_mib": 2048}, "device 'memory' runs no guest"),
+    ({"device": "file", "guest_memory_mib": 2048}, "device 'file' runs no guest"),
 ])
 def test_manifest_refuses_bad_system_cases(fields, message):
     m = {"manifest": "t", "format": 1, "defaults": {
@@ -233,6 +236,32 @@ def test_namespace_sizing_and_guest_devices():
     assert os.path.isdir(os.path.join(rz.env["PYTHONPATH"], "retainz"))
     assert rz.memory_mb == 512 and guest_config("btrfs", 52, {**inputs, "guest_memory_mib": 2048}, timeout=60,
                                                 cwd="/").memory_mb == 2048
+
+
+def test_a_guest_store_replay_boots_the_guest_with_the_case_memory(tmp_path, monkeypatch):
+    """``guest_memory_mib`` sizes the guest of a store replay on device guest too, not only a file
+    system's."""
+    import retainz.vm.guest as guest
+    from retainz.experiments.runner import _replay_in_guest
+
+    seen = []
+
+    class Failed:
+        status = 1
+
+        def console_tail(self):
+            return "stopped by the test"
+
+    monkeypatch.setattr(guest, "run_in_guest", lambda argv, out, cfg, install: seen.append(cfg) or Failed())
+    rows = [{}, {"guest_memory_mib": 1024}]
+    m = {"manifest": "t", "format": 1, "defaults": {
+        "layout": "smollm2-135m-dcp", "rule": "torchtitan:interval=500,keep_latest_k=3", "steps": 5000,
+        "zone_size": "16MiB", "zone_capacity": "16MiB", "max_active": 14, "max_open": 14, "zones": 40,
+        "device": "guest", "policy": "retainz"}, "blocks": [{"experiment": "g", "rows": rows}]}
+    for case in expand(m):
+        with pytest.raises(RuntimeError, match="stopped by the test"):
+            _replay_in_guest(str(tmp_path / "trace"), case, str(tmp_path))
+    assert [c.memory_mb for c in seen] == [512, 1024]
 
 
 def test_qemu_command_attaches_the_metadata_disk_with_4k_sectors(tmp_path):

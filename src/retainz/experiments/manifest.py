@@ -87,7 +87,7 @@ CASE_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
                      "default); false gives the rule's hints alone (the ablation)"),
     "rerun": ((int,), "an independent rerun of an otherwise identical case, 0 (default) for the first: the "
               "same trace and inputs under another id (guest file-system figures vary run to run)"),
-    "guest_memory_mib": ((int,), "RAM of a file-system comparison's QEMU guest in MiB (default 512; a node's "
+    "guest_memory_mib": ((int,), "RAM of the QEMU guest (device guest) in MiB, 128-65536 (default 512; a node's "
                          "kernel has far more, and btrfs zoned aborts a transaction with ENOMEM in 512 MiB "
                          "under a fleet's tens of GB)"),
 }
@@ -292,9 +292,12 @@ def _normalize(where: str, case: dict) -> dict:
         raise ManifestError(f"{where}: key 'reserve_zones' must be >= 0, got {c['reserve_zones']!r}")
     if c["rerun"] < 0:
         raise ManifestError(f"{where}: key 'rerun' must be >= 0, got {c['rerun']!r}")
-    if c["guest_memory_mib"] < 128:
-        raise ManifestError(f"{where}: key 'guest_memory_mib' must be >= 128 (the guest's kernel and "
-                            f"Python), got {c['guest_memory_mib']!r}")
+    if not 128 <= c["guest_memory_mib"] <= 65536:
+        raise ManifestError(f"{where}: key 'guest_memory_mib' must be in [128, 65536] (the guest's kernel and "
+                            f"Python need 128), got {c['guest_memory_mib']!r}")
+    if c["guest_memory_mib"] != CASE_DEFAULTS["guest_memory_mib"] and c["device"] != "guest":
+        raise ManifestError(f"{where}: key 'guest_memory_mib' sizes the QEMU guest, but device "
+                            f"{c['device']!r} runs no guest (use device 'guest' or drop the key)")
     _check_policy(where, c["policy"])
     if c["fleet"] is not None:
         _fleet(where, c)
@@ -534,7 +537,8 @@ def expand(m: dict, *, name: str = "<manifest>", base_dir: str = ".", _seen: tup
             for r in _expand_row(row):
                 for combo in combos:
                     merged = {**CASE_DEFAULTS, **top, **bdef, "experiment": block["experiment"], **combo, **r}
-                    c = _normalize(f"{where} row {ri}", merged)
+                    at = f" at axes {', '.join(f'{k}={v!r}' for k, v in combo.items())}" if combo else ""
+                    c = _normalize(f"{where} row {ri}{at}", merged)
                     tags = {k: c.pop(k) for k in TAG_FIELDS}
                     cases.append(Case(case_id(tags, c), mname, tags, c))
     if not cases:

@@ -159,7 +159,8 @@ def scaled_layout(name: str, scale: str):
 
 
 def _replay_in_guest(trace_path: str, case: Case, workdir: str) -> dict:
-    """Run ``retainz replay`` inside the QEMU ZNS guest on ``/dev/nvme0n1`` with the case's geometry."""
+    """Run ``retainz replay`` inside the QEMU ZNS guest on ``/dev/nvme0n1`` with the case's geometry and
+    ``guest_memory_mib`` of RAM (512 MiB when absent)."""
     try:
         from retainz.vm.guest import GuestConfig, ZNSConfig, run_in_guest
         from retainz.vm.setup import VMSetupError
@@ -177,7 +178,8 @@ def _replay_in_guest(trace_path: str, case: Case, workdir: str) -> dict:
     zns = ZNSConfig(zones=g.nr_zones, zone_size=g.zone_size, zone_capacity=g.zone_capacity, max_open=g.max_open,
                     max_active=g.max_active)
     try:
-        res = run_in_guest(["/bin/sh", "-c", shell], out, GuestConfig(zns=zns, nullblk=None, timeout=6 * 3600.0),
+        res = run_in_guest(["/bin/sh", "-c", shell], out, GuestConfig(zns=zns, nullblk=None, timeout=6 * 3600.0,
+                                                                memory_mb=case.inputs.get("guest_memory_mib", 512)),
                            install=False)
     except VMSetupError as e:
         raise RuntimeError(f"device 'guest' is unavailable: {e} (run `retainz vm setup`, or point RETAINZ_QEMU "
