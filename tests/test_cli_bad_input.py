@@ -154,6 +154,17 @@ def test_verify_and_analyze_of_a_binary_record_name_it(tmp_path, capsys):
     assert f"{runs / 'r.json'}: not a JSON run record: byte 0x80" in one_line(err)
 
 
+def test_analyze_refuses_to_write_into_the_records_folder(tmp_path, capsys, monkeypatch):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    monkeypatch.chdir(runs)
+    for out in (runs, ".", f"../{runs.name}"):
+        code, _, err = run(capsys, "analyze", runs, "--out", out)
+        assert code == 2
+        assert f"--out {out}: is the records folder itself" in one_line(err)
+    assert os.listdir(runs) == []
+
+
 @pytest.mark.parametrize("text", ["{}", "[1, 2]", '{"status": "ok"}', '"x"', "null"])
 def test_analyze_refuses_json_that_is_not_a_run_record(tmp_path, capsys, text):
     runs = tmp_path / "runs"
@@ -294,3 +305,18 @@ def test_an_unknown_argument_is_refused_naming_the_command_that_refused_it(tmp_p
     assert code == 2 and out == ""
     assert one_line(err).startswith(f"{prog}: unrecognized arguments: "), err
     assert argv[-1] in err and not os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize("argv", [["ls"], ["df"], ["fsck"], ["get", "g", "s"], ["put", "g", "FILE", "--step", "1"],
+                                  ["rm", "g"], ["gc"]])
+def test_every_store_command_on_an_unformatted_device_says_to_run_mkfs(tmp_path, capsys, argv):
+    device = tmp_path / "dev.img"
+    assert run(capsys, "device", "create", device, "--zones", "16", "--zone-size", "1MiB")[0] == 0
+    (tmp_path / "f.bin").write_bytes(b"x")
+    before = device.read_bytes()
+    argv = [str(tmp_path / "f.bin") if a == "FILE" else a for a in argv]
+    code, _, err = run(capsys, argv[0], device, *argv[1:])
+    assert code == 2
+    assert one_line(err).strip() == (f"retainz: error: {device} holds no RetainZ store (no superblock in its "
+                                     f"first zones); format it with `retainz mkfs {device}`")
+    assert device.read_bytes() == before

@@ -5,6 +5,7 @@ files, rename to the final id, ``rm -r``, implied parents, and a view refreshed 
 from __future__ import annotations
 
 import errno
+import logging
 
 import pytest
 
@@ -219,6 +220,25 @@ def test_implied_parents_and_their_absence(store):
     with pytest.raises(NamespaceError) as e:
         strict.open_write("x/y.bin")
     assert e.value.errno == errno.ENOENT
+
+
+def test_a_missing_path_is_logged_at_debug_and_a_real_refusal_as_a_warning(store, caplog):
+    """Probes for missing paths (imports, "is there a checkpoint yet?") stay out of the mount log's
+    warnings; a refused write still warns."""
+    ns = _ns(store)
+    _put(ns, "run/x.bin", b"x")
+    caplog.set_level(logging.DEBUG, logger="retainz.namespace")
+    for _ in range(3):
+        with pytest.raises(NamespaceError) as e:
+            ns.stat("run/missing.bin")
+        assert e.value.errno == errno.ENOENT
+    with pytest.raises(NamespaceError) as e:
+        ns.open_write("run/x.bin/y")
+    assert e.value.errno == errno.ENOTDIR
+    levels = [(r.levelno, r.getMessage()) for r in caplog.records]
+    assert [m for lv, m in levels if lv == logging.DEBUG] == ["run/missing.bin: no such file or directory"] * 3
+    assert len([m for lv, m in levels if lv == logging.WARNING]) == 1
+    assert all("missing" not in m for lv, m in levels if lv >= logging.WARNING)
 
 
 def test_refresh_sees_what_other_writers_commit_and_delete(store):

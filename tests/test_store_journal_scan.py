@@ -134,7 +134,8 @@ def test_a_device_without_any_superblock_is_foreign():
     dev.write(0, b"\x07" * 4096)
     with pytest.raises(ForeignDeviceError) as e:
         scan(dev)
-    assert str(e.value) == f"{dev.name} holds no RetainZ store (no superblock in its first zones)"
+    assert str(e.value) == (f"{dev.name} holds no RetainZ store (no superblock in its first zones); "
+                            f"format it with `retainz mkfs {dev.name}`")
 
 
 def test_no_complete_chain_is_corruption():

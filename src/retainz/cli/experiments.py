@@ -108,6 +108,9 @@ def _analyze(args: argparse.Namespace) -> int:
     if not os.path.isdir(args.dir):
         raise FileNotFoundError(f"no records folder {args.dir}")
     out = args.out or os.path.join(args.dir, "analysis")
+    if os.path.realpath(out) == os.path.realpath(args.dir):
+        raise ValueError(f"--out {args.out}: is the records folder itself; its claims file would be read as a "
+                         "record next time (give another folder, default DIR/analysis)")
     report = analyze(args.dir, out, check=args.check, expected=args.expected,
                      write_expected=args.write_expected)
     for line in report.lines:

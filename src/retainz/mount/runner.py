@@ -147,7 +147,8 @@ def _check_formatted(device: str) -> None:
         ForeignDeviceError: no superblock in the device's first zones (the message says to run
             ``retainz mkfs``).
     """
-    from retainz.errors import DeviceBusyError, ForeignDeviceError
+    from retainz.errors import DeviceBusyError
+    from retainz.store.journal import no_store_error
     from retainz.store.store import superblock_zones
     from retainz.zoned import FileDevice
 
@@ -157,8 +158,7 @@ def _check_formatted(device: str) -> None:
         return
     with dev:
         if not superblock_zones(dev):
-            raise ForeignDeviceError(f"{device} holds no RetainZ store (no superblock in its first zones); "
-                                     f"format it with `retainz mkfs {device}`")
+            raise no_store_error(device)
 
 
 def _check_free(device: str) -> None:

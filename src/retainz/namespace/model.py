@@ -105,12 +105,14 @@ def errno_of(e: BaseException) -> int:
 
 class NamespaceError(OSError):
     """A refused namespace call: an ``OSError`` with the errno (the mount returns ``-errno``;
-    ``retainz://`` raises it, so ``ENOENT`` is a ``FileNotFoundError`` and so on); logged."""
+    ``retainz://`` raises it, so ``ENOENT`` is a ``FileNotFoundError`` and so on); logged, as a
+    warning unless it is ``ENOENT``: a missing path is what every probe (Python's imports, a runtime
+    looking for its latest checkpoint) gets, and would otherwise grow the mount log without bound."""
 
     def __init__(self, code: int, message: str = ""):
         super().__init__(code, message or os.strerror(code))
         if message:
-            log.warning("%s", message)
+            log.log(logging.DEBUG if code == errno.ENOENT else logging.WARNING, "%s", message)
 
 
 @dataclass

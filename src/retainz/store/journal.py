@@ -345,6 +345,13 @@ def _zone_superblock(device: ZonedDevice, z, written: int) -> tuple[Superblock |
     return None, Superblock.has_magic(b0) or Superblock.has_magic(b1), None
 
 
+def no_store_error(name: str) -> ForeignDeviceError:
+    """The one refusal of a device without a superblock in its first zones (never formatted, or
+    something else's), naming the command that formats it."""
+    return ForeignDeviceError(f"{name} holds no RetainZ store (no superblock in its first zones); "
+                              f"format it with `retainz mkfs {name}`")
+
+
 def scan(device: ZonedDevice, *, salvage: bool = False) -> MountScan:
     """Find the current journal chain on ``device`` and read its records.
 
@@ -392,7 +399,7 @@ def scan(device: ZonedDevice, *, salvage: bool = False) -> MountScan:
                                       "and no other copy exists: corrupt store" if bad else
                                       f"meta zones {sorted(spares)} hold spare superblocks but no zone holds "
                                       "a journal chain: corrupt store")
-        raise ForeignDeviceError(f"{device.name} holds no RetainZ store (no superblock in its first zones)")
+        raise no_store_error(device.name)
     damaged_spares = []
     for zi in bad:   # only block 0 written (a spare, or a roll cut before its copy 1): not a chain zone
         z = zones[zi]
