@@ -320,3 +320,18 @@ def test_every_store_command_on_an_unformatted_device_says_to_run_mkfs(tmp_path,
     assert one_line(err).strip() == (f"retainz: error: {device} holds no RetainZ store (no superblock in its "
                                      f"first zones); format it with `retainz mkfs {device}`")
     assert device.read_bytes() == before
+
+
+def test_put_of_two_files_with_one_name_names_them(tmp_path, capsys):
+    device = tmp_path / "dev.img"
+    assert run(capsys, "device", "create", device, "--zones", "16", "--zone-size", "1MiB")[0] == 0
+    assert run(capsys, "mkfs", device)[0] == 0
+    (tmp_path / "d").mkdir()
+    a, b = tmp_path / "a.bin", tmp_path / "d" / "a.bin"
+    a.write_bytes(b"a")
+    b.write_bytes(b"b")
+    code, _, err = run(capsys, "put", device, "g", a, b, "--step", "1")
+    assert code == 2
+    assert one_line(err).strip() == (f"retainz: error: {a} and {b} have the same name 'a.bin'; a shard is "
+                                     "named by its file name, which must be unique in a generation")
+    assert run(capsys, "ls", device)[1] == ""

@@ -268,8 +268,11 @@ def _put(args) -> int:
     if args.step < 0:
         raise ValueError(f"--step must be >= 0, not {args.step}")
     names = [os.path.basename(p) for p in args.files]
-    if len(set(names)) != len(names):
-        raise ValueError("two files have the same name; shard names must be unique")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        same = [p for p in args.files if os.path.basename(p) == twice[0]]
+        raise ValueError(f"{' and '.join(same)} have the same name {twice[0]!r}; a shard is named by its file "
+                         "name, which must be unique in a generation")
     rs = PERMANENT if args.permanent else args.reclaim_step
     with _Session(args.device, args=args) as store:
         declared = sum(os.path.getsize(p) for p in args.files)
