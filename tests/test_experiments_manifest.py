@@ -284,3 +284,63 @@ def test_bad_tenants_name_the_key(tenants, needle):
     with pytest.raises(ManifestError, match="tenants") as e:
         expand(m)
     assert needle in str(e.value)
+
+
+def test_a_device_override_is_checked_like_the_manifest(tmp_path, capsys):
+    """``retainz run --device`` lays the device over every case before the checks: a case it makes
+    invalid is refused up front (exit 2, nothing written), and a valid one gets the same id a
+    manifest naming that device gives."""
+    from retainz.cli import main
+
+    guest = manifest([{"experiment": "x", "defaults": {"device": "guest", "zones": 40, "pressure": None,
+                                                       "guest_memory_mib": 2048, "policy": "retainz"}}])
+    (tmp_path / "g.json").write_text(json.dumps(guest))
+    assert main(["run", str(tmp_path / "g.json"), "--output", str(tmp_path / "o1"), "--device", "memory"]) == 2
+    assert ("g.json block 0 (x) row 0 with device='memory': key 'guest_memory_mib' sizes the QEMU guest, but "
+            "device 'memory' runs no guest" in capsys.readouterr().err)
+    plain = manifest([{"experiment": "x", "defaults": {"policy": "retainz"}}])    # a pressure, no zone count
+    (tmp_path / "p.json").write_text(json.dumps(plain))
+    assert main(["run", str(tmp_path / "p.json"), "--output", str(tmp_path / "o2"), "--device", "guest"]) == 2
+    assert "with device='guest': key 'zones': a guest case needs an explicit zone count" in capsys.readouterr().err
+    assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
+    as_file = manifest([{"experiment": "x", "defaults": {"device": "file", "policy": "retainz"}}])
+    assert [c.id for c in expand(plain, overrides={"device": "file"})] == [c.id for c in expand(as_file)]
+
+
+def test_an_axis_value_a_row_overrides_is_not_blamed():
+    m = manifest([{"experiment": "x", "axes": {"pressure": [0.5], "policy": ["retainz"]},
+                   "rows": [{"pressure": 1.5}]}])          # the row's pressure is the bad one
+    with pytest.raises(ManifestError) as e:
+        expand(m, name="bad.json")
+    assert str(e.value) == ("bad.json block 0 (x) row 0 at axes policy='retainz': key 'pressure' must be in (0, 1), "
+                            "got 1.5")
+
+
+@pytest.mark.parametrize("include, needle", [
+    ("other.json", "key 'include' must list file names, got 'other.json'"),
+    (["nosuch.json"], "key 'include': no manifest file"),
+])
+def test_bad_includes_name_the_including_manifest(tmp_path, include, needle):
+    (tmp_path / "top.json").write_text(json.dumps({"manifest": "t", "format": 1, "include": include}))
+    with pytest.raises(ManifestError) as e:
+        load_manifest(tmp_path / "top.json")
+    assert str(e.value).startswith("top.json: ") and needle in str(e.value)
+
+
+@pytest.mark.parametrize("fields, needle", [
+    ({"zone_size": "1000B", "zone_capacity": 1000}, "zone size 1000 is not a positive multiple of the block size"),
+    ({"zones": 1, "pressure": None}, "zones must be at least 2"),
+    ({"zones": 40, "pressure": None, "max_active": 1, "max_open": 1}, "fewer than 2 active zones"),
+    ({"zones": 3, "pressure": None, "policy": "zenfs"}, "ZenFS refuses fewer than 32"),
+])
+def test_a_case_the_replay_or_the_store_refuses_is_refused_by_the_manifest(tmp_path, capsys, fields, needle):
+    """What would only fail inside a worker (a failed record, exit 1) is bad input (exit 2) before
+    anything runs: the replay configuration's rules, and the store's when the zone count is given."""
+    from retainz.cli import main
+
+    m = manifest([{"experiment": "x", "defaults": {"policy": "retainz"}, "axes": {"seed": [0]}, "rows": [fields]}])
+    (tmp_path / "m.json").write_text(json.dumps(m))
+    assert main(["run", str(tmp_path / "m.json"), "--output", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("retainz: error: m.json block 0 (x) row 0 at axes seed=0: ") and needle in err, err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "o").exists()

@@ -54,23 +54,13 @@ def register(sub) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    import dataclasses
-
     from retainz.experiments.manifest import ManifestError, load_manifest
     from retainz.experiments.runner import RecordExistsError, run_cases
 
     try:
-        m, cases = load_manifest(args.manifest)
+        m, cases = load_manifest(args.manifest, overrides={"device": args.device} if args.device else None)
     except ManifestError as e:
         raise ValueError(str(e)) from None
-    if args.device:
-        from retainz.experiments.manifest import case_id
-
-        moved = []
-        for c in cases:
-            inputs = {**c.inputs, "device": args.device}
-            moved.append(dataclasses.replace(c, id=case_id(c.tags, inputs), inputs=inputs))
-        cases = moved
     if args.jobs is not None and args.jobs < 1:
         raise ValueError("--jobs must be >= 1")
     out = args.output or os.path.join("out", "runs", m["manifest"])

@@ -243,6 +243,18 @@ def _tenants(where: str, v: list) -> list[dict]:
     return out
 
 
+def _check_replay(where: str, case: Case) -> None:
+    """Refuse a case whose replay configuration (:func:`retainz.experiments.runner.replay_config`,
+    the one place a case becomes replay parameters) or, with an explicit zone count, whose device
+    (``Store.check_geometry``) the store refuses: before anything runs, not as a failed record."""
+    from retainz.experiments.runner import replay_config
+
+    try:
+        replay_config(case, "memory")
+    except ValueError as e:
+        raise ManifestError(f"{where}: {e}") from None
+
+
 def _check_value(where: str, key: str, v: Any) -> None:
     types = CASE_FIELDS[key][0]
     ok = isinstance(v, types) and not (isinstance(v, bool) and bool not in types)
@@ -461,11 +473,14 @@ def _expand_row(row: dict) -> list[dict]:
     return out
 
 
-def load_manifest(path: str | os.PathLike, _seen: tuple = ()) -> tuple[dict, list[Case]]:
+def load_manifest(path: str | os.PathLike, _seen: tuple = (), *,
+                  overrides: dict | None = None) -> tuple[dict, list[Case]]:
     """Read a manifest and expand it.
 
     Args:
         path: the manifest file.
+        overrides: case fields laid over every case, rows included, before it is checked (``retainz
+            run --device``); a case they make invalid is refused like one the manifest wrote.
 
     Returns:
         ``(manifest dict, cases)``; cases in manifest order, includes first.
@@ -486,11 +501,15 @@ def load_manifest(path: str | os.PathLike, _seen: tuple = ()) -> tuple[dict, lis
     except UnicodeDecodeError as e:
         raise ManifestError(f"{path}: not a JSON manifest: byte 0x{e.object[e.start]:02x} is not UTF-8 text "
                             "(a binary file?)") from None
-    return m, expand(m, name=name, base_dir=os.path.dirname(path), _seen=_seen + (path,))
+    return m, expand(m, name=name, base_dir=os.path.dirname(path), _seen=_seen + (path,), overrides=overrides)
 
 
-def expand(m: dict, *, name: str = "<manifest>", base_dir: str = ".", _seen: tuple = ()) -> list[Case]:
-    """Expand a parsed manifest into cases (see the module docstring).  Raises :class:`ManifestError`."""
+def expand(m: dict, *, name: str = "<manifest>", base_dir: str = ".", _seen: tuple = (),
+           overrides: dict | None = None) -> list[Case]:
+    """Expand a parsed manifest into cases (see the module docstring and :func:`load_manifest`'s
+    ``overrides``).  Raises :class:`ManifestError`."""
+    overrides = overrides or {}
+    _check_fields("overrides", overrides, allow_lists=False)
     if not isinstance(m, dict):
         raise ManifestError(f"{name}: a manifest is a JSON object")
     known = {"manifest", "description", "format", "include", "defaults", "blocks", "notes"}
@@ -505,10 +524,15 @@ def expand(m: dict, *, name: str = "<manifest>", base_dir: str = ".", _seen: tup
         raise ManifestError(f"{name}: key 'blocks' or 'include' is required")
     mname = m["manifest"]
     cases: list[Case] = []
-    for inc in m.get("include", []):
+    includes = m.get("include", [])
+    if not isinstance(includes, list):
+        raise ManifestError(f"{name}: key 'include' must list file names, got {includes!r}")
+    for inc in includes:
         if not isinstance(inc, str):
             raise ManifestError(f"{name}: key 'include' must list file names")
-        _, sub = load_manifest(os.path.join(base_dir, inc), _seen)
+        if not os.path.isfile(os.path.join(base_dir, inc)):
+            raise ManifestError(f"{name}: key 'include': no manifest file {os.path.join(base_dir, inc)}")
+        _, sub = load_manifest(os.path.join(base_dir, inc), _seen, overrides=overrides)
         cases.extend(sub)
     top = m.get("defaults", {})
     _check_fields(f"{name} defaults", top, allow_lists=False)
@@ -536,11 +560,16 @@ def expand(m: dict, *, name: str = "<manifest>", base_dir: str = ".", _seen: tup
             _check_fields(f"{where} row {ri}", row, allow_lists=True)
             for r in _expand_row(row):
                 for combo in combos:
-                    merged = {**CASE_DEFAULTS, **top, **bdef, "experiment": block["experiment"], **combo, **r}
-                    at = f" at axes {', '.join(f'{k}={v!r}' for k, v in combo.items())}" if combo else ""
+                    merged = {**CASE_DEFAULTS, **top, **bdef, "experiment": block["experiment"], **combo, **r,
+                              **overrides}
+                    axis = {k: v for k, v in combo.items() if k not in r and k not in overrides}
+                    at = f" at axes {', '.join(f'{k}={v!r}' for k, v in axis.items())}" if axis else ""
+                    at += f" with {', '.join(f'{k}={v!r}' for k, v in overrides.items())}" if overrides else ""
                     c = _normalize(f"{where} row {ri}{at}", merged)
                     tags = {k: c.pop(k) for k in TAG_FIELDS}
-                    cases.append(Case(case_id(tags, c), mname, tags, c))
+                    case = Case(case_id(tags, c), mname, tags, c)
+                    _check_replay(f"{where} row {ri}{at}", case)
+                    cases.append(case)
     if not cases:
         raise ManifestError(f"{name}: no cases (empty 'blocks' and no 'include')")
     seen: dict[str, Case] = {}

@@ -56,7 +56,7 @@ from retainz.store.types import FsckReport, GCReport, GenerationInfo, GenState, 
 from retainz.store.writer import GenerationWriter, WritePath
 from retainz.store.zonebook import ZoneBook
 from retainz.zoned.device import ZonedDevice
-from retainz.zoned.model import ZoneCond, round_up
+from retainz.zoned.model import Geometry, ZoneCond, round_up
 
 __all__ = ["Store", "GenerationWriter"]
 
@@ -158,6 +158,39 @@ class Store:
     def __init__(self, *_args, **_kw):
         raise TypeError("use Store.format(device) or Store.open(device)")
 
+    @staticmethod
+    def check_geometry(g: Geometry, *, policy: str = "greedy", meta_zones: int | None = None,
+                       gc_reserve_zones: int = 2) -> int:
+        """Refuse a geometry a store cannot be formatted on, before anything is written (what
+        :meth:`format` checks first; ``retainz run`` checks every case of a manifest with it).
+
+        Returns:
+            the meta zone count (``meta_zones``, or the geometry's default when None).
+
+        Raises:
+            ValueError: an unknown policy, a device the policy refuses (``Allocator.check_device``:
+                ZenFS needs 32 zones), a meta zone count outside 2..64, a negative reserve, fewer
+                zones than meta zones + reserve + 2 data zones, zone capacity under 8 blocks (the
+                empty journal chain, its superblock and snapshot copies, takes 7), max active zones
+                under 2 (one is the journal's).
+        """
+        make_allocator(policy).check_device(g)
+        if meta_zones is None:
+            meta_zones = default_meta_zones(g.nr_zones, g.zone_capacity, g.block_size, gc_reserve_zones)
+        if not 2 <= meta_zones <= MAX_META_ZONES:
+            raise ValueError(f"meta_zones must be 2..{MAX_META_ZONES}, not {meta_zones}")
+        if gc_reserve_zones < 0:
+            raise ValueError(f"gc_reserve_zones cannot be negative ({gc_reserve_zones})")
+        if g.nr_zones < meta_zones + gc_reserve_zones + 2:
+            raise ValueError(f"the device has {g.nr_zones} zones; a store needs at least "
+                             f"{meta_zones + gc_reserve_zones + 2} ({meta_zones} meta, {gc_reserve_zones} "
+                             "GC reserve, 2 data)")
+        if g.zone_capacity < 8 * g.block_size:   # the empty chain takes 7 (format version 3)
+            raise ValueError(f"zone capacity {g.zone_capacity} is under 8 blocks: too small for a journal")
+        if g.max_active and g.max_active < 2:
+            raise ValueError("the device allows fewer than 2 active zones (one is the journal's)")
+        return meta_zones
+
     @classmethod
     def format(cls, device: ZonedDevice, *, meta_zones: int | None = None, policy: str = "greedy",
                gc_reserve_zones: int = 2, force: bool = False, verify_summaries: bool = False) -> Store:
@@ -180,27 +213,11 @@ class Store:
         Raises:
             ForeignDeviceError: a zone is not empty and ``force`` is False (the message says whether
                 it already holds a RetainZ store).  Nothing is written.
-            ValueError: an unknown policy, a device the policy refuses (``Allocator.check_device``:
-                ZenFS needs 32 zones), or a geometry too small (fewer than meta zones + reserve
-                + 2 zones, zone capacity under 8 blocks (the empty journal chain, its
-                superblock and snapshot copies, takes 7), max active zones under 2).
+            ValueError: a geometry :meth:`check_geometry` refuses.
         """
         g = device.geometry
-        make_allocator(policy).check_device(g)
-        if meta_zones is None:
-            meta_zones = default_meta_zones(g.nr_zones, g.zone_capacity, g.block_size, gc_reserve_zones)
-        if not 2 <= meta_zones <= MAX_META_ZONES:
-            raise ValueError(f"meta_zones must be 2..{MAX_META_ZONES}, not {meta_zones}")
-        if gc_reserve_zones < 0:
-            raise ValueError(f"gc_reserve_zones cannot be negative ({gc_reserve_zones})")
-        if g.nr_zones < meta_zones + gc_reserve_zones + 2:
-            raise ValueError(f"the device has {g.nr_zones} zones; a store needs at least "
-                             f"{meta_zones + gc_reserve_zones + 2} ({meta_zones} meta, {gc_reserve_zones} "
-                             "GC reserve, 2 data)")
-        if g.zone_capacity < 8 * g.block_size:   # the empty chain takes 7 (format version 3)
-            raise ValueError(f"zone capacity {g.zone_capacity} is under 8 blocks: too small for a journal")
-        if g.max_active and g.max_active < 2:
-            raise ValueError("the device allows fewer than 2 active zones (one is the journal's)")
+        meta_zones = cls.check_geometry(g, policy=policy, meta_zones=meta_zones,
+                                        gc_reserve_zones=gc_reserve_zones)
         zones = device.report_zones()
         used = [z.index for z in zones if z.cond != ZoneCond.EMPTY]
         if used and not force:

@@ -182,6 +182,11 @@ class ReplayConfig:
             if value <= 0:
                 raise ValueError(f"{what} must be a positive number of bytes, not {value}")
         self.geometry(1)  # the zone model's own rules (block size, capacity <= size, limits)
+        if self.zones is not None:   # the device size is known: the store's own rules (ZenFS's 32 zones...)
+            from retainz.store import Store
+
+            Store.check_geometry(self.geometry(self.data_zones(0)), policy=self.policy, meta_zones=self.meta_zones,
+                                 gc_reserve_zones=self.reserve_zones)
         d = self.device
         if not isinstance(d, str) or not (d in ("memory", "memory-payload") or d.startswith(("/dev/", "zbd:"))
                                           or (d.startswith("file:") and len(d) > 5)):

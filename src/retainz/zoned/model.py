@@ -188,10 +188,10 @@ class Geometry:
             problems.append(f"zone count {self.nr_zones:,} exceeds the limit of {MAX_ZONES:,} zones")
         if self.zone_size <= 0 or self.zone_size % (self.block_size or 1):
             problems.append(f"zone size {self.zone_size} is not a positive multiple of the block size")
-        if (self.zone_capacity <= 0 or self.zone_capacity % (self.block_size or 1)
-                or self.zone_capacity > self.zone_size):
-            problems.append(f"zone capacity {self.zone_capacity} must be a positive multiple of the "
-                            f"block size and at most the zone size {self.zone_size}")
+        if self.zone_capacity <= 0 or self.zone_capacity % (self.block_size or 1):
+            problems.append(f"zone capacity {self.zone_capacity} is not a positive multiple of the block size")
+        if self.zone_capacity > self.zone_size:
+            problems.append(f"zone capacity {self.zone_capacity} must be at most the zone size {self.zone_size}")
         if self.zone_size > 0 and self.nr_zones >= 1 and self.nr_zones * self.zone_size > MAX_DEVICE_BYTES:
             problems.append(f"{self.nr_zones} zones of {self.zone_size} bytes exceed the largest device, "
                             f"{MAX_DEVICE_BYTES} bytes (a byte offset is a signed 64-bit number)")
