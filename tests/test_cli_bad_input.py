@@ -163,6 +163,14 @@ def test_analyze_refuses_to_write_into_the_records_folder(tmp_path, capsys, monk
         assert code == 2
         assert f"--out {out}: is the records folder itself" in one_line(err)
     assert os.listdir(runs) == []
+    other = tmp_path / "other"                      # another records folder
+    other.mkdir()
+    (other / "pressure-retainz-0123456789ab.json").write_text("{}")
+    code, _, err = run(capsys, "analyze", runs, "--out", other)
+    assert code == 2 and f"--out {other}: holds 1 other JSON files" in one_line(err)
+    code, _, err = run(capsys, "analyze", runs, "--out", other / "pressure-retainz-0123456789ab.json")
+    assert code == 2 and "not a directory" in one_line(err)
+    assert sorted(os.listdir(other)) == ["pressure-retainz-0123456789ab.json"]
 
 
 @pytest.mark.parametrize("text", ["{}", "[1, 2]", '{"status": "ok"}', '"x"', "null"])
@@ -332,6 +340,9 @@ def test_put_of_two_files_with_one_name_names_them(tmp_path, capsys):
     b.write_bytes(b"b")
     code, _, err = run(capsys, "put", device, "g", a, b, "--step", "1")
     assert code == 2
-    assert one_line(err).strip() == (f"retainz: error: {a} and {b} have the same name 'a.bin'; a shard is "
-                                     "named by its file name, which must be unique in a generation")
+    assert one_line(err).strip() == (f"retainz: error: 2 files have the same name 'a.bin' ({a}, {b}); a shard is "
+                                     "named by its file name, unique in a generation (a checkpoint tree keeps its "
+                                     "paths through `retainz mount`)")
+    code, _, err = run(capsys, "put", device, "g", a, a, "--step", "1")
+    assert code == 2 and one_line(err).strip() == f"retainz: error: {a} is given 2 times"
     assert run(capsys, "ls", device)[1] == ""

@@ -304,6 +304,8 @@ def test_mount_bad_input_and_already_mounted(tmp_path):
     assert r.returncode == 2 and "no such device file" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     r = retainz("mount", device, str(tmp_path / "missing"), check=False)
     assert r.returncode == 2 and "no such directory" in r.stderr
+    r = retainz("mount", device, device, check=False)                    # a regular file
+    assert r.returncode == 2 and f"{device}: not a directory (the mount point must be one)" in r.stderr
     r = retainz("mount", device, str(tmp_path), "--retention", "nosuchrule:x=1", "--foreground", check=False)
     assert r.returncode == 2 and "nosuchrule" in r.stderr
     # detached: the rule is checked before a server starts (bad input, exit 2, nothing in the server log)

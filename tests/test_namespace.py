@@ -241,6 +241,17 @@ def test_a_missing_path_is_logged_at_debug_and_a_real_refusal_as_a_warning(store
     assert all("missing" not in m for lv, m in levels if lv >= logging.WARNING)
 
 
+def test_a_lookup_of_a_name_over_name_max_is_enametoolong(store):
+    ns = _ns(store)
+    for path in ("x" * 256, "run/" + "y" * 300 + "/model.pt", "é" * 128):      # 256 bytes of UTF-8 too
+        with pytest.raises(NamespaceError) as e:
+            ns.stat(path)
+        assert e.value.errno == errno.ENAMETOOLONG, path
+    with pytest.raises(NamespaceError) as e:
+        ns.stat("x" * 255)
+    assert e.value.errno == errno.ENOENT
+
+
 def test_refresh_sees_what_other_writers_commit_and_delete(store):
     a, b = _ns(store), _ns(store)
     _put(a, "run/step-1/model.pt", b"1")

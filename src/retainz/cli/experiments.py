@@ -101,6 +101,13 @@ def _analyze(args: argparse.Namespace) -> int:
     if os.path.realpath(out) == os.path.realpath(args.dir):
         raise ValueError(f"--out {args.out}: is the records folder itself; its claims file would be read as a "
                          "record next time (give another folder, default DIR/analysis)")
+    if os.path.lexists(out) and not os.path.isdir(out):
+        raise NotADirectoryError(f"--out {out}: not a directory (--out names the folder the analysis goes to)")
+    records = sorted(n for n in os.listdir(out) if n.endswith(".json") and n != "paper_claims.json") \
+        if os.path.isdir(out) else []
+    if records:
+        raise ValueError(f"--out {out}: holds {len(records)} other JSON files ({records[0]}...), a records folder? "
+                         "The claims file would be read as a record there; give a folder for the analysis")
     report = analyze(args.dir, out, check=args.check, expected=args.expected,
                      write_expected=args.write_expected)
     for line in report.lines:

@@ -271,8 +271,11 @@ def _put(args) -> int:
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
         same = [p for p in args.files if os.path.basename(p) == twice[0]]
-        raise ValueError(f"{' and '.join(same)} have the same name {twice[0]!r}; a shard is named by its file "
-                         "name, which must be unique in a generation")
+        if len({os.path.realpath(p) for p in same}) == 1:
+            raise ValueError(f"{same[0]} is given {len(same)} times")
+        raise ValueError(f"{len(same)} files have the same name {twice[0]!r} ({', '.join(same)}); a shard is named "
+                         "by its file name, unique in a generation (a checkpoint tree keeps its paths through "
+                         "`retainz mount`)")
     rs = PERMANENT if args.permanent else args.reclaim_step
     with _Session(args.device, args=args) as store:
         declared = sum(os.path.getsize(p) for p in args.files)

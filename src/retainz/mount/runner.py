@@ -246,6 +246,8 @@ def _unescape(field: str) -> str:
 def _check_mountpoint(mountpoint: str) -> None:
     if is_mounted(mountpoint):
         raise FileExistsError(f"{mountpoint}: already a RetainZ mount (retainz umount {mountpoint} first)")
+    if os.path.lexists(mountpoint) and not os.path.isdir(mountpoint):
+        raise NotADirectoryError(f"{mountpoint}: not a directory (the mount point must be one)")
     if not os.path.isdir(mountpoint):
         raise FileNotFoundError(f"{mountpoint}: no such directory (the mount point must exist)")
 

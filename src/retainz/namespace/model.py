@@ -86,6 +86,9 @@ __all__ = ["Namespace", "NamespaceError", "Entry", "errno_of", "rule_for"]
 
 log = logging.getLogger("retainz.namespace")
 
+#: The longest path component POSIX file systems take, in bytes (``NAME_MAX``, limits.h).
+NAME_MAX = 255
+
 
 def errno_of(e: BaseException) -> int:
     """The errno a store error becomes at the system call that reports it: ``ENOSPC`` for
@@ -684,7 +687,8 @@ class Namespace:
         own handle ``fh`` is what it wrote; others see the committed version until the new one commits.
 
         Raises:
-            NamespaceError: ``ENOENT``.
+            NamespaceError: ``ENOENT``; ``ENAMETOOLONG`` for a missing path with a component over
+                ``NAME_MAX`` (255 bytes), as a local file system's lookup answers.
         """
         p = self._p(path)
         with self._mu:
@@ -693,6 +697,8 @@ class Namespace:
                 return Entry(True, 0, dirs[p])
             if p in files:
                 return Entry(False, self._size(p, fh), files[p])
+        if any(len(part.encode("utf-8", "surrogateescape")) > NAME_MAX for part in p.split("/")):
+            raise NamespaceError(errno.ENAMETOOLONG)
         raise NamespaceError(errno.ENOENT, f"{p}: no such file or directory")
 
     def exists(self, path: str) -> bool:
