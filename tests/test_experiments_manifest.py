@@ -307,6 +307,14 @@ def test_a_device_override_is_checked_like_the_manifest(tmp_path, capsys):
     assert [c.id for c in expand(plain, overrides={"device": "file"})] == [c.id for c in expand(as_file)]
 
 
+def test_a_duplicate_case_names_both_places():
+    m = manifest([{"experiment": "x", "defaults": {"policy": "retainz"}, "axes": {"pressure": [0.5, 0.5]}}])
+    with pytest.raises(ManifestError) as e:
+        expand(m, name="dup.json")
+    assert str(e.value).startswith("dup.json block 0 (x) row 0 at axes pressure=0.5: duplicate case x-retainz-")
+    assert "the same as dup.json block 0 (x) row 0 at axes pressure=0.5 (same experiment" in str(e.value)
+
+
 def test_an_axis_value_a_row_overrides_is_not_blamed():
     m = manifest([{"experiment": "x", "axes": {"pressure": [0.5], "policy": ["retainz"]},
                    "rows": [{"pressure": 1.5}]}])          # the row's pressure is the bad one

@@ -524,6 +524,7 @@ def expand(m: dict, *, name: str = "<manifest>", base_dir: str = ".", _seen: tup
         raise ManifestError(f"{name}: key 'blocks' or 'include' is required")
     mname = m["manifest"]
     cases: list[Case] = []
+    origin: dict[int, str] = {}      # position in cases -> where this manifest wrote it
     includes = m.get("include", [])
     if not isinstance(includes, list):
         raise ManifestError(f"{name}: key 'include' must list file names, got {includes!r}")
@@ -569,13 +570,15 @@ def expand(m: dict, *, name: str = "<manifest>", base_dir: str = ".", _seen: tup
                     tags = {k: c.pop(k) for k in TAG_FIELDS}
                     case = Case(case_id(tags, c), mname, tags, c)
                     _check_replay(f"{where} row {ri}{at}", case)
+                    origin[len(cases)] = f"{where} row {ri}{at}"
                     cases.append(case)
     if not cases:
         raise ManifestError(f"{name}: no cases (empty 'blocks' and no 'include')")
-    seen: dict[str, Case] = {}
-    for c in cases:
+    seen: dict[str, int] = {}
+    for i, c in enumerate(cases):
         if c.id in seen:
-            raise ManifestError(f"{name}: duplicate case {c.id} (same experiment, label and inputs twice: "
-                                f"policy {c.inputs['policy']!r})")
-        seen[c.id] = c
+            first = origin.get(seen[c.id], "an included manifest")
+            raise ManifestError(f"{origin.get(i, name)}: duplicate case {c.id}, the same as {first} (same "
+                                f"experiment, label and inputs twice: policy {c.inputs['policy']!r})")
+        seen[c.id] = i
     return cases
