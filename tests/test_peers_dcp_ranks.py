@@ -37,15 +37,17 @@ from dcp_peer_ranks import full  # noqa: E402
 
 
 def _ranks(face: str, root: str, local, device: str | None = None) -> dict:
-    """Run the worker on 2 ranks; its rank-0 JSON line (the checkpoint's files on the face and locally).
+    """Run the worker on 2 ranks; its rank-0 JSON file (the checkpoint's files on the face and locally).
     Through a node service the ranks declare the job ``ck`` (the series they write)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            str(ROOT / "tests/workers/dcp_peer_ranks.py"), face, root, str(local)]
+    out = os.path.join(os.path.dirname(local), "rank0.json")
     r = subprocess.run(cmd + ([device] if device else []), capture_output=True, text=True, timeout=300,
-                       env={**env(), "OMP_NUM_THREADS": "1", "RETAINZ_JOB": "ck"}, cwd=ROOT)
+                       env={**env(), "OMP_NUM_THREADS": "1", "RETAINZ_JOB": "ck", "PEER_RANKS_OUT": out}, cwd=ROOT)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
     assert "RANK 0 OK" in r.stdout and "RANK 1 OK" in r.stdout
-    return json.loads(next(ln for ln in r.stdout.splitlines() if ln.startswith("{")))
+    with open(out) as f:
+        return json.load(f)
 
 
 def _load_whole(reader) -> dict:

@@ -1,6 +1,7 @@
 """torchrun worker for tests/test_peers_dcp_ranks.py: PyTorch DCP's two-rank storage scenarios (gloo on
-CPU) on one face, each scenario checked on every rank; prints "RANK r OK" and, from rank 0, one JSON line
-with the files of the sharded checkpoint on the face and in a local directory after the same saves.
+CPU) on one face, each scenario checked on every rank; prints "RANK r OK" and, from rank 0, writes a JSON
+file (``$PEER_RANKS_OUT``) with the files of the sharded checkpoint on the face and in a local directory
+after the same saves.
 
 Usage: torchrun --standalone --nproc_per_node=2 tests/workers/dcp_peer_ranks.py FACE ROOT LOCAL [DEVICE]
 FACE: ``mount`` (FileSystemWriter on ROOT, a directory of the mount), ``retainz`` (DCP's FsspecWriter on
@@ -143,8 +144,11 @@ def main() -> None:
     dcp.save(sharded(1, mesh), storage_writer=ref.writer("sharded", **kw))
     dcp.save(sharded(2, mesh), storage_writer=ref.writer("sharded", **kw))
     dist.barrier()
-    if rank == 0:
-        print(json.dumps({"face": face.listing("sharded"), "local": ref.listing("sharded")}), flush=True)
+    if rank == 0:   # a file, not stdout: the ranks share torchrun's stdout and their writes can interleave
+        out = os.environ["PEER_RANKS_OUT"]
+        with open(out + ".tmp", "w") as f:
+            json.dump({"face": face.listing("sharded"), "local": ref.listing("sharded")}, f)
+        os.replace(out + ".tmp", out)
     print(f"RANK {rank} OK", flush=True)
     dist.barrier()
     dist.destroy_process_group()
