@@ -566,11 +566,12 @@ def expand(m: dict, *, name: str = "<manifest>", base_dir: str = ".", _seen: tup
                     axis = {k: v for k, v in combo.items() if k not in r and k not in overrides}
                     at = f" at axes {', '.join(f'{k}={v!r}' for k, v in axis.items())}" if axis else ""
                     at += f" with {', '.join(f'{k}={v!r}' for k, v in overrides.items())}" if overrides else ""
-                    c = _normalize(f"{where} row {ri}{at}", merged)
+                    loc = f"{where} row {ri}{at}"
+                    c = _normalize(loc, merged)
                     tags = {k: c.pop(k) for k in TAG_FIELDS}
                     case = Case(case_id(tags, c), mname, tags, c)
-                    _check_replay(f"{where} row {ri}{at}", case)
-                    origin[len(cases)] = f"{where} row {ri}{at}"
+                    _check_replay(loc, case)
+                    origin[len(cases)] = loc
                     cases.append(case)
     if not cases:
         raise ManifestError(f"{name}: no cases (empty 'blocks' and no 'include')")
