@@ -171,6 +171,9 @@ def test_analyze_refuses_to_write_into_the_records_folder(tmp_path, capsys, monk
     code, _, err = run(capsys, "analyze", runs, "--out", other / "pressure-retainz-0123456789ab.json")
     assert code == 2 and "not a directory" in one_line(err)
     assert sorted(os.listdir(other)) == ["pressure-retainz-0123456789ab.json"]
+    code, _, err = run(capsys, "analyze", runs, "--out", tmp_path / "a", "--check", "--expected", tmp_path / "no.json")
+    assert code == 2 and f"--expected {tmp_path / 'no.json'}: no such file" in one_line(err)
+    assert not (tmp_path / "a").exists()                     # refused before any figure is written
 
 
 @pytest.mark.parametrize("text", ["{}", "[1, 2]", '{"status": "ok"}', '"x"', "null"])

@@ -101,6 +101,9 @@ def _analyze(args: argparse.Namespace) -> int:
     if os.path.realpath(out) == os.path.realpath(args.dir):
         raise ValueError(f"--out {args.out}: is the records folder itself; its claims file would be read as a "
                          "record next time (give another folder, default DIR/analysis)")
+    if args.check and not args.write_expected and not os.path.isfile(args.expected):
+        raise FileNotFoundError(f"--expected {args.expected}: no such file (--check compares the claims with it; "
+                                "write one with --write-expected)")
     if os.path.lexists(out) and not os.path.isdir(out):
         raise NotADirectoryError(f"--out {out}: not a directory (--out names the folder the analysis goes to)")
     records = sorted(n for n in os.listdir(out) if n.endswith(".json") and n != "paper_claims.json") \
