@@ -319,6 +319,10 @@ def test_mount_bad_input_and_already_mounted(tmp_path):
     with mounted(device, tmp_path / "mnt") as mnt:
         r = retainz("mount", device, str(mnt), check=False)
         assert r.returncode == 2 and "already a RetainZ mount" in r.stderr
+        r = retainz("umount", device, check=False)                      # the device, not the mount point
+        assert r.returncode == 2 and (f"{device}: is the device, not a mount point; it is mounted at {mnt}: "
+                                      f"retainz umount {mnt}") in r.stderr
+        assert is_mounted(str(mnt))
     r = retainz("umount", str(tmp_path / "mnt"), check=False)
     assert r.returncode == 2 and "not a RetainZ mount" in r.stderr
 

@@ -1134,7 +1134,7 @@ class Namespace:
                 return 0
             if length == self._size(p):
                 return 0
-        raise NamespaceError(errno.EPERM, f"{p}: committed files are append-only (replace them whole)")
+        raise NamespaceError(errno.EPERM, f"{p}: a committed file is not changed in place, not even by an append (replace it whole)")
 
     def close(self, fh: int) -> int:
         """``close(2)`` of one descriptor: the file is finished here, so its error reaches the
