@@ -231,8 +231,16 @@ def test_guest_cases_need_explicit_zones():
 def test_include_cycle_and_bad_json(tmp_path):
     (tmp_path / "a.json").write_text(json.dumps({"manifest": "a", "format": 1, "include": ["b.json"]}))
     (tmp_path / "b.json").write_text(json.dumps({"manifest": "b", "format": 1, "include": ["a.json"]}))
-    with pytest.raises(ManifestError, match="cycle"):
+    with pytest.raises(ManifestError) as e:
         load_manifest(tmp_path / "a.json")
+    assert str(e.value) == "a.json > b.json > a.json: key 'include': cycle through a.json"
+    (tmp_path / "sub").mkdir()                  # an error inside an include names the chain
+    (tmp_path / "sub" / "bad.json").write_text(json.dumps(manifest([{"experiment": "x", "defaults": {"policy": "retainz"},
+                                                                  "rows": [{"steps": -5}]}])))
+    (tmp_path / "top.json").write_text(json.dumps({"manifest": "t", "format": 1, "include": ["sub/bad.json"]}))
+    with pytest.raises(ManifestError) as e:
+        load_manifest(tmp_path / "top.json")
+    assert str(e.value).startswith("top.json > sub/bad.json block 0 (x) row 0: key 'steps' must be positive")
     (tmp_path / "c.json").write_text("{not json")
     with pytest.raises(ManifestError, match="c.json: not valid JSON"):
         load_manifest(tmp_path / "c.json")

@@ -473,8 +473,8 @@ def _expand_row(row: dict) -> list[dict]:
     return out
 
 
-def load_manifest(path: str | os.PathLike, _seen: tuple = (), *,
-                  overrides: dict | None = None) -> tuple[dict, list[Case]]:
+def load_manifest(path: str | os.PathLike, _seen: tuple = (), *, overrides: dict | None = None,
+                  _name: str | None = None) -> tuple[dict, list[Case]]:
     """Read a manifest and expand it.
 
     Args:
@@ -487,12 +487,13 @@ def load_manifest(path: str | os.PathLike, _seen: tuple = (), *,
 
     Raises:
         ManifestError: unreadable JSON, unknown or missing keys, bad values, duplicate cases,
-            include cycles.  The message names the file and the key.
+            include cycles.  The message names the file (an included one by the chain of includes,
+            ``paper.json > pressure.json``) and the key.
     """
     path = os.path.abspath(path)
-    name = os.path.basename(path)
+    name = _name or os.path.basename(path)
     if path in _seen:
-        raise ManifestError(f"{name}: key 'include': cycle through {name}")
+        raise ManifestError(f"{name}: key 'include': cycle through {os.path.basename(path)}")
     try:
         with open(path, encoding="utf-8") as f:
             m = json.load(f)
@@ -533,7 +534,7 @@ def expand(m: dict, *, name: str = "<manifest>", base_dir: str = ".", _seen: tup
             raise ManifestError(f"{name}: key 'include' must list file names")
         if not os.path.isfile(os.path.join(base_dir, inc)):
             raise ManifestError(f"{name}: key 'include': no manifest file {os.path.join(base_dir, inc)}")
-        _, sub = load_manifest(os.path.join(base_dir, inc), _seen, overrides=overrides)
+        _, sub = load_manifest(os.path.join(base_dir, inc), _seen, overrides=overrides, _name=f"{name} > {inc}")
         cases.extend(sub)
     top = m.get("defaults", {})
     _check_fields(f"{name} defaults", top, allow_lists=False)
