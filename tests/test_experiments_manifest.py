@@ -76,7 +76,7 @@ def test_every_zenfs_case_has_a_device_zenfs_accepts(name, tmp_path):
     case it is compared with, is sized to at least that from its trace's peak live bytes."""
     import math
 
-    from retainz.experiments.runner import RetainZBackend, replay_config
+    from retainz.experiments.runner import RetainZBackend
     from retainz.placement.zenfs import ZENFS_MIN_ZONES
     from retainz.trace.replay import trace_stats
 
@@ -100,7 +100,7 @@ def test_every_zenfs_case_has_a_device_zenfs_accepts(name, tmp_path):
                 RetainZBackend().generate_trace(c.trace, path)
                 peak[c.trace] = trace_stats(path).peak_live_bytes
             data = math.ceil(peak[c.trace] / (c.inputs["pressure"] * c.inputs["zone_capacity"]))
-        nr = data + c.inputs["reserve_zones"] + replay_config(c, "memory").meta_zones
+        nr = data + c.inputs["reserve_zones"] + c.replay_config("memory").meta_zones
         if nr < ZENFS_MIN_ZONES:
             small.append((c.id, nr))
     assert zenfs_groups and not small

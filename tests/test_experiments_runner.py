@@ -173,17 +173,16 @@ def test_progress_shows_cases_and_rate_without_eta_and_no_bar_on_a_rerun(tmp_pat
 def test_a_case_becomes_one_replay_configuration():
     """Every replay input of a case reaches :class:`ReplayConfig` under its own name; the guest's
     command line and namespace come from the same configuration."""
-    from retainz.experiments.runner import replay_config
     from retainz.trace.replay import ReplayConfig
 
     (c,) = cases(["zenfs:migrate=all"], pressures=(0.85,), reserve_zones=3, seed=5, zone_map=True,
                  verify_summaries=True)
-    cfg = replay_config(c, "file:/tmp/x.img")
+    cfg = c.replay_config("file:/tmp/x.img")
     assert cfg == ReplayConfig(policy="zenfs:migrate=all", pressure=0.85, reserve_zones=3, zone_size=64 << 20,
                                zone_capacity=64 << 20, max_active=14, max_open=14, device="file:/tmp/x.img",
                                seed=5, zone_map=True, verify_summaries=True)
     (z,) = cases(["greedy"], pressures=(None,), zones=40, zone_size="128MiB", zone_capacity="96MiB")
-    cfg = replay_config(z, "/dev/nvme0n1")
+    cfg = z.replay_config("/dev/nvme0n1")
     assert (cfg.zones, cfg.pressure, cfg.zone_capacity, cfg.reserve_zones) == (40, None, 96 << 20, 4)
     assert cfg.geometry(cfg.zones).nr_zones == 3 + 4 + 40          # the guest namespace's zone count
     argv = cfg.cli_args()

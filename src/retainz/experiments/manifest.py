@@ -37,9 +37,12 @@ import os
 import re
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from retainz.runrecord import canonical_json
+
+if TYPE_CHECKING:
+    from retainz.trace.replay import ReplayConfig
 
 __all__ = ["ManifestError", "Case", "TraceSpec", "CASE_FIELDS", "CASE_DEFAULTS", "TAG_FIELDS",
            "DEVICES", "load_manifest", "expand", "case_id", "parse_scale"]
@@ -188,6 +191,26 @@ class Case:
     def to_dict(self) -> dict:
         return {"id": self.id, "manifest": self.manifest, "tags": dict(self.tags), "inputs": dict(self.inputs)}
 
+    def replay_config(self, device: str) -> ReplayConfig:
+        """The :class:`~retainz.trace.replay.ReplayConfig` of the case's inputs (policy, zones or
+        pressure, GC reserve, geometry, seed, zone map, recompute mode, promotion bandwidth) on
+        ``device``, a replay device spec (``memory``, ``file:PATH``, ``/dev/nvme0n1`` in the guest): the
+        one place a case becomes replay parameters.  Journal zones, block size and payload read-back
+        are the configuration's defaults.
+
+        Raises:
+            ValueError: a value replay refuses (one line naming it).
+        """
+        from retainz.trace.replay import ReplayConfig
+
+        i = self.inputs
+        return ReplayConfig(policy=i["policy"], zones=i["zones"], pressure=i["pressure"],
+                            reserve_zones=i["reserve_zones"], zone_size=i["zone_size"],
+                            zone_capacity=i["zone_capacity"], max_active=i["max_active"], max_open=i["max_open"],
+                            device=device, seed=i["seed"], zone_map=i["zone_map"],
+                            verify_summaries=i["verify_summaries"], promote_bandwidth=i.get("promote_bandwidth"),
+                            promote_hint=i.get("promote_hint", True))
+
 
 def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9.]+", "-", text.lower()).strip("-")[:40] or "case"
@@ -244,13 +267,11 @@ def _tenants(where: str, v: list) -> list[dict]:
 
 
 def _check_replay(where: str, case: Case) -> None:
-    """Refuse a case whose replay configuration (:func:`retainz.experiments.runner.replay_config`,
-    the one place a case becomes replay parameters) or, with an explicit zone count, whose device
-    (``Store.check_geometry``) the store refuses: before anything runs, not as a failed record."""
-    from retainz.experiments.runner import replay_config
-
+    """Refuse a case whose replay configuration (:meth:`Case.replay_config`) or, with an explicit
+    zone count, whose device (``Store.check_geometry``) the store refuses: before anything runs, not
+    as a failed record."""
     try:
-        replay_config(case, "memory")
+        case.replay_config("memory")
     except ValueError as e:
         raise ManifestError(f"{where}: {e}") from None
 

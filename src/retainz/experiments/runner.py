@@ -27,16 +27,12 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import TYPE_CHECKING
 
 from retainz.experiments.manifest import Case, TraceSpec, load_manifest
 from retainz.experiments.record import finalize, provenance
 
-if TYPE_CHECKING:
-    from retainz.trace.replay import ReplayConfig
-
 __all__ = ["Backend", "RetainZBackend", "RunSummary", "run_manifest", "run_cases", "execute_case",
-           "replay_config", "RecordExistsError"]
+           "RecordExistsError"]
 
 
 class RecordExistsError(FileExistsError):
@@ -110,30 +106,10 @@ class RetainZBackend(Backend):
 
         img = os.path.join(workdir, f"{case.id}.img") if i["device"] == "file" else None
         try:
-            return replay(trace_path, replay_config(case, "memory" if img is None else f"file:{img}"))
+            return replay(trace_path, case.replay_config("memory" if img is None else f"file:{img}"))
         finally:
             if img and os.path.exists(img):
                 os.unlink(img)
-
-
-def replay_config(case: Case, device: str) -> ReplayConfig:
-    """The :class:`~retainz.trace.replay.ReplayConfig` of a case's inputs (policy, zones or pressure,
-    GC reserve, geometry, seed, zone map, recompute mode, promotion bandwidth) on ``device``, a replay device spec
-    (``memory``, ``file:PATH``, ``/dev/nvme0n1`` in the guest): the one place a case becomes replay
-    parameters.  Journal zones, block size and payload read-back are the configuration's defaults.
-
-    Raises:
-        ValueError: a value replay refuses (one line naming it).
-    """
-    from retainz.trace.replay import ReplayConfig
-
-    i = case.inputs
-    return ReplayConfig(policy=i["policy"], zones=i["zones"], pressure=i["pressure"],
-                        reserve_zones=i["reserve_zones"], zone_size=i["zone_size"],
-                        zone_capacity=i["zone_capacity"], max_active=i["max_active"], max_open=i["max_open"],
-                        device=device, seed=i["seed"], zone_map=i["zone_map"],
-                        verify_summaries=i["verify_summaries"], promote_bandwidth=i.get("promote_bandwidth"),
-                        promote_hint=i.get("promote_hint", True))
 
 
 def scaled_layout(name: str, scale: str):
@@ -166,7 +142,7 @@ def _replay_in_guest(trace_path: str, case: Case, workdir: str) -> dict:
         from retainz.vm.setup import VMSetupError
     except ImportError as e:  # pragma: no cover - depends on the vm lane
         raise RuntimeError(f"device 'guest' needs the QEMU guest tooling (retainz.vm.guest): {e}") from None
-    config = replay_config(case, "/dev/nvme0n1")
+    config = case.replay_config("/dev/nvme0n1")
     if config.zones is None:
         raise ValueError("device 'guest' needs a case with an explicit zone count, not a pressure")
     out = os.path.join(os.path.abspath(workdir), case.id)

@@ -92,7 +92,7 @@ class ReplayConfig:
 
     One configuration is shared by its three clients: ``retainz replay`` builds it from its options
     (:meth:`cli_args` is the way back), the experiment runner from a manifest case's inputs
-    (:func:`retainz.experiments.runner.replay_config`), and :func:`replay` reads it.  Construction
+    (:meth:`retainz.experiments.manifest.Case.replay_config`), and :func:`replay` reads it.  Construction
     checks every field; the first bad one raises ``ValueError`` with one line naming it.
 
     Attributes:
