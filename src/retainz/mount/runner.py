@@ -239,19 +239,6 @@ def is_mounted(mountpoint: str) -> bool:
     return False
 
 
-def mount_points_of(device: str) -> list[str]:
-    """The mount points at which the RetainZ mount of ``device`` (a device path) is mounted, from
-    ``/proc/self/mounts`` (its source field is ``retainz:<real path of the device>``)."""
-    source = f"retainz:{os.path.realpath(device)}"
-    found = []
-    with contextlib.suppress(OSError), open("/proc/self/mounts") as f:
-        for line in f:
-            parts = line.split()
-            if len(parts) > 2 and parts[2] == FSTYPE and _unescape(parts[0]) == source:
-                found.append(_unescape(parts[1]))
-    return found
-
-
 def _unescape(field: str) -> str:
     return field.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
 
@@ -615,7 +602,7 @@ def umount(mountpoint: str, *, wait: float = 120.0) -> None:
         TimeoutError: the server is still closing ``wait`` seconds after the unmount.
     """
     if not is_mounted(mountpoint):
-        at = mount_points_of(mountpoint) if os.path.isfile(mountpoint) or mountpoint.startswith("/dev/") else []
+        at = mounted_at(mountpoint) if os.path.isfile(mountpoint) or mountpoint.startswith("/dev/") else []
         if at:
             raise FileNotFoundError(f"{mountpoint}: is the device, not a mount point; it is mounted at {at[0]}: "
                                     f"retainz umount {at[0]}")
