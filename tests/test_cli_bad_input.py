@@ -172,8 +172,16 @@ def test_analyze_refuses_to_write_into_the_records_folder(tmp_path, capsys, monk
     assert code == 2 and "not a directory" in one_line(err)
     assert sorted(os.listdir(other)) == ["pressure-retainz-0123456789ab.json"]
     code, _, err = run(capsys, "analyze", runs, "--out", tmp_path / "a", "--check", "--expected", tmp_path / "no.json")
-    assert code == 2 and f"--expected {tmp_path / 'no.json'}: no such file" in one_line(err)
-    assert not (tmp_path / "a").exists()                     # refused before any figure is written
+    assert code == 2 and f"{tmp_path / 'no.json'}: no such expected-claims file" in one_line(err)
+    for text in ("not json", "{}", "[1]", '{"claims": [1]}', '{"claims": [{"id": "x"}]}'):
+        (tmp_path / "bad.json").write_text(text)
+        code, _, err = run(capsys, "analyze", runs, "--out", tmp_path / "a", "--check", "--expected",
+                           tmp_path / "bad.json")
+        assert code == 2 and f"{tmp_path / 'bad.json'}: not an expected-claims file" in one_line(err), text
+    code, _, err = run(capsys, "analyze", runs, "--out", tmp_path / "a", "--write-expected", "--expected",
+                       runs / "exp.json")
+    assert code == 2 and f"--expected {runs / 'exp.json'}: is in the records folder" in one_line(err)
+    assert not (tmp_path / "a").exists() and os.listdir(runs) == []    # refused before anything is written
 
 
 @pytest.mark.parametrize("text", ["{}", "[1, 2]", '{"status": "ok"}', '"x"', "null"])
@@ -348,4 +356,9 @@ def test_put_of_two_files_with_one_name_names_them(tmp_path, capsys):
                                      "paths through `retainz mount`)")
     code, _, err = run(capsys, "put", device, "g", a, a, "--step", "1")
     assert code == 2 and one_line(err).strip() == f"retainz: error: {a} is given 2 times"
+    (tmp_path / "l").mkdir()
+    (tmp_path / "l" / "a.bin").symlink_to(a)
+    code, _, err = run(capsys, "put", device, "g", a, b, tmp_path / "l" / "a.bin", "--step", "1")
+    assert code == 2 and one_line(err).strip() == (f"retainz: error: {a} is given 2 times (as {a}, "
+                                                   f"{tmp_path / 'l' / 'a.bin'})")
     assert run(capsys, "ls", device)[1] == ""

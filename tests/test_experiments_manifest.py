@@ -320,7 +320,35 @@ def test_a_duplicate_case_names_both_places():
     with pytest.raises(ManifestError) as e:
         expand(m, name="dup.json")
     assert str(e.value).startswith("dup.json block 0 (x) row 0 at axes pressure=0.5: duplicate case x-retainz-")
-    assert "the same as dup.json block 0 (x) row 0 at axes pressure=0.5 (same experiment" in str(e.value)
+    assert "the same axis or list value twice (same experiment" in str(e.value)
+    m = manifest([{"experiment": "x", "defaults": {"policy": "retainz"}, "rows": [{"seed": 1}, {"seed": [2, 1]}]}])
+    with pytest.raises(ManifestError) as e:
+        expand(m, name="dup.json")
+    assert str(e.value).startswith("dup.json block 0 (x) row 1: duplicate case x-retainz-")
+    assert "the same as dup.json block 0 (x) row 0 (same experiment" in str(e.value)
+
+
+def test_a_duplicate_with_an_included_case_names_the_include(tmp_path):
+    one = manifest([{"experiment": "x", "defaults": {"policy": "retainz"}, "axes": {"seed": [0, 1]}}])
+    (tmp_path / "a.json").write_text(json.dumps(one))
+    (tmp_path / "top.json").write_text(json.dumps({"manifest": "t", "format": 1, "include": ["a.json"],
+                                                   "defaults": dict(BASE, policy="retainz"),
+                                                   "blocks": [{"experiment": "x", "rows": [{"seed": 1}]}]}))
+    with pytest.raises(ManifestError) as e:
+        load_manifest(tmp_path / "top.json")
+    assert str(e.value).startswith("top.json block 0 (x) row 0: duplicate case x-retainz-")
+    assert "the same as top.json > a.json block 0 (x) row 0 at axes seed=1 (" in str(e.value)
+
+
+def test_a_device_override_that_merges_two_cases_says_so():
+    m = manifest([{"experiment": "x", "defaults": {"policy": "retainz", "zones": 40, "pressure": None},
+                   "axes": {"device": ["memory", "file"]}}])
+    with pytest.raises(ManifestError) as e:
+        expand(m, name="g.json", overrides={"device": "memory"})
+    assert str(e.value).startswith("g.json block 0 (x) row 0 at axes device='file' with device='memory': duplicate "
+                                   "case x-retainz-")
+    assert ("the same as g.json block 0 (x) row 0 at axes device='memory' with device='memory'" in str(e.value)
+            and str(e.value).endswith("; device='memory' made two cases one"))
 
 
 def test_an_axis_value_a_row_overrides_is_not_blamed():
@@ -347,6 +375,7 @@ def test_bad_includes_name_the_including_manifest(tmp_path, include, needle):
     ({"zone_size": "1000B", "zone_capacity": 1000}, "zone size 1000 is not a positive multiple of the block size"),
     ({"zones": 1, "pressure": None}, "zones must be at least 2"),
     ({"zones": 40, "pressure": None, "max_active": 1, "max_open": 1}, "fewer than 2 active zones"),
+    ({"max_active": 1, "max_open": 1}, "fewer than 2 active zones"),                 # sized by pressure too
     ({"zones": 3, "pressure": None, "policy": "zenfs"}, "ZenFS refuses fewer than 32"),
 ])
 def test_a_case_the_replay_or_the_store_refuses_is_refused_by_the_manifest(tmp_path, capsys, fields, needle):

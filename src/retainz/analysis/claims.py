@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 from retainz.analysis.records import (
     GIB,
@@ -400,10 +401,34 @@ def render_claims_markdown(claims: list[dict], source: str) -> str:
     return "\n".join(lines)
 
 
+def read_expected(path: str) -> dict[str, dict]:
+    """The claims of an expected-claims file (:func:`write_claims`), by id.
+
+    Raises:
+        FileNotFoundError: no such file (or a directory).
+        ValueError: not JSON text, or JSON that is not a claims file (an object whose ``claims`` lists
+            objects with an ``id`` and a ``value``); the message names the file.
+    """
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: no such expected-claims file (write one with --write-expected)")
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not an expected-claims file (not JSON text: {e})") from None
+    claims = doc.get("claims") if isinstance(doc, dict) else None
+    if not isinstance(claims, list) or not all(isinstance(c, dict) and {"id", "value"} <= c.keys() for c in claims):
+        raise ValueError(f"{path}: not an expected-claims file (a JSON object whose 'claims' lists objects with "
+                         "an id and a value)")
+    return {c["id"]: c for c in claims}
+
+
 def check(claims: list[dict], expected_path: str) -> list[str]:
-    """Differences between ``claims`` and the expected file (by id and rounded value)."""
-    with open(expected_path, encoding="utf-8") as f:
-        exp = {c["id"]: c for c in json.load(f)["claims"]}
+    """Differences between ``claims`` and the expected file (by id and rounded value).
+
+    Raises:
+        FileNotFoundError, ValueError: as :func:`read_expected`."""
+    exp = read_expected(expected_path)
     got = {c["id"]: c for c in claims}
     diffs = []
     for cid in sorted(set(exp) | set(got)):

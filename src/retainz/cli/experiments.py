@@ -66,6 +66,8 @@ def _run(args: argparse.Namespace) -> int:
     out = args.output or os.path.join("out", "runs", m["manifest"])
     if os.path.lexists(out) and not os.path.isdir(out):
         raise NotADirectoryError(f"{out}: not a directory (--output names the records folder)")
+    if args.trace_cache and os.path.lexists(args.trace_cache) and not os.path.isdir(args.trace_cache):
+        raise NotADirectoryError(f"{args.trace_cache}: not a directory (--trace-cache names the traces folder)")
     print(f"{m['manifest']}: {len(cases)} cases -> {out}", file=sys.stderr)
     try:
         summary = run_cases(cases, out, jobs=args.jobs, trace_dir=args.trace_cache, resume=args.resume,
@@ -101,9 +103,14 @@ def _analyze(args: argparse.Namespace) -> int:
     if os.path.realpath(out) == os.path.realpath(args.dir):
         raise ValueError(f"--out {args.out}: is the records folder itself; its claims file would be read as a "
                          "record next time (give another folder, default DIR/analysis)")
-    if args.check and not args.write_expected and not os.path.isfile(args.expected):
-        raise FileNotFoundError(f"--expected {args.expected}: no such file (--check compares the claims with it; "
-                                "write one with --write-expected)")
+    if args.check and not args.write_expected:
+        from retainz.analysis.claims import read_expected
+
+        read_expected(args.expected)          # a missing or malformed file: refused before anything is written
+    if args.write_expected and os.path.realpath(os.path.dirname(os.path.abspath(args.expected))) == \
+            os.path.realpath(args.dir):
+        raise ValueError(f"--expected {args.expected}: is in the records folder; it would be read as a record next "
+                         "time (give a path outside it)")
     if os.path.lexists(out) and not os.path.isdir(out):
         raise NotADirectoryError(f"--out {out}: not a directory (--out names the folder the analysis goes to)")
     records = sorted(n for n in os.listdir(out) if n.endswith(".json") and n != "paper_claims.json") \

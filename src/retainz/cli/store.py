@@ -271,8 +271,13 @@ def _put(args) -> int:
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
         same = [p for p in args.files if os.path.basename(p) == twice[0]]
-        if len({os.path.realpath(p) for p in same}) == 1:
-            raise ValueError(f"{same[0]} is given {len(same)} times")
+        files: dict[str, list[str]] = {}         # one file (its real path) -> the paths naming it
+        for p in same:
+            files.setdefault(os.path.realpath(p), []).append(p)
+        again = next((given for given in files.values() if len(given) > 1), None)
+        if again:
+            raise ValueError(f"{again[0]} is given {len(again)} times" + (
+                f" (as {', '.join(again)})" if len(set(again)) > 1 else ""))
         raise ValueError(f"{len(same)} files have the same name {twice[0]!r} ({', '.join(same)}); a shard is named "
                          "by its file name, unique in a generation (a checkpoint tree keeps its paths through "
                          "`retainz mount`)")

@@ -172,12 +172,15 @@ class Case:
         manifest: name of the manifest the case came from.
         tags: ``{"experiment": ..., "label": ...}``.
         inputs: every other field of :data:`CASE_FIELDS`, sizes in bytes, scale normalized.
+        where: where the manifest wrote it (``paper.json > pressure.json block 0 (pressure) row 0 at
+            axes ...``), for error messages; not part of the case.
     """
 
     id: str
     manifest: str
     tags: dict = field(hash=False)
     inputs: dict = field(hash=False)
+    where: str = field(default="", hash=False, compare=False)
 
     @property
     def trace(self) -> TraceSpec:
@@ -546,7 +549,6 @@ def expand(m: dict, *, name: str = "<manifest>", base_dir: str = ".", _seen: tup
         raise ManifestError(f"{name}: key 'blocks' or 'include' is required")
     mname = m["manifest"]
     cases: list[Case] = []
-    origin: dict[int, str] = {}      # position in cases -> where this manifest wrote it
     includes = m.get("include", [])
     if not isinstance(includes, list):
         raise ManifestError(f"{name}: key 'include' must list file names, got {includes!r}")
@@ -585,23 +587,25 @@ def expand(m: dict, *, name: str = "<manifest>", base_dir: str = ".", _seen: tup
                 for combo in combos:
                     merged = {**CASE_DEFAULTS, **top, **bdef, "experiment": block["experiment"], **combo, **r,
                               **overrides}
-                    axis = {k: v for k, v in combo.items() if k not in r and k not in overrides}
+                    axis = {k: v for k, v in combo.items() if k not in r}
                     at = f" at axes {', '.join(f'{k}={v!r}' for k, v in axis.items())}" if axis else ""
                     at += f" with {', '.join(f'{k}={v!r}' for k, v in overrides.items())}" if overrides else ""
                     loc = f"{where} row {ri}{at}"
                     c = _normalize(loc, merged)
                     tags = {k: c.pop(k) for k in TAG_FIELDS}
-                    case = Case(case_id(tags, c), mname, tags, c)
+                    case = Case(case_id(tags, c), mname, tags, c, loc)
                     _check_replay(loc, case)
-                    origin[len(cases)] = loc
                     cases.append(case)
     if not cases:
         raise ManifestError(f"{name}: no cases (empty 'blocks' and no 'include')")
-    seen: dict[str, int] = {}
-    for i, c in enumerate(cases):
+    seen: dict[str, Case] = {}
+    for c in cases:
         if c.id in seen:
-            first = origin.get(seen[c.id], "an included manifest")
-            raise ManifestError(f"{origin.get(i, name)}: duplicate case {c.id}, the same as {first} (same "
-                                f"experiment, label and inputs twice: policy {c.inputs['policy']!r})")
-        seen[c.id] = i
+            first = seen[c.id].where
+            twin = "the same axis or list value twice" if first == c.where else f"the same as {first}"
+            made = (f"; {', '.join(f'{k}={v!r}' for k, v in overrides.items())} made two cases one"
+                    if overrides else "")
+            raise ManifestError(f"{c.where}: duplicate case {c.id}, {twin} (same experiment, label and inputs: "
+                                f"policy {c.inputs['policy']!r}){made}")
+        seen[c.id] = c
     return cases

@@ -86,6 +86,11 @@ ZONE_MAP_MAX_ROWS = 256
 _PATTERN_CHUNK = 1 << 20
 
 
+#: Data zones of the device on which a configuration sized by pressure is checked before its trace is
+#: known: enough for every zone-count rule (a store's 2 data zones, ZenFS's ``ZENFS_MIN_ZONES`` 32).
+ANY_SIZE_DATA_ZONES = 64
+
+
 @dataclass(frozen=True)
 class ReplayConfig:
     """Every parameter of a replay: the placement policy, the device and its sizing, and what to measure.
@@ -182,11 +187,14 @@ class ReplayConfig:
             if value <= 0:
                 raise ValueError(f"{what} must be a positive number of bytes, not {value}")
         self.geometry(1)  # the zone model's own rules (block size, capacity <= size, limits)
-        if self.zones is not None:   # the device size is known: the store's own rules (ZenFS's 32 zones...)
-            from retainz.store import Store
+        # the store's own rules: on the device when its size is given; sized by pressure, the device
+        # follows from the trace, so only the rules that hold at any size (active zones, capacity)
+        # are checked here, on a device large enough for every count rule (ZenFS's 32 zones)
+        from retainz.store import Store
 
-            Store.check_geometry(self.geometry(self.data_zones(0)), policy=self.policy, meta_zones=self.meta_zones,
-                                 gc_reserve_zones=self.reserve_zones)
+        data = self.data_zones(0) if self.zones is not None else ANY_SIZE_DATA_ZONES
+        Store.check_geometry(self.geometry(data), policy=self.policy, meta_zones=self.meta_zones,
+                             gc_reserve_zones=self.reserve_zones)
         d = self.device
         if not isinstance(d, str) or not (d in ("memory", "memory-payload") or d.startswith(("/dev/", "zbd:"))
                                           or (d.startswith("file:") and len(d) > 5)):
