@@ -66,6 +66,7 @@ def guest_config(system: str, nr_zones: int, inputs: dict, *, timeout: float, cw
     needs, f2fs's metadata disk, mq-deadline on the zoned device (f2fs requires it on ZNS; every system
     gets the same), ``inputs["guest_memory_mib"]`` of RAM (512 MiB when absent)."""
     from retainz.experiments.fsworkload import parse_system
+    from retainz.experiments.manifest import CASE_DEFAULTS
     from retainz.vm.guest import DiskConfig, GuestConfig, ZNSConfig
 
     name = parse_system(system).name
@@ -77,7 +78,7 @@ def guest_config(system: str, nr_zones: int, inputs: dict, *, timeout: float, cw
     env = {"PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(retainz.__file__)))}
     return GuestConfig(zns=zns, nullblk=None, disk=DiskConfig(f2fs_meta_bytes(zns.zone_size)) if name == "f2fs" else None,
                        modules=() if name == "retainz" else (name,), scheduler="mq-deadline",
-                       memory_mb=inputs.get("guest_memory_mib", 512), timeout=timeout, cwd=cwd, env=env)
+                       memory_mb=inputs.get("guest_memory_mib", CASE_DEFAULTS["guest_memory_mib"]), timeout=timeout, cwd=cwd, env=env)
 
 
 def run_filesystem_case(trace_path: str, case, workdir: str) -> dict:

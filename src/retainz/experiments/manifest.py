@@ -270,9 +270,9 @@ def _tenants(where: str, v: list) -> list[dict]:
 
 
 def _check_replay(where: str, case: Case) -> None:
-    """Refuse a case whose replay configuration (:meth:`Case.replay_config`) or, with an explicit
-    zone count, whose device (``Store.check_geometry``) the store refuses: before anything runs, not
-    as a failed record."""
+    """Refuse a case whose replay configuration (:meth:`Case.replay_config`, which applies the
+    store's geometry rules, ``Store.check_geometry``) is refused: before anything runs, not as a
+    failed record."""
     try:
         case.replay_config("memory")
     except ValueError as e:
@@ -555,9 +555,10 @@ def expand(m: dict, *, name: str = "<manifest>", base_dir: str = ".", _seen: tup
     for inc in includes:
         if not isinstance(inc, str):
             raise ManifestError(f"{name}: key 'include' must list file names")
-        if not os.path.isfile(os.path.join(base_dir, inc)):
-            raise ManifestError(f"{name}: key 'include': no manifest file {os.path.join(base_dir, inc)}")
-        _, sub = load_manifest(os.path.join(base_dir, inc), _seen, overrides=overrides, _name=f"{name} > {inc}")
+        inc_path = os.path.join(base_dir, inc)
+        if not os.path.isfile(inc_path):
+            raise ManifestError(f"{name}: key 'include': no manifest file {inc_path}")
+        _, sub = load_manifest(inc_path, _seen, overrides=overrides, _name=f"{name} > {inc}")
         cases.extend(sub)
     top = m.get("defaults", {})
     _check_fields(f"{name} defaults", top, allow_lists=False)

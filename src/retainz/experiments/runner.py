@@ -28,7 +28,7 @@ import traceback
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from retainz.experiments.manifest import Case, TraceSpec, load_manifest
+from retainz.experiments.manifest import CASE_DEFAULTS, Case, TraceSpec, load_manifest
 from retainz.experiments.record import finalize, provenance
 
 __all__ = ["Backend", "RetainZBackend", "RunSummary", "run_manifest", "run_cases", "execute_case",
@@ -153,10 +153,10 @@ def _replay_in_guest(trace_path: str, case: Case, workdir: str) -> dict:
     g = config.geometry(config.zones)
     zns = ZNSConfig(zones=g.nr_zones, zone_size=g.zone_size, zone_capacity=g.zone_capacity, max_open=g.max_open,
                     max_active=g.max_active)
+    memory = case.inputs.get("guest_memory_mib", CASE_DEFAULTS["guest_memory_mib"])   # absent: the default
     try:
-        res = run_in_guest(["/bin/sh", "-c", shell], out, GuestConfig(zns=zns, nullblk=None, timeout=6 * 3600.0,
-                                                                memory_mb=case.inputs.get("guest_memory_mib", 512)),
-                           install=False)
+        res = run_in_guest(["/bin/sh", "-c", shell], out,
+                           GuestConfig(zns=zns, nullblk=None, timeout=6 * 3600.0, memory_mb=memory), install=False)
     except VMSetupError as e:
         raise RuntimeError(f"device 'guest' is unavailable: {e} (run `retainz vm setup`, or point RETAINZ_QEMU "
                            "and RETAINZ_VM_KERNEL_DIR at your own QEMU/FEMU binary and kernel)") from None

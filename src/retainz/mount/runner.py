@@ -602,7 +602,7 @@ def umount(mountpoint: str, *, wait: float = 120.0) -> None:
         TimeoutError: the server is still closing ``wait`` seconds after the unmount.
     """
     if not is_mounted(mountpoint):
-        at = mounted_at(mountpoint) if os.path.isfile(mountpoint) or mountpoint.startswith("/dev/") else []
+        at = mounted_at(mountpoint)          # the device was given, not its mount point
         if at:
             raise FileNotFoundError(f"{mountpoint}: is the device, not a mount point; it is mounted at {at[0]}: "
                                     f"retainz umount {at[0]}")

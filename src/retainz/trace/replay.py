@@ -186,10 +186,10 @@ class ReplayConfig:
         for what, value in (("zone size", self.zone_size), ("zone capacity", self.zone_capacity)):
             if value <= 0:
                 raise ValueError(f"{what} must be a positive number of bytes, not {value}")
-        self.geometry(1)  # the zone model's own rules (block size, capacity <= size, limits)
-        # the store's own rules: on the device when its size is given; sized by pressure, the device
-        # follows from the trace, so only the rules that hold at any size (active zones, capacity)
-        # are checked here, on a device large enough for every count rule (ZenFS's 32 zones)
+        # the zone model's rules (block size, capacity <= size, limits), then the store's: on the
+        # device when its size is given; sized by pressure, the device follows from the trace, so only
+        # the rules that hold at any size (active zones, capacity) are checked, on a device large
+        # enough for every count rule (ZenFS's 32 zones)
         from retainz.store import Store
 
         data = self.data_zones(0) if self.zones is not None else ANY_SIZE_DATA_ZONES
