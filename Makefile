@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 TORCH_STAMP := $(VENV)/.torch-$(shell cksum pyproject.toml | cut -d' ' -f1)
 MOUNT_STAMP := $(VENV)/.mount-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: setup main fleet demo test test-scale lint bench bench-placement bench-store bench-replay bench-device vm-setup setup-torch bench-dcp setup-mount bench-mount mutation clean
+.PHONY: setup main fleet demo ftl-validate test test-scale lint bench bench-placement bench-store bench-replay bench-device vm-setup setup-torch bench-dcp setup-mount bench-mount mutation clean
 
 setup: $(STAMP)
 
@@ -33,6 +33,13 @@ fleet: setup
 # A short tour of the embedded default device (a file-backed zoned device).
 demo: setup
 	$(VENV)/bin/retainz demo --out out/demo
+
+# The FDP FTL model's validation table at full size (docs/fdp.md): model vs Desnoyers' and CacheLib's analytic
+# write amplification, every case; exits 1 if a row is outside its tolerance (~5 min on one core).
+# CI runs the same table at its small size (tests/test_fdp_validation.py).
+ftl-validate: setup
+	mkdir -p out/fdp
+	$(PY) -m retainz.fdp.validation --size full --out out/fdp/validation.md
 
 lint: setup
 	$(VENV)/bin/ruff check src tests bench tools

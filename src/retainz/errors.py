@@ -29,6 +29,7 @@ __all__ = [
     "OutOfRangeError",
     "ZoneOpNotSupportedError",
     "NoPayloadError",
+    "ReclaimGroupFullError",
     "PowerCutError",
     "InjectedIOError",
     "DeviceFormatError",
@@ -178,6 +179,18 @@ class NoPayloadError(ZonedDeviceError):
     """A read of bytes a payload-less device counted but did not keep."""
 
     default_errno = _errno.ENODATA
+
+
+class ReclaimGroupFullError(RetainZError, OSError):
+    """The FDP FTL model's garbage collection found no reclaim unit with an invalid page in a reclaim
+    group: the valid data written to the group fills it (``retainz.fdp.ftl``).  ``rg`` names the group."""
+
+    def __init__(self, rg: int, message: str):
+        super().__init__(_errno.ENOSPC, message)
+        self.rg = rg
+
+    def __str__(self) -> str:
+        return self.strerror
 
 
 class PowerCutError(ZonedDeviceError):
