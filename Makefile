@@ -35,7 +35,7 @@ demo: setup
 	$(VENV)/bin/retainz demo --out out/demo
 
 # The FDP FTL model's validation table at full size (docs/fdp.md): model vs Desnoyers' and CacheLib's analytic
-# write amplification, every case; exits 1 if a row is outside its tolerance (~5 min on one core).
+# write amplification, every case; exits 1 if a row is outside its tolerance (~8 min on one core).
 # CI runs the same table at its small size (tests/test_fdp_validation.py).
 ftl-validate: setup
 	mkdir -p out/fdp

@@ -278,7 +278,7 @@ def rows(size: Size, progress: Callable[[str], None] | None = None) -> list[Row]
         add(Row(group, f"utilization {util:.2f}, separate handles", sep, expected,
                 "EuroSys'25 Theorem 1, LOC at 1", 0.03))
         mixed, _ = _cachelib(size, util, share, False)
-        rule = f"no lower than at the utilization before ({previous:.3f})"
+        rule = f"no lower than at the utilization before ({previous:.3f})" if previous else "the first point"
         ok = mixed >= previous - 1e-9
         if util == 1.0:
             rule += ", >= 2.5 (EuroSys'25 Fig. 6 measured 3.5)"
