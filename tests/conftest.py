@@ -36,7 +36,7 @@ WIDE = dataclasses.replace(SMALL, nr_zones=(1 << 16) + 64)
 
 _REAL = [p for p in os.environ.get("RETAINZ_TEST_ZBD", "").split(",") if p]
 _SERVED = os.environ.get("RETAINZ_TEST_REMOTE", "")
-DEVICE_KINDS = ["memory", "file", "faulty-memory", "faulty-file", "remote-memory", "remote-window-file",
+DEVICE_KINDS = ["memory", "file", "fdp", "faulty-memory", "faulty-file", "remote-memory", "remote-window-file",
                 "memory-high", "file-high", "faulty-file-high", "remote-window-file-high"] + [
     f"linux:{p}" for p in _REAL] + ([f"served:{_SERVED}"] if _SERVED else [])
 
@@ -50,6 +50,10 @@ def make_device(kind: str, tmp_path, geometry: Geometry = SMALL):
         return MemoryDevice(geometry)
     if kind == "file":
         return FileDevice.create(tmp_path / "dev.img", geometry)
+    if kind == "fdp":  # an FDP namespace on the FTL model, its zones a host-side view (docs/fdp.md)
+        from retainz.zoned.fdp import FdpNamespaceDevice
+
+        return FdpNamespaceDevice(geometry)
     if kind == "faulty-memory":
         return FaultyDevice(MemoryDevice(geometry))
     if kind == "faulty-file":

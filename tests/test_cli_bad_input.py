@@ -220,6 +220,9 @@ def small_device(tmp_path):
     (["mkfs", "mem:zones=16,zone_size=1MiB"], "mem:zones=16,zone_size=1MiB: an in-memory device lives only for "
                                              "one command, so no store can be kept on it"),
     (["ls", "mem:zones=16"], "an in-memory device lives only for one command"),
+    (["mkfs", "fdp:zones=16,max_active=4,max_open=4"], "fdp:zones=16,max_active=4,max_open=4: an in-memory device "
+                                                      "lives only for one command"),
+    (["device", "info", "fdp:zones=16,spare=2"], "spare factor must be in (0, 1), got 2.0"),
     (["run", "experiments/quick.json", "-o", "{dev}"], "not a directory (--output names the records folder)"),
     (["ls", "file:"], "bad device spec 'file:': no path after file:"),
 ])

@@ -89,8 +89,8 @@ def _persistent(spec: str) -> None:
     """Store commands need a device that outlives the command.
 
     Raises:
-        ValueError: ``spec`` names an in-memory device (``mem:``), gone when the command exits."""
-    if spec.startswith("mem:"):
+        ValueError: ``spec`` names an in-memory device (``mem:``, ``fdp:``), gone when the command exits."""
+    if spec.startswith(("mem:", "fdp:")):
         raise ValueError(f"{spec}: an in-memory device lives only for one command, so no store can be kept on "
                          "it; make a file device (`retainz device create PATH ...`)")
 
@@ -101,7 +101,7 @@ def _served(spec: str):
     client of another user is refused it with one line)."""
     from retainz.node import NodeStore, served
 
-    if spec.startswith(("mem:", "remote:")) or served(spec) is None:
+    if spec.startswith(("mem:", "fdp:", "remote:")) or served(spec) is None:
         return None
     try:
         return NodeStore.connect(spec, job=os.environ.get("RETAINZ_JOB", "*"))
@@ -114,7 +114,7 @@ def _busy(spec: str) -> StoreLockedError:
     service, a pid), from :func:`retainz.mount.runner.held_message`."""
     from retainz.mount.runner import held_message
 
-    return StoreLockedError(held_message(spec) if not spec.startswith(("mem:", "remote:", "/dev/")) else
+    return StoreLockedError(held_message(spec) if not spec.startswith(("mem:", "fdp:", "remote:", "/dev/")) else
                             f"{spec}: the store is open in another process (the device is locked)")
 
 

@@ -8,6 +8,11 @@ spec                               device
 ``mem:KEY=VALUE,...``              a fresh :class:`MemoryDevice`; keys are the geometry's
                                    (``zones``, ``zone_size``, ``zone_capacity``, ``block_size``,
                                    ``max_open``, ``max_active``) plus ``payload=true|false``
+``fdp:KEY=VALUE,...``              a fresh :class:`~retainz.zoned.fdp.FdpNamespaceDevice` (an FDP
+                                   namespace on the FTL model, docs/fdp.md): the ``mem:`` keys plus
+                                   ``ru_size`` (default: the zone size), ``spare`` (the spare
+                                   factor, default 0.07), ``ruh=II|PI``, ``unit`` (the model's page,
+                                   default the block size); ``max_active`` is the number of handles
 ``remote:socket=PATH[,window=F]``  a device served by :func:`retainz.zoned.remote.serve` on the
                                    Unix socket PATH, its data through the shared-memory file F
                                    (the QEMU guest's device: :mod:`retainz.vm.channel`)
@@ -90,6 +95,8 @@ def open_device(spec: str, *, readonly: bool = False) -> ZonedDevice:
         if payload not in ("true", "false"):
             raise DeviceFormatError(f"bad device spec {spec!r}: payload must be true or false")
         return MemoryDevice(parse_geometry(opts), payload=payload == "true")
+    if spec.startswith("fdp:") or spec == "fdp":
+        return _open_fdp(spec)
     if spec.startswith("remote:"):
         return _open_remote(spec)
     if spec.startswith("zbd:"):
@@ -106,6 +113,34 @@ def open_device(spec: str, *, readonly: bool = False) -> ZonedDevice:
     from retainz.zoned.file import FileDevice
 
     return FileDevice(spec, readonly=readonly)
+
+
+def _open_fdp(spec: str) -> ZonedDevice:
+    from retainz.zoned.fdp import FdpNamespaceDevice
+
+    try:
+        opts = dict(parse_spec(spec, "device spec")[1])
+    except ValueError as e:
+        raise DeviceFormatError(str(e)) from None
+    payload = opts.pop("payload", "true").lower()
+    if payload not in ("true", "false"):
+        raise DeviceFormatError(f"bad device spec {spec!r}: payload must be true or false")
+    kw: dict = {"ruh_type": opts.pop("ruh", "II").upper()}
+    for key, what in (("ru_size", "ru_size"), ("unit", "unit")):
+        if key in opts:
+            raw = opts.pop(key)
+            try:
+                kw[what] = parse_size(raw, what=key)
+            except ValueError as e:
+                raise DeviceFormatError(f"bad device spec: {key}={raw!r} is not a size: "
+                                        f"{str(e).split(': ', 1)[-1]}") from None
+    if "spare" in opts:
+        raw = opts.pop("spare")
+        try:
+            kw["spare_factor"] = float(raw)
+        except ValueError:
+            raise DeviceFormatError(f"bad device spec: spare={raw!r} is not a number") from None
+    return FdpNamespaceDevice(parse_geometry(opts), payload=payload == "true", **kw)
 
 
 def _open_remote(spec: str) -> ZonedDevice:

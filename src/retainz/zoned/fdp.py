@@ -1,0 +1,150 @@
+"""An FDP namespace presented to the store as host-managed zones (docs/fdp.md, "The store on an FDP
+namespace").
+
+A conventional NVMe namespace with Flexible Data Placement has no zones: the host writes anywhere, picks a
+reclaim unit handle per write and frees with Deallocate.  :class:`FdpNamespaceDevice` keeps the zone state
+machine on the host (it is a :class:`~retainz.zoned.memory.MemoryDevice`: payload optional) and turns the
+zone verbs into FDP commands on the FTL model (:class:`retainz.fdp.ftl.FlashTranslationLayer`):
+
+* zone ``z`` is the LBA range ``[z * zone_size, z * zone_size + zone_capacity)`` of the namespace;
+* **a placement handle is the active resource**: the device has one handle per active zone
+  (``max_active``); a zone takes the lowest free handle when its first byte reaches the model and gives it
+  back when it is full, finished or reset.  The store's placement, which decides the zone of every extent
+  and which groups share a zone when more are in flight than the active limit allows, thereby decides the
+  handle of every extent;
+* a write goes to the model through the zone's handle, in whole model pages (``unit`` bytes) once the
+  zone's write pointer passes a page's end;
+* **reset** is a Deallocate of the zone's range; **finish** of a partly written zone sends its last partial
+  page and an RUH Update on its handle (the next zone through the handle starts a fresh RU);
+* :meth:`fdp_statistics` is the model's FDP statistics log (0x22): device WAF = MBMW / HBMW.
+
+Sizing: the namespace is ``nr_zones * zone_size`` bytes; the flash holds it divided by ``1 - spare_factor``,
+in RUs of ``ru_size`` bytes (one erase block of ``ru_size / unit`` pages per RU), plus the model's free-RU
+reserve and room for each handle's host and GC RUs.  Not durable: the zone table lives in memory (trace
+replay and tests); power loss keeps the emulated device's semantics and leaves the model as written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from retainz.errors import DeviceFormatError
+from retainz.fdp.ftl import FdpStatistics, FlashGeometry, FlashTranslationLayer
+from retainz.zoned.device import WriteData, ZoneOp
+from retainz.zoned.emulated import EmulatedZonedDevice
+from retainz.zoned.memory import MemoryDevice
+from retainz.zoned.model import Geometry
+
+__all__ = ["FdpNamespaceDevice"]
+
+
+class FdpNamespaceDevice(MemoryDevice):
+    """A zoned view of an FDP namespace on the FTL model (see the module docstring).
+
+    Args:
+        geometry: the zones the store sees; ``max_active`` (>= 1) is the number of placement handles.
+        ru_size: reclaim unit size in bytes (default: the zone size); a multiple of ``unit``.
+        spare_factor: the flash's over-provisioning, (physical - namespace) / physical, in (0, 1).
+        ruh_type: "II" (initially isolated, default) or "PI" (persistently isolated) for every handle.
+        unit: the model's page in bytes (default: the block size); divides the zone size and capacity.
+        victim: the model's GC victim selection, "greedy" or "fifo".
+        payload: keep written bytes (True) or count them (False: trace replay).
+
+    Raises DeviceFormatError for a geometry the model cannot represent (no active limit, sizes that are
+    not whole units, an RU that is not whole units, a spare factor outside (0, 1)).
+    """
+
+    def __init__(self, geometry: Geometry, *, ru_size: int | None = None, spare_factor: float = 0.07,
+                 ruh_type: str = "II", unit: int | None = None, victim: str = "greedy", payload: bool = True):
+        super().__init__(geometry, payload=payload)
+        g = geometry
+        unit = unit or g.block_size
+        ru_size = ru_size or g.zone_size
+        if not g.max_active:
+            raise DeviceFormatError("an FDP namespace needs max_active >= 1: one placement handle per active zone")
+        if unit % g.block_size or g.zone_size % unit or g.zone_capacity % unit:
+            raise DeviceFormatError(f"the model's page ({unit} B) must be whole blocks and divide the zone size "
+                                    f"({g.zone_size} B) and capacity ({g.zone_capacity} B)")
+        if ru_size % unit:
+            raise DeviceFormatError(f"RU size {ru_size} B is not a whole number of {unit}-byte pages")
+        if not 0.0 < spare_factor < 1.0:
+            raise DeviceFormatError(f"spare factor must be in (0, 1), got {spare_factor}")
+        if ruh_type not in ("II", "PI"):
+            raise DeviceFormatError(f"handle type must be II or PI, got {ruh_type!r}")
+        handles = g.max_active
+        logical = g.nr_zones * g.zone_size // unit
+        pages_per_ru = ru_size // unit
+        opens = 2 * handles
+        rus = math.ceil(logical / (1.0 - spare_factor) / pages_per_ru) + 1 + opens
+        self._ftl = FlashTranslationLayer(FlashGeometry(unit, pages_per_ru, 1, rus), logical,
+                                          (ruh_type,) * handles, victim=victim, reserve_rus=1)
+        self._unit = unit
+        self._info = dataclasses.replace(self._info, kind="fdp")
+        self._sent = [0] * g.nr_zones          # bytes of each zone sent to the model (whole units)
+        self._handle: dict[int, int] = {}      # zone -> its placement handle while it holds one
+        self._free_handles = list(range(handles))
+
+    # The lean payload-less path of MemoryDevice.write does not call _store: every write goes through the
+    # generic one, which does.
+    write = EmulatedZonedDevice.write
+
+    @property
+    def ftl(self) -> FlashTranslationLayer:
+        """The FTL model behind the namespace."""
+        return self._ftl
+
+    def fdp_statistics(self) -> FdpStatistics:
+        """A copy of the model's FDP statistics (log page 0x22 counters and per-handle attribution)."""
+        return self._ftl.stats.copy()
+
+    def zone_handle(self, zone: int) -> int | None:
+        """The placement handle ``zone`` writes through now, or None."""
+        return self._handle.get(zone)
+
+    def _store(self, zone: int, pos: int, data: WriteData) -> None:
+        super()._store(zone, pos, data)
+        length = data if isinstance(data, int) else len(data)
+        end = pos + length
+        self._send(zone, end - end % self._unit)
+        if end >= self._zcap:
+            self._release(zone)
+
+    def _send(self, zone: int, upto: int) -> None:
+        """Write the zone's bytes ``[sent, upto)`` (whole units) to the model through the zone's handle."""
+        sent = self._sent[zone]
+        if upto <= sent:
+            return
+        handle = self._handle.get(zone)
+        if handle is None:
+            handle = self._handle[zone] = self._free_handles.pop(0)
+            self._free_handles.sort()
+        self._ftl.write(zone * self._zsize + sent, upto - sent, handle)
+        self._sent[zone] = upto
+
+    def _release(self, zone: int, *, update: bool = False) -> None:
+        handle = self._handle.pop(zone, None)
+        if handle is None:
+            return
+        if update:
+            self._ftl.ruh_update(handle)
+        self._free_handles.append(handle)
+        self._free_handles.sort()
+
+    def zone_op(self, op: ZoneOp, zone: int) -> None:
+        """:meth:`EmulatedZonedDevice.zone_op`; FINISH also sends a last partial unit and makes an RUH Update
+        on the zone's handle, giving the handle back."""
+        super().zone_op(op, zone)
+        if op is ZoneOp.FINISH and zone in self._handle:
+            written = self._written[zone]
+            self._send(zone, -(-written // self._unit) * self._unit)
+            self._release(zone, update=True)
+
+    def _discard(self, zone: int, keep: int) -> None:
+        super()._discard(zone, keep)
+        keep_units = -(-keep // self._unit) * self._unit
+        if self._sent[zone] > keep_units:
+            self._ftl.deallocate(zone * self._zsize + keep_units, self._sent[zone] - keep_units)
+            self._sent[zone] = keep_units
+        if keep == 0:
+            self._release(zone)
