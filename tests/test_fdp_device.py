@@ -141,3 +141,24 @@ def test_counted_writes_reach_the_model_too():
     st_ = dev.fdp_statistics()
     assert st_.host_bytes_written == 72 * KiB and st_.host_bytes_by_handle == [8 * KiB, 64 * KiB]
     assert dev.zone_handle(0) == 0 and dev.zone_handle(1) is None  # zone 1 is full: its handle is free
+
+
+def test_trace_replay_on_an_fdp_namespace_records_the_device_statistics(tmp_path):
+    """The same replay on ``memory`` and on ``fdp``: the store's own metrics agree, and the FDP run adds the
+    device's statistics log; crash events power-cycle the FDP device like the memory one."""
+    from retainz.trace.replay import ReplayConfig, replay
+    from tests.test_replay import GEO, _trace
+
+    t = _trace(tmp_path, rule="megatron:save_interval=10,retain_interval=50", crash_every=7)
+    mem = replay(t, ReplayConfig(policy="retainz", pressure=0.8, **GEO))
+    fdp = replay(t, ReplayConfig(policy="retainz", pressure=0.8, device="fdp:spare=0.1,ruh=PI", **GEO))
+    assert "fdp" not in mem and fdp["crashes"] == mem["crashes"] >= 3
+    for key in ("host_bytes", "gc_bytes", "resets", "generations_committed"):
+        assert fdp[key] == mem[key], key
+    dev = fdp["fdp"]
+    assert dev["host_bytes_written"] >= fdp["host_bytes"] + fdp["gc_bytes"]  # plus the journal's records
+    assert dev["device_waf"] == dev["media_bytes_written"] / dev["host_bytes_written"] >= 1.0
+    with pytest.raises(ValueError, match="unknown key"):
+        ReplayConfig(policy="retainz", pressure=0.8, device="fdp:zones=4", **GEO)
+    with pytest.raises(ValueError, match="spare=x"):
+        ReplayConfig(policy="retainz", pressure=0.8, device="fdp:spare=x", **GEO)

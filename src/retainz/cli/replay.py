@@ -42,7 +42,8 @@ def register(sub) -> None:
     p.add_argument("--block-size", type=int, default=d["block_size"], choices=(512, 4096))
     p.add_argument("--device", default=d["device"],
                    help="memory (payload-less, default), memory-payload, file:PATH (new file device with "
-                        "pattern payload, verified), or /dev/NAME")
+                        "pattern payload, verified), fdp[:KEY=VALUE,...] (payload-less FDP namespace on the FTL "
+                        "model; keys ru_size, spare, ruh, unit), or /dev/NAME")
     p.add_argument("--seed", type=int, default=d["seed"])
     p.add_argument("--zone-map", action="store_true", help="include the zone-state timeline")
     p.add_argument("--verify-summaries", action="store_true",

@@ -55,7 +55,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
-from retainz.errors import ChecksumError, NoSpaceError, PowerCutError
+from retainz.errors import ChecksumError, DeviceFormatError, NoSpaceError, PowerCutError
 from retainz.hint import DEFAULT_MEDIUM, DEFAULT_SHORT, Hint, class_bounds
 from retainz.placement import make_allocator
 from retainz.retention.base import parse_rule
@@ -114,8 +114,11 @@ class ReplayConfig:
         max_active, max_open: zone limits (0 = unlimited).
         block_size: bytes (4096 or 512).
         device: ``memory`` (payload-less, the experiment instrument), ``memory-payload``,
-            ``file:PATH`` (a new FileDevice at PATH with pattern payload), or a real zoned block device
-            ``/dev/NAME`` or ``zbd:NAME`` (its own geometry is used).
+            ``file:PATH`` (a new FileDevice at PATH with pattern payload), ``fdp`` or
+            ``fdp:ru_size=...,spare=...,ruh=II|PI,unit=...`` (payload-less, an FDP namespace on the FTL
+            model with this geometry, one placement handle per active zone: docs/fdp.md; the result
+            gains ``fdp``, the device's statistics), or a real zoned block device ``/dev/NAME`` or
+            ``zbd:NAME`` (its own geometry is used).
         seed: recorded for provenance (policies take their own seeds in their specs).
         zone_map: add ``zone_map`` (the zone-state timeline, docs/experiments.md format 1) to the result.
         verify_summaries: run the store in recompute mode (summaries rebuilt and checked before
@@ -197,8 +200,12 @@ class ReplayConfig:
                              gc_reserve_zones=self.reserve_zones)
         d = self.device
         if not isinstance(d, str) or not (d in ("memory", "memory-payload") or d.startswith(("/dev/", "zbd:"))
-                                          or (d.startswith("file:") and len(d) > 5)):
-            raise ValueError(f"unknown replay device {d!r}; valid: memory, memory-payload, file:PATH, /dev/NAME")
+                                          or (d.startswith("file:") and len(d) > 5)
+                                          or d == "fdp" or d.startswith("fdp:")):
+            raise ValueError(f"unknown replay device {d!r}; valid: memory, memory-payload, file:PATH, "
+                             "fdp[:KEY=VALUE,...], /dev/NAME")
+        if d.startswith("fdp"):
+            _fdp_options(d)
 
     def data_zones(self, peak_live_bytes: int) -> int:
         """Usable data zones for a trace of ``peak_live_bytes`` (bytes, block-rounded, :class:`TraceStats`):
@@ -601,6 +608,13 @@ class _Run:
         out["bytes_verified"] = self._verify_payload() if self.payload and verify_payload else 0
         if zmap:
             out["zone_map"] = zmap.finish(self.store.table, None if stop is None else stop.step)
+        fdp = getattr(getattr(self.dev, "inner", self.dev), "fdp_statistics", None)
+        if fdp is not None:  # an FDP namespace: its statistics log (0x22) and the device WAF
+            st = fdp()
+            out["fdp"] = {"host_bytes_written": st.host_bytes_written, "media_bytes_written": st.media_bytes_written,
+                          "media_bytes_erased": st.media_bytes_erased, "padding_bytes": st.padding_bytes,
+                          "media_reallocated_events": st.media_reallocated_events,
+                          "media_reallocated_bytes": st.media_reallocated_bytes, "device_waf": st.waf}
         return out
 
     def _verify_payload(self) -> int:
@@ -634,10 +648,36 @@ class _Run:
         self.dev.close()
 
 
+def _fdp_options(device: str) -> dict:
+    """The FdpNamespaceDevice keyword arguments of an ``fdp[:KEY=VALUE,...]`` replay device.
+
+    Raises:
+        ValueError: a malformed spec, a geometry key (the replay sizes the device) or a bad value."""
+    from retainz.spec import parse_spec
+    from retainz.zoned.spec import FDP_KEYS, parse_fdp_options
+
+    opts = dict(parse_spec(device, "replay device")[1]) if device != "fdp" else {}
+    extra = set(opts) - set(FDP_KEYS)
+    if extra:
+        raise ValueError(f"replay device {device!r}: unknown key(s) {', '.join(sorted(extra))}; valid: "
+                         f"{', '.join(FDP_KEYS)} (the replay sizes the zones)")
+    try:
+        return parse_fdp_options(opts)
+    except DeviceFormatError as e:
+        raise ValueError(f"replay device {device!r}: {e}") from None
+
+
 def _make_device(device: str, geometry: Geometry) -> ZonedDevice:
     """The device a :attr:`ReplayConfig.device` spec names (checked there)."""
     if device == "memory":
         return MemoryDevice(geometry, payload=False)
+    if device == "fdp" or device.startswith("fdp:"):
+        from retainz.zoned.fdp import FdpNamespaceDevice
+
+        try:
+            return FdpNamespaceDevice(geometry, payload=False, **_fdp_options(device))
+        except DeviceFormatError as e:
+            raise ValueError(f"replay device {device!r}: {e}") from None
     if device == "memory-payload":
         return MemoryDevice(geometry, payload=True)
     if device.startswith("file:"):

@@ -9,7 +9,8 @@ zone verbs into FDP commands on the FTL model (:class:`retainz.fdp.ftl.FlashTran
 * zone ``z`` is the LBA range ``[z * zone_size, z * zone_size + zone_capacity)`` of the namespace;
 * **a placement handle is the active resource**: the device has one handle per active zone
   (``max_active``); a zone takes the lowest free handle when its first byte reaches the model and gives it
-  back when it is full, finished or reset.  The store's placement, which decides the zone of every extent
+  back when it is full, finished or reset (full and finished zones with an RUH Update, so the next zone
+  through the handle starts a fresh RU; no padding when the zone's data ends on an RU boundary).  The store's placement, which decides the zone of every extent
   and which groups share a zone when more are in flight than the active limit allows, thereby decides the
   handle of every extent;
 * a write goes to the model through the zone's handle, in whole model pages (``unit`` bytes) once the
@@ -44,7 +45,8 @@ class FdpNamespaceDevice(MemoryDevice):
 
     Args:
         geometry: the zones the store sees; ``max_active`` (>= 1) is the number of placement handles.
-        ru_size: reclaim unit size in bytes (default: the zone size); a multiple of ``unit``.
+        ru_size: reclaim unit size in bytes (default: the zone capacity, so a zone's data fills one RU); a
+            multiple of ``unit``.
         spare_factor: the flash's over-provisioning, (physical - namespace) / physical, in (0, 1).
         ruh_type: "II" (initially isolated, default) or "PI" (persistently isolated) for every handle.
         unit: the model's page in bytes (default: the block size); divides the zone size and capacity.
@@ -60,7 +62,7 @@ class FdpNamespaceDevice(MemoryDevice):
         super().__init__(geometry, payload=payload)
         g = geometry
         unit = unit or g.block_size
-        ru_size = ru_size or g.zone_size
+        ru_size = ru_size or g.zone_capacity
         if not g.max_active:
             raise DeviceFormatError("an FDP namespace needs max_active >= 1: one placement handle per active zone")
         if unit % g.block_size or g.zone_size % unit or g.zone_capacity % unit:
@@ -107,8 +109,8 @@ class FdpNamespaceDevice(MemoryDevice):
         length = data if isinstance(data, int) else len(data)
         end = pos + length
         self._send(zone, end - end % self._unit)
-        if end >= self._zcap:
-            self._release(zone)
+        if end >= self._zcap:  # full: the next zone through the handle starts a fresh RU
+            self._release(zone, update=True)
 
     def _send(self, zone: int, upto: int) -> None:
         """Write the zone's bytes ``[sent, upto)`` (whole units) to the model through the zone's handle."""

@@ -10,7 +10,7 @@ spec                               device
                                    ``max_open``, ``max_active``) plus ``payload=true|false``
 ``fdp:KEY=VALUE,...``              a fresh :class:`~retainz.zoned.fdp.FdpNamespaceDevice` (an FDP
                                    namespace on the FTL model, docs/fdp.md): the ``mem:`` keys plus
-                                   ``ru_size`` (default: the zone size), ``spare`` (the spare
+                                   ``ru_size`` (default: the zone capacity), ``spare`` (the spare
                                    factor, default 0.07), ``ruh=II|PI``, ``unit`` (the model's page,
                                    default the block size); ``max_active`` is the number of handles
 ``remote:socket=PATH[,window=F]``  a device served by :func:`retainz.zoned.remote.serve` on the
@@ -28,7 +28,7 @@ from retainz.spec import parse_spec
 from retainz.zoned.device import ZonedDevice
 from retainz.zoned.model import Geometry, parse_size
 
-__all__ = ["open_device", "parse_geometry", "GEOMETRY_KEYS"]
+__all__ = ["open_device", "parse_geometry", "parse_fdp_options", "GEOMETRY_KEYS", "FDP_KEYS"]
 
 GEOMETRY_KEYS = ("zones", "zone_size", "zone_capacity", "block_size", "max_open", "max_active")
 _DEFAULTS = {"zones": "64", "zone_size": "1MiB", "zone_capacity": "", "block_size": "4096",
@@ -115,6 +115,36 @@ def open_device(spec: str, *, readonly: bool = False) -> ZonedDevice:
     return FileDevice(spec, readonly=readonly)
 
 
+#: The keys of an ``fdp:`` spec beyond the geometry's (:class:`~retainz.zoned.fdp.FdpNamespaceDevice`).
+FDP_KEYS = ("ru_size", "spare", "ruh", "unit")
+
+
+def parse_fdp_options(options: dict[str, str]) -> dict:
+    """The FDP namespace's own options of an ``fdp:`` spec (``ru_size``, ``spare``, ``ruh``, ``unit``) as
+    :class:`~retainz.zoned.fdp.FdpNamespaceDevice` keyword arguments; the keys are removed from
+    ``options`` (what is left is the geometry's).
+
+    Raises:
+        DeviceFormatError: a size or number that does not parse.
+    """
+    kw: dict = {"ruh_type": options.pop("ruh", "II").upper()}
+    for key in ("ru_size", "unit"):
+        if key in options:
+            raw = options.pop(key)
+            try:
+                kw[key] = parse_size(raw, what=key)
+            except ValueError as e:
+                raise DeviceFormatError(f"bad device spec: {key}={raw!r} is not a size: "
+                                        f"{str(e).split(': ', 1)[-1]}") from None
+    if "spare" in options:
+        raw = options.pop("spare")
+        try:
+            kw["spare_factor"] = float(raw)
+        except ValueError:
+            raise DeviceFormatError(f"bad device spec: spare={raw!r} is not a number") from None
+    return kw
+
+
 def _open_fdp(spec: str) -> ZonedDevice:
     from retainz.zoned.fdp import FdpNamespaceDevice
 
@@ -125,21 +155,7 @@ def _open_fdp(spec: str) -> ZonedDevice:
     payload = opts.pop("payload", "true").lower()
     if payload not in ("true", "false"):
         raise DeviceFormatError(f"bad device spec {spec!r}: payload must be true or false")
-    kw: dict = {"ruh_type": opts.pop("ruh", "II").upper()}
-    for key, what in (("ru_size", "ru_size"), ("unit", "unit")):
-        if key in opts:
-            raw = opts.pop(key)
-            try:
-                kw[what] = parse_size(raw, what=key)
-            except ValueError as e:
-                raise DeviceFormatError(f"bad device spec: {key}={raw!r} is not a size: "
-                                        f"{str(e).split(': ', 1)[-1]}") from None
-    if "spare" in opts:
-        raw = opts.pop("spare")
-        try:
-            kw["spare_factor"] = float(raw)
-        except ValueError:
-            raise DeviceFormatError(f"bad device spec: spare={raw!r} is not a number") from None
+    kw = parse_fdp_options(opts)
     return FdpNamespaceDevice(parse_geometry(opts), payload=payload == "true", **kw)
 
 
