@@ -162,3 +162,26 @@ def test_trace_replay_on_an_fdp_namespace_records_the_device_statistics(tmp_path
         ReplayConfig(policy="retainz", pressure=0.8, device="fdp:zones=4", **GEO)
     with pytest.raises(ValueError, match="spare=x"):
         ReplayConfig(policy="retainz", pressure=0.8, device="fdp:spare=x", **GEO)
+
+
+@pytest.mark.parametrize("workload", ["mixed", "gc"])
+def test_power_cut_campaign_on_an_fdp_namespace(workload):
+    """The store's crash guarantees on the FDP device: every write boundary of the workload cut, every
+    crash state recovered and checked (retainz.testing.crashtest)."""
+    from retainz.testing.crashtest import campaign
+
+    rep = campaign(workload, 1, make_device=lambda g: FdpNamespaceDevice(g))
+    assert rep.points > 100 and rep.failures == []
+
+
+def test_power_loss_drops_the_lost_tail_from_the_model():
+    dev = FdpNamespaceDevice(GEOM)
+    dev.write(0, bytes(16 * KiB))
+    dev.flush()
+    dev.write(16 * KiB, bytes(8 * KiB))
+    dev.write(GEOM.zone_size, bytes(8 * KiB))
+    dev.power_loss()  # the unflushed writes are lost
+    assert dev.zone(0).wp == 16 * KiB and dev.zone(1).cond == ZoneCond.EMPTY
+    assert dev.zone_handle(1) is None and dev.ftl.valid_pages == 4
+    handles_are_exclusive(dev)
+    model_matches_zones(dev)
