@@ -34,7 +34,7 @@ def model_matches_zones(dev: FdpNamespaceDevice) -> None:
     """The model's mapped pages are exactly the written part of every zone, each written through the
     handle its zone held."""
     ftl, g = dev.ftl, dev.geometry
-    pages = g.zone_size // 4096
+    pages = g.zone_capacity // 4096  # zones are packed densely in the namespace
     for z in range(g.nr_zones):
         mapped = ftl.l2p[z * pages:(z + 1) * pages] >= 0
         written = dev.zone(z).wp - dev.zone(z).start if dev.zone(z).cond != ZoneCond.FULL else dev._written[z]
@@ -185,3 +185,13 @@ def test_power_loss_drops_the_lost_tail_from_the_model():
     assert dev.zone_handle(1) is None and dev.ftl.valid_pages == 4
     handles_are_exclusive(dev)
     model_matches_zones(dev)
+
+
+def test_zones_are_packed_densely_in_the_namespace():
+    """Zone capacity below zone size (ZN540-like): the namespace holds the capacities only, so the spare
+    factor is over-provisioning of what can be written."""
+    g = Geometry(nr_zones=10, zone_size=64 * KiB, zone_capacity=48 * KiB, block_size=4096, max_open=2, max_active=2)
+    dev = FdpNamespaceDevice(g, spare_factor=0.2)
+    assert dev.ftl.logical_pages == 10 * 12 and dev.ftl.geometry.ru_bytes == 48 * KiB
+    dev.write(g.zone_size, bytes(4096))  # zone 1, first block
+    assert dev.ftl.l2p[12] >= 0 and np.count_nonzero(dev.ftl.l2p >= 0) == 1

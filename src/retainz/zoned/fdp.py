@@ -6,7 +6,9 @@ reclaim unit handle per write and frees with Deallocate.  :class:`FdpNamespaceDe
 machine on the host (it is a :class:`~retainz.zoned.memory.MemoryDevice`: payload optional) and turns the
 zone verbs into FDP commands on the FTL model (:class:`retainz.fdp.ftl.FlashTranslationLayer`):
 
-* zone ``z`` is the LBA range ``[z * zone_size, z * zone_size + zone_capacity)`` of the namespace;
+* zone ``z`` is the LBA range ``[z * zone_capacity, (z + 1) * zone_capacity)`` of the namespace (zones
+  packed densely: the namespace is exactly what the zones can hold, so the spare factor is the flash's
+  over-provisioning of the writable bytes, whatever the gap between zone size and capacity);
 * **a placement handle is the active resource**: the device has one handle per active zone
   (``max_active``); a zone takes the lowest free handle when its first byte reaches the model and gives it
   back when it is full, finished or reset (full and finished zones with an RUH Update, so the next zone
@@ -19,7 +21,7 @@ zone verbs into FDP commands on the FTL model (:class:`retainz.fdp.ftl.FlashTran
   page and an RUH Update on its handle (the next zone through the handle starts a fresh RU);
 * :meth:`fdp_statistics` is the model's FDP statistics log (0x22): device WAF = MBMW / HBMW.
 
-Sizing: the namespace is ``nr_zones * zone_size`` bytes; the flash holds it divided by ``1 - spare_factor``,
+Sizing: the namespace is ``nr_zones * zone_capacity`` bytes; the flash holds it divided by ``1 - spare_factor``,
 in RUs of ``ru_size`` bytes (one erase block of ``ru_size / unit`` pages per RU), plus the model's free-RU
 reserve and room for each handle's host and GC RUs.  Not durable: the zone table lives in memory (trace
 replay and tests); power loss keeps the emulated device's semantics and leaves the model as written.
@@ -49,7 +51,7 @@ class FdpNamespaceDevice(MemoryDevice):
             multiple of ``unit``.
         spare_factor: the flash's over-provisioning, (physical - namespace) / physical, in (0, 1).
         ruh_type: "II" (initially isolated, default) or "PI" (persistently isolated) for every handle.
-        unit: the model's page in bytes (default: the block size); divides the zone size and capacity.
+        unit: the model's page in bytes (default: the block size); divides the zone capacity.
         victim: the model's GC victim selection, "greedy" or "fifo".
         payload: keep written bytes (True) or count them (False: trace replay).
 
@@ -65,9 +67,9 @@ class FdpNamespaceDevice(MemoryDevice):
         ru_size = ru_size or g.zone_capacity
         if not g.max_active:
             raise DeviceFormatError("an FDP namespace needs max_active >= 1: one placement handle per active zone")
-        if unit % g.block_size or g.zone_size % unit or g.zone_capacity % unit:
-            raise DeviceFormatError(f"the model's page ({unit} B) must be whole blocks and divide the zone size "
-                                    f"({g.zone_size} B) and capacity ({g.zone_capacity} B)")
+        if unit % g.block_size or g.zone_capacity % unit:
+            raise DeviceFormatError(f"the model's page ({unit} B) must be whole blocks and divide the zone "
+                                    f"capacity ({g.zone_capacity} B)")
         if ru_size % unit:
             raise DeviceFormatError(f"RU size {ru_size} B is not a whole number of {unit}-byte pages")
         if not 0.0 < spare_factor < 1.0:
@@ -75,7 +77,7 @@ class FdpNamespaceDevice(MemoryDevice):
         if ruh_type not in ("II", "PI"):
             raise DeviceFormatError(f"handle type must be II or PI, got {ruh_type!r}")
         handles = g.max_active
-        logical = g.nr_zones * g.zone_size // unit
+        logical = g.nr_zones * g.zone_capacity // unit
         pages_per_ru = ru_size // unit
         opens = 2 * handles
         rus = math.ceil(logical / (1.0 - spare_factor) / pages_per_ru) + 1 + opens
@@ -121,7 +123,7 @@ class FdpNamespaceDevice(MemoryDevice):
         if handle is None:
             handle = self._handle[zone] = self._free_handles.pop(0)
             self._free_handles.sort()
-        self._ftl.write(zone * self._zsize + sent, upto - sent, handle)
+        self._ftl.write(zone * self._zcap + sent, upto - sent, handle)
         self._sent[zone] = upto
 
     def _release(self, zone: int, *, update: bool = False) -> None:
@@ -146,7 +148,7 @@ class FdpNamespaceDevice(MemoryDevice):
         super()._discard(zone, keep)
         keep_units = -(-keep // self._unit) * self._unit
         if self._sent[zone] > keep_units:
-            self._ftl.deallocate(zone * self._zsize + keep_units, self._sent[zone] - keep_units)
+            self._ftl.deallocate(zone * self._zcap + keep_units, self._sent[zone] - keep_units)
             self._sent[zone] = keep_units
         if keep == 0:
             self._release(zone)
