@@ -93,6 +93,9 @@ def test_a_coarser_unit_reaches_the_model_when_filled():
     assert dev.fdp_statistics().host_bytes_written == 16 * KiB
     dev.zone_op(ZoneOp.FINISH, 0)  # the partial unit goes with the finish
     assert dev.fdp_statistics().host_bytes_written == 32 * KiB
+    dev.write(GEOM.zone_size, bytes(4 * KiB))  # less than a unit, and no handle yet
+    dev.zone_op(ZoneOp.FINISH, 1)
+    assert dev.fdp_statistics().host_bytes_written == 48 * KiB and dev.zone_handle(1) is None
 
 
 def test_the_store_keeps_its_guarantees_and_whole_generations_cost_no_device_copy():

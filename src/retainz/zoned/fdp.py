@@ -139,7 +139,7 @@ class FdpNamespaceDevice(MemoryDevice):
         """:meth:`EmulatedZonedDevice.zone_op`; FINISH also sends a last partial unit and makes an RUH Update
         on the zone's handle, giving the handle back."""
         super().zone_op(op, zone)
-        if op is ZoneOp.FINISH and zone in self._handle:
+        if op is ZoneOp.FINISH and (zone in self._handle or self._written[zone] > self._sent[zone]):
             written = self._written[zone]
             self._send(zone, -(-written // self._unit) * self._unit)
             self._release(zone, update=True)
