@@ -122,7 +122,22 @@ def _busy(spec: str) -> StoreLockedError:
 OPEN_BAR_DELAY = 0.5
 
 
+def repair_hint(e: Exception, spec: str) -> Exception:
+    """``e`` (damage that stops an open: :class:`CorruptJournalError`, :class:`CorruptDeviceError`)
+    with the way out in the CLI's words appended, or ``e`` itself for any other error.  An
+    :class:`OldFormatError` already names ``fsck --upgrade``."""
+    from retainz.errors import CorruptDeviceError, CorruptJournalError
+
+    if not isinstance(e, (CorruptJournalError, CorruptDeviceError)) or "fsck --repair" in str(e):
+        return e
+    out = type(e)(f"{e}; run `retainz fsck --repair {spec}` to repair it (it keeps every generation a copy "
+                  "holds and names any it cannot keep)")
+    out.__cause__ = None
+    return out
+
+
 def _open(spec: str, readonly: bool = False, args=None):
+    from retainz.errors import CorruptDeviceError, CorruptJournalError
     from retainz.store import Store
 
     _persistent(spec)
@@ -133,9 +148,14 @@ def _open(spec: str, readonly: bool = False, args=None):
         dev = open_device(spec, readonly=readonly)
     except DeviceBusyError:
         raise _busy(spec) from None
+    except CorruptDeviceError as e:
+        raise repair_hint(e, spec) from None
     try:
         with progress.bar(None, "open", args, unit="record", delay=OPEN_BAR_DELAY) as bar:
             return Store.open(dev, readonly=readonly, progress=progress.callback(bar)), dev
+    except (CorruptJournalError, CorruptDeviceError) as e:
+        dev.close()
+        raise repair_hint(e, spec) from None
     except BaseException:
         dev.close()
         raise

@@ -41,15 +41,19 @@ the next valid one and lists what it lost, so every intact record is replayed.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from retainz.errors import CorruptJournalError, ForeignDeviceError, NoSpaceError, ZonedDeviceError
 from retainz.store.format import FORMAT_VERSION, MAX_META_ZONES, SPARE, Superblock, head_bytes
 from retainz.store.records import (
+    COPIES,
     EXTENT_BYTES,
     FRAME_HEADER,
+    LOST,
     Kind,
+    copies,
     copy_of,
     frame,
     frame_size,
@@ -230,10 +234,19 @@ def parse_zone(buf, start: int, end: int, bs: int, *, zone: int, tail: bool,
             if copy_skip() is None:         # not a zeroed copy of a duplicated record
                 later = later_valid()
                 if later is not None or not full:
-                    raise CorruptJournalError(
-                        f"meta zone {zone}: a zeroed block at byte {pos}, below the write pointer ({end})"
-                        + (f", hides the valid record at byte {later}" if later is not None else "")
-                        + ": corrupt journal")
+                    problem = (f"a zeroed block at byte {pos}, below the write pointer ({end})"
+                               + (f", hides the valid record at byte {later}" if later is not None else "")
+                               + ": corrupt journal")
+                    if not salvage:
+                        raise CorruptJournalError(f"meta zone {zone}: {problem}")
+                    out.lost.append(f"meta zone {zone}: {problem}")
+                    if not out.payloads or out.payloads[-1] is not LOST:
+                        out.payloads.append(LOST)
+                    if later is None:
+                        break
+                    prev0 = 0
+                    pos = later
+                    continue
                 break
             problem = "a zeroed copy"       # its twin is used below
         elif pos + total > end:
@@ -267,6 +280,8 @@ def parse_zone(buf, start: int, end: int, bs: int, *, zone: int, tail: bool,
                 continue
             if salvage:
                 out.lost.append(f"meta zone {zone}: {problem}")
+                if not out.payloads or out.payloads[-1] is not LOST:
+                    out.payloads.append(LOST)   # replay makes what it could concern unknown
                 nxt = later_valid()
                 if nxt is None:
                     break
@@ -275,8 +290,10 @@ def parse_zone(buf, start: int, end: int, bs: int, *, zone: int, tail: bool,
                 continue
             raise CorruptJournalError(f"meta zone {zone}: {problem}")
         payload = bytes(view[FRAME_HEADER:FRAME_HEADER + n])
-        out.payloads.append(payload)
-        prev0 = total if copy_of(payload) == 0 else 0
+        cp = copy_of(payload)
+        if not (prev0 and cp == 1):         # copy 1 after its intact copy 0 is replayed once
+            out.payloads.append(payload)
+        prev0 = total if cp == 0 else 0
         pos += total
         out.end = pos
     return out
@@ -345,6 +362,60 @@ def _zone_superblock(device: ZonedDevice, z, written: int) -> tuple[Superblock |
     return None, Superblock.has_magic(b0) or Superblock.has_magic(b1), None
 
 
+def _recover_superblocks(device: ZonedDevice, zones, bad: list[int], sbs: dict[int, Superblock],
+                         spares: dict[int, Superblock], notes: list[str]) -> tuple[list[int], bool]:
+    """Give a superblock back to each meta zone in ``bad`` (both copies lost) that holds journal
+    records after its superblock blocks: a chain zone, whose superblock is the store's (uuid,
+    geometry, policy: the same in every meta zone's copy) with the chain's sequence and the part
+    that is missing.  A zone starting with a snapshot head is part 0 (of the newest chain, or of a
+    chain of its own under the highest sequence a spare names when no chain zone kept a copy);
+    another is the newest chain's missing part.  ZenFS writes the superblock to every meta zone for
+    this reason (``ZenFS::MkFS``); btrfs keeps superblock mirrors at fixed offsets.  Adds what it
+    recovered to ``sbs`` and ``notes``; returns ``(zones still without one, recovered any)``.
+    """
+    template = next(iter(sbs.values()), None) or max(spares.values(), key=lambda sb: sb.sequence)
+    g = device.geometry
+    bs = g.block_size
+    heads: dict[int, Kind | None] = {}
+    for zi in bad:
+        z = zones[zi]
+        written = z.capacity if z.cond == ZoneCond.FULL else z.wp - z.start
+        head = head_bytes(template.version, bs)
+        if written < head + bs:
+            continue
+        win = ZoneWindow.on(device, z.start, written)
+        n, total, ok, view = win.frame(head, bs, record_limit(g.zone_capacity, bs, head))
+        if not ok:
+            n, total, ok, view = win.frame(head + total, bs, record_limit(g.zone_capacity, bs, head)) \
+                if total else (0, 0, False, None)     # copy 0 of the first record damaged: copy 1
+        if ok:
+            heads[zi] = kind_of(bytes(view[FRAME_HEADER:FRAME_HEADER + 16]))
+    if not heads:
+        return bad, False
+    by_seq: dict[int, set[int]] = {}
+    for sb in sbs.values():
+        by_seq.setdefault(sb.sequence, set()).add(sb.part)
+    top = max(by_seq) if by_seq else max(sb.sequence for sb in spares.values())
+    parts = by_seq.get(top, set())
+    firsts = [zi for zi, k in heads.items() if k is Kind.SNAP]
+    rest = sorted(zi for zi, k in heads.items() if k is not Kind.SNAP)
+    assign: dict[int, int] = {}
+    if firsts and 0 not in parts:
+        assign[firsts[0]] = 0
+        parts = parts | {0}
+    missing = [p for p in range(max(parts | {0}) + len(rest) + 1) if p not in parts]
+    for zi, p in zip(rest, missing, strict=False):
+        assign[zi] = p
+    src = next(iter(sbs), None)
+    if src is None:
+        src = max(spares, key=lambda zi: spares[zi].sequence)
+    for zi, part in assign.items():
+        sbs[zi] = dataclasses.replace(template, sequence=top, part=part, flags=template.flags & ~SPARE)
+        notes.append(f"meta zone {zi}: both superblock copies are lost; its journal records were kept with the "
+                     f"superblock of meta zone {src} (sequence {top}, part {part}) (fsck --repair rewrites it)")
+    return [zi for zi in bad if zi not in assign], True
+
+
 def no_store_error(name: str) -> ForeignDeviceError:
     """The one refusal of a device without a superblock in its first zones (never formatted, or
     something else's), naming the command that formats it."""
@@ -371,6 +442,7 @@ def scan(device: ZonedDevice, *, salvage: bool = False) -> MountScan:
     sbs: dict[int, Superblock] = {}
     spares: dict[int, Superblock] = {}
     bad: list[int] = []
+    headless: list[int] = []     # non-empty, no superblock copy (and no damaged magic either)
     notes: list[str] = []
     damaged = False
     n_meta = len(zones)
@@ -382,8 +454,7 @@ def scan(device: ZonedDevice, *, salvage: bool = False) -> MountScan:
         written = z.capacity if z.cond == ZoneCond.FULL else z.wp - z.start
         sb, hurt, used = _zone_superblock(device, z, written)
         if sb is None:
-            if hurt:
-                bad.append(z.index)
+            (bad if hurt else headless).append(z.index)
             continue
         sb.check_supported(f"{device.name} meta zone {z.index}")
         if hurt:
@@ -393,6 +464,11 @@ def scan(device: ZonedDevice, *, salvage: bool = False) -> MountScan:
             n_meta = min(sb.meta_zones, len(zones))
         (spares if sb.flags & SPARE else sbs)[z.index] = sb
     bad = [z for z in bad if z < n_meta]
+    headless = [z for z in headless if z < n_meta]
+    if sbs or spares:     # a chain zone whose every superblock copy is lost: rebuilt from another copy
+        left, found = _recover_superblocks(device, zones, bad + headless, sbs, spares, notes)
+        bad = [z for z in bad if z in left]
+        damaged = damaged or found
     if not sbs:
         if bad or spares:
             raise CorruptJournalError(f"meta zone(s) {bad}: the RetainZ superblock fails its checksum "
@@ -408,7 +484,9 @@ def scan(device: ZonedDevice, *, salvage: bool = False) -> MountScan:
             damaged_spares.append(zi)
     bad = [z for z in bad if z not in damaged_spares]
     if bad:
-        raise CorruptJournalError(f"meta zone(s) {bad}: both superblock copies fail their checksums: corrupt store")
+        raise CorruptJournalError(f"meta zone(s) {bad}: both superblock copies fail their checksums, and the "
+                                  "zone holds no journal record another superblock copy could stand for: "
+                                  "corrupt store")
     for zi in damaged_spares:
         damaged = True
         notes.append(f"meta zone {zi}: its one superblock block (a spare) is damaged; the chain's copies were used")
@@ -510,7 +588,7 @@ class Journal:
     def max_record(self) -> int:
         """Largest payload a record may have (:func:`~retainz.store.records.record_limit`: it fits a
         meta zone after its superblock copies, and at most ``MAX_RECORD_BYTES``)."""
-        return record_limit(self.capacity, self.bs)
+        return record_limit(self.capacity, self.bs, copies=COPIES)
 
     @property
     def max_frame(self) -> int:
@@ -535,11 +613,12 @@ class Journal:
                 zones (nothing was written).
             ZonedDeviceError: the write or the flush failed.
         """
-        rec = frame(payload, self.bs)
-        if len(payload) > self.max_record:
-            raise NoSpaceError(f"journal record of {len(payload)} bytes does not fit a meta zone "
+        pair = copies(payload)              # every record twice (format version 4)
+        rec = b"".join(frame(p, self.bs) for p in pair)
+        if len(pair[0]) > self.max_record:
+            raise NoSpaceError(f"journal record of {len(pair[0])} bytes does not fit a meta zone "
                                f"(at most {self.max_record} bytes a record)",
-                               needed=len(rec), available=self.max_frame)
+                               needed=len(rec) // COPIES, available=self.max_frame)
         if self.end + len(rec) > self.capacity or self.fenced:
             self.roll(reserve=len(rec))
             self.fenced = False
@@ -552,7 +631,7 @@ class Journal:
             raise
         self.end += len(rec)
         self.bytes_written += len(rec)
-        self.records += 1
+        self.records += len(pair)
         if flush:
             self.device.flush()
 
@@ -576,8 +655,14 @@ class Journal:
             if len(p) > self.max_record:
                 raise NoSpaceError(f"a journal snapshot record of {len(f)} bytes does not fit a meta zone",
                                    needed=len(f), available=self.max_frame)
-        plan = [[frames[i] for i in group]
-                for group in plan_zones(map(len, frames), self.capacity, self.bs, reserve)]
+        units: list[list] = []              # [frames, records]: a record's copies stay in one zone
+        for p, f in zip(payloads, frames, strict=True):
+            if copy_of(p) == 1 and units and units[-1][1] == 1 and len(units[-1][0]) == len(f):
+                units[-1] = [units[-1][0] + f, 2]
+            else:
+                units.append([f, 1])
+        plan = [[units[i] for i in group]
+                for group in plan_zones((len(u[0]) for u in units), self.capacity, self.bs, reserve)]
         head = head_bytes(FORMAT_VERSION, self.bs)
         total = sum(map(len, frames)) + head * len(plan)
         if len(plan) > len(free):
@@ -609,10 +694,10 @@ class Journal:
                             meta_zones=self.sb.meta_zones, gc_reserve_zones=self.sb.gc_reserve_zones,
                             policy=self.sb.policy, flags=self.sb.flags)
             block = sb.encode()
-            data = block * 2 + b"".join(group)    # two superblock copies (format version 3)
+            data = block * 2 + b"".join(u[0] for u in group)    # two superblock copies (version 3)
             dev.write(z * self.zone_size, data)
             self.bytes_written += len(data)
-            self.records += len(group)
+            self.records += sum(u[1] for u in group)
             new.append(z)
             self.end = len(data)
         dev.flush()
