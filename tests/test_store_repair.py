@@ -110,18 +110,31 @@ def test_a_damaged_deletion_record_never_brings_the_deleted_generation_back(tmp_
     assert rc == 0
 
 
-def test_one_damaged_copy_of_a_commit_record_loses_nothing(tmp_path, capsys):
-    """Issue 41 item 2: a damaged commit record of gen-3: every record has a copy, so repair
-    keeps gen-3 (it was dropped, named only by a byte offset)."""
+def test_a_lost_last_record_makes_what_it_could_concern_unknown_and_restorable(tmp_path, capsys):
+    """Issue 41 item 1: the deletion record and the sync record after it both lost: nothing after
+    them says what they did, so every generation they could concern is unknown: named by id and
+    step, not listed nor read, restorable one by one with ``fsck --restore`` (never by the repair)."""
     path = make(tmp_path / "dev.img")
-    offs = copies_of(path, "c", b'"gen-3"')
-    damage(path, offs[0])
+    for off in copies_of(path, "d", b'"gen-1"') + copies_of(path, "x", b'"now":6'):
+        damage(path, off)
     rc, rep = fsck_json(path, capsys, "--repair")
     assert rc == 0, rep
-    assert listed(path, capsys) == ["gen-2", "gen-3", "gen-4", "gen-5"]
+    assert [(u["id"], u["step"]) for u in rep["unknown"]] == [(f"gen-{i}", i) for i in range(1, 6)]
+    assert all("could have deleted or changed it" in u["reason"] for u in rep["unknown"])
+    assert listed(path, capsys) == []
+    capsys.readouterr()
+    assert main(["get", path, "gen-3", "-o", str(tmp_path / "o")]) == 2   # as any missing generation
+    assert f"retainz fsck --restore gen-3 {path}" in capsys.readouterr().err
+    rc, rep = fsck_json(path, capsys)           # still unknown after a remount: nothing resurrected
+    assert rc == 0 and len(rep["unknown"]) == 5, rep
+    assert main(["fsck", "--restore", "gen-3", path]) == 0
+    assert listed(path, capsys) == ["gen-3"]
     out = tmp_path / "out"
     assert main(["get", path, "gen-3", "-o", str(out)]) == 0
     assert (out / "model.pt").read_bytes() == _data(3)
+    assert main(["rm", path, "gen-1"]) == 0       # discarding an unknown one
+    rc, rep = fsck_json(path, capsys)
+    assert sorted(u["id"] for u in rep["unknown"]) == ["gen-2", "gen-4", "gen-5"], rep
 
 
 def test_a_lost_commit_record_is_named_by_repair(tmp_path, capsys):
@@ -209,8 +222,9 @@ def test_every_zone_state_copy_lost_is_rebuilt_from_the_journal(tmp_path, capsys
 
 
 @pytest.mark.parametrize("kind", ["c", "d"])
-def test_a_zeroed_4k_block_of_any_one_record_loses_nothing(tmp_path, capsys, kind):
-    """A lost 4 KiB block (the unit a drive loses) of one record copy: nothing lost, nothing back."""
+def test_a_zeroed_4k_block_of_one_record_loses_only_what_it_alone_held(tmp_path, capsys, kind):
+    """A lost 4 KiB block (the unit a drive loses) of one record: the deletion stays a deletion
+    (the next record's live set says which); a lost commit loses that generation only, named."""
     path = make(tmp_path / "dev.img")
     needle = b'"gen-1"' if kind == "d" else b'"gen-2"'
     off = copies_of(path, kind, needle)[0]
@@ -219,5 +233,11 @@ def test_a_zeroed_4k_block_of_any_one_record_loses_nothing(tmp_path, capsys, kin
         f.write(bytes(BS))
     rc, rep = fsck_json(path, capsys, "--repair")
     assert rc == 0, rep
-    assert listed(path, capsys) == ["gen-2", "gen-3", "gen-4", "gen-5"]
+    if kind == "d":
+        assert listed(path, capsys) == ["gen-2", "gen-3", "gen-4", "gen-5"]
+        assert [(d["id"], d["step"]) for d in rep["dropped"]] == [("gen-1", 1)]
+    else:
+        assert listed(path, capsys) == ["gen-3", "gen-4", "gen-5"]
+        assert [d["reason"] for d in rep["dropped"] if "commit sequence 2..2" in d["reason"]], rep
+    assert rep["unknown"] == []
     assert struct.calcsize("<II") == 8

@@ -74,9 +74,17 @@ def register(sub) -> None:
     p = sub.add_parser("fsck", help="verify every checksum; cross-check catalog and write pointers")
     p.add_argument("device", metavar="DEV")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--repair", action="store_true",
-                   help="write: rewrite damaged metadata copies and salvage every intact committed generation "
-                        "(docs/format.md)")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--repair", action="store_true",
+                     help="write: rewrite damaged metadata copies and salvage every intact committed generation; "
+                          "generations a lost record could concern become unknown, never listed again on their own "
+                          "(docs/format.md)")
+    how.add_argument("--restore", metavar="GEN",
+                     help="write: list an unknown generation again after checking its data (an explicit decision "
+                          "that it was not deleted)")
+    how.add_argument("--upgrade", action="store_true",
+                     help="write: migrate a store of an older format version to this one (older RetainZ then "
+                          "refuses it)")
     p.set_defaults(func=_fsck)
 
     p = sub.add_parser("df", help="free, used, reclaimable space and space amplification")
@@ -464,8 +472,8 @@ def _fsck(args) -> int:
     from retainz.errors import CorruptDeviceError, CorruptJournalError
 
     try:
-        if args.repair:
-            rep = _repair(args.device)
+        if args.repair or args.upgrade or args.restore is not None:
+            rep = _repair(args.device, upgrade_only=args.upgrade, restore=args.restore)
         else:
             with _Session(args.device, readonly=True, args=args) as store:
                 total = sum(g.size for g in store.generations())
@@ -475,7 +483,8 @@ def _fsck(args) -> int:
         if not args.json:
             raise
         # damage that stops the mount: a JSON reader still gets a report (what was found, not ok)
-        print_json({"ok": False, "mounted": False, "problems": [str(e)], "repairs": [], "notes": []}, indent=2)
+        print_json({"ok": False, "mounted": False, "problems": [str(repair_hint(e, args.device))], "repairs": [],
+                    "notes": [], "dropped": [], "unknown": []}, indent=2)
         return 1
     if args.json:
         print_json(rep.to_dict(), indent=2)
@@ -490,13 +499,22 @@ def _fsck(args) -> int:
             print(f"  a read-write open would: {r}")
         for n in rep.notes:
             print(f"  note: {n}")
+        for d in rep.dropped:
+            who = f"generation {d['id']!r} (step {d['step']})" if d["id"] is not None else "a generation"
+            print(f"  lost: {who}: {d['reason']}")
+        for u in rep.unknown:
+            print(f"  unknown: generation {u['id']!r} (step {u['step']}, {format_size(u['bytes'])}): {u['reason']}; "
+                  f"not listed nor read: `retainz fsck --restore {u['id']} {args.device}` lists it again, "
+                  f"`retainz rm {args.device} {u['id']}` discards it")
         print("clean" if rep.ok else plural(len(rep.problems), "problem"))
     return 0 if rep.ok else 1
 
 
-def _repair(spec: str):
+def _repair(spec: str, *, upgrade_only: bool = False, restore: str | None = None):
     """``fsck --repair``: the device's own metadata copies first (a FileDevice's label and zone-state
-    slots), then a salvaging read-write open (``Store.open(repair=True)``), then the check."""
+    slots), then a salvaging read-write open (``Store.open(repair=True)``), then the check.
+    ``upgrade_only`` (``fsck --upgrade``): a read-write open that migrates an older format version;
+    ``restore`` (``fsck --restore GEN``): a read-write open that lists unknown ``GEN`` again."""
     from retainz.store import Store
 
     _persistent(spec)
@@ -504,7 +522,25 @@ def _repair(spec: str):
         dev = open_device(spec)
     except DeviceBusyError:
         raise _busy(spec) from None
+    except Exception as e:
+        raise repair_hint(e, spec) from None
     try:
+        if upgrade_only or restore is not None:
+            try:
+                store = Store.open(dev, upgrade=upgrade_only)
+            except Exception as e:
+                raise repair_hint(e, spec) from None
+            with store:
+                was = store.recovery.rolled
+                if restore is not None:
+                    store.restore(restore)
+                rep = store.fsck()
+                if upgrade_only:
+                    rep.notes.append("upgraded: the journal rolled over under this format version" if was else
+                                     "nothing to upgrade: the store is of this format version")
+                else:
+                    rep.notes.append(f"restored: generation {restore!r} is listed again")
+            return rep
         done = dev.repair_metadata() if hasattr(dev, "repair_metadata") else []
         with Store.open(dev, repair=True) as store:
             rep = store.fsck()

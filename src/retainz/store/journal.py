@@ -48,12 +48,10 @@ from dataclasses import dataclass, field
 from retainz.errors import CorruptJournalError, ForeignDeviceError, NoSpaceError, ZonedDeviceError
 from retainz.store.format import FORMAT_VERSION, MAX_META_ZONES, SPARE, Superblock, head_bytes
 from retainz.store.records import (
-    COPIES,
     EXTENT_BYTES,
     FRAME_HEADER,
     LOST,
     Kind,
-    copies,
     copy_of,
     frame,
     frame_size,
@@ -290,10 +288,8 @@ def parse_zone(buf, start: int, end: int, bs: int, *, zone: int, tail: bool,
                 continue
             raise CorruptJournalError(f"meta zone {zone}: {problem}")
         payload = bytes(view[FRAME_HEADER:FRAME_HEADER + n])
-        cp = copy_of(payload)
-        if not (prev0 and cp == 1):         # copy 1 after its intact copy 0 is replayed once
-            out.payloads.append(payload)
-        prev0 = total if cp == 0 else 0
+        out.payloads.append(payload)
+        prev0 = total if copy_of(payload) == 0 else 0
         pos += total
         out.end = pos
     return out
@@ -588,7 +584,7 @@ class Journal:
     def max_record(self) -> int:
         """Largest payload a record may have (:func:`~retainz.store.records.record_limit`: it fits a
         meta zone after its superblock copies, and at most ``MAX_RECORD_BYTES``)."""
-        return record_limit(self.capacity, self.bs, copies=COPIES)
+        return record_limit(self.capacity, self.bs)
 
     @property
     def max_frame(self) -> int:
@@ -613,12 +609,11 @@ class Journal:
                 zones (nothing was written).
             ZonedDeviceError: the write or the flush failed.
         """
-        pair = copies(payload)              # every record twice (format version 4)
-        rec = b"".join(frame(p, self.bs) for p in pair)
-        if len(pair[0]) > self.max_record:
-            raise NoSpaceError(f"journal record of {len(pair[0])} bytes does not fit a meta zone "
+        rec = frame(payload, self.bs)
+        if len(payload) > self.max_record:
+            raise NoSpaceError(f"journal record of {len(payload)} bytes does not fit a meta zone "
                                f"(at most {self.max_record} bytes a record)",
-                               needed=len(rec) // COPIES, available=self.max_frame)
+                               needed=len(rec), available=self.max_frame)
         if self.end + len(rec) > self.capacity or self.fenced:
             self.roll(reserve=len(rec))
             self.fenced = False
@@ -631,7 +626,7 @@ class Journal:
             raise
         self.end += len(rec)
         self.bytes_written += len(rec)
-        self.records += len(pair)
+        self.records += 1
         if flush:
             self.device.flush()
 
@@ -655,14 +650,8 @@ class Journal:
             if len(p) > self.max_record:
                 raise NoSpaceError(f"a journal snapshot record of {len(f)} bytes does not fit a meta zone",
                                    needed=len(f), available=self.max_frame)
-        units: list[list] = []              # [frames, records]: a record's copies stay in one zone
-        for p, f in zip(payloads, frames, strict=True):
-            if copy_of(p) == 1 and units and units[-1][1] == 1 and len(units[-1][0]) == len(f):
-                units[-1] = [units[-1][0] + f, 2]
-            else:
-                units.append([f, 1])
-        plan = [[units[i] for i in group]
-                for group in plan_zones((len(u[0]) for u in units), self.capacity, self.bs, reserve)]
+        plan = [[frames[i] for i in group]
+                for group in plan_zones(map(len, frames), self.capacity, self.bs, reserve)]
         head = head_bytes(FORMAT_VERSION, self.bs)
         total = sum(map(len, frames)) + head * len(plan)
         if len(plan) > len(free):
@@ -694,10 +683,10 @@ class Journal:
                             meta_zones=self.sb.meta_zones, gc_reserve_zones=self.sb.gc_reserve_zones,
                             policy=self.sb.policy, flags=self.sb.flags)
             block = sb.encode()
-            data = block * 2 + b"".join(u[0] for u in group)    # two superblock copies (version 3)
+            data = block * 2 + b"".join(group)    # two superblock copies (format version 3)
             dev.write(z * self.zone_size, data)
             self.bytes_written += len(data)
-            self.records += sum(u[1] for u in group)
+            self.records += len(group)
             new.append(z)
             self.end = len(data)
         dev.flush()

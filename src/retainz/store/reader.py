@@ -19,12 +19,12 @@ from retainz.zoned.model import round_up
 __all__ = ["Reader", "unknown_message"]
 
 
-def unknown_message(gen: GenerationInfo) -> str:
-    """The refusal of a read or lookup of an unknown generation (``GenState.UNKNOWN``), naming the
-    commands that inspect, restore and discard it."""
+def unknown_message(gen: GenerationInfo, dev: str = "DEV") -> str:
+    """The refusal of a read or lookup of an unknown generation (``GenState.UNKNOWN``) on device
+    ``dev``, naming the commands that inspect, restore and discard it."""
     return (f"generation {gen.id!r} (step {gen.step}) is unknown since a repair ({gen.unknown_reason}): it is "
-            f"not read; inspect it with `retainz fsck DEV`, restore it with `retainz fsck --restore {gen.id} "
-            f"DEV`, or discard it with `retainz rm DEV {gen.id}`")
+            f"not read; inspect it with `retainz fsck {dev}`, restore it with `retainz fsck --restore {gen.id} "
+            f"{dev}`, or discard it with `retainz rm {dev} {gen.id}`")
 
 
 class Reader:
@@ -53,7 +53,7 @@ class Reader:
         if gen is None:
             raise GenerationNotFoundError(f"no committed generation {gen_id!r}")
         if gen.state is GenState.UNKNOWN and not allow_unknown:
-            raise GenerationNotFoundError(unknown_message(gen))
+            raise GenerationNotFoundError(unknown_message(gen, self.device.name))
         shard = gen.shards.get(name)
         if shard is None:
             raise ShardNotFoundError(f"generation {gen_id!r} has no shard {name!r}")

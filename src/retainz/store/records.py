@@ -25,11 +25,10 @@ x       sync (clean close): ``now``, ``metrics``, ``z``, ``o``
 h       hint update (version 2): ``g`` generation id, ``h`` its new hint, ``now``, ``z``, ``o``
 ======  ==================================================================================
 
-**Copies** (version 3: a snapshot's head ``snap`` and end ``send``; version 4: every record): a
-record is written twice, one frame after the other (each frame starts a device block, so the two
-never share one), the first with ``"cp":0`` and the second with ``"cp":1`` as the body's first
+**Copies** (version 3): a snapshot's head (``snap``) and end (``send``) records are written twice,
+one after the other, the first with ``"cp":0`` and the second with ``"cp":1`` as the body's first
 member (:func:`copies`, :func:`copy_of`); replaying either is the same, so a mount that finds one
-copy damaged uses the other (:func:`retainz.store.journal.parse_zone`) and replays one.
+copy damaged uses the other (:func:`retainz.store.journal.parse_zone`).
 
 **Record sequence and live-set digest** (version 4; btrfs stamps every tree block with the
 transaction ``generation`` so a reader tells a stale or missing block from the current one): every
@@ -80,7 +79,7 @@ __all__ = ["Kind", "Record", "ZoneAttrs", "frame", "frame_size", "unframe", "FRA
            "sync_record", "hint_record", "snapshot_records", "empty_snapshot", "plan_zones", "snapshot_record_limit",
            "snapshot_zones", "pack_zones", "SNAPSHOT_RECORD", "ZONE_ATTR_BYTES", "SNAPSHOT_HEAD_BYTES",
            "EXTENT_BYTES", "ZONES_PER_RECORD", "BATCH_WRAP_BYTES", "SNAPSHOT_END_BYTES", "MAX_RECORD_BYTES",
-           "record_limit", "copy_of", "copies", "stamp", "live_hash", "LOST", "COPIES"]
+           "record_limit", "copy_of", "copies", "stamp", "live_hash", "LOST"]
 
 # -- framing -------------------------------------------------------------------------------------------
 _HEADER = struct.Struct("<II")
@@ -92,22 +91,16 @@ FRAME_HEADER = _HEADER.size
 MAX_RECORD_BYTES = 64 << 20
 
 
-#: Frames of each record this version writes (version 4: every record twice, :func:`copies`).
-COPIES = 2
 #: The payload :func:`retainz.store.journal.parse_zone` puts where a repair skipped records it could
 #: not read (a gap: :func:`retainz.store.recovery.replay` makes what they could concern unknown).
 LOST = b""
 
 
-def record_limit(zone_capacity: int, block_size: int, head: int | None = None, copies: int = 1) -> int:
+def record_limit(zone_capacity: int, block_size: int, head: int | None = None) -> int:
     """The largest payload (bytes) of a record in a meta zone of ``zone_capacity`` bytes whose records
-    start after ``head`` bytes (default: this version's superblock copies): ``copies`` frames of it
-    must fit the zone and the payload :data:`MAX_RECORD_BYTES`.  A mount reads with ``copies`` 1 (a
-    bound on one frame); the journal writes with :data:`COPIES`."""
+    start after ``head`` bytes (default: this version's superblock copies): the frame must fit the
+    zone and the payload :data:`MAX_RECORD_BYTES`.  What the journal writes and what a mount reads."""
     head = head_bytes(FORMAT_VERSION, block_size) if head is None else head
-    if copies > 1:
-        room = (zone_capacity - head) // copies // block_size * block_size
-        return max(0, min(MAX_RECORD_BYTES, room - FRAME_HEADER))
     return max(0, min(MAX_RECORD_BYTES, zone_capacity - head - FRAME_HEADER))
 
 
@@ -423,15 +416,14 @@ ZONES_PER_RECORD = 2000
 
 def empty_snapshot() -> list[bytes]:
     """The snapshot of a freshly formatted store (what ``Store.format`` writes after the superblock)."""
-    return [*_copies(Kind.SNAP, {"now": 0, "commit_seq": 0, "metrics": {}, "q": 0}),
-            *_copies(Kind.ZONES, {"z": []}), *_copies(Kind.SNAP_END, {"n": 0})]
+    return [*_copies(Kind.SNAP, {"now": 0, "commit_seq": 0, "metrics": {}, "q": 0}), _rec(Kind.ZONES, {"z": []}),
+            *_copies(Kind.SNAP_END, {"n": 0})]
 
 
 def snapshot_records(now: int, commit_seq: int, metrics: dict, open_seq: int, zones: list,
                      gens: Iterable[GenerationInfo], n_gens: int, limit: int, q: int = 0) -> list[bytes]:
-    """The payloads of a snapshot, each record twice (:func:`copies`): head, zone attribute batches,
-    generation batches of at most ``limit`` bytes (a single larger entry gets a record of its own),
-    end.
+    """The payloads of a snapshot: head (twice), zone attribute batches, generation batches of at
+    most ``limit`` bytes (a single larger entry gets a record of its own), end (twice).
 
     Args:
         q: the sequence number of the last record before the snapshot (the head carries it).
@@ -441,19 +433,19 @@ def snapshot_records(now: int, commit_seq: int, metrics: dict, open_seq: int, zo
     """
     out = _copies(Kind.SNAP, {"now": now, "commit_seq": commit_seq, "metrics": metrics, "o": open_seq, "q": q})
     for i in range(0, len(zones), ZONES_PER_RECORD):
-        out += _copies(Kind.ZONES, {"z": zones[i:i + ZONES_PER_RECORD]})
+        out.append(_rec(Kind.ZONES, {"z": zones[i:i + ZONES_PER_RECORD]}))
     batch: list = []
     size = 0
     for gen in gens:
         item = encode_gen(gen)
         n = len(_dumps(item)) + 1
         if batch and size + n > limit:
-            out += _copies(Kind.GENS, {"g": batch})
+            out.append(_rec(Kind.GENS, {"g": batch}))
             batch, size = [], 0
         batch.append(item)
         size += n
     if batch:
-        out += _copies(Kind.GENS, {"g": batch})
+        out.append(_rec(Kind.GENS, {"g": batch}))
     out += _copies(Kind.SNAP_END, {"n": n_gens})
     return out
 
@@ -475,7 +467,7 @@ SNAPSHOT_END_BYTES = 64
 
 def snapshot_record_limit(zone_capacity: int, block_size: int) -> int:
     """Bytes of generations batched into one snapshot record (``sg``)."""
-    return min(SNAPSHOT_RECORD, (zone_capacity - head_bytes(FORMAT_VERSION, block_size) - FRAME_HEADER) // (4 * COPIES))
+    return min(SNAPSHOT_RECORD, (zone_capacity - head_bytes(FORMAT_VERSION, block_size) - FRAME_HEADER) // 4)
 
 
 def plan_zones(frame_sizes: Iterable[int], zone_capacity: int, block_size: int, reserve: int = 0) -> list[list[int]]:
@@ -502,7 +494,7 @@ def pack_zones(entries, zone_capacity: int, block_size: int, *, zones: int = 0, 
     catalog order), ``zones`` attribute items of at most ``ZONE_ATTR_BYTES`` each and a head of at
     most ``SNAPSHOT_HEAD_BYTES``, keeping ``reserve`` bytes free in the last zone.  O(entries)."""
     limit = snapshot_record_limit(zone_capacity, block_size)
-    payloads = [SNAPSHOT_HEAD_BYTES]        # each record is packed with its copy (COPIES frames)
+    payloads = [SNAPSHOT_HEAD_BYTES, SNAPSHOT_HEAD_BYTES]
     for i in range(0, zones, ZONES_PER_RECORD):
         payloads.append(BATCH_WRAP_BYTES + min(ZONES_PER_RECORD, zones - i) * ZONE_ATTR_BYTES)
     size = 0
@@ -513,9 +505,8 @@ def pack_zones(entries, zone_capacity: int, block_size: int, *, zones: int = 0, 
         size += n
     if size:
         payloads.append(size + BATCH_WRAP_BYTES)
-    payloads += [SNAPSHOT_END_BYTES]
-    return len(plan_zones((COPIES * frame_size(p, block_size) for p in payloads), zone_capacity, block_size,
-                          reserve))
+    payloads += [SNAPSHOT_END_BYTES, SNAPSHOT_END_BYTES]
+    return len(plan_zones((frame_size(p, block_size) for p in payloads), zone_capacity, block_size, reserve))
 
 
 def snapshot_zones(gen_bytes: int, zone_capacity: int, block_size: int, *, items: int | None = None,
@@ -534,7 +525,7 @@ def snapshot_zones(gen_bytes: int, zone_capacity: int, block_size: int, *, items
     (:func:`snapshot_record_limit`), so each record but the last holds more than ``limit -
     biggest`` bytes and at least ``limit // biggest`` entries (an entry larger than half the limit
     may get a record of its own); every record frame adds a header and less than a block of
-    padding.  The frames total ``T`` (every record twice, :data:`COPIES`: head and end, ``sz`` frames of ``ZONE_ATTR_BYTES`` per zone,
+    padding.  The frames total ``T`` (head and end, twice each, ``sz`` frames of ``ZONE_ATTR_BYTES`` per zone,
     the generation frames, and a frame as large as the largest entry for the next record).
     Everything fits one zone when ``T`` fits its capacity after the superblock copies; otherwise every
     zone but the last is filled to within one frame (``F``, the largest) of its end, so
@@ -554,10 +545,9 @@ def snapshot_zones(gen_bytes: int, zone_capacity: int, block_size: int, *, items
         if items is not None:   # a batch takes at least limit // biggest entries
             n_gen = min(n_gen, items, -(-items // (limit // max(biggest, 1))))
     nxt = round_up(max(biggest, 1024) + pad, block_size)
-    total = COPIES * (round_up(SNAPSHOT_HEAD_BYTES + FRAME_HEADER, block_size) + block_size + attr_frames
-                      + gen_bytes + n_gen * pad + nxt)
+    total = (2 * round_up(SNAPSHOT_HEAD_BYTES + FRAME_HEADER, block_size) + 2 * block_size + attr_frames
+             + gen_bytes + n_gen * pad + nxt)
     if total <= usable:
         return 1
-    frame_max = COPIES * round_up(max(limit, biggest, min(zones, ZONES_PER_RECORD) * ZONE_ATTR_BYTES) + pad,
-                                  block_size)
+    frame_max = round_up(max(limit, biggest, min(zones, ZONES_PER_RECORD) * ZONE_ATTR_BYTES) + pad, block_size)
     return -(-total // max(usable - frame_max, usable // 4, block_size))

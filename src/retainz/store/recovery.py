@@ -291,10 +291,8 @@ def replay(payloads: list[bytes], *, salvage: bool = False, lost: list[str] | No
         elif kind is Kind.SNAP_END:
             gaps.snapshot_end(rec.count)
     for gen in gaps.finish():
-        out.dropped.append({"id": gen.id, "step": gen.step, "reason": (
-            f"unknown: {gen.unknown_reason}; kept on the device but not listed nor read: inspect it with "
-            f"`retainz fsck DEV`, restore it with `retainz fsck --restore {gen.id} DEV`, or discard it with "
-            f"`retainz rm DEV {gen.id}`"), "unknown": True})
+        out.dropped.append({"id": gen.id, "step": gen.step, "reason": f"unknown: {gen.unknown_reason}",
+                            "unknown": True})
     if progress is not None:
         progress(len(payloads), len(payloads))
     return out

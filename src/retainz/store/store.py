@@ -612,7 +612,7 @@ class Store:
             if gen is None:
                 raise GenerationNotFoundError(f"no committed generation {gen_id!r}")
             if gen.state is GenState.UNKNOWN:
-                raise GenerationNotFoundError(unknown_message(gen))
+                raise GenerationNotFoundError(unknown_message(gen, self.device.name))
             return gen
 
     def restore(self, gen_id: str) -> GenerationInfo:
