@@ -447,11 +447,13 @@ def _durable_source(args):
 
 def _rm(args) -> int:
     with _Session(args.device, args=args) as store:
+        unknown = {g.id for g in store.unknown()} if hasattr(store, "unknown") else set()
         for gid in args.generations:
-            store.generation(gid)
+            if gid not in unknown:       # an unknown one (after a repair) is discarded by name
+                store.generation(gid)
         for gid in args.generations:
             store.delete(gid, step=args.step)
-            print(f"{gid}: deleted")
+            print(f"{gid}: deleted" + (" (it was unknown)" if gid in unknown else ""))
     return 0
 
 
