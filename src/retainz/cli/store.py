@@ -520,12 +520,17 @@ def _repair(spec: str, *, upgrade_only: bool = False, restore: str | None = None
     from retainz.store import Store
 
     _persistent(spec)
+    from retainz.errors import CorruptDeviceError
+    from retainz.zoned import FileDevice
+
     try:
         dev = open_device(spec)
     except DeviceBusyError:
         raise _busy(spec) from None
-    except Exception as e:
-        raise repair_hint(e, spec) from None
+    except CorruptDeviceError as e:
+        if upgrade_only or restore is not None or "zone-state" not in str(e):
+            raise repair_hint(e, spec) from None
+        dev = FileDevice(spec.removeprefix("file:"), lost_state=True)   # rebuilt from the journal
     try:
         if upgrade_only or restore is not None:
             try:
@@ -538,6 +543,8 @@ def _repair(spec: str, *, upgrade_only: bool = False, restore: str | None = None
                     store.restore(restore)
                 rep = store.fsck()
                 if upgrade_only:
+                    done = dev.upgrade() if hasattr(dev, "upgrade") else []
+                    rep.notes += [f"upgraded: {line}" for line in done]
                     rep.notes.append("upgraded: the journal rolled over under this format version" if was else
                                      "nothing to upgrade: the store is of this format version")
                 else:

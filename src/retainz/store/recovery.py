@@ -414,6 +414,47 @@ def _drop_missing(device: ZonedDevice, catalog: Catalog, meta_zones: int, rep: R
             rep.dropped.append({"id": gen.id, "step": gen.step, "reason": f"dropped: {why}"})
 
 
+def _rebuild_zone_state(device: ZonedDevice, found, catalog: Catalog, attrs: dict[int, ZoneAttrs],
+                        meta_zones: int, rep: RecoveryReport) -> None:
+    """Repair of a device whose every zone-state copy was lost (a FileDevice opened with
+    ``lost_state``: every zone reads as Full): set each zone's condition and write pointer from what
+    the journal knows, as a ZNS drive's own write pointers would give them.  Data zones: the
+    journaled written bytes (at least the end of every committed extent), Full when the journal
+    recorded a finish, Empty when it holds nothing; meta zones: the chain's last zone ends after its
+    last valid record, the chain's other zones and the spares are Full, the rest Empty.  Bytes
+    written after the last record (an uncommitted generation) are beyond the rebuilt write pointer:
+    dead, overwritten later."""
+    g = device.geometry
+    bs = g.block_size
+    top: dict[int, int] = {}
+    for gen in catalog.gens.values():
+        for sh in gen.shards.values():
+            for z, off, length, _ in sh.extents:
+                top[z] = max(top.get(z, 0), off + round_up(length, bs))
+    conds, written = [], []
+    for z in range(g.nr_zones):
+        if z < meta_zones:
+            if z in found.chain:
+                last = z == found.chain[-1]
+                w = found.end if last else g.zone_capacity
+                c = ZoneCond.FULL if w >= g.zone_capacity else ZoneCond.CLOSED
+            elif z in found.spares:
+                c, w = ZoneCond.FULL, g.zone_capacity
+            else:
+                c, w = ZoneCond.EMPTY, 0
+        else:
+            a = attrs.get(z, NO_ATTRS)
+            w = max(a.written, top.get(z, 0))
+            c = (ZoneCond.FULL if a.full or w >= g.zone_capacity else ZoneCond.CLOSED) if w else ZoneCond.EMPTY
+            if c == ZoneCond.FULL:
+                w = g.zone_capacity
+        conds.append(c)
+        written.append(w)
+    device.rebuild_state(conds, written)
+    rep.lost.append(f"every zone-state copy was lost: the zone state was rebuilt from the journal "
+                    f"({sum(c != ZoneCond.EMPTY for c in conds)} zones not empty)")
+
+
 def mount(device: ZonedDevice, *, readonly: bool, repair: bool = False, upgrade: bool = False,
           progress=None) -> Mounted:
     """Steps 1-4 of the module docstring on ``device``.
@@ -457,6 +498,8 @@ def mount(device: ZonedDevice, *, readonly: bool, repair: bool = False, upgrade:
                          copies=list(found.notes), lost=list(found.lost))
     state = replay(found.payloads, salvage=repair, lost=rep.lost, progress=progress)
     rep.dropped = list(state.dropped)
+    if repair and getattr(device, "state_lost", False):
+        _rebuild_zone_state(device, found, state.catalog, state.attrs, sb.meta_zones, rep)
     if repair:
         _drop_missing(device, state.catalog, sb.meta_zones, rep)
     metrics = StoreMetrics()
