@@ -88,8 +88,9 @@ class RecoveryReport:
         lost: with ``repair``: damaged records skipped and generations dropped because their data
             is gone, one line each.
         dropped: with ``repair``: every generation the repair did not keep as committed, one
-            ``{"id", "step", "reason"}`` each (``id``/``step`` ``None`` when only the lost record
-            named it; ``"unknown": True`` for one kept on the device as unknown).
+            ``{"id", "step", "reason"}`` each (``id``/``step`` ``None`` and ``count`` generations
+            when only the lost record named them; ``"unknown": True`` for one kept on the device as
+            unknown).
     """
 
     records: int = 0
@@ -135,8 +136,9 @@ class _Gaps:
     lost record could have deleted, replaced or moved it.  The next record that carries ``lv``
     settles the gap: ``k`` commits were lost (its commit sequence less ours) and the live count
     moved by ``net``, so ``k - net`` deletions or replacements were lost; none clears the suspects,
-    one with no lost commit is found by the digest (our digest XOR its one's hash); anything else
-    leaves them suspects, made unknown at the end.  A gap inside a snapshot only loses generations
+    one with no lost commit is found by the digest (our digest XOR its one's hash), as is one lost
+    replacing commit (XOR the old and the new version's hashes); anything else leaves them
+    suspects, made unknown at the end.  A gap inside a snapshot only loses generations
     (``send`` gives how many).  Lost commits are named by commit sequence (their ids were only in
     the lost records)."""
 
@@ -146,6 +148,7 @@ class _Gaps:
         self.where: str | None = None        # the open gap
         self.suspects: dict[str, str] = {}   # generation id -> why
         self.offset = 0                      # generations we know exist but cannot hold (lost commits)
+        self.phantom = 0                     # their hashes, when known (a lost replacing commit)
         self.digest_ok = True
 
     def open(self, where: str) -> None:
@@ -159,12 +162,28 @@ class _Gaps:
         cat = self.cat
         n, digest, cs = lv
         on, od, ocs = cat.live
+        od ^= self.phantom
         k = max(0, cs - ocs)
         net = n - (on + self.offset)
         lost = k - net                     # deletions or replacements in the lost records
         where, self.where = self.where, None
+        if k == 1 and lost == 1 and self.digest_ok:
+            # one lost commit that retired one generation: a replacing commit of a suspect?
+            hit = [gid for gid in self.suspects if gid in cat.gens
+                   and od ^ live_hash(gid, cat.gens[gid].commit_seq) ^ live_hash(gid, cs) == digest]
+            if len(hit) == 1:
+                gen = cat.remove(hit[0])
+                self.dropped.append({"id": gen.id, "step": None, "reason": (
+                    f"{where}: its replacing commit (commit sequence {cs}) was lost: the version of step "
+                    f"{gen.step} stays retired, and the new one cannot be read (its extents were only in that "
+                    "record)")})
+                self.phantom ^= live_hash(gen.id, cs)
+                self.offset += 1
+                cat.commit_seq = cs
+                self.suspects.clear()
+                return
         if k:
-            self.dropped.append({"id": None, "step": None, "reason": (
+            self.dropped.append({"id": None, "step": None, "count": k, "reason": (
                 f"{where}: {k} commit record(s) (commit sequence {ocs + 1}..{cs}) lost with every copy; "
                 "the generation id is only in that record, so it cannot be named; its data stays as dead bytes "
                 "until GC")})
@@ -189,7 +208,7 @@ class _Gaps:
             return
         missing = count - len(self.cat.gens)
         if missing > 0:
-            self.dropped.append({"id": None, "step": None, "reason": (
+            self.dropped.append({"id": None, "step": None, "count": missing, "reason": (
                 f"{self.where}: {missing} generation(s) of the snapshot lost with every copy of their record; "
                 "their ids cannot be named; their data stays as dead bytes until GC")})
             self.offset += missing
@@ -277,6 +296,8 @@ def replay(payloads: list[bytes], *, salvage: bool = False, lost: list[str] | No
                 attrs[z] = NO_ATTRS
         elif kind is Kind.MOVE:
             for gid, name, ext in rec.moves:
+                if salvage and (gid not in cat.gens or name not in cat.gens[gid].shards):
+                    continue            # its commit record was lost (named at the gap)
                 cat.replace_extents(gid, name, ext)
             for z in rec.resets:
                 attrs[z] = NO_ATTRS
