@@ -241,3 +241,33 @@ def test_a_zeroed_4k_block_of_one_record_loses_only_what_it_alone_held(tmp_path,
         assert [d["reason"] for d in rep["dropped"] if "commit sequence 2..2" in d["reason"]], rep
     assert rep["unknown"] == []
     assert struct.calcsize("<II") == 8
+
+
+def test_an_older_store_is_read_as_is_and_migrated_only_by_fsck_upgrade(tmp_path, capsys):
+    """Version policy: a format-3 store (written before this change) lists and reads; a writing
+    command refuses it in one line naming `fsck --upgrade`; after it, writes work."""
+    import dataclasses
+
+    from retainz.store.format import Superblock
+
+    path = make(tmp_path / "dev.img")
+    base = data_offset(path)
+    with open(path, "r+b") as f:       # rewrite every superblock copy as version 3
+        for z in range(3):
+            for b in (0, 1):
+                f.seek(base + z * GEOM.zone_size + b * BS)
+                raw = f.read(BS)
+                sb = Superblock.decode(raw, GEOM)
+                if sb is not None:
+                    f.seek(base + z * GEOM.zone_size + b * BS)
+                    f.write(dataclasses.replace(sb, version=3).encode())
+    assert listed(path, capsys) == ["gen-2", "gen-3", "gen-4", "gen-5"]
+    src = tmp_path / "new.bin"
+    src.write_bytes(b"y" * 4000)
+    capsys.readouterr()
+    assert main(["put", path, "gen-6", str(src), "--step", "7"]) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and f"`retainz fsck --upgrade {path}`" in err, err
+    assert main(["fsck", "--upgrade", path]) == 0
+    assert main(["put", path, "gen-6", str(src), "--step", "7"]) == 0
+    assert listed(path, capsys) == ["gen-2", "gen-3", "gen-4", "gen-5", "gen-6"]

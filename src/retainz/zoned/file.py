@@ -234,8 +234,8 @@ class FileDevice(EmulatedZonedDevice):
         expected = [0, 1, 2] if version >= 3 else [0, 1] if version >= 2 else [0]
         damaged = [names[i] for i in expected if i not in good]
         if damaged:
-            notes = (f"device label {', '.join(damaged)} damaged; {names[good[0]]} was used (fsck --repair "
-                     "rewrites it)",)
+            notes = (f"device label {' and '.join(damaged)} {'is' if len(damaged) == 1 else 'are'} damaged; "
+                     f"{names[good[0]]} was used (fsck --repair rewrites it)",)
         if version < _VERSION:
             notes += (f"device file format version {version} (no label copy at the end of the device), read "
                       f"as is; `retainz fsck --upgrade` migrates it to version {_VERSION}",)
