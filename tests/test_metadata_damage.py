@@ -49,3 +49,14 @@ def test_the_workloads_build_what_the_fault_model_needs():
     dev, truth = build_store("jobs")
     assert truth.deleted and truth.replaced and len({g.split("-")[0] for g in truth.live if "-step-" in g}) == 2
     assert len(damage_sites(dev, "byte")) > 20 * len(damage_sites(dev, "block"))
+
+
+def test_every_destroyed_block_of_the_device_file_metadata_loses_nothing(tmp_path, capsys):
+    """The FileDevice's own metadata: its label block, each block of the zone-state slots, the label
+    copy at the end; each destroyed in turn, the store opens (or repairs) with every generation."""
+    from retainz.testing.metadamage import run_device_blocks
+
+    c = run_device_blocks("jobs", str(tmp_path))
+    _report(capsys, "jobs", c)
+    assert c.failures == [] and c.resurrected == 0 and c.unnamed == 0 and c.named_lost == 0
+    assert c.sites >= 6 and c.opened_intact + c.repaired == c.sites and c.opened_intact >= 2

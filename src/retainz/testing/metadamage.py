@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import os
 import random
+import shutil
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 
@@ -37,10 +39,12 @@ from retainz.hint import Hint
 from retainz.store import Store
 from retainz.store.format import _SB
 from retainz.store.records import FRAME_HEADER, unframe
+from retainz.errors import CorruptDeviceError
+from retainz.zoned.file import FileDevice
 from retainz.zoned.memory import MemoryDevice
 from retainz.zoned.model import Geometry, ZoneCond
 
-__all__ = ["DamageCounts", "build_store", "damage_sites", "run_campaign", "WORKLOADS", "BLOCK"]
+__all__ = ["DamageCounts", "build_store", "damage_sites", "run_campaign", "run_device_blocks", "WORKLOADS", "BLOCK"]
 
 #: The unit a drive loses (bytes).
 BLOCK = 4096
@@ -259,4 +263,73 @@ def run_campaign(workload: str, kind: str, *, sample: int | None = None, seed: i
     c = DamageCounts(kind=kind, sites=len(sites))
     for z, off in sites:
         _one(dev, truth, kind, z, off, c)
+    return c
+
+
+def run_device_blocks(workload: str, directory: str, seed: int = 41) -> DamageCounts:
+    """The device file's own metadata blocks, each destroyed in turn on a FileDevice built by
+    ``workload`` in ``directory``: the label block, every 4 KiB block of the four zone-state slot
+    copies, and the label copy at the end of the file.  A refused open is repaired as
+    ``retainz fsck --repair`` does (the device's copies first, the zone state rebuilt from the
+    journal when every slot copy is lost, then the salvaging store open); the oracle as
+    :func:`run_campaign`."""
+    pristine = os.path.join(directory, "pristine.img")
+    dev = FileDevice.create(pristine, GEOMETRY)
+    truth = Truth()
+    with Store.format(dev) as store:
+        WORKLOADS[workload](store, truth, random.Random(seed))
+    slot, data = dev._slot_size, dev._data_offset
+    dev.close()
+    size = os.path.getsize(pristine)
+    sites = [0, *range(BLOCK, data, BLOCK), size - BLOCK]
+    assert data == BLOCK + 4 * slot
+    c = DamageCounts(kind="device block", sites=len(sites))
+    path = os.path.join(directory, "damaged.img")
+    for off in sites:
+        shutil.copyfile(pristine, path)
+        with open(path, "r+b") as f:
+            f.seek(off)
+            f.write(bytes(BLOCK))
+        where = f"device block at byte {off}"
+        try:
+            d = FileDevice(path, readonly=True)
+            try:
+                with Store.open(d, readonly=True) as s:
+                    got = _check(s, truth, c, where)
+            finally:
+                d.close()
+        except (CorruptDeviceError, CorruptJournalError, StoreError):
+            pass
+        else:
+            if got == set(truth.live):
+                c.opened_intact += 1
+                continue
+        try:
+            try:
+                d = FileDevice(path)
+            except CorruptDeviceError:
+                d = FileDevice(path, lost_state=True)
+            try:
+                d.repair_metadata()
+                with Store.open(d, repair=True) as s:
+                    dropped = list(s.recovery.dropped)
+            finally:
+                d.close()
+            d = FileDevice(path, readonly=True)
+            try:
+                with Store.open(d, readonly=True) as s:
+                    got = _check(s, truth, c, where + " (repaired)")
+            finally:
+                d.close()
+        except Exception as e:  # noqa: BLE001 - every failure is counted and named
+            c.failures.append(f"{where}: the repair failed: {type(e).__name__}: {e}"[:400])
+            c.unnamed += len(truth.live)
+            continue
+        c.repaired += 1
+        missing = set(truth.live) - got
+        named = {x["id"] for x in dropped if x["id"] is not None}
+        c.named_lost += len(missing & named)
+        if missing - named:
+            c.unnamed += len(missing - named)
+            c.failures.append(f"{where}: repaired without {sorted(missing - named)[:4]}, none named")
     return c
