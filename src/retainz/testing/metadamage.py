@@ -34,12 +34,11 @@ import shutil
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 
-from retainz.errors import CorruptJournalError, StoreError
+from retainz.errors import CorruptDeviceError, CorruptJournalError, StoreError
 from retainz.hint import Hint
 from retainz.store import Store
 from retainz.store.format import _SB
 from retainz.store.records import FRAME_HEADER, unframe
-from retainz.errors import CorruptDeviceError
 from retainz.zoned.file import FileDevice
 from retainz.zoned.memory import MemoryDevice
 from retainz.zoned.model import Geometry, ZoneCond
