@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 TORCH_STAMP := $(VENV)/.torch-$(shell cksum pyproject.toml | cut -d' ' -f1)
 MOUNT_STAMP := $(VENV)/.mount-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: setup main fleet demo ftl-validate test test-scale lint bench bench-placement bench-store bench-replay bench-device vm-setup setup-torch bench-dcp setup-mount bench-mount mutation clean
+.PHONY: setup main fleet demo ftl-validate test test-scale test-damage lint bench bench-placement bench-store bench-replay bench-device vm-setup setup-torch bench-dcp setup-mount bench-mount mutation clean
 
 setup: $(STAMP)
 
@@ -61,6 +61,12 @@ test: lint vm-setup setup-torch setup-mount
 # free disk and an hour; make test runs the same lane at its CI size (zones past 4 GiB, 64 MiB generations).
 test-scale: setup-torch setup-mount
 	RETAINZ_SCALE=full RETAINZ_SCALE_KILLS=200 $(PY) -m pytest -q -s -m scale tests/test_scale.py --durations=0
+
+# The metadata damage campaign in full (tests/test_metadata_damage.py; make test runs every destroyed
+# block and a sample of 300 flipped bytes per store): one byte flipped at every metadata offset of each
+# workload's store, then the oracle (docs/testing.md, "Metadata damage"; about a minute).
+test-damage: setup
+	RETAINZ_DAMAGE_SAMPLE=all $(PY) -m pytest -q -s tests/test_metadata_damage.py
 
 # QEMU, busybox, cpio, kmod and a guest kernel for the zns_guest lane (idempotent; cache in cache/vm).
 vm-setup: setup

@@ -126,8 +126,9 @@ def _flip(path, offset):
 
 
 def test_corrupt_label_is_detected(tmp_path):
-    """Device format 2 keeps the label twice (bytes 0 and 2048): one damaged copy is noted and the
-    other used; both damaged is a corrupt device."""
+    """Device format 3 keeps the label three times (bytes 0 and 2048, and the file's last block,
+    issue 41): one damaged copy is noted and another used; the whole first block damaged leaves the
+    copy at the end; all three damaged is a corrupt device."""
     path = tmp_path / "d.img"
     FileDevice.create(path, SMALL).close()
     _flip(path, 20)
@@ -135,6 +136,11 @@ def test_corrupt_label_is_detected(tmp_path):
         assert dev.geometry == SMALL
         assert dev.notes[0].startswith("device label copy 0 is damaged; copy 1 was used")
     _flip(path, _LABEL_COPY + 20)
+    with FileDevice(path) as dev:
+        assert dev.geometry == SMALL
+        assert dev.notes[0].startswith("device label copy 0 and copy 1 are damaged; the copy at the end of the "
+                                       "device was used")
+    _flip(path, os.path.getsize(path) - _LABEL_SIZE + 20)
     with pytest.raises(errors.CorruptDeviceError, match="label"):
         FileDevice(path)
 

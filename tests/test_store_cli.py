@@ -362,6 +362,9 @@ def test_fsck_json_reports_damage_that_stops_the_mount(tmp_path, capsys):
     assert main(["fsck", dev, "--json"]) == 1
     rep = json.loads(capsys.readouterr().out)
     assert rep["ok"] is False and rep["mounted"] is False
-    assert rep["problems"] == ["meta zone 0: record at byte 16384 (11 bytes) fails its checksum: corrupt journal"]
+    hint = f"; run `retainz fsck --repair {dev}` to repair it"     # the way out (issue 41 item 2)
+    assert len(rep["problems"]) == 1 and rep["problems"][0].startswith(
+        "meta zone 0: record at byte 16384 (11 bytes) fails its checksum: corrupt journal" + hint)
     assert main(["fsck", dev]) == 1                 # the text form: the one error line
-    assert capsys.readouterr().err.strip().endswith("fails its checksum: corrupt journal")
+    err = capsys.readouterr().err.strip()
+    assert "fails its checksum: corrupt journal" + hint in err and len(err.splitlines()) == 1

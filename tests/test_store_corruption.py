@@ -93,12 +93,19 @@ def test_flipped_bit_in_a_journal_record_fails_the_mount_clearly():
         Store.open(dev)
 
 
-def test_flipped_bit_in_the_superblock_fails_the_mount_clearly():
+def test_flipped_bits_in_every_superblock_copy_fail_the_mount_clearly():
+    """Both copies of the chain zone's superblock flipped: the spares of the other meta zones stand
+    for it (issue 41 item 3); every copy of it flipped, spares included: a clear refusal."""
     dev = MemoryDevice(GEOM)
     make(dev).close()
-    z = next(i for i in range(3) if dev._data[i])
+    z = next(i for i in range(3) if dev._data[i] and dev._data[i][2 * 4096:2 * 4096 + 4] != bytes(4))
     flip(dev, z * GEOM.zone_size + 40)
     flip(dev, z * GEOM.zone_size + 4096 + 40)             # both copies (one alone is survived: test_metadata_redundancy)
+    with Store.open(dev, readonly=True) as s:
+        assert len(s.generations()) == 3
+        assert any(f"meta zone {z}: both superblock copies are lost" in n for n in s.recovery.copies)
+    for spare in (i for i in range(3) if i != z and dev._data[i]):
+        flip(dev, spare * GEOM.zone_size + 40)
     with pytest.raises(CorruptJournalError, match="fails its checksum and no other copy exists"):
         Store.open(dev)
 
@@ -143,7 +150,7 @@ def test_extents_each_valid_but_in_the_wrong_order_fail_the_whole_shard_crc():
 
 @pytest.mark.parametrize("payload, why", [(b'd {"r":[],"now":3}', "KeyError: 'g'"),
                                           (b'c {"g":[1,2]}', "ValueError: not enough values to unpack "
-                                                             "(expected 5, got 2)")])
+                                                             "(expected at least 5, got 2)")])
 def test_a_record_with_a_valid_checksum_that_does_not_decode_fails_the_mount_naming_it(payload, why):
     """A record whose checksum matches but whose body is not a record (written by other code, or a
     bug) is corruption: the mount names the record, its first bytes and what is wrong."""

@@ -12,7 +12,7 @@ import crc32c
 import pytest
 
 from retainz.cli import main
-from retainz.errors import CorruptJournalError, InvalidIdError, UnsupportedFormatError
+from retainz.errors import CorruptJournalError, InvalidIdError, OldFormatError, UnsupportedFormatError
 from retainz.store import Store
 from retainz.store.format import FORMAT_VERSION, READABLE_VERSIONS, Superblock, check_id
 from retainz.store.records import empty_snapshot, frame
@@ -91,8 +91,10 @@ def test_the_cli_says_which_version_it_found_exit_1(tmp_path, capsys, command):
     assert path.read_bytes() == raw
 
 
-def test_a_version_1_store_is_read_as_is_read_only_and_upgraded_by_a_read_write_open():
-    assert 1 in READABLE_VERSIONS and FORMAT_VERSION == 3
+def test_a_version_1_store_is_read_as_is_and_migrated_only_by_an_explicit_upgrade():
+    """Version policy (issue 41 item 3): an older version is read as is and says so; a read-write
+    open refuses it naming ``fsck --upgrade`` (nothing written); only ``upgrade`` migrates it."""
+    assert 1 in READABLE_VERSIONS and FORMAT_VERSION == 4
     g = GEOM
     dev = MemoryDevice(g)
     sb = Superblock(uuid=__import__("uuid").uuid4(), sequence=1, part=0, geometry=g, meta_zones=3,
@@ -102,21 +104,24 @@ def test_a_version_1_store_is_read_as_is_read_only_and_upgraded_by_a_read_write_
     before = snapshot(dev)
     with Store.open(dev, readonly=True) as s:
         assert s.format_version == 1 and s.generations() == []
-        assert any("upgrade format version 1 to 3" in r for r in s.recovery.repairs)
+        assert any("format version 1 is read as is; `retainz fsck --upgrade` migrates it to version 4" in r
+                   for r in s.recovery.repairs)
+    with pytest.raises(OldFormatError, match=r"format version 1 .*`retainz fsck --upgrade memory`"):
+        Store.open(dev)
     assert snapshot(dev) == before
-    with Store.open(dev) as s:
-        assert s.format_version == 3 and s.recovery.rolled
+    with Store.open(dev, upgrade=True) as s:
+        assert s.format_version == 4 and s.recovery.rolled
         w = s.begin_generation("g", 1)
         w.write_shard("a", [b"z" * 100])
         w.commit()
     with Store.open(dev, readonly=True) as s:
-        assert s.format_version == 3 and [g.id for g in s.generations()] == ["g"]
+        assert s.format_version == 4 and [g.id for g in s.generations()] == ["g"]
 
 
 @pytest.mark.parametrize("torn", [False, True])
-def test_a_read_only_open_says_why_it_would_roll_an_older_version_over(torn):
-    """A version-1 journal: a read-only open lists the upgrade rollover; with a torn tail record as
-    well it names the torn tail (the rollover drops it and upgrades in one)."""
+def test_a_read_only_open_says_an_older_version_is_read_as_is_and_why_it_would_roll(torn):
+    """A version-1 journal: a read-only open says it reads it as is (and how to migrate); with a
+    torn tail record as well it names the torn tail; the upgrade drops it and migrates in one roll."""
     g = GEOM
     dev = MemoryDevice(g)
     sb = Superblock(uuid=__import__("uuid").uuid4(), sequence=1, part=0, geometry=g, meta_zones=3,
@@ -126,15 +131,17 @@ def test_a_read_only_open_says_why_it_would_roll_an_older_version_over(torn):
     dev.flush()
     with Store.open(dev, readonly=True) as s:
         assert s.format_version == 1 and s.recovery.torn_bytes == (g.block_size if torn else 0)
-        why = f"drop a torn tail of {g.block_size} bytes" if torn else "upgrade format version 1 to 3"
-        assert s.recovery.repairs == [f"roll the journal over to a fresh chain ({why})"]
-    with Store.open(dev) as s:
-        assert s.format_version == 3 and s.recovery.rolled and s.recovery.repairs == []
+        said = ["nothing: format version 1 is read as is; `retainz fsck --upgrade` migrates it to version 4"]
+        if torn:
+            said.append(f"roll the journal over to a fresh chain (drop a torn tail of {g.block_size} bytes)")
+        assert s.recovery.repairs == said
+    with Store.open(dev, upgrade=True) as s:
+        assert s.format_version == 4 and s.recovery.rolled and s.recovery.repairs == []
 
 
 @pytest.mark.parametrize("change, why", [
-    ({"version": 4}, "RetainZ store format version 4; this code reads versions 1, 2, 3 (newer software wrote it?)"),
-    ({"flags": 6}, "RetainZ store with unknown format flags 0x6 (format version 3)")])
+    ({"version": 5}, "RetainZ store format version 5; this code reads versions 1, 2, 3, 4 (newer software wrote it?)"),
+    ({"flags": 6}, "RetainZ store with unknown format flags 0x6 (format version 4)")])
 def test_the_refusal_of_an_unknown_version_or_flag_names_the_zone_and_what_it_found(change, why):
     dev = MemoryDevice(GEOM)
     stored(dev)

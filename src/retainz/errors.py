@@ -52,6 +52,7 @@ __all__ = [
     "ShardSizeError",
     "SummaryMismatchError",
     "UnsupportedFormatError",
+    "OldFormatError",
     "ReadOnlyStoreError",
     # node service
     "ServiceGoneError",
@@ -329,6 +330,12 @@ class UnsupportedFormatError(StoreError):
     written; the message names the version found and the versions this code reads."""
 
     exit_status = 1  # the CLI: an operation failure, not bad input
+
+
+class OldFormatError(UnsupportedFormatError):
+    """A read-write open of a store of an older format version this code reads but does not write
+    (docs/format.md, "Version policy"): it is read as is; ``retainz fsck --upgrade`` migrates it.
+    Nothing is written."""
 
 
 class StoreLockedError(StoreError, BlockingIOError):

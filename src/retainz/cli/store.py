@@ -74,9 +74,17 @@ def register(sub) -> None:
     p = sub.add_parser("fsck", help="verify every checksum; cross-check catalog and write pointers")
     p.add_argument("device", metavar="DEV")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--repair", action="store_true",
-                   help="write: rewrite damaged metadata copies and salvage every intact committed generation "
-                        "(docs/format.md)")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--repair", action="store_true",
+                     help="write: rewrite damaged metadata copies and salvage every intact committed generation; "
+                          "generations a lost record could concern become unknown, never listed again on their own "
+                          "(docs/format.md)")
+    how.add_argument("--restore", metavar="GEN",
+                     help="write: list an unknown generation again after checking its data (an explicit decision "
+                          "that it was not deleted)")
+    how.add_argument("--upgrade", action="store_true",
+                     help="write: migrate a store of an older format version to this one (older RetainZ then "
+                          "refuses it)")
     p.set_defaults(func=_fsck)
 
     p = sub.add_parser("df", help="free, used, reclaimable space and space amplification")
@@ -122,7 +130,22 @@ def _busy(spec: str) -> StoreLockedError:
 OPEN_BAR_DELAY = 0.5
 
 
+def repair_hint(e: Exception, spec: str) -> Exception:
+    """``e`` (damage that stops an open: :class:`CorruptJournalError`, :class:`CorruptDeviceError`)
+    with the way out in the CLI's words appended, or ``e`` itself for any other error.  An
+    :class:`OldFormatError` already names ``fsck --upgrade``."""
+    from retainz.errors import CorruptDeviceError, CorruptJournalError
+
+    if not isinstance(e, (CorruptJournalError, CorruptDeviceError)) or "fsck --repair" in str(e):
+        return e
+    out = type(e)(f"{e}; run `retainz fsck --repair {spec}` to repair it (it keeps every generation a copy "
+                  "holds and names any it cannot keep)")
+    out.__cause__ = None
+    return out
+
+
 def _open(spec: str, readonly: bool = False, args=None):
+    from retainz.errors import CorruptDeviceError, CorruptJournalError
     from retainz.store import Store
 
     _persistent(spec)
@@ -133,9 +156,14 @@ def _open(spec: str, readonly: bool = False, args=None):
         dev = open_device(spec, readonly=readonly)
     except DeviceBusyError:
         raise _busy(spec) from None
+    except CorruptDeviceError as e:
+        raise repair_hint(e, spec) from None
     try:
         with progress.bar(None, "open", args, unit="record", delay=OPEN_BAR_DELAY) as bar:
             return Store.open(dev, readonly=readonly, progress=progress.callback(bar)), dev
+    except (CorruptJournalError, CorruptDeviceError) as e:
+        dev.close()
+        raise repair_hint(e, spec) from None
     except BaseException:
         dev.close()
         raise
@@ -419,11 +447,13 @@ def _durable_source(args):
 
 def _rm(args) -> int:
     with _Session(args.device, args=args) as store:
+        unknown = {g.id for g in store.unknown()} if hasattr(store, "unknown") else set()
         for gid in args.generations:
-            store.generation(gid)
+            if gid not in unknown:       # an unknown one (after a repair) is discarded by name
+                store.generation(gid)
         for gid in args.generations:
             store.delete(gid, step=args.step)
-            print(f"{gid}: deleted")
+            print(f"{gid}: deleted" + (" (it was unknown)" if gid in unknown else ""))
     return 0
 
 
@@ -444,8 +474,8 @@ def _fsck(args) -> int:
     from retainz.errors import CorruptDeviceError, CorruptJournalError
 
     try:
-        if args.repair:
-            rep = _repair(args.device)
+        if args.repair or args.upgrade or args.restore is not None:
+            rep = _repair(args.device, upgrade_only=args.upgrade, restore=args.restore)
         else:
             with _Session(args.device, readonly=True, args=args) as store:
                 total = sum(g.size for g in store.generations())
@@ -455,7 +485,8 @@ def _fsck(args) -> int:
         if not args.json:
             raise
         # damage that stops the mount: a JSON reader still gets a report (what was found, not ok)
-        print_json({"ok": False, "mounted": False, "problems": [str(e)], "repairs": [], "notes": []}, indent=2)
+        print_json({"ok": False, "mounted": False, "problems": [str(repair_hint(e, args.device))], "repairs": [],
+                    "notes": [], "dropped": [], "unknown": []}, indent=2)
         return 1
     if args.json:
         print_json(rep.to_dict(), indent=2)
@@ -470,21 +501,55 @@ def _fsck(args) -> int:
             print(f"  a read-write open would: {r}")
         for n in rep.notes:
             print(f"  note: {n}")
+        for d in rep.dropped:
+            who = f"generation {d['id']!r} (step {d['step']})" if d["id"] is not None else "a generation"
+            print(f"  lost: {who}: {d['reason']}")
+        for u in rep.unknown:
+            print(f"  unknown: generation {u['id']!r} (step {u['step']}, {format_size(u['bytes'])}): {u['reason']}; "
+                  f"not listed nor read: `retainz fsck --restore {u['id']} {args.device}` lists it again, "
+                  f"`retainz rm {args.device} {u['id']}` discards it")
         print("clean" if rep.ok else plural(len(rep.problems), "problem"))
     return 0 if rep.ok else 1
 
 
-def _repair(spec: str):
+def _repair(spec: str, *, upgrade_only: bool = False, restore: str | None = None):
     """``fsck --repair``: the device's own metadata copies first (a FileDevice's label and zone-state
-    slots), then a salvaging read-write open (``Store.open(repair=True)``), then the check."""
+    slots), then a salvaging read-write open (``Store.open(repair=True)``), then the check.
+    ``upgrade_only`` (``fsck --upgrade``): a read-write open that migrates an older format version;
+    ``restore`` (``fsck --restore GEN``): a read-write open that lists unknown ``GEN`` again."""
     from retainz.store import Store
 
     _persistent(spec)
+    from retainz.errors import CorruptDeviceError
+    from retainz.zoned import FileDevice
+
     try:
         dev = open_device(spec)
     except DeviceBusyError:
         raise _busy(spec) from None
+    except CorruptDeviceError as e:
+        if upgrade_only or restore is not None or "zone-state" not in str(e):
+            raise repair_hint(e, spec) from None
+        dev = FileDevice(spec.removeprefix("file:"), lost_state=True)   # rebuilt from the journal
     try:
+        if upgrade_only or restore is not None:
+            try:
+                store = Store.open(dev, upgrade=upgrade_only)
+            except Exception as e:
+                raise repair_hint(e, spec) from None
+            with store:
+                was = store.recovery.rolled
+                if restore is not None:
+                    store.restore(restore)
+                rep = store.fsck()
+                if upgrade_only:
+                    done = dev.upgrade() if hasattr(dev, "upgrade") else []
+                    rep.notes += [f"upgraded: {line}" for line in done]
+                    rep.notes.append("upgraded: the journal rolled over under this format version" if was else
+                                     "nothing to upgrade: the store is of this format version")
+                else:
+                    rep.notes.append(f"restored: generation {restore!r} is listed again")
+            return rep
         done = dev.repair_metadata() if hasattr(dev, "repair_metadata") else []
         with Store.open(dev, repair=True) as store:
             rep = store.fsck()

@@ -3,6 +3,7 @@ Its on-disk form (generation entries in commit and snapshot records) is :mod:`.r
 
 from __future__ import annotations
 
+from retainz.store.records import live_hash
 from retainz.store.types import GenerationInfo
 
 __all__ = ["Catalog"]
@@ -16,16 +17,27 @@ class Catalog:
         zone_gens: ``{zone: {generation id: None}}``: committed generations with an extent in the
             zone (an insertion-ordered set, so GC visits them deterministically).
         commit_seq: the last commit sequence number handed out.
+        digest: the XOR of :func:`~retainz.store.records.live_hash` over ``gens`` (with ``len(gens)``,
+            the live set every appended record carries: format version 4).
     """
 
     def __init__(self):
         self.gens: dict[str, GenerationInfo] = {}
         self.zone_gens: dict[int, dict[str, None]] = {}
         self.commit_seq = 0
+        self.digest = 0
+
+    @property
+    def live(self) -> tuple[int, int, int]:
+        """``(count, digest, commit_seq)`` of the generations held (committed and unknown)."""
+        return len(self.gens), self.digest, self.commit_seq
 
     def add(self, gen: GenerationInfo) -> None:
-        """Index a committed generation."""
+        """Index a committed (or unknown) generation (one of the same id is removed first)."""
+        if gen.id in self.gens:
+            self.remove(gen.id)
         self.gens[gen.id] = gen
+        self.digest ^= live_hash(gen.id, gen.commit_seq)
         zg = self.zone_gens
         gid = gen.id
         for s in gen.shards.values():
@@ -39,7 +51,9 @@ class Catalog:
             self.commit_seq = gen.commit_seq
 
     def remove(self, gid: str) -> GenerationInfo:
+        """Drop generation ``gid`` (KeyError when absent)."""
         gen = self.gens.pop(gid)
+        self.digest ^= live_hash(gid, gen.commit_seq)
         zg = self.zone_gens
         for s in gen.shards.values():
             for e in s.extents:

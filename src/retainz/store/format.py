@@ -34,15 +34,19 @@ correctly, e.g. a record member it may ignore, keeps the version.)  This code wr
 * A store of a version this code does not read, or with unknown flag bits, is refused at open,
   read-write or read-only, before anything is written (:class:`~retainz.errors.UnsupportedFormatError`
   names the version found); ``format`` refuses to overwrite it without ``force``.
-* An older readable version is opened as is read-only; a read-write open upgrades it first: the
-  journal rolls over to a chain under the current version (a snapshot, which any version-2 code
-  reads) before any new record is written.  Older code then refuses the upgraded store (the versions
-  it reads stop below it) rather than misread it.
+* An older readable version is opened as is read-only (``RecoveryReport.repairs`` says so); a
+  read-write open refuses it (:class:`~retainz.errors.OldFormatError`, naming ``retainz fsck
+  --upgrade``) unless asked to migrate: ``Store.open(upgrade=True)`` (``fsck --upgrade``) or a repair
+  (``fsck --repair``, which rewrites the journal anyway) rolls the journal over to a chain under the
+  current version before any new record is written.  Older code then refuses the upgraded store
+  (the versions it reads stop below it) rather than misread it.
 
 History: 1 (the first format); 2 adds the replace commit (a commit record with ``rp``, retiring the
 committed generation of the same id in the same record) and the hint update record (``h``); 3 writes
 the superblock twice in each chain zone (records start at block 2), spare superblocks (flag
-:data:`SPARE`) in the other meta zones, and each snapshot's head and end records twice.
+:data:`SPARE`) in the other meta zones, and each snapshot's head and end records twice; 4 writes
+every record twice and stamps each appended record with its sequence number and the live-set digest
+(:mod:`.records`, "Copies"), and marks unknown generations in a snapshot entry.
 
 **Bounds** (a device is input): :meth:`Superblock.decode` refuses, with a valid checksum, a geometry
 :class:`~retainz.zoned.model.Geometry` refuses (zone count over ``MAX_ZONES``...), meta zones
@@ -67,9 +71,9 @@ __all__ = ["MAGIC", "FORMAT_VERSION", "READABLE_VERSIONS", "KNOWN_FLAGS", "SPARE
 
 MAGIC = b"RETAINZS"
 #: The format version this code writes.
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 #: The format versions this code reads.
-READABLE_VERSIONS = (1, 2, 3)
+READABLE_VERSIONS = (1, 2, 3, 4)
 #: Superblock flag: a spare copy in a meta zone outside the journal chain (version 3).
 SPARE = 1
 #: Superblock flag bits this code knows: any other bit refuses the store.

@@ -41,6 +41,7 @@ the next valid one and lists what it lost, so every intact record is replayed.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -49,6 +50,7 @@ from retainz.store.format import FORMAT_VERSION, MAX_META_ZONES, SPARE, Superblo
 from retainz.store.records import (
     EXTENT_BYTES,
     FRAME_HEADER,
+    LOST,
     Kind,
     copy_of,
     frame,
@@ -230,10 +232,19 @@ def parse_zone(buf, start: int, end: int, bs: int, *, zone: int, tail: bool,
             if copy_skip() is None:         # not a zeroed copy of a duplicated record
                 later = later_valid()
                 if later is not None or not full:
-                    raise CorruptJournalError(
-                        f"meta zone {zone}: a zeroed block at byte {pos}, below the write pointer ({end})"
-                        + (f", hides the valid record at byte {later}" if later is not None else "")
-                        + ": corrupt journal")
+                    problem = (f"a zeroed block at byte {pos}, below the write pointer ({end})"
+                               + (f", hides the valid record at byte {later}" if later is not None else "")
+                               + ": corrupt journal")
+                    if not salvage:
+                        raise CorruptJournalError(f"meta zone {zone}: {problem}")
+                    out.lost.append(f"meta zone {zone}: {problem}")
+                    if not out.payloads or out.payloads[-1] is not LOST:
+                        out.payloads.append(LOST)
+                    if later is None:
+                        break
+                    prev0 = 0
+                    pos = later
+                    continue
                 break
             problem = "a zeroed copy"       # its twin is used below
         elif pos + total > end:
@@ -267,6 +278,8 @@ def parse_zone(buf, start: int, end: int, bs: int, *, zone: int, tail: bool,
                 continue
             if salvage:
                 out.lost.append(f"meta zone {zone}: {problem}")
+                if not out.payloads or out.payloads[-1] is not LOST:
+                    out.payloads.append(LOST)   # replay makes what it could concern unknown
                 nxt = later_valid()
                 if nxt is None:
                     break
@@ -345,6 +358,60 @@ def _zone_superblock(device: ZonedDevice, z, written: int) -> tuple[Superblock |
     return None, Superblock.has_magic(b0) or Superblock.has_magic(b1), None
 
 
+def _recover_superblocks(device: ZonedDevice, zones, bad: list[int], sbs: dict[int, Superblock],
+                         spares: dict[int, Superblock], notes: list[str]) -> tuple[list[int], bool]:
+    """Give a superblock back to each meta zone in ``bad`` (both copies lost) that holds journal
+    records after its superblock blocks: a chain zone, whose superblock is the store's (uuid,
+    geometry, policy: the same in every meta zone's copy) with the chain's sequence and the part
+    that is missing.  A zone starting with a snapshot head is part 0 (of the newest chain, or of a
+    chain of its own under the highest sequence a spare names when no chain zone kept a copy);
+    another is the newest chain's missing part.  ZenFS writes the superblock to every meta zone for
+    this reason (``ZenFS::MkFS``); btrfs keeps superblock mirrors at fixed offsets.  Adds what it
+    recovered to ``sbs`` and ``notes``; returns ``(zones still without one, recovered any)``.
+    """
+    template = next(iter(sbs.values()), None) or max(spares.values(), key=lambda sb: sb.sequence)
+    g = device.geometry
+    bs = g.block_size
+    heads: dict[int, Kind | None] = {}
+    for zi in bad:
+        z = zones[zi]
+        written = z.capacity if z.cond == ZoneCond.FULL else z.wp - z.start
+        head = head_bytes(template.version, bs)
+        if written < head + bs:
+            continue
+        win = ZoneWindow.on(device, z.start, written)
+        n, total, ok, view = win.frame(head, bs, record_limit(g.zone_capacity, bs, head))
+        if not ok:
+            n, total, ok, view = win.frame(head + total, bs, record_limit(g.zone_capacity, bs, head)) \
+                if total else (0, 0, False, None)     # copy 0 of the first record damaged: copy 1
+        if ok:
+            heads[zi] = kind_of(bytes(view[FRAME_HEADER:FRAME_HEADER + 16]))
+    if not heads:
+        return bad, False
+    by_seq: dict[int, set[int]] = {}
+    for sb in sbs.values():
+        by_seq.setdefault(sb.sequence, set()).add(sb.part)
+    top = max(by_seq) if by_seq else max(sb.sequence for sb in spares.values())
+    parts = by_seq.get(top, set())
+    firsts = [zi for zi, k in heads.items() if k is Kind.SNAP]
+    rest = sorted(zi for zi, k in heads.items() if k is not Kind.SNAP)
+    assign: dict[int, int] = {}
+    if firsts and 0 not in parts:
+        assign[firsts[0]] = 0
+        parts = parts | {0}
+    missing = [p for p in range(max(parts | {0}) + len(rest) + 1) if p not in parts]
+    for zi, p in zip(rest, missing, strict=False):
+        assign[zi] = p
+    src = next(iter(sbs), None)
+    if src is None:
+        src = max(spares, key=lambda zi: spares[zi].sequence)
+    for zi, part in assign.items():
+        sbs[zi] = dataclasses.replace(template, sequence=top, part=part, flags=template.flags & ~SPARE)
+        notes.append(f"meta zone {zi}: both superblock copies are lost; its journal records were kept with the "
+                     f"superblock of meta zone {src} (sequence {top}, part {part}) (fsck --repair rewrites it)")
+    return [zi for zi in bad if zi not in assign], True
+
+
 def no_store_error(name: str) -> ForeignDeviceError:
     """The one refusal of a device without a superblock in its first zones (never formatted, or
     something else's), naming the command that formats it."""
@@ -371,6 +438,7 @@ def scan(device: ZonedDevice, *, salvage: bool = False) -> MountScan:
     sbs: dict[int, Superblock] = {}
     spares: dict[int, Superblock] = {}
     bad: list[int] = []
+    headless: list[int] = []     # non-empty, no superblock copy (and no damaged magic either)
     notes: list[str] = []
     damaged = False
     n_meta = len(zones)
@@ -382,8 +450,7 @@ def scan(device: ZonedDevice, *, salvage: bool = False) -> MountScan:
         written = z.capacity if z.cond == ZoneCond.FULL else z.wp - z.start
         sb, hurt, used = _zone_superblock(device, z, written)
         if sb is None:
-            if hurt:
-                bad.append(z.index)
+            (bad if hurt else headless).append(z.index)
             continue
         sb.check_supported(f"{device.name} meta zone {z.index}")
         if hurt:
@@ -393,6 +460,11 @@ def scan(device: ZonedDevice, *, salvage: bool = False) -> MountScan:
             n_meta = min(sb.meta_zones, len(zones))
         (spares if sb.flags & SPARE else sbs)[z.index] = sb
     bad = [z for z in bad if z < n_meta]
+    headless = [z for z in headless if z < n_meta]
+    if sbs or spares:     # a chain zone whose every superblock copy is lost: rebuilt from another copy
+        left, found = _recover_superblocks(device, zones, bad + headless, sbs, spares, notes)
+        bad = [z for z in bad if z in left]
+        damaged = damaged or found
     if not sbs:
         if bad or spares:
             raise CorruptJournalError(f"meta zone(s) {bad}: the RetainZ superblock fails its checksum "
@@ -408,7 +480,9 @@ def scan(device: ZonedDevice, *, salvage: bool = False) -> MountScan:
             damaged_spares.append(zi)
     bad = [z for z in bad if z not in damaged_spares]
     if bad:
-        raise CorruptJournalError(f"meta zone(s) {bad}: both superblock copies fail their checksums: corrupt store")
+        raise CorruptJournalError(f"meta zone(s) {bad}: both superblock copies fail their checksums, and the "
+                                  "zone holds no journal record another superblock copy could stand for: "
+                                  "corrupt store")
     for zi in damaged_spares:
         damaged = True
         notes.append(f"meta zone {zi}: its one superblock block (a spare) is damaged; the chain's copies were used")

@@ -28,6 +28,7 @@ from retainz.store.records import (
     snapshot_record_limit,
     snapshot_records,
     snapshot_zones,
+    stamp,
     sync_record,
 )
 from retainz.store.types import GenerationInfo, GenState, StoreMetrics
@@ -63,13 +64,16 @@ class MetadataLog:
         zones: the zone book (changed zone attributes, the opening counter, logical time).
         metrics: the store's counters (journal bytes, records, rollovers are kept equal to the
             journal's; the snapshot carries them).
+        q: the sequence number of the last record replayed (format version 4, :mod:`.records`).
 
     Attributes:
         journal: the journal.
+        q: the sequence number of the last record appended.
     """
 
-    def __init__(self, journal: Journal, catalog: Catalog, zones: ZoneBook, metrics: StoreMetrics):
+    def __init__(self, journal: Journal, catalog: Catalog, zones: ZoneBook, metrics: StoreMetrics, q: int = 0):
         self.journal = journal
+        self.q = q
         self.catalog = catalog
         self.zones = zones
         self.metrics = metrics
@@ -89,10 +93,11 @@ class MetadataLog:
         dirty, items = self.zones.take_changed()
         j = self.journal
         try:
-            j.append(build(items, self.zones.table.open_seq))
+            j.append(stamp(build(items, self.zones.table.open_seq), self.q + 1, self.catalog.live))
         except BaseException:
             self.zones.mark(dirty)
             raise
+        self.q += 1
         m = self.metrics
         m.journal_bytes, m.journal_records, m.rollovers = j.bytes_written, j.records, j.rollovers
 
@@ -134,10 +139,10 @@ class MetadataLog:
     def snapshot(self) -> list[bytes]:
         """The store's committed state as snapshot payloads (:func:`~.records.snapshot_records`)."""
         cat = self.catalog
-        gens = [g for g in cat.gens.values() if g.state is GenState.COMMITTED]
+        gens = [g for g in cat.gens.values() if g.state is GenState.COMMITTED or g.state is GenState.UNKNOWN]
         return snapshot_records(self.zones.now, cat.commit_seq, self.metrics_state(), self.zones.table.open_seq,
                                 self.zones.attr_items(), gens, len(cat.gens),
-                                snapshot_record_limit(self.journal.capacity, self.journal.bs))
+                                snapshot_record_limit(self.journal.capacity, self.journal.bs), q=self.q)
 
     # -- space -----------------------------------------------------------------------------------------
     def track(self, gen: GenerationInfo, entry: bytes | None = None) -> int:

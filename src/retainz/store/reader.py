@@ -12,11 +12,19 @@ import crc32c
 
 from retainz.errors import ChecksumError, GenerationNotFoundError, ShardNotFoundError
 from retainz.store.catalog import Catalog
-from retainz.store.types import ShardInfo
+from retainz.store.types import GenerationInfo, GenState, ShardInfo
 from retainz.zoned.device import ZonedDevice
 from retainz.zoned.model import round_up
 
-__all__ = ["Reader"]
+__all__ = ["Reader", "unknown_message"]
+
+
+def unknown_message(gen: GenerationInfo, dev: str = "DEV") -> str:
+    """The refusal of a read or lookup of an unknown generation (``GenState.UNKNOWN``) on device
+    ``dev``, naming the commands that inspect, restore and discard it."""
+    return (f"generation {gen.id!r} (step {gen.step}) is unknown since a repair ({gen.unknown_reason}): it is "
+            f"not read; inspect it with `retainz fsck {dev}`, restore it with `retainz fsck --restore {gen.id} "
+            f"{dev}`, or discard it with `retainz rm {dev} {gen.id}`")
 
 
 class Reader:
@@ -35,8 +43,8 @@ class Reader:
         self._bs, self._zsize = g.block_size, g.zone_size
         self._starts: dict[tuple[str, str], tuple[tuple, list[int]]] = {}
 
-    def shard(self, gen_id: str, name: str) -> ShardInfo:
-        """The committed shard.
+    def shard(self, gen_id: str, name: str, allow_unknown: bool = False) -> ShardInfo:
+        """The committed shard (of an unknown generation too with ``allow_unknown``).
 
         Raises:
             GenerationNotFoundError, ShardNotFoundError.
@@ -44,12 +52,14 @@ class Reader:
         gen = self.catalog.gens.get(gen_id)
         if gen is None:
             raise GenerationNotFoundError(f"no committed generation {gen_id!r}")
+        if gen.state is GenState.UNKNOWN and not allow_unknown:
+            raise GenerationNotFoundError(unknown_message(gen, self.device.name))
         shard = gen.shards.get(name)
         if shard is None:
             raise ShardNotFoundError(f"generation {gen_id!r} has no shard {name!r}")
         return shard
 
-    def read_shard(self, gen_id: str, name: str) -> Iterator[bytes]:
+    def read_shard(self, gen_id: str, name: str, allow_unknown: bool = False) -> Iterator[bytes]:
         """Stream a committed shard's bytes, extent by extent, each verified before it is yielded.
 
         GC may move the shard while it is being read; the reader follows the move.
@@ -61,7 +71,7 @@ class Reader:
                 shard, zone and offset).
         """
         with self.lock:
-            shard = self.shard(gen_id, name)
+            shard = self.shard(gen_id, name, allow_unknown)
         return self._stream(gen_id, name, shard)
 
     def read_shard_extent(self, gen_id: str, name: str, pos: int) -> tuple[int, bytes]:

@@ -27,8 +27,17 @@ h       hint update (version 2): ``g`` generation id, ``h`` its new hint, ``now`
 
 **Copies** (version 3): a snapshot's head (``snap``) and end (``send``) records are written twice,
 one after the other, the first with ``"cp":0`` and the second with ``"cp":1`` as the body's first
-member (:func:`copy_of`); replaying either is the same, so a mount that finds one copy damaged uses
-the other (:func:`retainz.store.journal.parse_zone`).
+member (:func:`copies`, :func:`copy_of`); replaying either is the same, so a mount that finds one
+copy damaged uses the other (:func:`retainz.store.journal.parse_zone`).
+
+**Record sequence and live-set digest** (version 4; btrfs stamps every tree block with the
+transaction ``generation`` so a reader tells a stale or missing block from the current one): every
+appended record carries ``q``, its place in the store's record sequence (the snapshot head carries
+the ``q`` of the last record before it), and ``lv`` = ``[n, digest, commit_seq]``, the generations
+held before it: their count, the XOR of a 64-bit hash of each one's id and commit sequence
+(:func:`live_hash`), and the last commit sequence number.  A repair that lost a record knows where (a gap in ``q`` or a damaged frame)
+and, at the next intact record, whether the lost records changed the set of generations (and which
+one, when one deletion explains the digest) (:func:`retainz.store.recovery.replay`).
 
 **Bounds**: a record's payload is at most :data:`MAX_RECORD_BYTES` and a frame never spans a meta
 zone, so :func:`record_limit` bounds what a mount reads for one record before its checksum.
@@ -42,12 +51,15 @@ on remount) and last write step.  Attributes journaled by an older version lack 
 which read as 0.
 
 A generation entry is ``[id, step, hint, commit_seq, [[shard, size, crc, [[zone, offset, length,
-crc]...]]...]]`` with ``hint = [reclaim_step, lifetime, condition, actual_reclaim_step]``.
+crc]...]]...]]`` with ``hint = [reclaim_step, lifetime, condition, actual_reclaim_step]``; a sixth
+member (version 4), a string, marks a generation *unknown* after a repair (the reason): kept, not
+listed nor read, until ``retainz fsck --restore`` or ``retainz rm``.
 """
 
 from __future__ import annotations
 
 import enum
+import hashlib
 import json
 import struct
 from collections.abc import Iterable, Sequence
@@ -67,7 +79,7 @@ __all__ = ["Kind", "Record", "ZoneAttrs", "frame", "frame_size", "unframe", "FRA
            "sync_record", "hint_record", "snapshot_records", "empty_snapshot", "plan_zones", "snapshot_record_limit",
            "snapshot_zones", "pack_zones", "SNAPSHOT_RECORD", "ZONE_ATTR_BYTES", "SNAPSHOT_HEAD_BYTES",
            "EXTENT_BYTES", "ZONES_PER_RECORD", "BATCH_WRAP_BYTES", "SNAPSHOT_END_BYTES", "MAX_RECORD_BYTES",
-           "record_limit", "copy_of"]
+           "record_limit", "copy_of", "copies", "stamp", "live_hash", "LOST"]
 
 # -- framing -------------------------------------------------------------------------------------------
 _HEADER = struct.Struct("<II")
@@ -77,6 +89,11 @@ _MASK_DELTA = 0xA282EAD8
 FRAME_HEADER = _HEADER.size
 #: The largest record payload written or read (64 MiB: a commit of about 1.4 million extents).
 MAX_RECORD_BYTES = 64 << 20
+
+
+#: The payload :func:`retainz.store.journal.parse_zone` puts where a repair skipped records it could
+#: not read (a gap: :func:`retainz.store.recovery.replay` makes what they could concern unknown).
+LOST = b""
 
 
 def record_limit(zone_capacity: int, block_size: int, head: int | None = None) -> int:
@@ -192,6 +209,9 @@ class Record:
         commit_seq: the last commit sequence number (``snap``), or ``None``.
         hint: ``(generation id, new hint)`` (``h``).
         count: generations in the snapshot (``send``).
+        q: the record's place in the record sequence (version 4; ``snap``: the last before it), or
+            ``None``.
+        lv: ``[count, digest, commit_seq]`` of the generations before it (version 4), or ``None``.
     """
 
     kind: Kind
@@ -207,6 +227,8 @@ class Record:
     commit_seq: int | None = None
     count: int = 0
     hint: tuple[str, Hint] | None = None
+    q: int | None = None
+    lv: list | None = None
 
 
 #: Kinds by their payload word (a dict lookup: mount decodes every record of a chain).
@@ -234,7 +256,7 @@ def decode(payload: bytes) -> Record:
     body = _loads(raw.decode())   # the encoder writes ASCII (ensure_ascii); str skips detect_encoding
     if not isinstance(body, dict):
         raise ValueError(f"a {kind.value!r} record's body is not a JSON object")
-    rec = Record(kind, open_seq=body.get("o"), now=body.get("now"))
+    rec = Record(kind, open_seq=body.get("o"), now=body.get("now"), q=body.get("q"), lv=body.get("lv"))
     if "z" in body:
         rec.zones = [ZoneAttrs.decode(a) for a in body["z"]]
     if kind is Kind.COMMIT:
@@ -273,19 +295,32 @@ def _hint_of(item: list) -> Hint:
 
 
 def encode_gen(gen: GenerationInfo) -> list:
-    """A generation's entry (see the module docstring)."""
-    return [gen.id, gen.step, _hint_item(gen.hint), gen.commit_seq,
+    """A generation's entry (see the module docstring); an unknown one carries its reason."""
+    item = [gen.id, gen.step, _hint_item(gen.hint), gen.commit_seq,
             [[s.name, s.size, s.crc, s.extents] for s in gen.shards.values()]]
+    if gen.state is GenState.UNKNOWN:
+        item.append(gen.unknown_reason)
+    return item
 
 
 def decode_gen(item: list) -> GenerationInfo:
-    """A committed :class:`GenerationInfo` from its entry."""
-    gid, step, hint, seq, shards = item
+    """A committed (or, with a sixth member, unknown) :class:`GenerationInfo` from its entry."""
+    gid, step, hint, seq, shards, *why = item
+    if why and not isinstance(why[0], str) or len(why) > 1:
+        raise ValueError("a generation entry's sixth member is not a reason string")
     return GenerationInfo(id=gid, step=step, hint=_hint_of(hint),
-                          state=GenState.COMMITTED,
+                          state=GenState.UNKNOWN if why else GenState.COMMITTED,
                           shards={name: ShardInfo(name, size, crc, tuple(map(tuple, ext)))
                                   for name, size, crc, ext in shards},
-                          commit_seq=seq)
+                          commit_seq=seq, unknown_reason=why[0] if why else "")
+
+
+def live_hash(gen_id: str, commit_seq: int) -> int:
+    """The 64-bit hash of one committed generation in a record's live-set digest (``lv``, version
+    4): BLAKE2b-64 of ``id NUL commit_seq``.  The digest is the XOR of the hashes of every committed
+    generation, so adding or removing one is one XOR (:class:`~retainz.store.catalog.Catalog`)."""
+    return int.from_bytes(hashlib.blake2b(f"{gen_id}\0{commit_seq}".encode("utf-8", "surrogatepass"),
+                                          digest_size=8).digest(), "little")
 
 
 def gen_entry_bytes(gen: GenerationInfo) -> bytes:
@@ -342,9 +377,27 @@ def _rec(kind: Kind, body: dict) -> bytes:
     return kind.encode() + b" " + _dumps(body).encode()
 
 
+def _splice(payload: bytes, members: bytes) -> bytes:
+    """``payload`` (``KIND {...}``) with ``members`` (``"a":1,``) first in its body."""
+    i = payload.index(b" {") + 2
+    if payload[i:i + 1] == b"}":
+        members = members[:-1]
+    return payload[:i] + members + payload[i:]
+
+
+def copies(payload: bytes) -> list[bytes]:
+    """A record as written twice (module docstring, "Copies"): ``cp`` 0, then ``cp`` 1."""
+    return [_splice(payload, b'"cp":%d,' % i) for i in (0, 1)]
+
+
+def stamp(payload: bytes, q: int, live: tuple[int, int, int]) -> bytes:
+    """An appended record with its sequence number ``q`` and the live set ``(count, digest, commit
+    sequence)`` before it (module docstring; version 4)."""
+    return _splice(payload, b'"q":%d,"lv":[%d,%d,%d],' % (q, *live))
+
+
 def _copies(kind: Kind, body: dict) -> list[bytes]:
-    """A record written twice (module docstring, "Copies"): ``cp`` 0, then ``cp`` 1."""
-    return [_rec(kind, {"cp": i, **body}) for i in (0, 1)]
+    return copies(_rec(kind, body))
 
 
 def copy_of(payload) -> int | None:
@@ -352,7 +405,7 @@ def copy_of(payload) -> int | None:
     Looks only at the payload's first bytes (``KIND {"cp":N``)."""
     head = bytes(payload[:16])
     i = head.find(b' {"cp":')
-    if i < 0 or i + 8 > len(head) or head[:i] not in (b"snap", b"send"):
+    if i < 0 or i + 8 > len(head) or head[:i] not in _KINDS:
         return None
     return {0x30: 0, 0x31: 1}.get(head[i + 7])
 
@@ -363,21 +416,22 @@ ZONES_PER_RECORD = 2000
 
 def empty_snapshot() -> list[bytes]:
     """The snapshot of a freshly formatted store (what ``Store.format`` writes after the superblock)."""
-    return [*_copies(Kind.SNAP, {"now": 0, "commit_seq": 0, "metrics": {}}), _rec(Kind.ZONES, {"z": []}),
+    return [*_copies(Kind.SNAP, {"now": 0, "commit_seq": 0, "metrics": {}, "q": 0}), _rec(Kind.ZONES, {"z": []}),
             *_copies(Kind.SNAP_END, {"n": 0})]
 
 
 def snapshot_records(now: int, commit_seq: int, metrics: dict, open_seq: int, zones: list,
-                     gens: Iterable[GenerationInfo], n_gens: int, limit: int) -> list[bytes]:
+                     gens: Iterable[GenerationInfo], n_gens: int, limit: int, q: int = 0) -> list[bytes]:
     """The payloads of a snapshot: head (twice), zone attribute batches, generation batches of at
     most ``limit`` bytes (a single larger entry gets a record of its own), end (twice).
 
     Args:
+        q: the sequence number of the last record before the snapshot (the head carries it).
         zones: attribute items (:func:`zone_attr_item`) of every zone that is not empty.
         gens: the committed generations, in catalog order; ``n_gens`` of them.
         limit: :func:`snapshot_record_limit`.
     """
-    out = _copies(Kind.SNAP, {"now": now, "commit_seq": commit_seq, "metrics": metrics, "o": open_seq})
+    out = _copies(Kind.SNAP, {"now": now, "commit_seq": commit_seq, "metrics": metrics, "o": open_seq, "q": q})
     for i in range(0, len(zones), ZONES_PER_RECORD):
         out.append(_rec(Kind.ZONES, {"z": zones[i:i + ZONES_PER_RECORD]}))
     batch: list = []

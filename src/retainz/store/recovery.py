@@ -51,14 +51,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from retainz.errors import CorruptJournalError
+from retainz.errors import CorruptJournalError, OldFormatError
 from retainz.placement.base import ZoneSummary
 from retainz.store.catalog import Catalog
 from retainz.store.format import FORMAT_VERSION, Superblock
 from retainz.store.journal import Journal, scan
 from retainz.store.metalog import MetadataLog
-from retainz.store.records import NO_ATTRS, Kind, ZoneAttrs, decode
-from retainz.store.types import StoreMetrics
+from retainz.store.records import LOST, NO_ATTRS, Kind, ZoneAttrs, decode, live_hash
+from retainz.store.types import GenerationInfo, GenState, StoreMetrics
 from retainz.store.zonebook import ZoneBook
 from retainz.zoned.device import ZonedDevice
 from retainz.zoned.model import ZoneCond, round_up
@@ -87,6 +87,10 @@ class RecoveryReport:
             record copies, damaged spares; docs/format.md), one line each.
         lost: with ``repair``: damaged records skipped and generations dropped because their data
             is gone, one line each.
+        dropped: with ``repair``: every generation the repair did not keep as committed, one
+            ``{"id", "step", "reason"}`` each (``id``/``step`` ``None`` and ``count`` generations
+            when only the lost record named them; ``"unknown": True`` for one kept on the device as
+            unknown).
     """
 
     records: int = 0
@@ -100,6 +104,7 @@ class RecoveryReport:
     records_per_second: float = 0.0
     copies: list[str] = field(default_factory=list)
     lost: list[str] = field(default_factory=list)
+    dropped: list[dict] = field(default_factory=list)
 
 
 @dataclass
@@ -119,6 +124,107 @@ class Replayed:
     now: int = 0
     open_seq: int = 0
     metrics: dict = field(default_factory=dict)
+    q: int = 0
+    dropped: list[dict] = field(default_factory=list)
+
+
+class _Gaps:
+    """What a salvaging replay knows about records it could not read (module docstring of
+    :mod:`.records`, "Record sequence and live-set digest").
+
+    At a gap (a damaged frame, or a jump in ``q``) every generation held becomes a *suspect*: a
+    lost record could have deleted, replaced or moved it.  The next record that carries ``lv``
+    settles the gap: ``k`` commits were lost (its commit sequence less ours) and the live count
+    moved by ``net``, so ``k - net`` deletions or replacements were lost; none clears the suspects,
+    one with no lost commit is found by the digest (our digest XOR its one's hash), as is one lost
+    replacing commit (XOR the old and the new version's hashes); anything else leaves them
+    suspects, made unknown at the end.  A gap inside a snapshot only loses generations
+    (``send`` gives how many).  Lost commits are named by commit sequence (their ids were only in
+    the lost records)."""
+
+    def __init__(self, cat: Catalog, dropped: list[dict]):
+        self.cat = cat
+        self.dropped = dropped
+        self.where: str | None = None        # the open gap
+        self.suspects: dict[str, str] = {}   # generation id -> why
+        self.offset = 0                      # generations we know exist but cannot hold (lost commits)
+        self.phantom = 0                     # their hashes, when known (a lost replacing commit)
+        self.digest_ok = True
+
+    def open(self, where: str) -> None:
+        if self.where is None:
+            self.where = where
+            for gid in self.cat.gens:
+                self.suspects.setdefault(gid, f"{where} could have deleted or changed it")
+
+    def settle(self, lv: list, q: int | None) -> None:
+        """Compare the live set ``lv`` a record carries (before it) with ours."""
+        cat = self.cat
+        n, digest, cs = lv
+        on, od, ocs = cat.live
+        od ^= self.phantom
+        k = max(0, cs - ocs)
+        net = n - (on + self.offset)
+        lost = k - net                     # deletions or replacements in the lost records
+        where, self.where = self.where, None
+        if k == 1 and lost == 1 and self.digest_ok:
+            # one lost commit that retired one generation: a replacing commit of a suspect?
+            hit = [gid for gid in self.suspects if gid in cat.gens
+                   and od ^ live_hash(gid, cat.gens[gid].commit_seq) ^ live_hash(gid, cs) == digest]
+            if len(hit) == 1:
+                gen = cat.remove(hit[0])
+                self.dropped.append({"id": gen.id, "step": None, "reason": (
+                    f"{where}: its replacing commit (commit sequence {cs}) was lost: the version of step "
+                    f"{gen.step} stays retired, and the new one cannot be read (its extents were only in that "
+                    "record)")})
+                self.phantom ^= live_hash(gen.id, cs)
+                self.offset += 1
+                cat.commit_seq = cs
+                self.suspects.clear()
+                return
+        if k:
+            self.dropped.append({"id": None, "step": None, "count": k, "reason": (
+                f"{where}: {k} commit record(s) (commit sequence {ocs + 1}..{cs}) lost with every copy; "
+                "the generation id is only in that record, so it cannot be named; its data stays as dead bytes "
+                "until GC")})
+            self.offset += k
+            self.digest_ok = False
+            cat.commit_seq = max(ocs, cs)
+        if lost == 0:
+            self.suspects.clear()
+        elif lost == 1 and k == 0 and self.digest_ok:
+            gone = [gid for gid in self.suspects if gid in cat.gens
+                    and od ^ live_hash(gid, cat.gens[gid].commit_seq) == digest]
+            if len(gone) == 1:
+                gen = cat.remove(gone[0])
+                self.dropped.append({"id": gen.id, "step": gen.step, "reason": (
+                    f"{where}: its deletion record was lost; the live-set digest of record {q} shows it "
+                    "deleted, so it stays deleted")})
+                self.suspects.clear()
+
+    def snapshot_end(self, count: int) -> None:
+        """A gap inside a snapshot lost ``count - held`` generations' entries (and no deletion)."""
+        if self.where is None:
+            return
+        missing = count - len(self.cat.gens)
+        if missing > 0:
+            self.dropped.append({"id": None, "step": None, "count": missing, "reason": (
+                f"{self.where}: {missing} generation(s) of the snapshot lost with every copy of their record; "
+                "their ids cannot be named; their data stays as dead bytes until GC")})
+            self.offset += missing
+            self.digest_ok = False
+        self.where = None
+        self.suspects.clear()
+
+    def finish(self) -> list[GenerationInfo]:
+        """Make every suspect still held unknown; returns them."""
+        out = []
+        for gid, why in self.suspects.items():
+            gen = self.cat.gens.get(gid)
+            if gen is not None and gen.state is GenState.COMMITTED:
+                gen.state, gen.unknown_reason = GenState.UNKNOWN, why
+                out.append(gen)
+        return out
 
 
 #: Records replayed between two progress calls.
@@ -139,9 +245,14 @@ def replay(payloads: list[bytes], *, salvage: bool = False, lost: list[str] | No
     """
     out = Replayed()
     cat, attrs = out.catalog, out.attrs
+    gaps = _Gaps(cat, out.dropped)
+    last_q = None
     for i, p in enumerate(payloads):
         if progress is not None and i % PROGRESS_RECORDS == 0:
             progress(i, len(payloads))
+        if p is LOST or not p:
+            gaps.open(f"a damaged journal record after record {i}")
+            continue
         try:
             rec = decode(p)
         except (ValueError, KeyError, TypeError, IndexError, RecursionError) as e:
@@ -150,8 +261,18 @@ def replay(payloads: list[bytes], *, salvage: bool = False, lost: list[str] | No
             if salvage:
                 if lost is not None:
                     lost.append(msg)
+                gaps.open(f"journal record {i} (it does not decode)")
                 continue
             raise CorruptJournalError(msg) from None
+        if rec.q is not None:
+            if last_q is not None and rec.q > last_q + 1 and rec.kind is not Kind.SNAP:
+                where = f"journal records {last_q + 1}..{rec.q - 1} (missing: a zeroed or lost block)"
+                if not salvage:
+                    raise CorruptJournalError(f"{where}: corrupt journal")
+                gaps.open(where)
+            last_q = out.q = rec.q
+        if gaps.where is not None and rec.lv is not None:
+            gaps.settle(rec.lv, rec.q)
         for z, a in rec.zones:
             attrs[z] = a
         if rec.open_seq is not None and rec.open_seq > out.open_seq:
@@ -163,16 +284,20 @@ def replay(payloads: list[bytes], *, salvage: bool = False, lost: list[str] | No
             for gen in rec.gens:
                 if rec.replaces and gen.id in cat.gens:
                     cat.remove(gen.id)
+                    gaps.suspects.pop(gen.id, None)
                 cat.add(gen)
             for z in rec.resets:
                 attrs[z] = NO_ATTRS
         elif kind is Kind.DELETE:
+            gaps.suspects.pop(rec.deleted, None)
             if rec.deleted in cat.gens:
                 cat.remove(rec.deleted)
             for z in rec.resets:
                 attrs[z] = NO_ATTRS
         elif kind is Kind.MOVE:
             for gid, name, ext in rec.moves:
+                if salvage and (gid not in cat.gens or name not in cat.gens[gid].shards):
+                    continue            # its commit record was lost (named at the gap)
                 cat.replace_extents(gid, name, ext)
             for z in rec.resets:
                 attrs[z] = NO_ATTRS
@@ -184,6 +309,11 @@ def replay(payloads: list[bytes], *, salvage: bool = False, lost: list[str] | No
             out.metrics.update(rec.metrics)
             if rec.commit_seq is not None and rec.commit_seq > cat.commit_seq:
                 cat.commit_seq = rec.commit_seq
+        elif kind is Kind.SNAP_END:
+            gaps.snapshot_end(rec.count)
+    for gen in gaps.finish():
+        out.dropped.append({"id": gen.id, "step": gen.step, "reason": f"unknown: {gen.unknown_reason}",
+                            "unknown": True})
     if progress is not None:
         progress(len(payloads), len(payloads))
     return out
@@ -300,20 +430,71 @@ def _drop_missing(device: ZonedDevice, catalog: Catalog, meta_zones: int, rep: R
                 break
         if why:
             catalog.remove(gen.id)
-            rep.lost.append(f"generation {gen.id!r} dropped: {why}")
+            rep.lost.append(f"generation {gen.id!r} (step {gen.step}) dropped: {why}")
+            rep.dropped = [d for d in rep.dropped if d["id"] != gen.id]
+            rep.dropped.append({"id": gen.id, "step": gen.step, "reason": f"dropped: {why}"})
 
 
-def mount(device: ZonedDevice, *, readonly: bool, repair: bool = False, progress=None) -> Mounted:
+def _rebuild_zone_state(device: ZonedDevice, found, catalog: Catalog, attrs: dict[int, ZoneAttrs],
+                        meta_zones: int, rep: RecoveryReport) -> None:
+    """Repair of a device whose every zone-state copy was lost (a FileDevice opened with
+    ``lost_state``: every zone reads as Full): set each zone's condition and write pointer from what
+    the journal knows, as a ZNS drive's own write pointers would give them.  Data zones: the
+    journaled written bytes (at least the end of every committed extent), Full when the journal
+    recorded a finish, Empty when it holds nothing; meta zones: the chain's last zone ends after its
+    last valid record, the chain's other zones and the spares are Full, the rest Empty.  Bytes
+    written after the last record (an uncommitted generation) are beyond the rebuilt write pointer:
+    dead, overwritten later."""
+    g = device.geometry
+    bs = g.block_size
+    top: dict[int, int] = {}
+    for gen in catalog.gens.values():
+        for sh in gen.shards.values():
+            for z, off, length, _ in sh.extents:
+                top[z] = max(top.get(z, 0), off + round_up(length, bs))
+    conds, written = [], []
+    for z in range(g.nr_zones):
+        if z < meta_zones:
+            if z in found.chain:
+                last = z == found.chain[-1]
+                w = found.end if last else g.zone_capacity
+                c = ZoneCond.FULL if w >= g.zone_capacity else ZoneCond.CLOSED
+            elif z in found.spares:
+                c, w = ZoneCond.FULL, g.zone_capacity
+            else:
+                c, w = ZoneCond.EMPTY, 0
+        else:
+            a = attrs.get(z, NO_ATTRS)
+            w = max(a.written, top.get(z, 0))
+            c = (ZoneCond.FULL if a.full or w >= g.zone_capacity else ZoneCond.CLOSED) if w else ZoneCond.EMPTY
+            if c == ZoneCond.FULL:
+                w = g.zone_capacity
+        conds.append(c)
+        written.append(w)
+    device.rebuild_state(conds, written)
+    rep.lost.append(f"every zone-state copy was lost: the zone state was rebuilt from the journal "
+                    f"({sum(c != ZoneCond.EMPTY for c in conds)} zones not empty)")
+
+
+def mount(device: ZonedDevice, *, readonly: bool, repair: bool = False, upgrade: bool = False,
+          progress=None) -> Mounted:
     """Steps 1-4 of the module docstring on ``device``.
 
     ``progress(done, total)`` follows the replay in journal records (:func:`replay`).
 
     ``repair`` (``fsck --repair``; read-write only): the journal scan skips damaged records
-    (:func:`~retainz.store.journal.scan` ``salvage``), generations whose data is gone are dropped,
-    and the journal rolls over to a fresh chain, which rewrites every superblock and snapshot copy
-    (and a spare into every free empty meta zone).  What was lost is in ``report.lost``.
+    (:func:`~retainz.store.journal.scan` ``salvage``); generations a lost record could concern
+    become unknown (:func:`replay`), generations whose data is gone are dropped, and the journal
+    rolls over to a fresh chain, which rewrites every superblock and snapshot copy (and a spare into
+    every free empty meta zone).  What was lost is in ``report.lost`` and ``report.dropped``.
+
+    ``upgrade`` (``fsck --upgrade``): a store of an older format version is migrated (the journal
+    rolls over under the current version); without it (or ``repair``) a read-write open of one is
+    refused (docs/format.md, "Version policy").
 
     Raises:
+        OldFormatError: a read-write open of an older format version without ``upgrade`` or
+            ``repair`` (nothing written).
         ForeignDeviceError: the device holds no RetainZ store.
         UnsupportedFormatError: a format version or flags this code does not know.
         CorruptJournalError: the journal or superblock is damaged, the superblock's geometry is
@@ -328,9 +509,18 @@ def mount(device: ZonedDevice, *, readonly: bool, repair: bool = False, progress
     if (sb.geometry.nr_zones, sb.geometry.zone_size, sb.geometry.zone_capacity, sb.geometry.block_size) != \
             (g.nr_zones, g.zone_size, g.zone_capacity, g.block_size):
         raise CorruptJournalError(f"the superblock's geometry {sb.geometry} does not match the device's {g}")
+    old = sb.version < FORMAT_VERSION
+    if old and not readonly and not (repair or upgrade):
+        raise OldFormatError(f"{device.name}: a RetainZ store of format version {sb.version} (written by an "
+                             f"earlier RetainZ); this code writes version {FORMAT_VERSION} and reads it as is "
+                             f"(ls, get, fsck); migrate it with `retainz fsck --upgrade {device.name}` (older "
+                             "RetainZ then refuses it): nothing written")
     rep = RecoveryReport(torn_bytes=found.torn, fallbacks=found.fallbacks, records=len(found.payloads),
                          copies=list(found.notes), lost=list(found.lost))
     state = replay(found.payloads, salvage=repair, lost=rep.lost, progress=progress)
+    rep.dropped = list(state.dropped)
+    if repair and getattr(device, "state_lost", False):
+        _rebuild_zone_state(device, found, state.catalog, state.attrs, sb.meta_zones, rep)
     if repair:
         _drop_missing(device, state.catalog, sb.meta_zones, rep)
     metrics = StoreMetrics()
@@ -340,7 +530,7 @@ def mount(device: ZonedDevice, *, readonly: bool, repair: bool = False, progress
     zones = ZoneBook(device, sb.meta_zones, metrics)
     zones.now = state.now
     journal = Journal(device, sb, found.chain, found.end, spares=found.spares)
-    log = MetadataLog(journal, state.catalog, zones, metrics)
+    log = MetadataLog(journal, state.catalog, zones, metrics, q=state.q)
     reconcile(zones, state.catalog, state.attrs, state.open_seq, rep, readonly=readonly)
     for z in found.stale:
         if readonly:
@@ -348,13 +538,15 @@ def mount(device: ZonedDevice, *, readonly: bool, repair: bool = False, progress
         else:
             device.reset_zone(z)
     last = device.zone(journal.chain[-1])
-    old = sb.version < FORMAT_VERSION
     if readonly and found.damaged:
         rep.repairs.append("rewrite the damaged metadata copies (fsck --repair)")
-    if repair or found.torn or old or last.cond == ZoneCond.FULL or journal.room() < 2 * g.block_size:
+    if readonly and old:
+        rep.repairs.append(f"nothing: format version {sb.version} is read as is; `retainz fsck --upgrade` "
+                           f"migrates it to version {FORMAT_VERSION}")
+    if repair or found.torn or (old and not readonly) or last.cond == ZoneCond.FULL \
+            or journal.room() < 2 * g.block_size:
         if readonly:
-            why = (f"drop a torn tail of {found.torn} bytes" if found.torn
-                   else f"upgrade format version {sb.version} to {FORMAT_VERSION}" if old else "its last zone is full")
+            why = f"drop a torn tail of {found.torn} bytes" if found.torn else "its last zone is full"
             rep.repairs.append(f"roll the journal over to a fresh chain ({why})")
         else:
             journal.roll()

@@ -49,7 +49,7 @@ from retainz.store.format import Superblock, check_id
 from retainz.store.gc import Collector
 from retainz.store.journal import MAX_META_ZONES, Journal, default_meta_zones
 from retainz.store.metalog import MetadataLog
-from retainz.store.reader import Reader
+from retainz.store.reader import Reader, unknown_message
 from retainz.store.records import empty_snapshot, frame, gen_entry_bytes
 from retainz.store.recovery import RecoveryReport, mount
 from retainz.store.types import FsckReport, GCReport, GenerationInfo, GenState, SpaceReport, StoreMetrics
@@ -242,7 +242,7 @@ class Store:
 
     @classmethod
     def open(cls, device: ZonedDevice, *, policy: str | None = None, verify_summaries: bool = False,
-             readonly: bool = False, repair: bool = False, progress=None) -> Store:
+             readonly: bool = False, repair: bool = False, upgrade: bool = False, progress=None) -> Store:
         """Open the store on ``device``: replay the journal and recover (see :mod:`.recovery`).
 
         Args:
@@ -261,7 +261,11 @@ class Store:
             repair: salvage a damaged store (``fsck --repair``; not with ``readonly``): damaged
                 journal records are skipped, generations whose data is gone dropped, and the journal
                 rolls over, rewriting every metadata copy (:func:`~retainz.store.recovery.mount`);
-                ``recovery.lost`` lists what was lost.
+                ``recovery.lost`` lists what was lost and ``recovery.dropped`` every generation not
+                kept as committed (generations a lost record could concern are kept as unknown:
+                :meth:`unknown`, :meth:`restore`).  A repair of an older format version migrates it.
+            upgrade: migrate a store of an older format version (``fsck --upgrade``); without it a
+                read-write open of one raises :class:`~retainz.errors.OldFormatError`.
             progress: ``progress(done, total)`` in journal records replayed (the CLI's bar for
                 opening a store whose journal holds many records).
 
@@ -269,7 +273,8 @@ class Store:
             StoreLockedError: the store on this device is already open in this process.
             ForeignDeviceError: the device holds no RetainZ store.
             UnsupportedFormatError: a format version or flags this code does not know (nothing is
-                written, also read-write).
+                written, also read-write); :class:`~retainz.errors.OldFormatError`, a subclass: a
+                read-write open of an older version without ``upgrade`` or ``repair``.
             CorruptJournalError: the journal or superblock is damaged, or committed data is missing.
         """
         key = _device_key(device)
@@ -281,16 +286,16 @@ class Store:
                 raise StoreLockedError(f"{device.name}: the store is already open in this process")
             _OPEN_STORES[key] = self
         try:
-            self._assemble(device, policy, verify_summaries, readonly, repair, progress)
+            self._assemble(device, policy, verify_summaries, readonly, repair, progress, upgrade)
         except BaseException:
             _release(key, self)
             raise
         return self
 
     def _assemble(self, device: ZonedDevice, policy: str | None, verify: bool, readonly: bool,
-                  repair: bool = False, progress=None) -> None:
+                  repair: bool = False, progress=None, upgrade: bool = False) -> None:
         """Mount (recovery builds the catalog, zone book and metadata log) and compose the rest."""
-        m = mount(device, readonly=readonly, repair=repair, progress=progress)
+        m = mount(device, readonly=readonly, repair=repair, upgrade=upgrade, progress=progress)
         sb = m.sb
         self.device = device
         self.readonly = readonly
@@ -583,20 +588,58 @@ class Store:
             self.metrics.generations_aborted += 1
 
     def generations(self) -> list[GenerationInfo]:
-        """Committed generations, ascending step then id."""
+        """Committed generations, ascending step then id (never an unknown one: :meth:`unknown`)."""
         with self.lock:
-            return self.catalog.ordered()
+            return [g for g in self.catalog.ordered() if g.state is GenState.COMMITTED]
+
+    def unknown(self) -> list[GenerationInfo]:
+        """Generations a repair made unknown (:attr:`GenState.UNKNOWN`: a lost journal record could
+        have deleted or changed them), ascending step then id; each names why
+        (``unknown_reason``).  Their bytes stay on the device; they are neither listed by
+        :meth:`generations` nor read until :meth:`restore`."""
+        with self.lock:
+            return [g for g in self.catalog.ordered() if g.state is GenState.UNKNOWN]
 
     def generation(self, gen_id: str) -> GenerationInfo:
         """The committed generation ``gen_id``.
 
         Raises:
-            GenerationNotFoundError: no committed generation has that id.
+            GenerationNotFoundError: no committed generation has that id (an unknown one included:
+                the message says how to inspect and restore it).
         """
         with self.lock:
             gen = self.catalog.gens.get(gen_id)
             if gen is None:
                 raise GenerationNotFoundError(f"no committed generation {gen_id!r}")
+            if gen.state is GenState.UNKNOWN:
+                raise GenerationNotFoundError(unknown_message(gen, self.device.name))
+            return gen
+
+    def restore(self, gen_id: str) -> GenerationInfo:
+        """Commit an unknown generation again (``retainz fsck --restore``): an explicit decision that
+        it was not deleted.  Its bytes are checked first (every extent's crc32c); the journal gets a
+        replacing commit of its entry, so a remount lists it.
+
+        Raises:
+            GenerationNotFoundError: no unknown generation ``gen_id``.
+            ChecksumError: its data no longer reads back as committed (it is left unknown).
+            ReadOnlyStoreError: the store is open read-only.
+        """
+        with self.lock:
+            self._check_writable()
+            gen = self.catalog.gens.get(gen_id)
+            if gen is None or gen.state is not GenState.UNKNOWN:
+                raise GenerationNotFoundError(f"no unknown generation {gen_id!r} (see `retainz fsck`)")
+            for name in gen.shards:
+                for _ in self.reader.read_shard(gen_id, name, allow_unknown=True):
+                    pass
+            gen.state, why = GenState.COMMITTED, gen.unknown_reason
+            gen.unknown_reason = ""
+            try:
+                self.log.commit(gen_entry_bytes(gen), [])
+            except BaseException:
+                gen.state, gen.unknown_reason = GenState.UNKNOWN, why
+                raise
             return gen
 
     def delete(self, gen_id: str, *, step: int | None = None) -> None:
@@ -763,6 +806,10 @@ class Store:
                              self.recovery.repairs, progress=progress)
             rep.notes += self.recovery.copies
             rep.notes += [f"salvage: {line}" for line in self.recovery.lost]
+            rep.dropped = [d for d in self.recovery.dropped if not d.get("unknown")]
+            rep.unknown = [{"id": g.id, "step": g.step, "reason": g.unknown_reason, "bytes": g.size}
+                           for g in self.catalog.ordered() if g.state is GenState.UNKNOWN]
+            rep.generations -= len(rep.unknown)
             return rep
 
     def df(self) -> SpaceReport:

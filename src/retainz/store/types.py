@@ -31,6 +31,9 @@ class GenState(enum.Enum):
     COMMITTED = "committed"
     ABORTED = "aborted"
     DELETED = "deleted"
+    #: a repair lost a journal record that could have deleted or changed it (docs/format.md,
+    #: "Repair"): kept on the device, not listed nor read, until ``Store.restore`` or ``Store.delete``
+    UNKNOWN = "unknown"
 
 
 @dataclass(slots=True)
@@ -62,6 +65,7 @@ class GenerationInfo:
         shards: ``{name: ShardInfo}`` in write order.
         commit_seq: position of its commit record in the journal (0 while writing), a total order
             of commits.
+        unknown_reason: why a repair made it :attr:`GenState.UNKNOWN` ("" otherwise).
     """
 
     id: str
@@ -70,6 +74,7 @@ class GenerationInfo:
     state: GenState = GenState.WRITING
     shards: dict[str, ShardInfo] = field(default_factory=dict)
     commit_seq: int = 0
+    unknown_reason: str = ""
 
     @property
     def size(self) -> int:
@@ -190,6 +195,10 @@ class FsckReport:
         repairs: on a store opened read-only, what a read-write open would repair (the normal
             recovery of a crash: zones to reset, a journal rollover); not problems.
         notes: what the device noticed when opened (:attr:`ZonedDevice.notes`); not problems.
+        dropped: generations a repair did not keep (``{"id", "step", "reason"}``; ``id`` and
+            ``step`` ``None`` when only the lost record named it).
+        unknown: generations kept as unknown after a repair (``{"id", "step", "reason",
+            "bytes"}``): not listed nor read until ``retainz fsck --restore``.
     """
 
     generations: int = 0
@@ -200,6 +209,8 @@ class FsckReport:
     problems: list[str] = field(default_factory=list)
     repairs: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    dropped: list[dict] = field(default_factory=list)
+    unknown: list[dict] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:

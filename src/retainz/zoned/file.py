@@ -11,6 +11,9 @@ offset                         content
 4096                           zone-state slot A, then its copy A'
 4096 + 2 * slot_size           zone-state slot B, then its copy B'
 data_offset = 4096 + 4 * slot  zone 0, then zone 1, ... each ``zone_size`` bytes (sparse)
+data_offset + zones * size     (version 3) a third copy of the label block, the file's last 4096
+                               bytes: a label in another block, at the far end (GPT keeps its
+                               backup header in the disk's last LBA, UEFI spec 5.3.1)
 =============================  =================================================================
 
 A zone-state slot holds ``RZSTATE\\0``, a sequence number, every zone's condition (u8) and written
@@ -54,8 +57,8 @@ __all__ = ["FileDevice", "FILE_DEVICE_MAGIC", "WRITEBACK_BYTES"]
 
 FILE_DEVICE_MAGIC = b"RETAINZD"
 _STATE_MAGIC = b"RZSTATE\0"
-_VERSION = 2
-_READABLE = (1, 2)
+_VERSION = 3
+_READABLE = (1, 2, 3)
 _LABEL_COPY = 2048          # byte of the label block holding the label's second copy (version 2)
 _LABEL = struct.Struct("<8sIIQQIIIQ16s")
 _SLOT_HEAD = struct.Struct("<8sQ")
@@ -80,8 +83,12 @@ class FileDevice(EmulatedZonedDevice):
         DeviceBusyError: another open of the device (in this process or another) holds its lock.
     """
 
-    def __init__(self, path: str | os.PathLike, *, readonly: bool = False):
+    def __init__(self, path: str | os.PathLike, *, readonly: bool = False, lost_state: bool = False):
         self._fd = -1
+        self._lost_state_ok = lost_state
+        #: every zone-state copy was lost and ``lost_state`` was given: the zones read as Full until
+        #: :meth:`rebuild_state` (a repair, from the journal) sets them
+        self.state_lost = False
         path = os.fspath(path)
         label, geometry, slot_size, dev_uuid = self._read_label(path)
         version, label_note = label
@@ -103,7 +110,12 @@ class FileDevice(EmulatedZonedDevice):
             self._fd = -1
             raise DeviceBusyError(f"{path}: the device is in use (another open of it, in this process or "
                                   "another, holds its lock)") from None
-        conds, written, self._seq = self._read_state()
+        try:
+            conds, written, self._seq = self._read_state()
+        except BaseException:      # release the lock: a repair reopens the file at once
+            os.close(self._fd)
+            self._fd = -1
+            raise
         self._restore(conds, written, self._restore_order)
 
     @property
@@ -140,7 +152,7 @@ class FileDevice(EmulatedZonedDevice):
         label = _LABEL.pack(FILE_DEVICE_MAGIC, _VERSION, g.block_size, g.zone_size, g.zone_capacity,
                             g.nr_zones, g.max_open, g.max_active, slot, uuidlib.uuid4().bytes)
         label += struct.pack("<I", crc32c.crc32c(label))
-        total = _LABEL_SIZE + 4 * slot + g.size
+        total = _LABEL_SIZE + 4 * slot + g.size + _LABEL_SIZE
         existed = os.path.lexists(path)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:   # the lock before any change: a device in use elsewhere is refused untouched
@@ -151,7 +163,9 @@ class FileDevice(EmulatedZonedDevice):
                                   "another, holds its lock); nothing was changed") from None
         try:
             os.ftruncate(fd, 0)
-            os.pwrite(fd, label.ljust(_LABEL_COPY, b"\0") + label.ljust(_LABEL_SIZE - _LABEL_COPY, b"\0"), 0)
+            block = label.ljust(_LABEL_COPY, b"\0") + label.ljust(_LABEL_SIZE - _LABEL_COPY, b"\0")
+            os.pwrite(fd, block, 0)
+            os.pwrite(fd, block, total - _LABEL_SIZE)      # the copy at the far end (version 3)
             empty = _encode_slot(1, [ZoneCond.EMPTY] * g.nr_zones, [0] * g.nr_zones, slot)
             os.pwrite(fd, empty * 2, _LABEL_SIZE)
             os.ftruncate(fd, total)
@@ -187,17 +201,28 @@ class FileDevice(EmulatedZonedDevice):
                 over ``MAX_ZONES``, a geometry ``Geometry`` refuses, a slot size that does not match),
                 or a file shorter than its geometry.
         """
+        size = os.path.getsize(path)
         with open(path, "rb") as f:
             raw = f.read(_LABEL_SIZE)
+            tail = b""
+            if size >= 2 * _LABEL_SIZE:
+                f.seek(size - _LABEL_SIZE)
+                tail = f.read(_LABEL_SIZE)
         n = _LABEL.size + 4
-        copies = [raw[:n], raw[_LABEL_COPY:_LABEL_COPY + n]]
-        if not any(len(c) == n and c[:8] == FILE_DEVICE_MAGIC for c in copies):
+        copies = [raw[:n], raw[_LABEL_COPY:_LABEL_COPY + n], tail[:n]]
+
+        def valid(c: bytes) -> bool:
+            return len(c) == n and c[:8] == FILE_DEVICE_MAGIC and \
+                struct.unpack_from("<I", c, _LABEL.size)[0] == crc32c.crc32c(c[:_LABEL.size])
+
+        good = [i for i, c in enumerate(copies) if valid(c)]
+        if good == [2] and _LABEL.unpack_from(copies[2])[1] < 3:
+            good = []                      # only a version 3 file keeps a copy at its end
+        if not good and not any(len(c) == n and c[:8] == FILE_DEVICE_MAGIC for c in copies[:2]):
             raise NotADeviceError(f"{path} is not a RetainZ device file (no {FILE_DEVICE_MAGIC.decode()} "
                                   "label); nothing was changed. Create one with `retainz device create`.")
-        good = [i for i, c in enumerate(copies)
-                if len(c) == n and struct.unpack_from("<I", c, _LABEL.size)[0] == crc32c.crc32c(c[:_LABEL.size])]
         if not good:
-            raise CorruptDeviceError(f"{path}: the device label fails its checksum")
+            raise CorruptDeviceError(f"{path}: the device label fails its checksum in every copy")
         used = copies[good[0]]
         (_, version, bs, zsize, zcap, nz, mopen, mactive, slot, raw_uuid) = _LABEL.unpack_from(used)
         if version not in _READABLE or (good[0] == 1 and version < 2):
@@ -205,9 +230,15 @@ class FileDevice(EmulatedZonedDevice):
                                   f"(this RetainZ reads versions {', '.join(map(str, _READABLE))}); nothing "
                                   "was changed")
         notes: tuple[str, ...] = ()
-        if version >= 2 and len(good) < 2:
-            notes = (f"device label copy {1 - good[0]} is damaged; copy {good[0]} was used (fsck --repair "
-                     "rewrites it)",)
+        names = ("copy 0", "copy 1", "the copy at the end of the device")
+        expected = [0, 1, 2] if version >= 3 else [0, 1] if version >= 2 else [0]
+        damaged = [names[i] for i in expected if i not in good]
+        if damaged:
+            notes = (f"device label {' and '.join(damaged)} {'is' if len(damaged) == 1 else 'are'} damaged; "
+                     f"{names[good[0]]} was used (fsck --repair rewrites it)",)
+        if version < _VERSION:
+            notes += (f"device file format version {version} (no label copy at the end of the device), read "
+                      f"as is; `retainz fsck --upgrade` migrates it to version {_VERSION}",)
         if nz > MAX_ZONES:     # before the slot size is computed from it
             raise CorruptDeviceError(f"{path}: the label claims {nz:,} zones, over the limit of {MAX_ZONES:,}")
         try:
@@ -218,8 +249,7 @@ class FileDevice(EmulatedZonedDevice):
         if slot != _slot_size(nz):
             raise CorruptDeviceError(f"{path}: the label's state-slot size {slot} does not match its "
                                      f"{nz} zones")
-        size = os.path.getsize(path)
-        need = _LABEL_SIZE + (4 if version >= 2 else 2) * slot + geometry.size
+        need = _LABEL_SIZE + (4 if version >= 2 else 2) * slot + geometry.size + (_LABEL_SIZE if version >= 3 else 0)
         if size < need:
             raise CorruptDeviceError(f"{path} is {size} bytes, shorter than its geometry "
                                      f"({need} bytes): truncated?")
@@ -240,7 +270,16 @@ class FileDevice(EmulatedZonedDevice):
             if decoded and (best is None or decoded[0] > best[0]):
                 best = decoded
         if best is None:
-            raise CorruptDeviceError(f"{self._info.path}: every zone-state copy fails its checksum")
+            if not self._lost_state_ok:
+                raise CorruptDeviceError(f"{self._info.path}: every zone-state copy fails its checksum")
+            # a repair rebuilds the state from the journal (rebuild_state): until then every zone
+            # reads as Full, so every byte the store may have written is readable
+            self.state_lost = True
+            self._damaged_slots = True
+            self._notes += ("every zone-state copy fails its checksum: the zone state is rebuilt from the journal "
+                            "(fsck --repair)",)
+            self._restore_order = []
+            return [ZoneCond.FULL] * self._nz, [self._zcap] * self._nz, 0
         self._damaged_slots = bool(bad)
         used = [n for n in names if seqs.get(n) == best[0]]
         if bad and self._copies == 2 and any(seqs.get(n + "'" if len(n) == 1 else n[0]) == best[0] for n in bad):
@@ -361,15 +400,20 @@ class FileDevice(EmulatedZonedDevice):
         self._check_rw()
         done = []
         if self._version >= 2:
-            with open(self._info.path, "rb") as f:
-                raw = f.read(_LABEL_SIZE)
+            end = os.fstat(self._fd).st_size - _LABEL_SIZE
+            raw = os.pread(self._fd, _LABEL_SIZE, 0)
+            tail = os.pread(self._fd, _LABEL_SIZE, end) if self._version >= 3 else b""
             n = _LABEL.size + 4
-            for c in (raw[:n], raw[_LABEL_COPY:_LABEL_COPY + n]):
-                if struct.unpack_from("<I", c, _LABEL.size)[0] == crc32c.crc32c(c[:_LABEL.size]):
+            for c in (raw[:n], raw[_LABEL_COPY:_LABEL_COPY + n], tail[:n]):
+                if len(c) == n and c[:8] == FILE_DEVICE_MAGIC and \
+                        struct.unpack_from("<I", c, _LABEL.size)[0] == crc32c.crc32c(c[:_LABEL.size]):
                     block = c.ljust(_LABEL_COPY, b"\0") + c.ljust(_LABEL_SIZE - _LABEL_COPY, b"\0")
                     if block != raw:
                         os.pwrite(self._fd, block, 0)
                         done.append("rewrote the device label's copies")
+                    if self._version >= 3 and block != tail:
+                        os.pwrite(self._fd, block, end)
+                        done.append("rewrote the device label's copy at the end of the device")
                     break
         if getattr(self, "_damaged_slots", False):
             self.flush()
@@ -379,6 +423,48 @@ class FileDevice(EmulatedZonedDevice):
             done.append("rewrote both zone-state slots and their copies")
         _datasync(self._fd)
         return done
+
+    def rebuild_state(self, conds: list[ZoneCond], written: list[int]) -> None:
+        """Set every zone's condition and written bytes after all zone-state copies were lost
+        (``lost_state``; a repair computes them from the journal: docs/format.md, "Repair"), and
+        record them in both slot pairs.
+
+        Raises:
+            PermissionError: opened read-only.  OSError: a write failed.
+        """
+        self._check_rw()
+        conds = [ZoneCond.CLOSED if c in (ZoneCond.IMP_OPEN, ZoneCond.EXP_OPEN) else c for c in conds]
+        self._restore(conds, written, [])
+        self._persist()
+        self._persist()
+        self.state_lost = False
+
+    def upgrade(self) -> list[str]:
+        """Migrate a device file of an older format version to this one (``fsck --upgrade``): a
+        version 2 file gains the label copy at its end; returns what was done (empty: nothing to
+        do; version 1 files, without slot copies, stay as they are).
+
+        Raises:
+            PermissionError: opened read-only.  OSError: a write failed.
+        """
+        self._check_rw()
+        if self._version != 2:
+            return []
+        raw = os.pread(self._fd, _LABEL_SIZE, 0)
+        n = _LABEL.size + 4
+        c = next(c for c in (raw[:n], raw[_LABEL_COPY:_LABEL_COPY + n])
+                 if struct.unpack_from("<I", c, _LABEL.size)[0] == crc32c.crc32c(c[:_LABEL.size]))
+        label = c[:8] + struct.pack("<I", _VERSION) + c[12:_LABEL.size]
+        label += struct.pack("<I", crc32c.crc32c(label))
+        block = label.ljust(_LABEL_COPY, b"\0") + label.ljust(_LABEL_SIZE - _LABEL_COPY, b"\0")
+        end = self._data_offset + self.geometry.size
+        os.ftruncate(self._fd, end + _LABEL_SIZE)
+        os.pwrite(self._fd, block, end)      # the copy at the end first, then the label block
+        _datasync(self._fd)
+        os.pwrite(self._fd, block, 0)
+        _datasync(self._fd)
+        self._version = _VERSION
+        return [f"device file format 2 migrated to {_VERSION} (a label copy at the end of the device)"]
 
     def _named(self, e: OSError) -> OSError:
         """``e`` naming the device file (``PATH: No space left on device``), same errno and class."""

@@ -1,0 +1,62 @@
+"""The metadata fault model, as a campaign (issue 41 item 5; :mod:`retainz.testing.metadamage`).
+
+Stores built by real workloads (two jobs keeping their last three checkpoints, a replaced ``last``,
+a hint update, forced GC passes; many small generations deleted out of order) are damaged one fault
+at a time: every metadata 4 KiB block destroyed in turn (all of them here: a second), and one byte
+flipped at a sample of metadata offsets (``RETAINZ_DAMAGE_SAMPLE``, default 300 per store; ``all``
+runs every offset: ``make test-damage``).  After a read-only open, or ``fsck --repair`` when it
+refuses: nothing deleted or replaced is listed, every live generation is recovered or named.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from retainz.testing.metadamage import WORKLOADS, build_store, damage_sites, run_campaign
+
+_SAMPLE = os.environ.get("RETAINZ_DAMAGE_SAMPLE", "300")
+SAMPLE = None if _SAMPLE == "all" else int(_SAMPLE)
+
+
+def _report(capsys, workload, c):
+    with capsys.disabled():
+        print(f"\n{workload} {c.kind}: {c.sites} sites, {c.opened_intact} opened intact, {c.repaired} repaired, "
+              f"{c.named_lost} named lost, {c.named_unknown} named unknown, {c.named_anonymous} named by count, "
+              f"{c.resurrected} resurrected, {c.unnamed} unnamed")
+
+
+@pytest.mark.parametrize("workload", sorted(WORKLOADS))
+def test_every_destroyed_metadata_block_resurrects_nothing_and_names_every_loss(workload, capsys):
+    c = run_campaign(workload, "block")
+    _report(capsys, workload, c)
+    assert c.failures == [] and c.resurrected == 0 and c.unnamed == 0
+    assert c.sites >= 10 and c.opened_intact + c.repaired == c.sites
+    assert c.opened_intact > 0 and c.repaired > 0
+
+
+@pytest.mark.parametrize("workload", sorted(WORKLOADS))
+def test_a_flipped_byte_at_metadata_offsets_resurrects_nothing_and_names_every_loss(workload, capsys):
+    c = run_campaign(workload, "byte", sample=SAMPLE)
+    _report(capsys, workload, c)
+    assert c.failures == [] and c.resurrected == 0 and c.unnamed == 0
+    assert c.opened_intact + c.repaired == c.sites and c.sites >= min(SAMPLE or 1000, 1000)
+
+
+def test_the_workloads_build_what_the_fault_model_needs():
+    """Deletes, a replaced version, GC moves, several jobs: the stores hold each."""
+    dev, truth = build_store("jobs")
+    assert truth.deleted and truth.replaced and len({g.split("-")[0] for g in truth.live if "-step-" in g}) == 2
+    assert len(damage_sites(dev, "byte")) > 20 * len(damage_sites(dev, "block"))
+
+
+def test_every_destroyed_block_of_the_device_file_metadata_loses_nothing(tmp_path, capsys):
+    """The FileDevice's own metadata: its label block, each block of the zone-state slots, the label
+    copy at the end; each destroyed in turn, the store opens (or repairs) with every generation."""
+    from retainz.testing.metadamage import run_device_blocks
+
+    c = run_device_blocks("jobs", str(tmp_path))
+    _report(capsys, "jobs", c)
+    assert c.failures == [] and c.resurrected == 0 and c.unnamed == 0 and c.named_lost == 0
+    assert c.sites >= 6 and c.opened_intact + c.repaired == c.sites and c.opened_intact >= 2

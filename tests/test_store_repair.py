@@ -1,0 +1,273 @@
+"""Repair never brings back what was deleted and never loses what a copy holds (issue 41 items 1-3).
+
+A store on a FileDevice holds gen-1 .. gen-5 (committed, small enough to share data zones), then
+``rm gen-1``; its metadata is damaged a few bytes at a time, as a new user would, and ``ls``,
+``fsck``, ``fsck --repair`` and ``get`` are run through the CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+
+from retainz.cli import main
+from retainz.store import Store
+from retainz.store.records import kind_of, unframe
+from retainz.zoned import FileDevice
+from retainz.zoned.file import _LABEL_SIZE
+from retainz.zoned.model import Geometry
+
+KiB = 1024
+GEOM = Geometry(nr_zones=16, zone_size=256 * KiB, zone_capacity=192 * KiB, block_size=4096, max_open=3,
+                max_active=4)
+BS = GEOM.block_size
+
+
+def _data(i: int) -> bytes:
+    return bytes([i]) * 3000
+
+
+def make(path) -> str:
+    """gen-1 .. gen-5 committed, gen-1 deleted (the CLI's own commands); returns the path."""
+    FileDevice.create(path, GEOM).close()
+    dev = FileDevice(path)
+    with Store.format(dev) as s:
+        for i in range(1, 6):
+            w = s.begin_generation(f"gen-{i}", step=i)
+            w.write_shard("model.pt", [_data(i)])
+            w.commit()
+    dev.close()
+    assert main(["rm", str(path), "gen-1", "--step", "6"]) == 0
+    return str(path)
+
+
+def data_offset(path) -> int:
+    dev = FileDevice(path, readonly=True)
+    try:
+        return dev._data_offset
+    finally:
+        dev.close()
+
+
+def records(path) -> list[tuple[int, int, bytes]]:
+    """``(file offset, frame bytes, payload)`` of every intact record frame in the meta zones."""
+    base = data_offset(path)
+    out = []
+    with open(path, "rb") as f:
+        for z in range(3):
+            f.seek(base + z * GEOM.zone_size)
+            buf = f.read(GEOM.zone_capacity)
+            for pos in range(0, len(buf) - 8, BS):
+                n, total, ok = unframe(buf, pos, len(buf), BS)
+                if ok and total:
+                    out.append((base + z * GEOM.zone_size + pos, total, bytes(buf[pos + 8:pos + 8 + n])))
+    return out
+
+
+def copies_of(path, kind: str, needle: bytes) -> list[int]:
+    """File offsets of every copy of the ``kind`` record whose payload holds ``needle``."""
+    return [off for off, _, p in records(path) if kind_of(p) == kind and needle in p]
+
+
+def damage(path, off: int, n: int = 3) -> None:
+    """Flip ``n`` bytes of a record's payload (past its header)."""
+    with open(path, "r+b") as f:
+        f.seek(off + 12)
+        b = f.read(n)
+        f.seek(off + 12)
+        f.write(bytes(x ^ 0x5A for x in b))
+
+
+def listed(path, capsys) -> list[str]:
+    capsys.readouterr()
+    assert main(["ls", path, "--json"]) == 0
+    return sorted(g["id"] for g in json.loads(capsys.readouterr().out))
+
+
+def fsck_json(path, capsys, *extra) -> tuple[int, dict]:
+    capsys.readouterr()
+    rc = main(["fsck", *extra, path, "--json"])
+    return rc, json.loads(capsys.readouterr().out)
+
+
+def test_a_damaged_deletion_record_never_brings_the_deleted_generation_back(tmp_path, capsys):
+    """Issue 41 item 1: every copy of gen-1's deletion record damaged; repair must not list,
+    read or commit gen-1 again."""
+    path = make(tmp_path / "dev.img")
+    offs = copies_of(path, "d", b'"gen-1"')
+    assert offs
+    for off in offs:
+        damage(path, off)
+    rc, _ = fsck_json(path, capsys, "--repair")
+    assert "gen-1" not in listed(path, capsys)
+    capsys.readouterr()
+    assert main(["get", path, "gen-1", "-o", str(tmp_path / "out")]) != 0
+    # and the other generations are still all there (the live-set digest of the next record
+    # says which one the lost record deleted)
+    assert listed(path, capsys) == ["gen-2", "gen-3", "gen-4", "gen-5"]
+    assert rc == 0
+
+
+def test_a_lost_last_record_makes_what_it_could_concern_unknown_and_restorable(tmp_path, capsys):
+    """Issue 41 item 1: the deletion record and the sync record after it both lost: nothing after
+    them says what they did, so every generation they could concern is unknown: named by id and
+    step, not listed nor read, restorable one by one with ``fsck --restore`` (never by the repair)."""
+    path = make(tmp_path / "dev.img")
+    for off in copies_of(path, "d", b'"gen-1"') + copies_of(path, "x", b'"now":6'):
+        damage(path, off)
+    rc, rep = fsck_json(path, capsys, "--repair")
+    assert rc == 0, rep
+    assert [(u["id"], u["step"]) for u in rep["unknown"]] == [(f"gen-{i}", i) for i in range(1, 6)]
+    assert all("could have deleted or changed it" in u["reason"] for u in rep["unknown"])
+    assert listed(path, capsys) == []
+    capsys.readouterr()
+    assert main(["get", path, "gen-3", "-o", str(tmp_path / "o")]) == 2   # as any missing generation
+    assert f"retainz fsck --restore gen-3 {path}" in capsys.readouterr().err
+    rc, rep = fsck_json(path, capsys)           # still unknown after a remount: nothing resurrected
+    assert rc == 0 and len(rep["unknown"]) == 5, rep
+    assert main(["fsck", "--restore", "gen-3", path]) == 0
+    assert listed(path, capsys) == ["gen-3"]
+    out = tmp_path / "out"
+    assert main(["get", path, "gen-3", "-o", str(out)]) == 0
+    assert (out / "model.pt").read_bytes() == _data(3)
+    assert main(["rm", path, "gen-1"]) == 0       # discarding an unknown one
+    rc, rep = fsck_json(path, capsys)
+    assert sorted(u["id"] for u in rep["unknown"]) == ["gen-2", "gen-4", "gen-5"], rep
+
+
+def test_a_lost_commit_record_is_named_by_repair(tmp_path, capsys):
+    """Issue 41 item 2: every copy of gen-3's commit record damaged: repair names what it lost,
+    and ``fsck --json`` lists it."""
+    path = make(tmp_path / "dev.img")
+    for off in copies_of(path, "c", b'"gen-3"'):
+        damage(path, off)
+    rc, rep = fsck_json(path, capsys, "--repair")
+    assert rc == 0, rep
+    # the others are settled by the next record's live set (one commit lost, no deletion)
+    assert listed(path, capsys) == ["gen-2", "gen-4", "gen-5"]
+    assert [d for d in rep["dropped"] if "commit sequence 3..3" in d["reason"]], rep
+    assert rep["unknown"] == []
+
+
+def test_every_error_a_repair_fixes_says_to_run_fsck_repair(tmp_path, capsys):
+    """Issue 41 item 2: until repaired, every command names the way out in the CLI's words."""
+    path = make(tmp_path / "dev.img")
+    for off in copies_of(path, "c", b'"gen-3"'):
+        damage(path, off)
+    for argv in (["ls", path], ["fsck", path], ["get", path, "gen-2", "-o", str(tmp_path / "o")]):
+        capsys.readouterr()
+        assert main(argv) == 1
+        err = capsys.readouterr().err
+        assert f"retainz fsck --repair {path}" in err, (argv, err)
+
+
+def test_both_superblock_copies_of_the_chain_zone_lost_are_recovered_from_a_spare(tmp_path, capsys):
+    """Issue 41 item 3: the chain zone's two superblock blocks destroyed; the spares of the other
+    meta zones hold the store's identity, so every generation is still reachable."""
+    path = make(tmp_path / "dev.img")
+    dev = FileDevice(path, readonly=True)
+    with Store.open(dev, readonly=True) as s:
+        chain = list(s.journal.chain)
+    dev.close()
+    base = data_offset(path)
+    with open(path, "r+b") as f:
+        f.seek(base + chain[0] * GEOM.zone_size)
+        f.write(bytes(2 * BS))
+    assert listed(path, capsys) == ["gen-2", "gen-3", "gen-4", "gen-5"]
+    rc, rep = fsck_json(path, capsys, "--repair")
+    assert rc == 0, rep
+    rc, rep = fsck_json(path, capsys)
+    assert rc == 0 and not any("superblock" in n for n in rep["notes"]), rep
+
+
+def test_the_device_label_block_lost_is_recovered_from_its_copy_at_the_end(tmp_path, capsys):
+    """Issue 41 item 3: the whole first 4 KiB block (both label copies) destroyed."""
+    path = make(tmp_path / "dev.img")
+    with open(path, "r+b") as f:
+        f.write(bytes(_LABEL_SIZE))
+    assert listed(path, capsys) == ["gen-2", "gen-3", "gen-4", "gen-5"]
+    rc, rep = fsck_json(path, capsys, "--repair")
+    assert rc == 0, rep
+    with open(path, "rb") as f:
+        assert f.read(8) == b"RETAINZD"
+
+
+def test_every_zone_state_copy_lost_is_rebuilt_from_the_journal(tmp_path, capsys):
+    """Issue 41 item 3: all four zone-state slot copies destroyed: ``fsck --repair`` rebuilds the
+    zone state from the journal (and the device's write pointers where it has them)."""
+    path = make(tmp_path / "dev.img")
+    dev = FileDevice(path, readonly=True)
+    slot = dev._slot_size
+    dev.close()
+    with open(path, "r+b") as f:
+        f.seek(_LABEL_SIZE)
+        f.write(b"\xff" * (4 * slot))
+    capsys.readouterr()
+    assert main(["ls", path]) == 1
+    assert f"retainz fsck --repair {path}" in capsys.readouterr().err
+    rc, rep = fsck_json(path, capsys, "--repair")
+    assert rc == 0, rep
+    assert listed(path, capsys) == ["gen-2", "gen-3", "gen-4", "gen-5"]
+    out = tmp_path / "out"
+    assert main(["get", path, "gen-5", "-o", str(out)]) == 0
+    assert (out / "model.pt").read_bytes() == _data(5)
+    # the repaired store takes new generations
+    src = tmp_path / "new.bin"
+    src.write_bytes(b"x" * 5000)
+    assert main(["put", path, "gen-6", str(src), "--step", "7"]) == 0
+    rc, rep = fsck_json(path, capsys)
+    assert rc == 0, rep
+
+
+@pytest.mark.parametrize("kind", ["c", "d"])
+def test_a_zeroed_4k_block_of_one_record_loses_only_what_it_alone_held(tmp_path, capsys, kind):
+    """A lost 4 KiB block (the unit a drive loses) of one record: the deletion stays a deletion
+    (the next record's live set says which); a lost commit loses that generation only, named."""
+    path = make(tmp_path / "dev.img")
+    needle = b'"gen-1"' if kind == "d" else b'"gen-2"'
+    off = copies_of(path, kind, needle)[0]
+    with open(path, "r+b") as f:
+        f.seek(off)
+        f.write(bytes(BS))
+    rc, rep = fsck_json(path, capsys, "--repair")
+    assert rc == 0, rep
+    if kind == "d":
+        assert listed(path, capsys) == ["gen-2", "gen-3", "gen-4", "gen-5"]
+        assert [(d["id"], d["step"]) for d in rep["dropped"]] == [("gen-1", 1)]
+    else:
+        assert listed(path, capsys) == ["gen-3", "gen-4", "gen-5"]
+        assert [d["reason"] for d in rep["dropped"] if "commit sequence 2..2" in d["reason"]], rep
+    assert rep["unknown"] == []
+    assert struct.calcsize("<II") == 8
+
+
+def test_an_older_store_is_read_as_is_and_migrated_only_by_fsck_upgrade(tmp_path, capsys):
+    """Version policy: a format-3 store (written before this change) lists and reads; a writing
+    command refuses it in one line naming `fsck --upgrade`; after it, writes work."""
+    import dataclasses
+
+    from retainz.store.format import Superblock
+
+    path = make(tmp_path / "dev.img")
+    base = data_offset(path)
+    with open(path, "r+b") as f:       # rewrite every superblock copy as version 3
+        for z in range(3):
+            for b in (0, 1):
+                f.seek(base + z * GEOM.zone_size + b * BS)
+                raw = f.read(BS)
+                sb = Superblock.decode(raw, GEOM)
+                if sb is not None:
+                    f.seek(base + z * GEOM.zone_size + b * BS)
+                    f.write(dataclasses.replace(sb, version=3).encode())
+    assert listed(path, capsys) == ["gen-2", "gen-3", "gen-4", "gen-5"]
+    src = tmp_path / "new.bin"
+    src.write_bytes(b"y" * 4000)
+    capsys.readouterr()
+    assert main(["put", path, "gen-6", str(src), "--step", "7"]) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and f"`retainz fsck --upgrade {path}`" in err, err
+    assert main(["fsck", "--upgrade", path]) == 0
+    assert main(["put", path, "gen-6", str(src), "--step", "7"]) == 0
+    assert listed(path, capsys) == ["gen-2", "gen-3", "gen-4", "gen-5", "gen-6"]
