@@ -19,6 +19,14 @@ A *fleet* is the sequence of jobs one node-local zoned device serves over a trac
   commits and is left out), and, ``linger`` steps after the end, a deletion of every checkpoint the
   job left behind (the job's folder cleaned up after an evaluation or a restart elsewhere).
 
+* **the node** (format 2) - the jobs above are *offered* to one node of ``gpus_per_node`` GPUs; a
+  job of at least one node takes the whole node (alone on it), sub-node jobs share it up to its GPUs,
+  and a job that finds too few free GPUs waits first come, first served (``placement: queue``) or
+  runs on another node (``elsewhere``) (:func:`place_on_node`); each job records the bytes per step
+  its saves are written at (:func:`write_bandwidth`: the drive's ``save_bandwidth`` x ``step_seconds``,
+  or paced to the next save for an asynchronous class).  Format 1 configs generate the fleets they
+  always did.
+
 RetainZ learns only what the runtime tells it: the save-time hints of the rule, computed for the
 planned run.  The cleanup is never announced, so a checkpoint's real death (the trace's delete
 events, which only the ``oracle`` control reads) can differ from its hint.
