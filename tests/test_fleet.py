@@ -84,6 +84,7 @@ def test_cli_writes_the_same_trace_as_the_library(tmp_path):
     ({"fleet": 3}, "fleet config: key 'fleet': format version must be 1 or 2, got 3"),
     ({"fleet": 1, "save_bandwidth": 10**9}, "key 'save_bandwidth': unknown key (a format 2 key: give \"fleet\": 2)"),
     ({"step_seconds": 0}, "key 'step_seconds': must be > 0 and <= 1e+06, got 0"),
+    ({"placement": "fifo"}, "key 'placement': must be one of queue, elsewhere, got \"fifo\""),
     ({"jobs": [{"model": "llama3-8b", "gpus": 8, "weight": 1, "async": 1}]}, "entry 0: async must be true or false"),
     ({"fleet": 1, "jobs": [{"model": "llama3-8b", "gpus": 8, "weight": 1, "async": True}]},
      "key 'jobs': entry 0: unknown key 'async'"),
@@ -369,6 +370,19 @@ def test_a_70b_job_is_alone_on_its_nodes_device_and_sub_node_jobs_pack_up_to_8_g
     st = write_fleet(io.StringIO(), small, seed)
     assert st.peak_jobs == 8 and st.not_on_node == len(offered_jobs(small, seed)) - len(jobs) > 0
     assert 7 < st.mean_node_gpus <= 8                 # the queue keeps the node full
+
+
+def test_a_fleet_placed_elsewhere_records_the_jobs_its_node_did_not_run(tmp_path):
+    cfg = FleetConfig.from_json({**SMALL, "concurrency": 12, "placement": "elsewhere"})
+    offered, kept = offered_jobs(cfg, 3), draw_jobs(cfg, 3)
+    out = tmp_path / "f.jsonl"
+    st = write_fleet(str(out), cfg, seed=3)
+    with TraceReader(str(out)) as r:
+        assert r.header.layout["not_on_node"] == st.not_on_node == len(offered) - len(kept) > 0
+        assert [(j["start"], j["end"]) for j in r.header.layout["jobs"]] == [(j.start, j.end) for j in kept]
+    # placed elsewhere, a job keeps the step it arrived at; queued, a job may start later
+    assert {(j.start, j.end) for j in kept} <= {(j.start, j.end) for j in offered}
+    assert 0 < st.mean_node_gpus <= 8 and st.peak_jobs <= 8
 
 
 def test_each_job_records_the_bytes_per_step_its_saves_are_written_at(tmp_path):
