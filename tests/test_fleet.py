@@ -297,6 +297,13 @@ def test_a_format_1_config_generates_the_fleet_it_always_did(tmp_path, config, s
         assert all("write_bandwidth" not in j for j in r.header.layout["jobs"])
 
 
+def test_format_1_written_as_a_float_is_format_1(tmp_path):
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    write_fleet(str(a), FleetConfig.from_json({**SMALL, "fleet": 1.0}), seed=0)
+    write_fleet(str(b), FleetConfig.from_json({**SMALL, "fleet": 1}), seed=0)
+    assert _digest(a) == _digest(b) == V1_RECORDED[0][2]
+
+
 def test_format_2_is_the_default_and_draws_other_jobs_than_format_1(tmp_path):
     assert FleetConfig.from_json({}).raw["fleet"] == 2 and DEFAULT_CONFIG["fleet"] == 2
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"

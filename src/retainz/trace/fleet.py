@@ -224,7 +224,7 @@ class FleetConfig:
         if unknown:
             later = " (a format 2 key: give \"fleet\": 2)" if version == 1 and unknown[0] in DEFAULT_CONFIG else ""
             raise _bad(unknown[0], f"unknown key{later} (valid: {', '.join(defaults)})")
-        c = {**defaults, **obj}
+        c = {**defaults, **obj, "fleet": int(version)}   # 1.0 reads as 1 (it names the jobs' random stream)
         if version >= 2:
             if c["placement"] not in PLACEMENTS:
                 raise _bad("placement", f"must be one of {', '.join(PLACEMENTS)}, got {json.dumps(c['placement'])}")
