@@ -407,8 +407,8 @@ class FleetJob:
 
 
 def node_gpus(gpus: int, gpus_per_node: int) -> int:
-    """The GPUs a job of ``gpus`` GPUs takes on its (first) node: all of them for a job of at least one
-    node (it takes whole nodes: Slurm's ``--exclusive``/whole-node allocation, docs/fleet.md), else its own."""
+    """The GPUs a job of ``gpus`` GPUs takes on its (first) node: all ``gpus_per_node`` of them for a job
+    of at least one node (it takes whole nodes), else its own ``gpus`` (docs/fleet.md, "The node")."""
     return min(gpus, gpus_per_node)
 
 
@@ -442,11 +442,16 @@ def draw_jobs(config: FleetConfig, seed: int) -> list[FleetJob]:
 
     Raises:
         ValueError: a job would plan more saves than the generator allows."""
-    jobs = offered_jobs(config, seed)
-    if config.raw["fleet"] >= 2:
-        c = config.raw
-        return place_on_node(jobs, c["gpus_per_node"], c["placement"], c["steps"])[0]
-    return jobs
+    return _fleet_jobs(config, seed)[1]
+
+
+def _fleet_jobs(config: FleetConfig, seed: int) -> tuple[list[FleetJob], list[FleetJob]]:
+    """(offered jobs, the fleet's jobs): format 2 places the offered jobs on the node, format 1 keeps them."""
+    offered = offered_jobs(config, seed)
+    c = config.raw
+    if c["fleet"] >= 2:
+        return offered, place_on_node(offered, c["gpus_per_node"], c["placement"], c["steps"])[0]
+    return offered, offered
 
 
 def offered_jobs(config: FleetConfig, seed: int) -> list[FleetJob]:
@@ -515,7 +520,7 @@ def place_on_node(jobs: list[FleetJob], gpus_per_node: int, placement: str = "qu
     arrival order), and a job that finds too few free GPUs is, by ``placement``:
 
     * ``queue``: queued.  The node starts jobs first come, first served: a job starts when the jobs
-      started before it have started and enough GPUs are free, and every job behind it waits too
+      offered before it have started and enough GPUs are free, and every job behind it waits too
       (a FIFO queue without backfill).  A waiting job starts later than it arrived; its end and
       cleanup move with it (its planned length and linger are kept).  A job that would start at or
       after ``horizon`` is not run.
@@ -638,9 +643,8 @@ def generate_fleet(config: FleetConfig, seed: int = 0) -> tuple[TraceHeader, lis
         config: a validated :class:`FleetConfig`.
         seed: the fleet's seed (arrivals, classes, lengths, causes, lingers, each job's trace seed).
     """
-    offered = offered_jobs(config, seed)
+    offered, jobs = _fleet_jobs(config, seed)
     c = config.raw
-    jobs = place_on_node(offered, c["gpus_per_node"], c["placement"], c["steps"])[0] if c["fleet"] >= 2 else offered
     horizon = config.raw["steps"]
     layouts = {}
     for j in jobs:
