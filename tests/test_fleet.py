@@ -4,13 +4,24 @@ validation, traces that validate, and a small fleet replayed through the real st
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import math
+from fractions import Fraction
 
 import pytest
 
 from retainz.cli import main
-from retainz.trace.fleet import DEFAULT_CONFIG, FleetConfig, draw_jobs, node_layout, write_fleet
+from retainz.trace.fleet import (
+    DEFAULT_CONFIG,
+    DRIVES,
+    FleetConfig,
+    draw_jobs,
+    node_layout,
+    offered_jobs,
+    place_on_node,
+    write_fleet,
+)
 from retainz.trace.format import DeleteEvent, SaveEvent
 from retainz.trace.io import TraceReader
 from retainz.trace.layouts import get_layout
@@ -70,7 +81,13 @@ def test_cli_writes_the_same_trace_as_the_library(tmp_path):
 
 
 @pytest.mark.parametrize("override, message", [
-    ({"fleet": 2}, "fleet config: key 'fleet': format version must be 1, got 2"),
+    ({"fleet": 3}, "fleet config: key 'fleet': format version must be 1 or 2, got 3"),
+    ({"fleet": 1, "save_bandwidth": 10**9}, "key 'save_bandwidth': unknown key (a format 2 key: give \"fleet\": 2)"),
+    ({"step_seconds": 0}, "key 'step_seconds': must be > 0 and <= 1e+06, got 0"),
+    ({"placement": "fifo"}, "key 'placement': must be one of queue, elsewhere, got \"fifo\""),
+    ({"jobs": [{"model": "llama3-8b", "gpus": 8, "weight": 1, "async": 1}]}, "entry 0: async must be true or false"),
+    ({"fleet": 1, "jobs": [{"model": "llama3-8b", "gpus": 8, "weight": 1, "async": True}]},
+     "key 'jobs': entry 0: unknown key 'async'"),
     ({"concurrency": 0}, "fleet config: key 'concurrency': must be > 0 and <= 1024, got 0"),
     ({"churn": "8"}, "fleet config: key 'churn': must be a number, got \"8\""),
     ({"steps": 1.5}, "fleet config: key 'steps': must be an integer, got 1.5"),
@@ -107,8 +124,9 @@ def test_a_config_that_is_not_json_is_a_one_line_error(tmp_path, capsys):
 
 
 def test_jobs_follow_the_config_little_law_and_end_causes():
+    """The arrival process (format 2's jobs offered to the node, before placement; format 1's fleet)."""
     cfg = FleetConfig.from_json({**DEFAULT_CONFIG, "steps": 400000, "concurrency": 4, "churn": 10})
-    jobs = draw_jobs(cfg, seed=1)
+    jobs = offered_jobs(cfg, seed=1)
     # Little's law: mean running jobs = arrival rate x mean length; the job-steps over the horizon say it
     busy = sum(min(j.end, 400000) - j.start for j in jobs) / 400000
     assert 2.0 < busy < 4.5           # ended early (failed, preempted) jobs run less than planned
@@ -223,7 +241,7 @@ def test_zenfs_scans_of_the_open_zones_answer_as_upstreams_scan_of_every_zone(tm
     from retainz.trace.replay import ReplayConfig, replay
 
     out = tmp_path / "f.jsonl"
-    write_fleet(str(out), FleetConfig.from_json({**SMALL, "concurrency": 6}), seed=4)
+    write_fleet(str(out), FleetConfig.from_json({**SMALL, "fleet": 1, "concurrency": 6}), seed=4)
     cfg = ReplayConfig(policy="zenfs", pressure=0.97, reserve_zones=4, zone_size=256 << 20, zone_capacity=256 << 20,
                        max_active=14, max_open=14)
     fast = replay(str(out), cfg)
@@ -256,3 +274,207 @@ def test_a_manifests_fleet_case_is_validated_and_named_by_its_whole_config(fleet
     with pytest.raises(ManifestError) as e:
         expand(bad)
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+# --- format 2: the node, the save bandwidth, the drives, time-averaged occupancy -------------------------------
+
+#: Format 1 configs and the sha256 of the traces they generated before format 2 existed (recorded with the
+#: format 1 generator of main at ef69b09): format 1 must keep generating them byte for byte.
+V1_RECORDED = [
+    ({**SMALL, "fleet": 1}, 0, "d5793031b5386d8d77d1806307056a9ee438e996c032f102ba54ea0d37acac5e"),
+    ({"fleet": 1, "steps": 20000, "concurrency": 4, "churn": 8, "scale": "1/1024"}, 1,
+     "e53038202b701a4bbb5187553757da12ddc26bca0247d03e8320753939a2be0b"),
+]
+
+
+@pytest.mark.parametrize("config, seed, digest", V1_RECORDED)
+def test_a_format_1_config_generates_the_fleet_it_always_did(tmp_path, config, seed, digest):
+    out = tmp_path / "v1.jsonl"
+    write_fleet(str(out), FleetConfig.from_json(config), seed=seed)
+    assert _digest(out) == digest
+    with TraceReader(str(out)) as r:
+        assert "not_on_node" not in r.header.layout
+        assert all("write_bandwidth" not in j for j in r.header.layout["jobs"])
+
+
+def test_format_1_written_as_a_float_is_format_1(tmp_path):
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    write_fleet(str(a), FleetConfig.from_json({**SMALL, "fleet": 1.0}), seed=0)
+    write_fleet(str(b), FleetConfig.from_json({**SMALL, "fleet": 1}), seed=0)
+    assert _digest(a) == _digest(b) == V1_RECORDED[0][2]
+
+
+def test_format_2_is_the_default_and_draws_other_jobs_than_format_1(tmp_path):
+    assert FleetConfig.from_json({}).raw["fleet"] == 2 and DEFAULT_CONFIG["fleet"] == 2
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    write_fleet(str(a), FleetConfig.from_json(SMALL), seed=0)
+    write_fleet(str(b), FleetConfig.from_json({**SMALL, "fleet": 1}), seed=0)
+    assert _digest(a) != _digest(b)
+
+
+def _job(job, start, end, gpus):
+    from retainz.trace.fleet import FleetJob
+
+    return FleetJob(job, start, end - start, end, "finished", None, "x", gpus, -(-gpus // 8), "x", "x", 10, 0)
+
+
+def test_the_node_takes_a_job_only_when_its_gpus_are_free_and_sends_the_rest_elsewhere():
+    jobs = [_job(0, 0, 100, 1),        # on the node: 1 GPU used
+            _job(1, 10, 500, 64),      # a whole-node job while a 1-GPU job runs: elsewhere
+            _job(2, 20, 100, 4),       # 5 used
+            _job(3, 30, 100, 4),       # 9 > 8: elsewhere
+            _job(4, 40, 100, 3),       # 8 used: the node is full
+            _job(5, 50, 60, 1),        # elsewhere (full)
+            _job(6, 100, 400, 64),     # every job ended at 100: the empty node takes the 70B job, all 8 GPUs
+            _job(7, 150, 160, 1),      # elsewhere: the whole-node job is alone on its node
+            _job(8, 400, 450, 8)]      # the 70B job ended at 400: an 8-GPU job (one node) takes the node
+    kept, elsewhere = place_on_node(jobs, 8, "elsewhere")
+    assert [(j.job, j.start, j.gpus) for j in kept] == [(0, 0, 1), (1, 20, 4), (2, 40, 3), (3, 100, 64), (4, 400, 8)]
+    assert [j.job for j in elsewhere] == [1, 3, 5, 7]
+    # the initial jobs start staggered, not in arrival order: placement goes by start step
+    kept, _ = place_on_node([_job(0, 30, 90, 8), _job(1, 5, 50, 1)], 8, "elsewhere")
+    assert [(j.job, j.gpus) for j in kept] == [(0, 1)]
+
+
+def test_the_queued_node_starts_jobs_first_come_first_served_when_their_gpus_are_free():
+    from retainz.trace.fleet import FleetJob
+
+    jobs = [_job(0, 0, 100, 1),        # starts at 0
+            _job(1, 10, 500, 64),      # waits for the node to empty: job 0 ends at 100 -> runs 100..590
+            _job(2, 20, 100, 4),       # behind the 70B job (first come, first served): starts at 590
+            _job(3, 30, 100, 4),       # 590 too: 8 GPUs used
+            _job(4, 40, 100, 1),       # waits for the first of jobs 2 and 3 to end: job 3 at 660
+            FleetJob(5, 50, 10, 60, "failed", 1000, "x", 1, 1, "x", "x", 10, 0)]   # 660 too (6 used); cleanup moves
+    kept, waiting = place_on_node(jobs, 8, "queue", horizon=2000)
+    assert [(j.start, j.end) for j in kept] == [(0, 100), (100, 590), (590, 670), (590, 660), (660, 720),
+                                                (660, 670)]
+    assert kept[5].cleanup == 1000 + 610 and waiting == []
+    kept, waiting = place_on_node(jobs, 8, "queue", horizon=600)   # jobs that would start at 600 or later
+    assert len(kept) == 4 and [j.job for j in waiting] == [4, 5]
+    assert kept[3].cleanup is None or kept[3].cleanup <= 600
+
+
+def _overlap(a, b) -> bool:
+    return a.start < b.end and b.start < a.end
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_70b_job_is_alone_on_its_nodes_device_and_sub_node_jobs_pack_up_to_8_gpus(seed):
+    mixed = FleetConfig.from_json({"steps": 50000, "concurrency": 8, "churn": 8, "jobs": [
+        {"model": "smollm2-135m", "gpus": 1, "weight": 8}, {"model": "llama3-70b", "gpus": 64, "weight": 1}]})
+    jobs = draw_jobs(mixed, seed)
+    big = [j for j in jobs if j.model == "llama3-70b"]
+    assert big and len(jobs) < len(offered_jobs(mixed, seed))
+    for b in big:
+        assert b.nodes == 8 and b.layout == "llama3-70b-fsdp:ranks=64@node=0/8"
+        assert [j.job for j in jobs if j is not b and _overlap(j, b)] == []
+    # only 1-GPU jobs: at most 8 at once, and the node does fill up
+    small = FleetConfig.from_json({"steps": 50000, "concurrency": 16, "churn": 8,
+                                   "jobs": [{"model": "smollm2-135m", "gpus": 1, "weight": 1}]})
+    jobs = draw_jobs(small, seed)
+    at_start = [sum(1 for k in jobs if k.start <= j.start < k.end) for j in jobs]
+    assert max(at_start) == 8
+    st = write_fleet(io.StringIO(), small, seed)
+    assert st.peak_jobs == 8 and st.not_on_node == len(offered_jobs(small, seed)) - len(jobs) > 0
+    assert 7 < st.mean_node_gpus <= 8                 # the queue keeps the node full
+
+
+def test_a_fleet_placed_elsewhere_records_the_jobs_its_node_did_not_run(tmp_path):
+    cfg = FleetConfig.from_json({**SMALL, "concurrency": 12, "placement": "elsewhere"})
+    offered, kept = offered_jobs(cfg, 3), draw_jobs(cfg, 3)
+    out = tmp_path / "f.jsonl"
+    st = write_fleet(str(out), cfg, seed=3)
+    with TraceReader(str(out)) as r:
+        assert r.header.layout["not_on_node"] == st.not_on_node == len(offered) - len(kept) > 0
+        assert [(j["start"], j["end"]) for j in r.header.layout["jobs"]] == [(j.start, j.end) for j in kept]
+    # placed elsewhere, a job keeps the step it arrived at; queued, a job may start later
+    assert {(j.start, j.end) for j in kept} <= {(j.start, j.end) for j in offered}
+    assert 0 < st.mean_node_gpus <= 8 and st.peak_jobs <= 8
+
+
+def test_each_job_records_the_bytes_per_step_its_saves_are_written_at(tmp_path):
+    cfg = FleetConfig.from_json({**SMALL, "jobs": [{"model": "smollm2-135m", "gpus": 1, "weight": 1},
+                                                   {"model": "pythia-1b", "gpus": 8, "weight": 1, "async": True}]})
+    jobs = draw_jobs(cfg, 0)
+    sync = [j for j in jobs if not j.async_save]
+    assert sync and all(j.write_bandwidth == 1_230_000_000 for j in sync)   # ZN540 1,230 MB/s x 1 s a step
+    pythia = get_layout("pythia-1b:dp=8").total_bytes                        # 14.2 GB
+    for j in (j for j in jobs if j.async_save):
+        assert j.model == "pythia-1b" and j.write_bandwidth == -(-pythia // j.interval)   # paced to the next save
+    scaled = FleetConfig.from_json({**SMALL, "scale": "1/1024", "save_bandwidth": 2_048_000, "step_seconds": 0.5})
+    assert {j.write_bandwidth for j in draw_jobs(scaled, 0)} == {1000}     # 2,048,000 B/s x 0.5 s / 1024
+    out = tmp_path / "f.jsonl"
+    write_fleet(str(out), cfg, seed=0)
+    with TraceReader(str(out)) as r:
+        rec = r.header.layout
+    assert [(j["write_bandwidth"], j["async_save"]) for j in rec["jobs"]] == [(j.write_bandwidth, j.async_save)
+                                                                             for j in jobs]
+    assert rec["config"]["save_bandwidth"] == 1_230_000_000 and rec["config"]["step_seconds"] == 1.0
+
+
+def test_time_averaged_live_bytes_by_hand_and_the_device_it_sizes():
+    from retainz.trace.format import Shard
+    from retainz.trace.occupancy import live_byte_steps, mean_live_bytes, occupancy_data_zones
+
+    def save(step, gen, nbytes):
+        return SaveEvent(step, gen, f"g{gen}", "interval", (Shard("a", nbytes),))
+
+    # gen 0: 1 block live over steps 0..49; gen 1: 2 blocks (4097 B -> 8192 B) over 25..99; gen 2 saved at
+    # the horizon adds nothing: (4096 x 50 + 8192 x 75) / 100 = 8192 bytes on average
+    events = [save(0, 0, 100), save(25, 1, 4097), DeleteEvent(50, 0), save(100, 2, 10**9)]
+    assert live_byte_steps(events, 100) == 4096 * 50 + 8192 * 75
+    assert mean_live_bytes(events, 100) == 8192
+    assert mean_live_bytes(events, 100, block_size=1) == (100 * 50 + 4097 * 75) / 100
+    assert occupancy_data_zones(8192, 0.5, 4096) == 4 and occupancy_data_zones(8193, 0.5, 4096) == 5
+    with pytest.raises(ValueError, match="occupancy must be in"):
+        occupancy_data_zones(8192, 1.5, 4096)
+    with pytest.raises(ValueError, match="mean live 0 bytes"):
+        occupancy_data_zones(0, 0.5, 4096)
+
+
+def test_a_fleets_mean_live_bytes_is_the_step_by_step_average(tmp_path):
+    """The fleet's time-averaged live bytes against a step-by-step count over a small fleet."""
+    from retainz.trace.occupancy import mean_live_bytes
+
+    cfg = FleetConfig.from_json({**SMALL, "steps": 6000, "concurrency": 2, "churn": 4, "scale": "1/4096"})
+    out = tmp_path / "f.jsonl"
+    st = write_fleet(str(out), cfg, seed=1)
+    with TraceReader(str(out)) as r:
+        events = list(r)
+    per_step = [0] * 6000
+    size = {}
+    for ev in events:
+        if isinstance(ev, SaveEvent):
+            size[ev.gen] = sum(s.nbytes for s in ev.shards)
+            for t in range(ev.step, 6000):
+                per_step[t] += size[ev.gen]
+        elif isinstance(ev, DeleteEvent):
+            for t in range(ev.step, 6000):
+                per_step[t] -= size[ev.gen]
+    assert st.saves > 5 and st.deletes > 0
+    assert st.mean_live_bytes == pytest.approx(sum(per_step) / 6000, rel=1e-12)
+    assert max(per_step) == st.peak_live_bytes and st.mean_live_bytes < st.peak_live_bytes
+    assert mean_live_bytes(events, 6000, block_size=1) == Fraction(sum(per_step), 6000)   # exact
+
+
+@pytest.mark.parametrize("name", sorted(DRIVES))
+def test_each_real_drive_is_a_device_the_store_accepts(name):
+    from retainz.trace.replay import ReplayConfig
+
+    d = DRIVES[name]
+    cfg = ReplayConfig(zones=d["zones"] - 7, reserve_zones=4, meta_zones=3, zone_size=d["zone_size"],
+                       zone_capacity=d["zone_capacity"], max_active=d["max_active"], max_open=d["max_open"])
+    g = cfg.geometry(cfg.data_zones(0))
+    assert g.nr_zones == d["zones"]
+    assert 0.95e12 * int(name.split("-")[1][0]) < g.nr_zones * g.zone_capacity < 1.1e12 * int(name.split("-")[1][0])
+
+
+def test_a_format_2_fleet_replays_through_the_store(tmp_path):
+    from retainz.trace.replay import ReplayConfig, replay
+
+    out = tmp_path / "f.jsonl"
+    st = write_fleet(str(out), FleetConfig.from_json({**SMALL, "concurrency": 6}), seed=0)
+    r = replay(str(out), ReplayConfig(policy="retainz", pressure=0.9, reserve_zones=4, zone_size=512 << 20,
+                                      zone_capacity=282_329_088, max_active=14, max_open=14))
+    assert r["generations_committed"] == st.saves > 10 and r["capacity_stop_step"] is None
+    assert st.not_on_node > 0

@@ -61,7 +61,7 @@ def register(sub) -> None:
     q.add_argument("--config", default=None, metavar="FLEET.json",
                    help="fleet config (docs/fleet.md); default: the built-in config")
     q.add_argument("--concurrency", type=_positive, default=None, metavar="X",
-                   help="mean jobs running at once (overrides the config)")
+                   help="mean jobs offered to the node at once (overrides the config)")
     q.add_argument("--churn", type=_positive, default=None, metavar="X",
                    help="mean job length / checkpoint interval (overrides the config)")
     q.add_argument("--steps", type=int_arg(1), default=None, help="steps the trace covers (overrides the config)")
@@ -140,7 +140,11 @@ def _fleet(args: argparse.Namespace) -> int:
     causes = ", ".join(f"{n} {k}" for k, n in st.causes.items())
     print(f"{args.output}: {plural(st.jobs, 'job')} ({causes}; at most {st.peak_jobs} at once), "
           f"{plural(st.saves, 'save')}, {plural(st.deletes, 'delete')}; {st.bytes_saved:,} B saved, "
-          f"peak live {st.peak_live_bytes:,} B; trace {st.trace_bytes:,} B in {time.perf_counter() - t0:.2f} s",
+          f"peak live {st.peak_live_bytes:,} B, mean live {round(st.mean_live_bytes):,} B"
+          + (f"; node: {st.mean_node_gpus:.2f} of {config.raw['gpus_per_node']} GPUs busy on average, "
+             f"{plural(st.not_on_node, 'job')} not run on it ({config.raw['placement']})"
+             if config.raw["fleet"] >= 2 else "")
+          + f"; trace {st.trace_bytes:,} B in {time.perf_counter() - t0:.2f} s",
           file=sys.stderr if target is sys.stdout else sys.stdout)
     return 0
 

@@ -375,7 +375,7 @@ def _normalize(where: str, case: dict) -> dict:
 def _fleet(where: str, c: dict) -> None:
     """A fleet case: its config validated and made whole (the case's steps and scale in it), so the
     case's inputs (and id) name every number its trace depends on."""
-    from retainz.trace.fleet import DEFAULT_CONFIG, FleetConfig
+    from retainz.trace.fleet import FleetConfig
 
     if c["tenants"] is not None:
         raise ManifestError(f"{where}: key 'fleet': a fleet case has no 'tenants' (the fleet draws its jobs)")
@@ -383,7 +383,7 @@ def _fleet(where: str, c: dict) -> None:
         if k in c["fleet"]:
             raise ManifestError(f"{where}: key 'fleet': give {k!r} as the case's own field, not in the fleet config")
     try:
-        cfg = FleetConfig.from_json({**DEFAULT_CONFIG, **c["fleet"], "steps": c["steps"], "scale": c["scale"]})
+        cfg = FleetConfig.from_json({**c["fleet"], "steps": c["steps"], "scale": c["scale"]})
     except ValueError as e:
         raise ManifestError(f"{where}: key 'fleet': {e}") from None
     c["fleet"] = cfg.to_json()

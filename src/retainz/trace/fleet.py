@@ -19,6 +19,14 @@ A *fleet* is the sequence of jobs one node-local zoned device serves over a trac
   commits and is left out), and, ``linger`` steps after the end, a deletion of every checkpoint the
   job left behind (the job's folder cleaned up after an evaluation or a restart elsewhere).
 
+* **the node** (format 2) - the jobs above are *offered* to one node of ``gpus_per_node`` GPUs; a
+  job of at least one node takes the whole node (alone on it), sub-node jobs share it up to its GPUs,
+  and a job that finds too few free GPUs waits first come, first served (``placement: queue``) or
+  runs on another node (``elsewhere``) (:func:`place_on_node`); each job records the bytes per step
+  its saves are written at (:func:`write_bandwidth`: the drive's ``save_bandwidth`` x ``step_seconds``,
+  or paced to the next save for an asynchronous class).  Format 1 configs generate the fleets they
+  always did.
+
 RetainZ learns only what the runtime tells it: the save-time hints of the rule, computed for the
 planned run.  The cleanup is never announced, so a checkpoint's real death (the trace's delete
 events, which only the ``oracle`` control reads) can differ from its hint.
@@ -49,12 +57,16 @@ from retainz.trace.generate import check_saves, generate
 from retainz.trace.io import TraceWriter
 from retainz.trace.layouts import Layout, ShardSpec, get_layout
 from retainz.trace.mix import shift_hint
+from retainz.trace.occupancy import mean_live_bytes
 
-__all__ = ["FLEET_VERSION", "MODELS", "DEFAULT_CONFIG", "FleetConfig", "FleetJob", "FleetStats", "node_layout",
+__all__ = ["FLEET_VERSION", "VERSIONS", "MODELS", "DEFAULT_CONFIG", "DRIVES", "FleetConfig", "FleetJob",
+           "FleetStats", "node_layout", "node_gpus", "write_bandwidth", "place_on_node", "PLACEMENTS", "offered_jobs",
            "draw_jobs", "generate_fleet", "write_fleet", "load_config"]
 
-#: The config format version this module reads and writes.
-FLEET_VERSION = 1
+#: The config format version this module writes (:data:`DEFAULT_CONFIG`); it also reads version 1, whose
+#: configs generate the fleets they always did (no node placement, docs/fleet.md "Versions").
+FLEET_VERSION = 2
+VERSIONS = (1, 2)
 
 #: Model families -> layout builder for a job of ``gpus`` ranks (the project's layouts).
 MODELS = {
@@ -73,9 +85,9 @@ def _layout(spec: str) -> Layout:
 
 CAUSES = ("finished", "failed", "preempted")
 
-#: The default config (docs/fleet.md gives each number's source or says it is an assumption).
-DEFAULT_CONFIG: dict[str, Any] = {
-    "fleet": FLEET_VERSION,
+#: The default config of format 1 (docs/fleet.md gives each number's source or says it is an assumption).
+_DEFAULT_V1: dict[str, Any] = {
+    "fleet": 1,
     "steps": 50000,
     "concurrency": 4,
     "churn": 16,
@@ -109,7 +121,41 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "scale": "1",
 }
 
-_KEYS = tuple(DEFAULT_CONFIG)
+#: The default config (format 2): format 1's, with the node placement (``gpus_per_node`` now also
+#: decides which jobs share the node) and the save bandwidth.  ``save_bandwidth``: bytes per second
+#: the node-local drive writes a save at, the WD Ultrastar DC ZN540's sequential write rate (1,230 MB/s,
+#: Kim et al., ZRAID, ASPLOS'25, section 2.1); ``step_seconds``: seconds one training step takes (an
+#: assumption); a job's save is written at ``save_bandwidth * step_seconds`` bytes per step (docs/fleet.md).
+DEFAULT_CONFIG: dict[str, Any] = {
+    **{k: v for k, v in _DEFAULT_V1.items() if k != "scale"},
+    "fleet": FLEET_VERSION,
+    "placement": "queue",
+    "save_bandwidth": 1_230_000_000,
+    "step_seconds": 1.0,
+    "scale": "1",
+}
+
+_DEFAULTS = {1: _DEFAULT_V1, 2: DEFAULT_CONFIG}
+
+#: Zoned drives a fleet's node may carry (docs/fleet.md, "Devices"): zone size and capacity (bytes),
+#: active and open zone limits, zones, the published write rate of the drive (``write_bandwidth``) or of
+#: one zone (``zone_write_bandwidth``) in bytes per second (None: not published), and the source.
+DRIVES: dict[str, dict[str, Any]] = {
+    "zn540-2tb": {"zone_size": 2 << 30, "zone_capacity": 1077 << 20, "max_active": 14, "max_open": 14,
+                  "zones": 1808, "write_bandwidth": 1_230_000_000, "zone_write_bandwidth": None,
+                  "source": "WD Ultrastar DC ZN540: 2 GiB zones of 1077 MiB, 14 open/active; the 1 TB model has "
+                            "904 zones and writes 1,230 MB/s sequentially (ZRAID, ASPLOS'25, section 2.1); "
+                            "zones: 2 x 904 (the 2 TB model's capacity over the same zone capacity)"},
+    "zn540-4tb": {"zone_size": 2 << 30, "zone_capacity": 1077 << 20, "max_active": 14, "max_open": 14,
+                  "zones": 3616, "write_bandwidth": 1_230_000_000, "zone_write_bandwidth": None,
+                  "source": "as zn540-2tb; zones: 4 x 904"},
+    "pm1731a-4tb": {"zone_size": 96 << 20, "zone_capacity": 96 << 20, "max_active": 384, "max_open": 384,
+                    "zones": 40704, "write_bandwidth": None, "zone_write_bandwidth": 45_000_000,
+                    "source": "Samsung PM1731a (4 TB): 40,704 zones of 96 MB (taken as MiB: 40,704 x 96 MiB = "
+                              "4.10e12 B, the 4 TB model), at most 384 active zones (Hwang et al., Z-LFS, USENIX "
+                              "ATC'25, evaluation set-up; ZRAID, ASPLOS'25, section 2.1); about 45 MB/s a zone, "
+                              "the drive's rate growing with the zones written at once (ZRAID)"},
+}
 
 
 def _bad(key: str, msg: str) -> ValueError:
@@ -126,15 +172,15 @@ def _num(obj: dict, key: str, *, lo: float, hi: float = math.inf, integer: bool 
     return v
 
 
-def _weighted(key: str, v: Any, fields: set[str], what: str) -> list[dict]:
+def _weighted(key: str, v: Any, fields: set[str], what: str, optional: set[str] = frozenset()) -> list[dict]:
     if not isinstance(v, list) or not v:
         raise _bad(key, f"must be a non-empty list of {what}")
     for i, x in enumerate(v):
         if not isinstance(x, dict):
             raise _bad(key, f"entry {i} must be an object {what}, got {json.dumps(x)}")
-        extra = sorted(set(x) - fields)
+        extra = sorted(set(x) - fields - optional)
         if extra:
-            raise _bad(key, f"entry {i}: unknown key {extra[0]!r} (valid: {', '.join(sorted(fields))})")
+            raise _bad(key, f"entry {i}: unknown key {extra[0]!r} (valid: {', '.join(sorted(fields | optional))})")
         missing = sorted(fields - set(x))
         if missing:
             raise _bad(key, f"entry {i}: missing key {missing[0]!r}")
@@ -170,12 +216,20 @@ class FleetConfig:
         """
         if not isinstance(obj, dict):
             raise ValueError(f"fleet config: must be a JSON object, got {type(obj).__name__}")
-        unknown = sorted(set(obj) - set(_KEYS))
+        version = obj.get("fleet", FLEET_VERSION)
+        if isinstance(version, bool) or version not in VERSIONS:
+            raise _bad("fleet", f"format version must be 1 or 2, got {json.dumps(version)}")
+        defaults = _DEFAULTS[version]
+        unknown = sorted(set(obj) - set(defaults))
         if unknown:
-            raise _bad(unknown[0], f"unknown key (valid: {', '.join(_KEYS)})")
-        c = {**DEFAULT_CONFIG, **obj}
-        if c["fleet"] != FLEET_VERSION or isinstance(c["fleet"], bool):
-            raise _bad("fleet", f"format version must be {FLEET_VERSION}, got {json.dumps(c['fleet'])}")
+            later = " (a format 2 key: give \"fleet\": 2)" if version == 1 and unknown[0] in DEFAULT_CONFIG else ""
+            raise _bad(unknown[0], f"unknown key{later} (valid: {', '.join(defaults)})")
+        c = {**defaults, **obj, "fleet": int(version)}   # 1.0 reads as 1 (it names the jobs' random stream)
+        if version >= 2:
+            if c["placement"] not in PLACEMENTS:
+                raise _bad("placement", f"must be one of {', '.join(PLACEMENTS)}, got {json.dumps(c['placement'])}")
+            _num(c, "save_bandwidth", lo=0, hi=1e15, lo_open=True)
+            _num(c, "step_seconds", lo=0, hi=1e6, lo_open=True)
         _num(c, "steps", lo=1, hi=10**9, integer=True)
         _num(c, "concurrency", lo=0, hi=1024, lo_open=True)
         _num(c, "churn", lo=0, hi=10**6, lo_open=True)
@@ -190,7 +244,11 @@ class FleetConfig:
         for factor, _ in f:
             if round(c["interval"] * factor) < 1:
                 raise _bad("interval_factors", f"factor {factor} makes an interval below 1 step")
-        for i, j in enumerate(_weighted("jobs", c["jobs"], {"model", "gpus", "weight"}, "{model, gpus, weight}")):
+        optional = {"async"} if version >= 2 else set()
+        for i, j in enumerate(_weighted("jobs", c["jobs"], {"model", "gpus", "weight"}, "{model, gpus, weight}",
+                                        optional)):
+            if type(j.get("async", False)) is not bool:
+                raise _bad("jobs", f"entry {i}: async must be true or false, got {json.dumps(j['async'])}")
             if j["model"] not in MODELS:
                 raise _bad("jobs", f"entry {i}: unknown model {json.dumps(j['model'])} (known: {', '.join(MODELS)})")
             g = j["gpus"]
@@ -318,6 +376,10 @@ class FleetJob:
         cleanup: the step its remaining checkpoints are deleted (end + linger), or None past the trace.
         model, gpus, nodes: the job's class; layout: the node-local layout's name.
         rule: its retention rule spec; interval: its checkpoint interval (steps); seed: its trace seed.
+        write_bandwidth: format 2: bytes per step its saves are written at (:func:`write_bandwidth`);
+            None in format 1 (and left out of :meth:`to_json`, so format 1 traces keep their bytes).
+        async_save: format 2: its saves are asynchronous (written in the background, paced to finish
+            by its next save); None in format 1.
     """
 
     job: int
@@ -333,9 +395,41 @@ class FleetJob:
     rule: str
     interval: int
     seed: int
+    write_bandwidth: int | None = None
+    async_save: bool | None = None
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        for k in ("write_bandwidth", "async_save"):
+            if d[k] is None:
+                del d[k]
+        return d
+
+
+def node_gpus(gpus: int, gpus_per_node: int) -> int:
+    """The GPUs a job of ``gpus`` GPUs takes on its (first) node: all ``gpus_per_node`` of them for a job
+    of at least one node (it takes whole nodes), else its own ``gpus`` (docs/fleet.md, "The node")."""
+    return min(gpus, gpus_per_node)
+
+
+def write_bandwidth(config: FleetConfig, save_bytes: int, interval: int, async_save: bool) -> int:
+    """Bytes per step a job's saves are written at (format 2; the replay's ``write_bandwidth``).
+
+    A synchronous save is written at the drive's rate: ``save_bandwidth`` (bytes per second) x
+    ``step_seconds`` (seconds per step) x ``scale``, at least 1.  An asynchronous save is persisted in
+    the background paced to end by the job's next save: ``ceil(save_bytes / interval)``, never above the
+    synchronous rate (docs/fleet.md, "Save bandwidth").
+
+    Args:
+        save_bytes: one save's node-local bytes (already scaled); interval: the job's checkpoint interval
+            (steps); async_save: the job's class is asynchronous.
+    """
+    c = config.raw
+    sync = max(1, math.floor(Fraction(str(c["save_bandwidth"])) * Fraction(str(c["step_seconds"]))
+                             * Fraction(c["scale"])))
+    if not async_save:
+        return sync
+    return min(sync, max(1, -(-save_bytes // interval)))
 
 
 def _pick(rng: random.Random, items: list, weights: list[float]):
@@ -343,12 +437,31 @@ def _pick(rng: random.Random, items: list, weights: list[float]):
 
 
 def draw_jobs(config: FleetConfig, seed: int) -> list[FleetJob]:
-    """The fleet's jobs for ``seed`` (module docstring), in arrival order; deterministic.
+    """The fleet's jobs for ``seed`` (module docstring), in arrival order; deterministic.  Format 2 keeps
+    the jobs the node runs (:func:`place_on_node`), numbered 0.. in arrival order.
+
+    Raises:
+        ValueError: a job would plan more saves than the generator allows."""
+    return _fleet_jobs(config, seed)[1]
+
+
+def _fleet_jobs(config: FleetConfig, seed: int) -> tuple[list[FleetJob], list[FleetJob]]:
+    """(offered jobs, the fleet's jobs): format 2 places the offered jobs on the node, format 1 keeps them."""
+    offered = offered_jobs(config, seed)
+    c = config.raw
+    if c["fleet"] >= 2:
+        return offered, place_on_node(offered, c["gpus_per_node"], c["placement"], c["steps"])[0]
+    return offered, offered
+
+
+def offered_jobs(config: FleetConfig, seed: int) -> list[FleetJob]:
+    """Every job that arrives for the node (module docstring), in arrival order, before format 2's node
+    placement; deterministic.  Format 1's fleet is exactly these jobs.
 
     Raises:
         ValueError: a job would plan more saves than the generator allows."""
     c = config.raw
-    rng = random.Random(f"retainz-fleet-{FLEET_VERSION}-{seed}")
+    rng = random.Random(f"retainz-fleet-{c['fleet']}-{seed}")
     steps, sigma = c["steps"], c["length_sigma"]
     rate = c["concurrency"] / config.mean_length      # arrivals per step
     factors = [x for x, _ in c["interval_factors"]]
@@ -383,10 +496,77 @@ def draw_jobs(config: FleetConfig, seed: int) -> list[FleetJob]:
         gpus = cls["gpus"]
         lay = node_layout(_layout(MODELS[cls["model"]](gpus)), gpus, c["gpus_per_node"])
         check_saves(parse_rule(rule), planned)
+        extra: dict[str, Any] = {}
+        if c["fleet"] >= 2:
+            a = cls.get("async", False)
+            extra = {"async_save": a,
+                     "write_bandwidth": write_bandwidth(config, _scaled(lay, c["scale"]).total_bytes, interval, a)}
         jobs.append(FleetJob(len(jobs), start, planned, end, cause, cleanup, cls["model"], gpus,
                              -(-gpus // c["gpus_per_node"]), lay.name, rule, interval,
-                             rng.randrange(1 << 31)))
+                             rng.randrange(1 << 31), **extra))
     return jobs
+
+
+PLACEMENTS = ("queue", "elsewhere")
+
+
+def place_on_node(jobs: list[FleetJob], gpus_per_node: int, placement: str = "queue",
+                  horizon: int | None = None) -> tuple[list[FleetJob], list[FleetJob]]:
+    """The jobs the modelled node runs, and those it does not (format 2; docs/fleet.md, "The node").
+
+    A job takes :func:`node_gpus` GPUs from its start to its end: a job of at least one node takes the
+    whole node, so it runs alone on it (what earlier jobs left on the device stays until their cleanup);
+    sub-node jobs share the node until their GPUs fill it.  Jobs are taken in start order (ties:
+    arrival order), and a job that finds too few free GPUs is, by ``placement``:
+
+    * ``queue``: queued.  The node starts jobs first come, first served: a job starts when the jobs
+      offered before it have started and enough GPUs are free, and every job behind it waits too
+      (a FIFO queue without backfill).  A waiting job starts later than it arrived; its end and
+      cleanup move with it (its planned length and linger are kept).  A job that would start at or
+      after ``horizon`` is not run.
+    * ``elsewhere``: run on another node of the cluster; this node's device never sees it.
+
+    Args:
+        jobs: the offered jobs (:func:`offered_jobs`); gpus_per_node: the node's GPUs;
+        placement: ``queue`` or ``elsewhere``; horizon: the trace's last step (``queue``; None: no end).
+
+    Returns:
+        (kept, others): the kept jobs renumbered 0.. in arrival order (moved to their start on the node),
+        and the jobs not run on the node (their original numbers and steps).
+
+    Raises:
+        ValueError: an unknown ``placement``.
+    """
+    if placement not in PLACEMENTS:
+        raise ValueError(f"unknown placement {placement!r} (known: {', '.join(PLACEMENTS)})")
+    running: list[tuple[int, int]] = []              # (end, gpus) of the jobs on the node
+    used = 0
+    last = 0                                         # the last start (queue: first come, first served)
+    kept: dict[int, FleetJob] = {}
+    for j in sorted(jobs, key=lambda j: (j.start, j.job)):
+        need = node_gpus(j.gpus, gpus_per_node)
+        t = j.start if placement == "elsewhere" else max(j.start, last)
+        while running and running[0][0] <= t:
+            used -= heapq.heappop(running)[1]
+        if placement == "elsewhere":
+            if used + need > gpus_per_node:
+                continue
+        else:
+            while used + need > gpus_per_node:
+                end, g = heapq.heappop(running)
+                t, used = max(t, end), used - g
+            if horizon is not None and t >= horizon:
+                break                                # first come, first served: every later job waits too
+            last = t
+        delay = t - j.start
+        cleanup = None if j.cleanup is None else j.cleanup + delay
+        if cleanup is not None and horizon is not None and cleanup > horizon:
+            cleanup = None
+        kept[j.job] = dataclasses.replace(j, start=t, end=j.end + delay, cleanup=cleanup)
+        heapq.heappush(running, (j.end + delay, need))
+        used += need
+    on_node = [dataclasses.replace(kept[j.job], job=i) for i, j in enumerate(j for j in jobs if j.job in kept)]
+    return on_node, [j for j in jobs if j.job not in kept]
 
 
 def _job_events(job: FleetJob, layout: Layout, horizon: int) -> Iterator[Event]:
@@ -435,6 +615,12 @@ class FleetStats:
         jobs: jobs drawn; causes: jobs per end cause; saves, deletes: event counts.
         bytes_saved: bytes of all saves; peak_live_bytes: the most bytes saved and not deleted at once.
         peak_jobs: the most jobs running at once; trace_bytes: size of the trace (bytes).
+        mean_live_bytes: the live bytes averaged over the trace's steps (not block-rounded;
+            :func:`retainz.trace.occupancy.mean_live_bytes`).
+        not_on_node: format 2: jobs offered to the node that it did not run (placed elsewhere, or
+            queued past the trace's end: :func:`place_on_node`); 0 in format 1.
+        mean_node_gpus: the node's GPUs busy with the fleet's jobs, averaged over the trace's steps
+            (format 1 counts every job's GPUs on its first node, which may exceed the node's).
     """
 
     jobs: int
@@ -445,6 +631,9 @@ class FleetStats:
     peak_live_bytes: int
     peak_jobs: int
     trace_bytes: int
+    mean_live_bytes: float = 0.0
+    not_on_node: int = 0
+    mean_node_gpus: float = 0.0
 
 
 def generate_fleet(config: FleetConfig, seed: int = 0) -> tuple[TraceHeader, list[FleetJob], Iterator[Event]]:
@@ -454,7 +643,8 @@ def generate_fleet(config: FleetConfig, seed: int = 0) -> tuple[TraceHeader, lis
         config: a validated :class:`FleetConfig`.
         seed: the fleet's seed (arrivals, classes, lengths, causes, lingers, each job's trace seed).
     """
-    jobs = draw_jobs(config, seed)
+    offered, jobs = _fleet_jobs(config, seed)
+    c = config.raw
     horizon = config.raw["steps"]
     layouts = {}
     for j in jobs:
@@ -465,7 +655,8 @@ def generate_fleet(config: FleetConfig, seed: int = 0) -> tuple[TraceHeader, lis
         layout={"name": f"fleet:{len(jobs)}",
                 "source": f"retainz trace fleet (docs/fleet.md): {len(jobs)} jobs, concurrency "
                           f"{config.raw['concurrency']}, churn {config.raw['churn']}, seed {seed}",
-                "config": config.to_json(), "jobs": [j.to_json() for j in jobs]},
+                "config": config.to_json(), "jobs": [j.to_json() for j in jobs],
+                **({"not_on_node": len(offered) - len(jobs)} if c["fleet"] >= 2 else {})},
         retention="fleet:" + ";".join(sorted({j.rule.split(":")[0] for j in jobs})),
         schedule={"steps": horizon, "saves": 0, "base_interval": min((j.interval for j in jobs), default=1)},
         seed=seed, crash_every=None, generator=f"retainz {__version__} (trace fleet)")
@@ -489,7 +680,8 @@ def generate_fleet(config: FleetConfig, seed: int = 0) -> tuple[TraceHeader, lis
 
 def write_fleet(target: str | TextIO, config: FleetConfig, seed: int = 0) -> FleetStats:
     """Generate a fleet trace straight to a file (validated as written) and count what it holds."""
-    header, jobs, events = generate_fleet(config, seed)
+    header, jobs, stream = generate_fleet(config, seed)
+    events = list(stream)
     size: dict[int, int] = {}
     saves = deletes = live = peak = saved = 0
     with TraceWriter(target, header) as w:
@@ -511,4 +703,9 @@ def write_fleet(target: str | TextIO, config: FleetConfig, seed: int = 0) -> Fle
     for _, d in bounds:
         running += d
         peak_jobs = max(peak_jobs, running)
-    return FleetStats(len(jobs), causes, saves, deletes, saved, peak, peak_jobs, nbytes)
+    mean = float(mean_live_bytes(events, config.raw["steps"], block_size=1))
+    h = config.raw["steps"]
+    node_gpu_steps = sum((min(j.end, h) - min(j.start, h)) * node_gpus(j.gpus, config.raw["gpus_per_node"])
+                         for j in jobs)
+    return FleetStats(len(jobs), causes, saves, deletes, saved, peak, peak_jobs, nbytes, mean,
+                      header.layout.get("not_on_node", 0), node_gpu_steps / config.raw["steps"])
