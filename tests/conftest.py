@@ -120,6 +120,35 @@ def any_device(request, tmp_path):
     dev.close()
 
 
+@pytest.fixture(scope="session")
+def moto_endpoint():
+    """moto's standalone S3 server, one per test session (started at the first S3 test); its URL."""
+    pytest.importorskip("s3fs", reason="needs the tier-test extra (s3fs)")
+    pytest.importorskip("moto.server", reason="needs the tier-test extra (moto[server])")
+    from tests.tierdest import moto_server
+
+    with moto_server() as (endpoint, _):
+        yield endpoint
+
+
+@pytest.fixture(params=["dir", "s3"])
+def destination(request, tmp_path, monkeypatch):
+    """A fresh, empty durable destination of each kind (:class:`tests.tierdest.TierDestination`): a
+    directory tree, and a fresh bucket on the session's moto server with the ``AWS_*`` environment
+    pointing there (so the CLI, a subprocess or a bare ``s3://`` URL reach it, as docs/tiers.md says)."""
+    from tests.tierdest import TierDestination, aws_env, forget_s3_clients
+
+    if request.param == "dir":
+        yield TierDestination("dir", tmp_path)
+        return
+    endpoint = request.getfixturevalue("moto_endpoint")
+    for k, v in aws_env(endpoint).items():
+        monkeypatch.setenv(k, v)
+    forget_s3_clients()
+    yield TierDestination("s3", tmp_path, endpoint)
+    forget_s3_clients()
+
+
 #: Power-cut campaigns run in this session: ``(label, [CampaignReport, ...])``, appended by the
 #: crash tests through the ``crash_ledger`` fixture and printed at the end of the run.
 _CRASH_CAMPAIGNS: list[tuple[str, list]] = []

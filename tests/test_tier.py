@@ -33,7 +33,6 @@ from retainz.tier import (  # noqa: E402
 )
 from retainz.tier.copy import shard_key  # noqa: E402
 from retainz.zoned import FileDevice, Geometry  # noqa: E402
-from tests.tierfaults import FaultyLocal  # noqa: E402
 
 GEO = Geometry(nr_zones=16, zone_size=1 << 20, zone_capacity=1 << 20, block_size=4096, max_open=6, max_active=6)
 SRC = str(Path(__file__).resolve().parent.parent / "src")
@@ -87,8 +86,9 @@ def store(tmp_path):
 
 
 @pytest.fixture
-def url(tmp_path):
-    return (tmp_path / "shared" / "ckpt").as_uri()
+def url(destination):
+    """The destination's URL: every test taking it runs on a directory and on S3 (tests/conftest.py)."""
+    return destination.url
 
 
 # -- policy, bandwidth, manifest --------------------------------------------------------------------
@@ -141,7 +141,7 @@ def test_manifest_round_trip_and_damage_detected(store):
 
 
 # -- promotion ----------------------------------------------------------------------------------------
-def test_promotion_copies_verifies_and_writes_the_manifest_last(store, url, tmp_path):
+def test_promotion_copies_verifies_and_writes_the_manifest_last(store, url, destination):
     saved = {f"step-{s}": save(store, f"step-{s}", s) for s in (0, 10, 20)}
     with Promoter(store, url, policy="every:n=20").start() as p:
         assert p.wait(60)
@@ -149,14 +149,14 @@ def test_promotion_copies_verifies_and_writes_the_manifest_last(store, url, tmp_
         assert rows == {"step-0": "durable", "step-10": "local", "step-20": "durable"}
         assert reported_durable_is_durable(p, url) == ["step-0", "step-20"]
         assert p.backlog() == (0, 0)
-    root = tmp_path / "shared" / "ckpt"
-    assert sorted(os.listdir(root)) == ["step-0", "step-20"]
-    assert sorted(os.listdir(root / "step-0" / "data")) == [".metadata", "model.bin"]
-    assert (root / "step-0" / "data" / "model.bin").read_bytes() == saved["step-0"]["model.bin"]
+    assert destination.listdir() == ["step-0", "step-20"]
+    assert destination.listdir("step-0") == ["MANIFEST.json", "data"]
+    assert destination.listdir("step-0/data") == [".metadata", "model.bin"]
+    assert destination.cat("step-0/data/model.bin") == saved["step-0"]["model.bin"]
 
 
-def test_training_does_not_wait_for_a_stalled_destination(store, url):
-    fs = FaultyLocal()
+def test_training_does_not_wait_for_a_stalled_destination(store, url, destination):
+    fs = destination.faulty()
     fs.gate = threading.Event()
     p = Promoter(store, url, fs=fs).start()
     try:
@@ -177,9 +177,9 @@ def test_training_does_not_wait_for_a_stalled_destination(store, url):
 
 
 @pytest.mark.parametrize("fault", ["unreachable", "mid-upload", "full", "silent-corruption"])
-def test_a_failing_destination_reports_nothing_durable_then_recovers(store, url, fault):
+def test_a_failing_destination_reports_nothing_durable_then_recovers(store, url, destination, fault):
     saved = save(store, "step-1", 1)
-    fs = FaultyLocal()
+    fs = destination.faulty()
     if fault == "unreachable":
         fs.down = True
     elif fault == "mid-upload":
@@ -203,14 +203,13 @@ def test_a_failing_destination_reports_nothing_durable_then_recovers(store, url,
     assert durable_bytes(url, "step-1") == saved == local_bytes(store, "step-1")
 
 
-def test_a_corrupted_remote_object_is_detected_not_durable_and_copied_again(store, url, tmp_path):
+def test_a_corrupted_remote_object_is_detected_not_durable_and_copied_again(store, url, destination):
     saved = save(store, "step-1", 1)
     p = Promoter(store, url)
     assert p.run_pending()
-    obj = tmp_path / "shared" / "ckpt" / "step-1" / "data" / "model.bin"
-    data = bytearray(obj.read_bytes())
+    data = bytearray(destination.cat("step-1/data/model.bin"))
     data[1234] ^= 0x40                                  # same size: only a read-back sees it
-    obj.write_bytes(bytes(data))
+    destination.pipe("step-1/data/model.bin", bytes(data))
     with pytest.raises(DurableCopyError):               # a restore never hands out the bad bytes
         durable_bytes(url, "step-1")
     bad = p.verify(deep=True)
@@ -221,16 +220,15 @@ def test_a_corrupted_remote_object_is_detected_not_durable_and_copied_again(stor
     assert durable_bytes(url, "step-1") == saved
 
 
-def test_a_truncated_object_or_torn_manifest_is_not_durable(store, url, tmp_path):
+def test_a_truncated_object_or_torn_manifest_is_not_durable(store, url, destination):
     save(store, "step-1", 1)
     p = Promoter(store, url)
     assert p.run_pending()
-    root = tmp_path / "shared" / "ckpt" / "step-1"
-    (root / "data" / "model.bin").write_bytes(b"short")
+    destination.pipe("step-1/data/model.bin", b"short")
     assert not Promoter(store, url).is_durable("step-1")
     assert p.run_pending()                               # copied again, the manifest rewritten
-    m = root / "MANIFEST.json"
-    m.write_bytes(m.read_bytes()[:-40])                 # a torn manifest
+    m = "step-1/MANIFEST.json"
+    destination.pipe(m, destination.cat(m)[:-40])       # a torn manifest
     fresh = Promoter(store, url)
     fresh.refresh()
     assert fresh.status()[0].state == "pending"
@@ -286,8 +284,8 @@ def test_sigkill_mid_promotion_leaves_nothing_durable_and_a_restart_finishes(tmp
 
 
 # -- keep until durable ---------------------------------------------------------------------------------
-def test_retirement_waits_for_the_verified_copy(store, url):
-    fs = FaultyLocal()
+def test_retirement_waits_for_the_verified_copy(store, url, destination):
+    fs = destination.faulty()
     fs.down = True
     p = Promoter(store, url, fs=fs, retry_seconds=0.05).start()
     try:
@@ -432,19 +430,19 @@ def test_cli_get_falls_back_when_the_local_copy_fails_its_checksum(tmp_path, url
     assert main(["get", str(path), "step-1", "model.bin", "-o", str(tmp_path / "o2")]) == 1   # no fallback named
 
 
-def test_destination_errors_are_one_type(tmp_path):
-    fs = FaultyLocal()
+def test_destination_errors_are_one_type(destination):
+    fs = destination.faulty()
     fs.down = True
-    d = Destination((tmp_path / "x").as_uri(), fs=fs)
+    d = Destination(destination.url, fs=fs)
     with pytest.raises(DestinationError) as ei:
         d.manifest("g")
     assert "Connection refused" in str(ei.value) and "\n" not in str(ei.value)
 
 
-def test_retention_callbacks_keep_until_durable(store, url):
+def test_retention_callbacks_keep_until_durable(store, url, destination):
     from retainz.integrations.retention_callbacks import KeepLatestK
 
-    fs = FaultyLocal()
+    fs = destination.faulty()
     fs.down = True
     cb = KeepLatestK(2, interval=10)
     p = Promoter(store, url, fs=fs, retry_seconds=0.05).start()
@@ -464,7 +462,7 @@ def test_retention_callbacks_keep_until_durable(store, url):
         p.close()
 
 
-def test_a_replaced_generation_is_promoted_again_and_the_old_manifest_never_vouches(store, url):
+def test_a_replaced_generation_is_promoted_again_and_the_old_manifest_never_vouches(store, url, destination):
     save(store, "last", 1)
     p = Promoter(store, url)
     assert p.run_pending()
@@ -472,7 +470,7 @@ def test_a_replaced_generation_is_promoted_again_and_the_old_manifest_never_vouc
     w.write_shard("model.bin", [payload(99, 300_000)])
     w.commit()
     assert not p.is_durable("last") and p.status()[0].state == "pending"
-    fs = FaultyLocal()
+    fs = destination.faulty()
     fs.fail_after = 100_000                             # the new copy fails halfway through its object
     assert not Promoter(store, url, fs=fs).run_pending()
     assert Destination(url).manifest("last") is None    # the old manifest no longer vouches for that object
@@ -498,18 +496,46 @@ def test_cli_bad_input_is_one_line_exit_2(tmp_path, url, capsys, argv, line):
     assert not os.path.exists(dev + ".tier.json")          # nothing remembered from a refused command
 
 
-def test_a_resumed_promotion_sends_only_what_is_not_verified(store, url):
+def test_a_resumed_promotion_sends_only_what_is_not_verified(store, url, destination):
     w = store.begin_generation("step-1", 1)
     shards = {"a.bin": payload(1, 400_000), "b.bin": payload(2, 300_000)}
     for name, data in shards.items():
         w.write_shard(name, [data])
     w.commit()
-    fs = FaultyLocal()
+    fs = destination.faulty()
     fs.fail_after, fs.fail_only = 100_000, "b.bin"      # a.bin lands whole, b.bin fails halfway
     assert not Promoter(store, url, fs=fs).run_pending()
     assert Destination(url).manifest("step-1") is None
-    again = FaultyLocal()
+    again = destination.faulty()
     assert Promoter(store, url, fs=again).run_pending()
     manifest = len(Destination(url).manifest("step-1").encode())
     assert again.written == 300_000 + manifest         # a.bin was read back and kept, not sent again
     assert durable_bytes(url, "step-1") == shards
+
+
+def test_an_upload_given_up_is_not_committed_and_leaves_nothing_to_flush(destination):
+    """The local side fails mid-upload (a checksum, a deletion, a stop): the destination's write gives
+    the object up; on S3 the object is never committed, and the abandoned upload is not flushed again
+    when it is collected (s3fs's discard leaves the file open with no buffer: fsspec's ``__del__``
+    closed it again and printed an AttributeError for every given-up upload)."""
+    import gc
+
+    d = Destination(destination.url, storage_options=destination.storage_options)
+    path = d.shard_path("step-1", shard_key("model.bin"))
+
+    def chunks():
+        yield payload(1, 100_000)
+        raise InterruptedError("the promoter was stopped")
+
+    unraisable = []
+    hook, sys.unraisablehook = sys.unraisablehook, unraisable.append
+    try:
+        with pytest.raises(InterruptedError):
+            d.write(path, chunks())
+        gc.collect()
+    finally:
+        sys.unraisablehook = hook
+    assert [str(u.exc_value) for u in unraisable] == []
+    if destination.kind == "s3":
+        assert d.size(path) is None                      # the multipart upload was aborted: no object
+    assert d.manifest("step-1") is None

@@ -19,7 +19,6 @@ from retainz.integrations import _stores  # noqa: E402
 from retainz.integrations.dcp import ZonedStorageReader, ZonedStorageWriter  # noqa: E402
 from retainz.tier import Destination  # noqa: E402
 from retainz.zoned import Geometry  # noqa: E402
-from tests.tierfaults import FaultyLocal  # noqa: E402
 
 pytestmark = pytest.mark.dcp
 
@@ -36,23 +35,23 @@ def ids(path) -> list[str]:
         return [g.id for g in store.generations()]
 
 
-def promoting_writer(tmp_path, monkeypatch, fs):
-    """(destination url, device path, a ZonedStorageWriter promoting there under TorchTitan
-    keep_latest_k=2) with every promotion going through the faulty file system ``fs``."""
+def promoting_writer(tmp_path, monkeypatch, destination, fs):
+    """(destination url, device path, a ZonedStorageWriter promoting to ``destination`` under TorchTitan
+    keep_latest_k=2) with every promotion going through its faulty client ``fs``."""
     import retainz.tier.promoter as promoter_mod
 
     real = promoter_mod.Destination
     monkeypatch.setattr(promoter_mod, "Destination", lambda url, **kw: real(url, storage_options=None, fs=fs))
-    url = (tmp_path / "shared").as_uri()
+    url = destination.url
     dev = tmp_path / "dev.img"
     return url, dev, ZonedStorageWriter(str(dev), retention="torchtitan:interval=10,keep_latest_k=2",
                                         geometry=GEO, promote=url)
 
 
-def test_retention_waits_for_promotion_then_retires(tmp_path, monkeypatch):
-    fs = FaultyLocal()
+def test_retention_waits_for_promotion_then_retires(tmp_path, monkeypatch, destination):
+    fs = destination.faulty()
     fs.gate = threading.Event()                       # the destination stalls
-    url, dev, w = promoting_writer(tmp_path, monkeypatch, fs)
+    url, dev, w = promoting_writer(tmp_path, monkeypatch, destination, fs)
     try:
         for step in (10, 20, 30, 40):
             dcp.save(state(step), storage_writer=w, checkpoint_id=f"/ckpt/step-{step}")
@@ -79,10 +78,10 @@ def test_retention_waits_for_promotion_then_retires(tmp_path, monkeypatch):
     assert torch.equal(out["w"], state(40)["w"]) and r2.used == {0: "local"}
 
 
-def test_a_device_short_of_space_refuses_with_promotion_backlog(tmp_path, monkeypatch):
-    fs = FaultyLocal()
+def test_a_device_short_of_space_refuses_with_promotion_backlog(tmp_path, monkeypatch, destination):
+    fs = destination.faulty()
     fs.down = True                                    # the destination is down
-    url, dev, w = promoting_writer(tmp_path, monkeypatch, fs)
+    url, dev, w = promoting_writer(tmp_path, monkeypatch, destination, fs)
     w_state = lambda s: state(s, 1_500_000)  # noqa: E731 - about 1.5 MB a save on a 7-zone data area
     saved = []
     try:
@@ -123,7 +122,7 @@ time.sleep(600)
 """
 
 
-def test_training_killed_mid_promotion_resumes_after_restart(tmp_path):
+def test_training_killed_mid_promotion_resumes_after_restart(tmp_path, destination):
     import os
     import signal
     import subprocess
@@ -131,7 +130,7 @@ def test_training_killed_mid_promotion_resumes_after_restart(tmp_path):
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
-    dev, url = tmp_path / "dev.img", (tmp_path / "durable").as_uri()
+    dev, url = tmp_path / "dev.img", destination.url       # the child reaches S3 through the AWS_* variables
     proc = subprocess.Popen([sys.executable, "-c", _TRAIN, str(dev), url], stdout=subprocess.PIPE, text=True,
                             cwd=root, env={**os.environ, "PYTHONPATH": f"{root / 'src'}:{root}"})
     try:

@@ -123,7 +123,6 @@ def test_a_slow_promotion_predicts_a_later_death_and_groups_with_its_real_zone_m
 # -- the promoter: the expected delay, from the cap, then from what it measured ---------------------
 pytest.importorskip("fsspec", reason="needs fsspec (the tier extra)")
 from retainz.tier import MeasuredBandwidth, Promoter  # noqa: E402
-from tests.tierfaults import FaultyLocal  # noqa: E402
 
 TGEO = Geometry(nr_zones=16, zone_size=1 << 20, zone_capacity=1 << 20, block_size=4096, max_open=6, max_active=6)
 
@@ -149,7 +148,7 @@ def test_measured_bandwidth_is_bytes_over_seconds_of_the_last_promotions():
         MeasuredBandwidth(window=0)
 
 
-def test_expected_delay_is_the_backlog_and_the_save_over_the_cap_then_the_measured_bandwidth(tmp_path):
+def test_expected_delay_is_the_backlog_and_the_save_over_the_cap_then_the_measured_bandwidth(tmp_path, destination):
     dev = FileDevice.create(tmp_path / "dev.img", TGEO)
     store = Store.format(dev)
     t = [0.0]
@@ -157,7 +156,7 @@ def test_expected_delay_is_the_backlog_and_the_save_over_the_cap_then_the_measur
     def sleep(s):
         t[0] += s
 
-    url = (tmp_path / "shared").as_uri()
+    url = destination.url
     try:
         for i, step in enumerate((10, 20, 30)):
             _save(store, f"step-{step}", step, 100_000 * (i + 1))
@@ -179,7 +178,8 @@ def test_expected_delay_is_the_backlog_and_the_save_over_the_cap_then_the_measur
 
 
 # -- the DCP writer: the journaled hint carries the expected promotion finish -----------------------
-def test_writer_hint_of_a_save_kept_until_durable_includes_the_expected_promotion_delay(tmp_path, monkeypatch):
+def test_writer_hint_of_a_save_kept_until_durable_includes_the_expected_promotion_delay(tmp_path, monkeypatch,
+                                                                                      destination):
     pytest.importorskip("torch", reason="needs the torch extra (make setup-torch)")
     import torch
     import torch.distributed.checkpoint as dcp
@@ -188,7 +188,7 @@ def test_writer_hint_of_a_save_kept_until_durable_includes_the_expected_promotio
     from retainz.integrations import _stores
     from retainz.integrations.dcp import ZonedStorageWriter
 
-    fs = FaultyLocal()
+    fs = destination.faulty()
     fs.gate = threading.Event()                    # the destination stalls: nothing is measured
     real = promoter_mod.Destination
     monkeypatch.setattr(promoter_mod, "Destination", lambda url, **kw: real(url, storage_options=None, fs=fs))
@@ -196,7 +196,7 @@ def test_writer_hint_of_a_save_kept_until_durable_includes_the_expected_promotio
     w = ZonedStorageWriter(str(tmp_path / "dev.img"), retention="torchtitan:interval=10,keep_latest_k=2",
                            geometry=Geometry(nr_zones=12, zone_size=1 << 20, zone_capacity=1 << 20,
                                              block_size=4096, max_open=6, max_active=6),
-                           promote=(tmp_path / "shared").as_uri(), promote_bandwidth=cap)
+                           promote=destination.url, promote_bandwidth=cap)
     clock = [0.0]
     w.clock = lambda: clock[0]
     try:

@@ -25,7 +25,7 @@ def df(capsys, device: str) -> tuple[str, dict]:
     return text, json.loads(capsys.readouterr().out)
 
 
-def test_df_counts_durable_generations_and_the_backlog(tmp_path, capsys):
+def test_df_counts_durable_generations_and_the_backlog(tmp_path, destination, capsys):
     path = tmp_path / "dev.img"
     dev = FileDevice.create(path, GEO)
     with Store.format(dev) as store:
@@ -34,7 +34,7 @@ def test_df_counts_durable_generations_and_the_backlog(tmp_path, capsys):
     dev.close()
     text, d = df(capsys, str(path))
     assert "Promotion" not in text and "tier" not in d             # no destination: no counters
-    url = (tmp_path / "shared").as_uri()
+    url = destination.url
     assert main(["tier", "promote", str(path), "--to", url]) == 0
     dev = FileDevice(path)
     with Store.open(dev) as store:
@@ -47,28 +47,38 @@ def test_df_counts_durable_generations_and_the_backlog(tmp_path, capsys):
     assert f"Promotion: 2 generations durable at {url}; backlog 1 generation, {size3 / 2**20:,.2f} MiB" in text
 
 
-def test_df_says_when_the_destination_does_not_answer(tmp_path, capsys):
+@pytest.mark.parametrize("kind", ["dir", "s3"])
+def test_df_says_when_the_destination_does_not_answer(tmp_path, capsys, monkeypatch, kind):
     path = tmp_path / "dev.img"
     dev = FileDevice.create(path, GEO)
     with Store.format(dev) as store:
         save(store, "step-1", 1)
     dev.close()
-    blocker = tmp_path / "afile"
-    blocker.write_bytes(b"x")
-    url = (blocker / "ckpt").as_uri()                              # under a regular file: nothing can be made
+    if kind == "dir":
+        blocker = tmp_path / "afile"
+        blocker.write_bytes(b"x")
+        url = (blocker / "ckpt").as_uri()                          # under a regular file: nothing can be made
+    else:
+        pytest.importorskip("s3fs", reason="needs the tier-test extra (s3fs)")
+        from tests.tierdest import aws_env, forget_s3_clients, free_port
+
+        for k, v in aws_env(f"http://127.0.0.1:{free_port()}").items():   # an endpoint nobody listens on
+            monkeypatch.setenv(k, v)
+        forget_s3_clients()
+        url = "s3://ckpt/run"
     assert main(["tier", "promote", str(path), "--to", url]) == 1
     text, d = df(capsys, str(path))
     assert d["tier"]["durable"] == 0 and d["tier"]["backlog"]["generations"] == 1
     assert "1 failed (" in text.splitlines()[-1]
 
 
-def test_a_promoting_writer_records_its_destination_for_df(tmp_path, capsys):
+def test_a_promoting_writer_records_its_destination_for_df(tmp_path, destination, capsys):
     torch = pytest.importorskip("torch", reason="needs the torch extra (make setup-torch)")
     import torch.distributed.checkpoint as dcp
 
     from retainz.integrations.dcp import ZonedStorageWriter
 
-    dev, url = tmp_path / "dev.img", (tmp_path / "shared").as_uri()
+    dev, url = tmp_path / "dev.img", destination.url
     w = ZonedStorageWriter(str(dev), geometry=GEO, promote=url, promote_policy="every:n=20")
     try:
         for step in (10, 20):

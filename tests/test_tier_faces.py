@@ -20,15 +20,14 @@ from retainz.store import Store  # noqa: E402
 from retainz.tier import Destination, Promoter  # noqa: E402
 from retainz.zoned import FileDevice  # noqa: E402
 from tests.test_tier import GEO, payload  # noqa: E402
-from tests.tierfaults import FaultyLocal  # noqa: E402
 
 
 @pytest.fixture
-def faulty(monkeypatch):
-    """Every promotion goes through one fault-injecting local file system."""
+def faulty(monkeypatch, destination):
+    """Every promotion goes through one fault-injecting client of ``destination`` (a directory, S3)."""
     import retainz.tier.promoter as promoter_mod
 
-    fs = FaultyLocal()
+    fs = destination.faulty()
     real = promoter_mod.Destination
     monkeypatch.setattr(promoter_mod, "Destination", lambda url, **kw: real(url, storage_options=None, fs=fs))
     return fs
@@ -63,8 +62,8 @@ def flip_local(device: str, store, gid: str, shard: str) -> None:
         f.write(bytes([b[0] ^ 1]))
 
 
-def test_a_purge_through_retainz_keeps_until_durable(device, tmp_path, faulty):
-    url = (tmp_path / "shared").as_uri()
+def test_a_purge_through_retainz_keeps_until_durable(device, destination, faulty):
+    url = destination.url
     faulty.down = True                                   # the destination is down
     fs = RetainZFileSystem(promote=url, skip_instance_cache=True)
     root = f"retainz://{device}"
@@ -90,8 +89,8 @@ def test_a_purge_through_retainz_keeps_until_durable(device, tmp_path, faulty):
         assert [g.id for g in store.generations()] == ["ckpt%2Fstep-30"]
 
 
-def test_a_read_falls_back_to_the_durable_copy(device, tmp_path, faulty, caplog):
-    url = (tmp_path / "shared").as_uri()
+def test_a_read_falls_back_to_the_durable_copy(device, destination, faulty, caplog):
+    url = destination.url
     fs = RetainZFileSystem(promote=url, skip_instance_cache=True)
     root = f"retainz://{device}"
     try:
@@ -116,8 +115,8 @@ def test_a_read_falls_back_to_the_durable_copy(device, tmp_path, faulty, caplog)
         fs.close_devices()
 
 
-def test_a_checkpoint_deleted_while_open_is_read_from_the_durable_copy(device, tmp_path, faulty):
-    url = (tmp_path / "shared").as_uri()
+def test_a_checkpoint_deleted_while_open_is_read_from_the_durable_copy(device, destination, faulty):
+    url = destination.url
     fs = RetainZFileSystem(promote=url, skip_instance_cache=True)
     root = f"retainz://{device}"
     try:
@@ -134,8 +133,8 @@ def test_a_checkpoint_deleted_while_open_is_read_from_the_durable_copy(device, t
         fs.close_devices()
 
 
-def test_megatron_non_persistent_local_keeps_until_durable(tmp_path, faulty):
-    url = (tmp_path / "shared").as_uri()
+def test_megatron_non_persistent_local_keeps_until_durable(tmp_path, destination, faulty):
+    url = destination.url
     devs, stores = [], []
     for r in range(2):
         d = FileDevice.create(tmp_path / f"rank{r}.img", GEO)
@@ -171,7 +170,7 @@ def test_megatron_non_persistent_local_keeps_until_durable(tmp_path, faulty):
             d.close()
 
 
-def test_the_mount_keeps_deletions_until_durable_and_reads_the_durable_copy(tmp_path):
+def test_the_mount_keeps_deletions_until_durable_and_reads_the_durable_copy(tmp_path, destination):
     import os
     import time
 
@@ -179,7 +178,7 @@ def test_the_mount_keeps_deletions_until_durable_and_reads_the_durable_copy(tmp_
 
     require_fuse()
     device = make_device(tmp_path, zones=24, zone_size="1MiB")
-    url = (tmp_path / "shared").as_uri()
+    url = destination.url                            # the mount server reaches S3 through the AWS_* variables
     dest = Destination(url)
     files = {"model.safetensors": payload(1, 300_000), "trainer_state.json": b'{"global_step": 1}'}
 

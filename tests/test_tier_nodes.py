@@ -58,8 +58,8 @@ def promoter(store, url, node, world=NODES, **kw):
     return Promoter(store, url, node=node, nodes=world, retry_seconds=0, **kw)
 
 
-def test_durable_only_once_every_node_has_promoted_its_part(nodes, tmp_path):
-    url = (tmp_path / "shared").as_uri()
+def test_durable_only_once_every_node_has_promoted_its_part(nodes, tmp_path, destination):
+    url = destination.url
     saved = {}
     for i, s in enumerate(nodes):
         saved.update(node_save(s, "step-10", 10, i))
@@ -106,8 +106,8 @@ def _both_promoted(nodes, url, world1=NODES):
 
 
 @pytest.mark.parametrize("fault", ["torn", "other-world", "same-shard", "object-gone"])
-def test_a_bad_node_part_leaves_the_generation_not_durable(nodes, tmp_path, fault):
-    url = (tmp_path / "shared").as_uri()
+def test_a_bad_node_part_leaves_the_generation_not_durable(nodes, destination, fault):
+    url = destination.url
     if fault == "other-world":      # node1 believes in a world of three nodes
         p0, p1, dest = _both_promoted(nodes, url, world1=["node0", "node1", "node2"])
     elif fault == "same-shard":     # node1 holds a shard named as node0's
@@ -122,12 +122,11 @@ def test_a_bad_node_part_leaves_the_generation_not_durable(nodes, tmp_path, faul
     else:
         p0, p1, dest = _both_promoted(nodes, url)
         assert dest.generations() == ["step-10"] and p0.is_durable("step-10")
-        folder = Path(dest.folder("step-10"))
         if fault == "torn":
-            path = folder / "MANIFEST.node1.json"
-            path.write_bytes(path.read_bytes()[:-40])
+            path = "step-10/MANIFEST.node1.json"
+            destination.pipe(path, destination.cat(path)[:-40])
         else:
-            (folder / "data" / "__1_0.distcp").unlink()
+            destination.fs().rm_file(destination.path("step-10/data/__1_0.distcp"))
     # no node reports it durable, the listing leaves it out, and node0 keeps its local copy
     assert not p0.is_durable("step-10") and not p1.is_durable("step-10")
     # the listing reads manifests only (unverified), so a vanished object shows in it; the rest do not
@@ -150,7 +149,7 @@ def test_promoter_needs_its_node_in_the_world(nodes, tmp_path):
 # -- a real 2-rank DCP run --------------------------------------------------------------------------
 
 
-def test_two_ranks_on_two_nodes_promote_to_one_destination_and_load_on_another_layout(tmp_path):
+def test_two_ranks_on_two_nodes_promote_to_one_destination_and_load_on_another_layout(tmp_path, destination):
     torch = pytest.importorskip("torch", reason="needs the torch extra (make setup-torch)")
     import torch.distributed.checkpoint as dcp
 
@@ -158,7 +157,7 @@ def test_two_ranks_on_two_nodes_promote_to_one_destination_and_load_on_another_l
     from retainz.integrations.dcp import ZonedStorageReader
     from tests.workers.dcp_ranks import full
 
-    devices, url = tmp_path / "devs", (tmp_path / "shared").as_uri()
+    devices, url = tmp_path / "devs", destination.url      # the ranks reach S3 through the AWS_* variables
     devices.mkdir()
     env = dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}{os.pathsep}{ROOT}", OMP_NUM_THREADS="1")
     proc = subprocess.run(

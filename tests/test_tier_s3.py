@@ -1,15 +1,11 @@
 """Tiers against a real S3-protocol endpoint: s3fs over HTTP on loopback to moto's standalone server,
-started and stopped by the fixture (no in-process mock).  Promotion, restore onto a fresh device, a
-corrupted remote object, an unreachable endpoint and an endpoint that dies mid-upload; nothing
-committed is lost and nothing reported durable is not."""
+started and stopped by the tests (one per session, tests/conftest.py; no in-process mock).  What only
+an S3 endpoint has: storage options given from Python, an endpoint nobody listens on, an endpoint that
+dies mid-upload; plus promotion, restore and a corrupted object through explicit options (the rest of
+the tier suite runs on S3 too, through the ``destination`` fixture).  Nothing committed is lost and
+nothing reported durable is not."""
 
 from __future__ import annotations
-
-import contextlib
-import socket
-import subprocess
-import sys
-import time
 
 import pytest
 
@@ -20,55 +16,20 @@ from retainz.store import Store  # noqa: E402
 from retainz.tier import Destination, Promoter, read_durable_shard, restore_generation  # noqa: E402
 from retainz.zoned import FileDevice  # noqa: E402
 from tests.test_tier import GEO, local_bytes, save  # noqa: E402
+from tests.tierdest import free_port, moto_server, options  # noqa: E402
 
 BUCKET = "ckpt"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def moto_server():
-    """moto's S3 server on a free loopback port; yields its endpoint URL; stopped on exit."""
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(300):
-            if proc.poll() is not None:
-                raise RuntimeError(f"moto server exited with {proc.returncode}")
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-                break
-            time.sleep(0.05)
-        else:
-            raise RuntimeError("moto server did not start listening")
-        yield f"http://127.0.0.1:{port}", proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def options(endpoint: str) -> dict:
-    return {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
-            "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 2, "read_timeout": 10},
-            "skip_instance_cache": True}
-
-
 @pytest.fixture(scope="module")
-def s3():
-    with moto_server() as (endpoint, _):
-        import s3fs
+def s3(moto_endpoint):
+    """The session's moto server (tests/conftest.py) with the bucket ``BUCKET``; its endpoint URL."""
+    import s3fs
 
-        fs = s3fs.S3FileSystem(**options(endpoint))
+    fs = s3fs.S3FileSystem(**options(moto_endpoint))
+    if not fs.exists(BUCKET):
         fs.call_s3("create_bucket", Bucket=BUCKET)
-        yield endpoint
+    yield moto_endpoint
 
 
 @pytest.fixture
@@ -122,7 +83,7 @@ def test_a_corrupted_s3_object_is_detected_and_copied_again(s3, store):
 
 def test_an_unreachable_endpoint_reports_nothing_durable(s3, store):
     saved = save(store, "step-1", 1)
-    dead = f"http://127.0.0.1:{_free_port()}"         # nobody listens there
+    dead = f"http://127.0.0.1:{free_port()}"         # nobody listens there
     p = Promoter(store, f"s3://{BUCKET}/down", storage_options=options(dead))
     assert not p.run_pending()
     [row] = p.status()

@@ -1,8 +1,9 @@
-"""Fault-injecting fsspec file systems for the tier tests (a real directory tree underneath):
-``gate`` blocks every upload until set (a slow or stalled destination), ``fail_after`` raises
-mid-upload after that many bytes of an object, ``full`` raises ENOSPC as a full file system does,
-``down`` makes every call fail as an unreachable destination's would, ``flip_writes`` stores each
-object with its first byte flipped and reports success (only a read-back sees it)."""
+"""Fault-injecting fsspec file systems for the tier tests, over a real directory tree
+(:class:`FaultyLocal`) or a real S3 endpoint (:class:`FaultyS3`, s3fs to moto's server): ``gate``
+blocks every upload until set (a slow or stalled destination), ``fail_after`` raises mid-upload after
+that many bytes of an object, ``full`` raises ENOSPC as a full file system does, ``down`` makes every
+call fail as an unreachable destination's would, ``flip_writes`` stores each object with its first byte
+flipped and reports success (only a read-back sees it)."""
 
 from __future__ import annotations
 
@@ -37,12 +38,24 @@ class _Writer:
     def close(self):
         return self.f.close()
 
+    @property
+    def closed(self):
+        return self.f.closed
+
+    @closed.setter
+    def closed(self, value):
+        self.f.closed = value
+
     def discard(self):
-        return self.f.close()
+        """An upload given up: a local file stays as far as it got (what a failed write leaves); an S3
+        object is never committed (s3fs aborts the multipart upload, or never sends the single PUT)."""
+        if isinstance(self.fs, LocalFileSystem):
+            return self.f.close()
+        return self.f.discard()
 
 
-class FaultyLocal(LocalFileSystem):
-    """A local file system whose uploads fail as the attributes say (set them at any time)."""
+class _Faults:
+    """The fault switches (set them at any time) and the upload wrapper, for either file system."""
 
     cachable = False
 
@@ -62,6 +75,15 @@ class FaultyLocal(LocalFileSystem):
         if self.down:
             raise ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused")
 
+    def _open(self, path, mode="rb", **kw):
+        self._check()
+        f = super()._open(path, mode, **kw)
+        return _Writer(self, f, path) if "w" in mode else f
+
+
+class FaultyLocal(_Faults, LocalFileSystem):
+    """A local file system whose uploads fail as the attributes say."""
+
     def info(self, path, **kw):
         self._check()
         return super().info(path, **kw)
@@ -70,11 +92,27 @@ class FaultyLocal(LocalFileSystem):
         self._check()
         return super().ls(path, detail=detail, **kw)
 
-    def _open(self, path, mode="rb", **kw):
-        self._check()
-        f = super()._open(path, mode, **kw)
-        return _Writer(self, f, path) if "w" in mode else f
-
     def makedirs(self, path, exist_ok=False):
         self._check()
         return super().makedirs(path, exist_ok=exist_ok)
+
+
+def faulty_s3(**options):
+    """An s3fs file system (``options``: s3fs's) whose uploads fail as the attributes say: the async
+    calls are the ones s3fs's sync methods run, so the checks sit there."""
+    import s3fs
+
+    class FaultyS3(_Faults, s3fs.S3FileSystem):
+        async def _info(self, path, **kw):
+            self._check()
+            return await super()._info(path, **kw)
+
+        async def _ls(self, path, detail=False, **kw):
+            self._check()
+            return await super()._ls(path, detail=detail, **kw)
+
+        async def _makedirs(self, path, exist_ok=False):
+            self._check()
+            return await super()._makedirs(path, exist_ok=exist_ok)
+
+    return FaultyS3(**options)

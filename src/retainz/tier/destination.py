@@ -167,14 +167,27 @@ class Destination:
 
     @staticmethod
     def _give_up(f) -> None:
-        """Abandon a partial upload where the implementation can (never commit it), else close it."""
-        for give_up in (getattr(f, "discard", None), f.close):
+        """Abandon a partial upload where the implementation can (never commit it), else close it.
+
+        A discarded file is marked closed: s3fs's ``S3File.discard`` aborts the multipart upload and drops
+        the buffer but leaves the file open, and fsspec's ``AbstractBufferedFile.__del__`` would close it
+        again when collected, flushing a buffer that is gone (an AttributeError printed per upload)."""
+        discard = getattr(f, "discard", None)
+        if discard is not None:
             try:
-                if give_up is not None:
-                    give_up()
-                    return
-            except Exception:  # noqa: BLE001 - the write already failed; its error is the one to report
-                continue
+                discard()
+            except Exception:  # noqa: BLE001 - cannot discard (a local file writing in place): close below
+                pass
+            else:
+                try:
+                    f.closed = True
+                except AttributeError:   # a file whose ``closed`` is read-only tracks it itself
+                    pass
+                return
+        try:
+            f.close()
+        except Exception:  # noqa: BLE001 - the write already failed; its error is the one to report
+            pass
 
     def read(self, path: str, *, chunk: int = READ_CHUNK) -> Iterator[bytes]:
         """Stream the object ``path``.
