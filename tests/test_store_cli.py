@@ -365,3 +365,17 @@ def test_fsck_json_reports_damage_that_stops_the_mount(tmp_path, capsys):
     assert rep["problems"] == ["meta zone 0: record at byte 16384 (11 bytes) fails its checksum: corrupt journal"]
     assert main(["fsck", dev]) == 1                 # the text form: the one error line
     assert capsys.readouterr().err.strip().endswith("fails its checksum: corrupt journal")
+
+
+def test_mkfs_formats_with_retainz_unless_another_policy_is_named_and_df_shows_the_one_kept(dev, capsys):
+    """Issue 40: every way in uses lifetime-aware placement by default; a store formatted with
+    another policy keeps it (the superblock's), and df says which."""
+    code, out, _ = run(capsys, "mkfs", dev)
+    assert code == 0 and out.splitlines()[0].endswith("policy retainz")
+    code, out, _ = run(capsys, "df", dev)
+    assert code == 0 and "Policy: retainz" in out.splitlines()
+    assert run(capsys, "mkfs", dev, "--force", "--policy", "greedy")[0] == 0
+    code, out, _ = run(capsys, "df", dev, "--json")
+    assert code == 0 and strict_json(out)["policy"] == "greedy"
+    code, out, _ = run(capsys, "df", dev)
+    assert "Policy: greedy" in out.splitlines()
