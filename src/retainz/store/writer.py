@@ -398,8 +398,9 @@ class ShardWriter:
     def count(self, nbytes: int) -> None:
         """Place the next ``nbytes`` data bytes of the shard without their bytes, on a payload-less
         device (timed trace replay, :mod:`retainz.trace.replay`: a shard written unit by unit while
-        other saves are in flight): placed as :meth:`write` places them (admission, one
-        allocator decision per call and per zone crossed), no checksum.  A count that is not a
+        other saves are in flight): placed as :meth:`write` and :meth:`claim` place them
+        (admission, extents of at most :data:`WRITE_BUFFER` bytes, one allocator decision each),
+        no checksum.  A count that is not a
         multiple of the block size is the shard's tail (padded to a block); no count follows it.
         A shard takes counts or bytes, not both; its :class:`ShardInfo` has no crc, like
         :meth:`GenerationWriter.write_counted_shard`.
@@ -428,13 +429,16 @@ class ShardWriter:
                 if self.size is not None and self.written > self.size:
                     raise ShardSizeError(f"shard {self.name!r}: more than the {self.size} bytes given as its size")
                 w._check_declared(self.name, self.written)
-                bs = w._block_size
-                padded = round_up(nbytes, bs)
-                w._host.admit(w, padded)
-                self._padded += w._host.write_path.write(w.gen, padded, nbytes, self.extents, self.zone_bytes,
-                                                         pending=w._pending(padded))[0]
-                w._placed += padded
-                w.reserve -= min(padded, w.reserve)
+                bs, left = w._block_size, nbytes
+                while left:     # in WRITE_BUFFER pieces, as write() and claim() place them
+                    n = min(left, WRITE_BUFFER)
+                    padded = round_up(n, bs)
+                    w._host.admit(w, padded)
+                    self._padded += w._host.write_path.write(w.gen, padded, n, self.extents, self.zone_bytes,
+                                                             pending=w._pending(padded))[0]
+                    w._placed += padded
+                    w.reserve -= min(padded, w.reserve)
+                    left -= n
                 if nbytes % bs:
                     self._counted = 2
             except BaseException:
