@@ -15,8 +15,9 @@ still to come, at step ``now``, the options are:
     ones are already dead: all of them are garbage at ``R``) are held until ``r``, and so is the
     capacity we leave unfilled: ``(W + rem - f) * (r - R) = (C - f) * (r - R)``.  Against that,
     the ``f`` bytes we write use capacity that would otherwise stay *unused* until ``R``: a zone
-    whose group is older than ours (``R < r``) gets no more data of its own, so we credit
-    ``f * (R - now)``.
+    whose group is older than ours (``R < r``) and no longer being written gets no more data of its
+    own, so we credit ``f * (R - now)``.  No credit while another group in flight is writing into
+    the zone (see "Saves in flight"): its free capacity is that group's next bytes.
 
 * **open** the first empty zone (capacity ``C``): *unused capacity* ``max(0, C - E) * (r - now)``,
   the part of the zone our group will not fill, unusable until the zone is reset near ``r``.
@@ -24,8 +25,38 @@ still to come, at step ``now``, the options are:
 
 * **finish** ``X`` **then open**, only when the active-zone budget is spent: the open cost plus
   ``rem_X * (R_X - now)``, the capacity finishing wastes until ``X`` is reset, unless ``X`` is
-  already orphaned (``R_X < r``: its capacity was going to be left unused anyway, and the join
-  credit above counts the same thing).
+  already orphaned (``R_X < r`` and no group in flight writing into it: its capacity was going to
+  be left unused anyway, and the join credit above counts the same thing).
+
+Saves in flight
+---------------
+Several saves are written at once on a real node (the ranks of a job, jobs saving when they like,
+asynchronous checkpointing).  The zone table knows the groups in flight and the open zones each
+has written into (``ZoneTable.writing``/``filling``: from admission until every declared byte is
+written and its shards closed, or its commit or abort).  A zone another group in flight is filling
+(``ZoneTable.filled_by_others``) is that group's, not left-over capacity:
+
+* joining it earns no credit (the cost is the plain delayed reclamation of whichever group dies
+  first), and finishing it is never free (it wastes what that group is about to write);
+* options that take such capacity rank after every other option: a group joins or finishes a
+  zone another group is filling only when nothing else is possible, i.e. at the active-zone limit
+  (NVMe ZNS Max Active Resources) with more groups in flight than active zones.  There the least
+  cost decides which in-flight groups share: the join costs ``|r - R|`` of delayed reclamation, so
+  the groups whose reclaim steps are nearest share a zone, against the unused capacity of
+  finishing one of them;
+* at the limit, finishes take idle zones (no group in flight writing into them) first, by cost;
+* the zones priced are the ``neighbors`` nearest idle zones on each side of ``r``, and the busy
+  zones met on the way.
+
+This is ZenFS's rule with its busy zones made explicit: upstream ``GetBestOpenZoneMatch``,
+``AllocateEmptyZone`` and ``FinishCheapestIOZone`` (fs/zbd_zenfs.cc) skip every zone they cannot
+``Acquire`` (a zone held by another writer), and ``AllocateIOZone`` waits for an open token
+(``WaitForOpenIOZoneToken``) when writers outnumber the open budget, then finishes the cheapest
+idle zone until ``GetActiveIOZoneTokenIfAvailable`` succeeds.  A store cannot make a save wait
+for another to finish, so beyond the limit RetainZ shares by reclaim step where ZenFS would block.
+GC copies (``TakeMigrateZone`` upstream, also a busy-skipping scan) follow the same rule: they do not
+join a zone a save in flight is filling while another zone can take them.  The oracle and the
+hint controls are this class with another view of the reclaim step, so they follow it too.
 
 Steps before ``now`` count as ``now``.  A cost is a pair ``(bytes held forever, byte-steps)``
 compared lexicographically, so permanent data (``r = inf``) never shares with finite data while any

@@ -21,6 +21,20 @@ step its promotion is verified; the practical policies' hints carry the expected
 (:mod:`retainz.trace.promotion`).  The deferred deletions are the events the store is fed: every
 policy and the oracle see them, and the device is sized from the live bytes they leave.
 
+Saves that take time (``write_bandwidth``, bytes per step; ``retainz replay --write-bandwidth``):
+without it every save is written whole at its event (the serialized replay).  With it a save of
+``nbytes`` takes ``nbytes / write_bandwidth`` steps, and a job (``j<n>:`` of a mixed or fleet trace's
+names, :func:`job_of`) does one thing at a time: its commit, deletions and next save wait until
+its save is written, while other jobs' saves overlap it (:func:`timed_schedule`).  Each shard is
+opened as its own writer (the ranks of a DCP save, as the node service's clients write them) and
+written in ``write_unit`` pieces at ``S_i / D`` bytes per step over the save's ``D`` steps; the
+pieces of every save in flight reach the store in time order (at equal times pieces before
+events, so a save's last piece precedes its commit).  A deletion carries the step it really happens
+at, so pressure sizes the device from the live bytes of the schedule and the oracle is told the
+real deletion steps.  The result adds ``write_bandwidth``, ``write_unit`` and ``overlapped_bytes``
+(bytes written while another job's save was in flight).  Crash events are refused there (only the
+serialized replay power-cycles).
+
 A :class:`~retainz.errors.NoSpaceError` at admission or while writing is a *capacity stop*: the run
 ends cleanly there and records the step (the honest outcome when no space can be made),
 its cause (``capacity_stop_cause``: ``admission``, ``allocation``, ``gc`` or ``journal``, see
@@ -452,7 +466,8 @@ def replay(trace_path: str, config: ReplayConfig) -> dict:
         config: what to replay it on and what to measure (:class:`ReplayConfig`).
 
     Returns:
-        A JSON-able dict: host_bytes, gc_bytes, waf, resets, finishes, dead_space_byte_steps,
+        A JSON-able dict (with ``write_bandwidth``: also write_bandwidth, write_unit and
+        overlapped_bytes): host_bytes, gc_bytes, waf, resets, finishes, dead_space_byte_steps,
         unused_capacity_bytes, unused_capacity_byte_steps, peak_occupancy, capacity_stop_step (None
         when none), capacity_stop_cause and capacity_stop_state (None when no stop),
         admission_reserve_zones, generations_committed, generations_deleted, decisions, decision_cpu_seconds,
@@ -462,7 +477,7 @@ def replay(trace_path: str, config: ReplayConfig) -> dict:
     Raises:
         ValueError: a trace too large for the device limit at this pressure, a device the policy
             refuses (ZenFS: fewer than 32 zones, meta and reserve included), a crash event on a real
-            device.
+            device or with ``write_bandwidth``.
         TraceFormatError: a malformed trace (with its line number).
         ChecksumError: payload read back wrong (never silently).
     """
