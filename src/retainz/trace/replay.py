@@ -831,11 +831,19 @@ class _Take:
     def __init__(self, chunks: Iterator[bytes]):
         self.chunks = chunks
         self.buf = b""
+        self.pos = 0
 
     def take(self, n: int) -> bytes:
-        while len(self.buf) < n:
-            self.buf += next(self.chunks)
-        out, self.buf = self.buf[:n], self.buf[n:]
+        if len(self.buf) - self.pos < n:
+            rest = [self.buf[self.pos:]]
+            have = len(rest[0])
+            while have < n:
+                chunk = next(self.chunks)
+                rest.append(chunk)
+                have += len(chunk)
+            self.buf, self.pos = b"".join(rest), 0
+        out = self.buf[self.pos:self.pos + n]
+        self.pos += n
         return out
 
 
