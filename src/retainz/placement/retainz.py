@@ -306,8 +306,9 @@ class RetainZ(Allocator):
         t = self.table
         zones = t.zones
         index = self._index
-        if generation is None or not t.filling:
-            return [zones[z] for _, z in index[max(0, i - k):i + k]]
+        w = t.writing
+        if generation is None or not t.filling or (len(w) == 1 and generation in w):
+            return [zones[z] for _, z in index[max(0, i - k):i + k]]   # no other group in flight
         out = []
         for rng in (range(i - 1, -1, -1), range(i, len(index))):
             idle = 0
