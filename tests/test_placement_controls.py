@@ -353,28 +353,3 @@ def test_permanent_stays_permanent_under_any_noise():
 def test_unknown_view_is_named_with_the_valid_ones():
     with pytest.raises(ValueError, match=r"^unknown hint view 'fuzzy'; valid: exact, none, coarse, noisy, oracle$"):
         view_reclaim_step(req(1.0), "fuzzy")
-
-
-def test_dedicated_at_the_active_limit_finishes_a_zone_no_generation_in_flight_is_filling():
-    """Issue 40: with saves in flight, the zone another generation is still filling is finished last."""
-    from retainz.placement.controls import Dedicated
-
-    t = ZoneTable({z: 100 for z in range(4)}, max_active=2)
-    a = Dedicated()
-    a.bind(t)
-
-    def place(gen, n):
-        d = a.place(ExtentRequest(n, gen, 1, Hint(reclaim_step=10), 1))
-        for f in d.finish:
-            t.on_finish(f)
-        t.on_write(d.zone, n, 10, 0, 1)
-        t.on_fill(d.zone, gen)
-        return d
-
-    t.on_group_begin("a")
-    t.on_group_begin("b")
-    assert place("a", 60).zone == 0         # a fills zone 0 (40 left: the least remaining)
-    assert place("b", 50).zone == 1         # b fills zone 1 (50 left)
-    t.on_group_end("b")                     # b is written
-    t.on_group_begin("c")
-    assert place("c", 10) == Decision(2, finish=(1,), reclaim_step=10)   # not a's zone 0

@@ -49,8 +49,7 @@ class Dedicated(Allocator):
     """``dedicated``: each generation gets zones of its own (no sharing, user data and GC copies
     alike).  A generation writes into its current zone until it is full, then opens the first
     empty zone; when the active budget is spent, the open zone with the least remaining capacity
-    (ties: lowest index) is finished first, among zones no other generation in flight is filling
-    when there are any (``ZoneTable.filled_by_others``).
+    (ties: lowest index) is finished first.
 
     Zone ownership is private state (the table does not record generations): after a remount
     earlier zones have no owner and are finished when the budget needs them.
@@ -85,12 +84,8 @@ class Dedicated(Allocator):
         finish: tuple[int, ...] = ()
         if t.max_active and len(t.open) >= t.max_active:
             need = len(t.open) - t.max_active + 1
-            # idle zones first: a zone another generation in flight is filling would only send that
-            # generation to a new zone (and finish one of ours in turn)
-            gen = req.generation
             finish = tuple(s.index for s in sorted(t.open.values(),
-                                                   key=lambda s: (t.filled_by_others(s.index, gen), s.remaining,
-                                                                  s.index))[:need])
+                                                   key=lambda s: (s.remaining, s.index))[:need])
         self._owner[e] = req.generation
         self._current[req.generation] = e
         return Decision(e, finish=finish, reclaim_step=r)
