@@ -303,7 +303,9 @@ class ZonedStorageWriter(StorageWriter):
             ``save_total_limit``), and the survivors' hints are brought to the rule's.  False: the
             rule only hints placement and nothing is deleted.
         geometry: create and format missing device files with this ``Geometry``.
-        policy: placement policy for a device this writer formats or opens.
+        policy: placement policy for a device this writer formats or opens (``None``: ``retainz``
+            for a device it formats, :data:`retainz.placement.DEFAULT_POLICY`; the recorded one
+            for a store it opens).
         overwrite: replace a committed generation of the same id at this one's commit
             (replace-on-commit: until then the old one stays readable; a crash leaves exactly one
             of the two); default False raises ``GenerationExistsError``.

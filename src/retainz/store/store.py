@@ -41,7 +41,7 @@ from retainz.errors import (
     SummaryMismatchError,
 )
 from retainz.hint import Hint
-from retainz.placement import make_allocator
+from retainz.placement import DEFAULT_POLICY, make_allocator
 from retainz.placement.base import Allocator, ExtentRequest, ZoneTable
 from retainz.store import check
 from retainz.store.catalog import Catalog
@@ -159,7 +159,7 @@ class Store:
         raise TypeError("use Store.format(device) or Store.open(device)")
 
     @staticmethod
-    def check_geometry(g: Geometry, *, policy: str = "greedy", meta_zones: int | None = None,
+    def check_geometry(g: Geometry, *, policy: str = DEFAULT_POLICY, meta_zones: int | None = None,
                        gc_reserve_zones: int = 2) -> int:
         """Refuse a geometry a store cannot be formatted on, before anything is written (what
         :meth:`format` checks first; ``retainz run`` checks every case of a manifest with it).
@@ -192,7 +192,7 @@ class Store:
         return meta_zones
 
     @classmethod
-    def format(cls, device: ZonedDevice, *, meta_zones: int | None = None, policy: str = "greedy",
+    def format(cls, device: ZonedDevice, *, meta_zones: int | None = None, policy: str = DEFAULT_POLICY,
                gc_reserve_zones: int = 2, force: bool = False, verify_summaries: bool = False) -> Store:
         """Write a fresh, empty store on ``device`` and open it.
 
@@ -474,6 +474,7 @@ class Store:
             w = GenerationWriter(self, gen, declared_size, reserve=need if control else 0, journal_estimate=est,
                                  block_size=bs, payload=self.device.info.payload)
             self._writers[gen_id] = w
+            zones.table.on_group_begin(gen_id)
             return w
 
     def admit(self, w: GenerationWriter, nbytes: int) -> None:
@@ -551,6 +552,7 @@ class Store:
             self.catalog.add(gen)
             self.log.track(gen, entry)
             self._writers.pop(gen.id, None)
+            self.zones.table.on_group_end(gen.id)
             self.metrics.generations_committed += 1
             return gen
 
@@ -569,6 +571,7 @@ class Store:
                 raise ValueError(f"generation {old!r} is not being written by this writer")
             del self._writers[old]
             w.gen.id = gen_id
+            self.zones.table.on_group_rename(old, gen_id)
             w.journal_estimate += max(0, len(gen_id.encode()) - len(old.encode()))
             self._writers[gen_id] = w
 
@@ -582,6 +585,7 @@ class Store:
                 raise ValueError(f"generation {gen.id!r} is {gen.state.value}: cannot abort it")
             gen.state = GenState.ABORTED
             self._writers.pop(gen.id, None)
+            self.zones.table.on_group_end(gen.id)
             if self._closed:
                 return
             self.write_path.drop(w.zone_bytes)
