@@ -650,3 +650,38 @@ def test_injected_io_errors_at_every_point_of_a_save(op):
         finally:
             store.close()
     assert refused, "no fault reached a call of the save"
+
+
+@pytest.mark.parametrize("op", ["write", "flush"])
+def test_a_commit_whose_journal_write_failed_is_absent_after_a_restart(op):
+    """The commit point's own device error decides it: a commit record written but not flushed (or
+    torn) may still be on the device; the store withdraws it (a journal rollover whose snapshot lacks
+    the generation) before the error reaches the program, so after a restart the checkpoint is absent
+    and the store opens clean (before: present, or "zone N is empty on the device but the journal has
+    ... committed data in it" once the abort had reset its zone)."""
+    from retainz.zoned.faulty import FaultyDevice
+
+    outcomes = set()
+    for after in range(4):
+        inner = MemoryDevice(GEOM)
+        dev = FaultyDevice(inner)
+        store = Store.format(dev)
+        ns = _ns(store)
+        _put(ns, "run/step-1/model.pt", b"w" * 5000)
+        dev.fail(op, after=after)
+        try:
+            ns.fsyncdir("run/step-1")
+            outcomes.add("committed")
+        except NamespaceError as e:
+            assert e.errno == errno.EIO
+            outcomes.add("refused")
+        dev.faults.clear()
+        listed = [g.id for g in store.generations()]
+        store.close()
+        again = Store.open(inner)
+        try:
+            assert [g.id for g in again.generations()] == listed, (after, listed)
+            assert again.fsck().ok
+        finally:
+            again.close()
+    assert outcomes == {"committed", "refused"}
