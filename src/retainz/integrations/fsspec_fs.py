@@ -263,7 +263,17 @@ class RetainZFileSystem(AbstractFileSystem):
     def _rm_one(self, path: str, recursive: bool) -> None:
         device, inner = self._split(path)
         ns = self._ns(device)
-        entry = self._entry(device, inner)
+        try:
+            entry = self._entry(device, inner)
+        except FileNotFoundError:
+            if not recursive:
+                raise
+            with self._lock:      # a refused checkpoint is out of the view: rm -r ends its refusal
+                try:
+                    ns.remove_tree(inner)
+                except NamespaceError:
+                    raise FileNotFoundError(self._full(device, inner)) from None
+            return
         if entry["type"] == "file":
             self._rm_file(device, inner)
             return
