@@ -159,3 +159,30 @@ def test_training_killed_mid_promotion_resumes_after_restart(tmp_path):
         r = ZonedStorageReader(str(tmp_path / "nodevice.img"), durable=url)
         dcp.load(out, storage_reader=r, checkpoint_id=f"/ckpt/step-{step}")
         assert torch.equal(out["w"], state(step)["w"]) and out["step"] == step
+
+
+def test_a_save_that_cannot_fit_is_refused_before_any_byte_is_written(tmp_path, monkeypatch):
+    """Issue 44.6(a): with the destination down and the device filling, the writer refused only at the
+    save's last MiB, after 99.6 % of it was written; DCP's plan gives every tensor's size, so the
+    save is refused before it writes (PromotionBacklogError), nothing of it placed on the device."""
+    fs = FaultyLocal()
+    fs.down = True
+    url, dev, w = promoting_writer(tmp_path, monkeypatch, fs)
+    try:
+        dcp.save(state(10, 1_500_000), storage_writer=w, checkpoint_id="/ckpt/step-10")
+        saved = [10]
+        with pytest.raises(CheckpointException) as ei:
+            for step in range(20, 200, 10):
+                with _stores.using(str(dev)) as store:
+                    before = store.metrics.host_bytes
+                dcp.save(state(step, 1_500_000), storage_writer=w, checkpoint_id=f"/ckpt/step-{step}")
+                saved.append(step)
+        err = next(e for e, _ in ei.value.failures.values())
+        assert isinstance(err, PromotionBacklogError), err
+        assert err.needed >= 1_500_000                 # the whole save asked at once
+        with _stores.using(str(dev)) as store:
+            assert store.metrics.host_bytes == before  # not one byte of the refused save written
+        assert ids(dev) == [f"step-{s}" for s in saved]
+    finally:
+        fs.down = False
+        w.close()

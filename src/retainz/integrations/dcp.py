@@ -551,6 +551,7 @@ class ZonedStorageWriter(StorageWriter):
         shards = [(f"__{rank}_{i}.distcp", items)
                   for i, items in enumerate(split_items(list(plan.items), self.thread_count))]
         try:
+            self._admit_planned(shards)
             if len(shards) == 1:
                 results = write(*shards[0])
             else:
@@ -575,6 +576,25 @@ class ZonedStorageWriter(StorageWriter):
         fut: Future[list[WriteResult]] = Future()
         fut.set_result(results)
         return fut
+
+    def _admit_planned(self, shards: list[tuple[str, list]]) -> None:
+        """Admit the save's planned bytes before any is written: DCP's final plan gives every tensor
+        item's size (:func:`_item_bytes`), so the generation's reservation grows at once to the
+        tensor bytes of each shard, block-rounded, plus one block per shard for its byte items
+        (``Store.admit``; byte items' sizes are known only once serialized, and are admitted as they
+        arrive).  A save that cannot fit is refused here, not at its last MiB.  A node service's client
+        has no ``admit``: the service admits as the bytes arrive.
+
+        Raises:
+            NoSpaceError: ``cause`` ``"admission"`` (nothing of the save was written).
+        """
+        admit = getattr(self._store, "admit", None)
+        if admit is None:
+            return
+        bs = self._store.device.geometry.block_size
+        need = sum(-(-sum(_item_bytes(i) for i in items) // bs) * bs + bs for _, items in shards)
+        with self._store.lock:
+            admit(self._gen, need)
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         """Write DCP's ``Metadata`` as the shard ``.metadata`` and commit: the commit point."""
