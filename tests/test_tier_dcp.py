@@ -186,3 +186,34 @@ def test_a_save_that_cannot_fit_is_refused_before_any_byte_is_written(tmp_path, 
     finally:
         fs.down = False
         w.close()
+
+
+def test_saves_back_off_from_a_dead_destination_instead_of_asking_per_deferred_generation(tmp_path, monkeypatch):
+    """Issue 44.6(b): with the destination down, every save's retention asked it once per deferred
+    generation whether that one was durable yet (save time 0.1 s -> 4.6 s on a dead S3 endpoint).
+    After a failure the promoter backs off (``retry_seconds``, doubling up to ``MAX_BACKOFF``): the
+    saves ask the destination at most once over six saves, and nothing deferred is deleted."""
+    fs = FaultyLocal()
+    fs.down = True
+    asked_by_saves = []
+    check = fs._check
+
+    def counting():
+        if threading.current_thread() is threading.main_thread():
+            asked_by_saves.append(1)
+        check()
+    fs._check = counting
+    url, dev, w = promoting_writer(tmp_path, monkeypatch, fs)
+    try:
+        dcp.save(state(10), storage_writer=w, checkpoint_id="/ckpt/step-10")
+        w.promoter.retry_seconds = 30.0                 # a back-off longer than the saves take
+        asked_by_saves.clear()
+        for step in range(20, 80, 10):
+            dcp.save(state(step), storage_writer=w, checkpoint_id=f"/ckpt/step-{step}")
+        assert w.promoter.deferred == ["step-10", "step-20", "step-30", "step-40", "step-50"]
+        assert len(asked_by_saves) <= 1, len(asked_by_saves)
+        assert w.promoter.backing_off() > 0
+        assert ids(dev) == [f"step-{s}" for s in range(10, 80, 10)]
+    finally:
+        fs.down = False
+        w.close()
