@@ -217,3 +217,37 @@ def test_saves_back_off_from_a_dead_destination_instead_of_asking_per_deferred_g
     finally:
         fs.down = False
         w.close()
+
+
+def test_a_fresh_writer_retires_what_was_made_durable_since_the_last_run(tmp_path, monkeypatch):
+    """Issue 44.6(c): a job stopped with its retirements deferred (the destination was down, the device
+    filled); ``retainz tier promote`` made them durable; a fresh writer with the same rule was refused
+    on every save, since retention ran only after a commit.  Now retention runs at the writer's first
+    save too (docs/tiers.md: the next run's retention deletes them), and the save fits."""
+    from retainz.tier import Promoter
+
+    fs = FaultyLocal()
+    fs.down = True
+    url, dev, w = promoting_writer(tmp_path, monkeypatch, fs)
+    big = lambda s: state(s, 1_500_000)  # noqa: E731
+    saved = []
+    try:
+        with pytest.raises(CheckpointException):
+            for step in range(10, 200, 10):
+                dcp.save(big(step), storage_writer=w, checkpoint_id=f"/ckpt/step-{step}")
+                saved.append(f"step-{step}")
+    finally:
+        w.close()
+    assert ids(dev) == saved and len(saved) > 2
+    fs.down = False
+    with _stores.using(str(dev)) as store:                 # what `retainz tier promote` does
+        assert Promoter(store, url, fs=fs).run_pending()
+    assert ids(dev) == saved                                 # promotion never deletes
+    step = int(saved[-1].split("-")[1]) + 10
+    fresh = ZonedStorageWriter(str(dev), retention="torchtitan:interval=10,keep_latest_k=2", geometry=GEO,
+                               promote=url)
+    try:
+        dcp.save(big(step), storage_writer=fresh, checkpoint_id=f"/ckpt/step-{step}")
+        assert ids(dev) == [saved[-1], f"step-{step}"]       # keep_latest_k=2, the rest durable
+    finally:
+        fresh.close()

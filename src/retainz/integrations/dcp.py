@@ -329,7 +329,9 @@ class ZonedStorageWriter(StorageWriter):
     Retirement happens on each rank's own device at the first point that rank knows the save has
     committed: the coordinator right after its commit in :meth:`finish`; another rank when its next
     save starts (:meth:`prepare_local_plan`), since only the coordinator's commit completes a
-    checkpoint.  A save given an explicit condition (:meth:`set_condition`) is outside the rule:
+    checkpoint.  It also runs at each writer's first save, before its admission: what the rule no
+    longer keeps of an earlier run (deferred then, durable now) retires before the new save needs
+    the room.  A save given an explicit condition (:meth:`set_condition`) is outside the rule:
     never counted, retired or re-hinted by it.
 
     Raises:
@@ -367,6 +369,7 @@ class ZonedStorageWriter(StorageWriter):
         if self._rule is not None:
             check_enactable(self._rule)
         self._retire_due = False
+        self._started = False            # retention ran at this writer's first save (on its device)
         #: purges after a commit that failed (each logged; the next save's purge retries)
         self.retire_failures = 0
         self.condition = condition
@@ -478,9 +481,14 @@ class ZonedStorageWriter(StorageWriter):
         self._store = store
         if self.promote is not None and self._promoter is None:
             self._start_promoter()
-        if self._retire_due:         # a non-coordinator's previous save is complete: DCP returned
+        if self._retire_due or (self._rule is not None and not self._started):
+            # a non-coordinator's previous save is complete (DCP returned); or this writer's first
+            # save: what the rule stopped keeping before it started (a job that stopped with
+            # retirements deferred, made durable since by `retainz tier promote`) retires now, not
+            # only after a commit that may not fit without that room
             self._retire_due = False
             self._retire_logged(store)
+        self._started = True
         try:
             store.generation(gen)
             exists = True
