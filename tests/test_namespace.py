@@ -685,3 +685,28 @@ def test_a_commit_whose_journal_write_failed_is_absent_after_a_restart(op):
         finally:
             again.close()
     assert outcomes == {"committed", "refused"}
+
+
+def test_a_tracker_waiting_for_a_checkpoint_that_is_refused_never_commits(store):
+    """Megatron's order with one rank still writing: rank 0 rewrites ``latest_checkpointed_iteration.txt``
+    while rank 1's file of ``iter_0000100`` is open, so the tracker's commit waits for the checkpoint's.
+    Rank 1's next write is refused: the checkpoint never commits, and neither does the tracker naming
+    it (before, the abort ran the tracker's queued commit: a tracker pointing at a missing iteration);
+    the previous tracker stays."""
+    ns = _ns(store)
+    _put(ns, "m/latest_checkpointed_iteration.txt", b"50")
+    fh = ns.open_write("m/iter_0000100/mp_rank_01/model_optim_rng.pt")
+    ns.write(fh, b"x" * 1000, 0)
+    _put(ns, "m/iter_0000100/mp_rank_00/model_optim_rng.pt", b"y" * 1000)
+    _put(ns, "m/latest_checkpointed_iteration.txt", b"100")        # queued behind the checkpoint
+    with pytest.raises(NamespaceError) as e:
+        ns.write(fh, b"z" * (64 << 20), 1000)                       # more than the device holds
+    assert e.value.errno == errno.ENOSPC
+    with pytest.raises(NamespaceError):
+        ns.close(fh)
+    ns.release(fh)
+    assert not ns.exists("m/iter_0000100")
+    assert _get(ns, "m/latest_checkpointed_iteration.txt") == b"50"
+    ns.unmount()
+    assert _ids(store) == {"@m%2Flatest_checkpointed_iteration.txt": ["file"]}
+    assert b"".join(store.read_shard("@m%2Flatest_checkpointed_iteration.txt", "file")) == b"50"

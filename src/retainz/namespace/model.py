@@ -156,7 +156,7 @@ class _Pending:
     relabelled: bool = False
     commit_requested: bool = False
     mtime_ns: int = 0
-    then: list = field(default_factory=list)                  # store work to run after its commit
+    then: list = field(default_factory=list)   # fn(committed) run at its commit (True) or abort (False)
     refused: BaseException | None = None   # the first error a call on one of its files returned
     refused_by: set = field(default_factory=set)              # the processes that got such an error
     aborted: bool = False          # its writer aborted (a refused one stays pending: _Namespace._refuse)
@@ -1456,7 +1456,14 @@ class Namespace:
                     gen_w = w
                     h.writer = None
 
-                    def later():
+                    def later(committed: bool):
+                        if not committed:     # the checkpoint it names was refused: neither commits
+                            with contextlib.suppress(Exception):
+                                gen_w.abort()
+                            self._taken.discard(gen_w.id)
+                            self.pending_files.pop(p, None)
+                            log.error("%s: not committed: the checkpoint it names did not commit", p)
+                            return
                         gen_w.write_shard(L.FILE_SHARD, [data])
                         self._taken.discard(gen_w.id)
                         self._publish_file(p, gen_w.commit())
@@ -1559,8 +1566,9 @@ class Namespace:
         if old is not None and old != gen.id:
             self._retire(old)
         log.info("committed %s (%d files, %d bytes)", pd.root, len(names), gen.size)
-        for fn in pd.then:
-            fn()
+        then, pd.then = pd.then, []
+        for fn in then:
+            fn(True)
 
     def _rename_writer(self, w, make, path: str, pd: _Pending | None = None) -> bool:
         """Give an uncommitted generation renamed while it was written the id of its final ``path``
@@ -1619,7 +1627,7 @@ class Namespace:
         self._changed()
         then, pd.then = pd.then, []
         for fn in then:
-            fn()
+            fn(False)
 
     # -- reading -------------------------------------------------------------------------------
     def read(self, fh: int, size: int, offset: int) -> bytes:
