@@ -4,6 +4,7 @@ files, rename to the final id, ``rm -r``, implied parents, and a view refreshed 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 
@@ -710,3 +711,30 @@ def test_a_tracker_waiting_for_a_checkpoint_that_is_refused_never_commits(store)
     ns.unmount()
     assert _ids(store) == {"@m%2Flatest_checkpointed_iteration.txt": ["file"]}
     assert b"".join(store.read_shard("@m%2Flatest_checkpointed_iteration.txt", "file")) == b"50"
+
+
+def test_a_commit_that_cannot_be_withdrawn_keeps_its_zones():
+    """When the rollover that withdraws a failed commit fails as well (the journal's flush fails, then
+    the rollover's first zone operation), the generation's zones are kept at the abort: after a
+    restart the store opens clean, with the generation either intact or absent, never a journaled
+    commit whose zone the abort reset ("data lost")."""
+    from retainz.zoned.faulty import FaultyDevice
+
+    for after in range(0, 3):
+        inner = MemoryDevice(GEOM)
+        dev = FaultyDevice(inner)
+        store = Store.format(dev)
+        ns = _ns(store)
+        _put(ns, "run/step-1/model.pt", b"w" * (1 << 20))    # fills its zone: the abort would reset it
+        dev.fail("flush", after=after)
+        dev.fail("finish", count=-1)
+        with contextlib.suppress(NamespaceError):
+            ns.fsyncdir("run/step-1")
+        dev.faults.clear()
+        again = Store.open(inner)           # a crash now: no clean close (whose record would withdraw it)
+        try:
+            assert again.fsck().ok
+            for g in again.generations():
+                assert b"".join(again.read_shard(g.id, "model.pt")) == b"w" * (1 << 20)
+        finally:
+            again.close()
