@@ -533,6 +533,7 @@ class Store:
             entry = gen_entry_bytes(gen)
             n = len(entry) + 1
             journal = self.log.journal
+            records = journal.records
             try:
                 if n + 256 > journal.max_record:    # the append would refuse it: say so first
                     raise NoSpaceError(f"journal record of about {n} bytes (generation {gen.id!r}) does not "
@@ -545,6 +546,8 @@ class Store:
                 self.log.commit(entry, retire[1] if retire else None)
             except BaseException:
                 gen.commit_seq = 0
+                if journal.fenced or journal.records != records:
+                    self._withdraw_commit(w)
                 raise
             if retire:
                 self._retire(old, *retire)
@@ -555,6 +558,22 @@ class Store:
             self.zones.table.on_group_end(gen.id)
             self.metrics.generations_committed += 1
             return gen
+
+    def _withdraw_commit(self, w: GenerationWriter) -> None:
+        """The commit record of ``w``'s generation may be on the device although its write or its
+        flush failed (the caller is told the commit failed): roll the journal over to a fresh chain
+        (:meth:`Journal.roll`, flushed) whose snapshot does not hold the generation, so the error the
+        caller saw decides it and the generation is absent after a restart too.  If the rollover
+        fails as well, ``w``'s zones are kept at its abort (:attr:`GenerationWriter.in_doubt`): the
+        next mount then finds either the commit with its data intact, or garbage it reclaims; never
+        a commit whose zones were reset.  Called under the store's lock."""
+        journal = self.log.journal
+        try:
+            journal.fenced = True
+            journal.roll()
+            journal.fenced = False
+        except Exception:  # noqa: BLE001 - the commit's own error is what the caller gets
+            w.in_doubt = True
 
     def rename_writer(self, w: GenerationWriter, gen_id: str) -> None:
         """Re-key ``w``'s uncommitted generation to ``gen_id`` (:meth:`GenerationWriter.rename`; see there);
@@ -586,7 +605,7 @@ class Store:
             gen.state = GenState.ABORTED
             self._writers.pop(gen.id, None)
             self.zones.table.on_group_end(gen.id)
-            if self._closed:
+            if self._closed or w.in_doubt:
                 return
             self.write_path.drop(w.zone_bytes)
             self.metrics.generations_aborted += 1

@@ -536,6 +536,8 @@ class GenerationWriter:
             without a size reserves as its bytes arrive: ``Store.admit``).
         journal_estimate: snapshot bytes reserved in the journal for the generation (an estimate).
         zone_bytes: ``{zone: device bytes}`` of the generation's closed shards.
+        in_doubt: its commit failed after its record may have reached the device and could not be
+            withdrawn (``Store._withdraw_commit``): its zones are kept at its abort.
     """
 
     def __init__(self, host: _WriterHost, gen: GenerationInfo, declared_size: int | None, *, reserve: int,
@@ -552,6 +554,7 @@ class GenerationWriter:
         self._block_size = block_size
         self._payload = payload
         self._open: list[ShardWriter] = []
+        self.in_doubt = False
 
     @property
     def id(self) -> str:
