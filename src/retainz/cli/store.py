@@ -448,8 +448,11 @@ def _durable_source(args):
 
 
 def _rm(args) -> int:
+    from retainz.store import Store
+
     with _Session(args.device, args=args) as store:
-        unknown = {g.id for g in store.unknown()} if hasattr(store, "unknown") else set()
+        # an unknown generation (after a repair) exists on the device itself, not through a node service
+        unknown = {g.id for g in store.unknown()} if isinstance(store, Store) else set()
         for gid in args.generations:
             if gid not in unknown:       # an unknown one (after a repair) is discarded by name
                 store.generation(gid)
@@ -540,15 +543,14 @@ def _repair(spec: str, *, upgrade_only: bool = False, restore: str | None = None
             except Exception as e:
                 raise repair_hint(e, spec) from None
             with store:
-                was = store.recovery.rolled
                 if restore is not None:
                     store.restore(restore)
                 rep = store.fsck()
                 if upgrade_only:
                     done = dev.upgrade() if hasattr(dev, "upgrade") else []
                     rep.notes += [f"upgraded: {line}" for line in done]
-                    rep.notes.append("upgraded: the journal rolled over under this format version" if was else
-                                     "nothing to upgrade: the store is of this format version")
+                    rep.notes.append("upgraded: the store is of this format version (an older one's journal rolled "
+                                     "over under it)")
                 else:
                     rep.notes.append(f"restored: generation {restore!r} is listed again")
             return rep
