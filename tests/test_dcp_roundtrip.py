@@ -12,6 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="needs the torch extra (make setup-torch)")
 import torch.distributed.checkpoint as dcp  # noqa: E402
+from torch.distributed.checkpoint.api import CheckpointException  # noqa: E402
 
 from retainz.errors import GenerationExistsError  # noqa: E402
 from retainz.integrations import _stores  # noqa: E402
@@ -225,3 +226,59 @@ def test_large_tensor_streamed_in_chunks(device):
     out = {"big": torch.zeros(n, dtype=torch.int32)}
     dcp.load(out, storage_reader=ZonedStorageReader(device), checkpoint_id="step-3")
     assert torch.equal(out["big"], sd["big"])
+
+
+@pytest.mark.parametrize("op", ["write", "flush"])
+def test_a_save_any_of_whose_device_calls_failed_is_absent_also_after_a_restart(op):
+    """Issue 41.4 on the plugin: ``dcp.save`` through ``ZonedStorageWriter`` (two shard threads) with
+    the k-th device ``op`` failing (``FaultyDevice``), for every k up to the save's end.  A save that
+    raised is absent, now and after the store is opened again; one that returned loads bit-identical;
+    the store opens clean every time (before: a commit whose journal flush failed was present after a
+    restart, or its zone was reset under a journaled commit)."""
+    from retainz.store import Store
+    from retainz.zoned import Geometry, MemoryDevice
+    from retainz.zoned.faulty import FaultyDevice
+
+    sd = {"a": torch.randn(300, 200), "b": torch.randn(500, 100), "meta": {"epoch": 2}}
+    seen = set()
+    for k in range(24):
+        inner = MemoryDevice(Geometry(nr_zones=32, zone_size=1 << 20, zone_capacity=1 << 20))
+        dev = FaultyDevice(inner)
+        store = Store.format(dev)
+        dcp.save({"a": torch.ones(3)}, storage_writer=ZonedStorageWriter(store), checkpoint_id="step-1")
+        dev.fail(op, after=k)
+        try:
+            dcp.save(sd, storage_writer=ZonedStorageWriter(store, thread_count=2), checkpoint_id="step-2")
+            saved = True
+        except BaseException:  # noqa: BLE001 - CheckpointException: rank 0's error
+            saved = False
+        seen.add(saved)
+        dev.faults.clear()
+        assert [g.id for g in store.generations()] == (["step-1", "step-2"] if saved else ["step-1"]), k
+        store.close()
+        again = Store.open(inner)
+        try:
+            assert again.fsck().ok
+            assert [g.id for g in again.generations()] == (["step-1", "step-2"] if saved else ["step-1"]), k
+            if saved:
+                out = {"a": torch.zeros(300, 200), "b": torch.zeros(500, 100), "meta": {"epoch": None}}
+                dcp.load(out, storage_reader=ZonedStorageReader(again), checkpoint_id="step-2")
+                _assert_bit_equal(out, sd)
+        finally:
+            again.close()
+    assert seen == {True, False}
+
+
+def test_a_save_too_large_for_the_device_is_absent_and_the_one_before_loads(device):
+    """Near a full device: a save refused for space raises and leaves nothing; the previous save
+    loads, and a save that fits afterwards commits."""
+    small = _state(1)
+    dcp.save(small, storage_writer=ZonedStorageWriter(device), checkpoint_id="step-1")
+    with pytest.raises(CheckpointException):          # wrapping rank 0's NoSpaceError
+        dcp.save({"w": torch.zeros(200 << 18)}, storage_writer=ZonedStorageWriter(device), checkpoint_id="step-2")
+    with _stores.using(device) as store:
+        assert [g.id for g in store.generations()] == ["step-1"]
+    out = _zeros_like(small)
+    dcp.load(out, storage_reader=ZonedStorageReader(device), checkpoint_id="step-1")
+    _assert_bit_equal(out, small)
+    dcp.save(small, storage_writer=ZonedStorageWriter(device), checkpoint_id="step-3")

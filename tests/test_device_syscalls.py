@@ -156,7 +156,9 @@ def test_resets_and_power_cuts_past_4_gib_punch_only_their_own_zones(tmp_path):
         for z in (1, 3, 5):
             assert again.zone(z).written == 0
         base = again._data_offset
-    # the label and state slots, then zone 0 (contiguous), zone 2, zone 4's flushed MiB: nothing else
+    # the label and state slots, then zone 0 (contiguous), zone 2, zone 4's flushed MiB, and the label
+    # copy at the end of the file (device format 3): nothing else
+    end = base + g.nr_zones * g.zone_size
     assert data_ranges(path) == [(0, base + g.zone_capacity),
                                  (base + 2 * g.zone_size, base + 2 * g.zone_size + g.zone_capacity),
-                                 (base + 4 * g.zone_size, base + 4 * g.zone_size + MiB)]
+                                 (base + 4 * g.zone_size, base + 4 * g.zone_size + MiB), (end, end + 4096)]

@@ -389,3 +389,24 @@ def test_a_case_the_replay_or_the_store_refuses_is_refused_by_the_manifest(tmp_p
     err = capsys.readouterr().err
     assert err.startswith("retainz: error: m.json block 0 (x) row 0 at axes seed=0: ") and needle in err, err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "o").exists()
+
+
+def test_write_bandwidth_and_unit_are_sizes_in_the_inputs_and_the_replay_configuration():
+    """Issue 40: a case replays with time when it names write_bandwidth; absent (the default), its
+    inputs and id are those of the serialized case."""
+    blocks = [{"experiment": "e", "axes": {"policy": ["retainz"]}},
+              {"experiment": "e", "axes": {"policy": ["retainz"]}, "defaults": {"write_bandwidth": "64MiB"}},
+              {"experiment": "e", "axes": {"policy": ["retainz"]},
+               "defaults": {"write_bandwidth": 1 << 20, "write_unit": "4MiB"}}]
+    serial, timed, unit = expand(manifest(blocks))
+    assert "write_bandwidth" not in serial.inputs and "write_unit" not in serial.inputs
+    assert serial.replay_config("memory").write_bandwidth is None
+    assert timed.inputs["write_bandwidth"] == 64 << 20 and "write_unit" not in timed.inputs
+    assert (timed.replay_config("memory").write_bandwidth, timed.replay_config("memory").write_unit) == (64 << 20,
+                                                                                                        1 << 20)
+    assert unit.inputs["write_unit"] == 4 << 20 and unit.replay_config("memory").write_unit == 4 << 20
+    assert len({serial.id, timed.id, unit.id}) == 3
+    with pytest.raises(ManifestError, match="'write_unit' needs a write_bandwidth"):
+        expand(manifest([{"experiment": "e", "axes": {"policy": ["retainz"]}, "defaults": {"write_unit": "2MiB"}}]))
+    with pytest.raises(ManifestError, match="'write_bandwidth' must be a positive"):
+        expand(manifest([{"experiment": "e", "axes": {"policy": ["retainz"]}, "defaults": {"write_bandwidth": 0}}]))

@@ -10,6 +10,7 @@ fsspec = pytest.importorskip("fsspec")
 
 import torch  # noqa: E402
 import torch.distributed.checkpoint as dcp  # noqa: E402
+from torch.distributed.checkpoint.api import CheckpointException  # noqa: E402
 
 from retainz.integrations import _stores  # noqa: E402
 from retainz.retention import rule_hint  # noqa: E402
@@ -132,6 +133,37 @@ def test_failed_write_aborts_the_generation(device):
         fs.rm_file(f"{device}/c/step-2/__0_0.distcp")
     assert _gens(device) == {}
     assert not fs.exists(f"{device}/c/step-2")
+
+
+def test_a_refused_checkpoint_never_commits_on_retainz(device):
+    """Issue 41.4 on ``retainz://`` (a 48 MiB device): a ``torch.save``-style file of a ``step-N``
+    folder refused with ENOSPC part way leaves nothing, and a program that ignores the error and
+    writes the rest of the checkpoint is refused too (before: the rest committed as ``step-2`` at
+    ``close_devices``); ``rm -r`` ends the refusal.  A DCP save through DCP's own ``FsspecWriter``
+    refused for space is absent; the checkpoint before it stays and loads."""
+    import errno
+
+    fs = fsspec.filesystem("retainz")
+    sd = {"w": torch.arange(1000, dtype=torch.float32)}
+    dcp.save(sd, checkpoint_id=f"retainz://{device}/ckpt/step-1")
+    with pytest.raises(OSError) as e, fs.open(f"{device}/run/step-2/model.pt", "wb") as f:
+        for _ in range(100):
+            f.write(b"m" * (1 << 20))
+    assert e.value.errno == errno.ENOSPC
+    with pytest.raises(OSError) as e:
+        fs.pipe(f"{device}/run/step-2/rng.pt", b"r")
+    assert e.value.errno == errno.ENOSPC and "refused" in str(e.value)
+    assert not fs.exists(f"{device}/run/step-2")
+    big = {"w": torch.zeros(100 << 18)}                       # 100 MiB: does not fit
+    with pytest.raises(CheckpointException):                  # rank 0's write refused
+        dcp.save(big, checkpoint_id=f"retainz://{device}/ckpt/step-2")
+    fs.rm(f"{device}/run/step-2", recursive=True)
+    fs.pipe(f"{device}/run/step-3/rng.pt", b"r")
+    fs.close_devices()
+    assert sorted(_gens(device)) == ["ckpt%2Fstep-1", "run%2Fstep-3"]
+    out = {"w": torch.zeros(1000)}
+    dcp.load(out, checkpoint_id=f"retainz://{device}/ckpt/step-1")
+    assert torch.equal(out["w"], sd["w"])
 
 
 def test_no_device_on_path_is_a_clear_error(tmp_path):

@@ -266,6 +266,39 @@ def test_filling_with_hf_checkpoints_loses_nothing_acknowledged(tmp_path):
     assert fsck_clean(device)
 
 
+def test_a_step_folder_whose_write_was_refused_is_absent_after_unmount(tmp_path):
+    """Issue 41.4's reproduction through the kernel: ``step-2/model.pt`` (100 MiB, torch.save's
+    order: one file, 1 MiB writes) refused with ENOSPC part way was committed at unmount and ``get``
+    called its prefix verified; filling the mount committed step folders of 0-byte files.  Now the
+    refused write's errno is also the close's, the folder leaves the listing at once, every later
+    refused save likewise, and after unmount only the saves whose calls all succeeded exist."""
+    device = make_device(tmp_path, zones=16, zone_size="1MiB")
+    with mounted(device, tmp_path / "mnt") as mnt:
+        (mnt / "run" / "step-1").mkdir(parents=True)
+        assert _write_file(mnt / "run/step-1/model.pt", b"1" * 100_000, fsync=False) == 0
+        (mnt / "run" / "step-2").mkdir()
+        fd = os.open(mnt / "run/step-2/model.pt", os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o644)
+        written, block = 0, b"m" * (1 << 20)
+        with pytest.raises(OSError) as e:
+            while written < 100 << 20:
+                written += os.write(fd, block)
+        assert e.value.errno == errno.ENOSPC and 4 << 20 < written < 16 << 20
+        with pytest.raises(OSError) as e:
+            os.close(fd)
+        assert e.value.errno == errno.ENOSPC
+        assert os.listdir(mnt / "run/step-2") == []
+        codes = {}
+        for step in range(3, 30):             # a runtime that carries on (the refused save's space is back)
+            (mnt / "run" / f"step-{step}").mkdir()
+            codes[step] = _write_file(mnt / f"run/step-{step}/model.pt", b"x" * (3 << 20), fsync=False)
+    ok = [f"run/step-{s}" for s, code in codes.items() if code == 0]
+    assert ok and set(codes.values()) == {0, errno.ENOSPC}, codes
+    got = paths(device)
+    assert sorted(got) == sorted(["run/step-1", *ok])      # no refused save, no 0-byte file
+    assert all(g.shards["model.pt"].size == 3 << 20 for p, g in got.items() if p != "run/step-1")
+    assert fsck_clean(device)
+
+
 def test_readers_see_the_committed_version_until_the_replacement_commits(tmp_path):
     device = make_device(tmp_path, zones=16, zone_size="1MiB")
     with mounted(device, tmp_path / "mnt") as mnt:

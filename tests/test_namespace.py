@@ -4,6 +4,7 @@ files, rename to the final id, ``rm -r``, implied parents, and a view refreshed 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 
@@ -289,7 +290,9 @@ def test_refresh_drops_what_another_writer_deleted_even_when_the_listing_is_back
 def test_a_file_extended_past_its_end_stays_in_memory_and_takes_writes_in_any_order(store, extend, inside):
     """numpy.memmap 'w+' writes the last byte first and then the pages of a shared mapping, in any
     order (issue 28.3(e)): a file with a hole never streams, so every later write lands, up to
-    hole_limit; past it the extension is refused with EFBIG and nothing of the call is taken."""
+    hole_limit; past it the extension is refused with EFBIG and nothing of the call is taken.  The
+    refused call decides the file (issue 41.4): its close returns EFBIG and neither the file nor its
+    checkpoint commits."""
     ns = _ns(store, hole_limit=1 << 20)
     n = 256 << 10                                   # 4 x the stream threshold of these tests
     path = "run/step-3/arr.bin" if inside else "arr.bin"
@@ -306,11 +309,17 @@ def test_a_file_extended_past_its_end_stays_in_memory_and_takes_writes_in_any_or
         ns.write(fh, b"x", 1 << 20)
     assert e.value.errno == errno.EFBIG and "write it in order" in str(e.value)
     assert ns.read(fh, n + 1, 0) == data                # nothing of the refused call was taken
-    ns.close(fh)
+    with pytest.raises(NamespaceError) as e:
+        ns.close(fh)
+    assert e.value.errno == errno.EFBIG
     ns.release(fh)
     if inside:
-        _put(ns, "run/step-3/.metadata", b"m")      # DCP's commit point
-    assert _get(ns, path) == data
+        with pytest.raises(NamespaceError) as e:
+            _put(ns, "run/step-3/.metadata", b"m")  # DCP's commit point: the refusal's errno
+        assert e.value.errno == errno.EFBIG
+    assert not ns.exists(path)
+    ns.unmount()
+    assert store.generations() == []
 
 
 def test_a_large_ftruncate_up_then_writes_in_order_streams(store):
@@ -494,3 +503,238 @@ def test_a_read_only_store_refuses_every_change_with_erofs():
     assert sorted(ns.listdir("run")) == ["log.txt", "step-1"]
     assert _ids(ro) == before
     ro.close()
+
+
+# -- a refused checkpoint never commits (issue 41.4) -----------------------------------------------------
+def _fill(ns: Namespace, path: str, size: int, *, chunk: int = 1 << 20) -> int | None:
+    """Write ``size`` bytes into ``path`` in ``chunk`` writes, as torch.save does, stopping at the
+    first refused call; returns its errno (``None``: every write and the close succeeded)."""
+    try:
+        fh = ns.open_write(path)
+    except NamespaceError as e:
+        return e.errno
+    failed = None
+    block = (bytes(range(256)) * (chunk // 256 + 1))[:chunk]
+    try:
+        for off in range(0, size, chunk):
+            ns.write(fh, block[:min(chunk, size - off)], off)
+    except NamespaceError as e:
+        failed = e.errno
+    try:
+        ns.close(fh)
+    except NamespaceError as e:
+        failed = failed or e.errno
+    ns.release(fh)
+    return failed
+
+
+def test_a_checkpoint_whose_write_was_refused_never_commits(store):
+    """The reproduction of issue 41.4: ``step-2/model.pt`` of 100 MiB refused with ENOSPC part way was
+    committed at unmount (a prefix, listed and "verified").  Now its close returns ENOSPC, the folder
+    leaves the view, and nothing of it is in the store after unmount."""
+    ns = _ns(store)
+    _put(ns, "run/step-1/model.pt", b"w" * 5000)
+    ns.fsyncdir("run/step-1")
+    fh = ns.open_write("run/step-2/model.pt")
+    block = b"m" * (1 << 20)
+    with pytest.raises(NamespaceError) as e:
+        for off in range(0, 100 << 20, 1 << 20):
+            ns.write(fh, block, off)
+    assert e.value.errno == errno.ENOSPC
+    assert 10 << 20 < off < 32 << 20                     # refused part way (a 32 MiB device)
+    with pytest.raises(NamespaceError) as e:              # the close says so too
+        ns.close(fh)
+    assert e.value.errno == errno.ENOSPC
+    ns.release(fh)
+    assert not ns.exists("run/step-2") and ns.listdir("run") == ["step-1"]
+    with pytest.raises(NamespaceError) as e:              # its commit point returns the same errno
+        ns.fsyncdir("run/step-2")
+    assert e.value.errno == errno.ENOSPC
+    ns.unmount()
+    assert _ids(store) == {"run%2Fstep-1": ["model.pt"]}
+    assert store.df().used < 1 << 20                      # the refused bytes were returned
+
+
+def test_filling_to_enospc_commits_no_step_folder_of_empty_files(store):
+    """Filling a mount to ENOSPC committed step folders holding 0-byte files (a file created, its
+    first write refused, closed).  Every save refused anywhere is absent after unmount; every save
+    whose calls all succeeded is there, byte for byte."""
+    ns = _ns(store)
+    ok, refused = [], []
+    for step in range(1, 40):
+        root = f"run/step-{step}"
+        codes = [_fill(ns, f"{root}/model.pt", 3 << 20), _fill(ns, f"{root}/optim.pt", 900_000, chunk=300_000)]
+        (refused if any(codes) else ok).append(root)
+        if len(refused) >= 4:
+            break
+    assert ok and len(refused) == 4 and all(not ns.exists(r) for r in refused)
+    ns.unmount()
+    got = {g.id: g for g in store.generations()}
+    assert sorted(got) == sorted(L.dir_generation_id(r, 0) for r in ok)
+    for g in got.values():
+        assert {s: i.size for s, i in g.shards.items()} == {"model.pt": 3 << 20, "optim.pt": 900_000}
+
+
+def test_more_files_of_a_refused_checkpoint_are_refused_until_it_is_removed(store):
+    """A program that ignores the refusal and writes the rest of the checkpoint cannot commit the rest
+    as the checkpoint: its later files are refused with the first errno.  ``rm -r`` ends the refusal
+    (a save again begins afresh), and so does a save by another process (a restarted job)."""
+    ns = _ns(store)
+    pid = [100]
+    ns.caller = lambda: pid[0]
+    _put(ns, "big.bin", b"b" * (20 << 20))
+    assert _fill(ns, "run/step-2/model.pt", 30 << 20) == errno.ENOSPC
+    assert _fill(ns, "run/step-2/extra.pt", 10) == errno.ENOSPC
+    ns.unlink("big.bin")
+    assert _fill(ns, "run/step-2/extra.pt", 10) == errno.ENOSPC          # space now, still refused
+    ns.remove_tree("run/step-2")
+    assert _fill(ns, "run/step-2/model.pt", 2 << 20) is None
+    ns.fsyncdir("run/step-2")
+    assert _ids(store) == {"run%2Fstep-2": ["model.pt"]}
+    _put(ns, "big.bin", b"b" * (20 << 20))
+    assert _fill(ns, "run/step-3/model.pt", 30 << 20) == errno.ENOSPC
+    ns.unlink("big.bin")
+    pid[0] = 200                                                          # the job restarted
+    assert _fill(ns, "run/step-3/model.pt", 2 << 20) is None
+    ns.unmount()
+    assert sorted(_ids(store)) == ["run%2Fstep-2", "run%2Fstep-3"]
+    assert store.generation("run%2Fstep-3").shards["model.pt"].size == 2 << 20
+
+
+def test_a_refused_rewrite_of_a_file_keeps_the_previous_version(store):
+    """``last.ckpt`` rewritten (O_TRUNC) and refused part way: the close returns ENOSPC and the whole
+    previous version stays (before, the prefix replaced it)."""
+    ns = _ns(store)
+    _put(ns, "run/last.ckpt", b"old" * 1000)
+    assert _fill(ns, "run/last.ckpt", 100 << 20) == errno.ENOSPC
+    assert _get(ns, "run/last.ckpt") == b"old" * 1000
+    ns.unmount()
+    assert _ids(store) == {"@run%2Flast.ckpt": ["file"]}
+    assert b"".join(store.read_shard("@run%2Flast.ckpt", "file")) == b"old" * 1000
+
+
+@pytest.mark.parametrize("op", ["write", "flush"])
+def test_injected_io_errors_at_every_point_of_a_save(op):
+    """The kind, with injected device errors (``FaultyDevice``): a save of three files (two streamed)
+    into ``step-N`` with the N-th device ``op`` failing.  A save any of whose calls returned an error
+    is absent after unmount; a save whose calls all succeeded is present, byte for byte; fsck clean."""
+    from retainz.zoned.faulty import FaultyDevice
+
+    files = {"model.pt": 1 << 20, "optim.pt": 300_000, "meta.json": 100}
+    ok, refused = [], []
+    for n in range(0, 40, 3):
+        dev = FaultyDevice(MemoryDevice(GEOM))
+        store = Store.format(dev)
+        try:
+            ns = _ns(store)
+            fault = dev.fail(op, after=n)
+            root = f"run/step-{n}"
+            codes = [_fill(ns, f"{root}/{name}", size, chunk=100_000) for name, size in files.items()]
+            try:
+                ns.fsyncdir(root)
+            except NamespaceError as e:
+                codes.append(e.errno)
+            ns.unmount()
+            dev.faults.clear()
+            got = _ids(store)
+            if any(codes):
+                refused.append(n)
+                assert got == {}, (n, codes)
+            elif fault.seen > n:                              # the fault fired, in the store's own work
+                assert got in ({}, {L.dir_generation_id(root, 0): sorted(files)}), (n, got)
+            else:
+                ok.append(n)
+                assert got == {L.dir_generation_id(root, 0): sorted(files)}
+                for name, size in files.items():
+                    assert len(b"".join(store.read_shard(L.dir_generation_id(root, 0), name))) == size
+            assert store.fsck().ok
+        finally:
+            store.close()
+    assert refused, "no fault reached a call of the save"
+
+
+@pytest.mark.parametrize("op", ["write", "flush"])
+def test_a_commit_whose_journal_write_failed_is_absent_after_a_restart(op):
+    """The commit point's own device error decides it: a commit record written but not flushed (or
+    torn) may still be on the device; the store withdraws it (a journal rollover whose snapshot lacks
+    the generation) before the error reaches the program, so after a restart the checkpoint is absent
+    and the store opens clean (before: present, or "zone N is empty on the device but the journal has
+    ... committed data in it" once the abort had reset its zone)."""
+    from retainz.zoned.faulty import FaultyDevice
+
+    outcomes = set()
+    for after in range(4):
+        inner = MemoryDevice(GEOM)
+        dev = FaultyDevice(inner)
+        store = Store.format(dev)
+        ns = _ns(store)
+        _put(ns, "run/step-1/model.pt", b"w" * 5000)
+        dev.fail(op, after=after)
+        try:
+            ns.fsyncdir("run/step-1")
+            outcomes.add("committed")
+        except NamespaceError as e:
+            assert e.errno == errno.EIO
+            outcomes.add("refused")
+        dev.faults.clear()
+        listed = [g.id for g in store.generations()]
+        store.close()
+        again = Store.open(inner)
+        try:
+            assert [g.id for g in again.generations()] == listed, (after, listed)
+            assert again.fsck().ok
+        finally:
+            again.close()
+    assert outcomes == {"committed", "refused"}
+
+
+def test_a_tracker_waiting_for_a_checkpoint_that_is_refused_never_commits(store):
+    """Megatron's order with one rank still writing: rank 0 rewrites ``latest_checkpointed_iteration.txt``
+    while rank 1's file of ``iter_0000100`` is open, so the tracker's commit waits for the checkpoint's.
+    Rank 1's next write is refused: the checkpoint never commits, and neither does the tracker naming
+    it (before, the abort ran the tracker's queued commit: a tracker pointing at a missing iteration);
+    the previous tracker stays."""
+    ns = _ns(store)
+    _put(ns, "m/latest_checkpointed_iteration.txt", b"50")
+    fh = ns.open_write("m/iter_0000100/mp_rank_01/model_optim_rng.pt")
+    ns.write(fh, b"x" * 1000, 0)
+    _put(ns, "m/iter_0000100/mp_rank_00/model_optim_rng.pt", b"y" * 1000)
+    _put(ns, "m/latest_checkpointed_iteration.txt", b"100")        # queued behind the checkpoint
+    with pytest.raises(NamespaceError) as e:
+        ns.write(fh, b"z" * (64 << 20), 1000)                       # more than the device holds
+    assert e.value.errno == errno.ENOSPC
+    with pytest.raises(NamespaceError):
+        ns.close(fh)
+    ns.release(fh)
+    assert not ns.exists("m/iter_0000100")
+    assert _get(ns, "m/latest_checkpointed_iteration.txt") == b"50"
+    ns.unmount()
+    assert _ids(store) == {"@m%2Flatest_checkpointed_iteration.txt": ["file"]}
+    assert b"".join(store.read_shard("@m%2Flatest_checkpointed_iteration.txt", "file")) == b"50"
+
+
+def test_a_commit_that_cannot_be_withdrawn_keeps_its_zones():
+    """When the rollover that withdraws a failed commit fails as well (the journal's flush fails, then
+    the rollover's first zone operation), the generation's zones are kept at the abort: after a
+    restart the store opens clean, with the generation either intact or absent, never a journaled
+    commit whose zone the abort reset ("data lost")."""
+    from retainz.zoned.faulty import FaultyDevice
+
+    for after in range(0, 3):
+        inner = MemoryDevice(GEOM)
+        dev = FaultyDevice(inner)
+        store = Store.format(dev)
+        ns = _ns(store)
+        _put(ns, "run/step-1/model.pt", b"w" * (1 << 20))    # fills its zone: the abort would reset it
+        dev.fail("flush", after=after)
+        dev.fail("finish", count=-1)
+        with contextlib.suppress(NamespaceError):
+            ns.fsyncdir("run/step-1")
+        dev.faults.clear()
+        again = Store.open(inner)           # a crash now: no clean close (whose record would withdraw it)
+        try:
+            assert again.fsck().ok
+            for g in again.generations():
+                assert b"".join(again.read_shard(g.id, "model.pt")) == b"w" * (1 << 20)
+        finally:
+            again.close()

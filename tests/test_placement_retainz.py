@@ -492,3 +492,58 @@ def test_recompute_mode_gives_identical_decisions(policy):
     assert base.metrics()["decisions"] == len(base.decisions) > 100
     for r in (base, again):                             # and the cached summaries end equal to the catalog's
         assert r.store.table.key() == r.store.recompute_table().key()
+
+
+# -- saves in flight (issue 40) -----------------------------------------------------------------------
+def in_flight(t, gen, z, nbytes, r, step=0):
+    """Group ``gen`` is being written and has written ``nbytes`` into zone ``z`` so far."""
+    t.on_group_begin(gen)
+    put(t, z, nbytes, r, step=step)
+    t.on_fill(z, gen)
+
+
+def test_a_zone_an_older_group_in_flight_is_filling_is_not_left_over_capacity():
+    # the worked example's zone Z, but g is still being written: its free 50 MiB are g's own next
+    # bytes, not capacity that would stay unused, so g+1 gets no credit and opens its own zone
+    t = table()
+    in_flight(t, "g", 2, 50 * M, 6000.0, step=1000)
+    a = bound(t)
+    assert a.join_cost(t[2], 6500.0, 250 * M, 1500, filled=True) == (0, 25_000.0 * M)
+    assert a.place(req(250 * M, 6500.0, 1500, gen="h")) == Decision(0, reclaim_step=6500.0)
+    assert a.place(req(250 * M, 6000.0, 1500, gen="g")) == Decision(2, reclaim_step=6000.0)  # its own zone
+    t.on_group_end("g")                               # g wrote its last byte: the credit is back
+    assert t.filling == {} and t.writing == {}
+    assert a.place(req(250 * M, 6500.0, 1500, gen="h")) == Decision(2, reclaim_step=6500.0)
+
+
+def test_at_the_active_limit_groups_in_flight_share_with_the_nearest_reclaim_step():
+    # every open zone is being filled by another group: the new group joins the one whose reclaim
+    # step is nearest (the least delayed reclamation) rather than finish one of them
+    t = table(max_active=3)
+    in_flight(t, "a", 0, 50 * M, 6000.0)
+    in_flight(t, "b", 1, 50 * M, 20000.0)
+    in_flight(t, "c", 2, 50 * M, 3000.0)
+    a = bound(t)
+    assert a.place(req(250 * M, 6500.0, 1500, gen="h")) == Decision(0, reclaim_step=6500.0)
+    assert a.place(req(250 * M, 19000.0, 1500, gen="h")) == Decision(1, reclaim_step=19000.0)
+
+
+def test_at_the_active_limit_an_idle_zone_is_finished_before_one_a_group_is_filling():
+    # both zones are orphans for data dying at 30000 (finish cost 0 for an idle one), but zone 0
+    # is still being filled by group a: finishing it would waste what a is about to write
+    t = table(max_active=2)
+    in_flight(t, "a", 0, 50 * M, 6000.0)
+    put(t, 1, 50 * M, 7000.0)
+    a = bound(t)
+    assert a.finish_cost(t[0], 30000.0, 1500, filled=True) == (0, 225_000.0 * M)
+    assert a.finish_cost(t[1], 30000.0, 1500) == (0, 0.0)
+    assert a.place(req(250 * M, 30000.0, 1500, gen="h")) == Decision(2, finish=(1,), reclaim_step=30000.0)
+
+
+def test_gc_copies_do_not_join_a_zone_a_save_in_flight_is_filling():
+    t = table()
+    put(t, 1, 100 * M, 5500.0, dead=60 * M)           # the victim's group (dies at 5500)
+    in_flight(t, "g", 2, 50 * M, 5000.0, step=1000)  # an older group still being written
+    a = bound(t)
+    d = a.place(req(40 * M, 5500.0, 1500, gen="old", gc=True))
+    assert d.zone != 2

@@ -402,9 +402,9 @@ def test_repr_names_device_policy_generations_and_open_or_closed():
     s = Store.format(MemoryDevice(GEOM))
     put(s, "a", 1, {"s": blob(100)})
     dev = "MemoryDevice('memory', zones=16, zone_size=65536, zone_capacity=49152)"
-    assert repr(s) == f"Store({dev}, policy='greedy', generations=1, open)"
+    assert repr(s) == f"Store({dev}, policy='retainz', generations=1, open)"
     s.close()
-    assert repr(s) == f"Store({dev}, policy='greedy', generations=1, closed)"
+    assert repr(s) == f"Store({dev}, policy='retainz', generations=1, closed)"
 
 
 def test_format_reads_no_zone_that_has_nothing_written():
@@ -486,12 +486,12 @@ def test_format_takes_every_layout_at_its_limits(make, kw):
         assert s.df().empty_zones == dev.geometry.nr_zones - s.meta_zones
 
 
-def test_format_defaults_greedy_with_two_zones_of_gc_reserve_and_no_verification():
-    """Defaults: greedy, 2 zones of GC reserve, and decisions on the cached summaries as they are
+def test_format_defaults_retainz_with_two_zones_of_gc_reserve_and_no_verification():
+    """Defaults: retainz (lifetime-aware placement, issue 40), 2 zones of GC reserve, and decisions on the cached summaries as they are
     (no rebuild before each, after format or open: a summary changed behind the store's back stays)."""
     dev = small()
     with Store.format(dev) as s:
-        assert (s.policy, s.gc_reserve_zones, s.meta_zones) == ("greedy", 2, 3)
+        assert (s.policy, s.gc_reserve_zones, s.meta_zones) == ("retainz", 2, 3)
         assert s.admission_reserve_zones == 2 and s.df().gc_reserve == 2 * 48 * KiB
         decide_on_a_stale_summary(s, "g")
     with Store.open(dev) as s:

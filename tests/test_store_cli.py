@@ -368,3 +368,31 @@ def test_fsck_json_reports_damage_that_stops_the_mount(tmp_path, capsys):
     assert main(["fsck", dev]) == 1                 # the text form: the one error line
     err = capsys.readouterr().err.strip()
     assert "fails its checksum: corrupt journal" + hint in err and len(err.splitlines()) == 1
+
+
+def test_mkfs_formats_with_retainz_unless_another_policy_is_named_and_df_shows_the_one_kept(dev, capsys):
+    """Issue 40: every way in uses lifetime-aware placement by default; a store formatted with
+    another policy keeps it (the superblock's), and df says which."""
+    code, out, _ = run(capsys, "mkfs", dev)
+    assert code == 0 and out.splitlines()[0].endswith("policy retainz")
+    code, out, _ = run(capsys, "df", dev)
+    assert code == 0 and "Policy: retainz" in out.splitlines()
+    assert run(capsys, "mkfs", dev, "--force", "--policy", "greedy")[0] == 0
+    code, out, _ = run(capsys, "df", dev, "--json")
+    assert code == 0 and strict_json(out)["policy"] == "greedy"
+    code, out, _ = run(capsys, "df", dev)
+    assert "Policy: greedy" in out.splitlines()
+
+
+def test_a_device_file_the_integrations_format_for_themselves_gets_retainz_and_keeps_a_named_one(tmp_path):
+    """The DCP writer's and retainz://'s own device (``integrations._stores.using``, no torch needed)."""
+    from retainz.integrations._stores import using
+    from retainz.zoned import Geometry
+
+    geo = Geometry(nr_zones=16, zone_size=256 << 10, zone_capacity=192 << 10)
+    with using(str(tmp_path / "a.img"), geometry=geo) as store:
+        assert store.policy == "retainz"
+    with using(str(tmp_path / "b.img"), geometry=geo, policy="greedy") as store:
+        assert store.policy == "greedy"
+    with using(str(tmp_path / "b.img")) as store:          # reopened: the recorded policy
+        assert store.policy == "greedy"

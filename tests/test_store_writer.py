@@ -607,3 +607,44 @@ def test_a_duplicate_shard_name_is_its_own_error_also_through_a_node_service_rep
             raise_reply(error_reply(e.value))
         w.commit()
         assert b"".join(s.read_shard("g", "a")) == b"1" * 5000
+
+
+def test_the_table_knows_which_groups_are_in_flight_and_which_open_zones_they_fill():
+    """Issue 40: two saves overlapping in time, each shard written in units (``ShardWriter.count``):
+    the zone table records each group's open zones while it can still write, and forgets the group
+    once every declared byte is written (before its commit), or at its abort."""
+    with Store.format(MemoryDevice(GEOM, payload=False)) as s:
+        t = s.table
+        a = s.begin_generation("a", 10, hint=Hint(reclaim_step=100), declared_size=2 * CAP)
+        b = s.begin_generation("b", 10, hint=Hint(reclaim_step=300), declared_size=CAP)
+        assert t.writing == {"a": set(), "b": set()} and t.filling == {}
+        sa, sb = a.open_shard("x", size=2 * CAP), b.open_shard("y", size=CAP)
+        sa.count(8 * KiB)
+        sb.count(8 * KiB)
+        za, zb = sa.extents[-1][0], sb.extents[-1][0]
+        assert za != zb                                   # b does not follow a into its zone
+        assert t.filling == {za: {"a"}, zb: {"b"}} and t.filled_by_others(za, "b")
+        assert not t.filled_by_others(za, "a")
+        sb.count(CAP - 8 * KiB)                           # b's last byte: its zone is full
+        sb.close()
+        assert "b" not in t.writing and zb not in t.filling
+        b.commit()
+        sa.count(CAP)
+        assert t.filling == {sa.extents[-1][0]: {"a"}}
+        with pytest.raises(ValueError, match="counted; it takes no bytes through write"):
+            sa.write(b"x")
+        a.abort()
+        assert t.writing == {} and t.filling == {}
+
+
+def test_counted_units_refused_on_a_payload_device_and_after_the_tail():
+    with Store.format(MemoryDevice(GEOM)) as s:
+        w = s.begin_generation("a", 1)
+        with pytest.raises(ValueError, match="need a payload-less device"):
+            w.open_shard("x").count(4096)
+    with Store.format(MemoryDevice(GEOM, payload=False)) as s:
+        w = s.begin_generation("a", 1)
+        sh = w.open_shard("x")
+        sh.count(100)
+        with pytest.raises(ValueError, match="its tail was counted"):
+            sh.count(4096)

@@ -158,3 +158,95 @@ def test_training_killed_mid_promotion_resumes_after_restart(tmp_path, destinati
         r = ZonedStorageReader(str(tmp_path / "nodevice.img"), durable=url)
         dcp.load(out, storage_reader=r, checkpoint_id=f"/ckpt/step-{step}")
         assert torch.equal(out["w"], state(step)["w"]) and out["step"] == step
+
+
+def test_a_save_that_cannot_fit_is_refused_before_any_byte_is_written(tmp_path, monkeypatch):
+    """Issue 44.6(a): with the destination down and the device filling, the writer refused only at the
+    save's last MiB, after 99.6 % of it was written; DCP's plan gives every tensor's size, so the
+    save is refused before it writes (PromotionBacklogError), nothing of it placed on the device."""
+    fs = FaultyLocal()
+    fs.down = True
+    url, dev, w = promoting_writer(tmp_path, monkeypatch, fs)
+    try:
+        dcp.save(state(10, 1_500_000), storage_writer=w, checkpoint_id="/ckpt/step-10")
+        saved = [10]
+        with pytest.raises(CheckpointException) as ei:
+            for step in range(20, 200, 10):
+                with _stores.using(str(dev)) as store:
+                    before = store.metrics.host_bytes
+                dcp.save(state(step, 1_500_000), storage_writer=w, checkpoint_id=f"/ckpt/step-{step}")
+                saved.append(step)
+        err = next(e for e, _ in ei.value.failures.values())
+        assert isinstance(err, PromotionBacklogError), err
+        assert err.needed >= 1_500_000                 # the whole save asked at once
+        with _stores.using(str(dev)) as store:
+            assert store.metrics.host_bytes == before  # not one byte of the refused save written
+        assert ids(dev) == [f"step-{s}" for s in saved]
+    finally:
+        fs.down = False
+        w.close()
+
+
+def test_saves_back_off_from_a_dead_destination_instead_of_asking_per_deferred_generation(tmp_path, monkeypatch):
+    """Issue 44.6(b): with the destination down, every save's retention asked it once per deferred
+    generation whether that one was durable yet (save time 0.1 s -> 4.6 s on a dead S3 endpoint).
+    After a failure the promoter backs off (``retry_seconds``, doubling up to ``MAX_BACKOFF``): the
+    saves ask the destination at most once over six saves, and nothing deferred is deleted."""
+    fs = FaultyLocal()
+    fs.down = True
+    asked_by_saves = []
+    check = fs._check
+
+    def counting():
+        if threading.current_thread() is threading.main_thread():
+            asked_by_saves.append(1)
+        check()
+    fs._check = counting
+    url, dev, w = promoting_writer(tmp_path, monkeypatch, fs)
+    try:
+        dcp.save(state(10), storage_writer=w, checkpoint_id="/ckpt/step-10")
+        w.promoter.retry_seconds = 30.0                 # a back-off longer than the saves take
+        asked_by_saves.clear()
+        for step in range(20, 80, 10):
+            dcp.save(state(step), storage_writer=w, checkpoint_id=f"/ckpt/step-{step}")
+        assert w.promoter.deferred == ["step-10", "step-20", "step-30", "step-40", "step-50"]
+        assert len(asked_by_saves) <= 1, len(asked_by_saves)
+        assert w.promoter.backing_off() > 0
+        assert ids(dev) == [f"step-{s}" for s in range(10, 80, 10)]
+    finally:
+        fs.down = False
+        w.close()
+
+
+def test_a_fresh_writer_retires_what_was_made_durable_since_the_last_run(tmp_path, monkeypatch):
+    """Issue 44.6(c): a job stopped with its retirements deferred (the destination was down, the device
+    filled); ``retainz tier promote`` made them durable; a fresh writer with the same rule was refused
+    on every save, since retention ran only after a commit.  Now retention runs at the writer's first
+    save too (docs/tiers.md: the next run's retention deletes them), and the save fits."""
+    from retainz.tier import Promoter
+
+    fs = FaultyLocal()
+    fs.down = True
+    url, dev, w = promoting_writer(tmp_path, monkeypatch, fs)
+    big = lambda s: state(s, 1_500_000)  # noqa: E731
+    saved = []
+    try:
+        with pytest.raises(CheckpointException):
+            for step in range(10, 200, 10):
+                dcp.save(big(step), storage_writer=w, checkpoint_id=f"/ckpt/step-{step}")
+                saved.append(f"step-{step}")
+    finally:
+        w.close()
+    assert ids(dev) == saved and len(saved) > 2
+    fs.down = False
+    with _stores.using(str(dev)) as store:                 # what `retainz tier promote` does
+        assert Promoter(store, url, fs=fs).run_pending()
+    assert ids(dev) == saved                                 # promotion never deletes
+    step = int(saved[-1].split("-")[1]) + 10
+    fresh = ZonedStorageWriter(str(dev), retention="torchtitan:interval=10,keep_latest_k=2", geometry=GEO,
+                               promote=url)
+    try:
+        dcp.save(big(step), storage_writer=fresh, checkpoint_id=f"/ckpt/step-{step}")
+        assert ids(dev) == [saved[-1], f"step-{step}"]       # keep_latest_k=2, the rest durable
+    finally:
+        fresh.close()

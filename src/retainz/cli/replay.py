@@ -56,6 +56,11 @@ def register(sub) -> None:
     p.add_argument("--no-promote-hint", dest="promote_hint", action="store_false",
                    help="with --promote-bandwidth, give the policies the rule's hints alone (not the expected "
                         "promotion finish): the ablation")
+    p.add_argument("--write-bandwidth", type=size_arg, default=d["write_bandwidth"], metavar="RATE",
+                   help="replay with time: one job's save is written at RATE bytes per step (e.g. 64MiB), its "
+                        "shards in units interleaved with every other save in flight (default: serialized)")
+    p.add_argument("--write-unit", type=size_arg, default=d["write_unit"], metavar="SIZE",
+                   help="with --write-bandwidth, bytes per write of a shard (default 1MiB)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_replay)
 
@@ -77,7 +82,7 @@ def _replay(args: argparse.Namespace) -> int:
     if args.json:
         print_json(result, sort_keys=True)
     else:
-        for k in _SHOW:
+        for k in _SHOW + (("overlapped_bytes",) if "overlapped_bytes" in result else ()):
             v = result[k]
             if v is None:
                 v = "-" if k != "capacity_stop_step" else "none (the trace ran to its end)"

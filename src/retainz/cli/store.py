@@ -17,6 +17,7 @@ import sys
 from retainz.cli import geometry_lines, interrupt, plural, print_json, progress
 from retainz.errors import DeviceBusyError, StoreLockedError
 from retainz.hint import Hint
+from retainz.placement import DEFAULT_POLICY
 from retainz.placement.base import PERMANENT
 from retainz.zoned import format_size, format_sizes, open_device
 
@@ -26,7 +27,8 @@ def register(sub) -> None:
     p.add_argument("device", metavar="DEV")
     p.add_argument("--meta-zones", type=int, default=None,
                    help="journal zones (default: from the geometry, at least 3; see default_meta_zones)")
-    p.add_argument("--policy", default="greedy", help="placement policy NAME[:k=v,...] (default greedy)")
+    p.add_argument("--policy", default=DEFAULT_POLICY,
+                   help=f"placement policy NAME[:k=v,...] (default {DEFAULT_POLICY})")
     p.add_argument("--gc-reserve", type=int, default=2, help="empty zones kept for GC (default 2)")
     p.add_argument("--force", action="store_true", help="erase a device that holds data")
     p.set_defaults(func=_mkfs)
@@ -87,7 +89,7 @@ def register(sub) -> None:
                           "refuses it)")
     p.set_defaults(func=_fsck)
 
-    p = sub.add_parser("df", help="free, used, reclaimable space and space amplification")
+    p = sub.add_parser("df", help="free, used, reclaimable space, space amplification and the placement policy")
     p.add_argument("device", metavar="DEV")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_df)
@@ -446,8 +448,11 @@ def _durable_source(args):
 
 
 def _rm(args) -> int:
+    from retainz.store import Store
+
     with _Session(args.device, args=args) as store:
-        unknown = {g.id for g in store.unknown()} if hasattr(store, "unknown") else set()
+        # an unknown generation (after a repair) exists on the device itself, not through a node service
+        unknown = {g.id for g in store.unknown()} if isinstance(store, Store) else set()
         for gid in args.generations:
             if gid not in unknown:       # an unknown one (after a repair) is discarded by name
                 store.generation(gid)
@@ -538,15 +543,14 @@ def _repair(spec: str, *, upgrade_only: bool = False, restore: str | None = None
             except Exception as e:
                 raise repair_hint(e, spec) from None
             with store:
-                was = store.recovery.rolled
                 if restore is not None:
                     store.restore(restore)
                 rep = store.fsck()
                 if upgrade_only:
                     done = dev.upgrade() if hasattr(dev, "upgrade") else []
                     rep.notes += [f"upgraded: {line}" for line in done]
-                    rep.notes.append("upgraded: the journal rolled over under this format version" if was else
-                                     "nothing to upgrade: the store is of this format version")
+                    rep.notes.append("upgraded: the store is of this format version (an older one's journal rolled "
+                                     "over under it)")
                 else:
                     rep.notes.append(f"restored: generation {restore!r} is listed again")
             return rep
@@ -566,10 +570,11 @@ def _df(args) -> int:
 
     with _Session(args.device, readonly=True, args=args) as store:
         rep = store.df()
+        policy = store.policy
         metrics = store.metrics.to_dict()
         tier = promotion_counters(store, args.device)
     if args.json:
-        print_json({**rep.to_dict(), "metrics": metrics, **({"tier": tier} if tier is not None else {})}, indent=2)
+        print_json({**rep.to_dict(), "policy": policy, "metrics": metrics, **({"tier": tier} if tier is not None else {})}, indent=2)
         return 0
     # zenfs df's lines, in MiB (1,048,576 B) rounded to two decimals (zenfs prints truncated "MB")
     mib = 1 << 20
@@ -581,6 +586,7 @@ def _df(args) -> int:
     print(f"Space amplification: {rep.space_amplification:.0f}%")
     print(f"Zones: {rep.data_zones} data ({rep.empty_zones} empty, {rep.open_zones} open, {rep.full_zones} "
           f"full), {rep.meta_zones} meta; {plural(rep.generations, 'generation')}; WAF {metrics['waf']:.3f}")
+    print(f"Policy: {policy}")
     if tier is not None:
         bl = tier["backlog"]
         print(f"Promotion: {plural(tier['durable'], 'generation')} durable at {tier['url']}; backlog "

@@ -88,6 +88,11 @@ CASE_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
                           "(retainz.trace.promotion); null (default): no promotion"),
     "promote_hint": ((bool,), "with promote_bandwidth: the hints carry the expected promotion finish (true, "
                      "default); false gives the rule's hints alone (the ablation)"),
+    "write_bandwidth": ((int, str, type(None)), "replay with time: one job's save is written at this many "
+                        "bytes per step (\"64MiB\" allowed), interleaved with every other save in flight "
+                        "(retainz replay --write-bandwidth); null (default): serialized replay"),
+    "write_unit": ((int, str), "with write_bandwidth: bytes per write of a shard (\"1MiB\" allowed; default "
+                   "1 MiB)"),
     "rerun": ((int,), "an independent rerun of an otherwise identical case, 0 (default) for the first: the "
               "same trace and inputs under another id (guest file-system figures vary run to run)"),
     "guest_memory_mib": ((int,), "RAM of the QEMU guest (device guest) in MiB, 128-65536 (default 512; a node's "
@@ -96,7 +101,8 @@ CASE_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
 }
 #: Fields added after format 1 that stay out of a case's inputs (and so out of its id) while they hold
 #: their default, so the ids of the cases recorded before them do not change.
-OPTIONAL_FIELDS = ("system", "fleet", "promote_bandwidth", "promote_hint", "rerun", "guest_memory_mib")
+OPTIONAL_FIELDS = ("system", "fleet", "promote_bandwidth", "promote_hint", "rerun", "guest_memory_mib",
+                   "write_bandwidth", "write_unit")
 
 #: Defaults below every manifest's own defaults.
 CASE_DEFAULTS: dict[str, Any] = {
@@ -115,6 +121,8 @@ CASE_DEFAULTS: dict[str, Any] = {
     "fleet": None,
     "promote_bandwidth": None,
     "promote_hint": True,
+    "write_bandwidth": None,
+    "write_unit": 1 << 20,
     "rerun": 0,
     "guest_memory_mib": 512,
 }
@@ -196,7 +204,7 @@ class Case:
 
     def replay_config(self, device: str) -> ReplayConfig:
         """The :class:`~retainz.trace.replay.ReplayConfig` of the case's inputs (policy, zones or
-        pressure, GC reserve, geometry, seed, zone map, recompute mode, promotion bandwidth) on
+        pressure, GC reserve, geometry, seed, zone map, recompute mode, promotion and write bandwidth) on
         ``device``, a replay device spec (``memory``, ``file:PATH``, ``/dev/nvme0n1`` in the guest): the
         one place a case becomes replay parameters.  Journal zones, block size and payload read-back
         are the configuration's defaults.
@@ -212,7 +220,8 @@ class Case:
                             zone_capacity=i["zone_capacity"], max_active=i["max_active"], max_open=i["max_open"],
                             device=device, seed=i["seed"], zone_map=i["zone_map"],
                             verify_summaries=i["verify_summaries"], promote_bandwidth=i.get("promote_bandwidth"),
-                            promote_hint=i.get("promote_hint", True))
+                            promote_hint=i.get("promote_hint", True), write_bandwidth=i.get("write_bandwidth"),
+                            write_unit=i.get("write_unit", CASE_DEFAULTS["write_unit"]))
 
 
 def _slug(text: str) -> str:
@@ -366,6 +375,18 @@ def _normalize(where: str, case: dict) -> dict:
     elif not c["promote_hint"]:
         raise ManifestError(f"{where}: key 'promote_hint': false needs a promote_bandwidth (no promotion, no "
                             "promotion hint)")
+    for key in ("write_bandwidth", "write_unit"):
+        if c[key] is None:
+            continue
+        try:
+            c[key] = parse_size(c[key])
+        except ValueError as e:
+            raise ManifestError(f"{where}: key '{key}': {e}") from None
+        if c[key] <= 0:
+            raise ManifestError(f"{where}: key '{key}' must be a positive number of bytes, got {c[key]!r}")
+    if c["write_bandwidth"] is None and c["write_unit"] != CASE_DEFAULTS["write_unit"]:
+        raise ManifestError(f"{where}: key 'write_unit' needs a write_bandwidth (a serialized replay writes "
+                            "every shard whole)")
     for k in OPTIONAL_FIELDS:
         if c[k] == CASE_DEFAULTS[k]:
             del c[k]

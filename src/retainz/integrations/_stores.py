@@ -142,7 +142,8 @@ def using(device: Any, *, geometry=None, policy: str | None = None, wait: float 
             :func:`_open_named_device_store`).
         geometry: create and format the device file with this :class:`~retainz.zoned.Geometry` if it
             does not exist.
-        policy: placement policy name for ``Store.format``/``Store.open`` (``None``: the store's).
+        policy: placement policy name for ``Store.format``/``Store.open`` (``None``: ``retainz``
+            when it formats the device, the recorded one when it opens a store).
         wait: seconds to keep retrying while another process holds the device.
         job: the job a node service's client declares (:meth:`retainz.node.NodeStore.connect`; ``None``:
             ``$RETAINZ_JOB``, else the root series); each job has its own connection.  Ignored when

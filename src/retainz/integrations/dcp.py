@@ -303,7 +303,9 @@ class ZonedStorageWriter(StorageWriter):
             ``save_total_limit``), and the survivors' hints are brought to the rule's.  False: the
             rule only hints placement and nothing is deleted.
         geometry: create and format missing device files with this ``Geometry``.
-        policy: placement policy for a device this writer formats or opens.
+        policy: placement policy for a device this writer formats or opens (``None``: ``retainz``
+            for a device it formats, :data:`retainz.placement.DEFAULT_POLICY`; the recorded one
+            for a store it opens).
         overwrite: replace a committed generation of the same id at this one's commit
             (replace-on-commit: until then the old one stays readable; a crash leaves exactly one
             of the two); default False raises ``GenerationExistsError``.
@@ -329,7 +331,9 @@ class ZonedStorageWriter(StorageWriter):
     Retirement happens on each rank's own device at the first point that rank knows the save has
     committed: the coordinator right after its commit in :meth:`finish`; another rank when its next
     save starts (:meth:`prepare_local_plan`), since only the coordinator's commit completes a
-    checkpoint.  A save given an explicit condition (:meth:`set_condition`) is outside the rule:
+    checkpoint.  It also runs at each writer's first save, before its admission: what the rule no
+    longer keeps of an earlier run (deferred then, durable now) retires before the new save needs
+    the room.  A save given an explicit condition (:meth:`set_condition`) is outside the rule:
     never counted, retired or re-hinted by it.
 
     Raises:
@@ -367,6 +371,7 @@ class ZonedStorageWriter(StorageWriter):
         if self._rule is not None:
             check_enactable(self._rule)
         self._retire_due = False
+        self._started = False            # retention ran at this writer's first save (on its device)
         #: purges after a commit that failed (each logged; the next save's purge retries)
         self.retire_failures = 0
         self.condition = condition
@@ -478,9 +483,14 @@ class ZonedStorageWriter(StorageWriter):
         self._store = store
         if self.promote is not None and self._promoter is None:
             self._start_promoter()
-        if self._retire_due:         # a non-coordinator's previous save is complete: DCP returned
+        if self._retire_due or (self._rule is not None and not self._started):
+            # a non-coordinator's previous save is complete (DCP returned); or this writer's first
+            # save: what the rule stopped keeping before it started (a job that stopped with
+            # retirements deferred, made durable since by `retainz tier promote`) retires now, not
+            # only after a commit that may not fit without that room
             self._retire_due = False
             self._retire_logged(store)
+        self._started = True
         try:
             store.generation(gen)
             exists = True
@@ -551,6 +561,7 @@ class ZonedStorageWriter(StorageWriter):
         shards = [(f"__{rank}_{i}.distcp", items)
                   for i, items in enumerate(split_items(list(plan.items), self.thread_count))]
         try:
+            self._admit_planned(shards)
             if len(shards) == 1:
                 results = write(*shards[0])
             else:
@@ -575,6 +586,25 @@ class ZonedStorageWriter(StorageWriter):
         fut: Future[list[WriteResult]] = Future()
         fut.set_result(results)
         return fut
+
+    def _admit_planned(self, shards: list[tuple[str, list]]) -> None:
+        """Admit the save's planned bytes before any is written: DCP's final plan gives every tensor
+        item's size (:func:`_item_bytes`), so the generation's reservation grows at once to the
+        tensor bytes of each shard, block-rounded, plus one block per shard for its byte items
+        (``Store.admit``; byte items' sizes are known only once serialized, and are admitted as they
+        arrive).  A save that cannot fit is refused here, not at its last MiB.  A node service's client
+        has no ``admit``: the service admits as the bytes arrive.
+
+        Raises:
+            NoSpaceError: ``cause`` ``"admission"`` (nothing of the save was written).
+        """
+        admit = getattr(self._store, "admit", None)
+        if admit is None:
+            return
+        bs = self._store.device.geometry.block_size
+        need = sum(-(-sum(_item_bytes(i) for i in items) // bs) * bs + bs for _, items in shards)
+        with self._store.lock:
+            admit(self._gen, need)
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         """Write DCP's ``Metadata`` as the shard ``.metadata`` and commit: the commit point."""

@@ -22,7 +22,9 @@ The rules (docs/mount.md, "The namespace"), as a runtime on ``retainz://`` sees 
   writes its next version, which replaces it at its commit point (files not rewritten are carried over);
   writing a file that exists replaces it at the new file's commit (replace-on-commit: the old one stays
   readable until then, and a crash leaves exactly one of the two).  An exception inside the ``with``
-  (binary or text mode) abandons the new file, and a checkpoint directory it belonged to.
+  (binary or text mode), or an error of a write, abandons the new file and refuses the checkpoint
+  directory it belonged to: it never commits, and more files of it raise the same error until
+  ``rm -r`` of it (docs/mount.md, "A refused checkpoint never commits").
 * **directories** are implied by the files under them (no empty directories, as on an object store:
   ``mkdir`` is a no-op).
 * ``rm -r D`` is ``rm -r`` through the mount: every generation under ``D`` is retired.  Removing
@@ -263,7 +265,17 @@ class RetainZFileSystem(AbstractFileSystem):
     def _rm_one(self, path: str, recursive: bool) -> None:
         device, inner = self._split(path)
         ns = self._ns(device)
-        entry = self._entry(device, inner)
+        try:
+            entry = self._entry(device, inner)
+        except FileNotFoundError:
+            if not recursive:
+                raise
+            with self._lock:      # a refused checkpoint is out of the view: rm -r ends its refusal
+                try:
+                    ns.remove_tree(inner)
+                except NamespaceError:
+                    raise FileNotFoundError(self._full(device, inner)) from None
+            return
         if entry["type"] == "file":
             self._rm_file(device, inner)
             return

@@ -31,6 +31,16 @@ Paths map onto generations as :mod:`retainz.namespace.names` says.  What the cal
   a file outside checkpoint directories commits at ``close(2)`` (FUSE flush) or ``fsync`` by the
   process that wrote it last, and the error is that call's.  Before that it is visible in this mount
   only and lost by a crash.
+* **refusal**: a checkpoint directory any of whose files got an error from ``open``, ``write``,
+  ``ftruncate``, ``fsync`` or ``close`` (``ENOSPC`` from admission, a device's ``EIO``, ``EFBIG``, an
+  out-of-order write to a streamed file, a writer that raised on ``retainz://``) is *refused*: it never
+  commits.  Its files leave the view, its store writer is aborted once none of them is open (the space
+  returns), every later call on its open files returns the same errno, and the call that reaches its
+  commit point returns it too.  New files in it are refused with that errno for the processes that got
+  the error (a program that ignored one cannot commit the rest as the checkpoint) until it is removed
+  (``rm -r``, ``rmdir``), the next save in its folder begins, or the namespace is unmounted; another
+  process (a restarted job) begins it afresh.  A file outside checkpoint directories that got such an
+  error does not commit at its close, which returns the errno; its previous version stays.
 * **names**: a name the store could not keep is refused where it is created (:func:`retainz.namespace.names.check_name`).
 * **replace**: writing a file that exists (``O_TRUNC``, a rewritten tracker file) or renaming over it
   commits the new version as a new generation (``#N`` id) first and retires the old one after: a
@@ -146,7 +156,10 @@ class _Pending:
     relabelled: bool = False
     commit_requested: bool = False
     mtime_ns: int = 0
-    then: list = field(default_factory=list)                  # store work to run after its commit
+    then: list = field(default_factory=list)   # fn(committed) run at its commit (True) or abort (False)
+    refused: BaseException | None = None   # the first error a call on one of its files returned
+    refused_by: set = field(default_factory=set)              # the processes that got such an error
+    aborted: bool = False          # its writer aborted (a refused one stays pending: _Namespace._refuse)
 
 
 @dataclass(frozen=True)
@@ -574,6 +587,8 @@ class Namespace:
                 files[p] = self.gens[gid].mtime_ns
         dirs = dict(self.dirs)
         for pd in self.pending.values():
+            if pd.refused is not None:          # absent: its open files show until they are closed
+                continue
             dirs[pd.root] = pd.mtime_ns
             for rel in list(pd.streamed.values()) + list(pd.ready) + list(pd.writing):
                 files[posixpath.join(pd.root, rel)] = pd.mtime_ns
@@ -811,7 +826,7 @@ class Namespace:
         while True:
             with self._mu:
                 pd = self._pending_of(p)
-                if (self._writer_of(p) is None and pd is not None and not pd.writing
+                if (self._writer_of(p) is None and pd is not None and not pd.writing and pd.refused is None
                         and posixpath.relpath(p, pd.root) not in pd.ready and (pd.commit_requested or L.commit_point(
                             pd.root, pd.ready | dict.fromkeys(pd.streamed.values())) == "closed")):
                     self._request_commit(pd)     # a save with no commit point of its own, read back: it is done
@@ -869,7 +884,13 @@ class Namespace:
                                               "replaced whole (O_TRUNC), not changed in place")
                 # a file written into a committed checkpoint starts its next version, which replaces it
                 # at its commit point (the files it does not rewrite are carried over)
-                pd = self.pending.get(root) or self._begin_dir(root)
+                pd = self.pending.get(root)
+                if pd is not None and pd.refused is not None:
+                    if pd.writing or self.caller() in pd.refused_by:
+                        raise self._refusal(pd, p)
+                    self._abort(pd)               # another process saves it again (a restarted job)
+                    pd = None
+                pd = pd or self._begin_dir(root)
                 rel = posixpath.relpath(p, root)
                 if rel in pd.ready:
                     if not truncate:
@@ -879,7 +900,11 @@ class Namespace:
                     raise NamespaceError(errno.EPERM, f"{p}: already streamed into checkpoint {root} (append-only)")
                 h = _Handle(self, p, write=True, pending=pd, rel=rel, buf=buf)
                 h.size = len(buf)
-                self._reserve(h)              # admitted (journal room) here: ENOSPC at open, not later
+                try:
+                    self._reserve(h)          # admitted (journal room) here: ENOSPC at open, not later
+                except NamespaceError as e:
+                    self._refuse(pd, e, self.caller())    # a file of it could not be created
+                    raise
                 pd.writing[rel] = h
             else:
                 if p in files and not truncate and p not in self.truncated:
@@ -890,7 +915,11 @@ class Namespace:
                     buf = bytearray(self._read_all(p))
                 h = _Handle(self, p, write=True, buf=buf)
                 h.dirty = truncate and self._committed(p)     # O_TRUNC of a file: it is empty now
-                self._reserve(h)
+                try:
+                    self._reserve(h)
+                except NamespaceError:
+                    self._drop_writer(h)      # begun, then refused: nothing of it stays admitted
+                    raise
             fh = next(self._fh)
             self.handles[fh] = h
             self._changed()
@@ -900,7 +929,9 @@ class Namespace:
         """Admit the generation of a new checkpoint directory (its first file is being created)."""
         parent = posixpath.dirname(root)
         for other in list(self.pending.values()):   # the runtime moved on: its earlier save is done
-            if (posixpath.dirname(other.root) == parent and not other.writing
+            if posixpath.dirname(other.root) == parent and not other.writing and other.refused is not None:
+                self._abort(other)                  # refused, and its error was reported already
+            elif (posixpath.dirname(other.root) == parent and not other.writing
                     and L.commit_point(other.root, other.ready | dict.fromkeys(other.streamed.values())) == "closed"):
                 self._request_commit(other)
         step = parse_step(root, file_names=True)
@@ -925,11 +956,52 @@ class Namespace:
         too full for them refuses the write (``ENOSPC``) instead of a later commit."""
         try:
             return self._write(data, offset, fh)
-        except BaseException:
+        except BaseException as e:
             h = self.handles.get(fh)
             if h is not None:
                 self.observer.written(h.path)   # a cache's pages may no longer be the file's bytes
+                if h.write_mode:
+                    self._refused(h, e)
             raise
+
+    def _refused(self, h: _Handle, e: BaseException) -> None:
+        """A call on write handle ``h`` returned the error ``e`` to the program: the file never
+        commits (its close returns the errno) and its checkpoint directory is refused
+        (:meth:`_refuse`).  Not for a file unlinked or discarded meanwhile (nothing of it commits)."""
+        if h.unlinked:
+            return
+        if h.failed is None:
+            h.failed = e
+        if h.pending is not None:
+            with self._mu:
+                self._refuse(h.pending, h.failed, self.caller())
+
+    def _refuse(self, pd: _Pending, e: BaseException, who=None) -> None:
+        """Refuse pending checkpoint ``pd`` (see the module docstring, **refusal**): it never commits.
+        Its files leave the view, every file of it still open fails its next call with ``e``'s errno,
+        and once none is open its store writer is aborted (what it placed and reserved is returned);
+        ``pd`` stays in :attr:`pending` so that new files of it are refused for the process ``who``
+        (:meth:`_open_write`) until it is removed, the next save in its folder begins, or unmount."""
+        if self.pending.get(pd.root) is not pd:
+            return
+        if pd.refused is None:
+            pd.refused = e
+            log.warning("%s: refused (%s): the checkpoint will not commit", pd.root, e)
+        pd.refused_by.add(who)
+        pd.ready.clear()
+        pd.streamed.clear()
+        pd.sizes.clear()
+        for o in pd.writing.values():
+            if o.failed is None:
+                o.failed = pd.refused
+        if not pd.writing:
+            self._abort(pd, keep=True)
+        self._changed()
+
+    def _refusal(self, pd: _Pending, p: str) -> NamespaceError:
+        """The error a call on refused checkpoint ``pd`` returns (its first error's errno)."""
+        return NamespaceError(errno_of(pd.refused), f"{p}: checkpoint {pd.root} was refused ({pd.refused}): "
+                                                    f"it will not commit; remove it (rm -r) to save it again")
 
     def _write(self, data, offset, fh) -> int:
         h = self.handles.get(fh)
@@ -939,7 +1011,7 @@ class Namespace:
             if h.unlinked:
                 return len(data)           # POSIX: the descriptor of an unlinked file still takes bytes
             if h.failed is not None:
-                raise NamespaceError(errno.EIO, f"{h.path}: an earlier write failed ({h.failed})")
+                raise NamespaceError(errno_of(h.failed), f"{h.path}: an earlier call failed ({h.failed})")
             if h.clean:
                 self._reopen(h)
             h.flushed = False
@@ -1106,25 +1178,11 @@ class Namespace:
             with self._mu:
                 h = self._writer_of(p)
         if h is not None and h.write_mode:
-            with h.lock:
-                if h.streaming:
-                    if length != h.size:
-                        raise NamespaceError(errno.EPERM, f"{p}: cannot truncate a file streamed into the store")
-                    return 0
-                if length != h.size and h.clean:
-                    self._reopen(h)
-                h.dirty = h.dirty or length != h.size
-                if length > h.size:
-                    self._reserve(h, length)
-                del h.buf[length:]
-                if length > len(h.buf) and length <= self.hole_limit:
-                    # an extension a shared mapping may write in any order: held in memory
-                    h.holed = True
-                    h.buf.extend(bytes(length - len(h.buf)))
-                # a larger one (safetensors sets the final length before writing in order) is set
-                # ahead: its zeros are not held, and its writes stream as they arrive in order
-                h.size = length
-            return 0
+            try:
+                return self._truncate_open(h, p, length)
+            except NamespaceError as e:
+                self._refused(h, e)
+                raise
         with self._mu:
             files, _ = self._namespace()
             if p not in files:
@@ -1135,6 +1193,30 @@ class Namespace:
             if length == self._size(p):
                 return 0
         raise NamespaceError(errno.EPERM, f"{p}: a committed file is not changed in place, not even by an append (replace it whole)")
+
+    def _truncate_open(self, h: _Handle, p: str, length: int) -> int:
+        """``ftruncate`` of a file open for writing (:meth:`truncate`)."""
+        with h.lock:
+            if h.failed is not None:
+                raise NamespaceError(errno_of(h.failed), f"{p}: an earlier call failed ({h.failed})")
+            if h.streaming:
+                if length != h.size:
+                    raise NamespaceError(errno.EPERM, f"{p}: cannot truncate a file streamed into the store")
+                return 0
+            if length != h.size and h.clean:
+                self._reopen(h)
+            h.dirty = h.dirty or length != h.size
+            if length > h.size:
+                self._reserve(h, length)
+            del h.buf[length:]
+            if length > len(h.buf) and length <= self.hole_limit:
+                # an extension a shared mapping may write in any order: held in memory
+                h.holed = True
+                h.buf.extend(bytes(length - len(h.buf)))
+            # a larger one (safetensors sets the final length before writing in order) is set
+            # ahead: its zeros are not held, and its writes stream as they arrive in order
+            h.size = length
+        return 0
 
     def close(self, fh: int) -> int:
         """``close(2)`` of one descriptor: the file is finished here, so its error reaches the
@@ -1174,8 +1256,10 @@ class Namespace:
                     h.pump.drain()
                 except BaseException as e:  # noqa: BLE001 - reported as this call's errno
                     h.failed = h.failed or e
-            if h.failed is not None:
-                raise NamespaceError(errno_of(h.failed), f"{h.path}: an earlier write failed ({h.failed})")
+            failed = h.failed
+        if failed is not None:
+            self._refused(h, failed)
+            raise NamespaceError(errno_of(failed), f"{h.path}: an earlier call failed ({failed})")
         if h.pending is None and h.dirty:
             self._finish(h, report=True)
         return 0
@@ -1258,6 +1342,12 @@ class Namespace:
                 h.buf.extend(bytes(h.size - len(h.buf)))
         streamed = h.streaming            # then this handle holds the store slot
         err = h.failed
+        if h.streaming and err is not None:    # refused: nothing of the shard is kept
+            self._stop_pump(h, discard=True)
+            with contextlib.suppress(Exception):
+                h.sink.abort()
+            h.sink = None
+            h.buf = bytearray()
         if h.streaming:
             try:
                 self._stop_pump(h)
@@ -1275,8 +1365,9 @@ class Namespace:
                     pd = h.pending
                     pd.writing.pop(h.rel, None)
                     if err is not None:
-                        self._abort(pd)
-                        raise NamespaceError(errno_of(err), f"{h.path}: {err} (checkpoint {pd.root} dropped)")
+                        self._refuse(pd, err, h.writer_process)
+                        raise NamespaceError(errno_of(err), f"{h.path}: {err} (checkpoint {pd.root} refused: "
+                                                            "it will not commit)")
                     if info is not None:
                         pd.streamed[h.shard_name] = h.rel
                         pd.sizes[h.shard_name] = info.size
@@ -1340,7 +1431,11 @@ class Namespace:
             wanted = set(L.tracked_names(name, bytes(h.buf)))
             for pd in list(self.pending.values()):
                 if posixpath.dirname(pd.root) == posixpath.dirname(p) and posixpath.basename(pd.root) in wanted:
-                    self._request_commit(pd)      # the checkpoint commits before its tracker
+                    try:
+                        self._request_commit(pd)  # the checkpoint commits before its tracker
+                    except BaseException:
+                        self._drop_writer(h)      # a tracker naming a refused checkpoint never commits
+                        raise
                     if pd.writing:                # a file of it is still open
                         waiting = pd
         try:
@@ -1361,7 +1456,14 @@ class Namespace:
                     gen_w = w
                     h.writer = None
 
-                    def later():
+                    def later(committed: bool):
+                        if not committed:     # the checkpoint it names was refused: neither commits
+                            with contextlib.suppress(Exception):
+                                gen_w.abort()
+                            self._taken.discard(gen_w.id)
+                            self.pending_files.pop(p, None)
+                            log.error("%s: not committed: the checkpoint it names did not commit", p)
+                            return
                         gen_w.write_shard(L.FILE_SHARD, [data])
                         self._taken.discard(gen_w.id)
                         self._publish_file(p, gen_w.commit())
@@ -1398,7 +1500,14 @@ class Namespace:
         some are still open).  A refused commit drops the checkpoint (none of its files stays) and
         raises the errno for the call that reached the commit point."""
         pd.commit_requested = True
-        if pd.writing or self.pending.get(pd.root) is not pd:
+        if self.pending.get(pd.root) is not pd:
+            return
+        if pd.refused is not None:        # the error a call on one of its files returned decides it
+            err = self._refusal(pd, pd.root)
+            if not pd.writing:
+                self._abort(pd)
+            raise err
+        if pd.writing:
             return
         try:
             self._commit_dir(pd)
@@ -1410,6 +1519,8 @@ class Namespace:
     def _commit_dir(self, pd: _Pending) -> None:
         if self.pending.get(pd.root) is not pd:
             return
+        if pd.refused is not None:
+            raise self._refusal(pd, pd.root)
         if not pd.streamed and L.parse_generation_id(pd.gid)[1] != pd.root:
             self._readmit(pd)          # renamed before anything was placed: its id names its path
         names = dict(pd.streamed)
@@ -1455,8 +1566,9 @@ class Namespace:
         if old is not None and old != gen.id:
             self._retire(old)
         log.info("committed %s (%d files, %d bytes)", pd.root, len(names), gen.size)
-        for fn in pd.then:
-            fn()
+        then, pd.then = pd.then, []
+        for fn in then:
+            fn(True)
 
     def _rename_writer(self, w, make, path: str, pd: _Pending | None = None) -> bool:
         """Give an uncommitted generation renamed while it was written the id of its final ``path``
@@ -1491,22 +1603,31 @@ class Namespace:
         self._taken.add(gid)
         self._admit(self._writer(pd), need)
 
-    def _abort(self, pd: _Pending) -> None:
-        if self.pending.get(pd.root) is pd:
+    def _abort(self, pd: _Pending, *, keep: bool = False) -> None:
+        """Drop pending checkpoint ``pd``: its store writer aborted (queued behind a streaming shard),
+        the work queued after its commit run.  ``keep``: it stays in :attr:`pending` (refused: new
+        files of it are refused, :meth:`_refuse`)."""
+        if not keep and self.pending.get(pd.root) is pd:
             del self.pending[pd.root]
+        if pd.aborted:
+            self._changed()
+            return
+        pd.aborted = True
         if pd.writer is not None:
             def abort(w=pd.writer, gid=pd.gid):
                 with contextlib.suppress(Exception):
                     w.abort()
                 self._taken.discard(gid)
+            pd.writer = None
             self._store_work(abort)
         else:
             self._taken.discard(pd.gid)
         if self.inference is not None:
             self.inference.observe_abort(pd.gid)
         self._changed()
-        for fn in pd.then:
-            fn()
+        then, pd.then = pd.then, []
+        for fn in then:
+            fn(False)
 
     # -- reading -------------------------------------------------------------------------------
     def read(self, fh: int, size: int, offset: int) -> bytes:
@@ -1659,11 +1780,14 @@ class Namespace:
         p = self._p(path)
         self._writable(p)
         with self._mu:
+            dropped = self._drop_refused(p)
             files, dirs = self._namespace()
             if p in files:
                 self.unlink(p)
                 return
             if p not in dirs:
+                if dropped:
+                    return
                 raise NamespaceError(errno.ENOENT, f"{p}: no such file or directory")
             prefix = p + "/" if p else ""
             for f in sorted((f for f in files if f.startswith(prefix)), reverse=True):
@@ -1689,7 +1813,7 @@ class Namespace:
         Returns the writer (``None`` if nothing is pending there)."""
         with self._mu:
             pd = self.pending.get(self._p(root))
-            if pd is None or pd.writing:
+            if pd is None or pd.writing or pd.refused is not None:
                 return None
             w = self._writer(pd)
             for rel, data in pd.ready.items():
@@ -1726,16 +1850,29 @@ class Namespace:
             if h is None or not h.write_mode or h.unlinked:
                 return
             pd = h.pending
+            why = h.failed or NamespaceError(errno.EIO, f"{h.path}: its writer raised: abandoned")
             self._drop_open(h)
-            if pd is not None and self.pending.get(pd.root) is pd:
-                self._abort(pd)
+            if pd is not None:
+                self._refuse(pd, why, self.caller())
             self._changed()
+
+    def _drop_refused(self, p: str) -> bool:
+        """Drop the refused checkpoints at or under ``p`` none of whose files is open (``rm -r``,
+        ``rmdir``: the program may save them again); whether any was."""
+        doomed = [pd for root, pd in self.pending.items() if pd.refused is not None and not pd.writing
+                  and (not p or root == p or root.startswith(p + "/"))]
+        for pd in doomed:
+            self._abort(pd)
+        return bool(doomed)
 
     def rmdir(self, path: str) -> int:
         p = self._p(path)
         self._writable(p)
         with self._mu:
+            dropped = self._drop_refused(p)
             files, dirs = self._namespace()
+            if dropped and p not in dirs:
+                return 0
             if p not in dirs or p in files:
                 raise NamespaceError(errno.ENOENT if p not in dirs else errno.ENOTDIR)
             prefix = p + "/"
@@ -1849,13 +1986,14 @@ class Namespace:
 
     def _rename_dir(self, a: str, b: str) -> None:
         pa = a + "/"
+        commits = []
         for root in [r for r in self.pending if r == a or r.startswith(pa)]:
             pd = self.pending.pop(root)
             was = posixpath.basename(pd.root)
             pd.root = b + pd.root[len(a):]      # its id follows at the commit (_commit_dir)
             self.pending[pd.root] = pd
             if L.commit_point(was, ()) == "hf-rename" and L.is_checkpoint_dir_name(posixpath.basename(pd.root)):
-                self._request_commit(pd)             # HF Trainer's commit point: the rename
+                commits.append(pd)                   # HF Trainer's commit point: the rename
         for d in [d for d in self.dirs if d == a or d.startswith(pa)]:
             self.dirs[b + d[len(a):]] = self.dirs.pop(d)
         for g in [g for g in self.gens.values() if g.path == a or g.path.startswith(pa)]:
@@ -1863,6 +2001,8 @@ class Namespace:
         for p in [p for p in self.truncated if p.startswith(pa)]:
             self.truncated.discard(p)
             self.truncated.add(b + p[len(a):])
+        for pd in commits:                           # after every move: a refusal is this call's errno
+            self._request_commit(pd)
 
     def _rename_file(self, a: str, b: str) -> None:
         pd = self._pending_of(a)
@@ -1957,7 +2097,10 @@ class Namespace:
         with self._mu:
             for pd in list(self.pending.values()):
                 point = L.commit_point(pd.root, pd.ready | dict.fromkeys(pd.streamed.values()))
-                if not pd.writing and (point == "closed" or pd.commit_requested):
+                if pd.refused is not None:
+                    log.warning("%s: not committed at unmount: refused (%s)", pd.root, pd.refused)
+                    self._abort(pd)
+                elif not pd.writing and (point == "closed" or pd.commit_requested):
                     try:
                         self._store_work(lambda pd=pd: self._commit_dir(pd))
                     except Exception as e:  # noqa: BLE001 - unmount goes on

@@ -22,8 +22,13 @@ from retainz.placement.base import (
 )
 from retainz.spec import parse_spec
 
-__all__ = ["POLICIES", "make_allocator", "Allocator", "Decision", "ExtentRequest", "NO_SPACE",
+__all__ = ["DEFAULT_POLICY", "POLICIES", "make_allocator", "Allocator", "Decision", "ExtentRequest", "NO_SPACE",
            "PERMANENT", "ZoneSummary", "ZoneTable"]
+
+#: The policy a store is formatted with when the user names none (``retainz mkfs``, ``Store.format``,
+#: the DCP writer's and fsspec's own devices, replay): lifetime-aware placement.  A store keeps the
+#: policy recorded at format (its superblock) on every later open.
+DEFAULT_POLICY = "retainz"
 
 #: Policy name -> "module:Class".
 POLICIES: dict[str, str] = {

@@ -214,6 +214,14 @@ class ZoneTable:
         open_seq: zone openings counted so far (the last ``ZoneSummary.open_seq`` handed out).
         live, dead, written, unused: totals over all data zones, in bytes.
         now: the latest training step the store has reported.
+        writing: ``{generation id: open zones it has written into}`` for every group (generation)
+            in flight: begun and still able to write (:meth:`on_group_begin` to
+            :meth:`on_group_end`: its declared bytes all written and its shards closed, or its
+            commit or abort).  Several saves overlap in time on a shared device (the ranks of a
+            job, jobs saving at once, asynchronous checkpointing), so an open zone of an older
+            group may still be filled by it.  Not journaled: a remount aborts every writer in flight.
+        filling: ``{open zone: generation ids in flight that wrote into it}`` (the inverse of
+            ``writing``; a zone leaves it when it is full, finished or reset).
 
     The store reports every change through the ``on_*`` methods; each notifies listeners
     (:meth:`Allocator.zone_changed`).  :meth:`key` is the whole state, for the cached-summary
@@ -234,6 +242,8 @@ class ZoneTable:
         self.live = self.dead = self.written = self.unused = 0
         self.now = 0
         self.open_seq = 0
+        self.writing: dict[str, set[int]] = {}
+        self.filling: dict[int, set[str]] = {}
         self.listeners: list[Callable[[ZoneSummary], None]] = []
 
     # -- queries -----------------------------------------------------------------------------------
@@ -270,6 +280,12 @@ class ZoneTable:
     def empty_zones(self) -> Iterator[int]:
         return iter(self._empty)
 
+    def filled_by_others(self, z: int, generation: str) -> bool:
+        """True when a group in flight other than ``generation`` has written into open zone ``z``
+        (it may write there again: the zone is not the older group's leftover capacity)."""
+        f = self.filling.get(z)
+        return bool(f) and (len(f) > 1 or generation not in f)
+
     @property
     def can_open(self) -> bool:
         """True when an empty zone can be opened without finishing one (active budget)."""
@@ -294,6 +310,47 @@ class ZoneTable:
     def _changed(self, s: ZoneSummary) -> None:
         for fn in self.listeners:
             fn(s)
+
+    def on_group_begin(self, generation: str) -> None:
+        """A group (generation) is admitted and may write from now on (``Store.begin_generation``)."""
+        self.writing.setdefault(generation, set())
+
+    def on_fill(self, z: int, generation: str) -> None:
+        """Group ``generation`` (in flight) wrote into zone ``z``, which is still open."""
+        zones = self.writing.get(generation)
+        if zones is not None and z in self.open:
+            zones.add(z)
+            f = self.filling.get(z)
+            if f is None:
+                self.filling[z] = {generation}
+            else:
+                f.add(generation)
+
+    def on_group_end(self, generation: str) -> None:
+        """Group ``generation`` writes no more: every declared byte written and its shards closed,
+        or it was committed or aborted."""
+        for z in self.writing.pop(generation, ()):
+            f = self.filling.get(z)
+            if f is not None:
+                f.discard(generation)
+                if not f:
+                    del self.filling[z]
+
+    def on_group_rename(self, old: str, new: str) -> None:
+        """An uncommitted group got another id (``GenerationWriter.rename``)."""
+        zones = self.writing.pop(old, None)
+        if zones is None:
+            return
+        self.writing[new] = zones
+        for z in zones:
+            f = self.filling[z]
+            f.discard(old)
+            f.add(new)
+
+    def _closed(self, z: int) -> None:
+        """Zone ``z`` is no longer open (full, finished or reset): nobody fills it."""
+        for g in self.filling.pop(z, ()):
+            self.writing[g].discard(z)
 
     def on_write(self, z: int, nbytes: int, reclaim_step: float | None, lifetime: int, step: int,
                  live: bool = True) -> None:
@@ -327,6 +384,8 @@ class ZoneTable:
         if w >= s.capacity:
             s.cond = _FULL_C
             del self.open[z]
+            if z in self.filling:
+                self._closed(z)
         if self.listeners:
             for fn in self.listeners:
                 fn(s)
@@ -340,6 +399,8 @@ class ZoneTable:
             self._empty.discard(z)
         else:
             del self.open[z]
+            if z in self.filling:
+                self._closed(z)
         s.cond = ZoneCond.FULL
         self.unused += s.capacity - s.written
         self._changed(s)
@@ -370,6 +431,8 @@ class ZoneTable:
             self.unused -= s.capacity - s.written
         else:
             self.open.pop(z, None)
+            if z in self.filling:
+                self._closed(z)
         self.written -= s.written
         self.live -= s.live
         self.dead -= s.dead

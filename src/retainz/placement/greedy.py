@@ -1,4 +1,4 @@
-"""``greedy``: one log; fill zones in order (the store's default policy and a matched control)."""
+"""``greedy``: one log; fill zones in order (a matched control; the store default is ``retainz``)."""
 
 from __future__ import annotations
 

@@ -15,8 +15,9 @@ still to come, at step ``now``, the options are:
     ones are already dead: all of them are garbage at ``R``) are held until ``r``, and so is the
     capacity we leave unfilled: ``(W + rem - f) * (r - R) = (C - f) * (r - R)``.  Against that,
     the ``f`` bytes we write use capacity that would otherwise stay *unused* until ``R``: a zone
-    whose group is older than ours (``R < r``) gets no more data of its own, so we credit
-    ``f * (R - now)``.
+    whose group is older than ours (``R < r``) and no longer being written gets no more data of its
+    own, so we credit ``f * (R - now)``.  No credit while another group in flight is writing into
+    the zone (see "Saves in flight"): its free capacity is that group's next bytes.
 
 * **open** the first empty zone (capacity ``C``): *unused capacity* ``max(0, C - E) * (r - now)``,
   the part of the zone our group will not fill, unusable until the zone is reset near ``r``.
@@ -24,8 +25,38 @@ still to come, at step ``now``, the options are:
 
 * **finish** ``X`` **then open**, only when the active-zone budget is spent: the open cost plus
   ``rem_X * (R_X - now)``, the capacity finishing wastes until ``X`` is reset, unless ``X`` is
-  already orphaned (``R_X < r``: its capacity was going to be left unused anyway, and the join
-  credit above counts the same thing).
+  already orphaned (``R_X < r`` and no group in flight writing into it: its capacity was going to
+  be left unused anyway, and the join credit above counts the same thing).
+
+Saves in flight
+---------------
+Several saves are written at once on a real node (the ranks of a job, jobs saving when they like,
+asynchronous checkpointing).  The zone table knows the groups in flight and the open zones each
+has written into (``ZoneTable.writing``/``filling``: from admission until every declared byte is
+written and its shards closed, or its commit or abort).  A zone another group in flight is filling
+(``ZoneTable.filled_by_others``) is that group's, not left-over capacity:
+
+* joining it earns no credit (the cost is the plain delayed reclamation of whichever group dies
+  first), and finishing it is never free (it wastes what that group is about to write);
+* options that take such capacity rank after every other option: a group joins or finishes a
+  zone another group is filling only when nothing else is possible, i.e. at the active-zone limit
+  (NVMe ZNS Max Active Resources) with more groups in flight than active zones.  There the least
+  cost decides which in-flight groups share: the join costs ``|r - R|`` of delayed reclamation, so
+  the groups whose reclaim steps are nearest share a zone, against the unused capacity of
+  finishing one of them;
+* at the limit, finishes take idle zones (no group in flight writing into them) first, by cost;
+* the zones priced are the ``neighbors`` nearest idle zones on each side of ``r``, and the busy
+  zones met on the way.
+
+This is ZenFS's rule with its busy zones made explicit: upstream ``GetBestOpenZoneMatch``,
+``AllocateEmptyZone`` and ``FinishCheapestIOZone`` (fs/zbd_zenfs.cc) skip every zone they cannot
+``Acquire`` (a zone held by another writer), and ``AllocateIOZone`` waits for an open token
+(``WaitForOpenIOZoneToken``) when writers outnumber the open budget, then finishes the cheapest
+idle zone until ``GetActiveIOZoneTokenIfAvailable`` succeeds.  A store cannot make a save wait
+for another to finish, so beyond the limit RetainZ shares by reclaim step where ZenFS would block.
+GC copies (``TakeMigrateZone`` upstream, also a busy-skipping scan) follow the same rule: they do not
+join a zone a save in flight is filling while another zone can take them.  The oracle and the
+hint controls are this class with another view of the reclaim step, so they follow it too.
 
 Steps before ``now`` count as ``now``.  A cost is a pair ``(bytes held forever, byte-steps)``
 compared lexicographically, so permanent data (``r = inf``) never shares with finite data while any
@@ -237,14 +268,17 @@ class RetainZ(Allocator):
         return list(self._index)
 
     # -- costs --------------------------------------------------------------------------------------
-    def join_cost(self, s: ZoneSummary, r: float, group: int, now: int) -> Cost:
+    def join_cost(self, s: ZoneSummary, r: float, group: int, now: int, filled: bool = False) -> Cost:
         """Cost of writing the group's next bytes (``group`` bytes to come, reclaim step ``r``)
-        into open zone ``s``."""
+        into open zone ``s``; ``filled``: another group in flight is writing into ``s``
+        (``ZoneTable.filled_by_others``), so the capacity we take is not left over: no credit."""
         big_r, rn = max(self.zone_reclaim(s), now), max(r, now)
         f = min(group, s.remaining)
         if rn <= big_r:
             return held(f, rn, big_r)
         forever, steps = held(s.capacity - f, big_r, rn)
+        if filled:
+            return (forever, steps)
         return (forever, steps - f * (big_r - now))
 
     @staticmethod
@@ -254,37 +288,61 @@ class RetainZ(Allocator):
             return _ZERO
         return held(capacity - group, now, max(r, now))
 
-    def finish_cost(self, s: ZoneSummary, r: float, now: int) -> Cost:
-        """Cost of finishing open zone ``s`` to make room for data with reclaim step ``r``."""
+    def finish_cost(self, s: ZoneSummary, r: float, now: int, filled: bool = False) -> Cost:
+        """Cost of finishing open zone ``s`` to make room for data with reclaim step ``r``;
+        ``filled``: a group in flight is still writing into ``s`` (never orphaned)."""
         big_r = max(self.zone_reclaim(s), now)
-        if big_r < max(r, now):
+        if big_r < max(r, now) and not filled:
             return _ZERO  # orphaned: its free capacity was going unused until big_r anyway
         return held(s.remaining, now, big_r)
 
     # -- decisions ----------------------------------------------------------------------------------
-    def candidates(self, r: float) -> list[ZoneSummary]:
-        """The open zones priced for reclaim step ``r``: the ``neighbors`` nearest on each side."""
+    def candidates(self, r: float, generation: str | None = None) -> list[ZoneSummary]:
+        """The open zones priced for reclaim step ``r``: the ``neighbors`` nearest on each side,
+        not counting zones another group in flight is filling (``ZoneTable.filled_by_others`` for
+        ``generation``), which are priced too when met on the way."""
         i = bisect.bisect_left(self._index, (r, -1))
         k = self.neighbors
-        zones = self.table.zones
-        return [zones[z] for _, z in self._index[max(0, i - k):i + k]]
+        t = self.table
+        zones = t.zones
+        index = self._index
+        w = t.writing
+        if generation is None or not t.filling or (len(w) == 1 and generation in w):
+            return [zones[z] for _, z in index[max(0, i - k):i + k]]   # no other group in flight
+        out = []
+        for rng in (range(i - 1, -1, -1), range(i, len(index))):
+            idle = 0
+            for j in rng:
+                z = index[j][1]
+                out.append(zones[z])
+                if not t.filled_by_others(z, generation):
+                    idle += 1
+                    if idle == k:
+                        break
+        return out
 
     def place(self, req: ExtentRequest) -> Decision:
+        """The least-cost option (module docstring).  Options are ranked first by whether they
+        take capacity another group in flight is filling (joining its zone, or finishing it):
+        such an option is taken only when every other one is impossible, e.g. at the active-zone
+        limit with every open zone being filled ("Saves in flight")."""
         t = self.table
         if self.recompute:
             self._rebuild()
         now, r = req.now, self.reclaim_of(req)
         group = req.nbytes + req.pending
+        gen = req.generation
         best: tuple | None = None
         rule = self.uncertain_saves and not req.gc and self.view in _HINTED and t.n_empty > 0
         own = rule and req.hint.kind == "uncertain"
-        for s in self.candidates(r):
+        for s in self.candidates(r, gen):
             if own and (s.opened_step != req.step or self.zone_reclaim(s) != r):
                 continue  # an uncertain death: share zones with no other group (see the docstring)
             if rule and not own and s.lifetime == UNCERTAIN_ZONE:
                 continue  # nor does a known death join an uncertain group's zone
             zr = self.zone_reclaim(s)
-            key = (self.join_cost(s, r, group, now), 0, 0.0 if zr == r else abs(zr - r), s.index)
+            busy = t.filled_by_others(s.index, gen)
+            key = (busy, self.join_cost(s, r, group, now, busy), 0, 0.0 if zr == r else abs(zr - r), s.index)
             if best is None or key < best[0]:
                 best = (key, Decision(s.index, (), r))
         e = t.first_empty()
@@ -292,16 +350,20 @@ class RetainZ(Allocator):
             cost = self.open_cost(t.zones[e].capacity, r, group, now)
             mark = UNCERTAIN_ZONE if own else None
             if not t.max_active or len(t.open) < t.max_active:
-                key = (cost, 1, 0.0, e)
+                key = (False, cost, 1, 0.0, e)
                 decision = Decision(e, (), r, mark)
             else:
                 need = len(t.open) - t.max_active + 1
-                priced = sorted((self.finish_cost(s, r, now), s.remaining, s.index)
-                                for s in t.open.values())[:need]
-                for c, _, _ in priced:
+                # idle zones first: finishing a zone a group in flight is filling wastes capacity
+                # that group was about to use and sends it to another zone (ZenFS never finishes a
+                # busy zone: FinishCheapestIOZone skips zones it cannot Acquire, fs/zbd_zenfs.cc)
+                priced = sorted((busy, self.finish_cost(s, r, now, busy), s.remaining, s.index)
+                                for s in t.open.values()
+                                for busy in (t.filled_by_others(s.index, gen),))[:need]
+                for _, c, _, _ in priced:
                     cost = (cost[0] + c[0], cost[1] + c[1])
-                key = (cost, 2, 0.0, e)
-                decision = Decision(e, finish=tuple(z for _, _, z in priced), reclaim_step=r, lifetime=mark)
+                key = (any(b for b, *_ in priced), cost, 2, 0.0, e)
+                decision = Decision(e, finish=tuple(z for *_, z in priced), reclaim_step=r, lifetime=mark)
             if best is None or key < best[0]:
                 best = (key, decision)
         return NO_SPACE if best is None else best[1]

@@ -93,6 +93,9 @@ class Collector:
         * ``zenfs``: unchanged: ZenFS's worker ignores the reserve and collects only at or below
           its free-space start level (20 %), with its garbage threshold.
 
+        Before asking the rule, a pass retries the resets that failed (``ZoneBook.failed_resets``):
+        a zone holding only dead bytes is reset whatever the policy (no rule needs to copy from it).
+
         If the rule names nothing, nothing is collected: a placement that still finds no space is
         then a capacity stop (:class:`NoSpaceError`), never a bypass of the policy.
 
@@ -104,8 +107,12 @@ class Collector:
         if self.running:
             return rep
         t = self.zones.table
-        victims = self.allocator.gc_victims(len(t) if force else self.gc_reserve_zones)
         busy = set(self.busy())
+        if self.zones.failed_resets:
+            # a zone whose reset failed keeps only dead bytes until a later reset: this pass is one,
+            # whatever the policy's victims (a cost-benefit rule sees nothing to copy in it)
+            self.zones.reset_dead([s.index for s in t if s.written and not s.live and s.index not in busy])
+        victims = self.allocator.gc_victims(len(t) if force else self.gc_reserve_zones)
         self.running = True
         pending: dict[tuple, list] = {}   # (generation id, shard) -> its new extent list
         copies: dict[int, int] = {}       # zone -> bytes of copies written (for rollback)

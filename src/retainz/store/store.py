@@ -41,7 +41,7 @@ from retainz.errors import (
     SummaryMismatchError,
 )
 from retainz.hint import Hint
-from retainz.placement import make_allocator
+from retainz.placement import DEFAULT_POLICY, make_allocator
 from retainz.placement.base import Allocator, ExtentRequest, ZoneTable
 from retainz.store import check
 from retainz.store.catalog import Catalog
@@ -159,7 +159,7 @@ class Store:
         raise TypeError("use Store.format(device) or Store.open(device)")
 
     @staticmethod
-    def check_geometry(g: Geometry, *, policy: str = "greedy", meta_zones: int | None = None,
+    def check_geometry(g: Geometry, *, policy: str = DEFAULT_POLICY, meta_zones: int | None = None,
                        gc_reserve_zones: int = 2) -> int:
         """Refuse a geometry a store cannot be formatted on, before anything is written (what
         :meth:`format` checks first; ``retainz run`` checks every case of a manifest with it).
@@ -192,7 +192,7 @@ class Store:
         return meta_zones
 
     @classmethod
-    def format(cls, device: ZonedDevice, *, meta_zones: int | None = None, policy: str = "greedy",
+    def format(cls, device: ZonedDevice, *, meta_zones: int | None = None, policy: str = DEFAULT_POLICY,
                gc_reserve_zones: int = 2, force: bool = False, verify_summaries: bool = False) -> Store:
         """Write a fresh, empty store on ``device`` and open it.
 
@@ -474,6 +474,7 @@ class Store:
             w = GenerationWriter(self, gen, declared_size, reserve=need if control else 0, journal_estimate=est,
                                  block_size=bs, payload=self.device.info.payload)
             self._writers[gen_id] = w
+            zones.table.on_group_begin(gen_id)
             return w
 
     def admit(self, w: GenerationWriter, nbytes: int) -> None:
@@ -532,6 +533,7 @@ class Store:
             entry = gen_entry_bytes(gen)
             n = len(entry) + 1
             journal = self.log.journal
+            records = journal.records
             try:
                 if n + 256 > journal.max_record:    # the append would refuse it: say so first
                     raise NoSpaceError(f"journal record of about {n} bytes (generation {gen.id!r}) does not "
@@ -544,6 +546,8 @@ class Store:
                 self.log.commit(entry, retire[1] if retire else None)
             except BaseException:
                 gen.commit_seq = 0
+                if journal.fenced or journal.records != records:
+                    self._withdraw_commit(w)
                 raise
             if retire:
                 self._retire(old, *retire)
@@ -551,8 +555,25 @@ class Store:
             self.catalog.add(gen)
             self.log.track(gen, entry)
             self._writers.pop(gen.id, None)
+            self.zones.table.on_group_end(gen.id)
             self.metrics.generations_committed += 1
             return gen
+
+    def _withdraw_commit(self, w: GenerationWriter) -> None:
+        """The commit record of ``w``'s generation may be on the device although its write or its
+        flush failed (the caller is told the commit failed): roll the journal over to a fresh chain
+        (:meth:`Journal.roll`, flushed) whose snapshot does not hold the generation, so the error the
+        caller saw decides it and the generation is absent after a restart too.  If the rollover
+        fails as well, ``w``'s zones are kept at its abort (:attr:`GenerationWriter.in_doubt`): the
+        next mount then finds either the commit with its data intact, or garbage it reclaims; never
+        a commit whose zones were reset.  Called under the store's lock."""
+        journal = self.log.journal
+        try:
+            journal.fenced = True
+            journal.roll()
+            journal.fenced = False
+        except Exception:  # noqa: BLE001 - the commit's own error is what the caller gets
+            w.in_doubt = True
 
     def rename_writer(self, w: GenerationWriter, gen_id: str) -> None:
         """Re-key ``w``'s uncommitted generation to ``gen_id`` (:meth:`GenerationWriter.rename`; see there);
@@ -569,6 +590,7 @@ class Store:
                 raise ValueError(f"generation {old!r} is not being written by this writer")
             del self._writers[old]
             w.gen.id = gen_id
+            self.zones.table.on_group_rename(old, gen_id)
             w.journal_estimate += max(0, len(gen_id.encode()) - len(old.encode()))
             self._writers[gen_id] = w
 
@@ -582,7 +604,8 @@ class Store:
                 raise ValueError(f"generation {gen.id!r} is {gen.state.value}: cannot abort it")
             gen.state = GenState.ABORTED
             self._writers.pop(gen.id, None)
-            if self._closed:
+            self.zones.table.on_group_end(gen.id)
+            if self._closed or w.in_doubt:
                 return
             self.write_path.drop(w.zone_bytes)
             self.metrics.generations_aborted += 1

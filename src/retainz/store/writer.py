@@ -192,6 +192,7 @@ class WritePath:
         pos = 0
         dev, zsize, now = self.zones.device, self.zones.zone_size, self.zones.now
         on_write = self.zones.table.on_write
+        on_fill = self.zones.table.on_fill
         dirty = self.zones.changed.add
         lifetime = gen.hint.lifetime
         keep = self.allocator.keeps_file_zone and not gc
@@ -220,6 +221,8 @@ class WritePath:
                                  else crc32c.crc32c(piece[:el], shard_crc))
             lt = d.lifetime
             on_write(z, n, d.reclaim_step, lifetime if lt is None else lt, now)
+            if not gc:
+                on_fill(z, gen.id)
             dirty(z)
             zone_bytes[z] = zone_bytes.get(z, 0) + n
             extents.append((z, off, el, crc))
@@ -273,7 +276,7 @@ class ShardWriter:
     """
 
     __slots__ = ("_w", "name", "size", "written", "_buf", "_crc", "extents", "zone_bytes", "_padded", "_open",
-                 "_claims")
+                 "_claims", "_counted")
 
     def __init__(self, writer: GenerationWriter, name: str, size: int | None):
         self._w = writer
@@ -287,6 +290,7 @@ class ShardWriter:
         self._padded = 0
         self._open = True
         self._claims = 0                # 0: bytes come through write(); 1: claimed; 2: the tail claimed
+        self._counted = 0               # 1: placed by count() (sizes without bytes); 2: its tail counted
 
     def _put(self, data, data_len: int, claim: bool = False) -> None:
         w = self._w
@@ -314,8 +318,8 @@ class ShardWriter:
         with w._host.lock:
             if not self._open:
                 raise ValueError(f"shard {self.name!r} of generation {w.gen.id!r} is closed")
-            if self._claims:
-                raise ValueError(f"shard {self.name!r}: its bytes are claimed for another process; "
+            if self._claims or self._counted:
+                raise ValueError(f"shard {self.name!r}: its bytes are claimed for another process or counted; "
                                  "it takes no bytes through write()")
             try:
                 mv = memoryview(chunk).cast("B")
@@ -391,6 +395,56 @@ class ShardWriter:
                 raise
             return [(e[0], e[1], e[2]) for e in self.extents[first:]]
 
+    def count(self, nbytes: int) -> None:
+        """Place the next ``nbytes`` data bytes of the shard without their bytes, on a payload-less
+        device (timed trace replay, :mod:`retainz.trace.replay`: a shard written unit by unit while
+        other saves are in flight): placed as :meth:`write` and :meth:`claim` place them
+        (admission, extents of at most :data:`WRITE_BUFFER` bytes, one allocator decision each),
+        no checksum.  A count that is not a
+        multiple of the block size is the shard's tail (padded to a block); no count follows it.
+        A shard takes counts or bytes, not both; its :class:`ShardInfo` has no crc, like
+        :meth:`GenerationWriter.write_counted_shard`.
+
+        Raises:
+            ShardSizeError, NoSpaceError: as :meth:`write` (the shard is aborted).
+            ValueError: the device keeps payload, ``nbytes`` is not a positive int, the tail was
+                counted, the shard took bytes or claims, or it is closed.
+        """
+        w = self._w
+        with w._host.lock:
+            if not self._open:
+                raise ValueError(f"shard {self.name!r} of generation {w.gen.id!r} is closed")
+            if w._payload:
+                raise ValueError(f"shard {self.name!r}: counted bytes (sizes without bytes) need a payload-less "
+                                 "device; this device keeps payload")
+            if nbytes.__class__ is not int or nbytes <= 0:
+                raise ValueError(f"shard {self.name!r}: a count is a positive int of bytes, not {nbytes!r}")
+            if self._counted == 2:
+                raise ValueError(f"shard {self.name!r}: its tail was counted; no count follows it")
+            if (self.written or self._claims) and not self._counted:
+                raise ValueError(f"shard {self.name!r} took bytes or claims; it takes no counts")
+            try:
+                self._counted = 1
+                self.written += nbytes
+                if self.size is not None and self.written > self.size:
+                    raise ShardSizeError(f"shard {self.name!r}: more than the {self.size} bytes given as its size")
+                w._check_declared(self.name, self.written)
+                bs, left = w._block_size, nbytes
+                while left:     # in WRITE_BUFFER pieces, as write() and claim() place them
+                    n = min(left, WRITE_BUFFER)
+                    padded = round_up(n, bs)
+                    w._host.admit(w, padded)
+                    self._padded += w._host.write_path.write(w.gen, padded, n, self.extents, self.zone_bytes,
+                                                             pending=w._pending(padded))[0]
+                    w._placed += padded
+                    w.reserve -= min(padded, w.reserve)
+                    left -= n
+                if nbytes % bs:
+                    self._counted = 2
+            except BaseException:
+                self._fail()
+                raise
+
     def close(self, crcs: Sequence[int] | None = None) -> ShardInfo:
         """Write the buffered tail and add the shard to its generation.
 
@@ -423,8 +477,8 @@ class ShardWriter:
             except BaseException:
                 self._fail()
                 raise
-            return w._add_shard(self, ShardInfo(self.name, self.written, self._crc, tuple(self.extents)),
-                                self._padded)
+            return w._add_shard(self, ShardInfo(self.name, self.written, None if self._counted else self._crc,
+                                                tuple(self.extents)), self._padded)
 
     def _take_crcs(self, crcs) -> None:
         """Give the claimed extents the crcs their writer reported and combine the shard's crc."""
@@ -482,6 +536,8 @@ class GenerationWriter:
             without a size reserves as its bytes arrive: ``Store.admit``).
         journal_estimate: snapshot bytes reserved in the journal for the generation (an estimate).
         zone_bytes: ``{zone: device bytes}`` of the generation's closed shards.
+        in_doubt: its commit failed after its record may have reached the device and could not be
+            withdrawn (``Store._withdraw_commit``): its zones are kept at its abort.
     """
 
     def __init__(self, host: _WriterHost, gen: GenerationInfo, declared_size: int | None, *, reserve: int,
@@ -498,6 +554,7 @@ class GenerationWriter:
         self._block_size = block_size
         self._payload = payload
         self._open: list[ShardWriter] = []
+        self.in_doubt = False
 
     @property
     def id(self) -> str:
@@ -620,7 +677,10 @@ class GenerationWriter:
         for z, n in s.zone_bytes.items():
             zb[z] = zb.get(z, 0) + n
         self.gen.shards[info.name] = info
-        self._host.write_path.shard_written(padded)
+        wp = self._host.write_path
+        wp.shard_written(padded)
+        if self.declared_size is not None and not self._open and self._data >= self.declared_size:
+            wp.zones.table.on_group_end(self.gen.id)   # every declared byte written: it writes no more
         return info
 
     def _shard_failed(self, s: ShardWriter) -> None:

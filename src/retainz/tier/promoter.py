@@ -12,7 +12,9 @@ Calls, in order::
     p.close()
 
 State: durability is read from the destination (a verified manifest that matches the local
-generation), never assumed; the queue, the copy in progress, failures and deferred retirements live
+generation), never assumed; a destination that failed to answer is not asked again until its back-off
+ends (:attr:`Promoter.MAX_BACKOFF`: the worker's retries and retention's questions wait, and meanwhile
+nothing counts as durable, so nothing is deleted); the queue, the copy in progress, failures and deferred retirements live
 in memory and are rebuilt by the scan after a restart (the policy selects the same generations; the
 runtime's explicit requests are kept in the settings file, :mod:`.state`).
 
@@ -100,6 +102,12 @@ class Promoter:
         ValueError: a malformed policy, URL or bandwidth; ``node`` not one of ``nodes``.
     """
 
+    #: The longest back-off from a destination that does not answer (seconds): after a failure it is
+    #: not asked again for ``retry_seconds``, doubled at each further failure up to this; an answer
+    #: ends it.  Retention's questions (:meth:`is_durable`) then answer "not durable" without a round
+    #: trip, so a save with deferred retirements does not wait on a dead endpoint once per generation.
+    MAX_BACKOFF = 60.0
+
     @classmethod
     def from_settings(cls, store, settings, state_path, **kw) -> Promoter:
         """A promoter for ``store`` as a device's remembered :class:`~retainz.tier.state.TierSettings`
@@ -148,6 +156,8 @@ class Promoter:
         self._stop = False
         self._thread: threading.Thread | None = None
         self._scanned = False
+        self._down_until = 0.0                     # monotonic time before which the destination is not asked
+        self._down_wait = 0.0                      # the current back-off (seconds; 0: it answers)
         #: bytes sent to the destination or found verified there (all attempts), and generations made
         #: durable, this session
         self.bytes_sent = 0
@@ -186,6 +196,21 @@ class Promoter:
             self._queue.setdefault(gen_id, 0.0)
             self._cv.notify_all()
 
+    def _unreachable(self) -> None:
+        """The destination did not answer: back off (``retry_seconds``, doubled per failure up to
+        :attr:`MAX_BACKOFF`).  Called under ``self._cv``."""
+        self._down_wait = min(max(self._down_wait * 2, self.retry_seconds), self.MAX_BACKOFF)
+        self._down_until = time.monotonic() + self._down_wait
+
+    def _reachable(self) -> None:
+        """The destination answered: the back-off ends.  Called under ``self._cv``."""
+        self._down_wait, self._down_until = 0.0, 0.0
+
+    def backing_off(self) -> float:
+        """Seconds until the destination is asked again after failing to answer (0: it is asked)."""
+        with self._cv:
+            return max(0.0, self._down_until - time.monotonic())
+
     # -- the worker ------------------------------------------------------------------------------------
     def start(self) -> Promoter:
         """Start the background thread (it first scans the store: :meth:`refresh`)."""
@@ -200,12 +225,19 @@ class Promoter:
         for gen in self.store.generations():
             if not self.selects(gen):
                 continue
-            try:
-                m = world_holds(self.dest, gen, self.node)
-            except DestinationError as e:
-                m = None
-                with self._cv:
-                    self._failed[gen.id] = str(e)
+            with self._cv:
+                asked = self._down_until <= time.monotonic()
+            m = None
+            if asked:                           # (a destination backed off from is not asked: queued)
+                try:
+                    m = world_holds(self.dest, gen, self.node)
+                except DestinationError as e:
+                    with self._cv:
+                        self._failed[gen.id] = str(e)
+                        self._unreachable()
+                else:
+                    with self._cv:
+                        self._reachable()
             with self._cv:
                 if m is not None:
                     self._durable[gen.id] = m
@@ -224,7 +256,7 @@ class Promoter:
         with self._cv:
             while not self._stop:
                 now = time.monotonic()
-                due = [g for g, at in self._queue.items() if at <= now]
+                due = [g for g, at in self._queue.items() if at <= now and self._down_until <= now]
                 if due:
                     steps = {}
                     for g in due:
@@ -237,6 +269,8 @@ class Promoter:
                     self._current, self._done = gid, 0
                     return gid
                 wake = min(self._queue.values(), default=None)
+                if wake is not None:
+                    wake = max(wake, self._down_until)
                 self._cv.wait(None if wake is None else max(wake - now, 0.01))
             return None
 
@@ -288,6 +322,8 @@ class Promoter:
                         line)
             with self._cv:
                 self._failed[gid] = line
+                if isinstance(e, DestinationError | ConnectionError | TimeoutError):
+                    self._unreachable()
                 if not isinstance(e, GenerationNotFoundError):
                     self._queue[gid] = time.monotonic() + self.retry_seconds
             return False
@@ -297,6 +333,7 @@ class Promoter:
                     self._current = None
                 self._cv.notify_all()
         with self._cv:
+            self._reachable()
             self._durable[gid] = m
             self._failed.pop(gid, None)
             self._waiting.discard(gid)
@@ -361,16 +398,23 @@ class Promoter:
     def is_durable(self, gen_id: str) -> bool:
         """True when the destination holds a verified copy of the local generation ``gen_id``, asked
         of the destination now (its manifest matches and every object has its size); False when it
-        does not, or does not answer."""
+        does not, does not answer, or is being backed off from after failing to answer (then it is
+        not asked: :attr:`MAX_BACKOFF`)."""
         try:
             gen = self.store.generation(gen_id)
         except GenerationNotFoundError:
             return False
+        with self._cv:
+            if self._down_until > time.monotonic():
+                return False            # backing off from a destination that did not answer
         try:
             m = world_holds(self.dest, gen, self.node)
         except DestinationError:
+            with self._cv:
+                self._unreachable()
             return False
         with self._cv:
+            self._reachable()
             if m is None:
                 if self._durable.pop(gen_id, None) is not None:
                     self._enqueue(gen_id)

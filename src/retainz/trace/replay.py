@@ -21,6 +21,20 @@ step its promotion is verified; the practical policies' hints carry the expected
 (:mod:`retainz.trace.promotion`).  The deferred deletions are the events the store is fed: every
 policy and the oracle see them, and the device is sized from the live bytes they leave.
 
+Saves that take time (``write_bandwidth``, bytes per step; ``retainz replay --write-bandwidth``):
+without it every save is written whole at its event (the serialized replay).  With it a save of
+``nbytes`` takes ``nbytes / write_bandwidth`` steps, and a job (``j<n>:`` of a mixed or fleet trace's
+names, :func:`job_of`) does one thing at a time: its commit, deletions and next save wait until
+its save is written, while other jobs' saves overlap it (:func:`timed_schedule`).  Each shard is
+opened as its own writer (the ranks of a DCP save, as the node service's clients write them) and
+written in ``write_unit`` pieces at ``S_i / D`` bytes per step over the save's ``D`` steps; the
+pieces of every save in flight reach the store in time order (at equal times pieces before
+events, so a save's last piece precedes its commit).  A deletion carries the step it really happens
+at, so pressure sizes the device from the live bytes of the schedule and the oracle is told the
+real deletion steps.  The result adds ``write_bandwidth``, ``write_unit`` and ``overlapped_bytes``
+(bytes written while another job's save was in flight).  Crash events are refused there (only the
+serialized replay power-cycles).
+
 A :class:`~retainz.errors.NoSpaceError` at admission or while writing is a *capacity stop*: the run
 ends cleanly there and records the step (the honest outcome when no space can be made),
 its cause (``capacity_stop_cause``: ``admission``, ``allocation``, ``gc`` or ``journal``, see
@@ -49,6 +63,7 @@ Determinism: the same trace and configuration give the same result dict, byte fo
 from __future__ import annotations
 
 import hashlib
+import heapq
 import math
 import os
 import time
@@ -84,6 +99,8 @@ DEFAULT_GEOMETRY = {"zone_size": 2 << 30, "zone_capacity": 1077 << 20, "max_acti
 ZONE_MAP_MAX_STEPS = 200
 ZONE_MAP_MAX_ROWS = 256
 _PATTERN_CHUNK = 1 << 20
+#: ``--write-unit`` default: bytes per write of a shard in a replay with time (ZenFS's 1 MiB buffer).
+DEFAULT_WRITE_UNIT = 1 << 20
 
 
 #: Data zones of the device on which a configuration sized by pressure is checked before its trace is
@@ -131,6 +148,11 @@ class ReplayConfig:
         promote_hint: with ``promote_bandwidth``, the hints carry the expected promotion finish
             (default True, what a live writer does); False gives the rule's hints alone (the
             ablation: the same deferred deletions, placed without knowing of them).
+        write_bandwidth: replay with time (module docstring, "Saves that take time"): one job's
+            save is written at this many bytes per step, so saves of different jobs overlap;
+            ``None`` (default): every save is written whole at its event (the serialized replay).
+        write_unit: with ``write_bandwidth``, bytes per write of a shard (a positive multiple of
+            the block size; default 1 MiB, ZenFS's write buffer).
 
     Raises:
         ValueError: a field of the wrong type; both or neither of zones/pressure; a pressure outside
@@ -157,11 +179,14 @@ class ReplayConfig:
     verify_payload: bool = True
     promote_bandwidth: int | None = None
     promote_hint: bool = True
+    write_bandwidth: int | None = None
+    write_unit: int = DEFAULT_WRITE_UNIT
 
     def __post_init__(self) -> None:
         for name in ("reserve_zones", "meta_zones", "zone_size", "max_active", "max_open", "block_size", "seed"):
             _need_int(name, getattr(self, name))
-        for name in ("zones", "zone_capacity", "promote_bandwidth"):
+        _need_int("write_unit", self.write_unit)
+        for name in ("zones", "zone_capacity", "promote_bandwidth", "write_bandwidth"):
             if getattr(self, name) is not None:
                 _need_int(name, getattr(self, name))
         for name in ("zone_map", "verify_summaries", "verify_payload", "promote_hint"):
@@ -180,6 +205,15 @@ class ReplayConfig:
         if self.promote_bandwidth is not None and self.promote_bandwidth <= 0:
             raise ValueError(f"promote_bandwidth must be a positive number of bytes per step, not "
                              f"{self.promote_bandwidth}")
+        if self.write_bandwidth is not None and self.write_bandwidth <= 0:
+            raise ValueError(f"write_bandwidth must be a positive number of bytes per step, not "
+                             f"{self.write_bandwidth}")
+        if self.write_bandwidth is None and self.write_unit != DEFAULT_WRITE_UNIT:
+            raise ValueError("write_unit (--write-unit) needs write_bandwidth (--write-bandwidth): a serialized "
+                             "replay writes every shard whole")
+        if self.write_unit <= 0 or self.write_unit % self.block_size:
+            raise ValueError(f"write_unit must be a positive multiple of the block size ({self.block_size}), "
+                             f"not {self.write_unit}")
         for name in ("reserve_zones", "meta_zones"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} cannot be negative, not {getattr(self, name)}")
@@ -258,6 +292,8 @@ class ReplayConfig:
             argv += ["--promote-bandwidth", str(self.promote_bandwidth)]
         if not self.promote_hint:
             argv.append("--no-promote-hint")
+        if self.write_bandwidth is not None:
+            argv += ["--write-bandwidth", str(self.write_bandwidth), "--write-unit", str(self.write_unit)]
         return argv
 
 
@@ -437,7 +473,8 @@ def replay(trace_path: str, config: ReplayConfig) -> dict:
         config: what to replay it on and what to measure (:class:`ReplayConfig`).
 
     Returns:
-        A JSON-able dict: host_bytes, gc_bytes, waf, resets, finishes, dead_space_byte_steps,
+        A JSON-able dict (with ``write_bandwidth``: also write_bandwidth, write_unit and
+        overlapped_bytes): host_bytes, gc_bytes, waf, resets, finishes, dead_space_byte_steps,
         unused_capacity_bytes, unused_capacity_byte_steps, peak_occupancy, capacity_stop_step (None
         when none), capacity_stop_cause and capacity_stop_state (None when no stop),
         admission_reserve_zones, generations_committed, generations_deleted, decisions, decision_cpu_seconds,
@@ -447,7 +484,7 @@ def replay(trace_path: str, config: ReplayConfig) -> dict:
     Raises:
         ValueError: a trace too large for the device limit at this pressure, a device the policy
             refuses (ZenFS: fewer than 32 zones, meta and reserve included), a crash event on a real
-            device.
+            device or with ``write_bandwidth``.
         TraceFormatError: a malformed trace (with its line number).
         ChecksumError: payload read back wrong (never silently).
     """
@@ -460,15 +497,30 @@ def replay(trace_path: str, config: ReplayConfig) -> dict:
         promotion = {**pstats.to_json(), "peak_live_bytes_undeferred": stats.peak_live_bytes,
                      "hint": config.promote_hint}
         stats = stats_of(stats.sha256, stats.header, events, config.block_size)
+    timed = config.write_bandwidth is not None
+    if timed and any(isinstance(ev, CrashEvent) for ev in events):
+        raise ValueError("--write-bandwidth replays saves that take time; this trace has crash events, which "
+                         "only the serialized replay (no --write-bandwidth) power-cycles")
+    if timed:
+        # saves that take time: each event at its time (a job's events wait for its save), the
+        # device sized by the live bytes of that order, the oracle told the deletions' real steps
+        schedule = timed_schedule(events, config.write_bandwidth)
+        stats = stats_of(stats.sha256, stats.header, [ev for _, ev in schedule], config.block_size)
     run = _Run.start(config, stats, durable_at if config.promote_hint else None)
     try:
         zmap = _ZoneMap(stats.event_steps, list(run.store.table.zones)) \
             if config.zone_map and stats.event_steps else None
-        stop = run.drive(events, zmap)
+        if timed:
+            stop = _Timed(run, config.write_bandwidth, config.write_unit).drive(schedule, zmap)
+        else:
+            stop = run.drive(events, zmap)
         measured = run.measure(stop, zmap, verify_payload=config.verify_payload)
     finally:
         run.close()
     result = _result(config, stats, run.geometry, measured, stop, time.perf_counter() - t0)
+    if timed:
+        result.update({"write_bandwidth": config.write_bandwidth, "write_unit": config.write_unit,
+                       "overlapped_bytes": run.overlapped_bytes})
     if promotion is not None:
         result["promotion"] = promotion
     return result
@@ -501,6 +553,7 @@ class _Run:
         self.saved_at: dict[int, SaveEvent] = {}
         self.carried: dict = {}  # metrics of sessions ended by a crash
         self.crashes = 0
+        self.overlapped_bytes = 0   # replay with time: bytes written while another job's save was in flight
         self.inference = None
         if getattr(store.allocator, "hint_source", None) == "inferred":
             from retainz.retention.inference import RetentionInference
@@ -559,7 +612,8 @@ class _Run:
         elif isinstance(ev, CrashEvent):
             self._crash(ev)
 
-    def _save(self, ev: SaveEvent) -> None:
+    def begin(self, ev: SaveEvent):
+        """Admit the save's generation with its hint (the policy's view of it) and keep its writer."""
         hint = (_hint(ev, self.actual_reclaim) if self.inference is None
                 else _inferred_hint(self.inference, ev, self.actual_reclaim))
         if self.durable_at is not None:
@@ -568,6 +622,10 @@ class _Run:
         w = self.store.begin_generation(_gen_id(ev), ev.step, hint=hint, declared_size=ev.nbytes)
         self.writers[ev.gen] = w
         self.saved_at[ev.gen] = ev
+        return w
+
+    def _save(self, ev: SaveEvent) -> None:
+        w = self.begin(ev)
         for s in ev.shards:
             if self.payload:
                 w.write_shard(s.name, shard_pattern(ev.gen, s.name, s.nbytes))
@@ -665,6 +723,161 @@ def _fdp_options(device: str) -> dict:
         return parse_fdp_options(opts)
     except DeviceFormatError as e:
         raise ValueError(f"replay device {device!r}: {e}") from None
+
+
+def job_of(name: str) -> str:
+    """The job a save belongs to, from its name: ``j<job>`` of a mixed or fleet trace's
+    ``j<job>:<name>`` (:mod:`retainz.trace.mix`, :mod:`retainz.trace.fleet`), else ``""`` (one job)."""
+    head, sep, _ = name.partition(":")
+    return head if sep and head[:1] == "j" and head[1:].isdigit() else ""
+
+
+def timed_schedule(events: list[Event], rate: int) -> list[tuple[float, Event]]:
+    """When each event of a trace happens if one job's save is written at ``rate`` bytes per step:
+    ``[(time in steps, event)]`` in time order (ties in trace order).
+
+    A job (:func:`job_of`) does one thing at a time, in its own order: an event happens at its step
+    or, if later, when the job's save in flight is written (``nbytes / rate`` steps after it
+    started).  So a job's commit, deletions and next save wait for its save, as TorchTitan, DCP
+    ``async_save`` and NVRx wait for the previous checkpoint, while other jobs' saves overlap it.
+    A deletion (and a commit) carries the step it really happens at (``floor(time)``): the store is
+    told that step, and the oracle's actual reclaim steps are those of the schedule.
+
+    Raises:
+        ValueError: ``rate`` is not positive.
+    """
+    if rate <= 0:
+        raise ValueError(f"write bandwidth must be a positive number of bytes per step, not {rate}")
+    gen_job: dict[int, str] = {}
+    busy: dict[str, float] = {}
+    out = []
+    for i, ev in enumerate(events):
+        if isinstance(ev, SaveEvent):
+            gen_job[ev.gen] = job = job_of(ev.name)
+        else:
+            job = gen_job.get(ev.gen, "")
+        t = max(float(ev.step), busy.get(job, 0.0))
+        if isinstance(ev, SaveEvent):
+            busy[job] = t + ev.nbytes / rate
+        elif int(t) != ev.step:
+            ev = replace(ev, step=int(t))
+        out.append((t, i, ev))
+    out.sort(key=lambda x: (x[0], x[1]))
+    return [(t, ev) for t, _, ev in out]
+
+
+class _Timed:
+    """Replay with time (module docstring, "Saves that take time"): the events of a
+    :func:`timed_schedule`, each save's shards written unit by unit, every save in flight
+    interleaved in time order (at equal times units come before events, so a save's last unit
+    precedes its commit).
+
+    Args:
+        run: the replay's store and state.
+        rate: bytes per step one job's save is written at (``write_bandwidth``).
+        unit: bytes per write of a shard (``write_unit``, a multiple of the block size).
+    """
+
+    def __init__(self, run: _Run, rate: int, unit: int):
+        self.run = run
+        self.rate = rate
+        self.unit = unit
+        self.heap: list[tuple] = []
+        self.seq = 0
+        self.in_flight: dict[str, int] = {}      # job -> shards of its save still being written
+
+    def _push(self, t: float, kind: int, item: tuple) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, kind, self.seq, item))
+
+    def drive(self, schedule: list[tuple[float, Event]], zmap: _ZoneMap | None) -> _Stop | None:
+        """Apply every event at its time and every unit of every save; returns the capacity stop
+        or None (as :meth:`_Run.drive`)."""
+        for t, ev in schedule:
+            self._push(t, 1, (ev,))
+        store = self.run.store
+        while self.heap:
+            t, kind, _, item = heapq.heappop(self.heap)
+            step = int(t)
+            if zmap:
+                zmap.before(step, store.table)
+            store.advance(step)
+            try:
+                if kind:
+                    ev = item[0]
+                    if isinstance(ev, SaveEvent):
+                        self._start_save(t, ev)
+                    else:
+                        self.run.apply(ev)
+                else:
+                    self._unit(*item)
+            except NoSpaceError as e:
+                return _Stop(step, e.cause or "journal", e.state if e.state is not None else store.stop_state())
+        return None
+
+    def _start_save(self, t0: float, ev: SaveEvent) -> None:
+        """Admit the save and schedule its units: shard ``i`` of ``S_i`` bytes is written at
+        ``S_i / D`` bytes per step over the save's ``D = nbytes / rate`` steps (every rank's shard at
+        once, each its own writer), so unit ``k`` ends at ``t0 + D * min(S_i, k * unit) / S_i``."""
+        run = self.run
+        job = job_of(ev.name)
+        w = run.begin(ev)
+        duration = ev.nbytes / self.rate
+        shards = 0
+        for sh in ev.shards:
+            if sh.nbytes == 0:
+                if run.payload:
+                    w.write_shard(sh.name, [])
+                else:
+                    w.write_counted_shard(sh.name, 0)
+                continue
+            sw = w.open_shard(sh.name, size=sh.nbytes)
+            src = _Take(shard_pattern(ev.gen, sh.name, sh.nbytes)) if run.payload else None
+            shards += 1
+            done = 0
+            while done < sh.nbytes:
+                n = min(self.unit, sh.nbytes - done)
+                done += n
+                at = t0 + duration if done == sh.nbytes else t0 + duration * done / sh.nbytes
+                self._push(at, 0, (job, sw, src, n, done == sh.nbytes))
+        if shards:
+            self.in_flight[job] = shards
+
+    def _unit(self, job: str, sw, src, n: int, last: bool) -> None:
+        """Write one unit of a shard (counted on a payload-less device, pattern bytes otherwise)."""
+        if len(self.in_flight) > 1:
+            self.run.overlapped_bytes += n
+        if src is None:
+            sw.count(n)
+        else:
+            sw.write(src.take(n))
+        if last:
+            sw.close()
+            self.in_flight[job] -= 1
+            if not self.in_flight[job]:
+                del self.in_flight[job]
+
+
+class _Take:
+    """The next ``n`` bytes of a chunk iterator (a shard's pattern in write units)."""
+
+    def __init__(self, chunks: Iterator[bytes]):
+        self.chunks = chunks
+        self.buf = b""
+        self.pos = 0
+
+    def take(self, n: int) -> bytes:
+        if len(self.buf) - self.pos < n:
+            rest = [self.buf[self.pos:]]
+            have = len(rest[0])
+            while have < n:
+                chunk = next(self.chunks)
+                rest.append(chunk)
+                have += len(chunk)
+            self.buf, self.pos = b"".join(rest), 0
+        out = self.buf[self.pos:self.pos + n]
+        self.pos += n
+        return out
 
 
 def _make_device(device: str, geometry: Geometry) -> ZonedDevice:
