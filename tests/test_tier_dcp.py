@@ -160,13 +160,13 @@ def test_training_killed_mid_promotion_resumes_after_restart(tmp_path, destinati
         assert torch.equal(out["w"], state(step)["w"]) and out["step"] == step
 
 
-def test_a_save_that_cannot_fit_is_refused_before_any_byte_is_written(tmp_path, monkeypatch):
+def test_a_save_that_cannot_fit_is_refused_before_any_byte_is_written(tmp_path, monkeypatch, destination):
     """Issue 44.6(a): with the destination down and the device filling, the writer refused only at the
     save's last MiB, after 99.6 % of it was written; DCP's plan gives every tensor's size, so the
     save is refused before it writes (PromotionBacklogError), nothing of it placed on the device."""
-    fs = FaultyLocal()
+    fs = destination.faulty()
     fs.down = True
-    url, dev, w = promoting_writer(tmp_path, monkeypatch, fs)
+    url, dev, w = promoting_writer(tmp_path, monkeypatch, destination, fs)
     try:
         dcp.save(state(10, 1_500_000), storage_writer=w, checkpoint_id="/ckpt/step-10")
         saved = [10]
@@ -187,12 +187,12 @@ def test_a_save_that_cannot_fit_is_refused_before_any_byte_is_written(tmp_path, 
         w.close()
 
 
-def test_saves_back_off_from_a_dead_destination_instead_of_asking_per_deferred_generation(tmp_path, monkeypatch):
+def test_saves_back_off_from_a_dead_destination_instead_of_asking_per_deferred_generation(tmp_path, monkeypatch, destination):
     """Issue 44.6(b): with the destination down, every save's retention asked it once per deferred
     generation whether that one was durable yet (save time 0.1 s -> 4.6 s on a dead S3 endpoint).
     After a failure the promoter backs off (``retry_seconds``, doubling up to ``MAX_BACKOFF``): the
     saves ask the destination at most once over six saves, and nothing deferred is deleted."""
-    fs = FaultyLocal()
+    fs = destination.faulty()
     fs.down = True
     asked_by_saves = []
     check = fs._check
@@ -202,7 +202,7 @@ def test_saves_back_off_from_a_dead_destination_instead_of_asking_per_deferred_g
             asked_by_saves.append(1)
         check()
     fs._check = counting
-    url, dev, w = promoting_writer(tmp_path, monkeypatch, fs)
+    url, dev, w = promoting_writer(tmp_path, monkeypatch, destination, fs)
     try:
         dcp.save(state(10), storage_writer=w, checkpoint_id="/ckpt/step-10")
         w.promoter.retry_seconds = 30.0                 # a back-off longer than the saves take
@@ -218,16 +218,16 @@ def test_saves_back_off_from_a_dead_destination_instead_of_asking_per_deferred_g
         w.close()
 
 
-def test_a_fresh_writer_retires_what_was_made_durable_since_the_last_run(tmp_path, monkeypatch):
+def test_a_fresh_writer_retires_what_was_made_durable_since_the_last_run(tmp_path, monkeypatch, destination):
     """Issue 44.6(c): a job stopped with its retirements deferred (the destination was down, the device
     filled); ``retainz tier promote`` made them durable; a fresh writer with the same rule was refused
     on every save, since retention ran only after a commit.  Now retention runs at the writer's first
     save too (docs/tiers.md: the next run's retention deletes them), and the save fits."""
     from retainz.tier import Promoter
 
-    fs = FaultyLocal()
+    fs = destination.faulty()
     fs.down = True
-    url, dev, w = promoting_writer(tmp_path, monkeypatch, fs)
+    url, dev, w = promoting_writer(tmp_path, monkeypatch, destination, fs)
     big = lambda s: state(s, 1_500_000)  # noqa: E731
     saved = []
     try:

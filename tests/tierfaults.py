@@ -98,21 +98,23 @@ class FaultyLocal(_Faults, LocalFileSystem):
 
 
 def faulty_s3(**options):
-    """An s3fs file system (``options``: s3fs's) whose uploads fail as the attributes say: the async
-    calls are the ones s3fs's sync methods run, so the checks sit there."""
+    """An s3fs file system (``options``: s3fs's) whose uploads fail as the attributes say.  The checks
+    sit in the sync calls, in the caller's thread (as :class:`FaultyLocal`'s), which then run s3fs's
+    coroutine on its I/O loop."""
     import s3fs
+    from fsspec.asyn import sync
 
     class FaultyS3(_Faults, s3fs.S3FileSystem):
-        async def _info(self, path, **kw):
+        def info(self, path, **kw):
             self._check()
-            return await super()._info(path, **kw)
+            return sync(self.loop, self._info, path, **kw)
 
-        async def _ls(self, path, detail=False, **kw):
+        def ls(self, path, detail=False, **kw):
             self._check()
-            return await super()._ls(path, detail=detail, **kw)
+            return sync(self.loop, self._ls, path, detail=detail, **kw)
 
-        async def _makedirs(self, path, exist_ok=False):
+        def makedirs(self, path, exist_ok=False):
             self._check()
-            return await super()._makedirs(path, exist_ok=exist_ok)
+            return sync(self.loop, self._makedirs, path, exist_ok=exist_ok)
 
     return FaultyS3(**options)
