@@ -7,6 +7,7 @@ the promoter, and a fault-injecting client over the same destination (:mod:`test
 from __future__ import annotations
 
 import contextlib
+import functools
 import socket
 import subprocess
 import sys
@@ -71,12 +72,18 @@ def forget_s3_clients() -> None:
     s3fs.S3FileSystem.clear_instance_cache()
 
 
-def new_bucket(endpoint: str) -> str:
-    """A fresh, empty bucket at ``endpoint``; returns its name."""
+@functools.cache
+def _admin(endpoint: str):
+    """One client per endpoint for making buckets (a botocore session costs about a second)."""
     import s3fs
 
+    return s3fs.S3FileSystem(**options(endpoint))
+
+
+def new_bucket(endpoint: str) -> str:
+    """A fresh, empty bucket at ``endpoint``; returns its name."""
     name = f"t{uuid.uuid4().hex[:16]}"
-    s3fs.S3FileSystem(**options(endpoint)).call_s3("create_bucket", Bucket=name)
+    _admin(endpoint).call_s3("create_bucket", Bucket=name)
     return name
 
 
@@ -86,7 +93,7 @@ class TierDestination:
     URL (``step-1/data/model.bin``)."""
 
     def __init__(self, kind: str, tmp_path, endpoint: str | None = None):
-        self.kind, self.endpoint = kind, endpoint
+        self.kind, self.endpoint, self._fs = kind, endpoint, None
         if kind == "dir":
             self.url = (tmp_path / "shared" / "ckpt").as_uri()
         elif kind == "s3":
@@ -100,14 +107,17 @@ class TierDestination:
         return options(self.endpoint) if self.kind == "s3" else None
 
     def fs(self):
-        """A fresh client of the destination (independent of any promoter's)."""
-        if self.kind == "dir":
-            from fsspec.implementations.local import LocalFileSystem
+        """A client of the destination of its own (independent of any promoter's; made once)."""
+        if self._fs is None:
+            if self.kind == "dir":
+                from fsspec.implementations.local import LocalFileSystem
 
-            return LocalFileSystem()
-        import s3fs
+                self._fs = LocalFileSystem()
+            else:
+                import s3fs
 
-        return s3fs.S3FileSystem(**options(self.endpoint))
+                self._fs = s3fs.S3FileSystem(**options(self.endpoint))
+        return self._fs
 
     def faulty(self):
         """A fault-injecting client of the destination (:mod:`tests.tierfaults`), all switches off."""
@@ -128,7 +138,8 @@ class TierDestination:
         self.fs().pipe_file(self.path(rel), data)
 
     def listdir(self, rel: str = "") -> list[str]:
-        """Names of the entries under ``rel`` (one level), sorted."""
+        """Names of the entries under ``rel`` (one level), sorted (asked now: s3fs caches listings)."""
+        self.fs().invalidate_cache(self.path(rel))
         return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs().ls(self.path(rel), detail=False))
 
     def __repr__(self) -> str:
