@@ -118,10 +118,6 @@ def _busy(spec: str) -> StoreLockedError:
                             f"{spec}: the store is open in another process (the device is locked)")
 
 
-#: Seconds an open runs before its bar appears (most stores open in well under a second).
-OPEN_BAR_DELAY = 0.5
-
-
 def _open(spec: str, readonly: bool = False, args=None):
     from retainz.store import Store
 
@@ -134,7 +130,7 @@ def _open(spec: str, readonly: bool = False, args=None):
     except DeviceBusyError:
         raise _busy(spec) from None
     try:
-        with progress.bar(None, "open", args, unit="record", delay=OPEN_BAR_DELAY) as bar:
+        with progress.bar(None, "open", args, unit="record") as bar:
             return Store.open(dev, readonly=readonly, progress=progress.callback(bar)), dev
     except BaseException:
         dev.close()
