@@ -67,7 +67,9 @@ def register(sub) -> None:
 
     p = sub.add_parser("gc", help="run copying garbage collection")
     p.add_argument("device", metavar="DEV")
-    p.add_argument("--force", action="store_true", help="collect every full zone with dead bytes")
+    p.add_argument("--force", action="store_true",
+                   help="collect now what the policy collects when space runs out, however many zones are "
+                        "empty (plain gc waits for the GC reserve; docs/cli.md, \"Collecting space\")")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_gc)
 
@@ -433,6 +435,12 @@ def _gc(args) -> int:
               f"({format_size(rep.bytes_copied)}) moved, {plural(rep.zones_reset, 'zone')} reset")
         for e in rep.errors:
             print(f"  gave up: {e}")
+        if rep.held_back:     # an unforced pass left space a forced one would collect: say why, and what to run
+            flag = " (mkfs --gc-reserve)" if rep.empty_zones >= rep.gc_reserve_zones else ""
+            print(f"  left: {format_size(rep.held_back_reclaimable)} reclaimable in full "
+                  f"zone{'s' if len(rep.held_back) > 1 else ''} {', '.join(map(str, rep.held_back))}: "
+                  f"{rep.waiting}{flag}; `retainz gc --force` collects it now, copying "
+                  f"{format_size(rep.held_back_live)} of live data")
     return 1 if rep.errors else 0
 
 
