@@ -222,12 +222,10 @@ class Store:
         used = [z.index for z in zones if z.cond != ZoneCond.EMPTY]
         if used and not force:
             ours = superblock_zones(device)
-            if ours:
-                raise ForeignDeviceError(f"{device.name} already holds a RetainZ store (superblock in zone "
-                                         f"{ours[0]}); pass force=True (--force) to erase it")
-            raise ForeignDeviceError(f"{device.name} holds data RetainZ does not recognise ({len(used)} "
-                                     f"non-empty zones, first {used[0]}); pass force=True (--force) to "
-                                     "erase it")
+            found = (f"{device.name} already holds a RetainZ store (superblock in zone {ours[0]})" if ours else
+                     f"{device.name} holds data RetainZ does not recognise ({len(used)} non-empty zones, first "
+                     f"{used[0]})")
+            raise ForeignDeviceError(f"{found}; pass force=True to erase it", found=found)
         for z in used:
             device.reset_zone(z)
         sb = Superblock(uuid=uuidlib.uuid4(), sequence=1, part=0, geometry=g, meta_zones=meta_zones,
