@@ -93,7 +93,8 @@ def check_step(value, what: str = "step") -> int:
 
 
 def check_hint(hint) -> Hint:
-    """A :class:`~retainz.hint.Hint` whose reclaim steps are ``None`` or a number that is not NaN.
+    """A :class:`~retainz.hint.Hint` whose reclaim steps are ``None`` or a number that is not NaN,
+    an int no larger than :data:`MAX_STEP` (a step; readers of ``--json`` take int64).
 
     Raises:
         ValueError: anything else (one line).
@@ -104,6 +105,8 @@ def check_hint(hint) -> Hint:
         v = getattr(hint, name)
         if v is not None and (type(v) not in (int, float) or v != v):
             raise ValueError(f"hint {name} must be a number or None, not {v!r}")
+        if type(v) is int and v > MAX_STEP:
+            raise ValueError(f"hint {name} {v} is beyond the largest step, {MAX_STEP}")
     return hint
 
 

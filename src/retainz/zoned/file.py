@@ -133,8 +133,7 @@ class FileDevice(EmulatedZonedDevice):
         if os.path.isdir(path):
             raise IsADirectoryError(f"{path} is a directory, not a device file")
         if os.path.exists(path) and os.path.getsize(path) > 0 and not force:
-            raise FileExistsError(f"{path} exists and is not empty; pass force=True (--force) to "
-                                  "overwrite it")
+            raise FileExistsError(f"{path} exists and is not empty; pass force=True to overwrite it")
         slot = _slot_size(geometry.nr_zones)
         g = geometry
         label = _LABEL.pack(FILE_DEVICE_MAGIC, _VERSION, g.block_size, g.zone_size, g.zone_capacity,
