@@ -72,14 +72,16 @@ class Sizes:
     mount_cold: bool           # also cold loads (drop_caches)
     node_mib: int              # MiB each rank saves and loads through the node service (4 and 8 ranks)
     node_reps: int
+    format_zones: int          # zones of the device mkfs formats and opens (and 1/16 of it)
 
 
 FULL = Sizes(replay_steps=100_000, replay_zones=4096, store_mib=512, store_reps=5, mount_records=100_000,
              placement_decisions=1500, dcp_mib=512, dcp_reps=5, device_zones=8, device_rounds=5, guest=True,
-             mount_mib=2048, mount_reps=3, mount_cold=True, node_mib=128, node_reps=3)
+             mount_mib=2048, mount_reps=3, mount_cold=True, node_mib=128, node_reps=3,
+             format_zones=1 << 20)
 QUICK = Sizes(replay_steps=2000, replay_zones=4096, store_mib=64, store_reps=3, mount_records=4000,
               placement_decisions=100, dcp_mib=64, dcp_reps=1, device_zones=2, device_rounds=2, guest=False,
-              mount_mib=64, mount_reps=1, mount_cold=False, node_mib=8, node_reps=1)
+              mount_mib=64, mount_reps=1, mount_cold=False, node_mib=8, node_reps=1, format_zones=1 << 14)
 
 
 @dataclass
@@ -147,6 +149,7 @@ def _store(sizes: Sizes, scratch: str) -> tuple[list[Figure], dict]:
         w = bench_store.bench_write(d, sizes.store_mib, reps=sizes.store_reps)
         g = bench_store.bench_gc(d, max(sizes.store_mib // 8, 32))
         m = bench_store.bench_mount(sizes.mount_records)
+        fmt = [bench_store.bench_format(d, n) for n in (sizes.format_zones // 16, sizes.format_zones)]
     finally:
         shutil.rmtree(d, ignore_errors=True)
     figs = [
@@ -161,8 +164,11 @@ def _store(sizes: Sizes, scratch: str) -> tuple[list[Figure], dict]:
                     f"{g['raw_copy_MBps']:.0f} MB/s"),
         Figure("journal mount: records per second", m["records_per_s"], "records/s", 250_000,
                note=f"{m['records']:,} records"),
+        Figure(f"mkfs + first open, {fmt[1]['zones']:,} zones", fmt[1]["format_s"] + fmt[1]["open_s"], "s", 5,
+               op="<", note=f"format {fmt[1]['format_s']:.1f} s + open {fmt[1]['open_s']:.1f} s; at "
+                            f"{fmt[0]['zones']:,} zones {fmt[0]['format_s'] + fmt[0]['open_s']:.2f} s (linear: x16)"),
     ]
-    return figs, {"write": w, "gc": g, "mount": m}
+    return figs, {"write": w, "gc": g, "mount": m, "format": fmt}
 
 
 def _placement(sizes: Sizes) -> tuple[list[Figure], dict]:

@@ -13,6 +13,9 @@
    the setup's dirty pages, median of 3.
 4. replay: extents placed per second by a payload-less write/commit/delete loop on 4,096 zones
    (the trace-replay hot path; target 200,000).
+5. format: ``retainz mkfs`` and a first open of a FileDevice of N zones (64 KiB zones, the smallest a
+   journal takes: the zone count, not the bytes, is what costs; a sparse file), in seconds each; at 1,048,576 zones (the largest device) and at
+   1/16 of it, so the growth shows (issue 44.2: 3 min 12 s at 1,048,576 zones; target a few seconds).
 
 Usage: python bench/bench_store.py [--dir DIR] [--mib N] [--records N] [--quick] [--json PATH]
 """
@@ -110,6 +113,27 @@ def _loop(store: Store, n: int, shards: int, size: int, keep: int) -> None:
         live.append(f"g{i}")
         if len(live) > keep:
             store.delete(live.pop(0), step=i)
+
+
+def bench_format(d: str, zones: int) -> dict:
+    """``Store.format`` then ``Store.open`` (what ``retainz mkfs`` and the next command do) of a fresh
+    FileDevice of ``zones`` 64 KiB zones in ``d``: seconds of each (the device file's creation is not
+    timed)."""
+    path = os.path.join(d, f"format-{zones}.img")
+    g = Geometry(nr_zones=zones, zone_size=4096 * 16, zone_capacity=4096 * 16)
+    FileDevice.create(path, g, force=True).close()
+    try:
+        t = time.perf_counter()
+        with FileDevice(path) as dev:
+            Store.format(dev).close()
+        t_format = time.perf_counter() - t
+        t = time.perf_counter()
+        with FileDevice(path) as dev:
+            Store.open(dev).close()
+        t_open = time.perf_counter() - t
+    finally:
+        os.unlink(path)
+    return {"zones": zones, "format_s": t_format, "open_s": t_open}
 
 
 def bench_mount(records: int) -> dict:

@@ -365,3 +365,72 @@ def test_put_of_two_files_with_one_name_names_them(tmp_path, capsys):
     assert code == 2 and one_line(err).strip() == (f"retainz: error: {a} is given 2 times (as {a}, "
                                                    f"{tmp_path / 'l' / 'a.bin'})")
     assert run(capsys, "ls", device)[1] == ""
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["mkfs", "{dev}", "--meta-zones", "1"], "retainz mkfs: argument --meta-zones: 1 must be at least 2"),
+    (["mkfs", "{dev}", "--meta-zones", "65"], "retainz mkfs: argument --meta-zones: 65 is above 64"),
+    (["mkfs", "{dev}", "--gc-reserve", "-1"], "retainz mkfs: argument --gc-reserve: -1 is negative"),
+    (["mkfs", "{dev}", "--gc-reserve", "99999999999999999999999"],
+     "retainz mkfs: argument --gc-reserve: 99999999999999999999999 is more zones than a device has (1,048,576)"),
+    (["put", "{dev}", "g", "{file}", "--step", "-3"], "retainz put: argument --step: -3 is negative"),
+    (["put", "{dev}", "g", "{file}", "--step", "99999999999999999999999"],
+     "retainz put: argument --step: 99999999999999999999999 is beyond the largest step, 9,223,372,036,854,775,807 "
+     "(a signed 64-bit integer)"),
+    (["put", "{dev}", "g", "{file}", "--step", "1", "--reclaim-step", "99999999999999999999999"],
+     "retainz put: argument --reclaim-step: 99999999999999999999999 is beyond the largest step, "
+     "9,223,372,036,854,775,807 (a signed 64-bit integer)"),
+    (["rm", "{dev}", "g", "--step", "-1"], "retainz rm: argument --step: -1 is negative"),
+    (["device", "create", "{tmp}/n.img", "--zones", "4", "--zone-size", "-64MiB"],
+     "retainz device create: argument --zone-size: bad size '-64MiB': a size cannot be negative"),
+    (["device", "create", "{tmp}/n.img", "--zones", "4", "--zone-size", "1MiB", "--zone-capacity", "-1MiB"],
+     "retainz device create: argument --zone-capacity: bad size '-1MiB': a size cannot be negative"),
+    (["run", "{tmp}/none.json", "-j", "0"], "retainz run: argument --jobs/-j: 0 must be at least 1"),
+    (["run", "{tmp}/none.json", "--connect-timeout", "-1"],
+     "retainz run: argument --connect-timeout: -1 must be a positive, finite number of seconds"),
+    (["replay", "{tmp}/none.json", "--pressure", "2"], "retainz replay: argument --pressure: 2 must be above 0 and at most 1"),
+    (["replay", "{tmp}/none.json", "--zones", "1"],
+     "retainz replay: argument --zones: 1 is under 2 (a store needs 2 data zones besides the GC reserve)"),
+    (["replay", "{tmp}/none.json", "--zones", "4", "--meta-zones", "-1"],
+     "retainz replay: argument --meta-zones: -1 is negative"),
+])
+def test_every_bounded_flag_is_checked_in_the_cli_words(tmp_path, capsys, argv, line):
+    """Issue 44.5: a flag's bound is checked when the flag is read and refused naming the flag (not the
+    API's ``meta_zones``/``gc_reserve_zones``/``step``), a negative value is a value (``-64MiB`` was
+    "expected one argument"), and a step beyond int64 never reaches the store (``--reclaim-step`` was
+    stored, and ``ls --json`` then printed an integer no int64 reader takes)."""
+    dev = tmp_path / "d.img"
+    FileDevice.create(dev, Geometry(nr_zones=16, zone_size=1 << 20, zone_capacity=1 << 20)).close()
+    f = tmp_path / "f.bin"
+    f.write_bytes(b"x")
+    code, out, err = run(capsys, *[a.format(dev=dev, file=f, tmp=tmp_path) for a in argv])
+    assert (code, out, err) == (2, "", line + "\n")
+
+
+def test_remedies_name_the_flag_not_the_api(tmp_path, capsys):
+    """A device that holds a store (``mkfs``) or a file that exists (``device create``) is refused
+    with the command and flag that would go ahead, never ``pass force=True (--force)``."""
+    dev = tmp_path / "d.img"
+    assert run(capsys, "device", "create", dev, "--zones", 16, "--zone-size", "1MiB")[0] == 0
+    code, _, err = run(capsys, "device", "create", dev, "--zones", 16, "--zone-size", "1MiB")
+    assert (code, err) == (2, f"retainz: error: {dev} exists and is not empty; `retainz device create --force` "
+                              "overwrites it\n")
+    assert run(capsys, "mkfs", dev)[0] == 0
+    code, _, err = run(capsys, "mkfs", dev)
+    assert (code, err) == (2, f"retainz: error: {dev} already holds a RetainZ store (superblock in zone 0); "
+                              f"`retainz mkfs --force {dev}` erases it\n")
+
+
+def test_the_store_refuses_a_reclaim_step_beyond_int64():
+    """The API's bound behind ``--reclaim-step``'s: an int reclaim step past ``MAX_STEP`` is refused
+    (``ls --json`` would print it, and int64 readers cannot take it); ``inf`` (permanent) is not an int."""
+    from retainz.hint import Hint
+    from retainz.store import Store
+    from retainz.store.store import MAX_STEP
+    from retainz.zoned import MemoryDevice
+
+    with Store.format(MemoryDevice(Geometry(nr_zones=8, zone_size=1 << 20, zone_capacity=1 << 20))) as s:
+        with pytest.raises(ValueError, match=rf"^hint reclaim_step {MAX_STEP + 1} is beyond the largest step, {MAX_STEP}$"):
+            s.begin_generation("g", 1, hint=Hint(reclaim_step=MAX_STEP + 1))
+        s.begin_generation("g", 1, hint=Hint(reclaim_step=MAX_STEP)).abort()
+        s.begin_generation("h", 1, hint=Hint(reclaim_step=float("inf"))).abort()

@@ -316,8 +316,21 @@ def test_mount_bad_input_and_already_mounted(tmp_path):
     from retainz.mount.runner import is_mounted
 
     assert (log.read_bytes() if log.exists() else b"") == before and not is_mounted(str(tmp_path))
+    r = retainz("mount", str(tmp_path), str(tmp_path), check=False)            # a directory as the device
+    assert r.returncode == 2 and r.stderr == (f"retainz: error: {tmp_path}: a directory, not a device file (make one "
+                                              "with `retainz device create FILE` and `retainz mkfs FILE`)\n")
+    other = str(tmp_path / "other.img")
+    retainz("device", "create", other, "--zones", "16", "--zone-size", "1MiB")
+    retainz("mkfs", other)
     with mounted(device, tmp_path / "mnt") as mnt:
-        r = retainz("mount", device, str(mnt), check=False)
+        # a second mount of the device is "in use" (exit 1) whichever mount point it names (issue 44.5:
+        # the same mount point said exit 2, another one exit 1)
+        for point in (mnt, tmp_path):
+            r = retainz("mount", device, str(point), check=False)
+            assert r.returncode == 1 and r.stderr == (f"retainz: error: {device}: the device is in use: it is already "
+                                                      f"mounted at {mnt} (one mount per device): use the files "
+                                                      f"there, or `retainz umount {mnt}` first\n"), r.stderr
+        r = retainz("mount", other, str(mnt), check=False)                  # another device onto the mount point
         assert r.returncode == 2 and "already a RetainZ mount" in r.stderr
         r = retainz("umount", device, check=False)                      # the device, not the mount point
         assert r.returncode == 2 and (f"{device}: is the device, not a mount point; it is mounted at {mnt}: "
@@ -325,6 +338,10 @@ def test_mount_bad_input_and_already_mounted(tmp_path):
         assert is_mounted(str(mnt))
     r = retainz("umount", str(tmp_path / "mnt"), check=False)
     assert r.returncode == 2 and "not a RetainZ mount" in r.stderr
+    # the mount's log holds the mount's own lines only: libfuse's "Ignoring invalid max threads value
+    # 4294967295" (an unset max_idle_threads through the 3.0 ABI) is gone
+    lines = log.read_text().splitlines()
+    assert lines and all(" retainz." in line for line in lines), lines
 
 
 @pytest.mark.parametrize("foreground", [False, True])

@@ -217,9 +217,9 @@ def test_cli_args_parse_back_to_the_same_configuration(config):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--pressure", "1.5"], "pressure must be in (0, 1], not 1.5"),
-    (["--zones", "1"], "zones must be at least 2"),
-    (["--zones", "4", "--reserve-zones", "-2"], "reserve_zones cannot be negative"),
+    (["--pressure", "1.5"], "argument --pressure: 1.5 must be above 0 and at most 1"),     # the flags' words
+    (["--zones", "1"], "argument --zones: 1 is under 2"),
+    (["--zones", "4", "--reserve-zones", "-2"], "argument --reserve-zones: -2 is negative"),
     (["--zones", "4", "--zone-size", "256KiB", "--zone-capacity", "512KiB"], "at most the zone size"),
     (["--zones", "4", "--device", "tape"], "unknown replay device 'tape'"),
     (["--zones", "4", "--policy", "nope"], "unknown policy 'nope'"),

@@ -417,7 +417,7 @@ def test_format_reads_no_zone_that_has_nothing_written():
     dev.fail("read", zone=0, count=-1)
     assert superblock_zones(dev) == []
     with pytest.raises(ForeignDeviceError, match=r"^faulty\(memory\) holds data RetainZ does not recognise "
-                                                 r"\(1 non-empty zones, first 0\); pass force=True \(--force\) "
+                                                 r"\(1 non-empty zones, first 0\); pass force=True "
                                                  r"to erase it$"):
         Store.format(dev)
     assert inner.zone(0).cond == ZoneCond.EXP_OPEN

@@ -396,3 +396,32 @@ def test_a_device_file_the_integrations_format_for_themselves_gets_retainz_and_k
         assert store.policy == "greedy"
     with using(str(tmp_path / "b.img")) as store:          # reopened: the recorded policy
         assert store.policy == "greedy"
+
+
+def test_plain_gc_says_what_it_left_and_what_to_run(dev, tmp_path, capsys):
+    """Issue 44.3: after ``rm``, ``df`` showed reclaimable space and a plain ``gc`` collected nothing
+    without a word.  It now names what it left (zones, bytes), why (the GC reserve, with its flag) and
+    what to run (``gc --force``, with the live bytes it would copy); ``--force`` then takes exactly that."""
+    assert run(capsys, "mkfs", dev)[0] == 0
+    f = tmp_path / "a.bin"
+    f.write_bytes(os.urandom(256 * 1024))                  # 256 KiB saves straddle 192 KiB zones
+    for i in range(3):
+        assert run(capsys, "put", dev, f"g{i}", f, "--step", i)[0] == 0
+    assert run(capsys, "rm", dev, "g1")[0] == 0
+    reclaimable = strict_json(run(capsys, "df", dev, "--json")[1])["reclaimable"]
+    code, out, err = run(capsys, "gc", dev)
+    assert code == 0 and err == ""
+    summary, left = out.splitlines()
+    assert summary == "GC: 0 zones collected [], 0 extents (0 B) moved, 0 zones reset"
+    rep = strict_json(run(capsys, "gc", dev, "--json")[1])
+    assert rep["held_back_reclaimable"] == reclaimable > 0 and rep["empty_zones"] >= 2
+    zones = ", ".join(map(str, rep["held_back"]))
+    assert left == (f"  left: {reclaimable // 1024} KiB reclaimable in full zone{'s' if ',' in zones else ''} "
+                    f"{zones}: GC collects only while fewer than 2 data zones are empty (the GC reserve), and "
+                    f"{rep['empty_zones']} are (mkfs --gc-reserve); `retainz gc --force` collects it now, copying "
+                    f"{rep['held_back_live'] // 1024} KiB of live data")
+    code, out, _ = run(capsys, "gc", dev, "--force", "--json")
+    forced = strict_json(out)
+    assert code == 0 and forced["victims"] == rep["held_back"] and forced["bytes_copied"] == rep["held_back_live"]
+    assert strict_json(run(capsys, "df", dev, "--json")[1])["reclaimable"] == 0
+    assert run(capsys, "gc", dev)[1] == "GC: 0 zones collected [], 0 extents (0 B) moved, 0 zones reset\n"

@@ -363,8 +363,69 @@ def test_an_unforced_pass_asks_the_policy_with_the_store_reserve_and_a_forced_on
         s.delete("a")
         z = s.generation("b").shards["s"].extents[0][0]
         assert s.table[z].cond == ZoneCond.FULL and s.table.n_empty == 9
-        assert s.gc() == GCReport()
-        assert s.gc(force=True).victims == [z]
+        waiting = "GC collects only while fewer than 2 data zones are empty (the GC reserve), and 9 are"
+        assert s.gc() == GCReport(reclaimable=40 * KiB, empty_zones=9, gc_reserve_zones=2, held_back=[z],
+                                  held_back_live=8 * KiB, held_back_reclaimable=40 * KiB, waiting=waiting)
+        rep = s.gc(force=True)
+        assert rep.victims == [z] and rep.bytes_copied == 8 * KiB
+        assert (rep.reclaimable, rep.held_back, rep.waiting) == (0, [], "")    # forced: nothing is held back
+
+
+def test_an_unforced_pass_says_what_it_left_and_a_forced_pass_collects_exactly_that():
+    """Issue 44.3: after a delete, reclaimable space sat in full zones and a plain ``gc`` collected
+    nothing without a word.  The unforced pass now names the zones a forced pass would collect, their
+    live bytes (the copy it costs) and reclaimable bytes, and why it waited; the forced pass then
+    collects those zones and gives back those bytes."""
+    with Store.format(MemoryDevice(GEOM), policy="greedy", gc_reserve_zones=2) as s:
+        for i in range(6):
+            put(s, f"g{i}", i, data(i, 40 * KiB))          # 40 KiB saves straddle 48 KiB zones
+        s.delete("g1")
+        s.delete("g3")
+        full_dead = sorted(z.index for z in s.table if z.cond == ZoneCond.FULL and z.dead and z.live)
+        rep = s.gc()
+        assert rep.victims == [] and rep.bytes_copied == 0
+        assert sorted(rep.held_back) == full_dead and len(full_dead) >= 2
+        assert rep.held_back_live == sum(s.table[z].live for z in full_dead)
+        assert rep.held_back_reclaimable == sum(s.table[z].dead for z in full_dead) == s.table.reclaimable
+        assert rep.reclaimable == s.table.reclaimable and "the GC reserve" in rep.waiting
+        forced = s.gc(force=True)
+        assert sorted(forced.victims) == full_dead and forced.bytes_copied == rep.held_back_live
+        assert s.table.reclaimable == 0 and s.gc().held_back == []
+        for i in (0, 2, 4, 5):
+            assert read(s, f"g{i}") == data(i, 40 * KiB)
+
+
+def test_a_zone_holding_a_generation_being_written_is_not_held_back():
+    """A full zone with dead bytes that also holds data of a generation still being written cannot be
+    collected (forced or not), so the plain pass does not offer it."""
+    with Store.format(MemoryDevice(GEOM), policy="greedy", gc_reserve_zones=2) as s:
+        put(s, "x", 0, data(0, 16 * KiB))
+        put(s, "a", 1, data(1, 16 * KiB))
+        s.delete("a")                                      # 16 KiB dead beside x's 16 KiB, zone open
+        z = s.generation("x").shards["s"].extents[0][0]
+        w = s.begin_generation("b", 2)
+        w.write_shard("s", [data(2, 40 * KiB)])            # fills that zone: full, dead bytes, being written
+        assert z in w.zone_bytes
+        assert s.table[z].cond == ZoneCond.FULL and s.table[z].dead == 16 * KiB
+        assert z in s.allocator.gc_victims(len(s.table))   # the forced rule names it
+        rep = s.gc()
+        assert rep.held_back == [] and rep.reclaimable == 16 * KiB
+        w.commit()
+        assert s.gc().held_back == [z]
+
+
+def test_a_pass_a_policy_never_runs_now_holds_nothing_back():
+    """ZenFS's rule collects only at or below 20 % free space, forced or not: a plain pass then names
+    nothing a forced pass would collect (no advice that ``--force`` cannot keep)."""
+    geom = Geometry(nr_zones=40, zone_size=64 * KiB, zone_capacity=48 * KiB, block_size=4096)
+    with Store.format(MemoryDevice(geom), policy="zenfs", gc_reserve_zones=2) as s:
+        for i in range(4):
+            put(s, f"g{i}", i, data(i, 40 * KiB))
+        s.delete("g1")
+        assert s.table.reclaimable > 0
+        rep = s.gc()
+        assert (rep.victims, rep.held_back, rep.waiting) == ([], [], "")
+        assert rep.reclaimable == s.table.reclaimable and s.gc(force=True).victims == []
 
 
 def test_zones_a_policy_names_that_gc_cannot_collect_are_skipped():

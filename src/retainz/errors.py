@@ -350,7 +350,15 @@ class StoreLockedError(StoreError, BlockingIOError):
 
 class ForeignDeviceError(StoreError, ValueError):
     """``Store.format`` refused a device holding data it does not recognise (or an existing RetainZ
-    store) without ``force``; ``Store.open`` on a device that holds no RetainZ store."""
+    store) without ``force``; ``Store.open`` on a device that holds no RetainZ store.
+
+    Attributes:
+        found: what the device holds, without the API's remedy (``force=True``), so a caller with
+            its own words for the remedy (``retainz mkfs --force``) can give it instead."""
+
+    def __init__(self, message: str, *, found: str | None = None):
+        super().__init__(message)
+        self.found = found if found is not None else message
 
 
 class InvalidIdError(StoreError, ValueError):

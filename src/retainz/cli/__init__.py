@@ -22,6 +22,7 @@ import importlib
 import json
 import math
 import os
+import re
 import signal
 import sys
 
@@ -107,6 +108,17 @@ def int_arg(low: int = 0, high: int | None = None, *, too_low: str = "", too_hig
 count_arg = int_arg(0)
 
 
+def fraction_arg(text: str) -> float:
+    """argparse type for a fraction in (0, 1] (``--pressure``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{text} must be above 0 and at most 1")
+    return value
+
+
 def seconds_arg(text: str) -> float:
     """argparse type for a duration: a positive, finite number of seconds."""
     try:
@@ -163,6 +175,10 @@ class _Parser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.set_defaults(command_prog=self.prog)     # the innermost (sub)command's parser wins
+        # A word starting with "-" and a digit is a value, never a flag (no flag starts with a digit):
+        # `--zone-size -64MiB` then reaches the flag's own check ("a size cannot be negative")
+        # instead of argparse's "expected one argument" (its default reads only -5 and -1.5 as values).
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
 
     def error(self, message):  # one clear line, status 2 (argparse prints usage + message)
         raise UsageError(f"{self.prog}: {message}")

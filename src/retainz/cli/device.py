@@ -70,7 +70,12 @@ def _create(args: argparse.Namespace) -> int:
                         zone_capacity=args.zone_capacity or args.zone_size, block_size=args.block_size,
                         max_open=default_limit if args.max_open is None else args.max_open,
                         max_active=default_limit if args.max_active is None else args.max_active)
-    with FileDevice.create(args.path, geometry, force=args.force) as dev:
+    try:
+        dev = FileDevice.create(args.path, geometry, force=args.force)
+    except FileExistsError:         # the API's remedy is force=True: give the flag
+        raise FileExistsError(f"{args.path} exists and is not empty; `retainz device create --force` overwrites "
+                              "it") from None
+    with dev:
         print(f"created {args.path}: {geometry.nr_zones} zones of {format_size(geometry.zone_size)} "
               f"(capacity {format_size(geometry.zone_capacity)}), uuid {dev.uuid}")
         for line in geometry_lines(geometry):

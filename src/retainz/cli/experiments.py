@@ -15,14 +15,14 @@ import argparse
 import os
 import sys
 
-from retainz.cli import plural, progress
+from retainz.cli import int_arg, plural, progress, seconds_arg
 
 
 def register(sub) -> None:
     p = sub.add_parser("run", help="run an experiment manifest (experiments/*.json)")
     p.add_argument("manifest", help="manifest file, e.g. experiments/quick.json")
     p.add_argument("--output", "-o", help="records folder (default: out/runs/<manifest name>)")
-    p.add_argument("--jobs", "-j", type=int, default=None, help="worker processes (default: number of cores)")
+    p.add_argument("--jobs", "-j", type=int_arg(1), default=None, help="worker processes (default: number of cores)")
     p.add_argument("--resume", action="store_true",
                    help="run only the cases without a record (default: refuse if any record exists)")
     p.add_argument("--trace-cache", help="generated traces (default: <output>/traces)")
@@ -33,7 +33,7 @@ def register(sub) -> None:
                    help="where cases run: local worker processes (default), a Dask LocalCluster of --jobs "
                         "workers (dask), or the Dask scheduler at ADDRESS (dask=tcp://host:8786; the workers "
                         "must share the output folder's file system); needs the dask extra")
-    p.add_argument("--connect-timeout", type=float, default=5.0, metavar="SECONDS",
+    p.add_argument("--connect-timeout", type=seconds_arg, default=5.0, metavar="SECONDS",
                    help="with dask=ADDRESS: give up on an unreachable scheduler after this long (default 5)")
     p.set_defaults(func=_run)
 
@@ -61,8 +61,6 @@ def _run(args: argparse.Namespace) -> int:
         m, cases = load_manifest(args.manifest, overrides={"device": args.device} if args.device else None)
     except ManifestError as e:
         raise ValueError(str(e)) from None
-    if args.jobs is not None and args.jobs < 1:
-        raise ValueError("--jobs must be >= 1")
     out = args.output or os.path.join("out", "runs", m["manifest"])
     if os.path.lexists(out) and not os.path.isdir(out):
         raise NotADirectoryError(f"{out}: not a directory (--output names the records folder)")

@@ -63,7 +63,10 @@ class LineTrackingStream:
 
     ``print(text)`` writes ``text`` and its newline in two calls, so a signal between them leaves
     a line open; the interrupt's one line then starts with :meth:`line_break` so it stands on a line
-    of its own.  Everything but ``write`` is the wrapped stream's (``isatty``, ``fileno`` for tqdm)."""
+    of its own.  A write ending in ``\r`` leaves the cursor at the start of a line too: a progress
+    bar's close blanks its line and returns there (:mod:`retainz.cli.progress`), and the line is
+    reused rather than left empty above the message.  Everything but ``write`` is the wrapped
+    stream's (``isatty``, ``fileno`` for tqdm)."""
 
     def __init__(self, stream):
         self.stream = stream
@@ -71,11 +74,11 @@ class LineTrackingStream:
 
     def write(self, text: str) -> int:
         if text:      # before the write: a signal between the two leaves at most an extra newline
-            self.at_line_start = text.endswith("\n")
+            self.at_line_start = text.endswith(("\n", "\r"))
         return self.stream.write(text)
 
     def line_break(self) -> str:
-        """``"\\n"`` when the last write left a line open (a bar's ``\\r``, a print cut short), else ``""``."""
+        """``"\\n"`` when the last write left a line open (a bar drawn, a print cut short), else ``""``."""
         return "" if self.at_line_start else "\n"
 
     def __getattr__(self, name):

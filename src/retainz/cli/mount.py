@@ -6,9 +6,11 @@ and other processes use the mounted device; on a device a ``retainz serve`` hold
 client.  ``umount`` returns once the mount's server is done (docs/mount.md "Inspecting and sharing a
 mounted store").
 
-Exit status: 0 success; 1 the mount failed (FUSE unavailable, the server failed, the device busy);
-2 bad input (no such device or mount point, a device without a store, already mounted, a malformed
-retention rule, a malformed ``--grant`` or an unknown ``--group``).
+Exit status: 0 success; 1 the mount failed (FUSE unavailable, the server failed, the device in use:
+held by another process, a second mount of it whatever its mount point); 2 bad input (no such device
+file, a directory or other non-file as the device, no such mount point, a mount point another device is
+mounted on, a device without a store, a malformed retention rule, a malformed ``--grant`` or an unknown
+``--group``).
 """
 
 from __future__ import annotations

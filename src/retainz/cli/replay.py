@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from retainz.cli import print_json, size_arg
+from retainz.cli import count_arg, fraction_arg, int_arg, print_json, size_arg
 from retainz.trace.replay import ReplayConfig
 
 _SHOW = ("waf", "host_bytes", "gc_bytes", "resets", "finishes", "dead_space_byte_steps",
@@ -27,18 +27,19 @@ def register(sub) -> None:
     p.add_argument("trace", help="a trace v1 file (retainz trace generate)")
     p.add_argument("--policy", default=d["policy"], help="placement policy NAME[:param=value,...]")
     size = p.add_mutually_exclusive_group(required=True)
-    size.add_argument("--zones", type=int, help="usable data zones")
-    size.add_argument("--pressure", type=float, help="peak live bytes / usable capacity, e.g. 0.9")
-    p.add_argument("--reserve-zones", type=int, default=d["reserve_zones"],
+    size.add_argument("--zones", type=int_arg(2, too_low="{v} is under 2 (a store needs 2 data zones besides the "
+                                              "GC reserve)"), help="usable data zones")
+    size.add_argument("--pressure", type=fraction_arg, help="peak live bytes / usable capacity, e.g. 0.9")
+    p.add_argument("--reserve-zones", type=count_arg, default=d["reserve_zones"],
                    help=f"GC reserve zones added on top (default {d['reserve_zones']})")
-    p.add_argument("--meta-zones", type=int, default=d["meta_zones"],
+    p.add_argument("--meta-zones", type=count_arg, default=d["meta_zones"],
                    help=f"journal zones added on top (default {d['meta_zones']})")
     p.add_argument("--zone-size", type=size_arg, default=d["zone_size"])
     p.add_argument("--zone-capacity", type=size_arg, default=d["zone_capacity"],
                    help="writable bytes per zone (default: 1077MiB with the default 2GiB zones, else the "
                         "zone size)")
-    p.add_argument("--max-active", type=int, default=d["max_active"])
-    p.add_argument("--max-open", type=int, default=d["max_open"])
+    p.add_argument("--max-active", type=count_arg, default=d["max_active"])
+    p.add_argument("--max-open", type=count_arg, default=d["max_open"])
     p.add_argument("--block-size", type=int, default=d["block_size"], choices=(512, 4096))
     p.add_argument("--device", default=d["device"],
                    help="memory (payload-less, default), memory-payload, file:PATH (new file device with "

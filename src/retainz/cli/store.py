@@ -14,22 +14,29 @@ import os
 import stat
 import sys
 
-from retainz.cli import geometry_lines, interrupt, plural, print_json, progress
-from retainz.errors import DeviceBusyError, StoreLockedError
+from retainz.cli import geometry_lines, int_arg, interrupt, plural, print_json, progress
+from retainz.errors import DeviceBusyError, ForeignDeviceError, StoreLockedError
 from retainz.hint import Hint
 from retainz.placement import DEFAULT_POLICY
 from retainz.placement.base import PERMANENT
+from retainz.store.format import MAX_META_ZONES
+from retainz.store.store import MAX_STEP
 from retainz.zoned import format_size, format_sizes, open_device
+from retainz.zoned.model import MAX_ZONES
+
+#: A training step (``--step``, ``--reclaim-step``): ``0..MAX_STEP``, the store's bound.
+step_arg = int_arg(0, MAX_STEP, too_high="{v} is beyond the largest step, {high:,} (a signed 64-bit integer)")
 
 
 def register(sub) -> None:
     p = sub.add_parser("mkfs", help="format a device as a RetainZ store")
     p.add_argument("device", metavar="DEV")
-    p.add_argument("--meta-zones", type=int, default=None,
+    p.add_argument("--meta-zones", type=int_arg(2, MAX_META_ZONES), default=None,
                    help="journal zones (default: from the geometry, at least 3; see default_meta_zones)")
     p.add_argument("--policy", default=DEFAULT_POLICY,
                    help=f"placement policy NAME[:k=v,...] (default {DEFAULT_POLICY})")
-    p.add_argument("--gc-reserve", type=int, default=2, help="empty zones kept for GC (default 2)")
+    p.add_argument("--gc-reserve", type=int_arg(0, MAX_ZONES, too_high="{v} is more zones than a device has "
+                                                "({high:,})"), default=2, help="empty zones kept for GC (default 2)")
     p.add_argument("--force", action="store_true", help="erase a device that holds data")
     p.set_defaults(func=_mkfs)
 
@@ -43,9 +50,9 @@ def register(sub) -> None:
     p.add_argument("device", metavar="DEV")
     p.add_argument("generation", metavar="GEN")
     p.add_argument("files", metavar="FILE", nargs="+")
-    p.add_argument("--step", type=int, required=True, help="training step of the generation")
+    p.add_argument("--step", type=step_arg, required=True, help="training step of the generation")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--reclaim-step", type=int, help="predicted step at which it will be deleted")
+    g.add_argument("--reclaim-step", type=step_arg, help="predicted step at which it will be deleted")
     g.add_argument("--permanent", action="store_true", help="never deleted")
     p.add_argument("--replace", action="store_true",
                    help="replace a committed generation of the same id at this one's commit")
@@ -64,12 +71,14 @@ def register(sub) -> None:
     p = sub.add_parser("rm", help="delete generations")
     p.add_argument("device", metavar="DEV")
     p.add_argument("generations", metavar="GEN", nargs="+")
-    p.add_argument("--step", type=int, help="training step of the deletion")
+    p.add_argument("--step", type=step_arg, help="training step of the deletion")
     p.set_defaults(func=_rm)
 
     p = sub.add_parser("gc", help="run copying garbage collection")
     p.add_argument("device", metavar="DEV")
-    p.add_argument("--force", action="store_true", help="collect every full zone with dead bytes")
+    p.add_argument("--force", action="store_true",
+                   help="collect now what the policy collects when space runs out, however many zones are "
+                        "empty (plain gc waits for the GC reserve; docs/cli.md, \"Collecting space\")")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_gc)
 
@@ -128,10 +137,6 @@ def _busy(spec: str) -> StoreLockedError:
                             f"{spec}: the store is open in another process (the device is locked)")
 
 
-#: Seconds an open runs before its bar appears (most stores open in well under a second).
-OPEN_BAR_DELAY = 0.5
-
-
 def repair_hint(e: Exception, spec: str) -> Exception:
     """``e`` (damage that stops an open: :class:`CorruptJournalError`, :class:`CorruptDeviceError`)
     with the way out in the CLI's words appended, or ``e`` itself for any other error.  An
@@ -161,7 +166,7 @@ def _open(spec: str, readonly: bool = False, args=None):
     except CorruptDeviceError as e:
         raise repair_hint(e, spec) from None
     try:
-        with progress.bar(None, "open", args, unit="record", delay=OPEN_BAR_DELAY) as bar:
+        with progress.bar(None, "open", args, unit="record") as bar:
             return Store.open(dev, readonly=readonly, progress=progress.callback(bar)), dev
     except (CorruptJournalError, CorruptDeviceError) as e:
         dev.close()
@@ -216,8 +221,12 @@ def _format(args) -> int:
 
     dev = open_device(args.device)
     try:
-        store = Store.format(dev, meta_zones=args.meta_zones, policy=args.policy,
-                             gc_reserve_zones=args.gc_reserve, force=args.force)
+        try:
+            store = Store.format(dev, meta_zones=args.meta_zones, policy=args.policy,
+                                 gc_reserve_zones=args.gc_reserve, force=args.force)
+        except ForeignDeviceError as e:     # the store's remedy is the API's (force=True): give the flag
+            raise ForeignDeviceError(f"{e.found}; `retainz mkfs --force {args.device}` erases it",
+                                     found=e.found) from None
         g = dev.geometry
         print(f"{args.device}: RetainZ store {store.uuid}: {g.nr_zones - store.meta_zones} data zones of "
               f"{format_size(g.zone_capacity)}, {store.meta_zones} meta zones, policy {store.policy}")
@@ -295,8 +304,6 @@ def _put(args) -> int:
             raise FileNotFoundError(f"{path}: no such file")
         if not os.path.isfile(path):
             raise ValueError(f"{path}: not a regular file but {_file_kind(path)}; put stores regular files")
-    if args.step < 0:
-        raise ValueError(f"--step must be >= 0, not {args.step}")
     names = [os.path.basename(p) for p in args.files]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
@@ -472,6 +479,12 @@ def _gc(args) -> int:
               f"({format_size(rep.bytes_copied)}) moved, {plural(rep.zones_reset, 'zone')} reset")
         for e in rep.errors:
             print(f"  gave up: {e}")
+        if rep.held_back:     # an unforced pass left space a forced one would collect: say why, and what to run
+            flag = " (mkfs --gc-reserve)" if rep.empty_zones >= rep.gc_reserve_zones else ""
+            print(f"  left: {format_size(rep.held_back_reclaimable)} reclaimable in full "
+                  f"zone{'s' if len(rep.held_back) > 1 else ''} {', '.join(map(str, rep.held_back))}: "
+                  f"{rep.waiting}{flag}; `retainz gc --force` collects it now, copying "
+                  f"{format_size(rep.held_back_live)} of live data")
     return 1 if rep.errors else 0
 
 

@@ -15,6 +15,7 @@ device through the service, and nothing waits for a lock (docs/node.md).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import threading
@@ -155,6 +156,7 @@ def using(device: Any, *, geometry=None, policy: str | None = None, wait: float 
     if is_store(device):
         yield device
         return
+    lock, table = _lock, _open      # the release below may run in a generator's finalizer at shutdown
     path = os.fspath(device)
     if not is_device_spec(path):
         path = os.path.realpath(path)
@@ -183,14 +185,34 @@ def using(device: Any, *, geometry=None, policy: str | None = None, wait: float 
     try:
         yield entry[0]
     finally:
-        with _lock:
+        with lock:
             entry[1] -= 1
             if entry[1] == 0:
-                del _open[key]
-                store = entry[0]
-                device_obj = getattr(store, "device", None)
-                store.close()
-                close = getattr(device_obj, "close", None)
-                if close is not None:
-                    with contextlib.suppress(Exception):
-                        close()
+                del table[key]
+                _close(entry[0])
+
+
+def _close(store) -> None:
+    """Close ``store`` and then its device (a device's own close error is not the caller's)."""
+    device_obj = getattr(store, "device", None)
+    store.close()
+    close = getattr(device_obj, "close", None)
+    if close is not None:
+        with contextlib.suppress(Exception):
+            close()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """Close every store still held when the interpreter exits (an uncaught error left a DCP writer
+    or a ``retainz://`` file holding one): its open generations are aborted (``Store.close``) while
+    the interpreter is whole.  Left to the holders' finalizers, the release ran during module
+    teardown and printed a ``TypeError`` from a module global already gone.  A holder released
+    afterwards finds its entry closed (count below zero) and does nothing."""
+    with _lock:
+        entries = list(_open.values())
+        _open.clear()
+        for entry in entries:
+            entry[1] = 0
+            with contextlib.suppress(Exception):
+                _close(entry[0])

@@ -55,14 +55,17 @@ class _WriteFile(AbstractBufferedFile):
 
     def __init__(self, fs, path, mode, **kwargs):
         super().__init__(fs, path, mode, **kwargs)
-        self._device, self._inner = fs._split(path)
-        self._ns = fs._ns(self._device)
-        try:
-            self._fh = self._ns.open_write(self._inner, truncate=True)
-        except NamespaceError as e:
-            self.closed = True         # nothing to flush at its __del__
-            raise _os_error(e, path) from None
         self._pos = 0
+        self._done = True              # nothing to finish until the namespace file is open
+        try:
+            self._device, self._inner = fs._split(path)
+            self._ns = fs._ns(self._device)     # may wait for a busy device, then raise TimeoutError
+            self._fh = self._ns.open_write(self._inner, truncate=True)
+        except BaseException as e:
+            self.closed = True         # nothing to flush at its __del__ (fsspec's closes an open file)
+            if isinstance(e, NamespaceError):
+                raise _os_error(e, path) from None
+            raise
         self._done = False
 
     def _initiate_upload(self):

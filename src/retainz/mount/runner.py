@@ -61,6 +61,11 @@ class FuseUnavailableError(RetainZError):
     """FUSE cannot be used here: no binding, no libfuse 3, or no ``/dev/fuse``."""
 
 
+#: libfuse's multi-threaded loop's default thread cap (FUSE_LOOP_MT_DEF_MAX_THREADS, lib/fuse_loop_mt.c),
+#: given as the mount's ``max_idle_threads`` (see :func:`serve`).
+FUSE_MAX_THREADS = 10
+
+
 class DeviceHeldError(RetainZError):
     """The device is held by another process (a mount, a store command, a training job)."""
 
@@ -243,6 +248,21 @@ def _unescape(field: str) -> str:
     return field.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
 
 
+def _check_device_file(device: str) -> None:
+    """Refuse what cannot be a mount's device: a missing path, a directory, anything but a regular file.
+
+    Raises:
+        FileNotFoundError, IsADirectoryError, ValueError: one line saying what ``device`` is (exit 2)."""
+    if os.path.isdir(device):
+        raise IsADirectoryError(f"{device}: a directory, not a device file (make one with `retainz device "
+                                "create FILE` and `retainz mkfs FILE`)")
+    if os.path.exists(device) and not os.path.isfile(device):
+        raise ValueError(f"{device}: not a regular file; a mount's device is a device file (`retainz device create`)")
+    if not os.path.isfile(device):
+        raise FileNotFoundError(f"{device}: no such device file (create one with `retainz device create` "
+                                "and `retainz mkfs`)")
+
+
 def _check_mountpoint(mountpoint: str) -> None:
     if is_mounted(mountpoint):
         raise FileExistsError(f"{mountpoint}: already a RetainZ mount (retainz umount {mountpoint} first)")
@@ -288,9 +308,7 @@ def serve(device: str, mountpoint: str, *, retention: str | None = None, wait: f
     from retainz.integrations import _stores
     from retainz.mount.fs import MountedStore
 
-    if not os.path.isfile(device):
-        raise FileNotFoundError(f"{device}: no such device file (create one with `retainz device create` "
-                                "and `retainz mkfs`)")
+    _check_device_file(device)
     _check_mountpoint(mountpoint)
     if retention not in (None, "auto"):
         from retainz.retention import parse_rule
@@ -321,9 +339,15 @@ def serve(device: str, mountpoint: str, *, retention: str | None = None, wait: f
         # destroy) only where a signal still has its default action: give it back for the serving loop,
         # whatever handler the caller (the retainz command's interrupt rule) had installed.
         previous = {s: signal.signal(s, signal.SIG_DFL) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        # max_idle_threads: mfusepy calls libfuse's fuse_main_real of the 3.0 ABI, whose loop converts a
+        # v1 loop config (fuse_loop_cfg_convert, lib/fuse_loop_mt.c); left unset, its max_idle_threads is
+        # UINT_MAX, refused with "Ignoring invalid max threads value 4294967295 > max (100000)" on every
+        # mount (libfuse issue #1003).  The pool keeps libfuse's default of at most 10 threads
+        # (FUSE_LOOP_MT_DEF_MAX_THREADS), so 10 idle threads is the same pool, said validly.
         try:
             _binding(fuse)(ops, mountpoint, foreground=True, nothreads=False, debug=debug,
-                      fsname=f"retainz:{os.path.realpath(device)}", subtype="retainz", hard_remove=True)
+                           fsname=f"retainz:{os.path.realpath(device)}", subtype="retainz", hard_remove=True,
+                           max_idle_threads=FUSE_MAX_THREADS)
         except RuntimeError as e:
             # libfuse's fuse_main returns non-zero when a signal (SIGINT, SIGTERM, SIGHUP) ended its
             # loop, after unmounting and calling destroy: that is a clean stop, not a failure
@@ -514,14 +538,12 @@ def mount(device: str, mountpoint: str, *, retention: str | None = None, foregro
 
         parse_rule(retention)       # bad input first (here, not in the server's log), then the machine
     load_fuse()
-    if not os.path.isfile(device):
-        raise FileNotFoundError(f"{device}: no such device file (create one with `retainz device create` "
-                                "and `retainz mkfs`)")
-    _check_mountpoint(mountpoint)
+    _check_device_file(device)
     from retainz.zoned import FileDevice
 
     FileDevice.check_label(device)      # a foreign file is refused here, not in the server's log
-    _check_free(device)
+    _check_free(device)       # before the mount point: a second mount of the device is "in use", wherever
+    _check_mountpoint(mountpoint)
     _check_formatted(device)
     if foreground:
         serve(device, mountpoint, retention=retention, access=access, promote=promote)

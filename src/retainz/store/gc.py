@@ -99,6 +99,12 @@ class Collector:
         If the rule names nothing, nothing is collected: a placement that still finds no space is
         then a capacity stop (:class:`NoSpaceError`), never a bypass of the policy.
 
+        An unforced pass also reports what it left (:meth:`_held_back`): the zones a forced pass
+        would collect now, their live and reclaimable bytes, and why the rule waited (the reserve
+        not reached, or the policy's own rule), as ZenFS's GC waits for its free-space level and
+        ``btrfs balance`` relocates only what its filters name: copying live data costs writes
+        (WAF) that waiting may save, so the eager pass is asked for, never implied.
+
         Raises:
             NoSpaceError: the move record does not fit the journal (the copies are undone).
             ZonedDeviceError: a device operation failed (likewise).
@@ -178,7 +184,29 @@ class Collector:
             self.zones.reset_dead(set(copies) | touched)   # copies undone may have left all-dead zones
         finally:
             self.running = False
+        self._held_back(rep, force)
         return rep
+
+    def _held_back(self, rep: GCReport, force: bool) -> None:
+        """Fill ``rep``'s account of the space the pass left: ``reclaimable``, ``empty_zones``,
+        ``gc_reserve_zones``, and after an unforced pass ``held_back`` (the forced rule's victims
+        now, less zones being written and zones this pass named but could not empty), their live and
+        reclaimable bytes, and ``waiting`` (why)."""
+        t = self.zones.table
+        rep.reclaimable, rep.empty_zones, rep.gc_reserve_zones = t.reclaimable, t.n_empty, self.gc_reserve_zones
+        if force:
+            return
+        tried = set(rep.skipped) | set(rep.partial) | set(self.busy())
+        held = [v for v in self.allocator.gc_victims(len(t)) if v not in tried and v in t.zones
+                and t.zones[v].cond == ZoneCond.FULL and t.zones[v].written]
+        if not held:
+            return
+        rep.held_back = held
+        rep.held_back_live = sum(t.zones[v].live for v in held)
+        rep.held_back_reclaimable = sum(t.zones[v].dead + t.zones[v].unused for v in held)
+        rep.waiting = (f"GC collects only while fewer than {self.gc_reserve_zones} data zones are empty (the GC "
+                       f"reserve), and {t.n_empty} are" if t.n_empty >= self.gc_reserve_zones else
+                       f"policy {self.allocator.name}'s rule leaves these zones for now")
 
     def make_room(self, enough: Callable[[], bool]) -> int:
         """Forced passes (:meth:`collect` with ``force=True``) until ``enough()`` holds or a pass

@@ -93,7 +93,8 @@ def check_step(value, what: str = "step") -> int:
 
 
 def check_hint(hint) -> Hint:
-    """A :class:`~retainz.hint.Hint` whose reclaim steps are ``None`` or a number that is not NaN.
+    """A :class:`~retainz.hint.Hint` whose reclaim steps are ``None`` or a number that is not NaN,
+    an int no larger than :data:`MAX_STEP` (a step; readers of ``--json`` take int64).
 
     Raises:
         ValueError: anything else (one line).
@@ -104,6 +105,8 @@ def check_hint(hint) -> Hint:
         v = getattr(hint, name)
         if v is not None and (type(v) not in (int, float) or v != v):
             raise ValueError(f"hint {name} must be a number or None, not {v!r}")
+        if type(v) is int and v > MAX_STEP:
+            raise ValueError(f"hint {name} {v} is beyond the largest step, {MAX_STEP}")
     return hint
 
 
@@ -222,12 +225,10 @@ class Store:
         used = [z.index for z in zones if z.cond != ZoneCond.EMPTY]
         if used and not force:
             ours = superblock_zones(device)
-            if ours:
-                raise ForeignDeviceError(f"{device.name} already holds a RetainZ store (superblock in zone "
-                                         f"{ours[0]}); pass force=True (--force) to erase it")
-            raise ForeignDeviceError(f"{device.name} holds data RetainZ does not recognise ({len(used)} "
-                                     f"non-empty zones, first {used[0]}); pass force=True (--force) to "
-                                     "erase it")
+            found = (f"{device.name} already holds a RetainZ store (superblock in zone {ours[0]})" if ours else
+                     f"{device.name} holds data RetainZ does not recognise ({len(used)} non-empty zones, first "
+                     f"{used[0]})")
+            raise ForeignDeviceError(f"{found}; pass force=True to erase it", found=found)
         for z in used:
             device.reset_zone(z)
         sb = Superblock(uuid=uuidlib.uuid4(), sequence=1, part=0, geometry=g, meta_zones=meta_zones,

@@ -166,6 +166,16 @@ class GCReport:
         bytes_copied: bytes copied (block-rounded).
         zones_reset: zones reset, victims and all-dead zones.
         errors: why a victim was given up (checksum mismatch while copying, no space), one line each.
+        reclaimable: bytes still reclaimable on the data zones after the pass (dead plus capacity
+            lost to finishes, ``ZoneTable.reclaimable``).
+        empty_zones: empty data zones after the pass; ``gc_reserve_zones``: the store's GC reserve
+            (an unforced pass collects only while fewer than that many are empty, under the base
+            and ``retainz`` rules).
+        held_back: after an unforced pass, the zones a forced one (``gc(force=True)``) would collect
+            now, the policy's rule at its most eager (:meth:`Collector.collect`); empty after a
+            forced pass.  ``held_back_live``: the live bytes they hold (what the forced pass would
+            copy); ``held_back_reclaimable``: the reclaimable bytes in them (what it would give back).
+        waiting: why the unforced pass left ``held_back`` (one line, the store's words), else "".
     """
 
     victims: list[int] = field(default_factory=list)
@@ -177,6 +187,13 @@ class GCReport:
     bytes_copied: int = 0
     zones_reset: int = 0
     errors: list[str] = field(default_factory=list)
+    reclaimable: int = 0
+    empty_zones: int = 0
+    gc_reserve_zones: int = 0
+    held_back: list[int] = field(default_factory=list)
+    held_back_live: int = 0
+    held_back_reclaimable: int = 0
+    waiting: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)

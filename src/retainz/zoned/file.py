@@ -40,9 +40,11 @@ reach the disk, never what a power cut keeps (that is still decided by the slot)
 
 from __future__ import annotations
 
+import array
 import fcntl
 import os
 import struct
+import sys
 import uuid as uuidlib
 
 import crc32c
@@ -145,8 +147,7 @@ class FileDevice(EmulatedZonedDevice):
         if os.path.isdir(path):
             raise IsADirectoryError(f"{path} is a directory, not a device file")
         if os.path.exists(path) and os.path.getsize(path) > 0 and not force:
-            raise FileExistsError(f"{path} exists and is not empty; pass force=True (--force) to "
-                                  "overwrite it")
+            raise FileExistsError(f"{path} exists and is not empty; pass force=True to overwrite it")
         slot = _slot_size(geometry.nr_zones)
         g = geometry
         label = _LABEL.pack(FILE_DEVICE_MAGIC, _VERSION, g.block_size, g.zone_size, g.zone_capacity,
@@ -511,11 +512,28 @@ _datasync = getattr(os, "fdatasync", os.fsync)
 
 
 def _encode_slot(seq: int, conds, written, slot_size: int, imp_order=()) -> bytes:
+    """One zone-state slot: head, a condition byte per zone, the write pointers (``<Q`` each), the
+    implicitly open zones in opening order (``imp_order`` first, then any other by index), crc32c,
+    zero-padded to ``slot_size``.
+
+    Every loop over the zones runs in C (``bytes`` of the conditions, an ``array`` of the write
+    pointers, ``bytes.find`` for the open zones): the slot is rewritten at every zone state change
+    (mkfs writes it 65 times), and a per-zone Python loop cost 1.2 s a slot at 1,048,576 zones."""
     body = bytearray(_SLOT_HEAD.pack(_STATE_MAGIC, seq))
-    body += bytes(int(c) for c in conds)
-    body += struct.pack(f"<{len(written)}Q", *written)
-    order = [z for z in imp_order if conds[z] == ZoneCond.IMP_OPEN]
-    order += [z for z, c in enumerate(conds) if c == ZoneCond.IMP_OPEN and z not in set(order)]
+    cond_bytes = bytes(conds)                 # ZoneCond is an IntEnum: one byte each, as before
+    body += cond_bytes
+    pointers = array.array("Q", written)
+    if sys.byteorder != "little":
+        pointers.byteswap()
+    body += pointers.tobytes()
+    imp = int(ZoneCond.IMP_OPEN)
+    order = [z for z in imp_order if cond_bytes[z] == imp]
+    listed = set(order)
+    mark, z = bytes([imp]), cond_bytes.find(bytes([imp]))
+    while z >= 0:                             # the implicitly open zones are few (the open-zone limit)
+        if z not in listed:
+            order.append(z)
+        z = cond_bytes.find(mark, z + 1)
     body += struct.pack(f"<I{len(order)}I", len(order), *order)
     body += struct.pack("<I", crc32c.crc32c(body))
     return bytes(body.ljust(slot_size, b"\0"))

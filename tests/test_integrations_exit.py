@@ -1,0 +1,67 @@
+"""What a process using the integrations prints when it ends badly (issue 44.5): the error it raised,
+and nothing from RetainZ's own clean-up at interpreter exit."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from retainz.store import Store
+from retainz.zoned import FileDevice, Geometry
+from tests.interrupts import ENV
+
+GEOM = Geometry(nr_zones=16, zone_size=1 << 20, zone_capacity=1 << 20)
+
+
+def python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=ENV, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_an_uncaught_error_while_a_dcp_writer_holds_its_store_prints_only_that_error(tmp_path):
+    """The writer holds the device's store (``_stores.using``) between ``prepare_local_plan`` and
+    ``finish``; an uncaught error then ended the process with a ``TypeError`` from ``_stores.py``
+    printed at exit (the release ran in a finalizer after module teardown).  Now the store is closed
+    at exit while the interpreter is whole: its generation is aborted, the device is clean."""
+    pytest.importorskip("torch")
+    dev = tmp_path / "d.img"
+    r = python(f"""
+        from torch.distributed.checkpoint.planner import SavePlan
+        from retainz.integrations.dcp import ZonedStorageWriter
+        from retainz.zoned import Geometry
+        w = ZonedStorageWriter({str(dev)!r}, checkpoint_id="/ckpt/step-5",
+                               geometry=Geometry(nr_zones=16, zone_size=1 << 20, zone_capacity=1 << 20))
+        w.set_up_storage_writer(True, rank=0)
+        w.prepare_local_plan(SavePlan([]))
+        raise RuntimeError("boom")
+    """)
+    assert r.returncode == 1
+    assert r.stderr.rstrip().splitlines()[-1] == "RuntimeError: boom", r.stderr
+    assert "Exception ignored" not in r.stderr and "TypeError" not in r.stderr, r.stderr
+    with FileDevice(dev) as d, Store.open(d) as s:
+        assert s.generations() == [] and s.fsck().ok
+
+
+def test_a_retainz_path_on_a_busy_device_times_out_with_one_error(tmp_path):
+    """A ``retainz://`` file opened for writing on a device another process holds waits ``wait``
+    seconds and raises ``TimeoutError``; Python then printed ``Exception ignored ... '_WriteFile'
+    object has no attribute '_done'`` (fsspec's finalizer closed a file whose namespace was never
+    opened)."""
+    dev = tmp_path / "d.img"
+    FileDevice.create(dev, GEOM).close()
+    with FileDevice(dev) as held:
+        Store.format(held).close()
+        r = python(f"""
+            import fsspec
+            fs = fsspec.filesystem("retainz", wait=0.3, skip_instance_cache=True)
+            try:
+                fs.open({str(dev)!r} + "/step-1/a.bin", "wb")
+            except TimeoutError as e:
+                print("TimeoutError:", e)
+        """)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"TimeoutError: {dev}: device busy in another process for 0 s"), r.stdout
+    assert r.stderr == ""
