@@ -15,8 +15,8 @@ import torch.distributed.checkpoint as dcp  # noqa: E402
 from torch.distributed.checkpoint.api import CheckpointException  # noqa: E402
 
 from retainz.errors import PromotionBacklogError  # noqa: E402
-from retainz.integrations import _stores  # noqa: E402
 from retainz.integrations.dcp import ZonedStorageReader, ZonedStorageWriter  # noqa: E402
+from retainz.jobs import stores  # noqa: E402
 from retainz.tier import Destination  # noqa: E402
 from retainz.zoned import Geometry  # noqa: E402
 from tests.tierfaults import FaultyLocal  # noqa: E402
@@ -32,7 +32,7 @@ def state(step: int, n: int = 200_000) -> dict:
 
 
 def ids(path) -> list[str]:
-    with _stores.using(str(path)) as store:
+    with stores.using(str(path)) as store:
         return [g.id for g in store.generations()]
 
 

@@ -18,7 +18,7 @@ from retainz.cli import geometry_lines, interrupt, plural, print_json, progress
 from retainz.errors import DeviceBusyError, StoreLockedError
 from retainz.hint import Hint
 from retainz.placement.base import PERMANENT
-from retainz.zoned import format_size, format_sizes, open_device
+from retainz.zoned import format_size, format_sizes, open_device, parse_device
 
 
 def register(sub) -> None:
@@ -90,23 +90,9 @@ def _persistent(spec: str) -> None:
 
     Raises:
         ValueError: ``spec`` names an in-memory device (``mem:``), gone when the command exits."""
-    if spec.startswith("mem:"):
+    if not parse_device(spec).persistent:
         raise ValueError(f"{spec}: an in-memory device lives only for one command, so no store can be kept on "
                          "it; make a file device (`retainz device create PATH ...`)")
-
-
-def _served(spec: str):
-    """A :class:`~retainz.node.NodeStore` when a node service answers at the device's socket, else
-    ``None``.  Its job: ``$RETAINZ_JOB``, else ``*`` (the whole device: the service's own user; a
-    client of another user is refused it with one line)."""
-    from retainz.node import NodeStore, served
-
-    if spec.startswith(("mem:", "remote:")) or served(spec) is None:
-        return None
-    try:
-        return NodeStore.connect(spec, job=os.environ.get("RETAINZ_JOB", "*"))
-    except (ConnectionRefusedError, FileNotFoundError):    # a stale socket: open the device itself
-        return None
 
 
 def _busy(spec: str) -> StoreLockedError:
@@ -114,7 +100,8 @@ def _busy(spec: str) -> StoreLockedError:
     service, a pid), from :func:`retainz.mount.runner.held_message`."""
     from retainz.mount.runner import held_message
 
-    return StoreLockedError(held_message(spec) if not spec.startswith(("mem:", "remote:", "/dev/")) else
+    dev = parse_device(spec)
+    return StoreLockedError(held_message(dev.path) if dev.is_file else
                             f"{spec}: the store is open in another process (the device is locked)")
 
 
@@ -123,22 +110,19 @@ OPEN_BAR_DELAY = 0.5
 
 
 def _open(spec: str, readonly: bool = False, args=None):
-    from retainz.store import Store
+    """The store of ``spec`` and its device: through a node service answering at the device's socket
+    (job ``$RETAINZ_JOB``, else ``*``, the whole device: the service's own user; a client of another user
+    is refused it with one line), else the device itself (:func:`retainz.jobs.stores.open_store`)."""
+    from retainz.jobs.stores import open_store
 
     _persistent(spec)
-    node = _served(spec)
-    if node is not None:
-        return node, node.device
-    try:
-        dev = open_device(spec, readonly=readonly)
-    except DeviceBusyError:
-        raise _busy(spec) from None
     try:
         with progress.bar(None, "open", args, unit="record", delay=OPEN_BAR_DELAY) as bar:
-            return Store.open(dev, readonly=readonly, progress=progress.callback(bar)), dev
-    except BaseException:
-        dev.close()
-        raise
+            store = open_store(spec, job=os.environ.get("RETAINZ_JOB", "*"), readonly=readonly,
+                               format_blank=False, progress=progress.callback(bar))
+    except DeviceBusyError:
+        raise _busy(spec) from None
+    return store, store.device
 
 
 class _Session:
@@ -485,7 +469,7 @@ def _repair(spec: str):
     except DeviceBusyError:
         raise _busy(spec) from None
     try:
-        done = dev.repair_metadata() if hasattr(dev, "repair_metadata") else []
+        done = dev.repair_metadata() if hasattr(dev, "repair_metadata") else []    # before the store opens
         with Store.open(dev, repair=True) as store:
             rep = store.fsck()
             rep.notes += [f"repaired: {line}" for line in done]

@@ -76,13 +76,13 @@ from retainz.errors import (
     RetainZError,
 )
 from retainz.hint import Hint, class_bounds
-from retainz.integrations import _stores
+from retainz.ids import checkpoint_name, members, series_folder, series_generation_id
+from retainz.jobs import ranks, stores
 from retainz.node import NodeStore, served
 from retainz.retention.base import parse_rule
 from retainz.retention.durable import StepRate, until_durable
 from retainz.retention.online import explicit_hint, rule_hint
 from retainz.retention.retire import check_enactable, is_explicit, pattern_of, retired_after_commit
-from retainz.retention.series import members, series_folder, series_generation_id
 from retainz.retention.steps import parse_step
 
 __all__ = [
@@ -92,7 +92,6 @@ __all__ = [
     "CheckpointNotFoundError",
     "UnsafeMetadataError",
     "load_metadata",
-    "generation_id",
     "device_path",
     "METADATA_SHARD",
 ]
@@ -183,21 +182,6 @@ class ZonedLocation:
 @dataclasses.dataclass(frozen=True)
 class _RankStream:
     rank: int
-
-
-def generation_id(checkpoint_id: str | os.PathLike) -> str:
-    """The generation id for a DCP checkpoint id: its last path component (``.../step-500`` ->
-    ``step-500``; a ``retainz://`` URL likewise).
-
-    Raises:
-        InvalidIdError: the id has no usable last component.
-    """
-    text = os.fspath(checkpoint_id).rstrip("/")
-    name = text.rsplit("/", 1)[-1]
-    if not name or name in (".", ".."):
-        raise InvalidIdError(f"checkpoint id {os.fspath(checkpoint_id)!r} has no last path component to "
-                             "use as a generation id")
-    return name
 
 
 def device_path(device: str | os.PathLike, rank: int, *, reading: bool = False) -> str:
@@ -293,7 +277,7 @@ class ZonedStorageWriter(StorageWriter):
             or a :class:`~retainz.hint.Hint`; change it per save with :meth:`set_condition`.
         step: the training step, when the id names none (``parse_step`` otherwise).
         series: the job's checkpoint folder inside the device (``"jobs/a"``;
-            :mod:`retainz.retention.series`): the generation id is ``quote(series/name)`` (the
+            :mod:`retainz.ids`): the generation id is ``quote(series/name)`` (the
             ``retainz://`` id of that directory) instead of the bare last component, and retention
             counts and retires only this series.  Jobs sharing a device each pass their own; default
             the root series (ids ``step-500``).
@@ -388,7 +372,7 @@ class ZonedStorageWriter(StorageWriter):
         """The generation id of the current checkpoint (its last component, in :attr:`series`)."""
         if self.checkpoint_id is None:
             raise ValueError("no checkpoint_id: pass it to ZonedStorageWriter or to dcp.save")
-        return series_generation_id(self.series, generation_id(self.checkpoint_id))
+        return series_generation_id(self.series, checkpoint_name(self.checkpoint_id))
 
     @property
     def step(self) -> int:
@@ -454,7 +438,7 @@ class ZonedStorageWriter(StorageWriter):
         self._release(abort=True)
         if checkpoint_id is not None:
             self.checkpoint_id = os.fspath(checkpoint_id)
-            generation_id(self.checkpoint_id)  # validate early
+            checkpoint_name(self.checkpoint_id)  # validate early
         self.save_id = uuid.uuid4().hex
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
@@ -472,7 +456,7 @@ class ZonedStorageWriter(StorageWriter):
         ``overwrite``); tags the plan with this rank's stream."""
         gen = self.generation
         self._release(abort=True)
-        store = self._held.enter_context(_stores.using(device_path_for(self.device, self.rank),
+        store = self._held.enter_context(stores.using(device_path_for(self.device, self.rank),
                                                        geometry=self.geometry, policy=self.policy,
                                                        wait=self.wait, job=self.series or None))
         self._store = store
@@ -645,7 +629,7 @@ class ZonedStorageWriter(StorageWriter):
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
         try:
-            generation_id(checkpoint_id)
+            checkpoint_name(checkpoint_id)
         except InvalidIdError:
             return False
         return True
@@ -666,7 +650,7 @@ class ZonedStorageWriter(StorageWriter):
         from retainz.tier import Promoter, state_path_for
 
         path = device_path_for(self.device, self.rank)
-        store = self._promoter_hold.enter_context(_stores.using(path, wait=self.wait))  # open between saves
+        store = self._promoter_hold.enter_context(stores.using(path, wait=self.wait))  # open between saves
         state = state_path_for(path) if isinstance(path, str | os.PathLike) else None
         url = self.promote.replace("{rank}", str(self.rank))
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
@@ -720,9 +704,9 @@ class ZonedStorageWriter(StorageWriter):
 
 
 def _dcp_join_token(checkpoint_id: str | None) -> str | None:
-    """The ranks of one save share it (:func:`~retainz.integrations._stores.join_token`; a process
+    """The ranks of one save share it (:func:`~retainz.jobs.ranks.join_token`; a process
     group started without torchrun's environment: the checkpoint id); ``None`` for one process."""
-    token = _stores.join_token(str(checkpoint_id))
+    token = ranks.join_token(str(checkpoint_id))
     if token is None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         token = f"dcp:{checkpoint_id}"
     return token
@@ -730,7 +714,7 @@ def _dcp_join_token(checkpoint_id: str | None) -> str | None:
 
 def device_path_for(device: Any, rank: int, *, reading: bool = False) -> Any:
     """``device`` itself for an open store, else :func:`device_path`."""
-    return device if _stores.is_store(device) else device_path(device, rank, reading=reading)
+    return device if stores.is_store(device) else device_path(device, rank, reading=reading)
 
 
 class _ShardCursor:
@@ -812,7 +796,7 @@ class ZonedStorageReader(StorageReader):
     def generation(self) -> str:
         if self.checkpoint_id is None:
             raise ValueError("no checkpoint_id: pass it to ZonedStorageReader or to dcp.load")
-        return series_generation_id(self.series, generation_id(self.checkpoint_id))
+        return series_generation_id(self.series, checkpoint_name(self.checkpoint_id))
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         self.storage_data = {}
@@ -863,7 +847,7 @@ class ZonedStorageReader(StorageReader):
         """Read ``.metadata`` of the committed generation on rank 0's device (every rank does; the
         device is opened in turn when ranks run in separate processes)."""
         try:
-            with _stores.using(device_path_for(self.device, 0), wait=self.wait,
+            with stores.using(device_path_for(self.device, 0), wait=self.wait,
                                  job=self.series or None) as store:
                 info = self._committed(store, 0)
                 if METADATA_SHARD not in info.shards:
@@ -911,7 +895,7 @@ class ZonedStorageReader(StorageReader):
             try:
                 if self.used.get(rank, "local") != "local":
                     raise CheckpointNotFoundError(f"rank {rank}'s metadata came from the durable copy")
-                with _stores.using(self._rank_device(rank), wait=self.wait,
+                with stores.using(self._rank_device(rank), wait=self.wait,
                                      job=self.series or None) as store:
                     info = self._committed(store, rank)
                     for shard, reqs in mine:

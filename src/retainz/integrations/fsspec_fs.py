@@ -41,7 +41,7 @@ Storage options (``fsspec.filesystem("retainz", retention=...)``, or for runtime
   ``{folder: rule}`` dict keyed by the folder inside the device: it becomes each generation's placement
   hint (:func:`retainz.retention.rule_hint`), with the step parsed from the name
   (:func:`retainz.retention.parse_step` with ``file_names``).  Before its first save into a series (a
-  checkpoint's parent folder, :mod:`retainz.retention.series`) an instance re-hints that series'
+  checkpoint's parent folder, :mod:`retainz.ids`) an instance re-hints that series'
   committed checkpoints with its rule (a job resumed with a changed rule); it never re-hints another
   series, and it never deletes: the runtime's own purge (``rm -r``) retires checkpoints;
 * ``wait``: seconds to wait for a device another process holds (default 120);
@@ -55,7 +55,7 @@ A filesystem instance holds each device it touches open until :meth:`RetainZFile
 (or :meth:`RetainZFileSystem.close_all`): a device file is locked by one process at a time, so a
 ``retainz://`` device is used by one process, unless a node service serves it (``retainz serve``,
 docs/node.md): then the ranks of a torchrun job writing one checkpoint directory join one generation
-(:func:`~retainz.integrations._stores.join_token`); a rank other than 0 leaves it once its files there
+(:func:`~retainz.jobs.ranks.join_token`); a rank other than 0 leaves it once its files there
 are closed, and rank 0's ``.metadata`` commits every rank's files.  The namespace refreshes its view of
 what is committed before each lookup, so other instances' and other processes' commits are seen.
 
@@ -75,14 +75,15 @@ import weakref
 
 from fsspec.spec import AbstractFileSystem
 
-from retainz.integrations import _stores
+from retainz.ids import generation_path, members, series_of
 from retainz.integrations.fsspec_files import _ReadFile, _WriteFile
+from retainz.jobs import ranks, stores
 from retainz.namespace import Namespace, NamespaceError
 from retainz.namespace.model import rule_for
 from retainz.namespace.names import generation_for, is_dcp_name
 from retainz.node import NodeStore
-from retainz.retention.series import generation_path, members, series_of
 from retainz.retention.steps import parse_step
+from retainz.zoned import parse_device
 
 __all__ = ["RetainZFileSystem", "register", "generation_for", "is_dcp_name"]
 
@@ -118,13 +119,14 @@ class RetainZFileSystem(AbstractFileSystem):
         return "/" + path.lstrip("/") if path else "/"
 
     def _split(self, path: str) -> tuple[str, str]:
-        """``(device file, path inside it)``; raises FileNotFoundError if no component is a file."""
+        """``(device, path inside it)``: the first component that is a device file or a zoned block
+        device (:func:`retainz.zoned.parse_device`); raises FileNotFoundError if there is none."""
         path = self._strip_protocol(path)
         parts = [p for p in path.split("/") if p]
         cur = "/"
         for i, part in enumerate(parts):
             cur = os.path.join(cur, part)
-            if os.path.isfile(cur):
+            if os.path.isfile(cur) or (parse_device(cur).kind == "zbd" and os.path.exists(cur) and not os.path.isdir(cur)):
                 inner = "/".join(parts[i + 1:])
                 if any(p in (".", "..") for p in parts[i + 1:]):
                     raise ValueError(f"{path}: '.' and '..' are not allowed inside a device")
@@ -144,7 +146,7 @@ class RetainZFileSystem(AbstractFileSystem):
             stack = self._held.get(device)
             if stack is None:
                 stack = contextlib.ExitStack()
-                store = stack.enter_context(_stores.using(device, wait=self.wait))
+                store = stack.enter_context(stores.using(device, wait=self.wait))
                 stack.store = store
                 try:
                     stack.ns = self._namespace_over(store)
@@ -170,14 +172,14 @@ class RetainZFileSystem(AbstractFileSystem):
         served = isinstance(store, NodeStore)
 
         def begin(st, gid, step, hint, path):
-            token = _stores.join_token(path) if served else None
+            token = ranks.join_token(path) if served else None
             if token:          # the ranks of one job on one served device write one generation
                 return st.begin_generation(gid, step, hint=hint, join=token)
             return st.begin_generation(gid, step, hint=hint)
 
         def after_close(pd):   # a rank other than 0 leaves a joined generation once its files are closed
             w = pd.writer
-            if w is not None and getattr(w, "joined", False) and not _stores.is_coordinator():
+            if w is not None and getattr(w, "joined", False) and not ranks.is_coordinator():
                 w = ns.detach(pd.root)
                 if w is not None:
                     w.leave()
@@ -372,7 +374,7 @@ def _hint(retention, inner: str, step: int | None):
 
 
 def _rehint(retention, store, series: str) -> list[str]:
-    """Give every committed generation of ``series`` (:mod:`retainz.retention.series`) the hint
+    """Give every committed generation of ``series`` (:mod:`retainz.ids`) the hint
     ``retention`` predicts for it, where it differs from the one it was saved with (the rule changed
     on resume: ``keep_latest_k`` 10 -> 3): journaled by ``Store.update_hint``.  Returns the ids changed."""
     changed = []

@@ -19,7 +19,7 @@ generations only (the store shows nothing else): a save still in flight is never
 checkpoint a tracker names is never deleted before its successor commits.
 
 Each callback manages one **series** (``folder=``, the job's checkpoint folder inside the device;
-default the root, :mod:`retainz.retention.series`): its ids are ``quote(folder/name)`` (the
+default the root, :mod:`retainz.ids`): its ids are ``quote(folder/name)`` (the
 ``retainz://`` file system's id of that directory; just ``name`` at the root), and it counts, retires
 and re-hints only the generations of that series.  Jobs sharing a device each pass their own folder;
 another job's checkpoints (``a2`` beside ``a``, a folder nested inside ``a``, an id that merely
@@ -38,10 +38,10 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from retainz.errors import GenerationNotFoundError
+from retainz.ids import members, series_folder, series_generation_id
 from retainz.retention.base import parse_rule
 from retainz.retention.online import rule_hint
 from retainz.retention.retire import retired_after_commit
-from retainz.retention.series import members, series_folder, series_generation_id
 
 __all__ = ["RetentionCallback", "MegatronRetainInterval", "MegatronNonPersistentGlobal",
            "MegatronNonPersistentLocal", "KeepLatestK"]
@@ -68,7 +68,7 @@ class RetentionCallback:
 
     Attributes:
         rule: the retention rule string the hints come from (:func:`retainz.retention.rule_hint`).
-        folder: the series this callback manages (:func:`retainz.retention.series.series_folder`).
+        folder: the series this callback manages (:func:`retainz.ids.series_folder`).
         promoter: a :class:`retainz.tier.Promoter` of the store (set it: ``cb.promoter = p``): the
             callback's deletions then keep a generation until its promotion is verified (deferred, not
             dropped; docs/tiers.md).  ``None``: delete at once.  :class:`MegatronNonPersistentLocal`
