@@ -125,7 +125,7 @@ def _open(spec: str, readonly: bool = False, args=None):
     return store, store.device
 
 
-class _Session:
+class StoreSession:
     """A store open for one command; ``readonly`` (ls, get, df, fsck) writes nothing to the device:
     no recovery repair, no journal record (``Store.open(readonly=True)``).  A read-write session
     holds SIGINT/SIGTERM from the open to the close (:func:`retainz.cli.interrupt.deferred`): the
@@ -185,7 +185,7 @@ def _format(args) -> int:
 
 
 def _ls(args) -> int:
-    with _Session(args.device, readonly=True, args=args) as store:
+    with StoreSession(args.device, readonly=True, args=args) as store:
         gens = store.generations()
         if args.json:
             print_json([{"id": g.id, "step": g.step, "size": g.size,
@@ -266,7 +266,7 @@ def _put(args) -> int:
                          "by its file name, unique in a generation (a checkpoint tree keeps its paths through "
                          "`retainz mount`)")
     rs = PERMANENT if args.permanent else args.reclaim_step
-    with _Session(args.device, args=args) as store:
+    with StoreSession(args.device, args=args) as store:
         declared = sum(os.path.getsize(p) for p in args.files)
         w = store.begin_generation(args.generation, args.step, declared_size=declared, replace=args.replace,
                                    hint=Hint(reclaim_step=rs))
@@ -286,7 +286,7 @@ def _get(args) -> int:
     from retainz.errors import ChecksumError, GenerationNotFoundError
 
     durable = _durable_source(args)
-    with _Session(args.device, readonly=True, args=args) as store:
+    with StoreSession(args.device, readonly=True, args=args) as store:
         try:
             gen, local = store.generation(args.generation), True
         except GenerationNotFoundError:
@@ -402,7 +402,7 @@ def _durable_source(args):
 
 
 def _rm(args) -> int:
-    with _Session(args.device, args=args) as store:
+    with StoreSession(args.device, args=args) as store:
         for gid in args.generations:
             store.generation(gid)
         for gid in args.generations:
@@ -412,7 +412,7 @@ def _rm(args) -> int:
 
 
 def _gc(args) -> int:
-    with _Session(args.device, args=args) as store, progress.bar(None, "gc", args, unit="zone") as bar:
+    with StoreSession(args.device, args=args) as store, progress.bar(None, "gc", args, unit="zone") as bar:
         rep = store.gc(force=args.force, progress=progress.callback(bar))
     if args.json:
         print_json(rep.to_dict(), indent=2)
@@ -431,7 +431,7 @@ def _fsck(args) -> int:
         if args.repair:
             rep = _repair(args.device)
         else:
-            with _Session(args.device, readonly=True, args=args) as store:
+            with StoreSession(args.device, readonly=True, args=args) as store:
                 total = sum(g.size for g in store.generations())
                 with progress.bar(total, "fsck", args) as bar:
                     rep = store.fsck(progress=bar.update)
@@ -483,7 +483,7 @@ def _repair(spec: str):
 def _df(args) -> int:
     from retainz.tier import promotion_counters
 
-    with _Session(args.device, readonly=True, args=args) as store:
+    with StoreSession(args.device, readonly=True, args=args) as store:
         rep = store.df()
         metrics = store.metrics.to_dict()
         tier = promotion_counters(store, args.device)

@@ -77,11 +77,11 @@ from retainz.errors import (
 )
 from retainz.hint import Hint, class_bounds
 from retainz.ids import checkpoint_name, members, series_folder, series_generation_id
-from retainz.jobs import ranks, stores
+from retainz.jobs import life, ranks, stores
 from retainz.node import NodeStore, served
 from retainz.retention.base import parse_rule
 from retainz.retention.durable import StepRate, until_durable
-from retainz.retention.online import explicit_hint, rule_hint
+from retainz.retention.online import rule_hint
 from retainz.retention.retire import check_enactable, is_explicit, pattern_of, retired_after_commit
 from retainz.retention.steps import parse_step
 
@@ -391,11 +391,7 @@ class ZonedStorageWriter(StorageWriter):
         """
         step = self.explicit_step if self.explicit_step is not None else (
             parse_step(self.checkpoint_id) if self.checkpoint_id is not None else None)
-        if isinstance(self.condition, Hint):
-            return self.condition
-        if self.condition:
-            return explicit_hint(self.condition, step)
-        return rule_hint(self.retention, step) if self.retention else None
+        return rule_hint(self.retention, step, condition=self.condition)
 
     def keeps_until_durable(self) -> bool:
         """True when the rule retires the current save only once its promotion is verified: an enacted
@@ -609,21 +605,15 @@ class ZonedStorageWriter(StorageWriter):
         deleted = []
         for gid in doomed:
             with contextlib.suppress(GenerationNotFoundError):   # another writer of the series got there
-                if self._promoter is None:
-                    store.delete(gid, step=step)
-                elif not self._promoter.retire(store, gid, step):
-                    continue      # kept until its promotion is verified (then the promoter deletes it)
-                deleted.append(gid)
+                if life.retire(store, gid, step=step, promoter=self._promoter):
+                    deleted.append(gid)   # else kept until its promotion is verified (the promoter deletes it)
         pending = set() if self._promoter is None else {
             r.id for r in self._promoter.status() if r.state not in ("durable", "local")}
-        for name, g in mine:
-            if g.id in doomed:
-                continue
-            hint = rule_hint(self._rule, int(pat.fullmatch(name).group(1)))
-            if g.id in pending and g.hint.kind == "until_durable":
-                continue      # kept until durable: its expected promotion finish stands until it is durable
-            if hint is not None and (hint.reclaim_step, hint.condition) != (g.hint.reclaim_step, g.hint.condition):
-                store.update_hint(g.id, hint, step=step)
+        names = {g.id: name for name, g in mine}
+        # kept until durable: its expected promotion finish stands until it is durable
+        life.rehint(store, [g for _, g in mine if g.id not in doomed],
+                    lambda g: rule_hint(self._rule, int(pat.fullmatch(names[g.id]).group(1))), step=step,
+                    keep=lambda g: g.id in pending and g.hint.kind == "until_durable")
         return deleted
 
     @classmethod
@@ -647,7 +637,8 @@ class ZonedStorageWriter(StorageWriter):
         self._promote_next = True
 
     def _start_promoter(self) -> None:
-        from retainz.tier import Promoter, state_path_for
+        from retainz.jobs import promotion
+        from retainz.tier import state_path_for
 
         path = device_path_for(self.device, self.rank)
         store = self._promoter_hold.enter_context(stores.using(path, wait=self.wait))  # open between saves
@@ -660,14 +651,7 @@ class ZonedStorageWriter(StorageWriter):
             # one device per rank, one destination: each rank's device is a node promoting its own
             # shards, and a save is durable once every rank's part is (docs/tiers.md, "Several nodes")
             nodes = {"node": f"rank{self.rank}", "nodes": [f"rank{r}" for r in range(world)]}
-        self._promoter = Promoter(store, url, state_path=state, **self._promote_args, **nodes).start()
-        if state is not None:       # retainz tier status / df / get then know the destination
-            from retainz.tier.state import remember
-
-            try:
-                remember(state, url, self._promoter.policy.describe(), self._promote_args["bandwidth"], **nodes)
-            except OSError as e:
-                log.warning("%s: could not record the promotion settings: %s", state, e)
+        self._promoter = promotion.acquire(store, url, state_path=state, **self._promote_args, **nodes)
 
     def _promote_committed(self) -> None:
         if self._promoter is None:
@@ -698,7 +682,9 @@ class ZonedStorageWriter(StorageWriter):
         writer's promoter) and release the device."""
         self._release(abort=True)
         if self._promoter is not None:
-            self._promoter.close()
+            from retainz.jobs import promotion
+
+            promotion.release(self._promoter)
             self._promoter = None
         self._promoter_hold.close()
 

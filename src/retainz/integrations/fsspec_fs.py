@@ -75,13 +75,14 @@ import weakref
 
 from fsspec.spec import AbstractFileSystem
 
-from retainz.ids import generation_path, members, series_of
-from retainz.integrations.fsspec_files import _ReadFile, _WriteFile
-from retainz.jobs import ranks, stores
+from retainz.ids import members, parse_generation_id, series_of
+from retainz.integrations.fsspec_files import ReadFile, WriteFile
+from retainz.jobs import life, ranks, stores
 from retainz.namespace import Namespace, NamespaceError
 from retainz.namespace.model import rule_for
 from retainz.namespace.names import generation_for, is_dcp_name
 from retainz.node import NodeStore
+from retainz.retention.online import rule_hint
 from retainz.retention.steps import parse_step
 from retainz.zoned import parse_device
 
@@ -310,7 +311,7 @@ class RetainZFileSystem(AbstractFileSystem):
     def _open(self, path, mode="rb", block_size=None, autocommit=True, cache_options=None, **kwargs):
         path = self._strip_protocol(path)
         if mode == "rb":
-            return _ReadFile(self, path, mode, block_size=block_size or "default",
+            return ReadFile(self, path, mode, block_size=block_size or "default",
                              cache_options=cache_options, **kwargs)
         if mode not in ("wb", "xb"):
             if "a" in mode or "+" in mode:
@@ -322,7 +323,7 @@ class RetainZFileSystem(AbstractFileSystem):
             raise IsADirectoryError(path)
         if mode == "xb" and self.exists(path):
             raise FileExistsError(path)
-        return _WriteFile(self, path, mode, block_size=block_size or "default", autocommit=autocommit, **kwargs)
+        return WriteFile(self, path, mode, block_size=block_size or "default", autocommit=autocommit, **kwargs)
 
     def mv(self, path1, path2, recursive=False, maxdepth=None, **kwargs):
         """The namespace's rename (DCP's ``.metadata.tmp`` -> ``.metadata`` is its checkpoint's commit);
@@ -357,7 +358,7 @@ class _TextWriteFile(io.TextIOWrapper):
     """A text-mode ``retainz://`` writer: an exception inside its ``with`` abandons the file."""
 
     def __exit__(self, exc_type, exc, tb):
-        if exc_type is None or not isinstance(self.buffer, _WriteFile):
+        if exc_type is None or not isinstance(self.buffer, WriteFile):
             return super().__exit__(exc_type, exc, tb)
         self.buffer._abandon()
         with contextlib.suppress(ValueError):
@@ -365,32 +366,17 @@ class _TextWriteFile(io.TextIOWrapper):
         return False
 
 
-def _hint(retention, inner: str, step: int | None):
-    """The hint for a generation at ``step`` in folder ``inner`` (``None`` without a rule)."""
-    from retainz.retention.online import rule_hint
-
-    rule = rule_for(retention, inner)
-    return rule_hint(rule, step) if rule else None
-
-
 def _rehint(retention, store, series: str) -> list[str]:
     """Give every committed generation of ``series`` (:mod:`retainz.ids`) the hint
     ``retention`` predicts for it, where it differs from the one it was saved with (the rule changed
-    on resume: ``keep_latest_k`` 10 -> 3): journaled by ``Store.update_hint``.  Returns the ids changed."""
-    changed = []
-    for _, g in members(store.generations(), series):
-        path = generation_path(g.id)
-        if g.id.startswith("@"):
-            hint = _hint(retention, series_of(path), parse_step(path, file_names=True))
-        else:
-            hint = _hint(retention, path, parse_step(path))
-        if hint is None or (hint.reclaim_step, hint.condition) == (g.hint.reclaim_step, g.hint.condition):
-            continue
-        if hint.reclaim_step is not None and hint.reclaim_step < g.step:
-            continue
-        store.update_hint(g.id, hint)
-        changed.append(g.id)
-    return changed
+    on resume: ``keep_latest_k`` 10 -> 3): :func:`retainz.jobs.life.rehint`.  Returns the ids changed."""
+    def hint_of(g):
+        kind, path, _ = parse_generation_id(g.id)
+        if kind == "file":
+            return rule_hint(rule_for(retention, series_of(path)), parse_step(path, file_names=True))
+        return rule_hint(rule_for(retention, path), parse_step(path))
+
+    return life.rehint(store, [g for _, g in members(store.generations(), series)], hint_of)
 
 
 def _release_all(held: dict, lock) -> None:

@@ -518,12 +518,10 @@ class Namespace:
                 self._log_rule(series, before)
             return hint
         rule = self._rule(series)
-        if rule:
-            if series not in self._series_seen:
-                self._series_seen.add(series)
-                self.on_series(series)
-            return rule_hint(rule, step)
-        return None
+        if rule and series not in self._series_seen:
+            self._series_seen.add(series)
+            self.on_series(series)
+        return rule_hint(rule, step)
 
     def _rule(self, folder: str) -> str | None:
         return rule_for(self.retention, folder)

@@ -263,7 +263,7 @@ class _Session:
         step = field(req, "step", "int")
         self.scope.check(gen, "write")
         hint = decode_hint(req.get("hint"))
-        if hint is None and self.retention:
+        if hint is None:
             from retainz.retention.online import rule_hint
 
             hint = rule_hint(self.retention, step)

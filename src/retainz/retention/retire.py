@@ -39,6 +39,7 @@ from collections.abc import Sequence
 
 from retainz.retention.base import Rule
 from retainz.retention.conditions import Permanent
+from retainz.retention.rules_megatron import retain_interval_retired
 from retainz.retention.steps import STEP_NAMES
 
 __all__ = ["ENACTED", "check_enactable", "retired_after_commit", "pattern_of", "EXPLICIT_PERMANENT", "is_explicit"]
@@ -96,9 +97,7 @@ def retired_after_commit(rule: Rule, members: Sequence[tuple[str, str]]) -> list
         k = rule.keep_latest_k
         return [gid for _, gid in found[:-k]] if k > 0 else []
     if rule.name == "megatron":
-        r = rule.retain_interval
-        if r is None or not found:
-            return []
-        return [gid for step, gid in found[:-1] if step % r]
+        doomed = set(retain_interval_retired([step for step, _ in found], rule.retain_interval))
+        return [gid for step, gid in found[:-1] if step in doomed]
     limit = rule.save_total_limit
     return [gid for _, gid in found[:-limit]] if limit else []
