@@ -9,18 +9,15 @@ from retainz.hint import Hint
 from retainz.jobs import life, promotion
 from retainz.jobs.stores import using
 from retainz.store import Store
-from retainz.zoned import FileDevice, Geometry, MemoryDevice
+from retainz.zoned import Geometry, MemoryDevice
+from tests.test_node import make_device
 
 GEO = Geometry(nr_zones=32, zone_size=1 << 20, zone_capacity=1 << 20)
 
 
 @pytest.fixture
 def device(tmp_path):
-    path = tmp_path / "dev.img"
-    dev = FileDevice.create(path, GEO)
-    Store.format(dev).close()
-    dev.close()
-    return str(path)
+    return make_device(tmp_path, GEO)
 
 
 def test_the_dcp_writer_and_retainz_share_the_stores_one_promoter(device, tmp_path):

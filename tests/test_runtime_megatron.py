@@ -71,14 +71,18 @@ def test_megatron_retain_interval(new_store):
     assert store.generation("iter_0001000").hint.reclaim_step == 1100
 
 
-def test_megatron_retain_interval_recovers_tracker_after_restart(new_store):
+@pytest.mark.parametrize("recover", [True, False])
+def test_megatron_retain_interval_recovers_tracker_after_restart(new_store, recover):
+    """Megatron reads ``prev`` from its tracker file on every finalize, restarted or not: a callback made
+    afresh deletes the previous non-multiple once the next save commits, ``recover`` called or not."""
     store = new_store()
     cb = MegatronRetainInterval(100, 300)
     for it in (100, 200):
         _save(store, cb, it)
         cb.after_commit(store, it)
     restarted = MegatronRetainInterval(100, 300)
-    assert restarted.recover(store) == 200
+    if recover:
+        assert restarted.recover(store) == 200
     _save(store, restarted, 300)
     assert restarted.after_commit(store, 300) == ["iter_0000200"]
     assert _steps(store) == [300]
@@ -159,20 +163,6 @@ def test_keep_latest_k_like_torchtitan(new_store):
     assert _steps(store) == [30, 40]
     with pytest.raises(ValueError, match="keep_latest_k=1 is rejected"):
         KeepLatestK(1)
-
-
-def test_megatron_retain_interval_after_a_restart_deletes_the_trackers_previous_without_recover(new_store):
-    """Megatron reads ``prev`` from its tracker file on every finalize, restarted or not: a callback made
-    afresh (no ``recover``) still deletes the previous non-multiple once the next save commits."""
-    store = new_store()
-    cb = MegatronRetainInterval(100, 300)
-    for it in (100, 200):
-        _save(store, cb, it)
-        cb.after_commit(store, it)
-    restarted = MegatronRetainInterval(100, 300)
-    _save(store, restarted, 300)
-    assert restarted.after_commit(store, 300) == ["iter_0000200"]
-    assert _steps(store) == [300]
 
 
 def test_megatrons_purge_is_modelled_once(new_store):

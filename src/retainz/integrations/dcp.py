@@ -185,29 +185,32 @@ class _RankStream:
 
 
 def device_path(device: str | os.PathLike, rank: int, *, reading: bool = False) -> str:
-    """The device file of ``rank``: ``device`` formatted with ``{rank}``, ``DIR/rank{rank}.img`` for a
-    directory (existing, or a path ending in ``/``), else the file itself (rank 0 only, or any rank
-    when served by a node service or when ``reading``: a checkpoint saved through a node service
-    holds every rank's shards on that one device, and a load at another world size reads them there).
-
-    Raises:
-        ValueError: a single device file for a rank other than 0, neither served nor read.
-    """
+    """The device of ``rank``: ``device`` formatted with ``{rank}``, ``DIR/rank{rank}.img`` for a
+    directory (existing, or a path ending in ``/``), else the device itself for every rank: the ranks
+    share it through its node service, ``retainz serve``'s or the one the first rank to open it starts
+    (:func:`retainz.jobs.stores.using` with ``share``; docs/node.md), and a checkpoint saved so holds
+    every rank's shards on that one device (a load at another world size reads them there).
+    ``reading`` is accepted for the callers that say which use they make of it."""
+    del reading
     text = os.fspath(device)
     if "{rank}" in text:
         return text.format(rank=rank)
     if os.path.isdir(text) or text.endswith("/"):
         return os.path.join(text, f"rank{rank}.img")
-    if rank != 0 and (reading or served(text) is not None):
-        return text       # one device for every rank, through its node service (docs/node.md)
-    if rank != 0:
-        raise ValueError(f"{text}: rank {rank} needs its own device; pass a directory (DIR/rank{{N}}.img) "
-                         "or a path containing {rank}")
     return text
 
 
 def _current_rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _shared_device(device: Any) -> bool:
+    """Whether the ranks of this job share ``device`` (one device file or block device, no ``{rank}``
+    and no directory of rank devices, and more than one rank)."""
+    if stores.is_store(device) or ranks.world_size() <= 1:
+        return False
+    text = os.fspath(device)
+    return "{rank}" not in text and not (os.path.isdir(text) or text.endswith("/"))
 
 
 def _item_bytes(item: Any) -> int:
@@ -454,7 +457,8 @@ class ZonedStorageWriter(StorageWriter):
         self._release(abort=True)
         store = self._held.enter_context(stores.using(device_path_for(self.device, self.rank),
                                                        geometry=self.geometry, policy=self.policy,
-                                                       wait=self.wait, job=self.series or None))
+                                                       wait=self.wait, job=self.series or None,
+                                                       share=_shared_device(self.device)))
         self._store = store
         if self.promote is not None and self._promoter is None:
             self._start_promoter()
@@ -477,7 +481,7 @@ class ZonedStorageWriter(StorageWriter):
         # (replace-on-commit); no declared size: the store admits the bytes as they arrive
         if isinstance(store, NodeStore):   # ranks sharing one served device write one generation
             self._gen = store.begin_generation(gen, self.step, hint=self.store_hint(), replace=exists,
-                                               join=_dcp_join_token(self.checkpoint_id))
+                                               join=ranks.join_token(str(self.checkpoint_id)))
         else:
             self._gen = store.begin_generation(gen, self.step, hint=self.store_hint(), replace=exists)
         return dataclasses.replace(plan, storage_data=_RankStream(self.rank))
@@ -641,7 +645,8 @@ class ZonedStorageWriter(StorageWriter):
         from retainz.tier import state_path_for
 
         path = device_path_for(self.device, self.rank)
-        store = self._promoter_hold.enter_context(stores.using(path, wait=self.wait))  # open between saves
+        store = self._promoter_hold.enter_context(stores.using(path, wait=self.wait,   # open between saves
+                                                               share=_shared_device(self.device)))
         state = state_path_for(path) if isinstance(path, str | os.PathLike) else None
         url = self.promote.replace("{rank}", str(self.rank))
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
@@ -687,15 +692,6 @@ class ZonedStorageWriter(StorageWriter):
             promotion.release(self._promoter)
             self._promoter = None
         self._promoter_hold.close()
-
-
-def _dcp_join_token(checkpoint_id: str | None) -> str | None:
-    """The ranks of one save share it (:func:`~retainz.jobs.ranks.join_token`; a process
-    group started without torchrun's environment: the checkpoint id); ``None`` for one process."""
-    token = ranks.join_token(str(checkpoint_id))
-    if token is None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        token = f"dcp:{checkpoint_id}"
-    return token
 
 
 def device_path_for(device: Any, rank: int, *, reading: bool = False) -> Any:
@@ -812,12 +808,7 @@ class ZonedStorageReader(StorageReader):
         """Rank ``rank``'s device; with ``durable``, a single device file serves every rank (a layout
         other than the save's: one node loading what several saved, a generation restored whole onto
         one fresh device), and a shard it lacks is read from the durable copy."""
-        try:
-            return device_path_for(self.device, rank, reading=True)
-        except ValueError:
-            if self.durable is None:
-                raise
-            return device_path_for(self.device, 0)
+        return device_path_for(self.device, rank, reading=True)
 
     def _committed(self, store: Any, rank: int) -> Any:
         gen = self.generation
@@ -833,8 +824,8 @@ class ZonedStorageReader(StorageReader):
         """Read ``.metadata`` of the committed generation on rank 0's device (every rank does; the
         device is opened in turn when ranks run in separate processes)."""
         try:
-            with stores.using(device_path_for(self.device, 0), wait=self.wait,
-                                 job=self.series or None) as store:
+            with stores.using(device_path_for(self.device, 0), wait=self.wait, job=self.series or None,
+                              share=_shared_device(self.device)) as store:
                 info = self._committed(store, 0)
                 if METADATA_SHARD not in info.shards:
                     raise CheckpointNotFoundError(f"checkpoint {self.checkpoint_id!r}: generation "
@@ -881,8 +872,8 @@ class ZonedStorageReader(StorageReader):
             try:
                 if self.used.get(rank, "local") != "local":
                     raise CheckpointNotFoundError(f"rank {rank}'s metadata came from the durable copy")
-                with stores.using(self._rank_device(rank), wait=self.wait,
-                                     job=self.series or None) as store:
+                with stores.using(self._rank_device(rank), wait=self.wait, job=self.series or None,
+                                  share=_shared_device(self.device)) as store:
                     info = self._committed(store, rank)
                     for shard, reqs in mine:
                         if shard not in info.shards:

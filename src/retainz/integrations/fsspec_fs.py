@@ -147,7 +147,8 @@ class RetainZFileSystem(AbstractFileSystem):
             stack = self._held.get(device)
             if stack is None:
                 stack = contextlib.ExitStack()
-                store = stack.enter_context(stores.using(device, wait=self.wait))
+                # the ranks of a job share the device: the first to open it serves the others
+                store = stack.enter_context(stores.using(device, wait=self.wait, share=ranks.world_size() > 1))
                 stack.store = store
                 try:
                     stack.ns = self._namespace_over(store)

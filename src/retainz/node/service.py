@@ -691,6 +691,11 @@ class Service:
             except Exception:   # noqa: BLE001 - the request succeeded; its reply must say so
                 log.exception("on_change after a client's change failed")
 
+    def clients(self) -> int:
+        """The clients connected now."""
+        with self._lock:
+            return len(self._sessions)
+
     def _forget(self, s: _Session) -> None:
         with self._lock:
             self._sessions.discard(s)
