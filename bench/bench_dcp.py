@@ -28,8 +28,8 @@ import warnings
 import torch
 import torch.distributed.checkpoint as dcp
 
-from retainz.integrations import _stores
 from retainz.integrations.dcp import ZonedStorageReader, ZonedStorageWriter
+from retainz.jobs import stores
 from retainz.zoned import Geometry
 
 MiB = 1 << 20
@@ -110,7 +110,7 @@ def run(d: str, mib: int, reps: int, want_drop: bool) -> dict:
     stock_dir = os.path.join(d, "stock")
     t = {"stock_save": [], "ours_save": [], "raw_save": [], "stock_load": [], "ours_load": []}
     dropped = False
-    with _stores.using(device, geometry=geometry) as store:   # held open across repetitions
+    with stores.using(device, geometry=geometry) as store:   # held open across repetitions
         for r in range(reps):
             cid = f"step-{r}"
 

@@ -40,8 +40,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 from bench.bench_dcp import MiB, drop_caches, empty_like, make_state, nbytes, same
 
-from retainz.integrations import _stores
 from retainz.integrations.dcp import ZonedStorageReader, ZonedStorageWriter
+from retainz.jobs import stores
 from retainz.zoned import FileDevice, Geometry
 
 try:
@@ -159,7 +159,7 @@ def run(d: str, mib: int, reps: int, cold: bool = True) -> dict:
     t: dict[str, list[float]] = {}
     _retainz("mount", mount_dev, mnt)
     try:
-        with _stores.using(zoned_dev, geometry=geometry) as store:
+        with stores.using(zoned_dev, geometry=geometry) as store:
             for r in range(reps):
                 for op in ops:
                     places = ["mount", "local"] + (["zoned"] if op == "dcp" else [])

@@ -84,22 +84,23 @@ def serve_foreground(device: str, mnt, *args: str) -> subprocess.Popen:
 
 def generations(device: str) -> dict:
     """``{generation id: GenerationInfo}`` of the store on a device file (the mount must be gone)."""
-    from retainz.integrations import _stores
+    from retainz.jobs import stores
 
-    with _stores.using(device, wait=30) as store:
+    with stores.using(device, wait=30) as store:
         return {g.id: g for g in store.generations()}
 
 
 def paths(device: str) -> dict:
     """``{path in the mount: GenerationInfo}``: ids resolved as the mount does (a generation renamed
     while being written carries its path in its layout shard)."""
-    from retainz.integrations import _stores
+    from retainz import ids
+    from retainz.jobs import stores
     from retainz.namespace import names as layout
 
     out = {}
-    with _stores.using(device, wait=30) as store:
+    with stores.using(device, wait=30) as store:
         for g in store.generations():
-            path = layout.parse_generation_id(g.id)[1]
+            path = ids.parse_generation_id(g.id)[1]
             if layout.LAYOUT_SHARD in g.shards:
                 path = layout.read_layout(b"".join(store.read_shard(g.id, layout.LAYOUT_SHARD)))[0]
             out[path] = g

@@ -94,3 +94,55 @@ def test_a_planted_sideways_or_upward_import_is_caught():
     assert set(violations(sideways, allowed)) - base == {"retainz.placement.greedy -> retainz.retention.rules"}
     assert set(violations(upward, allowed)) - base == {"retainz.store.gc -> retainz.cli.store"}
     assert set(violations(lab, allowed)) - base == {"retainz.trace.replay -> retainz.testing.crashtest"}
+
+
+def private_imports(sources: dict[str, str]) -> list[str]:
+    """Imports of another module's private names (``from retainz.a import _x``, ``import retainz._a``
+    from outside ``_a``'s package, a module's ``_x`` through ``import retainz.a as m; m._x``), as
+    'importer: name'.  What two modules share is public in the module that owns it.  Dunder and enum
+    ``_sunder_`` names are the language's, not private."""
+    import ast
+
+    out = []
+    for mod, text in sources.items():
+        tree = ast.parse(text)
+        aliases = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("retainz"):
+                for a in node.names:
+                    target = f"{node.module}.{a.name}"
+                    if a.name.startswith("_") and not a.name.startswith("__"):
+                        out.append(f"{mod}: {target}")
+                    aliases[a.asname or a.name] = target
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name.startswith("retainz") and a.asname:
+                        aliases[a.asname] = a.name
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                for name in names:
+                    parts = name.split(".")
+                    for i, part in enumerate(parts):
+                        if part.startswith("_") and not part.startswith("__") and \
+                                not mod.startswith(".".join(parts[:i]) + "."):
+                            out.append(f"{mod}: {name}")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and \
+                    node.value.id in aliases and node.attr.startswith("_") and not node.attr.endswith("_"):
+                out.append(f"{mod}: {aliases[node.value.id]}.{node.attr}")
+    return sorted(set(out))
+
+
+def test_no_module_imports_another_modules_private_names():
+    from tests.test_import_cycles import _modules
+
+    sources = {m: p.read_text(encoding="utf-8") for m, p in _modules().items()}
+    assert private_imports(sources) == []
+
+
+def test_a_planted_private_import_is_caught():
+    planted = {"retainz.x.a": "from retainz.x.b import _helper\nimport retainz.y._hidden\n"
+                              "from retainz.x import b as m\nm._state\n",
+               "retainz.y._hidden.c": "from retainz.y._hidden import d\n"}
+    assert private_imports(planted) == ["retainz.x.a: retainz.x.b._helper", "retainz.x.a: retainz.x.b._state",
+                                        "retainz.x.a: retainz.y._hidden"]

@@ -28,9 +28,9 @@ POINTS = [0, MiB // 2, 2 * MiB, 7 * MiB // 2, 5 * MiB, 6 * MiB]
 
 
 def committed_steps(device: str) -> dict[int, str]:
-    from retainz.integrations import _stores
+    from retainz.jobs import stores
 
-    with _stores.using(device) as store:
+    with stores.using(device) as store:
         rep = store.fsck()
         assert rep.ok, rep.problems
         return {g.step: g.id for g in store.generations()}

@@ -16,7 +16,6 @@ import pytest
 torch = pytest.importorskip("torch", reason="needs the torch extra (make setup-torch)")
 import torch.distributed.checkpoint as dcp  # noqa: E402
 
-from retainz.integrations import _stores  # noqa: E402
 from retainz.integrations.dcp import (  # noqa: E402
     METADATA_SHARD,
     UnsafeMetadataError,
@@ -24,6 +23,7 @@ from retainz.integrations.dcp import (  # noqa: E402
     ZonedStorageWriter,
     load_metadata,
 )
+from retainz.jobs import stores  # noqa: E402
 from retainz.store import Store  # noqa: E402
 from retainz.zoned import FileDevice, Geometry  # noqa: E402
 
@@ -47,11 +47,11 @@ def device(tmp_path):
     Store.format(dev).close()
     dev.close()
     yield str(path)
-    assert _stores.open_count() == 0
+    assert stores.open_count() == 0
 
 
 def _plant(device: str, gen: str, blob: bytes) -> None:
-    with _stores.using(device) as store:
+    with stores.using(device) as store:
         w = store.begin_generation(gen, 1)
         w.write_shard(METADATA_SHARD, [blob])
         w.commit()
@@ -74,7 +74,7 @@ def test_any_foreign_global_is_refused_before_it_runs(device, tmp_path, target):
     assert f".{target.__name__}, not a DCP metadata type: refused" in str(err)
     assert "trust_metadata=True" in str(err)
     assert not marker.exists()
-    with _stores.using(device) as store:
+    with stores.using(device) as store:
         blob = b"".join(store.read_shard("step-1", METADATA_SHARD))
     with pytest.raises(UnsafeMetadataError, match=f"names [\\w.]*{target.__name__}, not a DCP"):
         load_metadata(blob)
@@ -92,7 +92,7 @@ def test_real_checkpoints_load_under_the_restriction(device):
     sd = {"w": torch.randn(5, 3), "bf16": torch.ones(4, dtype=torch.bfloat16), "i": torch.arange(6),
           "b": torch.rand(3) > 0.5, "nested": {"step": 3, "lr": [0.1, 0.2], "name": "run"}, "raw": b"\x00\x01"}
     dcp.save(sd, storage_writer=ZonedStorageWriter(device), checkpoint_id="/ckpt/step-7")
-    with _stores.using(device) as store:
+    with stores.using(device) as store:
         blob = b"".join(store.read_shard("step-7", METADATA_SHARD))
     md = load_metadata(blob)
     assert md.state_dict_metadata.keys() == pickle.loads(blob).state_dict_metadata.keys()

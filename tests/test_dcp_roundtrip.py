@@ -15,14 +15,14 @@ import torch.distributed.checkpoint as dcp  # noqa: E402
 from torch.distributed.checkpoint.api import CheckpointException  # noqa: E402
 
 from retainz.errors import GenerationExistsError  # noqa: E402
-from retainz.integrations import _stores  # noqa: E402
+from retainz.ids import checkpoint_name  # noqa: E402
 from retainz.integrations.dcp import (  # noqa: E402
     METADATA_SHARD,
     ZonedLocation,
     ZonedStorageReader,
     ZonedStorageWriter,
-    generation_id,
 )
+from retainz.jobs import stores  # noqa: E402
 
 pytestmark = pytest.mark.dcp
 
@@ -94,14 +94,14 @@ def device(request, tmp_path):
         Store.format(dev).close()
         dev.close()
         yield str(path)
-    assert _stores.open_count() == 0, "a device was left open"
+    assert stores.open_count() == 0, "a device was left open"
 
 
 def test_generation_id_is_last_component():
-    assert generation_id("/ckpt/run/step-500") == "step-500"
-    assert generation_id("retainz:///d.img/ckpt/step-500/") == "step-500"
+    assert checkpoint_name("/ckpt/run/step-500") == "step-500"
+    assert checkpoint_name("retainz:///d.img/ckpt/step-500/") == "step-500"
     with pytest.raises(ValueError, match="no last path component"):
-        generation_id("/ckpt/..")
+        checkpoint_name("/ckpt/..")
 
 
 def test_save_load_roundtrip_bit_identical(device):
@@ -117,7 +117,7 @@ def test_metadata_is_last_shard_and_locations_are_local(device):
     sd = {"a": torch.arange(1000, dtype=torch.float32), "b": torch.ones(3, 3, dtype=torch.float64)}
     w = ZonedStorageWriter(device, retention="torchtitan:interval=100,keep_latest_k=3")
     dcp.save(sd, storage_writer=w, checkpoint_id="step-200")
-    with _stores.using(device) as store:
+    with stores.using(device) as store:
         info = store.generation("step-200")
         assert list(info.shards) == ["__0_0.distcp", METADATA_SHARD]
         assert info.shards["__0_0.distcp"].size == 1000 * 4 + 9 * 8
@@ -212,7 +212,7 @@ def test_explicit_condition_overrides_rule(device):
     dcp.save({"x": torch.ones(2)}, storage_writer=w, checkpoint_id="step-30")
     w.set_condition(None)
     dcp.save({"x": torch.ones(2)}, storage_writer=w, checkpoint_id="step-40")
-    with _stores.using(device) as store:
+    with stores.using(device) as store:
         assert store.generation("step-30").hint.reclaim_step == float("inf")
         assert store.generation("step-40").hint.reclaim_step == 60
 
@@ -276,7 +276,7 @@ def test_a_save_too_large_for_the_device_is_absent_and_the_one_before_loads(devi
     dcp.save(small, storage_writer=ZonedStorageWriter(device), checkpoint_id="step-1")
     with pytest.raises(CheckpointException):          # wrapping rank 0's NoSpaceError
         dcp.save({"w": torch.zeros(200 << 18)}, storage_writer=ZonedStorageWriter(device), checkpoint_id="step-2")
-    with _stores.using(device) as store:
+    with stores.using(device) as store:
         assert [g.id for g in store.generations()] == ["step-1"]
     out = _zeros_like(small)
     dcp.load(out, storage_reader=ZonedStorageReader(device), checkpoint_id="step-1")

@@ -275,21 +275,21 @@ def test_bad_window_files_are_named(tmp_path, window, message):
 
 
 def test_the_integrations_format_a_blank_remote_device_and_reopen_a_formatted_one(tmp_path):
-    """``integrations._stores.using`` with a ``remote:`` spec (what ``--device remote:...`` of the DCP
+    """``integrations.stores.using`` with a ``remote:`` spec (what ``--device remote:...`` of the DCP
     writer and the payload capture reach): a blank device is formatted, a formatted one opened as is,
     the spec is not taken for a file path."""
-    from retainz.integrations import _stores
+    from retainz.jobs import stores
 
     dev = MemoryDevice(GEOMETRY)
     sock = tmp_path / "s.sock"
     t, counts = _unix_server(sock, dev)
     spec = f"remote:socket={sock}"
-    assert _stores.present(spec) and not _stores.present(str(tmp_path / "none.img"))
-    with _stores.using(spec) as store:
+    assert stores.present(spec) and not stores.present(str(tmp_path / "none.img"))
+    with stores.using(spec) as store:
         w = store.begin_generation("step-1", step=1)
         w.write_shard("s", [b"x" * 5000])
         w.commit()
-    with _stores.using(spec) as store:
+    with stores.using(spec) as store:
         assert [g.id for g in store.generations()] == ["step-1"]
     remote = open_device(spec)
     remote.shutdown()

@@ -12,7 +12,7 @@ import torch  # noqa: E402
 import torch.distributed.checkpoint as dcp  # noqa: E402
 from torch.distributed.checkpoint.api import CheckpointException  # noqa: E402
 
-from retainz.integrations import _stores  # noqa: E402
+from retainz.jobs import stores  # noqa: E402
 from retainz.retention import rule_hint  # noqa: E402
 
 pytestmark = pytest.mark.dcp
@@ -34,11 +34,11 @@ def device(tmp_path):
 
     RetainZFileSystem.close_all()
     RetainZFileSystem.clear_instance_cache()
-    assert _stores.open_count() == 0
+    assert stores.open_count() == 0
 
 
 def _gens(device):
-    with _stores.using(device) as store:
+    with stores.using(device) as store:
         return {g.id: g for g in store.generations()}
 
 

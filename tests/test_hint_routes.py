@@ -92,9 +92,9 @@ def test_the_dcp_and_fsspec_routes_carry_the_rules_hint(tmp_path):
     fsspec = pytest.importorskip("fsspec")
     import torch.distributed.checkpoint as dcp
 
-    from retainz.integrations import _stores
     from retainz.integrations.dcp import ZonedStorageWriter
     from retainz.integrations.fsspec_fs import RetainZFileSystem
+    from retainz.jobs import stores
 
     devices = {}
     for route in ("dcp", "fsspec"):
@@ -113,9 +113,9 @@ def test_the_dcp_and_fsspec_routes_carry_the_rules_hint(tmp_path):
         fsspec.config.conf.pop("retainz", None)
         RetainZFileSystem.close_all()
         RetainZFileSystem.clear_instance_cache()
-    with _stores.using(devices["dcp"]) as store:
+    with stores.using(devices["dcp"]) as store:
         got_dcp = {step: store.generation(f"step-{step}").hint for step in EXPECTED}
-    with _stores.using(devices["fsspec"]) as store:
+    with stores.using(devices["fsspec"]) as store:
         got_fsspec = {step: store.generation(f"ckpt%2Fstep-{step}").hint for step in EXPECTED}
     assert got_dcp == EXPECTED
     assert got_fsspec == EXPECTED

@@ -22,8 +22,8 @@ def python(code: str) -> subprocess.CompletedProcess:
 
 
 def test_an_uncaught_error_while_a_dcp_writer_holds_its_store_prints_only_that_error(tmp_path):
-    """The writer holds the device's store (``_stores.using``) between ``prepare_local_plan`` and
-    ``finish``; an uncaught error then ended the process with a ``TypeError`` from ``_stores.py``
+    """The writer holds the device's store (``jobs.stores.using``) between ``prepare_local_plan`` and
+    ``finish``; an uncaught error then ended the process with a ``TypeError`` from the store holder (then integrations/_stores.py)
     printed at exit (the release ran in a finalizer after module teardown).  Now the store is closed
     at exit while the interpreter is whole: its generation is aborted, the device is clean."""
     pytest.importorskip("torch")

@@ -216,9 +216,9 @@ def test_deepspeed_latest_and_tmp_rename(tmp_path):
 
 def test_statfs_reports_admissible_space(tmp_path):
     device = make_device(tmp_path, zones=40, zone_size="4MiB")
-    from retainz.integrations import _stores
+    from retainz.jobs import stores
 
-    with _stores.using(device) as store:
+    with stores.using(device) as store:
         reserve = store.gc_reserve_zones
         capacity = store.df().capacity
     with mounted(device, tmp_path / "mnt") as mnt:

@@ -142,9 +142,9 @@ def test_a_copy_into_the_mount_interrupted(tmp_path, sig):
         assert cp.returncode == -sig
     got = paths(device)
     assert "before.bin" in got
-    from retainz.integrations import _stores
+    from retainz.jobs import stores
 
-    with _stores.using(device, wait=30) as store:
+    with stores.using(device, wait=30) as store:
         assert b"".join(store.read_shard(got["before.bin"].id, "file")) == data[:1 << 20]
         if "copy.bin" in got:
             copied = b"".join(store.read_shard(got["copy.bin"].id, "file"))
@@ -213,9 +213,9 @@ def test_filling_with_small_files_loses_nothing_acknowledged(tmp_path):
     assert set(refused.values()) == {errno.ENOSPC}
     assert avail < 200_000 + 8192                      # df is honest: no room claimed that was refused
     got = paths(device)
-    from retainz.integrations import _stores
+    from retainz.jobs import stores
 
-    with _stores.using(device, wait=30) as store:
+    with stores.using(device, wait=30) as store:
         for name, data in ok.items():
             assert name in got, f"{name} acknowledged and lost"
             assert b"".join(store.read_shard(got[name].id, "file")) == data
@@ -254,15 +254,15 @@ def test_filling_with_hf_checkpoints_loses_nothing_acknowledged(tmp_path):
     assert committed and codes == [errno.ENOSPC], (len(committed), codes)
     got = paths(device)
     assert sorted(got) == sorted(committed)            # the refused checkpoint is absent, whole
-    from retainz.integrations import _stores
-    from retainz.namespace import names as layout
+    from retainz import ids
+    from retainz.jobs import stores
 
-    with _stores.using(device, wait=30) as store:
+    with stores.using(device, wait=30) as store:
         for root, files in committed.items():
             g = got[root]
-            assert {layout.shard_path(s) for s in g.shards} == set(files)
+            assert {ids.shard_path(s) for s in g.shards} == set(files)
             for name, data in files.items():
-                assert b"".join(store.read_shard(g.id, layout.shard_name(name))) == data
+                assert b"".join(store.read_shard(g.id, ids.shard_name(name))) == data
     assert fsck_clean(device)
 
 

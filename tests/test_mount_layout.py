@@ -8,6 +8,7 @@ import math
 
 import pytest
 
+from retainz import ids
 from retainz.namespace import names as L
 from retainz.retention.inference import RetentionInference
 from retainz.retention.steps import parse_step
@@ -42,19 +43,19 @@ def test_lightning_ckpt_directory_needs_to_be_a_directory():
 def test_ids_round_trip_and_match_the_fsspec_ids():
     from retainz.integrations.fsspec_files import generation_for
 
-    assert L.dir_generation_id("ckpt/step-500") == generation_for("ckpt/step-500/.metadata")[0] == "ckpt%2Fstep-500"
-    assert L.file_generation_id("l/epoch=0-step=10.ckpt") == generation_for("l/epoch=0-step=10.ckpt")[0]
+    assert ids.dir_generation_id("ckpt/step-500") == generation_for("ckpt/step-500/.metadata")[0] == "ckpt%2Fstep-500"
+    assert ids.file_generation_id("l/epoch=0-step=10.ckpt") == generation_for("l/epoch=0-step=10.ckpt")[0]
     for path in ("a/b c/d%e", "x/a..b", "we#ird/name"):
         for v in (0, 3):
-            assert L.parse_generation_id(L.file_generation_id(path, v)) == ("file", path, v)
-            assert L.parse_generation_id(L.dir_generation_id(path, v)) == ("dir", path, v)
+            assert ids.parse_generation_id(ids.file_generation_id(path, v)) == ("file", path, v)
+            assert ids.parse_generation_id(ids.dir_generation_id(path, v)) == ("dir", path, v)
     from retainz.store.format import check_id
 
     for rel in ("mp_rank_00/model_optim_rng.pt", "50%/a..b", ".metadata"):
-        name = L.shard_name(rel)
+        name = ids.shard_name(rel)
         check_id(name, "shard name")
-        assert L.shard_path(name) == rel and name != L.LAYOUT_SHARD
-    assert L.shard_name(".metadata") == ".metadata"
+        assert ids.shard_path(name) == rel and name != L.LAYOUT_SHARD
+    assert ids.shard_name(".metadata") == ".metadata"
 
 
 @pytest.mark.parametrize("directory, files, point", [

@@ -235,9 +235,9 @@ def test_df_promises_exactly_what_a_new_file_can_take(tmp_path, where):
             with open(mnt / "more.bin", "wb") as f:
                 f.write(b"m" * 4096)
         assert e.value.errno == errno.ENOSPC
-    from retainz.integrations import _stores
+    from retainz.jobs import stores
 
-    with _stores.using(device) as store:
+    with stores.using(device) as store:
         df = store.df()
         # the reserve is untouched; the store could admit one block more, the block the mount's next
         # generation would keep for its layout record, so the mount said 0

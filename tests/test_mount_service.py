@@ -118,7 +118,7 @@ sd = {"w": torch.arange(400_000, dtype=torch.float32).reshape(800, 500) * (1 + l
       "b": torch.full((3000,), float(len(ckpt)))}
 if how == "zoned":
     from retainz.integrations.dcp import ZonedStorageWriter
-    from retainz.integrations import _stores
+    from retainz.jobs import stores
 
     dcp.save(sd, storage_writer=ZonedStorageWriter(device, series="run"), checkpoint_id=ckpt)
     gid = "run%2F" + ckpt
@@ -169,11 +169,11 @@ def test_another_process_s_dcp_save_appears_under_the_mount(tmp_path, how, ckpt,
         if how == "fsspec":
             dcp.load(sd, storage_reader=FileSystemReader(str(mnt / folder)))
         else:
-            from retainz.integrations import _stores
             from retainz.integrations.dcp import ZonedStorageReader
+            from retainz.jobs import stores
 
             dcp.load(sd, storage_reader=ZonedStorageReader(device, series="run"), checkpoint_id=ckpt)
-            assert _stores.open_count() == 0
+            assert stores.open_count() == 0
         assert torch.equal(sd["w"], torch.arange(400_000, dtype=torch.float32).reshape(800, 500) * (1 + len(ckpt)))
         assert torch.equal(sd["b"], torch.full((3000,), float(len(ckpt))))
     assert sorted(paths(device)) == sorted(["before.txt", folder])

@@ -10,6 +10,7 @@ import logging
 
 import pytest
 
+from retainz import ids
 from retainz.errors import GenerationExistsError
 from retainz.namespace import Namespace, NamespaceError
 from retainz.namespace import names as L
@@ -67,7 +68,7 @@ def test_one_encoding_of_paths_into_ids(path, gid, shard):
     assert L.generation_for(path)[:2] == (gid, shard)
     check_id(gid)
     check_id(shard, "shard name")
-    kind, back, _ = L.parse_generation_id(gid)
+    kind, back, _ = ids.parse_generation_id(gid)
     assert back == (path if kind == "file" else L.checkpoint_root(path))
 
 

@@ -367,21 +367,21 @@ def test_a_second_service_for_the_device_is_refused_and_a_stale_socket_replaced(
 
 
 def test_the_integrations_use_the_service_when_its_socket_exists(served, tmp_path):
-    from retainz.integrations import _stores
+    from retainz.jobs import stores
 
     device, _ = served
-    with _stores.using(device, wait=0) as store:
+    with stores.using(device, wait=0) as store:
         assert isinstance(store, NodeStore)
         store.begin_generation("via-using", 3).commit()
     (tmp_path / "p").mkdir()
     plain = make_device(tmp_path / "p")
-    with _stores.using(plain, wait=0) as store:
+    with stores.using(plain, wait=0) as store:
         assert isinstance(store, Store)
     # a stale socket (a killed service's) beside a device: opened directly
     stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     stale.bind(socket_path(plain))
     stale.close()
-    with _stores.using(plain, wait=0) as store:
+    with stores.using(plain, wait=0) as store:
         assert isinstance(store, Store)
 
 

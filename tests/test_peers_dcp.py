@@ -71,9 +71,9 @@ class Place:
             fs = fsspec.filesystem("retainz")
             return sorted(os.path.basename(p) for p in fs.ls(self.path(name), detail=False))
         if self.kind == "zoned":
-            from retainz.integrations import _stores
+            from retainz.jobs import stores
 
-            with _stores.using(self.device) as store:
+            with stores.using(self.device) as store:
                 return sorted(next(g for g in store.generations() if g.id.split("#")[0] == name).shards)
         return sorted(os.listdir(self.path(name)))
 
@@ -366,8 +366,8 @@ def test_zoned_writer_thread_count_writes_one_shard_per_thread_and_loads_back(tm
     ``thread_count`` is refused at construction."""
     import threading
 
-    from retainz.integrations import _stores
     from retainz.integrations.dcp import ZonedStorageReader, ZonedStorageWriter
+    from retainz.jobs import stores
 
     device = make_device(tmp_path, zones=32)
     torch.manual_seed(9)
@@ -385,7 +385,7 @@ def test_zoned_writer_thread_count_writes_one_shard_per_thread_and_loads_back(tm
     finally:
         torch.Tensor.detach = orig
     assert {n for n in seen if n.startswith("retainz-dcp")} == {"retainz-dcp"}
-    with _stores.using(device) as store:
+    with stores.using(device) as store:
         info = store.generation("step-1")
         shards = {n: s.size for n, s in info.shards.items()}
     assert shards.keys() == {".metadata", "__0_0.distcp", "__0_1.distcp", "__0_2.distcp", "__0_3.distcp"}

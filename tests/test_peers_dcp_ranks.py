@@ -105,9 +105,9 @@ def test_two_ranks_through_the_node_service(tmp_path, face):
         got = _ranks(face, root, tmp_path / "local", device)
     finally:
         stop_service(svc)
-    from retainz.integrations import _stores
+    from retainz.jobs import stores
 
-    with _stores.using(device) as store:
+    with stores.using(device) as store:
         gens = {g.id: sorted(g.shards) for g in store.generations()}
     if face == "retainz":
         assert got["face"] == got["local"] == PER_RANK

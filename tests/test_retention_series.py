@@ -11,6 +11,14 @@ from __future__ import annotations
 
 import pytest
 
+from retainz.ids import (
+    generation_path,
+    member_name,
+    members,
+    series_folder,
+    series_generation_id,
+    series_of,
+)
 from retainz.integrations.retention_callbacks import (
     KeepLatestK,
     MegatronNonPersistentGlobal,
@@ -19,14 +27,6 @@ from retainz.integrations.retention_callbacks import (
 from retainz.retention import rule_hint
 from retainz.retention.base import parse_rule
 from retainz.retention.retire import retired_after_commit
-from retainz.retention.series import (
-    generation_path,
-    member_name,
-    members,
-    series_folder,
-    series_generation_id,
-    series_of,
-)
 from retainz.store import Store
 from retainz.zoned import Geometry, MemoryDevice
 
@@ -194,7 +194,7 @@ def _dcp():
 
 @pytest.fixture
 def device(tmp_path):
-    from retainz.integrations import _stores
+    from retainz.jobs import stores
     from retainz.zoned import FileDevice
 
     path = tmp_path / "dev.img"
@@ -202,21 +202,21 @@ def device(tmp_path):
     Store.format(dev).close()
     dev.close()
     yield str(path)
-    assert _stores.open_count() == 0
+    assert stores.open_count() == 0
 
 
 def _survivors(device, series):
-    from retainz.integrations import _stores
+    from retainz.jobs import stores
 
-    with _stores.using(device) as store:
+    with stores.using(device) as store:
         own = [g for g in store.generations() if g.id not in FOREIGN]
         return sorted((g.step, name) for name, g in members(own, series))
 
 
 def _all(device):
-    from retainz.integrations import _stores
+    from retainz.jobs import stores
 
-    with _stores.using(device) as store:
+    with stores.using(device) as store:
         return {g.id: (g.hint.reclaim_step, g.hint.condition) for g in store.generations()}
 
 
@@ -245,9 +245,9 @@ def test_zoned_storage_writers_of_interleaved_jobs_retire_only_their_series(devi
     """After save N only what the job's rule keeps remains in its series, the deletes happen once the
     save has committed, every other job is untouched, and survivors carry the rule's hints."""
     torch, dcp, ZonedStorageWriter, ZonedStorageReader = _dcp()
-    from retainz.integrations import _stores
+    from retainz.jobs import stores
 
-    with _stores.using(device) as store:
+    with stores.using(device) as store:
         for gid in FOREIGN:
             _put(store, gid, 1)
     writers = {s: ZonedStorageWriter(device, retention=rule, series=s) for s, (rule, _, _) in WRITER_JOBS.items()}
@@ -449,9 +449,9 @@ def test_runtime_purges_through_the_filesystem_stay_in_their_folders(fs_device):
 
 
 def _gens_of(device):
-    from retainz.integrations import _stores
+    from retainz.jobs import stores
 
-    with _stores.using(device) as store:
+    with stores.using(device) as store:
         return list(store.generations())
 
 
@@ -499,7 +499,7 @@ def test_a_non_coordinator_rank_retires_when_its_next_save_starts(tmp_path):
     torch, _, ZonedStorageWriter, _ = _dcp()
     from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
-    from retainz.integrations import _stores
+    from retainz.jobs import stores
 
     pattern = str(tmp_path / "rank{rank}.img")
     w = ZonedStorageWriter(pattern, retention="torchtitan:interval=10,keep_latest_k=2", series="a", geometry=GEOM)
@@ -511,10 +511,10 @@ def test_a_non_coordinator_rank_retires_when_its_next_save_starts(tmp_path):
         planner.set_up_planner({"w": torch.full((16,), float(step))}, is_coordinator=False)
         plan = w.prepare_local_plan(planner.create_local_plan())
         w.write_data(plan, planner).wait()
-        with _stores.using(pattern.format(rank=1)) as store:
+        with stores.using(pattern.format(rank=1)) as store:
             seen.append(sorted(g.step for _, g in members(store.generations(), "a")))
     assert seen == [[10], [10, 20], [10, 20, 30], [20, 30, 40]]
-    assert _stores.open_count() == 0
+    assert stores.open_count() == 0
 
 
 @torch_needed

@@ -10,7 +10,7 @@ pl = pytest.importorskip("pytorch_lightning", reason="needs the runtimes extra (
 import fsspec  # noqa: E402
 import torch  # noqa: E402
 
-from retainz.integrations import _stores  # noqa: E402
+from retainz.jobs import stores  # noqa: E402
 
 pytestmark = pytest.mark.dcp
 
@@ -35,7 +35,7 @@ class Recorder(pl.Callback):
         self.device, self.seen = device, {}
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        with _stores.using(self.device) as store:
+        with stores.using(self.device) as store:
             self.seen[trainer.global_step] = sorted(g.id for g in store.generations())
 
 
@@ -62,7 +62,7 @@ def test_model_checkpoint_rotation_on_retainz(tmp_path):
         # previous file (save_top_k=1, no monitor)
         assert rec.seen == {0: [], 1: [], 2: [fid(2)], 3: [fid(2)], 4: [fid(4)], 5: [fid(4)], 6: [fid(6)],
                             7: [fid(6)]}
-        with _stores.using(device) as store:
+        with stores.using(device) as store:
             gens = {g.id: g for g in store.generations()}
         assert list(gens) == [fid(8)]
         assert gens[fid(8)].step == 8 and gens[fid(8)].hint.reclaim_step == 10

@@ -71,14 +71,18 @@ def test_megatron_retain_interval(new_store):
     assert store.generation("iter_0001000").hint.reclaim_step == 1100
 
 
-def test_megatron_retain_interval_recovers_tracker_after_restart(new_store):
+@pytest.mark.parametrize("recover", [True, False])
+def test_megatron_retain_interval_recovers_tracker_after_restart(new_store, recover):
+    """Megatron reads ``prev`` from its tracker file on every finalize, restarted or not: a callback made
+    afresh deletes the previous non-multiple once the next save commits, ``recover`` called or not."""
     store = new_store()
     cb = MegatronRetainInterval(100, 300)
     for it in (100, 200):
         _save(store, cb, it)
         cb.after_commit(store, it)
     restarted = MegatronRetainInterval(100, 300)
-    assert restarted.recover(store) == 200
+    if recover:
+        assert restarted.recover(store) == 200
     _save(store, restarted, 300)
     assert restarted.after_commit(store, 300) == ["iter_0000200"]
     assert _steps(store) == [300]
@@ -159,3 +163,29 @@ def test_keep_latest_k_like_torchtitan(new_store):
     assert _steps(store) == [30, 40]
     with pytest.raises(ValueError, match="keep_latest_k=1 is rejected"):
         KeepLatestK(1)
+
+
+def test_megatrons_purge_is_modelled_once(new_store):
+    """The driven rule (traces), the DCP writer's enacted rule and the callbacks keep the same
+    persistent iterations after every commit (one model: rules_megatron.retain_interval_retired)."""
+    from retainz.retention.base import drive, parse_rule
+    from retainz.retention.retire import retired_after_commit
+
+    rule = parse_rule("megatron:save_interval=100,retain_interval=300")
+    store, cb = new_store(), MegatronRetainInterval(100, 300)
+    driven: set[str] = set()
+    enacted: list[str] = []
+    after: dict[int, tuple] = {}
+    for a in drive(rule.start(1000)):
+        if a.kind == "commit":
+            driven.add(a.name)
+            enacted.append(a.name)
+            for gid in retired_after_commit(rule, [(n, n) for n in enacted]):
+                enacted.remove(gid)
+            _save(store, cb, a.step)
+            cb.after_commit(store, a.step)
+        elif a.kind == "delete":
+            driven.discard(a.name)
+        after[a.step] = (sorted(driven), sorted(enacted), sorted(g.id for g in store.generations()))
+    assert all(d == e == c for d, e, c in after.values()), after
+    assert after[1000][0] == ["iter_0000300", "iter_0000600", "iter_0000900", "iter_0001000"]

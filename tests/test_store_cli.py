@@ -385,8 +385,8 @@ def test_mkfs_formats_with_retainz_unless_another_policy_is_named_and_df_shows_t
 
 
 def test_a_device_file_the_integrations_format_for_themselves_gets_retainz_and_keeps_a_named_one(tmp_path):
-    """The DCP writer's and retainz://'s own device (``integrations._stores.using``, no torch needed)."""
-    from retainz.integrations._stores import using
+    """The DCP writer's and retainz://'s own device (``retainz.jobs.stores.using``, no torch needed)."""
+    from retainz.jobs.stores import using
     from retainz.zoned import Geometry
 
     geo = Geometry(nr_zones=16, zone_size=256 << 10, zone_capacity=192 << 10)

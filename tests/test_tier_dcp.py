@@ -15,8 +15,8 @@ import torch.distributed.checkpoint as dcp  # noqa: E402
 from torch.distributed.checkpoint.api import CheckpointException  # noqa: E402
 
 from retainz.errors import PromotionBacklogError  # noqa: E402
-from retainz.integrations import _stores  # noqa: E402
 from retainz.integrations.dcp import ZonedStorageReader, ZonedStorageWriter  # noqa: E402
+from retainz.jobs import stores  # noqa: E402
 from retainz.tier import Destination  # noqa: E402
 from retainz.zoned import Geometry  # noqa: E402
 
@@ -31,7 +31,7 @@ def state(step: int, n: int = 200_000) -> dict:
 
 
 def ids(path) -> list[str]:
-    with _stores.using(str(path)) as store:
+    with stores.using(str(path)) as store:
         return [g.id for g in store.generations()]
 
 
@@ -172,14 +172,14 @@ def test_a_save_that_cannot_fit_is_refused_before_any_byte_is_written(tmp_path, 
         saved = [10]
         with pytest.raises(CheckpointException) as ei:
             for step in range(20, 200, 10):
-                with _stores.using(str(dev)) as store:
+                with stores.using(str(dev)) as store:
                     before = store.metrics.host_bytes
                 dcp.save(state(step, 1_500_000), storage_writer=w, checkpoint_id=f"/ckpt/step-{step}")
                 saved.append(step)
         err = next(e for e, _ in ei.value.failures.values())
         assert isinstance(err, PromotionBacklogError), err
         assert err.needed >= 1_500_000                 # the whole save asked at once
-        with _stores.using(str(dev)) as store:
+        with stores.using(str(dev)) as store:
             assert store.metrics.host_bytes == before  # not one byte of the refused save written
         assert ids(dev) == [f"step-{s}" for s in saved]
     finally:
@@ -239,7 +239,7 @@ def test_a_fresh_writer_retires_what_was_made_durable_since_the_last_run(tmp_pat
         w.close()
     assert ids(dev) == saved and len(saved) > 2
     fs.down = False
-    with _stores.using(str(dev)) as store:                 # what `retainz tier promote` does
+    with stores.using(str(dev)) as store:                 # what `retainz tier promote` does
         assert Promoter(store, url, fs=fs).run_pending()
     assert ids(dev) == saved                                 # promotion never deletes
     step = int(saved[-1].split("-")[1]) + 10

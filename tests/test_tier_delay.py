@@ -185,8 +185,8 @@ def test_writer_hint_of_a_save_kept_until_durable_includes_the_expected_promotio
     import torch.distributed.checkpoint as dcp
 
     import retainz.tier.promoter as promoter_mod
-    from retainz.integrations import _stores
     from retainz.integrations.dcp import ZonedStorageWriter
+    from retainz.jobs import stores
 
     fs = destination.faulty()
     fs.gate = threading.Event()                    # the destination stalls: nothing is measured
@@ -204,7 +204,7 @@ def test_writer_hint_of_a_save_kept_until_durable_includes_the_expected_promotio
             clock[0] = step / 10.0                 # one save a second, 10 steps apart: 10 steps/s
             g = torch.Generator().manual_seed(step)
             dcp.save({"w": torch.randn(50_000, generator=g)}, storage_writer=w, checkpoint_id=f"/ckpt/step-{step}")
-        with _stores.using(str(tmp_path / "dev.img")) as store:
+        with stores.using(str(tmp_path / "dev.img")) as store:
             hints = {g.id: g.hint for g in store.generations()}
             sizes = {g.id: g.size for g in store.generations()}
     finally:

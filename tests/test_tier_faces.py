@@ -13,9 +13,9 @@ import pytest
 
 pytest.importorskip("fsspec", reason="needs fsspec (the tier extra)")
 
-from retainz.integrations._stores import using  # noqa: E402
 from retainz.integrations.fsspec_fs import RetainZFileSystem  # noqa: E402
 from retainz.integrations.retention_callbacks import MegatronNonPersistentLocal  # noqa: E402
+from retainz.jobs.stores import using  # noqa: E402
 from retainz.store import Store  # noqa: E402
 from retainz.tier import Destination, Promoter  # noqa: E402
 from retainz.zoned import FileDevice  # noqa: E402

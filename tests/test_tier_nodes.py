@@ -153,8 +153,8 @@ def test_two_ranks_on_two_nodes_promote_to_one_destination_and_load_on_another_l
     torch = pytest.importorskip("torch", reason="needs the torch extra (make setup-torch)")
     import torch.distributed.checkpoint as dcp
 
-    from retainz.integrations import _stores
     from retainz.integrations.dcp import ZonedStorageReader
+    from retainz.jobs import stores
     from tests.workers.dcp_ranks import full
 
     devices, url = tmp_path / "devs", destination.url      # the ranks reach S3 through the AWS_* variables
@@ -178,7 +178,7 @@ def test_two_ranks_on_two_nodes_promote_to_one_destination_and_load_on_another_l
         assert sorted(c.name for c in dest.manifest(gid).shards) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
     local = {}
     for r in (0, 1):
-        with _stores.using(str(devices / f"rank{r}.img")) as store:
+        with stores.using(str(devices / f"rank{r}.img")) as store:
             local[r] = [g.id for g in store.generations()]
     assert local[0] == ["step-30", "step-40"]
     assert {"step-30", "step-40"} <= set(local[1]) <= {"step-20", "step-30", "step-40"}

@@ -16,8 +16,8 @@ import torch.distributed.checkpoint as dcp  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict  # noqa: E402
 
-from retainz.integrations import _stores  # noqa: E402
 from retainz.integrations.dcp import ZonedStorageReader, ZonedStorageWriter  # noqa: E402
+from retainz.jobs import stores  # noqa: E402
 from retainz.store import Store  # noqa: E402
 from retainz.tier import Destination, restore_generation  # noqa: E402
 from retainz.zoned import FileDevice, Geometry  # noqa: E402
@@ -84,7 +84,7 @@ def same(a: dict, b: dict) -> bool:
 
 
 def local_ids(path) -> list[str]:
-    with _stores.using(str(path)) as store:
+    with stores.using(str(path)) as store:
         return sorted(g.id for g in store.generations())
 
 

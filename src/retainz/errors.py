@@ -401,6 +401,9 @@ class ServiceGoneError(RetainZError, ConnectionError):
     def __str__(self) -> str:
         return str(self.strerror)
 
+    def __reduce__(self):       # DCP gathers a rank's exception to the others (pickled)
+        return (type(self), (self.strerror,))
+
 
 class ProtocolError(RetainZError, ValueError):
     """A node-service message that breaks the protocol: a frame longer than its bound, a header that
@@ -460,6 +463,16 @@ class DurableCopyError(ChecksumError):
 class AccessDeniedError(RetainZError, PermissionError):
     """A node-service client asked for a generation outside what its job may see (its series folder
     and the operator's grants, ``retainz serve --grant/--allow-all``), or for the whole-device view
-    (job ``*``) it was not granted.  Nothing was done; the message names the job and the generation."""
+    (job ``*``) it was not granted.  Nothing was done; the message names the job and the generation.
+    Its errno is ``EACCES`` (a face reports it as a permission error, not EIO)."""
 
     exit_status = 1  # the CLI: an operation refused, not malformed input
+
+    def __init__(self, message: str = ""):
+        OSError.__init__(self, _errno.EACCES, message)
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+    def __reduce__(self):
+        return (type(self), (self.strerror,))

@@ -47,9 +47,9 @@ def newest(device: str) -> int | None:
 
     if not os.path.exists(device):
         return None
-    from retainz.integrations import _stores
+    from retainz.jobs import stores
 
-    with _stores.using(device) as store:
+    with stores.using(device) as store:
         steps = [g.step for g in store.generations()]
     return max(steps) if steps else None
 

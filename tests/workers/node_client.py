@@ -34,8 +34,8 @@ def content(gen_id: str, shard: str, size: int) -> bytes:
 
 def main(device: str, log_path: str, job: str, n: int, seed: int) -> int:
     from retainz.errors import ServiceGoneError
+    from retainz.ids import series_generation_id
     from retainz.node import NodeStore
-    from retainz.retention.series import series_generation_id
 
     rng = random.Random(seed)
     log = open(log_path, "a", buffering=1)

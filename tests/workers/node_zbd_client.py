@@ -51,7 +51,7 @@ def _connect(device: str, **kw):
 
 
 def write(device: str, job: str, go: str) -> int:
-    from retainz.retention.series import series_generation_id
+    from retainz.ids import series_generation_id
 
     with _connect(device, job=job) as store:
         assert store.data_path == "direct", store.data_reason

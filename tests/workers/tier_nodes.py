@@ -17,8 +17,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.device_mesh import init_device_mesh
 
-from retainz.integrations import _stores
 from retainz.integrations.dcp import ZonedStorageWriter
+from retainz.jobs import stores
 from retainz.tier import Destination
 from retainz.zoned import Geometry
 from tests.workers.dcp_ranks import state
@@ -39,7 +39,7 @@ def main() -> None:
         dcp.save(state(step, mesh), storage_writer=w, checkpoint_id=f"{root}/step-{step}")
         seen.update(w.promoter.deferred)
         # nothing committed is lost: each save is on this rank's device or durable (every rank's part)
-        with _stores.using(os.path.join(root, f"rank{rank}.img")) as store:
+        with stores.using(os.path.join(root, f"rank{rank}.img")) as store:
             here = {g.id for g in store.generations()}
         lost += [f"step-{s}" for s in range(10, step + 1, 10)
                  if f"step-{s}" not in here and f"step-{s}" not in dest.generations()]

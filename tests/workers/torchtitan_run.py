@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch import nn
 from torchtitan.components.checkpointer import CheckpointManager
 
-from retainz.integrations import _stores
+from retainz.jobs import stores
 
 
 class Box:
@@ -34,7 +34,7 @@ class Box:
 
 
 def generations(device):
-    with _stores.using(device) as store:
+    with stores.using(device) as store:
         return {g.id: (g.step, g.hint.reclaim_step) for g in store.generations()}
 
 

@@ -20,7 +20,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 from torchtitan.components.checkpointer import CheckpointManager
 
-from retainz.integrations import _stores
+from retainz.jobs import stores
 from retainz.store import Store
 from retainz.tier import Destination, restore_generation
 from retainz.zoned import FileDevice, Geometry
@@ -93,7 +93,7 @@ def main():
             listed[step] = settle(cm, folder)
             backlog.append(tier.promoter.backlog()[0])
             deferred.update(tier.promoter.deferred)
-            with _stores.using(device) as store:
+            with stores.using(device) as store:
                 here = {g.id for g in store.generations()}
             lost += [s for s in snaps if f"ckpt%2Fstep-{s}" not in here | set(dest.generations())]
     cm.close()
@@ -102,7 +102,7 @@ def main():
     from retainz.integrations.fsspec_fs import RetainZFileSystem
 
     RetainZFileSystem.close_all()
-    with _stores.using(device) as store:
+    with stores.using(device) as store:
         local = sorted(g.id for g in store.generations())
     durable = dest.generations()
 

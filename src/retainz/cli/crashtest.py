@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from retainz.cli import plural, print_json, progress
-from retainz.zoned import format_size, open_device
+from retainz.zoned import format_size, parse_device
 
 
 def register(sub) -> None:
@@ -67,13 +67,16 @@ def _crashtest(args) -> int:
             raise ValueError(f"unknown workload {n!r}; valid: {', '.join(WORKLOADS)}, all")
     if args.max_points < 0:
         raise ValueError(f"--max-points must be >= 0 (0: every boundary), not {args.max_points}")
-    spec = args.device
-    if spec.startswith("mem:") or spec == "mem":
-        probe = open_device(spec)
+    spec = parse_device(args.device)
+    if spec.kind == "mem":
+        probe = spec.open()
         geometry = probe.geometry
         make = lambda g: MemoryDevice(g)  # noqa: E731
+    elif spec.kind != "file":
+        raise ValueError(f"{args.device}: crashtest recreates its device at every point: give a mem: device or "
+                         "a scratch device file")
     else:
-        path = spec[5:] if spec.startswith("file:") else spec
+        path = spec.path
         if not os.path.exists(path):
             raise FileNotFoundError(f"{path}: no such device file (create one with `retainz device create`)")
         with FileDevice(path) as dev:
@@ -85,7 +88,7 @@ def _crashtest(args) -> int:
     try:
         return _campaigns(args, names, geometry, make)
     finally:
-        if not (spec.startswith("mem:") or spec == "mem"):
+        if spec.kind == "file":
             FileDevice.create(path, geometry, force=True).close()   # leave the scratch device empty again
 
 

@@ -12,7 +12,8 @@ import sys
 
 def register(sub) -> None:
     p = sub.add_parser("serve", help="serve a device's store to many processes (the node service)")
-    p.add_argument("device", metavar="DEVICE", help="a device file holding a RetainZ store (retainz mkfs)")
+    p.add_argument("device", metavar="DEVICE", help="a device holding a RetainZ store (retainz mkfs): a device "
+                                                    "file, a zoned block device /dev/NAME or zbd:/dev/NAME")
     p.add_argument("--socket", metavar="PATH", default=None,
                    help="the Unix socket to listen on (default: DEVICE.sock beside a device file, where "
                         "clients look for it)")
@@ -60,14 +61,18 @@ def access_options(args) -> dict:
 
 
 def _serve(args) -> int:
-    import os
-
     from retainz.node import serve
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    if not args.device.startswith(("/dev/", "remote:")) and not os.path.exists(args.device):
-        raise FileNotFoundError(f"{args.device}: no such device file (create it with `retainz device create` "
+    from retainz.zoned import parse_device
+
+    spec = parse_device(args.device)
+    if not spec.persistent:
+        raise ValueError(f"{args.device}: an in-memory device lives only in this process; serve a device file "
+                         "or a zoned block device")
+    if not spec.exists():
+        raise FileNotFoundError(f"{spec.path}: no such device file (create it with `retainz device create` "
                                 "and `retainz mkfs`)")
 
     def ready(svc) -> None:
@@ -81,7 +86,7 @@ def _serve(args) -> int:
     except DeviceBusyError:
         from retainz.mount.runner import held_message, lock_holders
 
-        if args.device.startswith(("/dev/", "remote:")) or not lock_holders(args.device):
+        if not spec.is_file or not lock_holders(spec.path):
             raise
-        raise DeviceBusyError(held_message(args.device)) from None    # who holds it: a mount, a pid
+        raise DeviceBusyError(held_message(spec.path)) from None    # who holds it: a mount, a pid
     return 0

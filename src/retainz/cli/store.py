@@ -21,7 +21,7 @@ from retainz.placement import DEFAULT_POLICY
 from retainz.placement.base import PERMANENT
 from retainz.store.format import MAX_META_ZONES
 from retainz.store.store import MAX_STEP
-from retainz.zoned import format_size, format_sizes, open_device
+from retainz.zoned import format_size, format_sizes, open_device, parse_device
 from retainz.zoned.model import MAX_ZONES
 
 #: A training step (``--step``, ``--reclaim-step``): ``0..MAX_STEP``, the store's bound.
@@ -109,23 +109,9 @@ def _persistent(spec: str) -> None:
 
     Raises:
         ValueError: ``spec`` names an in-memory device (``mem:``, ``fdp:``), gone when the command exits."""
-    if spec.startswith(("mem:", "fdp:")):
+    if not parse_device(spec).persistent:
         raise ValueError(f"{spec}: an in-memory device lives only for one command, so no store can be kept on "
                          "it; make a file device (`retainz device create PATH ...`)")
-
-
-def _served(spec: str):
-    """A :class:`~retainz.node.NodeStore` when a node service answers at the device's socket, else
-    ``None``.  Its job: ``$RETAINZ_JOB``, else ``*`` (the whole device: the service's own user; a
-    client of another user is refused it with one line)."""
-    from retainz.node import NodeStore, served
-
-    if spec.startswith(("mem:", "fdp:", "remote:")) or served(spec) is None:
-        return None
-    try:
-        return NodeStore.connect(spec, job=os.environ.get("RETAINZ_JOB", "*"))
-    except (ConnectionRefusedError, FileNotFoundError):    # a stale socket: open the device itself
-        return None
 
 
 def _busy(spec: str) -> StoreLockedError:
@@ -133,7 +119,8 @@ def _busy(spec: str) -> StoreLockedError:
     service, a pid), from :func:`retainz.mount.runner.held_message`."""
     from retainz.mount.runner import held_message
 
-    return StoreLockedError(held_message(spec) if not spec.startswith(("mem:", "fdp:", "remote:", "/dev/")) else
+    dev = parse_device(spec)
+    return StoreLockedError(held_message(dev.path) if dev.is_file else
                             f"{spec}: the store is open in another process (the device is locked)")
 
 
@@ -152,31 +139,26 @@ def repair_hint(e: Exception, spec: str) -> Exception:
 
 
 def _open(spec: str, readonly: bool = False, args=None):
+    """The store of ``spec`` and its device: through a node service answering at the device's socket
+    (job ``$RETAINZ_JOB``, else ``*``, the whole device: the service's own user; a client of another user
+    is refused it with one line), else the device itself (:func:`retainz.jobs.stores.open_store`).
+    Damage that stops the open names the way out (:func:`repair_hint`)."""
     from retainz.errors import CorruptDeviceError, CorruptJournalError
-    from retainz.store import Store
+    from retainz.jobs.stores import open_store
 
     _persistent(spec)
-    node = _served(spec)
-    if node is not None:
-        return node, node.device
-    try:
-        dev = open_device(spec, readonly=readonly)
-    except DeviceBusyError:
-        raise _busy(spec) from None
-    except CorruptDeviceError as e:
-        raise repair_hint(e, spec) from None
     try:
         with progress.bar(None, "open", args, unit="record") as bar:
-            return Store.open(dev, readonly=readonly, progress=progress.callback(bar)), dev
+            store = open_store(spec, job=os.environ.get("RETAINZ_JOB", "*"), readonly=readonly,
+                               format_blank=False, progress=progress.callback(bar))
+    except DeviceBusyError:
+        raise _busy(spec) from None
     except (CorruptJournalError, CorruptDeviceError) as e:
-        dev.close()
         raise repair_hint(e, spec) from None
-    except BaseException:
-        dev.close()
-        raise
+    return store, store.device
 
 
-class _Session:
+class StoreSession:
     """A store open for one command; ``readonly`` (ls, get, df, fsck) writes nothing to the device:
     no recovery repair, no journal record (``Store.open(readonly=True)``).  A read-write session
     holds SIGINT/SIGTERM from the open to the close (:func:`retainz.cli.interrupt.deferred`): the
@@ -240,7 +222,7 @@ def _format(args) -> int:
 
 
 def _ls(args) -> int:
-    with _Session(args.device, readonly=True, args=args) as store:
+    with StoreSession(args.device, readonly=True, args=args) as store:
         gens = store.generations()
         if args.json:
             print_json([{"id": g.id, "step": g.step, "size": g.size,
@@ -319,7 +301,7 @@ def _put(args) -> int:
                          "by its file name, unique in a generation (a checkpoint tree keeps its paths through "
                          "`retainz mount`)")
     rs = PERMANENT if args.permanent else args.reclaim_step
-    with _Session(args.device, args=args) as store:
+    with StoreSession(args.device, args=args) as store:
         declared = sum(os.path.getsize(p) for p in args.files)
         w = store.begin_generation(args.generation, args.step, declared_size=declared, replace=args.replace,
                                    hint=Hint(reclaim_step=rs))
@@ -339,7 +321,7 @@ def _get(args) -> int:
     from retainz.errors import ChecksumError, GenerationNotFoundError
 
     durable = _durable_source(args)
-    with _Session(args.device, readonly=True, args=args) as store:
+    with StoreSession(args.device, readonly=True, args=args) as store:
         try:
             gen, local = store.generation(args.generation), True
         except GenerationNotFoundError:
@@ -457,7 +439,7 @@ def _durable_source(args):
 def _rm(args) -> int:
     from retainz.store import Store
 
-    with _Session(args.device, args=args) as store:
+    with StoreSession(args.device, args=args) as store:
         # an unknown generation (after a repair) exists on the device itself, not through a node service
         unknown = {g.id for g in store.unknown()} if isinstance(store, Store) else set()
         for gid in args.generations:
@@ -470,7 +452,7 @@ def _rm(args) -> int:
 
 
 def _gc(args) -> int:
-    with _Session(args.device, args=args) as store, progress.bar(None, "gc", args, unit="zone") as bar:
+    with StoreSession(args.device, args=args) as store, progress.bar(None, "gc", args, unit="zone") as bar:
         rep = store.gc(force=args.force, progress=progress.callback(bar))
     if args.json:
         print_json(rep.to_dict(), indent=2)
@@ -495,7 +477,7 @@ def _fsck(args) -> int:
         if args.repair or args.upgrade or args.restore is not None:
             rep = _repair(args.device, upgrade_only=args.upgrade, restore=args.restore)
         else:
-            with _Session(args.device, readonly=True, args=args) as store:
+            with StoreSession(args.device, readonly=True, args=args) as store:
                 total = sum(g.size for g in store.generations())
                 with progress.bar(total, "fsck", args) as bar:
                     rep = store.fsck(progress=bar.update)
@@ -581,7 +563,7 @@ def _repair(spec: str, *, upgrade_only: bool = False, restore: str | None = None
 def _df(args) -> int:
     from retainz.tier import promotion_counters
 
-    with _Session(args.device, readonly=True, args=args) as store:
+    with StoreSession(args.device, readonly=True, args=args) as store:
         rep = store.df()
         policy = store.policy
         metrics = store.metrics.to_dict()

@@ -87,10 +87,10 @@ def _promoter(store, s, path, **kw):
 
 
 def _promote(args) -> int:
-    from retainz.cli.store import _Session
+    from retainz.cli.store import StoreSession
 
     s, path = settings(args.device, args.url, args.policy, args.bandwidth)
-    with _Session(args.device, readonly=True) as store:
+    with StoreSession(args.device, readonly=True) as store:
         for gid in args.generations:
             store.generation(gid)
         with progress.bar(None, "promote", args) as bar:
@@ -119,10 +119,10 @@ def _promote(args) -> int:
 
 
 def _status(args) -> int:
-    from retainz.cli.store import _Session
+    from retainz.cli.store import StoreSession
 
     s, path = settings(args.device, args.url, args.policy)
-    with _Session(args.device, readonly=True) as store:
+    with StoreSession(args.device, readonly=True) as store:
         p = _promoter(store, s, path)
         p.refresh()
         bad = p.verify(deep=True) if args.verify else []
@@ -142,11 +142,11 @@ def _status(args) -> int:
 
 
 def _restore(args) -> int:
-    from retainz.cli.store import _Session
+    from retainz.cli.store import StoreSession
     from retainz.tier import Destination, restore_generation
 
     s, _ = settings(args.device, args.url)
-    with _Session(args.device) as store:
+    with StoreSession(args.device) as store:
         gen = restore_generation(store, Destination(s.url), args.generation)
     print(f"{gen.id}: {plural(len(gen.shards), 'shard')}, {format_size(gen.size)} restored from {s.url} "
           f"(crc32c verified) at step {gen.step}", file=sys.stderr)

@@ -76,13 +76,13 @@ from retainz.errors import (
     RetainZError,
 )
 from retainz.hint import Hint, class_bounds
-from retainz.integrations import _stores
+from retainz.ids import checkpoint_name, members, series_folder, series_generation_id
+from retainz.jobs import life, ranks, stores
 from retainz.node import NodeStore, served
 from retainz.retention.base import parse_rule
 from retainz.retention.durable import StepRate, until_durable
-from retainz.retention.online import explicit_hint, rule_hint
+from retainz.retention.online import rule_hint
 from retainz.retention.retire import check_enactable, is_explicit, pattern_of, retired_after_commit
-from retainz.retention.series import members, series_folder, series_generation_id
 from retainz.retention.steps import parse_step
 
 __all__ = [
@@ -92,7 +92,6 @@ __all__ = [
     "CheckpointNotFoundError",
     "UnsafeMetadataError",
     "load_metadata",
-    "generation_id",
     "device_path",
     "METADATA_SHARD",
 ]
@@ -185,45 +184,33 @@ class _RankStream:
     rank: int
 
 
-def generation_id(checkpoint_id: str | os.PathLike) -> str:
-    """The generation id for a DCP checkpoint id: its last path component (``.../step-500`` ->
-    ``step-500``; a ``retainz://`` URL likewise).
-
-    Raises:
-        InvalidIdError: the id has no usable last component.
-    """
-    text = os.fspath(checkpoint_id).rstrip("/")
-    name = text.rsplit("/", 1)[-1]
-    if not name or name in (".", ".."):
-        raise InvalidIdError(f"checkpoint id {os.fspath(checkpoint_id)!r} has no last path component to "
-                             "use as a generation id")
-    return name
-
-
 def device_path(device: str | os.PathLike, rank: int, *, reading: bool = False) -> str:
-    """The device file of ``rank``: ``device`` formatted with ``{rank}``, ``DIR/rank{rank}.img`` for a
-    directory (existing, or a path ending in ``/``), else the file itself (rank 0 only, or any rank
-    when served by a node service or when ``reading``: a checkpoint saved through a node service
-    holds every rank's shards on that one device, and a load at another world size reads them there).
-
-    Raises:
-        ValueError: a single device file for a rank other than 0, neither served nor read.
-    """
+    """The device of ``rank``: ``device`` formatted with ``{rank}``, ``DIR/rank{rank}.img`` for a
+    directory (existing, or a path ending in ``/``), else the device itself for every rank: the ranks
+    share it through its node service, ``retainz serve``'s or the one the first rank to open it starts
+    (:func:`retainz.jobs.stores.using` with ``share``; docs/node.md), and a checkpoint saved so holds
+    every rank's shards on that one device (a load at another world size reads them there).
+    ``reading`` is accepted for the callers that say which use they make of it."""
+    del reading
     text = os.fspath(device)
     if "{rank}" in text:
         return text.format(rank=rank)
     if os.path.isdir(text) or text.endswith("/"):
         return os.path.join(text, f"rank{rank}.img")
-    if rank != 0 and (reading or served(text) is not None):
-        return text       # one device for every rank, through its node service (docs/node.md)
-    if rank != 0:
-        raise ValueError(f"{text}: rank {rank} needs its own device; pass a directory (DIR/rank{{N}}.img) "
-                         "or a path containing {rank}")
     return text
 
 
 def _current_rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _shared_device(device: Any) -> bool:
+    """Whether the ranks of this job share ``device`` (one device file or block device, no ``{rank}``
+    and no directory of rank devices, and more than one rank)."""
+    if stores.is_store(device) or ranks.world_size() <= 1:
+        return False
+    text = os.fspath(device)
+    return "{rank}" not in text and not (os.path.isdir(text) or text.endswith("/"))
 
 
 def _item_bytes(item: Any) -> int:
@@ -293,7 +280,7 @@ class ZonedStorageWriter(StorageWriter):
             or a :class:`~retainz.hint.Hint`; change it per save with :meth:`set_condition`.
         step: the training step, when the id names none (``parse_step`` otherwise).
         series: the job's checkpoint folder inside the device (``"jobs/a"``;
-            :mod:`retainz.retention.series`): the generation id is ``quote(series/name)`` (the
+            :mod:`retainz.ids`): the generation id is ``quote(series/name)`` (the
             ``retainz://`` id of that directory) instead of the bare last component, and retention
             counts and retires only this series.  Jobs sharing a device each pass their own; default
             the root series (ids ``step-500``).
@@ -393,7 +380,7 @@ class ZonedStorageWriter(StorageWriter):
         """The generation id of the current checkpoint (its last component, in :attr:`series`)."""
         if self.checkpoint_id is None:
             raise ValueError("no checkpoint_id: pass it to ZonedStorageWriter or to dcp.save")
-        return series_generation_id(self.series, generation_id(self.checkpoint_id))
+        return series_generation_id(self.series, checkpoint_name(self.checkpoint_id))
 
     @property
     def step(self) -> int:
@@ -412,11 +399,7 @@ class ZonedStorageWriter(StorageWriter):
         """
         step = self.explicit_step if self.explicit_step is not None else (
             parse_step(self.checkpoint_id) if self.checkpoint_id is not None else None)
-        if isinstance(self.condition, Hint):
-            return self.condition
-        if self.condition:
-            return explicit_hint(self.condition, step)
-        return rule_hint(self.retention, step) if self.retention else None
+        return rule_hint(self.retention, step, condition=self.condition)
 
     def keeps_until_durable(self) -> bool:
         """True when the rule retires the current save only once its promotion is verified: an enacted
@@ -459,7 +442,7 @@ class ZonedStorageWriter(StorageWriter):
         self._release(abort=True)
         if checkpoint_id is not None:
             self.checkpoint_id = os.fspath(checkpoint_id)
-            generation_id(self.checkpoint_id)  # validate early
+            checkpoint_name(self.checkpoint_id)  # validate early
         self.save_id = uuid.uuid4().hex
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
@@ -477,9 +460,10 @@ class ZonedStorageWriter(StorageWriter):
         ``overwrite``); tags the plan with this rank's stream."""
         gen = self.generation
         self._release(abort=True)
-        store = self._held.enter_context(_stores.using(device_path_for(self.device, self.rank),
+        store = self._held.enter_context(stores.using(device_path_for(self.device, self.rank),
                                                        geometry=self.geometry, policy=self.policy,
-                                                       wait=self.wait, job=self.series or None))
+                                                       wait=self.wait, job=self.series or None,
+                                                       share=_shared_device(self.device)))
         self._store = store
         if self.promote is not None and self._promoter is None:
             self._start_promoter()
@@ -507,7 +491,7 @@ class ZonedStorageWriter(StorageWriter):
         # (replace-on-commit); no declared size: the store admits the bytes as they arrive
         if isinstance(store, NodeStore):   # ranks sharing one served device write one generation
             self._gen = store.begin_generation(gen, self.step, hint=self.store_hint(), replace=exists,
-                                               join=_dcp_join_token(self.checkpoint_id))
+                                               join=ranks.join_token(str(self.checkpoint_id)))
         else:
             self._gen = store.begin_generation(gen, self.step, hint=self.store_hint(), replace=exists)
         return dataclasses.replace(plan, storage_data=_RankStream(self.rank))
@@ -655,27 +639,21 @@ class ZonedStorageWriter(StorageWriter):
         deleted = []
         for gid in doomed:
             with contextlib.suppress(GenerationNotFoundError):   # another writer of the series got there
-                if self._promoter is None:
-                    store.delete(gid, step=step)
-                elif not self._promoter.retire(store, gid, step):
-                    continue      # kept until its promotion is verified (then the promoter deletes it)
-                deleted.append(gid)
+                if life.retire(store, gid, step=step, promoter=self._promoter):
+                    deleted.append(gid)   # else kept until its promotion is verified (the promoter deletes it)
         pending = set() if self._promoter is None else {
             r.id for r in self._promoter.status() if r.state not in ("durable", "local")}
-        for name, g in mine:
-            if g.id in doomed:
-                continue
-            hint = rule_hint(self._rule, int(pat.fullmatch(name).group(1)))
-            if g.id in pending and g.hint.kind == "until_durable":
-                continue      # kept until durable: its expected promotion finish stands until it is durable
-            if hint is not None and (hint.reclaim_step, hint.condition) != (g.hint.reclaim_step, g.hint.condition):
-                store.update_hint(g.id, hint, step=step)
+        names = {g.id: name for name, g in mine}
+        # kept until durable: its expected promotion finish stands until it is durable
+        life.rehint(store, [g for _, g in mine if g.id not in doomed],
+                    lambda g: rule_hint(self._rule, int(pat.fullmatch(names[g.id]).group(1))), step=step,
+                    keep=lambda g: g.id in pending and g.hint.kind == "until_durable")
         return deleted
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
         try:
-            generation_id(checkpoint_id)
+            checkpoint_name(checkpoint_id)
         except InvalidIdError:
             return False
         return True
@@ -693,10 +671,12 @@ class ZonedStorageWriter(StorageWriter):
         self._promote_next = True
 
     def _start_promoter(self) -> None:
-        from retainz.tier import Promoter, state_path_for
+        from retainz.jobs import promotion
+        from retainz.tier import state_path_for
 
         path = device_path_for(self.device, self.rank)
-        store = self._promoter_hold.enter_context(_stores.using(path, wait=self.wait))  # open between saves
+        store = self._promoter_hold.enter_context(stores.using(path, wait=self.wait,   # open between saves
+                                                               share=_shared_device(self.device)))
         state = state_path_for(path) if isinstance(path, str | os.PathLike) else None
         url = self.promote.replace("{rank}", str(self.rank))
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
@@ -706,14 +686,7 @@ class ZonedStorageWriter(StorageWriter):
             # one device per rank, one destination: each rank's device is a node promoting its own
             # shards, and a save is durable once every rank's part is (docs/tiers.md, "Several nodes")
             nodes = {"node": f"rank{self.rank}", "nodes": [f"rank{r}" for r in range(world)]}
-        self._promoter = Promoter(store, url, state_path=state, **self._promote_args, **nodes).start()
-        if state is not None:       # retainz tier status / df / get then know the destination
-            from retainz.tier.state import remember
-
-            try:
-                remember(state, url, self._promoter.policy.describe(), self._promote_args["bandwidth"], **nodes)
-            except OSError as e:
-                log.warning("%s: could not record the promotion settings: %s", state, e)
+        self._promoter = promotion.acquire(store, url, state_path=state, **self._promote_args, **nodes)
 
     def _promote_committed(self) -> None:
         if self._promoter is None:
@@ -744,23 +717,16 @@ class ZonedStorageWriter(StorageWriter):
         writer's promoter) and release the device."""
         self._release(abort=True)
         if self._promoter is not None:
-            self._promoter.close()
+            from retainz.jobs import promotion
+
+            promotion.release(self._promoter)
             self._promoter = None
         self._promoter_hold.close()
 
 
-def _dcp_join_token(checkpoint_id: str | None) -> str | None:
-    """The ranks of one save share it (:func:`~retainz.integrations._stores.join_token`; a process
-    group started without torchrun's environment: the checkpoint id); ``None`` for one process."""
-    token = _stores.join_token(str(checkpoint_id))
-    if token is None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        token = f"dcp:{checkpoint_id}"
-    return token
-
-
 def device_path_for(device: Any, rank: int, *, reading: bool = False) -> Any:
     """``device`` itself for an open store, else :func:`device_path`."""
-    return device if _stores.is_store(device) else device_path(device, rank, reading=reading)
+    return device if stores.is_store(device) else device_path(device, rank, reading=reading)
 
 
 class _ShardCursor:
@@ -842,7 +808,7 @@ class ZonedStorageReader(StorageReader):
     def generation(self) -> str:
         if self.checkpoint_id is None:
             raise ValueError("no checkpoint_id: pass it to ZonedStorageReader or to dcp.load")
-        return series_generation_id(self.series, generation_id(self.checkpoint_id))
+        return series_generation_id(self.series, checkpoint_name(self.checkpoint_id))
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         self.storage_data = {}
@@ -872,12 +838,7 @@ class ZonedStorageReader(StorageReader):
         """Rank ``rank``'s device; with ``durable``, a single device file serves every rank (a layout
         other than the save's: one node loading what several saved, a generation restored whole onto
         one fresh device), and a shard it lacks is read from the durable copy."""
-        try:
-            return device_path_for(self.device, rank, reading=True)
-        except ValueError:
-            if self.durable is None:
-                raise
-            return device_path_for(self.device, 0)
+        return device_path_for(self.device, rank, reading=True)
 
     def _committed(self, store: Any, rank: int) -> Any:
         gen = self.generation
@@ -893,8 +854,8 @@ class ZonedStorageReader(StorageReader):
         """Read ``.metadata`` of the committed generation on rank 0's device (every rank does; the
         device is opened in turn when ranks run in separate processes)."""
         try:
-            with _stores.using(device_path_for(self.device, 0), wait=self.wait,
-                                 job=self.series or None) as store:
+            with stores.using(device_path_for(self.device, 0), wait=self.wait, job=self.series or None,
+                              share=_shared_device(self.device)) as store:
                 info = self._committed(store, 0)
                 if METADATA_SHARD not in info.shards:
                     raise CheckpointNotFoundError(f"checkpoint {self.checkpoint_id!r}: generation "
@@ -941,8 +902,8 @@ class ZonedStorageReader(StorageReader):
             try:
                 if self.used.get(rank, "local") != "local":
                     raise CheckpointNotFoundError(f"rank {rank}'s metadata came from the durable copy")
-                with _stores.using(self._rank_device(rank), wait=self.wait,
-                                     job=self.series or None) as store:
+                with stores.using(self._rank_device(rank), wait=self.wait, job=self.series or None,
+                                  share=_shared_device(self.device)) as store:
                     info = self._committed(store, rank)
                     for shard, reqs in mine:
                         if shard not in info.shards:

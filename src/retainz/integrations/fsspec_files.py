@@ -7,9 +7,8 @@ from __future__ import annotations
 from fsspec.spec import AbstractBufferedFile
 
 from retainz.namespace import NamespaceError
-from retainz.namespace.names import generation_for, is_dcp_name
 
-__all__ = ["generation_for", "is_dcp_name"]
+__all__ = ["ReadFile", "WriteFile"]
 
 
 def _os_error(e: NamespaceError, path: str) -> OSError:
@@ -18,7 +17,7 @@ def _os_error(e: NamespaceError, path: str) -> OSError:
     return OSError(e.errno, e.strerror, path)
 
 
-class _ReadFile(AbstractBufferedFile):
+class ReadFile(AbstractBufferedFile):
     DEFAULT_BLOCK_SIZE = 4 << 20
 
     def __init__(self, fs, path, mode, **kwargs):
@@ -50,7 +49,7 @@ class _ReadFile(AbstractBufferedFile):
                 self._fh = None
 
 
-class _WriteFile(AbstractBufferedFile):
+class WriteFile(AbstractBufferedFile):
     DEFAULT_BLOCK_SIZE = 8 << 20
 
     def __init__(self, fs, path, mode, **kwargs):

@@ -43,7 +43,7 @@ Storage options (``fsspec.filesystem("retainz", retention=...)``, or for runtime
   ``{folder: rule}`` dict keyed by the folder inside the device: it becomes each generation's placement
   hint (:func:`retainz.retention.rule_hint`), with the step parsed from the name
   (:func:`retainz.retention.parse_step` with ``file_names``).  Before its first save into a series (a
-  checkpoint's parent folder, :mod:`retainz.retention.series`) an instance re-hints that series'
+  checkpoint's parent folder, :mod:`retainz.ids`) an instance re-hints that series'
   committed checkpoints with its rule (a job resumed with a changed rule); it never re-hints another
   series, and it never deletes: the runtime's own purge (``rm -r``) retires checkpoints;
 * ``wait``: seconds to wait for a device another process holds (default 120);
@@ -57,7 +57,7 @@ A filesystem instance holds each device it touches open until :meth:`RetainZFile
 (or :meth:`RetainZFileSystem.close_all`): a device file is locked by one process at a time, so a
 ``retainz://`` device is used by one process, unless a node service serves it (``retainz serve``,
 docs/node.md): then the ranks of a torchrun job writing one checkpoint directory join one generation
-(:func:`~retainz.integrations._stores.join_token`); a rank other than 0 leaves it once its files there
+(:func:`~retainz.jobs.ranks.join_token`); a rank other than 0 leaves it once its files there
 are closed, and rank 0's ``.metadata`` commits every rank's files.  The namespace refreshes its view of
 what is committed before each lookup, so other instances' and other processes' commits are seen.
 
@@ -77,14 +77,16 @@ import weakref
 
 from fsspec.spec import AbstractFileSystem
 
-from retainz.integrations import _stores
-from retainz.integrations.fsspec_files import _ReadFile, _WriteFile
+from retainz.ids import members, parse_generation_id, series_of
+from retainz.integrations.fsspec_files import ReadFile, WriteFile
+from retainz.jobs import life, ranks, stores
 from retainz.namespace import Namespace, NamespaceError
 from retainz.namespace.model import rule_for
 from retainz.namespace.names import generation_for, is_dcp_name
 from retainz.node import NodeStore
-from retainz.retention.series import generation_path, members, series_of
+from retainz.retention.online import rule_hint
 from retainz.retention.steps import parse_step
+from retainz.zoned import parse_device
 
 __all__ = ["RetainZFileSystem", "register", "generation_for", "is_dcp_name"]
 
@@ -120,13 +122,14 @@ class RetainZFileSystem(AbstractFileSystem):
         return "/" + path.lstrip("/") if path else "/"
 
     def _split(self, path: str) -> tuple[str, str]:
-        """``(device file, path inside it)``; raises FileNotFoundError if no component is a file."""
+        """``(device, path inside it)``: the first component that is a device file or a zoned block
+        device (:func:`retainz.zoned.parse_device`); raises FileNotFoundError if there is none."""
         path = self._strip_protocol(path)
         parts = [p for p in path.split("/") if p]
         cur = "/"
         for i, part in enumerate(parts):
             cur = os.path.join(cur, part)
-            if os.path.isfile(cur):
+            if os.path.isfile(cur) or (parse_device(cur).kind == "zbd" and os.path.exists(cur) and not os.path.isdir(cur)):
                 inner = "/".join(parts[i + 1:])
                 if any(p in (".", "..") for p in parts[i + 1:]):
                     raise ValueError(f"{path}: '.' and '..' are not allowed inside a device")
@@ -146,7 +149,8 @@ class RetainZFileSystem(AbstractFileSystem):
             stack = self._held.get(device)
             if stack is None:
                 stack = contextlib.ExitStack()
-                store = stack.enter_context(_stores.using(device, wait=self.wait))
+                # the ranks of a job share the device: the first to open it serves the others
+                store = stack.enter_context(stores.using(device, wait=self.wait, share=ranks.world_size() > 1))
                 stack.store = store
                 try:
                     stack.ns = self._namespace_over(store)
@@ -172,14 +176,14 @@ class RetainZFileSystem(AbstractFileSystem):
         served = isinstance(store, NodeStore)
 
         def begin(st, gid, step, hint, path):
-            token = _stores.join_token(path) if served else None
+            token = ranks.join_token(path) if served else None
             if token:          # the ranks of one job on one served device write one generation
                 return st.begin_generation(gid, step, hint=hint, join=token)
             return st.begin_generation(gid, step, hint=hint)
 
         def after_close(pd):   # a rank other than 0 leaves a joined generation once its files are closed
             w = pd.writer
-            if w is not None and getattr(w, "joined", False) and not _stores.is_coordinator():
+            if w is not None and getattr(w, "joined", False) and not ranks.is_coordinator():
                 w = ns.detach(pd.root)
                 if w is not None:
                     w.leave()
@@ -320,7 +324,7 @@ class RetainZFileSystem(AbstractFileSystem):
     def _open(self, path, mode="rb", block_size=None, autocommit=True, cache_options=None, **kwargs):
         path = self._strip_protocol(path)
         if mode == "rb":
-            return _ReadFile(self, path, mode, block_size=block_size or "default",
+            return ReadFile(self, path, mode, block_size=block_size or "default",
                              cache_options=cache_options, **kwargs)
         if mode not in ("wb", "xb"):
             if "a" in mode or "+" in mode:
@@ -332,7 +336,7 @@ class RetainZFileSystem(AbstractFileSystem):
             raise IsADirectoryError(path)
         if mode == "xb" and self.exists(path):
             raise FileExistsError(path)
-        return _WriteFile(self, path, mode, block_size=block_size or "default", autocommit=autocommit, **kwargs)
+        return WriteFile(self, path, mode, block_size=block_size or "default", autocommit=autocommit, **kwargs)
 
     def mv(self, path1, path2, recursive=False, maxdepth=None, **kwargs):
         """The namespace's rename (DCP's ``.metadata.tmp`` -> ``.metadata`` is its checkpoint's commit);
@@ -367,7 +371,7 @@ class _TextWriteFile(io.TextIOWrapper):
     """A text-mode ``retainz://`` writer: an exception inside its ``with`` abandons the file."""
 
     def __exit__(self, exc_type, exc, tb):
-        if exc_type is None or not isinstance(self.buffer, _WriteFile):
+        if exc_type is None or not isinstance(self.buffer, WriteFile):
             return super().__exit__(exc_type, exc, tb)
         self.buffer._abandon()
         with contextlib.suppress(ValueError):
@@ -375,32 +379,17 @@ class _TextWriteFile(io.TextIOWrapper):
         return False
 
 
-def _hint(retention, inner: str, step: int | None):
-    """The hint for a generation at ``step`` in folder ``inner`` (``None`` without a rule)."""
-    from retainz.retention.online import rule_hint
-
-    rule = rule_for(retention, inner)
-    return rule_hint(rule, step) if rule else None
-
-
 def _rehint(retention, store, series: str) -> list[str]:
-    """Give every committed generation of ``series`` (:mod:`retainz.retention.series`) the hint
+    """Give every committed generation of ``series`` (:mod:`retainz.ids`) the hint
     ``retention`` predicts for it, where it differs from the one it was saved with (the rule changed
-    on resume: ``keep_latest_k`` 10 -> 3): journaled by ``Store.update_hint``.  Returns the ids changed."""
-    changed = []
-    for _, g in members(store.generations(), series):
-        path = generation_path(g.id)
-        if g.id.startswith("@"):
-            hint = _hint(retention, series_of(path), parse_step(path, file_names=True))
-        else:
-            hint = _hint(retention, path, parse_step(path))
-        if hint is None or (hint.reclaim_step, hint.condition) == (g.hint.reclaim_step, g.hint.condition):
-            continue
-        if hint.reclaim_step is not None and hint.reclaim_step < g.step:
-            continue
-        store.update_hint(g.id, hint)
-        changed.append(g.id)
-    return changed
+    on resume: ``keep_latest_k`` 10 -> 3): :func:`retainz.jobs.life.rehint`.  Returns the ids changed."""
+    def hint_of(g):
+        kind, path, _ = parse_generation_id(g.id)
+        if kind == "file":
+            return rule_hint(rule_for(retention, series_of(path)), parse_step(path, file_names=True))
+        return rule_hint(rule_for(retention, path), parse_step(path))
+
+    return life.rehint(store, [g for _, g in members(store.generations(), series)], hint_of)
 
 
 def _release_all(held: dict, lock) -> None:

@@ -19,7 +19,7 @@ generations only (the store shows nothing else): a save still in flight is never
 checkpoint a tracker names is never deleted before its successor commits.
 
 Each callback manages one **series** (``folder=``, the job's checkpoint folder inside the device;
-default the root, :mod:`retainz.retention.series`): its ids are ``quote(folder/name)`` (the
+default the root, :mod:`retainz.ids`): its ids are ``quote(folder/name)`` (the
 ``retainz://`` file system's id of that directory; just ``name`` at the root), and it counts, retires
 and re-hints only the generations of that series.  Jobs sharing a device each pass their own folder;
 another job's checkpoints (``a2`` beside ``a``, a folder nested inside ``a``, an id that merely
@@ -34,32 +34,35 @@ No torch needed.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from retainz.errors import GenerationNotFoundError
+from retainz.ids import members, series_folder, series_generation_id
+from retainz.jobs import life
 from retainz.retention.base import parse_rule
 from retainz.retention.online import rule_hint
 from retainz.retention.retire import retired_after_commit
-from retainz.retention.series import members, series_folder, series_generation_id
+from retainz.retention.rules_megatron import (
+    non_persistent_global_retired,
+    non_persistent_local_retired,
+    retain_interval_retired,
+)
 
 __all__ = ["RetentionCallback", "MegatronRetainInterval", "MegatronNonPersistentGlobal",
            "MegatronNonPersistentLocal", "KeepLatestK"]
 
 
 def _delete(store: Any, ids: Iterable[str], step: int, promoter: Any = None) -> list[str]:
-    """Delete ``ids`` from ``store``; with a :class:`retainz.tier.Promoter`, keep until durable: an id it
-    must promote and has not verified is deferred (deleted by the promoter once durable), not deleted."""
+    """Retire ``ids`` from ``store`` (:func:`retainz.jobs.life.retire`: with a :class:`retainz.tier.Promoter`,
+    an id it must promote and has not verified is deferred, deleted by the promoter once durable); the
+    ids deleted now."""
     done = []
     for gid in ids:
-        try:
-            if promoter is None:
-                store.delete(gid, step=step)
-            elif not promoter.retire(store, gid, step):
-                continue
-        except GenerationNotFoundError:   # already gone (deleted by hand, or never committed)
-            continue
-        done.append(gid)
+        with contextlib.suppress(GenerationNotFoundError):   # already gone (deleted by hand, or never committed)
+            if life.retire(store, gid, step=step, promoter=promoter):
+                done.append(gid)
     return done
 
 
@@ -68,7 +71,7 @@ class RetentionCallback:
 
     Attributes:
         rule: the retention rule string the hints come from (:func:`retainz.retention.rule_hint`).
-        folder: the series this callback manages (:func:`retainz.retention.series.series_folder`).
+        folder: the series this callback manages (:func:`retainz.ids.series_folder`).
         promoter: a :class:`retainz.tier.Promoter` of the store (set it: ``cb.promoter = p``): the
             callback's deletions then keep a generation until its promotion is verified (deferred, not
             dropped; docs/tiers.md).  ``None``: delete at once.  :class:`MegatronNonPersistentLocal`
@@ -92,21 +95,14 @@ class RetentionCallback:
 
     def hint(self, step: int):
         """The hint for the save at ``step``: :attr:`rule`'s prediction (``None`` without a rule)."""
-        return rule_hint(self.rule, step) if self.rule else None
+        return rule_hint(self.rule, step)
 
     def rehint(self, store: Any, step: int | None = None) -> list[str]:
         """Give the committed generations this callback names the hints of :attr:`rule` where they
         differ from the ones they were saved with (a rule changed on resume); journaled by
         ``Store.update_hint``.  Returns the ids changed."""
-        changed = []
-        for _, gid in self._mine(store):
-            g = store.generation(gid)
-            hint = self.hint(g.step)
-            if hint is None or (hint.reclaim_step, hint.condition) == (g.hint.reclaim_step, g.hint.condition):
-                continue
-            store.update_hint(gid, hint, step=step)
-            changed.append(gid)
-        return changed
+        return life.rehint(store, [store.generation(gid) for _, gid in self._mine(store)],
+                           lambda g: self.hint(g.step), step=step)
 
     def before_save(self, store: Any, step: int) -> list[str]:
         return []
@@ -127,7 +123,10 @@ class MegatronRetainInterval(RetentionCallback):
     Directory ``{save}/iter_{N:07d}``; tracker ``latest_checkpointed_iteration.txt``.  At finalize of
     the save at iteration ``it`` (after it is complete): read ``prev`` from the tracker, write ``it`` to
     the tracker, delete ``iter_{prev}`` if ``prev != it`` and ``prev % R != 0``.  Net: the latest plus
-    every R-th.  Without ``R`` Megatron deletes nothing.
+    every R-th, which :meth:`after_commit` keeps over the series' committed iterations
+    (:func:`retainz.retention.rules_megatron.retain_interval_retired`, the one model of this purge), so a
+    restarted callback needs no :meth:`recover` to delete the tracker's previous.  Without ``R``
+    Megatron deletes nothing.
 
     Args:
         save_interval: ``--save-interval`` (steps).
@@ -155,10 +154,10 @@ class MegatronRetainInterval(RetentionCallback):
         return self.tracker
 
     def after_commit(self, store: Any, step: int) -> list[str]:
-        prev, self.tracker = self.tracker, step
-        if self.retain_interval and prev is not None and prev != step and prev % self.retain_interval != 0:
-            return _delete(store, [self.generation_id(prev)], step, self.promoter)
-        return []
+        self.tracker = step
+        mine = self._mine(store)
+        doomed = set(retain_interval_retired([s for s, _ in mine], self.retain_interval))
+        return _delete(store, [gid for s, gid in mine[:-1] if s in doomed], step, self.promoter)
 
 
 class MegatronNonPersistentGlobal(RetentionCallback):
@@ -190,7 +189,8 @@ class MegatronNonPersistentGlobal(RetentionCallback):
 
     def before_save(self, store: Any, step: int) -> list[str]:
         mine = self._mine(store)
-        return _delete(store, [gid for _, gid in mine[:-1]], step, self.promoter)
+        doomed = set(non_persistent_global_retired([s for s, _ in mine]))
+        return _delete(store, [gid for s, gid in mine[:-1] if s in doomed], step, self.promoter)
 
 
 class MegatronNonPersistentLocal(RetentionCallback):
@@ -238,8 +238,12 @@ class MegatronNonPersistentLocal(RetentionCallback):
             except GenerationNotFoundError:
                 raise RuntimeError(f"rank {rank} has not committed iteration {step}: nothing is deleted") from None
         promoters = self.promoters or [None] * len(stores)
-        return [_delete(store, [gid for s, gid in self._mine_rank(store, rank) if s < step], step, promoters[rank])
-                for rank, store in enumerate(stores)]
+        out = []
+        for rank, store in enumerate(stores):
+            mine = self._mine_rank(store, rank)
+            doomed = set(non_persistent_local_retired([s for s, _ in mine], step))
+            out.append(_delete(store, [gid for s, gid in mine if s in doomed], step, promoters[rank]))
+        return out
 
 
 class KeepLatestK(RetentionCallback):

@@ -12,7 +12,8 @@ retainz://"): a :class:`~retainz.tier.Promoter` on the face's store, wired into 
   manifest's size and crc32c into a temporary file, logged (``retainz.tier`` warning naming the
   copy), and recorded in :attr:`NamespaceTier.used`.
 
-One promoter per store in a process (:meth:`NamespaceTier.shared`): fsspec caches a filesystem
+One promoter per store in a process (:func:`retainz.jobs.promotion.acquire`, shared with the DCP writer),
+and one tier per store (:meth:`NamespaceTier.shared`): fsspec caches a filesystem
 instance per thread (TorchTitan's purge thread gets its own ``retainz://`` instance, with its own
 namespace over the same shared store), so every namespace of the store shares one
 :class:`NamespaceTier`, its deferred deletions are out of every namespace's view
@@ -28,6 +29,7 @@ import threading
 from typing import Any
 
 from retainz.errors import DurableCopyError, GenerationNotFoundError
+from retainz.jobs import life, promotion
 
 __all__ = ["NamespaceTier", "destination_for"]
 
@@ -62,7 +64,7 @@ class NamespaceTier:
 
     def __init__(self, store: Any, url: str, device: str | None = None, *, policy: str | None = None,
                  bandwidth: float | None = None, storage_options: dict | None = None):
-        from retainz.tier import Promoter, TierSettings, state_path_for
+        from retainz.tier import TierSettings, state_path_for
 
         self.url = destination_for(url, device) if device is not None else url
         state = state_path_for(os.fspath(device)) if device is not None else None
@@ -71,15 +73,9 @@ class NamespaceTier:
             policy = policy or saved.policy
             bandwidth = bandwidth if bandwidth is not None else saved.bandwidth
         self.store = store
-        self.promoter = Promoter(store, self.url, policy=policy or "all", bandwidth=bandwidth,
-                                 storage_options=storage_options, state_path=state)
-        if state is not None:       # retainz tier status / df / get then know the destination
-            from retainz.tier.state import remember
-
-            try:
-                remember(state, self.url, self.promoter.policy.describe(), bandwidth)
-            except OSError as e:
-                log.warning("%s: could not record the promotion settings: %s", state, e)
+        #: the store's one promoter in this process (:func:`retainz.jobs.promotion.acquire`)
+        self.promoter = promotion.acquire(store, self.url, state_path=state, policy=policy or "all",
+                                          bandwidth=bandwidth, storage_options=storage_options)
         #: ``(generation, shard)`` -> ``"durable copy at URL"`` for each shard a read took from there
         self.used: dict[tuple[str, str], str] = {}
         self._refs = 1
@@ -105,18 +101,17 @@ class NamespaceTier:
             return tier
 
     def attach(self, ns: Any) -> NamespaceTier:
-        """Wire the hooks into namespace ``ns`` and start the promoter (it first scans the store)."""
+        """Wire the hooks into namespace ``ns`` (the promoter runs from :func:`retainz.jobs.promotion.acquire`)."""
         ns.on_commit = self.promoter.committed
         ns.retire_generation = self.retire
         ns.durable_copy = self.durable_copy
         ns.retiring = lambda: self.promoter.deferred
-        self.promoter.start()
         return self
 
     def retire(self, gid: str) -> bool:
         """The runtime deletes ``gid``: now when it is durable or not selected, else deferred until its
         copy is verified (:meth:`~retainz.tier.Promoter.retire`).  True when deleted now."""
-        return self.promoter.retire(self.store, gid)
+        return life.retire(self.store, gid, promoter=self.promoter)
 
     def durable_copy(self, gid: str, shard: str, why: BaseException | None):
         """A temporary file holding shard ``shard`` of ``gid`` from the durable copy, verified whole
@@ -162,4 +157,4 @@ class NamespaceTier:
                 return
             if _shared.get(id(self.store)) is self:
                 del _shared[id(self.store)]
-        self.promoter.close()
+        promotion.release(self.promoter)

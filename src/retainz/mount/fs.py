@@ -14,8 +14,8 @@ import errno
 import os
 import stat
 
+from retainz.ids import VERSION_ROOM
 from retainz.namespace import Namespace, NamespaceError, errno_of
-from retainz.namespace.names import VERSION_ROOM
 
 __all__ = ["MountedStore", "VERSION_ROOM", "errno_of", "READ_AHEAD"]
 

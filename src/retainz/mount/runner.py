@@ -305,7 +305,7 @@ def serve(device: str, mountpoint: str, *, retention: str | None = None, wait: f
         RuntimeError: libfuse failed before serving (its status).
     """
     fuse = load_fuse()
-    from retainz.integrations import _stores
+    from retainz.jobs import stores
     from retainz.mount.fs import MountedStore
 
     _check_device_file(device)
@@ -319,7 +319,7 @@ def serve(device: str, mountpoint: str, *, retention: str | None = None, wait: f
         held.enter_context(_serving_lock(mountpoint))       # released last: after the device is closed
         try:
             # through a node service the mount shows the whole device (its own user's right), or $RETAINZ_JOB's
-            store = held.enter_context(_stores.using(device, wait=wait, job=os.environ.get("RETAINZ_JOB", "*")))
+            store = held.enter_context(stores.using(device, wait=wait, job=os.environ.get("RETAINZ_JOB", "*")))
         except TimeoutError:
             raise DeviceHeldError(_held_message(device)) from None
         ops = MountedStore(store, retention=retention)

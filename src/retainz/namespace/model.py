@@ -75,6 +75,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from retainz import ids
 from retainz.errors import (
     ChecksumError,
     GenerationNotFoundError,
@@ -84,10 +85,10 @@ from retainz.errors import (
     RetainZError,
     ShardExistsError,
 )
+from retainz.ids import series_of
 from retainz.namespace import names as L
 from retainz.retention.inference import RetentionInference
 from retainz.retention.online import rule_hint
-from retainz.retention.series import series_of
 from retainz.retention.steps import parse_step
 from retainz.store import ShardWriter
 from retainz.store.writer import WRITE_BUFFER
@@ -398,8 +399,8 @@ class Namespace:
     def _resolve(self, g) -> tuple[str, str, dict[str, str]]:
         """``(kind, path, {shard: relative path})`` of a committed generation: from its id, or from its
         layout shard (read once per commit)."""
-        kind, path, _ = L.parse_generation_id(g.id)
-        names = {s: ("" if kind == "file" else L.shard_path(s)) for s in g.shards if s != L.LAYOUT_SHARD}
+        kind, path, _ = ids.parse_generation_id(g.id)
+        names = {s: ("" if kind == "file" else ids.shard_path(s)) for s in g.shards if s != L.LAYOUT_SHARD}
         if L.LAYOUT_SHARD in g.shards:
             key = (g.id, g.commit_seq)
             if key not in self._layouts:
@@ -530,12 +531,10 @@ class Namespace:
                 self._log_rule(series, before)
             return hint
         rule = self._rule(series)
-        if rule:
-            if series not in self._series_seen:
-                self._series_seen.add(series)
-                self.on_series(series)
-            return rule_hint(rule, step)
-        return None
+        if rule and series not in self._series_seen:
+            self._series_seen.add(series)
+            self.on_series(series)
+        return rule_hint(rule, step)
 
     def _rule(self, folder: str) -> str | None:
         return rule_for(self.retention, folder)
@@ -935,7 +934,7 @@ class Namespace:
                     and L.commit_point(other.root, other.ready | dict.fromkeys(other.streamed.values())) == "closed"):
                 self._request_commit(other)
         step = parse_step(root, file_names=True)
-        gid = self._free_id(L.dir_generation_id, root)
+        gid = self._free_id(ids.dir_generation_id, root)
         hint = self._hint(series_of(root), gid, step)
         self._taken.add(gid)
         pd = self.pending[root] = _Pending(root, gid, step or 0, hint, mtime_ns=time.time_ns())
@@ -1114,7 +1113,7 @@ class Namespace:
 
     def _begin_file(self, h: _Handle):
         """Admit the generation of a file outside checkpoint directories (its first byte arrives)."""
-        gid = self._free_id(L.file_generation_id, h.path)
+        gid = self._free_id(ids.file_generation_id, h.path)
         step = parse_step(h.path, file_names=True)
         hint = self._hint(series_of(h.path), gid, step)
         h.writer = self.begin(self.store, gid, step or 0, hint, h.path)
@@ -1148,7 +1147,7 @@ class Namespace:
             with self._mu, self._admission_lock():
                 if h.pending is not None:
                     pd = h.pending
-                    name = L.shard_name(h.rel)
+                    name = ids.shard_name(h.rel)
                     if name in pd.streamed or name == L.LAYOUT_SHARD:
                         name = f"{name}%{len(pd.streamed)}"
                     writer = self._writer(pd)
@@ -1441,12 +1440,12 @@ class Namespace:
         try:
             if info is not None:              # streamed: the shard is closed, the slot still ours
                 w = h.writer
-                if L.parse_generation_id(w.id)[1] != p and not self._rename_writer(w, L.file_generation_id, p):
+                if ids.parse_generation_id(w.id)[1] != p and not self._rename_writer(w, ids.file_generation_id, p):
                     w.write_shard(L.LAYOUT_SHARD, [L.layout_blob(p, {L.FILE_SHARD: ""})])   # renamed while open
             else:
                 data = bytes(h.buf)
                 w = h.writer
-                if w is not None and L.parse_generation_id(w.id)[1] != p:
+                if w is not None and ids.parse_generation_id(w.id)[1] != p:
                     self._drop_writer(h)      # renamed while open, nothing placed: admit it under its path
                     w = None
                 if w is None:
@@ -1521,11 +1520,11 @@ class Namespace:
             return
         if pd.refused is not None:
             raise self._refusal(pd, pd.root)
-        if not pd.streamed and L.parse_generation_id(pd.gid)[1] != pd.root:
+        if not pd.streamed and ids.parse_generation_id(pd.gid)[1] != pd.root:
             self._readmit(pd)          # renamed before anything was placed: its id names its path
         names = dict(pd.streamed)
         for rel, data in pd.ready.items():
-            name = L.shard_name(rel)
+            name = ids.shard_name(rel)
             if name in names or name == L.LAYOUT_SHARD:
                 name = f"{name}%{len(names)}"
             self._writer(pd).write_shard(name, [bytes(data)])
@@ -1536,7 +1535,7 @@ class Namespace:
             for s, rel in self.gens[old].names.items():
                 if rel in written or posixpath.join(pd.root, rel) in self.hidden:
                     continue
-                name = L.shard_name(rel)
+                name = ids.shard_name(rel)
                 if name in names or name == L.LAYOUT_SHARD:
                     name = f"{name}%{len(names)}"
                 try:
@@ -1546,16 +1545,16 @@ class Namespace:
                         raise
                     continue       # another rank of the joined generation rewrote it: its version stays
                 names[name] = rel
-        moved = pd.gid != L.dir_generation_id(pd.root, _version(pd.gid))    # renamed while streaming
-        if moved and self._rename_writer(self._writer(pd), L.dir_generation_id, pd.root, pd):
+        moved = pd.gid != ids.dir_generation_id(pd.root, _version(pd.gid))    # renamed while streaming
+        if moved and self._rename_writer(self._writer(pd), ids.dir_generation_id, pd.root, pd):
             moved = False                                  # it commits under its final name
-        relabelled = pd.relabelled or moved or any(L.shard_name(rel) != s for s, rel in names.items())
+        relabelled = pd.relabelled or moved or any(ids.shard_name(rel) != s for s, rel in names.items())
         if relabelled:
             self._writer(pd).write_shard(L.LAYOUT_SHARD, [L.layout_blob(pd.root, names)])
         gen = self._writer(pd).commit()
         for name in gen.shards:                  # shards other writers joined in (ranks of a served device)
             if name not in names and name != L.LAYOUT_SHARD:
-                names[name] = L.shard_path(name)
+                names[name] = ids.shard_path(name)
         for name, rel in names.items():
             self._cache_committed(posixpath.join(pd.root, rel), gen.id, name)
         del self.pending[pd.root]
@@ -1593,7 +1592,7 @@ class Namespace:
     def _readmit(self, pd: _Pending) -> None:
         """Admit a renamed checkpoint directory again under the id of its new path (nothing of it
         is placed yet), so the store lists it by the path the runtime gave it."""
-        gid = self._free_id(L.dir_generation_id, pd.root)
+        gid = self._free_id(ids.dir_generation_id, pd.root)
         need = sum(self._pad(len(b)) for b in pd.ready.values()) + self._pad(1)
         old = pd.writer
         if old is not None:
@@ -1817,7 +1816,7 @@ class Namespace:
                 return None
             w = self._writer(pd)
             for rel, data in pd.ready.items():
-                w.write_shard(L.shard_name(rel), [bytes(data)])
+                w.write_shard(ids.shard_name(rel), [bytes(data)])
             del self.pending[pd.root]
             self._taken.discard(pd.gid)
             self._changed()
@@ -2061,7 +2060,7 @@ class Namespace:
         """Rename a committed generation: copy its shards into a new generation at ``path``, commit,
         then retire the source (the store has no rename)."""
         def work():
-            make = L.dir_generation_id if g.kind == "dir" else L.file_generation_id
+            make = ids.dir_generation_id if g.kind == "dir" else ids.file_generation_id
             gid = self._free_id(make, path)
             info = self.store.generation(g.id)
             w = self.store.begin_generation(gid, info.step, hint=info.hint, declared_size=info.size)
@@ -2070,9 +2069,9 @@ class Namespace:
                 for s, rel in g.names.items():
                     w.write_shard(s, self.store.read_shard(g.id, s))
                     names[s] = rel
-                if g.kind == "dir" or path != L.parse_generation_id(gid)[1]:
+                if g.kind == "dir" or path != ids.parse_generation_id(gid)[1]:
                     if gid != make(path, _version(gid)) or g.kind == "dir" and any(
-                            L.shard_name(r) != s for s, r in names.items()):
+                            ids.shard_name(r) != s for s, r in names.items()):
                         w.write_shard(L.LAYOUT_SHARD, [L.layout_blob(path, names)])
                 gen = w.commit()
             except BaseException:
@@ -2117,4 +2116,4 @@ class Namespace:
 
 
 def _version(gid: str) -> int:
-    return L.parse_generation_id(gid)[2]
+    return ids.parse_generation_id(gid)[2]

@@ -6,7 +6,7 @@ so a checkpoint written through either face is the same generation:
 
 * a **checkpoint directory** ``D`` is one generation, id ``encode_path(D)``
   (``run/checkpoint-500`` -> ``run%2Fcheckpoint-500``), and every file under it is a shard named by
-  its path relative to ``D`` (:func:`shard_name`: ``/`` and ``%`` escaped, so Megatron's
+  its path relative to ``D`` (:func:`retainz.ids.shard_name`: ``/`` and ``%`` escaped, so Megatron's
   ``iter_0000100/mp_rank_00/model_optim_rng.pt`` is shard ``mp_rank_00%2Fmodel_optim_rng.pt``).  A
   directory is a checkpoint directory when its name is one the runtimes give their saves
   (:func:`retainz.retention.parse_step` with ``file_names``): ``step-N`` (TorchTitan), ``iter_NNNNNNN`` (Megatron-LM),
@@ -28,26 +28,20 @@ import errno
 import json
 import posixpath
 import re
-from urllib.parse import unquote
 
 from retainz.errors import InvalidIdError
-from retainz.retention.series import encode_path
-from retainz.retention.steps import parse_step
+from retainz.ids import VERSION_ROOM, dir_generation_id, file_generation_id, shard_name
+from retainz.retention.steps import HF_STAGING, LIGHTNING, parse_step
 from retainz.store.format import check_id
 
 __all__ = [
     "FILE_SHARD", "LAYOUT_SHARD", "is_checkpoint_dir_name", "checkpoint_root",
-    "dir_generation_id", "file_generation_id", "parse_generation_id", "shard_name", "shard_path",
-    "commit_point", "COMMIT_POINTS", "TRACKER_FILES", "tracked_names", "newest_versions", "layout_blob",
-    "read_layout", "is_dcp_name", "generation_for", "VERSION_ROOM", "NameRefused", "check_name", "errno_of_id",
+    "generation_for", "commit_point", "COMMIT_POINTS", "TRACKER_FILES", "tracked_names", "newest_versions", "layout_blob",
+    "read_layout", "is_dcp_name", "NameRefused", "check_name", "errno_of_id",
 ]
 
 _DCP_NAME = re.compile(r"(.*\.distcp|(__\d+)?\.metadata(\.tmp)?)")
 
-#: Kept free in every generation id when a name is created, for the ``#N`` of a later version
-#: (:func:`file_generation_id`): a name is refused unless its id plus these bytes passes
-#: :func:`retainz.store.format.check_id`.
-VERSION_ROOM = "#99"
 
 
 def is_dcp_name(name: str) -> bool:
@@ -60,8 +54,6 @@ FILE_SHARD = "file"
 #: The shard of a generation renamed while being written; no escaped path can produce this name.
 LAYOUT_SHARD = "%layout"
 
-_HF_TMP = re.compile(r"tmp-checkpoint-([0-9]+)")
-_LIGHTNING_DIR = re.compile(r".*(?:^|[-_])step=([0-9]+).*\.ckpt")
 
 #: Tracker files: the runtime's last write of a save, naming the checkpoint it completes.
 #: ``latest_checkpointed_iteration.txt``: Megatron-LM ``megatron/training/checkpointing.py``
@@ -89,7 +81,7 @@ def is_checkpoint_dir_name(name: str) -> bool:
     :func:`retainz.retention.parse_step` with ``file_names``); a Lightning file
     ``epoch=0-step=10.ckpt`` counts only as a directory (its sharded strategies)."""
     if name.endswith(".ckpt"):
-        return bool(_LIGHTNING_DIR.fullmatch(name))
+        return LIGHTNING.search(name) is not None
     return parse_step(name, file_names=True) is not None
 
 
@@ -111,11 +103,6 @@ def checkpoint_root(path: str, is_dir: callable = lambda p: False) -> str | None
     if len(parts) > 1 and is_dcp_name(parts[-1]):
         return "/".join(parts[:-1])
     return None
-
-
-def _safe_id(text: str) -> str:
-    # the store refuses '..' in ids and names; '%2E' decodes back to '.'
-    return text.replace(".", "%2E") if ".." in text else text
 
 
 def generation_for(path: str, is_dir: callable = lambda p: False) -> tuple[str, str, bool]:
@@ -177,40 +164,6 @@ def check_name(path: str, *, directory: bool = False, is_dir: callable = lambda 
             raise NameRefused(errno_of_id(e), f"{path}: the store cannot keep this name ({e})") from None
 
 
-def dir_generation_id(directory: str, version: int = 0) -> str:
-    """:func:`~retainz.retention.series.encode_path` of ``directory`` (``run/step-5`` -> ``run%2Fstep-5``),
-    ``#version`` appended for a later version."""
-    gid = encode_path(directory)
-    return gid if not version else f"{gid}#{version}"
-
-
-def file_generation_id(path: str, version: int = 0) -> str:
-    """``@`` + :func:`~retainz.retention.series.encode_path` of ``path`` (``l/epoch=0-step=10.ckpt`` ->
-    ``@l%2Fepoch=0-step=10.ckpt``), ``#version`` appended for a later version."""
-    gid = "@" + encode_path(path)
-    return gid if not version else f"{gid}#{version}"
-
-
-def parse_generation_id(gid: str) -> tuple[str, str, int]:
-    """``(kind, path, version)`` of a generation id: kind ``"file"`` or ``"dir"``."""
-    base, _, ver = gid.partition("#")
-    version = int(ver) if ver.isdigit() else 0
-    if base.startswith("@"):
-        return "file", unquote(base[1:]), version
-    return "dir", unquote(base), version
-
-
-def shard_name(rel: str) -> str:
-    """The shard name of a file at ``rel`` (relative to its checkpoint directory): ``%`` and ``/``
-    escaped (a DCP file name is itself, as in the fsspec filesystem)."""
-    return _safe_id(rel.replace("%", "%25").replace("/", "%2F"))
-
-
-def shard_path(name: str) -> str:
-    """Inverse of :func:`shard_name`."""
-    return unquote(name)
-
-
 def commit_point(directory: str, files: set[str] | dict) -> str:
     """The commit point of a checkpoint directory (a key of :data:`COMMIT_POINTS`), from its name
     and the relative paths written into it so far.
@@ -234,7 +187,7 @@ def commit_point(directory: str, files: set[str] | dict) -> str:
         return "megatron-tracker"
     if name.startswith("global_step"):
         return "deepspeed-latest"
-    if _HF_TMP.fullmatch(name):
+    if HF_STAGING.fullmatch(name):
         return "hf-rename"
     if name.startswith("checkpoint-"):
         return "hf-trainer-state"

@@ -1,10 +1,10 @@
 """Who may do what through the node service (docs/node.md, "Access control").
 
-A client says in ``hello`` which **job** it writes for: a series folder (:mod:`retainz.retention.series`),
+A client says in ``hello`` which **job** it writes for: a series folder (:mod:`retainz.ids`),
 ``""`` for the device's root series, or ``*`` for the whole device.  Its **scope** is what it may list,
 read, begin, re-hint and delete:
 
-* job ``"jobs/a"``: every generation whose path (:func:`~retainz.retention.series.generation_path`) lies
+* job ``"jobs/a"``: every generation whose path (:func:`~retainz.ids.generation_path`) lies
   under ``jobs/a/`` (``jobs/a/step-5``, ``jobs/a/sub/x``; not ``jobs/a2/step-5``);
 * job ``""`` (the root series, the default): the generations whose path has no folder (``step-500``,
   the ids ``ZonedStorageWriter`` gives without ``series=``);
@@ -22,7 +22,7 @@ device file's permissions (a client that may write the device file may write any
 from __future__ import annotations
 
 from retainz.errors import AccessDeniedError
-from retainz.retention.series import generation_path, series_folder
+from retainz.ids import generation_path, series_folder
 
 __all__ = ["ALL", "Scope", "parse_job", "parse_grant", "scope_for"]
 

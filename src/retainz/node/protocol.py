@@ -294,17 +294,21 @@ def raise_reply(reply: dict) -> dict:
 def socket_path(device: str | os.PathLike) -> str:
     """Where the node service of ``device`` listens (the one rule both ends use, so nothing is
     configured): ``DEVICE.sock`` beside a device file (its real path); ``/run/retainz/NAME.sock``
-    for a block device ``/dev/NAME`` (``$RETAINZ_RUN_DIR`` replaces ``/run/retainz``).  A path too
+    for a block device ``/dev/NAME`` or ``zbd:/dev/NAME`` (``$RETAINZ_RUN_DIR`` replaces ``/run/retainz``;
+    :func:`retainz.zoned.parse_device` says which a spec names).  A path too
     long for a Unix socket (107 bytes) becomes ``$RETAINZ_RUN_DIR or /tmp/retainz-UID`` /
     ``<sha256 of the device path, 16 hex>.sock``."""
     import hashlib
 
-    text = os.fspath(device)
+    from retainz.zoned.spec import parse_device
+
+    spec = parse_device(device)
     run = os.environ.get("RETAINZ_RUN_DIR")
-    if text.startswith("/dev/"):
-        path = os.path.join(run or "/run/retainz", text[5:].replace("/", "_") + ".sock")
+    if spec.kind == "zbd":
+        text = spec.path
+        path = os.path.join(run or "/run/retainz", text.removeprefix("/dev/").replace("/", "_") + ".sock")
     else:
-        text = os.path.realpath(text)
+        text = spec.key
         path = text + ".sock"
     if len(os.fsencode(path)) > 107:
         digest = hashlib.sha256(os.fsencode(text)).hexdigest()[:16]

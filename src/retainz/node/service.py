@@ -263,7 +263,7 @@ class _Session:
         step = field(req, "step", "int")
         self.scope.check(gen, "write")
         hint = decode_hint(req.get("hint"))
-        if hint is None and self.retention:
+        if hint is None:
             from retainz.retention.online import rule_hint
 
             hint = rule_hint(self.retention, step)
@@ -691,6 +691,11 @@ class Service:
             except Exception:   # noqa: BLE001 - the request succeeded; its reply must say so
                 log.exception("on_change after a client's change failed")
 
+    def clients(self) -> int:
+        """The clients connected now."""
+        with self._lock:
+            return len(self._sessions)
+
     def _forget(self, s: _Session) -> None:
         with self._lock:
             self._sessions.discard(s)
@@ -769,7 +774,8 @@ def _clear_stale(path: str) -> None:
 def serve(device: str, *, socket: str | None = None, policy: str | None = None, mode: int = 0o600,
           group: str | int | None = None, allow_all: bool = False, grants: dict[str, frozenset[str]] | None = None,
           ready: Callable[[Service], None] | None = None) -> None:
-    """Serve the store on the device file ``device`` until SIGTERM or SIGINT (``retainz serve``).
+    """Serve the store on ``device`` until SIGTERM or SIGINT (``retainz serve``): a device spec
+    (:func:`retainz.zoned.parse_device`: a device file, a zoned block device ``zbd:``/``/dev/NAME``, ``remote:``).
 
     Opens the device (its exclusive lock: no other process opens it directly meanwhile) and the store
     (recovery), listens on ``socket`` (default :func:`~retainz.node.protocol.socket_path`), calls
@@ -781,11 +787,11 @@ def serve(device: str, *, socket: str | None = None, policy: str | None = None, 
     """
     import signal
 
-    from retainz.zoned import FileDevice, open_device
+    from retainz.store.opening import open_spec
 
-    dev = open_device(device) if device.startswith(("/dev/", "remote:")) else FileDevice(device)
+    store = open_spec(device, policy=policy)
+    dev = store.device
     try:
-        store = Store.open(dev, policy=policy)
         try:
             svc = Service(store, socket or socket_path(device), mode=mode, group=group, allow_all=allow_all,
                           grants=grants)

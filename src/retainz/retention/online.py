@@ -98,15 +98,26 @@ def _parsed(spec: str) -> Rule:
     return parse_rule(spec)
 
 
-def rule_hint(rule: str | Rule, step: int | None) -> Hint | None:
-    """:func:`save_hint` for a rule given as text (``"torchtitan:interval=500,keep_latest_k=10"``,
-    parsed once per text) or as a :class:`Rule`; ``None`` when the checkpoint id named no step.
+def rule_hint(rule: str | Rule | None, step: int | None, *, condition: str | Hint | None = None) -> Hint | None:
+    """The placement hint of one save of a live run: the one hint computation every face and the node
+    service use (through :mod:`retainz.jobs.life` or directly).
+
+    A condition stated for the save wins (a :class:`~retainz.hint.Hint` as is, or the text
+    :func:`explicit_hint` reads); else :func:`save_hint` for ``rule`` given as text
+    (``"torchtitan:interval=500,keep_latest_k=10"``, parsed once per text) or as a :class:`Rule`;
+    ``None`` without a rule, or when the checkpoint id named no step.
 
     Raises:
-        ValueError: a malformed rule (:func:`~retainz.retention.parse_rule`'s one line), ``step < 0``.
+        ValueError: a malformed rule (:func:`~retainz.retention.parse_rule`'s one line) or condition,
+            ``step < 0``.
     """
-    parsed = _parsed(rule) if isinstance(rule, str) else rule
-    return None if step is None else save_hint(parsed, step)
+    if isinstance(condition, Hint):
+        return condition
+    if condition:
+        return explicit_hint(condition, step)
+    if not rule or step is None:
+        return None
+    return save_hint(_parsed(rule) if isinstance(rule, str) else rule, step)
 
 
 #: The explicit conditions :func:`explicit_hint` reads.

@@ -1,7 +1,7 @@
 """Which committed checkpoints of one series a rule retires once its newest save has committed.
 
 The runtimes' purges, as pure functions of a series' committed checkpoints (``(name, id)`` pairs from
-:func:`retainz.retention.series.members`), for the storage plugins that enact a rule themselves
+:func:`retainz.ids.members`), for the storage plugins that enact a rule themselves
 (:class:`retainz.integrations.dcp.ZonedStorageWriter` with ``retention=``, the
 :class:`~retainz.integrations.retention_callbacks.KeepLatestK` callback):
 
@@ -39,6 +39,8 @@ from collections.abc import Sequence
 
 from retainz.retention.base import Rule
 from retainz.retention.conditions import Permanent
+from retainz.retention.rules_megatron import retain_interval_retired
+from retainz.retention.steps import STEP_NAMES
 
 __all__ = ["ENACTED", "check_enactable", "retired_after_commit", "pattern_of", "EXPLICIT_PERMANENT", "is_explicit"]
 
@@ -58,12 +60,6 @@ def is_explicit(condition: str | None) -> bool:
     return bool(condition) and (condition == EXPLICIT_PERMANENT or condition.startswith("at_step:"))
 
 
-_PATTERNS = {
-    "torchtitan": re.compile(r"step-([0-9]+)"),
-    "megatron": re.compile(r"iter_([0-9]+)"),
-    "hf": re.compile(r"checkpoint-([0-9]+)"),
-}
-
 
 def check_enactable(rule: Rule) -> None:
     """Raise ``ValueError`` (one line) unless :func:`retired_after_commit` can enact ``rule``."""
@@ -77,7 +73,7 @@ def check_enactable(rule: Rule) -> None:
 
 def pattern_of(rule: Rule) -> re.Pattern:
     """The checkpoint-name pattern of ``rule`` (group 1: the step)."""
-    return _PATTERNS[rule.name]
+    return STEP_NAMES[rule.name]
 
 
 def retired_after_commit(rule: Rule, members: Sequence[tuple[str, str]]) -> list[str]:
@@ -86,7 +82,7 @@ def retired_after_commit(rule: Rule, members: Sequence[tuple[str, str]]) -> list
     Args:
         rule: an enactable rule (:func:`check_enactable`).
         members: ``(name, generation id)`` of the series' committed checkpoints, the new one included
-            (:func:`retainz.retention.series.members`); names the rule does not give are ignored.
+            (:func:`retainz.ids.members`); names the rule does not give are ignored.
 
     Returns:
         Generation ids, sorted by ``(step named, id)``.
@@ -101,9 +97,7 @@ def retired_after_commit(rule: Rule, members: Sequence[tuple[str, str]]) -> list
         k = rule.keep_latest_k
         return [gid for _, gid in found[:-k]] if k > 0 else []
     if rule.name == "megatron":
-        r = rule.retain_interval
-        if r is None or not found:
-            return []
-        return [gid for step, gid in found[:-1] if step % r]
+        doomed = set(retain_interval_retired([step for step, _ in found], rule.retain_interval))
+        return [gid for step, gid in found[:-1] if step in doomed]
     limit = rule.save_total_limit
     return [gid for _, gid in found[:-limit]] if limit else []

@@ -12,7 +12,7 @@ from retainz.retention.conditions import (
     PlannedSave,
     Timing,
 )
-from retainz.retention.rules_common import _check_steps, _multiples, _positive
+from retainz.retention.rules_common import check_steps, multiples, positive
 
 __all__ = ["Accelerate"]
 
@@ -41,7 +41,7 @@ class Accelerate(Rule):
     total_limit: int | None = field(default=None, metadata={"help": "checkpoints kept; unset keeps all"})
 
     def __post_init__(self):
-        _positive(self.name, save_steps=self.save_steps, total_limit=self.total_limit)
+        positive(self.name, save_steps=self.save_steps, total_limit=self.total_limit)
 
     @property
     def base_interval(self) -> int:
@@ -49,9 +49,9 @@ class Accelerate(Rule):
 
     def start(self, total_steps: int, *, seed: int = 0, first_step: int = 1) -> Session:
         del seed  # Ignored by this rule.
-        _check_steps(total_steps, first_step)
+        check_steps(total_steps, first_step)
         saves = [PlannedSave(s, "checkpoint", f"checkpoints/checkpoint_{s // self.save_steps - 1}")
-                 for s in _multiples(self.save_steps, first_step, total_steps)]
+                 for s in multiples(self.save_steps, first_step, total_steps)]
         return _AccelerateSession(self, total_steps, saves)
 
 

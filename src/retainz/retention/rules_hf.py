@@ -13,7 +13,7 @@ from retainz.retention.conditions import (
     Timing,
 )
 from retainz.retention.metrics import MetricSeries
-from retainz.retention.rules_common import _check_steps, _metric_series, _multiples, _positive
+from retainz.retention.rules_common import check_steps, metric_series, multiples, positive
 from retainz.retention.steps import parse_step
 
 __all__ = ["HFTrainer"]
@@ -52,18 +52,18 @@ class HFTrainer(Rule):
     greater_is_better: bool = field(default=False, metadata={"help": "metric direction"})
 
     def __post_init__(self):
-        _positive(self.name, save_steps=self.save_steps, save_total_limit=self.save_total_limit)
+        positive(self.name, save_steps=self.save_steps, save_total_limit=self.save_total_limit)
 
     @property
     def base_interval(self) -> int:
         return self.save_steps
 
     def start(self, total_steps: int, *, seed: int = 0, first_step: int = 1) -> Session:
-        _check_steps(total_steps, first_step)
-        steps = list(_multiples(self.save_steps, first_step, total_steps))
+        check_steps(total_steps, first_step)
+        steps = list(multiples(self.save_steps, first_step, total_steps))
         if not steps or steps[-1] != total_steps:
             steps.append(total_steps)
-        series = _metric_series(self.metric, steps, seed) if self.metric else None
+        series = metric_series(self.metric, steps, seed) if self.metric else None
         saves = [PlannedSave(s, "checkpoint", f"checkpoint-{s}") for s in steps]
         return _HFSession(self, total_steps, saves, series)
 

@@ -14,7 +14,7 @@ from retainz.retention.conditions import (
     Timing,
 )
 from retainz.retention.metrics import MetricSeries
-from retainz.retention.rules_common import _check_steps, _metric_series, _multiples, _positive
+from retainz.retention.rules_common import check_steps, metric_series, multiples, positive
 
 __all__ = ["Lightning"]
 
@@ -92,7 +92,7 @@ class Lightning(Rule):
     save_last: bool = field(default=False, metadata={"help": "also write last.ckpt at every trigger"})
 
     def __post_init__(self):
-        _positive(self.name, every_n_train_steps=self.every_n_train_steps)
+        positive(self.name, every_n_train_steps=self.every_n_train_steps)
         if self.save_top_k < -1:
             raise ValueError(f"retention rule lightning: save_top_k must be >= -1, got {self.save_top_k}")
         if self.metric == "none" and self.save_top_k not in (-1, 0, 1):
@@ -109,10 +109,10 @@ class Lightning(Rule):
         return self.every_n_train_steps
 
     def start(self, total_steps: int, *, seed: int = 0, first_step: int = 1) -> Session:
-        _check_steps(total_steps, first_step)
+        check_steps(total_steps, first_step)
         n = self.every_n_train_steps
-        triggers = list(_multiples(n, first_step, total_steps))
-        series = _metric_series(self.metric, triggers, seed) if self.monitored else None
+        triggers = list(multiples(n, first_step, total_steps))
+        series = metric_series(self.metric, triggers, seed) if self.monitored else None
         saves = []
         topk = _TopK(self.save_top_k, self.mode)
         for i, s in enumerate(triggers):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from retainz.retention.base import Gen, Rule, Session, register_rule
@@ -13,9 +14,40 @@ from retainz.retention.conditions import (
     PlannedSave,
     Timing,
 )
-from retainz.retention.rules_common import _check_steps, _multiples, _positive
+from retainz.retention.rules_common import check_steps, multiples, positive
 
-__all__ = ["Megatron"]
+__all__ = ["Megatron", "retain_interval_retired", "non_persistent_global_retired", "non_persistent_local_retired"]
+
+
+# -- the purge: Megatron-LM's deletions, modelled once ------------------------------------------------
+# Every route that enacts or predicts Megatron's retention decides with these three functions: the
+# driven session below (traces), retire.retired_after_commit (the DCP writer's ``retention=``) and the
+# retention callbacks (retainz.integrations.retention_callbacks).  Each takes the steps of the series'
+# committed checkpoints of one kind, oldest first.
+
+def retain_interval_retired(steps: Sequence[int], retain_interval: int | None) -> list[int]:
+    """The persistent iterations ``--save-retain-interval R`` deletes once the newest of ``steps`` has
+    committed: every one but the newest that is not a multiple of R (none without R).
+
+    Megatron-LM d98e8a6 ``checkpointing.py``: at finalize of the save at iteration ``it`` the tracker's
+    previous iteration ``prev`` is deleted when ``prev != it`` and ``prev % R``; applied at every commit
+    that leaves exactly the multiples of R and the newest, so stated over the committed iterations it is
+    this (and a series saved without R before is brought to it at once)."""
+    if not retain_interval or not steps:
+        return []
+    return [s for s in steps[:-1] if s % retain_interval]
+
+
+def non_persistent_global_retired(steps: Sequence[int]) -> list[int]:
+    """``--non-persistent-ckpt-type global``: before a new non-persistent save, every non-persistent
+    iteration of ``steps`` but the single newest is deleted (two on disk in steady state)."""
+    return list(steps[:-1])
+
+
+def non_persistent_local_retired(steps: Sequence[int], step: int) -> list[int]:
+    """``--non-persistent-ckpt-type local`` (NVRx ``LocalCheckpointManager``): once iteration ``step``
+    has committed on every rank, every older iteration of ``steps`` is deleted."""
+    return [s for s in steps if s < step]
 
 
 # -- Megatron-LM ---------------------------------------------------------------------------------------
@@ -55,7 +87,7 @@ class Megatron(Rule):
         "help": "non-persistent checkpoint type (default global)", "choices": ("global", "local")})
 
     def __post_init__(self):
-        _positive(self.name, save_interval=self.save_interval, retain_interval=self.retain_interval,
+        positive(self.name, save_interval=self.save_interval, retain_interval=self.retain_interval,
                   non_persistent_interval=self.non_persistent_interval)
         if self.retain_interval is not None and self.retain_interval % self.save_interval:
             raise ValueError(f"retention rule megatron: retain_interval={self.retain_interval} must be a multiple "
@@ -71,13 +103,13 @@ class Megatron(Rule):
 
     def start(self, total_steps: int, *, seed: int = 0, first_step: int = 1) -> Session:
         del seed  # Ignored by this rule.
-        _check_steps(total_steps, first_step)
+        check_steps(total_steps, first_step)
         saves = []
         npi = self.non_persistent_interval
         prefix = "non_persistent/" if self.non_persistent == "global" else "local/"
         # O(saves), not O(steps): walk the multiples of both intervals (a persistent save wins a tie)
-        persistent = _multiples(self.save_interval, first_step, total_steps)
-        transient = (it for it in _multiples(npi, first_step, total_steps) if it % self.save_interval) if npi else ()
+        persistent = multiples(self.save_interval, first_step, total_steps)
+        transient = (it for it in multiples(npi, first_step, total_steps) if it % self.save_interval) if npi else ()
         for it in heapq.merge(persistent, transient):
             if it % self.save_interval == 0:
                 saves.append(PlannedSave(it, "persistent", f"iter_{it:07d}"))
@@ -110,17 +142,29 @@ class _MegatronSession(Session):
     def before_save(self, save: PlannedSave) -> list[Gen]:
         if save.cls != "non_persistent" or self.rule.non_persistent != "global":
             return []
-        olds = sorted(self.live_of("non_persistent"), key=lambda g: (g.step, g.gen))
-        return olds[:-1]  # keep the single newest
+        return _gens_at(self.live_of("non_persistent"), non_persistent_global_retired)
 
     def after_commit(self, gen: Gen) -> list[Gen]:
         r = self.rule
         if gen.cls == "persistent":
-            prev, self.tracker = self.tracker, gen
-            if (r.retain_interval is not None and prev is not None and prev in self.live
-                    and prev.step != gen.step and prev.step % r.retain_interval):
-                return [prev]
-            return []
+            self.tracker = gen
+            return _gens_at([g for g in self.live_of("persistent") if g.committed],
+                            lambda steps: retain_interval_retired(steps, r.retain_interval))
         if r.non_persistent == "local":
-            return [g for g in self.live_of("non_persistent") if g.step < gen.step]
+            return _gens_at(self.live_of("non_persistent"), lambda steps: non_persistent_local_retired(steps, gen.step))
         return []
+
+
+def _gens_at(gens: list[Gen], retired) -> list[Gen]:
+    """The generations of ``gens`` (oldest first by step, then number) whose position ``retired(steps)``
+    names: the purge functions above applied to a session's live generations."""
+    olds = sorted(gens, key=lambda g: (g.step, g.gen))
+    doomed = retired([g.step for g in olds])
+    out, i = [], 0
+    for g in olds:              # steps ascending: walk both lists once, a step named once per generation at it
+        while i < len(doomed) and doomed[i] < g.step:
+            i += 1
+        if i < len(doomed) and doomed[i] == g.step:
+            out.append(g)
+            i += 1
+    return out

@@ -12,7 +12,7 @@ from retainz.retention.conditions import (
     PlannedSave,
     Timing,
 )
-from retainz.retention.rules_common import _check_steps, _multiples, _positive
+from retainz.retention.rules_common import check_steps, multiples, positive
 
 __all__ = ["Orbax"]
 
@@ -42,7 +42,7 @@ class Orbax(Rule):
     save_interval_steps: int = field(default=1, metadata={"help": "save when step % save_interval_steps == 0"})
 
     def __post_init__(self):
-        _positive(self.name, latest=self.latest, every_steps=self.every_steps,
+        positive(self.name, latest=self.latest, every_steps=self.every_steps,
                   save_interval_steps=self.save_interval_steps)
 
     @property
@@ -51,9 +51,9 @@ class Orbax(Rule):
 
     def start(self, total_steps: int, *, seed: int = 0, first_step: int = 1) -> Session:
         del seed  # Ignored by this rule.
-        _check_steps(total_steps, first_step)
+        check_steps(total_steps, first_step)
         saves = [PlannedSave(s, "step", str(s))
-                 for s in _multiples(self.save_interval_steps, first_step, total_steps)]
+                 for s in multiples(self.save_interval_steps, first_step, total_steps)]
         return _OrbaxSession(self, total_steps, saves)
 
 

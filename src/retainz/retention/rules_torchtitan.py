@@ -12,7 +12,7 @@ from retainz.retention.conditions import (
     PlannedSave,
     Timing,
 )
-from retainz.retention.rules_common import _check_steps, _multiples, _positive
+from retainz.retention.rules_common import check_steps, multiples, positive
 from retainz.retention.steps import parse_step
 
 __all__ = ["TorchTitan"]
@@ -52,7 +52,7 @@ class TorchTitan(Rule):
     last_save_model_only: bool = field(default=True, metadata={"help": "last step saves model weights only"})
 
     def __post_init__(self):
-        _positive(self.name, interval=self.interval)
+        positive(self.name, interval=self.interval)
         if self.keep_latest_k < 0:
             raise ValueError("retention rule torchtitan: keep_latest_k cannot be negative")
         if self.keep_latest_k == 1:
@@ -65,9 +65,9 @@ class TorchTitan(Rule):
 
     def start(self, total_steps: int, *, seed: int = 0, first_step: int = 1) -> Session:
         del seed  # Ignored by this rule.
-        _check_steps(total_steps, first_step)
+        check_steps(total_steps, first_step)
         saves = [PlannedSave(s, "interval", f"step-{s}")
-                 for s in _multiples(self.interval, first_step, total_steps - 1)]
+                 for s in multiples(self.interval, first_step, total_steps - 1)]
         saves.append(PlannedSave(total_steps, "final", f"step-{total_steps}", self.last_save_model_only))
         return _TorchTitanSession(self, total_steps, saves)
 

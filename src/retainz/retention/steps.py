@@ -36,22 +36,24 @@ from __future__ import annotations
 import re
 from collections.abc import Container, Iterable
 
-__all__ = ["parse_step", "committed_steps", "MAX_STEP_DIGITS"]
+__all__ = ["parse_step", "committed_steps", "MAX_STEP_DIGITS", "STEP_NAMES", "HF_STAGING", "LIGHTNING"]
 
 #: Longer digit strings are refused (no training run has 10**18 steps; a longer number is not a step).
 MAX_STEP_DIGITS = 18
 
 # ASCII digits only: ``\d`` would also accept other scripts' digits, which no runtime writes.
-_PATTERNS = (
-    re.compile(r"step-([0-9]+)"),
-    re.compile(r"iter_([0-9]+)"),
-    re.compile(r"checkpoint-([0-9]+)"),
-    re.compile(r"global_step([0-9]+)"),
-)
-#: HF Trainer ``_save_checkpoint`` writes ``tmp-checkpoint-N`` and renames it (file names only).
-_HF_STAGING = re.compile(r"tmp-checkpoint-([0-9]+)")
-#: Lightning ``ModelCheckpoint`` file names (``{epoch}-{step}`` -> ``epoch=0-step=500.ckpt``).
-_LIGHTNING = re.compile(r"(?:^|[-_])step=([0-9]+)")
+#: The one set of checkpoint-name patterns: the name each runtime gives one save (matched whole; group
+#: 1 is the step), by retention rule name (the id forms above; DeepSpeed under ``deepspeed``).
+STEP_NAMES = {
+    "torchtitan": re.compile(r"step-([0-9]+)"),
+    "megatron": re.compile(r"iter_([0-9]+)"),
+    "hf": re.compile(r"checkpoint-([0-9]+)"),
+    "deepspeed": re.compile(r"global_step([0-9]+)"),
+}
+#: HF Trainer ``_save_checkpoint`` writes ``tmp-checkpoint-N`` and renames it (file names only; whole).
+HF_STAGING = re.compile(r"tmp-checkpoint-([0-9]+)")
+#: Lightning ``ModelCheckpoint`` file names (``{epoch}-{step}`` -> ``epoch=0-step=500.ckpt``; searched).
+LIGHTNING = re.compile(r"(?:^|[-_])step=([0-9]+)")
 
 
 def parse_step(checkpoint_id: str, *, file_names: bool = False) -> int | None:
@@ -75,12 +77,12 @@ def parse_step(checkpoint_id: str, *, file_names: bool = False) -> int | None:
     path = checkpoint_id[:-1] if checkpoint_id.endswith("/") else checkpoint_id
     name = path.rsplit("/", 1)[-1]
     m = None
-    for pattern in _PATTERNS:
+    for pattern in STEP_NAMES.values():
         m = pattern.fullmatch(name)
         if m:
             break
     if m is None and file_names:
-        m = _HF_STAGING.fullmatch(name) or _LIGHTNING.search(name)
+        m = HF_STAGING.fullmatch(name) or LIGHTNING.search(name)
     if m is None:
         return None
     digits = m.group(1)

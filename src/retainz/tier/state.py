@@ -15,6 +15,8 @@ import json
 import os
 from dataclasses import dataclass, field
 
+from retainz.zoned.spec import parse_device
+
 __all__ = ["TierSettings", "state_path_for", "STATE_SUFFIX", "remember"]
 
 #: What :func:`state_path_for` appends to a device file's path.
@@ -22,11 +24,11 @@ STATE_SUFFIX = ".tier.json"
 
 
 def state_path_for(device: str) -> str | None:
-    """The settings file of device ``device`` (a device-file path): ``DEVICE.tier.json``; ``None`` for a
-    device that is not a file (``/dev/...``, ``remote:``, ``mem:``), which must be given one."""
-    if device.startswith(("/dev/", "remote:", "mem:")):
-        return None
-    return os.fspath(device) + STATE_SUFFIX
+    """The settings file of device ``device`` (a device spec, :func:`retainz.zoned.parse_device`):
+    ``DEVICE.tier.json`` beside a device file; ``None`` for a device that is not a file (``zbd:``,
+    ``/dev/...``, ``remote:``, ``mem:``), which must be given one."""
+    spec = parse_device(device)
+    return spec.path + STATE_SUFFIX if spec.is_file else None
 
 
 @dataclass

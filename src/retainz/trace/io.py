@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import BinaryIO, TextIO
 
 from retainz.trace.format import Event, Trace, TraceFormatError, TraceHeader
-from retainz.trace.validate import Validator, _Bad, _loads, _parse_event, _parse_header
+from retainz.trace.validate import LineProblem, Validator, load_line, parse_event, parse_header
 
 __all__ = ["TraceReader", "TraceWriter", "read_trace", "sha256_file", "write_trace"]
 
@@ -48,8 +48,8 @@ class TraceReader:
         if first is None:
             self._fail(1, "empty trace: no header")
         try:
-            self.header = _parse_header(_loads(first))
-        except _Bad as e:
+            self.header = parse_header(load_line(first))
+        except LineProblem as e:
             self._fail(1, str(e))
 
     def _fail(self, line: int, msg: str):
@@ -77,9 +77,9 @@ class TraceReader:
             if not raw.strip():
                 self._fail(self.line, "empty line")
             try:
-                ev = _parse_event(_loads(raw))
+                ev = parse_event(load_line(raw))
                 self.validator.check(ev)
-            except _Bad as e:
+            except LineProblem as e:
                 cut = "" if raw.endswith("\n") else " (the file ends mid-line: a truncated trace?)"
                 self._fail(self.line, f"{e}{cut}")
             yield ev
@@ -140,7 +140,7 @@ class TraceWriter:
         self.line += 1
         try:
             self.validator.check(ev)
-        except _Bad as e:
+        except LineProblem as e:
             raise TraceFormatError(self.path, self.line, str(e)) from None
         self._put(ev.to_json())
 

@@ -72,10 +72,10 @@ from dataclasses import dataclass, replace
 
 from retainz.errors import ChecksumError, DeviceFormatError, NoSpaceError, PowerCutError
 from retainz.hint import DEFAULT_MEDIUM, DEFAULT_SHORT, Hint, class_bounds
+from retainz.ids import series_of
 from retainz.placement import make_allocator
 from retainz.retention.base import parse_rule
 from retainz.retention.durable import until_durable
-from retainz.retention.series import series_of
 from retainz.trace.format import (
     CommitEvent,
     CrashEvent,
@@ -87,7 +87,7 @@ from retainz.trace.format import (
 )
 from retainz.trace.io import TraceReader, sha256_file
 from retainz.trace.promotion import defer_retirements, promotion_finish
-from retainz.zoned import FileDevice, Geometry, MemoryDevice, ZonedDevice
+from retainz.zoned import DeviceSpec, FileDevice, Geometry, MemoryDevice, ZonedDevice, parse_device
 from retainz.zoned.faulty import FaultyDevice
 from retainz.zoned.model import MAX_ZONES, round_up
 
@@ -233,11 +233,10 @@ class ReplayConfig:
         Store.check_geometry(self.geometry(data), policy=self.policy, meta_zones=self.meta_zones,
                              gc_reserve_zones=self.reserve_zones)
         d = self.device
-        if not isinstance(d, str) or not (d in ("memory", "memory-payload") or d.startswith(("/dev/", "zbd:"))
-                                          or (d.startswith("file:") and len(d) > 5)
-                                          or d == "fdp" or d.startswith("fdp:")):
+        if not isinstance(d, str) or not (d in ("memory", "memory-payload") or d == "fdp" or d.startswith("fdp:")
+                                          or _named_device(d) is not None):
             raise ValueError(f"unknown replay device {d!r}; valid: memory, memory-payload, file:PATH, "
-                             "fdp[:KEY=VALUE,...], /dev/NAME")
+                             "fdp[:KEY=VALUE,...], /dev/NAME, zbd:/dev/NAME")
         if d.startswith("fdp"):
             _fdp_options(d)
 
@@ -893,15 +892,27 @@ def _make_device(device: str, geometry: Geometry) -> ZonedDevice:
             raise ValueError(f"replay device {device!r}: {e}") from None
     if device == "memory-payload":
         return MemoryDevice(geometry, payload=True)
-    if device.startswith("file:"):
-        path = device[5:]
+    spec = _named_device(device)
+    if spec.is_file:
+        path = spec.path
         if os.path.lexists(path) and (not os.path.isfile(path) or os.path.getsize(path)):
             raise FileExistsError(f"{path} exists: --device file:PATH makes a new device file for the replay; "
                                   "remove it or name another path")
         return FileDevice.create(path, geometry)
-    from retainz.zoned import open_device
+    return spec.open()
 
-    return open_device(device)
+
+def _named_device(device: str) -> DeviceSpec | None:
+    """The replay device ``device`` names besides memory (:func:`retainz.zoned.parse_device`): a zoned
+    block device, or a device file written ``file:PATH`` (created for the replay); ``None`` for any
+    other spec (a bare path could be mistaken for an existing device to keep)."""
+    try:
+        spec = parse_device(device)
+    except ValueError:
+        return None
+    if spec.kind == "zbd" or (spec.is_file and device.startswith("file:")):
+        return spec
+    return None
 
 
 def _result(config: ReplayConfig, stats: TraceStats, geometry: Geometry, measured: dict, stop: _Stop | None,
@@ -918,7 +929,8 @@ def _result(config: ReplayConfig, stats: TraceStats, geometry: Geometry, measure
         "capacity_stop_cause": None if stop is None else stop.cause,
         "capacity_stop_state": None if stop is None else stop.state,
         "policy": config.policy,
-        "device": config.device if not config.device.startswith("file:") else "file",
+        "device": "file" if config.device not in ("memory", "memory-payload") and _named_device(config.device).is_file
+        else config.device,
         "geometry": {"nr_zones": geometry.nr_zones, "zone_size": geometry.zone_size,
                      "zone_capacity": geometry.zone_capacity, "block_size": geometry.block_size,
                      "max_open": geometry.max_open, "max_active": geometry.max_active,

@@ -24,10 +24,10 @@ from retainz.zoned.model import (
     format_sizes,
     parse_size,
 )
-from retainz.zoned.spec import open_device, parse_geometry
+from retainz.zoned.spec import DeviceSpec, open_device, parse_device, parse_geometry
 
 __all__ = [
-    "DeviceInfo", "EmulatedZonedDevice", "FileDevice", "Geometry",
+    "DeviceInfo", "DeviceSpec", "EmulatedZonedDevice", "FileDevice", "Geometry",
     "MemoryDevice", "WriteData", "Zone", "ZoneCond", "ZoneOp", "ZoneType", "ZonedDevice",
-    "format_size", "format_sizes", "open_device", "parse_geometry", "parse_size",
+    "format_size", "format_sizes", "open_device", "parse_device", "parse_geometry", "parse_size",
 ]

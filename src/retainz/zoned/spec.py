@@ -22,13 +22,15 @@ spec                               device
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 from retainz.errors import DeviceFormatError
 from retainz.spec import parse_spec
 from retainz.zoned.device import ZonedDevice
 from retainz.zoned.model import Geometry, parse_size
 
-__all__ = ["open_device", "parse_geometry", "parse_fdp_options", "GEOMETRY_KEYS", "FDP_KEYS"]
+__all__ = ["open_device", "parse_device", "DeviceSpec", "parse_geometry", "parse_fdp_options", "GEOMETRY_KEYS",
+           "FDP_KEYS"]
 
 GEOMETRY_KEYS = ("zones", "zone_size", "zone_capacity", "block_size", "max_open", "max_active")
 _DEFAULTS = {"zones": "64", "zone_size": "1MiB", "zone_capacity": "", "block_size": "4096",
@@ -75,8 +77,103 @@ def parse_geometry(options: dict[str, str]) -> Geometry:
                     max_open=values["max_open"], max_active=values["max_active"])
 
 
+@dataclass(frozen=True)
+class DeviceSpec:
+    """A parsed device specification (the module docstring's table): what every command and face
+    decides by, instead of testing prefixes.
+
+    Attributes:
+        kind: ``"file"`` (a device file), ``"zbd"`` (a zoned block device), ``"mem"`` (in memory),
+            ``"fdp"`` (an FDP namespace model in memory, :mod:`retainz.zoned.fdp`) or ``"remote"`` (a
+            served device, :mod:`retainz.zoned.remote`).
+        path: the device file's or block device's path (``file:`` and ``zbd:`` dropped); ``""`` for
+            ``mem:``, ``fdp:`` and ``remote:``.
+        text: the specification as written.
+    """
+
+    kind: str
+    path: str
+    text: str
+
+    @property
+    def is_file(self) -> bool:
+        """A device file: locked per process with ``flock``, beside which its socket and settings live."""
+        return self.kind == "file"
+
+    @property
+    def persistent(self) -> bool:
+        """Outlives the process that opens it (everything but ``mem:`` and ``fdp:``)."""
+        return self.kind not in ("mem", "fdp")
+
+    @property
+    def key(self) -> str:
+        """One name per device: a device file's real path, a block device's path, else the text."""
+        if self.kind == "file":
+            return os.path.realpath(self.path)
+        return self.path if self.kind == "zbd" else self.text
+
+    def exists(self) -> bool:
+        """The device is there to open (a device file that exists; any other kind: the open says)."""
+        return self.kind != "file" or os.path.exists(self.path)
+
+    def open(self, *, readonly: bool = False) -> ZonedDevice:
+        """Open the device (:func:`open_device`'s errors)."""
+        if self.kind == "mem":
+            return _open_memory(self.text)
+        if self.kind == "fdp":
+            return _open_fdp(self.text)
+        if self.kind == "remote":
+            return _open_remote(self.text)
+        if self.kind == "zbd":
+            return _open_linux(self.path, readonly)
+        if not os.path.exists(self.path):
+            raise FileNotFoundError(f"{self.path}: no such device file")
+        from retainz.zoned.file import FileDevice
+
+        return FileDevice(self.path, readonly=readonly)
+
+    def create(self, geometry: Geometry) -> ZonedDevice:
+        """Create the device file with ``geometry`` (its parent folders too).
+
+        Raises:
+            ValueError: the spec names no device file (only files are created).
+            FileExistsError: the file exists."""
+        if self.kind != "file":
+            raise ValueError(f"{self.text}: only a device file can be created, not a {self.kind} device")
+        from retainz.zoned.file import FileDevice
+
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        return FileDevice.create(self.path, geometry)
+
+
+def parse_device(spec: str | os.PathLike) -> DeviceSpec:
+    """The one parser of device specifications (the module docstring's table): ``mem`` or ``mem:...``,
+    ``remote:...``, ``zbd:PATH``, ``file:PATH``, ``/dev/NAME`` or an existing block device (zbd), any
+    other path (a device file).  Only the form is checked here; :meth:`DeviceSpec.open` checks the rest.
+
+    Raises:
+        DeviceFormatError: ``file:`` or ``zbd:`` with no path after it.
+    """
+    text = os.fspath(spec)
+    if text == "mem" or text.startswith("mem:"):
+        return DeviceSpec("mem", "", text)
+    if text == "fdp" or text.startswith("fdp:"):
+        return DeviceSpec("fdp", "", text)
+    if text.startswith("remote:"):
+        return DeviceSpec("remote", "", text)
+    for prefix, kind in (("zbd:", "zbd"), ("file:", "file")):
+        if text.startswith(prefix):
+            if not text[len(prefix):]:
+                raise DeviceFormatError(f"bad device spec {text!r}: no path after {prefix}")
+            return DeviceSpec(kind, text[len(prefix):], text)
+    if text.startswith("/dev/") or (os.path.exists(text) and _is_block_device(text)):
+        return DeviceSpec("zbd", text, text)
+    return DeviceSpec("file", text, text)
+
+
 def open_device(spec: str, *, readonly: bool = False) -> ZonedDevice:
-    """Open the device a specification string names (see the module docstring).
+    """Open the device a specification string names (see the module docstring):
+    ``parse_device(spec).open(readonly=readonly)``.
 
     Raises:
         FileNotFoundError: no such path (or no socket at a ``remote:`` spec's path).
@@ -84,35 +181,20 @@ def open_device(spec: str, *, readonly: bool = False) -> ZonedDevice:
         DeviceFormatError: a malformed ``mem:`` or ``remote:`` specification.
         RemoteDeviceError: the remote device's server did not answer as expected.
     """
-    if spec.startswith("mem:") or spec == "mem":
-        from retainz.zoned.memory import MemoryDevice
+    return parse_device(spec).open(readonly=readonly)
 
-        try:
-            opts = dict(parse_spec(spec, "device spec")[1])
-        except ValueError as e:
-            raise DeviceFormatError(str(e)) from None
-        payload = opts.pop("payload", "true").lower()
-        if payload not in ("true", "false"):
-            raise DeviceFormatError(f"bad device spec {spec!r}: payload must be true or false")
-        return MemoryDevice(parse_geometry(opts), payload=payload == "true")
-    if spec.startswith("fdp:") or spec == "fdp":
-        return _open_fdp(spec)
-    if spec.startswith("remote:"):
-        return _open_remote(spec)
-    if spec.startswith("zbd:"):
-        spec = spec[4:]
-        return _open_linux(spec, readonly)
-    if spec.startswith("file:"):
-        spec = spec[5:]
-        if not spec:
-            raise DeviceFormatError("bad device spec 'file:': no path after file:")
-    elif spec.startswith("/dev/") or (os.path.exists(spec) and _is_block_device(spec)):
-        return _open_linux(spec, readonly)
-    if not os.path.exists(spec):
-        raise FileNotFoundError(f"{spec}: no such device file")
-    from retainz.zoned.file import FileDevice
 
-    return FileDevice(spec, readonly=readonly)
+def _open_memory(spec: str) -> ZonedDevice:
+    from retainz.zoned.memory import MemoryDevice
+
+    try:
+        opts = dict(parse_spec(spec, "device spec")[1])
+    except ValueError as e:
+        raise DeviceFormatError(str(e)) from None
+    payload = opts.pop("payload", "true").lower()
+    if payload not in ("true", "false"):
+        raise DeviceFormatError(f"bad device spec {spec!r}: payload must be true or false")
+    return MemoryDevice(parse_geometry(opts), payload=payload == "true")
 
 
 #: The keys of an ``fdp:`` spec beyond the geometry's (:class:`~retainz.zoned.fdp.FdpNamespaceDevice`).

@@ -5,7 +5,7 @@ The guest serves its namespace ``/dev/nvme0n1`` (``LinuxZonedDevice``: the kerne
 ``O_DIRECT`` writes at the write pointer, mq-deadline) over a virtio-serial port and a shared-memory
 window (:mod:`retainz.vm.channel`); on the host, the capture trains, saves the checkpoint (model,
 AdamW state, RNG state, step) through :class:`~retainz.integrations.dcp.ZonedStorageWriter` onto
-``remote:socket=...`` (the blank namespace is formatted by the writer, ``integrations._stores``), a
+``remote:socket=...`` (the blank namespace is formatted by the writer, :func:`retainz.jobs.stores.open_store`), a
 fresh host process mounts the store from the namespace again, restores it, and the resumed update is
 compared bit for bit with the uninterrupted one.  torch runs on the host because under TCG importing
 it takes about a minute in the guest and an update several; every checkpoint byte still goes to the

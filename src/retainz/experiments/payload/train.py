@@ -153,13 +153,13 @@ def capture(cfg: PayloadConfig, device: str, out: Path, *, force: bool = False) 
 
     from retainz.errors import GenerationExistsError
     from retainz.experiments.payload.model import INIT_LABELS
-    from retainz.integrations import _stores
     from retainz.integrations.dcp import ZonedStorageWriter
+    from retainz.jobs import stores
 
     device = str(device)
-    if _stores.present(device):
+    if stores.present(device):
         ids = (f"step-{cfg.steps}", f"step-{cfg.steps + 1}")
-        with _stores.using(device) as store:
+        with stores.using(device) as store:
             held = [g.id for g in store.generations() if g.id in ids]
             if held and not force:
                 raise GenerationExistsError(
@@ -177,7 +177,7 @@ def capture(cfg: PayloadConfig, device: str, out: Path, *, force: bool = False) 
     t_train = time.perf_counter() - t0
 
     nparams = sum(p.numel() for p in model.parameters())
-    geometry = None if _stores.present(device) else _geometry_for(nparams * 4 * 5)
+    geometry = None if stores.present(device) else _geometry_for(nparams * 4 * 5)
     rule = cfg.retention
     state = _state(model, opt, cfg.steps, losses[-1] if losses else float("nan"))
     t1 = time.perf_counter()
@@ -201,7 +201,7 @@ def capture(cfg: PayloadConfig, device: str, out: Path, *, force: bool = False) 
     resumed = json.loads(proc.stdout.strip().splitlines()[-1])
     t_resume = time.perf_counter() - t2
 
-    with _stores.using(device) as store:
+    with stores.using(device) as store:
         gens = {g.id: g for g in store.generations()}
         shards = gens[f"step-{cfg.steps}"].shards
         layout = {
