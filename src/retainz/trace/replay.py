@@ -929,8 +929,7 @@ def _result(config: ReplayConfig, stats: TraceStats, geometry: Geometry, measure
         "capacity_stop_cause": None if stop is None else stop.cause,
         "capacity_stop_state": None if stop is None else stop.state,
         "policy": config.policy,
-        "device": "file" if config.device not in ("memory", "memory-payload") and _named_device(config.device).is_file
-        else config.device,
+        "device": "file" if (spec := _named_device(config.device)) is not None and spec.is_file else config.device,
         "geometry": {"nr_zones": geometry.nr_zones, "zone_size": geometry.zone_size,
                      "zone_capacity": geometry.zone_capacity, "block_size": geometry.block_size,
                      "max_open": geometry.max_open, "max_active": geometry.max_active,
