@@ -82,6 +82,8 @@ MAX_ID_BYTES = 255
 #: Meta zones are the first zones; at most this many.
 MAX_META_ZONES = 64
 _SB = struct.Struct("<8sII16sQIIQQIII64s")
+#: Bytes of an encoded superblock: its fields and their crc32c (what a damage campaign flips).
+SUPERBLOCK_BYTES = _SB.size + 4
 
 
 def superblock_copies(version: int) -> int:

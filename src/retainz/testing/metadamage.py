@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 from retainz.errors import CorruptDeviceError, CorruptJournalError, StoreError
 from retainz.hint import Hint
 from retainz.store import Store
-from retainz.store.format import _SB
+from retainz.store.format import SUPERBLOCK_BYTES
 from retainz.store.records import FRAME_HEADER, unframe
 from retainz.zoned.file import FileDevice
 from retainz.zoned.memory import MemoryDevice
@@ -157,7 +157,7 @@ def damage_sites(dev: MemoryDevice, kind: str) -> list[tuple[int, int]]:
                     out.append((z, off))
                 continue
             if blk[:8] == b"RETAINZS":
-                out += [(z, off + i) for i in range(_SB.size + 4)]
+                out += [(z, off + i) for i in range(SUPERBLOCK_BYTES)]
                 continue
             n, total, ok = unframe(buf, off, written, g.block_size) if off + FRAME_HEADER <= written else (0, 0, 0)
             if ok and total:
