@@ -88,7 +88,7 @@ def new_bucket(endpoint: str) -> str:
 
 
 class TierDestination:
-    """One fresh, empty destination of ``kind`` (``"dir"``: ``tmp_path/shared/ckpt``; ``"s3"``:
+    """One fresh, empty destination of ``kind`` (``"dir"``: the folder ``ckpt`` in ``tmp_path``'s ``shared`` folder; ``"s3"``:
     ``s3://<fresh bucket>/ckpt`` at ``endpoint``).  Objects are named by their path relative to the
     URL (``step-1/data/model.bin``)."""
 
