@@ -121,7 +121,7 @@ def test_clients_write_a_zoned_block_device_at_once_and_one_killed_mid_claim_lea
 
     path = kind.split(":", 1)[1]
     dev = make_device(kind, tmp_path)
-    Store.format(dev).close()
+    Store.format(dev, policy="greedy").close()    # the premise above: greedy (the default is now retainz)
     dev.close()
     monkeypatch.setenv("RETAINZ_RUN_DIR", str(tmp_path))
     env = _env(tmp_path)
