@@ -82,13 +82,12 @@ from retainz.integrations.fsspec_files import ReadFile, WriteFile
 from retainz.jobs import life, ranks, stores
 from retainz.namespace import Namespace, NamespaceError
 from retainz.namespace.model import rule_for
-from retainz.namespace.names import generation_for, is_dcp_name
 from retainz.node import NodeStore
 from retainz.retention.online import rule_hint
 from retainz.retention.steps import parse_step
 from retainz.zoned import parse_device
 
-__all__ = ["RetainZFileSystem", "register", "generation_for", "is_dcp_name"]
+__all__ = ["RetainZFileSystem", "register"]
 
 
 class RetainZFileSystem(AbstractFileSystem):
