@@ -544,8 +544,13 @@ def _repair(spec: str, *, upgrade_only: bool = False, restore: str | None = None
                 if upgrade_only:
                     done = dev.upgrade() if hasattr(dev, "upgrade") else []
                     rep.notes += [f"upgraded: {line}" for line in done]
-                    rep.notes.append("upgraded: the store is of this format version (an older one's journal rolled "
-                                     "over under it)")
+                    was = store.recovery.upgraded_from
+                    if was is not None:
+                        rep.notes.append(f"upgraded: the store from format version {was} to {store.format_version} "
+                                         "(its journal rolled over at the new version)")
+                    elif not done:
+                        rep.notes.append(f"nothing to upgrade: the store is already format version "
+                                         f"{store.format_version}")
                 else:
                     rep.notes.append(f"restored: generation {restore!r} is listed again")
             return rep

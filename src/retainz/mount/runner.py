@@ -46,6 +46,7 @@ import threading
 import time
 
 from retainz.errors import RetainZError
+from retainz.zoned.file import not_a_device_file
 
 __all__ = ["FuseUnavailableError", "DeviceHeldError", "load_fuse", "serve", "mount", "umount", "is_mounted",
            "mounted_at", "held_message", "lock_holders", "FSTYPE", "HELD_WAIT"]
@@ -254,8 +255,7 @@ def _check_device_file(device: str) -> None:
     Raises:
         FileNotFoundError, IsADirectoryError, ValueError: one line saying what ``device`` is (exit 2)."""
     if os.path.isdir(device):
-        raise IsADirectoryError(f"{device}: a directory, not a device file (make one with `retainz device "
-                                "create FILE` and `retainz mkfs FILE`)")
+        raise not_a_device_file(device)
     if os.path.exists(device) and not os.path.isfile(device):
         raise ValueError(f"{device}: not a regular file; a mount's device is a device file (`retainz device create`)")
     if not os.path.isfile(device):

@@ -91,6 +91,8 @@ class RecoveryReport:
             ``{"id", "step", "reason"}`` each (``id``/``step`` ``None`` and ``count`` generations
             when only the lost record named them; ``"unknown": True`` for one kept on the device as
             unknown).
+        upgraded_from: the older format version a read-write open migrated (``upgrade`` or
+            ``repair``: the journal rolled over at the current version), else ``None``.
     """
 
     records: int = 0
@@ -105,6 +107,7 @@ class RecoveryReport:
     copies: list[str] = field(default_factory=list)
     lost: list[str] = field(default_factory=list)
     dropped: list[dict] = field(default_factory=list)
+    upgraded_from: int | None = None
 
 
 @dataclass
@@ -551,6 +554,8 @@ def mount(device: ZonedDevice, *, readonly: bool, repair: bool = False, upgrade:
         else:
             journal.roll()
             rep.rolled = True
+            if old:
+                rep.upgraded_from = sb.version
     rep.seconds = time.perf_counter() - t0
     rep.records_per_second = rep.records / rep.seconds if rep.seconds else 0.0
     return Mounted(sb=sb, catalog=state.catalog, zones=zones, log=log, metrics=metrics, report=rep)

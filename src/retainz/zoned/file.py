@@ -71,6 +71,13 @@ def _slot_size(nr_zones: int) -> int:
     return round_up(_SLOT_HEAD.size + 13 * nr_zones + 8, 4096)
 
 
+def not_a_device_file(path: str) -> IsADirectoryError:
+    """The one refusal of a directory named where a device file belongs (every command, the mount,
+    :meth:`FileDevice.create`)."""
+    return IsADirectoryError(f"{path}: a directory, not a device file (make one with `retainz device create "
+                             "FILE` and `retainz mkfs FILE`)")
+
+
 class FileDevice(EmulatedZonedDevice):
     """A zoned device in a file (see the module docstring for the layout and durability).
 
@@ -145,7 +152,7 @@ class FileDevice(EmulatedZonedDevice):
         """
         path = os.fspath(path)
         if os.path.isdir(path):
-            raise IsADirectoryError(f"{path} is a directory, not a device file")
+            raise not_a_device_file(path)
         if os.path.exists(path) and os.path.getsize(path) > 0 and not force:
             raise FileExistsError(f"{path} exists and is not empty; pass force=True to overwrite it")
         slot = _slot_size(geometry.nr_zones)

@@ -126,10 +126,12 @@ class DeviceSpec:
             return _open_remote(self.text)
         if self.kind == "zbd":
             return _open_linux(self.path, readonly)
+        from retainz.zoned.file import FileDevice, not_a_device_file
+
+        if os.path.isdir(self.path):
+            raise not_a_device_file(self.path)
         if not os.path.exists(self.path):
             raise FileNotFoundError(f"{self.path}: no such device file")
-        from retainz.zoned.file import FileDevice
-
         return FileDevice(self.path, readonly=readonly)
 
     def create(self, geometry: Geometry) -> ZonedDevice:
@@ -184,6 +186,17 @@ def open_device(spec: str, *, readonly: bool = False) -> ZonedDevice:
     return parse_device(spec).open(readonly=readonly)
 
 
+def _payload_option(spec: str, options: dict[str, str]) -> bool:
+    """A ``mem:``/``fdp:`` spec's ``payload=true|false`` (default true), removed from ``options``.
+
+    Raises:
+        DeviceFormatError: a value other than true or false."""
+    payload = options.pop("payload", "true").lower()
+    if payload not in ("true", "false"):
+        raise DeviceFormatError(f"bad device spec {spec!r}: payload must be true or false")
+    return payload == "true"
+
+
 def _open_memory(spec: str) -> ZonedDevice:
     from retainz.zoned.memory import MemoryDevice
 
@@ -191,10 +204,8 @@ def _open_memory(spec: str) -> ZonedDevice:
         opts = dict(parse_spec(spec, "device spec")[1])
     except ValueError as e:
         raise DeviceFormatError(str(e)) from None
-    payload = opts.pop("payload", "true").lower()
-    if payload not in ("true", "false"):
-        raise DeviceFormatError(f"bad device spec {spec!r}: payload must be true or false")
-    return MemoryDevice(parse_geometry(opts), payload=payload == "true")
+    payload = _payload_option(spec, opts)
+    return MemoryDevice(parse_geometry(opts), payload=payload)
 
 
 #: The keys of an ``fdp:`` spec beyond the geometry's (:class:`~retainz.zoned.fdp.FdpNamespaceDevice`).
@@ -234,11 +245,9 @@ def _open_fdp(spec: str) -> ZonedDevice:
         opts = dict(parse_spec(spec, "device spec")[1])
     except ValueError as e:
         raise DeviceFormatError(str(e)) from None
-    payload = opts.pop("payload", "true").lower()
-    if payload not in ("true", "false"):
-        raise DeviceFormatError(f"bad device spec {spec!r}: payload must be true or false")
+    payload = _payload_option(spec, opts)
     kw = parse_fdp_options(opts)
-    return FdpNamespaceDevice(parse_geometry(opts), payload=payload == "true", **kw)
+    return FdpNamespaceDevice(parse_geometry(opts), payload=payload, **kw)
 
 
 def _open_remote(spec: str) -> ZonedDevice:
