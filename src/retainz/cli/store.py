@@ -464,7 +464,7 @@ def _gc(args) -> int:
         if rep.held_back:     # an unforced pass left space a forced one would collect: say why, and what to run
             flag = " (mkfs --gc-reserve)" if rep.empty_zones >= rep.gc_reserve_zones else ""
             print(f"  left: {format_size(rep.held_back_reclaimable)} reclaimable in full "
-                  f"zone{'s' if len(rep.held_back) > 1 else ''} {', '.join(map(str, rep.held_back))}: "
+                  f"zone{'s' if len(rep.held_back) > 1 else ''} {', '.join(map(str, sorted(rep.held_back)))}: "
                   f"{rep.waiting}{flag}; `retainz gc --force` collects it now, copying "
                   f"{format_size(rep.held_back_live)} of live data")
     return 1 if rep.errors else 0
@@ -508,8 +508,17 @@ def _fsck(args) -> int:
             print(f"  unknown: generation {u['id']!r} (step {u['step']}, {format_size(u['bytes'])}): {u['reason']}; "
                   f"not listed nor read: `retainz fsck --restore {u['id']} {args.device}` lists it again, "
                   f"`retainz rm {args.device} {u['id']}` discards it")
-        print("clean" if rep.ok else plural(len(rep.problems), "problem"))
-    return 0 if rep.ok else 1
+        if not rep.ok:
+            print(plural(len(rep.problems), "problem"))
+        elif rep.unknown:     # consistent, but generations wait for the user's decision: not "clean"
+            print(f"{plural(len(rep.unknown), 'unknown generation')} (not listed nor read until "
+                  f"`retainz fsck --restore GEN {args.device}` or `retainz rm {args.device} GEN`)")
+        else:
+            print("clean")
+    checking = not (args.repair or args.upgrade or args.restore is not None)
+    # a plain check exits 1 while unknown generations wait for a decision (a script must not read
+    # them as fine); the writing forms exit 0 when what they were asked to do was done
+    return 0 if rep.ok and not (checking and rep.unknown) else 1
 
 
 def _repair(spec: str, *, upgrade_only: bool = False, restore: str | None = None):
