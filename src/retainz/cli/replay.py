@@ -1,4 +1,4 @@
-"""``retainz replay TRACE --policy NAME (--zones N | --pressure P) ... [--json]``.
+"""``retainz replay TRACE --policy NAME (--zones N | --pressure P | --occupancy O) ... [--json]``.
 
 Each option is a field of :class:`~retainz.trace.replay.ReplayConfig` under the same name (``--zone-size``
 is ``zone_size``); :meth:`ReplayConfig.cli_args` writes them back.  A bad value is one line and exit 2.
@@ -23,6 +23,8 @@ from retainz.trace.replay import ReplayConfig
 _SHOW = ("waf", "host_bytes", "gc_bytes", "resets", "finishes", "dead_space_byte_steps",
          "unused_capacity_bytes", "unused_capacity_byte_steps", "peak_occupancy", "capacity_stop_step",
          "generations_committed", "decisions", "decision_cpu_seconds")
+#: Shown in text when the device was sized by occupancy.
+_SHOW_OCCUPANCY = ("mean_live_bytes", "effective_occupancy")
 #: An FDP device's statistics shown in text (``--json`` has them all under ``fdp``): the device WAF
 #: (media bytes written / host bytes written, FDP statistics log page 0x22) and its two terms.
 _SHOW_FDP = ("device_waf", "host_bytes_written", "media_bytes_written")
@@ -41,6 +43,9 @@ def register(sub) -> None:
     size.add_argument("--zones", type=int_arg(2, too_low="{v} is under 2 (a store needs 2 data zones besides the "
                                               "GC reserve)"), help="usable data zones")
     size.add_argument("--pressure", type=fraction_arg, help="peak live bytes / usable capacity, e.g. 0.9")
+    size.add_argument("--occupancy", type=fraction_arg,
+                      help="time-averaged live bytes / usable capacity, e.g. 0.5 (sizes the device from the "
+                           "trace's mean live bytes, not its peak)")
     p.add_argument("--reserve-zones", type=count_arg, default=d["reserve_zones"],
                    help=f"GC reserve zones added on top (default {d['reserve_zones']})")
     p.add_argument("--meta-zones", type=count_arg, default=d["meta_zones"],
@@ -101,7 +106,8 @@ def _replay(args: argparse.Namespace) -> int:
     if args.json:
         print_json(result, sort_keys=True)
     else:
-        rows = {k: result[k] for k in _SHOW + (("overlapped_bytes",) if "overlapped_bytes" in result else ())}
+        rows = {k: result[k] for k in _SHOW + (("overlapped_bytes",) if "overlapped_bytes" in result else ())
+                + (_SHOW_OCCUPANCY if "effective_occupancy" in result else ())}
         if "fdp" in result:      # an FDP namespace: the drive's own WAF beside the store's
             rows.update((f"fdp_{k}", result["fdp"][k]) for k in _SHOW_FDP)
         for k, v in rows.items():
