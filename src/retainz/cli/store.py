@@ -437,11 +437,10 @@ def _durable_source(args):
 
 
 def _rm(args) -> int:
-    from retainz.store import Store
 
     with StoreSession(args.device, args=args) as store:
-        # an unknown generation (after a repair) exists on the device itself, not through a node service
-        unknown = {g.id for g in store.unknown()} if isinstance(store, Store) else set()
+        # an unknown generation (after a repair): in process, or through a node service (in its scope)
+        unknown = {g.id for g in store.unknown()}
         for gid in args.generations:
             if gid not in unknown:       # an unknown one (after a repair) is discarded by name
                 store.generation(gid)

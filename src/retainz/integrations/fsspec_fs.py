@@ -82,7 +82,6 @@ from retainz.integrations.fsspec_files import ReadFile, WriteFile
 from retainz.jobs import life, ranks, stores
 from retainz.namespace import Namespace, NamespaceError
 from retainz.namespace.model import rule_for
-from retainz.node import NodeStore
 from retainz.retention.online import rule_hint
 from retainz.retention.steps import parse_step
 from retainz.zoned import parse_device
@@ -172,17 +171,13 @@ class RetainZFileSystem(AbstractFileSystem):
         re-hinted before this instance's first save into it."""
         ns = Namespace(store, retention=self.retention)
         ns.implicit_dirs = True
-        served = isinstance(store, NodeStore)
 
-        def begin(st, gid, step, hint, path):
-            token = ranks.join_token(path) if served else None
-            if token:          # the ranks of one job on one served device write one generation
-                return st.begin_generation(gid, step, hint=hint, join=token)
-            return st.begin_generation(gid, step, hint=hint)
+        def begin(st, gid, step, hint, path):   # the ranks of one job on one served device join one generation
+            return st.begin_generation(gid, step, hint=hint, join=ranks.join_token(path))
 
         def after_close(pd):   # a rank other than 0 leaves a joined generation once its files are closed
             w = pd.writer
-            if w is not None and getattr(w, "joined", False) and not ranks.is_coordinator():
+            if w is not None and w.joined and not ranks.is_coordinator():
                 w = ns.detach(pd.root)
                 if w is not None:
                     w.leave()

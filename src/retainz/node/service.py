@@ -512,6 +512,38 @@ class _Session:
         closed here stay in it); the last to leave without a commit aborts it."""
         return self._end(req, "leave")
 
+    def admit(self, req: dict) -> dict:
+        """Grow an open generation's reservation to ``bytes`` now (``Store.admit``), under the store's
+        lock as the store's own callers do."""
+        _, w = self._writer(req)
+        nbytes = field(req, "bytes", "int")
+        with self.service.store.lock:
+            self.service.store.admit(w, nbytes)
+        return {}
+
+    def rename(self, req: dict) -> dict:
+        """Give an open generation this connection began alone another id (``GenerationWriter.rename``);
+        the new id must be in the client's scope.  A joined generation keeps its id (other clients
+        hold it by that id)."""
+        h, w = self._writer(req)
+        gen = field(req, "gen", "name")
+        self.scope.check(gen, "write")
+        if any(sh.writer is w for sh in self.service._shared.values()):
+            raise GenerationExistsError(f"generation {w.id!r} is written by several clients: it keeps its id")
+        w.rename(gen)
+        return {}
+
+    def unknown(self, req: dict) -> dict:
+        """The generations recovery found whose commit record is missing (``Store.unknown``), those in
+        the client's scope."""
+        gens = [g for g in self.service.store.unknown() if self.scope.everything or self.scope.allows(g.id)]
+        return {"gens": [encode_gen(g) for g in gens[:MAX_PAGE]]}
+
+    def restore(self, req: dict) -> dict:
+        gen = field(req, "gen", "name")
+        self.scope.check(gen, "write")
+        return {"gen": encode_gen(self.service.store.restore(gen))}
+
     def delete(self, req: dict) -> dict:
         gen = field(req, "gen", "name")
         step = field(req, "step", "int", default=None)
@@ -583,7 +615,7 @@ _CHANGES = frozenset({"commit", "delete"})
 _OPS: dict[str, Callable[[_Session, dict], dict]] = {
     name: getattr(_Session, name) for name in (
         "hello", "begin", "open_shard", "claim", "written", "close_shard", "abort_shard", "commit", "abort", "leave",
-        "shm", "put", "read",
+        "admit", "rename", "unknown", "restore", "shm", "put", "read",
         "delete", "list", "generation", "locations", "update_hint", "advance", "now", "df", "fsck", "gc",
         "metrics", "bye")
 }

@@ -396,8 +396,14 @@ class Store:
 
     # -- generations -------------------------------------------------------------------------------
     def begin_generation(self, gen_id: str, step: int, *, hint: Hint | None = None,
-                         declared_size: int | None = None, replace: bool = False) -> GenerationWriter:
+                         declared_size: int | None = None, replace: bool = False,
+                         join: str | None = None) -> GenerationWriter:
         """Admit a new generation and return its writer.
+
+        ``join`` (the store contract's token by which the processes sharing a served device write one
+        generation: ``NodeStore.begin_generation``) has no other writer to join here: this store is
+        owned by this one process (its lock on the device), so every writer it begins is its caller's
+        alone and ``joined`` is false.
 
         Admission reserves ``declared_size`` bytes (rounded up to a block): the data zones' free
         bytes, less the policy's GC reserve (:attr:`admission_reserve_zones` zones of capacity)
