@@ -110,7 +110,9 @@ def test_a_version_1_store_is_read_as_is_and_migrated_only_by_an_explicit_upgrad
         Store.open(dev)
     assert snapshot(dev) == before
     with Store.open(dev, upgrade=True) as s:
-        assert s.format_version == 4 and s.recovery.rolled
+        assert s.format_version == 4 and s.recovery.rolled and s.recovery.upgraded_from == 1
+        assert "upgraded: the store from format version 1 to 4 (its journal rolled over at the new version)" \
+            in s.fsck().notes                                   # what `fsck --upgrade` prints
         w = s.begin_generation("g", 1)
         w.write_shard("a", [b"z" * 100])
         w.commit()

@@ -526,6 +526,7 @@ def _repair(spec: str, *, upgrade_only: bool = False, restore: str | None = None
     ``upgrade_only`` (``fsck --upgrade``): a read-write open that migrates an older format version;
     ``restore`` (``fsck --restore GEN``): a read-write open that lists unknown ``GEN`` again."""
     from retainz.store import Store
+    from retainz.store.format import FORMAT_VERSION
 
     _persistent(spec)
     from retainz.errors import CorruptDeviceError
@@ -552,13 +553,8 @@ def _repair(spec: str, *, upgrade_only: bool = False, restore: str | None = None
                 if upgrade_only:
                     done = dev.upgrade() if hasattr(dev, "upgrade") else []
                     rep.notes += [f"upgraded: {line}" for line in done]
-                    was = store.recovery.upgraded_from
-                    if was is not None:
-                        rep.notes.append(f"upgraded: the store from format version {was} to {store.format_version} "
-                                         "(its journal rolled over at the new version)")
-                    elif not done:
-                        rep.notes.append(f"nothing to upgrade: the store is already format version "
-                                         f"{store.format_version}")
+                    if not done and not any(n.startswith("upgraded: the store") for n in rep.notes):
+                        rep.notes.append(f"nothing to upgrade: the store is already format version {FORMAT_VERSION}")
                 else:
                     rep.notes.append(f"restored: generation {restore!r} is listed again")
             return rep

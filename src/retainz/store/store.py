@@ -836,6 +836,9 @@ class Store:
                              self.recovery.repairs, progress=progress)
             rep.notes += self.recovery.copies
             rep.notes += [f"salvage: {line}" for line in self.recovery.lost]
+            if self.recovery.upgraded_from is not None:
+                rep.notes.append(f"upgraded: the store from format version {self.recovery.upgraded_from} to "
+                                 f"{self.format_version} (its journal rolled over at the new version)")
             rep.dropped = [d for d in self.recovery.dropped if not d.get("unknown")]
             rep.unknown = [{"id": g.id, "step": g.step, "reason": g.unknown_reason, "bytes": g.size}
                            for g in self.catalog.ordered() if g.state is GenState.UNKNOWN]
