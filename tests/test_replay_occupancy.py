@@ -97,3 +97,34 @@ def test_a_manifest_case_takes_occupancy_and_its_id_changes_only_when_it_is_set(
         cases(pressure=0.9, occupancy=0.5)
     with pytest.raises(ManifestError, match="key 'occupancy' must be in"):
         cases(occupancy=1.5)
+
+
+def test_a_file_system_case_is_not_sized_by_occupancy():
+    with pytest.raises(ManifestError, match="a file-system case .* is sized by pressure or zones"):
+        expand({"manifest": "t", "format": 1, "defaults": {**BASE, "occupancy": 0.5, "system": "btrfs",
+                                                           "device": "guest"},
+                "blocks": [{"experiment": "fleet"}]})
+
+
+def test_a_recorded_occupancy_case_verifies_and_a_wrong_effective_occupancy_is_caught(tmp_path):
+    import os
+
+    from retainz.experiments.record import finalize
+    from retainz.experiments.runner import run_cases
+    from retainz.experiments.verify import verify_dir
+
+    m = {"manifest": "t", "format": 1,
+         "defaults": {"layout": "smollm2-135m-dcp", "rule": "torchtitan:interval=10,keep_latest_k=3", "steps": 400,
+                      "scale": "1/16384", "zone_size": 256 << 10, "zone_capacity": 192 << 10,
+                      "max_active": 6, "max_open": 6, "occupancy": 0.5},
+         "blocks": [{"experiment": "pressure", "axes": {"policy": ["retainz"]}}]}
+    (case,) = expand(m, name="m.json")
+    run_cases([case], str(tmp_path), jobs=1, progress=False)
+    path = os.path.join(tmp_path, f"{case.id}.json")
+    rec = json.load(open(path))
+    assert rec["inputs"]["occupancy"] == 0.5 and 0.3 < rec["metrics"]["effective_occupancy"] <= 0.5
+    assert verify_dir(str(tmp_path)) == (1, [])
+    rec["metrics"]["effective_occupancy"] = 0.6
+    json.dump(finalize(rec), open(path, "w"))
+    (_, problems) = verify_dir(str(tmp_path))
+    assert len(problems) == 1 and "effective_occupancy 0.6 does not fit the occupancy asked, 0.5" in problems[0]

@@ -327,6 +327,8 @@ def _normalize(where: str, case: dict) -> dict:
             if not 0 < c[k] < 1:
                 raise ManifestError(f"{where}: key {k!r} must be in (0, 1), got {c[k]!r}")
             c[k] = float(c[k])
+    if c["occupancy"] is not None and c.get("system") is not None:
+        raise ManifestError(f"{where}: key 'occupancy': a file-system case (system) is sized by pressure or zones")
     if c["device"] not in DEVICES:
         raise ManifestError(f"{where}: key 'device' must be one of {', '.join(DEVICES)}, got {c['device']!r}")
     if c["system"] is not None:
