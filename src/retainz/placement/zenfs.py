@@ -182,7 +182,7 @@ class ZenFS(Allocator):
         limit = min(x for x in (geometry.max_active, geometry.max_open) if x) if geometry.max_active else 0
         if limit and limit <= self.reserved_zones:
             raise ValueError(f"policy {self.name}: the device's active-zone limit (max_active "
-                             f"{geometry.max_active}, max_open {geometry.max_open}) is too small for the policy: ZenFS keeps reserved_zones="
+                             f"{geometry.max_active}{'' if limit == geometry.max_active else f', max_open {limit}'}) is too small for the policy: ZenFS keeps reserved_zones="
                              f"{self.reserved_zones} of it for itself and needs at least "
                              f"{self.reserved_zones + 1} (max_nr_active_io_zones in ZonedBlockDevice::Open, "
                              "fs/zbd_zenfs.cc)")
