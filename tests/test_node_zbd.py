@@ -101,7 +101,7 @@ def test_a_lease_its_writer_left_half_written_is_filled_in_its_turn_and_the_next
 # -- real zoned block devices (the QEMU guest lane) -------------------------------------------------------
 def _env(run_dir: Path) -> dict:
     return dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}{os.pathsep}{ROOT}", RETAINZ_RUN_DIR=str(run_dir),
-                OMP_NUM_THREADS="1")
+                OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
 
 
 @pytest.mark.parametrize("policy", ["retainz", "greedy"])
@@ -157,7 +157,14 @@ def test_clients_write_a_zoned_block_device_at_once_and_one_killed_mid_claim_lea
         staller.send_signal(signal.SIGKILL)
         staller.wait(30)
         for p in writers:
-            out, err = p.communicate(timeout=300)
+            try:
+                out, err = p.communicate(timeout=300)
+            except subprocess.TimeoutExpired:      # a hang: every process's threads, then fail
+                for q in (p, svc):
+                    q.send_signal(signal.SIGABRT)  # PYTHONFAULTHANDLER=1: the tracebacks go to stderr
+                    q.wait(30)
+                pytest.fail(f"a writer hung; its stderr:\n{p.stderr.read()[-6000:]}\nservice log:\n"
+                            f"{log.read_text()[-6000:]}")
             assert p.returncode == 0, err[-3000:]
             committed += [x.split()[1] for x in out.splitlines() if x.startswith("committed")]
         assert len(committed) == 4
@@ -167,6 +174,8 @@ def test_clients_write_a_zoned_block_device_at_once_and_one_killed_mid_claim_lea
         try:
             store = Store.open(raw)
             try:
+                g = raw.geometry         # a Linux zoned device: no more data zones active than can be open
+                assert store.zones.max_active == min(g.max_open, g.max_active) - 1 == store.table.max_active
                 gens = store.generations()
                 assert sorted(g.id for g in gens) == sorted(committed)
                 for gen in committed:

@@ -22,12 +22,33 @@ CHUNK = 1 << 20
 LIMITS = [(2, 2), (2, 3), (3, 4), (4, 6), (14, 14)]
 
 
+class LinuxLimits(MemoryDevice):
+    """A device that, like a Linux zoned block device written by node clients from other processes,
+    gives the store only as many active zones as can be open at once
+    (:meth:`retainz.zoned.linux.LinuxZonedDevice.active_zone_budget`, the same rule); the in-memory
+    model itself closes an implicitly open zone as ZNS allows and keeps ``max_active``."""
+
+    def active_zone_budget(self) -> int:
+        from retainz.zoned.linux import LinuxZonedDevice
+
+        return LinuxZonedDevice.active_zone_budget(self)
+
+
+def test_the_model_keeps_its_active_limit_and_a_linux_device_the_lower_of_its_limits():
+    g = Geometry(nr_zones=48, zone_size=512 * KiB, zone_capacity=384 * KiB, block_size=4096, max_open=3,
+                 max_active=4)
+    with Store.format(MemoryDevice(g), policy="retainz") as s:
+        assert s.zones.max_active == s.table.max_active == 3
+    with Store.format(LinuxLimits(g), policy="retainz") as s:
+        assert s.zones.max_active == s.table.max_active == 2
+
+
 @pytest.mark.parametrize("max_open,max_active", LIMITS)
 @pytest.mark.parametrize("policy", sorted(POLICIES))
 def test_concurrent_writers_never_hold_more_active_zones_than_can_be_open(policy, max_open, max_active):
     g = Geometry(nr_zones=48, zone_size=512 * KiB, zone_capacity=384 * KiB, block_size=4096,
                  max_open=max_open, max_active=max_active)
-    dev = MemoryDevice(g)
+    dev = LinuxLimits(g)
     writers = 3                                       # three jobs' saves in flight at once
     if policy.startswith("zenfs") and min(max_open, max_active) <= 2:
         with pytest.raises(ValueError, match="too small for the policy"):   # ZenFS keeps 2 for itself

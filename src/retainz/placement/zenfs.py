@@ -173,12 +173,14 @@ class ZenFS(Allocator):
 
         Raises:
             ValueError: ``geometry.nr_zones < 32``, or ``0 < min(max_active, max_open) <= reserved_zones``
-            (the store keeps data within what can be open at once: store/zonebook.py).
+            (on a Linux zoned block device the store keeps data within what can be open at once:
+            ``LinuxZonedDevice.active_zone_budget``; the same limit is checked on every device).
         """
         if geometry.nr_zones < ZENFS_MIN_ZONES:
             raise ValueError(f"policy {self.name}: the device has {geometry.nr_zones} zones; ZenFS refuses fewer "
                              f"than {ZENFS_MIN_ZONES} (ZENFS_MIN_ZONES in ZonedBlockDevice::Open, fs/zbd_zenfs.cc)")
-        # the store lets data hold no more active zones than can be open at once (store/zonebook.py)
+        # on a Linux zoned block device the store keeps data within what can be open at once
+        # (LinuxZonedDevice.active_zone_budget): ZenFS's reservation must fit that on every device
         limit = min(x for x in (geometry.max_active, geometry.max_open) if x) if geometry.max_active else 0
         if limit and limit <= self.reserved_zones:
             raise ValueError(f"policy {self.name}: the device's active-zone limit (max_active "

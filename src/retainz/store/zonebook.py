@@ -40,9 +40,9 @@ class ZoneBook:
         table: the zone table (summaries of every data zone; cached, equal to a recomputation).
         now: the store's logical time (training step).
         data_capacity: writable bytes of all data zones.
-        max_active: active-zone budget for data: ``min(max_active, max_open)`` of the device minus
-            the journal's one active meta zone (0 = unlimited: the device has no active limit), so
-            every active zone can be open at once and no write needs an open resource freed.
+        max_active: active-zone budget for data: the device's (:meth:`ZonedDevice.active_zone_budget`: its
+            active limit, or on a Linux zoned block device the lower of its open and active limits)
+            minus the journal's one active meta zone (0 = unlimited).
         zone_capacity, zone_size, block_size: the geometry's, in bytes.
     """
 
@@ -54,13 +54,10 @@ class ZoneBook:
         self.block_size = g.block_size
         self.zone_size = g.zone_size
         self.zone_capacity = g.zone_capacity
-        # Every active zone must be able to be open at once: with max_open < max_active, a write to a
-        # Closed zone while both limits are reached is refused (Linux null_blk ``null_check_open``
-        # closes an implicitly open zone only when ``null_check_active`` passes, else
-        # BLK_STS_ZONE_OPEN_RESOURCE = ETOOMANYREFS), and clients of a node service write straight
-        # to the device with no close-and-retry.  So data gets min(max_active, max_open) - 1.
-        limit = min(x for x in (g.max_active, g.max_open) if x) if (g.max_active or g.max_open) else 0
-        self.max_active = max(limit - 1, 0) if g.max_active and limit else 0
+        # the device's budget (ZonedDevice.active_zone_budget): its active limit, or on a Linux zoned
+        # block device the lower of its open and active limits, less the journal's one meta zone
+        budget = device.active_zone_budget()
+        self.max_active = max(budget - 1, 0) if budget else 0
         self.data_capacity = (g.nr_zones - meta_zones) * g.zone_capacity
         self.now = 0
         #: resets the device refused (the zones kept their dead bytes): see :meth:`reset`.

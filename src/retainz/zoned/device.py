@@ -187,6 +187,13 @@ class ZonedDevice(abc.ABC):
         raise ZoneOpNotSupportedError(f"{self.name}: another process cannot write this device directly "
                                       "(direct writes need a device file)", offset=offset, length=length)
 
+    def active_zone_budget(self) -> int:
+        """Zones a store may keep active at once on this device (0 = no limit): the geometry's
+        ``max_active`` (NVMe ZNS Max Active Resources).  A device that may refuse to close a zone on
+        its own while other processes write it answers less (see
+        :class:`~retainz.zoned.linux.LinuxZonedDevice`)."""
+        return self.geometry.max_active
+
     def direct_region(self) -> tuple[str, int] | None:
         """``(path of the backing file, byte offset of zone 0 in it)`` when other processes may write
         claimed extents themselves (``pwrite(fd, data, region + zone * zone_size + offset)``), else
