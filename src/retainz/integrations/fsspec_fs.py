@@ -51,7 +51,7 @@ Storage options (``fsspec.filesystem("retainz", retention=...)``, or for runtime
   ``promote_bandwidth`` (bytes per second), ``promote_options`` (fsspec options for the destination):
   each device this instance opens promotes what it commits there in the background, the runtime's
   purge keeps a checkpoint until its copy is verified, and a read whose local copy fails its checksum
-  is served from the durable copy (:mod:`retainz.integrations.tiering`, docs/tiers.md).
+  is served from the durable copy (:mod:`retainz.jobs.tiering`, docs/tiers.md).
 
 A filesystem instance holds each device it touches open until :meth:`RetainZFileSystem.close_devices`
 (or :meth:`RetainZFileSystem.close_all`): a device file is locked by one process at a time, so a
@@ -154,7 +154,7 @@ class RetainZFileSystem(AbstractFileSystem):
                     stack.ns = self._namespace_over(store)
                     stack.tier = None
                     if self.promote is not None:
-                        from retainz.integrations.tiering import NamespaceTier
+                        from retainz.jobs.tiering import NamespaceTier
 
                         stack.tier = NamespaceTier.shared(store, self.promote, device, **self._promote_args)
                         stack.callback(stack.tier.close)      # before the store closes
@@ -189,7 +189,7 @@ class RetainZFileSystem(AbstractFileSystem):
         return ns
 
     def tier(self, path: str):
-        """The :class:`~retainz.integrations.tiering.NamespaceTier` of the device ``path`` is on (its
+        """The :class:`~retainz.jobs.tiering.NamespaceTier` of the device ``path`` is on (its
         ``promoter``: ``status()``, ``backlog()``, ``finish()``; ``used``), ``None`` without ``promote``."""
         return self._opened(self._split(path)[0]).tier
 

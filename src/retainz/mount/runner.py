@@ -295,7 +295,7 @@ def serve(device: str, mountpoint: str, *, retention: str | None = None, wait: f
             optional; ``None``: the defaults, owner only).
         promote: ``{"url": URL, "policy": SPEC | None, "bandwidth": BYTES_PER_S | None}``: promote what
             the mount commits there, keep the runtime's deletions until durable, read a shard whose
-            local copy fails from the durable copy (:class:`~retainz.integrations.tiering.NamespaceTier`).
+            local copy fails from the durable copy (:class:`~retainz.jobs.tiering.NamespaceTier`).
 
     Raises:
         FuseUnavailableError, FileNotFoundError, ForeignDeviceError.
@@ -324,7 +324,7 @@ def serve(device: str, mountpoint: str, *, retention: str | None = None, wait: f
             raise DeviceHeldError(_held_message(device)) from None
         ops = MountedStore(store, retention=retention)
         if promote is not None:
-            from retainz.integrations.tiering import NamespaceTier
+            from retainz.jobs.tiering import NamespaceTier
 
             tier = NamespaceTier.shared(store, promote["url"], device, policy=promote.get("policy"),
                                         bandwidth=promote.get("bandwidth")).attach(ops.ns)
