@@ -73,7 +73,9 @@ CASE_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "zone_capacity": ((int, str), "writable bytes per zone, <= zone_size"),
     "max_active": ((int,), "active-zone limit"),
     "max_open": ((int,), "open-zone limit"),
-    "device": ((str,), "memory (default), file (FileDevice with payload) or guest (QEMU ZNS guest)"),
+    "device": ((str,), "memory (default), file (FileDevice with payload), guest (QEMU ZNS guest) or "
+               "fdp[:KEY=VALUE,...] (payload-less FDP namespace on the FTL model: ru_size, spare, ruh, unit, "
+               "handles; docs/fdp.md)"),
     "seed": ((int,), "replay seed"),
     "verify_summaries": ((bool,), "store recomputes zone summaries on every decision (recompute mode)"),
     "zone_map": ((bool,), "ask replay for the zone-state timeline (zone-map figure)"),
@@ -329,8 +331,9 @@ def _normalize(where: str, case: dict) -> dict:
             c[k] = float(c[k])
     if c["occupancy"] is not None and c.get("system") is not None:
         raise ManifestError(f"{where}: key 'occupancy': a file-system case (system) is sized by pressure or zones")
-    if c["device"] not in DEVICES:
-        raise ManifestError(f"{where}: key 'device' must be one of {', '.join(DEVICES)}, got {c['device']!r}")
+    if c["device"] not in DEVICES and not (c["device"] == "fdp" or c["device"].startswith("fdp:")):
+        raise ManifestError(f"{where}: key 'device' must be one of {', '.join(DEVICES)} or fdp[:KEY=VALUE,...], "
+                            f"got {c['device']!r}")
     if c["system"] is not None:
         _check_system(where, c)
     elif c["device"] == "guest" and c["zones"] is None:

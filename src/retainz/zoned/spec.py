@@ -209,7 +209,7 @@ def _open_memory(spec: str) -> ZonedDevice:
 
 
 #: The keys of an ``fdp:`` spec beyond the geometry's (:class:`~retainz.zoned.fdp.FdpNamespaceDevice`).
-FDP_KEYS = ("ru_size", "spare", "ruh", "unit")
+FDP_KEYS = ("ru_size", "spare", "ruh", "unit", "handles")
 
 
 def parse_fdp_options(options: dict[str, str]) -> dict:
@@ -235,6 +235,12 @@ def parse_fdp_options(options: dict[str, str]) -> dict:
             kw["spare_factor"] = float(raw)
         except ValueError:
             raise DeviceFormatError(f"bad device spec: spare={raw!r} is not a number") from None
+    if "handles" in options:
+        raw = options.pop("handles")
+        if raw != "1":
+            raise DeviceFormatError(f"bad device spec: handles={raw!r}: give handles=1 (no placement "
+                                    f"identifiers) or leave it out (one handle per active zone)")
+        kw["handles"] = 1
     return kw
 
 
