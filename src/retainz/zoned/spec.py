@@ -186,25 +186,26 @@ def open_device(spec: str, *, readonly: bool = False) -> ZonedDevice:
     return parse_device(spec).open(readonly=readonly)
 
 
-def _payload_option(spec: str, options: dict[str, str]) -> bool:
-    """A ``mem:``/``fdp:`` spec's ``payload=true|false`` (default true), removed from ``options``.
+def _in_memory_options(spec: str) -> tuple[dict[str, str], bool]:
+    """A ``mem:``/``fdp:`` spec's ``KEY=VALUE`` options, and its ``payload=true|false`` (default true)
+    taken out of them.
 
     Raises:
-        DeviceFormatError: a value other than true or false."""
+        DeviceFormatError: a malformed spec, or a payload other than true or false."""
+    try:
+        options = dict(parse_spec(spec, "device spec")[1])
+    except ValueError as e:
+        raise DeviceFormatError(str(e)) from None
     payload = options.pop("payload", "true").lower()
     if payload not in ("true", "false"):
         raise DeviceFormatError(f"bad device spec {spec!r}: payload must be true or false")
-    return payload == "true"
+    return options, payload == "true"
 
 
 def _open_memory(spec: str) -> ZonedDevice:
     from retainz.zoned.memory import MemoryDevice
 
-    try:
-        opts = dict(parse_spec(spec, "device spec")[1])
-    except ValueError as e:
-        raise DeviceFormatError(str(e)) from None
-    payload = _payload_option(spec, opts)
+    opts, payload = _in_memory_options(spec)
     return MemoryDevice(parse_geometry(opts), payload=payload)
 
 
@@ -247,11 +248,7 @@ def parse_fdp_options(options: dict[str, str]) -> dict:
 def _open_fdp(spec: str) -> ZonedDevice:
     from retainz.zoned.fdp import FdpNamespaceDevice
 
-    try:
-        opts = dict(parse_spec(spec, "device spec")[1])
-    except ValueError as e:
-        raise DeviceFormatError(str(e)) from None
-    payload = _payload_option(spec, opts)
+    opts, payload = _in_memory_options(spec)
     kw = parse_fdp_options(opts)
     return FdpNamespaceDevice(parse_geometry(opts), payload=payload, **kw)
 
