@@ -208,3 +208,40 @@ def test_clients_write_a_zoned_block_device_at_once_and_one_killed_mid_claim_lea
         if svc.poll() is None:
             svc.kill()
             svc.wait()
+
+
+def test_a_fill_the_device_refuses_breaks_the_zone_and_its_waiters_fail_instead_of_waiting_forever():
+    """A lease its writer left is filled with zeros; when the device refuses that fill (here with the
+    ETOOMANYREFS null_blk gave), the writers queued behind it in the zone get an error at once rather
+    than waiting for a turn that can never come, and a reset of the zone ends it."""
+    import errno
+
+    dev = _Zones()
+
+    def refuse(z, pos, n):
+        raise OSError(errno.ETOOMANYREFS, "Too many references: cannot splice")
+
+    c = ZoneClaims(1 << 20, dev.written, refuse)
+    c.lease(0, 0, 16384, wp=0)                          # the client that dies
+    c.lease(0, 16384, 8192, wp=0)                       # a client queued behind it
+    got = []
+
+    def behind():
+        try:
+            c.wait_turn([(0, 16384, 8192)])             # no timeout: before, this waited forever
+        except ZoneInvalidWriteError as e:
+            got.append(str(e))
+
+    t = threading.Thread(target=behind)
+    t.start()
+    with pytest.raises(OSError, match="Too many references"):
+        c.fill([(0, 0, 16384)])
+    t.join(10)
+    assert not t.is_alive() and len(got) == 1
+    assert "could not be filled (OSError: [Errno 109] Too many references" in got[0]
+    with pytest.raises(ZoneInvalidWriteError, match="could not be filled"):
+        c.wait_settled(0, timeout=0)                    # the device's own write there fails too
+    c.reset(0)                                          # a reset ends the broken leases
+    c.wait_settled(0, timeout=0)
+    c.lease(0, 0, 4096, wp=0)
+    c.wait_turn([(0, 0, 4096)], timeout=0)

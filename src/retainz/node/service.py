@@ -186,8 +186,10 @@ class _Session:
         """The connection ended: abort what it left open (its bytes become dead, as an aborted
         writer's; the leases it left unwritten on a zoned block device are filled first)."""
         for sh in list(self.shards.values()):
-            with contextlib.suppress(Exception):
+            try:
                 self._release(sh)
+            except Exception:     # the zone's leases are broken: its waiting writers get the error
+                log.exception("filling the leases a dropped connection left failed")
             with contextlib.suppress(Exception):
                 sh.stream.abort()
         self.shards.clear()
