@@ -222,3 +222,11 @@ def test_no_face_asks_which_store_it_holds():
                 r"isinstance\([\w.]*store\w*, (?:NodeStore|Store)\)|getattr\([\w.]*(?:store|writer|_gen)\b[^)]*\)",
                 text)]
     assert not found, found
+
+
+def test_both_implementations_say_the_store_format_version(store):
+    """``format_version`` (the contract's): the in-process store's journal's, a served store's from
+    its service's hello; a writable store is always at the current version."""
+    from retainz.store.format import FORMAT_VERSION
+
+    assert store.format_version == FORMAT_VERSION

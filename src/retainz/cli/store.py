@@ -532,6 +532,10 @@ def _repair(spec: str, *, upgrade_only: bool = False, restore: str | None = None
     from retainz.errors import CorruptDeviceError
     from retainz.zoned import FileDevice
 
+    if upgrade_only:
+        rep = _already_current(spec)
+        if rep is not None:
+            return rep
     try:
         dev = open_device(spec)
     except DeviceBusyError:
@@ -565,6 +569,42 @@ def _repair(spec: str, *, upgrade_only: bool = False, restore: str | None = None
             rep.notes.append("repaired: the journal rolled over to a fresh chain (every superblock and snapshot "
                              "copy rewritten)")
         return rep
+    finally:
+        dev.close()
+
+
+def _already_current(spec: str):
+    """``fsck --upgrade`` of a store with nothing to migrate: the check's report with the note
+    "nothing to upgrade", from a read-only open that writes nothing (a read-write open would journal
+    its close); ``None`` when the store's format version (:attr:`CheckpointStore.format_version`) is
+    older than :data:`~retainz.store.format.FORMAT_VERSION` or the device file is
+    (``FileDevice.upgradable``), so the caller migrates them read-write.
+
+    A device or store that does not open read-only is left to the read-write open, which names the
+    damage and the way out as before (:func:`repair_hint`).
+
+    Raises:
+        StoreLockedError: another process holds the device."""
+    from retainz.store import Store
+    from retainz.store.format import FORMAT_VERSION
+
+    try:
+        dev = open_device(spec, readonly=True)
+    except DeviceBusyError:
+        raise _busy(spec) from None
+    except Exception:
+        return None            # the read-write open meets it and says so, as it always did
+    try:
+        try:
+            store = Store.open(dev, readonly=True)
+        except Exception:
+            return None
+        with store:
+            if store.format_version < FORMAT_VERSION or getattr(dev, "upgradable", False):
+                return None
+            rep = store.fsck()
+            rep.notes.append(f"nothing to upgrade: the store is already format version {store.format_version}")
+            return rep
     finally:
         dev.close()
 

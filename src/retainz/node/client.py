@@ -130,6 +130,8 @@ class NodeStore:
         #: The series folders this client may see and change (``None``: the whole device).
         self.scope = hello.get("scope")
         self.policy = hello["policy"]
+        #: The store format version the service's store is at (its ``hello``; the store contract's).
+        self.format_version = hello["format_version"]
         self.meta_zones = hello["meta_zones"]
         self.gc_reserve_zones = hello["gc_reserve_zones"]
         self.write_buffer = hello["write_buffer"]

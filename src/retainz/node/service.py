@@ -256,7 +256,7 @@ class _Session:
                 "geometry": {"block_size": g.block_size, "zone_size": g.zone_size,
                              "zone_capacity": g.zone_capacity, "nr_zones": g.nr_zones,
                              "max_open": g.max_open, "max_active": g.max_active},
-                "uuid": str(s.uuid), "policy": s.policy, "meta_zones": s.meta_zones,
+                "uuid": str(s.uuid), "format_version": s.format_version, "policy": s.policy, "meta_zones": s.meta_zones,
                 "gc_reserve_zones": s.gc_reserve_zones, "write_buffer": WRITE_BUFFER, "max_claim": MAX_CLAIM,
                 "job": job, "scope": self.scope.to_json()}
 

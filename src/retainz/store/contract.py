@@ -99,6 +99,10 @@ class CheckpointStore(Protocol):
     device: ZonedDevice
     uuid: uuid.UUID
     policy: str
+    #: The store format version of the journal in use (:mod:`retainz.store.format`, "Format versions"):
+    #: older than ``FORMAT_VERSION`` only on a store opened read-only (a read-write open migrates or
+    #: refuses it), so a served store's is the current one (its service's ``hello`` says it).
+    format_version: int
     meta_zones: int
     gc_reserve_zones: int
     metrics: StoreMetrics

@@ -62,10 +62,16 @@ class FdpNamespaceDevice(MemoryDevice):
     not whole units, an RU that is not whole units, a spare factor outside (0, 1)).
     """
 
-    def __init__(self, geometry: Geometry, *, ru_size: int | None = None, spare_factor: float = 0.07,
-                 ruh_type: str = "II", unit: int | None = None, victim: str = "greedy", payload: bool = True,
-                 handles: int | None = None):
-        super().__init__(geometry, payload=payload)
+    @staticmethod
+    def check(geometry: Geometry, *, ru_size: int | None = None, spare_factor: float = 0.07, ruh_type: str = "II",
+              unit: int | None = None, handles: int | None = None) -> None:
+        """Refuse options the model cannot represent, before anything is built (the constructor's
+        arguments; :func:`retainz.zoned.spec.parse_device` checks an ``fdp:`` spec with it).
+
+        Raises:
+            DeviceFormatError: no active limit, a page that is not whole blocks or does not divide the
+            zone capacity, an RU that is not whole pages, a spare factor outside (0, 1), a handle type
+            other than II or PI, ``handles`` other than 1 or None."""
         g = geometry
         unit = unit or g.block_size
         ru_size = ru_size or g.zone_capacity
@@ -83,6 +89,16 @@ class FdpNamespaceDevice(MemoryDevice):
         if handles not in (None, 1):
             raise DeviceFormatError(f"handles must be 1 (no placement identifiers) or left out (one per active "
                                     f"zone), got {handles!r}")
+
+    def __init__(self, geometry: Geometry, *, ru_size: int | None = None, spare_factor: float = 0.07,
+                 ruh_type: str = "II", unit: int | None = None, victim: str = "greedy", payload: bool = True,
+                 handles: int | None = None):
+        self.check(geometry, ru_size=ru_size, spare_factor=spare_factor, ruh_type=ruh_type, unit=unit,
+                   handles=handles)
+        super().__init__(geometry, payload=payload)
+        g = geometry
+        unit = unit or g.block_size
+        ru_size = ru_size or g.zone_capacity
         self._single = handles == 1
         handles = 1 if self._single else g.max_active
         logical = g.nr_zones * g.zone_capacity // unit

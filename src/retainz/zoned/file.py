@@ -447,6 +447,13 @@ class FileDevice(EmulatedZonedDevice):
         self._persist()
         self.state_lost = False
 
+    @property
+    def upgradable(self) -> bool:
+        """Whether :meth:`upgrade` would migrate something: the file is of device file format version 2
+        (version 1 files, without slot copies, stay as they are; version 3 is this code's).  Reads no
+        byte and writes none, so a read-only open can ask before ``fsck --upgrade`` opens read-write."""
+        return self._version == 2
+
     def upgrade(self) -> list[str]:
         """Migrate a device file of an older format version to this one (``fsck --upgrade``): a
         version 2 file gains the label copy at its end; returns what was done (empty: nothing to
@@ -456,7 +463,7 @@ class FileDevice(EmulatedZonedDevice):
             PermissionError: opened read-only.  OSError: a write failed.
         """
         self._check_rw()
-        if self._version != 2:
+        if not self.upgradable:
             return []
         raw = os.pread(self._fd, _LABEL_SIZE, 0)
         n = _LABEL.size + 4

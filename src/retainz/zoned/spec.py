@@ -151,15 +151,20 @@ class DeviceSpec:
 def parse_device(spec: str | os.PathLike) -> DeviceSpec:
     """The one parser of device specifications (the module docstring's table): ``mem`` or ``mem:...``,
     ``remote:...``, ``zbd:PATH``, ``file:PATH``, ``/dev/NAME`` or an existing block device (zbd), any
-    other path (a device file).  Only the form is checked here; :meth:`DeviceSpec.open` checks the rest.
+    other path (a device file).  A ``mem:``/``fdp:`` spec's values are checked here (its geometry, its
+    payload, an FDP namespace's options), so every command names a malformed spec before anything else
+    it would say of the device; the other kinds' form only: :meth:`DeviceSpec.open` checks the rest.
 
     Raises:
-        DeviceFormatError: ``file:`` or ``zbd:`` with no path after it.
+        DeviceFormatError: ``file:`` or ``zbd:`` with no path after it; a ``mem:`` or ``fdp:`` spec with
+        an unknown key or a bad value (``bad device spec 'TEXT': ...``).
     """
     text = os.fspath(spec)
     if text == "mem" or text.startswith("mem:"):
+        _check_in_memory(text, "mem")
         return DeviceSpec("mem", "", text)
     if text == "fdp" or text.startswith("fdp:"):
+        _check_in_memory(text, "fdp")
         return DeviceSpec("fdp", "", text)
     if text.startswith("remote:"):
         return DeviceSpec("remote", "", text)
@@ -200,6 +205,29 @@ def _in_memory_options(spec: str) -> tuple[dict[str, str], bool]:
     if payload not in ("true", "false"):
         raise DeviceFormatError(f"bad device spec {spec!r}: payload must be true or false")
     return options, payload == "true"
+
+
+def _check_in_memory(text: str, kind: str) -> None:
+    """Check a ``mem:``/``fdp:`` spec's values as its open would (:func:`parse_geometry`,
+    :func:`parse_fdp_options`, ``FdpNamespaceDevice.check``), building nothing.
+
+    Raises:
+        DeviceFormatError: naming the spec (``bad device spec 'TEXT': ...``) and what is wrong."""
+    try:
+        opts, _ = _in_memory_options(text)
+        if kind == "fdp":
+            from retainz.zoned.fdp import FdpNamespaceDevice
+
+            kw = parse_fdp_options(opts)
+            FdpNamespaceDevice.check(parse_geometry(opts), **kw)
+        else:
+            parse_geometry(opts)
+    except DeviceFormatError as e:
+        why = str(e)
+        if why.startswith(("bad device spec '", "device spec ")):       # it names the spec already
+            raise
+        why = why.removeprefix("bad device spec: ").removeprefix("bad geometry: ")
+        raise DeviceFormatError(f"bad device spec {text!r}: {why}") from None
 
 
 def _open_memory(spec: str) -> ZonedDevice:
