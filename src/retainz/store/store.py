@@ -56,7 +56,7 @@ from retainz.store.types import FsckReport, GCReport, GenerationInfo, GenState, 
 from retainz.store.writer import GenerationWriter, WritePath
 from retainz.store.zonebook import ZoneBook
 from retainz.zoned.device import ZonedDevice
-from retainz.zoned.model import Geometry, ZoneCond, round_up
+from retainz.zoned.model import Geometry, round_up
 
 __all__ = ["Store", "GenerationWriter"]
 
@@ -119,7 +119,7 @@ def superblock_zones(device: ZonedDevice) -> list[int]:
         ZonedDeviceError: a read the device refuses.
     """
     bs = device.geometry.block_size
-    used = [z for z in device.report_zones() if z.cond != ZoneCond.EMPTY][:MAX_META_ZONES]
+    used = device.report_used_zones()[:MAX_META_ZONES]
     return [z.index for z in used if z.wp > z.start and Superblock.has_magic(device.read(z.start, bs))]
 
 
@@ -221,8 +221,7 @@ class Store:
         g = device.geometry
         meta_zones = cls.check_geometry(g, policy=policy, meta_zones=meta_zones,
                                         gc_reserve_zones=gc_reserve_zones)
-        zones = device.report_zones()
-        used = [z.index for z in zones if z.cond != ZoneCond.EMPTY]
+        used = [z.index for z in device.report_used_zones()]
         if used and not force:
             ours = superblock_zones(device)
             found = (f"{device.name} already holds a RetainZ store (superblock in zone {ours[0]})" if ours else

@@ -119,6 +119,11 @@ class EmulatedZonedDevice(ZonedDevice):
         end = check_report_range(self.geometry, start, count)
         return [self._zone(z) for z in range(start, end)]
 
+    def report_used_zones(self, start: int = 0, count: int = 0) -> list[Zone]:
+        end = check_report_range(self.geometry, start, count)
+        cond = self._cond
+        return [self._zone(z) for z in range(start, end) if cond[z] is not _E]
+
     def _zone(self, z: int) -> Zone:
         start = z * self._zsize
         cond = self._cond[z]
