@@ -18,7 +18,8 @@ data_offset + zones * size     (version 3) a third copy of the label block, the 
 
 A zone-state slot holds ``RZSTATE\\0``, a sequence number, every zone's condition (u8) and written
 bytes (u64), the implicitly open zones oldest first (u32 count + u32 each: the order in which the open
-limit closes them), and a crc32c.  Slots are written alternately, each with its copy (A and A', or B and B', then one sync); the valid
+limit closes them), and a crc32c.  Slots are written alternately, each with its copy (A and A', or B and B', then one sync; a device
+rewrites only the 4096-byte pages of a slot pair that differ from its own last write there); the valid
 slot with the highest sequence wins, so a torn slot write leaves the previous state readable, and one
 damaged copy of the newest state leaves its twin (version 2; docs/format.md).  Version 1 files (one
 label, slots A and B without copies, data at ``4096 + 2 * slot``) are read and written as they are.
@@ -109,6 +110,9 @@ class FileDevice(EmulatedZonedDevice):
         self._copies = 2 if version >= 2 else 1      # copies of each zone-state slot
         self._data_offset = _LABEL_SIZE + 2 * self._copies * slot_size
         self._punch: set[int] = set()     # reset zones whose blocks are not punched yet (trim)
+        # {slot pair (seq % 2): the slot this device last wrote there and synced}: the next write of
+        # the pair rewrites only the pages that changed (mkfs writes the slot 65 times; issue 44)
+        self._slots_written: dict[int, bytes] = {}
         self._unkicked = 0                 # bytes written since writeback was last started
         self._notes: tuple[str, ...] = label_note
         self._fd = os.open(path, os.O_RDONLY if readonly else os.O_RDWR)
@@ -400,12 +404,21 @@ class FileDevice(EmulatedZonedDevice):
             return
         self._seq += 1
         slot = _encode_slot(self._seq, self._dcond, self._dwritten, self._slot_size, self._imp_open)
+        pair = self._seq % 2
+        base = _LABEL_SIZE + pair * self._copies * self._slot_size
+        prev = self._slots_written.pop(pair, None)
         try:   # the slot and its copy (version 2), then one sync
-            os.pwrite(self._fd, slot * self._copies,
-                      _LABEL_SIZE + (self._seq % 2) * self._copies * self._slot_size)
+            if prev is None:
+                os.pwrite(self._fd, slot * self._copies, base)
+            else:   # only the pages that differ from what this device last wrote in the pair
+                view = memoryview(slot)
+                for start, end in _changed_pages(prev, slot):
+                    for copy in range(self._copies):
+                        os.pwrite(self._fd, view[start:end], base + copy * self._slot_size + start)
             _datasync(self._fd)
         except OSError as e:
             raise self._named(e) from None
+        self._slots_written[pair] = slot
 
     def repair_metadata(self) -> list[str]:
         """Rewrite damaged label and zone-state copies (``fsck --repair``): the label block from the
@@ -434,6 +447,7 @@ class FileDevice(EmulatedZonedDevice):
                         done.append("rewrote the device label's copy at the end of the device")
                     break
         if getattr(self, "_damaged_slots", False):
+            self._slots_written.clear()      # the damage is on disk, not in what was written
             self.flush()
             self._persist()
             self._persist()
@@ -453,6 +467,7 @@ class FileDevice(EmulatedZonedDevice):
         self._check_rw()
         conds = [ZoneCond.CLOSED if c in (ZoneCond.IMP_OPEN, ZoneCond.EXP_OPEN) else c for c in conds]
         self._restore(conds, written, [])
+        self._slots_written.clear()
         self._persist()
         self._persist()
         self.state_lost = False
@@ -559,6 +574,23 @@ def _encode_slot(seq: int, conds, written, slot_size: int, imp_order=()) -> byte
                      struct.pack(f"<I{len(order)}I", len(order), *order)))
     crc = struct.pack("<I", crc32c.crc32c(body))
     return b"".join((body, crc, bytes(slot_size - len(body) - len(crc))))
+
+
+def _changed_pages(old: bytes, new: bytes) -> list[tuple[int, int]]:
+    """``[(start, end)]`` byte ranges of the 4096-byte pages where two slots of one size differ, runs
+    of adjacent pages merged (the slot size is a multiple of 4096)."""
+    import numpy as np
+
+    a = np.frombuffer(old, np.uint8).reshape(-1, 4096)
+    b = np.frombuffer(new, np.uint8).reshape(-1, 4096)
+    runs: list[tuple[int, int]] = []
+    for page in np.flatnonzero((a != b).any(axis=1)).tolist():
+        start = page * 4096
+        if runs and runs[-1][1] == start:
+            runs[-1] = (runs[-1][0], start + 4096)
+        else:
+            runs.append((start, start + 4096))
+    return runs
 
 
 def _check_slot(raw: bytes, nr_zones: int) -> tuple[int, int] | None:
