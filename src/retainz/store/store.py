@@ -196,7 +196,8 @@ class Store:
 
     @classmethod
     def format(cls, device: ZonedDevice, *, meta_zones: int | None = None, policy: str = DEFAULT_POLICY,
-               gc_reserve_zones: int = 2, force: bool = False, verify_summaries: bool = False) -> Store:
+               gc_reserve_zones: int = 2, force: bool = False, verify_summaries: bool = False,
+               progress=None) -> Store:
         """Write a fresh, empty store on ``device`` and open it.
 
         Args:
@@ -212,6 +213,9 @@ class Store:
                 keeps this many zones' capacity free for it.
             force: reset every zone first, whatever it holds.
             verify_summaries: see :meth:`open`.
+            progress: ``progress(done, total)`` in meta zones written (the superblock's zone, then
+                each spare's; the CLI's bar for ``mkfs`` of a large device, whose every zone-state
+                change is a write of the whole zone state).
 
         Raises:
             ForeignDeviceError: a zone is not empty and ``force`` is False (the message says whether
@@ -235,8 +239,12 @@ class Store:
         block = sb.encode()     # two copies (format version 3), then the empty snapshot
         device.write(0, block * 2 + b"".join(frame(p, g.block_size) for p in empty_snapshot()))
         journal = Journal(device, sb, [0], 0)
+        if progress is not None:
+            progress(1, meta_zones)
         for z in range(1, meta_zones):   # a spare superblock in every other meta zone (finished)
             journal.write_spare(z)
+            if progress is not None:
+                progress(z + 1, meta_zones)
         device.flush()
         return cls.open(device, verify_summaries=verify_summaries)
 
