@@ -204,8 +204,10 @@ def _format(args) -> int:
     dev = open_device(args.device)
     try:
         try:
-            store = Store.format(dev, meta_zones=args.meta_zones, policy=args.policy,
-                                 gc_reserve_zones=args.gc_reserve, force=args.force)
+            with progress.bar(None, "mkfs", args, unit="zone") as bar:   # a large device: seconds (issue 44.2)
+                store = Store.format(dev, meta_zones=args.meta_zones, policy=args.policy,
+                                     gc_reserve_zones=args.gc_reserve, force=args.force,
+                                     progress=progress.callback(bar))
         except ForeignDeviceError as e:     # the store's remedy is the API's (force=True): give the flag
             raise ForeignDeviceError(f"{e.found}; `retainz mkfs --force {args.device}` erases it",
                                      found=e.found) from None

@@ -252,7 +252,8 @@ class ZoneBook:
         return [zone_attr_item(s.index, s) for s in self.table if s.written or s.cond is not _EMPTY]
 
     def restore(self, summaries: list[ZoneSummary], open_seq: int, now: int) -> None:
-        """Take the summaries recovery rebuilt, the journal's opening counter and logical time."""
+        """Take the summaries recovery rebuilt (the zones that are not empty; the others keep the
+        table's empty summaries), the journal's opening counter and logical time."""
         self.now = now
         self.table.now = now
         self.table.open_seq = open_seq
