@@ -146,3 +146,46 @@ def test_a_planted_private_import_is_caught():
                "retainz.y._hidden.c": "from retainz.y._hidden import d\n"}
     assert private_imports(planted) == ["retainz.x.a: retainz.x.b._helper", "retainz.x.a: retainz.x.b._state",
                                         "retainz.x.a: retainz.y._hidden"]
+
+
+# The faces (docs/architecture.md, "The jobs layer"): module prefix -> face. What two faces share lives in jobs/.
+FACES = {"retainz.mount": "mount", "retainz.integrations.fsspec_fs": "fsspec",
+         "retainz.integrations.fsspec_files": "fsspec", "retainz.integrations.dcp": "dcp",
+         "retainz.integrations.retention_callbacks": "callbacks"}
+
+
+def _face(module: str) -> str | None:
+    for prefix, face in FACES.items():
+        if module == prefix or module.startswith(prefix + "."):
+            return face
+    return None
+
+
+def face_crossings(graph: dict[str, set[str]]) -> list[str]:
+    """Imports from one face into another face's modules, as 'importer -> imported'."""
+    out = []
+    for mod, deps in graph.items():
+        src = _face(mod)
+        for d in deps:
+            dst = _face(d)
+            if src and dst and dst != src:
+                out.append(f"{mod} -> {d}")
+    return sorted(out)
+
+
+def test_every_integrations_module_is_a_face():
+    names = {f"retainz.integrations.{p.stem}" for p in (SRC / "retainz" / "integrations").glob("*.py")
+             if p.stem != "__init__"}
+    assert names == {m for m in FACES if m.startswith("retainz.integrations.")}
+
+
+def test_the_faces_are_siblings():
+    assert face_crossings(import_graph()) == []
+
+
+def test_a_planted_face_crossing_is_caught():
+    graph = import_graph()
+    planted = {**graph, "retainz.mount.fs": graph["retainz.mount.fs"] | {"retainz.integrations.fsspec_fs"},
+               "retainz.integrations.dcp": graph["retainz.integrations.dcp"] | {"retainz.integrations.fsspec_files"}}
+    assert face_crossings(planted) == ["retainz.integrations.dcp -> retainz.integrations.fsspec_files",
+                                       "retainz.mount.fs -> retainz.integrations.fsspec_fs"]

@@ -55,9 +55,25 @@ def trace(tmp_path):
     (["crashtest", f"mem:zones=12,zone_size={1 << 70}", "--workload", "basic"], "exceed the largest device"),
     (["replay", "{trace}", "--pressure", "0.9", "--zone-size", "0"], "zone size must be a positive"),
     (["replay", "{trace}", "--zones", "100000000"], "--zones 100,000,000 is over the limit of 1,048,576 data zones"),
-    (["device", "create", "{tmp}", "--zones", "4", "--zone-size", "4MiB"], "{tmp} is a directory, not a device file"),
-    (["device", "create", "{tmp}", "--zones", "4", "--zone-size", "4MiB", "--force"], "is a directory"),
+    (["device", "create", "{tmp}", "--zones", "4", "--zone-size", "4MiB"], "{tmp}: a directory, not a device file"),
+    (["device", "create", "{tmp}", "--zones", "4", "--zone-size", "4MiB", "--force"], "a directory, not a device file"),
     (["replay", "{trace}", "--pressure", "0.9", "--zone-capacity", "0"], "zone capacity must be a positive"),
+    # every refusal names the flag in the CLI's words, never a configuration field (write_bandwidth)
+    (["replay", "{trace}", "--pressure", "0.9", "--write-bandwidth", "0"],
+     "argument --write-bandwidth: '0' is zero: give a positive size"),
+    (["replay", "{trace}", "--pressure", "0.9", "--write-bandwidth", "1MiB", "--write-unit", "0"],
+     "argument --write-unit: '0' is zero"),
+    (["replay", "{trace}", "--pressure", "0.9", "--promote-bandwidth", "0"], "argument --promote-bandwidth: '0' is zero"),
+    (["replay", "{trace}", "--pressure", "0.9", "--write-unit", "1MiB"], "--write-unit needs --write-bandwidth"),
+    (["replay", "{trace}", "--pressure", "0.9", "--write-bandwidth", "1MiB", "--write-unit", "5000"],
+     "--write-unit 4.88 KiB = 5 kB = 5,000 B is not a multiple of the block size (4096 B); round it to 4,096 or 8,192 B"),
+    (["device", "create", "{tmp}/c.img", "--zones", "-5", "--zone-size", "4MiB"], "argument --zones: -5 is under 1"),
+    (["device", "create", "{tmp}/c.img", "--zones", "4", "--zone-size", "4MiB", "--max-active", "-1"],
+     "argument --max-active: -1 is negative"),
+    (["device", "create", "{tmp}/c.img", "--zones", "4", "--zone-size", "4MiB", "--max-open", "-1"],
+     "argument --max-open: -1 is negative"),
+    # a size under one block: the advice is the one block, never 0
+    (["device", "create", "{tmp}/c.img", "--zones", "4", "--zone-size", "100"], "round it to 4,096 B"),
 ])
 def test_out_of_range_numbers_are_refused_up_front(tmp_path, trace, capsys, argv, needle):
     argv = [a.format(tmp=tmp_path, trace=trace) for a in argv]
@@ -237,7 +253,7 @@ def test_zone_numbers_outside_the_device_are_bad_input(small_device, capsys, arg
 def test_operating_system_errors_on_a_path_read_like_coreutils(tmp_path, small_device, capsys):
     """``PATH: reason``, never Python's ``[Errno 21] Is a directory: 'PATH'``."""
     code, _, err = run(capsys, "ls", tmp_path)
-    assert code == 2 and one_line(err).strip() == f"retainz: error: {tmp_path}: Is a directory"
+    assert code == 2 and one_line(err).startswith(f"retainz: error: {tmp_path}: a directory, not a device file")
     assert run(capsys, "mkfs", small_device)[0] == 0
     (tmp_path / "f.txt").write_text("x")
     assert run(capsys, "put", small_device, "g1", tmp_path / "f.txt", "--step", "1")[0] == 0
@@ -434,3 +450,51 @@ def test_the_store_refuses_a_reclaim_step_beyond_int64():
             s.begin_generation("g", 1, hint=Hint(reclaim_step=MAX_STEP + 1))
         s.begin_generation("g", 1, hint=Hint(reclaim_step=MAX_STEP)).abort()
         s.begin_generation("h", 1, hint=Hint(reclaim_step=float("inf"))).abort()
+
+
+def test_a_directory_named_as_the_device_gets_one_wording_on_every_command(tmp_path, capsys):
+    """ls, fsck, mkfs, device create and mount (docs/cli.md): the same line, with the way to make a device."""
+    line = f"{tmp_path}: a directory, not a device file (make one with `retainz device create FILE`"
+    for argv in (["ls", tmp_path], ["fsck", tmp_path], ["mkfs", tmp_path], ["df", tmp_path],
+                 ["device", "create", tmp_path, "--zones", "4", "--zone-size", "4MiB"],
+                 ["mount", tmp_path, tmp_path / "mnt"]):
+        code, _, err = run(capsys, *argv)
+        assert code == 2 and line in one_line(err), (argv, err)
+
+
+def test_a_put_refused_for_space_gives_sizes_a_person_reads_and_the_way_out(tmp_path, capsys):
+    dev = tmp_path / "d.img"
+    assert run(capsys, "device", "create", dev, "--zones", "12", "--zone-size", "4MiB")[0] == 0
+    assert run(capsys, "mkfs", dev)[0] == 0
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(30 << 20))
+    code, _, err = run(capsys, "put", dev, "g1", big, "--step", "1")
+    assert code == 1
+    line = one_line(err)
+    assert "generation 'g1' needs 30 MiB, and 28 MiB can be reserved on this device" in line, line
+    assert "`retainz rm DEVICE ID`" in line and "bytes;" not in line
+    assert run(capsys, "ls", dev, "--json")[1].strip() == "[]"      # nothing half-written is listed
+
+
+def test_fsck_upgrade_of_a_current_store_says_there_was_nothing_to_upgrade(tmp_path, capsys):
+    from retainz.store.format import FORMAT_VERSION
+
+    dev = tmp_path / "d.img"
+    run(capsys, "device", "create", dev, "--zones", "12", "--zone-size", "4MiB")
+    run(capsys, "mkfs", dev)
+    code, out, _ = run(capsys, "fsck", dev, "--upgrade")
+    assert code == 0
+    assert f"nothing to upgrade: the store is already format version {FORMAT_VERSION}" in out
+    assert "upgraded" not in out
+
+
+def test_replay_on_an_fdp_device_shows_the_device_waf_in_text(trace, capsys):
+    import json
+
+    code, out, _ = run(capsys, "replay", trace, "--pressure", "0.9", "--device", "fdp")
+    assert code == 0
+    rows = dict(line.split(None, 1) for line in out.splitlines())
+    code, js, _ = run(capsys, "replay", trace, "--pressure", "0.9", "--device", "fdp", "--json")
+    fdp = json.loads(js)["fdp"]
+    assert float(rows["fdp_device_waf"]) == pytest.approx(fdp["device_waf"], abs=1e-4)
+    assert int(rows["fdp_media_bytes_written"]) == fdp["media_bytes_written"] > 0

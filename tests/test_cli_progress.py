@@ -298,3 +298,27 @@ def test_a_bar_a_signal_caught_mid_draw_is_erased(monkeypatch):
     raw = tty.getvalue().encode()
     assert b"get model.bin:  10%" in raw
     assert screen(raw) == []
+
+
+def test_mkfs_reports_its_meta_zones_and_draws_its_bar_on_a_terminal_only(tmp_path):
+    """Issue 44.2: mkfs of the largest device takes seconds (every zone-state change writes the
+    whole zone state): ``Store.format`` reports each meta zone written, and the CLI draws a bar on
+    a terminal that is gone when the command ends; piped, mkfs prints only its lines."""
+    from retainz.store import Store
+    from retainz.zoned import FileDevice, Geometry
+
+    seen = []
+    path = tmp_path / "api.img"
+    with FileDevice.create(path, Geometry(nr_zones=64, zone_size=1 << 20, zone_capacity=1 << 20)) as dev:
+        Store.format(dev, meta_zones=5, progress=lambda done, total: seen.append((done, total))).close()
+    assert seen == [(1, 5), (2, 5), (3, 5), (4, 5), (5, 5)]
+    path = tmp_path / "d.img"
+    assert main(["device", "create", str(path), "--zones", "16", "--zone-size", "1MiB"]) == 0
+    code, raw = on_terminal(at_once(retainz("mkfs", path)))
+    assert code == 0, raw
+    assert b"\rmkfs: " in raw and b"zone" in raw, raw             # the bar was drawn
+    lines = screen(raw)
+    assert lines[0].startswith(f"{path}: RetainZ store ") and "%|" not in "".join(lines), lines
+    assert main(["device", "create", str(path), "--zones", "16", "--zone-size", "1MiB", "--force"]) == 0
+    p = subprocess.run(retainz("mkfs", path), env=ENV, capture_output=True, text=True)
+    assert p.returncode == 0 and p.stderr == "" and p.stdout.startswith(f"{path}: RetainZ store "), p

@@ -458,3 +458,41 @@ def test_the_zone_state_slot_encoding_is_the_format_s_byte_for_byte(data):
     got_seq, got_conds, got_written, got_order = _decode_slot(slot, n)
     assert (got_seq, got_conds, got_written) == (seq, [int(c) for c in conds], written)
     assert set(got_order) == set(imp)
+
+
+def test_a_zone_state_write_rewrites_only_the_pages_that_changed(tmp_path, monkeypatch):
+    """Issue 44.2: mkfs writes the zone-state slot 65 times; at 1,048,576 zones each slot is 13.6 MB,
+    so a rewrite writes only the 4096-byte pages that differ from the device's last write of that
+    slot pair, and the file holds exactly what whole writes would leave (the slot the open reads)."""
+    from retainz.zoned import file as filemod
+
+    path = str(tmp_path / "d.img")
+    g = Geometry(nr_zones=4096, zone_size=64 * 1024, zone_capacity=64 * 1024, max_open=0, max_active=0)
+    dev = FileDevice.create(path, g)
+    for z in (0, 1):                           # one write of each slot pair, whole
+        dev.finish_zone(z)
+    slot = dev._slot_size
+    assert slot > 8 * 4096
+    written: list[int] = []
+    real = os.pwrite
+
+    def counting(fd, data, offset):
+        written.append(len(data))
+        return real(fd, data, offset)
+
+    monkeypatch.setattr(filemod.os, "pwrite", counting)
+    for z in (2, 3000, 4095):                  # each changes a condition byte, a pointer, head and crc
+        written.clear()
+        dev.finish_zone(z)
+        assert 0 < sum(written) <= 2 * 4 * 4096, written
+    monkeypatch.undo()
+    state = [dev.zone(z) for z in range(4096)]
+    dev.close()
+    with FileDevice(path) as again:
+        assert [again.zone(z) for z in range(4096)] == state
+        assert again.zone(3000).cond == ZoneCond.FULL
+    raw = open(path, "rb").read()
+    seq = again._seq
+    pair = _LABEL_SIZE + (seq % 2) * 2 * slot
+    assert raw[pair:pair + slot] == raw[pair + slot:pair + 2 * slot]     # the copy is the slot
+    assert filemod._decode_slot(raw[pair:pair + slot], 4096)[0] == seq

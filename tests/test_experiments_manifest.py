@@ -410,3 +410,15 @@ def test_write_bandwidth_and_unit_are_sizes_in_the_inputs_and_the_replay_configu
         expand(manifest([{"experiment": "e", "axes": {"policy": ["retainz"]}, "defaults": {"write_unit": "2MiB"}}]))
     with pytest.raises(ManifestError, match="'write_bandwidth' must be a positive"):
         expand(manifest([{"experiment": "e", "axes": {"policy": ["retainz"]}, "defaults": {"write_bandwidth": 0}}]))
+
+
+def test_fdp_manifest_sweeps_op_policies_and_zns():
+    """experiments/fdp.json (issue 43 item 4): every OP x policy on an fdp: device, plus the ZNS case."""
+    import json
+
+    cases = expand(json.load(open("experiments/fdp.json")))
+    fdp = [c for c in cases if c.inputs["device"].startswith("fdp:")]
+    assert {c.inputs["device"].split(",")[0] for c in fdp} == {"fdp:spare=0.07", "fdp:spare=0.14", "fdp:spare=0.28"}
+    assert {c.inputs["policy"] for c in fdp} == {"retainz", "dedicated:by=job", "oracle"}
+    assert sum("handles=1" in c.inputs["device"] for c in fdp) == 9
+    assert {c.inputs["device"] for c in cases} - {c.inputs["device"] for c in fdp} == {"memory"}

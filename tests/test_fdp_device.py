@@ -198,3 +198,28 @@ def test_zones_are_packed_densely_in_the_namespace():
     assert dev.ftl.logical_pages == 10 * 12 and dev.ftl.geometry.ru_bytes == 48 * KiB
     dev.write(g.zone_size, bytes(4096))  # zone 1, first block
     assert dev.ftl.l2p[12] >= 0 and np.count_nonzero(dev.ftl.l2p >= 0) == 1
+
+
+def test_one_handle_sends_every_zone_through_handle_zero():
+    """handles=1 (a host sending no placement identifier): two zones written at once share handle 0, so
+    their pages interleave in one RU and no RUH Update is made when a zone fills."""
+    dev = FdpNamespaceDevice(GEOM, spare_factor=0.2, handles=1, payload=False)
+    for i in range(16):
+        for z in (0, 1):
+            dev.write(z * GEOM.zone_size + i * 4096, 4096)
+    st = dev.fdp_statistics()
+    assert dev.zone_handle(0) == 0 and dev.zone_handle(1) == 0
+    assert st.host_bytes_written == 2 * 64 * KiB
+    assert st.ru_not_fully_written_events == 0 and st.padding_bytes == 0
+    per_zone = FdpNamespaceDevice(GEOM, spare_factor=0.2, payload=False)
+    for i in range(16):
+        for z in (0, 1):
+            per_zone.write(z * GEOM.zone_size + i * 4096, 4096)
+    assert {per_zone.zone_handle(0), per_zone.zone_handle(1)} == {None}  # both full: handles given back
+
+
+def test_handles_other_than_one_refused():
+    with pytest.raises(DeviceFormatError, match="handles must be 1"):
+        FdpNamespaceDevice(GEOM, handles=2)
+    with pytest.raises(DeviceFormatError, match="handles='3'"):
+        open_device("fdp:zones=24,zone_size=64KiB,max_active=4,max_open=4,handles=3")

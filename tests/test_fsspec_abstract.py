@@ -10,8 +10,7 @@ import posixpath
 
 import pytest
 
-fsspec = pytest.importorskip("fsspec")
-pytest.importorskip("torch", reason="needs the torch extra (make setup-torch)")
+fsspec = pytest.importorskip("fsspec", reason="needs fsspec (the torch, tier or mount extra: make setup-torch)")
 abstract = pytest.importorskip("fsspec.tests.abstract")
 from fsspec.implementations.local import LocalFileSystem  # noqa: E402
 

@@ -25,7 +25,7 @@ def test_the_dcp_writer_and_retainz_share_the_stores_one_promoter(device, tmp_pa
     import torch.distributed.checkpoint as dcp
 
     from retainz.integrations.dcp import ZonedStorageWriter
-    from retainz.integrations.tiering import NamespaceTier
+    from retainz.jobs.tiering import NamespaceTier
 
     url = (tmp_path / "durable").as_uri()
     with using(device) as store:

@@ -1,7 +1,9 @@
 """PyTorch DCP's two-rank storage scenarios (issue 28.4) at world size 2 (torchrun, gloo on CPU) on the
 mount (``FileSystemWriter``, thread_count 2), on ``retainz://`` (DCP's ``FsspecWriter``, thread_count 2)
 and through ``ZonedStorageWriter``, both ranks on one device (``retainz://`` and ZonedStorageWriter reach
-it through a node service, ``retainz serve``; the mount is one server for every process).
+it through a node service: ``retainz serve`` with ``RETAINZ_JOB``, and, for ``retainz://``, with nothing
+started and no variable set, the first rank serving the device to the other; the mount is one server for
+every process).
 
 The worker (``tests/workers/dcp_peer_ranks.py``) runs, on each rank, the scenarios of pytorch/pytorch
 ``test/distributed/checkpoint/test_file_system_checkpoint.py``: ``test_read_write_shard_tensor`` (a
@@ -36,14 +38,17 @@ sys.path.insert(0, str(ROOT / "tests" / "workers"))
 from dcp_peer_ranks import full  # noqa: E402
 
 
-def _ranks(face: str, root: str, local, device: str | None = None) -> dict:
+def _ranks(face: str, root: str, local, device: str | None = None, *, job: str | None = "ck") -> dict:
     """Run the worker on 2 ranks; its rank-0 JSON file (the checkpoint's files on the face and locally).
-    Through a node service the ranks declare the job ``ck`` (the series they write)."""
+    Through a node service the ranks declare the job ``job`` (the series they write; ``None``: no
+    ``RETAINZ_JOB`` at all)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            str(ROOT / "tests/workers/dcp_peer_ranks.py"), face, root, str(local)]
     out = os.path.join(os.path.dirname(local), "rank0.json")
+    run_env = {k: v for k, v in env().items() if k != "RETAINZ_JOB"}
+    run_env.update({"OMP_NUM_THREADS": "1", "PEER_RANKS_OUT": out}, **({"RETAINZ_JOB": job} if job else {}))
     r = subprocess.run(cmd + ([device] if device else []), capture_output=True, text=True, timeout=300,
-                       env={**env(), "OMP_NUM_THREADS": "1", "RETAINZ_JOB": "ck", "PEER_RANKS_OUT": out}, cwd=ROOT)
+                       env=run_env, cwd=ROOT)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
     assert "RANK 0 OK" in r.stdout and "RANK 1 OK" in r.stdout
     with open(out) as f:
@@ -89,6 +94,31 @@ def test_two_ranks_on_the_mount(tmp_path):
     # plans: saved 6 times, one generation left (each version retired the one before; ids alternate)
     assert sorted(gens) == ["ck%2Fasync", "ck%2Fplans#1", "ck%2Fsharded#1"]
     assert sorted(gens["ck%2Fsharded#1"].shards) == PER_RANK
+    assert fsck_clean(device)
+
+
+def test_two_ranks_on_retainz_with_nothing_started(tmp_path):
+    """The same scenarios on ``retainz://DEVICE/ck`` with zero setup (issue 42.5): no ``retainz serve``,
+    no ``RETAINZ_JOB``; the first rank to open the device serves it to the other (retainz.jobs.stores)."""
+    device = make_device(tmp_path, zones=32)
+    (tmp_path / "local").mkdir()
+    fsspec.config.conf.pop("retainz", None)
+    got = _ranks("retainz", f"retainz://{device}/ck", tmp_path / "local", device, job=None)
+    assert got["face"] == got["local"] == PER_RANK
+    from retainz.jobs import stores
+
+    with stores.using(device) as store:
+        gens = {g.id: sorted(g.shards) for g in store.generations()}
+    assert sorted(gens) == ["ck%2Fasync", "ck%2Fplans#1", "ck%2Fsharded#1"]     # plans: one left
+    assert gens["ck%2Fasync"] == gens["ck%2Fsharded#1"] == PER_RANK
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+
+    from retainz.integrations.fsspec_fs import RetainZFileSystem
+
+    try:
+        _check_whole(_load_whole(FsspecReader(f"retainz://{device}/ck/sharded")))
+    finally:
+        RetainZFileSystem.close_all()
     assert fsck_clean(device)
 
 

@@ -353,3 +353,15 @@ def test_permanent_stays_permanent_under_any_noise():
 def test_unknown_view_is_named_with_the_valid_ones():
     with pytest.raises(ValueError, match=r"^unknown hint view 'fuzzy'; valid: exact, none, coarse, noisy, oracle$"):
         view_reclaim_step(req(1.0), "fuzzy")
+
+
+def test_dedicated_by_job_owner_is_the_job():
+    """dedicated:by=job keys zones by the job (a fleet name's part before ':', else the series folder);
+    by=generation (the default) keys them by the generation."""
+    by_job = make_allocator("dedicated:by=job")
+    assert by_job._owner_of("j3:step-500") == "j3" == by_job._owner_of("j3:step-1000")
+    assert by_job._owner_of("jobs%2Fa%2Fstep-500") == "jobs/a"
+    assert by_job._owner_of("@run%2Flast.ckpt#2") == "run"
+    assert make_allocator("dedicated")._owner_of("j3:step-500") == "j3:step-500"
+    with pytest.raises(ValueError, match="by must be generation or job"):
+        make_allocator("dedicated:by=rank")

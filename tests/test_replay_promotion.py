@@ -152,4 +152,4 @@ def test_cli_takes_the_bandwidth_and_gives_it_back(tmp_path, capsys):
     t = _trace(tmp_path)
     assert main(["replay", t, "--zones", "40", "--zone-size", "256KiB", "--zone-capacity", "192KiB",
                  "--max-active", "6", "--max-open", "6", "--promote-bandwidth", "0"]) == 2
-    assert "promote_bandwidth must be a positive" in capsys.readouterr().err
+    assert "argument --promote-bandwidth: '0' is zero: give a positive size" in capsys.readouterr().err   # the flag

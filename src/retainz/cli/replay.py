@@ -1,4 +1,4 @@
-"""``retainz replay TRACE --policy NAME (--zones N | --pressure P) ... [--json]``.
+"""``retainz replay TRACE --policy NAME (--zones N | --pressure P | --occupancy O) ... [--json]``.
 
 Each option is a field of :class:`~retainz.trace.replay.ReplayConfig` under the same name (``--zone-size``
 is ``zone_size``); :meth:`ReplayConfig.cli_args` writes them back.  A bad value is one line and exit 2.
@@ -9,12 +9,25 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from retainz.cli import count_arg, fraction_arg, int_arg, print_json, size_arg
+from retainz.cli import (
+    check_blocks,
+    count_arg,
+    fraction_arg,
+    int_arg,
+    positive_size_arg,
+    print_json,
+    size_arg,
+)
 from retainz.trace.replay import ReplayConfig
 
 _SHOW = ("waf", "host_bytes", "gc_bytes", "resets", "finishes", "dead_space_byte_steps",
          "unused_capacity_bytes", "unused_capacity_byte_steps", "peak_occupancy", "capacity_stop_step",
          "generations_committed", "decisions", "decision_cpu_seconds")
+#: Shown in text when the device was sized by occupancy.
+_SHOW_OCCUPANCY = ("mean_live_bytes", "effective_occupancy")
+#: An FDP device's statistics shown in text (``--json`` has them all under ``fdp``): the device WAF
+#: (media bytes written / host bytes written, FDP statistics log page 0x22) and its two terms.
+_SHOW_FDP = ("device_waf", "host_bytes_written", "media_bytes_written")
 
 
 #: The configuration's defaults are the options' defaults.
@@ -30,6 +43,9 @@ def register(sub) -> None:
     size.add_argument("--zones", type=int_arg(2, too_low="{v} is under 2 (a store needs 2 data zones besides the "
                                               "GC reserve)"), help="usable data zones")
     size.add_argument("--pressure", type=fraction_arg, help="peak live bytes / usable capacity, e.g. 0.9")
+    size.add_argument("--occupancy", type=fraction_arg,
+                      help="time-averaged live bytes / usable capacity, e.g. 0.5 (sizes the device from the "
+                           "trace's mean live bytes, not its peak)")
     p.add_argument("--reserve-zones", type=count_arg, default=d["reserve_zones"],
                    help=f"GC reserve zones added on top (default {d['reserve_zones']})")
     p.add_argument("--meta-zones", type=count_arg, default=d["meta_zones"],
@@ -51,17 +67,18 @@ def register(sub) -> None:
                    help="recompute zone summaries before every decision (slow; checks the cache)")
     p.add_argument("--no-verify-payload", dest="verify_payload", action="store_false",
                    help="on a payload device, do not read the committed generations back at the end")
-    p.add_argument("--promote-bandwidth", type=size_arg, default=d["promote_bandwidth"], metavar="BYTES",
+    p.add_argument("--promote-bandwidth", type=positive_size_arg, default=d["promote_bandwidth"], metavar="BYTES",
                    help="model promotion to a durable tier at BYTES per step (e.g. 4MiB), every generation "
                         "kept until durable: deletions wait for their promotion (default: no promotion)")
     p.add_argument("--no-promote-hint", dest="promote_hint", action="store_false",
                    help="with --promote-bandwidth, give the policies the rule's hints alone (not the expected "
                         "promotion finish): the ablation")
-    p.add_argument("--write-bandwidth", type=size_arg, default=d["write_bandwidth"], metavar="RATE",
+    p.add_argument("--write-bandwidth", type=positive_size_arg, default=d["write_bandwidth"], metavar="RATE",
                    help="replay with time: one job's save is written at RATE bytes per step (e.g. 64MiB), its "
                         "shards in units interleaved with every other save in flight (default: serialized)")
-    p.add_argument("--write-unit", type=size_arg, default=d["write_unit"], metavar="SIZE",
-                   help="with --write-bandwidth, bytes per write of a shard (default 1MiB)")
+    p.add_argument("--write-unit", type=positive_size_arg, default=None, metavar="SIZE",
+                   help="with --write-bandwidth, bytes per write of a shard, a multiple of the block size "
+                        "(default 1MiB)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_replay)
 
@@ -71,8 +88,14 @@ def config_from_args(args: argparse.Namespace) -> ReplayConfig:
     the same name).
 
     Raises:
-        ValueError: a bad value (one line naming it).
+        ValueError: a bad value (one line naming its flag); ``--write-unit`` without
+            ``--write-bandwidth`` (a serialized replay writes every shard whole).
     """
+    if args.write_unit is None:
+        args.write_unit = _DEFAULT["write_unit"]
+    elif args.write_bandwidth is None:
+        raise ValueError("--write-unit needs --write-bandwidth: a serialized replay writes every shard whole")
+    check_blocks("--write-unit", args.write_unit, args.block_size)
     return ReplayConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(ReplayConfig)})
 
 
@@ -83,8 +106,11 @@ def _replay(args: argparse.Namespace) -> int:
     if args.json:
         print_json(result, sort_keys=True)
     else:
-        for k in _SHOW + (("overlapped_bytes",) if "overlapped_bytes" in result else ()):
-            v = result[k]
+        rows = {k: result[k] for k in _SHOW + (("overlapped_bytes",) if "overlapped_bytes" in result else ())
+                + (_SHOW_OCCUPANCY if "effective_occupancy" in result else ())}
+        if "fdp" in result:      # an FDP namespace: the drive's own WAF beside the store's
+            rows.update((f"fdp_{k}", result["fdp"][k]) for k in _SHOW_FDP)
+        for k, v in rows.items():
             if v is None:
                 v = "-" if k != "capacity_stop_step" else "none (the trace ran to its end)"
             print(f"{k:28s} {v:.4f}" if isinstance(v, float) else f"{k:28s} {v}")

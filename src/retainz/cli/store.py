@@ -204,8 +204,10 @@ def _format(args) -> int:
     dev = open_device(args.device)
     try:
         try:
-            store = Store.format(dev, meta_zones=args.meta_zones, policy=args.policy,
-                                 gc_reserve_zones=args.gc_reserve, force=args.force)
+            with progress.bar(None, "mkfs", args, unit="zone") as bar:   # a large device: seconds (issue 44.2)
+                store = Store.format(dev, meta_zones=args.meta_zones, policy=args.policy,
+                                     gc_reserve_zones=args.gc_reserve, force=args.force,
+                                     progress=progress.callback(bar))
         except ForeignDeviceError as e:     # the store's remedy is the API's (force=True): give the flag
             raise ForeignDeviceError(f"{e.found}; `retainz mkfs --force {args.device}` erases it",
                                      found=e.found) from None
@@ -437,11 +439,10 @@ def _durable_source(args):
 
 
 def _rm(args) -> int:
-    from retainz.store import Store
 
     with StoreSession(args.device, args=args) as store:
-        # an unknown generation (after a repair) exists on the device itself, not through a node service
-        unknown = {g.id for g in store.unknown()} if isinstance(store, Store) else set()
+        # an unknown generation (after a repair): in process, or through a node service (in its scope)
+        unknown = {g.id for g in store.unknown()}
         for gid in args.generations:
             if gid not in unknown:       # an unknown one (after a repair) is discarded by name
                 store.generation(gid)
@@ -464,7 +465,7 @@ def _gc(args) -> int:
         if rep.held_back:     # an unforced pass left space a forced one would collect: say why, and what to run
             flag = " (mkfs --gc-reserve)" if rep.empty_zones >= rep.gc_reserve_zones else ""
             print(f"  left: {format_size(rep.held_back_reclaimable)} reclaimable in full "
-                  f"zone{'s' if len(rep.held_back) > 1 else ''} {', '.join(map(str, rep.held_back))}: "
+                  f"zone{'s' if len(rep.held_back) > 1 else ''} {', '.join(map(str, sorted(rep.held_back)))}: "
                   f"{rep.waiting}{flag}; `retainz gc --force` collects it now, copying "
                   f"{format_size(rep.held_back_live)} of live data")
     return 1 if rep.errors else 0
@@ -508,8 +509,17 @@ def _fsck(args) -> int:
             print(f"  unknown: generation {u['id']!r} (step {u['step']}, {format_size(u['bytes'])}): {u['reason']}; "
                   f"not listed nor read: `retainz fsck --restore {u['id']} {args.device}` lists it again, "
                   f"`retainz rm {args.device} {u['id']}` discards it")
-        print("clean" if rep.ok else plural(len(rep.problems), "problem"))
-    return 0 if rep.ok else 1
+        if not rep.ok:
+            print(plural(len(rep.problems), "problem"))
+        elif rep.unknown:     # consistent, but generations wait for the user's decision: not "clean"
+            print(f"{plural(len(rep.unknown), 'unknown generation')} (not listed nor read until "
+                  f"`retainz fsck --restore GEN {args.device}` or `retainz rm {args.device} GEN`)")
+        else:
+            print("clean")
+    checking = not (args.repair or args.upgrade or args.restore is not None)
+    # a plain check exits 1 while unknown generations wait for a decision (a script must not read
+    # them as fine); the writing forms exit 0 when what they were asked to do was done
+    return 0 if rep.ok and not (checking and rep.unknown) else 1
 
 
 def _repair(spec: str, *, upgrade_only: bool = False, restore: str | None = None):
@@ -518,11 +528,16 @@ def _repair(spec: str, *, upgrade_only: bool = False, restore: str | None = None
     ``upgrade_only`` (``fsck --upgrade``): a read-write open that migrates an older format version;
     ``restore`` (``fsck --restore GEN``): a read-write open that lists unknown ``GEN`` again."""
     from retainz.store import Store
+    from retainz.store.format import FORMAT_VERSION
 
     _persistent(spec)
     from retainz.errors import CorruptDeviceError
     from retainz.zoned import FileDevice
 
+    if upgrade_only:
+        rep = _already_current(spec)
+        if rep is not None:
+            return rep
     try:
         dev = open_device(spec)
     except DeviceBusyError:
@@ -544,8 +559,8 @@ def _repair(spec: str, *, upgrade_only: bool = False, restore: str | None = None
                 if upgrade_only:
                     done = dev.upgrade() if hasattr(dev, "upgrade") else []
                     rep.notes += [f"upgraded: {line}" for line in done]
-                    rep.notes.append("upgraded: the store is of this format version (an older one's journal rolled "
-                                     "over under it)")
+                    if not done and not any(n.startswith("upgraded: the store") for n in rep.notes):
+                        rep.notes.append(f"nothing to upgrade: the store is already format version {FORMAT_VERSION}")
                 else:
                     rep.notes.append(f"restored: generation {restore!r} is listed again")
             return rep
@@ -556,6 +571,42 @@ def _repair(spec: str, *, upgrade_only: bool = False, restore: str | None = None
             rep.notes.append("repaired: the journal rolled over to a fresh chain (every superblock and snapshot "
                              "copy rewritten)")
         return rep
+    finally:
+        dev.close()
+
+
+def _already_current(spec: str):
+    """``fsck --upgrade`` of a store with nothing to migrate: the check's report with the note
+    "nothing to upgrade", from a read-only open that writes nothing (a read-write open would journal
+    its close); ``None`` when the store's format version (:attr:`CheckpointStore.format_version`) is
+    older than :data:`~retainz.store.format.FORMAT_VERSION` or the device file is
+    (``FileDevice.upgradable``), so the caller migrates them read-write.
+
+    A device or store that does not open read-only is left to the read-write open, which names the
+    damage and the way out as before (:func:`repair_hint`).
+
+    Raises:
+        StoreLockedError: another process holds the device."""
+    from retainz.store import Store
+    from retainz.store.format import FORMAT_VERSION
+
+    try:
+        dev = open_device(spec, readonly=True)
+    except DeviceBusyError:
+        raise _busy(spec) from None
+    except Exception:
+        return None            # the read-write open meets it and says so, as it always did
+    try:
+        try:
+            store = Store.open(dev, readonly=True)
+        except Exception:
+            return None
+        with store:
+            if store.format_version < FORMAT_VERSION or getattr(dev, "upgradable", False):
+                return None
+            rep = store.fsck()
+            rep.notes.append(f"nothing to upgrade: the store is already format version {store.format_version}")
+            return rep
     finally:
         dev.close()
 

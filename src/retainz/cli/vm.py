@@ -65,7 +65,7 @@ ram_mb_arg = int_arg(128, too_low="{v} MiB is too little for the guest (at least
 
 
 def _namespace_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--zones", type=int, default=16, help="NVMe ZNS zones (default 16)")
+    p.add_argument("--zones", type=int_arg(1), default=16, help="NVMe ZNS zones (default 16)")
     p.add_argument("--zone-size", type=size_arg, default=1 << 20, help="zone size, a power of two (default 1MiB)")
     p.add_argument("--zone-capacity", type=size_arg, default=768 << 10,
                    help="writable bytes per zone (default 768KiB)")

@@ -64,14 +64,18 @@ CASE_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "trace_seed": ((int,), "trace generator seed"),
     "scale": ((str, int), "shard-size scale factor, 1 or a fraction such as \"1/1024\""),
     "policy": ((str,), "placement policy spec, e.g. retainz, zenfs, retainz-noisy:error=0.5,seed=1"),
-    "pressure": ((int, float, type(None)), "peak live bytes / usable capacity (exclusive with zones)"),
-    "zones": ((int, type(None)), "number of data zones (exclusive with pressure)"),
+    "pressure": ((int, float, type(None)), "peak live bytes / usable capacity (exclusive with zones and occupancy)"),
+    "occupancy": ((int, float, type(None)), "time-averaged live bytes / usable capacity (exclusive with zones and "
+                  "pressure; retainz replay --occupancy); null (default): sized by pressure or zones"),
+    "zones": ((int, type(None)), "number of data zones (exclusive with pressure and occupancy)"),
     "reserve_zones": ((int,), "free zones GC keeps in reserve (added on top of the pressure sizing)"),
     "zone_size": ((int, str), "zone size (LBA span), bytes or \"2GiB\""),
     "zone_capacity": ((int, str), "writable bytes per zone, <= zone_size"),
     "max_active": ((int,), "active-zone limit"),
     "max_open": ((int,), "open-zone limit"),
-    "device": ((str,), "memory (default), file (FileDevice with payload) or guest (QEMU ZNS guest)"),
+    "device": ((str,), "memory (default), file (FileDevice with payload), guest (QEMU ZNS guest) or "
+               "fdp[:KEY=VALUE,...] (payload-less FDP namespace on the FTL model: ru_size, spare, ruh, unit, "
+               "handles; docs/fdp.md)"),
     "seed": ((int,), "replay seed"),
     "verify_summaries": ((bool,), "store recomputes zone summaries on every decision (recompute mode)"),
     "zone_map": ((bool,), "ask replay for the zone-state timeline (zone-map figure)"),
@@ -102,7 +106,7 @@ CASE_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
 #: Fields added after format 1 that stay out of a case's inputs (and so out of its id) while they hold
 #: their default, so the ids of the cases recorded before them do not change.
 OPTIONAL_FIELDS = ("system", "fleet", "promote_bandwidth", "promote_hint", "rerun", "guest_memory_mib",
-                   "write_bandwidth", "write_unit")
+                   "write_bandwidth", "write_unit", "occupancy")
 
 #: Defaults below every manifest's own defaults.
 CASE_DEFAULTS: dict[str, Any] = {
@@ -110,6 +114,7 @@ CASE_DEFAULTS: dict[str, Any] = {
     "trace_seed": 0,
     "scale": 1,
     "pressure": None,
+    "occupancy": None,
     "zones": None,
     "reserve_zones": 4,
     "device": "memory",
@@ -221,7 +226,8 @@ class Case:
                             device=device, seed=i["seed"], zone_map=i["zone_map"],
                             verify_summaries=i["verify_summaries"], promote_bandwidth=i.get("promote_bandwidth"),
                             promote_hint=i.get("promote_hint", True), write_bandwidth=i.get("write_bandwidth"),
-                            write_unit=i.get("write_unit", CASE_DEFAULTS["write_unit"]))
+                            write_unit=i.get("write_unit", CASE_DEFAULTS["write_unit"]),
+                            occupancy=i.get("occupancy"))
 
 
 def _slug(text: str) -> str:
@@ -315,15 +321,19 @@ def _normalize(where: str, case: dict) -> dict:
         c["scale"] = str(parse_scale(c["scale"]))
     except ValueError as e:
         raise ManifestError(f"{where}: key 'scale': {e}") from None
-    if (c["pressure"] is None) == (c["zones"] is None):
-        raise ManifestError(f"{where}: key 'pressure'/'zones': give exactly one of them "
-                            f"(pressure={c['pressure']!r}, zones={c['zones']!r})")
-    if c["pressure"] is not None:
-        if not 0 < c["pressure"] < 1:
-            raise ManifestError(f"{where}: key 'pressure' must be in (0, 1), got {c['pressure']!r}")
-        c["pressure"] = float(c["pressure"])
-    if c["device"] not in DEVICES:
-        raise ManifestError(f"{where}: key 'device' must be one of {', '.join(DEVICES)}, got {c['device']!r}")
+    if sum(c[k] is not None for k in ("pressure", "zones", "occupancy")) != 1:
+        raise ManifestError(f"{where}: key 'pressure'/'zones'/'occupancy': give exactly one of them "
+                            f"(pressure={c['pressure']!r}, zones={c['zones']!r}, occupancy={c['occupancy']!r})")
+    for k in ("pressure", "occupancy"):
+        if c[k] is not None:
+            if not 0 < c[k] < 1:
+                raise ManifestError(f"{where}: key {k!r} must be in (0, 1), got {c[k]!r}")
+            c[k] = float(c[k])
+    if c["occupancy"] is not None and c.get("system") is not None:
+        raise ManifestError(f"{where}: key 'occupancy': a file-system case (system) is sized by pressure or zones")
+    if c["device"] not in DEVICES and not (c["device"] == "fdp" or c["device"].startswith("fdp:")):
+        raise ManifestError(f"{where}: key 'device' must be one of {', '.join(DEVICES)} or fdp[:KEY=VALUE,...], "
+                            f"got {c['device']!r}")
     if c["system"] is not None:
         _check_system(where, c)
     elif c["device"] == "guest" and c["zones"] is None:

@@ -106,7 +106,8 @@ class RetainZBackend(Backend):
 
         img = os.path.join(workdir, f"{case.id}.img") if i["device"] == "file" else None
         try:
-            return replay(trace_path, case.replay_config("memory" if img is None else f"file:{img}"))
+            dev = i["device"] if i["device"].startswith("fdp") else "memory" if img is None else f"file:{img}"
+            return replay(trace_path, case.replay_config(dev))
         finally:
             if img and os.path.exists(img):
                 os.unlink(img)

@@ -112,6 +112,10 @@ def verify_record(name: str, rec: dict, directory: str | None = None) -> list[st
         if (stop is None) != (cause is None) or (cause is not None and cause not in STOP_CAUSES):
             p.append(f"{name}: capacity_stop_cause {cause!r} does not fit capacity_stop_step {stop!r} "
                      f"(a stop has one of {', '.join(STOP_CAUSES)}; no stop has none)")
+    occ, eff = inputs.get("occupancy"), m.get("effective_occupancy")
+    if occ is not None and (not _num(eff) or not 0 < eff <= occ * (1 + 1e-9)):
+        p.append(f"{name}: effective_occupancy {eff!r} does not fit the occupancy asked, {occ!r} (sizing by "
+                 "occupancy rounds the zone count up, so it is at most the one asked)")
     sha = m.get("trace_sha256")
     if sha is not None and tr is not None and sha != tr.get("sha256"):
         p.append(f"{name}: replay's trace_sha256 differs from the record's trace sha256")

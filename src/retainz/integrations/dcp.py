@@ -78,7 +78,7 @@ from retainz.errors import (
 from retainz.hint import Hint, class_bounds
 from retainz.ids import checkpoint_name, members, series_folder, series_generation_id
 from retainz.jobs import life, ranks, stores
-from retainz.node import NodeStore, served
+from retainz.node import served
 from retainz.retention.base import parse_rule
 from retainz.retention.durable import StepRate, until_durable
 from retainz.retention.online import rule_hint
@@ -489,11 +489,9 @@ class ZonedStorageWriter(StorageWriter):
                                         "(pass overwrite=True to replace it)")
         # overwrite: the committed checkpoint is replaced at this one's commit, not before
         # (replace-on-commit); no declared size: the store admits the bytes as they arrive
-        if isinstance(store, NodeStore):   # ranks sharing one served device write one generation
-            self._gen = store.begin_generation(gen, self.step, hint=self.store_hint(), replace=exists,
-                                               join=ranks.join_token(str(self.checkpoint_id)))
-        else:
-            self._gen = store.begin_generation(gen, self.step, hint=self.store_hint(), replace=exists)
+        # ranks sharing one served device write one generation (the token joins them there)
+        self._gen = store.begin_generation(gen, self.step, hint=self.store_hint(), replace=exists,
+                                           join=ranks.join_token(str(self.checkpoint_id)))
         return dataclasses.replace(plan, storage_data=_RankStream(self.rank))
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
@@ -553,7 +551,7 @@ class ZonedStorageWriter(StorageWriter):
                     done = [pool.submit(write, shard, items) for shard, items in shards]
                     results = [r for f in done for r in f.result()]
             if not self.is_coordinator:
-                if getattr(self._gen, "joined", False):
+                if self._gen.joined:
                     self._gen.leave()     # the coordinator's commit commits this rank's shard too
                 else:
                     self._gen.commit()
@@ -576,19 +574,16 @@ class ZonedStorageWriter(StorageWriter):
         item's size (:func:`_item_bytes`), so the generation's reservation grows at once to the
         tensor bytes of each shard, block-rounded, plus one block per shard for its byte items
         (``Store.admit``; byte items' sizes are known only once serialized, and are admitted as they
-        arrive).  A save that cannot fit is refused here, not at its last MiB.  A node service's client
-        has no ``admit``: the service admits as the bytes arrive.
+        arrive).  A save that cannot fit is refused here, not at its last MiB (on a served device the
+        service admits it: ``NodeStore.admit``).
 
         Raises:
             NoSpaceError: ``cause`` ``"admission"`` (nothing of the save was written).
         """
-        admit = getattr(self._store, "admit", None)
-        if admit is None:
-            return
         bs = self._store.device.geometry.block_size
         need = sum(-(-sum(_item_bytes(i) for i in items) // bs) * bs + bs for _, items in shards)
         with self._store.lock:
-            admit(self._gen, need)
+            self._store.admit(self._gen, need)
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         """Write DCP's ``Metadata`` as the shard ``.metadata`` and commit: the commit point."""

@@ -4,6 +4,8 @@ buffered read and write files over the namespace's open files (:class:`retainz.n
 
 from __future__ import annotations
 
+import io
+
 from fsspec.spec import AbstractBufferedFile
 
 from retainz.namespace import NamespaceError
@@ -40,6 +42,38 @@ class ReadFile(AbstractBufferedFile):
         except NamespaceError as e:
             raise _os_error(e, self.path) from None
 
+    def read(self, length=-1):
+        """Up to ``length`` bytes (all that is left for ``-1``) from the file's position.  A read of at
+        least one block bypasses fsspec's read-ahead cache: the namespace's bytes are returned as they
+        come (one copy of each byte), and the cache does not keep a second copy of the range (stock
+        DCP's ``FileSystemReader`` reads each item in one ``read``; issue 44.7)."""
+        if length is None or length < 0:
+            length = self.size - self.loc
+        if self.closed or length < self.blocksize or "r" not in self.mode:
+            return super().read(length)
+        length = min(length, self.size - self.loc)
+        if length <= 0:
+            return b""
+        out = self._fetch_range(self.loc, self.loc + length)
+        self.loc += len(out)
+        return out
+
+    def readinto(self, b):
+        """Fill the writable buffer ``b`` from the file's position straight from the namespace
+        (:meth:`Namespace.read_into`, no intermediate ``bytes``); returns the bytes given."""
+        if self.closed:
+            raise ValueError("I/O operation on closed file.")
+        out = memoryview(b).cast("B")
+        n = min(len(out), max(self.size - self.loc, 0))
+        if n == 0:
+            return 0
+        try:
+            got = self._ns.read_into(self._fh, out[:n], self.loc)
+        except NamespaceError as e:
+            raise _os_error(e, self.path) from None
+        self.loc += got
+        return got
+
     def close(self):
         try:
             super().close()
@@ -70,12 +104,41 @@ class WriteFile(AbstractBufferedFile):
     def _initiate_upload(self):
         return True
 
-    def _upload_chunk(self, final=False):
-        data = self.buffer.getvalue()
+    def write(self, data):
+        """Take ``data`` (any bytes-like object); returns its length.  A write of at least one block
+        goes straight to the namespace (which copies what it keeps before returning) instead of
+        through fsspec's ``BytesIO`` buffer, so a tensor's bytes are never held twice here (stock DCP's
+        writers hand a whole tensor to one ``write``; issue 44.7).  Smaller writes are buffered."""
+        view = memoryview(data).cast("B")
+        if len(view) < self.blocksize or self.closed or self.forced or "w" not in self.mode:
+            return super().write(view)
+        if self.offset is None:
+            self.offset = 0
+            self._initiate_upload()
+        if self.buffer.tell():
+            with self.buffer.getbuffer() as held:
+                self._send(held)
+            self.offset += self.buffer.tell()
+            self.buffer = io.BytesIO()
+        self._send(view)
+        self.offset += len(view)
+        self.loc += len(view)
+        return len(view)
+
+    def _send(self, view) -> None:
+        """Hand ``view`` to the namespace at the file's next offset; a refusal discards the file."""
         try:
-            if data:
-                self._ns.write(self._fh, data, self._pos)
-                self._pos += len(data)
+            self._ns.write(self._fh, view, self._pos)
+        except NamespaceError as e:
+            self.discard()
+            raise _os_error(e, self.path) from None
+        self._pos += len(view)
+
+    def _upload_chunk(self, final=False):
+        if self.buffer.tell():
+            with self.buffer.getbuffer() as held:     # a view of the buffer: no copy of it
+                self._send(held)
+        try:
             if final and self.autocommit:
                 self.commit()
         except NamespaceError as e:

@@ -51,7 +51,7 @@ Storage options (``fsspec.filesystem("retainz", retention=...)``, or for runtime
   ``promote_bandwidth`` (bytes per second), ``promote_options`` (fsspec options for the destination):
   each device this instance opens promotes what it commits there in the background, the runtime's
   purge keeps a checkpoint until its copy is verified, and a read whose local copy fails its checksum
-  is served from the durable copy (:mod:`retainz.integrations.tiering`, docs/tiers.md).
+  is served from the durable copy (:mod:`retainz.jobs.tiering`, docs/tiers.md).
 
 A filesystem instance holds each device it touches open until :meth:`RetainZFileSystem.close_devices`
 (or :meth:`RetainZFileSystem.close_all`): a device file is locked by one process at a time, so a
@@ -82,7 +82,6 @@ from retainz.integrations.fsspec_files import ReadFile, WriteFile
 from retainz.jobs import life, ranks, stores
 from retainz.namespace import Namespace, NamespaceError
 from retainz.namespace.model import rule_for
-from retainz.node import NodeStore
 from retainz.retention.online import rule_hint
 from retainz.retention.steps import parse_step
 from retainz.zoned import parse_device
@@ -155,7 +154,7 @@ class RetainZFileSystem(AbstractFileSystem):
                     stack.ns = self._namespace_over(store)
                     stack.tier = None
                     if self.promote is not None:
-                        from retainz.integrations.tiering import NamespaceTier
+                        from retainz.jobs.tiering import NamespaceTier
 
                         stack.tier = NamespaceTier.shared(store, self.promote, device, **self._promote_args)
                         stack.callback(stack.tier.close)      # before the store closes
@@ -172,17 +171,13 @@ class RetainZFileSystem(AbstractFileSystem):
         re-hinted before this instance's first save into it."""
         ns = Namespace(store, retention=self.retention)
         ns.implicit_dirs = True
-        served = isinstance(store, NodeStore)
 
-        def begin(st, gid, step, hint, path):
-            token = ranks.join_token(path) if served else None
-            if token:          # the ranks of one job on one served device write one generation
-                return st.begin_generation(gid, step, hint=hint, join=token)
-            return st.begin_generation(gid, step, hint=hint)
+        def begin(st, gid, step, hint, path):   # the ranks of one job on one served device join one generation
+            return st.begin_generation(gid, step, hint=hint, join=ranks.join_token(path))
 
         def after_close(pd):   # a rank other than 0 leaves a joined generation once its files are closed
             w = pd.writer
-            if w is not None and getattr(w, "joined", False) and not ranks.is_coordinator():
+            if w is not None and w.joined and not ranks.is_coordinator():
                 w = ns.detach(pd.root)
                 if w is not None:
                     w.leave()
@@ -194,7 +189,7 @@ class RetainZFileSystem(AbstractFileSystem):
         return ns
 
     def tier(self, path: str):
-        """The :class:`~retainz.integrations.tiering.NamespaceTier` of the device ``path`` is on (its
+        """The :class:`~retainz.jobs.tiering.NamespaceTier` of the device ``path`` is on (its
         ``promoter``: ``status()``, ``backlog()``, ``finish()``; ``used``), ``None`` without ``promote``."""
         return self._opened(self._split(path)[0]).tier
 

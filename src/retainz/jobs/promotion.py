@@ -48,7 +48,7 @@ def acquire(store: Any, url: str, *, state_path: str | None = None, policy: str 
         entry = _shared.get(id(store))
         if entry is not None:
             if entry[0].url != url:
-                raise ValueError(f"{getattr(store.device, 'name', 'the store')}: already promoting to "
+                raise ValueError(f"{store.device.name}: already promoting to "
                                  f"{entry[0].url} in this process, not {url}")
             entry[1] += 1
             return entry[0]

@@ -46,6 +46,7 @@ import threading
 import time
 
 from retainz.errors import RetainZError
+from retainz.zoned.file import not_a_device_file
 
 __all__ = ["FuseUnavailableError", "DeviceHeldError", "load_fuse", "serve", "mount", "umount", "is_mounted",
            "mounted_at", "held_message", "lock_holders", "FSTYPE", "HELD_WAIT"]
@@ -254,8 +255,7 @@ def _check_device_file(device: str) -> None:
     Raises:
         FileNotFoundError, IsADirectoryError, ValueError: one line saying what ``device`` is (exit 2)."""
     if os.path.isdir(device):
-        raise IsADirectoryError(f"{device}: a directory, not a device file (make one with `retainz device "
-                                "create FILE` and `retainz mkfs FILE`)")
+        raise not_a_device_file(device)
     if os.path.exists(device) and not os.path.isfile(device):
         raise ValueError(f"{device}: not a regular file; a mount's device is a device file (`retainz device create`)")
     if not os.path.isfile(device):
@@ -295,7 +295,7 @@ def serve(device: str, mountpoint: str, *, retention: str | None = None, wait: f
             optional; ``None``: the defaults, owner only).
         promote: ``{"url": URL, "policy": SPEC | None, "bandwidth": BYTES_PER_S | None}``: promote what
             the mount commits there, keep the runtime's deletions until durable, read a shard whose
-            local copy fails from the durable copy (:class:`~retainz.integrations.tiering.NamespaceTier`).
+            local copy fails from the durable copy (:class:`~retainz.jobs.tiering.NamespaceTier`).
 
     Raises:
         FuseUnavailableError, FileNotFoundError, ForeignDeviceError.
@@ -324,7 +324,7 @@ def serve(device: str, mountpoint: str, *, retention: str | None = None, wait: f
             raise DeviceHeldError(_held_message(device)) from None
         ops = MountedStore(store, retention=retention)
         if promote is not None:
-            from retainz.integrations.tiering import NamespaceTier
+            from retainz.jobs.tiering import NamespaceTier
 
             tier = NamespaceTier.shared(store, promote["url"], device, policy=promote.get("policy"),
                                         bandwidth=promote.get("bandwidth")).attach(ops.ns)

@@ -691,7 +691,7 @@ class Namespace:
         """Refuse a change to the tree of a store opened read-only (``Store.open(readonly=True)``) with
         ``EROFS`` before anything changes, as a read-only file system does (``rename(2)``, ``open(2)``:
         "EROFS pathname refers to a file on a read-only filesystem")."""
-        if getattr(self.store, "readonly", False):
+        if self.store.readonly:
             raise NamespaceError(errno.EROFS, f"{p}: the store is open read-only")
 
     def stat(self, path: str, fh: int | None = None) -> Entry:
@@ -1099,17 +1099,14 @@ class Namespace:
 
     def _admission_lock(self):
         """The store's lock, which its writers hold while they place extents and shrink their
-        reservations (a node service's client has none: the service admits)."""
-        lock = getattr(self.store, "lock", None)
-        return lock if lock is not None and hasattr(self.store, "admit") else contextlib.nullcontext()
+        reservations (the store contract's ``lock``)."""
+        return self.store.lock
 
     def _admit(self, w, nbytes: int) -> None:
-        """Grow ``w``'s reservation to ``nbytes`` (``Store.admit``); a store without it (a node
-        service's client) admits in the service as the bytes arrive."""
-        admit = getattr(self.store, "admit", None)
-        if admit is not None:
-            with self.store.lock:
-                admit(w, nbytes)
+        """Grow ``w``'s reservation to ``nbytes`` (the store contract's ``admit``; a served store's
+        service admits)."""
+        with self.store.lock:
+            self.store.admit(w, nbytes)
 
     def _begin_file(self, h: _Handle):
         """Admit the generation of a file outside checkpoint directories (its first byte arrives)."""
@@ -1541,7 +1538,7 @@ class Namespace:
                 try:
                     self._writer(pd).write_shard(name, self.store.read_shard(old, s))
                 except ShardExistsError:
-                    if not getattr(pd.writer, "joined", False):
+                    if not pd.writer.joined:
                         raise
                     continue       # another rank of the joined generation rewrote it: its version stays
                 names[name] = rel
@@ -1572,14 +1569,12 @@ class Namespace:
     def _rename_writer(self, w, make, path: str, pd: _Pending | None = None) -> bool:
         """Give an uncommitted generation renamed while it was written the id of its final ``path``
         (``GenerationWriter.rename``), so the store lists it under the user's name, not a temporary
-        one; ``False`` where the store cannot (a node service's writer: a layout shard says the path)."""
-        rename = getattr(w, "rename", None)
-        if rename is None:
-            return False
+        one; ``False`` where the store refuses (a generation other ranks joined: a layout shard says the
+        path)."""
         old = w.id
         gid = self._free_id(make, path)
         try:
-            rename(gid)
+            w.rename(gid)
         except RetainZError as e:
             log.info("%s: keeps its id %s (%s)", path, old, e)
             return False

@@ -110,6 +110,11 @@ class NodeStore:
     def __init__(self, sock: socket.socket, device: str, socket_file: str, job: str, retention: str | None):
         self._sock = sock
         self._lock = threading.Lock()
+        #: This client's lock (reentrant; the store contract's ``lock``): a caller that checks and then
+        #: admits holds it across both; the service takes the store's own lock for each request.
+        self.lock = threading.RLock()
+        #: A served store is written through the service (a read-only store is not served).
+        self.readonly = False
         self._gone: str | None = None
         self.path = device
         self.socket = socket_file
@@ -125,6 +130,8 @@ class NodeStore:
         #: The series folders this client may see and change (``None``: the whole device).
         self.scope = hello.get("scope")
         self.policy = hello["policy"]
+        #: The store format version the service's store is at (its ``hello``; the store contract's).
+        self.format_version = hello["format_version"]
         self.meta_zones = hello["meta_zones"]
         self.gc_reserve_zones = hello["gc_reserve_zones"]
         self.write_buffer = hello["write_buffer"]
@@ -386,6 +393,24 @@ class NodeStore:
         """The committed generation ``gen_id`` (its shards without extents)."""
         return decode_gen(self._call("generation", gen=gen_id)["gen"])
 
+    def unknown(self) -> list[GenerationInfo]:
+        """The generations the served store's recovery found without a commit record
+        (``Store.unknown``; the first ``MAX_PAGE`` in this client's scope)."""
+        return [decode_gen(d) for d in self._call("unknown")["gens"]]
+
+    def restore(self, gen_id: str) -> GenerationInfo:
+        """Commit an unknown generation in the service (``Store.restore``; a write in this client's scope)."""
+        return decode_gen(self._call("restore", gen=gen_id)["gen"])
+
+    def admit(self, w: NodeGenerationWriter, nbytes: int) -> None:
+        """Grow ``w``'s reservation to ``nbytes`` in the service now (``Store.admit``): a save that cannot
+        fit is refused before its bytes are written.
+
+        Raises:
+            NoSpaceError: ``cause`` ``"admission"``.
+        """
+        self._call("admit", writer=w._handle, bytes=nbytes)
+
     def delete(self, gen_id: str, *, step: int | None = None) -> None:
         self._call("delete", gen=gen_id, step=step)
 
@@ -597,6 +622,18 @@ class NodeGenerationWriter:
         self.gen.state = GenState.COMMITTED
         self.gen.commit_seq = info.commit_seq
         return info
+
+    def rename(self, gen_id: str) -> None:
+        """Give the uncommitted generation another id in the service (``GenerationWriter.rename``).
+
+        Raises:
+            GenerationExistsError: ``gen_id`` exists, or the generation is joined by other clients.
+            AccessDeniedError: ``gen_id`` is outside this client's scope.
+        """
+        if self.gen.state is not GenState.WRITING:
+            raise ValueError(f"generation {self.gen.id!r} is {self.gen.state.value}, not writing")
+        self._store._call("rename", writer=self._handle, gen=gen_id)
+        self.gen.id = gen_id
 
     def leave(self) -> None:
         """Let go of a generation begun with a ``join`` token, leaving it to the clients that joined

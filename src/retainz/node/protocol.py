@@ -238,10 +238,10 @@ def decode_hint(d) -> Hint | None:
 
 
 def encode_gen(g: GenerationInfo) -> dict:
-    """A generation as JSON: id, step, hint, state, commit_seq, shards ``[[name, size, crc, extents]]``
+    """A generation as JSON: id, step, hint, state, commit_seq, unknown_reason, shards ``[[name, size, crc, extents]]``
     (the shard's extent count, not its extents: those are paged by ``locations``)."""
     return {"id": g.id, "step": g.step, "hint": encode_hint(g.hint), "state": g.state.value,
-            "commit_seq": g.commit_seq,
+            "commit_seq": g.commit_seq, "unknown_reason": g.unknown_reason,
             "shards": [[s.name, s.size, s.crc, len(s.extents)] for s in g.shards.values()]}
 
 
@@ -256,7 +256,8 @@ class ServedShardInfo(ShardInfo):
 def decode_gen(d: dict) -> GenerationInfo:
     """The :class:`GenerationInfo` of :func:`encode_gen` (shards without extents, with their count)."""
     gen = GenerationInfo(id=d["id"], step=d["step"], hint=decode_hint(d["hint"]) or Hint(),
-                         state=GenState(d["state"]), commit_seq=d["commit_seq"])
+                         state=GenState(d["state"]), commit_seq=d["commit_seq"],
+                         unknown_reason=d.get("unknown_reason") or "")
     for name, size, crc, n in d["shards"]:
         gen.shards[name] = ServedShardInfo(name, size, crc, (), n)
     return gen
@@ -269,26 +270,39 @@ _RAISABLE.update({"ValueError": ValueError, "KeyError": KeyError, "TypeError": V
 
 
 def error_reply(e: BaseException) -> dict:
-    """The reply refusing a request with ``e``: its class name and one line of message."""
+    """The reply refusing a request with ``e``: its class name and one line of message; a
+    :class:`~retainz.errors.NoSpaceError` also its ``needed``, ``available`` and ``cause``."""
     msg = str(e.strerror if isinstance(e, OSError) and e.strerror and not e.filename else e)
-    return {"ok": False, "error": type(e).__name__, "message": " ".join(msg.split())[:2000]}
+    out = {"ok": False, "error": type(e).__name__, "message": " ".join(msg.split())[:2000]}
+    if isinstance(e, errors.NoSpaceError):
+        out["space"] = {"needed": int(e.needed), "available": int(e.available), "cause": str(e.cause)}
+    return out
 
 
 def raise_reply(reply: dict) -> dict:
     """``reply`` if it is a success, else raise the error it names (a RetainZ error class, or a
-    builtin; anything else as :class:`ProtocolError`).  Store errors that carry extra fields
-    (``NoSpaceError.needed``...) come back with the message only."""
+    builtin; anything else as :class:`ProtocolError`).  A ``NoSpaceError`` comes back with its
+    ``needed``, ``available`` and ``cause`` (not its zone ``state``); other errors with the message only."""
     if reply.get("ok") is True:
         return reply
     name, msg = str(reply.get("error")), str(reply.get("message", ""))
     cls = _RAISABLE.get(name)
     if cls is None:
         raise ProtocolError(f"the node service refused the request: {name}: {msg}")
+    space = reply.get("space")
     try:
-        err = cls(msg)
+        if issubclass(cls, errors.NoSpaceError) and isinstance(space, dict):
+            err = cls(msg, needed=_count(space.get("needed")), available=_count(space.get("available")),
+                      cause=space["cause"] if space.get("cause") in errors.STOP_CAUSES else "")
+        else:
+            err = cls(msg)
     except TypeError:   # a class whose constructor takes more than a message
         raise ProtocolError(f"the node service refused the request: {name}: {msg}") from None
     raise err
+
+
+def _count(v) -> int:
+    return v if type(v) is int and v >= 0 else 0
 
 
 def socket_path(device: str | os.PathLike) -> str:

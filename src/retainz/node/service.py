@@ -186,8 +186,10 @@ class _Session:
         """The connection ended: abort what it left open (its bytes become dead, as an aborted
         writer's; the leases it left unwritten on a zoned block device are filled first)."""
         for sh in list(self.shards.values()):
-            with contextlib.suppress(Exception):
+            try:
                 self._release(sh)
+            except Exception:     # the zone's leases are broken: its waiting writers get the error
+                log.exception("filling the leases a dropped connection left failed")
             with contextlib.suppress(Exception):
                 sh.stream.abort()
         self.shards.clear()
@@ -254,7 +256,7 @@ class _Session:
                 "geometry": {"block_size": g.block_size, "zone_size": g.zone_size,
                              "zone_capacity": g.zone_capacity, "nr_zones": g.nr_zones,
                              "max_open": g.max_open, "max_active": g.max_active},
-                "uuid": str(s.uuid), "policy": s.policy, "meta_zones": s.meta_zones,
+                "uuid": str(s.uuid), "format_version": s.format_version, "policy": s.policy, "meta_zones": s.meta_zones,
                 "gc_reserve_zones": s.gc_reserve_zones, "write_buffer": WRITE_BUFFER, "max_claim": MAX_CLAIM,
                 "job": job, "scope": self.scope.to_json()}
 
@@ -512,6 +514,38 @@ class _Session:
         closed here stay in it); the last to leave without a commit aborts it."""
         return self._end(req, "leave")
 
+    def admit(self, req: dict) -> dict:
+        """Grow an open generation's reservation to ``bytes`` now (``Store.admit``), under the store's
+        lock as the store's own callers do."""
+        _, w = self._writer(req)
+        nbytes = field(req, "bytes", "int")
+        with self.service.store.lock:
+            self.service.store.admit(w, nbytes)
+        return {}
+
+    def rename(self, req: dict) -> dict:
+        """Give an open generation this connection began alone another id (``GenerationWriter.rename``);
+        the new id must be in the client's scope.  A joined generation keeps its id (other clients
+        hold it by that id)."""
+        h, w = self._writer(req)
+        gen = field(req, "gen", "name")
+        self.scope.check(gen, "write")
+        if any(sh.writer is w for sh in self.service._shared.values()):
+            raise GenerationExistsError(f"generation {w.id!r} is written by several clients: it keeps its id")
+        w.rename(gen)
+        return {}
+
+    def unknown(self, req: dict) -> dict:
+        """The generations recovery found whose commit record is missing (``Store.unknown``), those in
+        the client's scope."""
+        gens = [g for g in self.service.store.unknown() if self.scope.everything or self.scope.allows(g.id)]
+        return {"gens": [encode_gen(g) for g in gens[:MAX_PAGE]]}
+
+    def restore(self, req: dict) -> dict:
+        gen = field(req, "gen", "name")
+        self.scope.check(gen, "write")
+        return {"gen": encode_gen(self.service.store.restore(gen))}
+
     def delete(self, req: dict) -> dict:
         gen = field(req, "gen", "name")
         step = field(req, "step", "int", default=None)
@@ -583,7 +617,7 @@ _CHANGES = frozenset({"commit", "delete"})
 _OPS: dict[str, Callable[[_Session, dict], dict]] = {
     name: getattr(_Session, name) for name in (
         "hello", "begin", "open_shard", "claim", "written", "close_shard", "abort_shard", "commit", "abort", "leave",
-        "shm", "put", "read",
+        "admit", "rename", "unknown", "restore", "shm", "put", "read",
         "delete", "list", "generation", "locations", "update_hint", "advance", "now", "df", "fsck", "gc",
         "metrics", "bye")
 }

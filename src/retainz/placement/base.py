@@ -23,6 +23,7 @@ store never passes wall time.
 from __future__ import annotations
 
 import abc
+import gc
 import heapq
 import math
 from collections.abc import Callable, Iterator
@@ -166,10 +167,13 @@ class _EmptySet:
 
     __slots__ = ("_heap", "_member", "count")
 
-    def __init__(self, n: int):
-        self._heap: list[int] = []
-        self._member = bytearray(n)
-        self.count = 0
+    def __init__(self, n: int, zones=()):
+        """Zone indexes below ``n``; ``zones`` (ascending: a sorted list is a min-heap) start in it."""
+        self._heap: list[int] = list(zones)
+        self._member = member = bytearray(n)
+        for z in self._heap:
+            member[z] = 1
+        self.count = len(self._heap)
 
     def add(self, z: int) -> None:
         if not self._member[z]:
@@ -230,15 +234,21 @@ class ZoneTable:
 
     def __init__(self, capacities: dict[int, int], *, max_open: int = 0, max_active: int = 0,
                  reserved_active: int = 0):
-        self.zones: dict[int, ZoneSummary] = {z: ZoneSummary(index=z, capacity=c)
-                                              for z, c in sorted(capacities.items())}
+        # A summary per zone: a million of them at the largest device.  They hold no references,
+        # so the cyclic collector's passes over them while they are made (half the time at
+        # 1,048,576 zones, issue 44) find nothing: it waits until they are built.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            self.zones: dict[int, ZoneSummary] = {z: ZoneSummary(z, capacities[z]) for z in sorted(capacities)}
+        finally:
+            if collecting:
+                gc.enable()
         self.max_open = max_open
         self.max_active = max_active
         self.reserved_active = reserved_active
         self.open: dict[int, ZoneSummary] = {}
-        self._empty = _EmptySet(max(self.zones, default=-1) + 1)
-        for z in self.zones:
-            self._empty.add(z)
+        self._empty = _EmptySet(max(self.zones, default=-1) + 1, self.zones)
         self.live = self.dead = self.written = self.unused = 0
         self.now = 0
         self.open_seq = 0
@@ -444,31 +454,42 @@ class ZoneTable:
             self._changed(s)
 
     def restore(self, summaries: list[ZoneSummary]) -> None:
-        """Replace every summary (recovery), recomputing the open/empty sets and totals.
+        """Replace the summaries of the zones in ``summaries`` (recovery: every zone that is not
+        empty, the others keeping the fresh table's empty summaries; a check: every zone),
+        updating the open/empty sets and totals zone by zone: O(summaries), not O(zones).
 
         ``open`` is rebuilt in opening order (``open_seq``, then index), and the opening counter
-        continues from the highest ``open_seq`` (or the current count, if higher)."""
-        self.open.clear()
-        self._empty = _EmptySet(max(self.zones, default=-1) + 1)
-        self.live = self.dead = self.written = self.unused = 0
+        continues from the highest ``open_seq`` (or the current count, if higher).  Listeners are
+        told of every zone given."""
+        zones, empty, open_ = self.zones, self._empty, self.open
         for s in summaries:
-            self.zones[s.index] = s
-        opened = []
-        for s in self.zones.values():
+            z = s.index
+            old = zones.get(z)
+            if old is not None:
+                self.live -= old.live
+                self.dead -= old.dead
+                self.written -= old.written
+                self.unused -= old.unused
+                if old.cond == ZoneCond.EMPTY:
+                    empty.discard(z)
+                elif old.cond != ZoneCond.FULL:
+                    open_.pop(z, None)
+            zones[z] = s
             if s.cond == ZoneCond.EMPTY:
-                self._empty.add(s.index)
+                empty.add(z)
             elif s.cond != ZoneCond.FULL:
-                opened.append(s)
+                open_[z] = s
             if s.open_seq > self.open_seq:
                 self.open_seq = s.open_seq
             self.live += s.live
             self.dead += s.dead
             self.written += s.written
             self.unused += s.unused
-        opened.sort(key=lambda s: (s.open_seq, s.index))
+        opened = sorted(open_.values(), key=lambda s: (s.open_seq, s.index))
+        open_.clear()
         for s in opened:
-            self.open[s.index] = s
-        for s in self.zones.values():
+            open_[s.index] = s
+        for s in summaries:
             self._changed(s)
 
 

@@ -9,6 +9,7 @@ reports) but places without it.  GC victims are the base rule (most dead bytes f
 from __future__ import annotations
 
 from dataclasses import dataclass
+from urllib.parse import unquote
 
 from retainz.placement.base import NO_SPACE, Allocator, Decision, ExtentRequest, ZoneSummary, ZoneTable
 from retainz.zoned.model import ZoneCond
@@ -51,15 +52,34 @@ class Dedicated(Allocator):
     empty zone; when the active budget is spent, the open zone with the least remaining capacity
     (ties: lowest index) is finished first.
 
+    With ``by="job"`` the owner is the generation's job instead: the part of its name before ``:`` (a
+    fleet trace's ``j3:step-500``, docs/fleet.md), else its series folder (``jobs%2Fa%2Fstep-500`` ->
+    ``jobs/a``): every job writes its own zones, so on an FDP namespace (one placement handle per active
+    zone, docs/fdp.md) it is "a handle per job".
+
     Zone ownership is private state (the table does not record generations): after a remount
     earlier zones have no owner and are finished when the budget needs them.
+
+    Attributes:
+        by: "generation" (default) or "job": what owns a zone.
     """
 
     name = "dedicated"
+    by: str = "generation"
 
     def __post_init__(self) -> None:
-        self._owner: dict[int, str] = {}      # zone -> generation
-        self._current: dict[str, int] = {}    # generation -> its open zone
+        if self.by not in ("generation", "job"):
+            raise ValueError(f"dedicated: by must be generation or job, got {self.by!r}")
+        self._owner: dict[int, str] = {}      # zone -> owner (generation or job)
+        self._current: dict[str, int] = {}    # owner -> its open zone
+
+    def _owner_of(self, generation: str) -> str:
+        if self.by == "generation":
+            return generation
+        if ":" in generation:
+            return generation.partition(":")[0]
+        base = unquote(generation.partition("#")[0].lstrip("@"))
+        return base.rpartition("/")[0]
 
     def bind(self, table: ZoneTable) -> None:
         super().bind(table)
@@ -75,8 +95,9 @@ class Dedicated(Allocator):
     def place(self, req: ExtentRequest) -> Decision:
         t = self.table
         r = req.hint.reclaim_step
-        z = self._current.get(req.generation)
-        if z is not None and z in t.open and self._owner.get(z) == req.generation:
+        owner = self._owner_of(req.generation)
+        z = self._current.get(owner)
+        if z is not None and z in t.open and self._owner.get(z) == owner:
             return Decision(z, reclaim_step=r)
         e = t.first_empty()
         if e is None:
@@ -86,6 +107,6 @@ class Dedicated(Allocator):
             need = len(t.open) - t.max_active + 1
             finish = tuple(s.index for s in sorted(t.open.values(),
                                                    key=lambda s: (s.remaining, s.index))[:need])
-        self._owner[e] = req.generation
-        self._current[req.generation] = e
+        self._owner[e] = owner
+        self._current[owner] = e
         return Decision(e, finish=finish, reclaim_step=r)

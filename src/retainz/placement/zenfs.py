@@ -172,14 +172,19 @@ class ZenFS(Allocator):
           space).  Such a device is refused up front, naming the limit (no limit, 0, is fine).
 
         Raises:
-            ValueError: ``geometry.nr_zones < 32``, or ``0 < geometry.max_active <= reserved_zones``.
+            ValueError: ``geometry.nr_zones < 32``, or ``0 < min(max_active, max_open) <= reserved_zones``
+            (on a Linux zoned block device the store keeps data within what can be open at once:
+            ``LinuxZonedDevice.active_zone_budget``; the same limit is checked on every device).
         """
         if geometry.nr_zones < ZENFS_MIN_ZONES:
             raise ValueError(f"policy {self.name}: the device has {geometry.nr_zones} zones; ZenFS refuses fewer "
                              f"than {ZENFS_MIN_ZONES} (ZENFS_MIN_ZONES in ZonedBlockDevice::Open, fs/zbd_zenfs.cc)")
-        if geometry.max_active and geometry.max_active <= self.reserved_zones:
+        # on a Linux zoned block device the store keeps data within what can be open at once
+        # (LinuxZonedDevice.active_zone_budget): ZenFS's reservation must fit that on every device
+        limit = min(x for x in (geometry.max_active, geometry.max_open) if x) if geometry.max_active else 0
+        if limit and limit <= self.reserved_zones:
             raise ValueError(f"policy {self.name}: the device's active-zone limit (max_active "
-                             f"{geometry.max_active}) is too small for the policy: ZenFS keeps reserved_zones="
+                             f"{geometry.max_active}{'' if limit == geometry.max_active else f', max_open {limit}'}) is too small for the policy: ZenFS keeps reserved_zones="
                              f"{self.reserved_zones} of it for itself and needs at least "
                              f"{self.reserved_zones + 1} (max_nr_active_io_zones in ZonedBlockDevice::Open, "
                              "fs/zbd_zenfs.cc)")

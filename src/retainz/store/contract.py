@@ -1,8 +1,13 @@
-"""The store contract: what integrations (DCP, fsspec, the mount, the CLI) and the trace replay driver
-may call on a store, a generation being written and a shard being streamed.  :class:`~.store.Store`,
-:class:`~.writer.GenerationWriter` and :class:`~.writer.ShardWriter` implement it; anything else on
-them (their parts, ``use_allocator``, the writer-host calls) is the store's own business, and
-``tests/test_store_contract.py`` checks that callers outside the store keep to this list.
+"""The store contract: what the faces (DCP, fsspec, the mount, the CLI, the jobs layer) may call on a
+store, a generation being written and a shard being streamed.  Two implementations keep it: the
+in-process :class:`~.store.Store` (with :class:`~.writer.GenerationWriter`, :class:`~.writer.ShardWriter`)
+and a node service's client :class:`retainz.node.client.NodeStore` (with ``NodeGenerationWriter``,
+``NodeShardStream``), so a face never asks which one it holds.  ``tests/test_store_contract.py`` runs
+one suite on both and checks that callers outside the store keep to these lists.
+
+:class:`PlacementView` is not part of the faces' contract: the zone table, the allocator and the
+admission reserve live where the store runs (a node service keeps them to itself), and only the
+trace replay driver and the experiments, which run the store in process, read them.
 
 Semantics, errors and units are documented on the implementing methods.
 """
@@ -27,7 +32,7 @@ from retainz.store.types import (
 )
 from retainz.zoned.device import ZonedDevice
 
-__all__ = ["ShardStream", "GenerationWriting", "CheckpointStore"]
+__all__ = ["ShardStream", "GenerationWriting", "CheckpointStore", "PlacementView"]
 
 
 @runtime_checkable
@@ -46,10 +51,13 @@ class ShardStream(Protocol):
 
 @runtime_checkable
 class GenerationWriting(Protocol):
-    """A generation being written (:class:`~.writer.GenerationWriter`)."""
+    """A generation being written (:class:`~.writer.GenerationWriter`, ``NodeGenerationWriter``)."""
 
     gen: GenerationInfo
     declared_size: int | None
+    #: Other processes write this generation too (begun with a ``join`` token on a served device):
+    #: one of them commits, the others :meth:`leave`.  Always false on an in-process store.
+    joined: bool
 
     @property
     def id(self) -> str: ...
@@ -66,34 +74,50 @@ class GenerationWriting(Protocol):
 
     def commit(self) -> GenerationInfo: ...
 
+    def rename(self, gen_id: str) -> None:
+        """Give the uncommitted generation another id (a file renamed while written commits under its
+        final name).  Raises GenerationExistsError (also for a joined generation on a served device)."""
+
+    def leave(self) -> None:
+        """Let go of a joined generation (the last process to leave without a commit aborts it; an
+        in-process writer is its only holder, so it aborts)."""
+
     def abort(self) -> None: ...
 
 
 @runtime_checkable
 class CheckpointStore(Protocol):
-    """An open store (:class:`~.store.Store`)."""
+    """An open store, in process (:class:`~.store.Store`) or served (``NodeStore``).
+
+    ``device`` gives the geometry and name (a served device's is a ``ServedDevice``: no zone
+    operations through it).  ``lock`` is reentrant: a caller that checks and then admits holds it
+    across both (in process it is the store's own lock; a served store's client holds its own and the
+    service takes the store's for each request).  ``readonly``: opened read-only (changes raise
+    ReadOnlyStoreError).
+    """
 
     device: ZonedDevice
     uuid: uuid.UUID
     policy: str
+    #: The store format version of the journal in use (:mod:`retainz.store.format`, "Format versions"):
+    #: older than ``FORMAT_VERSION`` only on a store opened read-only (a read-write open migrates or
+    #: refuses it), so a served store's is the current one (its service's ``hello`` says it).
+    format_version: int
     meta_zones: int
     gc_reserve_zones: int
     metrics: StoreMetrics
-    allocator: Allocator
-    #: The store's lock (reentrant): a caller that checks and then admits or writes holds it across both.
+    readonly: bool
     lock: threading.RLock
-
-    @property
-    def table(self) -> ZoneTable: ...
 
     @property
     def now(self) -> int: ...
 
-    @property
-    def admission_reserve_zones(self) -> int: ...
-
     def begin_generation(self, gen_id: str, step: int, *, hint: Hint | None = None,
-                         declared_size: int | None = None, replace: bool = False) -> GenerationWriting: ...
+                         declared_size: int | None = None, replace: bool = False,
+                         join: str | None = None) -> GenerationWriting:
+        """Admit a generation and return its writer.  ``join``: a token the processes sharing a served
+        device give to write one generation together (the first begins it, the others join it); an
+        in-process store's writers are its one process's own."""
 
     def generations(self) -> list[GenerationInfo]: ...
 
@@ -121,6 +145,20 @@ class CheckpointStore(Protocol):
 
     def df(self) -> SpaceReport: ...
 
-    def stop_state(self) -> dict: ...
-
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class PlacementView(CheckpointStore, Protocol):
+    """An in-process store's placement state (:class:`~.store.Store` only): the trace replay driver and
+    the experiments read it; the faces do not (a served store keeps it in its service)."""
+
+    allocator: Allocator
+
+    @property
+    def table(self) -> ZoneTable: ...
+
+    @property
+    def admission_reserve_zones(self) -> int: ...
+
+    def stop_state(self) -> dict: ...

@@ -14,7 +14,7 @@ import contextlib
 from collections.abc import Callable
 
 from retainz.store.store import Store
-from retainz.zoned import DeviceSpec, Geometry, ZoneCond, parse_device
+from retainz.zoned import DeviceSpec, Geometry, parse_device
 
 __all__ = ["open_spec", "close_store"]
 
@@ -56,7 +56,7 @@ def open_spec(spec: str | DeviceSpec, *, readonly: bool = False, policy: str | N
             raise
     dev = dev_spec.open(readonly=readonly)
     try:
-        if format_blank and not readonly and all(z.cond == ZoneCond.EMPTY for z in dev.report_zones()):
+        if format_blank and not readonly and not dev.report_used_zones():
             return Store.format(dev, **fmt)
         return Store.open(dev, policy=policy, readonly=readonly, repair=repair, progress=progress)
     except BaseException:

@@ -91,6 +91,8 @@ class RecoveryReport:
             ``{"id", "step", "reason"}`` each (``id``/``step`` ``None`` and ``count`` generations
             when only the lost record named them; ``"unknown": True`` for one kept on the device as
             unknown).
+        upgraded_from: the older format version a read-write open migrated (``upgrade`` or
+            ``repair``: the journal rolled over at the current version), else ``None``.
     """
 
     records: int = 0
@@ -105,6 +107,7 @@ class RecoveryReport:
     copies: list[str] = field(default_factory=list)
     lost: list[str] = field(default_factory=list)
     dropped: list[dict] = field(default_factory=list)
+    upgraded_from: int | None = None
 
 
 @dataclass
@@ -343,16 +346,23 @@ def reconcile(zones: ZoneBook, catalog: Catalog, attrs: dict[int, ZoneAttrs], op
                     top[z] = off + n
     out = []
     changed = []
-    for zr in dev.report_zones(zones.meta_zones, dev.geometry.nr_zones - zones.meta_zones):
-        z = zr.index
+    first, n = zones.meta_zones, dev.geometry.nr_zones
+    used = {zr.index: zr for zr in dev.report_used_zones(first, n - first)}
+    # Only the zones the device or the journal says something about are visited: every other data
+    # zone is empty with no attributes, as the fresh table has it (a device of 1,048,576 zones).
+    for z in sorted(z for z in {*used, *attrs, *live} if first <= z < n):
+        zr = used.get(z)
         a = attrs.get(z, NO_ATTRS)
         lv = live.get(z, 0)
-        s = ZoneSummary(index=z, capacity=zr.capacity)
-        if zr.cond == ZoneCond.EMPTY:
+        if zr is None:                # empty on the device: its summary stays the table's empty one
             if lv:
                 raise CorruptJournalError(f"zone {z} is empty on the device but the journal has "
                                           f"{lv} bytes of committed data in it: data lost")
-        elif not lv and readonly:     # what a read-write open resets: all dead here
+            if a != NO_ATTRS:
+                changed.append(z)
+            continue
+        s = ZoneSummary(index=z, capacity=zr.capacity)
+        if not lv and readonly:     # what a read-write open resets: all dead here
             written = (a.written if a.full else zr.capacity) if zr.cond == ZoneCond.FULL else zr.wp - zr.start
             s.cond = ZoneCond.FULL if zr.cond == ZoneCond.FULL or written >= zr.capacity else ZoneCond.IMP_OPEN
             s.written, s.dead = written, written
@@ -551,6 +561,8 @@ def mount(device: ZonedDevice, *, readonly: bool, repair: bool = False, upgrade:
         else:
             journal.roll()
             rep.rolled = True
+            if old:
+                rep.upgraded_from = sb.version
     rep.seconds = time.perf_counter() - t0
     rep.records_per_second = rep.records / rep.seconds if rep.seconds else 0.0
     return Mounted(sb=sb, catalog=state.catalog, zones=zones, log=log, metrics=metrics, report=rep)

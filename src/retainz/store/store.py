@@ -56,7 +56,7 @@ from retainz.store.types import FsckReport, GCReport, GenerationInfo, GenState, 
 from retainz.store.writer import GenerationWriter, WritePath
 from retainz.store.zonebook import ZoneBook
 from retainz.zoned.device import ZonedDevice
-from retainz.zoned.model import Geometry, ZoneCond, round_up
+from retainz.zoned.model import Geometry, round_up
 
 __all__ = ["Store", "GenerationWriter"]
 
@@ -119,7 +119,7 @@ def superblock_zones(device: ZonedDevice) -> list[int]:
         ZonedDeviceError: a read the device refuses.
     """
     bs = device.geometry.block_size
-    used = [z for z in device.report_zones() if z.cond != ZoneCond.EMPTY][:MAX_META_ZONES]
+    used = device.report_used_zones()[:MAX_META_ZONES]
     return [z.index for z in used if z.wp > z.start and Superblock.has_magic(device.read(z.start, bs))]
 
 
@@ -196,7 +196,8 @@ class Store:
 
     @classmethod
     def format(cls, device: ZonedDevice, *, meta_zones: int | None = None, policy: str = DEFAULT_POLICY,
-               gc_reserve_zones: int = 2, force: bool = False, verify_summaries: bool = False) -> Store:
+               gc_reserve_zones: int = 2, force: bool = False, verify_summaries: bool = False,
+               progress=None) -> Store:
         """Write a fresh, empty store on ``device`` and open it.
 
         Args:
@@ -212,6 +213,9 @@ class Store:
                 keeps this many zones' capacity free for it.
             force: reset every zone first, whatever it holds.
             verify_summaries: see :meth:`open`.
+            progress: ``progress(done, total)`` in meta zones written (the superblock's zone, then
+                each spare's; the CLI's bar for ``mkfs`` of a large device, whose every zone-state
+                change is a write of the whole zone state).
 
         Raises:
             ForeignDeviceError: a zone is not empty and ``force`` is False (the message says whether
@@ -221,8 +225,7 @@ class Store:
         g = device.geometry
         meta_zones = cls.check_geometry(g, policy=policy, meta_zones=meta_zones,
                                         gc_reserve_zones=gc_reserve_zones)
-        zones = device.report_zones()
-        used = [z.index for z in zones if z.cond != ZoneCond.EMPTY]
+        used = [z.index for z in device.report_used_zones()]
         if used and not force:
             ours = superblock_zones(device)
             found = (f"{device.name} already holds a RetainZ store (superblock in zone {ours[0]})" if ours else
@@ -236,8 +239,12 @@ class Store:
         block = sb.encode()     # two copies (format version 3), then the empty snapshot
         device.write(0, block * 2 + b"".join(frame(p, g.block_size) for p in empty_snapshot()))
         journal = Journal(device, sb, [0], 0)
+        if progress is not None:
+            progress(1, meta_zones)
         for z in range(1, meta_zones):   # a spare superblock in every other meta zone (finished)
             journal.write_spare(z)
+            if progress is not None:
+                progress(z + 1, meta_zones)
         device.flush()
         return cls.open(device, verify_summaries=verify_summaries)
 
@@ -396,8 +403,14 @@ class Store:
 
     # -- generations -------------------------------------------------------------------------------
     def begin_generation(self, gen_id: str, step: int, *, hint: Hint | None = None,
-                         declared_size: int | None = None, replace: bool = False) -> GenerationWriter:
+                         declared_size: int | None = None, replace: bool = False,
+                         join: str | None = None) -> GenerationWriter:
         """Admit a new generation and return its writer.
+
+        ``join`` (the store contract's token by which the processes sharing a served device write one
+        generation: ``NodeStore.begin_generation``) has no other writer to join here: this store is
+        owned by this one process (its lock on the device), so every writer it begins is its caller's
+        alone and ``joined`` is false.
 
         Admission reserves ``declared_size`` bytes (rounded up to a block): the data zones' free
         bytes, less the policy's GC reserve (:attr:`admission_reserve_zones` zones of capacity)
@@ -830,6 +843,9 @@ class Store:
                              self.recovery.repairs, progress=progress)
             rep.notes += self.recovery.copies
             rep.notes += [f"salvage: {line}" for line in self.recovery.lost]
+            if self.recovery.upgraded_from is not None:
+                rep.notes.append(f"upgraded: the store from format version {self.recovery.upgraded_from} to "
+                                 f"{self.format_version} (its journal rolled over at the new version)")
             rep.dropped = [d for d in self.recovery.dropped if not d.get("unknown")]
             rep.unknown = [{"id": g.id, "step": g.step, "reason": g.unknown_reason, "bytes": g.size}
                            for g in self.catalog.ordered() if g.state is GenState.UNKNOWN]

@@ -538,7 +538,11 @@ class GenerationWriter:
         zone_bytes: ``{zone: device bytes}`` of the generation's closed shards.
         in_doubt: its commit failed after its record may have reached the device and could not be
             withdrawn (``Store._withdraw_commit``): its zones are kept at its abort.
+        joined: always false: no other process shares a generation of an in-process store (the store
+            contract's attribute; a served device's ranks do: ``NodeGenerationWriter``).
     """
+
+    joined = False
 
     def __init__(self, host: _WriterHost, gen: GenerationInfo, declared_size: int | None, *, reserve: int,
                  journal_estimate: int, block_size: int, payload: bool):
@@ -718,6 +722,12 @@ class GenerationWriter:
         with self._host.lock:
             self._check_writing()
             self._host.rename_writer(self, gen_id)
+
+    def leave(self) -> None:
+        """Let go of the generation (the store contract's call for a writer other processes joined:
+        ``NodeGenerationWriter.leave``).  This writer is never joined (:attr:`joined`): the last to
+        leave without a commit aborts, and this caller is the only one, so it aborts."""
+        self.abort()
 
     def abort(self) -> None:
         """Drop the generation: its bytes become dead and zones left with no live data are reset.

@@ -40,8 +40,9 @@ class ZoneBook:
         table: the zone table (summaries of every data zone; cached, equal to a recomputation).
         now: the store's logical time (training step).
         data_capacity: writable bytes of all data zones.
-        max_active: active-zone budget for data: the device's limit minus the journal's one
-            active meta zone (0 = unlimited).
+        max_active: active-zone budget for data: the device's (:meth:`ZonedDevice.active_zone_budget`: its
+            active limit, or on a Linux zoned block device the lower of its open and active limits)
+            minus the journal's one active meta zone (0 = unlimited).
         zone_capacity, zone_size, block_size: the geometry's, in bytes.
     """
 
@@ -53,7 +54,10 @@ class ZoneBook:
         self.block_size = g.block_size
         self.zone_size = g.zone_size
         self.zone_capacity = g.zone_capacity
-        self.max_active = max(g.max_active - 1, 0) if g.max_active else 0
+        # the device's budget (ZonedDevice.active_zone_budget): its active limit, or on a Linux zoned
+        # block device the lower of its open and active limits, less the journal's one meta zone
+        budget = device.active_zone_budget()
+        self.max_active = max(budget - 1, 0) if budget else 0
         self.data_capacity = (g.nr_zones - meta_zones) * g.zone_capacity
         self.now = 0
         #: resets the device refused (the zones kept their dead bytes): see :meth:`reset`.
@@ -248,7 +252,8 @@ class ZoneBook:
         return [zone_attr_item(s.index, s) for s in self.table if s.written or s.cond is not _EMPTY]
 
     def restore(self, summaries: list[ZoneSummary], open_seq: int, now: int) -> None:
-        """Take the summaries recovery rebuilt, the journal's opening counter and logical time."""
+        """Take the summaries recovery rebuilt (the zones that are not empty; the others keep the
+        table's empty summaries), the journal's opening counter and logical time."""
         self.now = now
         self.table.now = now
         self.table.open_seq = open_seq

@@ -49,6 +49,10 @@ device, and admission holds the reserve back only for a policy whose GC needs em
 (``admission_reserve_zones`` in the result: 0 for ZenFS).  Pressure is quantised by whole zones:
 ``effective_pressure = peak_live / (zones * zone_capacity)`` is at most the requested pressure,
 and adjacent zone counts differ by ``1 / zones`` of the capacity (about 3 % at 32 zones).
+``occupancy`` sizes it from the trace's **time-averaged** live bytes instead (:mod:`retainz.trace.occupancy`):
+``zones = ceil(mean_live / (occupancy * zone_capacity))``; the result then carries ``occupancy``,
+``mean_live_bytes`` and ``effective_occupancy = mean_live / (zones * zone_capacity)`` (at most the one
+asked for).  The mean runs over the trace's horizon (its schedule's ``steps``, else past its last event).
 
 The default geometry is that of a Western Digital Ultrastar DC ZN540 (2 GiB zones of 1077 MiB capacity,
 14 open and 14 active zones), the reference ZNS SSD of the ZenFS work.
@@ -69,6 +73,7 @@ import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from fractions import Fraction
 
 from retainz.errors import ChecksumError, DeviceFormatError, NoSpaceError, PowerCutError
 from retainz.hint import DEFAULT_MEDIUM, DEFAULT_SHORT, Hint, class_bounds
@@ -86,6 +91,7 @@ from retainz.trace.format import (
     actual_reclaim_steps,
 )
 from retainz.trace.io import TraceReader, sha256_file
+from retainz.trace.occupancy import mean_live_bytes, occupancy_data_zones
 from retainz.trace.promotion import defer_retirements, promotion_finish
 from retainz.zoned import DeviceSpec, FileDevice, Geometry, MemoryDevice, ZonedDevice, parse_device
 from retainz.zoned.faulty import FaultyDevice
@@ -121,9 +127,11 @@ class ReplayConfig:
         policy: placement policy spec (``retainz``, ``zenfs``, ``retainz-noisy:error=0.5,seed=1``...);
             ``retainz-inferred`` replaces each save's hint by the retention rule inferred from the
             trace's earlier saves and deletions (:mod:`retainz.retention.inference`).
-        zones: usable data zones (exclusive with ``pressure``; at least 2).
+        zones: usable data zones (exclusive with ``pressure`` and ``occupancy``; at least 2).
         pressure: peak live bytes / usable data capacity, in (0, 1]; sizes ``zones`` from the trace
             (:meth:`data_zones`).
+        occupancy: time-averaged live bytes / usable data capacity, in (0, 1]; sizes ``zones`` from
+            the trace's mean live bytes (:func:`~retainz.trace.occupancy.occupancy_data_zones`).
         reserve_zones: zones added on top for the store's GC reserve.
         meta_zones: journal zones added on top.
         zone_size, zone_capacity: bytes; ``zone_capacity=None`` is resolved at construction: the
@@ -165,6 +173,7 @@ class ReplayConfig:
     policy: str = "retainz"
     zones: int | None = None
     pressure: float | None = None
+    occupancy: float | None = None
     reserve_zones: int = 2
     meta_zones: int = 3
     zone_size: int = DEFAULT_GEOMETRY["zone_size"]
@@ -195,10 +204,12 @@ class ReplayConfig:
         if not isinstance(self.policy, str) or not self.policy:
             raise ValueError(f"policy must be a policy spec such as 'retainz', not {self.policy!r}")
         make_allocator(self.policy)
-        if (self.zones is None) == (self.pressure is None):
-            raise ValueError("give exactly one of zones (usable data zones) or pressure")
-        if self.pressure is not None and (type(self.pressure) not in (int, float) or not 0 < self.pressure <= 1):
-            raise ValueError(f"pressure must be in (0, 1], not {self.pressure}")
+        if sum(v is not None for v in (self.zones, self.pressure, self.occupancy)) != 1:
+            raise ValueError("give exactly one of zones (usable data zones), pressure or occupancy")
+        for name in ("pressure", "occupancy"):
+            v = getattr(self, name)
+            if v is not None and (type(v) not in (int, float) or not 0 < v <= 1):
+                raise ValueError(f"{name} must be in (0, 1], not {v}")
         if self.zones is not None and self.zones < 2:
             raise ValueError(f"zones must be at least 2 (a store needs 2 data zones besides the GC reserve), "
                              f"not {self.zones}")
@@ -240,16 +251,22 @@ class ReplayConfig:
         if d.startswith("fdp"):
             _fdp_options(d)
 
-    def data_zones(self, peak_live_bytes: int) -> int:
-        """Usable data zones for a trace of ``peak_live_bytes`` (bytes, block-rounded, :class:`TraceStats`):
-        ``zones`` as given, or ``ceil(peak_live / (pressure * zone_capacity))`` (at least 1).
+    def data_zones(self, peak_live_bytes: int, mean_live_bytes: Fraction | int = 0) -> int:
+        """Usable data zones for a trace of ``peak_live_bytes`` and time-averaged ``mean_live_bytes``
+        (bytes, block-rounded, :class:`TraceStats`): ``zones`` as given, or ``ceil(peak_live /
+        (pressure * zone_capacity))``, or ``ceil(mean_live / (occupancy * zone_capacity))`` (at least 1).
 
         Raises:
-            ValueError: more than :data:`~retainz.zoned.model.MAX_ZONES` data zones; sizing by pressure a
-                trace that saves nothing (peak live 0 bytes).
+            ValueError: more than :data:`~retainz.zoned.model.MAX_ZONES` data zones; sizing by pressure or
+                occupancy a trace that keeps nothing live.
         """
         zones = self.zones
-        if zones is None:
+        if self.occupancy is not None:
+            if mean_live_bytes <= 0:
+                raise ValueError("the trace keeps nothing live (mean live 0 bytes): no device size follows "
+                                 "from --occupancy; give --zones")
+            zones = occupancy_data_zones(mean_live_bytes, self.occupancy, self.zone_capacity)
+        elif zones is None:
             if peak_live_bytes <= 0:
                 raise ValueError("the trace saves nothing (peak live 0 bytes): no device size follows from "
                                  "--pressure; give --zones")
@@ -257,9 +274,11 @@ class ReplayConfig:
         if zones > MAX_ZONES:
             if self.zones is not None:
                 raise ValueError(f"--zones {zones:,} is over the limit of {MAX_ZONES:,} data zones")
+            sized = (f"mean live {float(mean_live_bytes):,.0f} bytes at occupancy {self.occupancy}"
+                     if self.occupancy is not None else f"peak live {peak_live_bytes:,} bytes at pressure {self.pressure}")
+            flag = "--occupancy" if self.occupancy is not None else "--pressure"
             raise ValueError(f"the replay device would need {zones:,} data zones of {self.zone_capacity:,} bytes "
-                             f"(peak live {peak_live_bytes:,} bytes at pressure {self.pressure}); the limit is "
-                             f"{MAX_ZONES:,}: raise --pressure or the zone size")
+                             f"({sized}); the limit is {MAX_ZONES:,}: raise {flag} or the zone size")
         return zones
 
     def geometry(self, data_zones: int) -> Geometry:
@@ -276,7 +295,9 @@ class ReplayConfig:
         """The ``retainz replay`` options that give back this configuration (the trace path and
         ``--json`` not included): how the experiment runner runs a case inside the QEMU guest."""
         argv = ["--policy", self.policy]
-        argv += ["--zones", str(self.zones)] if self.zones is not None else ["--pressure", repr(self.pressure)]
+        argv += (["--zones", str(self.zones)] if self.zones is not None else
+                 ["--occupancy", repr(self.occupancy)] if self.occupancy is not None else
+                 ["--pressure", repr(self.pressure)])
         argv += ["--reserve-zones", str(self.reserve_zones), "--meta-zones", str(self.meta_zones),
                  "--zone-size", str(self.zone_size), "--zone-capacity", str(self.zone_capacity),
                  "--max-active", str(self.max_active), "--max-open", str(self.max_open),
@@ -313,6 +334,9 @@ class TraceStats:
         event_steps: the distinct steps of the events, ascending.
         saves: number of save events.
         actual_reclaim: gen -> the step it is really deleted (``math.inf``: never), for the oracle.
+        mean_live_bytes: the live bytes averaged over the trace's horizon (bytes, exact;
+            :func:`~retainz.trace.occupancy.mean_live_bytes`): its schedule's ``steps`` (what
+            ``retainz trace fleet`` reports), or one step past its last event when the header has none.
     """
 
     sha256: str
@@ -321,6 +345,7 @@ class TraceStats:
     event_steps: tuple[int, ...]
     saves: int
     actual_reclaim: dict
+    mean_live_bytes: Fraction = Fraction(0)
 
 
 def trace_stats(path: str, block_size: int = 4096) -> TraceStats:
@@ -363,7 +388,9 @@ def stats_of(digest: str, header: TraceHeader, events: list[Event], block_size: 
             peak = max(peak, live)
         elif isinstance(ev, (DeleteEvent, CrashEvent)) and ev.gen is not None:
             live -= size.pop(ev.gen, 0)
-    return TraceStats(digest, header, peak, tuple(sorted(steps)), saves, actual_reclaim_steps(events))
+    horizon = int(header.schedule.get("steps") or 0) or ((max(steps) + 1) if steps else 1)
+    return TraceStats(digest, header, peak, tuple(sorted(steps)), saves, actual_reclaim_steps(events),
+                      mean_live_bytes(events, horizon, block_size))
 
 
 def _gen_id(ev: SaveEvent) -> str:
@@ -478,7 +505,8 @@ def replay(trace_path: str, config: ReplayConfig) -> dict:
         when none), capacity_stop_cause and capacity_stop_state (None when no stop),
         admission_reserve_zones, generations_committed, generations_deleted, decisions, decision_cpu_seconds,
         crashes, bytes_verified, policy, geometry, zones (data), pressure, peak_live_bytes,
-        trace_sha256, trace header fields, wall_seconds; and zone_map if asked.
+        trace_sha256, trace header fields, wall_seconds; zone_map if asked; with ``occupancy``: also
+        occupancy, mean_live_bytes and effective_occupancy.
 
     Raises:
         ValueError: a trace too large for the device limit at this pressure, a device the policy
@@ -571,7 +599,8 @@ class _Run:
         """
         from retainz.store import Store
 
-        base = _make_device(config.device, config.geometry(config.data_zones(stats.peak_live_bytes)))
+        base = _make_device(config.device, config.geometry(config.data_zones(stats.peak_live_bytes,
+                                                                              stats.mean_live_bytes)))
         crashes = stats.header.crash_every is not None
         dev = FaultyDevice(base) if crashes and hasattr(base, "power_loss") else base
         try:
@@ -937,6 +966,9 @@ def _result(config: ReplayConfig, stats: TraceStats, geometry: Geometry, measure
         "zones": data_zones,
         "pressure": config.pressure,
         "effective_pressure": stats.peak_live_bytes / (data_zones * geometry.zone_capacity),
+        **({"occupancy": config.occupancy, "mean_live_bytes": float(stats.mean_live_bytes),
+            "effective_occupancy": float(stats.mean_live_bytes / (data_zones * geometry.zone_capacity))}
+           if config.occupancy is not None else {}),
         "peak_live_bytes": stats.peak_live_bytes,
         "trace_sha256": stats.sha256,
         "trace": {"layout": h.layout.get("name"), "retention": h.retention, "steps": h.schedule.get("steps"),

@@ -22,7 +22,10 @@ reaches NVMe Zone Append only through NVMe passthrough.  So this is ordering by 
   reports the extent written; the service checks the device, not the report).  A lease whose client died
   or gave up before writing all of it is **filled**: once its turn comes, the service writes zeros from
   the write pointer to the lease's end (:meth:`ZoneClaims.fill`), so the leases after it get their turn.
-  Its bytes were never committed, so they are dead whatever they hold.
+  Its bytes were never committed, so they are dead whatever they hold.  A fill the device refuses
+  (an I/O error, a zone resource refused) **breaks** the zone's leases: every writer waiting for a
+  turn there gets the error instead of waiting forever (their writes could never land in order), until
+  the zone is reset.
 * **The device's own writes** (GC copies, the journal) and zone operations other than reset wait until
   the zone has no lease outstanding (:meth:`ZoneClaims.wait_settled`); a reset drops the zone's leases
   (nothing live is left in it; a late write of a lease then fails at the reset write pointer).
@@ -69,6 +72,7 @@ class ZoneClaims:
         self._fill = fill
         self._cv = threading.Condition()
         self._ahead: dict[int, int] = {}            # zone -> claim pointer (only zones with leases)
+        self._broken: dict[int, str] = {}           # zone -> why a fill failed (its waiters fail too)
 
     def pointer(self, zone: int) -> int | None:
         """The zone's claim pointer while it has leases outstanding, else ``None`` (the device's
@@ -109,7 +113,13 @@ class ZoneClaims:
     def _wait(self, zone: int, upto: int, timeout: float | None, what: str) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cv:
-            while not self._done(zone, upto):
+            while True:
+                if zone in self._broken:    # checked first: the lost lease's end is never reached
+                    raise ZoneInvalidWriteError(f"zone {zone}: {what}: an earlier lease of the zone could not be "
+                                                f"filled ({self._broken[zone]}), so this one can never be written "
+                                                "in order", zone=zone)
+                if self._done(zone, upto):
+                    break
                 if deadline is not None and time.monotonic() >= deadline:
                     raise ZoneInvalidWriteError(
                         f"zone {zone}: {what}: the write pointer is at byte {self._written(zone)}, clients' "
@@ -156,7 +166,9 @@ class ZoneClaims:
         A lease of a zone reset meanwhile is dropped.  Returns the bytes filled.
 
         Raises:
-            ZoneInvalidWriteError: ``timeout`` seconds passed before a lease's turn.
+            ZoneInvalidWriteError: ``timeout`` seconds passed before a lease's turn, or an earlier lease
+                of the zone is broken.
+            OSError: the device refused the fill (the zone's leases are broken: their waiters fail).
         """
         filled = 0
         for z, pos, n in extents:
@@ -167,7 +179,12 @@ class ZoneClaims:
                 wp = self._written(z)
                 end = pos + n
                 if wp < end:
-                    self._fill(z, wp, end - wp)
+                    try:
+                        self._fill(z, wp, end - wp)
+                    except OSError as e:
+                        self._broken[z] = f"{type(e).__name__}: {e}"
+                        self._cv.notify_all()
+                        raise
                     filled += end - wp
                 self._done(z, end)
         return filled
@@ -176,4 +193,5 @@ class ZoneClaims:
         """The zone was reset: its leases are void (a late write of one fails at the reset pointer)."""
         with self._cv:
             self._ahead.pop(zone, None)
+            self._broken.pop(zone, None)
             self._cv.notify_all()

@@ -12,7 +12,7 @@ import abc
 import enum
 
 from retainz.errors import MisalignedIOError, OutOfRangeError
-from retainz.zoned.model import DeviceInfo, Geometry, Zone
+from retainz.zoned.model import DeviceInfo, Geometry, Zone, ZoneCond
 
 __all__ = ["ZoneOp", "ZonedDevice", "WriteData", "check_io_range", "check_report_range"]
 
@@ -115,6 +115,17 @@ class ZonedDevice(abc.ABC):
             OutOfRangeError: ``start`` or ``count`` outside the device.
         """
 
+    def report_used_zones(self, start: int = 0, count: int = 0) -> list[Zone]:
+        """The zones of :meth:`report_zones` ``(start, count)`` that are not Empty, in zone order (NVMe
+        ZNS Zone Management Receive reports filtered by zone state; what a mount and a format look
+        at).  This default filters the full report; the emulated devices list them without building
+        a report row per Empty zone (a device of 1,048,576 zones, issue 44).
+
+        Raises:
+            OutOfRangeError: ``start`` or ``count`` outside the device.
+        """
+        return [z for z in self.report_zones(start, count) if z.cond != ZoneCond.EMPTY]
+
     def zone(self, index: int) -> Zone:
         """Report one zone."""
         return self.report_zones(index, 1)[0]
@@ -186,6 +197,13 @@ class ZonedDevice(abc.ABC):
 
         raise ZoneOpNotSupportedError(f"{self.name}: another process cannot write this device directly "
                                       "(direct writes need a device file)", offset=offset, length=length)
+
+    def active_zone_budget(self) -> int:
+        """Zones a store may keep active at once on this device (0 = no limit): the geometry's
+        ``max_active`` (NVMe ZNS Max Active Resources).  A device that may refuse to close a zone on
+        its own while other processes write it answers less (see
+        :class:`~retainz.zoned.linux.LinuxZonedDevice`)."""
+        return self.geometry.max_active
 
     def direct_region(self) -> tuple[str, int] | None:
         """``(path of the backing file, byte offset of zone 0 in it)`` when other processes may write

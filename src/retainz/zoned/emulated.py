@@ -29,6 +29,7 @@ completion.  :meth:`EmulatedZonedDevice.power_loss` turns the device into what a
 from __future__ import annotations
 
 import abc
+import array
 
 from retainz.errors import (
     InvalidZoneTransitionError,
@@ -42,7 +43,7 @@ from retainz.errors import (
     ZoneReadOnlyError,
 )
 from retainz.zoned.device import WriteData, ZonedDevice, ZoneOp, check_io_range, check_report_range
-from retainz.zoned.model import DeviceInfo, Geometry, Zone, ZoneCond
+from retainz.zoned.model import COND_OF_VALUE, DeviceInfo, Geometry, Zone, ZoneCond
 
 __all__ = ["EmulatedZonedDevice"]
 
@@ -56,9 +57,11 @@ class EmulatedZonedDevice(ZonedDevice):
     Subclasses implement :meth:`_store`, :meth:`_load`, :meth:`_discard` and may override
     :meth:`_persist` (make the durable zone state stick) and :meth:`_sync_data`.
 
-    Attributes kept per zone (lists indexed by zone): ``_cond`` (ZoneCond), ``_written`` (bytes
-    written from the zone start; a finished zone keeps what was written before the finish), and their
-    durable copies ``_dcond`` / ``_dwritten`` as of the last flush or zone operation.
+    Attributes kept per zone (indexed by zone): ``_cond`` (a list of ZoneCond), ``_written`` (a list
+    of bytes written from the zone start; a finished zone keeps what was written before the finish),
+    and their durable copies as of the last flush or zone operation, kept as the zone-state slot
+    stores them so that recording them copies buffers instead of looping over the zones:
+    ``_dcond`` (a ``bytearray``, one condition byte per zone) and ``_dwritten`` (an ``array('Q')``).
     """
 
     def __init__(self, geometry: Geometry, *, kind: str, path: str = "", payload: bool = True):
@@ -72,8 +75,8 @@ class EmulatedZonedDevice(ZonedDevice):
         self._max_active = g.max_active
         self._cond: list[ZoneCond] = [_E] * g.nr_zones
         self._written: list[int] = [0] * g.nr_zones
-        self._dcond: list[ZoneCond] = [_E] * g.nr_zones
-        self._dwritten: list[int] = [0] * g.nr_zones
+        self._dcond = bytearray([_E]) * g.nr_zones
+        self._dwritten = array.array("Q", bytes(8 * g.nr_zones))
         self._dirty: set[int] = set()       # zones written since the last flush
         self._imp_open: dict[int, None] = {}  # insertion order = age, for eviction
         self._exp_open: set[int] = set()
@@ -115,6 +118,11 @@ class EmulatedZonedDevice(ZonedDevice):
     def report_zones(self, start: int = 0, count: int = 0) -> list[Zone]:
         end = check_report_range(self.geometry, start, count)
         return [self._zone(z) for z in range(start, end)]
+
+    def report_used_zones(self, start: int = 0, count: int = 0) -> list[Zone]:
+        end = check_report_range(self.geometry, start, count)
+        cond = self._cond
+        return [self._zone(z) for z in range(start, end) if cond[z] is not _E]
 
     def _zone(self, z: int) -> Zone:
         start = z * self._zsize
@@ -414,7 +422,7 @@ class EmulatedZonedDevice(ZonedDevice):
             self.flush()
         for z in self._dirty:
             self._written[z] = self._dwritten[z]
-            self._cond[z] = self._dcond[z]
+            self._cond[z] = ZoneCond(self._dcond[z])
             self._discard(z, self._written[z])
         self._dirty.clear()
         self._imp_open.clear()
@@ -423,8 +431,8 @@ class EmulatedZonedDevice(ZonedDevice):
             if cond in (_IO, _EO):
                 self._cond[z] = _C if self._written[z] else _E
         self._nr_closed = sum(1 for c in self._cond if c == _C)
-        self._dcond = list(self._cond)
-        self._dwritten = list(self._written)
+        self._dcond = bytearray(self._cond)
+        self._dwritten = array.array("Q", self._written)
         self._persist()
 
     def set_condition(self, zone: int, cond: ZoneCond) -> None:
@@ -447,17 +455,28 @@ class EmulatedZonedDevice(ZonedDevice):
         """Load a zone state saved by :meth:`_persist` (recounting open/active resources).
 
         ``imp_order`` lists implicitly open zones oldest first (the eviction order); others follow
-        in zone order."""
+        in zone order.  Only the zones that are not Empty are visited one by one (an open of a
+        device of 1,048,576 zones, issue 44)."""
+        cond = list(map(COND_OF_VALUE.__getitem__, conds))
+        self._cond = cond
         self._imp_open.clear()
         self._exp_open.clear()
+        for z in imp_order:                 # oldest first; a zone named again moves to the end
+            if cond[z] is _IO:
+                self._imp_open.pop(z, None)
+                self._imp_open[z] = None
+        used = [z for z, c in enumerate(cond) if c is not _E]
         self._nr_closed = 0
-        self._cond = [_E] * self._nz
-        for z in imp_order:
-            self._set_cond(z, _IO)
-        for z, cond in enumerate(conds):
-            if self._cond[z] != cond:
-                self._set_cond(z, ZoneCond(cond))
+        for z in used:
+            c = cond[z]
+            if c is _IO:
+                self._imp_open.setdefault(z, None)
+            elif c is _EO:
+                self._exp_open.add(z)
+            elif c is _C:
+                self._nr_closed += 1
         self._written = list(written)
-        self._dcond = list(self._cond)
-        self._dwritten = list(self._written)
+        self._dcond = bytearray(cond)
+        self._dwritten = array.array("Q", self._written)
         self._dirty.clear()
+

@@ -54,14 +54,24 @@ class FdpNamespaceDevice(MemoryDevice):
         unit: the model's page in bytes (default: the block size); divides the zone capacity.
         victim: the model's GC victim selection, "greedy" or "fifo".
         payload: keep written bytes (True) or count them (False: trace replay).
+        handles: placement handles the host uses: None (default) for one per active zone, or 1 for a host
+            that sends no placement identifier (every write goes through handle 0, the namespace's default
+            handle, and a zone that fills or finishes makes no RUH Update: the drive knows no zones).
 
     Raises DeviceFormatError for a geometry the model cannot represent (no active limit, sizes that are
     not whole units, an RU that is not whole units, a spare factor outside (0, 1)).
     """
 
-    def __init__(self, geometry: Geometry, *, ru_size: int | None = None, spare_factor: float = 0.07,
-                 ruh_type: str = "II", unit: int | None = None, victim: str = "greedy", payload: bool = True):
-        super().__init__(geometry, payload=payload)
+    @staticmethod
+    def check(geometry: Geometry, *, ru_size: int | None = None, spare_factor: float = 0.07, ruh_type: str = "II",
+              unit: int | None = None, handles: int | None = None) -> None:
+        """Refuse options the model cannot represent, before anything is built (the constructor's
+        arguments; :func:`retainz.zoned.spec.parse_device` checks an ``fdp:`` spec with it).
+
+        Raises:
+            DeviceFormatError: no active limit, a page that is not whole blocks or does not divide the
+            zone capacity, an RU that is not whole pages, a spare factor outside (0, 1), a handle type
+            other than II or PI, ``handles`` other than 1 or None."""
         g = geometry
         unit = unit or g.block_size
         ru_size = ru_size or g.zone_capacity
@@ -76,7 +86,21 @@ class FdpNamespaceDevice(MemoryDevice):
             raise DeviceFormatError(f"spare factor must be in (0, 1), got {spare_factor}")
         if ruh_type not in ("II", "PI"):
             raise DeviceFormatError(f"handle type must be II or PI, got {ruh_type!r}")
-        handles = g.max_active
+        if handles not in (None, 1):
+            raise DeviceFormatError(f"handles must be 1 (no placement identifiers) or left out (one per active "
+                                    f"zone), got {handles!r}")
+
+    def __init__(self, geometry: Geometry, *, ru_size: int | None = None, spare_factor: float = 0.07,
+                 ruh_type: str = "II", unit: int | None = None, victim: str = "greedy", payload: bool = True,
+                 handles: int | None = None):
+        self.check(geometry, ru_size=ru_size, spare_factor=spare_factor, ruh_type=ruh_type, unit=unit,
+                   handles=handles)
+        super().__init__(geometry, payload=payload)
+        g = geometry
+        unit = unit or g.block_size
+        ru_size = ru_size or g.zone_capacity
+        self._single = handles == 1
+        handles = 1 if self._single else g.max_active
         logical = g.nr_zones * g.zone_capacity // unit
         pages_per_ru = ru_size // unit
         opens = 2 * handles
@@ -104,6 +128,8 @@ class FdpNamespaceDevice(MemoryDevice):
 
     def zone_handle(self, zone: int) -> int | None:
         """The placement handle ``zone`` writes through now, or None."""
+        if self._single:
+            return 0 if self._sent[zone] else None
         return self._handle.get(zone)
 
     def _store(self, zone: int, pos: int, data: WriteData) -> None:
@@ -119,7 +145,7 @@ class FdpNamespaceDevice(MemoryDevice):
         sent = self._sent[zone]
         if upto <= sent:
             return
-        handle = self._handle.get(zone)
+        handle = 0 if self._single else self._handle.get(zone)
         if handle is None:
             handle = self._handle[zone] = self._free_handles.pop(0)
             self._free_handles.sort()
@@ -127,6 +153,8 @@ class FdpNamespaceDevice(MemoryDevice):
         self._sent[zone] = upto
 
     def _release(self, zone: int, *, update: bool = False) -> None:
+        if self._single:
+            return
         handle = self._handle.pop(zone, None)
         if handle is None:
             return

@@ -18,7 +18,8 @@ data_offset + zones * size     (version 3) a third copy of the label block, the 
 
 A zone-state slot holds ``RZSTATE\\0``, a sequence number, every zone's condition (u8) and written
 bytes (u64), the implicitly open zones oldest first (u32 count + u32 each: the order in which the open
-limit closes them), and a crc32c.  Slots are written alternately, each with its copy (A and A', or B and B', then one sync); the valid
+limit closes them), and a crc32c.  Slots are written alternately, each with its copy (A and A', or B and B', then one sync; a device
+rewrites only the 4096-byte pages of a slot pair that differ from its own last write there); the valid
 slot with the highest sequence wins, so a torn slot write leaves the previous state readable, and one
 damaged copy of the newest state leaves its twin (version 2; docs/format.md).  Version 1 files (one
 label, slots A and B without copies, data at ``4096 + 2 * slot``) are read and written as they are.
@@ -52,7 +53,7 @@ import crc32c
 from retainz.errors import CorruptDeviceError, DeviceBusyError, DeviceFormatError, NotADeviceError
 from retainz.zoned.device import WriteData
 from retainz.zoned.emulated import EmulatedZonedDevice
-from retainz.zoned.model import MAX_ZONES, Geometry, ZoneCond, round_up
+from retainz.zoned.model import COND_OF_VALUE, MAX_ZONES, Geometry, ZoneCond, round_up
 from retainz.zoned.syscalls import best_effort, punch_hole, start_writeback
 
 __all__ = ["FileDevice", "FILE_DEVICE_MAGIC", "WRITEBACK_BYTES"]
@@ -69,6 +70,13 @@ _LABEL_SIZE = 4096
 
 def _slot_size(nr_zones: int) -> int:
     return round_up(_SLOT_HEAD.size + 13 * nr_zones + 8, 4096)
+
+
+def not_a_device_file(path: str) -> IsADirectoryError:
+    """The one refusal of a directory named where a device file belongs (every command, the mount,
+    :meth:`FileDevice.create`)."""
+    return IsADirectoryError(f"{path}: a directory, not a device file (make one with `retainz device create "
+                             "FILE` and `retainz mkfs FILE`)")
 
 
 class FileDevice(EmulatedZonedDevice):
@@ -102,6 +110,9 @@ class FileDevice(EmulatedZonedDevice):
         self._copies = 2 if version >= 2 else 1      # copies of each zone-state slot
         self._data_offset = _LABEL_SIZE + 2 * self._copies * slot_size
         self._punch: set[int] = set()     # reset zones whose blocks are not punched yet (trim)
+        # {slot pair (seq % 2): the slot this device last wrote there and synced}: the next write of
+        # the pair rewrites only the pages that changed (mkfs writes the slot 65 times; issue 44)
+        self._slots_written: dict[int, bytes] = {}
         self._unkicked = 0                 # bytes written since writeback was last started
         self._notes: tuple[str, ...] = label_note
         self._fd = os.open(path, os.O_RDONLY if readonly else os.O_RDWR)
@@ -145,7 +156,7 @@ class FileDevice(EmulatedZonedDevice):
         """
         path = os.fspath(path)
         if os.path.isdir(path):
-            raise IsADirectoryError(f"{path} is a directory, not a device file")
+            raise not_a_device_file(path)
         if os.path.exists(path) and os.path.getsize(path) > 0 and not force:
             raise FileExistsError(f"{path} exists and is not empty; pass force=True to overwrite it")
         slot = _slot_size(geometry.nr_zones)
@@ -167,7 +178,8 @@ class FileDevice(EmulatedZonedDevice):
             block = label.ljust(_LABEL_COPY, b"\0") + label.ljust(_LABEL_SIZE - _LABEL_COPY, b"\0")
             os.pwrite(fd, block, 0)
             os.pwrite(fd, block, total - _LABEL_SIZE)      # the copy at the far end (version 3)
-            empty = _encode_slot(1, [ZoneCond.EMPTY] * g.nr_zones, [0] * g.nr_zones, slot)
+            empty = _encode_slot(1, bytes([ZoneCond.EMPTY]) * g.nr_zones, array.array("Q", bytes(8 * g.nr_zones)),
+                                 slot)
             os.pwrite(fd, empty * 2, _LABEL_SIZE)
             os.ftruncate(fd, total)
             os.fsync(fd)
@@ -257,19 +269,24 @@ class FileDevice(EmulatedZonedDevice):
         return (version, notes), geometry, slot, uuidlib.UUID(bytes=raw_uuid)
 
     def _read_state(self) -> tuple[list[ZoneCond], list[int], int]:
-        best = None
+        """``(conditions, written bytes, sequence)`` of the newest valid zone-state slot.  Each copy's
+        checksum is checked; only the newest is decoded, its per-zone checks run over arrays
+        (numpy), not a Python loop per zone (issue 44: an open of 1,048,576 zones)."""
+        import numpy as np  # here, not at import: only an open of a device file needs it
+
+        best = None                        # (sequence, raw slot, implicit-open count)
         bad = []                           # slots that were written but fail their checksum
         names = ["A", "A'", "B", "B'"] if self._copies == 2 else ["A", "B"]
         seqs = {}
         for i, name in enumerate(names):
             raw = os.pread(self._fd, self._slot_size, _LABEL_SIZE + i * self._slot_size)
-            decoded = _decode_slot(raw, self._nz)
-            if decoded is None and raw.strip(b"\0"):
+            head = _check_slot(raw, self._nz)
+            if head is None and raw.strip(b"\0"):
                 bad.append(name)
-            if decoded:
-                seqs[name] = decoded[0]
-            if decoded and (best is None or decoded[0] > best[0]):
-                best = decoded
+            if head:
+                seqs[name] = head[0]
+            if head and (best is None or head[0] > best[0]):
+                best = (head[0], raw, head[1])
         if best is None:
             if not self._lost_state_ok:
                 raise CorruptDeviceError(f"{self._info.path}: every zone-state copy fails its checksum")
@@ -290,22 +307,26 @@ class FileDevice(EmulatedZonedDevice):
             self._notes += (f"zone-state copy {bad[0]} fails its checksum (a write torn by a power cut, or "
                             f"damage); copy {used[0]}, sequence {best[0]}, was used: writes after it are not "
                             "visible",)
-        seq, conds, written, order = best
-        for z, (c, w) in enumerate(zip(conds, written, strict=True)):
-            if c not in ZoneCond.__members__.values() or w > self._zcap or w % self._bs:
-                raise CorruptDeviceError(f"{self._info.path}: zone {z} state ({c}, {w}) is impossible")
-        if any(z >= self._nz or conds[z] != ZoneCond.IMP_OPEN for z in order):
+        seq, raw, n_order = best
+        nz, head = self._nz, _SLOT_HEAD.size
+        conds = np.frombuffer(raw, np.uint8, nz, head).copy()
+        written = np.frombuffer(raw, "<u8", nz, head + nz)
+        order = list(struct.unpack_from(f"<{n_order}I", raw, head + 9 * nz + 4))
+        impossible = ~np.isin(conds, _COND_VALUES) | (written > self._zcap) | (written % self._bs != 0)
+        if impossible.any():
+            z = int(impossible.argmax())
+            raise CorruptDeviceError(f"{self._info.path}: zone {z} state ({int(conds[z])}, {int(written[z])}) "
+                                     "is impossible")
+        if any(z >= nz or conds[z] != ZoneCond.IMP_OPEN for z in order):
             raise CorruptDeviceError(f"{self._info.path}: implicit-open order {order} is impossible")
         # A zone written to its capacity is Full (NVMe ZNS: the write that reaches the zone capacity
         # transitions the zone to ZSF).  A state saved between the two steps of that write (a
         # KeyboardInterrupt lands between any two bytecodes, and the close then flushes) says open
         # with every byte written: it is read as the Full zone it is.
-        for z, w in enumerate(written):
-            if w == self._zcap and conds[z] in (ZoneCond.IMP_OPEN, ZoneCond.EXP_OPEN, ZoneCond.CLOSED):
-                conds[z] = ZoneCond.FULL
+        conds[(written == self._zcap) & np.isin(conds, _OPEN_OR_CLOSED)] = ZoneCond.FULL
         order = [z for z in order if conds[z] == ZoneCond.IMP_OPEN]
         self._restore_order = order
-        return [ZoneCond(c) for c in conds], written, seq
+        return list(map(COND_OF_VALUE.__getitem__, conds.tobytes())), written.tolist(), seq
 
     # -- storage hooks -----------------------------------------------------------------------------
     def _store(self, zone: int, pos: int, data: WriteData) -> None:
@@ -383,12 +404,21 @@ class FileDevice(EmulatedZonedDevice):
             return
         self._seq += 1
         slot = _encode_slot(self._seq, self._dcond, self._dwritten, self._slot_size, self._imp_open)
+        pair = self._seq % 2
+        base = _LABEL_SIZE + pair * self._copies * self._slot_size
+        prev = self._slots_written.pop(pair, None)
         try:   # the slot and its copy (version 2), then one sync
-            os.pwrite(self._fd, slot * self._copies,
-                      _LABEL_SIZE + (self._seq % 2) * self._copies * self._slot_size)
+            if prev is None:
+                os.pwrite(self._fd, slot * self._copies, base)
+            else:   # only the pages that differ from what this device last wrote in the pair
+                view = memoryview(slot)
+                for start, end in _changed_pages(prev, slot):
+                    for copy in range(self._copies):
+                        os.pwrite(self._fd, view[start:end], base + copy * self._slot_size + start)
             _datasync(self._fd)
         except OSError as e:
             raise self._named(e) from None
+        self._slots_written[pair] = slot
 
     def repair_metadata(self) -> list[str]:
         """Rewrite damaged label and zone-state copies (``fsck --repair``): the label block from the
@@ -417,6 +447,7 @@ class FileDevice(EmulatedZonedDevice):
                         done.append("rewrote the device label's copy at the end of the device")
                     break
         if getattr(self, "_damaged_slots", False):
+            self._slots_written.clear()      # the damage is on disk, not in what was written
             self.flush()
             self._persist()
             self._persist()
@@ -436,9 +467,17 @@ class FileDevice(EmulatedZonedDevice):
         self._check_rw()
         conds = [ZoneCond.CLOSED if c in (ZoneCond.IMP_OPEN, ZoneCond.EXP_OPEN) else c for c in conds]
         self._restore(conds, written, [])
+        self._slots_written.clear()
         self._persist()
         self._persist()
         self.state_lost = False
+
+    @property
+    def upgradable(self) -> bool:
+        """Whether :meth:`upgrade` would migrate something: the file is of device file format version 2
+        (version 1 files, without slot copies, stay as they are; version 3 is this code's).  Reads no
+        byte and writes none, so a read-only open can ask before ``fsck --upgrade`` opens read-write."""
+        return self._version == 2
 
     def upgrade(self) -> list[str]:
         """Migrate a device file of an older format version to this one (``fsck --upgrade``): a
@@ -449,7 +488,7 @@ class FileDevice(EmulatedZonedDevice):
             PermissionError: opened read-only.  OSError: a write failed.
         """
         self._check_rw()
-        if self._version != 2:
+        if not self.upgradable:
             return []
         raw = os.pread(self._fd, _LABEL_SIZE, 0)
         n = _LABEL.size + 4
@@ -490,8 +529,9 @@ class FileDevice(EmulatedZonedDevice):
         try:
             if not self.readonly:
                 self.flush()
-                if self._dcond != self._cond:
-                    self._dcond = list(self._cond)
+                cond = bytearray(self._cond)
+                if self._dcond != cond:
+                    self._dcond = cond
                     self._persist()
                 self.trim()
         finally:
@@ -516,16 +556,19 @@ def _encode_slot(seq: int, conds, written, slot_size: int, imp_order=()) -> byte
     implicitly open zones in opening order (``imp_order`` first, then any other by index), crc32c,
     zero-padded to ``slot_size``.
 
-    Every loop over the zones runs in C (``bytes`` of the conditions, an ``array`` of the write
-    pointers, ``bytes.find`` for the open zones): the slot is rewritten at every zone state change
-    (mkfs writes it 65 times), and a per-zone Python loop cost 1.2 s a slot at 1,048,576 zones."""
-    body = bytearray(_SLOT_HEAD.pack(_STATE_MAGIC, seq))
+    ``conds``: a condition per zone (a ``bytearray``, as the device keeps its durable conditions,
+    or any sequence of ints); ``written``: bytes per zone (an ``array('Q')``, as the device keeps
+    them, or any sequence of ints).  No loop over the zones runs in Python (``bytes`` of the
+    conditions, the pointers' own buffer, ``bytes.find`` for the open zones): the slot is rewritten
+    at every zone state change (mkfs writes it 65 times; issue 44: 1.2 s a slot at 1,048,576 zones
+    with a Python loop, 30 ms with lists)."""
     cond_bytes = bytes(conds)                 # ZoneCond is an IntEnum: one byte each, as before
-    body += cond_bytes
-    pointers = array.array("Q", written)
-    if sys.byteorder != "little":
-        pointers.byteswap()
-    body += pointers.tobytes()
+    if isinstance(written, array.array) and written.typecode == "Q" and sys.byteorder == "little":
+        pointers = memoryview(written).cast("B")
+    else:
+        pointers = array.array("Q", written)
+        if sys.byteorder != "little":
+            pointers.byteswap()
     imp = int(ZoneCond.IMP_OPEN)
     order = [z for z in imp_order if cond_bytes[z] == imp]
     listed = set(order)
@@ -534,12 +577,32 @@ def _encode_slot(seq: int, conds, written, slot_size: int, imp_order=()) -> byte
         if z not in listed:
             order.append(z)
         z = cond_bytes.find(mark, z + 1)
-    body += struct.pack(f"<I{len(order)}I", len(order), *order)
-    body += struct.pack("<I", crc32c.crc32c(body))
-    return bytes(body.ljust(slot_size, b"\0"))
+    body = b"".join((_SLOT_HEAD.pack(_STATE_MAGIC, seq), cond_bytes, pointers,
+                     struct.pack(f"<I{len(order)}I", len(order), *order)))
+    crc = struct.pack("<I", crc32c.crc32c(body))
+    return b"".join((body, crc, bytes(slot_size - len(body) - len(crc))))
 
 
-def _decode_slot(raw: bytes, nr_zones: int) -> tuple[int, list[int], list[int], list[int]] | None:
+def _changed_pages(old: bytes, new: bytes) -> list[tuple[int, int]]:
+    """``[(start, end)]`` byte ranges of the 4096-byte pages where two slots of one size differ, runs
+    of adjacent pages merged (the slot size is a multiple of 4096)."""
+    import numpy as np
+
+    a = np.frombuffer(old, np.uint8).reshape(-1, 4096)
+    b = np.frombuffer(new, np.uint8).reshape(-1, 4096)
+    runs: list[tuple[int, int]] = []
+    for page in np.flatnonzero((a != b).any(axis=1)).tolist():
+        start = page * 4096
+        if runs and runs[-1][1] == start:
+            runs[-1] = (runs[-1][0], start + 4096)
+        else:
+            runs.append((start, start + 4096))
+    return runs
+
+
+def _check_slot(raw: bytes, nr_zones: int) -> tuple[int, int] | None:
+    """``(sequence, implicit-open count)`` of a zone-state slot whose magic, count and crc32c are
+    valid, else ``None`` (nothing per zone is decoded)."""
     end = _SLOT_HEAD.size + 9 * nr_zones
     if len(raw) < end + 8 or raw[:8] != _STATE_MAGIC:
         return None
@@ -547,14 +610,30 @@ def _decode_slot(raw: bytes, nr_zones: int) -> tuple[int, list[int], list[int], 
     if n_order > nr_zones:
         return None
     end += 4 + 4 * n_order
-    (crc,) = struct.unpack_from("<I", raw, end)
-    if crc32c.crc32c(raw[:end]) != crc:
+    if len(raw) < end + 4:
         return None
-    _, seq = _SLOT_HEAD.unpack_from(raw)
+    (crc,) = struct.unpack_from("<I", raw, end)
+    if crc32c.crc32c(memoryview(raw)[:end]) != crc:
+        return None
+    return _SLOT_HEAD.unpack_from(raw)[1], n_order
+
+
+def _decode_slot(raw: bytes, nr_zones: int) -> tuple[int, list[int], list[int], list[int]] | None:
+    """``(sequence, conditions, written bytes, implicit-open order)`` of a valid slot, else ``None``."""
+    head = _check_slot(raw, nr_zones)
+    if head is None:
+        return None
+    seq, n_order = head
+    end = _SLOT_HEAD.size + 9 * nr_zones + 4 + 4 * n_order
     conds = list(raw[_SLOT_HEAD.size:_SLOT_HEAD.size + nr_zones])
     written = list(struct.unpack_from(f"<{nr_zones}Q", raw, _SLOT_HEAD.size + nr_zones))
     order = list(struct.unpack_from(f"<{n_order}I", raw, end - 4 * n_order))
     return seq, conds, written, order
+
+
+#: every condition value a slot may hold; the conditions a zone written to its capacity is read as Full from
+_COND_VALUES = tuple(int(c) for c in ZoneCond)
+_OPEN_OR_CLOSED = (int(ZoneCond.IMP_OPEN), int(ZoneCond.EXP_OPEN), int(ZoneCond.CLOSED))
 
 
 #: Bytes written between two starts of the kernel's writeback (:func:`~retainz.zoned.syscalls.start_writeback`).

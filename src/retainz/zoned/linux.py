@@ -318,6 +318,21 @@ class LinuxZonedDevice(ZonedDevice):
                                     f"{self._zcap}", zone=z, offset=offset, length=length)
         self.claims.lease(z, pos, length, wp)
 
+    def active_zone_budget(self) -> int:
+        """The lower of the open and active limits (0 = no limit): every zone a store keeps active
+        can be open at once, so no write ever needs the kernel to close a zone itself.  Node clients
+        write claimed extents from their own processes at the same time; null_blk refuses a write to
+        a Closed zone with ``ETOOMANYREFS`` when its open and active limits are both reached
+        (drivers/block/null_blk/zoned.c: ``null_check_open`` closes an implicitly open zone only when
+        ``null_check_active`` passes), and the host-side close this class retries with
+        (:meth:`_close_implicitly_open`) sees only this process's writes.  ZenFS keeps the same rule
+        with tokens: a writer holds an open token while it writes
+        (``ZonedBlockDevice::WaitForOpenIOZoneToken``) and closes its zone when it stops
+        (``Zone::Close``); the store closes no zone, so it keeps no more zones active than can be open."""
+        g = self.geometry
+        limits = [n for n in (g.max_active, g.max_open) if n]
+        return min(limits) if limits else 0
+
     def direct_region(self) -> tuple[str, int] | None:
         """``(the device node, 0)``: a claimed extent at ``(zone, offset)`` is at device byte
         ``zone * zone_size + offset``, written with ``O_DIRECT`` in the claim's turn (:meth:`direct_io`)."""

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from retainz.errors import DeviceFormatError
 
 __all__ = [
+    "COND_OF_VALUE",
     "ZoneCond",
     "ZoneType",
     "Zone",
@@ -84,6 +85,12 @@ class ZoneCond(enum.IntEnum):
                 return cond
         raise ValueError(f"unknown zone condition code {code!r}; valid: "
                          + ", ".join(s for s, _ in _COND_NAMES.values()))
+
+
+#: ``COND_OF_VALUE[v]``: the :class:`ZoneCond` of condition value ``v`` (``None`` for no condition),
+#: a table for decoding many zones at once without an enum call per zone (an open of a device file).
+COND_OF_VALUE: tuple[ZoneCond | None, ...] = tuple(
+    ZoneCond(v) if v in ZoneCond._value2member_map_ else None for v in range(256))
 
 
 _COND_NAMES = {

@@ -126,10 +126,12 @@ class DeviceSpec:
             return _open_remote(self.text)
         if self.kind == "zbd":
             return _open_linux(self.path, readonly)
+        from retainz.zoned.file import FileDevice, not_a_device_file
+
+        if os.path.isdir(self.path):
+            raise not_a_device_file(self.path)
         if not os.path.exists(self.path):
             raise FileNotFoundError(f"{self.path}: no such device file")
-        from retainz.zoned.file import FileDevice
-
         return FileDevice(self.path, readonly=readonly)
 
     def create(self, geometry: Geometry) -> ZonedDevice:
@@ -149,15 +151,20 @@ class DeviceSpec:
 def parse_device(spec: str | os.PathLike) -> DeviceSpec:
     """The one parser of device specifications (the module docstring's table): ``mem`` or ``mem:...``,
     ``remote:...``, ``zbd:PATH``, ``file:PATH``, ``/dev/NAME`` or an existing block device (zbd), any
-    other path (a device file).  Only the form is checked here; :meth:`DeviceSpec.open` checks the rest.
+    other path (a device file).  A ``mem:``/``fdp:`` spec's values are checked here (its geometry, its
+    payload, an FDP namespace's options), so every command names a malformed spec before anything else
+    it would say of the device; the other kinds' form only: :meth:`DeviceSpec.open` checks the rest.
 
     Raises:
-        DeviceFormatError: ``file:`` or ``zbd:`` with no path after it.
+        DeviceFormatError: ``file:`` or ``zbd:`` with no path after it; a ``mem:`` or ``fdp:`` spec with
+        an unknown key or a bad value (``bad device spec 'TEXT': ...``).
     """
     text = os.fspath(spec)
     if text == "mem" or text.startswith("mem:"):
+        _check_in_memory(text, "mem")
         return DeviceSpec("mem", "", text)
     if text == "fdp" or text.startswith("fdp:"):
+        _check_in_memory(text, "fdp")
         return DeviceSpec("fdp", "", text)
     if text.startswith("remote:"):
         return DeviceSpec("remote", "", text)
@@ -184,21 +191,54 @@ def open_device(spec: str, *, readonly: bool = False) -> ZonedDevice:
     return parse_device(spec).open(readonly=readonly)
 
 
+def _in_memory_options(spec: str) -> tuple[dict[str, str], bool]:
+    """A ``mem:``/``fdp:`` spec's ``KEY=VALUE`` options, and its ``payload=true|false`` (default true)
+    taken out of them.
+
+    Raises:
+        DeviceFormatError: a malformed spec, or a payload other than true or false."""
+    try:
+        options = dict(parse_spec(spec, "device spec")[1])
+    except ValueError as e:
+        raise DeviceFormatError(str(e)) from None
+    payload = options.pop("payload", "true").lower()
+    if payload not in ("true", "false"):
+        raise DeviceFormatError(f"bad device spec {spec!r}: payload must be true or false")
+    return options, payload == "true"
+
+
+def _check_in_memory(text: str, kind: str) -> None:
+    """Check a ``mem:``/``fdp:`` spec's values as its open would (:func:`parse_geometry`,
+    :func:`parse_fdp_options`, ``FdpNamespaceDevice.check``), building nothing.
+
+    Raises:
+        DeviceFormatError: naming the spec (``bad device spec 'TEXT': ...``) and what is wrong."""
+    try:
+        opts, _ = _in_memory_options(text)
+        if kind == "fdp":
+            from retainz.zoned.fdp import FdpNamespaceDevice
+
+            kw = parse_fdp_options(opts)
+            FdpNamespaceDevice.check(parse_geometry(opts), **kw)
+        else:
+            parse_geometry(opts)
+    except DeviceFormatError as e:
+        why = str(e)
+        if why.startswith(("bad device spec '", "device spec ")):       # it names the spec already
+            raise
+        why = why.removeprefix("bad device spec: ").removeprefix("bad geometry: ")
+        raise DeviceFormatError(f"bad device spec {text!r}: {why}") from None
+
+
 def _open_memory(spec: str) -> ZonedDevice:
     from retainz.zoned.memory import MemoryDevice
 
-    try:
-        opts = dict(parse_spec(spec, "device spec")[1])
-    except ValueError as e:
-        raise DeviceFormatError(str(e)) from None
-    payload = opts.pop("payload", "true").lower()
-    if payload not in ("true", "false"):
-        raise DeviceFormatError(f"bad device spec {spec!r}: payload must be true or false")
-    return MemoryDevice(parse_geometry(opts), payload=payload == "true")
+    opts, payload = _in_memory_options(spec)
+    return MemoryDevice(parse_geometry(opts), payload=payload)
 
 
 #: The keys of an ``fdp:`` spec beyond the geometry's (:class:`~retainz.zoned.fdp.FdpNamespaceDevice`).
-FDP_KEYS = ("ru_size", "spare", "ruh", "unit")
+FDP_KEYS = ("ru_size", "spare", "ruh", "unit", "handles")
 
 
 def parse_fdp_options(options: dict[str, str]) -> dict:
@@ -224,21 +264,21 @@ def parse_fdp_options(options: dict[str, str]) -> dict:
             kw["spare_factor"] = float(raw)
         except ValueError:
             raise DeviceFormatError(f"bad device spec: spare={raw!r} is not a number") from None
+    if "handles" in options:
+        raw = options.pop("handles")
+        if raw != "1":
+            raise DeviceFormatError(f"bad device spec: handles={raw!r}: give handles=1 (no placement "
+                                    f"identifiers) or leave it out (one handle per active zone)")
+        kw["handles"] = 1
     return kw
 
 
 def _open_fdp(spec: str) -> ZonedDevice:
     from retainz.zoned.fdp import FdpNamespaceDevice
 
-    try:
-        opts = dict(parse_spec(spec, "device spec")[1])
-    except ValueError as e:
-        raise DeviceFormatError(str(e)) from None
-    payload = opts.pop("payload", "true").lower()
-    if payload not in ("true", "false"):
-        raise DeviceFormatError(f"bad device spec {spec!r}: payload must be true or false")
+    opts, payload = _in_memory_options(spec)
     kw = parse_fdp_options(opts)
-    return FdpNamespaceDevice(parse_geometry(opts), payload=payload == "true", **kw)
+    return FdpNamespaceDevice(parse_geometry(opts), payload=payload, **kw)
 
 
 def _open_remote(spec: str) -> ZonedDevice:
