@@ -66,7 +66,7 @@ test-scale: setup-torch setup-mount
 # block and a sample of 300 flipped bytes per store): one byte flipped at every metadata offset of each
 # workload's store, then the oracle (docs/testing.md, "Metadata damage"; about a minute).
 test-damage: setup
-	RETAINZ_DAMAGE_SAMPLE=all $(PY) -m pytest -q -s tests/test_metadata_damage.py
+	RETAINZ_DAMAGE_SAMPLE=all RETAINZ_TORN_SAMPLE=all $(PY) -m pytest -q -s tests/test_metadata_damage.py
 
 # QEMU, busybox, cpio, kmod and a guest kernel for the zns_guest lane (idempotent; cache in cache/vm).
 vm-setup: setup

@@ -44,9 +44,12 @@ correctly, e.g. a record member it may ignore, keeps the version.)  This code wr
 History: 1 (the first format); 2 adds the replace commit (a commit record with ``rp``, retiring the
 committed generation of the same id in the same record) and the hint update record (``h``); 3 writes
 the superblock twice in each chain zone (records start at block 2), spare superblocks (flag
-:data:`SPARE`) in the other meta zones, and each snapshot's head and end records twice; 4 writes
-every record twice and stamps each appended record with its sequence number and the live-set digest
-(:mod:`.records`, "Copies"), and marks unknown generations in a snapshot entry.
+:data:`SPARE`) in the other meta zones, and each snapshot's head and end records twice; 4 stamps
+each appended record with its sequence number and the live-set digest (:mod:`.records`), and marks
+unknown generations in a snapshot entry; 5 writes every appended record twice (each copy in its own
+blocks) and keeps the previous journal chain as the second copy of the current snapshot
+(:mod:`.records`, "Copies"; :mod:`.journal`, "Previous chain"), so no single lost block loses a
+record.
 
 **Bounds** (a device is input): :meth:`Superblock.decode` refuses, with a valid checksum, a geometry
 :class:`~retainz.zoned.model.Geometry` refuses (zone count over ``MAX_ZONES``...), meta zones
@@ -71,9 +74,9 @@ __all__ = ["MAGIC", "FORMAT_VERSION", "READABLE_VERSIONS", "KNOWN_FLAGS", "SPARE
 
 MAGIC = b"RETAINZS"
 #: The format version this code writes.
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 #: The format versions this code reads.
-READABLE_VERSIONS = (1, 2, 3, 4)
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 #: Superblock flag: a spare copy in a meta zone outside the journal chain (version 3).
 SPARE = 1
 #: Superblock flag bits this code knows: any other bit refuses the store.

@@ -12,15 +12,31 @@ records in its last zone.
 
 **Rollover** (ZenFS ``ZenFS::RollMetaZoneLocked``), when the last zone has no room for a record, and
 at mount after a torn tail: (1) the whole snapshot is framed in memory and packed into the meta zones
-*not* in the current chain; if it needs more zones than there are, :class:`NoSpaceError` is raised
-before anything is written, so a roll never loops (ZenFS issue #293); (2) the old chain's last zone
-is finished (it releases its active-zone resource, so metadata never needs more than one); (3) the
-new zones get superblock ``sequence + 1`` and the snapshot, each finished before the next is used;
-(4) flush; (5) only then the old chain's zones are reset.  A crash before (4) leaves the old chain
-intact and the new one without its ``send`` record, so mount falls back to the old chain.
+*not* in the current chain, those of the previous chain last; if it needs more zones than there are,
+:class:`NoSpaceError` is raised before anything is written, so a roll never loops (ZenFS issue
+#293); (2) the old chain's last zone is finished (it releases its active-zone resource, so metadata
+never needs more than one); (3) the new zones get superblock ``sequence + 1`` and the snapshot, each
+finished before the next is used; (4) flush; (5) only then the previous chain's zones are reset, and
+the old chain becomes the previous one.  A crash before (4) leaves the old chain intact and the new
+one without its ``send`` record, so mount falls back to the old chain.
+
+**Previous chain** (format version 5).  Appended records are written twice, each copy in its own
+blocks (:func:`~retainz.store.records.append_frames`); a snapshot's batches are written once, and
+their second copy is the chain the roll replaced: its snapshot and every record appended to it,
+replayed, give the state the new snapshot holds (up to the ``q`` its head carries).  It is kept,
+in other meta zones, until the next roll has made a newer chain durable; the roll uses its zones
+for the new chain only when no other meta zone is free, so the space rule stays the one of
+:mod:`.metalog` (a snapshot fits beside the current chain).  When a record of the current chain's
+snapshot is damaged with every copy, mount replays the previous chain's records in place of the
+snapshot, then the current chain's appended records (the snapshot's head and end must be readable:
+they are written twice).  This is ZenFS's metadata roll (the old log stays readable until the new
+snapshot is synced, ``ZenFS::RollMetaZoneLocked``) kept one roll longer, as btrfs keeps the
+previous tree roots in its superblock's backup roots (``btrfs_super_block.super_roots``) so that a
+damaged current root falls back to the one before.
 
 **Mount** reads the first block of every meta zone, tries the chains from the highest sequence down
-and takes the first whose snapshot is complete.  A record that runs past the write pointer of the
+and takes the first whose snapshot is complete (a damaged chain with a complete snapshot is damage,
+never a reason to fall back to an older chain, which would lose its appended records).  A record that runs past the write pointer of the
 chain's last zone is a *torn tail* (what a power cut leaves) and is dropped, provided no valid record
 starts after it.  After a power cycle everything below a zone's write pointer is durable (a zone
 keeps a prefix of its writes), so a checksum mismatch in a record that lies wholly below it is
@@ -31,9 +47,11 @@ a gap in a chain is :class:`CorruptJournalError` (never skipped silently).
 
 **Copies** (format version 3, docs/format.md).  A chain zone's superblock is read from block 0, or
 from block 1 when block 0 fails; a spare superblock (flag ``SPARE``) marks a meta zone outside the
-chain and is neither a chain nor stale.  A record of a snapshot's duplicated head or end
-(:func:`~retainz.store.records.copy_of`) that fails its checksum or reads as zeros is skipped when its
-other copy is intact; every copy used in place of a damaged one is named in :attr:`MountScan.notes`.  A record
+chain and is neither a chain nor stale.  A copy of a duplicated record (a snapshot's head or end;
+from version 5 every appended record: :func:`~retainz.store.records.copy_of`) that fails its
+checksum or reads as zeros is skipped when its other copy is intact, and an intact copy 1 after its
+intact copy 0 is not replayed again; every copy used in place of a damaged one (and the previous
+chain used for a damaged snapshot) is named in :attr:`MountScan.notes`.  A record
 whose header claims more than :func:`~retainz.store.records.record_limit` bytes is refused before
 anything past its header is read.  ``salvage`` (``fsck --repair``) skips any other damaged record to
 the next valid one and lists what it lost, so every intact record is replayed.
@@ -48,11 +66,14 @@ from dataclasses import dataclass, field
 from retainz.errors import CorruptJournalError, ForeignDeviceError, NoSpaceError, ZonedDeviceError
 from retainz.store.format import FORMAT_VERSION, MAX_META_ZONES, SPARE, Superblock, head_bytes
 from retainz.store.records import (
+    COPY_MEMBER_BYTES,
     EXTENT_BYTES,
     FRAME_HEADER,
     LOST,
     Kind,
+    append_frames,
     copy_of,
+    decode,
     frame,
     frame_size,
     kind_of,
@@ -60,6 +81,7 @@ from retainz.store.records import (
     record_limit,
     snapshot_zones,
     unframe,
+    write_limit,
 )
 from retainz.zoned.device import ZonedDevice
 from retainz.zoned.model import ZoneCond
@@ -99,6 +121,8 @@ class ZoneParse:
         torn: bytes dropped as a torn tail (0: none).
         notes: damaged record copies skipped because the other copy is intact (one line each).
         lost: damaged records a salvage skipped (one line each; only with ``salvage``).
+        lost_at: for each line of ``lost``, the index in ``payloads`` of the ``LOST`` mark standing
+            for it.
     """
 
     payloads: list[bytes] = field(default_factory=list)
@@ -106,6 +130,14 @@ class ZoneParse:
     torn: int = 0
     notes: list[str] = field(default_factory=list)
     lost: list[str] = field(default_factory=list)
+    lost_at: list[int] = field(default_factory=list)
+
+    def skip(self, problem: str) -> None:
+        """A salvage skips a damaged record: ``problem`` listed, one ``LOST`` mark for a run of them."""
+        self.lost.append(problem)
+        if not self.payloads or self.payloads[-1] is not LOST:
+            self.payloads.append(LOST)   # replay makes what it could concern unknown
+        self.lost_at.append(len(self.payloads) - 1)
 
 
 #: Bytes of a meta zone :func:`scan` reads at a time (a record larger than this is read whole).
@@ -237,9 +269,7 @@ def parse_zone(buf, start: int, end: int, bs: int, *, zone: int, tail: bool,
                                + ": corrupt journal")
                     if not salvage:
                         raise CorruptJournalError(f"meta zone {zone}: {problem}")
-                    out.lost.append(f"meta zone {zone}: {problem}")
-                    if not out.payloads or out.payloads[-1] is not LOST:
-                        out.payloads.append(LOST)
+                    out.skip(f"meta zone {zone}: {problem}")
                     if later is None:
                         break
                     prev0 = 0
@@ -271,15 +301,13 @@ def parse_zone(buf, start: int, end: int, bs: int, *, zone: int, tail: bool,
         if problem is not None:
             nxt = copy_skip()
             if nxt is not None:
-                out.notes.append(f"meta zone {zone}: a snapshot record copy at byte {pos} is "
+                out.notes.append(f"meta zone {zone}: a record copy at byte {pos} is "
                                  f"{'damaged' if total else 'zeroed'}; its other copy was used")
                 prev0 = 0
                 pos = out.end = nxt
                 continue
             if salvage:
-                out.lost.append(f"meta zone {zone}: {problem}")
-                if not out.payloads or out.payloads[-1] is not LOST:
-                    out.payloads.append(LOST)   # replay makes what it could concern unknown
+                out.skip(f"meta zone {zone}: {problem}")
                 nxt = later_valid()
                 if nxt is None:
                     break
@@ -288,8 +316,10 @@ def parse_zone(buf, start: int, end: int, bs: int, *, zone: int, tail: bool,
                 continue
             raise CorruptJournalError(f"meta zone {zone}: {problem}")
         payload = bytes(view[FRAME_HEADER:FRAME_HEADER + n])
-        out.payloads.append(payload)
-        prev0 = total if copy_of(payload) == 0 else 0
+        cp = copy_of(payload)
+        if not (cp == 1 and prev0 == total):    # an intact copy 1 after its intact copy 0: replayed once
+            out.payloads.append(payload)
+        prev0 = total if cp == 0 else 0
         pos += total
         out.end = pos
     return out
@@ -323,6 +353,8 @@ class MountScan:
             damaged spares), one line each.
         damaged: True when a copy was damaged: a rollover rewrites the chain's (``fsck --repair``).
         lost: damaged records a salvage skipped (only with ``salvage``).
+        previous: meta zones of the previous chain (sequence one lower, complete), kept as the
+            second copy of the chain's snapshot (format version 5); empty when there is none.
     """
 
     sb: Superblock
@@ -336,6 +368,7 @@ class MountScan:
     notes: list[str] = field(default_factory=list)
     damaged: bool = False
     lost: list[str] = field(default_factory=list)
+    previous: list[int] = field(default_factory=list)
 
 
 def _zone_superblock(device: ZonedDevice, z, written: int) -> tuple[Superblock | None, bool, int | None]:
@@ -499,52 +532,110 @@ def scan(device: ZonedDevice, *, salvage: bool = False) -> MountScan:
         parts[sb.part] = z
     fallbacks = 0
     gap = ""
-    lost: list[str] = []
     for seq in sorted(by_seq, reverse=True):
-        parts = by_seq[seq]
-        chain = [parts[p] for p in sorted(parts)]
-        if sorted(parts) != list(range(len(parts))):
+        chain = _chain_of(by_seq[seq])
+        if chain is None:
             # a roll cut before its flush may keep a later part and not an earlier one (zones keep
             # their writes independently): an incomplete chain when an older one is complete
-            gap = gap or f"journal sequence {seq} has parts {sorted(parts)}: a part is missing"
+            gap = gap or f"journal sequence {seq} has parts {sorted(by_seq[seq])}: a part is missing"
             fallbacks += 1
             continue
-        payloads: list[bytes] = []
-        end = torn = 0
-        chain_notes: list[str] = []
-        for i, zi in enumerate(chain):
-            z = zones[zi]
-            last = i == len(chain) - 1
-            written = z.capacity if z.cond == ZoneCond.FULL else z.wp - z.start
-            head = head_bytes(sbs[zi].version, bs)
-            try:
-                parsed = parse_zone(ZoneWindow.on(device, z.start, written), head, written, bs, zone=zi,
-                                    tail=last, full=z.cond == ZoneCond.FULL,
-                                    limit=record_limit(g.zone_capacity, bs, head), salvage=salvage)
-            except CorruptJournalError as e:
-                # an older chain still on the device means this one's roll never completed (the
-                # old chain is reset only after the new one is flushed): fall back to it
-                gap = gap or str(e)
-                payloads = []
-                break
-            if written < head:   # a roll cut between its superblock copies: a torn tail (rolled over)
-                parsed.end, parsed.torn = written, head - written
-            payloads += parsed.payloads
-            end, torn = parsed.end, parsed.torn
-            chain_notes += parsed.notes
-            lost += parsed.lost
-        complete = (bool(payloads) and kind_of(payloads[0]) is Kind.SNAP
-                    and any(kind_of(p) is Kind.SNAP_END for p in payloads))
-        if not complete:
+        got = _parse_chain(device, zones, chain, sbs)
+        if not _complete(got.payloads):
+            # an older chain still on the device means this one's roll never completed (the
+            # old chain is reset only after the new one is flushed): fall back to it
+            gap = gap or (got.lost[0] if got.lost else "")
             fallbacks += 1
             continue
-        gap = ""
+        previous = _chain_of(by_seq.get(seq - 1, {})) or []
+        payloads, chain_notes = got.payloads, list(got.notes)
+        lost_items = list(zip(got.lost_at, got.lost, strict=True))
+        send = next(i for i, p in enumerate(payloads) if kind_of(p) is Kind.SNAP_END)
+        if previous and any(i < send for i, _ in lost_items):
+            cover = _previous_copy(device, zones, previous, sbs, payloads[0])
+            if cover is not None:
+                chain_notes += [f"{m}; the previous journal chain (sequence {seq - 1}, meta zones {previous}) "
+                                "holds the same records: they were replayed in place of this chain's snapshot"
+                                for i, m in lost_items if i < send]
+                payloads = cover + payloads[send + 1:]
+                lost_items = [(i - send - 1 + len(cover), m) for i, m in lost_items if i > send]
+        if lost_items and not salvage:
+            raise CorruptJournalError(lost_items[0][1])
         stale = [z.index for z in zones[:n_meta] if z.cond != ZoneCond.EMPTY and z.index not in chain
-                 and z.index not in spares]
-        return MountScan(sb=sbs[chain[0]], chain=chain, payloads=payloads, end=end, torn=torn,
+                 and z.index not in spares and z.index not in previous]
+        return MountScan(sb=sbs[chain[0]], chain=chain, payloads=payloads, end=got.end, torn=got.torn,
                          stale=stale, fallbacks=fallbacks, spares=sorted(spares),
-                         notes=notes + chain_notes, damaged=damaged or bool(chain_notes), lost=lost)
+                         notes=notes + chain_notes, damaged=damaged or bool(chain_notes),
+                         lost=[m for _, m in lost_items], previous=previous)
     raise CorruptJournalError(gap or "no journal chain with a complete snapshot: corrupt store")
+
+
+def _chain_of(parts: dict[int, int]) -> list[int] | None:
+    """The meta zones of a chain ``{part: zone}`` in part order; ``None`` when a part is missing."""
+    if not parts or sorted(parts) != list(range(len(parts))):
+        return None
+    return [parts[p] for p in range(len(parts))]
+
+
+def _complete(payloads: list[bytes]) -> bool:
+    """A chain whose snapshot is complete: a head first, and its end."""
+    return (bool(payloads) and kind_of(payloads[0]) is Kind.SNAP
+            and any(kind_of(p) is Kind.SNAP_END for p in payloads))
+
+
+def _parse_chain(device: ZonedDevice, zones, chain: list[int], sbs: dict[int, Superblock]) -> ZoneParse:
+    """Every record of the chain's zones, in order, salvaging (:func:`parse_zone`): ``lost_at``
+    indexes the whole chain's payloads, ``end`` and ``torn`` are its last zone's."""
+    g = device.geometry
+    bs = g.block_size
+    out = ZoneParse()
+    for i, zi in enumerate(chain):
+        z = zones[zi]
+        written = z.capacity if z.cond == ZoneCond.FULL else z.wp - z.start
+        head = head_bytes(sbs[zi].version, bs)
+        parsed = parse_zone(ZoneWindow.on(device, z.start, written), head, written, bs, zone=zi,
+                            tail=i == len(chain) - 1, full=z.cond == ZoneCond.FULL,
+                            limit=record_limit(g.zone_capacity, bs, head), salvage=True)
+        if written < head:   # a roll cut between its superblock copies: a torn tail (rolled over)
+            parsed.end, parsed.torn = written, head - written
+        out.lost_at += [len(out.payloads) + j for j in parsed.lost_at]
+        out.lost += parsed.lost
+        out.payloads += parsed.payloads
+        out.notes += parsed.notes
+        out.end, out.torn = parsed.end, parsed.torn
+    return out
+
+
+def _previous_copy(device: ZonedDevice, zones, previous: list[int], sbs: dict[int, Superblock],
+                   head: bytes) -> list[bytes] | None:
+    """The previous chain's records up to the current chain's snapshot (format version 5, module
+    docstring "Previous chain"): the snapshot it replaced and every record appended after it, up to
+    the sequence number ``q`` the current snapshot head ``head`` carries.  Replayed, they give the
+    state that snapshot holds.  ``None`` when they cannot stand for it: a record of the previous
+    chain is damaged (with every copy), its snapshot is incomplete, or its records do not reach
+    ``q`` exactly."""
+    try:
+        q = decode(head).q
+    except (ValueError, KeyError, TypeError, IndexError, RecursionError):
+        return None
+    if q is None:
+        return None
+    got = _parse_chain(device, zones, previous, sbs)
+    if got.lost or not _complete(got.payloads):
+        return None
+    out: list[bytes] = []
+    top = None
+    for p in got.payloads:
+        try:
+            rq = decode(p).q
+        except (ValueError, KeyError, TypeError, IndexError, RecursionError):
+            return None
+        if rq is not None and rq > q and kind_of(p) is not Kind.SNAP:
+            break               # a record after the roll (one whose write failed: the roll withdrew it)
+        out.append(p)
+        if rq is not None:
+            top = rq
+    return out if top == q else None
 
 
 class Journal:
@@ -559,13 +650,18 @@ class Journal:
             :meth:`roll`; the store's :class:`~retainz.store.metalog.MetadataLog` sets it).
         spares: meta zones holding an intact spare superblock (a roll keeps them, and writes one
             into every free meta zone that is empty).
+        previous: meta zones of the previous chain, the second copy of the current snapshot (module
+            docstring, "Previous chain"): a roll writes the new chain elsewhere when it can, and
+            resets them only once the new chain is durable.
     """
 
     def __init__(self, device: ZonedDevice, sb: Superblock, chain: list[int], end: int,
-                 snapshot: Callable[[], list[bytes]] | None = None, spares: list[int] | None = None):
+                 snapshot: Callable[[], list[bytes]] | None = None, spares: list[int] | None = None,
+                 previous: list[int] | None = None):
         self.device = device
         self.sb = sb
         self.chain = list(chain)
+        self.previous = list(previous or ())
         self.end = end
         self.snapshot = snapshot
         g = device.geometry
@@ -582,16 +678,16 @@ class Journal:
 
     @property
     def max_record(self) -> int:
-        """Largest payload a record may have (:func:`~retainz.store.records.record_limit`: it fits a
-        meta zone after its superblock copies, and at most ``MAX_RECORD_BYTES``)."""
-        return record_limit(self.capacity, self.bs)
+        """Largest payload a record may have (:func:`~retainz.store.records.write_limit`: both its
+        copies fit a meta zone after its superblock copies, and at most ``MAX_RECORD_BYTES``)."""
+        return write_limit(self.capacity, self.bs)
 
     @property
     def max_frame(self) -> int:
-        """Bytes of the largest record frame (:attr:`max_record` framed and block padded): what a
-        refusal's ``NoSpaceError.available`` gives, in the frame bytes its ``needed`` counts (on a
-        chain zone, its capacity less the superblock copies)."""
-        return frame_size(self.max_record, self.bs)
+        """Bytes of the largest record's frames, both copies (:attr:`max_record` framed and block
+        padded, twice): what a refusal's ``NoSpaceError.available`` gives, in the frame bytes its
+        ``needed`` counts (at most a chain zone's capacity less the superblock copies)."""
+        return 2 * frame_size(self.max_record + COPY_MEMBER_BYTES, self.bs)
 
     def room(self) -> int:
         """Bytes left in the chain's last zone."""
@@ -609,31 +705,35 @@ class Journal:
                 zones (nothing was written).
             ZonedDeviceError: the write or the flush failed.
         """
-        rec = frame(payload, self.bs)
+        frames = append_frames(payload, self.bs)
+        size = sum(map(len, frames))
         if len(payload) > self.max_record:
             raise NoSpaceError(f"journal record of {len(payload)} bytes does not fit a meta zone "
                                f"(at most {self.max_record} bytes a record)",
-                               needed=len(rec), available=self.max_frame)
-        if self.end + len(rec) > self.capacity or self.fenced:
-            self.roll(reserve=len(rec))
+                               needed=size, available=self.max_frame)
+        if self.end + size > self.capacity or self.fenced:
+            self.roll(reserve=size)
             self.fenced = False
-        z = self.chain[-1]
+        at = self.chain[-1] * self.zone_size + self.end
         try:
-            self.device.write(z * self.zone_size + self.end, rec)
+            for f in frames:    # copy 0, then copy 1: a write cut short tears one copy at most
+                self.device.write(at, f)
+                at += len(f)
         except ZonedDeviceError:
             # the device may have written part of it: the next record goes to a fresh chain
             self.fenced = True
             raise
-        self.end += len(rec)
-        self.bytes_written += len(rec)
+        self.end += size
+        self.bytes_written += size
         self.records += 1
         if flush:
             self.device.flush()
 
     def roll(self, payloads: list[bytes] | None = None, *, reserve: int = 0) -> None:
-        """Write a fresh snapshot under ``sequence + 1`` into free meta zones, then reset the old
-        chain (see the module docstring).  The new chain's last zone keeps at least ``reserve``
-        bytes free (the record that triggered the roll), so one roll always suffices.
+        """Write a fresh snapshot under ``sequence + 1`` into free meta zones; the old chain becomes
+        the previous chain (the new snapshot's second copy) and the one before it is reset (see the
+        module docstring).  The new chain's last zone keeps at least ``reserve`` bytes free (the
+        record that triggered the roll), so one roll always suffices.
 
         Raises:
             NoSpaceError: a snapshot record larger than a meta zone (``needed``: its frame's bytes,
@@ -645,11 +745,14 @@ class Journal:
                 raise ValueError("Journal.roll: no snapshot source (give payloads, or set Journal.snapshot)")
             payloads = self.snapshot()
         frames = [frame(p, self.bs) for p in payloads]
-        free = [z for z in self.meta if z not in self.chain]
+        # the previous chain's zones last: it stays the current snapshot's copy until the new one is durable
+        free = [z for z in self.meta if z not in self.chain and z not in self.previous]
+        free += [z for z in self.previous if z not in self.chain]
         for p, f in zip(payloads, frames, strict=True):
-            if len(p) > self.max_record:
+            if len(p) > record_limit(self.capacity, self.bs):
                 raise NoSpaceError(f"a journal snapshot record of {len(f)} bytes does not fit a meta zone",
-                                   needed=len(f), available=self.max_frame)
+                                   needed=len(f), available=frame_size(record_limit(self.capacity, self.bs),
+                                                                       self.bs))
         plan = [[frames[i] for i in group]
                 for group in plan_zones(map(len, frames), self.capacity, self.bs, reserve)]
         head = head_bytes(FORMAT_VERSION, self.bs)
@@ -661,8 +764,8 @@ class Journal:
                 needed=total, available=len(free) * self.capacity)
         dev = self.device
         use = free[:len(plan)]
-        for z in free:   # the zones the new chain takes, and anything but an intact spare
-            if dev.zone(z).cond != ZoneCond.EMPTY and (z in use or z not in self.spares):
+        for z in free:   # the zones the new chain takes, and anything but an intact spare or the previous chain
+            if dev.zone(z).cond != ZoneCond.EMPTY and (z in use or (z not in self.spares and z not in self.previous)):
                 dev.reset_zone(z)
                 self.spares.discard(z)
         old = self.chain
@@ -672,11 +775,11 @@ class Journal:
         # spares first: no meta zone is active now (the old chain's last is finished), so each
         # spare (written, then finished) needs one active zone at most, like the journal
         for z in free[len(plan):]:
-            if dev.zone(z).cond == ZoneCond.EMPTY:
+            if z not in self.previous and dev.zone(z).cond == ZoneCond.EMPTY:
                 self.write_spare(z, seq)
         new: list[int] = []
         for part, group in enumerate(plan):
-            z = free[part]
+            z = use[part]
             if new:
                 dev.finish_zone(new[-1])
             sb = Superblock(uuid=self.sb.uuid, sequence=seq, part=part, geometry=self.sb.geometry,
@@ -690,11 +793,13 @@ class Journal:
             new.append(z)
             self.end = len(data)
         dev.flush()
-        for z in old:
-            dev.reset_zone(z)
+        for z in self.previous:   # the new chain is durable: the chain before the old one is not needed
+            if z not in use and dev.zone(z).cond != ZoneCond.EMPTY:
+                dev.reset_zone(z)
         self.sb = Superblock(uuid=self.sb.uuid, sequence=seq, part=0, geometry=self.sb.geometry,
                              meta_zones=self.sb.meta_zones, gc_reserve_zones=self.sb.gc_reserve_zones,
                              policy=self.sb.policy, flags=self.sb.flags)
+        self.previous = old
         self.chain = new
         self.rollovers += 1
 

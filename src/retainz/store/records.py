@@ -28,7 +28,14 @@ h       hint update (version 2): ``g`` generation id, ``h`` its new hint, ``now`
 **Copies** (version 3): a snapshot's head (``snap``) and end (``send``) records are written twice,
 one after the other, the first with ``"cp":0`` and the second with ``"cp":1`` as the body's first
 member (:func:`copies`, :func:`copy_of`); replaying either is the same, so a mount that finds one
-copy damaged uses the other (:func:`retainz.store.journal.parse_zone`).
+copy damaged uses the other (:func:`retainz.store.journal.parse_zone`).  From version 5 every
+appended record (commit, deletion, move, hint, sync) is written so too, each copy framed in its own
+blocks and written by its own device write (:func:`append_frames`), and a fresh store's empty
+snapshot writes its ``sz`` record twice: one lost, zeroed or torn 4 KiB block leaves the other copy
+(btrfs's DUP profile keeps two copies of every metadata block likewise).  A mount replays copy 0 and
+skips an intact copy 1 after it; a damaged copy is replaced by its twin.  A snapshot's batches
+(``sz``, ``sg``) are written once: their second copy is the previous chain, kept until the next
+rollover (:mod:`retainz.store.journal`, "Previous chain"), in other meta zones.
 
 **Record sequence and live-set digest** (version 4; btrfs stamps every tree block with the
 transaction ``generation`` so a reader tells a stale or missing block from the current one): every
@@ -79,7 +86,7 @@ __all__ = ["Kind", "Record", "ZoneAttrs", "frame", "frame_size", "unframe", "FRA
            "sync_record", "hint_record", "snapshot_records", "empty_snapshot", "plan_zones", "snapshot_record_limit",
            "snapshot_zones", "pack_zones", "SNAPSHOT_RECORD", "ZONE_ATTR_BYTES", "SNAPSHOT_HEAD_BYTES",
            "EXTENT_BYTES", "ZONES_PER_RECORD", "BATCH_WRAP_BYTES", "SNAPSHOT_END_BYTES", "MAX_RECORD_BYTES",
-           "record_limit", "copy_of", "copies", "stamp", "live_hash", "LOST"]
+           "record_limit", "write_limit", "append_frames", "COPY_MEMBER_BYTES", "copy_of", "copies", "stamp", "live_hash", "LOST"]
 
 # -- framing -------------------------------------------------------------------------------------------
 _HEADER = struct.Struct("<II")
@@ -104,6 +111,19 @@ def record_limit(zone_capacity: int, block_size: int, head: int | None = None) -
     return max(0, min(MAX_RECORD_BYTES, zone_capacity - head - FRAME_HEADER))
 
 
+#: Bytes the ``"cp":N,`` member adds to a copy of a record (:func:`copies`).
+COPY_MEMBER_BYTES = 7
+
+
+def write_limit(zone_capacity: int, block_size: int) -> int:
+    """The largest payload (bytes) of a record this version appends: both copies' frames
+    (:func:`append_frames`, format version 5) fit a meta zone after its superblock copies, and at
+    most :data:`MAX_RECORD_BYTES`.  (A mount reads records up to :func:`record_limit`: an older
+    version's single copy may be larger.)"""
+    half = (zone_capacity - head_bytes(FORMAT_VERSION, block_size)) // 2 // block_size * block_size
+    return max(0, min(MAX_RECORD_BYTES, half - FRAME_HEADER - COPY_MEMBER_BYTES))
+
+
 def _mask(crc: int) -> int:
     """LevelDB's crc mask (a crc stored next to the data it covers is masked)."""
     return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF
@@ -122,6 +142,15 @@ def frame(payload: bytes, block_size: int) -> bytes:
 def frame_size(payload_bytes: int, block_size: int) -> int:
     """Bytes of the frame of a ``payload_bytes`` payload (header and padding included)."""
     return round_up(payload_bytes + FRAME_HEADER, block_size)
+
+
+def append_frames(payload: bytes, block_size: int) -> list[bytes]:
+    """The frames format version 5 appends for one record: copy 0's, then copy 1's
+    (:func:`copies`), each padded to whole blocks, so that no block holds part of both.  A payload
+    that already names its copy (``cp``) is one copy: framed once."""
+    if copy_of(payload) is not None:
+        return [frame(payload, block_size)]
+    return [frame(c, block_size) for c in copies(payload)]
 
 
 def unframe(buf, pos: int, end: int, block_size: int) -> tuple[int, int, bool]:
@@ -416,7 +445,7 @@ ZONES_PER_RECORD = 2000
 
 def empty_snapshot() -> list[bytes]:
     """The snapshot of a freshly formatted store (what ``Store.format`` writes after the superblock)."""
-    return [*_copies(Kind.SNAP, {"now": 0, "commit_seq": 0, "metrics": {}, "q": 0}), _rec(Kind.ZONES, {"z": []}),
+    return [*_copies(Kind.SNAP, {"now": 0, "commit_seq": 0, "metrics": {}, "q": 0}), *_copies(Kind.ZONES, {"z": []}),
             *_copies(Kind.SNAP_END, {"n": 0})]
 
 
@@ -526,7 +555,8 @@ def snapshot_zones(gen_bytes: int, zone_capacity: int, block_size: int, *, items
     biggest`` bytes and at least ``limit // biggest`` entries (an entry larger than half the limit
     may get a record of its own); every record frame adds a header and less than a block of
     padding.  The frames total ``T`` (head and end, twice each, ``sz`` frames of ``ZONE_ATTR_BYTES`` per zone,
-    the generation frames, and a frame as large as the largest entry for the next record).
+    the generation frames, and two frames as large as the largest entry for the next record: it is
+    appended twice, format version 5).
     Everything fits one zone when ``T`` fits its capacity after the superblock copies; otherwise every
     zone but the last is filled to within one frame (``F``, the largest) of its end, so
     ``ceil(T / (capacity - superblock - F))`` zones.
@@ -544,10 +574,11 @@ def snapshot_zones(gen_bytes: int, zone_capacity: int, block_size: int, *, items
         n_gen = -(-gen_bytes // (limit - biggest)) + 1
         if items is not None:   # a batch takes at least limit // biggest entries
             n_gen = min(n_gen, items, -(-items // (limit // max(biggest, 1))))
-    nxt = round_up(max(biggest, 1024) + pad, block_size)
+    nxt = 2 * round_up(max(biggest, 1024) + COPY_MEMBER_BYTES + pad, block_size)   # appended twice (version 5)
     total = (2 * round_up(SNAPSHOT_HEAD_BYTES + FRAME_HEADER, block_size) + 2 * block_size + attr_frames
              + gen_bytes + n_gen * pad + nxt)
     if total <= usable:
         return 1
-    frame_max = round_up(max(limit, biggest, min(zones, ZONES_PER_RECORD) * ZONE_ATTR_BYTES) + pad, block_size)
+    frame_max = max(nxt, round_up(max(limit, biggest, min(zones, ZONES_PER_RECORD) * ZONE_ATTR_BYTES) + pad,
+                                  block_size))
     return -(-total // max(usable - frame_max, usable // 4, block_size))

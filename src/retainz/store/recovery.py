@@ -452,7 +452,8 @@ def _rebuild_zone_state(device: ZonedDevice, found, catalog: Catalog, attrs: dic
     the journal knows, as a ZNS drive's own write pointers would give them.  Data zones: the
     journaled written bytes (at least the end of every committed extent), Full when the journal
     recorded a finish, Empty when it holds nothing; meta zones: the chain's last zone ends after its
-    last valid record, the chain's other zones and the spares are Full, the rest Empty.  Bytes
+    last valid record, the chain's other zones, the previous chain's and the spares are Full, the rest
+    Empty.  Bytes
     written after the last record (an uncommitted generation) are beyond the rebuilt write pointer:
     dead, overwritten later."""
     g = device.geometry
@@ -469,7 +470,7 @@ def _rebuild_zone_state(device: ZonedDevice, found, catalog: Catalog, attrs: dic
                 last = z == found.chain[-1]
                 w = found.end if last else g.zone_capacity
                 c = ZoneCond.FULL if w >= g.zone_capacity else ZoneCond.CLOSED
-            elif z in found.spares:
+            elif z in found.spares or z in found.previous:
                 c, w = ZoneCond.FULL, g.zone_capacity
             else:
                 c, w = ZoneCond.EMPTY, 0
@@ -539,7 +540,7 @@ def mount(device: ZonedDevice, *, readonly: bool, repair: bool = False, upgrade:
             setattr(metrics, k, v)
     zones = ZoneBook(device, sb.meta_zones, metrics)
     zones.now = state.now
-    journal = Journal(device, sb, found.chain, found.end, spares=found.spares)
+    journal = Journal(device, sb, found.chain, found.end, spares=found.spares, previous=found.previous)
     log = MetadataLog(journal, state.catalog, zones, metrics, q=state.q)
     reconcile(zones, state.catalog, state.attrs, state.open_seq, rep, readonly=readonly)
     for z in found.stale:
@@ -560,6 +561,10 @@ def mount(device: ZonedDevice, *, readonly: bool, repair: bool = False, upgrade:
             rep.repairs.append(f"roll the journal over to a fresh chain ({why})")
         else:
             journal.roll()
+            if repair:
+                # the chain the repair read is damaged, or holds what the repair changed: a second
+                # roll makes the previous chain (the new snapshot's copy) one the repair wrote
+                journal.roll()
             rep.rolled = True
             if old:
                 rep.upgraded_from = sb.version

@@ -39,11 +39,13 @@ from retainz.hint import Hint
 from retainz.store import Store
 from retainz.store.format import SUPERBLOCK_BYTES
 from retainz.store.records import FRAME_HEADER, unframe
+from retainz.zoned.faulty import FaultyDevice
 from retainz.zoned.file import FileDevice
 from retainz.zoned.memory import MemoryDevice
 from retainz.zoned.model import Geometry, ZoneCond
 
-__all__ = ["DamageCounts", "build_store", "damage_sites", "run_campaign", "run_device_blocks", "WORKLOADS", "BLOCK"]
+__all__ = ["DamageCounts", "build_store", "damage_sites", "run_campaign", "run_device_blocks", "run_torn", "WORKLOADS",
+           "BLOCK", "TEAR_LANDED"]
 
 #: The unit a drive loses (bytes).
 BLOCK = 4096
@@ -60,11 +62,33 @@ def _content(gid: str, version: int, n: int) -> bytes:
 @dataclass
 class Truth:
     """What the workload left: ``live`` ``{id: sha of its latest content}`` and ``deleted`` ids
-    (retired, or a replaced version's content under ``replaced``)."""
+    (retired, or a replaced version's content under ``replaced``).  ``pending``: the operation in
+    flight, ``("put", id, sha)`` or ``("delete", id)`` (what a power cut may or may not keep),
+    else ``None``."""
 
     live: dict[str, str] = field(default_factory=dict)
     deleted: set[str] = field(default_factory=set)
     replaced: dict[str, set[str]] = field(default_factory=dict)
+    pending: tuple | None = None
+
+    def must(self) -> dict[str, set[str]]:
+        """Every generation that must be recovered, with the contents it may have: the live ones,
+        less one whose deletion was in flight; one whose replacement was in flight may have either."""
+        out = {gid: {sha} for gid, sha in self.live.items()}
+        p = self.pending
+        if p and p[0] == "delete":
+            out.pop(p[1], None)
+        elif p and p[1] in out:
+            out[p[1]].add(p[2])
+        return out
+
+    def may(self) -> dict[str, set[str]]:
+        """Every generation that may be recovered (the must-survive ones, and a put in flight)."""
+        out = {gid: {sha} for gid, sha in self.live.items()}
+        p = self.pending
+        if p and p[0] == "put":
+            out.setdefault(p[1], set()).add(p[2])
+        return out
 
 
 def _sha(data: bytes) -> str:
@@ -74,9 +98,11 @@ def _sha(data: bytes) -> str:
 def _put(store: Store, truth: Truth, gid: str, step: int, n: int, version: int = 0, *,
          replace: bool = False, hint: Hint | None = None) -> None:
     data = _content(gid, version, n)
+    truth.pending = ("put", gid, _sha(data))
     w = store.begin_generation(gid, step, hint=hint or Hint(), replace=replace)
     w.write_shard("model.pt", [data[i:i + 20000] for i in range(0, len(data), 20000)])
     w.commit()
+    truth.pending = None
     if replace and gid in truth.live:
         truth.replaced.setdefault(gid, set()).add(truth.live[gid])
     truth.live[gid] = _sha(data)
@@ -84,7 +110,9 @@ def _put(store: Store, truth: Truth, gid: str, step: int, n: int, version: int =
 
 
 def _delete(store: Store, truth: Truth, gid: str, step: int) -> None:
+    truth.pending = ("delete", gid)
     store.delete(gid, step=step)
+    truth.pending = None
     truth.live.pop(gid)
     truth.deleted.add(gid)
 
@@ -143,16 +171,16 @@ def _meta_written(dev: MemoryDevice) -> Iterator[tuple[int, int]]:
 
 
 def damage_sites(dev: MemoryDevice, kind: str) -> list[tuple[int, int]]:
-    """``(zone, byte in the zone)`` of every fault of ``kind``: ``"block"``, each written 4 KiB
-    block of a meta zone that holds data; ``"byte"``, each superblock field byte and each byte of
-    a journal record's header and payload."""
+    """``(zone, byte in the zone)`` of every fault of ``kind``: ``"block"`` and ``"noise"``, each
+    written 4 KiB block of a meta zone that holds data; ``"byte"``, each superblock field byte and
+    each byte of a journal record's header and payload."""
     g = dev.geometry
     out = []
     for z, written in _meta_written(dev):
         buf = dev.read(z * g.zone_size, written)
         for off in range(0, written, BLOCK):
             blk = buf[off:off + BLOCK]
-            if kind == "block":
+            if kind in ("block", "noise"):
                 if any(blk):
                     out.append((z, off))
                 continue
@@ -168,8 +196,11 @@ def damage_sites(dev: MemoryDevice, kind: str) -> list[tuple[int, int]]:
 def _damaged(dev: MemoryDevice, kind: str, zone: int, off: int) -> MemoryDevice:
     d = copy.deepcopy(dev)
     buf = d._data[zone]
+    n = len(buf[off:off + BLOCK])
     if kind == "block":
-        buf[off:off + BLOCK] = bytes(len(buf[off:off + BLOCK]))
+        buf[off:off + BLOCK] = bytes(n)
+    elif kind == "noise":     # a block read back as garbage (a misdirected write, a bad sector's contents)
+        buf[off:off + BLOCK] = random.Random(f"{zone}/{off}").randbytes(n)
     else:
         buf[off] ^= 0xFF
     return d
@@ -181,28 +212,36 @@ class DamageCounts:
 
     kind: str
     sites: int = 0
-    opened_intact: int = 0         #: read-only open with every live generation, unchanged
+    opened_intact: int = 0         #: read-only open with every must-survive generation, unchanged
     repaired: int = 0              #: the open refused; fsck --repair salvaged, and the result reopens
-    named_lost: int = 0            #: live generations a repair named by id as lost
-    named_unknown: int = 0         #: live generations a repair kept as unknown (named by id)
+    named_lost: int = 0            #: must-survive generations a repair named by id as lost
+    named_unknown: int = 0         #: must-survive generations a repair kept as unknown (named by id)
     named_anonymous: int = 0       #: generations named by commit sequence or snapshot count only
     resurrected: int = 0           #: a deleted generation or replaced version listed (must be 0)
-    unnamed: int = 0               #: a live generation gone without a name (must be 0)
+    unnamed: int = 0               #: a must-survive generation gone without a name (must be 0)
     failures: list[str] = field(default_factory=list)
+
+    @property
+    def lost(self) -> int:
+        """Must-survive generations not recovered, named or not (0: no fault lost a commit)."""
+        return self.named_lost + self.named_unknown + self.named_anonymous + self.unnamed
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["failures"] = d["failures"][:10]
+        d["lost"] = self.lost
         return d
 
 
 def _check(store: Store, truth: Truth, c: DamageCounts, where: str) -> set[str]:
-    """Apply the oracle to an open store; returns the ids it recovered intact."""
+    """Apply the oracle to an open store; returns the ids it recovered intact (each in the
+    may-survive set with a content it may have; anything else is counted as resurrected)."""
+    may = truth.may()
     got = set()
     for g in store.generations():
         data = b"".join(store.read_shard(g.id, "model.pt"))
         sha = _sha(data)
-        if g.id not in truth.live or truth.live[g.id] != sha:
+        if sha not in may.get(g.id, ()):
             c.resurrected += 1
             c.failures.append(f"{where}: {g.id!r} listed"
                               + (" (deleted)" if g.id in truth.deleted else " (an old version)"))
@@ -212,19 +251,25 @@ def _check(store: Store, truth: Truth, c: DamageCounts, where: str) -> set[str]:
 
 
 def _one(dev: MemoryDevice, truth: Truth, kind: str, zone: int, off: int, c: DamageCounts) -> None:
-    where = f"{kind} at meta zone {zone} byte {off}"
-    d = _damaged(dev, kind, zone, off)
+    _judge(_damaged(dev, kind, zone, off), truth, f"{kind} at meta zone {zone} byte {off}", c)
+
+
+def _judge(d: MemoryDevice, truth: Truth, where: str, c: DamageCounts) -> None:
+    """Open the faulted device ``d`` read-only, or repair it when that refuses, and apply the
+    oracle: must-survive ⊆ recovered ⊆ may-survive, and every must-survive generation not
+    recovered named by the repair (module docstring)."""
+    must = set(truth.must())
     try:
         with Store.open(d, readonly=True) as s:
             got = _check(s, truth, c, where)
     except (CorruptJournalError, StoreError, ValueError, KeyError) as e:
         refused = str(e)
     else:
-        if got == set(truth.live):
+        if got >= must:
             c.opened_intact += 1
             return
-        c.unnamed += len(set(truth.live) - got)
-        c.failures.append(f"{where}: opened read-only without {sorted(set(truth.live) - got)[:4]}, none named")
+        c.unnamed += len(must - got)
+        c.failures.append(f"{where}: opened read-only without {sorted(must - got)[:4]}, none named")
         return
     try:
         with Store.open(d, repair=True) as s:
@@ -235,14 +280,14 @@ def _one(dev: MemoryDevice, truth: Truth, kind: str, zone: int, off: int, c: Dam
             rep = s.fsck()
     except Exception as e:  # noqa: BLE001 - every failure is counted and named
         c.failures.append(f"{where}: refused ({refused[:120]}) and the repair failed: {type(e).__name__}: {e}"[:400])
-        c.unnamed += len(truth.live)
+        c.unnamed += len(must)
         return
     c.repaired += 1
     if rep.problems:
         c.failures.append(f"{where}: repaired store has problems: {rep.problems[:2]}")
     by_id = {d["id"] for d in dropped if d["id"] is not None and not d.get("unknown")}
     anonymous = sum(d.get("count", 0) for d in dropped if d["id"] is None)
-    missing = set(truth.live) - got
+    missing = must - got
     c.named_unknown += len(missing & unknown)
     c.named_lost += len((missing - unknown) & by_id)
     rest = missing - unknown - by_id
@@ -253,8 +298,9 @@ def _one(dev: MemoryDevice, truth: Truth, kind: str, zone: int, off: int, c: Dam
 
 
 def run_campaign(workload: str, kind: str, *, sample: int | None = None, seed: int = 41) -> DamageCounts:
-    """Every fault of ``kind`` (``"block"`` or ``"byte"``) on the store ``workload`` builds, or a
-    ``sample`` of them (seeded), each checked by the oracle (module docstring)."""
+    """Every fault of ``kind`` (``"block"``: zeroed, ``"noise"``: random bytes, ``"byte"``: one
+    flipped) on the store ``workload`` builds, or a ``sample`` of them (seeded), each checked by
+    the oracle (module docstring)."""
     dev, truth = build_store(workload, seed)
     sites = damage_sites(dev, kind)
     if sample is not None and sample < len(sites):
@@ -262,6 +308,51 @@ def run_campaign(workload: str, kind: str, *, sample: int | None = None, seed: i
     c = DamageCounts(kind=kind, sites=len(sites))
     for z, off in sites:
         _one(dev, truth, kind, z, off, c)
+    return c
+
+
+#: How much of the write a power cut interrupts lands (:class:`~retainz.zoned.faulty.FaultyDevice`
+#: ``torn_blocks``): nothing, its first block, or all of it (the next operation fails).
+TEAR_LANDED = (0, 1, None)
+
+
+def _writes(workload: str, seed: int) -> tuple[int, int]:
+    """``(writes of the format, writes after the workload and a clean close)``."""
+    fd = FaultyDevice(MemoryDevice(GEOMETRY))
+    store = Store.format(fd)
+    first = fd.writes
+    WORKLOADS[workload](store, Truth(), random.Random(seed))
+    store.close()
+    return first, fd.writes
+
+
+def run_torn(workload: str, *, sample: int | None = None, seed: int = 41) -> DamageCounts:
+    """Power cuts during ``workload``: at each of its writes after the format (or its last
+    ``sample`` writes: the last commits, deletions and the closing sync record, each record's two
+    copies a write apiece), the write lands torn (:data:`TEAR_LANDED`), and everything the drive
+    completed before it persists.  The rebooted device is judged as :func:`run_campaign` does,
+    with the operation in flight allowed either way (:meth:`Truth.must`, :meth:`Truth.may`)."""
+    first, total = _writes(workload, seed)
+    cuts = list(range(first + 1, total + 1))
+    if sample is not None:
+        cuts = cuts[-sample:]
+    c = DamageCounts(kind="torn")
+    for cut in cuts:
+        for landed in TEAR_LANDED:
+            fd = FaultyDevice(MemoryDevice(GEOMETRY))
+            store = Store.format(fd)
+            fd.cut_after_writes, fd.torn_blocks = cut, landed
+            truth = Truth()
+            where = f"power cut at write {cut} ({'all' if landed is None else landed} block(s) of it landed)"
+            try:
+                WORKLOADS[workload](store, truth, random.Random(seed))
+                store.close()
+            except Exception as e:  # noqa: BLE001 - the cut surfaces as whatever the store raises
+                if not fd.dead:
+                    c.failures.append(f"{where}: {type(e).__name__} before the cut: {e}"[:300])
+                    continue
+            c.sites += 1
+            _judge(fd.reboot(), truth, where, c)
     return c
 
 
