@@ -632,31 +632,32 @@ def test_the_journal_refuses_what_it_could_not_roll_over_and_counts_other_writer
         assert [g.id for g in s.generations()] == ["g0", "g1", "g2"] and s.fsck().ok
 
 
-@pytest.mark.parametrize("last, fits", [(44, True), (45, False)])
+@pytest.mark.parametrize("last, fits", [(77, True), (78, False)])
 def test_a_commit_record_too_big_for_a_meta_zone_is_refused_before_it_is_appended(last, fits):
     """A commit record must leave 256 bytes of a meta zone's record room (``Journal.max_record``,
-    40952 bytes here: the zone's 48 KiB less two superblock blocks (format 3) and a frame header):
-    188 long shard names and a 44-character one make a record of 40696 bytes (committed); one more
+    20465 bytes here: both copies of the record (format 5) fit the zone's 48 KiB less two
+    superblock blocks (format 3), each with a frame header and its ``"cp":N,`` member): 93 long
+    shard names and a 77-character one make a record of 20209 bytes (committed); one more
     character is refused with the record's size, and nothing is written."""
     dev = MemoryDevice(GEOM)
     with Store.format(dev, meta_zones=8) as s:
-        assert s.journal.max_record == 40952
+        assert s.journal.max_record == 20465
         w = s.begin_generation("wide", 1)
-        for j in range(188):
+        for j in range(93):
             w.write_shard(f"{j:03d}-" + "n" * 200, [])
         w.write_shard("z" * last, [])
         if fits:
             w.commit()
         else:
             written = s.journal.bytes_written
-            with pytest.raises(NoSpaceError, match=r"^journal record of about 40697 bytes \(generation 'wide'\) "
-                                                   r"does not fit a meta zone \(40952 bytes\)$") as e:
+            with pytest.raises(NoSpaceError, match=r"^journal record of about 20210 bytes \(generation 'wide'\) "
+                                                   r"does not fit a meta zone \(20465 bytes\)$") as e:
                 w.commit()
-            assert (e.value.needed, e.value.available, e.value.cause) == (40697, 40952, "journal")
+            assert (e.value.needed, e.value.available, e.value.cause) == (20210, 20465, "journal")
             assert w.gen.commit_seq == 0 and s.journal.bytes_written == written
             w.abort()
     with Store.open(dev) as s:
-        assert [(g.id, len(g.shards)) for g in s.generations()] == ([("wide", 189)] if fits else [])
+        assert [(g.id, len(g.shards)) for g in s.generations()] == ([("wide", 94)] if fits else [])
 
 
 def test_open_keeps_the_uuid_and_policy_and_checks_the_device_against_the_policy_asked_for():

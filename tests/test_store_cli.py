@@ -343,7 +343,8 @@ def test_get_that_cannot_replace_the_target_leaves_no_partial_file(dev, tmp_path
 
 
 def test_fsck_json_reports_damage_that_stops_the_mount(tmp_path, capsys):
-    """A flipped bit in a journal record stops the mount; `fsck --json` still prints a report."""
+    """A flipped bit in both copies of a journal record stops the mount; `fsck --json` still prints
+    a report."""
     from retainz.cli import main
     from retainz.zoned import FileDevice
 
@@ -351,20 +352,21 @@ def test_fsck_json_reports_damage_that_stops_the_mount(tmp_path, capsys):
     assert main(["device", "create", dev, "--zones", "16", "--zone-size", "1MiB"]) == 0
     assert main(["mkfs", dev]) == 0
     with FileDevice(dev, readonly=True) as d:
-        off = d._data_offset + 4 * 4096 + 12       # the first record written once (after 2 superblock
-        #                                            copies and the snapshot head's 2 copies)
+        off = d._data_offset + 4 * 4096 + 12       # the empty snapshot's zone batch, after 2 superblock
+        #                                            copies and the snapshot head's 2 copies
     with open(dev, "r+b") as f:
-        f.seek(off)
-        b = f.read(1)
-        f.seek(off)
-        f.write(bytes([b[0] ^ 0x10]))
+        for at in (off, off + 4096):               # both its copies (format 5 writes it twice)
+            f.seek(at)
+            b = f.read(1)
+            f.seek(at)
+            f.write(bytes([b[0] ^ 0x10]))
     capsys.readouterr()
     assert main(["fsck", dev, "--json"]) == 1
     rep = json.loads(capsys.readouterr().out)
     assert rep["ok"] is False and rep["mounted"] is False
     hint = f"; run `retainz fsck --repair {dev}` to repair it"     # the way out (issue 41 item 2)
     assert len(rep["problems"]) == 1 and rep["problems"][0].startswith(
-        "meta zone 0: record at byte 16384 (11 bytes) fails its checksum: corrupt journal" + hint)
+        "meta zone 0: record at byte 16384 (18 bytes) fails its checksum: corrupt journal" + hint)
     assert main(["fsck", dev]) == 1                 # the text form: the one error line
     err = capsys.readouterr().err.strip()
     assert "fails its checksum: corrupt journal" + hint in err and len(err.splitlines()) == 1

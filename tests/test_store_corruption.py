@@ -84,28 +84,39 @@ def test_corrupt_read_from_the_device_is_caught_on_every_path():
 
 
 def test_flipped_bit_in_a_journal_record_fails_the_mount_clearly():
+    """The first commit record (after 2 superblock copies and the empty snapshot's 3 records, each
+    written twice: format version 5) flipped in one copy: its other copy is used, and named; in both
+    copies: a clear refusal naming the first."""
     dev = MemoryDevice(GEOM)
     make(dev).close()
-    z = next(i for i in range(3) if dev._data[i])
-    flip(dev, z * GEOM.zone_size + 7 * 4096 + 20)        # inside the first commit record (after 2 superblock
-    #                                                      copies and 5 snapshot records, format version 3)
-    with pytest.raises(CorruptJournalError, match=f"meta zone {z}: record at byte 28672 .* fails its checksum"):
+    with Store.open(dev, readonly=True) as s:
+        z = s.journal.chain[0]
+    flip(dev, z * GEOM.zone_size + 8 * 4096 + 20)        # copy 0 of the first commit record
+    with Store.open(dev, readonly=True) as s:
+        assert [g.id for g in s.generations()] == ["g0", "g1", "g2"]
+        assert s.recovery.copies == [f"meta zone {z}: a record copy at byte 32768 is damaged; its other copy was used"]
+    flip(dev, z * GEOM.zone_size + 9 * 4096 + 20)        # and its copy 1
+    with pytest.raises(CorruptJournalError, match=f"meta zone {z}: record at byte 32768 .* fails its checksum"):
         Store.open(dev)
 
 
 def test_flipped_bits_in_every_superblock_copy_fail_the_mount_clearly():
-    """Both copies of the chain zone's superblock flipped: the spares of the other meta zones stand
-    for it (issue 41 item 3); every copy of it flipped, spares included: a clear refusal."""
+    """Both copies of the chain zone's superblock flipped: the spares and the previous chain's
+    superblocks in the other meta zones stand for it (issue 41 item 3); every copy of it flipped,
+    spares and the previous chain's included: a clear refusal."""
     dev = MemoryDevice(GEOM)
     make(dev).close()
-    z = next(i for i in range(3) if dev._data[i] and dev._data[i][2 * 4096:2 * 4096 + 4] != bytes(4))
+    with Store.open(dev, readonly=True) as s:
+        z = s.journal.chain[0]
     flip(dev, z * GEOM.zone_size + 40)
     flip(dev, z * GEOM.zone_size + 4096 + 40)             # both copies (one alone is survived: test_metadata_redundancy)
     with Store.open(dev, readonly=True) as s:
         assert len(s.generations()) == 3
         assert any(f"meta zone {z}: both superblock copies are lost" in n for n in s.recovery.copies)
-    for spare in (i for i in range(3) if i != z and dev._data[i]):
+    for spare in (i for i in range(3) if i != z and dev._data[i]):   # spares, and the previous chain's two copies
         flip(dev, spare * GEOM.zone_size + 40)
+        if Superblock.has_magic(bytes(dev._data[spare][4096:4104])):
+            flip(dev, spare * GEOM.zone_size + 4096 + 40)
     with pytest.raises(CorruptJournalError, match="fails its checksum and no other copy exists"):
         Store.open(dev)
 
@@ -160,7 +171,8 @@ def test_a_record_with_a_valid_checksum_that_does_not_decode_fails_the_mount_nam
     records = [*empty_snapshot(), payload]
     dev.write(0, sb.encode() * 2 + b"".join(frame(p, GEOM.block_size) for p in records))
     dev.flush()
-    want = f"journal record {len(records) - 1} ({payload[:8]!r}...) does not decode: {why}"
+    # the snapshot's head, zone batch and end are each written twice and replayed once (format 5)
+    want = f"journal record 3 ({payload[:8]!r}...) does not decode: {why}"
     for readonly in (False, True):
         with pytest.raises(CorruptJournalError, match=f"^{re.escape(want)}$"):
             Store.open(dev, readonly=readonly)

@@ -372,30 +372,37 @@ def test_process_crash_while_writing_a_generation(rig, point):
     _after_recovery(rig, expect, touched)
 
 
-@pytest.mark.parametrize("point", ["record-not-written", "record-torn", "record-written"])
+@pytest.mark.parametrize("point", ["record-not-written", "record-torn", "copy-0-written", "record-written"])
 def test_process_crash_during_a_commit(rig, point):
     """The process dies in g2's commit: before its commit record reached the device, with only the
-    record's first block written (a two-block record: many long shard names), or after the whole
-    record was written but before the flush that acknowledges the commit.  A generation is committed
-    iff its commit record is on the device: absent, absent, present."""
+    record's first block written (a two-block record: many long shard names), after the record's
+    first copy was written (format 5 writes two, one write each) but not its second, or after both
+    were written but before the flush that acknowledges the commit.  A generation is committed
+    iff its commit record (a copy of it) is on the device: absent, absent, present, present."""
     switch, s, expect = _committed_base(rig)
+    bs = rig.g.block_size
+    if s.journal.room() < 16 * bs:
+        s.journal.roll()      # room for the record, so that it is the commit's first write (no rollover first)
     before = rig.dev.report_zones()
     names = {f"{i:02d}-" + "n" * 200: 1000 + 37 * i for i in range(24)} if point == "record-torn" else {}
     g2 = shards_for(rig.g, "g2", {"a": 0.7, **names})
     w = write_gen(s, "g2", 30, g2, commit=False)
-    switch.cut_after_writes = switch.writes + 1          # the commit record is the commit's first write
-    switch.torn_blocks = {"record-not-written": 0, "record-torn": 1, "record-written": None}[point]
+    # the commit record's copy 0 is the commit's first write, its copy 1 the second
+    switch.cut_after_writes = switch.writes + (2 if point == "record-written" else 1)
+    switch.torn_blocks = {"record-not-written": 0, "record-torn": 1, "copy-0-written": None,
+                          "record-written": None}[point]
     with pytest.raises(PowerCutError) as ei:
         w.commit()
     if point == "record-torn":
-        bs = rig.g.block_size
         landed = re.search(r"(\d+) of (\d+) bytes landed", str(ei.value))
         assert landed and int(landed[1]) == bs < int(landed[2])
+    elif point == "copy-0-written":
+        assert "write not executed" in str(ei.value)       # copy 0 landed; copy 1's write did not run
     elif point == "record-written":
         assert "flush" in str(ei.value)                   # the record landed; its flush did not run
     touched = _zones_written_since(rig.dev, before)
     rig.crash(switch, s)
-    if point == "record-written":
+    if point in ("copy-0-written", "record-written"):
         expect["g2"] = g2
     _after_recovery(rig, expect, touched)
 

@@ -106,7 +106,9 @@ def default_meta_zones(nr_zones: int, zone_capacity: int, block_size: int, gc_re
     """
     data = max(nr_zones - 3, 1)
     nbytes = data * max(1, zone_capacity // (1 << 20)) * EXTENT_BYTES
-    z = snapshot_zones(nbytes + nbytes // 8, zone_capacity, block_size, zones=data)
+    # format 4's sizing (one copy of the next record): the default does not move with format 5's
+    # record copies, so a device formatted with it keeps its data zones (recorded runs depend on them)
+    z = snapshot_zones(nbytes + nbytes // 8, zone_capacity, block_size, zones=data, next_copies=1)
     m = max(3, min(MAX_META_ZONES, nr_zones // 8, 2 * z))
     return max(2, min(m, nr_zones - gc_reserve_zones - 2))
 
@@ -397,7 +399,9 @@ def _recover_superblocks(device: ZonedDevice, zones, bad: list[int], sbs: dict[i
     records after its superblock blocks: a chain zone, whose superblock is the store's (uuid,
     geometry, policy: the same in every meta zone's copy) with the chain's sequence and the part
     that is missing.  A zone starting with a snapshot head is part 0 (of the newest chain, or of a
-    chain of its own under the highest sequence a spare names when no chain zone kept a copy);
+    chain of its own under the highest sequence a spare names when no chain zone kept a copy; when
+    the newest chain found has its part 0, of the chain after it or of the previous chain (format
+    5), as the record sequence number ``q`` of its head is above or below that chain's);
     another is the newest chain's missing part.  ZenFS writes the superblock to every meta zone for
     this reason (``ZenFS::MkFS``); btrfs keeps superblock mirrors at fixed offsets.  Adds what it
     recovered to ``sbs`` and ``notes``; returns ``(zones still without one, recovered any)``.
@@ -405,44 +409,74 @@ def _recover_superblocks(device: ZonedDevice, zones, bad: list[int], sbs: dict[i
     template = next(iter(sbs.values()), None) or max(spares.values(), key=lambda sb: sb.sequence)
     g = device.geometry
     bs = g.block_size
-    heads: dict[int, Kind | None] = {}
+    heads: dict[int, tuple[Kind | None, int | None]] = {}
     for zi in bad:
-        z = zones[zi]
-        written = z.capacity if z.cond == ZoneCond.FULL else z.wp - z.start
-        head = head_bytes(template.version, bs)
-        if written < head + bs:
-            continue
-        win = ZoneWindow.on(device, z.start, written)
-        n, total, ok, view = win.frame(head, bs, record_limit(g.zone_capacity, bs, head))
-        if not ok:
-            n, total, ok, view = win.frame(head + total, bs, record_limit(g.zone_capacity, bs, head)) \
-                if total else (0, 0, False, None)     # copy 0 of the first record damaged: copy 1
-        if ok:
-            heads[zi] = kind_of(bytes(view[FRAME_HEADER:FRAME_HEADER + 16]))
+        got = _first_record(device, zones[zi], head_bytes(template.version, bs))
+        if got is not None:
+            heads[zi] = got
     if not heads:
         return bad, False
-    by_seq: dict[int, set[int]] = {}
-    for sb in sbs.values():
-        by_seq.setdefault(sb.sequence, set()).add(sb.part)
-    top = max(by_seq) if by_seq else max(sb.sequence for sb in spares.values())
-    parts = by_seq.get(top, set())
-    firsts = [zi for zi, k in heads.items() if k is Kind.SNAP]
-    rest = sorted(zi for zi, k in heads.items() if k is not Kind.SNAP)
-    assign: dict[int, int] = {}
+    by_seq: dict[int, dict[int, int]] = {}
+    for zi, sb in sbs.items():
+        by_seq.setdefault(sb.sequence, {})[sb.part] = zi
+    # a spare is written by a roll under the new chain's sequence: a higher one than every chain's
+    # names the chain whose superblocks are lost
+    top = max([*by_seq, *(sb.sequence for sb in spares.values())])
+    parts = set(by_seq.get(top, {}))
+    firsts = sorted((zi for zi, (k, _) in heads.items() if k is Kind.SNAP),
+                    key=lambda zi: -1 if heads[zi][1] is None else heads[zi][1], reverse=True)
+    rest = sorted(zi for zi, (k, _) in heads.items() if k is not Kind.SNAP)
+    assign: dict[int, tuple[int, int]] = {}
     if firsts and 0 not in parts:
-        assign[firsts[0]] = 0
+        assign[firsts.pop(0)] = (top, 0)
         parts = parts | {0}
+    elif firsts and top in by_seq:
+        # part 0 of the newest chain is there: a snapshot head is of a newer chain (format 5: the
+        # newest chain's while the one found is its previous chain) or of the previous chain, by
+        # the record sequence number its head carries against the found chain's
+        top_head = _first_record(device, zones[by_seq[top][0]], head_bytes(sbs[by_seq[top][0]].version, bs))
+        top_q = None if top_head is None else top_head[1]
+        q = heads[firsts[0]][1]
+        if q is not None and top_q is not None and q > top_q:
+            assign[firsts.pop(0)] = (top + 1, 0)
+        elif q is not None and top_q is not None and q < top_q and top - 1 not in by_seq:
+            assign[firsts.pop(0)] = (top - 1, 0)
     missing = [p for p in range(max(parts | {0}) + len(rest) + 1) if p not in parts]
     for zi, p in zip(rest, missing, strict=False):
-        assign[zi] = p
+        assign[zi] = (top, p)
     src = next(iter(sbs), None)
     if src is None:
         src = max(spares, key=lambda zi: spares[zi].sequence)
-    for zi, part in assign.items():
-        sbs[zi] = dataclasses.replace(template, sequence=top, part=part, flags=template.flags & ~SPARE)
+    for zi, (seq, part) in assign.items():
+        sbs[zi] = dataclasses.replace(template, sequence=seq, part=part, flags=template.flags & ~SPARE)
         notes.append(f"meta zone {zi}: both superblock copies are lost; its journal records were kept with the "
-                     f"superblock of meta zone {src} (sequence {top}, part {part}) (fsck --repair rewrites it)")
+                     f"superblock of meta zone {src} (sequence {seq}, part {part}) (fsck --repair rewrites it)")
     return [zi for zi in bad if zi not in assign], True
+
+
+def _first_record(device: ZonedDevice, z, head: int) -> tuple[Kind | None, int | None] | None:
+    """``(kind, q)`` of the first record of meta zone ``z`` (its records start at byte ``head``;
+    copy 1 when copy 0 is damaged); ``q`` is ``None`` when it carries none or does not decode.
+    ``None`` when neither copy is intact."""
+    g = device.geometry
+    bs = g.block_size
+    written = z.capacity if z.cond == ZoneCond.FULL else z.wp - z.start
+    if written < head + bs:
+        return None
+    win = ZoneWindow.on(device, z.start, written)
+    limit = record_limit(g.zone_capacity, bs, head)
+    n, total, ok, view = win.frame(head, bs, limit)
+    if not ok:
+        n, total, ok, view = win.frame(head + total, bs, limit) \
+            if total else (0, 0, False, None)     # copy 0 of the first record damaged: copy 1
+    if not ok:
+        return None
+    payload = bytes(view[FRAME_HEADER:FRAME_HEADER + n])
+    try:
+        q = decode(payload).q
+    except (ValueError, KeyError, TypeError, IndexError, RecursionError):
+        q = None
+    return kind_of(payload), q
 
 
 def no_store_error(name: str) -> ForeignDeviceError:
@@ -793,15 +827,19 @@ class Journal:
             new.append(z)
             self.end = len(data)
         dev.flush()
-        for z in self.previous:   # the new chain is durable: the chain before the old one is not needed
-            if z not in use and dev.zone(z).cond != ZoneCond.EMPTY:
-                dev.reset_zone(z)
+        retired, self.previous = self.previous, old
         self.sb = Superblock(uuid=self.sb.uuid, sequence=seq, part=0, geometry=self.sb.geometry,
                              meta_zones=self.sb.meta_zones, gc_reserve_zones=self.sb.gc_reserve_zones,
                              policy=self.sb.policy, flags=self.sb.flags)
-        self.previous = old
         self.chain = new
         self.rollovers += 1
+        for z in retired:   # the new chain is durable: the chain before the old one is not needed
+            if z not in use:
+                try:
+                    if dev.zone(z).cond != ZoneCond.EMPTY:
+                        dev.reset_zone(z)
+                except ZonedDeviceError:
+                    pass    # an older chain left behind: stale at mount, reset by the next roll
 
     def write_spare(self, zone: int, sequence: int | None = None) -> None:
         """Write a spare superblock (flag ``SPARE``) into empty meta zone ``zone`` and finish it

@@ -539,7 +539,7 @@ def pack_zones(entries, zone_capacity: int, block_size: int, *, zones: int = 0, 
 
 
 def snapshot_zones(gen_bytes: int, zone_capacity: int, block_size: int, *, items: int | None = None,
-                   biggest: int = 0, zones: int = 0) -> int:
+                   biggest: int = 0, zones: int = 0, next_copies: int = 2) -> int:
     """Meta zones a snapshot takes when a rollover packs it, with room left for one more record
     (the one that triggers the roll): an O(1) upper bound of :func:`pack_zones`.
 
@@ -549,6 +549,9 @@ def snapshot_zones(gen_bytes: int, zone_capacity: int, block_size: int, *, items
         items: generations (``None``: unknown, as many as ``gen_bytes`` allows).
         biggest: the largest entry, in bytes.
         zones: zone attribute items (``sz`` records batch 2,000 each).
+        next_copies: copies of the next record room is kept for (2: format version 5 appends every
+            record twice; :func:`retainz.store.journal.default_meta_zones` sizes with 1, format
+            4's rule, so that the default meta-zone count does not move).
 
     The bound: batching closes a generation record before it passes the limit
     (:func:`snapshot_record_limit`), so each record but the last holds more than ``limit -
@@ -574,11 +577,12 @@ def snapshot_zones(gen_bytes: int, zone_capacity: int, block_size: int, *, items
         n_gen = -(-gen_bytes // (limit - biggest)) + 1
         if items is not None:   # a batch takes at least limit // biggest entries
             n_gen = min(n_gen, items, -(-items // (limit // max(biggest, 1))))
-    nxt = 2 * round_up(max(biggest, 1024) + COPY_MEMBER_BYTES + pad, block_size)   # appended twice (version 5)
+    nxt = next_copies * round_up(max(biggest, 1024) + (COPY_MEMBER_BYTES if next_copies > 1 else 0) + pad,
+                                 block_size)
     total = (2 * round_up(SNAPSHOT_HEAD_BYTES + FRAME_HEADER, block_size) + 2 * block_size + attr_frames
              + gen_bytes + n_gen * pad + nxt)
     if total <= usable:
         return 1
-    frame_max = max(nxt, round_up(max(limit, biggest, min(zones, ZONES_PER_RECORD) * ZONE_ATTR_BYTES) + pad,
+    frame_max = max(nxt if next_copies > 1 else 0, round_up(max(limit, biggest, min(zones, ZONES_PER_RECORD) * ZONE_ATTR_BYTES) + pad,
                                   block_size))
     return -(-total // max(usable - frame_max, usable // 4, block_size))
