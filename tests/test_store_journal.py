@@ -15,7 +15,7 @@ from retainz.hint import Hint
 from retainz.store import Store
 from retainz.store.format import SPARE, Superblock
 from retainz.store.journal import frame, parse_zone, scan
-from retainz.store.records import empty_snapshot, snapshot_records, sync_record
+from retainz.store.records import empty_snapshot, snapshot_records, sync_record, unframe
 from retainz.store.types import StoreMetrics
 from retainz.zoned import Geometry, MemoryDevice, ZoneCond
 from retainz.zoned.faulty import FaultyDevice
@@ -24,7 +24,7 @@ BS = 4096
 GEOM = Geometry(nr_zones=16, zone_size=64 * 1024, zone_capacity=48 * 1024, block_size=BS, max_open=3,
                 max_active=4)
 #: Meta zones whose capacity is their whole 64 KiB (16 blocks).
-GEOM64 = dataclasses.replace(GEOM, zone_capacity=64 * 1024)
+GEOM128 = dataclasses.replace(GEOM, zone_size=128 * 1024, zone_capacity=128 * 1024)
 #: Bytes before a chain zone's first record: two superblock copies (store format 3).
 HEAD = 2 * BS
 
@@ -119,11 +119,14 @@ def test_zeroed_last_record_below_the_write_pointer_is_corruption():
 
 
 def test_every_zeroed_journal_block_is_reported_never_silently_dropped():
-    """The whole kind of fault: zero each block of a live journal's chain zone past its first
-    superblock block in turn (format 3: block 1 is the superblock's second copy, records start at
-    block 2); every open (read-write and read-only) must refuse with CorruptJournalError, or open
-    with every committed generation *and* name the copy it used instead: no committed generation
-    may vanish silently, no damage pass unreported."""
+    """The whole kind of fault: zero each written block of the journal's meta zones in turn (the
+    current chain and the previous chain).  Format 5 keeps a second copy of everything (each appended
+    record and the snapshot's head and end twice, the snapshot's batches in the previous chain), so
+    every open (read-write and read-only) keeps every committed generation, and names the damage:
+    the copy it used (``recovery.copies``, in ``fsck``'s notes), or for a block of the previous
+    chain, which a mount reads only when it needs it, ``fsck``'s note; a read-write open that rolled
+    over has reset a damaged previous chain instead.  No committed generation may vanish, no damage
+    pass unreported."""
     def build():
         dev = MemoryDevice(GEOM)
         store = Store.format(dev)
@@ -135,40 +138,29 @@ def test_every_zeroed_journal_block_is_reported_never_silently_dropped():
         return dev
 
     dev = build()
-    z = next(z for z in dev.report_zones(0, 3) if z.cond != ZoneCond.EMPTY and z.cond != ZoneCond.FULL)
-    # zone 0: 2 superblock blocks, 5 snapshot records (snap and send twice, sz), 3 commits, the
-    # close's sync record: 11 of its 12 blocks, so a read-write open rolls over (under two blocks
-    # left) and each open gets a freshly built device
-    assert (z.index, z.wp - z.start) == (0, 11 * BS)
-    blocks = [(z.start + off) for off in range(BS, z.wp - z.start, BS)]
+    with Store.open(dev, readonly=True) as s:
+        chain, previous = s.journal.chain, s.journal.previous
+    assert (chain, previous) == ([1], [0])         # 12-block meta zones: one rollover in 3 commits
+    blocks = [(z.index, off) for z in dev.report_zones(0, 3) if z.index in chain + previous
+              for off in range(0, z.capacity if z.cond == ZoneCond.FULL else z.wp - z.start, BS)
+              if any(dev.read(z.start + off, BS))]
     outcomes = {}
-    for at in blocks:
-        if not any(dev.read(at, BS)):
-            continue                              # a padding block inside a record: not a record start
+    for zi, off in blocks:
         for readonly in (False, True):
             d = build()
-            d._data[z.index][at - z.start:at - z.start + BS] = bytes(BS)   # zero the block on the media
-            try:
-                s = Store.open(d, readonly=readonly)
-            except CorruptJournalError:
-                outcomes[at, readonly] = "refused"
-                continue
-            ids, copies = {g.id for g in s.generations()}, list(s.recovery.copies)
-            s.close()
-            assert ids == {"g0", "g1", "g2"}, f"zeroed block at {at}: generations {ids} silently"
-            assert copies, f"zeroed block at {at}: opened with no copy named"
-            outcomes[at, readonly] = copies
-    # the superblock's copy 1 is covered by copy 0, each copy of the snapshot's head and end (blocks
-    # 2, 3, 5, 6) by its twin (each named); a zeroed block of a record written once (sz, a commit,
-    # the sync record) is refused
-    def expected(at):
-        if at == BS:
-            return ["meta zone 0: superblock copy 1 is damaged; copy 0 was used"]
-        if at // BS in (2, 3, 5, 6):
-            return [f"meta zone 0: a snapshot record copy at byte {at - z.start} is zeroed; its other copy was used"]
-        return "refused"
-    assert outcomes == {(at, ro): expected(at) for at in blocks for ro in (False, True)}
-    assert len(blocks) == 10
+            d._data[zi][off:off + BS] = bytes(BS)   # zero the block on the media
+            with Store.open(d, readonly=readonly) as s:
+                ids, notes = {g.id for g in s.generations()}, s.fsck().notes
+                retired = s.recovery.rolled and zi not in s.journal.chain + s.journal.previous
+            assert ids == {"g0", "g1", "g2"}, f"zeroed block {off} of meta zone {zi}: generations {ids}"
+            named = [n for n in notes if n.startswith(f"meta zone {zi}: ")]
+            assert named or (retired and zi in previous), f"zeroed block {off} of meta zone {zi}: nothing named"
+            outcomes[zi, off, readonly] = "named" if named else "reset"
+    # the current chain's blocks are each named (both opens); the previous chain's by fsck, or reset by
+    # a read-write open's rollover (its last zone is full)
+    assert {o for (zi, _, _), o in outcomes.items() if zi in chain} == {"named"}
+    assert {o for (zi, _, ro), o in outcomes.items() if zi in previous and ro} == {"named"}
+    assert len([b for b in blocks if b[0] in chain]) == 12 and len([b for b in blocks if b[0] in previous]) == 12
 
 
 def _fill(store, n, start=0, names=1, name_len=8, data=True):
@@ -187,7 +179,8 @@ def crash_close(store):
 
 
 def test_rollover_writes_a_new_chain_and_resets_the_old():
-    """Rollovers write each new chain under the next sequence and reset the chain they replace; the
+    """Rollovers write each new chain under the next sequence; the chain a rollover replaces stays
+    as the previous chain (format 5: the new snapshot's copy) and the one before it is reset; the
     other meta zones hold spares (format 3: a rollover writes a spare superblock into every free meta
     zone that is empty, except the ones it has just reset, which stay empty until the next one)."""
     dev = MemoryDevice(GEOM)
@@ -207,13 +200,16 @@ def test_rollover_writes_a_new_chain_and_resets_the_old():
         for i in range(1, 5):
             s.delete(f"g{i:04d}")
         _fill(s, 20, start=10)
-        assert s.metrics.rollovers >= 1 and s.journal.sb.sequence == 1 + s.metrics.rollovers
+        assert s.metrics.rollovers >= 2 and s.journal.sb.sequence == 1 + s.metrics.rollovers
         assert len(replaced) == s.metrics.rollovers
         chain, seq, store_uuid = list(s.journal.chain), s.journal.sb.sequence, s.uuid
     for z in range(3):
         if z in chain:
             assert dev.zone(z).cond != ZoneCond.EMPTY
-        elif z in replaced[-1]:                         # the chain the last rollover replaced: reset
+        elif z in replaced[-1]:       # the chain the last rollover replaced: the previous chain, kept
+            kept = Superblock.decode(dev.read(z * GEOM.zone_size, BS), GEOM)
+            assert dev.zone(z).cond == ZoneCond.FULL and (kept.flags, kept.sequence) == (0, seq - 1)
+        elif z in replaced[-2]:                         # the chain before it: reset
             assert dev.zone(z).cond == ZoneCond.EMPTY
         else:             # a spare, finished (a rollover keeps an intact spare: its sequence may be older)
             spare = Superblock.decode(dev.read(z * GEOM.zone_size, BS), GEOM)
@@ -235,7 +231,7 @@ def test_snapshot_larger_than_a_meta_zone_spills_across_zones():
         assert spilled
         while len(s.journal.chain) < 2:
             _fill(s, 1, start=100 + s.metrics.rollovers, names=8, name_len=200, data=False)
-        chain = list(s.journal.chain)
+    chain = list(s.journal.chain)      # after the close's sync record (which may roll over)
     assert len(chain) >= 2
     found = scan(dev)
     assert found.chain == chain and [p.split(b" ")[0] for p in found.payloads][:1] == [b"snap"]
@@ -294,7 +290,9 @@ def test_torn_tail_is_dropped_and_the_journal_rolled_at_mount():
     w = s.begin_generation("big", 9)
     for j in range(30):
         w.write_shard(f"{j}-" + "n" * 200, [b"x"])
-    dev.cut_after_writes = dev.writes + 1           # the commit record (2+ blocks) is torn
+    if s.journal.room() < 8 * BS:
+        s.journal.roll()                            # room for the record: it is the commit's first write
+    dev.cut_after_writes = dev.writes + 1           # the commit record's copy 0 (2+ blocks) is torn
     with pytest.raises(PowerCutError):
         w.commit()
     crash_close(s)
@@ -328,7 +326,8 @@ def test_admission_refuses_on_journal_space_so_deleting_everything_still_works()
 
     Six shards of 100-character names a generation: 14 generations before the refusal (format 2 took
     200-character names to 14; a format 3 chain zone of 48 KiB keeps 2 blocks fewer for records, its
-    second superblock copy and the snapshot head's and end's second copies)."""
+    second superblock copy and the snapshot head's and end's second copies; format 5's second copy of
+    every appended record leaves it at 14: the snapshot is written once)."""
     dev = MemoryDevice(Geometry(nr_zones=40, zone_size=64 * 1024, zone_capacity=48 * 1024, max_open=3,
                                 max_active=4), payload=False)
     s = Store.format(dev, meta_zones=3)
@@ -344,7 +343,8 @@ def test_admission_refuses_on_journal_space_so_deleting_everything_still_works()
     assert n == 14 and "meta zones" in str(err.value)
     assert len(s.generations()) == n and not s._writers
     rolls = s.metrics.rollovers
-    assert rolls == 4                                # the catalog grew across rollovers before the refusal
+    assert rolls == 9      # the catalog grew across rollovers before the refusal (format 4: 4; format 5
+    #                        writes each commit twice, so a chain zone takes half as many)
     for i in range(n):
         s.delete(f"g{i:04d}", step=n + i)
     assert s.generations() == [] and s.metrics.rollovers > rolls
@@ -395,17 +395,19 @@ def test_torn_record_in_a_finished_zone_needs_zeros_to_the_end_of_the_zone():
         parse_zone(bytes(img), BS, len(img), BS, zone=0, tail=True, full=True)
 
 
-def _record_spans(dev, zone: int) -> list[tuple[int, int, int]]:
-    """``(device byte, payload bytes, record bytes)`` of every record in a chain zone, in order
-    (records start after the two superblock copies, format 3)."""
+def _frame_spans(dev, zone: int) -> list[tuple[int, int, int]]:
+    """``(device byte, payload bytes, frame bytes)`` of every frame in a chain zone, both copies of a
+    duplicated record included, in order (records start after the two superblock copies)."""
     z = dev.zone(zone)
     written = z.capacity if z.cond == ZoneCond.FULL else z.wp - z.start
-    parsed = parse_zone(dev.read(z.start, written), HEAD, written, BS, zone=zone, tail=True,
-                        full=z.cond == ZoneCond.FULL)
+    buf = dev.read(z.start, written)
     spans, pos = [], HEAD
-    for p in parsed.payloads:
-        total = -(-(8 + len(p)) // BS) * BS
-        spans.append((z.start + pos, len(p), total))
+    while pos + 8 <= written:
+        n, total, ok = unframe(buf, pos, written, BS)
+        if not total:
+            break
+        assert ok
+        spans.append((z.start + pos, n, total))
         pos += total
     return spans
 
@@ -413,15 +415,18 @@ def _record_spans(dev, zone: int) -> list[tuple[int, int, int]]:
 @pytest.mark.parametrize("how", ["clean close", "power cut", "finished tail zone"])
 def test_a_flipped_bit_in_each_of_the_last_records_is_corruption_not_a_torn_tail(how):
     """The whole kind: for each of the last 4 records (1- and 3-block commit records; after a clean
-    close the newest is the close's sync record) and each of its blocks, flip one payload bit; the mount must refuse with CorruptJournalError, never open without
-    the confirmed generation.  After a power cut (the record flushed, the cut right after) and with
-    the tail zone finished afterwards (what a crashed mount-time rollover leaves) alike.
+    close the newest is the close's sync record), each of its blocks, and each of its two copies
+    (format 5), flip one payload bit: the open keeps every generation and names the copy it used
+    instead.  The same bit flipped in both copies: the mount must refuse with CorruptJournalError,
+    never open without the confirmed generation, never take it for a torn tail.  After a power cut
+    (the record flushed, the cut right after) and with the tail zone finished afterwards (what a
+    crashed mount-time rollover leaves) alike.
 
-    Meta zones of 64 KiB (16 blocks): two superblock blocks, the 5 snapshot records (``snap`` and
-    ``send`` twice, ``sz``: format 3), these 6 blocks of commits and the sync record fit one chain zone
-    with 2 blocks to spare, so no rollover moves them; a 48 KiB zone (12 blocks) no longer holds them."""
+    Meta zones of 128 KiB (32 blocks): two superblock blocks, the empty snapshot's 3 records twice,
+    and these 4 records and the sync record twice (18 blocks) fit one chain zone, so no rollover
+    moves them."""
     def build():
-        inner = MemoryDevice(GEOM64)
+        inner = MemoryDevice(GEOM128)
         dev = FaultyDevice(inner)
         s = Store.format(dev)
         _fill(s, 2)
@@ -438,25 +443,34 @@ def test_a_flipped_bit_in_each_of_the_last_records_is_corruption_not_a_torn_tail
         return inner, s.journal.chain[-1]
 
     inner, zone = build()
-    every = _record_spans(inner, zone)
-    assert zone == 0 and len(every) == 5 + 4 + (how == "clean close")   # snapshot, 4 commits (, sync)
-    spans = every[-4:]
-    blocks = [total // BS for _, _, total in spans]
-    assert max(blocks) == 3 and blocks.count(1) == 3
+    every = _frame_spans(inner, zone)
+    assert zone == 0 and len(every) == 6 + 2 * (4 + (how == "clean close"))   # snapshot, 4 commits (, sync)
+    pairs = list(zip(every[-8::2], every[-7::2], strict=True))
+    blocks = [c0[2] // BS for c0, _ in pairs]
+    assert max(blocks) == 3 and blocks.count(1) == 3 and all(c0[2] == c1[2] for c0, c1 in pairs)
+    gens = ["g0000", "g0001", "g0002", "g0003"]
     tried = 0
-    for i in range(len(spans)):
-        at, n, total = spans[i]
-        for block in range(total // BS):
-            inner, _ = build()
-            offset = at + 8 + min(block * BS + 17, n - 1)     # a payload byte in this block
-            z, pos = divmod(offset, GEOM64.zone_size)
-            inner._data[z][pos] ^= 0x04
-            with pytest.raises(CorruptJournalError, match=f"record at byte {at - z * GEOM64.zone_size} .* "
-                                                          "fails its checksum"):
-                Store.open(inner)
-            with pytest.raises(CorruptJournalError):
-                Store.open(inner, readonly=True)
-            tried += 1
+    for c0, c1 in pairs:
+        for block in range(c0[2] // BS):
+            for hit in ((c0,), (c1,), (c0, c1)):
+                inner, _ = build()
+                for at, n, _ in hit:
+                    offset = at + 8 + min(block * BS + 17, n - 1)     # a payload byte in this block
+                    z, pos = divmod(offset, GEOM128.zone_size)
+                    inner._data[z][pos] ^= 0x04
+                if len(hit) == 1:
+                    with Store.open(inner, readonly=True) as s:
+                        assert [g.id for g in s.generations()] == gens
+                        assert s.recovery.copies == [f"meta zone {zone}: a record copy at byte "
+                                                     f"{hit[0][0] - zone * GEOM128.zone_size} is damaged; its other "
+                                                     "copy was used"]
+                    continue
+                with pytest.raises(CorruptJournalError, match=f"record at byte {c0[0] - zone * GEOM128.zone_size} .* "
+                                                              "fails its checksum"):
+                    Store.open(inner)
+                with pytest.raises(CorruptJournalError):
+                    Store.open(inner, readonly=True)
+                tried += 1
     assert tried == sum(blocks) == 6
 
 
@@ -547,7 +561,8 @@ def test_roll_without_a_snapshot_source_is_refused():
 
 def test_roll_takes_a_record_that_fills_a_zone_and_refuses_one_block_more():
     """A roll writes two superblock copies then the records (format 3), into the first free meta zone
-    (an intact spare is reset for it; the other spare is kept, nothing else is written); a record
+    (an intact spare is reset for it; the other spare is kept, nothing else is written); the old
+    chain stays as the previous chain (format 5) until the next roll resets it; a record
     whose frame is one block more than the zone's record room is refused, ``needed`` and
     ``available`` both in frame bytes (40960 = 48 KiB less two superblock blocks)."""
     j = _journal()
@@ -557,10 +572,15 @@ def test_roll_takes_a_record_that_fills_a_zone_and_refuses_one_block_more():
     assert (j.sb.sequence, j.sb.part, j.rollovers) == (seq + 1, 0, 1)
     assert (j.records, j.bytes_written) == (records + 1, written + CAP)
     assert j.device.read(GEOM.zone_size, BS) == j.device.read(GEOM.zone_size + BS, BS)    # the two copies
-    assert j.device.ops == [("reset", 1), ("finish", 0), ("write", 1), ("flush",), ("reset", 0)]
+    assert j.device.ops == [("reset", 1), ("finish", 0), ("write", 1), ("flush",)]
+    assert j.previous == [0] and j.device.zone(0).cond == ZoneCond.FULL     # the previous chain, kept
+    j.device.ops.clear()
     j.roll([b"a", b"b"])                                           # two superblock blocks and two records
     assert (j.records, j.bytes_written, j.end) == (records + 3, written + CAP + 4 * BS, 4 * BS)
-    assert j.chain == [0] and sorted(j.spares) == [2]              # zone 1, just reset, stays empty
+    # the spare in zone 2 gives way to the new chain (the previous chain's zone is used last), then
+    # the chain before the old one is reset (zone 0, which stays empty until the next roll)
+    assert j.device.ops == [("reset", 2), ("write", 2), ("flush",), ("reset", 0)]     # zone 1 is full
+    assert (j.chain, j.previous, sorted(j.spares)) == ([2], [1], [])
     with pytest.raises(NoSpaceError) as e:
         j.roll([b"x" * (BIG + 1)])
     assert str(e.value) == "a journal snapshot record of 45056 bytes does not fit a meta zone"
@@ -581,8 +601,8 @@ def test_roll_refuses_a_snapshot_larger_than_the_free_meta_zones_naming_both():
 def test_roll_resets_stale_free_zones_finishes_the_old_tail_then_resets_the_old_chain(stale):
     """Leftovers of an earlier chain in a free meta zone (not an intact spare) are reset first, in the
     zone the new chain takes (1) and in one it does not (2, which then gets a spare: format 3); the
-    old chain's tail is finished, the new chain written and flushed, and only then the old chain
-    reset.  An intact spare the new chain does not take is left alone."""
+    old chain's tail is finished and the new chain written and flushed; the old chain stays, the
+    previous chain (format 5).  An intact spare the new chain does not take is left alone."""
     j = _journal()
     old = j.chain[-1]
     j.device.reset_zone(stale)                                     # the spare format wrote there ...
@@ -593,14 +613,14 @@ def test_roll_resets_stale_free_zones_finishes_the_old_tail_then_resets_the_old_
     new = j.chain[0]
     assert (old, new) == (0, 1)
     if stale == 1:                   # the new chain's zone; the spare in zone 2 is kept
-        assert j.device.ops == [("reset", 1), ("finish", old), ("write", new), ("flush",), ("reset", old)]
+        assert j.device.ops == [("reset", 1), ("finish", old), ("write", new), ("flush",)]
     else:                            # the spare in zone 1 gives way to the chain; zone 2 gets a new spare
         assert j.device.ops == [("reset", 1), ("reset", 2), ("finish", old), ("write", 2), ("finish", 2),
-                                ("write", new), ("flush",), ("reset", old)]
+                                ("write", new), ("flush",)]
     spare = Superblock.decode(j.device.read(2 * GEOM.zone_size, BS), GEOM)
     assert (spare.flags, spare.sequence) == (SPARE, j.sb.sequence if stale == 2 else 1)
     assert sorted(j.spares) == [2] and j.device.zone(2).cond == ZoneCond.FULL
-    assert j.device.zone(old).cond == ZoneCond.EMPTY
+    assert j.previous == [old] and j.device.zone(old).cond == ZoneCond.FULL
 
 
 # -- every record kind decodes to what was encoded -------------------------------------------------------------
@@ -699,15 +719,17 @@ def test_zone_attrs_of_a_summary_are_its_journaled_item():
 
 
 def test_a_fresh_store_snapshot_is_empty():
-    """Head twice, an empty zone attribute batch, end twice (format 3: the copies are 0 and 1)."""
+    """Head twice, an empty zone attribute batch twice (format 5: a fresh store has no previous chain
+    to stand for it), end twice (format 3: the copies are 0 and 1)."""
     from retainz.store.records import Kind, copy_of, decode, empty_snapshot
 
     payloads = empty_snapshot()
-    assert [copy_of(p) for p in payloads] == [0, 1, None, 0, 1]
-    head0, head1, zones, end0, end1 = (decode(p) for p in payloads)
+    assert [copy_of(p) for p in payloads] == [0, 1, 0, 1, 0, 1]
+    head0, head1, zones0, zones1, end0, end1 = (decode(p) for p in payloads)
     for head in (head0, head1):
         assert (head.kind, head.now, head.commit_seq, head.metrics) == (Kind.SNAP, 0, 0, {})
-    assert (zones.kind, list(zones.zones)) == (Kind.ZONES, [])
+    for zones in (zones0, zones1):
+        assert (zones.kind, list(zones.zones)) == (Kind.ZONES, [])
     for end in (end0, end1):
         assert (end.kind, end.count) == (Kind.SNAP_END, 0)
 
@@ -742,17 +764,22 @@ def test_append_counts_flushes_and_refuses_a_record_larger_than_a_zone():
 
     j = _journal(snapshot=lambda: [b"snapshot"])
     records, written, end = j.records, j.bytes_written, j.end
-    j.append(b"a")
-    j.append(b"b", flush=False)
-    assert (j.records, j.bytes_written, j.end) == (records + 2, written + 2 * BS, end + 2 * BS)
-    assert j.device.ops == [("write", j.chain[-1]), ("flush",), ("write", j.chain[-1])]
+    z = j.chain[-1]
+    j.append(b"x {}")                     # format 5: two copies, a write each, one block each
+    j.append(b"x {}", flush=False)
+    assert (j.records, j.bytes_written, j.end) == (records + 2, written + 4 * BS, end + 4 * BS)
+    assert j.device.ops == [("write", z), ("write", z), ("flush",), ("write", z), ("write", z)]
+    assert j.device.read(z * GEOM.zone_size + end, 2 * BS)[8:19] == b'x {"cp":0}\0'
+    assert j.device.read(z * GEOM.zone_size + end, 2 * BS)[BS + 8:BS + 19] == b'x {"cp":1}\0'
+    half = (CAP - HEAD) // 2
     with pytest.raises(NoSpaceError) as e:
-        j.append(b"x" * (BIG + 1))
-    # the limit is the payload's (48 KiB less two superblock blocks and a frame header); needed and
-    # available are frame bytes: one block more than the zone's record room
-    assert str(e.value) == "journal record of 40953 bytes does not fit a meta zone (at most 40952 bytes a record)"
-    assert (e.value.needed, e.value.available) == (CAP - HEAD + BS, CAP - HEAD) == (45056, 40960)
+        j.append(b"x" * (half - 8 - 7 + 1))
+    # the limit is the payload's: both copies (each with its 7-byte "cp":N, member and a frame header)
+    # fit 48 KiB less two superblock blocks; needed and available are the two copies' frame bytes
+    assert str(e.value) == "journal record of 20466 bytes does not fit a meta zone (at most 20465 bytes a record)"
+    assert (e.value.needed, e.value.available) == (2 * (half + BS), 2 * half) == (49152, 40960)
     # a failed write fences the chain: the next record goes to a fresh chain
+    j.roll()                              # (the chain zone is full: room for the record that fails)
     real = j.device.write
 
     def fail(offset, data):
@@ -760,13 +787,13 @@ def test_append_counts_flushes_and_refuses_a_record_larger_than_a_zone():
 
     j.device.write = fail
     with pytest.raises(ZonedDeviceError):
-        j.append(b"c")
+        j.append(b"c {}")
     j.device.write = real
     assert j.fenced
-    j.append(b"d")
-    assert (j.rollovers, j.fenced) == (1, False)
-    j.append(b"x" * BIG)                  # a whole zone's record: rolls over into a chain that keeps it room
-    assert (j.rollovers, j.end, len(j.chain)) == (2, CAP, 2)
+    j.append(b"d {}")
+    assert (j.rollovers, j.fenced) == (2, False)
+    j.append(b"x {" + b"p" * (j.max_record - 4) + b"}")   # a whole zone's record: rolls over into a chain
+    assert (j.rollovers, j.end, len(j.chain)) == (3, CAP, 2)      # that keeps it room
 
 
 def _leveldb_mask(crc: int) -> int:
@@ -838,7 +865,7 @@ def test_default_meta_zones_follow_their_rule_on_every_geometry(nr_zones, capaci
     data = max(nr_zones - 3, 1)                         # every zone but the (at least 3) meta zones
     extents = data * max(1, capacity >> 20)             # one per MiB, or per zone when zones are smaller
     snap = extents * EXTENT_BYTES
-    z = snapshot_zones(snap + snap // 8, capacity, BS, zones=data)
+    z = snapshot_zones(snap + snap // 8, capacity, BS, zones=data, next_copies=1)   # format 4's rule, kept
     want = max(2, min(max(3, min(MAX_META_ZONES, nr_zones // 8, 2 * z)), nr_zones - 2 - 2))
     got = default_meta_zones(nr_zones, capacity, BS, 2)
     assert type(got) is int and got == want
@@ -860,8 +887,8 @@ def test_a_journal_counts_from_zero_and_its_room_shrinks_by_each_frame():
     assert (j.bytes_written, j.records, j.rollovers, j.fenced) == (0, 0, 0, False)
     room = j.room()
     assert room == GEOM.zone_capacity - j0.end and 0 < room < GEOM.zone_capacity
-    j.append(b"x" * 5000)                               # two blocks
-    assert j.room() == room - 2 * BS and (j.bytes_written, j.records) == (2 * BS, 1)
+    j.append(b"x {" + b"p" * 4995 + b"}")               # two blocks, twice (format 5: two copies)
+    assert j.room() == room - 4 * BS and (j.bytes_written, j.records) == (4 * BS, 1)
 
 
 def hand_journal(dev: MemoryDevice, payloads: list[bytes], *, geometry: Geometry | None = None) -> None:
@@ -884,16 +911,16 @@ def sync(i: int) -> bytes:
 
 @pytest.mark.parametrize("blocks_left, rolled", [(3, False), (2, False), (1, True), (0, True)])
 def test_a_mount_rolls_the_journal_over_when_its_last_zone_has_under_two_blocks_left(blocks_left, rolled):
-    """Two superblock blocks, the 5 snapshot records (``snap`` and ``send`` twice, ``sz``: format 3)
-    and ``n`` sync records: a zone of 12 blocks with ``blocks_left`` free (n = 12 - 2 - 5 -
-    blocks_left).  Under two blocks left (no room for a record and the next), a read-write open rolls
+    """Two superblock blocks, the empty snapshot's 6 records (``snap``, ``sz`` and ``send`` twice:
+    format 5; replayed once each) and ``n`` sync records: a zone of 12 blocks with ``blocks_left``
+    free (n = 12 - 2 - 6 - blocks_left).  Under two blocks left (no room for a record and the next), a read-write open rolls
     over and a read-only one says it would; a full zone too."""
     dev = MemoryDevice(GEOM)
-    n = GEOM.zone_capacity // BS - 2 - 5 - blocks_left
+    n = GEOM.zone_capacity // BS - 2 - 6 - blocks_left
     hand_journal(dev, [*empty_snapshot(), *(sync(i) for i in range(1, n + 1))])
     assert dev.zone(0).cond == (ZoneCond.FULL if blocks_left == 0 else ZoneCond.IMP_OPEN)
     with Store.open(dev, readonly=True) as s:
-        assert s.recovery.records == 5 + n and s.zones.now == n and s.metrics.host_bytes == 4096 * n
+        assert s.recovery.records == 3 + n and s.zones.now == n and s.metrics.host_bytes == 4096 * n
         assert s.recovery.repairs == (["roll the journal over to a fresh chain (its last zone is full)"] if rolled
                                       else [])
         assert not s.recovery.rolled and s.recovery.copies == []
@@ -910,8 +937,8 @@ def test_the_open_reports_its_records_time_and_rate():
     s = Store.open(dev)
     elapsed = time.perf_counter() - t0
     rep = s.recovery
-    # the 5 snapshot records (head and end twice: format 3) and 3 sync records
-    assert (rep.records, rep.torn_bytes, rep.fallbacks, rep.zones_reset, rep.dead_bytes_found) == (8, 0, 0, [], 0)
+    # the 3 snapshot records (each written twice, replayed once: format 5) and 3 sync records
+    assert (rep.records, rep.torn_bytes, rep.fallbacks, rep.zones_reset, rep.dead_bytes_found) == (6, 0, 0, [], 0)
     assert rep.copies == []
     assert 0 < rep.seconds <= elapsed
     assert rep.records_per_second == rep.records / rep.seconds
@@ -945,10 +972,11 @@ def test_journaled_metrics_a_store_does_not_keep_are_ignored():
 def test_a_crashed_rollover_leaves_a_stale_meta_zone_that_the_next_open_resets():
     """The roll finishes the old chain's zone, then the power goes while the new chain's superblock
     and snapshot land (one block of them): the open falls back to the old chain; read-only lists the
-    stale zone's reset and a rollover (the old chain's zone is full), read-write does both."""
+    stale zone's reset and a rollover (the old chain's zone is full), read-write does both (and keeps
+    the old chain as the previous chain: format 5)."""
     dev = FaultyDevice(MemoryDevice(GEOM), torn_blocks=1)
     s = Store.format(dev)
-    _fill(s, 3)
+    _fill(s, 2)                                       # two commits, each written twice: zone 0 full
     assert s.journal.chain == [0]
     dev.cut_after_writes = dev.writes + 1
     with pytest.raises(PowerCutError, match=r"^power cut during write #\d+: 4096 of \d+ bytes landed$"):
@@ -962,12 +990,12 @@ def test_a_crashed_rollover_leaves_a_stale_meta_zone_that_the_next_open_resets()
         assert r.recovery.fallbacks == 1 and r.journal.chain == [0]
         assert r.recovery.repairs == ["reset stale meta zone 1 (an older or incomplete journal chain)",
                                       "roll the journal over to a fresh chain (its last zone is full)"]
-        assert [g.id for g in r.generations()] == ["g0000", "g0001", "g0002"]
+        assert [g.id for g in r.generations()] == ["g0000", "g0001"]
     assert [(z.cond, z.wp) for z in dev.report_zones()] == before
     with Store.open(dev) as s2:
         assert (s2.recovery.fallbacks, s2.recovery.rolled, s2.recovery.repairs) == (1, True, [])
-        assert s2.journal.chain == [1] and dev.zone(0).cond == ZoneCond.EMPTY
-        assert [g.id for g in s2.generations()] == ["g0000", "g0001", "g0002"]
+        assert (s2.journal.chain, s2.journal.previous, dev.zone(0).cond) == ([1], [0], ZoneCond.FULL)
+        assert [g.id for g in s2.generations()] == ["g0000", "g0001"]
     with Store.open(dev) as s3:
         assert (s3.recovery.fallbacks, s3.recovery.rolled) == (0, False)
 

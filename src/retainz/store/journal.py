@@ -739,12 +739,13 @@ class Journal:
                 zones (nothing was written).
             ZonedDeviceError: the write or the flush failed.
         """
-        frames = append_frames(payload, self.bs)
-        size = sum(map(len, frames))
         if len(payload) > self.max_record:
             raise NoSpaceError(f"journal record of {len(payload)} bytes does not fit a meta zone "
                                f"(at most {self.max_record} bytes a record)",
-                               needed=size, available=self.max_frame)
+                               needed=2 * frame_size(len(payload) + COPY_MEMBER_BYTES, self.bs),
+                               available=self.max_frame)
+        frames = append_frames(payload, self.bs)
+        size = sum(map(len, frames))
         if self.end + size > self.capacity or self.fenced:
             self.roll(reserve=size)
             self.fenced = False
@@ -840,6 +841,31 @@ class Journal:
                         dev.reset_zone(z)
                 except ZonedDeviceError:
                     pass    # an older chain left behind: stale at mount, reset by the next roll
+
+    def previous_damage(self) -> list[str]:
+        """What is damaged in the previous chain (``fsck``; a mount reads it only when the current
+        snapshot needs it): one line per record lost with every copy, per damaged copy, or for a
+        chain that could no longer stand for the current snapshot.  Reads the previous chain's zones; writes nothing."""
+        if not self.previous:
+            return []
+        dev = self.device
+        zones = {z.index: z for z in dev.report_zones(0, max(self.previous) + 1)}
+        sbs = {}
+        for zi in self.previous:
+            z = zones[zi]
+            written = z.capacity if z.cond == ZoneCond.FULL else z.wp - z.start
+            sb = _zone_superblock(dev, z, written)[0] if z.cond != ZoneCond.EMPTY else None
+            if sb is None:
+                return [f"meta zone {zi}: the previous journal chain's superblocks are lost: it is no copy of the "
+                        "current snapshot any more (fsck --repair rewrites it)"]
+            sbs[zi] = sb
+        got = _parse_chain(dev, zones, self.previous, sbs)
+        out = [f"{m} (in the previous journal chain, the current snapshot's copy; fsck --repair rewrites it)"
+               for m in got.lost + got.notes]
+        if not got.lost and not _complete(got.payloads):
+            out.append(f"meta zones {self.previous}: the previous journal chain's snapshot is incomplete: it is no "
+                       "copy of the current snapshot (fsck --repair rewrites it)")
+        return out
 
     def write_spare(self, zone: int, sequence: int | None = None) -> None:
         """Write a spare superblock (flag ``SPARE``) into empty meta zone ``zone`` and finish it

@@ -842,6 +842,7 @@ class Store:
             rep = check.fsck(self.device, self.catalog, self.zones, self.recompute_table(),
                              self.recovery.repairs, progress=progress)
             rep.notes += self.recovery.copies
+            rep.notes += self.log.journal.previous_damage()
             rep.notes += [f"salvage: {line}" for line in self.recovery.lost]
             if self.recovery.upgraded_from is not None:
                 rep.notes.append(f"upgraded: the store from format version {self.recovery.upgraded_from} to "
