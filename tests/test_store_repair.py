@@ -227,13 +227,23 @@ def test_every_zone_state_copy_lost_is_rebuilt_from_the_journal(tmp_path, capsys
 
 @pytest.mark.parametrize("kind", ["c", "d"])
 def test_a_zeroed_4k_block_of_one_record_loses_only_what_it_alone_held(tmp_path, capsys, kind):
-    """A lost 4 KiB block (the unit a drive loses) of one record: the deletion stays a deletion
-    (the next record's live set says which); a lost commit loses that generation only, named."""
+    """A lost 4 KiB block (the unit a drive loses) of one record costs nothing: format 5 wrote the
+    record twice, and the other copy is used (named); no repair is needed.  Both copies' blocks lost
+    (two faults): the deletion stays a deletion (the next record's live set says which); a lost
+    commit loses that generation only, named."""
     path = make(tmp_path / "dev.img")
     needle = b'"gen-1"' if kind == "d" else b'"gen-2"'
-    off = copies_of(path, kind, needle)[0]
+    offs = copies_of(path, kind, needle)
+    assert len(offs) == 2 and offs[1] - offs[0] == BS            # copy 0, then copy 1 in the next block
     with open(path, "r+b") as f:
-        f.seek(off)
+        f.seek(offs[0])
+        f.write(bytes(BS))
+    rc, rep = fsck_json(path, capsys)
+    assert rc == 0 and rep["ok"] and rep["dropped"] == [] and rep["unknown"] == [], rep
+    assert [n for n in rep["notes"] if "is zeroed; its other copy was used" in n], rep
+    assert listed(path, capsys) == ["gen-2", "gen-3", "gen-4", "gen-5"]
+    with open(path, "r+b") as f:
+        f.seek(offs[1])
         f.write(bytes(BS))
     rc, rep = fsck_json(path, capsys, "--repair")
     assert rc == 0, rep
