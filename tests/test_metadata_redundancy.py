@@ -213,7 +213,7 @@ def test_a_zeroed_block_in_either_copy_of_the_snapshot_head_loses_nothing(pristi
             capsys.readouterr()
             main(["fsck", path])
             out = capsys.readouterr().out
-            note = f"snapshot record copy at byte {2 * bs + k * frame} is"   # its position in the zone
+            note = f"a record copy at byte {2 * bs + k * frame} is"   # its position in the zone
             said = ("is zeroed" if b == 0 else "is damaged") in out and note in out
         except Exception as e:  # noqa: BLE001 - every failure is counted and named
             got, said = f"{type(e).__name__}: {e}", False
