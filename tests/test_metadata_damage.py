@@ -20,7 +20,14 @@ import os
 
 import pytest
 
-from retainz.testing.metadamage import TEAR_LANDED, WORKLOADS, build_store, damage_sites, run_campaign, run_torn
+from retainz.testing.metadamage import (
+    TEAR_LANDED,
+    WORKLOADS,
+    build_store,
+    damage_sites,
+    run_campaign,
+    run_torn,
+)
 
 _SAMPLE = os.environ.get("RETAINZ_DAMAGE_SAMPLE", "300")
 SAMPLE = None if _SAMPLE == "all" else int(_SAMPLE)

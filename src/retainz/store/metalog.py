@@ -15,6 +15,7 @@ from retainz.errors import NoSpaceError
 from retainz.store.catalog import Catalog
 from retainz.store.journal import Journal
 from retainz.store.records import (
+    COPY_MEMBER_BYTES,
     EXTENT_BYTES,
     FRAME_HEADER,
     SNAPSHOT_HEAD_BYTES,
@@ -175,7 +176,7 @@ class MetadataLog:
         """``(snapshot bytes, meta zones)`` of a snapshot holding the committed generations, the
         writers in flight (their estimates ``inflight``) and an entry of ``extra`` bytes, with every
         non-empty data zone's attributes (and 8 more), every entry 12.5 % larger (GC moves split
-        extents), and room for one more record as large as the largest entry.
+        extents), and room for one more record as large as the largest entry (both its copies).
 
         The O(1) bound (:func:`~.records.snapshot_zones`) first; when it does not fit, the exact
         packing (:func:`~.records.pack_zones`, O(generations)) for up to 4,096 generations (small
@@ -192,7 +193,8 @@ class MetadataLog:
             entries = [n + n // GC_SPLIT_DIVISOR for n in self._entries.values()]
             entries += [n + n // GC_SPLIT_DIVISOR for n in inflight]
             entries.append(extra + extra // GC_SPLIT_DIVISOR)
-            reserve = round_up(max(biggest, MIN_RESERVE_RECORD) + FRAME_HEADER, j.bs)
+            # the next record is appended twice (format 5: records.append_frames)
+            reserve = 2 * round_up(max(biggest, MIN_RESERVE_RECORD) + COPY_MEMBER_BYTES + FRAME_HEADER, j.bs)
             z = min(z, pack_zones(entries, j.capacity, j.bs, zones=zones, reserve=reserve))
         return nbytes, z
 

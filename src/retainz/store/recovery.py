@@ -31,7 +31,8 @@
    counted dead and go with the zone's next reset.  Finishing them would waste their remaining
    capacity (unused capacity) for no gain: the device already closed them on power loss, and the
    active-zone budget is the same either way.
-4. **Tidy the journal**: reset stale meta zones (older chains, a crashed rollover's partial chain);
+4. **Tidy the journal**: reset stale meta zones (older chains, a crashed rollover's partial chain;
+   the previous chain, the current snapshot's second copy from format 5, is kept);
    roll over to a fresh chain if the tail was torn (so no valid record ever follows garbage), the
    chain's last zone has no room, or the chain is of an older format version (the upgrade:
    :mod:`.format`, "Format versions").
@@ -497,7 +498,8 @@ def mount(device: ZonedDevice, *, readonly: bool, repair: bool = False, upgrade:
     (:func:`~retainz.store.journal.scan` ``salvage``); generations a lost record could concern
     become unknown (:func:`replay`), generations whose data is gone are dropped, and the journal
     rolls over to a fresh chain, which rewrites every superblock and snapshot copy (and a spare into
-    every free empty meta zone).  What was lost is in ``report.lost`` and ``report.dropped``.
+    every free empty meta zone), twice, so that the previous chain (format 5) is one the repair wrote.
+    What was lost is in ``report.lost`` and ``report.dropped``.
 
     ``upgrade`` (``fsck --upgrade``): a store of an older format version is migrated (the journal
     rolls over under the current version); without it (or ``repair``) a read-write open of one is
