@@ -196,11 +196,11 @@ def test_every_kind_of_damage_exits_1_with_one_line(tmp_path, capsys, damage):
         if damage == "truncated":
             f.truncate(os.path.getsize(dev) - (1 << 20))
         # device format 3 keeps three label copies (one at the end) and two copies of each slot; store
-        # format 3 two superblock copies and two snapshot head copies: damage each copy, or a record
-        # written once
+        # format 5 two copies of every superblock and record (the zone batch of the empty snapshot at
+        # blocks 4 and 5): damage each copy
         end = os.path.getsize(dev) - _LABEL_SIZE
         for off in {"label": [20, 2048 + 20, end + 20], "both-states": [_LABEL_SIZE + k * slot + 20 for k in range(4)],
-                    "truncated": [], "journal": [data_offset + 4 * 4096 + 12]}[damage]:
+                    "truncated": [], "journal": [data_offset + 4 * 4096 + 12, data_offset + 5 * 4096 + 12]}[damage]:
             f.seek(off)
             b = f.read(1)
             f.seek(off)

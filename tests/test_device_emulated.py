@@ -411,7 +411,8 @@ def test_a_zone_saved_open_with_every_byte_written_reopens_full(tmp_path, cond):
     dev.close()
     with FileDevice(path) as dev:
         assert (dev.zone(z).cond, dev.zone(z).wp) == (ZoneCond.FULL, (z + 1) * SMALL.zone_size)
-        assert [x.index for x in dev.report_zones() if x.cond == ZoneCond.IMP_OPEN] == [0]   # the journal's
+        opened = [x.index for x in dev.report_zones() if x.cond == ZoneCond.IMP_OPEN]
+        assert len(opened) <= 1 and all(i < z for i in opened)   # the journal's, if its zone is not full
         for i in range(SMALL.max_active - 1):  # every other active resource is free
             dev.write((z + 1 + i) * SMALL.zone_size, data(1))
         for i in range(SMALL.max_active - 1):
