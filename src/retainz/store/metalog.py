@@ -5,7 +5,8 @@ attributes changed since the last one, and the journal's space is admitted like 
 snapshot's size (each entry's bytes, the largest, and estimates for generations being written) and
 refuses work that a full journal could no longer roll over: a snapshot with the new work must fit
 the meta zones the current chain leaves free, and at most half of all of them, so the rollover after
-the next one still fits beside the chain the next one makes.  Deleting only shrinks the snapshot,
+the next one still fits beside the chain the next one makes.  The room kept for the next record holds both
+its copies (format 5: :func:`~retainz.store.records.append_frames`).  Deleting only shrinks the snapshot,
 so every deletion (and GC move) until the catalog is empty can always be journaled.
 """
 
