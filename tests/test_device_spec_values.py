@@ -18,6 +18,8 @@ BAD = [
     ("mem:zonez=4", "unknown geometry key(s) zonez"),
     ("mem:payload=maybe", "payload must be true or false"),
     ("mem:block_size=1024", "block size 1024 is not 512 or 4096"),
+    ("mem:block_size=1000", "block size 1000 is not 512 or 4096"),   # named before the zone size it does not divide
+    ("fdp:block_size=1000", "block size 1000 is not 512 or 4096"),
     ("fdp:spare=x", "spare='x' is not a number"),
     ("fdp:spare=2", "spare factor must be in (0, 1), got 2.0"),
     ("fdp:ru_size=3", "RU size 3 B is not a whole number of 4096-byte pages"),

@@ -67,6 +67,8 @@ def parse_geometry(options: dict[str, str]) -> Geometry:
         except ValueError as e:
             why = str(e).split(": ", 1)[-1]
             raise DeviceFormatError(f"bad geometry: {key}={raw!r} is not a size: {why}") from None
+        if key == "block_size" and values[key] not in (512, 4096):   # NVMe LBA formats the project supports
+            raise DeviceFormatError(f"bad geometry: block size {values[key]} is not 512 or 4096")
         block = values.get("block_size")
         if key != "block_size" and block and values[key] % block:
             raise DeviceFormatError(f"bad geometry: {key}={raw!r} ({values[key]:,} B) is not a multiple of the "
