@@ -49,6 +49,7 @@ import sys
 import uuid as uuidlib
 
 import crc32c
+import numpy as np  # at import, not inside an open: a CLI command's open bar times the open, not numpy's load
 
 from retainz.errors import CorruptDeviceError, DeviceBusyError, DeviceFormatError, NotADeviceError
 from retainz.zoned.device import WriteData
@@ -272,8 +273,6 @@ class FileDevice(EmulatedZonedDevice):
         """``(conditions, written bytes, sequence)`` of the newest valid zone-state slot.  Each copy's
         checksum is checked; only the newest is decoded, its per-zone checks run over arrays
         (numpy), not a Python loop per zone (issue 44: an open of 1,048,576 zones)."""
-        import numpy as np  # here, not at import: only an open of a device file needs it
-
         best = None                        # (sequence, raw slot, implicit-open count)
         bad = []                           # slots that were written but fail their checksum
         names = ["A", "A'", "B", "B'"] if self._copies == 2 else ["A", "B"]
@@ -586,8 +585,6 @@ def _encode_slot(seq: int, conds, written, slot_size: int, imp_order=()) -> byte
 def _changed_pages(old: bytes, new: bytes) -> list[tuple[int, int]]:
     """``[(start, end)]`` byte ranges of the 4096-byte pages where two slots of one size differ, runs
     of adjacent pages merged (the slot size is a multiple of 4096)."""
-    import numpy as np
-
     a = np.frombuffer(old, np.uint8).reshape(-1, 4096)
     b = np.frombuffer(new, np.uint8).reshape(-1, 4096)
     runs: list[tuple[int, int]] = []
