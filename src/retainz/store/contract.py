@@ -2,7 +2,7 @@
 store, a generation being written and a shard being streamed.  Two implementations keep it: the
 in-process :class:`~.store.Store` (with :class:`~.writer.GenerationWriter`, :class:`~.writer.ShardWriter`)
 and a node service's client :class:`retainz.node.client.NodeStore` (with ``NodeGenerationWriter``,
-``NodeShardStream``), so a face never asks which one it holds.  ``tests/test_store_contract.py`` runs
+``NodeShardStream``), so a face never asks which one it holds.  ``tests/store/test_store_contract.py`` runs
 one suite on both and checks that callers outside the store keep to these lists.
 
 :class:`PlacementView` is not part of the faces' contract: the zone table, the allocator and the

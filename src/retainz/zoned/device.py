@@ -68,7 +68,7 @@ class ZonedDevice(abc.ABC):
     All offsets and lengths are bytes on the device.  Writes and reads must be block aligned
     (``geometry.block_size``).  Zone management takes a zone index.
 
-    Rules every implementation follows (tested by ``tests/test_device_conformance.py``):
+    Rules every implementation follows (tested by ``tests/zoned/test_device_conformance.py``):
 
     * A write must start exactly at its zone's write pointer (else :class:`ZoneInvalidWriteError`),
       must not cross the zone capacity (:class:`ZoneBoundaryError`), and fails on a Full zone
