@@ -45,6 +45,7 @@ from retainz.node.protocol import (
     send_frame,
     socket_path,
 )
+from retainz.store import contract
 from retainz.store.crc import crc32c_combine
 from retainz.store.reader import Reader, verified_stream
 from retainz.store.types import (
@@ -587,16 +588,7 @@ class NodeGenerationWriter:
     def write_shard(self, name: str, chunks: Iterable[bytes | bytearray | memoryview], *,
                     size: int | None = None) -> ShardInfo:
         """Stream one shard from an iterable of chunks (``GenerationWriter.write_shard``)."""
-        if chunks is None:
-            raise ValueError(f"shard {name!r}: no chunks given")
-        s = self.open_shard(name, size=size)
-        try:
-            for chunk in chunks:
-                s.write(chunk)
-        except BaseException:
-            s.abort()
-            raise
-        return s.close()
+        return contract.write_shard(self, name, chunks, size=size)
 
     def write_counted_shard(self, name: str, size: int) -> ShardInfo:
         """Refused: a served device keeps payload (counted shards are for trace replay in-process)."""
@@ -647,12 +639,7 @@ class NodeGenerationWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if self.gen.state is not GenState.WRITING:
-            return
-        if exc_type is None:
-            self.commit()
-        else:
-            self.abort()
+        contract.exit_writing(self, exc_type is not None)
 
     def __repr__(self) -> str:
         return f"NodeGenerationWriter({self.gen.id!r}, step={self.gen.step}, {self.gen.state.value})"

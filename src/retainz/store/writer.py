@@ -28,6 +28,7 @@ import crc32c
 
 from retainz.errors import NoSpaceError, ShardExistsError, ShardSizeError, ZonedDeviceError
 from retainz.placement.base import Allocator, Decision, ExtentRequest, ZoneSummary
+from retainz.store import contract
 from retainz.store.crc import crc32c_combine
 from retainz.store.format import check_id
 from retainz.store.types import GenerationInfo, GenState, ShardInfo, StoreMetrics
@@ -671,17 +672,7 @@ class GenerationWriter:
             ValueError: a duplicate shard name, a negative size, or a writer that is no longer
                 writing.
         """
-        if chunks is None:
-            raise ValueError(f"shard {name!r}: no chunks given (a counted shard on a payload-less device "
-                             "is write_counted_shard)")
-        s = self.open_shard(name, size=size)
-        try:
-            for chunk in chunks:
-                s.write(chunk)
-        except BaseException:
-            s.abort()
-            raise
-        return s.close()
+        return contract.write_shard(self, name, chunks, size=size)
 
     def write_counted_shard(self, name: str, size: int) -> ShardInfo:
         """Place a shard of ``size`` bytes without its bytes (a payload-less device: trace replay).
@@ -787,12 +778,7 @@ class GenerationWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if self.gen.state is not GenState.WRITING:
-            return
-        if exc_type is None:
-            self.commit()
-        else:
-            self.abort()
+        contract.exit_writing(self, exc_type is not None)
 
     def __repr__(self) -> str:
         return f"GenerationWriter({self.gen.id!r}, step={self.gen.step}, {self.gen.state.value})"
