@@ -63,14 +63,15 @@ def test_a_forced_data_path_writes_through_the_service_and_reads_back_byte_for_b
         assert c.data_path == path and f"RETAINZ_NODE_DATA={path}" in c.data_reason and not c.direct
         assert f"data={path!r}" in repr(c)
         shards = _write_and_read(c, "g")
-        c._fd, fd = -1, c._fd                  # and reads through the service too (no device descriptor)
-        try:
+        # and reads through the service too, as a client that cannot read the device (no reader of its own)
+        c.reader, reader = None, c.reader
+        with monkeypatch.context() as m:
+            m.setattr(reader.extents, "read_extent", lambda *a: pytest.fail("read the device file itself"))
             for name, data in shards.items():
                 assert b"".join(c.read_shard("g", name)) == data
             at, ext = c.read_shard_extent("g", "a", 1 << 20)
             assert at == 1 << 20 and ext == shards["a"][at:at + len(ext)]
-        finally:
-            c._fd = fd
+        c.reader = reader
     monkeypatch.delenv("RETAINZ_NODE_DATA")
     with NodeStore.connect(device) as d:      # a direct client reads what the service wrote
         assert d.data_path == "direct"
@@ -232,3 +233,27 @@ def test_a_put_on_the_socket_path_is_bounded_like_a_claim(served):
     with contextlib.suppress(OSError):
         assert s.recv(1) == b""
     s.close()
+
+
+def test_a_client_reading_through_the_service_stops_at_a_shard_replaced_mid_stream_as_the_store_does(served, monkeypatch):
+    """A stream through the service (a client that cannot read the device) of a generation deleted and
+    written again meanwhile ends with the in-process store's refusal, not with the new bytes spliced
+    onto the old ones."""
+    from retainz.errors import GenerationNotFoundError
+
+    device, svc = served
+    old, new = os.urandom(3 << 20), os.urandom(2 << 20)
+    monkeypatch.setenv("RETAINZ_NODE_DATA", "socket")
+    with NodeStore.connect(device) as c:
+        c.reader = None
+        for store in (c, svc.store):
+            with store.begin_generation("g", 1) as w:
+                w.write_shard("a", [old])
+            stream = store.read_shard("g", "a")
+            assert next(stream) == old[:1 << 20]
+            store.delete("g")
+            with store.begin_generation("g", 2) as w:
+                w.write_shard("a", [new])
+            with pytest.raises(GenerationNotFoundError, match=r"^generation 'g' was deleted while being read$"):
+                next(stream)
+            store.delete("g")

@@ -77,6 +77,32 @@ def _served(device: str, log):
 PER_RANK = [".metadata", "__0_0.distcp", "__0_1.distcp", "__1_0.distcp", "__1_1.distcp"]
 
 
+def _generations(device: str) -> dict[str, list[str]]:
+    """The device's generations and their shards' names, sorted."""
+    from retainz.jobs import stores
+
+    with stores.using(device) as store:
+        return {g.id: sorted(g.shards) for g in store.generations()}
+
+
+def _check_on_retainz(device: str, got: dict) -> None:
+    """What the two ranks left on ``retainz://DEVICE/ck``: the per-rank files of a local directory
+    (thread_count 2 each), one generation of the plans (each version retired the one before), and the
+    sharded checkpoint loaded whole in this process."""
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+
+    from retainz.integrations.fsspec_fs import RetainZFileSystem
+
+    assert got["face"] == got["local"] == PER_RANK
+    gens = _generations(device)
+    assert sorted(gens) == ["ck%2Fasync", "ck%2Fplans#1", "ck%2Fsharded#1"]
+    assert gens["ck%2Fasync"] == gens["ck%2Fsharded#1"] == PER_RANK
+    try:
+        _check_whole(_load_whole(FsspecReader(f"retainz://{device}/ck/sharded")))
+    finally:
+        RetainZFileSystem.close_all()
+
+
 def test_two_ranks_on_the_mount(tmp_path):
     require_fuse()
     device = make_device(tmp_path, zones=32)
@@ -104,21 +130,7 @@ def test_two_ranks_on_retainz_with_nothing_started(tmp_path):
     (tmp_path / "local").mkdir()
     fsspec.config.conf.pop("retainz", None)
     got = _ranks("retainz", f"retainz://{device}/ck", tmp_path / "local", device, job=None)
-    assert got["face"] == got["local"] == PER_RANK
-    from retainz.jobs import stores
-
-    with stores.using(device) as store:
-        gens = {g.id: sorted(g.shards) for g in store.generations()}
-    assert sorted(gens) == ["ck%2Fasync", "ck%2Fplans#1", "ck%2Fsharded#1"]     # plans: one left
-    assert gens["ck%2Fasync"] == gens["ck%2Fsharded#1"] == PER_RANK
-    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
-
-    from retainz.integrations.fsspec_fs import RetainZFileSystem
-
-    try:
-        _check_whole(_load_whole(FsspecReader(f"retainz://{device}/ck/sharded")))
-    finally:
-        RetainZFileSystem.close_all()
+    _check_on_retainz(device, got)
     assert fsck_clean(device)
 
 
@@ -135,24 +147,11 @@ def test_two_ranks_through_the_node_service(tmp_path, face):
         got = _ranks(face, root, tmp_path / "local", device)
     finally:
         stop_service(svc)
-    from retainz.jobs import stores
-
-    with stores.using(device) as store:
-        gens = {g.id: sorted(g.shards) for g in store.generations()}
     if face == "retainz":
-        assert got["face"] == got["local"] == PER_RANK
-        assert sorted(gens) == ["ck%2Fasync", "ck%2Fplans#1", "ck%2Fsharded#1"]     # plans: one left
-        assert gens["ck%2Fasync"] == gens["ck%2Fsharded#1"] == PER_RANK
-        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
-
-        from retainz.integrations.fsspec_fs import RetainZFileSystem
-
-        try:
-            _check_whole(_load_whole(FsspecReader(f"retainz://{device}/ck/sharded")))
-        finally:
-            RetainZFileSystem.close_all()
+        _check_on_retainz(device, got)
     else:
         # ZonedStorageWriter: one shard per rank (no thread_count), generations of the series ck
+        gens = _generations(device)
         shards = [".metadata", "__0_0.distcp", "__1_0.distcp"]
         assert sorted(gens) == ["ck%2Fasync", "ck%2Fplans", "ck%2Fsharded"]    # its overwrite keeps the id
         assert gens["ck%2Fasync"] == gens["ck%2Fsharded"] == shards, gens

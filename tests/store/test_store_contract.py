@@ -15,7 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from retainz.errors import AccessDeniedError, GenerationExistsError, GenerationNotFoundError, NoSpaceError
+from retainz.errors import (
+    AccessDeniedError,
+    ChecksumError,
+    GenerationExistsError,
+    GenerationNotFoundError,
+    NoSpaceError,
+)
 from retainz.hint import Hint
 from retainz.node.client import NodeGenerationWriter, NodeShardStream, NodeStore
 from retainz.store import GenerationWriter, ShardWriter, Store
@@ -230,3 +236,49 @@ def test_both_implementations_say_the_store_format_version(store):
     from retainz.store.format import FORMAT_VERSION
 
     assert store.format_version == FORMAT_VERSION
+
+
+def _refusal(e: BaseException) -> tuple:
+    return (type(e), str(e), e.generation, e.shard, e.zone, e.offset, e.length, e.expected, e.actual)
+
+
+def test_a_corrupt_extent_is_refused_exactly_alike_in_process_and_served(tmp_path):
+    """One read path (``store.reader.Reader``): one flipped byte in a shard's second extent on the device
+    file makes the stream and the random access raise the same ChecksumError, message and fields
+    (generation, shard, zone, offset, length, expected and actual crc32c), whether the in-process store
+    or a NodeStore served over the same device reads it; the first extent still reads."""
+    data = os.urandom(5 * (1 << 20) // 2)                    # three extents, the last one half full
+    refused, z, off = {}, 0, 0
+    for kind in ("store", "node"):
+        dev = FileDevice.create(tmp_path / f"{kind}.img", GEOMETRY)
+        if kind == "store":
+            store = Store.format(dev)
+            stop = store.close
+        else:
+            store, stop = _serve(dev)
+        try:
+            with store.begin_generation("g", 1) as w:
+                w.write_shard("a", [data])
+            if kind == "store":       # the same requests place the same extents through the service
+                z, off, _length, _crc = store.generation("g").shards["a"].extents[1]
+            file, region = dev.direct_region()
+            at = region + z * GEOMETRY.zone_size + off + 7
+            fd = os.open(file, os.O_RDWR)
+            try:
+                os.pwrite(fd, bytes([os.pread(fd, 1, at)[0] ^ 0x10]), at)
+            finally:
+                os.close(fd)
+            assert store.read_shard_extent("g", "a", 0) == (0, data[:1 << 20])
+            with pytest.raises(ChecksumError) as streamed:
+                b"".join(store.read_shard("g", "a"))
+            with pytest.raises(ChecksumError) as random:
+                store.read_shard_extent("g", "a", (1 << 20) + 5)
+            refused[kind] = (_refusal(streamed.value), _refusal(random.value))
+        finally:
+            stop()
+    first = refused["store"][0]
+    zone, offset, length = first[4:7]
+    assert first[1] == f"generation 'g' shard 'a': extent at zone {zone} offset {offset} ({length} bytes) fails its crc32c"
+    assert first[6] == 1 << 20 and first[8] is not None and first[8] != first[7]
+    assert refused["store"][1] == first
+    assert refused["node"] == refused["store"]

@@ -49,7 +49,7 @@ from retainz.store.format import Superblock, check_id
 from retainz.store.gc import Collector
 from retainz.store.journal import MAX_META_ZONES, Journal, default_meta_zones
 from retainz.store.metalog import MetadataLog
-from retainz.store.reader import Reader, unknown_message
+from retainz.store.reader import CatalogShards, DeviceExtents, Reader, unknown_message
 from retainz.store.records import empty_snapshot, frame, gen_entry_bytes
 from retainz.store.recovery import RecoveryReport, mount
 from retainz.store.types import FsckReport, GCReport, GenerationInfo, GenState, SpaceReport, StoreMetrics
@@ -327,7 +327,7 @@ class Store:
         self.collector = Collector(self.zones, self.catalog, self.log, self.write_path, allocator,
                                    self.gc_reserve_zones, self._busy_zones)
         self.write_path.collector = self.collector
-        self.reader = Reader(device, self.catalog, self.lock)
+        self.reader = Reader(CatalogShards(self.catalog, device.name), DeviceExtents(device), self.lock)
         self._closed = False
 
     def use_allocator(self, allocator: Allocator) -> None:
