@@ -66,7 +66,7 @@ def fdp_guest_run():
     OUT.mkdir(parents=True, exist_ok=True)
     JUNIT.unlink(missing_ok=True)
     cfg = GuestConfig(zns=None, nullblk=None, fdp=FDPConfig(**GUEST_FDP), timeout=GUEST_TIMEOUT, cwd=str(ROOT),
-                      env={"RETAINZ_TEST_FDP": "/dev/nvme0n1"})
+                      env={"RETAINZ_TEST_FDP": "/dev/nvme0n1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfE", "--tb=short", "-k", "test_guest_", "-m", "not fdp_guest",
            "--durations=5",
            f"--junitxml={JUNIT}", str(Path(__file__).relative_to(ROOT))]
@@ -259,3 +259,21 @@ def test_write_command_carries_dtype_and_dspec(monkeypatch):
     f = struct.unpack("<BBHIIIQQIIIIIIIIIIQ", sent[2][1])
     assert f[0] == 0x1D and f[10] == 1                     # I/O management send, RUH Update
     p.close()
+
+
+def test_kernel_dir_from_the_environment_is_used(tmp_path, monkeypatch):
+    """``$RETAINZ_VM_KERNEL_DIR`` names an unpacked kernel folder (``boot/vmlinuz-R``, indexed
+    ``lib/modules/R``): the guest lanes boot it instead of downloading one (the FDP lane's runs used
+    the ZNS lane's kernel this way)."""
+    from retainz.vm import setup
+
+    root = tmp_path / "linux-image-6.1.0-9-amd64"
+    (root / "boot").mkdir(parents=True)
+    (root / "boot" / "vmlinuz-6.1.0-9-amd64").write_bytes(b"kernel")
+    monkeypatch.setenv("RETAINZ_VM_KERNEL_DIR", str(root))
+    with pytest.raises(setup.VMSetupError, match="indexed modules"):
+        setup.ensure_kernel(tmp_path / "cache", install=False)
+    (root / "lib" / "modules" / "6.1.0-9-amd64").mkdir(parents=True)
+    (root / "lib" / "modules" / "6.1.0-9-amd64" / "modules.dep").write_text("")
+    k = setup.ensure_kernel(tmp_path / "cache", install=False)
+    assert (k.root, k.release, k.vmlinuz) == (root, "6.1.0-9-amd64", root / "boot" / "vmlinuz-6.1.0-9-amd64")

@@ -312,10 +312,11 @@ def ensure_kernel(cache: Path | None = None, install: bool = True) -> Kernel:
     """
     env_dir = os.environ.get("RETAINZ_VM_KERNEL_DIR")
     if env_dir:
-        found = _cached_kernels(Path(env_dir).parent) if Path(env_dir).is_dir() else []
-        for k in found:
-            if k.root == Path(env_dir):
-                return k
+        root = Path(env_dir)
+        for vmlinuz in sorted(root.glob("boot/vmlinuz-*")):
+            release = vmlinuz.name[len("vmlinuz-"):]
+            if (root / "lib" / "modules" / release / "modules.dep").exists():
+                return Kernel(root=root, release=release, vmlinuz=vmlinuz)
         raise VMSetupError(f"RETAINZ_VM_KERNEL_DIR={env_dir} holds no boot/vmlinuz-* with indexed modules")
     cache = cache or default_cache_dir()
     have = _cached_kernels(cache)
