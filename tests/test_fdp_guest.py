@@ -88,7 +88,8 @@ def fdp_guest_run():
 
 
 GUEST_CASES = ("test_guest_store_places_generations_in_handles_the_drive_confirms",
-               "test_guest_writes_carry_the_placement_identifier")
+               "test_guest_writes_carry_the_placement_identifier",
+               "test_guest_nvme_cli_fdp_plugin_sees_the_placed_writes")
 
 
 @pytest.mark.fdp_guest
@@ -198,6 +199,45 @@ def test_guest_store_places_generations_in_handles_the_drive_confirms():
         assert rep.ok, rep.problems
         assert rep.generations == len(expect)
         store.close()
+    finally:
+        dev.close()
+
+
+def _nvme_cli(*args: str) -> dict:
+    import json
+    import shutil
+    import subprocess
+
+    nvme = shutil.which("nvme") or "/usr/sbin/nvme"
+    r = subprocess.run([nvme, *args, "-o", "json"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, f"nvme {' '.join(args)}: exit {r.returncode}: {r.stderr}{r.stdout}"
+    return json.loads(r.stdout)
+
+
+@in_guest
+def test_guest_nvme_cli_fdp_plugin_sees_the_placed_writes():
+    """nvme-cli's fdp plugin (installed by `make vm-setup`), an independent reader of the drive: after
+    three blocks through placement identifier 2, ``nvme fdp status`` shows that identifier's RUAMW down by
+    3 and no other moved, ``nvme fdp stats`` HBMW up by 3 blocks and equal to the ioctl's log 0x22, and
+    ``nvme fdp usage`` lists the namespace's four handles as host-specified (RUHA 1)."""
+    from retainz.zoned.linuxfdp import LinuxFdpDevice
+
+    dev = LinuxFdpDevice(FDP_DEV, zone_capacity=ZONE, ru_size=GUEST_FDP["ru_size"])
+    try:
+        bs = dev.geometry.block_size
+        before = {int(d["pid"]): int(d["ruamw"]) for d in _nvme_cli("fdp", "status", FDP_DEV)["ruhss"]}
+        hbmw = int(_nvme_cli("fdp", "stats", FDP_DEV, "--endgrp-id=1")["hbmw"])
+        assert before == {r.pid: r.ruamw for r in dev.ruh_status()}
+        dev._nvme.write((dev.geometry.nr_zones - 2) * ZONE // bs, bytes(3 * bs), placement_id=2)
+        after = {int(d["pid"]): int(d["ruamw"]) for d in _nvme_cli("fdp", "status", FDP_DEV)["ruhss"]}
+        assert {p: before[p] - after[p] for p in before} == {0: 0, 1: 0, 2: 3, 3: 0}
+        stats = _nvme_cli("fdp", "stats", FDP_DEV, "--endgrp-id=1")
+        mine = dev.fdp_statistics()
+        assert int(stats["hbmw"]) == hbmw + 3 * bs == mine.host_bytes_written
+        assert (int(stats["mbmw"]), int(stats["mbe"])) == (mine.media_bytes_written, mine.media_bytes_erased)
+        usage = _nvme_cli("fdp", "usage", FDP_DEV, "--endgrp-id=1")
+        assert [int(u["ruha"]) for u in usage["ruhus"]] == [1, 1, 1, 1]
+        dev._nvme.deallocate((dev.geometry.nr_zones - 2) * ZONE // bs, 3)
     finally:
         dev.close()
 

@@ -32,9 +32,10 @@ __all__ = ["VMSetupError", "Kernel", "HOST_PACKAGES", "default_cache_dir", "ensu
            "ensure_kernel", "ensure_all", "find_qemu", "find_busybox", "qemu_version", "find_fdp_qemu",
            "ensure_fdp_qemu", "FDP_QEMU_MIN", "FDP_QEMU_SOURCE"]
 
-#: Debian packages the lane installs on the host.  btrfs-progs and f2fs-tools are for the guest (it runs
-#: the host's root read-only): the file-system comparison formats the namespace with them.
-HOST_PACKAGES = ("qemu-system-x86", "busybox-static", "cpio", "kmod", "btrfs-progs", "f2fs-tools")
+#: Debian packages the lane installs on the host.  btrfs-progs, f2fs-tools and nvme-cli are for the guest
+#: (it runs the host's root read-only): the file-system comparison formats the namespace with them, and
+#: the FDP lane reads the drive's FDP logs with nvme-cli's fdp plugin (2.3+) beside its own ioctls.
+HOST_PACKAGES = ("qemu-system-x86", "busybox-static", "cpio", "kmod", "btrfs-progs", "f2fs-tools", "nvme-cli")
 #: The meta-package whose dependency names the current kernel image package.
 KERNEL_META = "linux-image-amd64"
 #: The first QEMU with FDP emulation (hw/nvme: ``nvme-subsys fdp=on``, 8.0, March 2023).
@@ -258,14 +259,14 @@ def _missing_host_tools() -> list[str]:
         missing.append("cpio")
     if not (shutil.which("depmod") or os.path.exists("/sbin/depmod")):
         missing.append("kmod")
-    for tool, package in (("mkfs.btrfs", "btrfs-progs"), ("mkfs.f2fs", "f2fs-tools")):
+    for tool, package in (("mkfs.btrfs", "btrfs-progs"), ("mkfs.f2fs", "f2fs-tools"), ("nvme", "nvme-cli")):
         if not (shutil.which(tool) or os.path.exists(f"/sbin/{tool}") or os.path.exists(f"/usr/sbin/{tool}")):
             missing.append(package)
     return missing
 
 
 def ensure_host_tools(install: bool = True) -> None:
-    """Make sure QEMU, static busybox, cpio, kmod, btrfs-progs and f2fs-tools are on the host.
+    """Make sure QEMU, static busybox, cpio, kmod, btrfs-progs, f2fs-tools and nvme-cli are on the host.
 
     Raises:
         VMSetupError: something is missing and ``install`` is False, we are not root, or apt-get
@@ -360,23 +361,20 @@ def ensure_all(cache: Path | None = None, install: bool = True) -> Kernel:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m retainz.vm.setup [--check]``: install what is missing (or, with --check, only say).
-    The FDP lane's QEMU (:func:`ensure_fdp_qemu`) is set up after the ZNS lane's; if it cannot be, the
-    ZNS lane's setup still stands and the exit status is 2 (the FDP lane then skips with the reason)."""
+    """``python -m retainz.vm.setup [--check] [--fdp]``: install what the guest lanes need (or, with
+    --check, only say what is missing); exit status 1 if something is missing and cannot be had.  With
+    --fdp, the FDP lane's QEMU (:func:`ensure_fdp_qemu`) too, after the rest."""
     argv = sys.argv[1:] if argv is None else argv
     install = "--check" not in argv
     try:
         k = ensure_all(install=install)
+        print(f"qemu: {find_qemu()}\nbusybox: {find_busybox()}\nkernel: {k.release} ({k.vmlinuz})")
+        if "--fdp" in argv:
+            fdp = ensure_fdp_qemu(install=install)
+            print(f"fdp qemu: {fdp} (version {'.'.join(map(str, qemu_version(fdp) or ()))})")
     except VMSetupError as e:
         print(f"retainz vm setup: error: {e}", file=sys.stderr)
         return 1
-    print(f"qemu: {find_qemu()}\nbusybox: {find_busybox()}\nkernel: {k.release} ({k.vmlinuz})")
-    try:
-        fdp = ensure_fdp_qemu(install=install)
-    except VMSetupError as e:
-        print(f"retainz vm setup: error: the FDP lane's QEMU: {e}", file=sys.stderr)
-        return 2
-    print(f"fdp qemu: {fdp} (version {'.'.join(map(str, qemu_version(fdp) or ()))})")
     return 0
 
 
