@@ -89,7 +89,8 @@ def fdp_guest_run():
 
 GUEST_CASES = ("test_guest_store_places_generations_in_handles_the_drive_confirms",
                "test_guest_writes_carry_the_placement_identifier",
-               "test_guest_nvme_cli_fdp_plugin_sees_the_placed_writes")
+               "test_guest_nvme_cli_fdp_plugin_sees_the_placed_writes",
+               "test_guest_store_recovers_after_a_killed_process")
 
 
 @pytest.mark.fdp_guest
@@ -198,6 +199,62 @@ def test_guest_store_places_generations_in_handles_the_drive_confirms():
         rep = store.fsck()
         assert rep.ok, rep.problems
         assert rep.generations == len(expect)
+        store.close()
+    finally:
+        dev.close()
+
+
+_CRASH_CHILD = r"""
+import os, random, signal, sys
+from retainz.hint import Hint
+from retainz.store import Store
+from retainz.zoned.linuxfdp import LinuxFdpDevice
+
+dev = LinuxFdpDevice(sys.argv[1], zone_capacity=int(sys.argv[2]), ru_size=int(sys.argv[3]), zones=48)
+store = Store.format(dev, force=True)
+w = store.begin_generation("kept", 1, hint=Hint(reclaim_step=500), declared_size=2 * int(sys.argv[4]))
+for r in range(2):
+    w.write_shard(f"rank{r}", [random.Random(f"kept/{r}").randbytes(int(sys.argv[4]))])
+w.commit()
+w = store.begin_generation("lost", 2, hint=Hint(reclaim_step=20), declared_size=int(sys.argv[4]))
+w.write_shard("rank0", [random.Random("lost/0").randbytes(int(sys.argv[4]))])
+dev.flush()      # the uncommitted generation's bytes are on the namespace, its commit is not
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@in_guest
+def test_guest_store_recovers_after_a_killed_process():
+    """A process formats the store on the FDP namespace, commits one generation, writes another without
+    committing it and is SIGKILLed.  A new process opens the namespace (the zone table from its zone-state
+    slots) and the store (journal replay and recovery): the committed generation reads back bit for bit,
+    the uncommitted one is gone, fsck is clean, and a new generation writes and reads back."""
+    import subprocess
+
+    from retainz.hint import Hint
+    from retainz.store import Store
+    from retainz.zoned import ZoneCond
+    from retainz.zoned.linuxfdp import LinuxFdpDevice
+
+    size = ZONE + ZONE // 3 + 4096 * 3 + 11
+    r = subprocess.run([sys.executable, "-c", _CRASH_CHILD, FDP_DEV, str(ZONE), str(GUEST_FDP["ru_size"]),
+                        str(size)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == -9, (r.returncode, r.stderr[-3000:])
+    dev = LinuxFdpDevice(FDP_DEV, zone_capacity=ZONE, ru_size=GUEST_FDP["ru_size"], zones=48)
+    try:
+        used = [z for z in dev.report_zones() if z.cond != ZoneCond.EMPTY]
+        assert used, "the zone table was not restored from the namespace"
+        store = Store.open(dev)
+        assert [g.id for g in store.generations()] == ["kept"]
+        for rank in range(2):
+            assert b"".join(store.read_shard("kept", f"rank{rank}")) == random.Random(f"kept/{rank}").randbytes(size)
+        rep = store.fsck()
+        assert rep.ok and rep.generations == 1, rep.problems
+        data = random.Random("after").randbytes(size)
+        w = store.begin_generation("after", 3, hint=Hint(reclaim_step=600), declared_size=size)
+        w.write_shard("rank0", [data])
+        w.commit()
+        assert b"".join(store.read_shard("after", "rank0")) == data
         store.close()
     finally:
         dev.close()

@@ -26,8 +26,16 @@ has the FTL model:
 accounts (Reclaim Unit Handle Status; FDP statistics log 22h): the guest lane compares them
 (tests/test_fdp_guest.py).
 
-Not durable across processes: the zone table lives in memory, as on the model; a store on it is formatted
-and used by one process (a restart would need the write pointers from a durable zone-state record).
+**Durability**: a conventional namespace keeps no write pointers, so the zone table is kept on the
+namespace itself, after the last zone: two zone-state slots, A and B, in the format of
+:class:`~retainz.zoned.file.FileDevice`'s (every zone's condition and written bytes, the implicitly open
+zones in order, a crc32c), written alternately by :meth:`_persist` after each flush's NVMe Flush and after
+each zone operation, then flushed themselves.  Opening the namespace again loads the newest valid slot
+(a torn slot leaves the other), so the store reopens and recovers as on a zoned device: data up to each
+write pointer recorded at the last flush or zone operation survives a crash.  The slots are written
+without a placement directive; QEMU charges such writes to placement handle 0 (``nvme_do_write_fdp``),
+so :meth:`placements` counts them there too (``HandleLedger.unplaced``).  After a reopen an open zone
+holds no handle until its next write, which takes the lowest free one.
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ from retainz.errors import DeviceFormatError, NotADeviceError
 from retainz.zoned.device import WriteData, ZoneOp
 from retainz.zoned.emulated import EmulatedZonedDevice
 from retainz.zoned.fdp import PlacementHandles
+from retainz.zoned.file import _decode_slot, _encode_slot, _slot_size
 from retainz.zoned.linux import sysfs_queue_dir
 from retainz.zoned.model import Geometry
 from retainz.zoned.nvmeioctl import FdpLogStatistics, NvmePassthrough, RuhStatus
@@ -65,6 +74,7 @@ class HandleLedger:
     since_update: int = 0
     updates: int = 0
     padding: int = 0
+    unplaced: int = 0       # of ``written``: zone-state slots, written without a placement directive
 
 
 class LinuxFdpDevice(EmulatedZonedDevice):
@@ -72,7 +82,8 @@ class LinuxFdpDevice(EmulatedZonedDevice):
 
     Args:
         path: the namespace's block device, ``/dev/nvmeXnY``.
-        zone_capacity: bytes per zone (whole logical blocks); the zones fill the namespace.
+        zone_capacity: bytes per zone (whole logical blocks); the zones fill the namespace up to the two
+            zone-state slots at its end.
         ru_size: the reclaim unit size in bytes (FDP configurations log; the guest lane passes QEMU's
             ``fdp.runs``), used for the padding of RUH Updates in :meth:`placements`.
         zones: number of zones (default: as many as the namespace holds).
@@ -114,10 +125,13 @@ class LinuxFdpDevice(EmulatedZonedDevice):
             self.close()
             raise DeviceFormatError(f"zone capacity {zone_capacity} is not a positive multiple of the "
                                     f"{bs}-byte block size")
-        fit = size // zone_capacity
-        zones = fit if zones is None else zones
+        if zones is None:      # as many as fit before the two zone-state slots
+            zones = size // zone_capacity
+            while zones and zones * zone_capacity + 2 * _slot_size(zones) > size:
+                zones -= 1
         handles = len(drive_handles) if handles is None else handles
-        if not 1 <= zones <= fit or not 1 <= handles <= len(drive_handles):
+        if zones < 1 or zones * zone_capacity + 2 * _slot_size(zones) > size \
+                or not 1 <= handles <= len(drive_handles):
             self.close()
             raise DeviceFormatError(f"{path}: {zones} zones of {zone_capacity} B and {handles} handles do not "
                                     f"fit a namespace of {size} B with {len(drive_handles)} placement handles")
@@ -130,6 +144,33 @@ class LinuxFdpDevice(EmulatedZonedDevice):
         self._ledger = [HandleLedger() for _ in range(handles)]
         self._sent = [0] * zones          # bytes of each zone on the namespace
         self._through: dict[int, int] = {}   # zone -> placement identifier of its data
+        self._slot = _slot_size(zones)
+        self._state_at = size - 2 * self._slot
+        self._seq = 0
+        try:
+            self._load_state()
+        except BaseException:
+            self.close()
+            raise
+
+    def _load_state(self) -> None:
+        """Restore the zone table from the newest valid zone-state slot, if any (a fresh namespace has
+        none: every zone Empty)."""
+        best = None
+        for i in range(2):
+            raw = self._read_at(self._state_at + i * self._slot, self._slot)
+            got = _decode_slot(raw, self._nz)
+            if got is not None and (best is None or got[0] > best[0]):
+                best = got
+        if best is None:
+            return
+        seq, conds, written, order = best
+        if any(w > self._zcap or w % self._bs for w in written):
+            raise DeviceFormatError(f"{self.name}: the zone-state slot does not fit {self._nz} zones of "
+                                    f"{self._zcap} B (opened with another zone capacity?)")
+        self._seq = seq
+        self._restore(conds, written, order)
+        self._sent = list(written)
 
     # -- what the drive and the host say ------------------------------------------------------------
     def zone_handle(self, zone: int) -> int | None:
@@ -186,7 +227,9 @@ class LinuxFdpDevice(EmulatedZonedDevice):
         ledger.since_update = 0
 
     def _load(self, zone: int, pos: int, length: int) -> bytes:
-        start = zone * self._zcap + pos
+        return self._read_at(zone * self._zcap + pos, length)
+
+    def _read_at(self, start: int, length: int) -> bytes:
         head = start % _PAGE
         span = -(-(head + length) // _PAGE) * _PAGE
         with mmap.mmap(-1, span) as buf:
@@ -207,6 +250,24 @@ class LinuxFdpDevice(EmulatedZonedDevice):
     def _sync_data(self) -> None:
         self._nvme.flush()
 
+    def _persist(self) -> None:
+        """Write the durable zone table (``_dcond``, ``_dwritten``) into the next zone-state slot, then
+        an NVMe Flush."""
+        if self._nvme is None:
+            return
+        self._seq += 1
+        slot = _encode_slot(self._seq, self._dcond, self._dwritten, self._slot, self._imp_open)
+        at = self._state_at + (self._seq % 2) * self._slot
+        view = memoryview(slot)
+        step = self._nvme.max_transfer
+        for off in range(0, len(view), step):
+            self._nvme.write((at + off) // self._bs, view[off:off + step], placement_id=None)
+        ledger = self._ledger[0]          # QEMU: a write without a directive goes through handle 0
+        ledger.written += len(slot)
+        ledger.since_update += len(slot)
+        ledger.unplaced += len(slot)
+        self._nvme.flush()
+
     def zone_op(self, op: ZoneOp, zone: int) -> None:
         """:meth:`EmulatedZonedDevice.zone_op`; FINISH of a zone holding a handle also makes a Reclaim
         Unit Handle Update on it and gives it back (the model's rule, docs/fdp.md)."""
@@ -215,7 +276,10 @@ class LinuxFdpDevice(EmulatedZonedDevice):
             self._release(zone, update=True)
 
     def close(self) -> None:
-        """Release the transfer buffer and the descriptors.  Idempotent."""
+        """Flush (the zone table records every completed write), release the transfer buffer and the
+        descriptors.  Idempotent."""
+        if getattr(self, "_nvme", None) is not None and hasattr(self, "_dirty"):
+            self.flush()
         nvme = getattr(self, "_nvme", None)
         if nvme is not None:
             nvme.close()
