@@ -258,6 +258,13 @@ def test_guest_store_recovers_after_a_killed_process():
         store.close()
     finally:
         dev.close()
+    # the store commands open the namespace through its device spec
+    spec = f"nvme-fdp:dev={FDP_DEV},zone_capacity={ZONE},ru_size={GUEST_FDP['ru_size']},zones=48"
+    fsck = subprocess.run([sys.executable, "-m", "retainz.cli", "fsck", spec], capture_output=True, text=True, timeout=300)
+    assert fsck.returncode == 0, fsck.stdout + fsck.stderr
+    ls = subprocess.run([sys.executable, "-m", "retainz.cli", "ls", spec], capture_output=True, text=True, timeout=300)
+    assert ls.returncode == 0 and "kept" in ls.stdout and "after" in ls.stdout and "lost" not in ls.stdout, \
+        ls.stdout + ls.stderr
 
 
 def _nvme_cli(*args: str) -> dict:
@@ -326,6 +333,24 @@ def test_find_fdp_qemu_takes_only_qemu_8_or_newer(tmp_path, monkeypatch):
         if not ok:
             with pytest.raises(setup.VMSetupError, match="not a QEMU >= 8.0"):
                 setup.ensure_fdp_qemu(tmp_path, install=False)
+
+
+def test_nvme_fdp_spec_names_a_real_fdp_namespace():
+    """``nvme-fdp:dev=...`` is its own kind (before it, the text was taken for a device-file path): the
+    block device is its key and path, it outlives the command, and its keys are checked."""
+    from retainz.errors import DeviceFormatError
+    from retainz.zoned import parse_device
+
+    d = parse_device("nvme-fdp:dev=/dev/nvme0n1,zone_capacity=1MiB,ru_size=64MiB,zones=48")
+    assert (d.kind, d.path, d.key, d.persistent) == ("nvme-fdp", "/dev/nvme0n1", "/dev/nvme0n1", True)
+    for bad, why in (("nvme-fdp:dev=/dev/nvme0n1", "no zone_capacity, ru_size"),
+                     ("nvme-fdp:dev=/dev/x,zone_capacity=1MiB,ru_size=1MiB,spare=0.1", "unknown key"),
+                     ("nvme-fdp:dev=/dev/x,zone_capacity=1Mi_B,ru_size=1MiB", "is not a size"),
+                     ("nvme-fdp:dev=/dev/x,zone_capacity=1MiB,ru_size=1MiB,handles=0", "not a positive count")):
+        with pytest.raises(DeviceFormatError, match=why):
+            parse_device(bad)
+    with pytest.raises(FileNotFoundError, match="no such block device"):
+        parse_device("nvme-fdp:dev=/dev/nvme-none,zone_capacity=1MiB,ru_size=1MiB").open()
 
 
 def test_write_command_carries_dtype_and_dspec(monkeypatch):

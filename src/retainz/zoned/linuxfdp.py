@@ -52,7 +52,7 @@ from retainz.errors import DeviceFormatError, NotADeviceError
 from retainz.zoned.device import WriteData, ZoneOp
 from retainz.zoned.emulated import EmulatedZonedDevice
 from retainz.zoned.fdp import PlacementHandles
-from retainz.zoned.file import _decode_slot, _encode_slot, _slot_size
+from retainz.zoned.file import decode_state_slot, encode_state_slot, state_slot_size
 from retainz.zoned.linux import sysfs_queue_dir
 from retainz.zoned.model import Geometry
 from retainz.zoned.nvmeioctl import FdpLogStatistics, NvmePassthrough, RuhStatus
@@ -89,6 +89,9 @@ class LinuxFdpDevice(EmulatedZonedDevice):
         zones: number of zones (default: as many as the namespace holds).
         handles: placement handles to use (default: every one the namespace reports); also the zones
             that may be active and open at once.
+        readonly: reports and reads only (``O_RDONLY``, no exclusive open; writes, resets and zone
+            operations raise PermissionError; nothing is written to the namespace, not even the zone
+            table).
 
     Raises:
         NotADeviceError: ``path`` is not a block device, or not an NVMe namespace.
@@ -98,11 +101,12 @@ class LinuxFdpDevice(EmulatedZonedDevice):
     """
 
     def __init__(self, path: str, *, zone_capacity: int, ru_size: int, zones: int | None = None,
-                 handles: int | None = None):
+                 handles: int | None = None, readonly: bool = False):
         st = os.stat(path)
         if not stat.S_ISBLK(st.st_mode):
             raise NotADeviceError(f"{path}: not a block device (give the namespace's /dev/nvmeXnY)")
-        self._fd = os.open(path, os.O_RDWR | os.O_EXCL)
+        self.readonly = readonly
+        self._fd = os.open(path, os.O_RDONLY if readonly else os.O_RDWR | os.O_EXCL)
         try:
             self._rfd = os.open(path, os.O_RDONLY | os.O_DIRECT)
             size = os.lseek(self._fd, 0, os.SEEK_END)
@@ -127,10 +131,10 @@ class LinuxFdpDevice(EmulatedZonedDevice):
                                     f"{bs}-byte block size")
         if zones is None:      # as many as fit before the two zone-state slots
             zones = size // zone_capacity
-            while zones and zones * zone_capacity + 2 * _slot_size(zones) > size:
+            while zones and zones * zone_capacity + 2 * state_slot_size(zones) > size:
                 zones -= 1
         handles = len(drive_handles) if handles is None else handles
-        if zones < 1 or zones * zone_capacity + 2 * _slot_size(zones) > size \
+        if zones < 1 or zones * zone_capacity + 2 * state_slot_size(zones) > size \
                 or not 1 <= handles <= len(drive_handles):
             self.close()
             raise DeviceFormatError(f"{path}: {zones} zones of {zone_capacity} B and {handles} handles do not "
@@ -144,7 +148,7 @@ class LinuxFdpDevice(EmulatedZonedDevice):
         self._ledger = [HandleLedger() for _ in range(handles)]
         self._sent = [0] * zones          # bytes of each zone on the namespace
         self._through: dict[int, int] = {}   # zone -> placement identifier of its data
-        self._slot = _slot_size(zones)
+        self._slot = state_slot_size(zones)
         self._state_at = size - 2 * self._slot
         self._seq = 0
         try:
@@ -159,7 +163,7 @@ class LinuxFdpDevice(EmulatedZonedDevice):
         best = None
         for i in range(2):
             raw = self._read_at(self._state_at + i * self._slot, self._slot)
-            got = _decode_slot(raw, self._nz)
+            got = decode_state_slot(raw, self._nz)
             if got is not None and (best is None or got[0] > best[0]):
                 best = got
         if best is None:
@@ -199,6 +203,30 @@ class LinuxFdpDevice(EmulatedZonedDevice):
         return self._nvme.fdp_statistics(endurance_group)
 
     # -- storage hooks --------------------------------------------------------------------------------
+    def _check_rw(self) -> None:
+        if self.readonly:
+            raise PermissionError(f"{self.name}: device was opened read-only")
+
+    def write(self, offset: int, data: WriteData) -> None:
+        """:meth:`EmulatedZonedDevice.write` (PermissionError on a read-only device)."""
+        self._check_rw()
+        super().write(offset, data)
+
+    def append(self, zone: int, data: WriteData) -> int:
+        """:meth:`EmulatedZonedDevice.append` (PermissionError on a read-only device)."""
+        self._check_rw()
+        return super().append(zone, data)
+
+    def reset_zone(self, zone: int) -> None:
+        """:meth:`EmulatedZonedDevice.reset_zone`: a Deallocate (PermissionError on a read-only device)."""
+        self._check_rw()
+        super().reset_zone(zone)
+
+    def reset_zones(self, zones) -> None:
+        """:meth:`EmulatedZonedDevice.reset_zones` (PermissionError on a read-only device)."""
+        self._check_rw()
+        super().reset_zones(zones)
+
     def _store(self, zone: int, pos: int, data: WriteData) -> None:
         handle = self._handles.take(zone)
         pid = self._pids[handle]
@@ -248,15 +276,16 @@ class LinuxFdpDevice(EmulatedZonedDevice):
             self._through.pop(zone, None)
 
     def _sync_data(self) -> None:
-        self._nvme.flush()
+        if not self.readonly:
+            self._nvme.flush()
 
     def _persist(self) -> None:
         """Write the durable zone table (``_dcond``, ``_dwritten``) into the next zone-state slot, then
         an NVMe Flush."""
-        if self._nvme is None:
+        if self._nvme is None or self.readonly:
             return
         self._seq += 1
-        slot = _encode_slot(self._seq, self._dcond, self._dwritten, self._slot, self._imp_open)
+        slot = encode_state_slot(self._seq, self._dcond, self._dwritten, self._slot, self._imp_open)
         at = self._state_at + (self._seq % 2) * self._slot
         view = memoryview(slot)
         step = self._nvme.max_transfer
@@ -270,7 +299,9 @@ class LinuxFdpDevice(EmulatedZonedDevice):
 
     def zone_op(self, op: ZoneOp, zone: int) -> None:
         """:meth:`EmulatedZonedDevice.zone_op`; FINISH of a zone holding a handle also makes a Reclaim
-        Unit Handle Update on it and gives it back (the model's rule, docs/fdp.md)."""
+        Unit Handle Update on it and gives it back (the model's rule, docs/fdp.md).  PermissionError on a
+        read-only device."""
+        self._check_rw()
         super().zone_op(op, zone)
         if op is ZoneOp.FINISH and self._handles.held(zone) is not None:
             self._release(zone, update=True)
@@ -278,7 +309,7 @@ class LinuxFdpDevice(EmulatedZonedDevice):
     def close(self) -> None:
         """Flush (the zone table records every completed write), release the transfer buffer and the
         descriptors.  Idempotent."""
-        if getattr(self, "_nvme", None) is not None and hasattr(self, "_dirty"):
+        if getattr(self, "_nvme", None) is not None and hasattr(self, "_dirty") and not self.readonly:
             self.flush()
         nvme = getattr(self, "_nvme", None)
         if nvme is not None:
