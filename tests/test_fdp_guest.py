@@ -35,7 +35,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "out" / "fdp_guest"
 JUNIT = OUT / "junit.xml"
-GUEST_TIMEOUT = float(os.environ.get("RETAINZ_GUEST_TIMEOUT", "300"))
+#: Seconds before a hung guest is killed: a guard, not a budget (the guest took 81 s at load 5, 270 s at
+#: load 19).
+GUEST_TIMEOUT = float(os.environ.get("RETAINZ_GUEST_TIMEOUT", "600"))
 MiB = 1 << 20
 #: The guest's FDP namespace (retainz.vm.guest.FDPConfig): 64 zones of 1 MiB, 4 handles, 64 MiB RUs.
 GUEST_FDP = dict(size=64 * MiB, ru_size=64 * MiB, handles=4)
@@ -258,13 +260,11 @@ def test_guest_store_recovers_after_a_killed_process():
         store.close()
     finally:
         dev.close()
-    # the store commands open the namespace through its device spec
+    # the store commands open the namespace through its device spec (read-only, for fsck)
     spec = f"nvme-fdp:dev={FDP_DEV},zone_capacity={ZONE},ru_size={GUEST_FDP['ru_size']},zones=48"
     fsck = subprocess.run([sys.executable, "-m", "retainz.cli", "fsck", spec], capture_output=True, text=True, timeout=300)
     assert fsck.returncode == 0, fsck.stdout + fsck.stderr
-    ls = subprocess.run([sys.executable, "-m", "retainz.cli", "ls", spec], capture_output=True, text=True, timeout=300)
-    assert ls.returncode == 0 and "kept" in ls.stdout and "after" in ls.stdout and "lost" not in ls.stdout, \
-        ls.stdout + ls.stderr
+    assert fsck.stdout.startswith("fsck: 2 generations, 3 shards"), fsck.stdout   # kept (2 ranks), after (1)
 
 
 def _nvme_cli(*args: str) -> dict:
