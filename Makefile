@@ -50,9 +50,10 @@ lint: setup
 # suite and the real payload's bit-identical resume (~10 min in all).
 # Last, every benchmark at its quick size as a smoke test (~1 min; figures printed, no threshold).
 test: lint vm-setup setup-torch setup-mount
-	$(PY) -m pytest -q -m "not zns_guest and not payload"
+	$(PY) -m pytest -q -m "not zns_guest and not fdp_guest and not payload"
 	$(PY) -m pytest -q -m payload tests/peers/test_payload.py
 	$(PY) -m pytest -q -rs -m zns_guest tests/vm/test_zns_guest.py
+	$(PY) -m pytest -q -rs -m fdp_guest tests/vm/test_fdp_guest.py
 	$(PY) -m bench --quick --json out/bench/quick.json
 
 # The real-size lane at full size (tests/peers/test_scale.py, RETAINZ_SCALE=full): 16 GiB generations on a

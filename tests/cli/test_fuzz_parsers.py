@@ -228,19 +228,19 @@ def fuzz_journal_image(pick, mask):
             conds=st.lists(st.integers(0, 255), min_size=8, max_size=8),
             written=st.lists(st.integers(0, 2**64 - 1), min_size=8, max_size=8))
 def fuzz_zone_state_slot(raw, nz, bit, conds, written):
-    """zoned.file._decode_slot: a slot-sized buffer of random bytes decodes or answers None; a valid
+    """zoned.file.decode_state_slot: a slot-sized buffer of random bytes decodes or answers None; a valid
     slot with a bit flipped answers None or the original state."""
-    from retainz.zoned.file import _decode_slot, _encode_slot, _slot_size
+    from retainz.zoned.file import decode_state_slot, encode_state_slot, state_slot_size
 
-    size = _slot_size(nz)
-    _decode_slot(raw.ljust(size, b"\0")[:size], nz)
+    size = state_slot_size(nz)
+    decode_state_slot(raw.ljust(size, b"\0")[:size], nz)
     conds = [c % 6 for c in conds]
-    size = _slot_size(8)
-    good = _encode_slot(9, [ZoneCond(c) if c in ZoneCond.__members__.values() else c for c in conds],
+    size = state_slot_size(8)
+    good = encode_state_slot(9, [ZoneCond(c) if c in ZoneCond.__members__.values() else c for c in conds],
                         written, size)
-    want = _decode_slot(good, 8)
+    want = decode_state_slot(good, 8)
     assert want is not None
-    got = _decode_slot(_flip(good, bit), 8)
+    got = decode_state_slot(_flip(good, bit), 8)
     assert got is None or got == want, "a damaged zone-state slot was accepted"
 
 

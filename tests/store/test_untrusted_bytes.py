@@ -80,10 +80,10 @@ def test_a_deeply_nested_record_with_a_valid_checksum_is_one_clear_error():
 def test_a_device_label_claiming_a_billion_zones_is_refused_unread(tmp_path):
     path = tmp_path / "d.img"
     FileDevice.create(path, GEOM).close()
-    from retainz.zoned.file import _LABEL, _slot_size
+    from retainz.zoned.file import _LABEL, state_slot_size
     raw = bytearray(path.read_bytes()[:_LABEL.size])
     fields = list(_LABEL.unpack(bytes(raw)))
-    fields[5], fields[8] = 1 << 30, _slot_size(1 << 30)
+    fields[5], fields[8] = 1 << 30, state_slot_size(1 << 30)
     import crc32c
     label = _LABEL.pack(*fields)
     label += struct.pack("<I", crc32c.crc32c(label))

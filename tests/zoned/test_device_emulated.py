@@ -208,7 +208,7 @@ def test_the_note_about_a_bad_state_copy_lasts_until_the_copy_is_rewritten(tmp_p
 def test_a_zone_state_with_an_impossible_write_pointer_is_refused(tmp_path, written):
     """A zone-state copy whose checksum matches but whose write pointer is not a whole number of
     blocks, or is past the zone capacity: refused at open (it used to pass, then break every write)."""
-    from retainz.zoned.file import _encode_slot
+    from retainz.zoned.file import encode_state_slot
 
     path = tmp_path / "d.img"
     with FileDevice.create(path, SMALL) as dev:
@@ -219,7 +219,7 @@ def test_a_zone_state_with_an_impossible_write_pointer_is_refused(tmp_path, writ
     sizes[2] = written
     with open(path, "r+b") as f:
         f.seek(_LABEL_SIZE + (seq % 2) * slot)
-        f.write(_encode_slot(seq, conds, sizes, slot))
+        f.write(encode_state_slot(seq, conds, sizes, slot))
     with pytest.raises(errors.CorruptDeviceError, match=f"zone 2 state \\(4, {written}\\) is impossible"):
         FileDevice(path)
 
@@ -443,7 +443,7 @@ def _reference_slot(seq, conds, written, slot_size, imp_order=()):
 def test_the_zone_state_slot_encoding_is_the_format_s_byte_for_byte(data):
     """The slot encoder runs its zone loops in C (issue 44.2: 1.2 s a slot at 1,048,576 zones, 65 slots
     per mkfs); its bytes are the format's, and decode back to the same state."""
-    from retainz.zoned.file import _decode_slot, _encode_slot, _slot_size
+    from retainz.zoned.file import decode_state_slot, encode_state_slot, state_slot_size
 
     n = data.draw(st.integers(1, 300))
     conds = data.draw(st.lists(st.sampled_from(list(ZoneCond)), min_size=n, max_size=n))
@@ -452,9 +452,9 @@ def test_the_zone_state_slot_encoding_is_the_format_s_byte_for_byte(data):
     order = data.draw(st.permutations(imp)) if imp else []
     order = order[:data.draw(st.integers(0, len(order)))] + data.draw(st.lists(st.integers(0, n - 1), max_size=3))
     seq = data.draw(st.integers(0, (1 << 64) - 1))
-    slot = _encode_slot(seq, conds, written, _slot_size(n) + 4096, order)
-    assert slot == _reference_slot(seq, conds, written, _slot_size(n) + 4096, order)
-    got_seq, got_conds, got_written, got_order = _decode_slot(slot, n)
+    slot = encode_state_slot(seq, conds, written, state_slot_size(n) + 4096, order)
+    assert slot == _reference_slot(seq, conds, written, state_slot_size(n) + 4096, order)
+    got_seq, got_conds, got_written, got_order = decode_state_slot(slot, n)
     assert (got_seq, got_conds, got_written) == (seq, [int(c) for c in conds], written)
     assert set(got_order) == set(imp)
 
@@ -494,4 +494,4 @@ def test_a_zone_state_write_rewrites_only_the_pages_that_changed(tmp_path, monke
     seq = again._seq
     pair = _LABEL_SIZE + (seq % 2) * 2 * slot
     assert raw[pair:pair + slot] == raw[pair + slot:pair + 2 * slot]     # the copy is the slot
-    assert filemod._decode_slot(raw[pair:pair + slot], 4096)[0] == seq
+    assert filemod.decode_state_slot(raw[pair:pair + slot], 4096)[0] == seq

@@ -57,7 +57,8 @@ from retainz.zoned.emulated import EmulatedZonedDevice
 from retainz.zoned.model import COND_OF_VALUE, MAX_ZONES, Geometry, ZoneCond, round_up
 from retainz.zoned.syscalls import best_effort, punch_hole, start_writeback
 
-__all__ = ["FileDevice", "FILE_DEVICE_MAGIC", "WRITEBACK_BYTES"]
+__all__ = ["FileDevice", "FILE_DEVICE_MAGIC", "WRITEBACK_BYTES", "state_slot_size", "encode_state_slot",
+           "decode_state_slot"]
 
 FILE_DEVICE_MAGIC = b"RETAINZD"
 _STATE_MAGIC = b"RZSTATE\0"
@@ -69,7 +70,10 @@ _SLOT_HEAD = struct.Struct("<8sQ")
 _LABEL_SIZE = 4096
 
 
-def _slot_size(nr_zones: int) -> int:
+def state_slot_size(nr_zones: int) -> int:
+    """Bytes of one zone-state slot for ``nr_zones`` zones (head, a condition byte and a u64 write pointer
+    per zone, up to one u32 per implicitly open zone, counts and crc32c), in whole 4096-byte pages; the
+    module docstring's layout (also :class:`~retainz.zoned.linuxfdp.LinuxFdpDevice`'s zone table)."""
     return round_up(_SLOT_HEAD.size + 13 * nr_zones + 8, 4096)
 
 
@@ -160,7 +164,7 @@ class FileDevice(EmulatedZonedDevice):
             raise not_a_device_file(path)
         if os.path.exists(path) and os.path.getsize(path) > 0 and not force:
             raise FileExistsError(f"{path} exists and is not empty; pass force=True to overwrite it")
-        slot = _slot_size(geometry.nr_zones)
+        slot = state_slot_size(geometry.nr_zones)
         g = geometry
         label = _LABEL.pack(FILE_DEVICE_MAGIC, _VERSION, g.block_size, g.zone_size, g.zone_capacity,
                             g.nr_zones, g.max_open, g.max_active, slot, uuidlib.uuid4().bytes)
@@ -179,7 +183,7 @@ class FileDevice(EmulatedZonedDevice):
             block = label.ljust(_LABEL_COPY, b"\0") + label.ljust(_LABEL_SIZE - _LABEL_COPY, b"\0")
             os.pwrite(fd, block, 0)
             os.pwrite(fd, block, total - _LABEL_SIZE)      # the copy at the far end (version 3)
-            empty = _encode_slot(1, bytes([ZoneCond.EMPTY]) * g.nr_zones, array.array("Q", bytes(8 * g.nr_zones)),
+            empty = encode_state_slot(1, bytes([ZoneCond.EMPTY]) * g.nr_zones, array.array("Q", bytes(8 * g.nr_zones)),
                                  slot)
             os.pwrite(fd, empty * 2, _LABEL_SIZE)
             os.ftruncate(fd, total)
@@ -260,7 +264,7 @@ class FileDevice(EmulatedZonedDevice):
                                 max_open=mopen, max_active=mactive)
         except DeviceFormatError as e:
             raise CorruptDeviceError(f"{path}: the label's geometry is impossible: {e}") from None
-        if slot != _slot_size(nz):
+        if slot != state_slot_size(nz):
             raise CorruptDeviceError(f"{path}: the label's state-slot size {slot} does not match its "
                                      f"{nz} zones")
         need = _LABEL_SIZE + (4 if version >= 2 else 2) * slot + geometry.size + (_LABEL_SIZE if version >= 3 else 0)
@@ -402,7 +406,7 @@ class FileDevice(EmulatedZonedDevice):
         if self._fd < 0 or self.readonly:
             return
         self._seq += 1
-        slot = _encode_slot(self._seq, self._dcond, self._dwritten, self._slot_size, self._imp_open)
+        slot = encode_state_slot(self._seq, self._dcond, self._dwritten, self._slot_size, self._imp_open)
         pair = self._seq % 2
         base = _LABEL_SIZE + pair * self._copies * self._slot_size
         prev = self._slots_written.pop(pair, None)
@@ -550,7 +554,7 @@ class FileDevice(EmulatedZonedDevice):
 _datasync = getattr(os, "fdatasync", os.fsync)
 
 
-def _encode_slot(seq: int, conds, written, slot_size: int, imp_order=()) -> bytes:
+def encode_state_slot(seq: int, conds, written, slot_size: int, imp_order=()) -> bytes:
     """One zone-state slot: head, a condition byte per zone, the write pointers (``<Q`` each), the
     implicitly open zones in opening order (``imp_order`` first, then any other by index), crc32c,
     zero-padded to ``slot_size``.
@@ -615,7 +619,7 @@ def _check_slot(raw: bytes, nr_zones: int) -> tuple[int, int] | None:
     return _SLOT_HEAD.unpack_from(raw)[1], n_order
 
 
-def _decode_slot(raw: bytes, nr_zones: int) -> tuple[int, list[int], list[int], list[int]] | None:
+def decode_state_slot(raw: bytes, nr_zones: int) -> tuple[int, list[int], list[int], list[int]] | None:
     """``(sequence, conditions, written bytes, implicit-open order)`` of a valid slot, else ``None``."""
     head = _check_slot(raw, nr_zones)
     if head is None:
