@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "out" / "fdp_guest"
 JUNIT = OUT / "junit.xml"
 #: Seconds before a hung guest is killed: a guard, not a budget (the guest took 81 s at load 5, 270 s at
