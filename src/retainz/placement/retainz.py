@@ -283,10 +283,14 @@ class RetainZ(Allocator):
 
     @staticmethod
     def open_cost(capacity: int, r: float, group: int, now: int) -> Cost:
-        """Cost of opening an empty zone of ``capacity`` bytes for the group."""
-        if r == PERMANENT:
+        """Cost of placing the group's ``group`` bytes (reclaim step ``r``) in empty zones of
+        ``capacity`` bytes from step ``now``: the capacity its last zone leaves unfilled,
+        ``(capacity - group mod capacity) x (r - now)`` byte-steps (0 when the group fills its
+        zones exactly, has no bytes, or is permanent: later permanent data tops the zone up)."""
+        tail = group % capacity if group > 0 else 0
+        if r == PERMANENT or tail == 0:
             return _ZERO
-        return held(capacity - group, now, max(r, now))
+        return held(capacity - tail, now, max(r, now))
 
     def finish_cost(self, s: ZoneSummary, r: float, now: int, filled: bool = False) -> Cost:
         """Cost of finishing open zone ``s`` to make room for data with reclaim step ``r``;
@@ -335,6 +339,9 @@ class RetainZ(Allocator):
         best: tuple | None = None
         rule = self.uncertain_saves and not req.gc and self.view in _HINTED and t.n_empty > 0
         own = rule and req.hint.kind == "uncertain"
+        e = t.first_empty()
+        cap = t.zones[e].capacity if e is not None else 0
+        filling = t.filling
         for s in self.candidates(r, gen):
             if own and (s.opened_step != req.step or self.zone_reclaim(s) != r):
                 continue  # an uncertain death: share zones with no other group (see the docstring)
@@ -342,12 +349,25 @@ class RetainZ(Allocator):
                 continue  # nor does a known death join an uncertain group's zone
             zr = self.zone_reclaim(s)
             busy = t.filled_by_others(s.index, gen)
-            key = (busy, self.join_cost(s, r, group, now, busy), 0, 0.0 if zr == r else abs(zr - r), s.index)
+            cost = self.join_cost(s, r, group, now, busy)
+            rest = group - s.remaining
+            if rest > 0 and e is not None:
+                # the group does not end here: its rest goes to fresh zones (the open option's
+                # cost for the rest), so a join is weighed against opening for the whole group
+                c2 = self.open_cost(cap, r, rest, now)
+                cost = (cost[0] + c2[0], cost[1] + c2[1])
+            if gen in filling.get(s.index, ()):
+                # the group's own zone: leaving it would leave its free capacity unused until
+                # the zone resets (nobody else is writing the group's data), so continuing is
+                # credited with it, as a join into an orphaned zone is
+                c2 = held(min(group, s.remaining), now, max(zr, r))
+                if not c2[0]:
+                    cost = (cost[0], cost[1] - c2[1])
+            key = (busy, cost, 0, 0.0 if zr == r else abs(zr - r), s.index)
             if best is None or key < best[0]:
                 best = (key, Decision(s.index, (), r))
-        e = t.first_empty()
         if e is not None:
-            cost = self.open_cost(t.zones[e].capacity, r, group, now)
+            cost = self.open_cost(cap, r, group, now)
             mark = UNCERTAIN_ZONE if own else None
             if not t.max_active or len(t.open) < t.max_active:
                 key = (False, cost, 1, 0.0, e)
