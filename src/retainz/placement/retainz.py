@@ -235,6 +235,7 @@ class RetainZ(Allocator):
         self.check_int("wait_steps", 0)
         self._index: list[tuple[float, int]] = []   # (zone reclaim step, zone) of open zones
         self._key: dict[int, tuple[float, int]] = {}
+        self._inflight: dict[str, tuple[int]] = {}  # group in flight -> (bytes still to come,)
 
     # -- the hint view ------------------------------------------------------------------------------
     def _view_kwargs(self) -> dict:
@@ -263,6 +264,7 @@ class RetainZ(Allocator):
     # -- the index ----------------------------------------------------------------------------------
     def bind(self, table: ZoneTable) -> None:
         super().bind(table)
+        self._inflight.clear()
         self._rebuild()
 
     def _rebuild(self) -> None:
@@ -303,6 +305,45 @@ class RetainZ(Allocator):
         if filled:
             return (forever, steps)
         return (forever, steps - f * (big_r - now))
+
+    def share_cost(self, s: ZoneSummary, r: float, group: int, now: int, generation: str) -> Cost:
+        """Cost of sharing open zone ``s`` with the other group(s) in flight filling it (module
+        docstring, "Saves in flight"), as a plan: from now on both write side by side, through
+        ``s`` and then fresh zones, until the smaller is done.
+
+        With ``X`` bytes still to come from the others (their last requests; ``rem`` for a
+        group not heard from yet), reclaim step
+        ``R`` (the zone's), ``rem`` free in ``s`` and ``u(n)`` the capacity the last zone is left
+        with when ``n`` bytes fill ``rem`` and then fresh zones: ``min(group, X)`` bytes of the
+        group that dies first are held from its reclaim step to the other's, and the two tails
+        become one: ``min(group, X) * |r - R| + u(group + X) * (max(r, R) - now) - u(X) * (R -
+        now)`` (the others' plan alone is subtracted, so the cost compares with the open
+        option's ``u(group) * (r - now)``).  Equal reclaim steps share at no more than that;
+        groups dying far apart stay apart.
+
+        Returns:
+            A :data:`Cost` (bytes held forever, byte-steps): sharing finite data with permanent
+            data holds ``min(group, X)`` bytes forever.
+        """
+        big_r, rn = max(self.zone_reclaim(s), now), max(r, now)
+        others = self._inflight
+        rem, cap = s.remaining, s.capacity
+        # a group in flight is never assumed to have stopped writing: one this policy has not
+        # heard from yet is taken to fill at least the zone's free capacity
+        x = sum(others[g][0] if g in others else rem
+                for g in self.table.filling.get(s.index, ()) if g != generation)
+
+        def unused(n: int) -> int:
+            if n <= rem:
+                return rem - n
+            tail = (n - rem) % cap
+            return cap - tail if tail else 0
+
+        forever, steps = held(min(group, x), min(rn, big_r), max(rn, big_r))
+        end = max(rn, big_r)
+        if end != PERMANENT:
+            steps += unused(group + x) * (end - now) - unused(x) * (big_r - now)
+        return (forever, steps)
 
     @staticmethod
     def open_cost(capacity: int, r: float, group: int, now: int) -> Cost:
@@ -359,6 +400,7 @@ class RetainZ(Allocator):
         now, r = req.now, self.reclaim_of(req)
         group = req.nbytes + req.pending
         gen = req.generation
+        self._remember(gen, group, req.gc)
         best: tuple | None = None
         rule = self.uncertain_saves and not req.gc and self.view in _HINTED and t.n_empty > 0
         own = rule and req.hint.kind == "uncertain"
@@ -372,7 +414,13 @@ class RetainZ(Allocator):
                 continue  # nor does a known death join an uncertain group's zone
             zr = self.zone_reclaim(s)
             busy = t.filled_by_others(s.index, gen)
-            cost = self.join_cost(s, r, group, now, busy)
+            if busy:
+                cost = self.share_cost(s, r, group, now, gen)
+                key = (False, cost, 0, 0.0 if zr == r else abs(zr - r), s.index)
+                if best is None or key < best[0]:
+                    best = (key, Decision(s.index, (), r))
+                continue
+            cost = self.join_cost(s, r, group, now)
             rest = group - s.remaining
             if rest > 0 and e is not None:
                 # the group does not end here: its rest goes to fresh zones (the open option's
@@ -386,7 +434,7 @@ class RetainZ(Allocator):
                 c2 = held(min(group, s.remaining), now, max(zr, r))
                 if not c2[0]:
                     cost = (cost[0], cost[1] - c2[1])
-            key = (busy, cost, 0, 0.0 if zr == r else abs(zr - r), s.index)
+            key = (False, cost, 0, 0.0 if zr == r else abs(zr - r), s.index)
             if best is None or key < best[0]:
                 best = (key, Decision(s.index, (), r))
         if e is not None:
@@ -410,6 +458,17 @@ class RetainZ(Allocator):
             if best is None or key < best[0]:
                 best = (key, decision)
         return NO_SPACE if best is None else best[1]
+
+    def _remember(self, generation: str, group: int, gc: bool) -> None:
+        """Keep the bytes each group in flight still has to write (its latest request's
+        ``nbytes + pending``), for :meth:`share_cost`; groups no longer in flight are dropped.
+        Not journaled, like ``ZoneTable.writing``: a remount aborts every writer in flight."""
+        inflight, writing = self._inflight, self.table.writing
+        if not gc and generation in writing:
+            inflight[generation] = (group,)
+        if len(inflight) > len(writing):
+            for g in [g for g in inflight if g not in writing]:
+                del inflight[g]
 
     # -- GC -----------------------------------------------------------------------------------------
     def gc_victims(self, reserve_zones: int) -> list[int]:
