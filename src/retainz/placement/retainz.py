@@ -401,12 +401,18 @@ class RetainZ(Allocator):
         group = req.nbytes + req.pending
         gen = req.generation
         self._remember(gen, group, req.gc)
+        mine = t.writing.get(gen)
+        if mine and not req.gc:
+            # the group keeps the zone it has begun to fill while it has room (ZenFS: a file keeps
+            # its zone until it is full): the choice was priced when the group entered the zone
+            stay = min(((t.zones[z].remaining, z) for z in mine if t.zones[z].remaining > 0), default=None)
+            if stay is not None:
+                return Decision(stay[1], (), r)
         best: tuple | None = None
         rule = self.uncertain_saves and not req.gc and self.view in _HINTED and t.n_empty > 0
         own = rule and req.hint.kind == "uncertain"
         e = t.first_empty()
         cap = t.zones[e].capacity if e is not None else 0
-        filling = t.filling
         for s in self.candidates(r, gen):
             if own and (s.opened_step != req.step or self.zone_reclaim(s) != r):
                 continue  # an uncertain death: share zones with no other group (see the docstring)
@@ -416,7 +422,10 @@ class RetainZ(Allocator):
             busy = t.filled_by_others(s.index, gen)
             if busy:
                 cost = self.share_cost(s, r, group, now, gen)
-                key = (False, cost, 0, 0.0 if zr == r else abs(zr - r), s.index)
+                # a group in flight that dies at another step is joined only when nothing else is
+                # possible (at the active-zone limit); one that dies at ours shares for free
+                last = int(max(zr, now) != max(r, now))
+                key = (last, cost, 0, 0.0 if zr == r else abs(zr - r), s.index)
                 if best is None or key < best[0]:
                     best = (key, Decision(s.index, (), r))
                 continue
@@ -427,21 +436,14 @@ class RetainZ(Allocator):
                 # cost for the rest), so a join is weighed against opening for the whole group
                 c2 = self.open_cost(cap, r, rest, now)
                 cost = (cost[0] + c2[0], cost[1] + c2[1])
-            if gen in filling.get(s.index, ()):
-                # the group's own zone: leaving it would leave its free capacity unused until
-                # the zone resets (nobody else is writing the group's data), so continuing is
-                # credited with it, as a join into an orphaned zone is
-                c2 = held(min(group, s.remaining), now, max(zr, r))
-                if not c2[0]:
-                    cost = (cost[0], cost[1] - c2[1])
-            key = (False, cost, 0, 0.0 if zr == r else abs(zr - r), s.index)
+            key = (0, cost, 0, 0.0 if zr == r else abs(zr - r), s.index)
             if best is None or key < best[0]:
                 best = (key, Decision(s.index, (), r))
         if e is not None:
             cost = self.open_cost(cap, r, group, now)
             mark = UNCERTAIN_ZONE if own else None
             if not t.max_active or len(t.open) < t.max_active:
-                key = (False, cost, 1, 0.0, e)
+                key = (0, cost, 1, 0.0, e)
                 decision = Decision(e, (), r, mark)
             else:
                 need = len(t.open) - t.max_active + 1
@@ -453,7 +455,9 @@ class RetainZ(Allocator):
                                 for busy in (t.filled_by_others(s.index, gen),))[:need]
                 for _, c, _, _ in priced:
                     cost = (cost[0] + c[0], cost[1] + c[1])
-                key = (any(b for b, *_ in priced), cost, 2, 0.0, e)
+                # finishing a zone a group in flight is filling ranks after everything else,
+                # joining such a zone included
+                key = (2 if any(b for b, *_ in priced) else 0, cost, 2, 0.0, e)
                 decision = Decision(e, finish=tuple(z for *_, z in priced), reclaim_step=r, lifetime=mark)
             if best is None or key < best[0]:
                 best = (key, decision)
