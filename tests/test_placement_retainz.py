@@ -47,9 +47,7 @@ def test_worked_example():
     put(t, 2, 50 * M, 6000.0, step=1000)
     a = bound(t)
     assert a.join_cost(t[2], 6500.0, 250 * M, 1500) == (0, -200_000 * M)
-    # opening: the group's last zone is left 50 MiB unfilled until 6500
-    assert a.open_cost(100 * M, 6500.0, 250 * M, 1500) == (0, 250_000 * M)
-    assert a.open_cost(100 * M, 6500.0, 200 * M, 1500) == (0, 0.0)     # fills its zones exactly
+    assert a.open_cost(100 * M, 6500.0, 250 * M, 1500) == (0, 0.0)
     assert a.place(req(250 * M, 6500.0, 1500)) == Decision(2, reclaim_step=6500.0)
 
     # the final, permanent save next to an open zone Y (R = 6500)
@@ -106,13 +104,11 @@ def test_limit_fill_an_orphan_that_dies_late():
     t = limit_table(10 * M, 5500.0)
     a = bound(t)
     assert a.join_cost(t[1], 6000.0, 200 * M, 900) == (0, -409_000.0 * M)
-    # 290 MiB: Q's 90 free MiB, then two fresh zones filled exactly
-    assert a.place(req(290 * M, 6000.0, 900)) == Decision(1, reclaim_step=6000.0)
-    # 200 MiB: after Q's 90 MiB the rest (110 MiB) leaves its second fresh zone 90 MiB unfilled
-    # until 6000 (459,000 MiB-steps), more than filling Q saves: finish Q (an orphan), open two
-    # zones the group fills exactly
-    assert a.open_cost(100 * M, 6000.0, 110 * M, 900) == (0, 459_000.0 * M)
-    assert a.place(req(200 * M, 6000.0, 900)) == Decision(2, finish=(1,), reclaim_step=6000.0)
+    assert a.place(req(200 * M, 6000.0, 900)) == Decision(1, reclaim_step=6000.0)
+    # a 150 MiB group: after Q's 90 MiB its rest (60 MiB) opens a zone it leaves 40 MiB unfilled
+    # until 6000 (204,000 MiB-steps), less than the 409,000 that filling Q saves
+    assert a.open_cost(100 * M, 6000.0, 60 * M, 900) == (0, 204_000.0 * M)
+    assert a.place(req(150 * M, 6000.0, 900)) == Decision(1, reclaim_step=6000.0)
 
 
 def test_limit_nothing_but_bad_joins():
@@ -548,9 +544,7 @@ def test_at_the_active_limit_an_idle_zone_is_finished_before_one_a_group_is_fill
     a = bound(t)
     assert a.finish_cost(t[0], 30000.0, 1500, filled=True) == (0, 225_000.0 * M)
     assert a.finish_cost(t[1], 30000.0, 1500) == (0, 0.0)
-    # a group that fills its fresh zones exactly (200 MiB): joining zone 1 would leave its rest's
-    # last zone half empty, so zone 1 is finished (the idle one, not zone 0)
-    assert a.place(req(200 * M, 30000.0, 1500, gen="h")) == Decision(2, finish=(1,), reclaim_step=30000.0)
+    assert a.place(req(250 * M, 30000.0, 1500, gen="h")) == Decision(2, finish=(1,), reclaim_step=30000.0)
 
 
 def test_gc_copies_do_not_join_a_zone_a_save_in_flight_is_filling():

@@ -347,14 +347,13 @@ class RetainZ(Allocator):
 
     @staticmethod
     def open_cost(capacity: int, r: float, group: int, now: int) -> Cost:
-        """Cost of placing the group's ``group`` bytes (reclaim step ``r``) in empty zones of
-        ``capacity`` bytes from step ``now``: the capacity its last zone leaves unfilled,
-        ``(capacity - group mod capacity) x (r - now)`` byte-steps (0 when the group fills its
-        zones exactly, has no bytes, or is permanent: later permanent data tops the zone up)."""
-        tail = group % capacity if group > 0 else 0
-        if r == PERMANENT or tail == 0:
+        """Cost of opening an empty zone of ``capacity`` bytes for the group (``group`` bytes
+        to come, reclaim step ``r``) at step ``now``: the capacity it leaves unfilled,
+        ``max(0, capacity - group) x (r - now)`` byte-steps (0 for permanent data: later
+        permanent saves top the zone up)."""
+        if r == PERMANENT:
             return _ZERO
-        return held(capacity - tail, now, max(r, now))
+        return held(capacity - group, now, max(r, now))
 
     def finish_cost(self, s: ZoneSummary, r: float, now: int, filled: bool = False) -> Cost:
         """Cost of finishing open zone ``s`` to make room for data with reclaim step ``r``;
@@ -432,8 +431,9 @@ class RetainZ(Allocator):
             cost = self.join_cost(s, r, group, now)
             rest = group - s.remaining
             if rest > 0 and e is not None:
-                # the group does not end here: its rest goes to fresh zones (the open option's
-                # cost for the rest), so a join is weighed against opening for the whole group
+                # the group's last zone (it fits one): what does not fit here opens a fresh
+                # zone anyway (the open option's cost for the rest), so a join is weighed
+                # against opening for the whole tail
                 c2 = self.open_cost(cap, r, rest, now)
                 cost = (cost[0] + c2[0], cost[1] + c2[1])
             key = (0, cost, 0, 0.0 if zr == r else abs(zr - r), s.index)
