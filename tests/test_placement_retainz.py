@@ -105,10 +105,6 @@ def test_limit_fill_an_orphan_that_dies_late():
     a = bound(t)
     assert a.join_cost(t[1], 6000.0, 200 * M, 900) == (0, -409_000.0 * M)
     assert a.place(req(200 * M, 6000.0, 900)) == Decision(1, reclaim_step=6000.0)
-    # a 150 MiB group: after Q's 90 MiB its rest (60 MiB) opens a zone it leaves 40 MiB unfilled
-    # until 6000 (204,000 MiB-steps), less than the 409,000 that filling Q saves
-    assert a.open_cost(100 * M, 6000.0, 60 * M, 900) == (0, 204_000.0 * M)
-    assert a.place(req(150 * M, 6000.0, 900)) == Decision(1, reclaim_step=6000.0)
 
 
 def test_limit_nothing_but_bad_joins():
@@ -167,14 +163,11 @@ def brute_force(a: RetainZ, t: ZoneTable, rq: ExtentRequest) -> Decision:
     """Price every open zone, the first empty zone and every finish choice (no index)."""
     r, now, group = a.reclaim_of(rq), rq.now, rq.nbytes + rq.pending
     options = []
-    e = t.first_empty()
     for s in t.open.values():
         zr = a.zone_reclaim(s)
-        cost = a.join_cost(s, r, group, now)
-        if e is not None and group > s.remaining:     # the rest of the group opens fresh zones
-            rest = a.open_cost(t[e].capacity, r, group - s.remaining, now)
-            cost = (cost[0] + rest[0], cost[1] + rest[1])
-        options.append(((cost, 0, 0.0 if zr == r else abs(zr - r), s.index), Decision(s.index, reclaim_step=r)))
+        options.append(((a.join_cost(s, r, group, now), 0, 0.0 if zr == r else abs(zr - r), s.index),
+                        Decision(s.index, reclaim_step=r)))
+    e = t.first_empty()
     if e is not None:
         cost = a.open_cost(t[e].capacity, r, group, now)
         if not t.max_active or len(t.open) < t.max_active:

@@ -81,13 +81,13 @@ def test_pending_of_a_split_request_and_of_streamed_buffers():
 @pytest.mark.parametrize("payload", [False, True])
 def test_gc_requests_have_no_pending(payload):
     with Store.format(MemoryDevice(GEOM, payload=payload), gc_reserve_zones=0) as s:
-        for i in range(6):    # two saves fill a zone: RetainZ pairs them, so deleting g1 leaves garbage
+        for i in range(6):
             if payload:
-                w = s.begin_generation(f"g{i}", i, declared_size=24 * KiB)
-                w.write_shard("s0", [bytes([i]) * 24 * KiB])
+                w = s.begin_generation(f"g{i}", i, declared_size=20 * KiB)
+                w.write_shard("s0", [bytes([i]) * 20 * KiB])
                 w.commit()
             else:
-                put(s, f"g{i}", i, [24 * KiB], declared_size=24 * KiB)
+                put(s, f"g{i}", i, [20 * KiB], declared_size=20 * KiB)
         s.delete("g1")
         reqs = spy(s)
         rep = s.gc(force=True)
@@ -377,7 +377,7 @@ def test_every_policy_decides_the_same_after_a_remount(policy):
     """``dedicated`` keeps zone ownership privately (documented): excluded."""
     g = Geometry(nr_zones=40, zone_size=64 * KiB, zone_capacity=48 * KiB, max_open=6, max_active=6)
     events = mixed_trace(saves=40, interval=100, size=40 * KiB, every=4, keep=3)
-    cut = 40
+    cut = 50
 
     def run(reopen):
         dev = MemoryDevice(g, payload=False)
@@ -435,8 +435,7 @@ def test_stop_causes_name_admission_allocation_and_gc():
             put(s, "h", 2, [8 * KiB])
         causes["allocation"] = e.value
         assert s.metrics.gc_bytes == 0 and s.table.dead == 0
-    # the one log, whose zones mix the saves (RetainZ gives each 40 KiB save a zone of its own: no garbage)
-    with Store.format(MemoryDevice(GEOM, payload=False), gc_reserve_zones=0, policy="greedy") as s:
+    with Store.format(MemoryDevice(GEOM, payload=False), gc_reserve_zones=0) as s:
         fill_with_garbage(s)
         resets = s.metrics.resets
         swap(s, RefuseData(refuse=True))

@@ -429,13 +429,6 @@ class RetainZ(Allocator):
                     best = (key, Decision(s.index, (), r))
                 continue
             cost = self.join_cost(s, r, group, now)
-            rest = group - s.remaining
-            if rest > 0 and e is not None:
-                # the group's last zone (it fits one): what does not fit here opens a fresh
-                # zone anyway (the open option's cost for the rest), so a join is weighed
-                # against opening for the whole tail
-                c2 = self.open_cost(cap, r, rest, now)
-                cost = (cost[0] + c2[0], cost[1] + c2[1])
             key = (0, cost, 0, 0.0 if zr == r else abs(zr - r), s.index)
             if best is None or key < best[0]:
                 best = (key, Decision(s.index, (), r))
