@@ -18,25 +18,10 @@ still to come, at step ``now``, the options are:
     whose group is older than ours (``R < r``) and no longer being written gets no more data of its
     own, so we credit ``f * (R - now)``.  No credit while another group in flight is writing into
     the zone (see "Saves in flight"): its free capacity is that group's next bytes.
-  - *the rest of the group*: when the group does not fit (``E > rem``), its other ``E - f`` bytes
-    still go to fresh zones, so the join also pays the open cost of ``E - f`` (below).  A join is
-    thus weighed against opening for the *whole* group: splitting a group's tail into a small
-    leftover of an older zone (the older zone's bytes held to ``r``) only to open a zone for the
-    rest anyway is priced as what it is.  Without this term the join of ``f`` alone looked cheaper
-    than opening for ``E``, and on the three-job SmolLM2 mix of issue 40 every 1.53-zone save
-    ended in three zones, each mixing deaths a few hundred steps apart: RetainZ and the oracle
-    were forced to collect (WAF 1.04-1.11) where a zone per generation completes at 1.00
-    (``tests/test_placement_bound.py``).
-  - *the group's own zone* (one it is filling, ``ZoneTable.filling``): leaving it would leave its
-    free capacity unused until it resets, exactly as an orphaned zone's, so continuing there is
-    credited ``min(E, rem) * (max(R, r) - now)``.  This keeps a group in its zone when the store
-    asks again in the middle of it (a save written unit by unit, a second shard): the rest-term
-    of another zone shrinks as the group is written, and without the credit the group would hop.
 
-* **open** the first empty zone (capacity ``C``): *unused capacity*
-  ``(C - E mod C) * (r - now)``, the part of the group's last zone it will not fill (nothing when
-  ``E`` is a multiple of ``C``), unusable until the zone is reset near ``r``.  Permanent data
-  pays nothing here: later permanent saves top the zone up.
+* **open** the first empty zone (capacity ``C``): *unused capacity* ``max(0, C - E) * (r - now)``,
+  the part of the zone our group will not fill, unusable until the zone is reset near ``r``.
+  Permanent data pays nothing here: later permanent saves top the zone up.
 
 * **finish** ``X`` **then open**, only when the active-zone budget is spent: the open cost plus
   ``rem_X * (R_X - now)``, the capacity finishing wastes until ``X`` is reset, unless ``X`` is
@@ -51,32 +36,39 @@ has written into (``ZoneTable.writing``/``filling``: from admission until every 
 written and its shards closed, or its commit or abort).  A zone another group in flight is filling
 (``ZoneTable.filled_by_others``) is that group's, not left-over capacity:
 
-* joining it earns no credit (the cost is the plain delayed reclamation of whichever group dies
-  first), and finishing it is never free (it wastes what that group is about to write);
-* options that take such capacity rank after every other option: a group joins or finishes a
-  zone another group is filling only when nothing else is possible, i.e. at the active-zone limit
-  (NVMe ZNS Max Active Resources) with more groups in flight than active zones.  There the least
-  cost decides which in-flight groups share: the join costs ``|r - R|`` of delayed reclamation, so
-  the groups whose reclaim steps are nearest share a zone, against the unused capacity of
-  finishing one of them;
+* joining it earns no credit, and is priced as a plan (:meth:`RetainZ.share_cost`): from now on
+  both groups write side by side, so ``min(E, X)`` bytes (``X``: what the others still have to
+  write, from their latest requests; a group not heard from yet is taken to fill the zone's free
+  capacity, never to have stopped) of whichever dies first are held ``|r - R|`` steps, and the two
+  tails become one;
+* a zone whose in-flight group dies at our reclaim step is shared like any option: sharing holds
+  nothing dead.  Same-step saves of jobs with the same rule (a node's jobs saving at once, the
+  ranks of one job) thus fill zones together, as the one log does, instead of each taking zones of
+  its own and running the active-zone budget into finishes (``tests/test_placement_bound.py``:
+  at 4 active zones RetainZ 1.51 and the oracle 1.59 before, both 1.000 now, the one log 1.000);
+* a zone whose in-flight group dies at another step ranks after every other option: a group joins
+  it only when nothing else is possible, i.e. at the active-zone limit (NVMe ZNS Max Active
+  Resources) with more groups in flight than active zones.  There the least share cost decides
+  which in-flight groups share, so the groups whose reclaim steps are nearest share a zone;
+  finishing a zone a group in flight is filling ranks after that too (it wastes what that group
+  is about to write, and sends it to another zone);
 * at the limit, finishes take idle zones (no group in flight writing into them) first, by cost;
+* a group keeps the zone it has begun to fill while that zone has room (upstream: a file keeps its
+  zone until it is full).  The store asks again in the middle of a group (a save written unit by
+  unit, another shard); the choice was priced when the group entered the zone, and re-pricing
+  each unit would move a group between zones as its remaining bytes shrink;
 * the zones priced are the ``neighbors`` nearest idle zones on each side of ``r``, and the busy
   zones met on the way.
-
-Upstream ZenFS compares no sizes for data files: ``AllocateIOZone`` (fs/zbd_zenfs.cc) takes the
-best ``GetBestOpenZoneMatch`` by lifetime class (``GetLifeTimeDiff``: a zone of a strictly longer
-class, else the same class at the active limit) with ``min_capacity = 0``, and a file keeps its
-zone until it is full, so a file's tail lands wherever the next match is.  Only GC migration
-(``TakeMigrateZone``) passes the extent's length as ``min_capacity``, accepting a zone only if the
-whole extent fits.  The rest-term is the space-time form of that test, for user data too: a zone
-that cannot take the whole group is priced with what the group still has to open.
 
 This is ZenFS's rule with its busy zones made explicit: upstream ``GetBestOpenZoneMatch``,
 ``AllocateEmptyZone`` and ``FinishCheapestIOZone`` (fs/zbd_zenfs.cc) skip every zone they cannot
 ``Acquire`` (a zone held by another writer), and ``AllocateIOZone`` waits for an open token
 (``WaitForOpenIOZoneToken``) when writers outnumber the open budget, then finishes the cheapest
-idle zone until ``GetActiveIOZoneTokenIfAvailable`` succeeds.  A store cannot make a save wait
-for another to finish, so beyond the limit RetainZ shares by reclaim step where ZenFS would block.
+idle zone until ``GetActiveIOZoneTokenIfAvailable`` succeeds.  Its lifetime match
+(``GetLifeTimeDiff``) also lets equal classes share only at the limit (``LIFETIME_DIFF_COULD_BE_WORSE``
+is accepted only when no active token is free); RetainZ shares equal reclaim steps freely, since
+their bytes die together.  A store cannot make a save wait for another to finish, so beyond the
+limit RetainZ shares by reclaim step where ZenFS would block.
 GC copies (``TakeMigrateZone`` upstream, also a busy-skipping scan) follow the same rule: they do not
 join a zone a save in flight is filling while another zone can take them.  The oracle and the
 hint controls are this class with another view of the reclaim step, so they follow it too.
@@ -96,10 +88,10 @@ MiB per save; generation ``g`` saved at step 1000 dies at ``r_g = 6000``)::
     g writes zones A, B (full) and Z (W = 50 MiB, R = 6000).
     g+1 at now = 1500, r = 6500, E = 250 MiB:
       join Z:   (100 - 50) * (6500 - 6000) - 50 * (6000 - 1500) = 25,000 - 225,000
-                = -200,000 MiB-steps; its rest (200 MiB) fills two fresh zones exactly: + 0
-      open new: (100 - 250 mod 100) * (6500 - 1500) = 250,000 (the last zone half empty)
+                = -200,000 MiB-steps
+      open new: max(0, 100 - 250) * (6500 - 1500) = 0
     -> g+1's first 50 MiB fill Z: g's 50 MiB are held dead 500 steps (25,000 MiB-steps) instead of
-       Z's free 50 MiB lying unused for 4,500 steps, and g+1 ends on a zone boundary.
+       Z's free 50 MiB lying unused for 4,500 steps.
     The final save (40 MiB, permanent) next to open zone Y (R = 6500):
       join Y:   (100 - 40) MiB held forever          -> (60 MiB, ...)
       open new: 0 (permanent)                        -> chosen; later permanent data joins it at 0.
