@@ -547,3 +547,20 @@ def test_gc_copies_do_not_join_a_zone_a_save_in_flight_is_filling():
     a = bound(t)
     d = a.place(req(40 * M, 5500.0, 1500, gen="old", gc=True))
     assert d.zone != 2
+
+
+def test_a_group_in_flight_that_dies_at_the_same_step_is_joined_one_that_dies_far_apart_is_not():
+    # g (dies at 6000) has written 10 MiB into zone 0 and has 240 MiB to come (its last request);
+    # h (250 MiB) dies at 6000 too: sharing holds nothing dead, and the two tails become one
+    # (u(500) = 0 against u(240) = 50 MiB of g's own), so h joins; dying at 16000 it would hold 250 MiB
+    # of g's for 10,000 steps and opens instead.
+    t = table()
+    in_flight(t, "g", 0, 10 * M, 6000.0)
+    a = bound(t)
+    assert a.place(req(240 * M, 6000.0, 1000, gen="g")) == Decision(0, reclaim_step=6000.0)
+    assert a.share_cost(t[0], 6000.0, 250 * M, 1000, "h") == (0, -50 * M * 5000.0)
+    assert a.place(req(250 * M, 6000.0, 1000, gen="h")) == Decision(0, reclaim_step=6000.0)
+    assert a.share_cost(t[0], 16000.0, 250 * M, 1000, "h") == (0, 240 * M * 10000.0 - 50 * M * 5000.0)
+    assert a.place(req(250 * M, 16000.0, 1000, gen="h")) == Decision(1, reclaim_step=16000.0)
+    t.on_group_end("g")
+    assert a.place(req(250 * M, 6000.0, 1000, gen="h")).zone == 0    # a plain join again
