@@ -44,7 +44,7 @@ written and its shards closed, or its commit or abort).  A zone another group in
 * a zone whose in-flight group dies at our reclaim step is shared like any option: sharing holds
   nothing dead.  Same-step saves of jobs with the same rule (a node's jobs saving at once, the
   ranks of one job) thus fill zones together, as the one log does, instead of each taking zones of
-  its own and running the active-zone budget into finishes (``tests/test_placement_bound.py``:
+  its own and running the active-zone budget into finishes (``tests/placement/test_placement_bound.py``:
   at 4 active zones RetainZ 1.51 and the oracle 1.59 before, both 1.000 now, the one log 1.000);
 * a zone whose in-flight group dies at another step ranks after every other option: a group joins
   it only when nothing else is possible, i.e. at the active-zone limit (NVMe ZNS Max Active
