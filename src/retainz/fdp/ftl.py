@@ -194,8 +194,20 @@ class FlashTranslationLayer:
         gc_copies_to: "gc_ru" or "host_ru" (see the module docstring).
 
     Raises ValueError for a namespace that does not fit (the logical pages must leave, in every reclaim
-    group's share, room for the reserve and every handle's open RUs), an unknown victim policy or handle type.
+    group's share, room for the reserve and the RUs that can be open at once: :meth:`open_rus_per_rg`), an
+    unknown victim policy or handle type.
     """
+
+    @staticmethod
+    def open_rus_per_rg(handles, gc_copies_to: str = "gc_ru") -> int:
+        """The most RUs of one reclaim group that can be open (partly written) at once: a host RU per
+        handle, and with ``gc_copies_to="gc_ru"`` a GC RU per isolation domain (one shared by every
+        initially isolated handle, one per persistently isolated handle)."""
+        types = [h if isinstance(h, RuhType) else RuhType(h) for h in handles]
+        if gc_copies_to != "gc_ru":
+            return len(types)
+        pi = sum(t is RuhType.PERSISTENTLY_ISOLATED for t in types)
+        return len(types) + pi + (pi < len(types))
 
     def __init__(self, geometry: FlashGeometry, logical_pages: int, handles=("II",), *,
                  victim: str = "greedy", reserve_rus: int = 1, gc_copies_to: str = "gc_ru"):
@@ -211,7 +223,7 @@ class FlashTranslationLayer:
         self._ii_frontier = next((h for h, t in enumerate(self.handles) if t is RuhType.INITIALLY_ISOLATED), 0)
         if reserve_rus < 1:
             raise ValueError(f"reserve RUs must be >= 1, got {reserve_rus}")
-        open_rus = 2 * len(self.handles)  # a host RU and (at most) a GC RU per handle and RG
+        open_rus = self.open_rus_per_rg(self.handles, gc_copies_to)
         room = sum(c - reserve_rus - open_rus for c in g.rg_rus) * g.pages_per_ru
         if min(g.rg_rus) <= reserve_rus + open_rus or not 1 <= logical_pages <= room:
             raise ValueError(
