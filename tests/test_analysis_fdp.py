@@ -62,7 +62,7 @@ def test_claims():
     assert got["fdp.c4.s0.z256M.p0.9.handle-per-job.op0.07.device_waf"] == 1.03
     assert got["fdp.c4.s0.z256M.p0.9.zns.retainz.media_per_app_byte"] == 1.02
     assert got["fdp.c4.s0.z256M.p0.9.zns.handle-per-job.media_per_app_byte"] == 1.0
-    assert got["fdp.c4.s0.z256M.p0.9.handle-per-job.op0.07.stop"] is None
+    assert got["fdp.c4.s0.z256M.p0.9.stops"] == 1                   # the ZNS handle per job
     assert got["fdp.max_relocated_share"] == 0.1
     assert got["fdp.max_padding_share"] == 0.03
     assert got["fdp.max_device_waf_spread_over_op"] == 0.1         # no-pid: 1.1 at 7 %, 1.0 at 28 %

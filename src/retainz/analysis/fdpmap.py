@@ -122,8 +122,8 @@ def _stopped(rec: dict) -> bool:
 
 def fdp_claims(runs: Runs, out: list) -> None:
     """Append the ``fdp.*`` claims (nothing without ``fdp`` records): per cell, placement and
-    over-provisioning the device WAF and the media per application byte; per cell and placement on ZNS the
-    media per application byte; over the whole sweep the largest share of host bytes GC relocated, the
+    over-provisioning the device WAF; per cell the runs with a capacity stop; per cell and placement on ZNS
+    the media per application byte; over the whole sweep the largest share of host bytes GC relocated, the
     largest spread of one placement's device WAF over the over-provisioning, and RetainZ against a handle
     per job (end-to-end, ties within :data:`TIE`, stops counted apart)."""
     cells = fdp_cells(runs)
@@ -137,8 +137,9 @@ def fdp_claims(runs: Runs, out: list) -> None:
         for (p, sp), r in sorted(c["fdp"].items(), key=lambda kv: (PLACEMENTS.index(kv[0][0]), kv[0][1])):
             add_claim(out, f"fdp.{tag}.{p}.op{sp:g}.device_waf", r["metrics"]["fdp"]["device_waf"], 3, [r],
                       f"device WAF (MBMW / HBMW of the FTL model), {p}, OP {sp:g}, {tag}")
-            add_claim(out, f"fdp.{tag}.{p}.op{sp:g}.stop", r["capacity_stop_step"], 0, [r],
-                      f"capacity stop step (null: none), {p}, OP {sp:g}, {tag}")
+        cell_recs = [*c["fdp"].values(), *c["zns"].values()]
+        add_claim(out, f"fdp.{tag}.stops", sum(_stopped(r) for r in cell_recs), 0, cell_recs,
+                  f"runs of {tag} (FDP and ZNS) with a capacity stop")
         for p, r in sorted(c["zns"].items(), key=lambda kv: PLACEMENTS.index(kv[0])):
             add_claim(out, f"fdp.{tag}.zns.{p}.media_per_app_byte", media_per_app_byte(r), 3, [r],
                       f"ZNS: (host + GC + journal bytes) / application bytes, {p}, {tag}")
