@@ -238,7 +238,8 @@ def fdp_table(runs: Runs, out_dir: str) -> list[str]:
 
 def fdp_figure(runs: Runs, out_dir: str) -> list[str]:
     """``fdp.pdf`` (and PNG): media per application byte against pressure, one panel per over-provisioning,
-    one line per placement on FDP (solid) and on ZNS (dashed, the same in every panel); the first workload
+    one line per placement on FDP (solid) and on ZNS (dashed, the same in every panel), a cross where a run
+    stopped for capacity (its value over the steps before the stop); the first workload
     of the records (seed and fleet as in its cell key).  Returns the paths written (none without ``fdp``
     records)."""
     cells = fdp_cells(runs)
@@ -254,11 +255,14 @@ def fdp_figure(runs: Runs, out_dir: str) -> list[str]:
     for ax, sp in zip(axes[0], ops, strict=True):
         for p in PLACEMENTS:
             for kind, ls in (("fdp", "-"), ("zns", "--")):
-                pts = [(pr, c[kind].get((p, sp) if kind == "fdp" else p)) for pr, c in sorted(mine.items())]
-                pts = [(pr, r) for pr, r in pts if r is not None and not _stopped(r)]
+                got = [(pr, c[kind].get((p, sp) if kind == "fdp" else p)) for pr, c in sorted(mine.items())]
+                pts = [(pr, r) for pr, r in got if r is not None and not _stopped(r)]
                 if pts:
                     ax.plot([x for x, _ in pts], [media_per_app_byte(r) for _, r in pts], ls, marker="o",
                             color=colors[p], label=f"{p} ({'FDP' if kind == 'fdp' else 'ZNS'})")
+                stops = [(pr, r) for pr, r in got if r is not None and _stopped(r)]
+                if stops:  # a capacity stop: a cross at the value over the steps before it
+                    ax.plot([x for x, _ in stops], [media_per_app_byte(r) for _, r in stops], "x", color=colors[p])
         ax.set_title(f"OP {sp:.0%}")
         ax.set_xlabel("pressure (peak live / capacity)")
         ax.grid(True, alpha=0.3)
