@@ -243,6 +243,9 @@ class FlashTranslationLayer:
         self.ru_closed_at = np.zeros(g.nr_rus, dtype=np.int64)  # close order, for FIFO and greedy's ties
         self.ru_erase_count = np.zeros(g.nr_rus, dtype=np.int64)
         self._close_seq = 0
+        self._valid_count = 0
+        #: the most pages valid at once (after any host write), the FTL's fullest moment
+        self.peak_valid_pages = 0
         self._free = [deque(range(first, first + c)) for first, c in zip(g.rg_first_ru, g.rg_rus, strict=True)]
         self._host_ru: dict[tuple[int, int], int] = {}  # (rg, handle) -> open RU
         self._gc_ru: dict[tuple[int, int], int] = {}  # (rg, isolation domain) -> open GC RU
@@ -305,6 +308,7 @@ class FlashTranslationLayer:
                 self._close(ru)
                 del self._host_ru[key]
         pb = self.geometry.page_bytes
+        self.peak_valid_pages = max(self.peak_valid_pages, self._valid_count)
         self.stats.host_bytes_written += n * pb
         self.stats.media_bytes_written += n * pb
         self.stats.host_bytes_by_handle[handle] += n * pb
@@ -352,6 +356,8 @@ class FlashTranslationLayer:
         per_ru = np.bincount(mapped // self._ppr, minlength=self.geometry.nr_rus)
         assert np.array_equal(per_ru, self.ru_valid), "cached valid counts differ from the map"
         assert np.all(self.ru_valid <= self.ru_wp), "an RU holds more valid pages than it was written"
+        assert self._valid_count == mapped.size, "the running count of valid pages differs from the map"
+        assert mapped.size <= self.peak_valid_pages, "more pages valid than the peak recorded"
         assert all(self.ru_state[r] == _FREE and self.ru_wp[r] == 0 for q in self._free for r in q)
 
     # ---- internals ----
@@ -385,6 +391,7 @@ class FlashTranslationLayer:
             self.ru_valid -= np.bincount(rus, minlength=self.geometry.nr_rus)
         else:
             np.subtract.at(self.ru_valid, rus, 1)
+        self._valid_count -= phys.size
 
     def _program_host(self, ru: int, lpns: np.ndarray, handle: int, unique: bool) -> None:
         n = lpns.size
@@ -404,6 +411,7 @@ class FlashTranslationLayer:
         self.p2l[newp] = lpns
         self._writer[lpns] = handle
         self.ru_valid[ru] += lpns.size
+        self._valid_count += lpns.size
         self.ru_wp[ru] += n
 
     def _collect(self, rg: int) -> None:

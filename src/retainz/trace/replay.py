@@ -703,7 +703,8 @@ class _Run:
                           "media_reallocated_events": st.media_reallocated_events,
                           "media_reallocated_bytes": st.media_reallocated_bytes, "device_waf": st.waf,
                           "reclaim_units": geo.nr_rus, "ru_bytes": geo.ru_bytes, "spare_factor": inner.spare_factor,
-                          "handles": len(inner.ftl.handles)}
+                          "handles": len(inner.ftl.handles),
+                          "peak_valid_share": inner.ftl.peak_valid_pages / geo.physical_pages}
         return out
 
     def _verify_payload(self) -> int:
