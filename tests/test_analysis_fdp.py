@@ -21,7 +21,7 @@ def rec(policy, device, *, pressure=0.9, host=100 * GIB, gc=0, journal=0, mbmw=N
         mbmw = mbmw if mbmw is not None else hbmw + moved + pad
         m["fdp"] = {"host_bytes_written": hbmw, "media_bytes_written": mbmw, "device_waf": mbmw / hbmw,
                     "media_reallocated_bytes": moved, "padding_bytes": pad, "reclaim_units": rus,
-                    "ru_bytes": 64 << 20}
+                    "ru_bytes": 64 << 20, "peak_valid_share": 0.8 if moved else 0.75}
     inputs = {"policy": policy, "device": device, "pressure": pressure, "fleet": FLEET, "trace_seed": seed,
               "scale": "1/64", "zone_capacity": 256 << 20}
     return {"id": f"fdp-{policy}-{device}-{pressure}", "tags": {"experiment": "fdp", "label": None}, "inputs": inputs,
@@ -65,6 +65,7 @@ def test_claims():
     assert got["fdp.c4.s0.z256M.p0.9.stops"] == 1                   # the ZNS handle per job
     assert got["fdp.max_relocated_share"] == 0.1
     assert got["fdp.max_padding_share"] == 0.03
+    assert got["fdp.max_peak_valid_share"] == 0.8
     assert got["fdp.max_device_waf_spread_over_op"] == 0.1         # no-pid: 1.1 at 7 %, 1.0 at 28 %
     # RetainZ 1.02 vs a handle per job 1.03 per application byte at both OPs: two wins by 0.01
     assert (got["fdp.retainz_vs_per_job.wins"], got["fdp.retainz_vs_per_job.ties"],

@@ -124,6 +124,7 @@ def fdp_claims(runs: Runs, out: list) -> None:
     """Append the ``fdp.*`` claims (nothing without ``fdp`` records): per cell, placement and
     over-provisioning the device WAF; per cell the runs with a capacity stop; per cell and placement on ZNS
     the media per application byte; over the whole sweep the largest share of host bytes GC relocated, the
+    fullest the FTL came (``metrics.fdp.peak_valid_share``, when recorded), the
     largest spread of one placement's device WAF over the over-provisioning, and RetainZ against a handle
     per job (end-to-end, ties within :data:`TIE`, stops counted apart)."""
     cells = fdp_cells(runs)
@@ -147,6 +148,11 @@ def fdp_claims(runs: Runs, out: list) -> None:
               fdp_recs, "the largest share of host bytes written that the drive's GC relocated, over every FDP run")
     add_claim(out, "fdp.max_padding_share", max(_share(r, "padding_bytes") for r in fdp_recs), 4, fdp_recs,
               "the largest RUH Update padding over host bytes written, over every FDP run")
+    peaks = [r for r in fdp_recs if "peak_valid_share" in r["metrics"]["fdp"]]
+    if peaks:
+        add_claim(out, "fdp.max_peak_valid_share", max(r["metrics"]["fdp"]["peak_valid_share"] for r in peaks), 3,
+                  peaks, "the fullest the FTL came: the most pages valid at once over the physical pages, over every "
+                  "FDP run")
     spreads = []
     for c in cells.values():
         by_p: dict[str, list[float]] = {}
