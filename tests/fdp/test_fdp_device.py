@@ -223,3 +223,26 @@ def test_handles_other_than_one_refused():
         FdpNamespaceDevice(GEOM, handles=2)
     with pytest.raises(DeviceFormatError, match="handles='3'"):
         open_device("fdp:zones=24,zone_size=64KiB,max_active=4,max_open=4,handles=3")
+
+
+def test_the_spare_factor_is_the_drives_whole_over_provisioning():
+    """Sized as a drive is: physical = namespace / (1 - spare), rounded up to whole RUs; the free-RU reserve
+    and the RUs open at once (a host RU per handle, one GC RU for the II handles) come out of the spare, not
+    on top of it (on top, 8 handles at 7 % made a 276-RU drive 293 RUs: 12.6 % over-provisioning)."""
+    g = Geometry(nr_zones=256, zone_size=1 << 20, zone_capacity=1 << 20, block_size=4096, max_open=8, max_active=8)
+    for spare, rus in ((0.07, 276), (0.14, 298), (0.28, 356)):
+        dev = FdpNamespaceDevice(g, spare_factor=spare, unit=64 * KiB, payload=False)
+        assert dev.ftl.geometry.nr_rus == rus
+        assert spare <= dev.spare_factor < spare + 1 / rus
+    # too few RUs for the reserve and 8 open RUs at 7 %: the fewest that hold them, and the spare says so
+    small = FdpNamespaceDevice(GEOM, spare_factor=0.07)
+    assert small.ftl.geometry.nr_rus == 24 + 1 + 5 and small.spare_factor == pytest.approx(6 / 30)
+
+
+def test_open_rus_per_reclaim_group():
+    from retainz.fdp.ftl import FlashTranslationLayer as F
+
+    assert F.open_rus_per_rg(("II",) * 8) == 9            # 8 host RUs, one GC RU shared by the II handles
+    assert F.open_rus_per_rg(("PI",) * 8) == 16           # a GC RU per PI handle
+    assert F.open_rus_per_rg(("II", "PI", "II")) == 5
+    assert F.open_rus_per_rg(("II",) * 8, "host_ru") == 8

@@ -191,3 +191,18 @@ def test_analytic_hot_cold_values():
     assert analytic.lambert_w0(1.0) == pytest.approx(0.5671432904097838, rel=1e-12)  # the omega constant
     with pytest.raises(ValueError):
         analytic.fifo_waf(1.0)
+
+
+def test_peak_valid_pages_is_the_fullest_moment():
+    """The most pages valid at once after any host write (how close the FTL came to full), kept as a running
+    count that check() compares with the map."""
+    ftl = small(handles=("II",))
+    ftl.write_pages(np.arange(10))
+    ftl.deallocate_pages(np.arange(5))
+    ftl.write_pages(np.arange(3))
+    ftl.write_pages(np.arange(8, 10))          # overwrites: no new valid page
+    assert (ftl.valid_pages, ftl.peak_valid_pages) == (8, 10)
+    ftl.check()
+    ftl.write_pages(np.arange(20, 40))
+    assert ftl.peak_valid_pages == 28
+    ftl.check()

@@ -42,6 +42,7 @@ def analyze(records_dir: str, out_dir: str, *, check: bool = False, expected: st
         out_dir: where ``pressure.pdf``, ``mechanisms.pdf``, ``zonemap.pdf``, ``regimes.pdf``,
             ``filesystems.pdf`` (each with a PNG copy; the regime map and the file-system outputs only
             when the records hold their experiments), ``placement_table.tex``, ``filesystems.md``, ``fleet_filesystems.md``, ``fleet_map.md`` (with fleet records),
+            ``fdp_map.md`` and ``fdp.pdf`` (with FDP records, :mod:`retainz.analysis.fdpmap`),
             ``paper_claims.json`` and its Markdown rendering ``paper_claims.md`` go (created).
         check: compare the rounded claims with ``expected``; differences make the report failed.
         expected: the expected claims file for ``check``.
@@ -51,6 +52,7 @@ def analyze(records_dir: str, out_dir: str, *, check: bool = False, expected: st
         NoRecordsError: ``records_dir`` holds no ok record (nothing is written).
         TamperedRecordError: a record's digest does not match its content.
     """
+    from retainz.analysis.fdpmap import fdp_claims, fdp_figure, fdp_table
     from retainz.analysis.figures import mechanisms_figure, pressure_figure, setup_style
     from retainz.analysis.filesystems import (
         filesystem_claims,
@@ -76,7 +78,8 @@ def analyze(records_dir: str, out_dir: str, *, check: bool = False, expected: st
     rep.lines.append(f"{records_dir}: {len(runs.records)} ok records, {len(runs.failed)} failed")
     setup_style()
     for fn in (pressure_figure, mechanisms_figure, zonemap_figure, regime_figure, filesystems_figure,
-               fleet_filesystems_figure, write_table, write_fleet_table, fleet_table, tier_table):
+               fleet_filesystems_figure, write_table, write_fleet_table, fleet_table, tier_table, fdp_table,
+               fdp_figure):
         rep.outputs += fn(runs, out_dir)
     tex = render_table(runs)
     if tex:
@@ -90,6 +93,7 @@ def analyze(records_dir: str, out_dir: str, *, check: bool = False, expected: st
     regime_claims(runs, claims)
     fleet_claims(runs, claims)
     tier_claims(runs, claims)
+    fdp_claims(runs, claims)
     p = os.path.join(out_dir, "paper_claims.json")
     _claims.write_claims(p, claims, os.path.normpath(records_dir))
     rep.outputs.append(p)

@@ -694,13 +694,17 @@ class _Run:
         out["bytes_verified"] = self._verify_payload() if self.payload and verify_payload else 0
         if zmap:
             out["zone_map"] = zmap.finish(self.store.table, None if stop is None else stop.step)
-        fdp = getattr(getattr(self.dev, "inner", self.dev), "fdp_statistics", None)
-        if fdp is not None:  # an FDP namespace: its statistics log (0x22) and the device WAF
-            st = fdp()
+        inner = getattr(self.dev, "inner", self.dev)
+        if hasattr(inner, "fdp_statistics"):  # an FDP namespace: its statistics log (0x22) and the device WAF
+            st = inner.fdp_statistics()
+            geo = inner.ftl.geometry
             out["fdp"] = {"host_bytes_written": st.host_bytes_written, "media_bytes_written": st.media_bytes_written,
                           "media_bytes_erased": st.media_bytes_erased, "padding_bytes": st.padding_bytes,
                           "media_reallocated_events": st.media_reallocated_events,
-                          "media_reallocated_bytes": st.media_reallocated_bytes, "device_waf": st.waf}
+                          "media_reallocated_bytes": st.media_reallocated_bytes, "device_waf": st.waf,
+                          "reclaim_units": geo.nr_rus, "ru_bytes": geo.ru_bytes, "spare_factor": inner.spare_factor,
+                          "handles": len(inner.ftl.handles),
+                          "peak_valid_share": inner.ftl.peak_valid_pages / geo.physical_pages}
         return out
 
     def _verify_payload(self) -> int:

@@ -21,9 +21,12 @@ zone verbs into FDP commands on the FTL model (:class:`retainz.fdp.ftl.FlashTran
   page and an RUH Update on its handle (the next zone through the handle starts a fresh RU);
 * :meth:`fdp_statistics` is the model's FDP statistics log (0x22): device WAF = MBMW / HBMW.
 
-Sizing: the namespace is ``nr_zones * zone_capacity`` bytes; the flash holds it divided by ``1 - spare_factor``,
-in RUs of ``ru_size`` bytes (one erase block of ``ru_size / unit`` pages per RU), plus the model's free-RU
-reserve and room for each handle's host and GC RUs.  Not durable: the zone table lives in memory (trace
+Sizing: the namespace is ``nr_zones * zone_capacity`` bytes; the flash is the namespace divided by
+``1 - spare_factor``, rounded up to whole RUs of ``ru_size`` bytes (one erase block of ``ru_size / unit`` pages
+per RU), so the spare factor is the drive's whole over-provisioning: the model's free-RU reserve and the RUs
+open at once (a host RU per handle and GC's RU) come out of it, as on a drive.  A namespace of too few RUs
+for that gets the fewest RUs that hold the namespace, the reserve and the open RUs instead
+(:attr:`FdpNamespaceDevice.spare_factor` is the over-provisioning as built).  Not durable: the zone table lives in memory (trace
 replay and tests); power loss keeps the emulated device's semantics and leaves the model as written.
 """
 
@@ -143,10 +146,11 @@ class FdpNamespaceDevice(MemoryDevice):
         handles = 1 if self._single else g.max_active
         logical = g.nr_zones * g.zone_capacity // unit
         pages_per_ru = ru_size // unit
-        opens = 2 * handles
-        rus = math.ceil(logical / (1.0 - spare_factor) / pages_per_ru) + 1 + opens
-        self._ftl = FlashTranslationLayer(FlashGeometry(unit, pages_per_ru, 1, rus), logical,
-                                          (ruh_type,) * handles, victim=victim, reserve_rus=1)
+        types = (ruh_type,) * handles
+        rus = max(math.ceil(logical / (1.0 - spare_factor) / pages_per_ru),
+                  math.ceil(logical / pages_per_ru) + 1 + FlashTranslationLayer.open_rus_per_rg(types))
+        self._ftl = FlashTranslationLayer(FlashGeometry(unit, pages_per_ru, 1, rus), logical, types, victim=victim,
+                                          reserve_rus=1)
         self._unit = unit
         self._info = dataclasses.replace(self._info, kind="fdp")
         self._sent = [0] * g.nr_zones          # bytes of each zone sent to the model (whole units)
@@ -160,6 +164,14 @@ class FdpNamespaceDevice(MemoryDevice):
     def ftl(self) -> FlashTranslationLayer:
         """The FTL model behind the namespace."""
         return self._ftl
+
+    @property
+    def spare_factor(self) -> float:
+        """The flash's over-provisioning as built, (physical - namespace) / physical: the requested spare
+        factor when the namespace has enough RUs for it to hold the free-RU reserve and every open RU,
+        else the larger share those need (module docstring, "Sizing")."""
+        physical = self._ftl.geometry.physical_pages
+        return (physical - self._ftl.logical_pages) / physical
 
     def fdp_statistics(self) -> FdpStatistics:
         """A copy of the model's FDP statistics (log page 0x22 counters and per-handle attribution)."""
