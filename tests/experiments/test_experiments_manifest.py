@@ -422,3 +422,46 @@ def test_fdp_manifest_sweeps_op_policies_and_zns():
     assert {c.inputs["policy"] for c in fdp} == {"retainz", "dedicated:by=job", "oracle"}
     assert sum("handles=1" in c.inputs["device"] for c in fdp) == 9
     assert {c.inputs["device"] for c in cases} - {c.inputs["device"] for c in fdp} == {"memory"}
+
+
+def test_write_bandwidth_fleet_takes_each_jobs_rate_from_a_format_2_fleet_only():
+    """Issue 40 item 5: ``"write_bandwidth": "fleet"`` replays each job of a format-2 fleet at its own
+    rate; a case without such a fleet is refused before anything runs."""
+    fleet = {"fleet": 2, "concurrency": 2, "churn": 4}
+    (case,) = expand(manifest([{"experiment": "e", "axes": {"policy": ["retainz"]},
+                                "defaults": {"fleet": fleet, "write_bandwidth": "fleet"}}]))
+    assert case.inputs["write_bandwidth"] == "fleet" and case.replay_config("memory").write_bandwidth == "fleet"
+    for bad in ({"write_bandwidth": "fleet"}, {"fleet": {"fleet": 1}, "write_bandwidth": "fleet"}):
+        with pytest.raises(ManifestError, match="'write_bandwidth': \"fleet\" takes each job's rate from a format-2"):
+            expand(manifest([{"experiment": "e", "axes": {"policy": ["retainz"]}, "defaults": bad}]))
+
+
+@pytest.mark.parametrize("name, total, occupancies, seeds, policies", [
+    ("node", 1134, [0.2, 0.4, 0.6], 3, 7),
+    ("node-full", 6720, [0.15, 0.25, 0.35, 0.45, 0.55, 0.65, 0.75], 5, 8),
+])
+def test_node_manifests_cover_overlap_mix_geometry_occupancy_seeds_and_every_practical_policy(
+        name, total, occupancies, seeds, policies):
+    """experiments/node.json and its full size (issue 40 item 5, docs/fleet.md "The node map")."""
+    from retainz.analysis.regimes import PRACTICAL
+
+    _, cases = load_manifest(os.path.join(EXP, f"{name}.json"))
+    assert len(cases) == total == len({c.id for c in cases})
+    assert {c.tags["experiment"] for c in cases} == {"node"}
+    assert all(c.inputs["fleet"]["fleet"] == 2 and c.inputs["occupancy"] is not None for c in cases)
+    assert sorted({c.inputs["occupancy"] for c in cases}) == occupancies
+    assert len({c.inputs["trace_seed"] for c in cases}) == seeds
+    pols = {c.inputs["policy"] for c in cases}
+    assert len(pols) == policies and "oracle" in pols and {p.split(":")[0] for p in pols} >= set(PRACTICAL)
+    assert {c.tags["label"] for c in cases} == {"zn540", "pm1731a"}
+    overlap = {(c.inputs.get("write_bandwidth"), any(j.get("async") for j in c.inputs["fleet"]["jobs"])) for c in cases}
+    assert overlap == {(None, False), ("fleet", False), ("fleet", True)}
+    # the mixes: every class below a node, every class a node or more, and both
+    per_node = {tuple(sorted(j["gpus"] >= 8 for j in c.inputs["fleet"]["jobs"])) for c in cases}
+    assert per_node == {(False,), (True, True, True, True), (False, True, True, True, True)}
+    # geometries scale with the shards: a ZN540 zone of 1077 MiB and a PM1731a zone of 96 MiB at full size
+    scale = {c.inputs["scale"] for c in cases}
+    assert len(scale) == 1
+    num, den = (int(x) for x in scale.pop().split("/"))
+    assert {(c.tags["label"], c.inputs["zone_capacity"] * den // num, c.inputs["max_active"]) for c in cases} == \
+        {("zn540", 1077 << 20, 14), ("pm1731a", 96 << 20, 384)}

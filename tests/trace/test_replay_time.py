@@ -194,3 +194,65 @@ def test_served_clients_writing_at_once_are_placed_as_the_replay_places_the_same
     # and the two jobs did not share a zone: b does not follow a into the zones a was filling
     zones = {g: {e[0] for (gg, _), ext in replayed.items() if gg == g for e in ext} for g in SAVES}
     assert not zones["a"] & zones["b"]
+
+
+# -- each job of a format-2 fleet at its own rate (write_bandwidth "fleet") -------------------------------
+def _fleet_trace(tmp_path, name, async_save):
+    from retainz.trace.fleet import FleetConfig, write_fleet
+
+    cfg = FleetConfig.from_json({"fleet": 2, "steps": 3000, "concurrency": 8, "churn": 6, "interval": 100,
+                                 "scale": "1/1024", "jobs": [{"model": "smollm2-135m", "gpus": 1, "weight": 1,
+                                                              "async": async_save}]})
+    path = str(tmp_path / name)
+    write_fleet(path, cfg, seed=1)
+    return path
+
+
+def test_per_job_rates_set_each_jobs_save_duration():
+    def save(gen, job, step, nbytes):
+        return SaveEvent(step=step, gen=gen, name=f"j{job}:step-{step}", cls="interval",
+                         shards=(Shard("__0_0.distcp", nbytes),))
+    events = [save(0, 0, 10, 100), CommitEvent(step=10, gen=0), save(1, 1, 10, 100), CommitEvent(step=10, gen=1)]
+    got = [(t, type(ev).__name__, ev.gen) for t, ev in timed_schedule(events, rate={"j0": 10, "j1": 50})]
+    assert got == [(10.0, "SaveEvent", 0), (10.0, "SaveEvent", 1),
+                   (12.0, "CommitEvent", 1),                      # job 1 writes its 100 B at 50 B a step
+                   (20.0, "CommitEvent", 0)]                      # job 0 at 10 B a step
+    with pytest.raises(ValueError, match="no write bandwidth for job 'j1'"):
+        timed_schedule(events, rate={"j0": 10})
+    with pytest.raises(ValueError, match="positive"):
+        timed_schedule(events, rate={"j0": 10, "j1": 0})
+
+
+def test_fleet_rates_replay_each_job_at_the_rate_its_header_records(tmp_path, capsys):
+    from retainz.trace.io import TraceReader
+    from retainz.trace.replay import fleet_rates
+
+    sync, paced = _fleet_trace(tmp_path, "sync.jsonl", False), _fleet_trace(tmp_path, "async.jsonl", True)
+    with TraceReader(sync) as r:
+        header = r.header
+    rates = fleet_rates(header)
+    jobs = header.layout["jobs"]
+    assert len(rates) == len(jobs) > 4 and set(rates.values()) == {1_230_000_000 // 1024}
+    # every job synchronous at one rate: "fleet" is that rate given as a number
+    geo = dict(zone_size=256 << 10, zone_capacity=256 << 10, max_active=14, max_open=14)
+    one = replay(sync, ReplayConfig(occupancy=0.5, write_bandwidth=1_230_000_000 // 1024, write_unit=16384, **geo))
+    per = replay(sync, ReplayConfig(occupancy=0.5, write_bandwidth="fleet", write_unit=16384, **geo))
+    assert per["write_bandwidth"] == "fleet"
+    for k in ("waf", "host_bytes", "gc_bytes", "overlapped_bytes", "zones", "capacity_stop_step"):
+        assert per[k] == one[k], k
+    # asynchronous jobs paced to their next save: each save is in flight far longer, so saves overlap more
+    with TraceReader(paced) as r:
+        prates = fleet_rates(r.header)
+    assert all(prates[k] < rates[k] for k in prates)
+    slow = replay(paced, ReplayConfig(occupancy=0.5, write_bandwidth="fleet", write_unit=16384, **geo))
+    assert slow["overlapped_bytes"] > 3 * per["overlapped_bytes"] > 0
+    # a trace without per-job rates is refused, in the CLI's words
+    plain = _trace(tmp_path, "torchtitan:interval=10,keep_latest_k=3", 300, "one.jsonl")
+    with pytest.raises(ValueError, match="format-2 fleet"):
+        replay(plain, ReplayConfig(pressure=0.8, write_bandwidth="fleet", **GEO))
+    assert main(["replay", plain, "--pressure", "0.8", "--write-bandwidth", "fleet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--write-bandwidth fleet" in err
+    assert main(["replay", sync, "--occupancy", "0.5", "--zone-size", "256KiB", "--max-active", "14",
+                 "--max-open", "14", "--write-bandwidth", "fleet", "--write-unit", "16KiB", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["overlapped_bytes"] == per["overlapped_bytes"]
