@@ -360,6 +360,8 @@ def test_dedicated_by_job_owner_is_the_job():
     by=generation (the default) keys them by the generation."""
     by_job = make_allocator("dedicated:by=job")
     assert by_job._owner_of("j3:step-500") == "j3" == by_job._owner_of("j3:step-1000")
+    # replay's ids carry the trace's save counter (every id was its own "job" before)
+    assert by_job._owner_of("00000012-j3:step-500") == "j3" == by_job._owner_of("00000040-j3:step-1000")
     assert by_job._owner_of("jobs%2Fa%2Fstep-500") == "jobs/a"
     assert by_job._owner_of("@run%2Flast.ckpt#2") == "run"
     assert make_allocator("dedicated")._owner_of("j3:step-500") == "j3:step-500"
