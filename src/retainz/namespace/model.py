@@ -72,7 +72,7 @@ import os
 import posixpath
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from retainz import ids
 from retainz.errors import (
@@ -88,6 +88,8 @@ from retainz.ids import series_of
 from retainz.namespace import names as L
 from retainz.namespace.hooks import DurableTier, Face
 from retainz.namespace.openfile import Keeping, Life, OpenRead, OpenWrite
+from retainz.namespace.pending import PendingCheckpoint
+from retainz.namespace.slot import StoreSlot
 from retainz.namespace.view import CommittedGeneration, CommittedView
 from retainz.retention.inference import RetentionInference
 from retainz.retention.online import rule_hint
@@ -128,28 +130,6 @@ class NamespaceError(OSError):
         super().__init__(code, message or os.strerror(code))
         if message:
             log.log(logging.DEBUG if code == errno.ENOENT else logging.WARNING, "%s", message)
-
-
-@dataclass
-class _Pending:
-    """A checkpoint directory being written: one open ``GenerationWriter``."""
-
-    root: str
-    gid: str
-    step: int
-    hint: object = None
-    writer: object = None          # begun when a shard streams or at commit (with the store slot)
-    streamed: dict[str, str] = field(default_factory=dict)   # shard -> rel (in the store already)
-    sizes: dict[str, int] = field(default_factory=dict)      # shard -> size
-    ready: dict[str, bytearray] = field(default_factory=dict)  # rel -> closed buffered file
-    writing: dict[str, OpenWrite] = field(default_factory=dict)  # rel -> open write handle
-    relabelled: bool = False
-    commit_requested: bool = False
-    mtime_ns: int = 0
-    then: list = field(default_factory=list)   # fn(committed) run at its commit (True) or abort (False)
-    refused: BaseException | None = None   # the first error a call on one of its files returned
-    refused_by: set = field(default_factory=set)              # the processes that got such an error
-    aborted: bool = False          # its writer aborted (a refused one stays pending: _Namespace._refuse)
 
 
 @dataclass(frozen=True)
@@ -238,13 +218,11 @@ class Namespace:
         self.stream_threshold = stream_threshold
         self.hole_limit = hole_limit
         self._mu = threading.RLock()
-        self.slot = threading.Lock()
-        self._deferred: list = []
-        self._dlock = threading.Lock()
+        self.slot = StoreSlot(self._mu)
         self._fh = itertools.count(1)
         self.handles: dict[int, OpenWrite | OpenRead] = {}
         self.view = CommittedView(store)
-        self.pending: dict[str, _Pending] = {}
+        self.pending: dict[str, PendingCheckpoint] = {}
         self.dirs: dict[str, int] = {"": time.time_ns()}  # directories made in this session
         self.truncated: set[str] = set()
         self._taken: set[str] = set()                    # ids in flight (writers, deletions queued)
@@ -317,7 +295,7 @@ class Namespace:
                     deleted = self.tier.retire(gid)
             if deleted:         # a deferred one stays taken: out of the view until it is deleted
                 self._taken.discard(gid)
-        self._store_work(delete)
+        self.slot.run(delete)
 
     def _free_id(self, make, path: str) -> str:
         for v in itertools.count():
@@ -343,42 +321,6 @@ class Namespace:
     def _rule(self, folder: str) -> str | None:
         return rule_for(self.retention, folder)
 
-    # -- the store slot: one streamed shard at a time --------------------------------------------------
-    def _store_work(self, fn) -> bool:
-        """Run ``fn`` now if no shard is streaming (errors propagate), else queue it for the end of
-        the stream (errors are logged).  Returns whether it ran now."""
-        if not self.slot.acquire(blocking=False):
-            with self._dlock:
-                self._deferred.append(fn)
-            if self.slot.acquire(blocking=False):      # the stream ended meanwhile
-                self._drain_and_release()
-            return False
-        try:
-            fn()
-        finally:
-            self._drain_and_release()
-        return True
-
-    def _drain_and_release(self) -> None:
-        """Run queued store work while holding the slot, then release it (called by its holder)."""
-        try:
-            while True:
-                with self._dlock:
-                    if not self._deferred:
-                        break
-                    fn = self._deferred.pop(0)
-                try:
-                    with self._mu:
-                        fn()
-                except Exception as e:  # noqa: BLE001 - deferred work has no caller to raise to
-                    log.error("deferred store operation failed: %s", e)
-        finally:
-            self.slot.release()
-        with self._dlock:
-            more = bool(self._deferred)
-        if more and self.slot.acquire(blocking=False):
-            self._drain_and_release()
-
     # -- the namespace -------------------------------------------------------------------------------
     def _namespace(self) -> tuple[dict[str, int], dict[str, int]]:
         """``({file: mtime_ns}, {directory: mtime_ns})`` visible now (sizes come from :meth:`_size`)."""
@@ -390,7 +332,7 @@ class Namespace:
             if pd.refused is not None:          # absent: its open files show until they are closed
                 continue
             dirs[pd.root] = pd.mtime_ns
-            for rel in list(pd.streamed.values()) + list(pd.ready) + list(pd.writing):
+            for rel in pd.files():
                 files[posixpath.join(pd.root, rel)] = pd.mtime_ns
         for h in self.handles.values():
             if h.write_mode and h.live:
@@ -433,15 +375,12 @@ class Namespace:
             return len(self.pending_files[path])
         pd = self._pending_of(path)
         if pd is not None:
-            rel = posixpath.relpath(path, pd.root)
-            if rel in pd.ready:
-                return len(pd.ready[rel])
-            for s, r in pd.streamed.items():
-                if r == rel:
-                    return pd.sizes[s]
+            size = pd.size(posixpath.relpath(path, pd.root))
+            if size is not None:
+                return size
         return self.view.size(path)
 
-    def _pending_of(self, path: str) -> _Pending | None:
+    def _pending_of(self, path: str) -> PendingCheckpoint | None:
         for root, pd in self.pending.items():
             if path.startswith(root + "/"):
                 return pd
@@ -629,8 +568,8 @@ class Namespace:
             with self._mu:
                 pd = self._pending_of(p)
                 if (self._writer_of(p) is None and pd is not None and not pd.writing and pd.refused is None
-                        and posixpath.relpath(p, pd.root) not in pd.ready and (pd.commit_requested or L.commit_point(
-                            pd.root, pd.ready | dict.fromkeys(pd.streamed.values())) == "closed")):
+                        and posixpath.relpath(p, pd.root) not in pd.ready
+                        and (pd.commit_requested or pd.commit_point() == "closed")):
                     self._request_commit(pd)     # a save with no commit point of its own, read back: it is done
                     if self._pending_of(p) is not pd:
                         return self._open_read_locked(p)
@@ -693,19 +632,18 @@ class Namespace:
                     pd = None
                 pd = pd or self._begin_dir(root)
                 rel = posixpath.relpath(p, root)
-                if rel in pd.ready:
-                    if not truncate:
-                        buf = pd.ready[rel]
-                    del pd.ready[rel]
-                elif rel in pd.streamed.values():
+                if pd.is_streamed(rel):
                     raise NamespaceError(errno.EPERM, f"{p}: already streamed into checkpoint {root} (append-only)")
+                held = pd.take_back(rel)
+                if held is not None and not truncate:
+                    buf = held
                 h = OpenWrite(p, buf=buf, pending=pd, rel=rel)
                 try:
                     self._reserve(h)          # admitted (journal room) here: ENOSPC at open, not later
                 except NamespaceError as e:
                     self._refuse(pd, e, self.face.caller())    # a file of it could not be created
                     raise
-                pd.writing[rel] = h
+                pd.open(rel, h)
             else:
                 if p in files and not truncate and p not in self.truncated:
                     size = self._size(p)
@@ -724,24 +662,24 @@ class Namespace:
             self._changed()
             return fh
 
-    def _begin_dir(self, root: str) -> _Pending:
+    def _begin_dir(self, root: str) -> PendingCheckpoint:
         """Admit the generation of a new checkpoint directory (its first file is being created)."""
         parent = posixpath.dirname(root)
         for other in list(self.pending.values()):   # the runtime moved on: its earlier save is done
             if posixpath.dirname(other.root) == parent and not other.writing and other.refused is not None:
                 self._abort(other)                  # refused, and its error was reported already
             elif (posixpath.dirname(other.root) == parent and not other.writing
-                    and L.commit_point(other.root, other.ready | dict.fromkeys(other.streamed.values())) == "closed"):
+                    and other.commit_point() == "closed"):
                 self._request_commit(other)
         step = parse_step(root, file_names=True)
         gid = self._free_id(ids.dir_generation_id, root)
         hint = self._hint(series_of(root), gid, step)
         self._taken.add(gid)
-        pd = self.pending[root] = _Pending(root, gid, step or 0, hint, mtime_ns=time.time_ns())
+        pd = self.pending[root] = PendingCheckpoint(root, gid, step or 0, hint, mtime_ns=time.time_ns())
         self._changed()
         return pd
 
-    def _writer(self, pd: _Pending):
+    def _writer(self, pd: PendingCheckpoint):
         """The pending directory's ``GenerationWriter`` (admitted on first need; the caller holds the
         store slot)."""
         if pd.writer is None:
@@ -774,7 +712,7 @@ class Namespace:
             with self._mu:
                 self._refuse(h.pending, h.error, self.face.caller())
 
-    def _refuse(self, pd: _Pending, e: BaseException, who=None) -> None:
+    def _refuse(self, pd: PendingCheckpoint, e: BaseException, who=None) -> None:
         """Refuse pending checkpoint ``pd`` (see the module docstring, **refusal**): it never commits.
         Its files leave the view, every file of it still open fails its next call with ``e``'s errno,
         and once none is open its store writer is aborted (what it placed and reserved is returned);
@@ -782,20 +720,13 @@ class Namespace:
         (:meth:`_open_write`) until it is removed, the next save in its folder begins, or unmount."""
         if self.pending.get(pd.root) is not pd:
             return
-        if pd.refused is None:
-            pd.refused = e
+        if pd.refuse(e, who):
             log.warning("%s: refused (%s): the checkpoint will not commit", pd.root, e)
-        pd.refused_by.add(who)
-        pd.ready.clear()
-        pd.streamed.clear()
-        pd.sizes.clear()
-        for o in pd.writing.values():
-            o.fail(pd.refused)
         if not pd.writing:
             self._abort(pd, keep=True)
         self._changed()
 
-    def _refusal(self, pd: _Pending, p: str) -> NamespaceError:
+    def _refusal(self, pd: PendingCheckpoint, p: str) -> NamespaceError:
         """The error a call on refused checkpoint ``pd`` returns (its first error's errno)."""
         return NamespaceError(errno_of(pd.refused), f"{p}: checkpoint {pd.root} was refused ({pd.refused}): "
                                                     f"it will not commit; remove it (rm -r) to save it again")
@@ -927,8 +858,8 @@ class Namespace:
                 raise NamespaceError(errno.EPERM, f"{h.path}: its checkpoint {pd.root} has committed (append-only)")
             if h.rel not in pd.ready:
                 raise NamespaceError(errno.EPERM, f"{h.path}: already streamed into checkpoint {pd.root} (append-only)")
-            h.buf = pd.ready.pop(h.rel)
-            pd.writing[h.rel] = h
+            h.buf = pd.take_back(h.rel)
+            pd.open(h.rel, h)
             h.reopen()
             self._changed()
 
@@ -940,9 +871,7 @@ class Namespace:
             with self._mu, self._admission_lock():
                 if h.pending is not None:
                     pd = h.pending
-                    name = ids.shard_name(h.rel)
-                    if name in pd.streamed or name == L.LAYOUT_SHARD:
-                        name = f"{name}%{len(pd.streamed)}"
+                    name = pd.shard_name(h.rel, pd.streamed)
                     writer = self._writer(pd)
                 else:
                     writer = h.writer if h.writer is not None else self._begin_file(h)
@@ -1135,18 +1064,17 @@ class Namespace:
                 self._changed()
                 if h.pending is not None:
                     pd = h.pending
-                    pd.writing.pop(h.rel, None)
                     if err is not None:
+                        pd.forget_open(h.rel)
                         self._refuse(pd, err, h.writer_process)
                         raise NamespaceError(errno_of(err), f"{h.path}: {err} (checkpoint {pd.root} refused: "
                                                             "it will not commit)")
                     if info is not None:
-                        pd.streamed[h.shard_name] = h.rel
-                        pd.sizes[h.shard_name] = info.size
+                        pd.close(h.rel, shard=h.shard_name, size=info.size)
                     else:
-                        pd.ready[h.rel] = h.buf
+                        pd.close(h.rel, data=h.buf)
                     name = posixpath.basename(h.rel)
-                    point = L.commit_point(pd.root, pd.ready | dict.fromkeys(pd.streamed.values()))
+                    point = pd.commit_point()
                     if pd.root in self.pending and ((name == ".metadata" and point == "dcp-metadata")
                                                     or (name == "trainer_state.json" and point == "hf-trainer-state"
                                                         and "/" not in h.rel)):
@@ -1164,7 +1092,7 @@ class Namespace:
                     self._close_file(h, info)
         finally:
             if streamed:
-                self._drain_and_release()
+                self.slot.finish()
 
     def _drop_writer(self, h: OpenWrite) -> None:
         if h.writer is not None:
@@ -1253,7 +1181,7 @@ class Namespace:
     def _cache_committed(self, p: str, gid: str, shard: str) -> None:
         self.face.committed(p, gid, shard)
 
-    def _request_commit(self, pd: _Pending) -> None:
+    def _request_commit(self, pd: PendingCheckpoint) -> None:
         """Commit a checkpoint directory at its commit point, now (when its last file closes if
         some are still open).  A refused commit drops the checkpoint (none of its files stays) and
         raises the errno for the call that reached the commit point."""
@@ -1274,7 +1202,7 @@ class Namespace:
             self._abort(pd)
             raise NamespaceError(errno_of(e), f"{pd.root}: commit refused: {e}") from e
 
-    def _commit_dir(self, pd: _Pending) -> None:
+    def _commit_dir(self, pd: PendingCheckpoint) -> None:
         if self.pending.get(pd.root) is not pd:
             return
         if pd.refused is not None:
@@ -1283,9 +1211,7 @@ class Namespace:
             self._readmit(pd)          # renamed before anything was placed: its id names its path
         names = dict(pd.streamed)
         for rel, data in pd.ready.items():
-            name = ids.shard_name(rel)
-            if name in names or name == L.LAYOUT_SHARD:
-                name = f"{name}%{len(names)}"
+            name = pd.shard_name(rel, names)
             self._writer(pd).write_shard(name, [bytes(data)])
             names[name] = rel
         old = self.view.at("dir", pd.root)
@@ -1294,9 +1220,7 @@ class Namespace:
             for s, rel in self.view.get(old).names.items():
                 if rel in written or self.view.hidden(posixpath.join(pd.root, rel)):
                     continue
-                name = ids.shard_name(rel)
-                if name in names or name == L.LAYOUT_SHARD:
-                    name = f"{name}%{len(names)}"
+                name = pd.shard_name(rel, names)
                 try:
                     self._writer(pd).write_shard(name, self.store.read_shard(old, s))
                 except ShardExistsError:
@@ -1328,7 +1252,7 @@ class Namespace:
         for fn in then:
             fn(True)
 
-    def _rename_writer(self, w, make, path: str, pd: _Pending | None = None) -> bool:
+    def _rename_writer(self, w, make, path: str, pd: PendingCheckpoint | None = None) -> bool:
         """Give an uncommitted generation renamed while it was written the id of its final ``path``
         (``GenerationWriter.rename``), so the store lists it under the user's name, not a temporary
         one; ``False`` where the store refuses (a generation other ranks joined: a layout shard says the
@@ -1346,7 +1270,7 @@ class Namespace:
             pd.gid = gid
         return True
 
-    def _readmit(self, pd: _Pending) -> None:
+    def _readmit(self, pd: PendingCheckpoint) -> None:
         """Admit a renamed checkpoint directory again under the id of its new path (nothing of it
         is placed yet), so the store lists it by the path the runtime gave it."""
         gid = self._free_id(ids.dir_generation_id, pd.root)
@@ -1359,7 +1283,7 @@ class Namespace:
         self._taken.add(gid)
         self._admit(self._writer(pd), need)
 
-    def _abort(self, pd: _Pending, *, keep: bool = False) -> None:
+    def _abort(self, pd: PendingCheckpoint, *, keep: bool = False) -> None:
         """Drop pending checkpoint ``pd``: its store writer aborted (queued behind a streaming shard),
         the work queued after its commit run.  ``keep``: it stays in :attr:`pending` (refused: new
         files of it are refused, :meth:`_refuse`)."""
@@ -1375,7 +1299,7 @@ class Namespace:
                     w.abort()
                 self._taken.discard(gid)
             pd.writer = None
-            self._store_work(abort)
+            self.slot.run(abort)
         else:
             self._taken.discard(pd.gid)
         if self.inference is not None:
@@ -1503,12 +1427,7 @@ class Namespace:
                 self._drop_open(h)
             pd = self._pending_of(p)
             if pd is not None:
-                rel = posixpath.relpath(p, pd.root)
-                pd.ready.pop(rel, None)
-                for s, r in list(pd.streamed.items()):
-                    if r == rel:
-                        del pd.streamed[s]
-                        pd.relabelled = True
+                pd.remove(posixpath.relpath(p, pd.root))
                 if self.view.in_checkpoint(p):
                     self.view.hide(p)         # not carried over into the new version either
                 self._changed()
@@ -1583,9 +1502,9 @@ class Namespace:
         aborted (the store slot released), and nothing of it commits at its close."""
         with h.lock:
             if h.drop():
-                self._drain_and_release()     # its stream held the store slot
+                self.slot.finish()     # its stream held the store slot
             if h.pending is not None:
-                h.pending.writing.pop(h.rel, None)
+                h.pending.forget_open(h.rel)
             else:
                 self._drop_writer(h)
         self._changed()
@@ -1663,7 +1582,7 @@ class Namespace:
         try:
             return self._rename(a, b)
         finally:
-            self._drain_and_release()
+            self.slot.finish()
 
     def _rename(self, a: str, b: str) -> int:
         """Rename, holding the store slot: store work queued meanwhile runs, in order, before the
@@ -1714,15 +1633,7 @@ class Namespace:
             if self._pending_of(b) is not h.pending:
                 raise NamespaceError(errno.EXDEV, f"{a}: open for writing; it can move within its checkpoint only")
             pd = h.pending
-            rb = posixpath.relpath(b, pd.root)
-            pd.writing.pop(h.rel, None)
-            pd.ready.pop(rb, None)
-            for s_, r in list(pd.streamed.items()):
-                if r == rb:
-                    del pd.streamed[s_]
-                    pd.relabelled = True
-            h.rel = rb
-            pd.writing[rb] = h
+            pd.move_open(h, posixpath.relpath(b, pd.root))
         else:
             if L.checkpoint_root(b, self._is_dir) is not None:
                 raise NamespaceError(errno.EXDEV, f"{a}: open for writing; close it before moving it into a checkpoint")
@@ -1759,14 +1670,7 @@ class Namespace:
             ra, rb = posixpath.relpath(a, pd.root), posixpath.relpath(b, pd.root)
             if ra in pd.writing:
                 raise NamespaceError(errno.EBUSY, f"{a}: renamed while open for writing")
-            if ra in pd.ready:
-                pd.ready[rb] = pd.ready.pop(ra)
-            for s, r in list(pd.streamed.items()):
-                if r == rb:
-                    del pd.streamed[s]
-                if r == ra:
-                    pd.streamed[s] = rb
-                    pd.relabelled = True
+            pd.move(ra, rb)
             if posixpath.basename(rb) == ".metadata" and L.commit_point(pd.root, pd.ready) == "dcp-metadata":
                 self._request_commit(pd)             # DCP's commit point: .metadata.tmp -> .metadata
             return
@@ -1788,7 +1692,7 @@ class Namespace:
 
     def _close_writer_locked(self, h: OpenWrite) -> None:
         if h.pending is not None:
-            h.pending.ready[h.rel] = h.buf
+            h.pending.close(h.rel, data=h.buf)
             self._changed()
             return
         self._close_file(h, None)
@@ -1802,7 +1706,7 @@ class Namespace:
                 self.view.hide(p)
         pd = self._pending_of(p)
         if pd is not None:
-            pd.ready.pop(posixpath.relpath(p, pd.root), None)
+            pd.remove(posixpath.relpath(p, pd.root))
         self.pending_files.pop(p, None)
         self._changed()
 
@@ -1835,7 +1739,7 @@ class Namespace:
                 self._retire(old)
             with contextlib.suppress(GenerationNotFoundError):
                 self.store.delete(g.id)
-        self._store_work(work)
+        self.slot.run(work)
 
     # -- lifetime -----------------------------------------------------------------------------------
     def unmount(self) -> None:
@@ -1845,13 +1749,13 @@ class Namespace:
         self.destroyed = True
         with self._mu:
             for pd in list(self.pending.values()):
-                point = L.commit_point(pd.root, pd.ready | dict.fromkeys(pd.streamed.values()))
+                point = pd.commit_point()
                 if pd.refused is not None:
                     log.warning("%s: not committed at unmount: refused (%s)", pd.root, pd.refused)
                     self._abort(pd)
                 elif not pd.writing and (point == "closed" or pd.commit_requested):
                     try:
-                        self._store_work(lambda pd=pd: self._commit_dir(pd))
+                        self.slot.run(lambda pd=pd: self._commit_dir(pd))
                     except Exception as e:  # noqa: BLE001 - unmount goes on
                         log.error("%s: commit at unmount failed: %s", pd.root, e)
                         self._abort(pd)
