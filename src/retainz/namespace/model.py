@@ -68,7 +68,6 @@ import contextlib
 import errno
 import itertools
 import logging
-import os
 import posixpath
 import threading
 import time
@@ -76,16 +75,13 @@ from dataclasses import dataclass
 
 from retainz import ids
 from retainz.errors import (
-    ChecksumError,
     GenerationNotFoundError,
-    InvalidIdError,
-    NoSpaceError,
-    ReadOnlyStoreError,
     RetainZError,
     ShardExistsError,
 )
 from retainz.ids import series_of
 from retainz.namespace import names as L
+from retainz.namespace.errors import NamespaceError, errno_of
 from retainz.namespace.hooks import DurableTier, Face
 from retainz.namespace.openfile import Keeping, Life, OpenRead, OpenWrite
 from retainz.namespace.pending import PendingCheckpoint
@@ -102,34 +98,6 @@ log = logging.getLogger("retainz.namespace")
 
 #: The longest path component POSIX file systems take, in bytes (``NAME_MAX``, limits.h).
 NAME_MAX = 255
-
-
-def errno_of(e: BaseException) -> int:
-    """The errno a store error becomes at the system call that reports it: ``ENOSPC`` for
-    :class:`~retainz.errors.NoSpaceError` (data zones or journal full), ``ENAMETOOLONG`` for an id
-    over 255 bytes, ``EINVAL`` for another id rule, ``EROFS`` for a store opened read-only
-    (:class:`~retainz.errors.ReadOnlyStoreError`), ``EIO`` for anything else."""
-    if isinstance(e, NoSpaceError):
-        return errno.ENOSPC
-    if isinstance(e, ReadOnlyStoreError):
-        return errno.EROFS
-    if isinstance(e, InvalidIdError):
-        return L.errno_of_id(e)
-    if isinstance(e, OSError) and e.errno:
-        return e.errno
-    return errno.EIO
-
-
-class NamespaceError(OSError):
-    """A refused namespace call: an ``OSError`` with the errno (the mount returns ``-errno``;
-    ``retainz://`` raises it, so ``ENOENT`` is a ``FileNotFoundError`` and so on); logged, as a
-    warning unless it is ``ENOENT``: a missing path is what every probe (Python's imports, a runtime
-    looking for its latest checkpoint) gets, and would otherwise grow the mount log without bound."""
-
-    def __init__(self, code: int, message: str = ""):
-        super().__init__(code, message or os.strerror(code))
-        if message:
-            log.log(logging.DEBUG if code == errno.ENOENT else logging.WARNING, "%s", message)
 
 
 @dataclass(frozen=True)
@@ -1335,71 +1303,11 @@ class Namespace:
         return n
 
     def _pieces(self, fh: int, size: int, offset: int):
-        """The bytes at ``offset`` (up to ``size``) of ``fh``, as views of what is held (buffers,
-        verified extents), in order."""
+        """The bytes at ``offset`` (up to ``size``) of ``fh``, as views of what is held, in order."""
         h = self.handles.get(fh)
         if h is None:
             raise NamespaceError(errno.EBADF)
-        if h.write_mode or h.gen is None:         # bytes held in memory (a writer reads its own)
-            out = bytes(h.buf[offset:offset + size])
-            length = len(h.buf) if h.write_mode else h.length
-            if len(out) < size and offset + len(out) < length:    # zeros of a length set ahead
-                out += bytes(min(size - len(out), length - offset - len(out)))
-            yield out
-            return
-        end = min(offset + size, h.gen.sizes[h.shard])
-        if h.durable is not None:
-            yield self._read_durable(h, offset, end, None)
-            return
-        pos = offset
-        try:
-            while pos < end:
-                start, data = self._window(h, pos)
-                stop = min(end, start + len(data))
-                yield data if pos == start and stop - start == len(data) else memoryview(data)[pos - start:stop - start]
-                pos = stop
-        except ChecksumError as e:
-            if self.tier is None:
-                raise NamespaceError(errno.EIO, f"{h.path}: {e}") from e
-            yield self._read_durable(h, pos, end, e)     # the rest, from the verified durable copy
-        except GenerationNotFoundError as e:
-            if self.tier is None:
-                raise NamespaceError(errno.ESTALE, f"{h.path}: {e}") from e
-            yield self._read_durable(h, pos, end, e)
-
-    def _read_durable(self, h: OpenRead, offset: int, end: int, why: BaseException | None) -> bytes:
-        """Bytes ``offset:end`` of ``h``'s shard from its durable copy (``DurableTier.durable_copy``), fetched
-        and verified whole at the first local failure ``why`` and kept for the handle's life.
-
-        Raises:
-            NamespaceError: ``EIO`` (a checksum mismatch) or ``ESTALE`` (retired meanwhile) when there
-                is no usable durable copy either (both reasons in the message)."""
-        with h.lock:
-            if h.durable is None:
-                try:
-                    h.durable = self.tier.durable_copy(h.gen.id, h.shard, why)
-                except Exception as e:   # noqa: BLE001 - no durable copy: the local failure stands
-                    code = errno.EIO if isinstance(why, ChecksumError) else errno.ESTALE
-                    raise NamespaceError(code, f"{h.path}: {why}; no durable copy either: {e}") from e
-            h.durable.seek(offset)
-            return h.durable.read(max(end - offset, 0))
-
-    #: Verified extents a read handle keeps (1 MiB each): the kernel's read-ahead sends requests for one
-    #: file from several threads, out of order, so one window would be evicted and read again.
-    WINDOWS = 8
-
-    def _window(self, h: OpenRead, pos: int) -> tuple[int, bytes]:
-        """The verified extent of ``h``'s shard holding data byte ``pos``: ``(first byte, bytes)``."""
-        with h.lock:
-            for start, data in h.windows.items():
-                if start <= pos < start + len(data):
-                    return start, data
-        start, data = self.store.read_shard_extent(h.gen.id, h.shard, pos)
-        with h.lock:
-            if len(h.windows) >= self.WINDOWS:
-                del h.windows[next(iter(h.windows))]
-            h.windows[start] = data
-        return start, data
+        return h.pieces(size, offset, self.store, self.tier)
 
     def _read_all(self, p: str) -> bytes:
         if p in self.pending_files:

@@ -33,8 +33,11 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import errno
 import threading
 
+from retainz.errors import ChecksumError, GenerationNotFoundError
+from retainz.namespace.errors import NamespaceError
 from retainz.namespace.pump import Pump
 from retainz.store.writer import WRITE_BUFFER
 
@@ -191,6 +194,11 @@ class OpenWrite:
         self._to(Life.RELEASED)
         self.done.set()
 
+    def pieces(self, size: int, offset: int, store=None, tier=None):
+        """The bytes at ``offset`` (up to ``size``) of what it holds in memory (a writer reads its own
+        buffer), as one piece; ``store`` and ``tier`` are not used."""
+        return _held(self.buf, len(self.buf), size, offset)
+
     # -- how its bytes are kept ----------------------------------------------------------------------
     def _keep(self, keeping: Keeping) -> None:
         if keeping is not self.keeping and keeping not in _KEEP_NEXT[self.keeping]:
@@ -308,12 +316,79 @@ class OpenRead:
         self.durable = None
         self.lock = threading.Lock()
 
-    @property
-    def length(self) -> int:
-        """The length of what it reads from memory (a writer's, with a length set ahead)."""
-        return self.source.size if self.source is not None and self.source.buf is self.buf else len(self.buf)
+    #: Verified extents a reader keeps (1 MiB each): the kernel's read-ahead sends requests for one
+    #: file from several threads, out of order, so one window would be evicted and read again.
+    WINDOWS = 8
+
+    def pieces(self, size: int, offset: int, store, tier):
+        """The bytes at ``offset`` (up to ``size``), in order, as views of what is held: its bytes in
+        memory, or the committed shard's extents read through ``store.read_shard_extent`` (each
+        extent's crc32c verified), or, once the local copy failed and ``tier`` is given, the shard's
+        durable copy (``DurableTier.durable_copy``).
+
+        Raises:
+            NamespaceError: ``EIO`` (a checksum mismatch), ``ESTALE`` (retired meanwhile), when there
+                is no usable durable copy either."""
+        if self.gen is None:
+            length = self.source.size if self.source is not None and self.source.buf is self.buf else len(self.buf)
+            yield from _held(self.buf, length, size, offset)
+            return
+        end = min(offset + size, self.gen.sizes[self.shard])
+        if self.durable is not None:
+            yield self._read_durable(tier, offset, end, None)
+            return
+        pos = offset
+        try:
+            while pos < end:
+                start, data = self._window(store, pos)
+                stop = min(end, start + len(data))
+                yield data if pos == start and stop - start == len(data) else memoryview(data)[pos - start:stop - start]
+                pos = stop
+        except ChecksumError as e:
+            if tier is None:
+                raise NamespaceError(errno.EIO, f"{self.path}: {e}") from e
+            yield self._read_durable(tier, pos, end, e)     # the rest, from the verified durable copy
+        except GenerationNotFoundError as e:
+            if tier is None:
+                raise NamespaceError(errno.ESTALE, f"{self.path}: {e}") from e
+            yield self._read_durable(tier, pos, end, e)
+
+    def _read_durable(self, tier, offset: int, end: int, why: BaseException | None) -> bytes:
+        """Bytes ``offset:end`` of its shard from the durable copy, fetched and verified whole at the
+        first local failure ``why`` and kept while it is open."""
+        with self.lock:
+            if self.durable is None:
+                try:
+                    self.durable = tier.durable_copy(self.gen.id, self.shard, why)
+                except Exception as e:   # noqa: BLE001 - no durable copy: the local failure stands
+                    code = errno.EIO if isinstance(why, ChecksumError) else errno.ESTALE
+                    raise NamespaceError(code, f"{self.path}: {why}; no durable copy either: {e}") from e
+            self.durable.seek(offset)
+            return self.durable.read(max(end - offset, 0))
+
+    def _window(self, store, pos: int) -> tuple[int, bytes]:
+        """The verified extent of its shard holding data byte ``pos``: ``(first byte, bytes)``."""
+        with self.lock:
+            for start, data in self.windows.items():
+                if start <= pos < start + len(data):
+                    return start, data
+        start, data = store.read_shard_extent(self.gen.id, self.shard, pos)
+        with self.lock:
+            if len(self.windows) >= self.WINDOWS:
+                del self.windows[next(iter(self.windows))]
+            self.windows[start] = data
+        return start, data
 
     def close(self) -> None:
         """Released: its durable copy, if any, is closed."""
         if self.durable is not None:
             self.durable.close()
+
+
+def _held(buf: bytearray, length: int, size: int, offset: int):
+    """Bytes ``offset`` (up to ``size``) of ``buf`` as one piece, with the zeros of a length set
+    ahead (``length`` past the buffer)."""
+    out = bytes(buf[offset:offset + size])
+    if len(out) < size and offset + len(out) < length:
+        out += bytes(min(size - len(out), length - offset - len(out)))
+    yield out
