@@ -81,7 +81,7 @@ from retainz.ids import members, parse_generation_id, series_of
 from retainz.integrations.fsspec_files import ReadFile, WriteFile
 from retainz.jobs import life, ranks, stores
 from retainz.namespace import Face, Namespace, NamespaceError
-from retainz.namespace.model import rule_for
+from retainz.namespace.hints import rule_for
 from retainz.retention.online import rule_hint
 from retainz.retention.steps import parse_step
 from retainz.zoned import parse_device

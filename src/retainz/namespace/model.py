@@ -82,17 +82,16 @@ from retainz.errors import (
 from retainz.ids import series_of
 from retainz.namespace import names as L
 from retainz.namespace.errors import NamespaceError, errno_of
+from retainz.namespace.hints import Hints
 from retainz.namespace.hooks import DurableTier, Face
 from retainz.namespace.openfile import Keeping, Life, OpenRead, OpenWrite
 from retainz.namespace.pending import PendingCheckpoint
 from retainz.namespace.slot import StoreSlot
 from retainz.namespace.view import CommittedGeneration, CommittedView
-from retainz.retention.inference import RetentionInference
-from retainz.retention.online import rule_hint
 from retainz.retention.steps import parse_step
 from retainz.store.writer import WRITE_BUFFER
 
-__all__ = ["Namespace", "NamespaceError", "Entry", "OpenState", "errno_of", "rule_for"]
+__all__ = ["Namespace", "Entry", "OpenState"]
 
 log = logging.getLogger("retainz.namespace")
 
@@ -133,18 +132,6 @@ class OpenState:
     writer_changed: bool
 
 
-def rule_for(retention: str | dict | None, folder: str) -> str | None:
-    """The retention rule of checkpoints in ``folder``: ``retention`` itself (a rule string), or of a
-    ``{folder: rule}`` dict the entry of the longest folder that holds ``folder``; ``None`` for no rule
-    or ``"auto"`` (inferred instead)."""
-    if isinstance(retention, dict):
-        best = None
-        for f, rule in retention.items():
-            f = f.strip("/")
-            if (not f or folder == f or folder.startswith(f + "/")) and (best is None or len(f) > len(best[0])):
-                best = (f, rule)
-        return best[1] if best else None
-    return retention if retention != "auto" else None
 
 
 class Namespace:
@@ -181,8 +168,8 @@ class Namespace:
         self.face = face if face is not None else Face()
         self.tier = tier
         self.implicit_dirs = implicit_dirs
-        self._series_seen: set[str] = set()
-        self.inference = RetentionInference() if retention == "auto" else None
+        self.hints = Hints(retention, self.face)
+        self.inference = self.hints.inference
         self.stream_threshold = stream_threshold
         self.hole_limit = hole_limit
         self._mu = threading.RLock()
@@ -223,9 +210,7 @@ class Namespace:
             self.store.delete(g.id)
             self.retired_at_mount.append(g.id)
         for c, _ in shown:
-            step = parse_step(c.path, file_names=True)
-            if self.inference is not None and step is not None:    # earlier saves are evidence too
-                self.inference.observe_save(series_of(c.path), c.id, step)
+            self.hints.found(c.path, c.id, parse_step(c.path, file_names=True))
 
     def _add(self, info, kind: str, path: str, names: dict[str, str], mtime_ns: int) -> CommittedGeneration:
         g = self.view.add(info, kind, path, names, mtime_ns)
@@ -237,21 +222,11 @@ class Namespace:
         self._changed()
         return g
 
-    def _log_rule(self, series: str, before) -> None:
-        after = self.inference.rule(series)
-        if after is not None and (before is None or before.describe() != after.describe()):
-            log.info("retention inferred for %s/: %s (%d events)", series, after.describe(), after.evidence)
-
     def _retire(self, gid: str) -> None:
         """Drop a committed generation from the view and delete it from the store (journaled,
         flushed; queued behind a streaming shard if one is being written)."""
         self._taken.add(gid)
-        if self.inference is not None:
-            series = series_of(self.view.get(gid).path) if gid in self.view else None
-            before = self.inference.rule(series) if series is not None else None
-            self.inference.observe_delete(gid)
-            if series is not None:
-                self._log_rule(series, before)
+        self.hints.deleted(gid, self.view.get(gid).path if gid in self.view else None)
         self._forget(gid)
 
         def delete():
@@ -272,22 +247,6 @@ class Namespace:
                 return gid
         raise AssertionError("unreachable")
 
-    def _hint(self, series: str, gid: str, step: int | None):
-        if self.inference is not None:
-            hint = self.inference.hint(series, step)
-            if step is not None:
-                before = self.inference.rule(series)
-                self.inference.observe_save(series, gid, step)
-                self._log_rule(series, before)
-            return hint
-        rule = self._rule(series)
-        if rule and series not in self._series_seen:
-            self._series_seen.add(series)
-            self.face.series_begins(series)
-        return rule_hint(rule, step)
-
-    def _rule(self, folder: str) -> str | None:
-        return rule_for(self.retention, folder)
 
     # -- the namespace -------------------------------------------------------------------------------
     def _namespace(self) -> tuple[dict[str, int], dict[str, int]]:
@@ -641,7 +600,7 @@ class Namespace:
                 self._request_commit(other)
         step = parse_step(root, file_names=True)
         gid = self._free_id(ids.dir_generation_id, root)
-        hint = self._hint(series_of(root), gid, step)
+        hint = self.hints.hint(series_of(root), gid, step)
         self._taken.add(gid)
         pd = self.pending[root] = PendingCheckpoint(root, gid, step or 0, hint, mtime_ns=time.time_ns())
         self._changed()
@@ -807,7 +766,7 @@ class Namespace:
         """Admit the generation of a file outside checkpoint directories (its first byte arrives)."""
         gid = self._free_id(ids.file_generation_id, h.path)
         step = parse_step(h.path, file_names=True)
-        hint = self._hint(series_of(h.path), gid, step)
+        hint = self.hints.hint(series_of(h.path), gid, step)
         h.writer = self.face.begin(self.store, gid, step or 0, hint, h.path)
         self._taken.add(gid)
         return h.writer
@@ -1270,8 +1229,7 @@ class Namespace:
             self.slot.run(abort)
         else:
             self._taken.discard(pd.gid)
-        if self.inference is not None:
-            self.inference.observe_abort(pd.gid)
+        self.hints.aborted(pd.gid)
         self._changed()
         then, pd.then = pd.then, []
         for fn in then:
@@ -1674,7 +1632,7 @@ class Namespace:
 
     def inferred(self) -> dict:
         """What ``--retention auto`` has inferred so far (``RetentionInference.summary``)."""
-        return self.inference.summary() if self.inference is not None else {}
+        return self.hints.summary()
 
 
 def _version(gid: str) -> int:
