@@ -81,6 +81,7 @@ from retainz.errors import (
 )
 from retainz.ids import series_of
 from retainz.namespace import names as L
+from retainz.namespace.admission import Admission
 from retainz.namespace.errors import NamespaceError, errno_of
 from retainz.namespace.hints import Hints
 from retainz.namespace.hooks import DurableTier, Face
@@ -89,7 +90,6 @@ from retainz.namespace.pending import PendingCheckpoint
 from retainz.namespace.slot import StoreSlot
 from retainz.namespace.view import CommittedGeneration, CommittedView
 from retainz.retention.steps import parse_step
-from retainz.store.writer import WRITE_BUFFER
 
 __all__ = ["Namespace", "Entry", "OpenState"]
 
@@ -174,6 +174,7 @@ class Namespace:
         self.hole_limit = hole_limit
         self._mu = threading.RLock()
         self.slot = StoreSlot(self._mu)
+        self.admission = Admission(store)
         self._fh = itertools.count(1)
         self.handles: dict[int, OpenWrite | OpenRead] = {}
         self.view = CommittedView(store)
@@ -417,14 +418,10 @@ class Namespace:
         can take, admission's reach after GC (data capacity less live bytes, the open writers'
         reservations and the GC reserve) less the one block every new generation keeps for its
         layout record (:meth:`_reserve`), so a file of exactly that size is written whole."""
-        df = self.store.df()
-        bs = self.store.device.geometry.block_size
         with self._mu:
             writers = [pd.writer for pd in self.pending.values() if pd.writer is not None]
             writers += [h.writer for h in self.handles.values() if h.write_mode and h.writer is not None]
-        reserved = sum(w.reserve for w in writers)     # admitted for bytes accepted, not yet placed
-        avail = max(0, df.capacity - df.used - df.gc_reserve - reserved - self._pad(1))
-        return bs, df.capacity, avail, df.generations
+        return self.admission.space(writers)
 
     def mkdir(self, path: str) -> None:
         """Make a directory (this instance's, until a file under it commits).
@@ -712,23 +709,7 @@ class Namespace:
                                               f"{self.hole_limit} bytes; {size} asked: write it in order")
         h.hold()
 
-    # -- admission ------------------------------------------------------------------------------------
-    def _pad(self, n: int) -> int:
-        bs = self.store.device.geometry.block_size
-        return -(-n // bs) * bs
-
-    def _unplaced(self, h: OpenWrite, size: int | None = None) -> int:
-        """Device bytes ``h`` has accepted (or, with ``size``, will have) and not placed: its buffer,
-        or, streamed, every byte past the shard's placed extents (those its pump still holds, and
-        the tail the shard buffers before its next 1 MiB extent).  Read under the store's lock
-        (:meth:`_reserve`): the pump's thread places extents and shrinks the reservation together
-        under that lock, so what is placed and what is reserved are seen at one instant."""
-        size = h.size if size is None else max(size, h.size)
-        sink = h.sink
-        if sink is not None:
-            return self._pad(size - (sink.written - sink.written % WRITE_BUFFER))
-        return self._pad(size)
-
+    # -- admission (admission.py) and the generations begun ----------------------------------------
     def _reserve(self, h: OpenWrite, size: int | None = None) -> None:
         """Grow the reservation of ``h``'s generation to every byte it holds unplaced, ``h`` at
         ``size`` bytes, plus one block (a layout shard); the generation is admitted first if it has
@@ -738,29 +719,16 @@ class Namespace:
             NamespaceError: ``ENOSPC`` (the store's admission or journal refused; nothing changed).
         """
         try:
-            with self._mu, self._admission_lock():
+            with self._mu, self.admission.lock:
                 if h.pending is not None:
-                    pd = h.pending
-                    w = self._writer(pd)
-                    need = sum(self._pad(len(b)) for b in pd.ready.values())
-                    need += sum(self._unplaced(o, size if o is h else None) for o in pd.writing.values())
+                    w = self._writer(h.pending)
+                    need = self.admission.checkpoint_need(h.pending, h, size)
                 else:
                     w = h.writer if h.writer is not None else self._begin_file(h)
-                    need = self._unplaced(h, size)
-                self._admit(w, need + self._pad(1))
+                    need = self.admission.file_need(h, size)
+                self.admission.admit(w, need)
         except RetainZError as e:
             raise NamespaceError(errno_of(e), f"{h.path}: {e}") from e
-
-    def _admission_lock(self):
-        """The store's lock, which its writers hold while they place extents and shrink their
-        reservations (the store contract's ``lock``)."""
-        return self.store.lock
-
-    def _admit(self, w, nbytes: int) -> None:
-        """Grow ``w``'s reservation to ``nbytes`` (the store contract's ``admit``; a served store's
-        service admits)."""
-        with self.store.lock:
-            self.store.admit(w, nbytes)
 
     def _begin_file(self, h: OpenWrite):
         """Admit the generation of a file outside checkpoint directories (its first byte arrives)."""
@@ -795,7 +763,7 @@ class Namespace:
         if not self.slot.acquire(blocking=False):
             return
         try:
-            with self._mu, self._admission_lock():
+            with self._mu, self.admission.lock:
                 if h.pending is not None:
                     pd = h.pending
                     name = pd.shard_name(h.rel, pd.streamed)
@@ -1201,14 +1169,14 @@ class Namespace:
         """Admit a renamed checkpoint directory again under the id of its new path (nothing of it
         is placed yet), so the store lists it by the path the runtime gave it."""
         gid = self._free_id(ids.dir_generation_id, pd.root)
-        need = sum(self._pad(len(b)) for b in pd.ready.values()) + self._pad(1)
+        need = sum(self.admission.pad(len(b)) for b in pd.ready.values()) + self.admission.pad(1)
         old = pd.writer
         if old is not None:
             old.abort()
         self._taken.discard(pd.gid)
         pd.gid, pd.writer = gid, None
         self._taken.add(gid)
-        self._admit(self._writer(pd), need)
+        self.admission.admit(self._writer(pd), need)
 
     def _abort(self, pd: PendingCheckpoint, *, keep: bool = False) -> None:
         """Drop pending checkpoint ``pd``: its store writer aborted (queued behind a streaming shard),
