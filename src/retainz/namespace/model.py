@@ -188,7 +188,7 @@ class Namespace:
         self.destroyed = False                           # unmount ran
         self._load()
 
-    # -- the committed view ------------------------------------------------------------------------
+    # -- the committed view (view.py) and retirement -----------------------------------------------
     def refresh(self) -> None:
         """Bring the committed view up to date with the store, for a face whose store others write too
         (other ``retainz://`` instances, other processes through a node service): generations committed
@@ -248,8 +248,7 @@ class Namespace:
                 return gid
         raise AssertionError("unreachable")
 
-
-    # -- the namespace -------------------------------------------------------------------------------
+    # -- the tree visible now ----------------------------------------------------------------------
     def _namespace(self) -> tuple[dict[str, int], dict[str, int]]:
         """``({file: mtime_ns}, {directory: mtime_ns})`` visible now (sizes come from :meth:`_size`)."""
         if self._ns_cache is not None:
@@ -442,7 +441,7 @@ class Namespace:
             self._changed()
         return 0
 
-    # -- opening and writing ------------------------------------------------------------------------
+    # -- opening -----------------------------------------------------------------------------------
     def open_write(self, path: str, *, truncate: bool = True) -> int:
         """Open ``path`` for writing (created if new; ``truncate``: start empty) and return its handle.
 
@@ -586,30 +585,7 @@ class Namespace:
             self._changed()
             return fh
 
-    def _begin_dir(self, root: str) -> PendingCheckpoint:
-        """Admit the generation of a new checkpoint directory (its first file is being created)."""
-        parent = posixpath.dirname(root)
-        for other in list(self.pending.values()):   # the runtime moved on: its earlier save is done
-            if posixpath.dirname(other.root) == parent and not other.writing and other.refused is not None:
-                self._abort(other)                  # refused, and its error was reported already
-            elif (posixpath.dirname(other.root) == parent and not other.writing
-                    and other.commit_point() == "closed"):
-                self._request_commit(other)
-        step = parse_step(root, file_names=True)
-        gid = self._free_id(ids.dir_generation_id, root)
-        hint = self.hints.hint(series_of(root), gid, step)
-        self._taken.add(gid)
-        pd = self.pending[root] = PendingCheckpoint(root, gid, step or 0, hint, mtime_ns=time.time_ns())
-        self._changed()
-        return pd
-
-    def _writer(self, pd: PendingCheckpoint):
-        """The pending directory's ``GenerationWriter`` (admitted on first need; the caller holds the
-        store slot)."""
-        if pd.writer is None:
-            pd.writer = self.face.begin(self.store, pd.gid, pd.step, pd.hint, pd.root)
-        return pd.writer
-
+    # -- writing, with admission (admission.py) ----------------------------------------------------
     def write(self, fh: int, data, offset: int) -> int:
         """Take bytes: buffered in memory (small files) or streamed into the store (past
         :attr:`stream_threshold`).  Admission is checked here: the generation's reservation in the
@@ -624,36 +600,6 @@ class Namespace:
                 if h.write_mode:
                     self._refused(h, e)
             raise
-
-    def _refused(self, h: OpenWrite, e: BaseException) -> None:
-        """A call on write handle ``h`` returned the error ``e`` to the program: the file never
-        commits (its close returns the errno) and its checkpoint directory is refused
-        (:meth:`_refuse`).  Not for a file unlinked or discarded meanwhile (nothing of it commits)."""
-        if not h.live:
-            return
-        h.fail(e)
-        if h.pending is not None:
-            with self._mu:
-                self._refuse(h.pending, h.error, self.face.caller())
-
-    def _refuse(self, pd: PendingCheckpoint, e: BaseException, who=None) -> None:
-        """Refuse pending checkpoint ``pd`` (see the module docstring, **refusal**): it never commits.
-        Its files leave the view, every file of it still open fails its next call with ``e``'s errno,
-        and once none is open its store writer is aborted (what it placed and reserved is returned);
-        ``pd`` stays in :attr:`pending` so that new files of it are refused for the process ``who``
-        (:meth:`_open_write`) until it is removed, the next save in its folder begins, or unmount."""
-        if self.pending.get(pd.root) is not pd:
-            return
-        if pd.refuse(e, who):
-            log.warning("%s: refused (%s): the checkpoint will not commit", pd.root, e)
-        if not pd.writing:
-            self._abort(pd, keep=True)
-        self._changed()
-
-    def _refusal(self, pd: PendingCheckpoint, p: str) -> NamespaceError:
-        """The error a call on refused checkpoint ``pd`` returns (its first error's errno)."""
-        return NamespaceError(errno_of(pd.refused), f"{p}: checkpoint {pd.root} was refused ({pd.refused}): "
-                                                    f"it will not commit; remove it (rm -r) to save it again")
 
     def _write(self, data, offset, fh) -> int:
         h = self.handles.get(fh)
@@ -709,7 +655,6 @@ class Namespace:
                                               f"{self.hole_limit} bytes; {size} asked: write it in order")
         h.hold()
 
-    # -- admission (admission.py) and the generations begun ----------------------------------------
     def _reserve(self, h: OpenWrite, size: int | None = None) -> None:
         """Grow the reservation of ``h``'s generation to every byte it holds unplaced, ``h`` at
         ``size`` bytes, plus one block (a layout shard); the generation is admitted first if it has
@@ -826,6 +771,7 @@ class Namespace:
             h.size = length
         return 0
 
+    # -- the close/commit protocol: a file commits or joins its checkpoint; a checkpoint commits or is refused
     def close(self, fh: int) -> int:
         """``close(2)`` of one descriptor: the file is finished here, so its error reaches the
         program's ``close``: a file outside checkpoint directories commits (its new version replaces
@@ -1076,6 +1022,30 @@ class Namespace:
     def _cache_committed(self, p: str, gid: str, shard: str) -> None:
         self.face.committed(p, gid, shard)
 
+    def _begin_dir(self, root: str) -> PendingCheckpoint:
+        """Admit the generation of a new checkpoint directory (its first file is being created)."""
+        parent = posixpath.dirname(root)
+        for other in list(self.pending.values()):   # the runtime moved on: its earlier save is done
+            if posixpath.dirname(other.root) == parent and not other.writing and other.refused is not None:
+                self._abort(other)                  # refused, and its error was reported already
+            elif (posixpath.dirname(other.root) == parent and not other.writing
+                    and other.commit_point() == "closed"):
+                self._request_commit(other)
+        step = parse_step(root, file_names=True)
+        gid = self._free_id(ids.dir_generation_id, root)
+        hint = self.hints.hint(series_of(root), gid, step)
+        self._taken.add(gid)
+        pd = self.pending[root] = PendingCheckpoint(root, gid, step or 0, hint, mtime_ns=time.time_ns())
+        self._changed()
+        return pd
+
+    def _writer(self, pd: PendingCheckpoint):
+        """The pending directory's ``GenerationWriter`` (admitted on first need; the caller holds the
+        store slot)."""
+        if pd.writer is None:
+            pd.writer = self.face.begin(self.store, pd.gid, pd.step, pd.hint, pd.root)
+        return pd.writer
+
     def _request_commit(self, pd: PendingCheckpoint) -> None:
         """Commit a checkpoint directory at its commit point, now (when its last file closes if
         some are still open).  A refused commit drops the checkpoint (none of its files stays) and
@@ -1178,6 +1148,36 @@ class Namespace:
         self._taken.add(gid)
         self.admission.admit(self._writer(pd), need)
 
+    def _refused(self, h: OpenWrite, e: BaseException) -> None:
+        """A call on write handle ``h`` returned the error ``e`` to the program: the file never
+        commits (its close returns the errno) and its checkpoint directory is refused
+        (:meth:`_refuse`).  Not for a file unlinked or discarded meanwhile (nothing of it commits)."""
+        if not h.live:
+            return
+        h.fail(e)
+        if h.pending is not None:
+            with self._mu:
+                self._refuse(h.pending, h.error, self.face.caller())
+
+    def _refuse(self, pd: PendingCheckpoint, e: BaseException, who=None) -> None:
+        """Refuse pending checkpoint ``pd`` (see the module docstring, **refusal**): it never commits.
+        Its files leave the view, every file of it still open fails its next call with ``e``'s errno,
+        and once none is open its store writer is aborted (what it placed and reserved is returned);
+        ``pd`` stays in :attr:`pending` so that new files of it are refused for the process ``who``
+        (:meth:`_open_write`) until it is removed, the next save in its folder begins, or unmount."""
+        if self.pending.get(pd.root) is not pd:
+            return
+        if pd.refuse(e, who):
+            log.warning("%s: refused (%s): the checkpoint will not commit", pd.root, e)
+        if not pd.writing:
+            self._abort(pd, keep=True)
+        self._changed()
+
+    def _refusal(self, pd: PendingCheckpoint, p: str) -> NamespaceError:
+        """The error a call on refused checkpoint ``pd`` returns (its first error's errno)."""
+        return NamespaceError(errno_of(pd.refused), f"{p}: checkpoint {pd.root} was refused ({pd.refused}): "
+                                                    f"it will not commit; remove it (rm -r) to save it again")
+
     def _abort(self, pd: PendingCheckpoint, *, keep: bool = False) -> None:
         """Drop pending checkpoint ``pd``: its store writer aborted (queued behind a streaming shard),
         the work queued after its commit run.  ``keep``: it stays in :attr:`pending` (refused: new
@@ -1203,7 +1203,23 @@ class Namespace:
         for fn in then:
             fn(False)
 
-    # -- reading -------------------------------------------------------------------------------
+    def detach(self, root: str):
+        """Hand the writer of pending checkpoint ``root`` back without committing it: its buffered files
+        are written as shards first (a rank of a joined generation leaves it to the rank that commits).
+        Returns the writer (``None`` if nothing is pending there)."""
+        with self._mu:
+            pd = self.pending.get(self._p(root))
+            if pd is None or pd.writing or pd.refused is not None:
+                return None
+            w = self._writer(pd)
+            for rel, data in pd.ready.items():
+                w.write_shard(ids.shard_name(rel), [bytes(data)])
+            del self.pending[pd.root]
+            self._taken.discard(pd.gid)
+            self._changed()
+            return w
+
+    # -- reading -----------------------------------------------------------------------------------
     def read(self, fh: int, size: int, offset: int) -> bytes:
         """Up to ``size`` bytes at ``offset`` of open file ``fh`` (committed shards through verified
         extent reads).
@@ -1241,7 +1257,7 @@ class Namespace:
         g, shard = self.view.shard_at(p)
         return b"".join(self.store.read_shard(g.id, shard))
 
-    # -- removal ---------------------------------------------------------------------------------
+    # -- removal -----------------------------------------------------------------------------------
     def unlink(self, path: str) -> int:
         """Remove a file: a file being written is dropped (its descriptor still takes bytes; nothing
         of it commits, as torch's cleanup of a failed save expects), a file generation is retired, a
@@ -1315,22 +1331,6 @@ class Namespace:
             g, _ = self.view.shard_at(p)
             return g.path if g.kind == "dir" else None
 
-    def detach(self, root: str):
-        """Hand the writer of pending checkpoint ``root`` back without committing it: its buffered files
-        are written as shards first (a rank of a joined generation leaves it to the rank that commits).
-        Returns the writer (``None`` if nothing is pending there)."""
-        with self._mu:
-            pd = self.pending.get(self._p(root))
-            if pd is None or pd.writing or pd.refused is not None:
-                return None
-            w = self._writer(pd)
-            for rel, data in pd.ready.items():
-                w.write_shard(ids.shard_name(rel), [bytes(data)])
-            del self.pending[pd.root]
-            self._taken.discard(pd.gid)
-            self._changed()
-            return w
-
     def _drop_open(self, h: OpenWrite) -> None:
         """``h`` (open for writing) is unlinked or discarded: what it wrote is dropped, its streamed shard
         aborted (the store slot released), and nothing of it commits at its close."""
@@ -1394,7 +1394,7 @@ class Namespace:
             self._changed()
         return 0
 
-    # -- rename -----------------------------------------------------------------------------------
+    # -- rename ------------------------------------------------------------------------------------
     def rename(self, old: str, new: str) -> int:
         """Rename a file or directory (see the module docstring); over an existing file it is an atomic
         replace, over an existing empty directory it replaces it, over a non-empty one ``ENOTEMPTY``."""
@@ -1575,7 +1575,7 @@ class Namespace:
                 self.store.delete(g.id)
         self.slot.run(work)
 
-    # -- lifetime -----------------------------------------------------------------------------------
+    # -- lifetime ----------------------------------------------------------------------------------
     def unmount(self) -> None:
         """Unmount: commit the checkpoint directories whose commit point is "closed" and whose files
         are all closed (a clean unmount is their last chance); abort the rest (a runtime whose
