@@ -12,7 +12,7 @@ pytest.importorskip("fsspec", reason="needs fsspec (the tier extra)")
 from retainz.errors import AccessDeniedError, ServiceGoneError  # noqa: E402
 from retainz.integrations.fsspec_fs import RetainZFileSystem  # noqa: E402
 from retainz.jobs import stores  # noqa: E402
-from retainz.namespace.model import errno_of  # noqa: E402
+from retainz.namespace import errno_of  # noqa: E402
 from tests.node.test_node import make_device  # noqa: E402
 from tests.node.test_node_access import SMALL, serving  # noqa: E402
 

@@ -120,12 +120,12 @@ def test_replace_survives_a_cut_at_every_write(torn, keep):
             seen.append(got == NEW[p])
         # the moved file is whole at its new path, its old one, or both (the copy commits before the
         # source is retired)
-        at = [p for p in ("run/keep.bin", "run/kept.bin") if p in ms2.ns.files]
+        at = [p for p in ("run/keep.bin", "run/kept.bin") if ms2.ns.view.has_file(p)]
         assert len(at) >= 1, cut
         for p in at:
             assert _get(ms2, p) == OLD["run/keep.bin"]
         # one committed version per path after the mount's recovery rule
-        paths = [ms2.ns.gens[g.id].path for g in store.generations()]
+        paths = [ms2.ns.view.get(g.id).path for g in store.generations()]
         assert len(paths) == len(set(paths)), (cut, paths)
         rep = store.fsck()
         assert rep.ok, (cut, rep.problems)

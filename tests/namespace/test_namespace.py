@@ -12,7 +12,7 @@ import pytest
 
 from retainz import ids
 from retainz.errors import GenerationExistsError
-from retainz.namespace import Namespace, NamespaceError
+from retainz.namespace import Face, Namespace, NamespaceError
 from retainz.namespace import names as L
 from retainz.store import Store
 from retainz.zoned import Geometry, MemoryDevice
@@ -28,9 +28,17 @@ def store():
 
 
 def _ns(store, **kw) -> Namespace:
-    ns = Namespace(store, stream_threshold=64 << 10, **kw)
-    ns.implicit_dirs = True
-    return ns
+    return Namespace(store, stream_threshold=64 << 10, implicit_dirs=True, **kw)
+
+
+class _Process(Face):
+    """A face whose calls come from process ``pid[0]``."""
+
+    def __init__(self, pid: list[int]):
+        self.pid = pid
+
+    def caller(self) -> int:
+        return self.pid[0]
 
 
 def _put(ns: Namespace, path: str, data: bytes) -> None:
@@ -580,9 +588,8 @@ def test_more_files_of_a_refused_checkpoint_are_refused_until_it_is_removed(stor
     """A program that ignores the refusal and writes the rest of the checkpoint cannot commit the rest
     as the checkpoint: its later files are refused with the first errno.  ``rm -r`` ends the refusal
     (a save again begins afresh), and so does a save by another process (a restarted job)."""
-    ns = _ns(store)
     pid = [100]
-    ns.caller = lambda: pid[0]
+    ns = _ns(store, face=_Process(pid))
     _put(ns, "big.bin", b"b" * (20 << 20))
     assert _fill(ns, "run/step-2/model.pt", 30 << 20) == errno.ENOSPC
     assert _fill(ns, "run/step-2/extra.pt", 10) == errno.ENOSPC
