@@ -498,3 +498,23 @@ def test_replay_on_an_fdp_device_shows_the_device_waf_in_text(trace, capsys):
     fdp = json.loads(js)["fdp"]
     assert float(rows["fdp_device_waf"]) == pytest.approx(fdp["device_waf"], abs=1e-4)
     assert int(rows["fdp_media_bytes_written"]) == fdp["media_bytes_written"] > 0
+
+
+def test_put_of_an_existing_generation_names_the_flag_not_the_api(tmp_path, capsys):
+    """A second ``put`` of a committed id is refused in the CLI's words: the command and flag that
+    replace it (``put --replace``), never the API's ``replace=True``; the committed one stays intact."""
+    dev, f = tmp_path / "d.img", tmp_path / "s.bin"
+    f.write_bytes(b"a" * 8192)
+    assert run(capsys, "device", "create", dev, "--zones", 16, "--zone-size", "1MiB")[0] == 0
+    assert run(capsys, "mkfs", dev)[0] == 0
+    assert run(capsys, "put", dev, "g1", f, "--step", 1)[0] == 0
+    f.write_bytes(b"b" * 4096)
+    code, out, err = run(capsys, "put", dev, "g1", f, "--step", 2)
+    assert (code, out, one_line(err)) == (
+        2, "", f"retainz: error: generation 'g1' already exists on {dev}; `retainz put --replace {dev} g1 FILE...` "
+               "replaces it at the new one's commit\n")
+    code, out, _ = run(capsys, "ls", dev, "--json")
+    assert code == 0 and '"step": 1' in out and '"size": 8192' in out
+    assert run(capsys, "put", dev, "g1", f, "--step", 2, "--replace")[0] == 0
+    code, out, _ = run(capsys, "ls", dev, "--json")
+    assert code == 0 and '"step": 2' in out and '"size": 4096' in out

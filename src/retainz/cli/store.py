@@ -15,7 +15,7 @@ import stat
 import sys
 
 from retainz.cli import geometry_lines, int_arg, interrupt, plural, print_json, progress
-from retainz.errors import DeviceBusyError, ForeignDeviceError, StoreLockedError
+from retainz.errors import DeviceBusyError, ForeignDeviceError, GenerationExistsError, StoreLockedError
 from retainz.hint import Hint
 from retainz.placement import DEFAULT_POLICY
 from retainz.placement.base import PERMANENT
@@ -282,6 +282,17 @@ def _file_kind(path: str) -> str:
     return "a special file"
 
 
+def _committed(store, gen_id: str) -> bool:
+    """Whether ``gen_id`` is a committed generation of ``store`` (a Store or a node client)."""
+    from retainz.errors import GenerationNotFoundError
+
+    try:
+        store.generation(gen_id)
+    except GenerationNotFoundError:
+        return False
+    return True
+
+
 def _put(args) -> int:
     for path in args.files:
         if not os.path.exists(path):
@@ -305,8 +316,15 @@ def _put(args) -> int:
     rs = PERMANENT if args.permanent else args.reclaim_step
     with StoreSession(args.device, args=args) as store:
         declared = sum(os.path.getsize(p) for p in args.files)
-        w = store.begin_generation(args.generation, args.step, declared_size=declared, replace=args.replace,
-                                   hint=Hint(reclaim_step=rs))
+        try:
+            w = store.begin_generation(args.generation, args.step, declared_size=declared, replace=args.replace,
+                                       hint=Hint(reclaim_step=rs))
+        except GenerationExistsError:
+            if args.replace or not _committed(store, args.generation):
+                raise
+            raise GenerationExistsError(
+                f"generation {args.generation!r} already exists on {args.device}; `retainz put --replace "
+                f"{args.device} {args.generation} FILE...` replaces it at the new one's commit") from None
         try:
             with progress.bar(declared, f"put {args.generation}") as bar:
                 for path, name in zip(args.files, names, strict=True):
