@@ -518,3 +518,24 @@ def test_put_of_an_existing_generation_names_the_flag_not_the_api(tmp_path, caps
     assert run(capsys, "put", dev, "g1", f, "--step", 2, "--replace")[0] == 0
     code, out, _ = run(capsys, "ls", dev, "--json")
     assert code == 0 and '"step": 2' in out and '"size": 4096' in out
+
+
+def test_a_truncated_device_file_is_not_sent_to_a_repair_that_refuses_it(tmp_path, capsys):
+    """A device file cut short (an incomplete copy): every command, ``fsck --repair`` included, refuses
+    it in one line, exit 1; the line must not send the user to ``fsck --repair``, which refuses the
+    same file with the same line (the new-user trial's loop)."""
+    dev, f = tmp_path / "d.img", tmp_path / "s.bin"
+    f.write_bytes(b"a" * 8192)
+    assert run(capsys, "device", "create", dev, "--zones", 16, "--zone-size", "1MiB")[0] == 0
+    assert run(capsys, "mkfs", dev)[0] == 0
+    assert run(capsys, "put", dev, "g1", f, "--step", 1)[0] == 0
+    full = dev.stat().st_size
+    os.truncate(dev, 8 << 20)
+    for argv in (["ls", dev], ["fsck", dev], ["fsck", dev, "--repair"], ["put", dev, "g2", f, "--step", 2]):
+        code, out, err = run(capsys, *argv)
+        assert (code, out) == (1, ""), (argv, err)
+        assert one_line(err) == (f"retainz: error: {dev} is {8 << 20} bytes, shorter than its geometry ({full} "
+                                 "bytes): the file was cut short (an incomplete copy?) and its missing bytes "
+                                 "cannot be rebuilt, `retainz fsck --repair` included; copy it again from its "
+                                 "source\n"), argv
+    assert dev.stat().st_size == 8 << 20           # nothing wrote to it
