@@ -539,3 +539,17 @@ def test_a_truncated_device_file_is_not_sent_to_a_repair_that_refuses_it(tmp_pat
                                  "cannot be rebuilt, `retainz fsck --repair` included; copy it again from its "
                                  "source\n"), argv
     assert dev.stat().st_size == 8 << 20           # nothing wrote to it
+
+
+def test_crashtest_workload_help_names_every_workload_it_takes(capsys):
+    """``crashtest --workload``'s help (and so docs/cli.md) lists every workload the command accepts:
+    the trial was refused ``bogus`` with a list of nine names while the help gave six."""
+    from retainz.testing.crashtest import WORKLOADS
+
+    with pytest.raises(SystemExit):
+        main(["crashtest", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    listed = text.rsplit("--workload WORKLOAD", 1)[1].split("(default", 1)[0]
+    assert [w for w in (*WORKLOADS, "all") if w not in listed.replace(",", " ").split()] == []
+    docs = (os.path.dirname(__file__) + "/../../docs/cli.md")
+    assert listed.strip() in " ".join(open(docs).read().split())
