@@ -553,3 +553,12 @@ def test_crashtest_workload_help_names_every_workload_it_takes(capsys):
     assert [w for w in (*WORKLOADS, "all") if w not in listed.replace(",", " ").split()] == []
     docs = (os.path.dirname(__file__) + "/../../docs/cli.md")
     assert listed.strip() in " ".join(open(docs).read().split())
+
+
+def test_a_character_device_named_as_a_zoned_device_is_called_what_it_is(capsys):
+    """``/dev/null`` given as DEV: one line calling it a character device (the trial read
+    "/dev/null is not a block device, not a zoned block device"), exit 2."""
+    for argv in (["device", "info", "/dev/null"], ["ls", "/dev/null"]):
+        code, out, err = run(capsys, *argv)
+        assert (code, out, one_line(err)) == (
+            2, "", "retainz: error: /dev/null is a character device, not a zoned block device\n"), argv
