@@ -562,3 +562,17 @@ def test_a_character_device_named_as_a_zoned_device_is_called_what_it_is(capsys)
         code, out, err = run(capsys, *argv)
         assert (code, out, one_line(err)) == (
             2, "", "retainz: error: /dev/null is a character device, not a zoned block device\n"), argv
+
+
+def test_put_of_a_file_whose_size_changes_while_read_names_the_file(tmp_path, capsys):
+    """A file that gives more (or fewer) bytes than its size when put began (a /proc file says 0, a
+    file still being written grows): one line naming the file, not the store's "shard ...: more than
+    the 0 bytes given as its size"; nothing is committed."""
+    dev = tmp_path / "d.img"
+    assert run(capsys, "device", "create", dev, "--zones", 16, "--zone-size", "1MiB")[0] == 0
+    assert run(capsys, "mkfs", dev)[0] == 0
+    code, out, err = run(capsys, "put", dev, "g", "/proc/self/status", "--step", 1)
+    assert (code, out, one_line(err)) == (
+        2, "", "retainz: error: /proc/self/status: its size changed while put read it (0 bytes when put began); "
+               "put stores files that do not change while it reads them\n")
+    assert run(capsys, "ls", dev, "--json")[1].split() == ["[]"]

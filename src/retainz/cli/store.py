@@ -258,15 +258,29 @@ def _reclaim_text(hint) -> str:
     return f"{text} ({hint.condition})" if hint.condition else text
 
 
-def _chunks(path: str, size: int = 1 << 20, bar=None):
+def _chunks(path: str, expected: int, size: int = 1 << 20, bar=None):
     """The file's bytes, ``size`` at a time; each chunk boundary is an interrupt safe point;
-    ``bar`` (a progress bar) counts them."""
+    ``bar`` (a progress bar) counts them.
+
+    Raises:
+        ValueError: the file gives more or fewer than ``expected`` bytes (its size when put began:
+            a file still being written, a /proc file that says 0)."""
+    def changed() -> ValueError:
+        return ValueError(f"{path}: its size changed while put read it ({expected:,} bytes when put began); put "
+                          "stores files that do not change while it reads them")
+
+    done = 0
     with open(path, "rb") as f:
         while True:
             interrupt.checkpoint()
             chunk = f.read(size)
             if not chunk:
+                if done != expected:
+                    raise changed()
                 return
+            done += len(chunk)
+            if done > expected:
+                raise changed()
             if bar is not None:
                 bar.update(len(chunk))
             yield chunk
@@ -328,7 +342,8 @@ def _put(args) -> int:
         try:
             with progress.bar(declared, f"put {args.generation}") as bar:
                 for path, name in zip(args.files, names, strict=True):
-                    w.write_shard(name, _chunks(path, bar=bar), size=os.path.getsize(path))
+                    n = os.path.getsize(path)
+                    w.write_shard(name, _chunks(path, n, bar=bar), size=n)
             gen = w.commit()
         except BaseException:
             w.abort()
