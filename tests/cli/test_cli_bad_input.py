@@ -576,3 +576,22 @@ def test_put_of_a_file_whose_size_changes_while_read_names_the_file(tmp_path, ca
         2, "", "retainz: error: /proc/self/status: its size changed while put read it (0 bytes when put began); "
                "put stores files that do not change while it reads them\n")
     assert run(capsys, "ls", dev, "--json")[1].split() == ["[]"]
+
+
+def test_device_create_over_a_store_says_what_force_would_destroy(tmp_path, capsys):
+    """``device create`` over a device file holding a store names the committed generations
+    ``--force`` would destroy (the refusal said only "exists and is not empty"); the store stays."""
+    dev, f = tmp_path / "d.img", tmp_path / "s.bin"
+    f.write_bytes(b"a" * 8192)
+    assert run(capsys, "device", "create", dev, "--zones", 16, "--zone-size", "1MiB")[0] == 0
+    code, _, err = run(capsys, "device", "create", dev, "--zones", 16, "--zone-size", "1MiB")
+    assert (code, one_line(err)) == (2, f"retainz: error: {dev} exists and is not empty; `retainz device create "
+                                        "--force` overwrites it\n")
+    assert run(capsys, "mkfs", dev)[0] == 0
+    for gen in ("g1", "g2"):
+        assert run(capsys, "put", dev, gen, f, "--step", 1)[0] == 0
+    code, out, err = run(capsys, "device", "create", dev, "--zones", 32, "--zone-size", "1MiB")
+    assert (code, out, one_line(err)) == (
+        2, "", f"retainz: error: {dev} holds a RetainZ store with 2 committed generations; `retainz device create "
+               "--force` overwrites it and every generation on it\n")
+    assert run(capsys, "ls", dev)[1].count("\n") == 2
