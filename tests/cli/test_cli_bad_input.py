@@ -595,3 +595,14 @@ def test_device_create_over_a_store_says_what_force_would_destroy(tmp_path, caps
         2, "", f"retainz: error: {dev} holds a RetainZ store with 2 committed generations; `retainz device create "
                "--force` overwrites it and every generation on it\n")
     assert run(capsys, "ls", dev)[1].count("\n") == 2
+
+
+def test_demo_out_naming_a_file_says_it_is_not_a_directory(tmp_path, capsys):
+    """``demo --out FILE``: one line saying --out names a folder (the trial read "FILE: File exists"),
+    exit 2, and the file is left as it was."""
+    f = tmp_path / "random.bin"
+    f.write_bytes(b"x" * 100)
+    code, out, err = run(capsys, "demo", "--out", f)
+    assert (code, out, one_line(err)) == (
+        2, "", f"retainz: error: {f}: not a directory (--out names the demo's output folder)\n")
+    assert f.read_bytes() == b"x" * 100
