@@ -498,3 +498,111 @@ def test_replay_on_an_fdp_device_shows_the_device_waf_in_text(trace, capsys):
     fdp = json.loads(js)["fdp"]
     assert float(rows["fdp_device_waf"]) == pytest.approx(fdp["device_waf"], abs=1e-4)
     assert int(rows["fdp_media_bytes_written"]) == fdp["media_bytes_written"] > 0
+
+
+def test_put_of_an_existing_generation_names_the_flag_not_the_api(tmp_path, capsys):
+    """A second ``put`` of a committed id is refused in the CLI's words: the command and flag that
+    replace it (``put --replace``), never the API's ``replace=True``; the committed one stays intact."""
+    dev, f = tmp_path / "d.img", tmp_path / "s.bin"
+    f.write_bytes(b"a" * 8192)
+    assert run(capsys, "device", "create", dev, "--zones", 16, "--zone-size", "1MiB")[0] == 0
+    assert run(capsys, "mkfs", dev)[0] == 0
+    assert run(capsys, "put", dev, "g1", f, "--step", 1)[0] == 0
+    f.write_bytes(b"b" * 4096)
+    code, out, err = run(capsys, "put", dev, "g1", f, "--step", 2)
+    assert (code, out, one_line(err)) == (
+        2, "", f"retainz: error: generation 'g1' already exists on {dev}; `retainz put --replace {dev} g1 FILE...` "
+               "replaces it at the new one's commit\n")
+    code, out, _ = run(capsys, "ls", dev, "--json")
+    assert code == 0 and '"step": 1' in out and '"size": 8192' in out
+    assert run(capsys, "put", dev, "g1", f, "--step", 2, "--replace")[0] == 0
+    code, out, _ = run(capsys, "ls", dev, "--json")
+    assert code == 0 and '"step": 2' in out and '"size": 4096' in out
+
+
+def test_a_truncated_device_file_is_not_sent_to_a_repair_that_refuses_it(tmp_path, capsys):
+    """A device file cut short (an incomplete copy): every command, ``fsck --repair`` included, refuses
+    it in one line, exit 1; the line must not send the user to ``fsck --repair``, which refuses the
+    same file with the same line (the new-user trial's loop)."""
+    dev, f = tmp_path / "d.img", tmp_path / "s.bin"
+    f.write_bytes(b"a" * 8192)
+    assert run(capsys, "device", "create", dev, "--zones", 16, "--zone-size", "1MiB")[0] == 0
+    assert run(capsys, "mkfs", dev)[0] == 0
+    assert run(capsys, "put", dev, "g1", f, "--step", 1)[0] == 0
+    full = dev.stat().st_size
+    os.truncate(dev, 8 << 20)
+    for argv in (["ls", dev], ["fsck", dev], ["fsck", dev, "--repair"], ["put", dev, "g2", f, "--step", 2]):
+        code, out, err = run(capsys, *argv)
+        assert (code, out) == (1, ""), (argv, err)
+        assert one_line(err) == (f"retainz: error: {dev} is {8 << 20} bytes, shorter than its geometry ({full} "
+                                 "bytes): the file was cut short (an incomplete copy?) and its missing bytes "
+                                 "cannot be rebuilt, `retainz fsck --repair` included; copy it again from its "
+                                 "source\n"), argv
+    assert dev.stat().st_size == 8 << 20           # nothing wrote to it
+
+
+def test_crashtest_workload_help_names_every_workload_it_takes(capsys):
+    """``crashtest --workload``'s help (and so docs/cli.md) lists every workload the command accepts:
+    the trial was refused ``bogus`` with a list of nine names while the help gave six."""
+    from retainz.testing.crashtest import WORKLOADS
+
+    with pytest.raises(SystemExit):
+        main(["crashtest", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    listed = text.rsplit("--workload WORKLOAD", 1)[1].split("(default", 1)[0]
+    assert [w for w in (*WORKLOADS, "all") if w not in listed.replace(",", " ").split()] == []
+    docs = (os.path.dirname(__file__) + "/../../docs/cli.md")
+    assert listed.strip() in " ".join(open(docs).read().split())
+
+
+def test_a_character_device_named_as_a_zoned_device_is_called_what_it_is(capsys):
+    """``/dev/null`` given as DEV: one line calling it a character device (the trial read
+    "/dev/null is not a block device, not a zoned block device"), exit 2."""
+    for argv in (["device", "info", "/dev/null"], ["ls", "/dev/null"]):
+        code, out, err = run(capsys, *argv)
+        assert (code, out, one_line(err)) == (
+            2, "", "retainz: error: /dev/null is a character device, not a zoned block device\n"), argv
+
+
+def test_put_of_a_file_whose_size_changes_while_read_names_the_file(tmp_path, capsys):
+    """A file that gives more (or fewer) bytes than its size when put began (a /proc file says 0, a
+    file still being written grows): one line naming the file, not the store's "shard ...: more than
+    the 0 bytes given as its size"; nothing is committed."""
+    dev = tmp_path / "d.img"
+    assert run(capsys, "device", "create", dev, "--zones", 16, "--zone-size", "1MiB")[0] == 0
+    assert run(capsys, "mkfs", dev)[0] == 0
+    code, out, err = run(capsys, "put", dev, "g", "/proc/self/status", "--step", 1)
+    assert (code, out, one_line(err)) == (
+        2, "", "retainz: error: /proc/self/status: its size changed while put read it (0 bytes when put began); "
+               "put stores files that do not change while it reads them\n")
+    assert run(capsys, "ls", dev, "--json")[1].split() == ["[]"]
+
+
+def test_device_create_over_a_store_says_what_force_would_destroy(tmp_path, capsys):
+    """``device create`` over a device file holding a store names the committed generations
+    ``--force`` would destroy (the refusal said only "exists and is not empty"); the store stays."""
+    dev, f = tmp_path / "d.img", tmp_path / "s.bin"
+    f.write_bytes(b"a" * 8192)
+    assert run(capsys, "device", "create", dev, "--zones", 16, "--zone-size", "1MiB")[0] == 0
+    code, _, err = run(capsys, "device", "create", dev, "--zones", 16, "--zone-size", "1MiB")
+    assert (code, one_line(err)) == (2, f"retainz: error: {dev} exists and is not empty; `retainz device create "
+                                        "--force` overwrites it\n")
+    assert run(capsys, "mkfs", dev)[0] == 0
+    for gen in ("g1", "g2"):
+        assert run(capsys, "put", dev, gen, f, "--step", 1)[0] == 0
+    code, out, err = run(capsys, "device", "create", dev, "--zones", 32, "--zone-size", "1MiB")
+    assert (code, out, one_line(err)) == (
+        2, "", f"retainz: error: {dev} holds a RetainZ store with 2 committed generations; `retainz device create "
+               "--force` overwrites it and every generation on it\n")
+    assert run(capsys, "ls", dev)[1].count("\n") == 2
+
+
+def test_demo_out_naming_a_file_says_it_is_not_a_directory(tmp_path, capsys):
+    """``demo --out FILE``: one line saying --out names a folder (the trial read "FILE: File exists"),
+    exit 2, and the file is left as it was."""
+    f = tmp_path / "random.bin"
+    f.write_bytes(b"x" * 100)
+    code, out, err = run(capsys, "demo", "--out", f)
+    assert (code, out, one_line(err)) == (
+        2, "", f"retainz: error: {f}: not a directory (--out names the demo's output folder)\n")
+    assert f.read_bytes() == b"x" * 100

@@ -269,8 +269,9 @@ class FileDevice(EmulatedZonedDevice):
                                      f"{nz} zones")
         need = _LABEL_SIZE + (4 if version >= 2 else 2) * slot + geometry.size + (_LABEL_SIZE if version >= 3 else 0)
         if size < need:
-            raise CorruptDeviceError(f"{path} is {size} bytes, shorter than its geometry "
-                                     f"({need} bytes): truncated?")
+            raise CorruptDeviceError(f"{path} is {size} bytes, shorter than its geometry ({need} bytes): the file "
+                                     "was cut short (an incomplete copy?) and its missing bytes cannot be "
+                                     "rebuilt, `retainz fsck --repair` included; copy it again from its source")
         return (version, notes), geometry, slot, uuidlib.UUID(bytes=raw_uuid)
 
     def _read_state(self) -> tuple[list[ZoneCond], list[int], int]:
