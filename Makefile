@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 TORCH_STAMP := $(VENV)/.torch-$(shell cksum pyproject.toml | cut -d' ' -f1)
 MOUNT_STAMP := $(VENV)/.mount-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: setup main fleet demo ftl-validate test test-scale test-damage lint bench bench-placement bench-store bench-replay bench-device vm-setup setup-torch bench-dcp setup-mount bench-mount mutation clean
+.PHONY: setup main fleet demo ftl-validate test test-scale test-damage lint bench bench-placement bench-store bench-replay bench-device vm-setup setup-torch bench-dcp bench-memory setup-mount bench-mount mutation clean
 
 setup: $(STAMP)
 
@@ -100,6 +100,11 @@ bench-mount: setup-torch setup-mount
 # dcp.save/dcp.load: ZonedStorageWriter/Reader on a FileDevice vs FileSystemWriter/Reader, same disk, one run.
 bench-dcp: setup-torch
 	$(PY) -m bench.bench_dcp
+
+# Peak memory of dcp.save/dcp.load: ZonedStorageWriter/Reader and retainz:// vs stock DCP, one process per call
+# (issue 44.7's target; also in make bench).
+bench-memory: setup-torch
+	$(PY) -m bench.bench_memory
 
 # Mutation testing (mutmut) of placement, store, retention and the journal against the fast lane's
 # tests; slow (hours on 2 cores), never in CI.  MUTATE=placement,journal runs only those groups;

@@ -81,3 +81,15 @@ def test_full_run_summary_counts_and_markdown_table(tmp_path, monkeypatch, capsy
     assert bench.main(["--markdown", str(out)]) == 2
     assert capsys.readouterr().err.strip() == f"{out}: not a benchmark report (TypeError: list indices must be " \
                                               "integers or slices, not str)"
+
+
+def test_memory_figures_at_a_tiny_size(tmp_path):
+    pytest.importorskip("torch")
+    tiny = dataclasses.replace(bench.QUICK, memory_mib=8, memory_tensor_mib=4, memory_reps=1)
+    figs, details = bench._memory(tiny, str(tmp_path))
+    assert [f.name for f in figs] == [
+        "dcp.save peak memory, ZonedStorageWriter/Reader / stock", "dcp.load peak memory, ZonedStorageWriter/Reader / stock",
+        "dcp.save peak memory, retainz:// / stock", "dcp.load peak memory, retainz:// / stock"]
+    assert all(f.target == 1.1 and f.op == "<" and 0.5 < f.value < 2 for f in figs)
+    # every face's process held the state dict before its call, so each peak is above it
+    assert all(p > 8 for p in details["peak_MiB"].values())

@@ -282,3 +282,23 @@ def test_a_corrupt_extent_is_refused_exactly_alike_in_process_and_served(tmp_pat
     assert first[6] == 1 << 20 and first[8] is not None and first[8] != first[7]
     assert refused["store"][1] == first
     assert refused["node"] == refused["store"]
+
+
+def test_read_shard_into_gives_whole_verified_extents_alike_in_process_and_served(store):
+    """``read_shard_into`` (the mount's direct reads) on either implementation: from an extent's first
+    byte, the whole extents that fit in ``out``, read into it; 0 from a byte inside an extent; the
+    last extent (not a block multiple) is left to ``read_shard_extent``; a bad crc32c raises."""
+    data = os.urandom((5 << 19) + 100)      # three extents, the last not a block multiple
+    with store.begin_generation("g", 1) as w:
+        w.write_shard("a", [data])
+    out = bytearray(3 << 20)
+    assert store.read_shard_into("g", "a", 0, out) == 2 << 20
+    assert bytes(out[:2 << 20]) == data[:2 << 20]
+    small = bytearray((1 << 20) + 4096)
+    assert store.read_shard_into("g", "a", 1 << 20, small) == 1 << 20
+    assert bytes(small[:1 << 20]) == data[1 << 20:2 << 20]
+    assert store.read_shard_into("g", "a", 4096, out) == 0
+    assert store.read_shard_into("g", "a", 2 << 20, out) == 0
+    assert store.read_shard_extent("g", "a", 2 << 20) == (2 << 20, data[2 << 20:])
+    with pytest.raises(ValueError):
+        store.read_shard_into("g", "a", len(data), out)

@@ -10,18 +10,22 @@ namespace's errno (mfusepy turns an ``OSError`` into ``-errno``).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
 import threading
 
+from retainz.errors import RetainZError
 from retainz.ids import VERSION_ROOM
 from retainz.namespace import Face, Namespace, NamespaceError, errno_of
 
-__all__ = ["MountedStore", "VERSION_ROOM", "errno_of", "READ_AHEAD"]
+__all__ = ["MountedStore", "VERSION_ROOM", "errno_of", "READ_AHEAD", "MAX_BACKGROUND"]
 
 #: Readahead the mount asks for (bytes): whole extents, several in flight.
 READ_AHEAD = 8 << 20
+#: Background requests (read-ahead) the kernel keeps in flight: two :data:`READ_AHEAD` windows of 1 MiB requests.
+MAX_BACKGROUND = 2 * (READ_AHEAD >> 20)
 #: libfuse's ``FUSE_CAP_AUTO_INVAL_DATA`` (fuse_common.h).
 _FUSE_CAP_AUTO_INVAL_DATA = 1 << 12
 
@@ -151,6 +155,12 @@ class MountedStore:
             conn_info.max_write = 1 << 20
         if conn_info is not None and hasattr(conn_info, "max_readahead"):
             conn_info.max_readahead = READ_AHEAD
+        # The kernel sends read-ahead as background requests, at most max_background at once, and stops
+        # issuing async read-ahead past congestion_threshold (fs/fuse/file.c, fuse_readahead); libfuse's
+        # defaults (12 and 9) stall READ_AHEAD's 1 MiB requests, one window in flight at a time.
+        if conn_info is not None and hasattr(conn_info, "max_background"):
+            conn_info.max_background = MAX_BACKGROUND
+            conn_info.congestion_threshold = MAX_BACKGROUND * 3 // 4
         # No FUSE_CAP_AUTO_INVAL_DATA: the kernel would drop a file's cached pages whenever its mtime moved
         # (a commit stamps one).  The page cache is managed at open instead (keep_cache, direct_io).
         for name in ("want", "want_ext"):
@@ -229,9 +239,25 @@ class MountedStore:
         return self.ns.read(fh, size, offset)
 
     def read_into(self, fh, out, offset) -> int:
-        """Fill ``out`` (a FUSE request's own buffer) from ``offset``; returns the bytes given
-        (:meth:`Namespace.read_into`)."""
-        return self.ns.read_into(fh, out, offset)
+        """Fill ``out`` (a FUSE request's own buffer) from ``offset``; returns the bytes given.
+
+        A read of a committed shard that starts at an extent takes the whole extents in it straight
+        from the device into ``out`` (``read_shard_into`` of the store contract: no bytes object per
+        request, no copy; the kernel's read-ahead sends 1 MiB requests, one extent each, from the
+        file's start); the rest of the request, and every other read, goes through
+        :meth:`Namespace.read_into` (its verified-extent windows for requests across extents, its
+        errors, the durable copy)."""
+        n = 0
+        h = self.ns.handle(fh)
+        if h is not None and not h.write_mode and h.gen is not None and h.durable is None \
+                and offset < h.gen.sizes[h.shard]:
+            out = memoryview(out).cast("B")
+            with contextlib.suppress(RetainZError):      # the namespace's path says why, as errno
+                n = self.store.read_shard_into(h.gen.id, h.shard, offset, out)
+            if n == len(out) or offset + n >= h.gen.sizes[h.shard]:
+                return n
+            out = out[n:]
+        return n + self.ns.read_into(fh, out, offset + n)
 
     def truncate(self, path, length, fh=None):
         return self.ns.truncate(path, length, fh)

@@ -614,6 +614,8 @@ class Namespace:
                 self._reopen(h)
             h.wrote_by(self.face.caller())
             end = offset + len(data)
+            if h.streams_from_caller(self.stream_threshold, offset, len(data)):
+                self._try_stream(h)      # a large write streams from its own buffer, not copied (issue 44.7)
             if h.streaming:
                 if offset != h.put:
                     raise NamespaceError(errno.EIO, f"{h.path}: write at byte {offset} of a file streamed "

@@ -226,6 +226,15 @@ class OpenWrite:
         return (self.keeping in (Keeping.BUFFERED, Keeping.AHEAD) and len(self.buf) >= threshold
                 and end == len(self.buf) and (self.keeping is Keeping.BUFFERED or end == self.size))
 
+    def streams_from_caller(self, threshold: int, offset: int, nbytes: int) -> bool:
+        """Whether a write of ``nbytes`` at ``offset`` should start streaming before it is buffered, so
+        that it goes into the shard from the caller's buffer (:meth:`Pump.put` of :attr:`Pump.LIMIT`
+        bytes or more: no namespace copy, no pump copy; issue 44.7): not streaming yet, not held nor
+        written ahead, the write appends at the end, holds at least ``Pump.LIMIT`` bytes and takes the
+        file to ``threshold`` or past it."""
+        return (self.keeping is Keeping.BUFFERED and offset == len(self.buf) == self.size
+                and nbytes >= Pump.LIMIT and offset + nbytes >= threshold)
+
     def start_stream(self, sink, name: str) -> None:
         """Stream into shard ``name`` through ``sink`` (a ``ShardWriter``): the buffer goes first.
 

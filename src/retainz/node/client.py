@@ -161,7 +161,8 @@ class NodeStore:
         #: ``locations`` and this client's reads of the device file); ``None`` when this client cannot
         #: read the device (the service reads each extent for it).
         self.reader = None if self._fd < 0 else Reader(ServedShards(self._call),
-                                                       DeviceFileExtents(self._fd, self._region, self.zone_size))
+                                                       DeviceFileExtents(self._fd, self._region, self.zone_size,
+                                                                         self.block_size))
         log.info("%s: data path %s (%s)", device, self.data_path, self.data_reason)
 
     def _choose_data_path(self, region) -> None:
@@ -486,6 +487,14 @@ class NodeStore:
             return self._read_via_service(gen_id, name, pos)[:2]
         return self.reader.read_shard_extent(gen_id, name, pos)
 
+    def read_shard_into(self, gen_id: str, name: str, pos: int, out) -> int:
+        """Whole verified extents from data byte ``pos`` straight into ``out``; bytes filled
+        (``Store.read_shard_into``).  A client that cannot read the device gives 0 (the caller reads
+        through :meth:`read_shard_extent`)."""
+        if self.reader is None:
+            return 0
+        return self.reader.read_shard_into(gen_id, name, pos, out)
+
     def _read_via_service(self, gen_id: str, name: str, pos: int) -> tuple[int, bytes, tuple[int, int | None]]:
         """``(at, bytes, (shard size, shard crc))``: the verified extent holding byte ``pos``, read by the
         service (a client that cannot read the device).
@@ -534,10 +543,11 @@ class DeviceFileExtents:
     service offers (``fd``, read-only or read-write), at ``region + zone * zone_size + offset``
     (``ZonedDevice.direct_region``).  Bytes past the file's end read as zeros (they fail their crc)."""
 
-    def __init__(self, fd: int, region: int, zone_size: int):
+    def __init__(self, fd: int, region: int, zone_size: int, block_size: int):
         self.fd = fd
         self.region = region
         self.zone_size = zone_size
+        self.block_size = block_size
 
     def read_extent(self, zone: int, offset: int, length: int) -> bytes:
         """``length`` bytes of the extent at ``offset`` of ``zone``.
@@ -556,6 +566,24 @@ class DeviceFileExtents:
                 break
             out += more
         return out
+
+    def read_extent_into(self, zone: int, offset: int, out: memoryview) -> None:
+        """``len(out)`` bytes of the extent at ``offset`` of ``zone`` straight into ``out``
+        (``os.preadv``); bytes past the file's end read as zeros.
+
+        Raises:
+            OSError: EBADF once the client is closed (``fd`` -1); the errors of ``preadv``.
+        """
+        if self.fd < 0:
+            raise OSError(errno.EBADF, "this client of the node service is closed")
+        pos = self.region + zone * self.zone_size + offset
+        done = 0
+        while done < len(out):
+            got = os.preadv(self.fd, [out[done:]], pos + done)
+            if not got:
+                out[done:] = bytes(len(out) - done)
+                break
+            done += got
 
 
 class NodeGenerationWriter:

@@ -54,8 +54,15 @@ class ShardLookup(Protocol):
 class ExtentBytes(Protocol):
     """The bytes of one extent as the device holds them (unverified)."""
 
+    #: The device's block size (bytes): :meth:`read_extent_into` reads whole blocks.
+    block_size: int
+
     def read_extent(self, zone: int, offset: int, length: int) -> bytes:
         """``length`` data bytes from byte ``offset`` of ``zone``."""
+
+    def read_extent_into(self, zone: int, offset: int, out: memoryview) -> None:
+        """``len(out)`` bytes (a multiple of the block size) from byte ``offset`` of ``zone``, read
+        straight into ``out``."""
 
 
 class CatalogShards:
@@ -96,9 +103,14 @@ class DeviceExtents:
         self.device = device
         g = device.geometry
         self._bs, self._zsize = g.block_size, g.zone_size
+        self.block_size = g.block_size
 
     def read_extent(self, zone: int, offset: int, length: int) -> bytes:
         return self.device.read(zone * self._zsize + offset, round_up(length, self._bs))[:length]
+
+    def read_extent_into(self, zone: int, offset: int, out: memoryview) -> None:
+        """``ZonedDevice.read_into``: whole blocks straight into ``out``."""
+        self.device.read_into(zone * self._zsize + offset, out)
 
 
 def verified_stream(gen_id: str, name: str, size: int, crc: int | None,
@@ -203,6 +215,14 @@ class Reader:
     def read_shard_extent(self, gen_id: str, name: str, pos: int) -> tuple[int, bytes]:
         """Random access: the verified extent holding data byte ``pos`` of a committed shard.
 
+        With a lock (the in-process store's) it is held only to find the extent and, after the device
+        read, to check that the shard still has that extent list; the read and the crc32c run outside
+        it (both release the GIL), so the mount's request threads read in parallel.  A GC move or a
+        deletion between the two looks is seen by the second: a move is read again at the new place;
+        a deletion raises.  Sound because the catalog changes before any zone is reset
+        (``Catalog.replace_extents`` before the victims' reset in ``gc._apply_moves``;
+        ``Store._retire`` removes, then resets), and an extent list is replaced, never changed in place.
+
         Args:
             gen_id, name: the shard.
             pos: a data byte offset, ``0 <= pos < size``.
@@ -214,13 +234,115 @@ class Reader:
             GenerationNotFoundError, ShardNotFoundError; ValueError for ``pos`` outside the shard;
             ChecksumError: the extent fails its crc32c.
         """
+        if self.lock is None:
+            shard, _, _, _ = self._find(gen_id, name, pos)
+            return self._extent(gen_id, name, shard, _offset(pos), False, looked_up=True)[:2]
+        while True:
+            shard, ext, starts, i = self._find(gen_id, name, pos)
+            z, off, length, ecrc = ext[i]
+            try:
+                data = self.extents.read_extent(z, off, length)
+                actual = None if ecrc is None else crc32c.crc32c(data)
+            except Exception:
+                if self._same(gen_id, name, shard, ext):
+                    raise
+                continue                       # moved or deleted meanwhile: look again
+            if not self._same(gen_id, name, shard, ext):
+                continue
+            if actual != ecrc:
+                raise self._bad(gen_id, name, ext[i], actual)
+            return starts[i], data
+
+    def read_shard_into(self, gen_id: str, name: str, pos: int, out) -> int:
+        """Fill ``out`` with the whole extents of a committed shard that start at data byte ``pos``, read
+        straight into it (no bytes object, no copy: the mount's read requests) and verified in place.
+
+        Only whole extents are given, and only block-multiple ones (the device reads whole blocks):
+        the result stops before the first extent that does not fit in ``out`` or is not a block
+        multiple, and is 0 when ``pos`` is not the first byte of an extent; the caller reads the rest
+        through :meth:`read_shard_extent`.  The lock, when there is one, is held only to find the
+        extents and to check the shard after the reads (as :meth:`read_shard_extent`); without one
+        (a served client) the shard is looked up again after a read that fails or an extent that
+        fails its crc32c, and read again if GC moved it.
+
+        Args:
+            gen_id, name: the shard.
+            pos: a data byte offset, ``0 <= pos < size``.
+            out: a writable buffer.
+
+        Returns:
+            bytes filled (a multiple of the block size; 0 to ``len(out)``).
+
+        Raises:
+            GenerationNotFoundError, ShardNotFoundError; ValueError for ``pos`` outside the shard;
+            ChecksumError: an extent fails its crc32c (``out`` then holds what was read).
+        """
+        out = memoryview(out).cast("B")
+        bs = self.extents.block_size
+        while True:
+            shard, ext, starts, i = self._find(gen_id, name, pos)
+            if starts[i] != pos:
+                return 0
+            n = 0
+            bad = None
+            try:
+                for e in ext[i:]:
+                    z, off, length, ecrc = e
+                    if n + length > len(out) or length % bs:
+                        break
+                    part = out[n:n + length]
+                    self.extents.read_extent_into(z, off, part)
+                    n += length
+                    if ecrc is not None and crc32c.crc32c(part) != ecrc:
+                        bad = e, crc32c.crc32c(part)
+                        break
+            except Exception:
+                if self._same(gen_id, name, shard, ext):
+                    raise
+                continue                       # moved or deleted meanwhile: look again
+            if (self.lock is not None or bad is not None) and not self._same(gen_id, name, shard, ext):
+                continue
+            if bad is not None:
+                raise self._bad(gen_id, name, *bad)
+            return n
+
+    def _find(self, gen_id: str, name: str, pos) -> tuple[ShardInfo, tuple, list[int], int]:
+        """``(shard, its extents, their data start offsets, index of the extent holding pos)``, looked
+        up under the lock.
+
+        Raises:
+            GenerationNotFoundError, ShardNotFoundError; ValueError for ``pos`` outside the shard.
+        """
         with self._held:
             shard = self.shards.shard(gen_id, name)
             at = _offset(pos)
             if at is None or not 0 <= at < shard.size:
                 raise ValueError(f"generation {gen_id!r} shard {name!r}: byte {pos} is outside its "
                                  f"{shard.size} bytes")
-            return self._extent(gen_id, name, shard, at, False, looked_up=True)[:2]
+            ext = shard.extents
+            starts = self._index(gen_id, name, ext)
+            return shard, ext, starts, bisect.bisect_right(starts, at) - 1
+
+    def _same(self, gen_id: str, name: str, shard: ShardInfo, ext: tuple) -> bool:
+        """Whether ``gen_id``'s committed shard ``name`` is still ``shard`` with extent list ``ext``
+        (under a lock: the same objects, as the catalog replaces a list; a served client's lookup
+        answers new objects, so their values are compared)."""
+        with self._held:
+            try:
+                fresh = self.shards.shard(gen_id, name)
+            except (GenerationNotFoundError, ShardNotFoundError):
+                return False
+        if self.lock is not None:
+            return fresh is shard and fresh.extents is ext
+        return (fresh.size, fresh.crc, tuple(fresh.extents)) == (shard.size, shard.crc, tuple(ext))
+
+    @staticmethod
+    def _bad(gen_id: str, name: str, extent: tuple, actual: int | None) -> ChecksumError:
+        """The :class:`ChecksumError` of ``extent`` (``(zone, offset, length, crc32c)``) read with crc32c ``actual``."""
+        z, off, length, ecrc = extent
+        return ChecksumError(f"generation {gen_id!r} shard {name!r}: extent at zone {z} offset {off} "
+                             f"({length} bytes) fails its crc32c", generation=gen_id, shard=name,
+                             zone=z, offset=off, length=length, expected=ecrc, actual=actual)
 
     def _index(self, gen_id: str, name: str, extents: tuple) -> list[int]:
         """Data offset where each extent starts (cached per extent list)."""
@@ -270,6 +392,4 @@ class Reader:
                 view = self._again(gen_id, name, view, allow_unknown)
                 if view.extents == ext:
                     break
-        raise ChecksumError(f"generation {gen_id!r} shard {name!r}: extent at zone {z} offset {off} "
-                            f"({length} bytes) fails its crc32c", generation=gen_id, shard=name,
-                            zone=z, offset=off, length=length, expected=ecrc, actual=actual)
+        raise self._bad(gen_id, name, (z, off, length, ecrc), actual)

@@ -834,6 +834,11 @@ class Store:
         """The verified extent holding data byte ``pos`` (:meth:`Reader.read_shard_extent`)."""
         return self.reader.read_shard_extent(gen_id, name, pos)
 
+    def read_shard_into(self, gen_id: str, name: str, pos: int, out) -> int:
+        """Whole verified extents from data byte ``pos`` straight into ``out``; bytes filled
+        (:meth:`Reader.read_shard_into`)."""
+        return self.reader.read_shard_into(gen_id, name, pos, out)
+
     def fsck(self, *, progress=None) -> FsckReport:
         """Check the whole store (:func:`~retainz.store.check.fsck`); nothing is written.
         ``progress``: called with the data bytes of each extent as it is checked."""

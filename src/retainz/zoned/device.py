@@ -240,6 +240,16 @@ class ZonedDevice(abc.ABC):
             MisalignedIOError, OutOfRangeError, ZoneOfflineError, NoPayloadError.
         """
 
+    def read_into(self, offset: int, out) -> None:
+        """Fill the writable buffer ``out`` (``len(out)`` bytes, block aligned) from device byte ``offset``:
+        :meth:`read` without the bytes object, where the device can read straight into ``out``
+        (a FileDevice: ``preadv``).  Default: :meth:`read`, then one copy.
+
+        Raises:
+            as :meth:`read`.
+        """
+        memoryview(out).cast("B")[:] = self.read(offset, len(out))
+
     @abc.abstractmethod
     def flush(self) -> None:
         """Make every completed write durable (NVMe Flush; ``fsync`` on a file)."""

@@ -368,6 +368,16 @@ class FileDevice(EmulatedZonedDevice):
             out += bytes(length - len(out))
         return out
 
+    def _load_into(self, zone: int, pos: int, out: memoryview) -> None:
+        off = self._data_offset + zone * self._zsize + pos
+        done = 0
+        while done < len(out):
+            n = os.preadv(self._fd, [out[done:]], off + done)
+            if n <= 0:               # past EOF of a sparse tail: zeros, as _load gives
+                out[done:] = bytes(len(out) - done)
+                return
+            done += n
+
     def _discard(self, zone: int, keep: int) -> None:
         if self._fd < 0 or self.readonly:
             return
