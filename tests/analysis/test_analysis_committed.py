@@ -17,13 +17,16 @@ EXPECTED = os.path.join(ROOT, "results", "expected_claims.json")
 def test_committed_runs_are_the_whole_paper_matrix_and_verify():
     """results/runs holds the replay matrix (paper.json), the file-system comparison recorded in the
     QEMU guest (filesystems.json; not part of paper.json, which runs without a guest) and the fleet
-    regime map (fleet.json, run by `make fleet`), the promotion-delay axis (tier.json) and the fleet mix on
-    the file systems (fleet-filesystems.json, in the guest)."""
+    regime map (fleet.json, run by `make fleet`), the promotion-delay axis (tier.json), the fleet mix on
+    the file systems (fleet-filesystems.json, in the guest), the node map with overlapping saves
+    (node.json) and the FDP experiment (fdp.json)."""
     _, cases = load_manifest(os.path.join(ROOT, "experiments", "paper.json"))
     cases += load_manifest(os.path.join(ROOT, "experiments", "filesystems.json"))[1]
     cases += load_manifest(os.path.join(ROOT, "experiments", "fleet.json"))[1]
     cases += load_manifest(os.path.join(ROOT, "experiments", "tier.json"))[1]
     cases += load_manifest(os.path.join(ROOT, "experiments", "fleet-filesystems.json"))[1]
+    cases += load_manifest(os.path.join(ROOT, "experiments", "node.json"))[1]
+    cases += load_manifest(os.path.join(ROOT, "experiments", "fdp.json"))[1]
     names = {n[:-5] for n in os.listdir(RUNS) if n.endswith(".json")}
     assert names == {c.id for c in cases}
     n, problems = verify_dir(RUNS)
