@@ -356,7 +356,7 @@ def test_nvme_fdp_spec_names_a_real_fdp_namespace():
 def test_write_command_carries_dtype_and_dspec(monkeypatch):
     """The 80-byte nvme_passthru_cmd64 of a placed write: opcode 01h, SLBA in CDW10/11, NLB-1 and
     DTYPE 2 in CDW12 (bits 23:20), the placement identifier in CDW13 bits 31:16."""
-    from retainz.zoned import nvmeioctl
+    from retainz.zoned import nvmeioctl, syscalls
 
     sent = []
 
@@ -366,7 +366,7 @@ def test_write_command_carries_dtype_and_dspec(monkeypatch):
         sent.append((request, bytes(arg)))
         return 0
 
-    monkeypatch.setattr(nvmeioctl.fcntl, "ioctl", fake_ioctl)
+    monkeypatch.setattr(syscalls.fcntl, "ioctl", fake_ioctl)   # the ioctls are made in zoned/syscalls.py
     p = nvmeioctl.NvmePassthrough(99, 4096, 128 * 1024)
     p.write((1 << 32) + 5, bytes(3 * 4096), placement_id=3)
     p.write(8, bytes(4096), placement_id=None)

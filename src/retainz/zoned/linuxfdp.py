@@ -41,11 +41,9 @@ holds no handle until its next write, which takes the lowest free one.
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import mmap
 import os
 import stat
-import struct
 from pathlib import Path
 
 from retainz.errors import DeviceFormatError, NotADeviceError
@@ -56,6 +54,7 @@ from retainz.zoned.file import decode_state_slot, encode_state_slot, state_slot_
 from retainz.zoned.linux import sysfs_queue_dir
 from retainz.zoned.model import Geometry
 from retainz.zoned.nvmeioctl import FdpLogStatistics, NvmePassthrough, RuhStatus
+from retainz.zoned.syscalls import ioctl_u32
 
 __all__ = ["LinuxFdpDevice", "HandleLedger"]
 
@@ -110,8 +109,7 @@ class LinuxFdpDevice(EmulatedZonedDevice):
         try:
             self._rfd = os.open(path, os.O_RDONLY | os.O_DIRECT)
             size = os.lseek(self._fd, 0, os.SEEK_END)
-            raw = fcntl.ioctl(self._fd, _BLKSSZGET, struct.pack("i", 0))
-            bs = struct.unpack("i", raw)[0]
+            bs = ioctl_u32(self._fd, _BLKSSZGET)
             queue = sysfs_queue_dir(path)
             max_kb = int((Path(queue) / "max_hw_sectors_kb").read_text().strip() or 128)
             try:

@@ -32,13 +32,12 @@ QEMU side that reads them is named with each):
 
 from __future__ import annotations
 
-import ctypes
-import fcntl
 import mmap
 import struct
 from dataclasses import dataclass
 
 from retainz.errors import ZonedDeviceError
+from retainz.zoned.syscalls import buffer_address, ioctl_mutable, ioctl_value
 
 __all__ = ["NvmeCommandError", "NvmePassthrough", "RuhStatus", "FdpLogStatistics", "DTYPE_DATA_PLACEMENT",
            "LOG_FDP_STATISTICS", "LOG_FDP_RUH_USAGE"]
@@ -105,16 +104,14 @@ class NvmePassthrough:
     def __init__(self, fd: int, block_size: int, max_transfer: int):
         self.fd = fd
         self.block_size = block_size
-        self.nsid = fcntl.ioctl(fd, NVME_IOCTL_ID)
+        self.nsid = ioctl_value(fd, NVME_IOCTL_ID)
         self.max_transfer = max_transfer
         self._buf = mmap.mmap(-1, max(max_transfer, mmap.PAGESIZE))
-        self._cbuf = (ctypes.c_char * len(self._buf)).from_buffer(self._buf)
-        self._addr = ctypes.addressof(self._cbuf)
+        self._addr = buffer_address(memoryview(self._buf))   # an mmap does not move while open
 
     def close(self) -> None:
         """Release the transfer buffer (the descriptor belongs to the caller)."""
         if self._buf is not None:
-            del self._cbuf
             self._buf.close()
             self._buf = None
 
@@ -123,7 +120,7 @@ class NvmePassthrough:
         c = list(cdw) + [0] * (6 - len(cdw))
         raw = bytearray(_CMD64.pack(opcode, 0, 0, self.nsid if nsid is None else nsid, 0, 0, 0,
                                     self._addr if data_len else 0, 0, data_len, *c, 0, 0, 0))
-        status = fcntl.ioctl(self.fd, request, raw, True)
+        status = ioctl_mutable(self.fd, request, raw)
         if status:
             raise NvmeCommandError(what, status)
         return _CMD64.unpack(raw)[-1]
