@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 TORCH_STAMP := $(VENV)/.torch-$(shell cksum pyproject.toml | cut -d' ' -f1)
 MOUNT_STAMP := $(VENV)/.mount-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: setup main fleet demo ftl-validate test test-scale test-damage lint bench bench-placement bench-store bench-replay bench-device vm-setup setup-torch bench-dcp setup-mount bench-mount mutation clean
+.PHONY: setup main fleet demo ftl-validate test test-scale test-damage lint bench bench-placement bench-store bench-replay bench-device vm-setup setup-torch bench-dcp bench-memory setup-mount bench-mount mutation clean
 
 setup: $(STAMP)
 
@@ -36,7 +36,7 @@ demo: setup
 
 # The FDP FTL model's validation table at full size (docs/fdp.md): model vs Desnoyers' and CacheLib's analytic
 # write amplification, every case; exits 1 if a row is outside its tolerance (~8 min on one core).
-# CI runs the same table at its small size (tests/test_fdp_validation.py).
+# CI runs the same table at its small size (tests/fdp/test_fdp_validation.py).
 ftl-validate: setup
 	mkdir -p out/fdp
 	$(PY) -m retainz.fdp.validation --size full --out out/fdp/validation.md
@@ -50,23 +50,24 @@ lint: setup
 # suite and the real payload's bit-identical resume (~10 min in all).
 # Last, every benchmark at its quick size as a smoke test (~1 min; figures printed, no threshold).
 test: lint vm-setup setup-torch setup-mount
-	$(PY) -m pytest -q -m "not zns_guest and not payload"
-	$(PY) -m pytest -q -m payload tests/test_payload.py
-	$(PY) -m pytest -q -rs -m zns_guest tests/test_zns_guest.py
+	$(PY) -m pytest -q -m "not zns_guest and not fdp_guest and not payload"
+	$(PY) -m pytest -q -m payload tests/peers/test_payload.py
+	$(PY) -m pytest -q -rs -m zns_guest tests/vm/test_zns_guest.py
+	$(PY) -m pytest -q -rs -m fdp_guest tests/vm/test_fdp_guest.py
 	$(PY) -m bench --quick --json out/bench/quick.json
 
-# The real-size lane at full size (tests/test_scale.py, RETAINZ_SCALE=full): 16 GiB generations on a
+# The real-size lane at full size (tests/peers/test_scale.py, RETAINZ_SCALE=full): 16 GiB generations on a
 # 64-zone ZN540-like device file (2 GiB zones, 1,077 MiB capacity; sparse) through the CLI, DCP,
 # retainz:// and the mount, plus the power-cut and kill campaigns past 4 GiB.  Needs about 70 GiB of
 # free disk and an hour; make test runs the same lane at its CI size (zones past 4 GiB, 64 MiB generations).
 test-scale: setup-torch setup-mount
-	RETAINZ_SCALE=full RETAINZ_SCALE_KILLS=200 $(PY) -m pytest -q -s -m scale tests/test_scale.py --durations=0
+	RETAINZ_SCALE=full RETAINZ_SCALE_KILLS=200 $(PY) -m pytest -q -s -m scale tests/peers/test_scale.py --durations=0
 
-# The metadata damage campaign in full (tests/test_metadata_damage.py; make test runs every destroyed
+# The metadata damage campaign in full (tests/store/test_metadata_damage.py; make test runs every destroyed
 # block and a sample of 300 flipped bytes per store): one byte flipped at every metadata offset of each
 # workload's store, then the oracle (docs/testing.md, "Metadata damage"; about a minute).
 test-damage: setup
-	RETAINZ_DAMAGE_SAMPLE=all RETAINZ_TORN_SAMPLE=all $(PY) -m pytest -q -s tests/test_metadata_damage.py
+	RETAINZ_DAMAGE_SAMPLE=all RETAINZ_TORN_SAMPLE=all $(PY) -m pytest -q -s tests/store/test_metadata_damage.py
 
 # QEMU, busybox, cpio, kmod and a guest kernel for the zns_guest lane (idempotent; cache in cache/vm).
 vm-setup: setup
@@ -99,6 +100,11 @@ bench-mount: setup-torch setup-mount
 # dcp.save/dcp.load: ZonedStorageWriter/Reader on a FileDevice vs FileSystemWriter/Reader, same disk, one run.
 bench-dcp: setup-torch
 	$(PY) -m bench.bench_dcp
+
+# Peak memory of dcp.save/dcp.load: ZonedStorageWriter/Reader and retainz:// vs stock DCP, one process per call
+# (issue 44.7's target; also in make bench).
+bench-memory: setup-torch
+	$(PY) -m bench.bench_memory
 
 # Mutation testing (mutmut) of placement, store, retention and the journal against the fast lane's
 # tests; slow (hours on 2 cores), never in CI.  MUTATE=placement,journal runs only those groups;

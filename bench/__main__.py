@@ -12,6 +12,9 @@ a minute or two that CI runs without thresholds):
 * ``bench_placement``: the retainz decision cost at 256 and 65,536 zones (growth must stay sub-linear);
 * ``bench_dcp``: ``dcp.save`` through ``ZonedStorageWriter`` vs raw ``pwrite`` of the same tensor
   bytes (needs the torch extra, ``make setup-torch``; otherwise not measured);
+* ``bench_memory``: the peak memory of ``dcp.save`` and ``dcp.load`` through ``ZonedStorageWriter``/``Reader``
+  and through ``retainz://`` vs stock DCP on a local directory, each call in a process of its own
+  (issue 44.7; needs the torch extra);
 * ``bench_node``: 4 and 8 rank processes saving and loading on one device through the node service
   (``retainz serve``) vs the same processes ``pwrite``-ing their own files in a directory of the same
   file system (issue 29.4);
@@ -73,15 +76,19 @@ class Sizes:
     node_mib: int              # MiB each rank saves and loads through the node service (4 and 8 ranks)
     node_reps: int
     format_zones: int          # zones of the device mkfs formats and opens (and 1/16 of it)
+    memory_mib: int            # state-dict MiB saved and loaded by each face for its peak memory
+    memory_tensor_mib: int     # MiB of each of its tensors
+    memory_reps: int
 
 
 FULL = Sizes(replay_steps=100_000, replay_zones=4096, store_mib=512, store_reps=5, mount_records=100_000,
              placement_decisions=1500, dcp_mib=512, dcp_reps=5, device_zones=8, device_rounds=5, guest=True,
              mount_mib=2048, mount_reps=3, mount_cold=True, node_mib=128, node_reps=3,
-             format_zones=1 << 20)
+             format_zones=1 << 20, memory_mib=2048, memory_tensor_mib=256, memory_reps=3)
 QUICK = Sizes(replay_steps=2000, replay_zones=4096, store_mib=64, store_reps=3, mount_records=4000,
               placement_decisions=100, dcp_mib=64, dcp_reps=1, device_zones=2, device_rounds=2, guest=False,
-              mount_mib=64, mount_reps=1, mount_cold=False, node_mib=8, node_reps=1, format_zones=1 << 14)
+              mount_mib=64, mount_reps=1, mount_cold=False, node_mib=8, node_reps=1, format_zones=1 << 14,
+              memory_mib=64, memory_tensor_mib=16, memory_reps=1)
 
 
 @dataclass
@@ -210,6 +217,30 @@ def _dcp(sizes: Sizes, scratch: str) -> tuple[list[Figure], dict]:
                    note=f"page cache warm; {mbps['ours_load']:.0f} vs {mbps['stock_load']:.0f} MiB/s")], res
 
 
+def _memory(sizes: Sizes, scratch: str) -> tuple[list[Figure], dict]:
+    """Issue 44.7's target: the peak memory of a save and a load through the DCP plugin and through
+    ``retainz://`` within 10 % of stock DCP's on a local directory (``bench_memory``)."""
+    try:
+        import torch  # noqa: F401
+        from bench import bench_memory
+    except ImportError as e:
+        return [Figure("dcp.save peak memory, plugin / stock", None, "ratio", 1.1, op="<",
+                       note=f"not measured: {e.name} is not installed (make setup-torch)")], {}
+    d = os.path.join(scratch, "memory")
+    os.makedirs(d, exist_ok=True)
+    try:
+        res = bench_memory.run(d, sizes.memory_mib, sizes.memory_tensor_mib, sizes.memory_reps)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    peak = res["peak_MiB"]
+    names = {"plugin": "ZonedStorageWriter/Reader", "fsspec": "retainz://"}
+    return [Figure(f"dcp.{op} peak memory, {names[face]} / stock", res["ratios"][f"{face}_{op}_vs_stock"],
+                   "ratio", 1.1, op="<",
+                   note=f"{sizes.memory_mib} MiB state dict of {sizes.memory_tensor_mib} MiB tensors, peak RSS "
+                        f"{peak[f'{face}_{op}']:.0f} vs {peak[f'stock_{op}']:.0f} MiB")
+            for face in ("plugin", "fsspec") for op in ("save", "load")], res
+
+
 def _node(sizes: Sizes, scratch: str) -> tuple[list[Figure], dict]:
     """Issue 29.4: aggregate save and load of 4 and 8 ranks on one device through the node service
     >= 0.9x the same ranks pwrite-ing their own files in a directory of the same file system."""
@@ -250,7 +281,7 @@ def _mount(sizes: Sizes, scratch: str) -> tuple[list[Figure], dict]:
         shutil.rmtree(d, ignore_errors=True)
     mbps, figs = res["MiB_per_s"], []
     names = {"torch": "torch.save/load", "dcp": "DCP FileSystemWriter/Reader", "safetensors": "safetensors",
-             "dd": "dd bs=4M"}
+             "dd": "dd bs=4M", "resave": "torch.save/load over the same name"}
     for key, ratio in res["ratios"].items():
         op, *what, _, _, versus = key.split("_")
         what = " ".join(what).replace("load cold", "load (cold)")
@@ -307,6 +338,7 @@ def run(sizes: Sizes, scratch: str, guest: bool = True, log=print) -> dict:
              ("store", lambda: _store(sizes, scratch)),
              ("placement", lambda: _placement(sizes)),
              ("dcp", lambda: _dcp(sizes, scratch)),
+             ("memory", lambda: _memory(sizes, scratch)),
              ("mount", lambda: _mount(sizes, scratch)),
              ("node", lambda: _node(sizes, scratch)),
              ("device", lambda: _device(sizes, guest and sizes.guest))]

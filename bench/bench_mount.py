@@ -8,6 +8,9 @@ One state dict of large float32 tensors (:func:`bench.bench_dcp.make_state`) is 
 * ``dcp``: DCP's stock ``FileSystemWriter``/``FileSystemReader`` into a checkpoint directory;
 * ``safetensors``: ``safetensors.torch.save_file``/``load_file`` (when safetensors is installed);
 * ``dd``: ``dd bs=4M`` copying the torch file in (save) and reading it to ``/dev/null`` (load);
+* ``resave``: ``torch.save`` over a file of the same name saved just before (untimed), then ``torch.load``:
+  through the mount a replaced file's writer bypasses the page cache (its readers see the committed
+  version until the new one commits), so even the warm load reads through the mount's server (issue 44.8);
 
 each into ``MNT/...`` (a ``retainz mount`` of a FileDevice; the FUSE server is a separate process) and into
 a local directory beside the device file, and DCP also through ``ZonedStorageWriter``/``Reader`` on a second
@@ -49,7 +52,7 @@ try:
 except ImportError:           # the payload extra brings it (transformers)
     load_file = save_file = None
 
-OPS = ("torch", "dcp", "safetensors", "dd")
+OPS = ("torch", "dcp", "safetensors", "dd", "resave")
 
 
 def _retainz(*args: str) -> None:
@@ -93,7 +96,7 @@ def _save(op: str, place: str, root: str, sd: dict, name: str, zoned_dev: str, s
         dcp.save(sd, storage_writer=ZonedStorageWriter(zoned_dev), checkpoint_id=name)
         return
     path = os.path.join(root, name)
-    if op == "torch":
+    if op in ("torch", "resave"):
         with open(path, "wb") as f:
             torch.save(sd, f)
             f.flush()
@@ -113,7 +116,7 @@ def _load(op: str, place: str, root: str, sd: dict, name: str, zoned_dev: str) -
         dcp.load(out, storage_reader=ZonedStorageReader(zoned_dev), checkpoint_id=name)
     else:
         path = os.path.join(root, name)
-        if op == "torch":
+        if op in ("torch", "resave"):
             out = torch.load(path, weights_only=True)
         elif op == "dcp":
             out = empty_like(sd)
@@ -167,6 +170,9 @@ def run(d: str, mib: int, reps: int, cold: bool = True) -> dict:
                     for place in places:
                         root = mnt if place == "mount" else local
                         name = f"step-{r}" if op == "dcp" else f"{op}-{r}.bin"
+                        if op == "resave":        # the version it replaces: committed, its pages cached
+                            _save(op, place, root, sd, name, zoned_dev, src_file)
+                            _load(op, place, root, sd, name, zoned_dev)
                         s = time.perf_counter()
                         _save(op, place, root, sd, name, zoned_dev, src_file)
                         t.setdefault(f"{op}_{place}_save", []).append(time.perf_counter() - s)

@@ -1,7 +1,7 @@
 """Regenerate the "Reference" section of docs/cli.md from the ``retainz`` argument parser.
 
 Usage: PYTHONPATH=src python tools/cli_reference.py   (rewrites docs/cli.md after "## Reference")
-tests/test_cli_docs.py fails when a command or flag is missing from the page: run this, then review.
+tests/cli/test_cli_docs.py fails when a command or flag is missing from the page: run this, then review.
 """
 
 from __future__ import annotations

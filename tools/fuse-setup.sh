@@ -5,7 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 
-have_fuse() { command -v fusermount3 >/dev/null && ldconfig -p | grep -q 'libfuse3\.so'; }
+# grep reads ldconfig's whole list (no -q): stopping at the match would kill ldconfig with SIGPIPE, which
+# pipefail turns into "not installed" at random (make setup-mount then failed with Error 141).
+have_fuse() { command -v fusermount3 >/dev/null && ldconfig -p | grep 'libfuse3\.so' >/dev/null; }
 
 if ! have_fuse; then
     if [ "$(id -u)" != 0 ]; then

@@ -50,9 +50,9 @@ GROUPS: dict[str, dict] = {
         # the hint vocabulary placement reads (lifetime classes) and the policy spec grammar
         "mutate": ["src/retainz/placement/*.py", "src/retainz/hint.py", "src/retainz/spec.py"],
         "skip": {},
-        "tests": ["tests/test_placement_controls.py", "tests/test_placement_table.py", "tests/test_hint_routes.py",
-                  "tests/test_placement_retainz.py", "tests/test_placement_zenfs.py", "tests/test_zenfs_active_limit.py",
-                  "tests/test_placement_store.py", "tests/test_store_placement.py"],
+        "tests": ["tests/placement/test_placement_controls.py", "tests/placement/test_placement_table.py", "tests/placement/test_hint_routes.py",
+                  "tests/placement/test_placement_retainz.py", "tests/placement/test_placement_zenfs.py", "tests/placement/test_zenfs_active_limit.py",
+                  "tests/placement/test_store_placement.py"],
     },
     "journal": {
         "mutate": ["src/retainz/store/journal.py", "src/retainz/store/records.py", "src/retainz/store/metalog.py"],
@@ -60,9 +60,9 @@ GROUPS: dict[str, dict] = {
         # the journal's own tests, and the store's fast ones that journal moves, hints and refusals of
         # a full journal (the power-cut campaigns reach every journal function and would run for every
         # mutant: minutes each on 2 cores)
-        "tests": ["tests/test_store_journal.py", "tests/test_store_corruption.py", "tests/test_store_readonly.py",
-                  "tests/test_store_metalog.py", "tests/test_store_admission.py", "tests/test_store_gc.py",
-                  "tests/test_store_hint_update.py", "tests/test_store_journal_scan.py"],
+        "tests": ["tests/store/test_store_journal.py", "tests/store/test_store_corruption.py", "tests/store/test_store_readonly.py",
+                  "tests/store/test_store_metalog.py", "tests/store/test_store_admission.py", "tests/store/test_store_gc.py",
+                  "tests/store/test_store_hint_update.py", "tests/store/test_store_journal_scan.py"],
     },
     "store": {
         "mutate": ["src/retainz/store/*.py"],
@@ -71,24 +71,24 @@ GROUPS: dict[str, dict] = {
                  "src/retainz/store/metalog.py": "its own group (journal)",
                  # mutmut wraps the Protocol's stubs in trampolines that break inspect.signature on them
                  "src/retainz/store/contract.py": "Protocol declarations only, no statement to mutate "
-                                                  "(tests/test_store_contract.py checks the store keeps them)"},
-        "tests": ["tests/test_store_api.py", "tests/test_store_corruption.py", "tests/test_store_gc.py",
-                  "tests/test_store_journal.py", "tests/test_store_metrics.py",
-                  "tests/test_store_placement.py", "tests/test_store_readonly.py",
-                  "tests/test_store_recovery.py", "tests/test_store_stateful.py", "tests/test_store_cli.py",
+                                                  "(tests/store/test_store_contract.py checks the store keeps them)"},
+        "tests": ["tests/store/test_store_api.py", "tests/store/test_store_corruption.py", "tests/store/test_store_gc.py",
+                  "tests/store/test_store_journal.py", "tests/store/test_store_metrics.py",
+                  "tests/placement/test_store_placement.py", "tests/store/test_store_readonly.py",
+                  "tests/store/test_store_recovery.py", "tests/store/test_store_stateful.py", "tests/cli/test_store_cli.py",
                   # I/O errors (zone reconcile, failed resets), replacement, hint updates, admission
-                  "tests/test_store_io_errors.py", "tests/test_store_replace.py", "tests/test_store_hint_update.py",
-                  "tests/test_store_admission.py", "tests/test_store_time_order.py",
+                  "tests/store/test_store_io_errors.py", "tests/store/test_store_replace.py", "tests/store/test_store_hint_update.py",
+                  "tests/store/test_store_admission.py", "tests/store/test_store_time_order.py",
                   # the format's version refusal and the contract the rest of the code calls
-                  "tests/test_store_format_version.py", "tests/test_store_contract.py",
-                  "tests/test_store_writer.py", "tests/test_store_metalog.py", "tests/test_store_crc.py"],
+                  "tests/store/test_store_format_version.py", "tests/store/test_store_contract.py",
+                  "tests/store/test_store_writer.py", "tests/store/test_store_metalog.py", "tests/store/test_store_crc.py"],
     },
     "retention": {
         "mutate": ["src/retainz/retention/*.py"],
         "skip": {},
         # inference and the hint routes are tested with the mount's layout and the hint routes
-        "tests": ["tests/test_retention.py", "tests/test_replay.py", "tests/test_hint_routes.py",
-                  "tests/test_mount_layout.py", "tests/test_rehint_on_resume.py"],
+        "tests": ["tests/retention/test_retention.py", "tests/trace/test_replay.py", "tests/placement/test_hint_routes.py",
+                  "tests/mount/test_mount_layout.py", "tests/dcp/test_rehint_on_resume.py"],
     },
 }
 

@@ -52,7 +52,7 @@ def main() -> int:
         if args.s3:
             sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
             import s3fs
-            from tests.test_tier_s3 import moto_server, options
+            from tests.tier.test_tier_s3 import moto_server, options
 
             with moto_server() as (endpoint, _):
                 s3fs.S3FileSystem(**options(endpoint)).call_s3("create_bucket", Bucket="tier-tp")

@@ -1,4 +1,4 @@
-"""Worker for tests/test_peers_dcp.py: ``dcp.async_save`` in PROCESS mode (the save runs in DCP's
+"""Worker for tests/peers/test_peers_dcp.py: ``dcp.async_save`` in PROCESS mode (the save runs in DCP's
 background process, which stays for the next save) to each checkpoint id given, then a load in this
 process; one process group of world size 1 (gloo, a file rendezvous in PG_FILE).
 

@@ -1,4 +1,4 @@
-"""torchrun worker for tests/test_dcp_multirank.py: 2 ranks, gloo on CPU, DCP's own FsspecWriter and
+"""torchrun worker for tests/dcp/test_dcp_multirank.py: 2 ranks, gloo on CPU, DCP's own FsspecWriter and
 FsspecReader on ``retainz://DEVICE/ckpt/step-N`` (one device file served by a node service).
 
 Usage: torchrun --standalone --nproc_per_node=2 tests/workers/dcp_fsspec_ranks.py DEVICE

@@ -1,4 +1,4 @@
-"""A training job's checkpoint loop, for tests/test_dcp_interrupt.py: resume from the newest committed
+"""A training job's checkpoint loop, for tests/dcp/test_dcp_interrupt.py: resume from the newest committed
 step on the device, then save step STEP through ``ZonedStorageWriter`` (``overwrite=True``: a restarted
 job saves its step again).
 

@@ -1,4 +1,4 @@
-"""torchrun worker for tests/test_peers_dcp_ranks.py: PyTorch DCP's two-rank storage scenarios (gloo on
+"""torchrun worker for tests/peers/test_peers_dcp_ranks.py: PyTorch DCP's two-rank storage scenarios (gloo on
 CPU) on one face, each scenario checked on every rank; prints "RANK r OK" and, from rank 0, writes a JSON
 file (``$PEER_RANKS_OUT``) with the files of the sharded checkpoint on the face and in a local directory
 after the same saves.

@@ -1,4 +1,4 @@
-"""torchrun worker for tests/test_dcp_multirank.py: 2 ranks, gloo on CPU, one device file per rank.
+"""torchrun worker for tests/dcp/test_dcp_multirank.py: 2 ranks, gloo on CPU, one device file per rank.
 
 Usage: torchrun --standalone --nproc_per_node=2 tests/workers/dcp_ranks.py DIR [DEVICE]
 With DEVICE (a device file a node service serves) every rank saves to and loads from that one device.

@@ -1,4 +1,4 @@
-"""torch.multiprocessing.spawn worker for tests/test_jobs_served.py: 2 ranks started without torchrun
+"""torch.multiprocessing.spawn worker for tests/jobs/test_jobs_served.py: 2 ranks started without torchrun
 (no WORLD_SIZE, RANK or MASTER_* in the environment; the process group from a file rendezvous), DCP's
 own writer on ``retainz://DEVICE/ckpt/step-2``; nothing started, no RETAINZ_JOB.
 

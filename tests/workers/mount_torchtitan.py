@@ -1,4 +1,4 @@
-"""Worker for tests/test_mount_runtimes.py: TorchTitan 0.3.0's own CheckpointManager (unmodified) saving
+"""Worker for tests/mount/test_mount_runtimes.py: TorchTitan 0.3.0's own CheckpointManager (unmodified) saving
 to, purging from and loading from a folder on a ``retainz mount``; prints one JSON line.
 
 Usage: python tests/workers/mount_torchtitan.py FOLDER PG_FILE (the process group's rendezvous file, off the mount)

@@ -1,4 +1,4 @@
-"""The node service, SIGKILLed by itself at a chosen point of its N-th commit (tests/test_node.py).
+"""The node service, SIGKILLed by itself at a chosen point of its N-th commit (tests/node/test_node.py).
 
     python tests/workers/node_service_kill.py DEVICE POINT N
 

@@ -1,4 +1,4 @@
-"""A client process of a node service on a zoned block device (tests/test_node_zbd.py).
+"""A client process of a node service on a zoned block device (tests/node/test_node_zbd.py).
 
     python tests/workers/node_zbd_client.py write DEVICE JOB GO     # JOB%2Fg0, then (once file GO exists) JOB%2Fg1
     python tests/workers/node_zbd_client.py stall DEVICE GEN NBYTES PART START

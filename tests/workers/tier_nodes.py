@@ -1,4 +1,4 @@
-"""torchrun worker for tests/test_tier_nodes.py: 2 ranks (gloo on CPU), one device file per rank (each a
+"""torchrun worker for tests/tier/test_tier_nodes.py: 2 ranks (gloo on CPU), one device file per rank (each a
 simulated node), saving a DTensor sharded across them through the DCP plugin with TorchTitan's
 keep_latest_k=2 while each rank's device promotes its own shards to ONE destination (no ``{rank}``).
 

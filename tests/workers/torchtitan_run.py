@@ -1,4 +1,4 @@
-"""Worker for tests/test_runtime_torchtitan.py: TorchTitan 0.3.0's own CheckpointManager (unmodified)
+"""Worker for tests/peers/test_runtime_torchtitan.py: TorchTitan 0.3.0's own CheckpointManager (unmodified)
 saving to and purging from a ``retainz://`` folder; prints one JSON line.
 
 Usage: python tests/workers/torchtitan_run.py DEVICE_FILE MODE(disabled|async)

@@ -1,4 +1,4 @@
-"""Worker for tests/test_tier_train.py: TorchTitan 0.3.0's own CheckpointManager (unmodified) saving a
+"""Worker for tests/tier/test_tier_train.py: TorchTitan 0.3.0's own CheckpointManager (unmodified) saving a
 small model and its Adam state to a ``retainz://`` folder every 10 steps with keep_latest_k=2, while the
 ``retainz://`` face promotes every checkpoint to S3 (s3fs to moto's server) under a bandwidth cap; its
 purge thread deletes through the face, which keeps each checkpoint until its copy is verified.  Then a
@@ -24,7 +24,7 @@ from retainz.jobs import stores
 from retainz.store import Store
 from retainz.tier import Destination, restore_generation
 from retainz.zoned import FileDevice, Geometry
-from tests.test_tier_s3 import options
+from tests.tier.test_tier_s3 import options
 from tests.workers.torchtitan_run import Box, settle
 
 

@@ -41,7 +41,8 @@ def analyze(records_dir: str, out_dir: str, *, check: bool = False, expected: st
         records_dir: folder of run records.
         out_dir: where ``pressure.pdf``, ``mechanisms.pdf``, ``zonemap.pdf``, ``regimes.pdf``,
             ``filesystems.pdf`` (each with a PNG copy; the regime map and the file-system outputs only
-            when the records hold their experiments), ``placement_table.tex``, ``filesystems.md``, ``fleet_filesystems.md``, ``fleet_map.md`` (with fleet records),
+            when the records hold their experiments), ``placement_table.tex``, ``filesystems.md``, ``fleet_filesystems.md``, ``fleet_map.md`` (with fleet records), ``node_map.md`` (with node records),
+            ``fdp_map.md`` and ``fdp.pdf`` (with FDP records, :mod:`retainz.analysis.fdpmap`),
             ``paper_claims.json`` and its Markdown rendering ``paper_claims.md`` go (created).
         check: compare the rounded claims with ``expected``; differences make the report failed.
         expected: the expected claims file for ``check``.
@@ -51,6 +52,7 @@ def analyze(records_dir: str, out_dir: str, *, check: bool = False, expected: st
         NoRecordsError: ``records_dir`` holds no ok record (nothing is written).
         TamperedRecordError: a record's digest does not match its content.
     """
+    from retainz.analysis.fdpmap import fdp_claims, fdp_figure, fdp_table
     from retainz.analysis.figures import mechanisms_figure, pressure_figure, setup_style
     from retainz.analysis.filesystems import (
         filesystem_claims,
@@ -61,6 +63,7 @@ def analyze(records_dir: str, out_dir: str, *, check: bool = False, expected: st
         write_table,
     )
     from retainz.analysis.fleetmap import fleet_claims, fleet_table
+    from retainz.analysis.nodemap import node_claims, node_table
     from retainz.analysis.regimes import regime_claims, regime_figure
     from retainz.analysis.table import render_table
     from retainz.analysis.tiermap import tier_claims, tier_table
@@ -76,7 +79,8 @@ def analyze(records_dir: str, out_dir: str, *, check: bool = False, expected: st
     rep.lines.append(f"{records_dir}: {len(runs.records)} ok records, {len(runs.failed)} failed")
     setup_style()
     for fn in (pressure_figure, mechanisms_figure, zonemap_figure, regime_figure, filesystems_figure,
-               fleet_filesystems_figure, write_table, write_fleet_table, fleet_table, tier_table):
+               fleet_filesystems_figure, write_table, write_fleet_table, fleet_table, node_table, tier_table,
+               fdp_table, fdp_figure):
         rep.outputs += fn(runs, out_dir)
     tex = render_table(runs)
     if tex:
@@ -89,7 +93,9 @@ def analyze(records_dir: str, out_dir: str, *, check: bool = False, expected: st
     fleet_filesystem_claims(runs, claims)
     regime_claims(runs, claims)
     fleet_claims(runs, claims)
+    node_claims(runs, claims)
     tier_claims(runs, claims)
+    fdp_claims(runs, claims)
     p = os.path.join(out_dir, "paper_claims.json")
     _claims.write_claims(p, claims, os.path.normpath(records_dir))
     rep.outputs.append(p)

@@ -19,7 +19,7 @@ def register(sub) -> None:
                    help="mem:KEY=VALUE,... (a fresh memory device per point) or a device-file path (a "
                         "scratch file recreated per point with that geometry; never a store)")
     p.add_argument("--workload", default="mixed",
-                   help="basic, gc, rollover, spill, mixed or all (default mixed)")
+                   help="basic, gc, rollover, spill, mixed, shared, replace, hint or all (default mixed)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-points", type=int, default=0, help="cut at most this many boundaries (0: all)")
     p.add_argument("--black-box", type=int, default=0, metavar="N",

@@ -43,6 +43,8 @@ def _check_target(path: str) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise NotADirectoryError(f"{args.out}: not a directory (--out names the demo's output folder)")
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "zns.img")
     if not args.force:

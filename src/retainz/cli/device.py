@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from retainz.cli import check_blocks, count_arg, geometry_lines, int_arg, print_json, size_arg
+from retainz.cli import check_blocks, count_arg, geometry_lines, int_arg, plural, print_json, size_arg
 from retainz.zoned import FileDevice, Geometry, ZoneCond, ZoneOp, format_size, open_device
 
 #: Open and active zone limit of a created device unless given (a ZN540's 14).
@@ -61,6 +61,32 @@ def register(sub) -> None:
         p.set_defaults(func=_zone_op, op=op)
 
 
+def _what_force_overwrites(path: str) -> str:
+    """The refusal of ``device create`` over an existing file: what ``--force`` would destroy (a
+    store's committed generations, counted by a read-only open that writes nothing)."""
+    from retainz.errors import ForeignDeviceError
+    from retainz.store import Store
+
+    plain = f"{path} exists and is not empty; `retainz device create --force` overwrites it"
+    try:
+        dev = open_device(path, readonly=True)
+    except Exception:
+        return plain
+    try:
+        try:
+            with Store.open(dev, readonly=True) as store:
+                n = len(store.generations())
+        except ForeignDeviceError:        # a device file with no store on it
+            return plain
+        except Exception:          # a store that does not open read-only: damaged, busy, an older format
+            return (f"{path} holds a RetainZ store (it does not open: see `retainz fsck {path}`); `retainz device "
+                    "create --force` overwrites it and every generation on it")
+        return (f"{path} holds a RetainZ store with {plural(n, 'committed generation')}; `retainz device create "
+                "--force` overwrites it and every generation on it")
+    finally:
+        dev.close()
+
+
 def _create(args: argparse.Namespace) -> int:
     check_blocks("--zone-size", args.zone_size, args.block_size)
     check_blocks("--zone-capacity", args.zone_capacity, args.block_size)
@@ -74,8 +100,7 @@ def _create(args: argparse.Namespace) -> int:
     try:
         dev = FileDevice.create(args.path, geometry, force=args.force)
     except FileExistsError:         # the API's remedy is force=True: give the flag
-        raise FileExistsError(f"{args.path} exists and is not empty; `retainz device create --force` overwrites "
-                              "it") from None
+        raise FileExistsError(_what_force_overwrites(args.path)) from None
     with dev:
         print(f"created {args.path}: {geometry.nr_zones} zones of {format_size(geometry.zone_size)} "
               f"(capacity {format_size(geometry.zone_capacity)}), uuid {dev.uuid}")

@@ -18,7 +18,7 @@ from retainz.cli import (
     print_json,
     size_arg,
 )
-from retainz.trace.replay import ReplayConfig
+from retainz.trace.replay import FLEET_RATE, ReplayConfig
 
 _SHOW = ("waf", "host_bytes", "gc_bytes", "resets", "finishes", "dead_space_byte_steps",
          "unused_capacity_bytes", "unused_capacity_byte_steps", "peak_occupancy", "capacity_stop_step",
@@ -73,14 +73,21 @@ def register(sub) -> None:
     p.add_argument("--no-promote-hint", dest="promote_hint", action="store_false",
                    help="with --promote-bandwidth, give the policies the rule's hints alone (not the expected "
                         "promotion finish): the ablation")
-    p.add_argument("--write-bandwidth", type=positive_size_arg, default=d["write_bandwidth"], metavar="RATE",
+    p.add_argument("--write-bandwidth", type=_rate_arg, default=d["write_bandwidth"], metavar="RATE",
                    help="replay with time: one job's save is written at RATE bytes per step (e.g. 64MiB), its "
-                        "shards in units interleaved with every other save in flight (default: serialized)")
+                        "shards in units interleaved with every other save in flight; 'fleet': each job at the "
+                        "rate a format-2 fleet trace records for it (default: serialized)")
     p.add_argument("--write-unit", type=positive_size_arg, default=None, metavar="SIZE",
                    help="with --write-bandwidth, bytes per write of a shard, a multiple of the block size "
                         "(default 1MiB)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_replay)
+
+
+def _rate_arg(text: str) -> int | str:
+    """argparse type of ``--write-bandwidth``: a positive size, or ``fleet`` (each job's own rate from a
+    format-2 fleet trace's header, :data:`~retainz.trace.replay.FLEET_RATE`)."""
+    return FLEET_RATE if text.strip().lower() == FLEET_RATE else positive_size_arg(text)
 
 
 def config_from_args(args: argparse.Namespace) -> ReplayConfig:

@@ -15,7 +15,7 @@ import stat
 import sys
 
 from retainz.cli import geometry_lines, int_arg, interrupt, plural, print_json, progress
-from retainz.errors import DeviceBusyError, ForeignDeviceError, StoreLockedError
+from retainz.errors import DeviceBusyError, ForeignDeviceError, GenerationExistsError, StoreLockedError
 from retainz.hint import Hint
 from retainz.placement import DEFAULT_POLICY
 from retainz.placement.base import PERMANENT
@@ -258,15 +258,29 @@ def _reclaim_text(hint) -> str:
     return f"{text} ({hint.condition})" if hint.condition else text
 
 
-def _chunks(path: str, size: int = 1 << 20, bar=None):
+def _chunks(path: str, expected: int, size: int = 1 << 20, bar=None):
     """The file's bytes, ``size`` at a time; each chunk boundary is an interrupt safe point;
-    ``bar`` (a progress bar) counts them."""
+    ``bar`` (a progress bar) counts them.
+
+    Raises:
+        ValueError: the file gives more or fewer than ``expected`` bytes (its size when put began:
+            a file still being written, a /proc file that says 0)."""
+    def changed() -> ValueError:
+        return ValueError(f"{path}: its size changed while put read it ({expected:,} bytes when put began); put "
+                          "stores files that do not change while it reads them")
+
+    done = 0
     with open(path, "rb") as f:
         while True:
             interrupt.checkpoint()
             chunk = f.read(size)
             if not chunk:
+                if done != expected:
+                    raise changed()
                 return
+            done += len(chunk)
+            if done > expected:
+                raise changed()
             if bar is not None:
                 bar.update(len(chunk))
             yield chunk
@@ -280,6 +294,17 @@ def _file_kind(path: str) -> str:
         if test(mode):
             return kind
     return "a special file"
+
+
+def _committed(store, gen_id: str) -> bool:
+    """Whether ``gen_id`` is a committed generation of ``store`` (a Store or a node client)."""
+    from retainz.errors import GenerationNotFoundError
+
+    try:
+        store.generation(gen_id)
+    except GenerationNotFoundError:
+        return False
+    return True
 
 
 def _put(args) -> int:
@@ -305,12 +330,20 @@ def _put(args) -> int:
     rs = PERMANENT if args.permanent else args.reclaim_step
     with StoreSession(args.device, args=args) as store:
         declared = sum(os.path.getsize(p) for p in args.files)
-        w = store.begin_generation(args.generation, args.step, declared_size=declared, replace=args.replace,
-                                   hint=Hint(reclaim_step=rs))
+        try:
+            w = store.begin_generation(args.generation, args.step, declared_size=declared, replace=args.replace,
+                                       hint=Hint(reclaim_step=rs))
+        except GenerationExistsError:
+            if args.replace or not _committed(store, args.generation):
+                raise
+            raise GenerationExistsError(
+                f"generation {args.generation!r} already exists on {args.device}; `retainz put --replace "
+                f"{args.device} {args.generation} FILE...` replaces it at the new one's commit") from None
         try:
             with progress.bar(declared, f"put {args.generation}") as bar:
                 for path, name in zip(args.files, names, strict=True):
-                    w.write_shard(name, _chunks(path, bar=bar), size=os.path.getsize(path))
+                    n = os.path.getsize(path)
+                    w.write_shard(name, _chunks(path, n, bar=bar), size=n)
             gen = w.commit()
         except BaseException:
             w.abort()

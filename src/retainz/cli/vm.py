@@ -28,6 +28,8 @@ def register(sub) -> None:
     vsub = vm.add_subparsers(dest="vm_command", metavar="ACTION", required=True)
     setup = vsub.add_parser("setup", help="install or find QEMU, busybox and a guest kernel")
     setup.add_argument("--check", action="store_true", help="only report what is missing")
+    setup.add_argument("--fdp", action="store_true",
+                       help="also the FDP lane's QEMU (>= 8.0, unpacked from bookworm-backports into cache/vm/qemu)")
     setup.set_defaults(func=_setup)
     run = vsub.add_parser("run", help="run a command in a fresh guest: retainz vm run [OPTIONS] -- CMD...")
     _namespace_args(run)
@@ -94,7 +96,7 @@ def _zns(args: argparse.Namespace):
 def _setup(args: argparse.Namespace) -> int:
     from retainz.vm.setup import main
 
-    return main(["--check"] if args.check else [])
+    return main((["--check"] if args.check else []) + (["--fdp"] if args.fdp else []))
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -194,8 +194,20 @@ class FlashTranslationLayer:
         gc_copies_to: "gc_ru" or "host_ru" (see the module docstring).
 
     Raises ValueError for a namespace that does not fit (the logical pages must leave, in every reclaim
-    group's share, room for the reserve and every handle's open RUs), an unknown victim policy or handle type.
+    group's share, room for the reserve and the RUs that can be open at once: :meth:`open_rus_per_rg`), an
+    unknown victim policy or handle type.
     """
+
+    @staticmethod
+    def open_rus_per_rg(handles, gc_copies_to: str = "gc_ru") -> int:
+        """The most RUs of one reclaim group that can be open (partly written) at once: a host RU per
+        handle, and with ``gc_copies_to="gc_ru"`` a GC RU per isolation domain (one shared by every
+        initially isolated handle, one per persistently isolated handle)."""
+        types = [h if isinstance(h, RuhType) else RuhType(h) for h in handles]
+        if gc_copies_to != "gc_ru":
+            return len(types)
+        pi = sum(t is RuhType.PERSISTENTLY_ISOLATED for t in types)
+        return len(types) + pi + (pi < len(types))
 
     def __init__(self, geometry: FlashGeometry, logical_pages: int, handles=("II",), *,
                  victim: str = "greedy", reserve_rus: int = 1, gc_copies_to: str = "gc_ru"):
@@ -211,7 +223,7 @@ class FlashTranslationLayer:
         self._ii_frontier = next((h for h, t in enumerate(self.handles) if t is RuhType.INITIALLY_ISOLATED), 0)
         if reserve_rus < 1:
             raise ValueError(f"reserve RUs must be >= 1, got {reserve_rus}")
-        open_rus = 2 * len(self.handles)  # a host RU and (at most) a GC RU per handle and RG
+        open_rus = self.open_rus_per_rg(self.handles, gc_copies_to)
         room = sum(c - reserve_rus - open_rus for c in g.rg_rus) * g.pages_per_ru
         if min(g.rg_rus) <= reserve_rus + open_rus or not 1 <= logical_pages <= room:
             raise ValueError(
@@ -231,6 +243,9 @@ class FlashTranslationLayer:
         self.ru_closed_at = np.zeros(g.nr_rus, dtype=np.int64)  # close order, for FIFO and greedy's ties
         self.ru_erase_count = np.zeros(g.nr_rus, dtype=np.int64)
         self._close_seq = 0
+        self._valid_count = 0
+        #: the most pages valid at once (after any host write), the FTL's fullest moment
+        self.peak_valid_pages = 0
         self._free = [deque(range(first, first + c)) for first, c in zip(g.rg_first_ru, g.rg_rus, strict=True)]
         self._host_ru: dict[tuple[int, int], int] = {}  # (rg, handle) -> open RU
         self._gc_ru: dict[tuple[int, int], int] = {}  # (rg, isolation domain) -> open GC RU
@@ -293,6 +308,7 @@ class FlashTranslationLayer:
                 self._close(ru)
                 del self._host_ru[key]
         pb = self.geometry.page_bytes
+        self.peak_valid_pages = max(self.peak_valid_pages, self._valid_count)
         self.stats.host_bytes_written += n * pb
         self.stats.media_bytes_written += n * pb
         self.stats.host_bytes_by_handle[handle] += n * pb
@@ -340,6 +356,8 @@ class FlashTranslationLayer:
         per_ru = np.bincount(mapped // self._ppr, minlength=self.geometry.nr_rus)
         assert np.array_equal(per_ru, self.ru_valid), "cached valid counts differ from the map"
         assert np.all(self.ru_valid <= self.ru_wp), "an RU holds more valid pages than it was written"
+        assert self._valid_count == mapped.size, "the running count of valid pages differs from the map"
+        assert mapped.size <= self.peak_valid_pages, "more pages valid than the peak recorded"
         assert all(self.ru_state[r] == _FREE and self.ru_wp[r] == 0 for q in self._free for r in q)
 
     # ---- internals ----
@@ -373,6 +391,7 @@ class FlashTranslationLayer:
             self.ru_valid -= np.bincount(rus, minlength=self.geometry.nr_rus)
         else:
             np.subtract.at(self.ru_valid, rus, 1)
+        self._valid_count -= phys.size
 
     def _program_host(self, ru: int, lpns: np.ndarray, handle: int, unique: bool) -> None:
         n = lpns.size
@@ -392,6 +411,7 @@ class FlashTranslationLayer:
         self.p2l[newp] = lpns
         self._writer[lpns] = handle
         self.ru_valid[ru] += lpns.size
+        self._valid_count += lpns.size
         self.ru_wp[ru] += n
 
     def _collect(self, rg: int) -> None:

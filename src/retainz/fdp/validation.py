@@ -2,7 +2,7 @@
 
 ``python -m retainz.fdp.validation --size full`` (``make ftl-validate``) prints the table in Markdown and
 exits 1 if a row is outside its tolerance; ``--size small`` is the size CI runs
-(tests/test_fdp_validation.py).  Each case builds a :class:`~retainz.fdp.ftl.FlashTranslationLayer`, fills
+(tests/fdp/test_fdp_validation.py).  Each case builds a :class:`~retainz.fdp.ftl.FlashTranslationLayer`, fills
 the namespace sequentially, warms up with the case's traffic for ``warmup`` device fills and measures
 MBMW / HBMW (FDP statistics log 0x22) over the next ``measure`` fills.
 

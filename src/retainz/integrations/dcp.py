@@ -521,7 +521,7 @@ class ZonedStorageWriter(StorageWriter):
                     data = planner.resolve_data(item)
                     length, loc_dtype, loc_shape = 0, None, None
                     if item.type == WriteItemType.BYTE_IO:
-                        buf = data.getbuffer() if isinstance(data, io.BytesIO) else memoryview(bytes(data))
+                        buf = data.getbuffer() if isinstance(data, io.BytesIO) else memoryview(data).cast("B")
                         length = len(buf)
                         if length:
                             yield buf

@@ -80,8 +80,8 @@ from fsspec.spec import AbstractFileSystem
 from retainz.ids import members, parse_generation_id, series_of
 from retainz.integrations.fsspec_files import ReadFile, WriteFile
 from retainz.jobs import life, ranks, stores
-from retainz.namespace import Namespace, NamespaceError
-from retainz.namespace.model import rule_for
+from retainz.namespace import Face, Namespace, NamespaceError
+from retainz.namespace.hints import rule_for
 from retainz.retention.online import rule_hint
 from retainz.retention.steps import parse_step
 from retainz.zoned import parse_device
@@ -151,42 +151,19 @@ class RetainZFileSystem(AbstractFileSystem):
                 store = stack.enter_context(stores.using(device, wait=self.wait, share=ranks.world_size() > 1))
                 stack.store = store
                 try:
-                    stack.ns = self._namespace_over(store)
                     stack.tier = None
                     if self.promote is not None:
                         from retainz.jobs.tiering import NamespaceTier
 
                         stack.tier = NamespaceTier.shared(store, self.promote, device, **self._promote_args)
                         stack.callback(stack.tier.close)      # before the store closes
-                        stack.tier.attach(stack.ns)
+                    stack.ns = Namespace(store, retention=self.retention, face=_RanksFace(self.retention, store),
+                                         tier=stack.tier, implicit_dirs=True)
                 except BaseException:
                     stack.close()
                     raise
                 self._held[device] = stack
             return stack
-
-    def _namespace_over(self, store) -> Namespace:
-        """The :class:`Namespace` of one device for this instance, wired for ``retainz://``: parents are
-        implied by files; a served device's ranks join one generation per checkpoint; a series is
-        re-hinted before this instance's first save into it."""
-        ns = Namespace(store, retention=self.retention)
-        ns.implicit_dirs = True
-
-        def begin(st, gid, step, hint, path):   # the ranks of one job on one served device join one generation
-            return st.begin_generation(gid, step, hint=hint, join=ranks.join_token(path))
-
-        def after_close(pd):   # a rank other than 0 leaves a joined generation once its files are closed
-            w = pd.writer
-            if w is not None and w.joined and not ranks.is_coordinator():
-                w = ns.detach(pd.root)
-                if w is not None:
-                    w.leave()
-
-        ns.begin = begin
-        ns.after_close = after_close
-        retention = self.retention          # no reference back to this instance (its finalizer holds the devices)
-        ns.on_series = lambda series: _rehint(retention, store, series)
-        return ns
 
     def tier(self, path: str):
         """The :class:`~retainz.jobs.tiering.NamespaceTier` of the device ``path`` is on (its
@@ -371,6 +348,26 @@ class _TextWriteFile(io.TextIOWrapper):
         with contextlib.suppress(ValueError):
             super().close()
         return False
+
+
+class _RanksFace(Face):
+    """``retainz://`` as its namespaces see it (parents are implied by files: ``implicit_dirs``): the
+    ranks of one job on a served device join one generation per checkpoint, a rank other than the
+    coordinator leaves a joined generation once its files are closed, and a series is re-hinted
+    before this instance's first save into it.  It holds no reference to the filesystem instance
+    (whose finalizer closes the devices)."""
+
+    def __init__(self, retention, store):
+        self.retention, self.store = retention, store
+
+    def begin(self, store, gid: str, step: int, hint, path: str):
+        return store.begin_generation(gid, step, hint=hint, join=ranks.join_token(path))
+
+    def leaves(self, writer) -> bool:
+        return writer.joined and not ranks.is_coordinator()
+
+    def series_begins(self, series: str) -> None:
+        _rehint(self.retention, self.store, series)
 
 
 def _rehint(retention, store, series: str) -> list[str]:

@@ -2,13 +2,16 @@
 retainz://"): a :class:`~retainz.tier.Promoter` on the face's store, wired into its
 :class:`~retainz.namespace.Namespace`.
 
-* every generation the face commits is handed to the promoter (``Namespace.on_commit``);
+:class:`NamespaceTier` is the namespace's durable tier (``retainz.namespace.hooks.DurableTier``, passed
+to the ``Namespace`` constructor as ``tier``):
+
+* every generation the face commits is handed to the promoter (:meth:`NamespaceTier.committed`);
 * the runtime's own deletions (``rm -r`` of a checkpoint through the mount, TorchTitan's or HF's purge
-  through ``retainz://``) keep until durable (``Namespace.retire_generation`` is
+  through ``retainz://``) keep until durable (:meth:`NamespaceTier.retire` is
   :meth:`Promoter.retire`): a generation the policy selects whose copy is not verified leaves the
   view at once but stays on the device until its copy is verified, then the promoter deletes it;
 * a read whose local copy fails its checksum, or whose generation is gone meanwhile, is served from the
-  durable copy (``Namespace.durable_copy``): the shard is fetched whole, verified against the
+  durable copy (:meth:`NamespaceTier.durable_copy`): the shard is fetched whole, verified against the
   manifest's size and crc32c into a temporary file, logged (``retainz.tier`` warning naming the
   copy), and recorded in :attr:`NamespaceTier.used`.
 
@@ -17,7 +20,7 @@ and one tier per store (:meth:`NamespaceTier.shared`): fsspec caches a filesyste
 instance per thread (TorchTitan's purge thread gets its own ``retainz://`` instance, with its own
 namespace over the same shared store), so every namespace of the store shares one
 :class:`NamespaceTier`, its deferred deletions are out of every namespace's view
-(``Namespace.retiring``), and nothing is promoted twice.
+(:meth:`NamespaceTier.retiring`), and nothing is promoted twice.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ def destination_for(url: str, device: str) -> str:
 
 
 class NamespaceTier:
-    """A promoter for one face's store and the hooks that wire it into the face's namespace.
+    """A promoter for one face's store, and the durable tier of the face's namespaces (``tier=``).
 
     Args:
         store: the face's open store.
@@ -100,13 +103,14 @@ class NamespaceTier:
             tier = _shared[id(store)] = cls(store, url, device, **kw)
             return tier
 
-    def attach(self, ns: Any) -> NamespaceTier:
-        """Wire the hooks into namespace ``ns`` (the promoter runs from :func:`retainz.jobs.promotion.acquire`)."""
-        ns.on_commit = self.promoter.committed
-        ns.retire_generation = self.retire
-        ns.durable_copy = self.durable_copy
-        ns.retiring = lambda: self.promoter.deferred
-        return self
+    def committed(self, gid: str) -> None:
+        """A namespace of the store committed ``gid``: the promoter queues it (the promoter runs from
+        :func:`retainz.jobs.promotion.acquire`)."""
+        self.promoter.committed(gid)
+
+    def retiring(self):
+        """Ids of the store's generations whose deletion waits for their durable copy."""
+        return self.promoter.deferred
 
     def retire(self, gid: str) -> bool:
         """The runtime deletes ``gid``: now when it is durable or not selected, else deferred until its

@@ -10,19 +10,65 @@ namespace's errno (mfusepy turns an ``OSError`` into ``-errno``).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
+import threading
 
+from retainz.errors import RetainZError
 from retainz.ids import VERSION_ROOM
-from retainz.namespace import Namespace, NamespaceError, errno_of
+from retainz.namespace import Face, Namespace, NamespaceError, errno_of
 
-__all__ = ["MountedStore", "VERSION_ROOM", "errno_of", "READ_AHEAD"]
+__all__ = ["MountedStore", "VERSION_ROOM", "errno_of", "READ_AHEAD", "MAX_BACKGROUND"]
 
 #: Readahead the mount asks for (bytes): whole extents, several in flight.
 READ_AHEAD = 8 << 20
+#: Background requests (read-ahead) the kernel keeps in flight: two :data:`READ_AHEAD` windows of 1 MiB requests.
+MAX_BACKGROUND = 2 * (READ_AHEAD >> 20)
 #: libfuse's ``FUSE_CAP_AUTO_INVAL_DATA`` (fuse_common.h).
 _FUSE_CAP_AUTO_INVAL_DATA = 1 << 12
+
+
+class _KernelFace(Face):
+    """The mount as its namespace sees it: the process of each FUSE request, and what the kernel's
+    page cache holds of each path (told of commits, failed writes and renames)."""
+
+    def __init__(self, caller):
+        self._caller = caller
+        self.lock = threading.Lock()
+        self.served: dict[str, tuple[str, str]] = {}   # path -> (generation, shard) at its last read open
+        self.cached_writes: set[str] = set()   # new files written through the page cache, not yet committed
+
+    def caller(self) -> int | None:
+        return self._caller()
+
+    def committed(self, path: str, gid: str, shard: str) -> None:
+        """``path`` committed as ``shard`` of ``gid``: when its bytes were written through the page cache
+        (a new file, every write accepted), the cache holds exactly the committed bytes, so the next read
+        open may keep it (:meth:`MountedStore.keep_cache`); otherwise that open drops it."""
+        with self.lock:
+            if path in self.cached_writes:
+                self.cached_writes.discard(path)
+                self.served[path] = (gid, shard)
+            else:
+                self.served.pop(path, None)
+
+    def written(self, path: str) -> None:
+        """A write to ``path`` failed: the kernel's pages may no longer be the file's bytes."""
+        with self.lock:
+            self.cached_writes.discard(path)
+
+    def moved(self, a: str, b: str) -> None:
+        """The kernel's pages follow the inode, so what is known of them follows the name."""
+        with self.lock:
+            for q in [q for q in (*self.cached_writes, *self.served) if q == a or q.startswith(a + "/")]:
+                new = b + q[len(a):]
+                if q in self.cached_writes:
+                    self.cached_writes.discard(q)
+                    self.cached_writes.add(new)
+                if q in self.served:
+                    self.served[new] = self.served.pop(q)
 
 
 class MountedStore:
@@ -33,6 +79,10 @@ class MountedStore:
         retention: ``None`` (no hints), a rule string for :func:`retainz.retention.rule_hint`
             (``"hf:save_steps=500,save_total_limit=2"``), or ``"auto"`` (:class:`RetentionInference`).
         stream_threshold: bytes a file buffers in memory before it streams into the store.
+        caller: ``() -> process id`` of the process making the current request (``None`` when
+            unknown: the runner passes libfuse's context); a close commits only when made by the
+            process that wrote last.
+        tier: the durable tier the mount promotes to (``retainz.jobs.tiering.NamespaceTier``), or ``None``.
 
     Attributes:
         ns: the :class:`~retainz.namespace.Namespace` (every path's state).
@@ -40,11 +90,11 @@ class MountedStore:
 
     use_ns = True
 
-    def __init__(self, store, *, retention: str | None = None, stream_threshold: int = 4 << 20):
-        self.ns = Namespace(store, retention=retention, stream_threshold=stream_threshold)
-        self.ns.observer = self
-        self._served: dict[str, tuple[str, str]] = {}   # path -> (generation, shard) at its last read open
-        self._cached_writes: set[str] = set()   # new files written through the page cache, not yet committed
+    def __init__(self, store, *, retention: str | None = None, stream_threshold: int = 4 << 20,
+                 caller=lambda: None, tier=None):
+        self._face = _KernelFace(caller)
+        self.ns = Namespace(store, retention=retention, stream_threshold=stream_threshold, face=self._face,
+                            tier=tier)
 
     # -- what the runner and tests read ---------------------------------------------------------------
     @property
@@ -63,72 +113,38 @@ class MountedStore:
     def destroyed(self) -> bool:
         return self.ns.destroyed
 
-    @property
-    def caller(self):
-        return self.ns.caller
-
-    @caller.setter
-    def caller(self, fn) -> None:
-        self.ns.caller = fn
-
     def inferred(self) -> dict:
         """What ``--retention auto`` has inferred so far (``RetentionInference.summary``)."""
         return self.ns.inferred()
 
-    # -- the page cache (the namespace's observer) ----------------------------------------------------
-    def committed(self, path: str, gid: str, shard: str) -> None:
-        """``path`` committed as ``shard`` of ``gid``: when its bytes were written through the page cache
-        (a new file, every write accepted), the cache holds exactly the committed bytes, so the next read
-        open may keep it (:meth:`keep_cache`); otherwise that open drops it."""
-        if path in self._cached_writes:
-            self._cached_writes.discard(path)
-            self._served[path] = (gid, shard)
-        else:
-            self._served.pop(path, None)
-
-    def written(self, path: str) -> None:
-        """A write to ``path`` failed: the kernel's pages may no longer be the file's bytes."""
-        self._cached_writes.discard(path)
-
-    def moved(self, a: str, b: str) -> None:
-        """The kernel's pages follow the inode, so what is known of them follows the name."""
-        for q in [q for q in (*self._cached_writes, *self._served) if q == a or q.startswith(a + "/")]:
-            new = b + q[len(a):]
-            if q in self._cached_writes:
-                self._cached_writes.discard(q)
-                self._cached_writes.add(new)
-            if q in self._served:
-                self._served[new] = self._served.pop(q)
-
+    # -- the page cache -----------------------------------------------------------------------------
     def keep_cache(self, fh: int) -> bool:
         """Whether the open of read handle ``fh`` may keep the kernel's page cache of the file: it reads
         a committed shard, nobody writes the path, and the path held the same committed shard when it was
         last opened (so what the cache holds, it filled from this shard; committed bytes never change).
         Any other open drops the cache (the kernel's default), so a replaced file is never served stale."""
-        h = self.ns.handle(fh)
-        if h is None or h.write_mode or h.gen is None:
+        o = self.ns.open_state(fh)
+        if o is None or o.write_mode or o.shard is None:
             return False
-        with self.ns._mu:
-            served = (h.gen.id, h.shard)
-            same = self._served.get(h.path) == served
-            self._served[h.path] = served
-            return same and self.ns.writer_of(h.path) is None
+        with self._face.lock:
+            same = self._face.served.get(o.path) == o.shard
+            self._face.served[o.path] = o.shard
+        return same and not o.writer
 
     def direct_io(self, fh: int) -> bool:
         """Whether the open of ``fh`` bypasses the kernel's page cache: a writer of a path that has
         a committed version, and a reader of a path being written, so readers see the committed
         version until the new one commits (the cache would show the writer's bytes)."""
-        h = self.ns.handle(fh)
-        if h is None:
+        o = self.ns.open_state(fh)
+        if o is None:
             return False
-        with self.ns._mu:
-            if h.write_mode:
-                if self.ns.committed(h.path):
-                    return True
-                self._cached_writes.add(h.path)     # the page cache will hold what this writer writes
-                return False
-            w = self.ns.writer_of(h.path)
-            return w is not None and not w.clean
+        if o.write_mode:
+            if o.committed:
+                return True
+            with self._face.lock:
+                self._face.cached_writes.add(o.path)    # the page cache will hold what this writer writes
+            return False
+        return o.writer_changed
 
     # -- FUSE: metadata ----------------------------------------------------------------------------
     def init_with_config(self, conn_info, config_3) -> None:
@@ -139,6 +155,12 @@ class MountedStore:
             conn_info.max_write = 1 << 20
         if conn_info is not None and hasattr(conn_info, "max_readahead"):
             conn_info.max_readahead = READ_AHEAD
+        # The kernel sends read-ahead as background requests, at most max_background at once, and stops
+        # issuing async read-ahead past congestion_threshold (fs/fuse/file.c, fuse_readahead); libfuse's
+        # defaults (12 and 9) stall READ_AHEAD's 1 MiB requests, one window in flight at a time.
+        if conn_info is not None and hasattr(conn_info, "max_background"):
+            conn_info.max_background = MAX_BACKGROUND
+            conn_info.congestion_threshold = MAX_BACKGROUND * 3 // 4
         # No FUSE_CAP_AUTO_INVAL_DATA: the kernel would drop a file's cached pages whenever its mtime moved
         # (a commit stamps one).  The page cache is managed at open instead (keep_cache, direct_io).
         for name in ("want", "want_ext"):
@@ -217,9 +239,25 @@ class MountedStore:
         return self.ns.read(fh, size, offset)
 
     def read_into(self, fh, out, offset) -> int:
-        """Fill ``out`` (a FUSE request's own buffer) from ``offset``; returns the bytes given
-        (:meth:`Namespace.read_into`)."""
-        return self.ns.read_into(fh, out, offset)
+        """Fill ``out`` (a FUSE request's own buffer) from ``offset``; returns the bytes given.
+
+        A read of a committed shard that starts at an extent takes the whole extents in it straight
+        from the device into ``out`` (``read_shard_into`` of the store contract: no bytes object per
+        request, no copy; the kernel's read-ahead sends 1 MiB requests, one extent each, from the
+        file's start); the rest of the request, and every other read, goes through
+        :meth:`Namespace.read_into` (its verified-extent windows for requests across extents, its
+        errors, the durable copy)."""
+        n = 0
+        h = self.ns.handle(fh)
+        if h is not None and not h.write_mode and h.gen is not None and h.durable is None \
+                and offset < h.gen.sizes[h.shard]:
+            out = memoryview(out).cast("B")
+            with contextlib.suppress(RetainZError):      # the namespace's path says why, as errno
+                n = self.store.read_shard_into(h.gen.id, h.shard, offset, out)
+            if n == len(out) or offset + n >= h.gen.sizes[h.shard]:
+                return n
+            out = out[n:]
+        return n + self.ns.read_into(fh, out, offset + n)
 
     def truncate(self, path, length, fh=None):
         return self.ns.truncate(path, length, fh)

@@ -322,14 +322,14 @@ def serve(device: str, mountpoint: str, *, retention: str | None = None, wait: f
             store = held.enter_context(stores.using(device, wait=wait, job=os.environ.get("RETAINZ_JOB", "*")))
         except TimeoutError:
             raise DeviceHeldError(_held_message(device)) from None
-        ops = MountedStore(store, retention=retention)
+        tier = None
         if promote is not None:
             from retainz.jobs.tiering import NamespaceTier
 
             tier = NamespaceTier.shared(store, promote["url"], device, policy=promote.get("policy"),
-                                        bandwidth=promote.get("bandwidth")).attach(ops.ns)
+                                        bandwidth=promote.get("bandwidth"))
             held.callback(tier.close)                       # before the store closes
-        ops.caller = _caller(fuse)
+        ops = MountedStore(store, retention=retention, caller=_caller(fuse), tier=tier)
         if ops.retired_at_mount:
             log.info("retired %d older versions at mount", len(ops.retired_at_mount))
         held.enter_context(_sharing(store, device, ops, access or {}))

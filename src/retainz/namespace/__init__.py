@@ -2,10 +2,15 @@
 
 * :mod:`~retainz.namespace.names` - the rules: paths -> generation ids and shard names, the names the
   store can keep, each runtime's commit point;
+* :mod:`~retainz.namespace.errors` - :class:`NamespaceError`, how a refused call is reported (an errno);
+* :mod:`~retainz.namespace.hooks` - what a namespace is told by the face over it (:class:`Face`) and
+  by a durable tier (:class:`DurableTier`), given to its constructor;
 * :mod:`~retainz.namespace.model` - :class:`Namespace`, which owns the path state and applies the
   rules (commit points, replace-on-commit, rename, removal, retention inference).
 """
 
-from retainz.namespace.model import Entry, Namespace, NamespaceError, errno_of
+from retainz.namespace.errors import NamespaceError, errno_of
+from retainz.namespace.hooks import DurableTier, Face
+from retainz.namespace.model import Entry, Namespace, OpenState
 
-__all__ = ["Entry", "Namespace", "NamespaceError", "errno_of"]
+__all__ = ["DurableTier", "Entry", "Face", "Namespace", "NamespaceError", "OpenState", "errno_of"]

@@ -14,7 +14,7 @@ Paths map onto generations as :mod:`retainz.namespace.names` says.  What the cal
   store as a shard (``GenerationWriter.open_shard``: each write is pushed into 1 MiB extents), which
   needs sequential writes (``torch.save``, safetensors and DCP write sequentially; an out-of-order
   write to a streamed file is ``EIO`` with a log line).  A streamed file's chunks are written by a
-  thread of its own (:class:`_Pump`) while the next write arrives; a store error on them is the
+  thread of its own (:class:`~retainz.namespace.pump.Pump`) while the next write arrives; a store error on them is the
   errno of the file's next write, fsync or close.  A file written past its end (a hole:
   ``numpy.memmap`` ``w+``) never streams; it stays in memory, taking writes in any order, up to
   :attr:`Namespace.hole_limit` (``EFBIG`` past it).  An ``ftruncate`` up to at most ``hole_limit``
@@ -64,103 +64,39 @@ commit order, which HF Trainer's ``sort_checkpoints(use_mtime=True)`` relies on.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import errno
 import itertools
 import logging
-import os
 import posixpath
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from retainz import ids
 from retainz.errors import (
-    ChecksumError,
     GenerationNotFoundError,
-    InvalidIdError,
-    NoSpaceError,
-    ReadOnlyStoreError,
     RetainZError,
     ShardExistsError,
 )
 from retainz.ids import series_of
 from retainz.namespace import names as L
-from retainz.retention.inference import RetentionInference
-from retainz.retention.online import rule_hint
+from retainz.namespace.admission import Admission
+from retainz.namespace.errors import NamespaceError, errno_of
+from retainz.namespace.hints import Hints
+from retainz.namespace.hooks import DurableTier, Face
+from retainz.namespace.openfile import Keeping, Life, OpenRead, OpenWrite
+from retainz.namespace.pending import PendingCheckpoint
+from retainz.namespace.slot import StoreSlot
+from retainz.namespace.view import CommittedGeneration, CommittedView
 from retainz.retention.steps import parse_step
-from retainz.store import ShardWriter
-from retainz.store.writer import WRITE_BUFFER
 
-__all__ = ["Namespace", "NamespaceError", "Entry", "errno_of", "rule_for"]
+__all__ = ["Namespace", "Entry", "OpenState"]
 
 log = logging.getLogger("retainz.namespace")
 
 #: The longest path component POSIX file systems take, in bytes (``NAME_MAX``, limits.h).
 NAME_MAX = 255
-
-
-def errno_of(e: BaseException) -> int:
-    """The errno a store error becomes at the system call that reports it: ``ENOSPC`` for
-    :class:`~retainz.errors.NoSpaceError` (data zones or journal full), ``ENAMETOOLONG`` for an id
-    over 255 bytes, ``EINVAL`` for another id rule, ``EROFS`` for a store opened read-only
-    (:class:`~retainz.errors.ReadOnlyStoreError`), ``EIO`` for anything else."""
-    if isinstance(e, NoSpaceError):
-        return errno.ENOSPC
-    if isinstance(e, ReadOnlyStoreError):
-        return errno.EROFS
-    if isinstance(e, InvalidIdError):
-        return L.errno_of_id(e)
-    if isinstance(e, OSError) and e.errno:
-        return e.errno
-    return errno.EIO
-
-
-class NamespaceError(OSError):
-    """A refused namespace call: an ``OSError`` with the errno (the mount returns ``-errno``;
-    ``retainz://`` raises it, so ``ENOENT`` is a ``FileNotFoundError`` and so on); logged, as a
-    warning unless it is ``ENOENT``: a missing path is what every probe (Python's imports, a runtime
-    looking for its latest checkpoint) gets, and would otherwise grow the mount log without bound."""
-
-    def __init__(self, code: int, message: str = ""):
-        super().__init__(code, message or os.strerror(code))
-        if message:
-            log.log(logging.DEBUG if code == errno.ENOENT else logging.WARNING, "%s", message)
-
-
-@dataclass
-class _Gen:
-    """A committed generation as the mount shows it."""
-
-    id: str
-    kind: str                      # "dir" or "file"
-    path: str
-    names: dict[str, str]          # shard -> path relative to the directory ("" for a file)
-    sizes: dict[str, int]
-    mtime_ns: int
-
-
-@dataclass
-class _Pending:
-    """A checkpoint directory being written: one open ``GenerationWriter``."""
-
-    root: str
-    gid: str
-    step: int
-    hint: object = None
-    writer: object = None          # begun when a shard streams or at commit (with the store slot)
-    streamed: dict[str, str] = field(default_factory=dict)   # shard -> rel (in the store already)
-    sizes: dict[str, int] = field(default_factory=dict)      # shard -> size
-    ready: dict[str, bytearray] = field(default_factory=dict)  # rel -> closed buffered file
-    writing: dict[str, _Handle] = field(default_factory=dict)  # rel -> open write handle
-    relabelled: bool = False
-    commit_requested: bool = False
-    mtime_ns: int = 0
-    then: list = field(default_factory=list)   # fn(committed) run at its commit (True) or abort (False)
-    refused: BaseException | None = None   # the first error a call on one of its files returned
-    refused_by: set = field(default_factory=set)              # the processes that got such an error
-    aborted: bool = False          # its writer aborted (a refused one stays pending: _Namespace._refuse)
 
 
 @dataclass(frozen=True)
@@ -173,148 +109,29 @@ class Entry:
     mtime_ns: int
 
 
-def rule_for(retention: str | dict | None, folder: str) -> str | None:
-    """The retention rule of checkpoints in ``folder``: ``retention`` itself (a rule string), or of a
-    ``{folder: rule}`` dict the entry of the longest folder that holds ``folder``; ``None`` for no rule
-    or ``"auto"`` (inferred instead)."""
-    if isinstance(retention, dict):
-        best = None
-        for f, rule in retention.items():
-            f = f.strip("/")
-            if (not f or folder == f or folder.startswith(f + "/")) and (best is None or len(f) > len(best[0])):
-                best = (f, rule)
-        return best[1] if best else None
-    return retention if retention != "auto" else None
+@dataclass(frozen=True)
+class OpenState:
+    """What :meth:`Namespace.open_state` reports of an open file, at one instant (the mount decides
+    its page cache from it).
 
-
-class _NoCache:
-    """The observer of a face without a page cache (:attr:`Namespace.observer`)."""
-
-    def committed(self, path: str, gid: str, shard: str) -> None:
-        """``path`` committed as ``shard`` of ``gid``."""
-
-    def written(self, path: str) -> None:
-        """A write to ``path`` failed: what a cache holds of it may not be the file's bytes."""
-
-    def moved(self, a: str, b: str) -> None:
-        """``a`` (a file or a directory) was renamed to ``b``."""
-
-
-
-class _Pump:
-    """Writes a streamed file's chunks into its shard on a thread of its own, in order, so the
-    request that brought them returns while they are written (the next one arrives meanwhile).
-
-    At most :attr:`LIMIT` bytes wait; :meth:`put` blocks past it.  The first error of the shard stops
-    the pump and is raised by every later :meth:`put` and by :meth:`drain`.
+    Attributes:
+        path: the file's path now.
+        write_mode: opened for writing.
+        shard: ``(generation id, shard)`` a reader reads from the store; ``None`` for a writer or a
+            reader of bytes not committed yet.
+        committed: readers of ``path`` see a committed version.
+        writer: ``path`` has an open, unreleased writer.
+        writer_changed: that writer changed the file since it last committed.
     """
 
-    #: Bytes taken and not yet in the shard before :meth:`put` waits (four 1 MiB requests).
-    LIMIT = 4 << 20
-
-    def __init__(self, sink):
-        self.sink = sink
-        self.cv = threading.Condition()
-        self.q: collections.deque = collections.deque()
-        self.queued = 0                 # bytes taken, not yet written into the shard
-        self.error: BaseException | None = None
-        self.closed = False
-        self.thread = threading.Thread(target=self._run, name="retainz-stream", daemon=True)
-        self.thread.start()
-
-    def put(self, data) -> None:
-        """Take a copy of ``data`` (the request's buffer is reused after it returns).
-
-        Raises:
-            the shard's first error (``NoSpaceError``, a device error), if one happened."""
-        chunk = bytes(data)
-        with self.cv:
-            while self.queued >= self.LIMIT and self.error is None:
-                self.cv.wait()
-            if self.error is not None:
-                raise self.error
-            self.q.append(chunk)
-            self.queued += len(chunk)
-            self.cv.notify_all()
-
-    def _run(self) -> None:
-        while True:
-            with self.cv:
-                while not self.q and not self.closed:
-                    self.cv.wait()
-                if not self.q:
-                    return
-                chunk = self.q[0]
-            err = None
-            if self.error is None:
-                try:
-                    self.sink.write(chunk)
-                except BaseException as e:  # noqa: BLE001 - handed to the writer's next call
-                    err = e
-            with self.cv:
-                if self.q and self.q[0] is chunk:
-                    self.q.popleft()
-                    self.queued -= len(chunk)
-                if err is not None and self.error is None:
-                    self.error = err
-                self.cv.notify_all()
-
-    def drain(self) -> None:
-        """Wait until every chunk taken is in the shard.
-
-        Raises:
-            the shard's first error."""
-        with self.cv:
-            while self.q and self.error is None:
-                self.cv.wait()
-            if self.error is not None:
-                raise self.error
-
-    def stop(self, *, discard: bool = False) -> None:
-        """End the thread, after writing what waits (``discard``: dropping it)."""
-        with self.cv:
-            if discard:
-                while len(self.q) > 1:
-                    self.queued -= len(self.q.pop())
-            self.closed = True
-            self.cv.notify_all()
-        if self.thread is not threading.current_thread():
-            self.thread.join()
+    path: str
+    write_mode: bool
+    shard: tuple[str, str] | None
+    committed: bool
+    writer: bool
+    writer_changed: bool
 
 
-class _Handle:
-    """An open file: a writer (buffer, then a streamed shard) or a reader."""
-
-    def __init__(self, fs: Namespace, path: str, *, write: bool, pending: _Pending | None = None,
-                 rel: str = "", buf: bytearray | None = None, gen: _Gen | None = None, shard: str = ""):
-        self.fs, self.path, self.write_mode = fs, path, write
-        self.pending, self.rel = pending, rel
-        self.buf = buf if buf is not None else bytearray()
-        self.size = len(self.buf)
-        self.gen, self.shard = gen, shard
-        self.sink: ShardWriter | None = None   # the shard being streamed (push-style)
-        self.pump: _Pump | None = None         # writes the sink's chunks while the next request arrives
-        self.writer = None             # the file generation's writer while streaming
-        self.shard_name = ""
-        self.lock = threading.Lock()
-        self.failed: BaseException | None = None
-        self.finished = False          # released: committed or joined its checkpoint
-        self.flushed = False           # a descriptor was closed since the last write
-        self.clean = False             # committed (or joined its checkpoint) since the last write
-        self.dirty = False             # written or truncated since it was opened or last committed
-        self.writer_process = None     # the process of the last write (MountedStore.caller)
-        self.done = threading.Event()  # set at release
-        self.unlinked = False          # unlinked or discarded while open: nothing of it commits
-        self.holed = False             # extended past its bytes (a hole): held in memory, never streamed
-        self.put = 0                   # bytes pushed into the streamed shard (its data end)
-        self.gapped = False            # a write skipped part of a length set ahead: streams only at its end
-        self.source: _Handle | None = None   # the writer whose buffer this reader shares
-        self.windows: dict[int, bytes] = {}    # verified extents read lately: first data byte -> bytes
-        self.durable = None            # the shard's durable copy (a file), once the local one failed
-
-    @property
-    def streaming(self) -> bool:
-        return self.sink is not None
 
 
 class Namespace:
@@ -330,63 +147,39 @@ class Namespace:
         hole_limit: the largest file extended past its end (a hole) that is held in memory until it
             commits (larger: ``EFBIG``); such a file never streams.
 
+        face: the :class:`~retainz.namespace.hooks.Face` over this namespace (the caller's process,
+            how a generation is begun, page-cache bookkeeping); default: a face with none of these needs.
+        tier: the :class:`~retainz.namespace.hooks.DurableTier` this face promotes to (commits handed
+            to it, deletions kept until durable, reads from the durable copy), or ``None``.
+        implicit_dirs: a new file's missing parents are implied by it (``retainz://``, as on an object
+            store); ``False`` (the mount): the parent must exist (``ENOENT``).
+
     Attributes:
         inference: the :class:`~retainz.retention.inference.RetentionInference` of ``"auto"``.
         retired_at_mount: ids of older versions retired when the namespace was loaded (recovery of a
             replace).
-        observer: told of commits, failed writes and renames (the mount's page-cache bookkeeping).
-        caller: ``() -> process id`` of the calling process (``None`` when unknown).  A close commits
-            only when made by the process that wrote last, so a forked child or a close-on-exec of an
-            inherited descriptor never commits a file half written.
-        begin: ``(store, gid, step, hint, path) -> GenerationWriter``: how a generation is begun
-            (``retainz://`` joins the ranks of a served device into one generation).
-        on_series: called with a series before the first save into it (``retainz://`` re-hints it).
-        implicit_dirs: a new file's missing parents are implied by it (``retainz://``, as on an object
-            store); ``False`` (the mount): the parent must exist (``ENOENT``).
-        after_close: called with a pending checkpoint directory when one of its files closed and it did
-            not commit (``retainz://`` hands a joined generation back to rank 0: :meth:`detach`).
     """
 
-    caller = staticmethod(lambda: None)
-
     def __init__(self, store, *, retention: str | None = None, stream_threshold: int = 4 << 20,
-                 hole_limit: int = 256 << 20):
+                 hole_limit: int = 256 << 20, face: Face | None = None, tier: DurableTier | None = None,
+                 implicit_dirs: bool = False):
         self.store = store
         self.retention = retention
-        self.observer = _NoCache()
-        self.begin = lambda store, gid, step, hint, path: store.begin_generation(gid, step, hint=hint)
-        self.on_series = lambda series: None
-        self._series_seen: set[str] = set()
-        self.implicit_dirs = False
-        self.after_close = lambda pd: None
-        #: keep until durable (a face with a promotion destination, docs/tiers.md): called instead of
-        #: ``store.delete(gid)`` when the runtime retires a committed checkpoint (``rm -r``, ``unlink``);
-        #: False means the deletion was deferred, and the generation stays out of the view meanwhile
-        self.retire_generation = None
-        #: called with the id of each generation this namespace commits (a promoter queues it)
-        self.on_commit = lambda gid: None
-        #: ids of generations whose deletion is deferred (by any face of the store): kept out of the view
-        self.retiring = lambda: ()
-        #: the durable copy of a committed shard whose local copy fails its checksum or is gone:
-        #: ``(gid, shard, why) -> a seekable binary file`` of its verified bytes; ``None``: EIO / ESTALE
-        self.durable_copy = None
-        self._seen: tuple = ()
-        self._layouts: dict[tuple[str, int], tuple[str, dict[str, str]]] = {}
-        self.inference = RetentionInference() if retention == "auto" else None
+        self.face = face if face is not None else Face()
+        self.tier = tier
+        self.implicit_dirs = implicit_dirs
+        self.hints = Hints(retention, self.face)
+        self.inference = self.hints.inference
         self.stream_threshold = stream_threshold
         self.hole_limit = hole_limit
         self._mu = threading.RLock()
-        self.slot = threading.Lock()
-        self._deferred: list = []
-        self._dlock = threading.Lock()
+        self.slot = StoreSlot(self._mu)
+        self.admission = Admission(store)
         self._fh = itertools.count(1)
-        self.handles: dict[int, _Handle] = {}
-        self.gens: dict[str, _Gen] = {}
-        self.by_path: dict[tuple[str, str], str] = {}
-        self.files: dict[str, tuple[str, str]] = {}      # committed file path -> (gid, shard)
-        self.pending: dict[str, _Pending] = {}
+        self.handles: dict[int, OpenWrite | OpenRead] = {}
+        self.view = CommittedView(store)
+        self.pending: dict[str, PendingCheckpoint] = {}
         self.dirs: dict[str, int] = {"": time.time_ns()}  # directories made in this session
-        self.hidden: set[str] = set()
         self.truncated: set[str] = set()
         self._taken: set[str] = set()                    # ids in flight (writers, deletions queued)
         self.pending_files: dict[str, bytes] = {}        # closed files whose commit is queued
@@ -395,19 +188,7 @@ class Namespace:
         self.destroyed = False                           # unmount ran
         self._load()
 
-    # -- the committed view ------------------------------------------------------------------------
-    def _resolve(self, g) -> tuple[str, str, dict[str, str]]:
-        """``(kind, path, {shard: relative path})`` of a committed generation: from its id, or from its
-        layout shard (read once per commit)."""
-        kind, path, _ = ids.parse_generation_id(g.id)
-        names = {s: ("" if kind == "file" else ids.shard_path(s)) for s in g.shards if s != L.LAYOUT_SHARD}
-        if L.LAYOUT_SHARD in g.shards:
-            key = (g.id, g.commit_seq)
-            if key not in self._layouts:
-                self._layouts[key] = L.read_layout(b"".join(self.store.read_shard(g.id, L.LAYOUT_SHARD)))
-            path, names = self._layouts[key]
-        return kind, path, names
-
+    # -- the committed view (view.py) and retirement -----------------------------------------------
     def refresh(self) -> None:
         """Bring the committed view up to date with the store, for a face whose store others write too
         (other ``retainz://`` instances, other processes through a node service): generations committed
@@ -417,195 +198,76 @@ class Namespace:
         Safe from any thread (the mount calls it from its node service's client threads after a
         client's commit or delete): the store is listed under the namespace lock, so a commit this
         namespace makes meanwhile is either in the listing or not yet published here.  Generations a
-        durable tier keeps only until their copy is verified (:meth:`retiring`) stay out of the view."""
+        durable tier keeps only until their copy is verified (``DurableTier.retiring``) stay out of the view."""
         with self._mu:
-            gens = self.store.generations()
-            retiring = frozenset(self.retiring())
-            key = (tuple((g.id, g.commit_seq) for g in gens), retiring)
-            if key == self._seen and self.gens.keys() <= {g.id for g in gens}:
-                return      # (this namespace's own commits since are in the view; one deleted elsewhere is not)
-            current = {g.id: g for g in gens if g.id not in self._taken and g.id not in retiring}
-            for gid in [gid for gid in self.gens if gid not in current]:
-                self._forget(gid)
-            found = [(g, *self._resolve(g)) for g in current.values()]
-            best, stale = L.newest_versions((g, kind, path) for g, kind, path, _ in found)
-            for g in stale:
-                self._forget(g.id)
-            by_id = {g.id: (kind, path, names) for g, kind, path, names in found}
-            for g in sorted(best.values(), key=lambda g: g.commit_seq):
-                known = self.gens.get(g.id)
-                kind, path, names = by_id[g.id]
-                if known is None or set(known.names) != set(names) or any(
-                        known.sizes[s] != g.shards[s].size for s in known.names):
-                    if known is not None:
-                        self._forget(g.id)
-                    self._add(g, kind, path, names, g.commit_seq * 1_000_000_000)
-            self._seen = key
-            self._changed()
+            retiring = frozenset(self.tier.retiring()) if self.tier is not None else frozenset()
+            if self.view.sync(self.store.generations(), skip=self._taken, retiring=retiring):
+                self._changed()
 
     def _load(self) -> None:
-        found = []
-        gens = self.store.generations()
-        for g in gens:
-            found.append((g, *self._resolve(g)))
-        by_id = {g.id: (kind, path, names) for g, kind, path, names in found}
-        best, stale = L.newest_versions((g, kind, path) for g, kind, path, _ in found)
+        shown, stale = self.view.load(self.store.generations())
         for g in stale:
-            log.info("retiring %s: an older version of %s (a replace was interrupted)", g.id, by_id[g.id][1])
+            log.info("retiring %s: an older version of %s (a replace was interrupted)", g.id, self.view.resolve(g)[1])
             self.store.delete(g.id)
             self.retired_at_mount.append(g.id)
-        for g in sorted(best.values(), key=lambda g: g.commit_seq):
-            kind, path, names = by_id[g.id]
-            self._add(g, kind, path, names, g.commit_seq * 1_000_000_000)
-            step = parse_step(path, file_names=True)
-            if self.inference is not None and step is not None:    # earlier saves are evidence too
-                self.inference.observe_save(series_of(path), g.id, step)
-        self._seen = (tuple((g.id, g.commit_seq) for g in gens if g.id not in self.retired_at_mount), frozenset())
+        for c, _ in shown:
+            self.hints.found(c.path, c.id, parse_step(c.path, file_names=True))
 
-    def _add(self, info, kind: str, path: str, names: dict[str, str], mtime_ns: int) -> _Gen:
-        g = _Gen(info.id, kind, path, names, {s: info.shards[s].size for s in names}, mtime_ns)
-        self.gens[g.id] = g
-        self.by_path[(kind, path)] = g.id
-        for s, rel in names.items():
-            self.files[posixpath.join(path, rel) if rel else path] = (g.id, s)
-        self._ns_cache = None
+    def _add(self, info, kind: str, path: str, names: dict[str, str], mtime_ns: int) -> CommittedGeneration:
+        g = self.view.add(info, kind, path, names, mtime_ns)
+        self._changed()
         return g
 
-    def _forget(self, gid: str) -> _Gen | None:
-        g = self.gens.pop(gid, None)
-        if g is None:
-            return None
-        if self.by_path.get((g.kind, g.path)) == gid:
-            del self.by_path[(g.kind, g.path)]
-        for rel in g.names.values():
-            p = posixpath.join(g.path, rel) if rel else g.path
-            if self.files.get(p, (None,))[0] == gid:
-                del self.files[p]
-            self.hidden.discard(p)
-        if g.kind == "dir":
-            self.hidden -= {h for h in self.hidden if h.startswith(g.path + "/")}
-        self._ns_cache = None
+    def _forget(self, gid: str) -> CommittedGeneration | None:
+        g = self.view.forget(gid)
+        self._changed()
         return g
-
-    def _log_rule(self, series: str, before) -> None:
-        after = self.inference.rule(series)
-        if after is not None and (before is None or before.describe() != after.describe()):
-            log.info("retention inferred for %s/: %s (%d events)", series, after.describe(), after.evidence)
 
     def _retire(self, gid: str) -> None:
         """Drop a committed generation from the view and delete it from the store (journaled,
         flushed; queued behind a streaming shard if one is being written)."""
         self._taken.add(gid)
-        if self.inference is not None:
-            series = series_of(self.gens[gid].path) if gid in self.gens else None
-            before = self.inference.rule(series) if series is not None else None
-            self.inference.observe_delete(gid)
-            if series is not None:
-                self._log_rule(series, before)
+        self.hints.deleted(gid, self.view.get(gid).path if gid in self.view else None)
         self._forget(gid)
 
         def delete():
             deleted = True
             with contextlib.suppress(GenerationNotFoundError):
-                if self.retire_generation is None:
+                if self.tier is None:
                     self.store.delete(gid)
                 else:
-                    deleted = self.retire_generation(gid)
+                    deleted = self.tier.retire(gid)
             if deleted:         # a deferred one stays taken: out of the view until it is deleted
                 self._taken.discard(gid)
-        self._store_work(delete)
+        self.slot.run(delete)
 
     def _free_id(self, make, path: str) -> str:
         for v in itertools.count():
             gid = make(path, v)
-            if gid not in self.gens and gid not in self._taken:
+            if gid not in self.view and gid not in self._taken:
                 return gid
         raise AssertionError("unreachable")
 
-    def _hint(self, series: str, gid: str, step: int | None):
-        if self.inference is not None:
-            hint = self.inference.hint(series, step)
-            if step is not None:
-                before = self.inference.rule(series)
-                self.inference.observe_save(series, gid, step)
-                self._log_rule(series, before)
-            return hint
-        rule = self._rule(series)
-        if rule and series not in self._series_seen:
-            self._series_seen.add(series)
-            self.on_series(series)
-        return rule_hint(rule, step)
-
-    def _rule(self, folder: str) -> str | None:
-        return rule_for(self.retention, folder)
-
-    # -- the store slot: one streamed shard at a time --------------------------------------------------
-    def _store_work(self, fn) -> bool:
-        """Run ``fn`` now if no shard is streaming (errors propagate), else queue it for the end of
-        the stream (errors are logged).  Returns whether it ran now."""
-        if not self.slot.acquire(blocking=False):
-            with self._dlock:
-                self._deferred.append(fn)
-            if self.slot.acquire(blocking=False):      # the stream ended meanwhile
-                self._drain_and_release()
-            return False
-        try:
-            fn()
-        finally:
-            self._drain_and_release()
-        return True
-
-    def _drain_and_release(self) -> None:
-        """Run queued store work while holding the slot, then release it (called by its holder)."""
-        try:
-            while True:
-                with self._dlock:
-                    if not self._deferred:
-                        break
-                    fn = self._deferred.pop(0)
-                try:
-                    with self._mu:
-                        fn()
-                except Exception as e:  # noqa: BLE001 - deferred work has no caller to raise to
-                    log.error("deferred store operation failed: %s", e)
-        finally:
-            self.slot.release()
-        with self._dlock:
-            more = bool(self._deferred)
-        if more and self.slot.acquire(blocking=False):
-            self._drain_and_release()
-
-    # -- the namespace -------------------------------------------------------------------------------
+    # -- the tree visible now ----------------------------------------------------------------------
     def _namespace(self) -> tuple[dict[str, int], dict[str, int]]:
         """``({file: mtime_ns}, {directory: mtime_ns})`` visible now (sizes come from :meth:`_size`)."""
         if self._ns_cache is not None:
             return self._ns_cache
-        files: dict[str, int] = {}
-        for p, (gid, _) in self.files.items():
-            if p not in self.hidden:
-                files[p] = self.gens[gid].mtime_ns
+        files = self.view.files()
         dirs = dict(self.dirs)
         for pd in self.pending.values():
             if pd.refused is not None:          # absent: its open files show until they are closed
                 continue
             dirs[pd.root] = pd.mtime_ns
-            for rel in list(pd.streamed.values()) + list(pd.ready) + list(pd.writing):
+            for rel in pd.files():
                 files[posixpath.join(pd.root, rel)] = pd.mtime_ns
         for h in self.handles.values():
-            if h.write_mode and not h.finished and not h.unlinked:
+            if h.write_mode and h.live:
                 files.setdefault(h.path, time.time_ns())
         for p in self.pending_files:
             files.setdefault(p, time.time_ns())
-        for g in self.gens.values():             # a committed checkpoint directory and the directories
-            if g.kind == "dir":                  # inside it stay until removed (rmdir), even if emptied
-                dirs.setdefault(g.path, g.mtime_ns)
-                for rel in g.names.values():
-                    sub = posixpath.dirname(rel)
-                    while sub:
-                        q = posixpath.join(g.path, sub)
-                        if q not in self.hidden:
-                            dirs.setdefault(q, g.mtime_ns)
-                        sub = posixpath.dirname(sub)
+        for d, mtime in self.view.directories().items():
+            dirs.setdefault(d, mtime)
         for f in list(files) + list(dirs):
             parent = posixpath.dirname(f)
             while True:
@@ -620,15 +282,15 @@ class Namespace:
     def _changed(self) -> None:
         self._ns_cache = None
 
-    def _writer_of(self, path: str) -> _Handle | None:
+    def _writer_of(self, path: str) -> OpenWrite | None:
         for h in self.handles.values():
-            if h.write_mode and not h.finished and not h.unlinked and h.path == path:
+            if h.write_mode and h.live and h.path == path:
                 return h
         return None
 
     def _committed(self, path: str) -> bool:
         """True if readers of ``path`` see a committed version (it is not hidden or truncated)."""
-        return path in self.files and path not in self.hidden and path not in self.truncated
+        return self.view.shows(path) and path not in self.truncated
 
     def _size(self, path: str, fh=None) -> int:
         h = self._writer_of(path)
@@ -640,16 +302,12 @@ class Namespace:
             return len(self.pending_files[path])
         pd = self._pending_of(path)
         if pd is not None:
-            rel = posixpath.relpath(path, pd.root)
-            if rel in pd.ready:
-                return len(pd.ready[rel])
-            for s, r in pd.streamed.items():
-                if r == rel:
-                    return pd.sizes[s]
-        gid, shard = self.files[path]
-        return self.gens[gid].sizes[shard]
+            size = pd.size(posixpath.relpath(path, pd.root))
+            if size is not None:
+                return size
+        return self.view.size(path)
 
-    def _pending_of(self, path: str) -> _Pending | None:
+    def _pending_of(self, path: str) -> PendingCheckpoint | None:
         for root, pd in self.pending.items():
             if path.startswith(root + "/"):
                 return pd
@@ -759,14 +417,10 @@ class Namespace:
         can take, admission's reach after GC (data capacity less live bytes, the open writers'
         reservations and the GC reserve) less the one block every new generation keeps for its
         layout record (:meth:`_reserve`), so a file of exactly that size is written whole."""
-        df = self.store.df()
-        bs = self.store.device.geometry.block_size
         with self._mu:
             writers = [pd.writer for pd in self.pending.values() if pd.writer is not None]
             writers += [h.writer for h in self.handles.values() if h.write_mode and h.writer is not None]
-        reserved = sum(w.reserve for w in writers)     # admitted for bytes accepted, not yet placed
-        avail = max(0, df.capacity - df.used - df.gc_reserve - reserved - self._pad(1))
-        return bs, df.capacity, avail, df.generations
+        return self.admission.space(writers)
 
     def mkdir(self, path: str) -> None:
         """Make a directory (this instance's, until a file under it commits).
@@ -787,7 +441,7 @@ class Namespace:
             self._changed()
         return 0
 
-    # -- opening and writing ------------------------------------------------------------------------
+    # -- opening -----------------------------------------------------------------------------------
     def open_write(self, path: str, *, truncate: bool = True) -> int:
         """Open ``path`` for writing (created if new; ``truncate``: start empty) and return its handle.
 
@@ -807,13 +461,24 @@ class Namespace:
         """
         return self._open_read(self._p(path))
 
-    def handle(self, fh: int) -> _Handle | None:
+    def handle(self, fh: int) -> OpenWrite | OpenRead | None:
         """The open file of handle ``fh`` (``None`` once released)."""
         return self.handles.get(fh)
 
-    def writer_of(self, path: str) -> _Handle | None:
+    def writer_of(self, path: str) -> OpenWrite | None:
         """The open, unreleased writer of ``path``, if any."""
         return self._writer_of(self._p(path))
+
+    def open_state(self, fh: int) -> OpenState | None:
+        """The state of open file ``fh`` and of its path, taken at one instant (``None`` once released)."""
+        with self._mu:
+            h = self.handles.get(fh)
+            if h is None:
+                return None
+            w = self._writer_of(h.path)
+            read = not h.write_mode and h.gen is not None
+            return OpenState(h.path, h.write_mode, (h.gen.id, h.shard) if read else None,
+                             self._committed(h.path), w is not None, w is not None and w.unsettled)
 
     def committed(self, path: str) -> bool:
         """Whether readers of ``path`` see a committed version."""
@@ -826,8 +491,8 @@ class Namespace:
             with self._mu:
                 pd = self._pending_of(p)
                 if (self._writer_of(p) is None and pd is not None and not pd.writing and pd.refused is None
-                        and posixpath.relpath(p, pd.root) not in pd.ready and (pd.commit_requested or L.commit_point(
-                            pd.root, pd.ready | dict.fromkeys(pd.streamed.values())) == "closed")):
+                        and posixpath.relpath(p, pd.root) not in pd.ready
+                        and (pd.commit_requested or pd.commit_point() == "closed")):
                     self._request_commit(pd)     # a save with no commit point of its own, read back: it is done
                     if self._pending_of(p) is not pd:
                         return self._open_read_locked(p)
@@ -846,17 +511,16 @@ class Namespace:
         w = self._writer_of(p)
         pd = self._pending_of(p)
         if w is not None and not w.streaming and not self._committed(p):
-            h = _Handle(self, p, write=False, buf=w.buf)   # reads what is written so far
-            h.source = w
+            h = OpenRead(p, buf=w.buf, source=w)     # reads what is written so far
         elif p in self.truncated:
-            h = _Handle(self, p, write=False, buf=bytearray())
+            h = OpenRead(p, buf=bytearray())
         elif p in self.pending_files:
-            h = _Handle(self, p, write=False, buf=bytearray(self.pending_files[p]))
+            h = OpenRead(p, buf=bytearray(self.pending_files[p]))
         elif pd is not None and posixpath.relpath(p, pd.root) in pd.ready:
-            h = _Handle(self, p, write=False, buf=bytearray(pd.ready[posixpath.relpath(p, pd.root)]))
-        elif p in self.files:
-            gid, shard = self.files[p]
-            h = _Handle(self, p, write=False, gen=self.gens[gid], shard=shard)
+            h = OpenRead(p, buf=bytearray(pd.ready[posixpath.relpath(p, pd.root)]))
+        elif self.view.has_file(p):
+            g, shard = self.view.shard_at(p)
+            h = OpenRead(p, gen=g, shard=shard)
         else:
             raise NamespaceError(errno.EBUSY, f"{p}: being written into the store and not committed yet; "
                                       "it can be read after its checkpoint commits")
@@ -878,33 +542,31 @@ class Namespace:
             root = L.checkpoint_root(p, self._is_dir)
             buf = bytearray()
             if root is not None:
-                if ("dir", root) in self.by_path and p in files and not truncate and root not in self.pending:
+                if self.view.at("dir", root) is not None and p in files and not truncate and root not in self.pending:
                     raise NamespaceError(errno.EPERM, f"{p}: checkpoint {root} is committed: its files can be "
                                               "replaced whole (O_TRUNC), not changed in place")
                 # a file written into a committed checkpoint starts its next version, which replaces it
                 # at its commit point (the files it does not rewrite are carried over)
                 pd = self.pending.get(root)
                 if pd is not None and pd.refused is not None:
-                    if pd.writing or self.caller() in pd.refused_by:
+                    if pd.writing or self.face.caller() in pd.refused_by:
                         raise self._refusal(pd, p)
                     self._abort(pd)               # another process saves it again (a restarted job)
                     pd = None
                 pd = pd or self._begin_dir(root)
                 rel = posixpath.relpath(p, root)
-                if rel in pd.ready:
-                    if not truncate:
-                        buf = pd.ready[rel]
-                    del pd.ready[rel]
-                elif rel in pd.streamed.values():
+                if pd.is_streamed(rel):
                     raise NamespaceError(errno.EPERM, f"{p}: already streamed into checkpoint {root} (append-only)")
-                h = _Handle(self, p, write=True, pending=pd, rel=rel, buf=buf)
-                h.size = len(buf)
+                held = pd.take_back(rel)
+                if held is not None and not truncate:
+                    buf = held
+                h = OpenWrite(p, buf=buf, pending=pd, rel=rel)
                 try:
                     self._reserve(h)          # admitted (journal room) here: ENOSPC at open, not later
                 except NamespaceError as e:
-                    self._refuse(pd, e, self.caller())    # a file of it could not be created
+                    self._refuse(pd, e, self.face.caller())    # a file of it could not be created
                     raise
-                pd.writing[rel] = h
+                pd.open(rel, h)
             else:
                 if p in files and not truncate and p not in self.truncated:
                     size = self._size(p)
@@ -912,8 +574,7 @@ class Namespace:
                         raise NamespaceError(errno.EPERM, f"{p}: a committed file over {self.stream_threshold} bytes "
                                                   "can only be replaced whole (open it with O_TRUNC)")
                     buf = bytearray(self._read_all(p))
-                h = _Handle(self, p, write=True, buf=buf)
-                h.dirty = truncate and self._committed(p)     # O_TRUNC of a file: it is empty now
+                h = OpenWrite(p, buf=buf, changed=truncate and self._committed(p))   # O_TRUNC: it is empty now
                 try:
                     self._reserve(h)
                 except NamespaceError:
@@ -924,30 +585,7 @@ class Namespace:
             self._changed()
             return fh
 
-    def _begin_dir(self, root: str) -> _Pending:
-        """Admit the generation of a new checkpoint directory (its first file is being created)."""
-        parent = posixpath.dirname(root)
-        for other in list(self.pending.values()):   # the runtime moved on: its earlier save is done
-            if posixpath.dirname(other.root) == parent and not other.writing and other.refused is not None:
-                self._abort(other)                  # refused, and its error was reported already
-            elif (posixpath.dirname(other.root) == parent and not other.writing
-                    and L.commit_point(other.root, other.ready | dict.fromkeys(other.streamed.values())) == "closed"):
-                self._request_commit(other)
-        step = parse_step(root, file_names=True)
-        gid = self._free_id(ids.dir_generation_id, root)
-        hint = self._hint(series_of(root), gid, step)
-        self._taken.add(gid)
-        pd = self.pending[root] = _Pending(root, gid, step or 0, hint, mtime_ns=time.time_ns())
-        self._changed()
-        return pd
-
-    def _writer(self, pd: _Pending):
-        """The pending directory's ``GenerationWriter`` (admitted on first need; the caller holds the
-        store slot)."""
-        if pd.writer is None:
-            pd.writer = self.begin(self.store, pd.gid, pd.step, pd.hint, pd.root)
-        return pd.writer
-
+    # -- writing, with admission (admission.py) ----------------------------------------------------
     def write(self, fh: int, data, offset: int) -> int:
         """Take bytes: buffered in memory (small files) or streamed into the store (past
         :attr:`stream_threshold`).  Admission is checked here: the generation's reservation in the
@@ -958,74 +596,36 @@ class Namespace:
         except BaseException as e:
             h = self.handles.get(fh)
             if h is not None:
-                self.observer.written(h.path)   # a cache's pages may no longer be the file's bytes
+                self.face.written(h.path)   # a cache's pages may no longer be the file's bytes
                 if h.write_mode:
                     self._refused(h, e)
             raise
-
-    def _refused(self, h: _Handle, e: BaseException) -> None:
-        """A call on write handle ``h`` returned the error ``e`` to the program: the file never
-        commits (its close returns the errno) and its checkpoint directory is refused
-        (:meth:`_refuse`).  Not for a file unlinked or discarded meanwhile (nothing of it commits)."""
-        if h.unlinked:
-            return
-        if h.failed is None:
-            h.failed = e
-        if h.pending is not None:
-            with self._mu:
-                self._refuse(h.pending, h.failed, self.caller())
-
-    def _refuse(self, pd: _Pending, e: BaseException, who=None) -> None:
-        """Refuse pending checkpoint ``pd`` (see the module docstring, **refusal**): it never commits.
-        Its files leave the view, every file of it still open fails its next call with ``e``'s errno,
-        and once none is open its store writer is aborted (what it placed and reserved is returned);
-        ``pd`` stays in :attr:`pending` so that new files of it are refused for the process ``who``
-        (:meth:`_open_write`) until it is removed, the next save in its folder begins, or unmount."""
-        if self.pending.get(pd.root) is not pd:
-            return
-        if pd.refused is None:
-            pd.refused = e
-            log.warning("%s: refused (%s): the checkpoint will not commit", pd.root, e)
-        pd.refused_by.add(who)
-        pd.ready.clear()
-        pd.streamed.clear()
-        pd.sizes.clear()
-        for o in pd.writing.values():
-            if o.failed is None:
-                o.failed = pd.refused
-        if not pd.writing:
-            self._abort(pd, keep=True)
-        self._changed()
-
-    def _refusal(self, pd: _Pending, p: str) -> NamespaceError:
-        """The error a call on refused checkpoint ``pd`` returns (its first error's errno)."""
-        return NamespaceError(errno_of(pd.refused), f"{p}: checkpoint {pd.root} was refused ({pd.refused}): "
-                                                    f"it will not commit; remove it (rm -r) to save it again")
 
     def _write(self, data, offset, fh) -> int:
         h = self.handles.get(fh)
         if h is None or not h.write_mode:
             raise NamespaceError(errno.EBADF)
         with h.lock:
-            if h.unlinked:
+            if h.life is Life.DROPPED:
                 return len(data)           # POSIX: the descriptor of an unlinked file still takes bytes
-            if h.failed is not None:
-                raise NamespaceError(errno_of(h.failed), f"{h.path}: an earlier call failed ({h.failed})")
-            if h.clean:
+            if h.error is not None:
+                raise NamespaceError(errno_of(h.error), f"{h.path}: an earlier call failed ({h.error})")
+            if h.life is Life.SETTLED:
                 self._reopen(h)
-            h.flushed = False
-            h.writer_process = self.caller()
+            h.wrote_by(self.face.caller())
             end = offset + len(data)
+            if h.streams_from_caller(self.stream_threshold, offset, len(data)):
+                self._try_stream(h)      # a large write streams from its own buffer, not copied (issue 44.7)
             if h.streaming:
                 if offset != h.put:
                     raise NamespaceError(errno.EIO, f"{h.path}: write at byte {offset} of a file streamed "
                                             f"sequentially into the store ({h.put} bytes so far)")
                 self._reserve(h, end)
-                h.dirty = True
+                h.change()
                 try:
                     h.pump.put(data)
                 except BaseException as e:
-                    h.failed = e
+                    h.fail(e)
                     raise NamespaceError(errno_of(e), f"{h.path}: {e}") from e
                 h.put = end
                 h.size = max(h.size, end)
@@ -1033,18 +633,17 @@ class Namespace:
             if offset > h.size:
                 self._hole(h, end)
             self._reserve(h, max(end, h.size))
-            h.dirty = True
+            h.change()
             if offset > len(h.buf):                # into the length an ftruncate set ahead: held from here
-                h.gapped = True
+                h.skip_ahead()
                 h.buf.extend(bytes(offset - len(h.buf)))
             h.buf[offset:end] = data
             h.size = max(h.size, len(h.buf))
-            if (len(h.buf) >= self.stream_threshold and end == len(h.buf) and not h.holed
-                    and (not h.gapped or end == h.size)):
+            if h.may_stream(self.stream_threshold, end):
                 self._try_stream(h)
             return len(data)
 
-    def _hole(self, h: _Handle, size: int) -> None:
+    def _hole(self, h: OpenWrite, size: int) -> None:
         """``h`` is extended past its bytes to ``size`` by a write past its end: the
         hole will be written later and out of order (``numpy.memmap`` mode ``w+`` writes the last byte,
         then its pages through a shared mapping), which a streamed shard cannot take.  The file stays
@@ -1056,26 +655,9 @@ class Namespace:
             raise NamespaceError(errno.EFBIG, f"{h.path}: a file extended past its end (a hole, as numpy.memmap "
                                               f"'w+' makes) is held in memory until it commits, up to "
                                               f"{self.hole_limit} bytes; {size} asked: write it in order")
-        h.holed = True
+        h.hold()
 
-    # -- admission ------------------------------------------------------------------------------------
-    def _pad(self, n: int) -> int:
-        bs = self.store.device.geometry.block_size
-        return -(-n // bs) * bs
-
-    def _unplaced(self, h: _Handle, size: int | None = None) -> int:
-        """Device bytes ``h`` has accepted (or, with ``size``, will have) and not placed: its buffer,
-        or, streamed, every byte past the shard's placed extents (those its pump still holds, and
-        the tail the shard buffers before its next 1 MiB extent).  Read under the store's lock
-        (:meth:`_reserve`): the pump's thread places extents and shrinks the reservation together
-        under that lock, so what is placed and what is reserved are seen at one instant."""
-        size = h.size if size is None else max(size, h.size)
-        sink = h.sink
-        if sink is not None:
-            return self._pad(size - (sink.written - sink.written % WRITE_BUFFER))
-        return self._pad(size)
-
-    def _reserve(self, h: _Handle, size: int | None = None) -> None:
+    def _reserve(self, h: OpenWrite, size: int | None = None) -> None:
         """Grow the reservation of ``h``'s generation to every byte it holds unplaced, ``h`` at
         ``size`` bytes, plus one block (a layout shard); the generation is admitted first if it has
         no writer yet.
@@ -1084,86 +666,62 @@ class Namespace:
             NamespaceError: ``ENOSPC`` (the store's admission or journal refused; nothing changed).
         """
         try:
-            with self._mu, self._admission_lock():
+            with self._mu, self.admission.lock:
                 if h.pending is not None:
-                    pd = h.pending
-                    w = self._writer(pd)
-                    need = sum(self._pad(len(b)) for b in pd.ready.values())
-                    need += sum(self._unplaced(o, size if o is h else None) for o in pd.writing.values())
+                    w = self._writer(h.pending)
+                    need = self.admission.checkpoint_need(h.pending, h, size)
                 else:
                     w = h.writer if h.writer is not None else self._begin_file(h)
-                    need = self._unplaced(h, size)
-                self._admit(w, need + self._pad(1))
+                    need = self.admission.file_need(h, size)
+                self.admission.admit(w, need)
         except RetainZError as e:
             raise NamespaceError(errno_of(e), f"{h.path}: {e}") from e
 
-    def _admission_lock(self):
-        """The store's lock, which its writers hold while they place extents and shrink their
-        reservations (the store contract's ``lock``)."""
-        return self.store.lock
-
-    def _admit(self, w, nbytes: int) -> None:
-        """Grow ``w``'s reservation to ``nbytes`` (the store contract's ``admit``; a served store's
-        service admits)."""
-        with self.store.lock:
-            self.store.admit(w, nbytes)
-
-    def _begin_file(self, h: _Handle):
+    def _begin_file(self, h: OpenWrite):
         """Admit the generation of a file outside checkpoint directories (its first byte arrives)."""
         gid = self._free_id(ids.file_generation_id, h.path)
         step = parse_step(h.path, file_names=True)
-        hint = self._hint(series_of(h.path), gid, step)
-        h.writer = self.begin(self.store, gid, step or 0, hint, h.path)
+        hint = self.hints.hint(series_of(h.path), gid, step)
+        h.writer = self.face.begin(self.store, gid, step or 0, hint, h.path)
         self._taken.add(gid)
         return h.writer
 
-    def _reopen(self, h: _Handle) -> None:
+    def _reopen(self, h: OpenWrite) -> None:
         """More bytes after a close of a duplicate descriptor committed the file: they make a new
         version (a file) or take the file back from its checkpoint (buffered files only)."""
         with self._mu:
             if h.pending is None:
                 if not h.buf and h.size:
                     h.buf = bytearray(self._read_all(h.path))     # it had streamed: copy it
-                h.clean = False
+                h.reopen()
                 return
             pd = h.pending
             if self.pending.get(pd.root) is not pd:
                 raise NamespaceError(errno.EPERM, f"{h.path}: its checkpoint {pd.root} has committed (append-only)")
             if h.rel not in pd.ready:
                 raise NamespaceError(errno.EPERM, f"{h.path}: already streamed into checkpoint {pd.root} (append-only)")
-            h.buf = pd.ready.pop(h.rel)
-            pd.writing[h.rel] = h
-            h.clean = False
+            h.buf = pd.take_back(h.rel)
+            pd.open(h.rel, h)
+            h.reopen()
             self._changed()
 
-    def _try_stream(self, h: _Handle) -> None:
+    def _try_stream(self, h: OpenWrite) -> None:
         """Start streaming a large file's buffer into the store, if the slot is free (under ``h.lock``)."""
         if not self.slot.acquire(blocking=False):
             return
         try:
-            with self._mu, self._admission_lock():
+            with self._mu, self.admission.lock:
                 if h.pending is not None:
                     pd = h.pending
-                    name = ids.shard_name(h.rel)
-                    if name in pd.streamed or name == L.LAYOUT_SHARD:
-                        name = f"{name}%{len(pd.streamed)}"
+                    name = pd.shard_name(h.rel, pd.streamed)
                     writer = self._writer(pd)
                 else:
                     writer = h.writer if h.writer is not None else self._begin_file(h)
                     name = L.FILE_SHARD
-            h.shard_name = name
-            h.sink = writer.open_shard(name)
-            h.sink.write(h.buf)
-            h.put = len(h.buf)
-            h.buf = bytearray()
-            h.pump = _Pump(h.sink)
+            h.start_stream(writer.open_shard(name), name)
         except BaseException as e:
-            if h.sink is not None:
-                with contextlib.suppress(BaseException):
-                    h.sink.abort()
-                h.sink = None
             self.slot.release()
-            h.failed = e
+            h.fail(e)
             raise NamespaceError(errno_of(e), f"{h.path}: {e}") from e
 
     def truncate(self, path: str, length: int, fh: int | None = None) -> int:
@@ -1190,30 +748,32 @@ class Namespace:
                 return 0
         raise NamespaceError(errno.EPERM, f"{p}: a committed file is not changed in place, not even by an append (replace it whole)")
 
-    def _truncate_open(self, h: _Handle, p: str, length: int) -> int:
+    def _truncate_open(self, h: OpenWrite, p: str, length: int) -> int:
         """``ftruncate`` of a file open for writing (:meth:`truncate`)."""
         with h.lock:
-            if h.failed is not None:
-                raise NamespaceError(errno_of(h.failed), f"{p}: an earlier call failed ({h.failed})")
+            if h.error is not None:
+                raise NamespaceError(errno_of(h.error), f"{p}: an earlier call failed ({h.error})")
             if h.streaming:
                 if length != h.size:
                     raise NamespaceError(errno.EPERM, f"{p}: cannot truncate a file streamed into the store")
                 return 0
-            if length != h.size and h.clean:
+            if length != h.size and h.life is Life.SETTLED:
                 self._reopen(h)
-            h.dirty = h.dirty or length != h.size
+            if length != h.size and h.life is not Life.DROPPED:
+                h.change()
             if length > h.size:
                 self._reserve(h, length)
             del h.buf[length:]
             if length > len(h.buf) and length <= self.hole_limit:
                 # an extension a shared mapping may write in any order: held in memory
-                h.holed = True
+                h.hold()
                 h.buf.extend(bytes(length - len(h.buf)))
             # a larger one (safetensors sets the final length before writing in order) is set
             # ahead: its zeros are not held, and its writes stream as they arrive in order
             h.size = length
         return 0
 
+    # -- the close/commit protocol: a file commits or joins its checkpoint; a checkpoint commits or is refused
     def close(self, fh: int) -> int:
         """``close(2)`` of one descriptor: the file is finished here, so its error reaches the
         program's ``close``: a file outside checkpoint directories commits (its new version replaces
@@ -1222,7 +782,7 @@ class Namespace:
         through a duplicate descriptor make the file dirty again (a new version at the next close)."""
         h = self.handles.get(fh)
         if h is not None and h.write_mode:
-            if (h.dirty or h.failed is not None) and self.caller() == h.writer_process:
+            if h.to_finish and self.face.caller() == h.writer_process:
                 self._finish(h, report=True)      # not at a close by a process that never wrote
             h.flushed = True
         return 0
@@ -1251,12 +811,12 @@ class Namespace:
                 try:
                     h.pump.drain()
                 except BaseException as e:  # noqa: BLE001 - reported as this call's errno
-                    h.failed = h.failed or e
-            failed = h.failed
+                    h.fail(e)
+            failed = h.error
         if failed is not None:
             self._refused(h, failed)
             raise NamespaceError(errno_of(failed), f"{h.path}: an earlier call failed ({failed})")
-        if h.pending is None and h.dirty:
+        if h.pending is None and h.life is Life.CHANGED:
             self._finish(h, report=True)
         return 0
 
@@ -1282,44 +842,40 @@ class Namespace:
                     self._finish(h, report=False)
                 finally:
                     with self._mu:
-                        h.finished = True      # until now the path's open writer is this handle
+                        h.release()            # until now the path's open writer is this handle
                         self._changed()
         finally:
             with self._mu:
                 self.handles.pop(fh, None)
                 self._changed()
-            if h is not None:
-                h.done.set()
-                if h.durable is not None:
-                    h.durable.close()
+            if h is not None and not h.write_mode:
+                h.close()
         return 0
 
-    def _finish(self, h: _Handle, *, report: bool) -> None:
+    def _finish(self, h: OpenWrite, *, report: bool) -> None:
         """Commit or join ``h`` unless it is clean.  ``report``: raise the error as an errno (a
         close or fsync); at release nothing can report it (logged; only reached if no close came)."""
         with h.lock:
-            if h.unlinked:
-                h.clean = True
+            if h.life is Life.DROPPED:
                 return
-            if h.clean or h.finished:
-                if h.failed is not None and report:
-                    raise NamespaceError(errno_of(h.failed), f"{h.path}: {h.failed}")
+            if h.life in (Life.SETTLED, Life.REPORTED, Life.RELEASED):
+                if h.error is not None and report:
+                    raise NamespaceError(errno_of(h.error), f"{h.path}: {h.error}")
                 return
-            if not h.dirty and h.pending is None and self._committed(h.path):
+            if h.life is Life.OPENED and h.pending is None and self._committed(h.path):
                 self._drop_writer(h)       # opened for writing, nothing changed: no new version
-                h.clean = True
+                h.settle()
                 return
             try:
                 self._close_writer(h)
-                h.clean = True
-                h.dirty = False
+                h.settle()
             except NamespaceError:
-                h.clean = True
+                h.settle()
                 if report:
                     raise
             except RetainZError as e:
-                h.clean = True
-                h.failed = h.failed or e
+                h.fail(e)
+                h.settle()
                 if report:
                     raise NamespaceError(errno_of(e), f"{h.path}: {e}") from e
                 log.error("%s: not committed: %s", h.path, e)
@@ -1327,58 +883,51 @@ class Namespace:
                 with self._mu:
                     self._changed()
 
-    def _close_writer(self, h: _Handle) -> None:
+    def _close_writer(self, h: OpenWrite) -> None:
         info = None
-        if not h.streaming and h.size > len(h.buf) and h.failed is None:
+        if not h.streaming and h.size > len(h.buf) and h.error is None:
             # a length set ahead (ftruncate up) and not all written: stream it with its zeros, or hold them
-            if h.size >= self.stream_threshold and not h.gapped and not h.holed:
+            if h.size >= self.stream_threshold and h.keeping is Keeping.BUFFERED:
                 with contextlib.suppress(NamespaceError):
                     self._try_stream(h)
-            if not h.streaming and h.failed is None:
+            if not h.streaming and h.error is None:
                 h.buf.extend(bytes(h.size - len(h.buf)))
         streamed = h.streaming            # then this handle holds the store slot
-        err = h.failed
+        err = h.error
         if h.streaming and err is not None:    # refused: nothing of the shard is kept
-            self._stop_pump(h, discard=True)
-            with contextlib.suppress(Exception):
-                h.sink.abort()
-            h.sink = None
-            h.buf = bytearray()
+            h.abort_stream()
         if h.streaming:
             try:
-                self._stop_pump(h)
-                self._zeros_to_end(h)
-                info = h.sink.close()
+                info = h.close_stream()
             except BaseException as e:
-                err = h.failed = e
-            finally:
-                h.sink = None
-                h.buf = bytearray()
+                h.fail(e)
+                err = e
         try:
             with self._mu:
                 self._changed()
                 if h.pending is not None:
                     pd = h.pending
-                    pd.writing.pop(h.rel, None)
                     if err is not None:
+                        pd.forget_open(h.rel)
                         self._refuse(pd, err, h.writer_process)
                         raise NamespaceError(errno_of(err), f"{h.path}: {err} (checkpoint {pd.root} refused: "
                                                             "it will not commit)")
                     if info is not None:
-                        pd.streamed[h.shard_name] = h.rel
-                        pd.sizes[h.shard_name] = info.size
+                        pd.close(h.rel, shard=h.shard_name, size=info.size)
                     else:
-                        pd.ready[h.rel] = h.buf
+                        pd.close(h.rel, data=h.buf)
                     name = posixpath.basename(h.rel)
-                    point = L.commit_point(pd.root, pd.ready | dict.fromkeys(pd.streamed.values()))
+                    point = pd.commit_point()
                     if pd.root in self.pending and ((name == ".metadata" and point == "dcp-metadata")
                                                     or (name == "trainer_state.json" and point == "hf-trainer-state"
                                                         and "/" not in h.rel)):
                         self._request_commit(pd)
                     elif pd.commit_requested and not pd.writing:
                         self._request_commit(pd)
-                    if self.pending.get(pd.root) is pd:
-                        self.after_close(pd)
+                    if self.pending.get(pd.root) is pd and pd.writer is not None and self.face.leaves(pd.writer):
+                        w = self.detach(pd.root)     # another rank commits it
+                        if w is not None:
+                            w.leave()
                 else:
                     if err is not None:
                         self._drop_writer(h)
@@ -1386,37 +935,16 @@ class Namespace:
                     self._close_file(h, info)
         finally:
             if streamed:
-                self._drain_and_release()
+                self.slot.finish()
 
-    def _stop_pump(self, h: _Handle, *, discard: bool = False) -> None:
-        """Write what ``h``'s pump holds into the shard (``discard``: drop it) and end its thread.
-
-        Raises:
-            the shard's first error (not with ``discard``)."""
-        pump, h.pump = h.pump, None
-        if pump is not None:
-            pump.stop(discard=discard)
-            if pump.error is not None and not discard:
-                raise pump.error
-
-    def _zeros_to_end(self, h: _Handle) -> None:
-        """Push the zeros of a length set ahead (``ftruncate`` up) and never written into the
-        streamed shard, a block-multiple piece at a time."""
-        if h.put < h.size:
-            zeros = bytes(min(WRITE_BUFFER, h.size - h.put))
-            while h.put < h.size:
-                n = min(len(zeros), h.size - h.put)
-                h.sink.write(zeros if n == len(zeros) else memoryview(zeros)[:n])
-                h.put += n
-
-    def _drop_writer(self, h: _Handle) -> None:
+    def _drop_writer(self, h: OpenWrite) -> None:
         if h.writer is not None:
             with contextlib.suppress(Exception):
                 h.writer.abort()
             self._taken.discard(h.writer.id)
             h.writer = None
 
-    def _close_file(self, h: _Handle, info) -> None:
+    def _close_file(self, h: OpenWrite, info) -> None:
         """A file generation's descriptor closed: commit its new version now (the old one is
         retired after); a store error is raised (the caller turns it into the close's errno), and
         the old version, if any, stays."""
@@ -1478,20 +1006,49 @@ class Namespace:
 
     def _publish_file(self, p: str, gen) -> None:
         self._cache_committed(p, gen.id, L.FILE_SHARD)
-        old = self.by_path.get(("file", p))
+        old = self.view.at("file", p)
         self._add(gen, "file", p, {L.FILE_SHARD: ""}, time.time_ns())
-        self.on_commit(gen.id)
+        self._promote(gen.id)
         self.truncated.discard(p)
         self.pending_files.pop(p, None)
         if old is not None and old != gen.id:
             with contextlib.suppress(GenerationNotFoundError):
                 self.store.delete(old)          # the new version's commit is durable: retire the old
-            self.gens.pop(old, None)
+            self._forget(old)
+
+    def _promote(self, gid: str) -> None:
+        """Hand a generation this namespace committed to the durable tier, if any."""
+        if self.tier is not None:
+            self.tier.committed(gid)
 
     def _cache_committed(self, p: str, gid: str, shard: str) -> None:
-        self.observer.committed(p, gid, shard)
+        self.face.committed(p, gid, shard)
 
-    def _request_commit(self, pd: _Pending) -> None:
+    def _begin_dir(self, root: str) -> PendingCheckpoint:
+        """Admit the generation of a new checkpoint directory (its first file is being created)."""
+        parent = posixpath.dirname(root)
+        for other in list(self.pending.values()):   # the runtime moved on: its earlier save is done
+            if posixpath.dirname(other.root) == parent and not other.writing and other.refused is not None:
+                self._abort(other)                  # refused, and its error was reported already
+            elif (posixpath.dirname(other.root) == parent and not other.writing
+                    and other.commit_point() == "closed"):
+                self._request_commit(other)
+        step = parse_step(root, file_names=True)
+        gid = self._free_id(ids.dir_generation_id, root)
+        hint = self.hints.hint(series_of(root), gid, step)
+        self._taken.add(gid)
+        pd = self.pending[root] = PendingCheckpoint(root, gid, step or 0, hint, mtime_ns=time.time_ns())
+        self._changed()
+        return pd
+
+    def _writer(self, pd: PendingCheckpoint):
+        """The pending directory's ``GenerationWriter`` (admitted on first need; the caller holds the
+        store slot)."""
+        if pd.writer is None:
+            pd.writer = self.face.begin(self.store, pd.gid, pd.step, pd.hint, pd.root)
+        return pd.writer
+
+    def _request_commit(self, pd: PendingCheckpoint) -> None:
         """Commit a checkpoint directory at its commit point, now (when its last file closes if
         some are still open).  A refused commit drops the checkpoint (none of its files stays) and
         raises the errno for the call that reached the commit point."""
@@ -1512,7 +1069,7 @@ class Namespace:
             self._abort(pd)
             raise NamespaceError(errno_of(e), f"{pd.root}: commit refused: {e}") from e
 
-    def _commit_dir(self, pd: _Pending) -> None:
+    def _commit_dir(self, pd: PendingCheckpoint) -> None:
         if self.pending.get(pd.root) is not pd:
             return
         if pd.refused is not None:
@@ -1521,20 +1078,16 @@ class Namespace:
             self._readmit(pd)          # renamed before anything was placed: its id names its path
         names = dict(pd.streamed)
         for rel, data in pd.ready.items():
-            name = ids.shard_name(rel)
-            if name in names or name == L.LAYOUT_SHARD:
-                name = f"{name}%{len(names)}"
+            name = pd.shard_name(rel, names)
             self._writer(pd).write_shard(name, [bytes(data)])
             names[name] = rel
-        old = self.by_path.get(("dir", pd.root))
+        old = self.view.at("dir", pd.root)
         if old is not None and old != pd.gid:           # a new version: the files it did not rewrite stay
             written = set(names.values())
-            for s, rel in self.gens[old].names.items():
-                if rel in written or posixpath.join(pd.root, rel) in self.hidden:
+            for s, rel in self.view.get(old).names.items():
+                if rel in written or self.view.hidden(posixpath.join(pd.root, rel)):
                     continue
-                name = ids.shard_name(rel)
-                if name in names or name == L.LAYOUT_SHARD:
-                    name = f"{name}%{len(names)}"
+                name = pd.shard_name(rel, names)
                 try:
                     self._writer(pd).write_shard(name, self.store.read_shard(old, s))
                 except ShardExistsError:
@@ -1556,9 +1109,9 @@ class Namespace:
             self._cache_committed(posixpath.join(pd.root, rel), gen.id, name)
         del self.pending[pd.root]
         self._taken.discard(pd.gid)
-        old = self.by_path.get(("dir", pd.root))
+        old = self.view.at("dir", pd.root)
         self._add(gen, "dir", pd.root, names, time.time_ns())
-        self.on_commit(gen.id)
+        self._promote(gen.id)
         if old is not None and old != gen.id:
             self._retire(old)
         log.info("committed %s (%d files, %d bytes)", pd.root, len(names), gen.size)
@@ -1566,7 +1119,7 @@ class Namespace:
         for fn in then:
             fn(True)
 
-    def _rename_writer(self, w, make, path: str, pd: _Pending | None = None) -> bool:
+    def _rename_writer(self, w, make, path: str, pd: PendingCheckpoint | None = None) -> bool:
         """Give an uncommitted generation renamed while it was written the id of its final ``path``
         (``GenerationWriter.rename``), so the store lists it under the user's name, not a temporary
         one; ``False`` where the store refuses (a generation other ranks joined: a layout shard says the
@@ -1584,20 +1137,50 @@ class Namespace:
             pd.gid = gid
         return True
 
-    def _readmit(self, pd: _Pending) -> None:
+    def _readmit(self, pd: PendingCheckpoint) -> None:
         """Admit a renamed checkpoint directory again under the id of its new path (nothing of it
         is placed yet), so the store lists it by the path the runtime gave it."""
         gid = self._free_id(ids.dir_generation_id, pd.root)
-        need = sum(self._pad(len(b)) for b in pd.ready.values()) + self._pad(1)
+        need = sum(self.admission.pad(len(b)) for b in pd.ready.values()) + self.admission.pad(1)
         old = pd.writer
         if old is not None:
             old.abort()
         self._taken.discard(pd.gid)
         pd.gid, pd.writer = gid, None
         self._taken.add(gid)
-        self._admit(self._writer(pd), need)
+        self.admission.admit(self._writer(pd), need)
 
-    def _abort(self, pd: _Pending, *, keep: bool = False) -> None:
+    def _refused(self, h: OpenWrite, e: BaseException) -> None:
+        """A call on write handle ``h`` returned the error ``e`` to the program: the file never
+        commits (its close returns the errno) and its checkpoint directory is refused
+        (:meth:`_refuse`).  Not for a file unlinked or discarded meanwhile (nothing of it commits)."""
+        if not h.live:
+            return
+        h.fail(e)
+        if h.pending is not None:
+            with self._mu:
+                self._refuse(h.pending, h.error, self.face.caller())
+
+    def _refuse(self, pd: PendingCheckpoint, e: BaseException, who=None) -> None:
+        """Refuse pending checkpoint ``pd`` (see the module docstring, **refusal**): it never commits.
+        Its files leave the view, every file of it still open fails its next call with ``e``'s errno,
+        and once none is open its store writer is aborted (what it placed and reserved is returned);
+        ``pd`` stays in :attr:`pending` so that new files of it are refused for the process ``who``
+        (:meth:`_open_write`) until it is removed, the next save in its folder begins, or unmount."""
+        if self.pending.get(pd.root) is not pd:
+            return
+        if pd.refuse(e, who):
+            log.warning("%s: refused (%s): the checkpoint will not commit", pd.root, e)
+        if not pd.writing:
+            self._abort(pd, keep=True)
+        self._changed()
+
+    def _refusal(self, pd: PendingCheckpoint, p: str) -> NamespaceError:
+        """The error a call on refused checkpoint ``pd`` returns (its first error's errno)."""
+        return NamespaceError(errno_of(pd.refused), f"{p}: checkpoint {pd.root} was refused ({pd.refused}): "
+                                                    f"it will not commit; remove it (rm -r) to save it again")
+
+    def _abort(self, pd: PendingCheckpoint, *, keep: bool = False) -> None:
         """Drop pending checkpoint ``pd``: its store writer aborted (queued behind a streaming shard),
         the work queued after its commit run.  ``keep``: it stays in :attr:`pending` (refused: new
         files of it are refused, :meth:`_refuse`)."""
@@ -1613,17 +1196,32 @@ class Namespace:
                     w.abort()
                 self._taken.discard(gid)
             pd.writer = None
-            self._store_work(abort)
+            self.slot.run(abort)
         else:
             self._taken.discard(pd.gid)
-        if self.inference is not None:
-            self.inference.observe_abort(pd.gid)
+        self.hints.aborted(pd.gid)
         self._changed()
         then, pd.then = pd.then, []
         for fn in then:
             fn(False)
 
-    # -- reading -------------------------------------------------------------------------------
+    def detach(self, root: str):
+        """Hand the writer of pending checkpoint ``root`` back without committing it: its buffered files
+        are written as shards first (a rank of a joined generation leaves it to the rank that commits).
+        Returns the writer (``None`` if nothing is pending there)."""
+        with self._mu:
+            pd = self.pending.get(self._p(root))
+            if pd is None or pd.writing or pd.refused is not None:
+                return None
+            w = self._writer(pd)
+            for rel, data in pd.ready.items():
+                w.write_shard(ids.shard_name(rel), [bytes(data)])
+            del self.pending[pd.root]
+            self._taken.discard(pd.gid)
+            self._changed()
+            return w
+
+    # -- reading -----------------------------------------------------------------------------------
     def read(self, fh: int, size: int, offset: int) -> bytes:
         """Up to ``size`` bytes at ``offset`` of open file ``fh`` (committed shards through verified
         extent reads).
@@ -1649,79 +1247,19 @@ class Namespace:
         return n
 
     def _pieces(self, fh: int, size: int, offset: int):
-        """The bytes at ``offset`` (up to ``size``) of ``fh``, as views of what is held (buffers,
-        verified extents), in order."""
+        """The bytes at ``offset`` (up to ``size``) of ``fh``, as views of what is held, in order."""
         h = self.handles.get(fh)
         if h is None:
             raise NamespaceError(errno.EBADF)
-        if h.gen is None:
-            out = bytes(h.buf[offset:offset + size])
-            length = (h.source.size if h.source is not None and h.source.buf is h.buf else len(h.buf))
-            if len(out) < size and offset + len(out) < length:    # zeros of a length set ahead
-                out += bytes(min(size - len(out), length - offset - len(out)))
-            yield out
-            return
-        end = min(offset + size, h.gen.sizes[h.shard])
-        if h.durable is not None:
-            yield self._read_durable(h, offset, end, None)
-            return
-        pos = offset
-        try:
-            while pos < end:
-                start, data = self._window(h, pos)
-                stop = min(end, start + len(data))
-                yield data if pos == start and stop - start == len(data) else memoryview(data)[pos - start:stop - start]
-                pos = stop
-        except ChecksumError as e:
-            if self.durable_copy is None:
-                raise NamespaceError(errno.EIO, f"{h.path}: {e}") from e
-            yield self._read_durable(h, pos, end, e)     # the rest, from the verified durable copy
-        except GenerationNotFoundError as e:
-            if self.durable_copy is None:
-                raise NamespaceError(errno.ESTALE, f"{h.path}: {e}") from e
-            yield self._read_durable(h, pos, end, e)
-
-    def _read_durable(self, h: _Handle, offset: int, end: int, why: BaseException | None) -> bytes:
-        """Bytes ``offset:end`` of ``h``'s shard from its durable copy (:attr:`durable_copy`), fetched
-        and verified whole at the first local failure ``why`` and kept for the handle's life.
-
-        Raises:
-            NamespaceError: ``EIO`` (a checksum mismatch) or ``ESTALE`` (retired meanwhile) when there
-                is no usable durable copy either (both reasons in the message)."""
-        with h.lock:
-            if h.durable is None:
-                try:
-                    h.durable = self.durable_copy(h.gen.id, h.shard, why)
-                except Exception as e:   # noqa: BLE001 - no durable copy: the local failure stands
-                    code = errno.EIO if isinstance(why, ChecksumError) else errno.ESTALE
-                    raise NamespaceError(code, f"{h.path}: {why}; no durable copy either: {e}") from e
-            h.durable.seek(offset)
-            return h.durable.read(max(end - offset, 0))
-
-    #: Verified extents a read handle keeps (1 MiB each): the kernel's read-ahead sends requests for one
-    #: file from several threads, out of order, so one window would be evicted and read again.
-    WINDOWS = 8
-
-    def _window(self, h: _Handle, pos: int) -> tuple[int, bytes]:
-        """The verified extent of ``h``'s shard holding data byte ``pos``: ``(first byte, bytes)``."""
-        with h.lock:
-            for start, data in h.windows.items():
-                if start <= pos < start + len(data):
-                    return start, data
-        start, data = self.store.read_shard_extent(h.gen.id, h.shard, pos)
-        with h.lock:
-            if len(h.windows) >= self.WINDOWS:
-                del h.windows[next(iter(h.windows))]
-            h.windows[start] = data
-        return start, data
+        return h.pieces(size, offset, self.store, self.tier)
 
     def _read_all(self, p: str) -> bytes:
         if p in self.pending_files:
             return self.pending_files[p]
-        gid, shard = self.files[p]
-        return b"".join(self.store.read_shard(gid, shard))
+        g, shard = self.view.shard_at(p)
+        return b"".join(self.store.read_shard(g.id, shard))
 
-    # -- removal ---------------------------------------------------------------------------------
+    # -- removal -----------------------------------------------------------------------------------
     def unlink(self, path: str) -> int:
         """Remove a file: a file being written is dropped (its descriptor still takes bytes; nothing
         of it commits, as torch's cleanup of a failed save expects), a file generation is retired, a
@@ -1741,24 +1279,18 @@ class Namespace:
                 self._drop_open(h)
             pd = self._pending_of(p)
             if pd is not None:
-                rel = posixpath.relpath(p, pd.root)
-                pd.ready.pop(rel, None)
-                for s, r in list(pd.streamed.items()):
-                    if r == rel:
-                        del pd.streamed[s]
-                        pd.relabelled = True
-                if p in self.files and self.gens[self.files[p][0]].kind == "dir":
-                    self.hidden.add(p)        # not carried over into the new version either
+                pd.remove(posixpath.relpath(p, pd.root))
+                if self.view.in_checkpoint(p):
+                    self.view.hide(p)         # not carried over into the new version either
                 self._changed()
                 return 0
             self.pending_files.pop(p, None)
-            if p in self.files and p not in self.hidden:
-                gid, _ = self.files[p]
-                g = self.gens[gid]
+            if self.view.shows(p):
+                g, _ = self.view.shard_at(p)
                 if g.kind == "file":
-                    self._retire(gid)
+                    self._retire(g.id)
                 else:
-                    self.hidden.add(p)
+                    self.view.hide(p)
             self.truncated.discard(p)
             self._changed()
         return 0
@@ -1796,41 +1328,19 @@ class Namespace:
         file being written, no such file)."""
         p = self._p(path)
         with self._mu:
-            if p not in self.files or p in self.hidden or self._pending_of(p) is not None:
+            if not self.view.shows(p) or self._pending_of(p) is not None:
                 return None
-            g = self.gens[self.files[p][0]]
+            g, _ = self.view.shard_at(p)
             return g.path if g.kind == "dir" else None
 
-    def detach(self, root: str):
-        """Hand the writer of pending checkpoint ``root`` back without committing it: its buffered files
-        are written as shards first (a rank of a joined generation leaves it to the rank that commits).
-        Returns the writer (``None`` if nothing is pending there)."""
-        with self._mu:
-            pd = self.pending.get(self._p(root))
-            if pd is None or pd.writing or pd.refused is not None:
-                return None
-            w = self._writer(pd)
-            for rel, data in pd.ready.items():
-                w.write_shard(ids.shard_name(rel), [bytes(data)])
-            del self.pending[pd.root]
-            self._taken.discard(pd.gid)
-            self._changed()
-            return w
-
-    def _drop_open(self, h: _Handle) -> None:
+    def _drop_open(self, h: OpenWrite) -> None:
         """``h`` (open for writing) is unlinked or discarded: what it wrote is dropped, its streamed shard
         aborted (the store slot released), and nothing of it commits at its close."""
         with h.lock:
-            h.unlinked = True
-            if h.sink is not None:
-                self._stop_pump(h, discard=True)
-                with contextlib.suppress(Exception):
-                    h.sink.abort()
-                h.sink = None
-                self._drain_and_release()
-            h.buf = bytearray()
+            if h.drop():
+                self.slot.finish()     # its stream held the store slot
             if h.pending is not None:
-                h.pending.writing.pop(h.rel, None)
+                h.pending.forget_open(h.rel)
             else:
                 self._drop_writer(h)
         self._changed()
@@ -1841,13 +1351,13 @@ class Namespace:
         version of the path stays as it was."""
         with self._mu:
             h = self.handles.get(fh)
-            if h is None or not h.write_mode or h.unlinked:
+            if h is None or not h.write_mode or h.life is Life.DROPPED:
                 return
             pd = h.pending
-            why = h.failed or NamespaceError(errno.EIO, f"{h.path}: its writer raised: abandoned")
+            why = h.error or NamespaceError(errno.EIO, f"{h.path}: its writer raised: abandoned")
             self._drop_open(h)
             if pd is not None:
-                self._refuse(pd, why, self.caller())
+                self._refuse(pd, why, self.face.caller())
             self._changed()
 
     def _drop_refused(self, p: str) -> bool:
@@ -1872,12 +1382,12 @@ class Namespace:
             prefix = p + "/"
             if any(q.startswith(prefix) for q in itertools.chain(files, dirs)):
                 raise NamespaceError(errno.ENOTEMPTY)
-            gid = self.by_path.get(("dir", p))
+            gid = self.view.at("dir", p)
             if gid is not None:                       # rm -r of a committed checkpoint: retire it
                 self._retire(gid)
-            elif any(p.startswith(g.path + "/") for g in self.gens.values() if g.kind == "dir"):
-                self.hidden.add(p)                    # a directory inside a committed checkpoint
-            for g in [g for g in self.gens.values() if g.kind == "dir" and g.path.startswith(prefix)]:
+            elif any(p.startswith(g.path + "/") for g in self.view if g.kind == "dir"):
+                self.view.hide(p)                     # a directory inside a committed checkpoint
+            for g in [g for g in self.view if g.kind == "dir" and g.path.startswith(prefix)]:
                 self._retire(g.id)
             pd = self.pending.get(p)
             if pd is not None:
@@ -1886,14 +1396,14 @@ class Namespace:
             self._changed()
         return 0
 
-    # -- rename -----------------------------------------------------------------------------------
+    # -- rename ------------------------------------------------------------------------------------
     def rename(self, old: str, new: str) -> int:
         """Rename a file or directory (see the module docstring); over an existing file it is an atomic
         replace, over an existing empty directory it replaces it, over a non-empty one ``ENOTEMPTY``."""
         self._writable(self._p(old))
         ret = self._rename_path(old, new)
         with self._mu:
-            self.observer.moved(self._p(old), self._p(new))
+            self.face.moved(self._p(old), self._p(new))
         return ret
 
     def _rename_path(self, old, new):
@@ -1908,7 +1418,7 @@ class Namespace:
         try:
             return self._rename(a, b)
         finally:
-            self._drain_and_release()
+            self.slot.finish()
 
     def _rename(self, a: str, b: str) -> int:
         """Rename, holding the store slot: store work queued meanwhile runs, in order, before the
@@ -1959,19 +1469,11 @@ class Namespace:
             if self._pending_of(b) is not h.pending:
                 raise NamespaceError(errno.EXDEV, f"{a}: open for writing; it can move within its checkpoint only")
             pd = h.pending
-            rb = posixpath.relpath(b, pd.root)
-            pd.writing.pop(h.rel, None)
-            pd.ready.pop(rb, None)
-            for s_, r in list(pd.streamed.items()):
-                if r == rb:
-                    del pd.streamed[s_]
-                    pd.relabelled = True
-            h.rel = rb
-            pd.writing[rb] = h
+            pd.move_open(h, posixpath.relpath(b, pd.root))
         else:
             if L.checkpoint_root(b, self._is_dir) is not None:
                 raise NamespaceError(errno.EXDEV, f"{a}: open for writing; close it before moving it into a checkpoint")
-            if b in files and b in self.files and self.gens[self.files[b][0]].kind == "dir":
+            if b in files and self.view.in_checkpoint(b):
                 raise NamespaceError(errno.EPERM, f"{b}: inside a committed checkpoint (append-only)")
         h.path = b
         self.truncated.discard(b)
@@ -1990,7 +1492,7 @@ class Namespace:
                 commits.append(pd)                   # HF Trainer's commit point: the rename
         for d in [d for d in self.dirs if d == a or d.startswith(pa)]:
             self.dirs[b + d[len(a):]] = self.dirs.pop(d)
-        for g in [g for g in self.gens.values() if g.path == a or g.path.startswith(pa)]:
+        for g in [g for g in self.view if g.path == a or g.path.startswith(pa)]:
             self._copy_gen(g, b + g.path[len(a):])
         for p in [p for p in self.truncated if p.startswith(pa)]:
             self.truncated.discard(p)
@@ -2004,54 +1506,47 @@ class Namespace:
             ra, rb = posixpath.relpath(a, pd.root), posixpath.relpath(b, pd.root)
             if ra in pd.writing:
                 raise NamespaceError(errno.EBUSY, f"{a}: renamed while open for writing")
-            if ra in pd.ready:
-                pd.ready[rb] = pd.ready.pop(ra)
-            for s, r in list(pd.streamed.items()):
-                if r == rb:
-                    del pd.streamed[s]
-                if r == ra:
-                    pd.streamed[s] = rb
-                    pd.relabelled = True
+            pd.move(ra, rb)
             if posixpath.basename(rb) == ".metadata" and L.commit_point(pd.root, pd.ready) == "dcp-metadata":
                 self._request_commit(pd)             # DCP's commit point: .metadata.tmp -> .metadata
             return
-        data = self._read_all(a) if (a in self.files or a in self.pending_files) else None
+        data = self._read_all(a) if (self.view.has_file(a) or a in self.pending_files) else None
         if data is None:
             src = pd.ready.get(posixpath.relpath(a, pd.root)) if pd is not None else None
             if src is None:
                 raise NamespaceError(errno.EBUSY, f"{a}: still being written; rename it after it is closed")
             data = bytes(src)
-        h = _Handle(self, b, write=True, buf=bytearray(data))
+        h = OpenWrite(b, buf=bytearray(data))
         root = L.checkpoint_root(b, self._is_dir)
         if root is not None:
-            if ("dir", root) in self.by_path:
+            if self.view.at("dir", root) is not None:
                 raise NamespaceError(errno.EPERM, f"{b}: checkpoint {root} is committed and append-only")
             h.pending = self.pending.get(root) or self._begin_dir(root)
             h.rel = posixpath.relpath(b, root)
         self._close_writer_locked(h)                 # commits the copy (the new version) first
         self._unlink_locked(a)                       # then retires the source
 
-    def _close_writer_locked(self, h: _Handle) -> None:
+    def _close_writer_locked(self, h: OpenWrite) -> None:
         if h.pending is not None:
-            h.pending.ready[h.rel] = h.buf
+            h.pending.close(h.rel, data=h.buf)
             self._changed()
             return
         self._close_file(h, None)
 
     def _unlink_locked(self, p: str) -> None:
-        if p in self.files:
-            gid, _ = self.files[p]
-            if self.gens[gid].kind == "file":
-                self._retire(gid)
+        if self.view.has_file(p):
+            g, _ = self.view.shard_at(p)
+            if g.kind == "file":
+                self._retire(g.id)
             else:
-                self.hidden.add(p)
+                self.view.hide(p)
         pd = self._pending_of(p)
         if pd is not None:
-            pd.ready.pop(posixpath.relpath(p, pd.root), None)
+            pd.remove(posixpath.relpath(p, pd.root))
         self.pending_files.pop(p, None)
         self._changed()
 
-    def _copy_gen(self, g: _Gen, path: str) -> None:
+    def _copy_gen(self, g: CommittedGeneration, path: str) -> None:
         """Rename a committed generation: copy its shards into a new generation at ``path``, commit,
         then retire the source (the store has no rename)."""
         def work():
@@ -2072,17 +1567,17 @@ class Namespace:
             except BaseException:
                 w.abort()
                 raise
-            old = self.by_path.get((g.kind, path))
+            old = self.view.at(g.kind, path)
             self._forget(g.id)
             self._add(gen, g.kind, path, names, g.mtime_ns)
-            self.on_commit(gen.id)
+            self._promote(gen.id)
             if old is not None and old != gen.id:
                 self._retire(old)
             with contextlib.suppress(GenerationNotFoundError):
                 self.store.delete(g.id)
-        self._store_work(work)
+        self.slot.run(work)
 
-    # -- lifetime -----------------------------------------------------------------------------------
+    # -- lifetime ----------------------------------------------------------------------------------
     def unmount(self) -> None:
         """Unmount: commit the checkpoint directories whose commit point is "closed" and whose files
         are all closed (a clean unmount is their last chance); abort the rest (a runtime whose
@@ -2090,13 +1585,13 @@ class Namespace:
         self.destroyed = True
         with self._mu:
             for pd in list(self.pending.values()):
-                point = L.commit_point(pd.root, pd.ready | dict.fromkeys(pd.streamed.values()))
+                point = pd.commit_point()
                 if pd.refused is not None:
                     log.warning("%s: not committed at unmount: refused (%s)", pd.root, pd.refused)
                     self._abort(pd)
                 elif not pd.writing and (point == "closed" or pd.commit_requested):
                     try:
-                        self._store_work(lambda pd=pd: self._commit_dir(pd))
+                        self.slot.run(lambda pd=pd: self._commit_dir(pd))
                     except Exception as e:  # noqa: BLE001 - unmount goes on
                         log.error("%s: commit at unmount failed: %s", pd.root, e)
                         self._abort(pd)
@@ -2107,7 +1602,7 @@ class Namespace:
 
     def inferred(self) -> dict:
         """What ``--retention auto`` has inferred so far (``RetentionInference.summary``)."""
-        return self.inference.summary() if self.inference is not None else {}
+        return self.hints.summary()
 
 
 def _version(gid: str) -> int:

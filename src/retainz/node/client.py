@@ -2,12 +2,15 @@
 integrations make) whose metadata goes to the service over its socket and whose bytes go straight to the
 device file.
 
-A shard's bytes are buffered up to :data:`BATCH` bytes, then one ``claim`` asks the service where they go
-(placement runs there), the client ``pwrite``\\ s each extent at ``region + zone * zone_size + offset``
-of the device file and reports the extents' crc32c (``written``).  A read asks for a committed shard's
-extents (``locations``) and ``pread``\\ s them, verifying every extent's crc32c and the shard's; an
-extent that fails is looked up again once (GC may have moved the shard meanwhile) before
-:class:`~retainz.errors.ChecksumError`.
+The reads and the write batching are the store's own parts, composed with this client's.  A shard's
+bytes are cut into units of :data:`BATCH` bytes (:class:`~retainz.store.writer.WriteUnits`, as the
+in-process ``ShardWriter`` cuts them into extents); for each unit one ``claim`` asks the service where
+they go (placement runs there), the client ``pwrite``\\ s each extent at ``region + zone * zone_size +
+offset`` of the device file and reports the extents' crc32c (``written``).  A read is the store's
+:class:`~retainz.store.reader.Reader` over the service's ``locations`` (:class:`ServedShards`) and this
+client's ``pread`` of the device file (:class:`DeviceFileExtents`): every extent's crc32c and the
+shard's verified; an extent that fails is looked up again once (GC may have moved the shard meanwhile)
+before :class:`~retainz.errors.ChecksumError`.
 
 Thread safety: one connection per :class:`NodeStore`, its requests serialised by a lock; reads of the
 device run outside it.  A lost connection raises :class:`~retainz.errors.ServiceGoneError` from then on.
@@ -15,19 +18,18 @@ device run outside it.  A lost connection raises :class:`~retainz.errors.Service
 
 from __future__ import annotations
 
-import bisect
 import contextlib
+import errno
 import logging
 import os
 import socket
 import threading
 import uuid as uuidlib
-from collections.abc import Iterable, Iterator, Sequence
-from itertools import accumulate
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import crc32c
 
-from retainz.errors import ChecksumError, ProtocolError, ServiceGoneError
+from retainz.errors import ChecksumError, GenerationNotFoundError, ProtocolError, ServiceGoneError
 from retainz.hint import Hint
 from retainz.node.protocol import (
     DATA_PATHS,
@@ -43,7 +45,9 @@ from retainz.node.protocol import (
     send_frame,
     socket_path,
 )
+from retainz.store import contract
 from retainz.store.crc import crc32c_combine
+from retainz.store.reader import Reader, verified_stream
 from retainz.store.types import (
     FsckReport,
     GCReport,
@@ -53,9 +57,11 @@ from retainz.store.types import (
     SpaceReport,
     StoreMetrics,
 )
+from retainz.store.writer import WriteUnits
 from retainz.zoned.model import DeviceInfo, Geometry
 
-__all__ = ["NodeStore", "NodeGenerationWriter", "NodeShardStream", "ServedDevice", "BATCH", "served"]
+__all__ = ["NodeStore", "NodeGenerationWriter", "NodeShardStream", "ServedDevice", "ServedShards",
+           "DeviceFileExtents", "BATCH", "served"]
 
 log = logging.getLogger("retainz.node")
 
@@ -139,7 +145,6 @@ class NodeStore:
         self._fd = -1
         self._writable = False
         self._region = 0
-        self._starts: tuple | None = None     # the last extent list indexed (_index)
         self._shm = None                       # the shared buffer of the shm path (an mmap of a memfd)
         #: How this client's bytes reach the device: ``"direct"`` (it writes the device at claimed
         #: extents), ``"shm"`` (a shared buffer the service writes from) or ``"socket"`` (the bytes go
@@ -152,6 +157,12 @@ class NodeStore:
         self._wfd = -1                         # the descriptor direct writes go through
         self._abuf = None                      # a page-aligned buffer for O_DIRECT writes
         self._choose_data_path(hello.get("region"))
+        #: The verified reads (the store's :class:`~retainz.store.reader.Reader` over the service's
+        #: ``locations`` and this client's reads of the device file); ``None`` when this client cannot
+        #: read the device (the service reads each extent for it).
+        self.reader = None if self._fd < 0 else Reader(ServedShards(self._call),
+                                                       DeviceFileExtents(self._fd, self._region, self.zone_size,
+                                                                         self.block_size))
         log.info("%s: data path %s (%s)", device, self.data_path, self.data_reason)
 
     def _choose_data_path(self, region) -> None:
@@ -341,6 +352,8 @@ class NodeStore:
                 self._abuf.close()
                 self._abuf = None
             if self._fd >= 0:
+                if self.reader is not None:
+                    self.reader.extents.fd = -1
                 os.close(self._fd)
                 self._fd = -1
             self._gone = self._gone or f"{self.path}: this client of the node service is closed"
@@ -445,49 +458,50 @@ class NodeStore:
         return SpaceReport(**self._call("df")["report"])
 
     # -- reads -------------------------------------------------------------------------------------
-    def _locations(self, gen_id: str, name: str) -> tuple[int, int | None, list]:
-        ext: list = []
-        while True:
-            r = self._call("locations", gen=gen_id, shard=name, start=len(ext), count=MAX_PAGE)
-            ext += [tuple(e) for e in r["extents"]]
-            if len(ext) >= r["total"] or not r["extents"]:
-                return r["size"], r["crc"], ext
-
-    def _pread(self, z: int, off: int, length: int) -> bytes:
-        if self._fd < 0:
-            raise PermissionError(f"{self.path}: this client cannot read the device file (its permissions, or "
-                                  "the service offers no direct region)")
-        pos = self._region + z * self.zone_size + off
-        out = os.pread(self._fd, length, pos)
-        while len(out) < length:
-            more = os.pread(self._fd, length - len(out), pos + len(out))
-            if not more:
-                out += bytes(length - len(out))
-                break
-            out += more
-        return out
-
-    def _verified(self, gen_id: str, name: str, ext: list, i: int) -> bytes | None:
-        z, off, length, crc = ext[i]
-        data = self._pread(z, off, length)
-        return data if crc is None or crc32c.crc32c(data) == crc else None
-
     def read_shard(self, gen_id: str, name: str) -> Iterator[bytes]:
-        """Stream a committed shard straight from the device file, every extent verified (an extent
-        that fails is looked up again once, for a GC move, before ChecksumError).
+        """Stream a committed shard, every extent verified (the store's :class:`~retainz.store.reader.Reader`
+        over the service's ``locations`` and this client's reads of the device file; a client that
+        cannot read the device gets each extent from the service, which verifies it).
 
         Raises:
             GenerationNotFoundError, ShardNotFoundError (at the call); ChecksumError (while streaming).
         """
-        if self._fd < 0 and self.data_path != "direct":
+        if self.reader is None:
             r = self._call("locations", gen=gen_id, shard=name, start=0, count=0)
-            return self._stream_via_service(gen_id, name, r["size"], r["crc"])
-        size, crc, ext = self._locations(gen_id, name)
-        return self._stream(gen_id, name, size, crc, ext)
+            size, crc = r["size"], r["crc"]
 
-    def _read_via_service(self, gen_id: str, name: str, pos: int) -> tuple[int, bytes, int, int | None]:
-        """``(at, bytes, shard size, shard crc)``: the verified extent holding byte ``pos``, read by the
-        service (a client that cannot read the device)."""
+            def extent_at(pos: int) -> tuple[int, bytes, None]:
+                at, data, now = self._read_via_service(gen_id, name, pos)
+                if now != (size, crc):
+                    raise GenerationNotFoundError(f"generation {gen_id!r} was deleted while being read")
+                return at, data, None
+
+            return verified_stream(gen_id, name, size, crc, extent_at)
+        return self.reader.read_shard(gen_id, name)
+
+    def read_shard_extent(self, gen_id: str, name: str, pos: int) -> tuple[int, bytes]:
+        """Random access: the verified extent holding data byte ``pos`` (``Store.read_shard_extent``)."""
+        if self.reader is None:
+            if type(pos) is not int or pos < 0:
+                raise ValueError(f"generation {gen_id!r} shard {name!r}: byte {pos} is outside the shard")
+            return self._read_via_service(gen_id, name, pos)[:2]
+        return self.reader.read_shard_extent(gen_id, name, pos)
+
+    def read_shard_into(self, gen_id: str, name: str, pos: int, out) -> int:
+        """Whole verified extents from data byte ``pos`` straight into ``out``; bytes filled
+        (``Store.read_shard_into``).  A client that cannot read the device gives 0 (the caller reads
+        through :meth:`read_shard_extent`)."""
+        if self.reader is None:
+            return 0
+        return self.reader.read_shard_into(gen_id, name, pos, out)
+
+    def _read_via_service(self, gen_id: str, name: str, pos: int) -> tuple[int, bytes, tuple[int, int | None]]:
+        """``(at, bytes, (shard size, shard crc))``: the verified extent holding byte ``pos``, read by the
+        service (a client that cannot read the device).
+
+        Raises:
+            ProtocolError: the bytes answered do not hold byte ``pos``.
+        """
         if self.data_path == "shm":
             r = self._call("read", gen=gen_id, shard=name, pos=pos, via="shm")
             data = self._shm[:r["length"]]
@@ -495,78 +509,81 @@ class NodeStore:
             got: list = []
             r = self._call("read", gen=gen_id, shard=name, pos=pos, via="socket", _into=got)
             data = got[0]
-        return r["at"], data, r["size"], r["crc"]
+        at = r["at"]
+        if not at <= pos < at + len(data):
+            raise ProtocolError(f"generation {gen_id!r} shard {name!r}: the service read bytes {at} .. "
+                                f"{at + len(data)}, not byte {pos}")
+        return at, data, (r["size"], r["crc"])
 
-    def _stream_via_service(self, gen_id: str, name: str, size: int, crc: int | None) -> Iterator[bytes]:
-        """The shard's bytes extent by extent as the service reads and verifies them, the shard's
-        crc32c checked at the end (a shard GC moved meanwhile is read at its new extents)."""
-        done, whole = 0, 0
-        while done < size:
-            at, data, size, crc = self._read_via_service(gen_id, name, done)
-            piece = data[done - at:]
-            if not piece:
-                raise ProtocolError(f"generation {gen_id!r} shard {name!r}: the service read nothing at byte {done}")
-            whole = crc32c.crc32c(piece, whole)
-            done += len(piece)
-            if done >= size and crc is not None and whole != crc:
-                raise ChecksumError(f"generation {gen_id!r} shard {name!r}: whole-shard crc32c mismatch",
-                                    generation=gen_id, shard=name, expected=crc, actual=whole)
-            yield piece
 
-    def _stream(self, gen_id: str, name: str, size: int, crc: int | None, ext: list) -> Iterator[bytes]:
-        done, whole = 0, 0
-        while done < size:
-            at, data, size, crc, ext = self._extent_at(gen_id, name, done, size, crc, ext)
-            if done != at:           # a GC move split the extents at another boundary
-                data = data[done - at:]
-            i = self._index(ext)[1].get(at)
-            ecrc = ext[i][3] if i is not None and done == at else None
-            # the shard's crc from the extent's (already verified), without a second pass over the bytes
-            whole = (crc32c_combine(whole, ecrc, len(data)) if done else ecrc) if ecrc is not None else \
-                crc32c.crc32c(data, whole)
-            done += len(data)
-            if done >= size and crc is not None and whole != crc:
-                raise ChecksumError(f"generation {gen_id!r} shard {name!r}: whole-shard crc32c mismatch",
-                                    generation=gen_id, shard=name, expected=crc, actual=whole)
-            yield data
+class ServedShards:
+    """A node client's :class:`~retainz.store.reader.ShardLookup`: the service's ``locations``, paged
+    (``call``: :meth:`NodeStore._call`).  Unknown generations are not offered (the service refuses
+    their reads)."""
 
-    def _index(self, ext: list) -> tuple[list[int], dict[int, int]]:
-        """The data offset each extent starts at, as a list and as {offset: index} (cached per list)."""
-        hit = self._starts
-        if hit is not None and hit[0] is ext:
-            return hit[1], hit[2]
-        starts = [0, *accumulate(e[2] for e in ext)][:-1]
-        self._starts = (ext, starts, {a: i for i, a in enumerate(starts)})
-        return starts, self._starts[2]
+    def __init__(self, call: Callable[..., dict]):
+        self._call = call
 
-    def _extent_at(self, gen_id, name, pos, size, crc, ext):
-        for attempt in range(2):
-            starts = self._index(ext)[0]
-            i = bisect.bisect_right(starts, pos) - 1
-            data = self._verified(gen_id, name, ext, i)
-            if data is not None:
-                return starts[i], data, size, crc, ext
-            if attempt == 0:
-                fresh = self._locations(gen_id, name)
-                if fresh[2] == ext:
-                    break
-                size, crc, ext = fresh
-        z, off, length, ecrc = ext[i]
-        raise ChecksumError(f"generation {gen_id!r} shard {name!r}: extent at zone {z} offset {off} ({length} "
-                            "bytes) fails its crc32c", generation=gen_id, shard=name, zone=z, offset=off,
-                            length=length, expected=ecrc)
+    def shard(self, gen_id: str, name: str, allow_unknown: bool = False) -> ShardInfo:
+        """The committed shard's size, crc32c and extents as the service has them now.
 
-    def read_shard_extent(self, gen_id: str, name: str, pos: int) -> tuple[int, bytes]:
-        """Random access: the verified extent holding data byte ``pos`` (``Store.read_shard_extent``)."""
-        if self._fd < 0 and self.data_path != "direct":
-            if type(pos) is not int or pos < 0:
-                raise ValueError(f"generation {gen_id!r} shard {name!r}: byte {pos} is outside the shard")
-            return self._read_via_service(gen_id, name, pos)[:2]
-        size, crc, ext = self._locations(gen_id, name)
-        if type(pos) is not int or not 0 <= pos < size:
-            raise ValueError(f"generation {gen_id!r} shard {name!r}: byte {pos} is outside its {size} bytes")
-        at, data, *_ = self._extent_at(gen_id, name, pos, size, crc, ext)
-        return at, data
+        Raises:
+            GenerationNotFoundError, ShardNotFoundError, AccessDeniedError: the service's refusal.
+        """
+        ext: list = []
+        while True:
+            r = self._call("locations", gen=gen_id, shard=name, start=len(ext), count=MAX_PAGE)
+            ext += [tuple(e) for e in r["extents"]]
+            if len(ext) >= r["total"] or not r["extents"]:
+                return ShardInfo(name, r["size"], r["crc"], tuple(ext))
+
+
+class DeviceFileExtents:
+    """A node client's :class:`~retainz.store.reader.ExtentBytes`: ``pread`` of the device file the
+    service offers (``fd``, read-only or read-write), at ``region + zone * zone_size + offset``
+    (``ZonedDevice.direct_region``).  Bytes past the file's end read as zeros (they fail their crc)."""
+
+    def __init__(self, fd: int, region: int, zone_size: int, block_size: int):
+        self.fd = fd
+        self.region = region
+        self.zone_size = zone_size
+        self.block_size = block_size
+
+    def read_extent(self, zone: int, offset: int, length: int) -> bytes:
+        """``length`` bytes of the extent at ``offset`` of ``zone``.
+
+        Raises:
+            OSError: EBADF once the client is closed (``fd`` -1); the errors of ``pread``.
+        """
+        if self.fd < 0:
+            raise OSError(errno.EBADF, "this client of the node service is closed")
+        pos = self.region + zone * self.zone_size + offset
+        out = os.pread(self.fd, length, pos)
+        while len(out) < length:
+            more = os.pread(self.fd, length - len(out), pos + len(out))
+            if not more:
+                out += bytes(length - len(out))
+                break
+            out += more
+        return out
+
+    def read_extent_into(self, zone: int, offset: int, out: memoryview) -> None:
+        """``len(out)`` bytes of the extent at ``offset`` of ``zone`` straight into ``out``
+        (``os.preadv``); bytes past the file's end read as zeros.
+
+        Raises:
+            OSError: EBADF once the client is closed (``fd`` -1); the errors of ``preadv``.
+        """
+        if self.fd < 0:
+            raise OSError(errno.EBADF, "this client of the node service is closed")
+        pos = self.region + zone * self.zone_size + offset
+        done = 0
+        while done < len(out):
+            got = os.preadv(self.fd, [out[done:]], pos + done)
+            if not got:
+                out[done:] = bytes(len(out) - done)
+                break
+            done += got
 
 
 class NodeGenerationWriter:
@@ -599,16 +616,7 @@ class NodeGenerationWriter:
     def write_shard(self, name: str, chunks: Iterable[bytes | bytearray | memoryview], *,
                     size: int | None = None) -> ShardInfo:
         """Stream one shard from an iterable of chunks (``GenerationWriter.write_shard``)."""
-        if chunks is None:
-            raise ValueError(f"shard {name!r}: no chunks given")
-        s = self.open_shard(name, size=size)
-        try:
-            for chunk in chunks:
-                s.write(chunk)
-        except BaseException:
-            s.abort()
-            raise
-        return s.close()
+        return contract.write_shard(self, name, chunks, size=size)
 
     def write_counted_shard(self, name: str, size: int) -> ShardInfo:
         """Refused: a served device keeps payload (counted shards are for trace replay in-process)."""
@@ -659,20 +667,16 @@ class NodeGenerationWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if self.gen.state is not GenState.WRITING:
-            return
-        if exc_type is None:
-            self.commit()
-        else:
-            self.abort()
+        contract.exit_writing(self, exc_type is not None)
 
     def __repr__(self) -> str:
         return f"NodeGenerationWriter({self.gen.id!r}, step={self.gen.step}, {self.gen.state.value})"
 
 
 class NodeShardStream:
-    """One shard being written (``ShardStream``): bytes buffered to :data:`BATCH`, claimed, written to
-    the device file with ``pwrite``, their crcs reported."""
+    """One shard being written (``ShardStream``): its bytes cut into units of the client's batch
+    (:class:`~retainz.store.writer.WriteUnits`), each unit claimed, written to the device file with
+    ``pwrite`` and its crcs reported (or handed to the service: ``put``)."""
 
     def __init__(self, writer: NodeGenerationWriter, handle: int, name: str):
         self._w = writer
@@ -680,29 +684,25 @@ class NodeShardStream:
         self._handle = handle
         self.name = name
         self.written = 0
-        self._buf = bytearray()
+        self._units = WriteUnits(self._s.batch, self._emit)
         self._open = True
         self._crc = 0             # the shard's crc32c over the extents written so far
-        self._any = False
 
-    def _emit(self, view) -> None:
-        """Claim ``view``'s bytes, write each extent, report the crcs (the direct path); or hand them to
-        the service through the shared buffer or the socket (``put``)."""
+    def _emit(self, view: memoryview, n: int) -> None:
+        """Claim the ``n`` bytes of ``view``, write each extent, report the crcs (the direct path); or
+        hand them to the service through the shared buffer or the socket (``put``)."""
         s = self._s
         if not s.direct:
-            n = len(view)
             if s.data_path == "shm":
                 s._shm[:n] = view
                 s._call("put", shard=self._handle, nbytes=n, offset=0, via="shm")
             else:
                 s._call("put", shard=self._handle, nbytes=n, via="socket", _data=view)
-            c = crc32c.crc32c(view)
-            self._crc = crc32c_combine(self._crc, c, n) if self._any else c
-            self._any = True
+            self._crc = crc32c_combine(self._crc, crc32c.crc32c(view), n)
             return
         if not s._writable:
             raise PermissionError(f"{s.path}: this client cannot write the device file (its permissions)")
-        ext = s._call("claim", shard=self._handle, nbytes=len(view))["extents"]
+        ext = s._call("claim", shard=self._handle, nbytes=n)["extents"]
         crcs, p = [], 0
         for z, off, length in ext:
             piece = view[p:p + length]
@@ -715,15 +715,14 @@ class NodeShardStream:
                     done += os.pwrite(s._wfd, piece[done:], pos + done)
             c = crc32c.crc32c(piece)
             crcs.append(c)
-            self._crc = crc32c_combine(self._crc, c, length) if self._any else c
-            self._any = True
+            self._crc = crc32c_combine(self._crc, c, length)
             p += length
-        if p != len(view):
-            raise ProtocolError(f"shard {self.name!r}: the service claimed {p} bytes for {len(view)}")
+        if p != n:
+            raise ProtocolError(f"shard {self.name!r}: the service claimed {p} bytes for {n}")
         s._call("written", shard=self._handle, crcs=crcs)
 
     def write(self, chunk: bytes | bytearray | memoryview) -> None:
-        """Take the next bytes of the shard (written to the device a batch at a time).
+        """Take the next bytes of the shard (written to the device a unit at a time).
 
         Raises:
             the errors of ``ShardWriter.write`` (the shard is aborted), ValueError once closed.
@@ -732,20 +731,8 @@ class NodeShardStream:
             raise ValueError(f"shard {self.name!r} of generation {self._w.id!r} is closed")
         try:
             mv = memoryview(chunk).cast("B")
-            n = mv.nbytes
-            self.written += n
-            batch, buf, pos = self._s.batch, self._buf, 0
-            if buf:
-                pos = min(batch - len(buf), n)
-                buf += mv[:pos]
-                if len(buf) == batch:
-                    self._emit(memoryview(buf))
-                    buf.clear()
-            while n - pos >= batch:
-                self._emit(mv[pos:pos + batch])
-                pos += batch
-            if pos < n:
-                buf += mv[pos:]
+            self.written += mv.nbytes
+            self._units.take(mv)
         except BaseException:
             self.abort()
             raise
@@ -762,9 +749,7 @@ class NodeShardStream:
         if not self._open:
             raise ValueError(f"shard {self.name!r} of generation {self._w.id!r} is closed")
         try:
-            if self._buf:
-                self._emit(memoryview(self._buf))
-                self._buf = bytearray()
+            self._units.flush()
             name, size, crc, _n = self._s._call("close_shard", shard=self._handle)["info"]
         except BaseException:
             self.abort()
@@ -782,7 +767,7 @@ class NodeShardStream:
         if not self._open:
             return
         self._open = False
-        self._buf = bytearray()
+        self._units.drop()
         try:
             self._s._call("abort_shard", shard=self._handle)
         except (ServiceGoneError, ProtocolError, ValueError):

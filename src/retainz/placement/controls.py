@@ -8,11 +8,15 @@ reports) but places without it.  GC victims are the base rule (most dead bytes f
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from urllib.parse import unquote
 
 from retainz.placement.base import NO_SPACE, Allocator, Decision, ExtentRequest, ZoneSummary, ZoneTable
 from retainz.zoned.model import ZoneCond
+
+#: The save counter replay puts in front of a generation's name (``00000012-``).
+_REPLAY_COUNTER = re.compile(r"^\d{8}-")
 
 __all__ = ["Common", "Dedicated"]
 
@@ -53,7 +57,7 @@ class Dedicated(Allocator):
     (ties: lowest index) is finished first.
 
     With ``by="job"`` the owner is the generation's job instead: the part of its name before ``:`` (a
-    fleet trace's ``j3:step-500``, docs/fleet.md), else its series folder (``jobs%2Fa%2Fstep-500`` ->
+    fleet trace's ``j3:step-500``, docs/fleet.md; replay's ``00000012-j3:step-500`` is job ``j3``), else its series folder (``jobs%2Fa%2Fstep-500`` ->
     ``jobs/a``): every job writes its own zones, so on an FDP namespace (one placement handle per active
     zone, docs/fdp.md) it is "a handle per job".
 
@@ -77,7 +81,9 @@ class Dedicated(Allocator):
         if self.by == "generation":
             return generation
         if ":" in generation:
-            return generation.partition(":")[0]
+            # a replayed save's id puts the trace's save counter in front of its name
+            # (``00000012-j3:step-500``, trace/replay.py ``_gen_id``): the job is the name's part
+            return _REPLAY_COUNTER.sub("", generation.partition(":")[0], count=1)
         base = unquote(generation.partition("#")[0].lstrip("@"))
         return base.rpartition("/")[0]
 

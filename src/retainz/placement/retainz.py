@@ -36,15 +36,27 @@ has written into (``ZoneTable.writing``/``filling``: from admission until every 
 written and its shards closed, or its commit or abort).  A zone another group in flight is filling
 (``ZoneTable.filled_by_others``) is that group's, not left-over capacity:
 
-* joining it earns no credit (the cost is the plain delayed reclamation of whichever group dies
-  first), and finishing it is never free (it wastes what that group is about to write);
-* options that take such capacity rank after every other option: a group joins or finishes a
-  zone another group is filling only when nothing else is possible, i.e. at the active-zone limit
-  (NVMe ZNS Max Active Resources) with more groups in flight than active zones.  There the least
-  cost decides which in-flight groups share: the join costs ``|r - R|`` of delayed reclamation, so
-  the groups whose reclaim steps are nearest share a zone, against the unused capacity of
-  finishing one of them;
+* joining it earns no credit, and is priced as a plan (:meth:`RetainZ.share_cost`): from now on
+  both groups write side by side, so ``min(E, X)`` bytes (``X``: what the others still have to
+  write, from their latest requests; a group not heard from yet is taken to fill the zone's free
+  capacity, never to have stopped) of whichever dies first are held ``|r - R|`` steps, and the two
+  tails become one;
+* a zone whose in-flight group dies at our reclaim step is shared like any option: sharing holds
+  nothing dead.  Same-step saves of jobs with the same rule (a node's jobs saving at once, the
+  ranks of one job) thus fill zones together, as the one log does, instead of each taking zones of
+  its own and running the active-zone budget into finishes (``tests/placement/test_placement_bound.py``:
+  at 4 active zones RetainZ 1.51 and the oracle 1.59 before, both 1.000 now, the one log 1.000);
+* a zone whose in-flight group dies at another step ranks after every other option: a group joins
+  it only when nothing else is possible, i.e. at the active-zone limit (NVMe ZNS Max Active
+  Resources) with more groups in flight than active zones.  There the least share cost decides
+  which in-flight groups share, so the groups whose reclaim steps are nearest share a zone;
+  finishing a zone a group in flight is filling ranks after that too (it wastes what that group
+  is about to write, and sends it to another zone);
 * at the limit, finishes take idle zones (no group in flight writing into them) first, by cost;
+* a group keeps the zone it has begun to fill while that zone has room (upstream: a file keeps its
+  zone until it is full).  The store asks again in the middle of a group (a save written unit by
+  unit, another shard); the choice was priced when the group entered the zone, and re-pricing
+  each unit would move a group between zones as its remaining bytes shrink;
 * the zones priced are the ``neighbors`` nearest idle zones on each side of ``r``, and the busy
   zones met on the way.
 
@@ -52,8 +64,11 @@ This is ZenFS's rule with its busy zones made explicit: upstream ``GetBestOpenZo
 ``AllocateEmptyZone`` and ``FinishCheapestIOZone`` (fs/zbd_zenfs.cc) skip every zone they cannot
 ``Acquire`` (a zone held by another writer), and ``AllocateIOZone`` waits for an open token
 (``WaitForOpenIOZoneToken``) when writers outnumber the open budget, then finishes the cheapest
-idle zone until ``GetActiveIOZoneTokenIfAvailable`` succeeds.  A store cannot make a save wait
-for another to finish, so beyond the limit RetainZ shares by reclaim step where ZenFS would block.
+idle zone until ``GetActiveIOZoneTokenIfAvailable`` succeeds.  Its lifetime match
+(``GetLifeTimeDiff``) also lets equal classes share only at the limit (``LIFETIME_DIFF_COULD_BE_WORSE``
+is accepted only when no active token is free); RetainZ shares equal reclaim steps freely, since
+their bytes die together.  A store cannot make a save wait for another to finish, so beyond the
+limit RetainZ shares by reclaim step where ZenFS would block.
 GC copies (``TakeMigrateZone`` upstream, also a busy-skipping scan) follow the same rule: they do not
 join a zone a save in flight is filling while another zone can take them.  The oracle and the
 hint controls are this class with another view of the reclaim step, so they follow it too.
@@ -212,6 +227,7 @@ class RetainZ(Allocator):
         self.check_int("wait_steps", 0)
         self._index: list[tuple[float, int]] = []   # (zone reclaim step, zone) of open zones
         self._key: dict[int, tuple[float, int]] = {}
+        self._inflight: dict[str, tuple[int]] = {}  # group in flight -> (bytes still to come,)
 
     # -- the hint view ------------------------------------------------------------------------------
     def _view_kwargs(self) -> dict:
@@ -240,6 +256,7 @@ class RetainZ(Allocator):
     # -- the index ----------------------------------------------------------------------------------
     def bind(self, table: ZoneTable) -> None:
         super().bind(table)
+        self._inflight.clear()
         self._rebuild()
 
     def _rebuild(self) -> None:
@@ -281,9 +298,51 @@ class RetainZ(Allocator):
             return (forever, steps)
         return (forever, steps - f * (big_r - now))
 
+    def share_cost(self, s: ZoneSummary, r: float, group: int, now: int, generation: str) -> Cost:
+        """Cost of sharing open zone ``s`` with the other group(s) in flight filling it (module
+        docstring, "Saves in flight"), as a plan: from now on both write side by side, through
+        ``s`` and then fresh zones, until the smaller is done.
+
+        With ``X`` bytes still to come from the others (their last requests; ``rem`` for a
+        group not heard from yet), reclaim step
+        ``R`` (the zone's), ``rem`` free in ``s`` and ``u(n)`` the capacity the last zone is left
+        with when ``n`` bytes fill ``rem`` and then fresh zones: ``min(group, X)`` bytes of the
+        group that dies first are held from its reclaim step to the other's, and the two tails
+        become one: ``min(group, X) * |r - R| + u(group + X) * (max(r, R) - now) - u(X) * (R -
+        now)`` (the others' plan alone is subtracted, so the cost compares with the open
+        option's ``u(group) * (r - now)``).  Equal reclaim steps share at no more than that;
+        groups dying far apart stay apart.
+
+        Returns:
+            A :data:`Cost` (bytes held forever, byte-steps): sharing finite data with permanent
+            data holds ``min(group, X)`` bytes forever.
+        """
+        big_r, rn = max(self.zone_reclaim(s), now), max(r, now)
+        others = self._inflight
+        rem, cap = s.remaining, s.capacity
+        # a group in flight is never assumed to have stopped writing: one this policy has not
+        # heard from yet is taken to fill at least the zone's free capacity
+        x = sum(others[g][0] if g in others else rem
+                for g in self.table.filling.get(s.index, ()) if g != generation)
+
+        def unused(n: int) -> int:
+            if n <= rem:
+                return rem - n
+            tail = (n - rem) % cap
+            return cap - tail if tail else 0
+
+        forever, steps = held(min(group, x), min(rn, big_r), max(rn, big_r))
+        end = max(rn, big_r)
+        if end != PERMANENT:
+            steps += unused(group + x) * (end - now) - unused(x) * (big_r - now)
+        return (forever, steps)
+
     @staticmethod
     def open_cost(capacity: int, r: float, group: int, now: int) -> Cost:
-        """Cost of opening an empty zone of ``capacity`` bytes for the group."""
+        """Cost of opening an empty zone of ``capacity`` bytes for the group (``group`` bytes
+        to come, reclaim step ``r``) at step ``now``: the capacity it leaves unfilled,
+        ``max(0, capacity - group) x (r - now)`` byte-steps (0 for permanent data: later
+        permanent saves top the zone up)."""
         if r == PERMANENT:
             return _ZERO
         return held(capacity - group, now, max(r, now))
@@ -332,9 +391,19 @@ class RetainZ(Allocator):
         now, r = req.now, self.reclaim_of(req)
         group = req.nbytes + req.pending
         gen = req.generation
+        self._remember(gen, group, req.gc)
+        mine = t.writing.get(gen)
+        if mine and not req.gc:
+            # the group keeps the zone it has begun to fill while it has room (ZenFS: a file keeps
+            # its zone until it is full): the choice was priced when the group entered the zone
+            stay = min(((t.zones[z].remaining, z) for z in mine if t.zones[z].remaining > 0), default=None)
+            if stay is not None:
+                return Decision(stay[1], (), r)
         best: tuple | None = None
         rule = self.uncertain_saves and not req.gc and self.view in _HINTED and t.n_empty > 0
         own = rule and req.hint.kind == "uncertain"
+        e = t.first_empty()
+        cap = t.zones[e].capacity if e is not None else 0
         for s in self.candidates(r, gen):
             if own and (s.opened_step != req.step or self.zone_reclaim(s) != r):
                 continue  # an uncertain death: share zones with no other group (see the docstring)
@@ -342,15 +411,24 @@ class RetainZ(Allocator):
                 continue  # nor does a known death join an uncertain group's zone
             zr = self.zone_reclaim(s)
             busy = t.filled_by_others(s.index, gen)
-            key = (busy, self.join_cost(s, r, group, now, busy), 0, 0.0 if zr == r else abs(zr - r), s.index)
+            if busy:
+                cost = self.share_cost(s, r, group, now, gen)
+                # a group in flight that dies at another step is joined only when nothing else is
+                # possible (at the active-zone limit); one that dies at ours shares for free
+                last = int(max(zr, now) != max(r, now))
+                key = (last, cost, 0, 0.0 if zr == r else abs(zr - r), s.index)
+                if best is None or key < best[0]:
+                    best = (key, Decision(s.index, (), r))
+                continue
+            cost = self.join_cost(s, r, group, now)
+            key = (0, cost, 0, 0.0 if zr == r else abs(zr - r), s.index)
             if best is None or key < best[0]:
                 best = (key, Decision(s.index, (), r))
-        e = t.first_empty()
         if e is not None:
-            cost = self.open_cost(t.zones[e].capacity, r, group, now)
+            cost = self.open_cost(cap, r, group, now)
             mark = UNCERTAIN_ZONE if own else None
             if not t.max_active or len(t.open) < t.max_active:
-                key = (False, cost, 1, 0.0, e)
+                key = (0, cost, 1, 0.0, e)
                 decision = Decision(e, (), r, mark)
             else:
                 need = len(t.open) - t.max_active + 1
@@ -362,11 +440,24 @@ class RetainZ(Allocator):
                                 for busy in (t.filled_by_others(s.index, gen),))[:need]
                 for _, c, _, _ in priced:
                     cost = (cost[0] + c[0], cost[1] + c[1])
-                key = (any(b for b, *_ in priced), cost, 2, 0.0, e)
+                # finishing a zone a group in flight is filling ranks after everything else,
+                # joining such a zone included
+                key = (2 if any(b for b, *_ in priced) else 0, cost, 2, 0.0, e)
                 decision = Decision(e, finish=tuple(z for *_, z in priced), reclaim_step=r, lifetime=mark)
             if best is None or key < best[0]:
                 best = (key, decision)
         return NO_SPACE if best is None else best[1]
+
+    def _remember(self, generation: str, group: int, gc: bool) -> None:
+        """Keep the bytes each group in flight still has to write (its latest request's
+        ``nbytes + pending``), for :meth:`share_cost`; groups no longer in flight are dropped.
+        Not journaled, like ``ZoneTable.writing``: a remount aborts every writer in flight."""
+        inflight, writing = self._inflight, self.table.writing
+        if not gc and generation in writing:
+            inflight[generation] = (group,)
+        if len(inflight) > len(writing):
+            for g in [g for g in inflight if g not in writing]:
+                del inflight[g]
 
     # -- GC -----------------------------------------------------------------------------------------
     def gc_victims(self, reserve_zones: int) -> list[int]:

@@ -2,14 +2,16 @@
 store, a generation being written and a shard being streamed.  Two implementations keep it: the
 in-process :class:`~.store.Store` (with :class:`~.writer.GenerationWriter`, :class:`~.writer.ShardWriter`)
 and a node service's client :class:`retainz.node.client.NodeStore` (with ``NodeGenerationWriter``,
-``NodeShardStream``), so a face never asks which one it holds.  ``tests/test_store_contract.py`` runs
+``NodeShardStream``), so a face never asks which one it holds.  ``tests/store/test_store_contract.py`` runs
 one suite on both and checks that callers outside the store keep to these lists.
 
 :class:`PlacementView` is not part of the faces' contract: the zone table, the allocator and the
 admission reserve live where the store runs (a node service keeps them to itself), and only the
 trace replay driver and the experiments, which run the store in process, read them.
 
-Semantics, errors and units are documented on the implementing methods.
+Semantics, errors and units are documented on the implementing methods.  What the contract defines
+from its own calls, one implementation for both stores, is here too: :func:`write_shard` (a shard
+streamed from chunks) and :func:`exit_writing` (a generation writer's context-manager exit).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from retainz.store.types import (
 )
 from retainz.zoned.device import ZonedDevice
 
-__all__ = ["ShardStream", "GenerationWriting", "CheckpointStore", "PlacementView"]
+__all__ = ["ShardStream", "GenerationWriting", "CheckpointStore", "PlacementView", "write_shard", "exit_writing"]
 
 
 @runtime_checkable
@@ -137,6 +139,8 @@ class CheckpointStore(Protocol):
 
     def read_shard_extent(self, gen_id: str, name: str, pos: int) -> tuple[int, bytes]: ...
 
+    def read_shard_into(self, gen_id: str, name: str, pos: int, out) -> int: ...
+
     def admit(self, w: GenerationWriting, nbytes: int) -> None: ...
 
     def gc(self, *, force: bool = False, progress=None) -> GCReport: ...
@@ -162,3 +166,38 @@ class PlacementView(CheckpointStore, Protocol):
     def admission_reserve_zones(self) -> int: ...
 
     def stop_state(self) -> dict: ...
+
+
+def write_shard(writer: GenerationWriting, name: str, chunks: Iterable[bytes | bytearray | memoryview], *,
+                size: int | None = None) -> ShardInfo:
+    """Stream one shard through ``writer`` from an iterable of bytes-like chunks: ``open_shard``, every
+    chunk to :meth:`ShardStream.write`, then ``close``; its :class:`ShardInfo`.  On any error the shard
+    is aborted (its bytes become dead, the writer stays usable) and the error raised again.  Both
+    implementations' ``write_shard``.
+
+    Raises:
+        ValueError: ``chunks`` is ``None`` (a counted shard, sizes without bytes, is
+            ``write_counted_shard``); the errors of ``open_shard``, ``write`` and ``close``.
+    """
+    if chunks is None:
+        raise ValueError(f"shard {name!r}: no chunks given (a counted shard on a payload-less device "
+                         "is write_counted_shard)")
+    s = writer.open_shard(name, size=size)
+    try:
+        for chunk in chunks:
+            s.write(chunk)
+    except BaseException:
+        s.abort()
+        raise
+    return s.close()
+
+
+def exit_writing(writer: GenerationWriting, failed: bool) -> None:
+    """A generation writer's context-manager exit (both implementations' ``__exit__``): nothing once it
+    is no longer writing, else commit after a normal exit and abort after an exception (``failed``)."""
+    if writer.state is not GenState.WRITING:
+        return
+    if failed:
+        writer.abort()
+    else:
+        writer.commit()

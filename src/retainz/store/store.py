@@ -49,7 +49,7 @@ from retainz.store.format import Superblock, check_id
 from retainz.store.gc import Collector
 from retainz.store.journal import MAX_META_ZONES, Journal, default_meta_zones
 from retainz.store.metalog import MetadataLog
-from retainz.store.reader import Reader, unknown_message
+from retainz.store.reader import CatalogShards, DeviceExtents, Reader, unknown_message
 from retainz.store.records import empty_snapshot, frame, gen_entry_bytes
 from retainz.store.recovery import RecoveryReport, mount
 from retainz.store.types import FsckReport, GCReport, GenerationInfo, GenState, SpaceReport, StoreMetrics
@@ -327,7 +327,7 @@ class Store:
         self.collector = Collector(self.zones, self.catalog, self.log, self.write_path, allocator,
                                    self.gc_reserve_zones, self._busy_zones)
         self.write_path.collector = self.collector
-        self.reader = Reader(device, self.catalog, self.lock)
+        self.reader = Reader(CatalogShards(self.catalog, device.name), DeviceExtents(device), self.lock)
         self._closed = False
 
     def use_allocator(self, allocator: Allocator) -> None:
@@ -833,6 +833,11 @@ class Store:
     def read_shard_extent(self, gen_id: str, name: str, pos: int) -> tuple[int, bytes]:
         """The verified extent holding data byte ``pos`` (:meth:`Reader.read_shard_extent`)."""
         return self.reader.read_shard_extent(gen_id, name, pos)
+
+    def read_shard_into(self, gen_id: str, name: str, pos: int, out) -> int:
+        """Whole verified extents from data byte ``pos`` straight into ``out``; bytes filled
+        (:meth:`Reader.read_shard_into`)."""
+        return self.reader.read_shard_into(gen_id, name, pos, out)
 
     def fsck(self, *, progress=None) -> FsckReport:
         """Check the whole store (:func:`~retainz.store.check.fsck`); nothing is written.

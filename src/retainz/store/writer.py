@@ -28,13 +28,14 @@ import crc32c
 
 from retainz.errors import NoSpaceError, ShardExistsError, ShardSizeError, ZonedDeviceError
 from retainz.placement.base import Allocator, Decision, ExtentRequest, ZoneSummary
+from retainz.store import contract
 from retainz.store.crc import crc32c_combine
 from retainz.store.format import check_id
 from retainz.store.types import GenerationInfo, GenState, ShardInfo, StoreMetrics
 from retainz.store.zonebook import ZoneBook
 from retainz.zoned.model import ZoneCond, round_up
 
-__all__ = ["GenerationWriter", "ShardWriter", "WritePath", "WRITE_BUFFER"]
+__all__ = ["GenerationWriter", "ShardWriter", "WritePath", "WriteUnits", "WRITE_BUFFER"]
 
 #: Bytes per payload extent (one device write, one crc32c): ZenFS's 1 MiB write buffer.
 WRITE_BUFFER = 1 << 20
@@ -262,6 +263,68 @@ class _WriterHost(Protocol):
     def rename_writer(self, w: GenerationWriter, gen_id: str) -> None: ...
 
 
+class WriteUnits:
+    """A shard's bytes cut into units as they arrive, the write batching of both stores of the
+    contract: the in-process :class:`ShardWriter` (a unit of :data:`WRITE_BUFFER` bytes is placed and
+    written at a zone's write pointer) and a node service's client (``retainz.node.client``: a unit of
+    its batch is claimed in one request and written at the claimed extents).
+
+    Each whole unit goes to ``emit`` as soon as it is complete: a slice of the caller's chunk where
+    the chunk holds a whole unit (no copy), else the buffer the pieces were gathered in.  The rest
+    waits for the next chunk or :meth:`flush`.
+
+    Args:
+        unit: bytes per unit (> 0).
+        emit: ``emit(data, n)`` writes one unit: ``data`` (a memoryview) holds ``n`` data bytes, then
+            the zero padding of the tail (:meth:`flush`).
+        pad: the tail is padded with zeros to a multiple of this many bytes (the block size; 1: not
+            padded).
+    """
+
+    __slots__ = ("unit", "emit", "pad", "_buf")
+
+    def __init__(self, unit: int, emit: Callable[[memoryview, int], None], *, pad: int = 1):
+        self.unit = unit
+        self.emit = emit
+        self.pad = pad
+        self._buf = bytearray()
+
+    @property
+    def buffered(self) -> int:
+        """Bytes taken and not yet emitted."""
+        return len(self._buf)
+
+    def take(self, mv: memoryview) -> None:
+        """Take the next bytes (a byte-format memoryview): emit every unit they complete, keep the rest."""
+        n, unit = mv.nbytes, self.unit
+        buf, pos = self._buf, 0
+        if buf:
+            pos = min(unit - len(buf), n)
+            buf += mv[:pos]
+            if len(buf) == unit:
+                self._buf = bytearray()
+                self.emit(memoryview(buf), unit)
+        while n - pos >= unit:
+            self.emit(mv[pos:pos + unit], unit)
+            pos += unit
+        if pos < n:
+            self._buf += mv[pos:]
+
+    def flush(self) -> None:
+        """Emit the bytes left (the shard's tail, shorter than a unit) padded to :attr:`pad`; nothing
+        when none are left."""
+        buf = self._buf
+        if buf:
+            self._buf = bytearray()
+            n = len(buf)
+            buf += bytes(-n % self.pad)
+            self.emit(memoryview(buf), n)
+
+    def drop(self) -> None:
+        """Forget the bytes left (an aborted shard)."""
+        self._buf = bytearray()
+
+
 class ShardWriter:
     """One shard being written, push-style: :meth:`write` chunks as they arrive, then :meth:`close`
     (or :meth:`abort`).  Returned by :meth:`GenerationWriter.open_shard`.
@@ -275,7 +338,7 @@ class ShardWriter:
         written: data bytes taken so far.
     """
 
-    __slots__ = ("_w", "name", "size", "written", "_buf", "_crc", "extents", "zone_bytes", "_padded", "_open",
+    __slots__ = ("_w", "name", "size", "written", "_units", "_crc", "extents", "zone_bytes", "_padded", "_open",
                  "_claims", "_counted")
 
     def __init__(self, writer: GenerationWriter, name: str, size: int | None):
@@ -283,7 +346,7 @@ class ShardWriter:
         self.name = name
         self.size = size
         self.written = 0
-        self._buf = bytearray()
+        self._units = WriteUnits(WRITE_BUFFER, self._put, pad=writer._block_size)
         self._crc = 0                   # the shard's crc32c so far, extended extent by extent
         self.extents: list = []         # written, not yet in any committed shard (live)
         self.zone_bytes: dict[int, int] = {}
@@ -293,17 +356,38 @@ class ShardWriter:
         self._counted = 0               # 1: placed by count() (sizes without bytes); 2: its tail counted
 
     def _put(self, data, data_len: int, claim: bool = False) -> None:
+        """Admit and place one unit: ``data`` (bytes-like: written at the write pointer) holding
+        ``data_len`` data bytes, or an int of device bytes (claimed with ``claim``, else counted)."""
         w = self._w
-        n = data if claim else len(data)
+        sized = data.__class__ is int
+        n = data if sized else len(data)
         w._host.admit(w, n)
         padded, crc = w._host.write_path.write(w.gen, data, data_len, self.extents, self.zone_bytes,
-                                               shard_crc=None if claim else self._crc,
+                                               shard_crc=None if sized else self._crc,
                                                pending=w._pending(n), claim=claim)
-        if not claim:
+        if not sized:
             self._crc = crc
         self._padded += padded
         w._placed += n
         w.reserve -= min(n, w.reserve)
+
+    def _grow(self, nbytes: int) -> None:
+        """Count ``nbytes`` more data bytes of the shard against its ``size`` and its generation's
+        declared size (ShardSizeError)."""
+        self.written += nbytes
+        if self.size is not None and self.written > self.size:
+            raise ShardSizeError(f"shard {self.name!r}: more than the {self.size} bytes given as its size")
+        self._w._check_declared(self.name, self.written)
+
+    def _place(self, nbytes: int, claim: bool) -> None:
+        """Place ``nbytes`` data bytes without their bytes, in units of :data:`WRITE_BUFFER` as
+        :meth:`write` places bytes (each padded to a block): claimed for another process's writer,
+        or counted (a payload-less device)."""
+        bs, left = self._w._block_size, nbytes
+        while left:
+            n = min(left, WRITE_BUFFER)
+            self._put(round_up(n, bs), n, claim=claim)
+            left -= n
 
     def write(self, chunk: bytes | bytearray | memoryview) -> None:
         """Take the next bytes of the shard.
@@ -323,24 +407,8 @@ class ShardWriter:
                                  "it takes no bytes through write()")
             try:
                 mv = memoryview(chunk).cast("B")
-                n = mv.nbytes
-                self.written += n
-                if self.size is not None and self.written > self.size:
-                    raise ShardSizeError(f"shard {self.name!r}: more than the {self.size} bytes given as its size")
-                w._check_declared(self.name, self.written)
-                buf, wbuf = self._buf, WRITE_BUFFER
-                pos = 0
-                if buf:
-                    pos = min(wbuf - len(buf), n)
-                    buf += mv[:pos]
-                    if len(buf) == wbuf:
-                        self._put(buf, wbuf)
-                        self._buf = buf = bytearray()
-                while n - pos >= wbuf:
-                    self._put(mv[pos:pos + wbuf], wbuf)
-                    pos += wbuf
-                if pos < n:
-                    buf += mv[pos:]
+                self._grow(mv.nbytes)
+                self._units.take(mv)
             except BaseException:
                 self._fail()
                 raise
@@ -379,16 +447,9 @@ class ShardWriter:
             first = len(self.extents)
             try:
                 self._claims = 1
-                self.written += nbytes
-                if self.size is not None and self.written > self.size:
-                    raise ShardSizeError(f"shard {self.name!r}: more than the {self.size} bytes given as its size")
-                w._check_declared(self.name, self.written)
-                bs, left = w._block_size, nbytes
-                while left:
-                    n = min(left, WRITE_BUFFER)
-                    self._put(round_up(n, bs), n, claim=True)
-                    left -= n
-                if nbytes % bs:
+                self._grow(nbytes)
+                self._place(nbytes, claim=True)
+                if nbytes % w._block_size:
                     self._claims = 2
             except BaseException:
                 self._fail()
@@ -425,21 +486,9 @@ class ShardWriter:
                 raise ValueError(f"shard {self.name!r} took bytes or claims; it takes no counts")
             try:
                 self._counted = 1
-                self.written += nbytes
-                if self.size is not None and self.written > self.size:
-                    raise ShardSizeError(f"shard {self.name!r}: more than the {self.size} bytes given as its size")
-                w._check_declared(self.name, self.written)
-                bs, left = w._block_size, nbytes
-                while left:     # in WRITE_BUFFER pieces, as write() and claim() place them
-                    n = min(left, WRITE_BUFFER)
-                    padded = round_up(n, bs)
-                    w._host.admit(w, padded)
-                    self._padded += w._host.write_path.write(w.gen, padded, n, self.extents, self.zone_bytes,
-                                                             pending=w._pending(padded))[0]
-                    w._placed += padded
-                    w.reserve -= min(padded, w.reserve)
-                    left -= n
-                if nbytes % bs:
+                self._grow(nbytes)
+                self._place(nbytes, claim=False)
+                if nbytes % w._block_size:
                     self._counted = 2
             except BaseException:
                 self._fail()
@@ -469,11 +518,7 @@ class ShardWriter:
                                          "given as its size")
                 if self._claims or crcs:
                     self._take_crcs(crcs)
-                if self._buf:
-                    buf, n = self._buf, len(self._buf)
-                    buf += bytes(-n % w._block_size)
-                    self._put(buf, n)
-                    self._buf = bytearray()
+                self._units.flush()
             except BaseException:
                 self._fail()
                 raise
@@ -627,17 +672,7 @@ class GenerationWriter:
             ValueError: a duplicate shard name, a negative size, or a writer that is no longer
                 writing.
         """
-        if chunks is None:
-            raise ValueError(f"shard {name!r}: no chunks given (a counted shard on a payload-less device "
-                             "is write_counted_shard)")
-        s = self.open_shard(name, size=size)
-        try:
-            for chunk in chunks:
-                s.write(chunk)
-        except BaseException:
-            s.abort()
-            raise
-        return s.close()
+        return contract.write_shard(self, name, chunks, size=size)
 
     def write_counted_shard(self, name: str, size: int) -> ShardInfo:
         """Place a shard of ``size`` bytes without its bytes (a payload-less device: trace replay).
@@ -743,12 +778,7 @@ class GenerationWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if self.gen.state is not GenState.WRITING:
-            return
-        if exc_type is None:
-            self.commit()
-        else:
-            self.abort()
+        contract.exit_writing(self, exc_type is not None)
 
     def __repr__(self) -> str:
         return f"GenerationWriter({self.gen.id!r}, step={self.gen.step}, {self.gen.state.value})"

@@ -31,8 +31,11 @@ written in ``write_unit`` pieces at ``S_i / D`` bytes per step over the save's `
 pieces of every save in flight reach the store in time order (at equal times pieces before
 events, so a save's last piece precedes its commit).  A deletion carries the step it really happens
 at, so pressure sizes the device from the live bytes of the schedule and the oracle is told the
-real deletion steps.  The result adds ``write_bandwidth``, ``write_unit`` and ``overlapped_bytes``
-(bytes written while another job's save was in flight).  Crash events are refused there (only the
+real deletion steps.  ``write_bandwidth = "fleet"`` (:data:`FLEET_RATE`) writes each job's saves at
+the rate a format-2 fleet trace's header records for that job (:func:`fleet_rates`: the drive's rate
+for a synchronous job, paced to its next save for an asynchronous one; docs/fleet.md).  The result
+adds ``write_bandwidth``, ``write_unit`` and ``overlapped_bytes`` (bytes written while another job's
+save was in flight).  Crash events are refused there (only the
 serialized replay power-cycles).
 
 A :class:`~retainz.errors.NoSpaceError` at admission or while writing is a *capacity stop*: the run
@@ -71,7 +74,7 @@ import heapq
 import math
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
@@ -98,7 +101,7 @@ from retainz.zoned.faulty import FaultyDevice
 from retainz.zoned.model import MAX_ZONES, round_up
 
 __all__ = ["replay", "ReplayConfig", "trace_stats", "TraceStats", "DEFAULT_GEOMETRY", "ZONE_MAP_MAX_STEPS",
-           "ZONE_MAP_MAX_ROWS"]
+           "ZONE_MAP_MAX_ROWS", "FLEET_RATE", "fleet_rates", "timed_schedule"]
 
 #: ZN540-like geometry (bytes): zone size, zone capacity, max active, max open.
 DEFAULT_GEOMETRY = {"zone_size": 2 << 30, "zone_capacity": 1077 << 20, "max_active": 14, "max_open": 14}
@@ -107,6 +110,10 @@ ZONE_MAP_MAX_ROWS = 256
 _PATTERN_CHUNK = 1 << 20
 #: ``--write-unit`` default: bytes per write of a shard in a replay with time (ZenFS's 1 MiB buffer).
 DEFAULT_WRITE_UNIT = 1 << 20
+#: ``write_bandwidth`` (``--write-bandwidth``) value for a fleet trace's own rates: each job's save is
+#: written at the rate its header records (``jobs[i].write_bandwidth``, :func:`retainz.trace.fleet.write_bandwidth`:
+#: the drive's rate for a synchronous job, paced to its next save for an asynchronous one).
+FLEET_RATE = "fleet"
 
 
 #: Data zones of the device on which a configuration sized by pressure is checked before its trace is
@@ -158,7 +165,9 @@ class ReplayConfig:
             ablation: the same deferred deletions, placed without knowing of them).
         write_bandwidth: replay with time (module docstring, "Saves that take time"): one job's
             save is written at this many bytes per step, so saves of different jobs overlap;
-            ``None`` (default): every save is written whole at its event (the serialized replay).
+            :data:`FLEET_RATE` (``"fleet"``): each job at the rate a format-2 fleet trace's header
+            records for it (docs/fleet.md, "Save bandwidth"); ``None`` (default): every save is
+            written whole at its event (the serialized replay).
         write_unit: with ``write_bandwidth``, bytes per write of a shard (a positive multiple of
             the block size; default 1 MiB, ZenFS's write buffer).
 
@@ -188,7 +197,7 @@ class ReplayConfig:
     verify_payload: bool = True
     promote_bandwidth: int | None = None
     promote_hint: bool = True
-    write_bandwidth: int | None = None
+    write_bandwidth: int | str | None = None
     write_unit: int = DEFAULT_WRITE_UNIT
 
     def __post_init__(self) -> None:
@@ -196,7 +205,8 @@ class ReplayConfig:
             _need_int(name, getattr(self, name))
         _need_int("write_unit", self.write_unit)
         for name in ("zones", "zone_capacity", "promote_bandwidth", "write_bandwidth"):
-            if getattr(self, name) is not None:
+            if getattr(self, name) is not None and not (name == "write_bandwidth"
+                                                        and getattr(self, name) == FLEET_RATE):
                 _need_int(name, getattr(self, name))
         for name in ("zone_map", "verify_summaries", "verify_payload", "promote_hint"):
             if type(getattr(self, name)) is not bool:
@@ -216,7 +226,7 @@ class ReplayConfig:
         if self.promote_bandwidth is not None and self.promote_bandwidth <= 0:
             raise ValueError(f"promote_bandwidth must be a positive number of bytes per step, not "
                              f"{self.promote_bandwidth}")
-        if self.write_bandwidth is not None and self.write_bandwidth <= 0:
+        if self.write_bandwidth not in (None, FLEET_RATE) and self.write_bandwidth <= 0:
             raise ValueError(f"write_bandwidth must be a positive number of bytes per step, not "
                              f"{self.write_bandwidth}")
         if self.write_bandwidth is None and self.write_unit != DEFAULT_WRITE_UNIT:
@@ -531,14 +541,15 @@ def replay(trace_path: str, config: ReplayConfig) -> dict:
     if timed:
         # saves that take time: each event at its time (a job's events wait for its save), the
         # device sized by the live bytes of that order, the oracle told the deletions' real steps
-        schedule = timed_schedule(events, config.write_bandwidth)
+        rate = fleet_rates(stats.header) if config.write_bandwidth == FLEET_RATE else config.write_bandwidth
+        schedule = timed_schedule(events, rate)
         stats = stats_of(stats.sha256, stats.header, [ev for _, ev in schedule], config.block_size)
     run = _Run.start(config, stats, durable_at if config.promote_hint else None)
     try:
         zmap = _ZoneMap(stats.event_steps, list(run.store.table.zones)) \
             if config.zone_map and stats.event_steps else None
         if timed:
-            stop = _Timed(run, config.write_bandwidth, config.write_unit).drive(schedule, zmap)
+            stop = _Timed(run, rate, config.write_unit).drive(schedule, zmap)
         else:
             stop = run.drive(events, zmap)
         measured = run.measure(stop, zmap, verify_payload=config.verify_payload)
@@ -694,13 +705,17 @@ class _Run:
         out["bytes_verified"] = self._verify_payload() if self.payload and verify_payload else 0
         if zmap:
             out["zone_map"] = zmap.finish(self.store.table, None if stop is None else stop.step)
-        fdp = getattr(getattr(self.dev, "inner", self.dev), "fdp_statistics", None)
-        if fdp is not None:  # an FDP namespace: its statistics log (0x22) and the device WAF
-            st = fdp()
+        inner = getattr(self.dev, "inner", self.dev)
+        if hasattr(inner, "fdp_statistics"):  # an FDP namespace: its statistics log (0x22) and the device WAF
+            st = inner.fdp_statistics()
+            geo = inner.ftl.geometry
             out["fdp"] = {"host_bytes_written": st.host_bytes_written, "media_bytes_written": st.media_bytes_written,
                           "media_bytes_erased": st.media_bytes_erased, "padding_bytes": st.padding_bytes,
                           "media_reallocated_events": st.media_reallocated_events,
-                          "media_reallocated_bytes": st.media_reallocated_bytes, "device_waf": st.waf}
+                          "media_reallocated_bytes": st.media_reallocated_bytes, "device_waf": st.waf,
+                          "reclaim_units": geo.nr_rus, "ru_bytes": geo.ru_bytes, "spare_factor": inner.spare_factor,
+                          "handles": len(inner.ftl.handles),
+                          "peak_valid_share": inner.ftl.peak_valid_pages / geo.physical_pages}
         return out
 
     def _verify_payload(self) -> int:
@@ -760,9 +775,32 @@ def job_of(name: str) -> str:
     return head if sep and head[:1] == "j" and head[1:].isdigit() else ""
 
 
-def timed_schedule(events: list[Event], rate: int) -> list[tuple[float, Event]]:
+def fleet_rates(header: TraceHeader) -> dict[str, int]:
+    """Each job's save rate (bytes per step) as a format-2 fleet trace's header records it:
+    ``{"j<i>": jobs[i].write_bandwidth}`` (:func:`retainz.trace.fleet.write_bandwidth`; the job names
+    of :func:`job_of`).
+
+    Raises:
+        ValueError: the header records no per-job rate (not a format-2 fleet trace).
+    """
+    jobs = header.layout.get("jobs") if isinstance(header.layout, dict) else None
+    rates = {}
+    for j in jobs or ():
+        r = j.get("write_bandwidth") if isinstance(j, dict) else None
+        if type(r) is not int or r <= 0 or type(j.get("job")) is not int:
+            rates = {}
+            break
+        rates[f"j{j['job']}"] = r
+    if not rates:
+        raise ValueError(f"--write-bandwidth {FLEET_RATE} reads each job's rate from a format-2 fleet trace's header "
+                         "(retainz trace fleet, \"fleet\": 2); this trace records none: give a RATE such as 64MiB")
+    return rates
+
+
+def timed_schedule(events: list[Event], rate: int | Mapping[str, int]) -> list[tuple[float, Event]]:
     """When each event of a trace happens if one job's save is written at ``rate`` bytes per step:
-    ``[(time in steps, event)]`` in time order (ties in trace order).
+    ``[(time in steps, event)]`` in time order (ties in trace order).  ``rate`` is one rate for
+    every job, or each job's own (``{job: rate}``, the jobs of :func:`job_of`: :func:`fleet_rates`).
 
     A job (:func:`job_of`) does one thing at a time, in its own order: an event happens at its step
     or, if later, when the job's save in flight is written (``nbytes / rate`` steps after it
@@ -772,10 +810,9 @@ def timed_schedule(events: list[Event], rate: int) -> list[tuple[float, Event]]:
     told that step, and the oracle's actual reclaim steps are those of the schedule.
 
     Raises:
-        ValueError: ``rate`` is not positive.
+        ValueError: ``rate`` is not positive; a job without a rate in a ``{job: rate}``.
     """
-    if rate <= 0:
-        raise ValueError(f"write bandwidth must be a positive number of bytes per step, not {rate}")
+    rate_of = _rate_of(rate)
     gen_job: dict[int, str] = {}
     busy: dict[str, float] = {}
     out = []
@@ -786,12 +823,29 @@ def timed_schedule(events: list[Event], rate: int) -> list[tuple[float, Event]]:
             job = gen_job.get(ev.gen, "")
         t = max(float(ev.step), busy.get(job, 0.0))
         if isinstance(ev, SaveEvent):
-            busy[job] = t + ev.nbytes / rate
+            busy[job] = t + ev.nbytes / rate_of(job)
         elif int(t) != ev.step:
             ev = replace(ev, step=int(t))
         out.append((t, i, ev))
     out.sort(key=lambda x: (x[0], x[1]))
     return [(t, ev) for t, _, ev in out]
+
+
+def _rate_of(rate: int | Mapping[str, int]) -> Callable[[str], int]:
+    """A job's rate from one rate or ``{job: rate}`` (:func:`timed_schedule`)."""
+    rates = rate if isinstance(rate, Mapping) else None
+    for r in (rates.values() if rates is not None else (rate,)):
+        if r <= 0:
+            raise ValueError(f"write bandwidth must be a positive number of bytes per step, not {r}")
+    if rates is None:
+        return lambda job: rate
+
+    def of(job: str) -> int:
+        if job not in rates:
+            raise ValueError(f"no write bandwidth for job {job or '(unnamed)'!r}: the trace's header records "
+                             f"rates for {', '.join(sorted(rates)) or 'no job'}")
+        return rates[job]
+    return of
 
 
 class _Timed:
@@ -802,13 +856,14 @@ class _Timed:
 
     Args:
         run: the replay's store and state.
-        rate: bytes per step one job's save is written at (``write_bandwidth``).
+        rate: bytes per step one job's save is written at (``write_bandwidth``), or each job's own
+            (``{job: rate}``, :func:`fleet_rates`).
         unit: bytes per write of a shard (``write_unit``, a multiple of the block size).
     """
 
-    def __init__(self, run: _Run, rate: int, unit: int):
+    def __init__(self, run: _Run, rate: int | Mapping[str, int], unit: int):
         self.run = run
-        self.rate = rate
+        self.rate_of = _rate_of(rate)
         self.unit = unit
         self.heap: list[tuple] = []
         self.seq = 0
@@ -850,7 +905,7 @@ class _Timed:
         run = self.run
         job = job_of(ev.name)
         w = run.begin(ev)
-        duration = ev.nbytes / self.rate
+        duration = ev.nbytes / self.rate_of(job)
         shards = 0
         for sh in ev.shards:
             if sh.nbytes == 0:

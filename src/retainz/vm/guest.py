@@ -35,10 +35,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from retainz.vm.console import pump
-from retainz.vm.setup import Kernel, VMSetupError, default_cache_dir, ensure_all, find_busybox, find_qemu
+from retainz.vm.setup import (
+    Kernel,
+    VMSetupError,
+    default_cache_dir,
+    ensure_all,
+    ensure_fdp_qemu,
+    find_busybox,
+    find_qemu,
+)
 from retainz.zoned.model import format_size
 
-__all__ = ["ZNSConfig", "NullBlkConfig", "DiskConfig", "ChannelConfig", "PORT_NAME", "GuestConfig",
+__all__ = ["ZNSConfig", "FDPConfig", "NullBlkConfig", "DiskConfig", "ChannelConfig", "PORT_NAME", "GuestConfig",
            "GuestResult", "run_in_guest", "build_initramfs",
            "qemu_command", "GUEST_MODULES", "GUEST_TMP", "STATE_DIR", "EXIT_TIMEOUT", "EXIT_NO_STATUS"]
 
@@ -96,6 +104,54 @@ class ZNSConfig:
               f"zoned.max_active={self.max_active}")
         return ["-drive", f"file={raw},id=zns0,format=raw,if=none,cache=writeback",
                 "-device", "nvme,serial=zns0,id=nvme0", "-device", ns]
+
+
+@dataclass(frozen=True)
+class FDPConfig:
+    """An emulated NVMe namespace with Flexible Data Placement (QEMU >= 8.0: ``nvme-subsys fdp=on``, one
+    endurance group, ``nvme-ns fdp.ruhs``; hw/nvme/subsys.c ``nvme_subsys_setup_fdp``, hw/nvme/ns.c
+    ``nvme_ns_init_fdp``).  A conventional namespace: no zones; the host picks a placement handle per
+    write (directive type 2, NVMe 2.0 TP4146).
+
+    Attributes (sizes in bytes):
+        size: namespace size (a multiple of the block size).
+        ru_size: reclaim unit size (``fdp.runs``); QEMU counts each handle's remaining writes per RU in
+            logical blocks, so an RU larger than what one handle receives keeps every handle's count
+            exact in the RUH Status.
+        handles: reclaim unit handles (``fdp.nruh``), all given to the namespace as placement handles
+            0..handles-1 (``fdp.ruhs``).
+        reclaim_groups: ``fdp.nrg`` (1: the placement identifier is the placement handle).
+        block_size: logical block size.
+    """
+
+    size: int = 64 << 20
+    ru_size: int = 64 << 20
+    handles: int = 4
+    reclaim_groups: int = 1
+    block_size: int = 4096
+
+    def check(self) -> None:
+        """Raises ValueError on a geometry QEMU would refuse (the message says which)."""
+        if self.size < self.block_size or self.size % self.block_size:
+            raise ValueError(f"FDP namespace size {self.size} must be a positive multiple of the block size "
+                             f"{self.block_size}")
+        if self.ru_size < self.block_size or self.ru_size % self.block_size:
+            raise ValueError(f"reclaim unit size {self.ru_size} must be a positive multiple of the block size")
+        if not 1 <= self.handles <= 127:
+            raise ValueError(f"handles must be 1..127 (QEMU's NVME_FDP_MAXPIDS), got {self.handles}")
+        if self.reclaim_groups < 1:
+            raise ValueError("need at least one reclaim group")
+
+    def qemu_args(self, raw: Path) -> list[str]:
+        """The ``-drive`` and ``-device`` arguments: an FDP subsystem, its controller and the namespace
+        backed by ``raw`` (controller ``nvme0`` when the guest has no ZNS namespace)."""
+        ruhs = ";".join(str(h) for h in range(self.handles))
+        return ["-device", f"nvme-subsys,id=fdpsubsys,nqn=retainz-fdp,fdp=on,fdp.runs={self.ru_size},"
+                           f"fdp.nrg={self.reclaim_groups},fdp.nruh={self.handles}",
+                "-drive", f"file={raw},id=fdp0,format=raw,if=none,cache=writeback",
+                "-device", "nvme,serial=fdp0,id=nvmefdp,subsys=fdpsubsys",
+                "-device", f"nvme-ns,drive=fdp0,bus=nvmefdp,nsid=1,logical_block_size={self.block_size},"
+                           f"physical_block_size={self.block_size},fdp.ruhs={ruhs}"]
 
 
 @dataclass(frozen=True)
@@ -201,6 +257,8 @@ class GuestConfig:
     Attributes:
         zns: the NVMe ZNS namespace, or None for no NVMe device.
         nullblk: the null_blk zoned device, or None.
+        fdp: an NVMe namespace with Flexible Data Placement, or None (needs QEMU >= 8.0:
+            :func:`retainz.vm.setup.find_fdp_qemu`).
         disk: a regular virtio disk (``/dev/vda``), or None.
         modules: extra kernel modules to load (with their dependencies), e.g. ``("btrfs", "f2fs")``.
         memory_mb: guest RAM (128 MiB suffice without torch).
@@ -216,6 +274,7 @@ class GuestConfig:
 
     zns: ZNSConfig | None = field(default_factory=ZNSConfig)
     nullblk: NullBlkConfig | None = field(default_factory=NullBlkConfig)
+    fdp: FDPConfig | None = None
     disk: DiskConfig | None = None
     modules: tuple[str, ...] = ()
     memory_mb: int = 512
@@ -360,7 +419,8 @@ def build_initramfs(kernel: Kernel, cache: Path | None = None, modules: tuple[st
 
 
 def qemu_command(qemu: str, kernel: Kernel, initramfs: Path, out_dir: Path, cfg: GuestConfig,
-                 raw: Path | None, console_log: Path, disk_raw: Path | None = None) -> list[str]:
+                 raw: Path | None, console_log: Path, disk_raw: Path | None = None,
+                 fdp_raw: Path | None = None) -> list[str]:
     """The full QEMU command line (TCG, no defaults, serial console to stdout and ``console_log``)."""
     cmd = [qemu, "-M", "q35", "-accel", "tcg", "-cpu", "max", "-smp", str(cfg.cpus),
            "-m", f"{cfg.memory_mb}M", "-nodefaults", "-nographic", "-no-reboot",
@@ -373,6 +433,8 @@ def qemu_command(qemu: str, kernel: Kernel, initramfs: Path, out_dir: Path, cfg:
            "-device", "virtio-9p-pci,fsdev=outfs,mount_tag=out"]
     if cfg.zns is not None and raw is not None:
         cmd += cfg.zns.qemu_args(raw)
+    if cfg.fdp is not None and fdp_raw is not None:
+        cmd += cfg.fdp.qemu_args(fdp_raw)
     if cfg.disk is not None and disk_raw is not None:
         cmd += cfg.disk.qemu_args(disk_raw)
     if cfg.channel is not None:
@@ -426,10 +488,15 @@ def run_in_guest(command: list[str], out_dir: str | os.PathLike, cfg: GuestConfi
         cfg.zns.check()
     if cfg.disk is not None:
         cfg.disk.check()
+    if cfg.fdp is not None:
+        cfg.fdp.check()
     if cfg.channel is not None:
         cfg.channel.check()
     kernel = ensure_all(install=install)
-    qemu = find_qemu()
+    if cfg.fdp is not None:
+        qemu = ensure_fdp_qemu(install=install)
+    else:
+        qemu = find_qemu()
     if qemu is None:
         raise VMSetupError("qemu-system-x86_64 not found (Debian package qemu-system-x86)")
     modules = (tuple(cfg.modules) + ((DISK_MODULE,) if cfg.disk is not None else ())
@@ -465,15 +532,24 @@ def run_in_guest(command: list[str], out_dir: str | os.PathLike, cfg: GuestConfi
             disk_raw = Path(tmp) / "disk.raw"
             with open(disk_raw, "wb") as f:
                 f.truncate(cfg.disk.size)
+        fdp_raw = None
+        if cfg.fdp is not None:
+            fdp_raw = Path(tmp) / "fdp.raw"
+            with open(fdp_raw, "wb") as f:
+                f.truncate(cfg.fdp.size)
         if cfg.channel is not None:
             cfg.channel.prepare()
-        cmd = qemu_command(qemu, kernel, initramfs, out, cfg, raw, console_log, disk_raw)
+        cmd = qemu_command(qemu, kernel, initramfs, out, cfg, raw, console_log, disk_raw, fdp_raw)
         (state / "qemu.cmd").write_text(shlex.join(cmd) + "\n")
         if cfg.zns is not None:
             _log(f"booting {kernel.release} (TCG, {cfg.cpus} CPUs, {cfg.memory_mb} MiB): NVMe ZNS "
                  f"{cfg.zns.zones} x {format_size(cfg.zns.zone_size)} zones "
                  f"(capacity {format_size(cfg.zns.zone_capacity)})"
                  + (", null_blk zoned" if cfg.nullblk else ""))
+        if cfg.fdp is not None:
+            _log(f"booting {kernel.release} under {qemu} (TCG): NVMe FDP namespace "
+                 f"{format_size(cfg.fdp.size)}, {cfg.fdp.handles} placement handles, RU "
+                 f"{format_size(cfg.fdp.ru_size)}")
         t0 = time.monotonic()
         # streamed through ConsoleFilter: the console's terminal resets and clear-screens stay off stdout
         qemu_err = open(state / "qemu.stderr", "wb")     # QEMU's own complaints (a bad -m, a missing file)

@@ -68,7 +68,7 @@ class ZonedDevice(abc.ABC):
     All offsets and lengths are bytes on the device.  Writes and reads must be block aligned
     (``geometry.block_size``).  Zone management takes a zone index.
 
-    Rules every implementation follows (tested by ``tests/test_device_conformance.py``):
+    Rules every implementation follows (tested by ``tests/zoned/test_device_conformance.py``):
 
     * A write must start exactly at its zone's write pointer (else :class:`ZoneInvalidWriteError`),
       must not cross the zone capacity (:class:`ZoneBoundaryError`), and fails on a Full zone
@@ -239,6 +239,16 @@ class ZonedDevice(abc.ABC):
         Raises:
             MisalignedIOError, OutOfRangeError, ZoneOfflineError, NoPayloadError.
         """
+
+    def read_into(self, offset: int, out) -> None:
+        """Fill the writable buffer ``out`` (``len(out)`` bytes, block aligned) from device byte ``offset``:
+        :meth:`read` without the bytes object, where the device can read straight into ``out``
+        (a FileDevice: ``preadv``).  Default: :meth:`read`, then one copy.
+
+        Raises:
+            as :meth:`read`.
+        """
+        memoryview(out).cast("B")[:] = self.read(offset, len(out))
 
     @abc.abstractmethod
     def flush(self) -> None:

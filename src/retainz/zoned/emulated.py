@@ -92,6 +92,10 @@ class EmulatedZonedDevice(ZonedDevice):
     def _load(self, zone: int, pos: int, length: int) -> bytes:
         """Return ``length`` written bytes from byte ``pos`` of ``zone`` (entirely below the data end)."""
 
+    def _load_into(self, zone: int, pos: int, out: memoryview) -> None:
+        """:meth:`_load` of ``len(out)`` bytes into ``out`` (default: one copy)."""
+        out[:] = self._load(zone, pos, len(out))
+
     @abc.abstractmethod
     def _discard(self, zone: int, keep: int) -> None:
         """Forget the zone's bytes from ``keep`` on (reset: keep=0; power loss: the durable end)."""
@@ -284,6 +288,17 @@ class EmulatedZonedDevice(ZonedDevice):
                 out += bytes(stop - pos)
             offset = chunk_end
         return bytes(out)
+
+    def read_into(self, offset: int, out) -> None:
+        out = memoryview(out).cast("B")
+        length = len(out)
+        self._check_range(offset, length)
+        z = offset // self._zsize
+        pos = offset - z * self._zsize
+        if pos + length <= self._written[z] and self._cond[z] != _OFF:
+            self._load_into(z, pos, out)          # one zone, all written: straight into ``out``
+            return
+        out[:] = self.read(offset, length)
 
     def flush(self) -> None:
         if not self._dirty:

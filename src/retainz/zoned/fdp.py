@@ -21,14 +21,18 @@ zone verbs into FDP commands on the FTL model (:class:`retainz.fdp.ftl.FlashTran
   page and an RUH Update on its handle (the next zone through the handle starts a fresh RU);
 * :meth:`fdp_statistics` is the model's FDP statistics log (0x22): device WAF = MBMW / HBMW.
 
-Sizing: the namespace is ``nr_zones * zone_capacity`` bytes; the flash holds it divided by ``1 - spare_factor``,
-in RUs of ``ru_size`` bytes (one erase block of ``ru_size / unit`` pages per RU), plus the model's free-RU
-reserve and room for each handle's host and GC RUs.  Not durable: the zone table lives in memory (trace
+Sizing: the namespace is ``nr_zones * zone_capacity`` bytes; the flash is the namespace divided by
+``1 - spare_factor``, rounded up to whole RUs of ``ru_size`` bytes (one erase block of ``ru_size / unit`` pages
+per RU), so the spare factor is the drive's whole over-provisioning: the model's free-RU reserve and the RUs
+open at once (a host RU per handle and GC's RU) come out of it, as on a drive.  A namespace of too few RUs
+for that gets the fewest RUs that hold the namespace, the reserve and the open RUs instead
+(:attr:`FdpNamespaceDevice.spare_factor` is the over-provisioning as built).  Not durable: the zone table lives in memory (trace
 replay and tests); power loss keeps the emulated device's semantics and leaves the model as written.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 
@@ -39,7 +43,46 @@ from retainz.zoned.emulated import EmulatedZonedDevice
 from retainz.zoned.memory import MemoryDevice
 from retainz.zoned.model import Geometry
 
-__all__ = ["FdpNamespaceDevice"]
+__all__ = ["FdpNamespaceDevice", "PlacementHandles"]
+
+
+class PlacementHandles:
+    """The placement handles of an FDP namespace, lent to zones: a zone takes the lowest free handle when
+    its first byte goes to the namespace and gives it back when it is full, finished or reset.  The store's
+    active-zone limit is the number of handles, so a free one is always there when a zone needs it
+    (:class:`FdpNamespaceDevice` on the FTL model, :class:`~retainz.zoned.linuxfdp.LinuxFdpDevice` on a
+    real namespace).
+
+    Args:
+        count: placement handles 0..count-1.
+    """
+
+    def __init__(self, count: int):
+        self._free = list(range(count))
+        self._held: dict[int, int] = {}      # zone -> its placement handle while it holds one
+
+    def held(self, zone: int) -> int | None:
+        """The handle ``zone`` holds now, or None."""
+        return self._held.get(zone)
+
+    def take(self, zone: int) -> int:
+        """The handle of ``zone``, lending it the lowest free one if it holds none.
+
+        Raises:
+            RuntimeError: no handle is free (more zones active than handles: a device bug)."""
+        handle = self._held.get(zone)
+        if handle is None:
+            if not self._free:
+                raise RuntimeError(f"zone {zone} needs a placement handle and none is free: {self._held}")
+            handle = self._held[zone] = self._free.pop(0)
+        return handle
+
+    def give_back(self, zone: int) -> int | None:
+        """End ``zone``'s loan; returns the handle it held, or None."""
+        handle = self._held.pop(zone, None)
+        if handle is not None:
+            bisect.insort(self._free, handle)
+        return handle
 
 
 class FdpNamespaceDevice(MemoryDevice):
@@ -103,15 +146,15 @@ class FdpNamespaceDevice(MemoryDevice):
         handles = 1 if self._single else g.max_active
         logical = g.nr_zones * g.zone_capacity // unit
         pages_per_ru = ru_size // unit
-        opens = 2 * handles
-        rus = math.ceil(logical / (1.0 - spare_factor) / pages_per_ru) + 1 + opens
-        self._ftl = FlashTranslationLayer(FlashGeometry(unit, pages_per_ru, 1, rus), logical,
-                                          (ruh_type,) * handles, victim=victim, reserve_rus=1)
+        types = (ruh_type,) * handles
+        rus = max(math.ceil(logical / (1.0 - spare_factor) / pages_per_ru),
+                  math.ceil(logical / pages_per_ru) + 1 + FlashTranslationLayer.open_rus_per_rg(types))
+        self._ftl = FlashTranslationLayer(FlashGeometry(unit, pages_per_ru, 1, rus), logical, types, victim=victim,
+                                          reserve_rus=1)
         self._unit = unit
         self._info = dataclasses.replace(self._info, kind="fdp")
         self._sent = [0] * g.nr_zones          # bytes of each zone sent to the model (whole units)
-        self._handle: dict[int, int] = {}      # zone -> its placement handle while it holds one
-        self._free_handles = list(range(handles))
+        self._handles = PlacementHandles(handles)
 
     # The lean payload-less path of MemoryDevice.write does not call _store: every write goes through the
     # generic one, which does.
@@ -122,6 +165,14 @@ class FdpNamespaceDevice(MemoryDevice):
         """The FTL model behind the namespace."""
         return self._ftl
 
+    @property
+    def spare_factor(self) -> float:
+        """The flash's over-provisioning as built, (physical - namespace) / physical: the requested spare
+        factor when the namespace has enough RUs for it to hold the free-RU reserve and every open RU,
+        else the larger share those need (module docstring, "Sizing")."""
+        physical = self._ftl.geometry.physical_pages
+        return (physical - self._ftl.logical_pages) / physical
+
     def fdp_statistics(self) -> FdpStatistics:
         """A copy of the model's FDP statistics (log page 0x22 counters and per-handle attribution)."""
         return self._ftl.stats.copy()
@@ -130,7 +181,7 @@ class FdpNamespaceDevice(MemoryDevice):
         """The placement handle ``zone`` writes through now, or None."""
         if self._single:
             return 0 if self._sent[zone] else None
-        return self._handle.get(zone)
+        return self._handles.held(zone)
 
     def _store(self, zone: int, pos: int, data: WriteData) -> None:
         super()._store(zone, pos, data)
@@ -145,29 +196,22 @@ class FdpNamespaceDevice(MemoryDevice):
         sent = self._sent[zone]
         if upto <= sent:
             return
-        handle = 0 if self._single else self._handle.get(zone)
-        if handle is None:
-            handle = self._handle[zone] = self._free_handles.pop(0)
-            self._free_handles.sort()
+        handle = 0 if self._single else self._handles.take(zone)
         self._ftl.write(zone * self._zcap + sent, upto - sent, handle)
         self._sent[zone] = upto
 
     def _release(self, zone: int, *, update: bool = False) -> None:
         if self._single:
             return
-        handle = self._handle.pop(zone, None)
-        if handle is None:
-            return
-        if update:
+        handle = self._handles.give_back(zone)
+        if handle is not None and update:
             self._ftl.ruh_update(handle)
-        self._free_handles.append(handle)
-        self._free_handles.sort()
 
     def zone_op(self, op: ZoneOp, zone: int) -> None:
         """:meth:`EmulatedZonedDevice.zone_op`; FINISH also sends a last partial unit and makes an RUH Update
         on the zone's handle, giving the handle back."""
         super().zone_op(op, zone)
-        if op is ZoneOp.FINISH and (zone in self._handle or self._written[zone] > self._sent[zone]):
+        if op is ZoneOp.FINISH and (self._handles.held(zone) is not None or self._written[zone] > self._sent[zone]):
             written = self._written[zone]
             self._send(zone, -(-written // self._unit) * self._unit)
             self._release(zone, update=True)

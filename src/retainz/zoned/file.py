@@ -49,6 +49,7 @@ import sys
 import uuid as uuidlib
 
 import crc32c
+import numpy as np  # at import, not inside an open: a CLI command's open bar times the open, not numpy's load
 
 from retainz.errors import CorruptDeviceError, DeviceBusyError, DeviceFormatError, NotADeviceError
 from retainz.zoned.device import WriteData
@@ -56,7 +57,8 @@ from retainz.zoned.emulated import EmulatedZonedDevice
 from retainz.zoned.model import COND_OF_VALUE, MAX_ZONES, Geometry, ZoneCond, round_up
 from retainz.zoned.syscalls import best_effort, punch_hole, start_writeback
 
-__all__ = ["FileDevice", "FILE_DEVICE_MAGIC", "WRITEBACK_BYTES"]
+__all__ = ["FileDevice", "FILE_DEVICE_MAGIC", "WRITEBACK_BYTES", "state_slot_size", "encode_state_slot",
+           "decode_state_slot"]
 
 FILE_DEVICE_MAGIC = b"RETAINZD"
 _STATE_MAGIC = b"RZSTATE\0"
@@ -68,7 +70,10 @@ _SLOT_HEAD = struct.Struct("<8sQ")
 _LABEL_SIZE = 4096
 
 
-def _slot_size(nr_zones: int) -> int:
+def state_slot_size(nr_zones: int) -> int:
+    """Bytes of one zone-state slot for ``nr_zones`` zones (head, a condition byte and a u64 write pointer
+    per zone, up to one u32 per implicitly open zone, counts and crc32c), in whole 4096-byte pages; the
+    module docstring's layout (also :class:`~retainz.zoned.linuxfdp.LinuxFdpDevice`'s zone table)."""
     return round_up(_SLOT_HEAD.size + 13 * nr_zones + 8, 4096)
 
 
@@ -159,7 +164,7 @@ class FileDevice(EmulatedZonedDevice):
             raise not_a_device_file(path)
         if os.path.exists(path) and os.path.getsize(path) > 0 and not force:
             raise FileExistsError(f"{path} exists and is not empty; pass force=True to overwrite it")
-        slot = _slot_size(geometry.nr_zones)
+        slot = state_slot_size(geometry.nr_zones)
         g = geometry
         label = _LABEL.pack(FILE_DEVICE_MAGIC, _VERSION, g.block_size, g.zone_size, g.zone_capacity,
                             g.nr_zones, g.max_open, g.max_active, slot, uuidlib.uuid4().bytes)
@@ -178,7 +183,7 @@ class FileDevice(EmulatedZonedDevice):
             block = label.ljust(_LABEL_COPY, b"\0") + label.ljust(_LABEL_SIZE - _LABEL_COPY, b"\0")
             os.pwrite(fd, block, 0)
             os.pwrite(fd, block, total - _LABEL_SIZE)      # the copy at the far end (version 3)
-            empty = _encode_slot(1, bytes([ZoneCond.EMPTY]) * g.nr_zones, array.array("Q", bytes(8 * g.nr_zones)),
+            empty = encode_state_slot(1, bytes([ZoneCond.EMPTY]) * g.nr_zones, array.array("Q", bytes(8 * g.nr_zones)),
                                  slot)
             os.pwrite(fd, empty * 2, _LABEL_SIZE)
             os.ftruncate(fd, total)
@@ -259,21 +264,20 @@ class FileDevice(EmulatedZonedDevice):
                                 max_open=mopen, max_active=mactive)
         except DeviceFormatError as e:
             raise CorruptDeviceError(f"{path}: the label's geometry is impossible: {e}") from None
-        if slot != _slot_size(nz):
+        if slot != state_slot_size(nz):
             raise CorruptDeviceError(f"{path}: the label's state-slot size {slot} does not match its "
                                      f"{nz} zones")
         need = _LABEL_SIZE + (4 if version >= 2 else 2) * slot + geometry.size + (_LABEL_SIZE if version >= 3 else 0)
         if size < need:
-            raise CorruptDeviceError(f"{path} is {size} bytes, shorter than its geometry "
-                                     f"({need} bytes): truncated?")
+            raise CorruptDeviceError(f"{path} is {size} bytes, shorter than its geometry ({need} bytes): the file "
+                                     "was cut short (an incomplete copy?) and its missing bytes cannot be "
+                                     "rebuilt, `retainz fsck --repair` included; copy it again from its source")
         return (version, notes), geometry, slot, uuidlib.UUID(bytes=raw_uuid)
 
     def _read_state(self) -> tuple[list[ZoneCond], list[int], int]:
         """``(conditions, written bytes, sequence)`` of the newest valid zone-state slot.  Each copy's
         checksum is checked; only the newest is decoded, its per-zone checks run over arrays
         (numpy), not a Python loop per zone (issue 44: an open of 1,048,576 zones)."""
-        import numpy as np  # here, not at import: only an open of a device file needs it
-
         best = None                        # (sequence, raw slot, implicit-open count)
         bad = []                           # slots that were written but fail their checksum
         names = ["A", "A'", "B", "B'"] if self._copies == 2 else ["A", "B"]
@@ -364,6 +368,16 @@ class FileDevice(EmulatedZonedDevice):
             out += bytes(length - len(out))
         return out
 
+    def _load_into(self, zone: int, pos: int, out: memoryview) -> None:
+        off = self._data_offset + zone * self._zsize + pos
+        done = 0
+        while done < len(out):
+            n = os.preadv(self._fd, [out[done:]], off + done)
+            if n <= 0:               # past EOF of a sparse tail: zeros, as _load gives
+                out[done:] = bytes(len(out) - done)
+                return
+            done += n
+
     def _discard(self, zone: int, keep: int) -> None:
         if self._fd < 0 or self.readonly:
             return
@@ -403,7 +417,7 @@ class FileDevice(EmulatedZonedDevice):
         if self._fd < 0 or self.readonly:
             return
         self._seq += 1
-        slot = _encode_slot(self._seq, self._dcond, self._dwritten, self._slot_size, self._imp_open)
+        slot = encode_state_slot(self._seq, self._dcond, self._dwritten, self._slot_size, self._imp_open)
         pair = self._seq % 2
         base = _LABEL_SIZE + pair * self._copies * self._slot_size
         prev = self._slots_written.pop(pair, None)
@@ -551,7 +565,7 @@ class FileDevice(EmulatedZonedDevice):
 _datasync = getattr(os, "fdatasync", os.fsync)
 
 
-def _encode_slot(seq: int, conds, written, slot_size: int, imp_order=()) -> bytes:
+def encode_state_slot(seq: int, conds, written, slot_size: int, imp_order=()) -> bytes:
     """One zone-state slot: head, a condition byte per zone, the write pointers (``<Q`` each), the
     implicitly open zones in opening order (``imp_order`` first, then any other by index), crc32c,
     zero-padded to ``slot_size``.
@@ -586,8 +600,6 @@ def _encode_slot(seq: int, conds, written, slot_size: int, imp_order=()) -> byte
 def _changed_pages(old: bytes, new: bytes) -> list[tuple[int, int]]:
     """``[(start, end)]`` byte ranges of the 4096-byte pages where two slots of one size differ, runs
     of adjacent pages merged (the slot size is a multiple of 4096)."""
-    import numpy as np
-
     a = np.frombuffer(old, np.uint8).reshape(-1, 4096)
     b = np.frombuffer(new, np.uint8).reshape(-1, 4096)
     runs: list[tuple[int, int]] = []
@@ -618,7 +630,7 @@ def _check_slot(raw: bytes, nr_zones: int) -> tuple[int, int] | None:
     return _SLOT_HEAD.unpack_from(raw)[1], n_order
 
 
-def _decode_slot(raw: bytes, nr_zones: int) -> tuple[int, list[int], list[int], list[int]] | None:
+def decode_state_slot(raw: bytes, nr_zones: int) -> tuple[int, list[int], list[int], list[int]] | None:
     """``(sequence, conditions, written bytes, implicit-open order)`` of a valid slot, else ``None``."""
     head = _check_slot(raw, nr_zones)
     if head is None:

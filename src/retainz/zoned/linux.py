@@ -157,7 +157,9 @@ class LinuxZonedDevice(ZonedDevice):
         path = os.fspath(path)
         st = os.stat(path)
         if not stat.S_ISBLK(st.st_mode):
-            kind = "a regular file" if stat.S_ISREG(st.st_mode) else "not a block device"
+            kind = next((k for test, k in ((stat.S_ISREG, "a regular file"), (stat.S_ISCHR, "a character device"),
+                                           (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                                           (stat.S_ISSOCK, "a socket")) if test(st.st_mode)), "a special file")
             hint = " (a file-backed zoned device is opened as file:PATH)" if stat.S_ISREG(st.st_mode) else ""
             raise NotADeviceError(f"{path} is {kind}, not a zoned block device{hint}")
         self.readonly = readonly

@@ -13,6 +13,9 @@ spec                               device
                                    ``ru_size`` (default: the zone capacity), ``spare`` (the spare
                                    factor, default 0.07), ``ruh=II|PI``, ``unit`` (the model's page,
                                    default the block size); ``max_active`` is the number of handles
+``nvme-fdp:dev=/dev/nvmeXnY,...``  a real NVMe namespace with FDP (``LinuxFdpDevice``,
+                                   :mod:`retainz.zoned.linuxfdp`): keys ``dev``, ``zone_capacity``,
+                                   ``ru_size`` (required), ``zones``, ``handles`` (default: all)
 ``remote:socket=PATH[,window=F]``  a device served by :func:`retainz.zoned.remote.serve` on the
                                    Unix socket PATH, its data through the shared-memory file F
                                    (the QEMU guest's device: :mod:`retainz.vm.channel`)
@@ -67,6 +70,8 @@ def parse_geometry(options: dict[str, str]) -> Geometry:
         except ValueError as e:
             why = str(e).split(": ", 1)[-1]
             raise DeviceFormatError(f"bad geometry: {key}={raw!r} is not a size: {why}") from None
+        if key == "block_size" and values[key] not in (512, 4096):   # NVMe LBA formats the project supports
+            raise DeviceFormatError(f"bad geometry: block size {values[key]} is not 512 or 4096")
         block = values.get("block_size")
         if key != "block_size" and block and values[key] % block:
             raise DeviceFormatError(f"bad geometry: {key}={raw!r} ({values[key]:,} B) is not a multiple of the "
@@ -84,9 +89,11 @@ class DeviceSpec:
 
     Attributes:
         kind: ``"file"`` (a device file), ``"zbd"`` (a zoned block device), ``"mem"`` (in memory),
-            ``"fdp"`` (an FDP namespace model in memory, :mod:`retainz.zoned.fdp`) or ``"remote"`` (a
-            served device, :mod:`retainz.zoned.remote`).
-        path: the device file's or block device's path (``file:`` and ``zbd:`` dropped); ``""`` for
+            ``"fdp"`` (an FDP namespace model in memory, :mod:`retainz.zoned.fdp`), ``"nvme-fdp"`` (a real
+            FDP namespace, :mod:`retainz.zoned.linuxfdp`) or ``"remote"`` (a served device,
+            :mod:`retainz.zoned.remote`).
+        path: the device file's or block device's path (``file:`` and ``zbd:`` dropped; ``nvme-fdp:``'s
+            ``dev``); ``""`` for
             ``mem:``, ``fdp:`` and ``remote:``.
         text: the specification as written.
     """
@@ -110,7 +117,7 @@ class DeviceSpec:
         """One name per device: a device file's real path, a block device's path, else the text."""
         if self.kind == "file":
             return os.path.realpath(self.path)
-        return self.path if self.kind == "zbd" else self.text
+        return self.path if self.kind in ("zbd", "nvme-fdp") else self.text
 
     def exists(self) -> bool:
         """The device is there to open (a device file that exists; any other kind: the open says)."""
@@ -124,6 +131,8 @@ class DeviceSpec:
             return _open_fdp(self.text)
         if self.kind == "remote":
             return _open_remote(self.text)
+        if self.kind == "nvme-fdp":
+            return _open_nvme_fdp(self.text, readonly)
         if self.kind == "zbd":
             return _open_linux(self.path, readonly)
         from retainz.zoned.file import FileDevice, not_a_device_file
@@ -168,6 +177,8 @@ def parse_device(spec: str | os.PathLike) -> DeviceSpec:
         return DeviceSpec("fdp", "", text)
     if text.startswith("remote:"):
         return DeviceSpec("remote", "", text)
+    if text.startswith("nvme-fdp:"):
+        return DeviceSpec("nvme-fdp", _nvme_fdp_options(text)["dev"], text)
     for prefix, kind in (("zbd:", "zbd"), ("file:", "file")):
         if text.startswith(prefix):
             if not text[len(prefix):]:
@@ -305,6 +316,51 @@ def _open_remote(spec: str) -> ZonedDevice:
             raise DeviceFormatError(f"{path}: cannot be mapped as a shared-memory window "
                                     f"({getattr(e, 'strerror', None) or e})") from None
     return RemoteZonedDevice.connect_unix(opts["socket"], window, window_name=opts.get("window", ""))
+
+
+_NVME_FDP_KEYS = ("dev", "zone_capacity", "ru_size", "zones", "handles")
+
+
+def _nvme_fdp_options(spec: str) -> dict:
+    """A ``nvme-fdp:`` spec's options as :class:`~retainz.zoned.linuxfdp.LinuxFdpDevice` arguments
+    (``dev`` -> ``path``).
+
+    Raises:
+        DeviceFormatError: an unknown or missing key, a size or count that does not parse."""
+    usage = "expected nvme-fdp:dev=/dev/nvmeXnY,zone_capacity=SIZE,ru_size=SIZE[,zones=N][,handles=N]"
+    try:
+        opts = dict(parse_spec(spec, "device spec")[1])
+    except ValueError as e:
+        raise DeviceFormatError(str(e)) from None
+    unknown = set(opts) - set(_NVME_FDP_KEYS)
+    missing = [k for k in ("dev", "zone_capacity", "ru_size") if not opts.get(k)]
+    if unknown or missing:
+        raise DeviceFormatError(f"bad device spec {spec!r}: "
+                                + (f"unknown key(s) {', '.join(sorted(unknown))}" if unknown
+                                   else f"no {', '.join(missing)}") + f"; {usage}")
+    out: dict = {"dev": opts["dev"]}
+    for key in ("zone_capacity", "ru_size"):
+        try:
+            out[key] = parse_size(opts[key], what=key)
+        except ValueError as e:
+            raise DeviceFormatError(f"bad device spec {spec!r}: {key}={opts[key]!r} is not a size: "
+                                    f"{str(e).split(': ', 1)[-1]}") from None
+    for key in ("zones", "handles"):
+        if key in opts:
+            if not opts[key].isdigit() or int(opts[key]) < 1:
+                raise DeviceFormatError(f"bad device spec {spec!r}: {key}={opts[key]!r} is not a positive count")
+            out[key] = int(opts[key])
+    return out
+
+
+def _open_nvme_fdp(spec: str, readonly: bool) -> ZonedDevice:
+    from retainz.zoned.linuxfdp import LinuxFdpDevice
+
+    kw = _nvme_fdp_options(spec)
+    path = kw.pop("dev")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no such block device (an NVMe namespace with FDP: `nvme fdp configs`)")
+    return LinuxFdpDevice(path, readonly=readonly, **kw)
 
 
 def _is_block_device(path: str) -> bool:

@@ -38,7 +38,8 @@ from collections.abc import Callable
 
 from retainz.zoned import blkzoned as bz
 
-__all__ = ["punch_hole", "start_writeback", "set_parent_death_signal", "ioctl_u32", "report_zones",
+__all__ = ["punch_hole", "start_writeback", "set_parent_death_signal", "ioctl_u32", "ioctl_value", "ioctl_mutable",
+           "report_zones",
            "zone_management", "buffer_address", "foreign_buffer", "best_effort", "FAILURES", "FALLOC_FL_KEEP_SIZE",
            "FALLOC_FL_PUNCH_HOLE", "SYNC_FILE_RANGE_WRITE", "PR_SET_PDEATHSIG"]
 
@@ -172,6 +173,26 @@ def ioctl_u32(fd: int, request: int) -> int:
         OSError: the ioctl failed (``ENOTTY`` on a device that is not a block device...).
     """
     return struct.unpack("<I", fcntl.ioctl(fd, request, bytes(4)))[0]
+
+
+def ioctl_value(fd: int, request: int) -> int:
+    """An ioctl whose answer is its return value (``NVME_IOCTL_ID``: the namespace ID).
+
+    Raises:
+        OSError: the ioctl failed.
+    """
+    return fcntl.ioctl(fd, request)
+
+
+def ioctl_mutable(fd: int, request: int, buf: bytearray) -> int:
+    """An ioctl on a structure the kernel reads and writes in place (``NVME_IOCTL_IO64_CMD``,
+    ``NVME_IOCTL_ADMIN64_CMD``: ``struct nvme_passthru_cmd64``); returns the ioctl's return value
+    (for NVMe passthrough, the command's status: 0 is success).
+
+    Raises:
+        OSError: the ioctl failed.
+    """
+    return fcntl.ioctl(fd, request, buf, True)
 
 
 def report_zones(fd: int, sector: int, nr_zones: int) -> tuple[int, list[bz.RawZone]]:

@@ -1,0 +1,182 @@
+"""The mount's read path without a kernel: whole extents straight into the request's buffer
+(``Store.read_shard_into``), the rest through the namespace's windows, and the store's lock free while
+a device read runs (issue 44 item 8)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import threading
+
+import pytest
+
+pytest.importorskip("fsspec", reason="the mount streams through the fsspec filesystem's sink (mount extra)")
+
+from retainz.errors import ChecksumError, GenerationNotFoundError  # noqa: E402
+from retainz.mount.fs import MAX_BACKGROUND, READ_AHEAD, MountedStore  # noqa: E402
+from retainz.namespace import NamespaceError  # noqa: E402
+from retainz.store import Store  # noqa: E402
+from retainz.zoned import FileDevice, Geometry, MemoryDevice  # noqa: E402
+
+MiB = 1 << 20
+GEOM = Geometry(nr_zones=24, zone_size=4 * MiB, zone_capacity=4 * MiB)
+DATA = random.Random(44).randbytes(5 * MiB + 1000)     # five whole extents and a partial one
+
+
+def _put(ms: MountedStore, path: str, data: bytes) -> None:
+    fh = ms.create(path, 0o644)
+    for at in range(0, len(data), MiB):
+        ms.write(path, memoryview(data)[at:at + MiB], at, fh)
+    ms.flush(path, fh)
+    ms.release(path, fh)
+
+
+def _shard(ms: MountedStore, path: str) -> tuple[str, str]:
+    """``(generation id, shard)`` a committed path reads."""
+    fh = ms.open(path, os.O_RDONLY)
+    h = ms.ns.handle(fh)
+    try:
+        return h.gen.id, h.shard
+    finally:
+        ms.release(path, fh)
+
+
+def _read(ms: MountedStore, fh: int, size: int, offset: int) -> bytes:
+    buf = bytearray(size)
+    n = ms.read_into(fh, buf, offset)
+    return bytes(buf[:n])
+
+
+@pytest.fixture(params=["file", "memory"])
+def ms(request, tmp_path):
+    if request.param == "file":
+        dev = FileDevice.create(str(tmp_path / "dev.img"), GEOM)
+    else:
+        dev = MemoryDevice(GEOM)
+    ms = MountedStore(Store.format(dev))
+    _put(ms, "/a.bin", DATA)
+    yield ms
+    ms.store.close()
+
+
+def test_whole_extent_requests_are_read_straight_into_the_buffer(ms, monkeypatch):
+    given = []
+    real = ms.store.read_shard_into
+
+    def spy(gen_id, name, pos, out):
+        n = real(gen_id, name, pos, out)
+        given.append((pos, n))
+        return n
+
+    monkeypatch.setattr(ms.store, "read_shard_into", spy)
+    fh = ms.open("/a.bin", os.O_RDONLY)
+    got = b"".join(_read(ms, fh, MiB, at) for at in range(0, len(DATA), MiB))
+    assert got == DATA
+    # the five whole extents came straight from the device; the last, partial one (1000 bytes, not a
+    # block multiple) through the namespace
+    assert given[:5] == [(at, MiB) for at in range(0, 5 * MiB, MiB)]
+    assert given[5] == (5 * MiB, 0)
+    assert list(ms.ns.handle(fh).windows) == [5 * MiB]
+    # a request of two extents takes both; one ending past the file gives what there is
+    assert _read(ms, fh, 2 * MiB, MiB) == DATA[MiB:3 * MiB]
+    assert given[-1] == (MiB, 2 * MiB)
+    assert _read(ms, fh, 2 * MiB, 4 * MiB) == DATA[4 * MiB:]
+    ms.release("/a.bin", fh)
+
+
+@pytest.mark.parametrize("size, offset", [(MiB, 4096), (128 << 10, 3 * MiB - 4096), (MiB + 4096, MiB),
+                                          (4096, 5 * MiB + 512), (3 * MiB, 2 * MiB + 1)])
+def test_requests_across_extents_read_the_same_bytes(ms, size, offset):
+    fh = ms.open("/a.bin", os.O_RDONLY)
+    assert _read(ms, fh, size, offset) == DATA[offset:offset + size]
+    ms.release("/a.bin", fh)
+
+
+def test_a_bad_extent_is_refused_on_the_direct_path_and_by_the_mount(tmp_path):
+    dev = MemoryDevice(GEOM)
+    ms = MountedStore(Store.format(dev))
+    _put(ms, "/a.bin", DATA)
+    gid, shard = _shard(ms, "/a.bin")
+    z, off, length, _ = ms.store.catalog.gens[gid].shards[shard].extents[2]
+    dev._data[z][off + 100] ^= 0xFF               # one flipped byte in the third extent
+    buf = bytearray(MiB)
+    with pytest.raises(ChecksumError):
+        ms.store.read_shard_into(gid, shard, 2 * MiB, buf)
+    assert ms.store.read_shard_into(gid, shard, MiB, buf) == MiB     # the one before is good
+    fh = ms.open("/a.bin", os.O_RDONLY)
+    with pytest.raises(NamespaceError) as e:
+        ms.read_into(fh, bytearray(MiB), 2 * MiB)
+    assert e.value.errno == errno.EIO
+    ms.release("/a.bin", fh)
+    ms.store.close()
+
+
+class _HeldDevice(MemoryDevice):
+    """A MemoryDevice whose reads, once armed, stop after reading until ``go`` is set."""
+
+    def __init__(self, geometry):
+        super().__init__(geometry)
+        self.armed = False
+        self.reading = threading.Event()
+        self.go = threading.Event()
+
+    def read(self, offset, length):
+        data = super().read(offset, length)
+        if self.armed:
+            self.armed = False
+            self.reading.set()
+            self.go.wait(5)
+        return data
+
+    def read_into(self, offset, out):
+        out[:] = self.read(offset, len(out))
+
+
+@pytest.mark.parametrize("how", ["extent", "into"])
+def test_the_store_lock_is_free_while_an_extent_is_read_and_a_deletion_meanwhile_is_seen(how):
+    dev = _HeldDevice(GEOM)
+    ms = MountedStore(Store.format(dev))
+    _put(ms, "/a.bin", DATA)
+    gid, shard = _shard(ms, "/a.bin")
+    store = ms.store
+    outcome = []
+
+    def reader():
+        try:
+            if how == "extent":
+                outcome.append(store.read_shard_extent(gid, shard, MiB))
+            else:
+                outcome.append(store.read_shard_into(gid, shard, MiB, bytearray(MiB)))
+        except Exception as e:  # noqa: BLE001 - the outcome is what is checked
+            outcome.append(e)
+
+    dev.armed = True
+    t = threading.Thread(target=reader)
+    t.start()
+    assert dev.reading.wait(5)
+    # the read is in the device: the store's lock is free, so another request's read (or a deletion)
+    # goes ahead, here the generation's deletion
+    got = store.lock.acquire(timeout=2)
+    assert got, "the store's lock is held across the device read"
+    try:
+        store.delete(gid)
+    finally:
+        store.lock.release()
+        dev.go.set()
+        t.join(10)
+    # what was read belongs to a deleted generation: the read says so, it does not hand the bytes out
+    assert len(outcome) == 1 and isinstance(outcome[0], GenerationNotFoundError)
+    store.close()
+
+
+def test_the_kernel_may_keep_two_read_ahead_windows_in_flight():
+    class Conn:
+        max_write = max_readahead = want = 0
+        max_background, congestion_threshold = 12, 9       # libfuse's defaults
+
+    c = Conn()
+    MountedStore(Store.format(MemoryDevice(GEOM))).init_with_config(c, None)
+    assert c.max_readahead == READ_AHEAD
+    assert c.max_background == MAX_BACKGROUND == 2 * READ_AHEAD // MiB
+    assert c.congestion_threshold == MAX_BACKGROUND * 3 // 4
