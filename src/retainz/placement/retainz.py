@@ -227,7 +227,8 @@ class RetainZ(Allocator):
         self.check_int("wait_steps", 0)
         self._index: list[tuple[float, int]] = []   # (zone reclaim step, zone) of open zones
         self._key: dict[int, tuple[float, int]] = {}
-        self._inflight: dict[str, tuple[int]] = {}  # group in flight -> (bytes still to come,)
+        # group in flight -> (bytes still to come, step of its first request, bytes to come then)
+        self._inflight: dict[str, tuple[int, int, int]] = {}
 
     # -- the hint view ------------------------------------------------------------------------------
     def _view_kwargs(self) -> dict:
@@ -241,9 +242,26 @@ class RetainZ(Allocator):
             r = view_reclaim_step(req, self.view, **self._view_kwargs())
         if r is None:
             return req.step + self.unknown_lifetime
+        if self.view in _HINTED and r != PERMANENT and req.hint.after_commit:
+            r += self.write_time(req)
         if r < req.now:
             return survivor_reclaim(req.step, req.now)
         return r
+
+    def write_time(self, req: ExtentRequest) -> float:
+        """Steps the group of ``req`` takes to be written, estimated from its progress (module
+        docstring, "Saves that take time"): ``(now - s0) * B0 / (B0 - B)`` with ``s0`` the step of
+        the group's first request, ``B0`` the bytes it had to come then and ``B`` those it has to
+        come now (``nbytes + pending``); 0 before any time has passed or any byte is placed, for GC
+        copies and for a group not in flight (a serialized save is written within its step)."""
+        e = self._inflight.get(req.generation)
+        if e is None or req.gc:
+            return 0.0
+        _, start, total = e
+        done = total - (req.nbytes + req.pending)
+        if req.now <= start or done <= 0:
+            return 0.0
+        return (req.now - start) * total / done
 
     def reclaim_step_of(self, req: ExtentRequest) -> float | None:
         """:meth:`reclaim_of`: the reclaim step this policy places and records by."""
@@ -388,10 +406,10 @@ class RetainZ(Allocator):
         t = self.table
         if self.recompute:
             self._rebuild()
-        now, r = req.now, self.reclaim_of(req)
         group = req.nbytes + req.pending
         gen = req.generation
-        self._remember(gen, group, req.gc)
+        self._remember(gen, group, req.gc, req.now)
+        now, r = req.now, self.reclaim_of(req)
         mine = t.writing.get(gen)
         if mine and not req.gc:
             # the group keeps the zone it has begun to fill while it has room (ZenFS: a file keeps
@@ -448,13 +466,15 @@ class RetainZ(Allocator):
                 best = (key, decision)
         return NO_SPACE if best is None else best[1]
 
-    def _remember(self, generation: str, group: int, gc: bool) -> None:
+    def _remember(self, generation: str, group: int, gc: bool, now: int) -> None:
         """Keep the bytes each group in flight still has to write (its latest request's
-        ``nbytes + pending``), for :meth:`share_cost`; groups no longer in flight are dropped.
+        ``nbytes + pending``), for :meth:`share_cost`, with the step and bytes to come of its first
+        request, for :meth:`write_time`; groups no longer in flight are dropped.
         Not journaled, like ``ZoneTable.writing``: a remount aborts every writer in flight."""
         inflight, writing = self._inflight, self.table.writing
         if not gc and generation in writing:
-            inflight[generation] = (group,)
+            first = inflight.get(generation)
+            inflight[generation] = (group, now, group) if first is None else (group, first[1], first[2])
         if len(inflight) > len(writing):
             for g in [g for g in inflight if g not in writing]:
                 del inflight[g]
