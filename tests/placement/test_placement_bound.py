@@ -104,7 +104,8 @@ def test_a_deletion_after_a_slow_save_commits_is_placed_by_when_that_save_is_wri
     # Before: RetainZ placed by the triggering save's step, which comes 26 to 104 steps before the
     # deletion depending on the job, so it grouped saves whose deletions are that far apart: WAF
     # 1.202 with 9 finishes against the oracle's 1.000 (the practical policies: a zone log per job
-    # 1.275, the one log 1.503).  With the group's write time added (RetainZ.write_time): 1.013.
+    # 1.275, the one log 1.503).  With the group's write time added (RetainZ.write_time, rounded to
+    # a power of two steps): 1.060.
     path = _async_mix(tmp_path)
     out = {}
     for policy in ("retainz", "oracle", "dedicated:by=job"):
@@ -114,14 +115,14 @@ def test_a_deletion_after_a_slow_save_commits_is_placed_by_when_that_save_is_wri
         assert out[policy]["capacity_stop_step"] is None, policy
     assert out["retainz"]["overlapped_bytes"] > 0
     assert out["oracle"]["waf"] == 1.0
-    assert out["retainz"]["waf"] < 1.02
+    assert out["retainz"]["waf"] < 1.1
     assert out["retainz"]["waf"] < out["dedicated:by=job"]["waf"]
 
 
 def test_a_node_of_asynchronous_sub_node_jobs_retainz_does_not_lose_to_a_zone_log_per_job():
     # The node map's cell (experiments/node.json: sub-node jobs with asynchronous saves, ZN540-like
     # zones scaled 1/64, occupancy 0.6, fleet seed 0).  Before: RetainZ 1.033 with 89 finishes, a zone
-    # log per job 1.001, the oracle 1.000; after: RetainZ 1.001.
+    # log per job 1.001, the oracle 1.000; after: RetainZ 1.000 (1.0002).
     import tempfile
 
     from retainz.experiments.manifest import expand

@@ -82,13 +82,14 @@ late as that save takes to be written: nothing when a save is written within its
 checkpoint interval for an asynchronous save paced to the next one (DCP ``async_save``).  A later
 save of the same job is written like this one, so the exact, coarse and noisy views add the group's
 own write time, :meth:`RetainZ.write_time` (the steps since its first request, scaled by the share
-of its bytes placed; 0 at its first request and for GC copies), to every finite prediction of such
+of its bytes placed, rounded to a power of two steps; 0 at its first request and for GC copies), to
+every finite prediction of such
 a condition; an estimate of an unknown step (age order) is left as it is, and the oracle is told the
 real deletion step.  The zone records the latest reclaim step placed in it, so a group's later
 requests raise it as the estimate firms up.  Without it, jobs whose saves take different times were
 grouped by steps their deletions do not keep: on the node map's sub-node cell with asynchronous saves
 (ZN540-like zones, occupancy 0.6, seed 0) RetainZ ended at 1.033 with 89 finishes where a zone log per
-job ended at 1.001 and the oracle at 1.000; with it, 1.001.  ZenFS has nothing to follow here: its
+job ended at 1.001 and the oracle at 1.000; with it, 1.000.  ZenFS has nothing to follow here: its
 write-life hints are classes an application sets once per file (``GetLifeTimeDiff`` compares
 classes, fs/zbd_zenfs.cc), without steps or write times.
 
@@ -157,6 +158,7 @@ passed with live data left is ranked by :func:`survivor_reclaim` instead.
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass
 
 from retainz.hint import DEFAULT_MEDIUM, DEFAULT_SHORT, Lifetime
@@ -271,8 +273,11 @@ class RetainZ(Allocator):
         """Steps the group of ``req`` takes to be written, estimated from its progress (module
         docstring, "Saves that take time"): ``(now - s0) * B0 / (B0 - B)`` with ``s0`` the step of
         the group's first request, ``B0`` the bytes it had to come then and ``B`` those it has to
-        come now (``nbytes + pending``); 0 before any time has passed or any byte is placed, for GC
-        copies and for a group not in flight (a serialized save is written within its step)."""
+        come now (``nbytes + pending``), rounded to a power of two steps: groups written alike (the
+        jobs of a node saving at once) then get the same reclaim step and share zones freely ("Saves
+        in flight"), where estimates a unit apart would rank their zones last.  0 before any time
+        has passed or any byte is placed, for GC copies and for a group not in flight (a serialized
+        save is written within its step)."""
         e = self._inflight.get(req.generation)
         if e is None or req.gc:
             return 0.0
@@ -280,7 +285,7 @@ class RetainZ(Allocator):
         done = total - (req.nbytes + req.pending)
         if req.now <= start or done <= 0:
             return 0.0
-        return (req.now - start) * total / done
+        return float(2 ** round(math.log2((req.now - start) * total / done)))
 
     def reclaim_step_of(self, req: ExtentRequest) -> float | None:
         """:meth:`reclaim_of`: the reclaim step this policy places and records by."""
