@@ -138,13 +138,3 @@ class Hint:
     def kind(self) -> str:
         """The condition's kind (``after_newer``, ``permanent``, ``at_step``, ``uncertain``), or ``""``."""
         return self.condition.partition(":")[0]
-
-    @property
-    def after_commit(self) -> bool:
-        """Whether the deletion waits for the commit of the save that triggers it: a condition whose
-        ``timing`` is ``after_commit`` (TorchTitan sync, Megatron retain, HF Trainer, Orbax, NVRx
-        local; ``retainz.retention.conditions.Timing``), and a top-k eviction (``uncertain``: Lightning
-        and HF evict once the new save is complete).  Its reclaim step, the triggering save's step,
-        then comes as late as that save takes to be written."""
-        kind, _, params = self.condition.partition(":")
-        return kind == "uncertain" or "timing=after_commit" in params.split(",")

@@ -83,6 +83,11 @@ def test_groups_in_flight_that_die_together_share_zones_under_few_active_zones(t
 
 
 # -- saves that take time: a deletion waits for the commit of the save that triggers it ----------
+_ASYNC_LOSS = ("known loss (docs/placement.md, 'A known loss: saves that take time'): a deletion after a slow "
+               "save's commit comes that save's write time after the predicted step; an estimate of it from "
+               "the group's progress fixed these cases but moved other node cells the wrong way")
+
+
 def _async_mix(tmp_path):
     """Three TorchTitan jobs of different save sizes (SmolLM2-135M scaled 1/8192, 1/4096, 1/16384:
     207, 414 and 104 KiB) and retention (every 100 steps keep 3, every 100 keep 2, every 50 keep 4),
@@ -100,12 +105,12 @@ def _async_mix(tmp_path):
     return out
 
 
+@pytest.mark.xfail(strict=True, reason=_ASYNC_LOSS)
 def test_a_deletion_after_a_slow_save_commits_is_placed_by_when_that_save_is_written(tmp_path):
-    # Before: RetainZ placed by the triggering save's step, which comes 26 to 104 steps before the
-    # deletion depending on the job, so it grouped saves whose deletions are that far apart: WAF
-    # 1.202 with 9 finishes against the oracle's 1.000 (the practical policies: a zone log per job
-    # 1.275, the one log 1.503).  With the group's write time added (RetainZ.write_time, rounded to
-    # a power of two steps): 1.060.
+    # now: RetainZ 1.202 with 9 finishes, the oracle 1.000 (a zone log per job 1.275, the one log
+    # 1.503): placed by the triggering save's step, which comes 26 to 104 steps before the deletion
+    # depending on the job.  With the group's write time estimated from its progress: 1.013 (raw
+    # estimate), 1.060 (rounded to a power of two steps).
     path = _async_mix(tmp_path)
     out = {}
     for policy in ("retainz", "oracle", "dedicated:by=job"):
@@ -119,10 +124,11 @@ def test_a_deletion_after_a_slow_save_commits_is_placed_by_when_that_save_is_wri
     assert out["retainz"]["waf"] < out["dedicated:by=job"]["waf"]
 
 
+@pytest.mark.xfail(strict=True, reason=_ASYNC_LOSS)
 def test_a_node_of_asynchronous_sub_node_jobs_retainz_does_not_lose_to_a_zone_log_per_job():
     # The node map's cell (experiments/node.json: sub-node jobs with asynchronous saves, ZN540-like
-    # zones scaled 1/64, occupancy 0.6, fleet seed 0).  Before: RetainZ 1.033 with 89 finishes, a zone
-    # log per job 1.001, the oracle 1.000; after: RetainZ 1.000 (1.0002).
+    # zones scaled 1/64, occupancy 0.6, fleet seed 0).  now: RetainZ 1.033 with 89 finishes, a zone
+    # log per job 1.001, the oracle 1.000; with the write-time estimate 1.000.
     import tempfile
 
     from retainz.experiments.manifest import expand

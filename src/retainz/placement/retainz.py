@@ -73,26 +73,6 @@ GC copies (``TakeMigrateZone`` upstream, also a busy-skipping scan) follow the s
 join a zone a save in flight is filling while another zone can take them.  The oracle and the
 hint controls are this class with another view of the reclaim step, so they follow it too.
 
-Saves that take time
---------------------
-A reclaim step is the step of the save that retires the generation (TorchTitan's purge after the
-k-th newer save, a top-k eviction).  A runtime that deletes once that save is complete
-(``Hint.after_commit``: timing ``after_commit``, and every ``uncertain`` top-k eviction) deletes as
-late as that save takes to be written: nothing when a save is written within its step, up to a whole
-checkpoint interval for an asynchronous save paced to the next one (DCP ``async_save``).  A later
-save of the same job is written like this one, so the exact, coarse and noisy views add the group's
-own write time, :meth:`RetainZ.write_time` (the steps since its first request, scaled by the share
-of its bytes placed, rounded to a power of two steps; 0 at its first request and for GC copies), to
-every finite prediction of such
-a condition; an estimate of an unknown step (age order) is left as it is, and the oracle is told the
-real deletion step.  The zone records the latest reclaim step placed in it, so a group's later
-requests raise it as the estimate firms up.  Without it, jobs whose saves take different times were
-grouped by steps their deletions do not keep: on the node map's sub-node cell with asynchronous saves
-(ZN540-like zones, occupancy 0.6, seed 0) RetainZ ended at 1.033 with 89 finishes where a zone log per
-job ended at 1.001 and the oracle at 1.000; with it, 1.000.  ZenFS has nothing to follow here: its
-write-life hints are classes an application sets once per file (``GetLifeTimeDiff`` compares
-classes, fs/zbd_zenfs.cc), without steps or write times.
-
 Steps before ``now`` count as ``now``.  A cost is a pair ``(bytes held forever, byte-steps)``
 compared lexicographically, so permanent data (``r = inf``) never shares with finite data while any
 finite-cost option exists: permanent packs with permanent (join cost 0).  An unknown reclaim step
@@ -158,7 +138,6 @@ passed with live data left is ranked by :func:`survivor_reclaim` instead.
 from __future__ import annotations
 
 import bisect
-import math
 from dataclasses import dataclass
 
 from retainz.hint import DEFAULT_MEDIUM, DEFAULT_SHORT, Lifetime
@@ -248,8 +227,7 @@ class RetainZ(Allocator):
         self.check_int("wait_steps", 0)
         self._index: list[tuple[float, int]] = []   # (zone reclaim step, zone) of open zones
         self._key: dict[int, tuple[float, int]] = {}
-        # group in flight -> (bytes still to come, step of its first request, bytes to come then)
-        self._inflight: dict[str, tuple[int, int, int]] = {}
+        self._inflight: dict[str, tuple[int]] = {}  # group in flight -> (bytes still to come,)
 
     # -- the hint view ------------------------------------------------------------------------------
     def _view_kwargs(self) -> dict:
@@ -263,29 +241,9 @@ class RetainZ(Allocator):
             r = view_reclaim_step(req, self.view, **self._view_kwargs())
         if r is None:
             return req.step + self.unknown_lifetime
-        if self.view in _HINTED and r != PERMANENT and req.hint.after_commit:
-            r += self.write_time(req)
         if r < req.now:
             return survivor_reclaim(req.step, req.now)
         return r
-
-    def write_time(self, req: ExtentRequest) -> float:
-        """Steps the group of ``req`` takes to be written, estimated from its progress (module
-        docstring, "Saves that take time"): ``(now - s0) * B0 / (B0 - B)`` with ``s0`` the step of
-        the group's first request, ``B0`` the bytes it had to come then and ``B`` those it has to
-        come now (``nbytes + pending``), rounded to a power of two steps: groups written alike (the
-        jobs of a node saving at once) then get the same reclaim step and share zones freely ("Saves
-        in flight"), where estimates a unit apart would rank their zones last.  0 before any time
-        has passed or any byte is placed, for GC copies and for a group not in flight (a serialized
-        save is written within its step)."""
-        e = self._inflight.get(req.generation)
-        if e is None or req.gc:
-            return 0.0
-        _, start, total = e
-        done = total - (req.nbytes + req.pending)
-        if req.now <= start or done <= 0:
-            return 0.0
-        return float(2 ** round(math.log2((req.now - start) * total / done)))
 
     def reclaim_step_of(self, req: ExtentRequest) -> float | None:
         """:meth:`reclaim_of`: the reclaim step this policy places and records by."""
@@ -430,10 +388,10 @@ class RetainZ(Allocator):
         t = self.table
         if self.recompute:
             self._rebuild()
+        now, r = req.now, self.reclaim_of(req)
         group = req.nbytes + req.pending
         gen = req.generation
-        self._remember(gen, group, req.gc, req.now)
-        now, r = req.now, self.reclaim_of(req)
+        self._remember(gen, group, req.gc)
         mine = t.writing.get(gen)
         if mine and not req.gc:
             # the group keeps the zone it has begun to fill while it has room (ZenFS: a file keeps
@@ -490,15 +448,13 @@ class RetainZ(Allocator):
                 best = (key, decision)
         return NO_SPACE if best is None else best[1]
 
-    def _remember(self, generation: str, group: int, gc: bool, now: int) -> None:
+    def _remember(self, generation: str, group: int, gc: bool) -> None:
         """Keep the bytes each group in flight still has to write (its latest request's
-        ``nbytes + pending``), for :meth:`share_cost`, with the step and bytes to come of its first
-        request, for :meth:`write_time`; groups no longer in flight are dropped.
+        ``nbytes + pending``), for :meth:`share_cost`; groups no longer in flight are dropped.
         Not journaled, like ``ZoneTable.writing``: a remount aborts every writer in flight."""
         inflight, writing = self._inflight, self.table.writing
         if not gc and generation in writing:
-            first = inflight.get(generation)
-            inflight[generation] = (group, now, group) if first is None else (group, first[1], first[2])
+            inflight[generation] = (group,)
         if len(inflight) > len(writing):
             for g in [g for g in inflight if g not in writing]:
                 del inflight[g]
