@@ -113,6 +113,11 @@ class Commits:
                 return pd
         return None
 
+    def drop_waiting(self, path: str) -> None:
+        """The closed file ``path`` waiting for a checkpoint was removed (``unlink``, a rename's
+        source): its bytes are no longer shown."""
+        self.pending_files.pop(path, None)
+
     def writers(self) -> list:
         """The ``GenerationWriter`` of every pending checkpoint that has one."""
         return [pd.writer for pd in self.pending.values() if pd.writer is not None]

@@ -1,8 +1,13 @@
 """The namespace model: a directory tree over one open store, the same for every face.
 
-:class:`Namespace` owns the path state (the committed view: path -> generation and shard; pending
-checkpoint directories and files; open files; directories made in this session; hidden and
-truncated paths; ids in flight) and every rule over it.  The FUSE mount (:mod:`retainz.mount.fs`) and
+:class:`Namespace` makes the POSIX-like calls below over parts that each own their state: the
+committed view (:class:`~retainz.namespace.view.CommittedView`: path -> generation and shard, hidden
+paths), the commit protocol (:class:`~retainz.namespace.commit.Commits`: the checkpoint directories
+being written, the files waiting for one, the ids in flight, and how each commits or is abandoned),
+the tree (:class:`~retainz.namespace.tree.Tree`: what is visible now, the directories made in this
+session, truncated paths, and the calls that change the tree's shape: ``mkdir``, ``unlink``,
+``rmdir``, ``rm -r``, ``rename``), the open files (:mod:`retainz.namespace.openfile`), admission and
+the store slot.  The FUSE mount (:mod:`retainz.mount.fs`) and
 ``retainz://`` (:mod:`retainz.integrations.fsspec_fs`) are adapters: they translate their calls into
 the POSIX-like calls below (paths inside the device, no leading ``/``; errors are
 :class:`NamespaceError`, an ``OSError`` with the errno) and hold no path state of their own.
@@ -79,8 +84,9 @@ from retainz.namespace.commit import Commits
 from retainz.namespace.errors import NamespaceError, errno_of
 from retainz.namespace.hints import Hints
 from retainz.namespace.hooks import DurableTier, Face
-from retainz.namespace.openfile import Life, OpenRead, OpenWrite
+from retainz.namespace.openfile import Life, OpenFiles, OpenRead, OpenWrite
 from retainz.namespace.slot import StoreSlot
+from retainz.namespace.tree import Tree
 from retainz.namespace.view import CommittedView
 from retainz.retention.steps import parse_step
 
@@ -151,6 +157,8 @@ class Namespace:
         inference: the :class:`~retainz.retention.inference.RetentionInference` of ``"auto"``.
         retired_at_mount: ids of older versions retired when the namespace was loaded (recovery of a
             replace).
+        view, commits, tree, open: its parts (:class:`CommittedView`, :class:`Commits`,
+            :class:`Tree`, :class:`OpenFiles`), built here and sharing its lock.
     """
 
     def __init__(self, store, *, retention: str | None = None, stream_threshold: int = 4 << 20,
@@ -168,16 +176,15 @@ class Namespace:
         self._mu = threading.RLock()
         self.slot = StoreSlot(self._mu)
         self.admission = Admission(store)
-        self._fh = itertools.count(1)
-        self.handles: dict[int, OpenWrite | OpenRead] = {}
+        self.open = OpenFiles()
         self.view = CommittedView(store)
-        self.dirs: dict[str, int] = {"": time.time_ns()}  # directories made in this session
-        self.truncated: set[str] = set()
         self.commits = Commits(store, self.view, face=self.face, tier=tier, hints=self.hints,
                                admission=self.admission, slot=self.slot, lock=self._mu,
-                               stream_threshold=stream_threshold, changed=self._changed,
-                               file_committed=self.truncated.discard)
-        self._ns_cache: tuple | None = None
+                               stream_threshold=stream_threshold,
+                               changed=lambda: self.tree.changed(),       # the tree lists what commits
+                               file_committed=lambda p: self.tree.replaced(p))
+        self.tree = Tree(store, self.view, self.commits, self.open, self.slot, self._mu,
+                         implicit_dirs=implicit_dirs)
         self.retired_at_mount: list[str] = []
         self.destroyed = False                           # unmount ran
         self._load()
@@ -196,7 +203,7 @@ class Namespace:
         with self._mu:
             retiring = frozenset(self.tier.retiring()) if self.tier is not None else frozenset()
             if self.view.sync(self.store.generations(), skip=self.commits.taken, retiring=retiring):
-                self._changed()
+                self.tree.changed()
 
     def _load(self) -> None:
         shown, stale = self.view.load(self.store.generations())
@@ -208,94 +215,9 @@ class Namespace:
             self.hints.found(c.path, c.id, parse_step(c.path, file_names=True))
 
     # -- the tree visible now ----------------------------------------------------------------------
-    def _namespace(self) -> tuple[dict[str, int], dict[str, int]]:
-        """``({file: mtime_ns}, {directory: mtime_ns})`` visible now (sizes come from :meth:`_size`)."""
-        if self._ns_cache is not None:
-            return self._ns_cache
-        files = self.view.files()
-        dirs = dict(self.dirs)
-        for pd in self.commits.pending.values():
-            if pd.refused is not None:          # absent: its open files show until they are closed
-                continue
-            dirs[pd.root] = pd.mtime_ns
-            for rel in pd.files():
-                files[posixpath.join(pd.root, rel)] = pd.mtime_ns
-        for h in self.handles.values():
-            if h.write_mode and h.live:
-                files.setdefault(h.path, time.time_ns())
-        for p in self.commits.pending_files:
-            files.setdefault(p, time.time_ns())
-        for d, mtime in self.view.directories().items():
-            dirs.setdefault(d, mtime)
-        for f in list(files) + list(dirs):
-            parent = posixpath.dirname(f)
-            while True:
-                if parent not in dirs:
-                    dirs[parent] = files.get(f, dirs.get(f, 0))
-                if not parent:
-                    break
-                parent = posixpath.dirname(parent)
-        self._ns_cache = (files, dirs)
-        return self._ns_cache
-
-    def _changed(self) -> None:
-        self._ns_cache = None
-
-    def _writer_of(self, path: str) -> OpenWrite | None:
-        for h in self.handles.values():
-            if h.write_mode and h.live and h.path == path:
-                return h
-        return None
-
-    def _committed(self, path: str) -> bool:
-        """True if readers of ``path`` see a committed version (it is not hidden or truncated)."""
-        return self.view.shows(path) and path not in self.truncated
-
-    def _size(self, path: str, fh=None) -> int:
-        h = self._writer_of(path)
-        if h is not None and (not self._committed(path) or (fh is not None and self.handles.get(fh) is h)):
-            return h.size                       # others see the committed version until the new one commits
-        if path in self.truncated:
-            return 0
-        if path in self.commits.pending_files:
-            return len(self.commits.pending_files[path])
-        pd = self.commits.pending_of(path)
-        if pd is not None:
-            size = pd.size(posixpath.relpath(path, pd.root))
-            if size is not None:
-                return size
-        return self.view.size(path)
-
-    def _check_parent(self, p: str, files, dirs) -> None:
-        """A new name's parent must be a directory; with :attr:`implicit_dirs` missing parents are
-        implied (no ancestor may be a file)."""
-        parent = posixpath.dirname(p)
-        if parent in dirs and parent not in files:
-            return
-        if not self.implicit_dirs:
-            raise NamespaceError(errno.ENOENT, f"{p}: no directory {parent or '/'}")
-        while parent:
-            if parent in files:
-                raise NamespaceError(errno.ENOTDIR, f"{p}: {parent} is a file")
-            parent = posixpath.dirname(parent)
-
-    def _is_dir(self, path: str) -> bool:
-        return path in self._namespace()[1]
-
     @staticmethod
     def _p(path: str | None) -> str:
         return (path or "/").strip("/")
-
-    def _check_name(self, p: str, *, directory: bool = False) -> None:
-        """:func:`retainz.namespace.names.check_name` of ``p`` (directories as this namespace sees them).
-
-        Raises:
-            NamespaceError: ``ENAMETOOLONG``, ``EINVAL``.
-        """
-        try:
-            L.check_name(p, directory=directory, is_dir=self._is_dir)
-        except L.NameRefused as e:
-            raise NamespaceError(e.errno, e.strerror) from None
 
     # -- metadata ----------------------------------------------------------------------------------
     def _writable(self, p: str) -> None:
@@ -317,11 +239,11 @@ class Namespace:
         """
         p = self._p(path)
         with self._mu:
-            files, dirs = self._namespace()
+            files, dirs = self.tree.listing()
             if p in dirs and p not in files:
                 return Entry(True, 0, dirs[p])
             if p in files:
-                return Entry(False, self._size(p, fh), files[p])
+                return Entry(False, self.tree.size(p, self.open.get(fh)), files[p])
         if any(len(part.encode("utf-8", "surrogateescape")) > NAME_MAX for part in p.split("/")):
             raise NamespaceError(errno.ENAMETOOLONG)
         raise NamespaceError(errno.ENOENT, f"{p}: no such file or directory")
@@ -330,7 +252,7 @@ class Namespace:
         """Whether ``path`` is a file or directory visible now."""
         p = self._p(path)
         with self._mu:
-            files, dirs = self._namespace()
+            files, dirs = self.tree.listing()
             return p in files or p in dirs
 
     def listdir(self, path: str) -> list[str]:
@@ -341,7 +263,7 @@ class Namespace:
         """
         p = self._p(path)
         with self._mu:
-            files, dirs = self._namespace()
+            files, dirs = self.tree.listing()
             if p in files:
                 raise NamespaceError(errno.ENOTDIR, f"{p}: not a directory")
         return [n for n in self.readdir(p) if n not in (".", "..")]
@@ -350,14 +272,14 @@ class Namespace:
         """``{file: size}`` of every file at or under ``path`` visible now (``""``: the whole tree)."""
         p = self._p(path)
         with self._mu:
-            files, _ = self._namespace()
+            files, _ = self.tree.listing()
             prefix = p + "/" if p else ""
-            return {f: self._size(f) for f in files if f == p or f.startswith(prefix)}
+            return {f: self.tree.size(f) for f in files if f == p or f.startswith(prefix)}
 
     def readdir(self, path, fh=None):
         p = self._p(path)
         with self._mu:
-            files, dirs = self._namespace()
+            files, dirs = self.tree.listing()
             if p not in dirs:
                 raise NamespaceError(errno.ENOENT)
             prefix = p + "/" if p else ""
@@ -372,7 +294,7 @@ class Namespace:
         layout record (:meth:`Commits.reserve`), so a file of exactly that size is written whole."""
         with self._mu:
             writers = self.commits.writers()
-            writers += [h.writer for h in self.handles.values() if h.write_mode and h.writer is not None]
+            writers += self.open.writers()
         return self.admission.space(writers)
 
     def mkdir(self, path: str) -> None:
@@ -383,16 +305,7 @@ class Namespace:
         """
         p = self._p(path)
         self._writable(p)
-        with self._mu:
-            files, dirs = self._namespace()
-            if p in files or p in dirs:
-                raise NamespaceError(errno.EEXIST)
-            if posixpath.dirname(p) not in dirs:
-                raise NamespaceError(errno.ENOENT)
-            self._check_name(p, directory=True)
-            self.dirs[p] = time.time_ns()
-            self._changed()
-        return 0
+        return self.tree.mkdir(p)
 
     # -- opening -----------------------------------------------------------------------------------
     def open_write(self, path: str, *, truncate: bool = True) -> int:
@@ -416,26 +329,26 @@ class Namespace:
 
     def handle(self, fh: int) -> OpenWrite | OpenRead | None:
         """The open file of handle ``fh`` (``None`` once released)."""
-        return self.handles.get(fh)
+        return self.open.get(fh)
 
     def writer_of(self, path: str) -> OpenWrite | None:
         """The open, unreleased writer of ``path``, if any."""
-        return self._writer_of(self._p(path))
+        return self.open.writer_of(self._p(path))
 
     def open_state(self, fh: int) -> OpenState | None:
         """The state of open file ``fh`` and of its path, taken at one instant (``None`` once released)."""
         with self._mu:
-            h = self.handles.get(fh)
+            h = self.open.get(fh)
             if h is None:
                 return None
-            w = self._writer_of(h.path)
+            w = self.open.writer_of(h.path)
             read = not h.write_mode and h.gen is not None
             return OpenState(h.path, h.write_mode, (h.gen.id, h.shard) if read else None,
-                             self._committed(h.path), w is not None, w is not None and w.unsettled)
+                             self.tree.committed(h.path), w is not None, w is not None and w.unsettled)
 
     def committed(self, path: str) -> bool:
         """Whether readers of ``path`` see a committed version."""
-        return self._committed(self._p(path))
+        return self.tree.committed(self._p(path))
 
     def _open_read(self, p: str) -> int:
         self._settled(p)
@@ -443,7 +356,7 @@ class Namespace:
         while True:
             with self._mu:
                 pd = self.commits.pending_of(p)
-                if (self._writer_of(p) is None and pd is not None and not pd.writing and pd.refused is None
+                if (self.open.writer_of(p) is None and pd is not None and not pd.writing and pd.refused is None
                         and posixpath.relpath(p, pd.root) not in pd.ready
                         and (pd.commit_requested or pd.commit_point() == "closed")):
                     self.commits.request_commit(pd)     # a save with no commit point of its own, read back: it is done
@@ -458,14 +371,14 @@ class Namespace:
             return self._open_read_locked(p)
 
     def _open_read_locked(self, p: str) -> int:
-        files, _ = self._namespace()
+        files, _ = self.tree.listing()
         if p not in files:
             raise NamespaceError(errno.ENOENT)
-        w = self._writer_of(p)
+        w = self.open.writer_of(p)
         pd = self.commits.pending_of(p)
-        if w is not None and not w.streaming and not self._committed(p):
+        if w is not None and not w.streaming and not self.tree.committed(p):
             h = OpenRead(p, buf=w.buf, source=w)     # reads what is written so far
-        elif p in self.truncated:
+        elif p in self.tree.truncated:
             h = OpenRead(p, buf=bytearray())
         elif p in self.commits.pending_files:
             h = OpenRead(p, buf=bytearray(self.commits.pending_files[p]))
@@ -477,22 +390,21 @@ class Namespace:
         else:
             raise NamespaceError(errno.EBUSY, f"{p}: being written into the store and not committed yet; "
                                       "it can be read after its checkpoint commits")
-        fh = next(self._fh)
-        self.handles[fh] = h
+        fh = self.open.add(h)
         return fh
 
     def _open_write(self, p: str, truncate: bool) -> int:
         self._settled(p)
         with self._mu:
-            files, dirs = self._namespace()
+            files, dirs = self.tree.listing()
             if p in dirs:
                 raise NamespaceError(errno.EISDIR)
-            self._check_parent(p, files, dirs)
-            if self._writer_of(p) is not None:
+            self.tree.check_parent(p, files, dirs)
+            if self.open.writer_of(p) is not None:
                 raise NamespaceError(errno.EBUSY, f"{p}: already open for writing")
             if p not in files:
-                self._check_name(p)
-            root = L.checkpoint_root(p, self._is_dir)
+                self.tree.check_name(p)
+            root = L.checkpoint_root(p, self.tree.is_dir)
             buf = bytearray()
             if root is not None:
                 if self.view.at("dir", root) is not None and p in files and not truncate and root not in self.commits.pending:
@@ -521,21 +433,20 @@ class Namespace:
                     raise
                 pd.open(rel, h)
             else:
-                if p in files and not truncate and p not in self.truncated:
-                    size = self._size(p)
+                if p in files and not truncate and p not in self.tree.truncated:
+                    size = self.tree.size(p)
                     if size > self.stream_threshold:
                         raise NamespaceError(errno.EPERM, f"{p}: a committed file over {self.stream_threshold} bytes "
                                                   "can only be replaced whole (open it with O_TRUNC)")
-                    buf = bytearray(self._read_all(p))
-                h = OpenWrite(p, buf=buf, changed=truncate and self._committed(p))   # O_TRUNC: it is empty now
+                    buf = bytearray(self.tree.read_all(p))
+                h = OpenWrite(p, buf=buf, changed=truncate and self.tree.committed(p))   # O_TRUNC: it is empty now
                 try:
                     self.commits.reserve(h)
                 except NamespaceError:
                     self.commits.drop_writer(h)      # begun, then refused: nothing of it stays admitted
                     raise
-            fh = next(self._fh)
-            self.handles[fh] = h
-            self._changed()
+            fh = self.open.add(h)
+            self.tree.changed()
             return fh
 
     # -- writing, with admission (admission.py) ----------------------------------------------------
@@ -547,7 +458,7 @@ class Namespace:
         try:
             return self._write(data, offset, fh)
         except BaseException as e:
-            h = self.handles.get(fh)
+            h = self.open.get(fh)
             if h is not None:
                 self.face.written(h.path)   # a cache's pages may no longer be the file's bytes
                 if h.write_mode:
@@ -555,7 +466,7 @@ class Namespace:
             raise
 
     def _write(self, data, offset, fh) -> int:
-        h = self.handles.get(fh)
+        h = self.open.get(fh)
         if h is None or not h.write_mode:
             raise NamespaceError(errno.EBADF)
         with h.lock:
@@ -616,7 +527,7 @@ class Namespace:
         with self._mu:
             if h.pending is None:
                 if not h.buf and h.size:
-                    h.buf = bytearray(self._read_all(h.path))     # it had streamed: copy it
+                    h.buf = bytearray(self.tree.read_all(h.path))     # it had streamed: copy it
                 h.reopen()
                 return
             pd = h.pending
@@ -627,15 +538,15 @@ class Namespace:
             h.buf = pd.take_back(h.rel)
             pd.open(h.rel, h)
             h.reopen()
-            self._changed()
+            self.tree.changed()
 
     def truncate(self, path: str, length: int, fh: int | None = None) -> int:
         p = self._p(path)
         self._writable(p)
-        h = self.handles.get(fh) if fh else None
+        h = self.open.get(fh) if fh else None
         if h is None:
             with self._mu:
-                h = self._writer_of(p)
+                h = self.open.writer_of(p)
         if h is not None and h.write_mode:
             try:
                 return self._truncate_open(h, p, length)
@@ -643,13 +554,13 @@ class Namespace:
                 self.commits.refused(h, e)
                 raise
         with self._mu:
-            files, _ = self._namespace()
+            files, _ = self.tree.listing()
             if p not in files:
                 raise NamespaceError(errno.ENOENT)
-            if length == 0 and L.checkpoint_root(p, self._is_dir) is None:
-                self.truncated.add(p)      # the next writer replaces it; it reads empty meanwhile
+            if length == 0 and L.checkpoint_root(p, self.tree.is_dir) is None:
+                self.tree.truncate(p)      # the next writer replaces it; it reads empty meanwhile
                 return 0
-            if length == self._size(p):
+            if length == self.tree.size(p):
                 return 0
         raise NamespaceError(errno.EPERM, f"{p}: a committed file is not changed in place, not even by an append (replace it whole)")
 
@@ -685,7 +596,7 @@ class Namespace:
         the old), a file of a checkpoint joins it and, if it is the checkpoint's commit point
         (``trainer_state.json``, ``.metadata``, a tracker file), the checkpoint commits.  More writes
         through a duplicate descriptor make the file dirty again (a new version at the next close)."""
-        h = self.handles.get(fh)
+        h = self.open.get(fh)
         if h is not None and h.write_mode:
             if h.to_finish and self.face.caller() == h.writer_process:
                 self._finish(h, report=True)      # not at a close by a process that never wrote
@@ -699,7 +610,7 @@ class Namespace:
         deadline = time.monotonic() + 30
         while True:
             with self._mu:
-                w = self._writer_of(p)
+                w = self.open.writer_of(p)
             if w is None or not w.flushed or time.monotonic() > deadline:
                 return
             w.done.wait(0.5)
@@ -708,7 +619,7 @@ class Namespace:
         """``fsync(2)``: a file outside checkpoint directories commits now (as at close); a file of
         a checkpoint reports any error so far (its bytes are reserved in the store and become
         durable at the checkpoint's commit point)."""
-        h = self.handles.get(fh)
+        h = self.open.get(fh)
         if h is None or not h.write_mode:
             return 0
         with h.lock:
@@ -740,7 +651,7 @@ class Namespace:
         return 0
 
     def release(self, fh: int) -> int:
-        h = self.handles.get(fh)
+        h = self.open.get(fh)
         try:
             if h is not None and h.write_mode:
                 try:
@@ -748,11 +659,11 @@ class Namespace:
                 finally:
                     with self._mu:
                         h.release()            # until now the path's open writer is this handle
-                        self._changed()
+                        self.tree.changed()
         finally:
             with self._mu:
-                self.handles.pop(fh, None)
-                self._changed()
+                self.open.pop(fh)
+                self.tree.changed()
             if h is not None and not h.write_mode:
                 h.close()
         return 0
@@ -767,7 +678,7 @@ class Namespace:
                 if h.error is not None and report:
                     raise NamespaceError(errno_of(h.error), f"{h.path}: {h.error}")
                 return
-            if h.life is Life.OPENED and h.pending is None and self._committed(h.path):
+            if h.life is Life.OPENED and h.pending is None and self.tree.committed(h.path):
                 self.commits.drop_writer(h)       # opened for writing, nothing changed: no new version
                 h.settle()
                 return
@@ -786,7 +697,7 @@ class Namespace:
                 log.error("%s: not committed: %s", h.path, e)
             finally:
                 with self._mu:
-                    self._changed()
+                    self.tree.changed()
 
     # -- reading -----------------------------------------------------------------------------------
     def read(self, fh: int, size: int, offset: int) -> bytes:
@@ -815,16 +726,10 @@ class Namespace:
 
     def _pieces(self, fh: int, size: int, offset: int):
         """The bytes at ``offset`` (up to ``size``) of ``fh``, as views of what is held, in order."""
-        h = self.handles.get(fh)
+        h = self.open.get(fh)
         if h is None:
             raise NamespaceError(errno.EBADF)
         return h.pieces(size, offset, self.store, self.tier)
-
-    def _read_all(self, p: str) -> bytes:
-        if p in self.commits.pending_files:
-            return self.commits.pending_files[p]
-        g, shard = self.view.shard_at(p)
-        return b"".join(self.store.read_shard(g.id, shard))
 
     # -- removal -----------------------------------------------------------------------------------
     def unlink(self, path: str) -> int:
@@ -837,30 +742,7 @@ class Namespace:
         """
         p = self._p(path)
         self._writable(p)
-        with self._mu:
-            files, _ = self._namespace()
-            if p not in files:
-                raise NamespaceError(errno.ENOENT, f"{p}: no such file")
-            h = self._writer_of(p)
-            if h is not None:
-                self._drop_open(h)
-            pd = self.commits.pending_of(p)
-            if pd is not None:
-                pd.remove(posixpath.relpath(p, pd.root))
-                if self.view.in_checkpoint(p):
-                    self.view.hide(p)         # not carried over into the new version either
-                self._changed()
-                return 0
-            self.commits.pending_files.pop(p, None)
-            if self.view.shows(p):
-                g, _ = self.view.shard_at(p)
-                if g.kind == "file":
-                    self.commits.retire(g.id)
-                else:
-                    self.view.hide(p)
-            self.truncated.discard(p)
-            self._changed()
-        return 0
+        return self.tree.unlink(p)
 
     def remove_tree(self, path: str) -> None:
         """``rm -r path``: every file under it unlinked, then every directory removed, deepest first,
@@ -872,227 +754,43 @@ class Namespace:
         """
         p = self._p(path)
         self._writable(p)
-        with self._mu:
-            dropped = self.commits.drop_refused(p)
-            files, dirs = self._namespace()
-            if p in files:
-                self.unlink(p)
-                return
-            if p not in dirs:
-                if dropped:
-                    return
-                raise NamespaceError(errno.ENOENT, f"{p}: no such file or directory")
-            prefix = p + "/" if p else ""
-            for f in sorted((f for f in files if f.startswith(prefix)), reverse=True):
-                self.unlink(f)
-            _, dirs = self._namespace()
-            for d in sorted((d for d in dirs if d and (d == p or d.startswith(prefix))), key=len, reverse=True):
-                if d in self._namespace()[1]:        # an implied parent goes with its last child
-                    self.rmdir(d)
+        self.tree.remove_tree(p)
 
     def checkpoint_of(self, path: str) -> str | None:
         """The committed checkpoint directory whose file ``path`` is, or ``None`` (a file of its own, a
         file being written, no such file)."""
-        p = self._p(path)
-        with self._mu:
-            if not self.view.shows(p) or self.commits.pending_of(p) is not None:
-                return None
-            g, _ = self.view.shard_at(p)
-            return g.path if g.kind == "dir" else None
-
-    def _drop_open(self, h: OpenWrite) -> None:
-        """``h`` (open for writing) is unlinked or discarded: what it wrote is dropped, its streamed shard
-        aborted (the store slot released), and nothing of it commits at its close."""
-        with h.lock:
-            if h.drop():
-                self.slot.finish()     # its stream held the store slot
-            if h.pending is not None:
-                h.pending.forget_open(h.rel)
-            else:
-                self.commits.drop_writer(h)
-        self._changed()
+        return self.tree.checkpoint_of(self._p(path))
 
     def discard(self, fh: int) -> None:
         """Abandon open file ``fh`` (its writer raised): nothing of it commits; a file of a checkpoint
         being written drops that checkpoint (the save failed, as a write error does); a committed
         version of the path stays as it was."""
         with self._mu:
-            h = self.handles.get(fh)
+            h = self.open.get(fh)
             if h is None or not h.write_mode or h.life is Life.DROPPED:
                 return
             pd = h.pending
             why = h.error or NamespaceError(errno.EIO, f"{h.path}: its writer raised: abandoned")
-            self._drop_open(h)
+            self.tree.drop_open(h)
             if pd is not None:
                 self.commits.refuse(pd, why, self.face.caller())
-            self._changed()
+            self.tree.changed()
 
     def rmdir(self, path: str) -> int:
         p = self._p(path)
         self._writable(p)
-        with self._mu:
-            dropped = self.commits.drop_refused(p)
-            files, dirs = self._namespace()
-            if dropped and p not in dirs:
-                return 0
-            if p not in dirs or p in files:
-                raise NamespaceError(errno.ENOENT if p not in dirs else errno.ENOTDIR)
-            prefix = p + "/"
-            if any(q.startswith(prefix) for q in itertools.chain(files, dirs)):
-                raise NamespaceError(errno.ENOTEMPTY)
-            gid = self.view.at("dir", p)
-            if gid is not None:                       # rm -r of a committed checkpoint: retire it
-                self.commits.retire(gid)
-            elif any(p.startswith(g.path + "/") for g in self.view if g.kind == "dir"):
-                self.view.hide(p)                     # a directory inside a committed checkpoint
-            for g in [g for g in self.view if g.kind == "dir" and g.path.startswith(prefix)]:
-                self.commits.retire(g.id)
-            pd = self.commits.pending.get(p)
-            if pd is not None:
-                self.commits.abort(pd)
-            self.dirs.pop(p, None)
-            self._changed()
-        return 0
+        return self.tree.rmdir(p)
 
     # -- rename ------------------------------------------------------------------------------------
     def rename(self, old: str, new: str) -> int:
         """Rename a file or directory (see the module docstring); over an existing file it is an atomic
         replace, over an existing empty directory it replaces it, over a non-empty one ``ENOTEMPTY``."""
-        self._writable(self._p(old))
-        ret = self._rename_path(old, new)
-        with self._mu:
-            self.face.moved(self._p(old), self._p(new))
-        return ret
-
-    def _rename_path(self, old, new):
         a, b = self._p(old), self._p(new)
-        if a == b:         # rename(2): "does nothing" for one file, ENOENT for none
-            with self._mu:
-                files, dirs = self._namespace()
-                if a not in files and a not in dirs:
-                    raise NamespaceError(errno.ENOENT, f"{a}: no such file or directory")
-            return 0
+        self._writable(a)
+        ret = self.tree.rename(a, b)
         with self._mu:
-            if self._writer_of(a) is not None:
-                return self._rename_open(a, b)
-        if not self.slot.acquire(timeout=60):
-            raise NamespaceError(errno.EBUSY, f"{a}: a file has been streaming for 60 s; rename after it is closed")
-        try:
-            return self._rename(a, b)
-        finally:
-            self.slot.finish()
-
-    def _rename(self, a: str, b: str) -> int:
-        """Rename, holding the store slot: store work queued meanwhile runs, in order, before the
-        slot is released (the new version commits before the source or the old target is retired)."""
-        with self._mu:
-            files, dirs = self._namespace()
-            if a not in files and a not in dirs:
-                raise NamespaceError(errno.ENOENT)
-            if b.startswith(a + "/"):
-                raise NamespaceError(errno.EINVAL)
-            self._check_parent(b, files, dirs)
-            self._check_renamed(a, b, files, dirs)
-            if a in dirs:
-                if b in files:
-                    raise NamespaceError(errno.ENOTDIR)
-                if any(q.startswith(b + "/") for q in itertools.chain(files, dirs)):
-                    raise NamespaceError(errno.ENOTEMPTY)
-                self._rename_dir(a, b)
-            else:
-                if b in dirs:
-                    raise NamespaceError(errno.EISDIR)
-                self._rename_file(a, b)
-            self._changed()
-        return 0
-
-    def _check_renamed(self, a: str, b: str, files, dirs) -> None:
-        """:meth:`_check_name` for every name a rename of ``a`` to ``b`` creates."""
-        if a in dirs and a not in files:
-            self._check_name(b, directory=True)
-            for q in itertools.chain(files, dirs):
-                if q.startswith(a + "/"):
-                    self._check_name(b + q[len(a):], directory=q in dirs and q not in files)
-        else:
-            self._check_name(b)
-
-    def _rename_open(self, a: str, b: str) -> int:
-        """Rename a file still open for writing (a temporary file persisted before it is closed, as
-        safetensors' ``serialize_file`` does through ``tempfile::persist``): the open file takes the
-        new path and commits there when closed, replacing what ``b`` holds then."""
-        h = self._writer_of(a)
-        files, dirs = self._namespace()
-        if b in dirs:
-            raise NamespaceError(errno.EISDIR)
-        self._check_name(b)
-        if self._writer_of(b) is not None:
-            raise NamespaceError(errno.EBUSY, f"{b}: open for writing")
-        if h.pending is not None:
-            if self.commits.pending_of(b) is not h.pending:
-                raise NamespaceError(errno.EXDEV, f"{a}: open for writing; it can move within its checkpoint only")
-            pd = h.pending
-            pd.move_open(h, posixpath.relpath(b, pd.root))
-        else:
-            if L.checkpoint_root(b, self._is_dir) is not None:
-                raise NamespaceError(errno.EXDEV, f"{a}: open for writing; close it before moving it into a checkpoint")
-            if b in files and self.view.in_checkpoint(b):
-                raise NamespaceError(errno.EPERM, f"{b}: inside a committed checkpoint (append-only)")
-        h.path = b
-        self.truncated.discard(b)
-        self._changed()
-        return 0
-
-    def _rename_dir(self, a: str, b: str) -> None:
-        pa = a + "/"
-        commits = self.commits.moved(a, b)           # HF Trainer's commit point: the rename
-        for d in [d for d in self.dirs if d == a or d.startswith(pa)]:
-            self.dirs[b + d[len(a):]] = self.dirs.pop(d)
-        for g in [g for g in self.view if g.path == a or g.path.startswith(pa)]:
-            self.commits.copy(g, b + g.path[len(a):])
-        for p in [p for p in self.truncated if p.startswith(pa)]:
-            self.truncated.discard(p)
-            self.truncated.add(b + p[len(a):])
-        for pd in commits:                           # after every move: a refusal is this call's errno
-            self.commits.request_commit(pd)
-
-    def _rename_file(self, a: str, b: str) -> None:
-        pd = self.commits.pending_of(a)
-        if pd is not None and self.commits.pending_of(b) is pd:
-            ra, rb = posixpath.relpath(a, pd.root), posixpath.relpath(b, pd.root)
-            if ra in pd.writing:
-                raise NamespaceError(errno.EBUSY, f"{a}: renamed while open for writing")
-            pd.move(ra, rb)
-            if posixpath.basename(rb) == ".metadata" and L.commit_point(pd.root, pd.ready) == "dcp-metadata":
-                self.commits.request_commit(pd)             # DCP's commit point: .metadata.tmp -> .metadata
-            return
-        data = self._read_all(a) if (self.view.has_file(a) or a in self.commits.pending_files) else None
-        if data is None:
-            src = pd.ready.get(posixpath.relpath(a, pd.root)) if pd is not None else None
-            if src is None:
-                raise NamespaceError(errno.EBUSY, f"{a}: still being written; rename it after it is closed")
-            data = bytes(src)
-        h = OpenWrite(b, buf=bytearray(data))
-        root = L.checkpoint_root(b, self._is_dir)
-        if root is not None:
-            if self.view.at("dir", root) is not None:
-                raise NamespaceError(errno.EPERM, f"{b}: checkpoint {root} is committed and append-only")
-            h.pending = self.commits.pending.get(root) or self.commits.begin_dir(root)
-            h.rel = posixpath.relpath(b, root)
-        self.commits.close_held(h)                 # commits the copy (the new version) first
-        self._unlink_locked(a)                       # then retires the source
-
-    def _unlink_locked(self, p: str) -> None:
-        if self.view.has_file(p):
-            g, _ = self.view.shard_at(p)
-            if g.kind == "file":
-                self.commits.retire(g.id)
-            else:
-                self.view.hide(p)
-        pd = self.commits.pending_of(p)
-        if pd is not None:
-            pd.remove(posixpath.relpath(p, pd.root))
-        self.commits.pending_files.pop(p, None)
-        self._changed()
+            self.face.moved(a, b)
+        return ret
 
     # -- lifetime ----------------------------------------------------------------------------------
     def unmount(self) -> None:
