@@ -746,3 +746,24 @@ def test_a_commit_that_cannot_be_withdrawn_keeps_its_zones():
                 assert b"".join(again.read_shard(g.id, "model.pt")) == b"w" * (1 << 20)
         finally:
             again.close()
+
+
+def test_renaming_a_path_onto_itself_is_enoent_when_it_does_not_exist_and_nothing_when_it_does(store):
+    """rename(2): "If oldpath and newpath are existing hard links referring to the same file, then
+    rename() does nothing"; a missing oldpath is ENOENT, whatever newpath is."""
+    ns = _ns(store)
+    with pytest.raises(NamespaceError) as e:
+        ns.rename("missing.bin", "missing.bin")
+    assert e.value.errno == errno.ENOENT
+    assert not ns.exists("missing.bin")
+    fh = ns.open_write("here.bin")
+    ns.write(fh, b"abc", 0)
+    ns.close(fh)
+    ns.release(fh)
+    assert ns.rename("here.bin", "here.bin") == 0
+    ns.mkdir("d")
+    assert ns.rename("d", "d") == 0
+    fh = ns.open_read("here.bin")
+    assert ns.read(fh, 10, 0) == b"abc"
+    ns.release(fh)
+    assert ns.stat("d").is_dir

@@ -5,8 +5,12 @@
 * :mod:`~retainz.namespace.errors` - :class:`NamespaceError`, how a refused call is reported (an errno);
 * :mod:`~retainz.namespace.hooks` - what a namespace is told by the face over it (:class:`Face`) and
   by a durable tier (:class:`DurableTier`), given to its constructor;
-* :mod:`~retainz.namespace.model` - :class:`Namespace`, which owns the path state and applies the
-  rules (commit points, replace-on-commit, rename, removal, retention inference).
+* :mod:`~retainz.namespace.commit` - the commit protocol: the generations a namespace writes (files
+  and checkpoint directories being written), from begun to committed or abandoned (``Commits``);
+* :mod:`~retainz.namespace.tree` - the tree visible now and the calls that change its shape (``Tree``:
+  ``mkdir``, ``unlink``, ``rmdir``, ``rm -r``, ``rename``);
+* :mod:`~retainz.namespace.model` - :class:`Namespace`, the POSIX-like calls every face makes, over
+  those parts (open, read, write, truncate, close, fsync, release, stat, and the tree's calls).
 """
 
 from retainz.namespace.errors import NamespaceError, errno_of

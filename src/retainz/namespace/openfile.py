@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import errno
+import itertools
 import threading
 
 from retainz.errors import ChecksumError, GenerationNotFoundError
@@ -41,7 +42,7 @@ from retainz.namespace.errors import NamespaceError
 from retainz.namespace.pump import Pump
 from retainz.store.writer import WRITE_BUFFER
 
-__all__ = ["Life", "Keeping", "OpenWrite", "OpenRead"]
+__all__ = ["Life", "Keeping", "OpenWrite", "OpenRead", "OpenFiles"]
 
 
 class Life(enum.Enum):
@@ -401,3 +402,42 @@ def _held(buf: bytearray, length: int, size: int, offset: int):
     if len(out) < size and offset + len(out) < length:
         out += bytes(min(size - len(out), length - offset - len(out)))
     yield out
+
+
+class OpenFiles:
+    """The open files of one namespace, by handle (the number a face returns for an ``open``: a FUSE
+    file handle, an fsspec file's)."""
+
+    def __init__(self):
+        self._next = itertools.count(1)
+        self._open: dict[int, OpenWrite | OpenRead] = {}
+
+    def add(self, h: OpenWrite | OpenRead) -> int:
+        """Open ``h``; its handle (never reused)."""
+        fh = next(self._next)
+        self._open[fh] = h
+        return fh
+
+    def get(self, fh: int | None) -> OpenWrite | OpenRead | None:
+        """The open file of handle ``fh`` (``None`` once released, or for ``None``)."""
+        return self._open.get(fh) if fh is not None else None
+
+    def pop(self, fh: int) -> OpenWrite | OpenRead | None:
+        """Release handle ``fh``; its open file, or ``None``."""
+        return self._open.pop(fh, None)
+
+    def writing(self) -> list[OpenWrite]:
+        """The open, unreleased writers (not dropped)."""
+        return [h for h in self._open.values() if h.write_mode and h.live]
+
+    def writer_of(self, path: str) -> OpenWrite | None:
+        """The open, unreleased writer of ``path``, if any."""
+        for h in self._open.values():
+            if h.write_mode and h.live and h.path == path:
+                return h
+        return None
+
+    def writers(self) -> list:
+        """The ``GenerationWriter`` of every open file of its own being written (a file of a checkpoint
+        uses its checkpoint's)."""
+        return [h.writer for h in self._open.values() if h.write_mode and h.writer is not None]

@@ -11,8 +11,8 @@ of its files, which is exactly one of
 Its files move between these states only through the methods below.  A pending checkpoint may be
 **refused** (a call on one of its files returned an error, see docs/mount.md): its files are dropped,
 its open files fail their next call with the same errno, and it never commits.  Its **commit point**
-(:func:`retainz.namespace.names.commit_point`) follows from its name and its files.  The namespace
-runs the protocol around it: admission, the commit, the abort (:mod:`retainz.namespace.model`).
+(:func:`retainz.namespace.names.commit_point`) follows from its name and its files.  The commit
+protocol runs around it: admission, the commit, the refusal, the abort (:mod:`retainz.namespace.commit`).
 """
 
 from __future__ import annotations
