@@ -285,3 +285,26 @@ def test_an_older_store_is_read_as_is_and_migrated_only_by_fsck_upgrade(tmp_path
     assert main(["fsck", "--upgrade", path]) == 0
     assert main(["put", path, "gen-6", str(src), "--step", "7"]) == 0
     assert listed(path, capsys) == ["gen-2", "gen-3", "gen-4", "gen-5", "gen-6"]
+
+
+def test_a_repair_of_a_clean_store_writes_nothing_and_says_it_is_clean(tmp_path, capsys):
+    """``fsck --repair`` with nothing to repair (issue 44): the device file is byte for byte what it
+    was (no journal rollover, no superblock or zone-state rewrite), the output says so, exit 0; a
+    store damaged afterwards is still repaired."""
+    path = make(tmp_path / "dev.img")
+    before = (tmp_path / "dev.img").read_bytes()
+    capsys.readouterr()
+    assert main(["fsck", "--repair", path]) == 0
+    out = capsys.readouterr().out
+    assert "note: nothing to repair: the store is clean (nothing was written)" in out
+    assert out.rstrip().endswith("clean")
+    assert (tmp_path / "dev.img").read_bytes() == before
+    rc, rep = fsck_json(path, capsys, "--repair")
+    assert rc == 0 and rep["ok"] and rep["notes"] == ["nothing to repair: the store is clean (nothing was written)"]
+    assert (tmp_path / "dev.img").read_bytes() == before
+    # damage still repairs: the label block's first copies zeroed are rewritten from the end copy
+    with open(path, "r+b") as f:
+        f.write(b"\0" * 64)
+    rc, rep = fsck_json(path, capsys, "--repair")
+    assert rc == 0 and any(n.startswith("repaired: rewrote the device label") for n in rep["notes"]), rep
+    assert listed(path, capsys) == ["gen-2", "gen-3", "gen-4", "gen-5"]

@@ -89,13 +89,18 @@ def register(sub) -> None:
     how.add_argument("--repair", action="store_true",
                      help="write: rewrite damaged metadata copies and salvage every intact committed generation; "
                           "generations a lost record could concern become unknown, never listed again on their own "
-                          "(docs/format.md)")
+                          "(docs/format.md); it first checks read-only, and a store with nothing to repair is "
+                          "left as it is: it says `nothing to repair: the store is clean` and writes nothing (the "
+                          "device file's bytes stay the same)")
     how.add_argument("--restore", metavar="GEN",
                      help="write: list an unknown generation again after checking its data (an explicit decision "
                           "that it was not deleted)")
     how.add_argument("--upgrade", action="store_true",
                      help="write: migrate a store of an older format version to this one (older RetainZ then "
-                          "refuses it)")
+                          "refuses it); it first checks read-only, and when the store is already of this version "
+                          "and the device file has nothing to migrate (a device file of format version 2 gains its "
+                          "label copy at the end), it says `nothing to upgrade: the store is already format "
+                          "version N` and writes nothing (the device file's bytes stay the same)")
     p.set_defaults(func=_fsck)
 
     p = sub.add_parser("df", help="free, used, reclaimable space, space amplification and the placement policy")
@@ -571,6 +576,10 @@ def _repair(spec: str, *, upgrade_only: bool = False, restore: str | None = None
         rep = _already_current(spec)
         if rep is not None:
             return rep
+    elif restore is None:
+        rep = _nothing_to_repair(spec)
+        if rep is not None:
+            return rep
     try:
         dev = open_device(spec)
     except DeviceBusyError:
@@ -604,6 +613,46 @@ def _repair(spec: str, *, upgrade_only: bool = False, restore: str | None = None
             rep.notes.append("repaired: the journal rolled over to a fresh chain (every superblock and snapshot "
                              "copy rewritten)")
         return rep
+    finally:
+        dev.close()
+
+
+def _nothing_to_repair(spec: str):
+    """``fsck --repair`` of a clean store: the check's report with the note "nothing to repair",
+    from a read-only open that writes nothing (issue 44: a repair rolled the journal over and
+    rewrote every superblock and snapshot copy of a store that had no damage).  ``None`` when
+    anything would be repaired, so the caller repairs read-write: a device whose own metadata
+    copies are damaged or of an older version (``ZonedDevice.notes``), a store that does not open
+    read-only (a damaged journal or superblock), or a check that finds a problem, something a
+    read-write open would do (``FsckReport.repairs``: a torn tail, stale meta zones, damaged
+    copies), a copy used in place of a damaged one, a newer chain skipped, or an older format.
+
+    Raises:
+        StoreLockedError: another process holds the device."""
+    from retainz.store import Store
+    from retainz.store.format import FORMAT_VERSION
+
+    try:
+        dev = open_device(spec, readonly=True)
+    except DeviceBusyError:
+        raise _busy(spec) from None
+    except Exception:
+        return None            # the read-write repair meets it and says so, as it always did
+    try:
+        if dev.notes or getattr(dev, "upgradable", False):
+            return None
+        try:
+            store = Store.open(dev, readonly=True)
+        except Exception:
+            return None
+        with store:
+            if store.format_version < FORMAT_VERSION or store.recovery.fallbacks or store.recovery.torn_bytes:
+                return None
+            rep = store.fsck()
+            if not rep.ok or rep.repairs or rep.notes or rep.dropped:
+                return None
+            rep.notes.append("nothing to repair: the store is clean (nothing was written)")
+            return rep
     finally:
         dev.close()
 
