@@ -231,12 +231,15 @@ def _format(args) -> int:
 def _ls(args) -> int:
     with StoreSession(args.device, readonly=True, args=args) as store:
         gens = store.generations()
+        unknown = store.unknown()
         if args.json:
             print_json([{"id": g.id, "step": g.step, "size": g.size,
                                "reclaim_step": g.hint.reclaim_step, "condition": g.hint.condition,
                                "shards": [{"name": s.name, "size": s.size, "crc32c": s.crc,
                                            "extents": _extents(s)} for s in g.shards.values()]}
                               for g in gens], indent=2)
+            if unknown:      # stdout stays the list of listed generations; the note is for the reader
+                print(unknown_note(unknown, args.device), file=sys.stderr)
             return 0
         for g in gens:
             print(f"{g.id}\tstep {g.step}\t{format_size(g.size)}\t{plural(len(g.shards), 'shard')}\t"
@@ -245,7 +248,18 @@ def _ls(args) -> int:
                 for s in g.shards.values():
                     crc = "-" if s.crc is None else f"{s.crc:08x}"
                     print(f"    {s.name}\t{s.size} B\tcrc32c {crc}\t{plural(_extents(s), 'extent')}")
+        if unknown:
+            print(unknown_note(unknown, args.device))
     return 0
+
+
+def unknown_note(unknown: list, spec: str) -> str:
+    """``ls``'s line for the generations a repair kept as unknown (issue 41: neither listed nor
+    read until a decision): how many, their bytes, and the commands that name and decide them, so
+    a store that holds only unknown generations never lists as empty (issue 44)."""
+    return (f"{plural(len(unknown), 'unknown generation')} ({format_size(sum(g.size for g in unknown))}) "
+            f"not listed: a repair could not decide whether they were deleted; `retainz fsck {spec}` names "
+            f"them, `retainz fsck --restore GEN {spec}` lists one again, `retainz rm {spec} GEN` discards it")
 
 
 def _extents(s) -> int:
