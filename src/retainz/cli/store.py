@@ -643,32 +643,19 @@ def _nothing_to_repair(spec: str):
 
     Raises:
         StoreLockedError: another process holds the device."""
-    from retainz.store import Store
     from retainz.store.format import FORMAT_VERSION
 
-    try:
-        dev = open_device(spec, readonly=True)
-    except DeviceBusyError:
-        raise _busy(spec) from None
-    except Exception:
-        return None            # the read-write repair meets it and says so, as it always did
-    try:
-        if dev.notes or getattr(dev, "upgradable", False):
+    def clean(dev, store):
+        if dev.notes or getattr(dev, "upgradable", False) or store.format_version < FORMAT_VERSION \
+                or store.recovery.fallbacks or store.recovery.torn_bytes:
             return None
-        try:
-            store = Store.open(dev, readonly=True)
-        except Exception:
+        rep = store.fsck()
+        if not rep.ok or rep.repairs or rep.notes or rep.dropped:
             return None
-        with store:
-            if store.format_version < FORMAT_VERSION or store.recovery.fallbacks or store.recovery.torn_bytes:
-                return None
-            rep = store.fsck()
-            if not rep.ok or rep.repairs or rep.notes or rep.dropped:
-                return None
-            rep.notes.append("nothing to repair: the store is clean (nothing was written)")
-            return rep
-    finally:
-        dev.close()
+        rep.notes.append("nothing to repair: the store is clean (nothing was written)")
+        return rep
+
+    return _read_only_verdict(spec, clean)
 
 
 def _already_current(spec: str):
@@ -678,13 +665,29 @@ def _already_current(spec: str):
     older than :data:`~retainz.store.format.FORMAT_VERSION` or the device file is
     (``FileDevice.upgradable``), so the caller migrates them read-write.
 
-    A device or store that does not open read-only is left to the read-write open, which names the
+    Raises:
+        StoreLockedError: another process holds the device."""
+    from retainz.store.format import FORMAT_VERSION
+
+    def current(dev, store):
+        if store.format_version < FORMAT_VERSION or getattr(dev, "upgradable", False):
+            return None
+        rep = store.fsck()
+        rep.notes.append(f"nothing to upgrade: the store is already format version {store.format_version}")
+        return rep
+
+    return _read_only_verdict(spec, current)
+
+
+def _read_only_verdict(spec: str, verdict):
+    """``verdict(device, store)`` over a read-only open of ``spec`` (which writes nothing): the
+    report of a writing ``fsck`` form with nothing to do, or ``None`` to do it read-write.  A device
+    or store that does not open read-only is left to the read-write open (``None``), which names the
     damage and the way out as before (:func:`repair_hint`).
 
     Raises:
         StoreLockedError: another process holds the device."""
     from retainz.store import Store
-    from retainz.store.format import FORMAT_VERSION
 
     try:
         dev = open_device(spec, readonly=True)
@@ -698,11 +701,7 @@ def _already_current(spec: str):
         except Exception:
             return None
         with store:
-            if store.format_version < FORMAT_VERSION or getattr(dev, "upgradable", False):
-                return None
-            rep = store.fsck()
-            rep.notes.append(f"nothing to upgrade: the store is already format version {store.format_version}")
-            return rep
+            return verdict(dev, store)
     finally:
         dev.close()
 
