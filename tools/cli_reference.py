@@ -60,7 +60,7 @@ def generated() -> dict[str, str]:
                 if not text and a.dest == "json":
                     text = "machine-readable output (strict JSON; no progress bar)"
                 lines.append(f"- {flags}: {text}" if text else f"- {flags}")
-        out[f"retainz {' '.join(words)}"] = "\n".join(lines)
+        out[f"retainz {' '.join(words)}"] = "\n".join(lines).rstrip("\n")
     return out
 
 

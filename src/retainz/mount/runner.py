@@ -611,12 +611,17 @@ def _unmount_command(mountpoint: str, *, run: bool = True) -> list[str]:
     return cmd
 
 
-def umount(mountpoint: str, *, wait: float = 120.0) -> None:
+def umount(mountpoint: str, *, wait: float = 120.0) -> list[str]:
     """``retainz umount``: unmount (``fusermount3 -u``, or ``umount`` without it) and wait until the
     server is done: its socket removed, its store and device closed (it releases the mount point's
     lock last, :func:`_serving_lock`), so a device it held can be used at once.  A server that was
     the client of a ``retainz serve`` is waited for the same way, never for the device's lock, which
     the service keeps.  Works on a stale mount whose server died.
+
+    Returns what the server's unmount said of the checkpoint directories it did not commit (each
+    dropped, and why: :meth:`Namespace.unmount`), read from
+    its log (``DEVICE.mount.log``, the lines it wrote during this unmount); empty for a server that
+    logs elsewhere (``--foreground``: its own stderr) or died.
 
     Raises:
         FileNotFoundError: ``mountpoint`` is not a RetainZ mount.
@@ -630,6 +635,8 @@ def umount(mountpoint: str, *, wait: float = 120.0) -> None:
                                     f"retainz umount {at[0]}")
         raise FileNotFoundError(f"{mountpoint}: not a RetainZ mount")
     device = _mount_source(mountpoint)
+    logpath = device + ".mount.log" if device else None
+    start = os.path.getsize(logpath) if logpath and os.path.exists(logpath) else 0
     cmd = _unmount_command(mountpoint, run=False)
     busy_until = time.monotonic() + 5            # files being closed (a runtime exiting): retry briefly
     while True:
@@ -644,6 +651,17 @@ def umount(mountpoint: str, *, wait: float = 120.0) -> None:
     # the directory under the mount now; where it takes no flock, the device's lock says it instead
     if not _wait_unlocked(mountpoint, deadline) and device and os.path.exists(device):
         _wait_unlocked(device, deadline)
+    return unmount_lines(logpath, start)
+
+
+def unmount_lines(logpath: str | None, start: int) -> list[str]:
+    """The ``unmount:`` lines (:meth:`Namespace.unmount`) a server logged to ``logpath`` from byte
+    ``start`` on, without the logging prefix; empty when there is no such file."""
+    if not logpath or not os.path.exists(logpath):
+        return []
+    with open(logpath, errors="replace") as f:
+        f.seek(start)
+        return [line.split(" unmount: ", 1)[1].rstrip("\n") for line in f if " unmount: " in line]
 
 
 def _wait_unlocked(path: str, deadline: float) -> bool:
