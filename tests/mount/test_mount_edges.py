@@ -13,6 +13,7 @@ import random
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -412,3 +413,30 @@ def test_a_checkpoint_whose_commit_point_never_came_is_named_by_umount(tmp_path)
         assert read("run/checkpoint-2", "model.safetensors") == b"m2" * 1000
         assert read("mine/checkpoint-7", "weights.pt") == b"w" * 4000
     assert fsck_clean(device)
+
+
+def test_a_relative_mount_point_gets_the_mounts_read_ahead(tmp_path):
+    """Issue 44.8: libfuse changes the server's working directory to "/", so a mount point given as a
+    relative path (``retainz mount dev.img ckpt``, as the README and ``make bench`` do) was never found
+    by the thread that raises the mount's read-ahead: sequential reads came in the kernel's 128 KiB
+    requests.  Its bdi's ``read_ahead_kb`` is the mount's :data:`READ_AHEAD` whatever the paths."""
+    from retainz.mount.fs import READ_AHEAD
+    from retainz.mount.runner import is_mounted
+
+    make_device(tmp_path, zones=16, zone_size="1MiB")
+    os.makedirs(tmp_path / "ckpt")
+    run = [sys.executable, "-m", "retainz.cli"]
+    subprocess.run([*run, "mount", "dev.img", "ckpt"], cwd=tmp_path, env=env(), check=True, timeout=120)
+    try:
+        dev = os.stat(tmp_path / "ckpt").st_dev
+        path = f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb"
+        deadline = time.monotonic() + 30         # the server raises it once the mount point is mounted
+        while int(open(path).read()) != READ_AHEAD >> 10 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert int(open(path).read()) == READ_AHEAD >> 10
+        (tmp_path / "ckpt" / "a.bin").write_bytes(b"a" * 5000)
+    finally:
+        if is_mounted(str(tmp_path / "ckpt")):
+            subprocess.run([*run, "umount", "ckpt"], cwd=tmp_path, env=env(), check=True, timeout=120)
+    assert sorted(paths(str(tmp_path / "dev.img"))) == ["a.bin"]
+    assert not os.path.exists(tmp_path / "dev.img.sock")

@@ -314,6 +314,10 @@ def serve(device: str, mountpoint: str, *, retention: str | None = None, wait: f
         from retainz.retention import parse_rule
 
         parse_rule(retention)       # a malformed or unknown rule (RULES lists the known ones) is bad input, before mounting
+    # libfuse's fuse_main changes the working directory to "/" (fuse_daemonize, also in the foreground):
+    # a relative path used after it names another file (issue 44: the read-ahead thread never found a
+    # relative mount point, so the mount read in the kernel's 128 KiB requests, at half speed)
+    device, mountpoint = os.path.abspath(device), os.path.abspath(mountpoint)
     log = logging.getLogger("retainz.mount")
     with contextlib.ExitStack() as held:
         held.enter_context(_serving_lock(mountpoint))       # released last: after the device is closed
