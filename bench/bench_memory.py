@@ -24,8 +24,9 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
+
+from bench.scratch import in_scratch, report
 
 MiB = 1 << 20
 FACES = ("stock", "plugin", "fsspec")
@@ -148,18 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         print(json.dumps(child(*args.child, os.path.abspath(args.dir), args.mib, args.tensor_mib)))
         return 0
-    os.makedirs("out", exist_ok=True)
-    d = os.path.abspath(args.dir or tempfile.mkdtemp(prefix="bench-memory-", dir="out"))
-    try:
-        res = run(d, args.mib, args.tensor_mib, args.reps)
-    finally:
-        if args.dir is None:
-            shutil.rmtree(d, ignore_errors=True)
-    print(json.dumps(res, indent=2))
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=2)
+    res = in_scratch("bench-memory-", args.dir, lambda d: run(d, args.mib, args.tensor_mib, args.reps),
+                     absolute=True)
+    report(res, args.json)
     return 0
 
 

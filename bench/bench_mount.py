@@ -30,18 +30,17 @@ Usage: python -m bench.bench_mount [--dir DIR] [--mib N] [--reps N] [--no-cold] 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 import torch
 import torch.distributed.checkpoint as dcp
 from bench.bench_dcp import MiB, drop_caches, empty_like, make_state, nbytes, same
+from bench.scratch import in_scratch, report
 
 from retainz.integrations.dcp import ZonedStorageReader, ZonedStorageWriter
 from retainz.jobs import stores
@@ -210,18 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(2)
-    os.makedirs("out", exist_ok=True)
-    d = args.dir or tempfile.mkdtemp(prefix="bench-mount-", dir="out")
-    try:
-        res = run(d, args.mib, args.reps, cold=not args.no_cold)
-    finally:
-        if args.dir is None:
-            shutil.rmtree(d, ignore_errors=True)
-    print(json.dumps(res, indent=2))
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=2)
+    res = in_scratch("bench-mount-", args.dir, lambda d: run(d, args.mib, args.reps, cold=not args.no_cold))
+    report(res, args.json)
     return 0
 
 

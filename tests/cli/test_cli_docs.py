@@ -55,3 +55,36 @@ def test_every_command_and_flag_is_documented():
 def test_documented_commands_exist():
     real = {"retainz " + " ".join(w) for w, _ in commands(build_parser())}
     assert set(sections(DOC.read_text())) <= real
+
+
+def _tool():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("cli_reference", DOC.parents[1] / "tools" / "cli_reference.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_reference_is_what_the_generator_writes_and_it_keeps_hand_written_text():
+    """``tools/cli_reference.py`` rewrites only each section's generated block (issue 44: it dropped
+    the hand-written paragraphs of ``fsck`` and ``replay`` and a flag's longer text): the page is
+    its own regeneration, a paragraph added by hand to a section survives, and a flag's text comes
+    from the parser."""
+    tool = _tool()
+    text = DOC.read_text()
+    assert tool.render(text) == text, "docs/cli.md is not what tools/cli_reference.py writes: run it and review"
+    fsck = sections(text)["retainz fsck"]
+    assert "Every error a repair fixes" in fsck and "nothing to repair: the store is clean" in fsck
+    assert "Without `--json`, replay prints one metric per line" in sections(text)["retainz replay"]
+    mine = "A paragraph written by hand under df.\n"
+    added = text.replace("<!-- /generated -->\n", "<!-- /generated -->\n\n" + mine, 1)
+    # in the first section, then with a flag line edited by hand inside the generated block
+    first = next(iter(sections(added)))
+    assert mine in sections(tool.render(added))[first]
+    edited = added.replace("- `--json`: machine-readable output", "- `--json`: HAND-EDITED output", 1)
+    again = tool.render(edited)
+    assert "HAND-EDITED" not in again and mine in sections(again)[first]
+    # a page written before the markers: its hand-written paragraphs are kept too
+    bare = text.replace("<!-- generated -->\n", "").replace("<!-- /generated -->\n", "")
+    assert tool.render(bare) == text

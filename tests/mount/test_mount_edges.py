@@ -13,6 +13,7 @@ import random
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -341,3 +342,101 @@ def test_fsync_of_a_checkpoint_directory_commits_it(tmp_path):
             proc.kill()
         subprocess.run(["fusermount3", "-u", str(mnt)], capture_output=True)
     assert sorted(paths(device)) == ["run/step-3"]
+
+
+def test_a_checkpoint_whose_commit_point_never_came_is_named_by_umount(tmp_path):
+    """Issue 44: a ``checkpoint-N/`` folder written without ``trainer_state.json`` (HF Trainer's
+    completion marker) was dropped at unmount with only a line in the server's log, while the docs
+    said checkpoints commit at a clean unmount.  Such a folder is an unfinished save: it is dropped,
+    as after a crash of the server, and ``retainz umount`` names it and why (with the way to commit
+    a folder written without the marker: ``fsync`` of the directory); likewise a DCP folder without
+    ``.metadata``, an unfinished re-save (its committed version stays) and a checkpoint whose write
+    failed (never committed, issue 41.4).  A folder fsync'ed without its marker is committed."""
+    device = make_device(tmp_path, zones=16, zone_size="1MiB")
+    mnt = tmp_path / "mnt"
+    os.makedirs(mnt)
+    retainz("mount", device, str(mnt))
+    try:
+        (mnt / "run" / "checkpoint-2").mkdir(parents=True)          # a complete HF save
+        (mnt / "run/checkpoint-2/model.safetensors").write_bytes(b"m2" * 1000)
+        (mnt / "run/checkpoint-2/trainer_state.json").write_bytes(b'{"global_step": 2}')
+        (mnt / "run" / "checkpoint-4").mkdir()                       # its marker never comes
+        (mnt / "run/checkpoint-4/model.safetensors").write_bytes(b"m4" * 1000)
+        (mnt / "run/checkpoint-4/optimizer.pt").write_bytes(b"o4" * 3000)
+        (mnt / "dcp" / "step-9").mkdir(parents=True)                 # DCP without .metadata
+        (mnt / "dcp/step-9/__0_0.distcp").write_bytes(b"d" * 5000)
+        (mnt / "mine" / "checkpoint-7").mkdir(parents=True)          # no marker, but fsync'ed: committed
+        (mnt / "mine/checkpoint-7/weights.pt").write_bytes(b"w" * 4000)
+        fd = os.open(mnt / "mine/checkpoint-7", os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        (mnt / "run/checkpoint-2/model.safetensors").write_bytes(b"NEW" * 10)   # a re-save, unfinished
+        (mnt / "run" / "checkpoint-6").mkdir()                       # a write failed: never kept (41.4)
+        (mnt / "run/checkpoint-6/config.json").write_bytes(b"{}")
+        with open(mnt / "run/checkpoint-6/model.safetensors", "wb") as f:
+            f.write(b"x")
+            f.seek(300 << 20)                                        # past the hole limit: EFBIG
+            with pytest.raises(OSError) as e:
+                f.write(b"y")
+                f.flush()
+            assert e.value.errno == errno.EFBIG
+            with pytest.raises(OSError):
+                f.close()
+    finally:
+        r = retainz("umount", str(mnt))
+    said = r.stdout.splitlines()
+    refused = [line for line in said if line.startswith("dropped run/checkpoint-6/ (")]
+    assert len(refused) == 1 and "a call on one of its files failed (" in refused[0] \
+        and refused[0].endswith("a checkpoint any of whose writes failed never commits"), said
+    said.remove(refused[0])
+    hf = "HF Trainer closes trainer_state.json, the last file _save_checkpoint writes"
+    dcp = "DCP closes (or renames .metadata.tmp to) .metadata, written after every data file"
+    tail = "; fsync of the directory commits a folder written without that marker"
+    assert sorted(said) == sorted([
+        f"dropped run/checkpoint-2/ (1 file): its commit point never came ({hf}): an unfinished save, absent as "
+        f"after a crash; its committed version stays{tail}",
+        f"dropped run/checkpoint-4/ (2 files): its commit point never came ({hf}): an unfinished save, absent as "
+        f"after a crash{tail}",
+        f"dropped dcp/step-9/ (1 file): its commit point never came ({dcp}): an unfinished save, absent as after "
+        f"a crash{tail}",
+    ]), r.stdout
+    from retainz import ids
+    from retainz.jobs import stores
+
+    got = paths(device)
+    assert sorted(got) == ["mine/checkpoint-7", "run/checkpoint-2"]
+    with stores.using(device, wait=30) as store:
+        def read(path, name):
+            return b"".join(store.read_shard(got[path].id, ids.shard_name(name)))
+        assert read("run/checkpoint-2", "model.safetensors") == b"m2" * 1000
+        assert read("mine/checkpoint-7", "weights.pt") == b"w" * 4000
+    assert fsck_clean(device)
+
+
+def test_a_relative_mount_point_gets_the_mounts_read_ahead(tmp_path):
+    """Issue 44.8: libfuse changes the server's working directory to "/", so a mount point given as a
+    relative path (``retainz mount dev.img ckpt``, as the README and ``make bench`` do) was never found
+    by the thread that raises the mount's read-ahead: sequential reads came in the kernel's 128 KiB
+    requests.  Its bdi's ``read_ahead_kb`` is the mount's :data:`READ_AHEAD` whatever the paths."""
+    from retainz.mount.fs import READ_AHEAD
+    from retainz.mount.runner import is_mounted
+
+    make_device(tmp_path, zones=16, zone_size="1MiB")
+    os.makedirs(tmp_path / "ckpt")
+    run = [sys.executable, "-m", "retainz.cli"]
+    subprocess.run([*run, "mount", "dev.img", "ckpt"], cwd=tmp_path, env=env(), check=True, timeout=120)
+    try:
+        dev = os.stat(tmp_path / "ckpt").st_dev
+        path = f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb"
+        deadline = time.monotonic() + 30         # the server raises it once the mount point is mounted
+        while int(open(path).read()) != READ_AHEAD >> 10 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert int(open(path).read()) == READ_AHEAD >> 10
+        (tmp_path / "ckpt" / "a.bin").write_bytes(b"a" * 5000)
+    finally:
+        if is_mounted(str(tmp_path / "ckpt")):
+            subprocess.run([*run, "umount", "ckpt"], cwd=tmp_path, env=env(), check=True, timeout=120)
+    assert sorted(paths(str(tmp_path / "dev.img"))) == ["a.bin"]
+    assert not os.path.exists(tmp_path / "dev.img.sock")

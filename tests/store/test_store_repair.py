@@ -285,3 +285,52 @@ def test_an_older_store_is_read_as_is_and_migrated_only_by_fsck_upgrade(tmp_path
     assert main(["fsck", "--upgrade", path]) == 0
     assert main(["put", path, "gen-6", str(src), "--step", "7"]) == 0
     assert listed(path, capsys) == ["gen-2", "gen-3", "gen-4", "gen-5", "gen-6"]
+
+
+def test_a_repair_of_a_clean_store_writes_nothing_and_says_it_is_clean(tmp_path, capsys):
+    """``fsck --repair`` with nothing to repair (issue 44): the device file is byte for byte what it
+    was (no journal rollover, no superblock or zone-state rewrite), the output says so, exit 0; a
+    store damaged afterwards is still repaired."""
+    path = make(tmp_path / "dev.img")
+    before = (tmp_path / "dev.img").read_bytes()
+    capsys.readouterr()
+    assert main(["fsck", "--repair", path]) == 0
+    out = capsys.readouterr().out
+    assert "note: nothing to repair: the store is clean (nothing was written)" in out
+    assert out.rstrip().endswith("clean")
+    assert (tmp_path / "dev.img").read_bytes() == before
+    rc, rep = fsck_json(path, capsys, "--repair")
+    assert rc == 0 and rep["ok"] and rep["notes"] == ["nothing to repair: the store is clean (nothing was written)"]
+    assert (tmp_path / "dev.img").read_bytes() == before
+    # damage still repairs: the label block's first copies zeroed are rewritten from the end copy
+    with open(path, "r+b") as f:
+        f.write(b"\0" * 64)
+    rc, rep = fsck_json(path, capsys, "--repair")
+    assert rc == 0 and any(n.startswith("repaired: rewrote the device label") for n in rep["notes"]), rep
+    assert listed(path, capsys) == ["gen-2", "gen-3", "gen-4", "gen-5"]
+
+
+def test_ls_of_a_store_holding_only_unknown_generations_says_so(tmp_path, capsys):
+    """Issue 44: after a repair kept every generation as unknown, ``ls`` printed nothing, as for an
+    empty store.  It names how many unknown generations there are and the commands that inspect and
+    decide them; ``--json`` keeps stdout the (empty) list of listed generations and says it on stderr;
+    once one is restored it is listed and the line counts the rest."""
+    path = make(tmp_path / "dev.img")
+    for off in copies_of(path, "d", b'"gen-1"') + copies_of(path, "x", b'"now":6'):
+        damage(path, off)
+    assert fsck_json(path, capsys, "--repair")[0] == 0
+    line = (f"5 unknown generations (14.65 KiB) not listed: a repair could not decide whether they were deleted; "
+            f"`retainz fsck {path}` names them, `retainz fsck --restore GEN {path}` lists one again, "
+            f"`retainz rm {path} GEN` discards it")
+    capsys.readouterr()
+    assert main(["ls", path]) == 0
+    assert capsys.readouterr().out.splitlines() == [line]
+    assert main(["ls", path, "--json"]) == 0
+    io = capsys.readouterr()
+    assert json.loads(io.out) == [] and io.err.splitlines() == [line]
+    assert main(["fsck", "--restore", "gen-3", path]) == 0
+    capsys.readouterr()
+    assert main(["ls", path]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("gen-3\tstep 3\t") and out[1].startswith("4 unknown generations (11.72 KiB) not listed")
+    assert len(out) == 2

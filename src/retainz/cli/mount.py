@@ -102,8 +102,10 @@ def _umount(args) -> int:
     from retainz.mount.runner import umount
 
     try:
-        umount(args.mountpoint)
+        said = umount(args.mountpoint)
     except (RuntimeError, TimeoutError) as e:
         print(f"retainz: error: {e}", file=sys.stderr)
         return 1
+    for line in said:        # each checkpoint directory the unmount dropped, and why
+        print(line)
     return 0

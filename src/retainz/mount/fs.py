@@ -281,5 +281,6 @@ class MountedStore:
         return self.ns.rename(old, new)
 
     def destroy(self, path):
-        """Unmount (:meth:`Namespace.unmount`)."""
+        """Unmount (:meth:`Namespace.unmount`; it logs each checkpoint directory it dropped, and why,
+        which ``retainz umount`` prints)."""
         self.ns.unmount()

@@ -314,6 +314,10 @@ def serve(device: str, mountpoint: str, *, retention: str | None = None, wait: f
         from retainz.retention import parse_rule
 
         parse_rule(retention)       # a malformed or unknown rule (RULES lists the known ones) is bad input, before mounting
+    # libfuse's fuse_main changes the working directory to "/" (fuse_daemonize, also in the foreground):
+    # a relative path used after it names another file (issue 44: the read-ahead thread never found a
+    # relative mount point, so the mount read in the kernel's 128 KiB requests, at half speed)
+    device, mountpoint = os.path.abspath(device), os.path.abspath(mountpoint)
     log = logging.getLogger("retainz.mount")
     with contextlib.ExitStack() as held:
         held.enter_context(_serving_lock(mountpoint))       # released last: after the device is closed
@@ -611,12 +615,17 @@ def _unmount_command(mountpoint: str, *, run: bool = True) -> list[str]:
     return cmd
 
 
-def umount(mountpoint: str, *, wait: float = 120.0) -> None:
+def umount(mountpoint: str, *, wait: float = 120.0) -> list[str]:
     """``retainz umount``: unmount (``fusermount3 -u``, or ``umount`` without it) and wait until the
     server is done: its socket removed, its store and device closed (it releases the mount point's
     lock last, :func:`_serving_lock`), so a device it held can be used at once.  A server that was
     the client of a ``retainz serve`` is waited for the same way, never for the device's lock, which
     the service keeps.  Works on a stale mount whose server died.
+
+    Returns what the server's unmount said of the checkpoint directories it did not commit (each
+    dropped, and why: :meth:`Namespace.unmount`), read from
+    its log (``DEVICE.mount.log``, the lines it wrote during this unmount); empty for a server that
+    logs elsewhere (``--foreground``: its own stderr) or died.
 
     Raises:
         FileNotFoundError: ``mountpoint`` is not a RetainZ mount.
@@ -630,6 +639,8 @@ def umount(mountpoint: str, *, wait: float = 120.0) -> None:
                                     f"retainz umount {at[0]}")
         raise FileNotFoundError(f"{mountpoint}: not a RetainZ mount")
     device = _mount_source(mountpoint)
+    logpath = device + ".mount.log" if device else None
+    start = os.path.getsize(logpath) if logpath and os.path.exists(logpath) else 0
     cmd = _unmount_command(mountpoint, run=False)
     busy_until = time.monotonic() + 5            # files being closed (a runtime exiting): retry briefly
     while True:
@@ -644,6 +655,17 @@ def umount(mountpoint: str, *, wait: float = 120.0) -> None:
     # the directory under the mount now; where it takes no flock, the device's lock says it instead
     if not _wait_unlocked(mountpoint, deadline) and device and os.path.exists(device):
         _wait_unlocked(device, deadline)
+    return unmount_lines(logpath, start)
+
+
+def unmount_lines(logpath: str | None, start: int) -> list[str]:
+    """The ``unmount:`` lines (:meth:`Namespace.unmount`) a server logged to ``logpath`` from byte
+    ``start`` on, without the logging prefix; empty when there is no such file."""
+    if not logpath or not os.path.exists(logpath):
+        return []
+    with open(logpath, errors="replace") as f:
+        f.seek(start)
+        return [line.split(" unmount: ", 1)[1].rstrip("\n") for line in f if " unmount: " in line]
 
 
 def _wait_unlocked(path: str, deadline: float) -> bool:

@@ -599,26 +599,53 @@ class Commits:
             self._changed()
             return w
 
-    def unmount(self) -> None:
-        """Unmount: commit the checkpoint directories whose commit point is "closed" (or was
-        requested) and whose files are all closed (a clean unmount is their last chance); abort the
-        rest (refused ones, and a runtime whose tracker file never came did not finish its save)."""
+    def unmount(self) -> list[str]:
+        """Settle every pending checkpoint directory at unmount.  Returns one line per directory that
+        did not commit, saying why (each also logged at WARNING, prefixed ``unmount:``), so the caller
+        can say what was dropped (``retainz umount`` prints them).
+
+        * **at its commit point** ("closed" directories, whose last chance this is, or a point that came
+          while files were open), every file closed: committed;
+        * **refused** (a call on one of its files returned an error): dropped (issue 41 item 4: a
+          checkpoint any of whose writes failed never commits);
+        * **a file still open for writing** (a server stopped by a signal while a runtime wrote): dropped;
+        * **its runtime's completion marker never came** (HF Trainer's ``trainer_state.json``, DCP's
+          ``.metadata``, a Megatron or DeepSpeed tracker file naming it): dropped, as after a crash of
+          the server, so that what is committed does not depend on how the mount ended: the runtime
+          did not finish that save, and its loaders would not take it as a checkpoint (TorchTitan and
+          DCP need ``.metadata``, Megatron and DeepSpeed load what the tracker names).  A re-save of
+          a committed checkpoint that never finished leaves the committed version as it was.  A
+          program that writes such a folder without the marker commits it with ``fsync`` of the
+          directory (``Namespace.fsyncdir``), as it would make it durable on a local file system.
+        """
+        lines: list[str] = []
+
+        def drop(pd: PendingCheckpoint, why: str) -> None:
+            files = pd.files()
+            line = f"dropped {pd.root}/ ({len(files)} file{'s' * (len(files) != 1)}): {why}"
+            log.warning("unmount: %s", line)
+            lines.append(line)
+            self.abort(pd)
+
         with self._mu:
             for pd in list(self.pending.values()):
                 point = pd.commit_point()
                 if pd.refused is not None:
-                    log.warning("%s: not committed at unmount: refused (%s)", pd.root, pd.refused)
-                    self.abort(pd)
-                elif not pd.writing and (point == "closed" or pd.commit_requested):
+                    drop(pd, f"a call on one of its files failed ({pd.refused}); a checkpoint any of whose "
+                             "writes failed never commits")
+                elif pd.writing:
+                    drop(pd, f"{', '.join(sorted(pd.writing))} still open for writing at unmount")
+                elif point == "closed" or pd.commit_requested:
                     try:
                         self.slot.run(lambda pd=pd: self._commit(pd))
                     except Exception as e:  # noqa: BLE001 - unmount goes on
-                        log.error("%s: commit at unmount failed: %s", pd.root, e)
-                        self.abort(pd)
+                        drop(pd, f"its commit at unmount failed: {e}")
                 else:
-                    log.warning("%s: not committed at unmount (its commit point, %s, never came)", pd.root,
-                                L.COMMIT_POINTS[point])
-                    self.abort(pd)
+                    again = self.view.at("dir", pd.root) is not None
+                    drop(pd, f"its commit point never came ({L.COMMIT_POINTS[point]}): an unfinished save, "
+                             "absent as after a crash" + ("; its committed version stays" if again else "")
+                             + "; fsync of the directory commits a folder written without that marker")
+        return lines
 
     # -- a committed generation renamed --------------------------------------------------------------
     def copy(self, g: CommittedGeneration, path: str) -> None:

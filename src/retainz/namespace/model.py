@@ -793,12 +793,11 @@ class Namespace:
         return ret
 
     # -- lifetime ----------------------------------------------------------------------------------
-    def unmount(self) -> None:
-        """Unmount: commit the checkpoint directories whose commit point is "closed" and whose files
-        are all closed (a clean unmount is their last chance); abort the rest (a runtime whose
-        tracker file never came did not finish its save): :meth:`Commits.unmount`."""
+    def unmount(self) -> list[str]:
+        """Unmount: settle every checkpoint directory still pending (:meth:`Commits.unmount`).  Returns
+        one line per directory that did not commit, saying why (``retainz umount`` prints them)."""
         self.destroyed = True
-        self.commits.unmount()
+        return self.commits.unmount()
 
     def inferred(self) -> dict:
         """What ``--retention auto`` has inferred so far (``RetentionInference.summary``)."""
