@@ -25,10 +25,13 @@ from tests.interrupts import ENV, retainz
 
 
 def at_once(argv) -> list[str]:
-    """``argv`` (a :func:`retainz` command line) run with the bar's delay set to 0: a quick
-    command draws its bars as a long one does after half a second."""
+    """``argv`` (a :func:`retainz` command line) run with the bar's delay and its least interval
+    between redraws set to 0: a quick command draws its bars as a long one does after half a second,
+    and redraws at every update (a ``get`` from the page cache may otherwise end within tqdm's 0.1 s
+    between two redraws, before any redraw showing MiB moved)."""
     assert argv[1:3] == ["-m", "retainz.cli"]
-    code = "import sys; from retainz.cli import main, progress; progress.DELAY = 0.0; sys.exit(main())"
+    code = ("import sys; from retainz.cli import main, progress; progress.DELAY = 0.0; "
+            "progress.MININTERVAL = 0.0; sys.exit(main())")
     return [sys.executable, "-c", code, *argv[3:]]
 
 

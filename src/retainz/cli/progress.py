@@ -14,10 +14,13 @@ from __future__ import annotations
 import functools
 import sys
 
-__all__ = ["DELAY", "enabled", "bar", "callback"]
+__all__ = ["DELAY", "MININTERVAL", "enabled", "bar", "callback"]
 
 #: Seconds an operation runs before its bar appears (docs/cli.md, "Progress").
 DELAY = 0.5
+
+#: Least seconds between two redraws of a bar (tqdm's ``mininterval``, its default).
+MININTERVAL = 0.1
 
 
 def enabled(args=None) -> bool:
@@ -40,7 +43,7 @@ def bar(total: int | None, desc: str, args=None, *, unit: str = "B"):
     size = shutil.get_terminal_size()   # COLUMNS/LINES, else the terminal's, else 80x24 (a 0x0 pty too)
     return _bar_class()(total=total, desc=desc, unit=unit, unit_scale=scale, unit_divisor=1024 if scale else 1000,
                         file=sys.stderr, leave=False, ncols=size.columns or 80, nrows=size.lines or 24,
-                        delay=DELAY, disable=not enabled(args))
+                        delay=DELAY, mininterval=MININTERVAL, disable=not enabled(args))
 
 
 @functools.cache
