@@ -646,10 +646,9 @@ def _nothing_to_repair(spec: str):
     from retainz.store.format import FORMAT_VERSION
 
     def clean(dev, store):
-        if dev.notes or getattr(dev, "upgradable", False) or store.format_version < FORMAT_VERSION \
-                or store.recovery.fallbacks or store.recovery.torn_bytes:
+        if dev.notes or getattr(dev, "upgradable", False) or store.format_version < FORMAT_VERSION:
             return None
-        rep = store.fsck()
+        rep = store.fsck()      # a torn tail or a newer chain skipped is among its repairs (a roll-over, stale meta zones)
         if not rep.ok or rep.repairs or rep.notes or rep.dropped:
             return None
         rep.notes.append("nothing to repair: the store is clean (nothing was written)")
