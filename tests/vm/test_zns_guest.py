@@ -37,12 +37,32 @@ ROOT = Path(__file__).resolve().parents[2]
 #: other test files (tests/store/test_store_*.py) build emulated devices of their own (FaultyDevice power-cut
 #: campaigns, hypothesis machines): tests/store/test_store_device.py is their real-device counterpart.
 GUEST_TEST_FILES = ["tests/zoned/test_device_conformance.py", "tests/store/test_store_device.py", "tests/node/test_node_zbd.py"]
-#: Real-device cases of tests/store/test_store_device.py per device (each must pass, none may skip).
-STORE_CASES = {"test_format_refuses_a_non_empty_device_unless_forced": 1,
-               "test_generations_round_trip_delete_gc_and_reopen": 1,
-               "test_process_crash_while_writing_a_generation": 3,
-               "test_process_crash_during_a_commit": 3,
-               "test_killed_process_leaves_the_committed_set_exact": 2}
+#: Real-device tests of tests/store/test_store_device.py: each must pass on each device for every one of
+#: its parameters (read from that file, so a crash point added there is expected here too), none may skip.
+STORE_TESTS = ("test_format_refuses_a_non_empty_device_unless_forced",
+               "test_generations_round_trip_delete_gc_and_reopen",
+               "test_process_crash_while_writing_a_generation",
+               "test_process_crash_during_a_commit",
+               "test_killed_process_leaves_the_committed_set_exact")
+
+
+def _parameter_counts(path: Path, names) -> dict[str, int]:
+    """{test name: number of its parameter combinations} for the named tests of ``path`` (1 if unparametrized),
+    read from the source's ``@pytest.mark.parametrize`` decorators.  Raises KeyError for a name not in it."""
+    import ast
+    tree = ast.parse(path.read_text())
+    found = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name in names:
+            count = 1
+            for deco in node.decorator_list:
+                if isinstance(deco, ast.Call) and ast.unparse(deco.func).endswith("mark.parametrize"):
+                    count *= len(ast.literal_eval(deco.args[1]))
+            found[node.name] = count
+    return {name: found[name] for name in names}
+
+
+STORE_CASES = _parameter_counts(ROOT / "tests" / "store" / "test_store_device.py", STORE_TESTS)
 OUT = ROOT / "out" / "zns_guest"
 JUNIT = OUT / "junit.xml"
 #: Seconds before a hung guest is killed: a guard against a hang, not a budget.  The first guest's pytest
