@@ -721,6 +721,38 @@ def test_a_tracker_waiting_for_a_checkpoint_that_is_refused_never_commits(store)
     assert b"".join(store.read_shard("@m%2Flatest_checkpointed_iteration.txt", "file")) == b"50"
 
 
+@pytest.mark.parametrize("how", ["unlink", "rename"])
+def test_a_tracker_removed_while_waiting_for_its_checkpoint_never_commits(store, how):
+    """A tracker file waiting for the checkpoint it names (a rank of ``iter_0000100`` still writing) is
+    removed (``rm``, or renamed away) before that checkpoint commits: when the checkpoint commits, the
+    removed file does not come back (before, its queued commit still ran and published it), and the
+    version it replaced, retired by the removal, stays retired.  A rename's destination commits."""
+    ns = _ns(store)
+    _put(ns, "m/latest_checkpointed_iteration.txt", b"50")
+    fh = ns.open_write("m/iter_0000100/mp_rank_01/model_optim_rng.pt")
+    ns.write(fh, b"x" * 1000, 0)
+    _put(ns, "m/iter_0000100/mp_rank_00/model_optim_rng.pt", b"y" * 1000)
+    _put(ns, "m/latest_checkpointed_iteration.txt", b"100")        # queued behind the checkpoint
+    assert _get(ns, "m/latest_checkpointed_iteration.txt") == b"100"
+    if how == "unlink":
+        ns.unlink("m/latest_checkpointed_iteration.txt")
+    else:
+        ns.rename("m/latest_checkpointed_iteration.txt", "m/tracker.bak")
+    assert not ns.exists("m/latest_checkpointed_iteration.txt")
+    ns.close(fh)
+    ns.release(fh)
+    assert ns.exists("m/iter_0000100")
+    assert not ns.exists("m/latest_checkpointed_iteration.txt")
+    ns.unmount()
+    files = {g for g in _ids(store) if g.startswith("@")}
+    assert "@m%2Flatest_checkpointed_iteration.txt" not in files
+    if how == "rename":
+        assert files == {"@m%2Ftracker.bak"}
+        assert b"".join(store.read_shard("@m%2Ftracker.bak", "file")) == b"100"
+    else:
+        assert files == set()
+
+
 def test_a_commit_that_cannot_be_withdrawn_keeps_its_zones():
     """When the rollover that withdraws a failed commit fails as well (the journal's flush fails, then
     the rollover's first zone operation), the generation's zones are kept at the abort: after a

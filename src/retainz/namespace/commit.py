@@ -94,6 +94,7 @@ class Commits:
         self._file_committed = file_committed
         self.pending: dict[str, PendingCheckpoint] = {}
         self.pending_files: dict[str, bytes] = {}
+        self._waiting: dict[str, set[object]] = {}   # path -> tokens of its queued commits still wanted
         self.taken: set[str] = set()
 
     # -- ids and the view --------------------------------------------------------------------------
@@ -115,8 +116,10 @@ class Commits:
 
     def drop_waiting(self, path: str) -> None:
         """The closed file ``path`` waiting for a checkpoint was removed (``unlink``, a rename's
-        source): its bytes are no longer shown."""
+        source): its bytes are no longer shown, and its queued commit is withdrawn (it never commits,
+        as ``rm`` of a file whose writer has not closed)."""
         self.pending_files.pop(path, None)
+        self._waiting.pop(path, None)
 
     def writers(self) -> list:
         """The ``GenerationWriter`` of every pending checkpoint that has one."""
@@ -364,17 +367,25 @@ class Commits:
 
     def _after(self, pd: PendingCheckpoint, h: OpenWrite, p: str, data: bytes) -> None:
         """Tracker file ``h`` at ``p`` (bytes ``data``) commits after checkpoint ``pd`` it names, or
-        never if ``pd`` does not commit."""
+        never if ``pd`` does not commit or ``p`` is removed before it does (:meth:`drop_waiting`)."""
         gen_w = h.writer
         h.writer = None
+        token = object()
+        self._waiting.setdefault(p, set()).add(token)
 
         def later(committed: bool):
-            if not committed:     # the checkpoint it names was refused: neither commits
+            queued = self._waiting.get(p, set())
+            wanted = token in queued
+            queued.discard(token)
+            if not queued:
+                self._waiting.pop(p, None)
+            if not committed or not wanted:   # its checkpoint refused, or the file removed meanwhile
                 with contextlib.suppress(Exception):
                     gen_w.abort()
                 self.taken.discard(gen_w.id)
-                self.pending_files.pop(p, None)
-                log.error("%s: not committed: the checkpoint it names did not commit", p)
+                if not committed:
+                    self.pending_files.pop(p, None)
+                    log.error("%s: not committed: the checkpoint it names did not commit", p)
                 return
             gen_w.write_shard(L.FILE_SHARD, [data])
             self.taken.discard(gen_w.id)
