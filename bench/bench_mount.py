@@ -8,9 +8,9 @@ One state dict of large float32 tensors (:func:`bench.bench_dcp.make_state`) is 
 * ``dcp``: DCP's stock ``FileSystemWriter``/``FileSystemReader`` into a checkpoint directory;
 * ``safetensors``: ``safetensors.torch.save_file``/``load_file`` (when safetensors is installed);
 * ``dd``: ``dd bs=4M`` copying the torch file in (save) and reading it to ``/dev/null`` (load);
-* ``resave``: ``torch.save`` over a file of the same name saved just before (untimed), then ``torch.load``:
-  through the mount a replaced file's writer bypasses the page cache (its readers see the committed
-  version until the new one commits), so even the warm load reads through the mount's server (issue 44.8);
+* ``resave``: ``torch.save`` over a file of the same name saved and loaded just before (untimed), then
+  ``torch.load``: through the mount a write-only re-save that nobody reads is written through the page
+  cache, which the first open after its commit keeps (issue 44.8);
 
 each into ``MNT/...`` (a ``retainz mount`` of a FileDevice; the FUSE server is a separate process) and into
 a local directory beside the device file, and DCP also through ``ZonedStorageWriter``/``Reader`` on a second

@@ -398,3 +398,43 @@ def test_fuse_unavailable_is_one_clear_line(tmp_path):
             f"sys.exit(main(['mount', {device!r}, {str(tmp_path)!r}, '--retention', 'bogus']))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env(), timeout=60)
     assert r.returncode == 2 and "bogus" in r.stderr and "FUSE" not in r.stderr   # bad input is named first
+
+
+def _resident_pages(path) -> tuple[int, int]:
+    """``(pages of path in the page cache, pages)`` after an open of it (``mincore`` of a shared
+    read-only mapping: the pages the kernel kept at the open)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, f.fileno(), 0)
+        assert addr not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
+        try:
+            pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+            vec = ctypes.create_string_buffer(pages)
+            assert libc.mincore(addr, size, vec) == 0, os.strerror(ctypes.get_errno())
+            return sum(b & 1 for b in vec.raw), pages
+        finally:
+            libc.munmap(addr, size)
+
+
+def test_a_resaved_file_is_loaded_from_the_page_cache(tmp_path):
+    """Issue 44.8: a file written again under the same name (``O_TRUNC``, nobody reading it) is written
+    through the page cache, and the first open after its commit keeps those pages: its load is served
+    by the kernel's cache, not read through the mount's server."""
+    device = make_device(tmp_path)
+    rnd = random.Random(8)
+    old, new = rnd.randbytes(8 << 20), rnd.randbytes(8 << 20)
+    with mounted(device, tmp_path / "mnt") as mnt:
+        _write(mnt / "model.bin", old)
+        # no read in between: a reader's RELEASE reaches the server after its close(2) has returned
+        # (the writer's open waits for it only RELEASE_WAIT; tests/mount/test_mount_reads.py covers that)
+        _write(mnt / "model.bin", new)                    # the re-save, committed at its close
+        kept, pages = _resident_pages(mnt / "model.bin")
+        assert kept >= pages * 0.9, (kept, pages)         # before: 0 (the writer bypassed the cache)
+        assert (mnt / "model.bin").read_bytes() == new

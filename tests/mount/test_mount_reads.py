@@ -180,3 +180,102 @@ def test_the_kernel_may_keep_two_read_ahead_windows_in_flight():
     assert c.max_readahead == READ_AHEAD
     assert c.max_background == MAX_BACKGROUND == 2 * READ_AHEAD // MiB
     assert c.congestion_threshold == MAX_BACKGROUND * 3 // 4
+
+
+# -- the page cache of a re-saved file (issue 44.8) ------------------------------------------------------
+def _open_read(ms: MountedStore, path: str) -> tuple[int, bool, bool]:
+    """A read open as the binding makes it: ``(fh, direct_io, keep_cache)``."""
+    fh = ms.open(path, os.O_RDONLY)
+    direct = ms.direct_io(fh)
+    return fh, direct, (not direct and ms.keep_cache(fh))
+
+
+def _resave(ms: MountedStore, path: str, data: bytes, during=None, flags: int = os.O_WRONLY | os.O_TRUNC) -> bool:
+    """Rewrite ``path`` (opened with ``flags``) with ``data``, calling ``during()`` between the writes; returns
+    whether the writer's open bypassed the page cache."""
+    fh = ms.open(path, flags)
+    direct = ms.direct_io(fh, flags)
+    for at in range(0, len(data), MiB):
+        ms.write(path, memoryview(data)[at:at + MiB], at, fh)
+        if during is not None and at == 0:
+            during()
+    ms.flush(path, fh)
+    ms.release(path, fh)
+    return direct
+
+
+def test_a_resave_with_no_reader_open_goes_through_the_page_cache_which_the_next_open_keeps(ms):
+    fh, _, _ = _open_read(ms, "/a.bin")                  # the committed version was read (its pages cached)
+    ms.release("/a.bin", fh)
+    new = DATA[::-1]
+    assert _resave(ms, "/a.bin", new) is False           # no reader: the writer fills the page cache
+    fh, direct, keep = _open_read(ms, "/a.bin")
+    # the cache now holds exactly the committed new version: the first load after the re-save keeps it
+    assert (direct, keep) == (False, True)
+    assert _read(ms, fh, len(new), 0) == new
+    ms.release("/a.bin", fh)
+
+
+def test_a_resave_while_a_reader_is_open_bypasses_the_cache_and_the_next_open_drops_it(ms):
+    reader, _, _ = _open_read(ms, "/a.bin")
+    new = DATA[::-1]
+    assert _read(ms, reader, 100, 0) == DATA[:100]       # its pages cached, the old version's
+    assert _resave(ms, "/a.bin", new) is True            # so the writer bypasses the cache
+    ms.release("/a.bin", reader)
+    fh, direct, keep = _open_read(ms, "/a.bin")
+    assert (direct, keep) == (False, False)               # the old pages are dropped at this open
+    assert _read(ms, fh, len(new), 0) == new
+    ms.release("/a.bin", fh)
+
+
+def test_a_reader_opened_during_a_cached_resave_reads_the_old_version_and_the_cache_is_not_kept(ms):
+    seen = {}
+
+    def reader_opens():
+        fh, direct, _ = _open_read(ms, "/a.bin")
+        seen["direct"] = direct
+        seen["bytes"] = _read(ms, fh, 2 * MiB, 0)
+        ms.release("/a.bin", fh)
+
+    new = DATA[::-1]
+    assert _resave(ms, "/a.bin", new, during=reader_opens) is False
+    # the reader bypassed the cache and read the committed (old) version from the mount
+    assert seen == {"direct": True, "bytes": DATA[:2 * MiB]}
+    # its open dropped the writer's pages and its reads may have refilled them: none is kept
+    fh, direct, keep = _open_read(ms, "/a.bin")
+    assert (direct, keep) == (False, False)
+    assert _read(ms, fh, len(new), 0) == new
+    ms.release("/a.bin", fh)
+
+
+def test_a_read_write_resave_bypasses_the_cache(ms):
+    """Only a read-write descriptor can be mapped shared and writable, which would write into the
+    committed version's cached pages: such a writer keeps bypassing the cache (``mmap`` then ``ENODEV``)."""
+    new = DATA[::-1]
+    assert _resave(ms, "/a.bin", new, flags=os.O_RDWR | os.O_TRUNC) is True
+    fh, direct, keep = _open_read(ms, "/a.bin")
+    assert (direct, keep) == (False, False)
+    assert _read(ms, fh, len(new), 0) == new
+    ms.release("/a.bin", fh)
+
+
+def test_a_resave_right_after_a_load_waits_for_the_closed_readers_release(ms):
+    """The kernel sends ``RELEASE`` after ``close(2)`` has returned (``flush`` is the synchronous part):
+    a load closed just before the re-save is still open to the server when the writer opens.  The
+    writer's open waits for it (at most ``RELEASE_WAIT``), so the re-save still fills the page cache."""
+    fh, _, _ = _open_read(ms, "/a.bin")
+    ms.flush("/a.bin", fh)                                # the loader's close(2)
+    late = threading.Timer(0.05, ms.release, ("/a.bin", fh))
+    late.start()
+    try:
+        assert _resave(ms, "/a.bin", DATA[::-1]) is False
+    finally:
+        late.join()
+    assert _open_read(ms, "/a.bin")[1:] == (False, True)
+
+
+def test_a_closed_reader_never_released_still_makes_the_writer_bypass_the_cache(ms):
+    fh, _, _ = _open_read(ms, "/a.bin")
+    ms.flush("/a.bin", fh)                                # closed once, but a duplicate still reads
+    assert _resave(ms, "/a.bin", DATA[::-1]) is True
+    ms.release("/a.bin", fh)

@@ -15,6 +15,7 @@ import errno
 import os
 import stat
 import threading
+import time
 
 from retainz.errors import RetainZError
 from retainz.ids import VERSION_ROOM
@@ -26,6 +27,10 @@ __all__ = ["MountedStore", "VERSION_ROOM", "errno_of", "READ_AHEAD", "MAX_BACKGR
 READ_AHEAD = 8 << 20
 #: Background requests (read-ahead) the kernel keeps in flight: two :data:`READ_AHEAD` windows of 1 MiB requests.
 MAX_BACKGROUND = 2 * (READ_AHEAD >> 20)
+#: Seconds a writer's open waits for readers of its path that were closed (their ``flush`` came) to be
+#: released: the kernel sends ``RELEASE`` after ``close(2)`` returns (fuse_release, fs/fuse/file.c), so a
+#: load closed just before a re-save is still open to the server for a moment.
+RELEASE_WAIT = 0.25
 #: libfuse's ``FUSE_CAP_AUTO_INVAL_DATA`` (fuse_common.h).
 _FUSE_CAP_AUTO_INVAL_DATA = 1 << 12
 
@@ -39,6 +44,7 @@ class _KernelFace(Face):
         self.lock = threading.Lock()
         self.served: dict[str, tuple[str, str]] = {}   # path -> (generation, shard) at its last read open
         self.cached_writes: set[str] = set()   # new files written through the page cache, not yet committed
+        self.flushed: set[int] = set()         # read handles closed by their process, not yet released
 
     def caller(self) -> int | None:
         return self._caller()
@@ -121,8 +127,9 @@ class MountedStore:
     def keep_cache(self, fh: int) -> bool:
         """Whether the open of read handle ``fh`` may keep the kernel's page cache of the file: it reads
         a committed shard, nobody writes the path, and the path held the same committed shard when it was
-        last opened (so what the cache holds, it filled from this shard; committed bytes never change).
-        Any other open drops the cache (the kernel's default), so a replaced file is never served stale."""
+        last opened or when the writer that filled the cache committed it (so what the cache holds is that
+        shard's bytes; committed bytes never change).  Any other open drops the cache (the kernel's
+        default), so a replaced file is never served stale."""
         o = self.ns.open_state(fh)
         if o is None or o.write_mode or o.shard is None:
             return False
@@ -131,20 +138,45 @@ class MountedStore:
             self._face.served[o.path] = o.shard
         return same and not o.writer
 
-    def direct_io(self, fh: int) -> bool:
-        """Whether the open of ``fh`` bypasses the kernel's page cache: a writer of a path that has
-        a committed version, and a reader of a path being written, so readers see the committed
-        version until the new one commits (the cache would show the writer's bytes)."""
+    def direct_io(self, fh: int, flags: int = os.O_RDONLY) -> bool:
+        """Whether the open of ``fh`` (``open(2)`` ``flags``) bypasses the kernel's page cache, so
+        readers see the committed version until the new one commits.
+
+        A writer writes through the page cache (its pages are then the new version's, kept by the next
+        read open once it commits: a re-saved file's first load is served from the cache, issue 44.8),
+        except a writer of a path that has a committed version when a reader has the path open (its
+        cached pages are the committed version's) or when it was opened read-write (only such a writer
+        can map the file shared and writable, which would write the committed version's pages in the
+        cache; a write-only descriptor cannot be mapped at all).  A reader opened while a writer of the
+        path is unsettled bypasses the cache (it reads the committed version from the mount), and any
+        read open of a path whose writer's pages are not committed yet means those pages are not kept
+        at the commit (the kernel drops them at that open and may refill them from the old version)."""
         o = self.ns.open_state(fh)
         if o is None:
             return False
         if o.write_mode:
-            if o.committed:
+            if o.committed and (flags & os.O_ACCMODE != os.O_WRONLY or not self._readers_released(fh, o)):
                 return True
             with self._face.lock:
                 self._face.cached_writes.add(o.path)    # the page cache will hold what this writer writes
+                self._face.served.pop(o.path, None)     # and no longer a committed shard's bytes
             return False
+        with self._face.lock:
+            self._face.cached_writes.discard(o.path)
         return o.writer_changed
+
+    def _readers_released(self, fh: int, o) -> bool:
+        """Whether no other handle reads the path of writer ``fh`` (state ``o``), waiting up to
+        :data:`RELEASE_WAIT` for readers whose process closed them (``flush`` came, ``release`` not yet)."""
+        deadline = time.monotonic() + RELEASE_WAIT
+        while o is not None and o.readers:
+            with self._face.lock:
+                closed = set(o.readers) <= self._face.flushed
+            if not closed or time.monotonic() > deadline:
+                return False
+            time.sleep(0.002)
+            o = self.ns.open_state(fh)
+        return True
 
     # -- FUSE: metadata ----------------------------------------------------------------------------
     def init_with_config(self, conn_info, config_3) -> None:
@@ -263,13 +295,21 @@ class MountedStore:
         return self.ns.truncate(path, length, fh)
 
     def flush(self, path, fh):
+        h = self.ns.handle(fh)
+        if h is not None and not h.write_mode:
+            with self._face.lock:
+                self._face.flushed.add(fh)
         return self.ns.close(fh)
 
     def fsync(self, path, datasync, fh):
         return self.ns.fsync(fh)
 
     def release(self, path, fh):
-        return self.ns.release(fh)
+        try:
+            return self.ns.release(fh)
+        finally:
+            with self._face.lock:
+                self._face.flushed.discard(fh)
 
     def unlink(self, path):
         return self.ns.unlink(path)

@@ -491,7 +491,7 @@ def _binding(fuse):
 
         def _direct(self, fip):
             fi = fip.contents
-            if self.operations.direct_io(fi.fh):
+            if self.operations.direct_io(fi.fh, fi.flags):
                 fi.direct_io = 1
             elif self.operations.keep_cache(fi.fh):
                 fi.keep_cache = 1

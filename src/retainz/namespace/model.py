@@ -121,6 +121,7 @@ class OpenState:
         committed: readers of ``path`` see a committed version.
         writer: ``path`` has an open, unreleased writer.
         writer_changed: that writer changed the file since it last committed.
+        readers: the other open handles that read ``path``.
     """
 
     path: str
@@ -129,6 +130,7 @@ class OpenState:
     committed: bool
     writer: bool
     writer_changed: bool
+    readers: tuple[int, ...]
 
 
 
@@ -344,7 +346,8 @@ class Namespace:
             w = self.open.writer_of(h.path)
             read = not h.write_mode and h.gen is not None
             return OpenState(h.path, h.write_mode, (h.gen.id, h.shard) if read else None,
-                             self.tree.committed(h.path), w is not None, w is not None and w.unsettled)
+                             self.tree.committed(h.path), w is not None, w is not None and w.unsettled,
+                             self.open.readers_of(h.path, but=fh))
 
     def committed(self, path: str) -> bool:
         """Whether readers of ``path`` see a committed version."""

@@ -437,6 +437,10 @@ class OpenFiles:
                 return h
         return None
 
+    def readers_of(self, path: str, *, but: int | None = None) -> tuple[int, ...]:
+        """The open handles other than ``but`` that read ``path``."""
+        return tuple(fh for fh, h in self._open.items() if fh != but and not h.write_mode and h.path == path)
+
     def writers(self) -> list:
         """The ``GenerationWriter`` of every open file of its own being written (a file of a checkpoint
         uses its checkpoint's)."""
