@@ -58,13 +58,18 @@ def _destination_flags(p, flag: str) -> None:
 def settings(device: str, url: str | None, policy: str | None = None, bandwidth: int | None = None):
     """The device's tier settings with the command's flags applied: ``(TierSettings, path or None)``.
 
+    A relative local path or ``file://`` URL is made absolute (:func:`retainz.tier.destination.absolute_url`).
+
     Raises:
         ValueError: no destination given and none remembered (exit 2), a malformed policy."""
     from retainz.tier import TierSettings, parse_policy, state_path_for
+    from retainz.tier.destination import absolute_url
 
     path = state_path_for(device)
     saved = TierSettings.load(path) if path else None
-    if url is None:
+    if url is not None:
+        url = absolute_url(url)           # remembered: it must name the same place from anywhere
+    else:
         if saved is None:
             raise ValueError(f"{device}: no destination: pass --to URL (or --from URL) once; it is remembered "
                              "beside a device file")
