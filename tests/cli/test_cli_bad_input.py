@@ -606,3 +606,32 @@ def test_demo_out_naming_a_file_says_it_is_not_a_directory(tmp_path, capsys):
     assert (code, out, one_line(err)) == (
         2, "", f"retainz: error: {f}: not a directory (--out names the demo's output folder)\n")
     assert f.read_bytes() == b"x" * 100
+
+
+@pytest.fixture
+def store_with_step_5(tmp_path, capsys):
+    """A device file holding a store with generation ``step-5`` (shard ``model.bin``)."""
+    dev = tmp_path / "dev.img"
+    src = tmp_path / "model.bin"
+    src.write_bytes(BINARY * 16)
+    assert run(capsys, "device", "create", dev, "--zones", "16", "--zone-size", "1MiB")[0] == 0
+    assert run(capsys, "mkfs", dev)[0] == 0
+    assert run(capsys, "put", dev, "step-5", src, "--step", 5)[0] == 0
+    return dev, src
+
+
+def test_steps_out_of_order_are_named_by_their_flags(tmp_path, capsys, store_with_step_5):
+    """``put --reclaim-step`` before ``--step`` and ``rm --step`` before the generation's own step
+    name the flags (they said "reclaim step"/"retirement step", the store's words)."""
+    dev, src = store_with_step_5
+    code, _, err = run(capsys, "put", dev, "step-9", src, "--step", 9, "--reclaim-step", 3)
+    assert code == 2
+    assert one_line(err) == ("retainz: error: --reclaim-step 3 is before --step 9 (a generation cannot be "
+                             "retired before it is saved)\n")
+    code, _, err = run(capsys, "rm", dev, "step-5", "--step", 2)
+    assert code == 2
+    assert one_line(err) == ("retainz: error: --step 2 is before step 5 of generation 'step-5' (a generation "
+                             "cannot be retired before it is saved)\n")
+    code, out, _ = run(capsys, "ls", dev)
+    assert code == 0 and out.startswith("step-5\tstep 5\t") and "step-9" not in out   # nothing changed
+

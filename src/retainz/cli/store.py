@@ -346,6 +346,9 @@ def _put(args) -> int:
         raise ValueError(f"{len(same)} files have the same name {twice[0]!r} ({', '.join(same)}); a shard is named "
                          "by its file name, unique in a generation (a checkpoint tree keeps its paths through "
                          "`retainz mount`)")
+    if args.reclaim_step is not None and args.reclaim_step < args.step:
+        raise ValueError(f"--reclaim-step {args.reclaim_step} is before --step {args.step} (a generation cannot "
+                         "be retired before it is saved)")
     rs = PERMANENT if args.permanent else args.reclaim_step
     with StoreSession(args.device, args=args) as store:
         declared = sum(os.path.getsize(p) for p in args.files)
@@ -497,7 +500,10 @@ def _rm(args) -> int:
         unknown = {g.id for g in store.unknown()}
         for gid in args.generations:
             if gid not in unknown:       # an unknown one (after a repair) is discarded by name
-                store.generation(gid)
+                gen = store.generation(gid)
+                if args.step is not None and args.step < gen.step:
+                    raise ValueError(f"--step {args.step} is before step {gen.step} of generation {gid!r} (a "
+                                     "generation cannot be retired before it is saved)")
         for gid in args.generations:
             store.delete(gid, step=args.step)
             print(f"{gid}: deleted" + (" (it was unknown)" if gid in unknown else ""))
