@@ -635,3 +635,23 @@ def test_steps_out_of_order_are_named_by_their_flags(tmp_path, capsys, store_wit
     code, out, _ = run(capsys, "ls", dev)
     assert code == 0 and out.startswith("step-5\tstep 5\t") and "step-9" not in out   # nothing changed
 
+
+def test_tier_restore_of_a_generation_the_device_holds_names_the_commands(tmp_path, capsys, store_with_step_5):
+    """``tier restore`` onto a device that already holds the generation is one line in the CLI's words
+    (it named the Python flag ``replace=True`` and ``put --replace``, which restore does not take);
+    ``get`` of a generation neither on the device nor at the remembered destination says both (it
+    named only the missing durable copy)."""
+    dev, src = store_with_step_5
+    url = "file://" + str(tmp_path / "durable")
+    assert run(capsys, "tier", "promote", dev, "--to", url)[0] == 0
+    code, _, err = run(capsys, "tier", "restore", dev, "step-5")
+    assert code == 2
+    assert one_line(err) == (f"retainz: error: generation 'step-5' is already on {dev}: `retainz tier restore` "
+                             f"brings back a generation the device lacks (`retainz get {dev} step-5` reads it)\n")
+    code, _, err = run(capsys, "get", dev, "step-6", "-o", tmp_path / "out")
+    assert code == 2
+    assert one_line(err) == (f"retainz: error: no committed generation 'step-6' on {dev}, and no durable copy "
+                             f"of it at {url}\n")
+    assert not (tmp_path / "out").exists()
+    assert run(capsys, "get", dev, "step-5", "-o", tmp_path / "out")[0] == 0           # still intact
+    assert (tmp_path / "out" / "model.bin").read_bytes() == src.read_bytes()

@@ -384,7 +384,11 @@ def _get(args) -> int:
         except GenerationNotFoundError:
             if durable is None:
                 raise
-            gen, local = durable.generation(args.generation), False
+            try:
+                gen, local = durable.generation(args.generation), False
+            except GenerationNotFoundError:
+                raise GenerationNotFoundError(f"no committed generation {args.generation!r} on {args.device}, "
+                                              f"and no durable copy of it at {durable.url}") from None
             print(f"{args.generation}: no local copy on {args.device}; reading the durable copy at {durable.url}",
                   file=sys.stderr)
         names = args.shards or list(gen.shards)

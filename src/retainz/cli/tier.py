@@ -148,10 +148,15 @@ def _status(args) -> int:
 
 def _restore(args) -> int:
     from retainz.cli.store import StoreSession
+    from retainz.errors import GenerationExistsError
     from retainz.tier import Destination, restore_generation
 
     s, _ = settings(args.device, args.url)
     with StoreSession(args.device) as store:
+        if args.generation in {g.id for g in store.generations()}:
+            raise GenerationExistsError(
+                f"generation {args.generation!r} is already on {args.device}: `retainz tier restore` brings back "
+                f"a generation the device lacks (`retainz get {args.device} {args.generation}` reads it)")
         gen = restore_generation(store, Destination(s.url), args.generation)
     print(f"{gen.id}: {plural(len(gen.shards), 'shard')}, {format_size(gen.size)} restored from {s.url} "
           f"(crc32c verified) at step {gen.step}", file=sys.stderr)
