@@ -655,3 +655,18 @@ def test_tier_restore_of_a_generation_the_device_holds_names_the_commands(tmp_pa
     assert not (tmp_path / "out").exists()
     assert run(capsys, "get", dev, "step-5", "-o", tmp_path / "out")[0] == 0           # still intact
     assert (tmp_path / "out" / "model.bin").read_bytes() == src.read_bytes()
+
+
+@pytest.mark.parametrize("argv, line", [
+    # the user gave no --zone-capacity: the line named "zone capacity 0" too (the default is the zone size)
+    (["--zones", "4", "--zone-size", "0"], "retainz: error: --zone-size 0: a zone holds at least one block (4096 B)"),
+    (["--zones", "4", "--zone-size", "0", "--block-size", "512"],
+     "retainz: error: --zone-size 0: a zone holds at least one block (512 B)"),
+    (["--zones", str(MAX_ZONES + 1), "--zone-size", "4MiB"],
+     f"retainz: error: --zones {MAX_ZONES + 1:,}: zone count {MAX_ZONES + 1:,} exceeds the limit of {MAX_ZONES:,} zones"),
+])
+def test_device_create_names_the_flag_of_a_zero_zone_size_or_too_many_zones(tmp_path, capsys, argv, line):
+    code, _, err = run(capsys, "device", "create", tmp_path / "c.img", *argv)
+    assert code == 2
+    assert one_line(err) == line + "\n"
+    assert not (tmp_path / "c.img").exists()
