@@ -670,3 +670,21 @@ def test_device_create_names_the_flag_of_a_zero_zone_size_or_too_many_zones(tmp_
     assert code == 2
     assert one_line(err) == line + "\n"
     assert not (tmp_path / "c.img").exists()
+
+
+@pytest.mark.parametrize("name", ["f" * 251 + ".bin", "ü" * 125 + ".bin"])    # 255 bytes in UTF-8, the longest name
+def test_get_writes_a_shard_whose_name_is_as_long_as_a_file_name_can_be(tmp_path, capsys, name):
+    """``get`` wrote ``NAME.part`` and renamed it; for a shard named with 251 to 255 bytes (``put``
+    stores any file the file system can name) ``NAME.part`` is past NAME_MAX and every get failed
+    with `File name too long`, exit 1."""
+    dev = tmp_path / "dev.img"
+    src = tmp_path / name
+    src.write_bytes(BINARY * 8)
+    assert run(capsys, "device", "create", dev, "--zones", "16", "--zone-size", "1MiB")[0] == 0
+    assert run(capsys, "mkfs", dev)[0] == 0
+    assert run(capsys, "put", dev, "step-1", src, "--step", 1)[0] == 0
+    out = tmp_path / "out"
+    code, _, err = run(capsys, "get", dev, "step-1", "-o", out)
+    assert code == 0, err
+    assert os.listdir(out) == [name]
+    assert (out / name).read_bytes() == BINARY * 8

@@ -426,10 +426,25 @@ def _get(args) -> int:
     return 0
 
 
+def _part_path(dest: str) -> str:
+    """Where ``get`` writes ``dest`` before its rename: ``dest.part``, or, when that name is longer than
+    the folder's file names may be (NAME_MAX, ``pathconf``; 255 bytes on ext4, xfs, tmpfs), as it is for a
+    shard named with 251 bytes or more, the name's first bytes (whole UTF-8 characters) then ``.part``."""
+    folder, base = os.path.split(dest)
+    try:
+        limit = os.pathconf(folder or ".", "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    raw = base.encode("utf-8", "surrogateescape")
+    if len(raw) + len(b".part") <= limit:
+        return dest + ".part"
+    return os.path.join(folder, raw[:limit - len(b".part")].decode("utf-8", "ignore") + ".part")
+
+
 def _get_shard(dest: str, size: int, name: str, chunks) -> None:
     """Write ``chunks`` to ``dest`` through ``dest.part`` (renamed once whole and verified; never left
-    behind on a failure, a refused rename or a signal)."""
-    tmp = dest + ".part"
+    behind on a failure, a refused rename or a signal); :func:`_part_path` names it."""
+    tmp = _part_path(dest)
     try:
         with open(tmp, "wb") as f, progress.bar(size, f"get {name}") as bar:
             for chunk in chunks:
