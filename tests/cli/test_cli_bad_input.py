@@ -606,3 +606,85 @@ def test_demo_out_naming_a_file_says_it_is_not_a_directory(tmp_path, capsys):
     assert (code, out, one_line(err)) == (
         2, "", f"retainz: error: {f}: not a directory (--out names the demo's output folder)\n")
     assert f.read_bytes() == b"x" * 100
+
+
+@pytest.fixture
+def store_with_step_5(tmp_path, capsys):
+    """A device file holding a store with generation ``step-5`` (shard ``model.bin``)."""
+    dev = tmp_path / "dev.img"
+    src = tmp_path / "model.bin"
+    src.write_bytes(BINARY * 16)
+    assert run(capsys, "device", "create", dev, "--zones", "16", "--zone-size", "1MiB")[0] == 0
+    assert run(capsys, "mkfs", dev)[0] == 0
+    assert run(capsys, "put", dev, "step-5", src, "--step", 5)[0] == 0
+    return dev, src
+
+
+def test_steps_out_of_order_are_named_by_their_flags(tmp_path, capsys, store_with_step_5):
+    """``put --reclaim-step`` before ``--step`` and ``rm --step`` before the generation's own step
+    name the flags (they said "reclaim step"/"retirement step", the store's words)."""
+    dev, src = store_with_step_5
+    code, _, err = run(capsys, "put", dev, "step-9", src, "--step", 9, "--reclaim-step", 3)
+    assert code == 2
+    assert one_line(err) == ("retainz: error: --reclaim-step 3 is before --step 9 (a generation cannot be "
+                             "retired before it is saved)\n")
+    code, _, err = run(capsys, "rm", dev, "step-5", "--step", 2)
+    assert code == 2
+    assert one_line(err) == ("retainz: error: --step 2 is before step 5 of generation 'step-5' (a generation "
+                             "cannot be retired before it is saved)\n")
+    code, out, _ = run(capsys, "ls", dev)
+    assert code == 0 and out.startswith("step-5\tstep 5\t") and "step-9" not in out   # nothing changed
+
+
+def test_tier_restore_of_a_generation_the_device_holds_names_the_commands(tmp_path, capsys, store_with_step_5):
+    """``tier restore`` onto a device that already holds the generation is one line in the CLI's words
+    (it named the Python flag ``replace=True`` and ``put --replace``, which restore does not take);
+    ``get`` of a generation neither on the device nor at the remembered destination says both (it
+    named only the missing durable copy)."""
+    dev, src = store_with_step_5
+    url = "file://" + str(tmp_path / "durable")
+    assert run(capsys, "tier", "promote", dev, "--to", url)[0] == 0
+    code, _, err = run(capsys, "tier", "restore", dev, "step-5")
+    assert code == 2
+    assert one_line(err) == (f"retainz: error: generation 'step-5' is already on {dev}: `retainz tier restore` "
+                             f"brings back a generation the device lacks (`retainz get {dev} step-5` reads it)\n")
+    code, _, err = run(capsys, "get", dev, "step-6", "-o", tmp_path / "out")
+    assert code == 2
+    assert one_line(err) == (f"retainz: error: no committed generation 'step-6' on {dev}, and no durable copy "
+                             f"of it at {url}\n")
+    assert not (tmp_path / "out").exists()
+    assert run(capsys, "get", dev, "step-5", "-o", tmp_path / "out")[0] == 0           # still intact
+    assert (tmp_path / "out" / "model.bin").read_bytes() == src.read_bytes()
+
+
+@pytest.mark.parametrize("argv, line", [
+    # the user gave no --zone-capacity: the line named "zone capacity 0" too (the default is the zone size)
+    (["--zones", "4", "--zone-size", "0"], "retainz: error: --zone-size 0: a zone holds at least one block (4096 B)"),
+    (["--zones", "4", "--zone-size", "0", "--block-size", "512"],
+     "retainz: error: --zone-size 0: a zone holds at least one block (512 B)"),
+    (["--zones", str(MAX_ZONES + 1), "--zone-size", "4MiB"],
+     f"retainz: error: --zones {MAX_ZONES + 1:,}: zone count {MAX_ZONES + 1:,} exceeds the limit of {MAX_ZONES:,} zones"),
+])
+def test_device_create_names_the_flag_of_a_zero_zone_size_or_too_many_zones(tmp_path, capsys, argv, line):
+    code, _, err = run(capsys, "device", "create", tmp_path / "c.img", *argv)
+    assert code == 2
+    assert one_line(err) == line + "\n"
+    assert not (tmp_path / "c.img").exists()
+
+
+@pytest.mark.parametrize("name", ["f" * 251 + ".bin", "ü" * 125 + ".bin"])    # 255 bytes in UTF-8, the longest name
+def test_get_writes_a_shard_whose_name_is_as_long_as_a_file_name_can_be(tmp_path, capsys, name):
+    """``get`` wrote ``NAME.part`` and renamed it; for a shard named with 251 to 255 bytes (``put``
+    stores any file the file system can name) ``NAME.part`` is past NAME_MAX and every get failed
+    with `File name too long`, exit 1."""
+    dev = tmp_path / "dev.img"
+    src = tmp_path / name
+    src.write_bytes(BINARY * 8)
+    assert run(capsys, "device", "create", dev, "--zones", "16", "--zone-size", "1MiB")[0] == 0
+    assert run(capsys, "mkfs", dev)[0] == 0
+    assert run(capsys, "put", dev, "step-1", src, "--step", 1)[0] == 0
+    out = tmp_path / "out"
+    code, _, err = run(capsys, "get", dev, "step-1", "-o", out)
+    assert code == 0, err
+    assert os.listdir(out) == [name]
+    assert (out / name).read_bytes() == BINARY * 8

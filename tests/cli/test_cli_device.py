@@ -210,3 +210,31 @@ def test_every_kind_of_damage_exits_1_with_one_line(tmp_path, capsys, damage):
     assert code == 1 and len(err.strip().splitlines()) == 1, err
     assert {"label": "label", "both-states": "every zone-state copy", "truncated": "shorter than its geometry",
             "journal": "fails its checksum: corrupt journal"}[damage] in err
+
+
+@pytest.mark.parametrize("geometry", [("8", "1MiB"), ("16", "4MiB")])       # another geometry, and the demo's own
+def test_demo_refuses_a_device_file_holding_data_it_did_not_write(tmp_path, capsys, geometry):
+    """OUT/zns.img a RetainZ device file whose zones hold someone's data (no store): the demo refused
+    only a store and a file that is not a device, and rewrote this one without --force (a
+    fresh-user trial). Its own device (its geometry, its pattern) it still rewrites."""
+    from retainz.zoned import FileDevice
+
+    out = tmp_path / "demo"
+    out.mkdir()
+    target = out / "zns.img"
+    zones, size = geometry
+    args = ["--zone-capacity", "3MiB", "--max-open", "4", "--max-active", "6"] if size == "4MiB" else []
+    assert run(capsys, "device", "create", str(target), "--zones", zones, "--zone-size", size, *args)[0] == 0
+    with FileDevice(target) as d:
+        d.write(0, b"precious" * 512)
+        d.write(2 * d.geometry.zone_size, b"precious" * 512)
+        d.flush()
+    before = target.read_bytes()
+    capsys.readouterr()
+    code, _, err = run(capsys, "demo", "--out", str(out))
+    assert code == 2
+    assert err == (f"retainz: error: {target} holds data RetainZ does not recognise (2 non-empty zones, first 0); "
+                   "pass --force to overwrite it, or use another --out\n")
+    assert target.read_bytes() == before
+    assert run(capsys, "demo", "--out", str(out), "--force")[0] == 0
+    assert run(capsys, "demo", "--out", str(out))[0] == 0                 # its own device: rewritten

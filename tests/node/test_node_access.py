@@ -289,3 +289,32 @@ def test_a_fuzzed_request_stream_naming_other_jobs_generations_changes_nothing_o
         for gen, want in theirs.items():
             assert b"".join(store.read_shard(gen, "x")) == want
     dev.close()
+
+
+def test_a_store_command_naming_a_root_id_under_a_job_is_told_the_id_in_its_series(device, tmp_path, capsys,
+                                                                                 monkeypatch):
+    """``RETAINZ_JOB=jobs/b retainz put DEV step-1 FILE`` through a service: the refusal gives the id the
+    generation has in the job's series (``jobs%2Fb%2Fstep-1``), which then works; it told the client to
+    declare its job (RETAINZ_JOB), which it had (a fresh-user trial)."""
+    from retainz.cli import main
+
+    src = tmp_path / "model.bin"
+    src.write_bytes(b"m" * 10_000)
+    svc, stop = serving(device)
+    try:
+        monkeypatch.setenv("RETAINZ_JOB", "jobs/b")
+        capsys.readouterr()
+        assert main(["put", device, "step-1", str(src), "--step", "1"]) == 1
+        err = capsys.readouterr().err
+        assert err == ("retainz: error: job 'jobs/b' may not write generation 'step-1' ('step-1' is outside "
+                       "series 'jobs/b'): in series 'jobs/b' its id is 'jobs%2Fb%2Fstep-1' (or have the "
+                       "operator grant it: retainz serve --grant JOB=SERIES, --allow-all)\n"), err
+        assert main(["put", device, "jobs%2Fb%2Fstep-1", str(src), "--step", "1"]) == 0
+        capsys.readouterr()
+        assert main(["ls", device]) == 0
+        assert capsys.readouterr().out.startswith("jobs%2Fb%2Fstep-1\tstep 1\t")
+    finally:
+        stop()
+    # another job's generation (not a root id) keeps the advice to declare the job or be granted it
+    with pytest.raises(AccessDeniedError, match=r"outside series 'jobs/b'\): declare its job \(RETAINZ_JOB\)"):
+        scope_for("jobs/b", peer_uid=os.geteuid(), owner_uid=os.geteuid()).check(A, "delete")

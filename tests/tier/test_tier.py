@@ -539,3 +539,41 @@ def test_an_upload_given_up_is_not_committed_and_leaves_nothing_to_flush(destina
     if destination.kind == "s3":
         assert d.size(path) is None                      # the multipart upload was aborted: no object
     assert d.manifest("step-1") is None
+
+
+def test_cli_a_relative_destination_is_remembered_as_an_absolute_path(tmp_path, capsys, monkeypatch):
+    """``tier promote --to DIR`` with a relative DIR remembers where DIR is, not the words: run from
+    another working directory, ``tier status`` and ``get``'s fallback still find the durable copies
+    (the relative path was remembered as written, and from elsewhere every generation showed
+    `pending` and a later promote copied into a new folder there: a fresh-user trial)."""
+    dev, src = cli_device(tmp_path, 6, 200_000, [1])
+    (tmp_path / "job").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "job")
+    assert main(["tier", "promote", dev, "--to", "durable"]) == 0
+    assert json.loads(open(dev + ".tier.json").read())["url"] == str(tmp_path / "job" / "durable")
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    capsys.readouterr()
+    assert main(["tier", "status", dev]) == 0
+    assert "step-1\tstep 1\t195.31 KiB\tdurable" in capsys.readouterr().out
+    assert main(["rm", dev, "step-1"]) == 0
+    assert main(["get", dev, "step-1", "-o", "out"]) == 0               # from the durable copy
+    assert (tmp_path / "elsewhere" / "out" / "model.bin").read_bytes() == src.read_bytes()
+    assert not (tmp_path / "elsewhere" / "durable").exists()
+    assert main(["tier", "restore", dev, "step-1", "--from", "file://../job/durable"]) == 0   # file:// too
+
+
+def test_cli_a_destination_that_is_a_file_is_one_line_exit_2_and_not_remembered(tmp_path, capsys):
+    """``--to FILE`` where FILE is a regular file (a destination is a folder of generation folders)
+    is refused before anything is copied, in one line naming it, exit 2; it used to be remembered,
+    print a failure `(retried in 2 s)` per generation that no retry followed, and exit 1."""
+    dev, _ = cli_device(tmp_path, 7, 100_000, [1])
+    not_a_dir = tmp_path / "notes.txt"
+    not_a_dir.write_text("x")
+    capsys.readouterr()
+    for url in (str(not_a_dir), "file://" + str(not_a_dir)):
+        assert main(["tier", "promote", dev, "--to", url]) == 2
+        err = capsys.readouterr().err
+        assert err == f"retainz: error: {url}: not a directory (a destination holds one folder per generation)\n"
+        assert not os.path.exists(dev + ".tier.json")
+    assert not_a_dir.read_text() == "x"

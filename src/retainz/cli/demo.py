@@ -14,18 +14,25 @@ from retainz.errors import RetainZError
 from retainz.store.store import superblock_zones
 from retainz.zoned import FileDevice, Geometry, ZoneCond, format_size
 
+#: The demo's device: 16 zones of 4 MiB, 3 MiB writable, ZN540-like open/active limits scaled down.
+GEOMETRY = Geometry(nr_zones=16, zone_size=4 << 20, zone_capacity=3 << 20, max_open=4, max_active=6)
+#: What the demo writes, 1 MiB at a time from each zone's start (so every zone it wrote begins with it).
+CHUNK = bytes(range(256)) * 4096
+
 
 def register(sub) -> None:
     p = sub.add_parser("demo", help="a short tour of the file-backed zoned device (the main job is `make main`)")
     p.add_argument("--out", default="out/demo", help="output folder (default: out/demo)")
     p.add_argument("--force", action="store_true",
-                   help="overwrite OUT/zns.img even if it holds a store or is not a RetainZ device file")
+                   help="overwrite OUT/zns.img even if it holds a store, data the demo did not write, or is not a "
+                        "RetainZ device file")
     p.set_defaults(func=_demo)
 
 
 def _check_target(path: str) -> None:
-    """The demo rewrites its device file: refuse one that is not a RetainZ device file, or that holds
-    a store (a previous demo's device holds none).
+    """The demo rewrites its device file: refuse one that is not a RetainZ device file, that holds a
+    store, or whose zones hold data the demo did not write (a previous demo's device: :data:`GEOMETRY`,
+    and every written zone starts with :data:`CHUNK`).
 
     Raises:
         FileExistsError: ``path`` holds something else (nothing is changed).
@@ -35,11 +42,17 @@ def _check_target(path: str) -> None:
     try:
         with FileDevice(path, readonly=True) as dev:
             store = superblock_zones(dev)
+            used = [z for z in dev.report_zones() if z.written]
+            bs = dev.geometry.block_size          # every written zone holds at least one block
+            ours = dev.geometry == GEOMETRY and all(dev.read(z.start, bs) == CHUNK[:bs] for z in used)
     except (RetainZError, OSError):
         raise FileExistsError(f"{path} exists and is not a RetainZ device file; pass --force to overwrite it, "
                               "or use another --out") from None
     if store:
         raise FileExistsError(f"{path} holds a RetainZ store; pass --force to overwrite it, or use another --out")
+    if used and not ours:
+        raise FileExistsError(f"{path} holds data RetainZ does not recognise ({len(used)} non-empty zones, first "
+                              f"{used[0].index}); pass --force to overwrite it, or use another --out")
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -49,9 +62,9 @@ def _demo(args: argparse.Namespace) -> int:
     path = os.path.join(args.out, "zns.img")
     if not args.force:
         _check_target(path)
-    geometry = Geometry(nr_zones=16, zone_size=4 << 20, zone_capacity=3 << 20, max_open=4, max_active=6)
+    geometry = GEOMETRY
     dev = FileDevice.create(path, geometry, force=True)
-    chunk = bytes(range(256)) * 4096  # 1 MiB
+    chunk = CHUNK
     # three "generations", each 5 MiB, written sequentially zone after zone
     zone = 0
     for gen in range(3):

@@ -88,6 +88,14 @@ def _what_force_overwrites(path: str) -> str:
 
 
 def _create(args: argparse.Namespace) -> int:
+    from retainz.zoned.model import MAX_ZONES
+
+    # the flags' own words first: Geometry names its fields ("zone count", and a zone capacity of 0
+    # the user never gave when --zone-size is 0, since the capacity defaults to it)
+    if args.zones > MAX_ZONES:
+        raise ValueError(f"--zones {args.zones:,}: zone count {args.zones:,} exceeds the limit of {MAX_ZONES:,} zones")
+    if args.zone_size == 0:
+        raise ValueError(f"--zone-size 0: a zone holds at least one block ({args.block_size} B)")
     check_blocks("--zone-size", args.zone_size, args.block_size)
     check_blocks("--zone-capacity", args.zone_capacity, args.block_size)
     # a ZN540-like default limit of 14, but never more than the device has zones (a 4-zone device that

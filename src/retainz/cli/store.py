@@ -346,6 +346,9 @@ def _put(args) -> int:
         raise ValueError(f"{len(same)} files have the same name {twice[0]!r} ({', '.join(same)}); a shard is named "
                          "by its file name, unique in a generation (a checkpoint tree keeps its paths through "
                          "`retainz mount`)")
+    if args.reclaim_step is not None and args.reclaim_step < args.step:
+        raise ValueError(f"--reclaim-step {args.reclaim_step} is before --step {args.step} (a generation cannot "
+                         "be retired before it is saved)")
     rs = PERMANENT if args.permanent else args.reclaim_step
     with StoreSession(args.device, args=args) as store:
         declared = sum(os.path.getsize(p) for p in args.files)
@@ -381,7 +384,11 @@ def _get(args) -> int:
         except GenerationNotFoundError:
             if durable is None:
                 raise
-            gen, local = durable.generation(args.generation), False
+            try:
+                gen, local = durable.generation(args.generation), False
+            except GenerationNotFoundError:
+                raise GenerationNotFoundError(f"no committed generation {args.generation!r} on {args.device}, "
+                                              f"and no durable copy of it at {durable.url}") from None
             print(f"{args.generation}: no local copy on {args.device}; reading the durable copy at {durable.url}",
                   file=sys.stderr)
         names = args.shards or list(gen.shards)
@@ -419,10 +426,25 @@ def _get(args) -> int:
     return 0
 
 
+def _part_path(dest: str) -> str:
+    """Where ``get`` writes ``dest`` before its rename: ``dest.part``, or, when that name is longer than
+    the folder's file names may be (NAME_MAX, ``pathconf``; 255 bytes on ext4, xfs, tmpfs), as it is for a
+    shard named with 251 bytes or more, the name's first bytes (whole UTF-8 characters) then ``.part``."""
+    folder, base = os.path.split(dest)
+    try:
+        limit = os.pathconf(folder or ".", "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    raw = base.encode("utf-8", "surrogateescape")
+    if len(raw) + len(b".part") <= limit:
+        return dest + ".part"
+    return os.path.join(folder, raw[:limit - len(b".part")].decode("utf-8", "ignore") + ".part")
+
+
 def _get_shard(dest: str, size: int, name: str, chunks) -> None:
     """Write ``chunks`` to ``dest`` through ``dest.part`` (renamed once whole and verified; never left
-    behind on a failure, a refused rename or a signal)."""
-    tmp = dest + ".part"
+    behind on a failure, a refused rename or a signal); :func:`_part_path` names it."""
+    tmp = _part_path(dest)
     try:
         with open(tmp, "wb") as f, progress.bar(size, f"get {name}") as bar:
             for chunk in chunks:
@@ -497,7 +519,10 @@ def _rm(args) -> int:
         unknown = {g.id for g in store.unknown()}
         for gid in args.generations:
             if gid not in unknown:       # an unknown one (after a repair) is discarded by name
-                store.generation(gid)
+                gen = store.generation(gid)
+                if args.step is not None and args.step < gen.step:
+                    raise ValueError(f"--step {args.step} is before step {gen.step} of generation {gid!r} (a "
+                                     "generation cannot be retired before it is saved)")
         for gid in args.generations:
             store.delete(gid, step=args.step)
             print(f"{gid}: deleted" + (" (it was unknown)" if gid in unknown else ""))

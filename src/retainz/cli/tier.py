@@ -58,13 +58,18 @@ def _destination_flags(p, flag: str) -> None:
 def settings(device: str, url: str | None, policy: str | None = None, bandwidth: int | None = None):
     """The device's tier settings with the command's flags applied: ``(TierSettings, path or None)``.
 
+    A relative local path or ``file://`` URL is made absolute (:func:`retainz.tier.destination.absolute_url`).
+
     Raises:
         ValueError: no destination given and none remembered (exit 2), a malformed policy."""
     from retainz.tier import TierSettings, parse_policy, state_path_for
+    from retainz.tier.destination import absolute_url
 
     path = state_path_for(device)
     saved = TierSettings.load(path) if path else None
-    if url is None:
+    if url is not None:
+        url = absolute_url(url)           # remembered: it must name the same place from anywhere
+    else:
         if saved is None:
             raise ValueError(f"{device}: no destination: pass --to URL (or --from URL) once; it is remembered "
                              "beside a device file")
@@ -143,10 +148,15 @@ def _status(args) -> int:
 
 def _restore(args) -> int:
     from retainz.cli.store import StoreSession
+    from retainz.errors import GenerationExistsError
     from retainz.tier import Destination, restore_generation
 
     s, _ = settings(args.device, args.url)
     with StoreSession(args.device) as store:
+        if args.generation in {g.id for g in store.generations()}:
+            raise GenerationExistsError(
+                f"generation {args.generation!r} is already on {args.device}: `retainz tier restore` brings back "
+                f"a generation the device lacks (`retainz get {args.device} {args.generation}` reads it)")
         gen = restore_generation(store, Destination(s.url), args.generation)
     print(f"{gen.id}: {plural(len(gen.shards), 'shard')}, {format_size(gen.size)} restored from {s.url} "
           f"(crc32c verified) at step {gen.step}", file=sys.stderr)

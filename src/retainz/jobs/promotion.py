@@ -32,7 +32,8 @@ def acquire(store: Any, url: str, *, state_path: str | None = None, policy: str 
 
     Args:
         store: an open store (:func:`retainz.jobs.stores.using`'s, shared in the process).
-        url: the destination.
+        url: the destination (a relative local path is made absolute:
+            :func:`retainz.tier.destination.absolute_url`).
         state_path: the device's settings file (:func:`retainz.tier.state_path_for`), where the
             destination, policy, bandwidth and nodes are recorded; ``None``: none (a block device).
         policy, bandwidth, storage_options, node, nodes: as :class:`~retainz.tier.Promoter` takes them
@@ -43,7 +44,9 @@ def acquire(store: Any, url: str, *, state_path: str | None = None, policy: str 
             URL, policy or bandwidth.
     """
     from retainz.tier import Promoter
+    from retainz.tier.destination import absolute_url
 
+    url = absolute_url(url)          # recorded for commands run from anywhere (a relative path would move)
     with _lock:
         entry = _shared.get(id(store))
         if entry is not None:

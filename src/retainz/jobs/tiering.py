@@ -68,8 +68,9 @@ class NamespaceTier:
     def __init__(self, store: Any, url: str, device: str | None = None, *, policy: str | None = None,
                  bandwidth: float | None = None, storage_options: dict | None = None):
         from retainz.tier import TierSettings, state_path_for
+        from retainz.tier.destination import absolute_url
 
-        self.url = destination_for(url, device) if device is not None else url
+        self.url = absolute_url(destination_for(url, device) if device is not None else url)
         state = state_path_for(os.fspath(device)) if device is not None else None
         saved = TierSettings.load(state) if state is not None else None
         if saved is not None and saved.url == self.url:

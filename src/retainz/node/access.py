@@ -22,7 +22,7 @@ device file's permissions (a client that may write the device file may write any
 from __future__ import annotations
 
 from retainz.errors import AccessDeniedError
-from retainz.ids import generation_path, series_folder
+from retainz.ids import generation_path, series_folder, series_generation_id
 
 __all__ = ["ALL", "Scope", "parse_job", "parse_grant", "scope_for"]
 
@@ -89,14 +89,23 @@ class Scope:
         """Raise unless ``gen_id`` is in scope.
 
         Raises:
-            AccessDeniedError: one line naming the job, the generation and what to do.
+            AccessDeniedError: one line naming the job, the generation and what to do: for a root-series
+                id (``step-1``) asked for by a job with a series, the id it has in that series
+                (``jobs%2Fb%2Fstep-1``, :func:`retainz.ids.series_generation_id`), since the job was
+                declared and only the id was not of its series.
         """
         if not self.allows(gen_id):
             where = "the root series" if self.job == "" else f"series {self.job!r}"
-            raise AccessDeniedError(
-                f"job {self.job!r} may not {what} generation {gen_id!r} ({generation_path(gen_id)!r} is outside "
-                f"{where}): declare its job (RETAINZ_JOB) or have the operator grant it "
-                "(retainz serve --grant JOB=SERIES, --allow-all)")
+            path = generation_path(gen_id)
+            todo = "declare its job (RETAINZ_JOB) or have the operator grant it (retainz serve --grant JOB=SERIES, --allow-all)"
+            if self.job != "" and "/" not in path.strip("/"):
+                try:
+                    todo = (f"in series {self.job!r} its id is {series_generation_id(self.job, path)!r} (or have "
+                            "the operator grant it: retainz serve --grant JOB=SERIES, --allow-all)")
+                except ValueError:     # a name no checkpoint directory can have: the general advice
+                    pass
+            raise AccessDeniedError(f"job {self.job!r} may not {what} generation {gen_id!r} ({path!r} is outside "
+                                    f"{where}): {todo}")
 
     def to_json(self) -> list[str] | None:
         return None if self.series is None else sorted(self.series)

@@ -16,6 +16,7 @@ is ``FileNotFoundError``.
 from __future__ import annotations
 
 import errno as _errno
+import os
 from collections.abc import Callable, Iterable, Iterator
 from urllib.parse import quote
 
@@ -27,7 +28,7 @@ from retainz.tier.manifest import MANIFEST_NAME, Manifest
 #: A node manifest's name: ``MANIFEST.<quoted node>.json``.
 NODE_MANIFEST_PREFIX, NODE_MANIFEST_SUFFIX = "MANIFEST.", ".json"
 
-__all__ = ["Destination", "object_name", "READ_CHUNK"]
+__all__ = ["Destination", "object_name", "absolute_url", "READ_CHUNK"]
 
 #: Bytes read per request when reading an object back.
 READ_CHUNK = 4 << 20
@@ -36,6 +37,27 @@ READ_CHUNK = 4 << 20
 def object_name(name: str) -> str:
     """A generation id or shard name as one object-name component (percent-quoted, no ``/``)."""
     return quote(name, safe="-_.~")
+
+
+def absolute_url(url: str) -> str:
+    """``url`` naming the same place from any working directory: a plain path, or a ``file://`` or
+    ``local://`` URL, relative or with ``~``, made absolute as fsspec's local file system resolves it
+    (``fsspec.implementations.local.make_path_posix``), its form kept (``ckpt`` -> ``/job/ckpt``,
+    ``file://ckpt`` -> ``file:///job/ckpt``); any other URL (``s3://``, chained ``a::b``) as given.
+
+    A remembered destination (``DEV.tier.json``) is read by commands run from anywhere (docs/tiers.md).
+    Without fsspec (the tier extra) the URL is returned as given: no destination works then anyway."""
+    try:
+        from fsspec.core import split_protocol
+        from fsspec.implementations.local import make_path_posix
+    except ImportError:  # pragma: no cover - fsspec is in the tier extra
+        return url
+    protocol, path = split_protocol(url)
+    if protocol is None:
+        return make_path_posix(url)
+    if protocol in ("file", "local"):
+        return f"{protocol}://{make_path_posix(path)}"
+    return url
 
 
 def _fs_for(url: str, storage_options: dict | None):
@@ -66,8 +88,9 @@ class Destination:
             the URL's path part is the root.
 
     Raises:
-        ValueError: a URL fsspec cannot parse; DestinationError: no implementation for its protocol, or
-            a file system that connects when made could not (an unknown host, a refused connection).
+        ValueError: a URL fsspec cannot parse, or a local path that is a file, not a folder;
+            DestinationError: no implementation for its protocol, or a file system that connects when
+            made could not (an unknown host, a refused connection).
     """
 
     def __init__(self, url: str, *, storage_options: dict | None = None, fs=None):
@@ -77,6 +100,12 @@ class Destination:
         else:
             self.fs = fs
             self.root = fs._strip_protocol(url).rstrip("/")
+        if self._local() and os.path.exists(self.root) and not os.path.isdir(self.root):
+            raise ValueError(f"{url}: not a directory (a destination holds one folder per generation)")
+
+    def _local(self) -> bool:
+        proto = self.fs.protocol if isinstance(self.fs.protocol, tuple | list) else (self.fs.protocol,)
+        return bool({"file", "local"} & set(proto))
 
     # -- names ----------------------------------------------------------------------------------------
     def folder(self, gen_id: str) -> str:
@@ -95,8 +124,10 @@ class Destination:
 
     def where(self, path: str) -> str:
         """``path`` for messages, with the URL's protocol."""
+        if self._local():
+            return path
         proto = self.fs.protocol[0] if isinstance(self.fs.protocol, tuple | list) else self.fs.protocol
-        return path if proto in ("file", "local") else f"{proto}://{path}"
+        return f"{proto}://{path}"
 
     # -- calls ----------------------------------------------------------------------------------------
     def _fail(self, what: str, path: str, e: BaseException) -> DestinationError:
