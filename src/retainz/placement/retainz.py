@@ -235,15 +235,21 @@ class RetainZ(Allocator):
 
     def reclaim_of(self, req: ExtentRequest) -> float:
         """The reclaim step this policy places ``req`` by (and records), in steps."""
+        return self.viewed_reclaim(req)[0]
+
+    def viewed_reclaim(self, req: ExtentRequest) -> tuple[float, bool]:
+        """``(reclaim step, known)``: the step this policy places ``req`` by, and whether it is the
+        hint view's own step (``False`` when it is an estimate: an unknown step estimated by age,
+        ``step + unknown_lifetime``, or a passed one re-estimated by :func:`survivor_reclaim`)."""
         if self.view == "exact":       # the common case, without building the view's kwargs
             r = req.hint.reclaim_step
         else:
             r = view_reclaim_step(req, self.view, **self._view_kwargs())
         if r is None:
-            return req.step + self.unknown_lifetime
+            return req.step + self.unknown_lifetime, False
         if r < req.now:
-            return survivor_reclaim(req.step, req.now)
-        return r
+            return survivor_reclaim(req.step, req.now), False
+        return r, True
 
     def reclaim_step_of(self, req: ExtentRequest) -> float | None:
         """:meth:`reclaim_of`: the reclaim step this policy places and records by."""
@@ -298,7 +304,8 @@ class RetainZ(Allocator):
             return (forever, steps)
         return (forever, steps - f * (big_r - now))
 
-    def share_cost(self, s: ZoneSummary, r: float, group: int, now: int, generation: str) -> Cost:
+    def share_cost(self, s: ZoneSummary, r: float, group: int, now: int, generation: str,
+                   known: bool = True) -> Cost:
         """Cost of sharing open zone ``s`` with the other group(s) in flight filling it (module
         docstring, "Saves in flight"), as a plan: from now on both write side by side, through
         ``s`` and then fresh zones, until the smaller is done.
@@ -308,10 +315,13 @@ class RetainZ(Allocator):
         ``R`` (the zone's), ``rem`` free in ``s`` and ``u(n)`` the capacity the last zone is left
         with when ``n`` bytes fill ``rem`` and then fresh zones: ``min(group, X)`` bytes of the
         group that dies first are held from its reclaim step to the other's, and the two tails
-        become one: ``min(group, X) * |r - R| + u(group + X) * (max(r, R) - now) - u(X) * (R -
-        now)`` (the others' plan alone is subtracted, so the cost compares with the open
-        option's ``u(group) * (r - now)``).  Equal reclaim steps share at no more than that;
-        groups dying far apart stay apart.
+        become one.  With ``r`` known (``known``, :meth:`viewed_reclaim`) the cost is what is held
+        dead, ``min(group, X) * |r - R|``: the open option costs nothing (:meth:`open_cost`), and
+        the capacity the tails leave free stays writable.  With ``r`` an estimate, the tails'
+        unfilled capacity is charged as the open option charges it: ``+ u(group + X) * (max(r, R)
+        - now) - u(X) * (R - now)`` (the others' plan alone is subtracted, so the cost compares
+        with the open option's ``u(group) * (r - now)``).  Equal reclaim steps share at no more
+        than the open option; groups dying far apart stay apart.
 
         Returns:
             A :data:`Cost` (bytes held forever, byte-steps): sharing finite data with permanent
@@ -333,17 +343,23 @@ class RetainZ(Allocator):
 
         forever, steps = held(min(group, x), min(rn, big_r), max(rn, big_r))
         end = max(rn, big_r)
-        if end != PERMANENT:
+        if not known and end != PERMANENT:
             steps += unused(group + x) * (end - now) - unused(x) * (big_r - now)
         return (forever, steps)
 
     @staticmethod
-    def open_cost(capacity: int, r: float, group: int, now: int) -> Cost:
+    def open_cost(capacity: int, r: float, group: int, now: int, known: bool = True) -> Cost:
         """Cost of opening an empty zone of ``capacity`` bytes for the group (``group`` bytes
-        to come, reclaim step ``r``) at step ``now``: the capacity it leaves unfilled,
-        ``max(0, capacity - group) x (r - now)`` byte-steps (0 for permanent data: later
+        to come, reclaim step ``r``) at step ``now`` (module docstring, "open").
+
+        With ``r`` known (the hint view's own step): nothing.  The capacity the group leaves
+        unfilled stays writable while the zone is open: the store's admission counts it as free
+        (``ZoneBook.free``) and a later group fills it at the join cost, which prices what that
+        costs.  With ``r`` an estimate (``known=False``: no hint step, or a survivor re-estimated),
+        later joins are priced on estimates too, so the unfilled part is charged as held until
+        ``r``: ``max(0, capacity - group) x (r - now)`` byte-steps (0 for permanent data: later
         permanent saves top the zone up)."""
-        if r == PERMANENT:
+        if known or r == PERMANENT:
             return _ZERO
         return held(capacity - group, now, max(r, now))
 
@@ -388,7 +404,8 @@ class RetainZ(Allocator):
         t = self.table
         if self.recompute:
             self._rebuild()
-        now, r = req.now, self.reclaim_of(req)
+        now = req.now
+        r, known = self.viewed_reclaim(req)
         group = req.nbytes + req.pending
         gen = req.generation
         self._remember(gen, group, req.gc)
@@ -412,7 +429,7 @@ class RetainZ(Allocator):
             zr = self.zone_reclaim(s)
             busy = t.filled_by_others(s.index, gen)
             if busy:
-                cost = self.share_cost(s, r, group, now, gen)
+                cost = self.share_cost(s, r, group, now, gen, known)
                 # a group in flight that dies at another step is joined only when nothing else is
                 # possible (at the active-zone limit); one that dies at ours shares for free
                 last = int(max(zr, now) != max(r, now))
@@ -425,7 +442,7 @@ class RetainZ(Allocator):
             if best is None or key < best[0]:
                 best = (key, Decision(s.index, (), r))
         if e is not None:
-            cost = self.open_cost(cap, r, group, now)
+            cost = self.open_cost(cap, r, group, now, known)
             mark = UNCERTAIN_ZONE if own else None
             if not t.max_active or len(t.open) < t.max_active:
                 key = (0, cost, 1, 0.0, e)
