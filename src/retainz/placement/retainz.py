@@ -19,9 +19,20 @@ still to come, at step ``now``, the options are:
     own, so we credit ``f * (R - now)``.  No credit while another group in flight is writing into
     the zone (see "Saves in flight"): its free capacity is that group's next bytes.
 
-* **open** the first empty zone (capacity ``C``): *unused capacity* ``max(0, C - E) * (r - now)``,
-  the part of the zone our group will not fill, unusable until the zone is reset near ``r``.
-  Permanent data pays nothing here: later permanent saves top the zone up.
+* **open** the first empty zone (capacity ``C``): nothing is held.  The part of the zone our group
+  will not fill, ``max(0, C - E)``, stays writable while the zone is open: the store's admission
+  counts it as free space (``ZoneBook.free``), and a later group that writes into it pays the join
+  cost above, which prices what sharing the zone then holds.  Dead bytes held in a zone are
+  different: only the zone's reset (or a GC copy of the live bytes beside them) returns them.
+  Charging the unfilled part as *unused capacity* ``max(0, C - E) * (r - now)`` (the rule until
+  issue 40) counted free space as lost and let a save's tail split into the free capacity of
+  zones dying at other steps, holding dead bytes there instead: three SmolLM2-135M jobs (saves of
+  1.53 zones) ended at WAF 1.037 and 1.113 where a zone per generation completes at 1.000
+  (docs/placement.md, "A loss fixed: tails that share zones").  When ``r`` is an estimate (no
+  hint step: ``step + unknown_lifetime``; a survivor re-estimated; the expected step of an
+  uncertain condition, see below), later joins are priced on estimates too, so the unfilled part
+  is still charged as held until ``r``; permanent data pays nothing either way (later permanent
+  saves top the zone up).
 
 * **finish** ``X`` **then open**, only when the active-zone budget is spent: the open cost plus
   ``rem_X * (R_X - now)``, the capacity finishing wastes until ``X`` is reset, unless ``X`` is
@@ -40,7 +51,8 @@ written and its shards closed, or its commit or abort).  A zone another group in
   both groups write side by side, so ``min(E, X)`` bytes (``X``: what the others still have to
   write, from their latest requests; a group not heard from yet is taken to fill the zone's free
   capacity, never to have stopped) of whichever dies first are held ``|r - R|`` steps, and the two
-  tails become one;
+  tails become one (their unfilled capacity priced only for an estimated ``r``, as the open option
+  prices it);
 * a zone whose in-flight group dies at our reclaim step is shared like any option: sharing holds
   nothing dead.  Same-step saves of jobs with the same rule (a node's jobs saving at once, the
   ranks of one job) thus fill zones together, as the one log does, instead of each taking zones of
@@ -89,7 +101,7 @@ MiB per save; generation ``g`` saved at step 1000 dies at ``r_g = 6000``)::
     g+1 at now = 1500, r = 6500, E = 250 MiB:
       join Z:   (100 - 50) * (6500 - 6000) - 50 * (6000 - 1500) = 25,000 - 225,000
                 = -200,000 MiB-steps
-      open new: max(0, 100 - 250) * (6500 - 1500) = 0
+      open new: 0 (nothing held: what g+1 leaves free in it stays free space)
     -> g+1's first 50 MiB fill Z: g's 50 MiB are held dead 500 steps (25,000 MiB-steps) instead of
        Z's free 50 MiB lying unused for 4,500 steps.
     The final save (40 MiB, permanent) next to open zone Y (R = 6500):
@@ -239,8 +251,10 @@ class RetainZ(Allocator):
 
     def viewed_reclaim(self, req: ExtentRequest) -> tuple[float, bool]:
         """``(reclaim step, known)``: the step this policy places ``req`` by, and whether it is the
-        hint view's own step (``False`` when it is an estimate: an unknown step estimated by age,
-        ``step + unknown_lifetime``, or a passed one re-estimated by :func:`survivor_reclaim`)."""
+        hint view's own step for a certain condition (``False`` when it is an estimate: an unknown
+        step estimated by age, ``step + unknown_lifetime``; a passed one re-estimated by
+        :func:`survivor_reclaim`; or the expected step of an ``uncertain`` condition, top-k by a
+        metric, under a view that sees the condition: the oracle's actual step is known)."""
         if self.view == "exact":       # the common case, without building the view's kwargs
             r = req.hint.reclaim_step
         else:
@@ -249,7 +263,7 @@ class RetainZ(Allocator):
             return req.step + self.unknown_lifetime, False
         if r < req.now:
             return survivor_reclaim(req.step, req.now), False
-        return r, True
+        return r, not (self.view in _HINTED and req.hint.kind == "uncertain")
 
     def reclaim_step_of(self, req: ExtentRequest) -> float | None:
         """:meth:`reclaim_of`: the reclaim step this policy places and records by."""
