@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from retainz.hint import Hint
 from retainz.placement import NO_SPACE, POLICIES, Decision, ExtentRequest, ZoneTable
-from retainz.placement.retainz import UNCERTAIN_ZONE, RetainZ
+from retainz.placement.retainz import UNCERTAIN_ZONE, Oracle, RetainZ
 from tests.store_events import run
 
 M = 1 << 20
@@ -275,6 +275,22 @@ def ureq(nbytes, r, now, step=None, gen="g", gc=False, pending=0):
     h = Hint(reclaim_step=r, condition="uncertain:earliest=1500,probability=0.8,expected=1500,basis=x")
     return ExtentRequest(nbytes=nbytes, generation=gen, step=now if step is None else step, hint=h, now=now,
                          pending=pending, gc=gc)
+
+
+def test_only_a_certain_death_in_view_is_known():
+    # the open option holds nothing only for a death the view knows (RetainZ.open_cost); an age
+    # estimate, a survivor's re-estimate and an uncertain condition's expected step are estimates,
+    # and the oracle's actual step is known whatever the condition
+    a = bound(table(), uncertain_saves=False)
+    assert a.viewed_reclaim(req(30 * M, 1500.0, 1000)) == (1500.0, True)
+    assert a.viewed_reclaim(req(30 * M, None, 1000)) == (6000, False)
+    assert a.viewed_reclaim(req(30 * M, 999.0, 1000, step=400)) == (1600, False)
+    assert a.viewed_reclaim(ureq(30 * M, 1500.0, 1000)) == (1500.0, False)
+    o = Oracle()
+    o.bind(table())
+    h = Hint(reclaim_step=1500.0, condition="uncertain:earliest=1500,probability=0.8,expected=1500,basis=x",
+             actual_reclaim_step=2500.0)
+    assert o.viewed_reclaim(ExtentRequest(30 * M, "g", 1000, h, 1000)) == (2500.0, True)
 
 
 def test_uncertain_saves_share_no_zone():
