@@ -3,11 +3,10 @@
 Saves in flight: keep-latest jobs saving at the same steps on few active zones (replay with time),
 where RetainZ and the oracle used to give every in-flight save zones of its own and lose to the one
 log.  Serialized: three SmolLM2-135M jobs on a ZN540-like device (TorchTitan keep 3, HF
-save_total_limit 2, Orbax latest 2 plus every 5000; starts 0/100/150) at pressure 0.9, where RetainZ
-and the oracle lost to a zone per generation until an opened zone's unfilled capacity was no longer
-charged as lost.  Saves that take time: deletions after a slow save's
-commit (three jobs of different save sizes), a loss that remains (strict xfail); the node map's
-asynchronous sub-node cell, seed 0, which no longer loses.
+save_total_limit 2, Orbax latest 2 plus every 5000; starts 0/100/150) at pressure 0.9, a loss that
+remains (strict xfail: it flips when fixed).  Saves that take time: deletions after a slow save's
+commit (three jobs of different save sizes; the node map's asynchronous sub-node cell, seed 0), losses
+that remain (strict xfail).
 """
 
 from __future__ import annotations
@@ -33,15 +32,11 @@ def _mix(tmp_path, intervals, steps=10000):
     return out
 
 
+@pytest.mark.xfail(strict=True, reason="known loss (docs/placement.md, 'A known loss'): the serialized "
+                   "cost model prefers sharing a tail with an older zone; the fixes tried move recorded cases")
 @pytest.mark.parametrize("intervals", [(500, 500, 1000), (1000, 250, 500)])
 def test_three_smollm2_jobs_serialized_retainz_and_oracle_match_dedicated_zones(tmp_path, intervals):
-    # Before: (500, 500, 1000) RetainZ and oracle 1.037, (1000, 250, 500) both 1.113, dedicated
-    # 1.000.  A save is 1.53 zones, so two tails never fit one zone: each tail that joined another
-    # job's tail zone was split, and the zones holding two or three jobs' tails held the first
-    # death's bytes until the last (2.6 GiB dead at step 8150, the peak of live bytes, where
-    # admission then forced GC).  Opening a zone was charged for the capacity the tail left
-    # unfilled as if it were lost until the tail's death; it stays free space while the zone is
-    # open (admission counts it), so a known death is no longer charged for it.
+    # now: (500, 500, 1000) RetainZ and oracle 1.037, (1000, 250, 500) both 1.113; dedicated 1.000
     path = _mix(tmp_path, intervals)
     waf = {}
     for policy in ("dedicated", "retainz", "oracle"):
@@ -51,6 +46,20 @@ def test_three_smollm2_jobs_serialized_retainz_and_oracle_match_dedicated_zones(
     assert waf["dedicated"] == 1.0
     assert waf["retainz"] == 1.0 and waf["oracle"] == 1.0
 
+
+
+@pytest.mark.parametrize("intervals", [(500, 500, 1000), (1000, 250, 500)])
+def test_three_smollm2_jobs_with_open_unused_off_match_dedicated_zones(tmp_path, intervals):
+    # The same case with open_unused=false (docs/placement.md, "A known loss"): a zone opened for a
+    # known death is not charged for the 505 MiB a 572 MiB tail leaves free, so tails stop joining
+    # (and splitting into) other jobs' tail zones; at step 8150 no byte is dead and no GC runs.
+    # Before (the default): 1.037 and 1.113.
+    path = _mix(tmp_path, intervals)
+    for policy in ("retainz:open_unused=false", "oracle:open_unused=false"):
+        r = replay(path, ReplayConfig(policy=policy, pressure=0.9, reserve_zones=4, verify_payload=False))
+        assert r["capacity_stop_step"] is None, policy
+        assert r["waf"] == 1.0, policy
+        assert r["gc_bytes"] == 0, policy
 
 # -- saves in flight (replay with time) ------------------------------------------------------------
 SMALL = dict(zone_size=256 << 10, zone_capacity=192 << 10)     # the replay-with-time tests' zones
@@ -131,12 +140,11 @@ def test_a_deletion_after_a_slow_save_commits_is_placed_by_when_that_save_is_wri
     assert out["retainz"]["waf"] < out["dedicated:by=job"]["waf"]
 
 
+@pytest.mark.xfail(strict=True, reason=_ASYNC_LOSS)
 def test_a_node_of_asynchronous_sub_node_jobs_retainz_does_not_lose_to_a_zone_log_per_job():
     # The node map's cell (experiments/node.json: sub-node jobs with asynchronous saves, ZN540-like
-    # zones scaled 1/64, occupancy 0.6, fleet seed 0).  Before: RetainZ 1.033 with 89 finishes, a
-    # zone log per job 1.001, the oracle 1.000.  Now 1.0013 (the zone log 1.0014): a known death
-    # no longer pays for the capacity a zone it opens leaves free, so fewer saves' tails share
-    # zones with other jobs' (docs/placement.md, "A known loss: saves that take time").
+    # zones scaled 1/64, occupancy 0.6, fleet seed 0).  now: RetainZ 1.033 with 89 finishes, a zone
+    # log per job 1.001, the oracle 1.000; with the write-time estimate 1.000.
     import tempfile
 
     from retainz.experiments.manifest import expand

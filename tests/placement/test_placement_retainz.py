@@ -69,31 +69,46 @@ def test_equal_reclaim_steps_share():
     assert a.join_cost(t[0], 6000.0, 30 * M, 1500) == (0, 0.0)
 
 
-@pytest.mark.parametrize("group", [30 * M, 100 * M])
-def test_zone_that_outlives_us(group):
-    # Z dies at 9000; our 30 MiB die at 6000: joining holds them dead 3,000 steps (90,000
-    # MiB-steps).  Opening a zone holds nothing: the 70 MiB our group leaves free stay writable
-    # while the zone is open (admission counts them as free), so a known death opens
+@pytest.mark.parametrize("group, expect", [(30 * M, 0), (100 * M, 1)])
+def test_zone_that_outlives_us(group, expect):
+    # Z dies at 9000; our 30 MiB die at 6000: held 3,000 steps (90,000 MiB-steps) vs opening a
+    # zone our group leaves 70 MiB of unused for 5,000 steps (350,000); a group that fills the
+    # new zone opens it at no cost
     t = table()
     put(t, 0, 30 * M, 9000.0, step=1000)
     a = bound(t)
     assert a.join_cost(t[0], 6000.0, 30 * M, 1000) == (0, 90_000.0 * M)
-    assert a.open_cost(100 * M, 6000.0, group, 1000) == (0, 0.0)
-    assert a.place(req(30 * M, 6000.0, 1000, pending=group - 30 * M)).zone == 1
+    assert a.place(req(30 * M, 6000.0, 1000, pending=group - 30 * M)).zone == expect
 
 
-@pytest.mark.parametrize("group, expect", [(30 * M, 0), (100 * M, 1)])
-def test_zone_that_outlives_an_estimated_death(group, expect):
-    # The same zone, our death unknown (estimated by age: step 1000 + 5000): later joins are priced
-    # on estimates too, so the 70 MiB a fresh zone would leave free are charged as held until
-    # 6000 (350,000 MiB-steps) and the 30 MiB join Z (90,000); a group that fills the new zone
-    # opens it at no cost
+
+@pytest.mark.parametrize("group", [30 * M, 100 * M])
+def test_with_open_unused_off_a_known_death_opens_rather_than_be_held(group):
+    # the zone above: joining holds our 30 MiB dead 3,000 steps; with open_unused=false opening
+    # holds nothing (the 70 MiB left free stay writable while the zone is open), so we open
     t = table()
     put(t, 0, 30 * M, 9000.0, step=1000)
-    a = bound(t)
-    assert a.open_cost(100 * M, 6000.0, 30 * M, 1000, known=False) == (0, 350_000.0 * M)
-    assert a.place(req(30 * M, None, 1000, pending=group - 30 * M)).zone == expect
+    a = bound(t, open_unused=False)
+    assert a.open_cost(100 * M, 6000.0, 30 * M, 1000, free=True) == (0, 0.0)
+    assert a.place(req(30 * M, 6000.0, 1000, pending=group - 30 * M)).zone == 1
+    # an estimated death (no hint step: 1000 + 5000) keeps the charge and joins as before
+    assert a.place(req(30 * M, None, 1000, pending=group - 30 * M)).zone == (0 if group == 30 * M else 1)
 
+
+def test_only_a_certain_death_in_view_is_known():
+    # an age estimate, a survivor's re-estimate and an uncertain condition's expected step are
+    # estimates; the oracle's actual step is known whatever the condition
+    a = bound(table(), uncertain_saves=False)
+    assert a.viewed_reclaim(req(30 * M, 1500.0, 1000)) == (1500.0, True)
+    assert a.viewed_reclaim(req(30 * M, None, 1000)) == (6000, False)
+    assert a.viewed_reclaim(req(30 * M, 999.0, 1000, step=400)) == (1600, False)
+    h = Hint(reclaim_step=1500.0, condition="uncertain:earliest=1500,probability=0.8,expected=1500,basis=x",
+             actual_reclaim_step=2500.0)
+    u = ExtentRequest(30 * M, "g", 1000, h, 1000)
+    assert a.viewed_reclaim(u) == (1500.0, False)
+    o = Oracle()
+    o.bind(table())
+    assert o.viewed_reclaim(u) == (2500.0, True)
 
 # -- decisions at the active-zone limit -------------------------------------------------------------
 def limit_table(q_written, q_reclaim):
@@ -175,7 +190,7 @@ OPS = st.lists(st.tuples(st.sampled_from(["write", "kill", "finish", "reset", "p
 
 def brute_force(a: RetainZ, t: ZoneTable, rq: ExtentRequest) -> Decision:
     """Price every open zone, the first empty zone and every finish choice (no index)."""
-    (r, known), now, group = a.viewed_reclaim(rq), rq.now, rq.nbytes + rq.pending
+    r, now, group = a.reclaim_of(rq), rq.now, rq.nbytes + rq.pending
     options = []
     for s in t.open.values():
         zr = a.zone_reclaim(s)
@@ -183,7 +198,7 @@ def brute_force(a: RetainZ, t: ZoneTable, rq: ExtentRequest) -> Decision:
                         Decision(s.index, reclaim_step=r)))
     e = t.first_empty()
     if e is not None:
-        cost = a.open_cost(t[e].capacity, r, group, now, known)
+        cost = a.open_cost(t[e].capacity, r, group, now)
         if not t.max_active or len(t.open) < t.max_active:
             options.append(((cost, 1, 0.0, e), Decision(e, reclaim_step=r)))
         else:
@@ -275,22 +290,6 @@ def ureq(nbytes, r, now, step=None, gen="g", gc=False, pending=0):
     h = Hint(reclaim_step=r, condition="uncertain:earliest=1500,probability=0.8,expected=1500,basis=x")
     return ExtentRequest(nbytes=nbytes, generation=gen, step=now if step is None else step, hint=h, now=now,
                          pending=pending, gc=gc)
-
-
-def test_only_a_certain_death_in_view_is_known():
-    # the open option holds nothing only for a death the view knows (RetainZ.open_cost); an age
-    # estimate, a survivor's re-estimate and an uncertain condition's expected step are estimates,
-    # and the oracle's actual step is known whatever the condition
-    a = bound(table(), uncertain_saves=False)
-    assert a.viewed_reclaim(req(30 * M, 1500.0, 1000)) == (1500.0, True)
-    assert a.viewed_reclaim(req(30 * M, None, 1000)) == (6000, False)
-    assert a.viewed_reclaim(req(30 * M, 999.0, 1000, step=400)) == (1600, False)
-    assert a.viewed_reclaim(ureq(30 * M, 1500.0, 1000)) == (1500.0, False)
-    o = Oracle()
-    o.bind(table())
-    h = Hint(reclaim_step=1500.0, condition="uncertain:earliest=1500,probability=0.8,expected=1500,basis=x",
-             actual_reclaim_step=2500.0)
-    assert o.viewed_reclaim(ExtentRequest(30 * M, "g", 1000, h, 1000)) == (2500.0, True)
 
 
 def test_uncertain_saves_share_no_zone():
@@ -445,20 +444,15 @@ def test_an_uncertain_save_takes_the_last_empty_zone_rather_than_share():
 
 
 def test_a_known_death_skips_an_uncertain_zone_and_still_prices_the_next():
-    # joining the uncertain group's zone would earn the join credit (-8,500 MiB-steps); it is
-    # skipped, and the next zone (same death: cost 0) is joined rather than a zone opened
     t = table(n=3)
     t.on_write(0, 30 * M, reclaim_step=1400.0, lifetime=UNCERTAIN_ZONE, step=1000)   # an uncertain group
-    put(t, 1, 30 * M, 1450.0, step=1000)
-    a = bound(t)
-    assert a.join_cost(t[0], 1450.0, 30 * M, 1000) == (0, -8_500.0 * M)
-    assert a.place(req(30 * M, 1450.0, 1000)) == Decision(1, reclaim_step=1450.0)
+    put(t, 1, 30 * M, 1500.0, step=1000)
+    assert bound(t).place(req(30 * M, 1450.0, 1000)) == Decision(1, reclaim_step=1450.0)
 
 
 def test_equal_join_costs_prefer_the_zone_whose_reclaim_step_is_nearest():
-    # both zones' reclaim steps have passed (priced from now alike); 500 is nearer 1500 than 100;
-    # no empty zone is left, so one of them is joined
-    t = table(n=2, cap=100)
+    # both zones' reclaim steps have passed (priced from now alike); 500 is nearer 1500 than 100
+    t = table(cap=100)
     put(t, 0, 10, 100.0)
     put(t, 1, 10, 500.0)
     a = bound(t)
@@ -480,8 +474,7 @@ def test_at_the_limit_the_finish_cost_adds_to_the_opening_cost():
     put(t, 0, 50 * M, 9000.0)                     # dies at 9000: finishing holds 50 MiB 1000 -> 9000
     a = bound(t)
     assert a.join_cost(t[0], 6000.0, 50 * M, 1000) == (0, 150_000.0 * M)
-    assert a.open_cost(100 * M, 6000.0, 50 * M, 1000) == (0, 0.0)
-    assert a.open_cost(100 * M, 6000.0, 50 * M, 1000, known=False) == (0, 250_000.0 * M)
+    assert a.open_cost(100 * M, 6000.0, 50 * M, 1000) == (0, 250_000.0 * M)
     assert a.finish_cost(t[0], 6000.0, 1000) == (0, 400_000.0 * M)
     assert a.place(req(50 * M, 6000.0, 1000)) == Decision(0, reclaim_step=6000.0)
 
@@ -587,19 +580,16 @@ def test_gc_copies_do_not_join_a_zone_a_save_in_flight_is_filling():
 
 def test_a_group_in_flight_that_dies_at_the_same_step_is_joined_one_that_dies_far_apart_is_not():
     # g (dies at 6000) has written 10 MiB into zone 0 and has 240 MiB to come (its last request);
-    # h (250 MiB) dies at 6000 too: sharing holds nothing dead, so h joins (a tie with opening,
-    # which holds nothing either, goes to joining); dying at 16000 it would hold 240 MiB of g's for
-    # 10,000 steps and opens instead.  With h's death an estimate, the tails' unfilled capacity is
-    # priced too (u(500) = 0 against u(240) = 50 MiB of g's own).
+    # h (250 MiB) dies at 6000 too: sharing holds nothing dead, and the two tails become one
+    # (u(500) = 0 against u(240) = 50 MiB of g's own), so h joins; dying at 16000 it would hold 250 MiB
+    # of g's for 10,000 steps and opens instead.
     t = table()
     in_flight(t, "g", 0, 10 * M, 6000.0)
     a = bound(t)
     assert a.place(req(240 * M, 6000.0, 1000, gen="g")) == Decision(0, reclaim_step=6000.0)
-    assert a.share_cost(t[0], 6000.0, 250 * M, 1000, "h") == (0, 0.0)
-    assert a.share_cost(t[0], 6000.0, 250 * M, 1000, "h", known=False) == (0, -50 * M * 5000.0)
+    assert a.share_cost(t[0], 6000.0, 250 * M, 1000, "h") == (0, -50 * M * 5000.0)
     assert a.place(req(250 * M, 6000.0, 1000, gen="h")) == Decision(0, reclaim_step=6000.0)
-    assert a.share_cost(t[0], 16000.0, 250 * M, 1000, "h") == (0, 240 * M * 10000.0)
-    assert a.share_cost(t[0], 16000.0, 250 * M, 1000, "h", known=False) == (0, 240 * M * 10000.0 - 50 * M * 5000.0)
+    assert a.share_cost(t[0], 16000.0, 250 * M, 1000, "h") == (0, 240 * M * 10000.0 - 50 * M * 5000.0)
     assert a.place(req(250 * M, 16000.0, 1000, gen="h")) == Decision(1, reclaim_step=16000.0)
     t.on_group_end("g")
     assert a.place(req(250 * M, 6000.0, 1000, gen="h")).zone == 0    # a plain join again

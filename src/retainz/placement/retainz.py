@@ -19,20 +19,16 @@ still to come, at step ``now``, the options are:
     own, so we credit ``f * (R - now)``.  No credit while another group in flight is writing into
     the zone (see "Saves in flight"): its free capacity is that group's next bytes.
 
-* **open** the first empty zone (capacity ``C``): nothing is held.  The part of the zone our group
-  will not fill, ``max(0, C - E)``, stays writable while the zone is open: the store's admission
-  counts it as free space (``ZoneBook.free``), and a later group that writes into it pays the join
-  cost above, which prices what sharing the zone then holds.  Dead bytes held in a zone are
-  different: only the zone's reset (or a GC copy of the live bytes beside them) returns them.
-  Charging the unfilled part as *unused capacity* ``max(0, C - E) * (r - now)`` (the rule until
-  issue 40) counted free space as lost and let a save's tail split into the free capacity of
-  zones dying at other steps, holding dead bytes there instead: three SmolLM2-135M jobs (saves of
-  1.53 zones) ended at WAF 1.037 and 1.113 where a zone per generation completes at 1.000
-  (docs/placement.md, "A loss fixed: tails that share zones").  When ``r`` is an estimate (no
-  hint step: ``step + unknown_lifetime``; a survivor re-estimated; the expected step of an
-  uncertain condition, see below), later joins are priced on estimates too, so the unfilled part
-  is still charged as held until ``r``; permanent data pays nothing either way (later permanent
-  saves top the zone up).
+* **open** the first empty zone (capacity ``C``): *unused capacity* ``max(0, C - E) * (r - now)``,
+  the part of the zone our group will not fill, unusable until the zone is reset near ``r``.
+  Permanent data pays nothing here: later permanent saves top the zone up.
+  With ``open_unused=false`` a death the hint view knows (:meth:`RetainZ.viewed_reclaim`) pays
+  nothing either: the unfilled part stays writable while the zone is open (the store's admission
+  counts it as free space, ``ZoneBook.free``) and a later group that writes into it pays the join
+  cost above, whereas dead bytes held in a zone come back only with its reset or a GC copy.  An
+  estimated death (no hint step, a survivor re-estimated, an uncertain condition's expected
+  step) keeps the charge: later joins are priced on estimates too.  It removes the loss of
+  docs/placement.md, "A known loss", but moves recorded cases both ways, so it is not the default.
 
 * **finish** ``X`` **then open**, only when the active-zone budget is spent: the open cost plus
   ``rem_X * (R_X - now)``, the capacity finishing wastes until ``X`` is reset, unless ``X`` is
@@ -51,8 +47,7 @@ written and its shards closed, or its commit or abort).  A zone another group in
   both groups write side by side, so ``min(E, X)`` bytes (``X``: what the others still have to
   write, from their latest requests; a group not heard from yet is taken to fill the zone's free
   capacity, never to have stopped) of whichever dies first are held ``|r - R|`` steps, and the two
-  tails become one (their unfilled capacity priced only for an estimated ``r``, as the open option
-  prices it);
+  tails become one (their unfilled capacity priced as the open option prices it);
 * a zone whose in-flight group dies at our reclaim step is shared like any option: sharing holds
   nothing dead.  Same-step saves of jobs with the same rule (a node's jobs saving at once, the
   ranks of one job) thus fill zones together, as the one log does, instead of each taking zones of
@@ -101,7 +96,7 @@ MiB per save; generation ``g`` saved at step 1000 dies at ``r_g = 6000``)::
     g+1 at now = 1500, r = 6500, E = 250 MiB:
       join Z:   (100 - 50) * (6500 - 6000) - 50 * (6000 - 1500) = 25,000 - 225,000
                 = -200,000 MiB-steps
-      open new: 0 (nothing held: what g+1 leaves free in it stays free space)
+      open new: max(0, 100 - 250) * (6500 - 1500) = 0
     -> g+1's first 50 MiB fill Z: g's 50 MiB are held dead 500 steps (25,000 MiB-steps) instead of
        Z's free 50 MiB lying unused for 4,500 steps.
     The final save (40 MiB, permanent) next to open zone Y (R = 6500):
@@ -220,6 +215,9 @@ class RetainZ(Allocator):
         recompute: rebuild the reclaim-step index before every decision (equivalence mode).
         uncertain_saves: a save with an uncertain condition joins only zones of its own group
             (module docstring, "Uncertain deaths").
+        open_unused: charge the open option (and the share plan of a zone in flight) for the
+            capacity a group leaves unfilled; ``False``: not for a death the hint view knows
+            (module docstring, "open").
     """
 
     name = "retainz"
@@ -231,6 +229,7 @@ class RetainZ(Allocator):
     wait_steps: int = 0
     recompute: bool = False
     uncertain_saves: bool = True
+    open_unused: bool = True
 
     def __post_init__(self) -> None:
         self.check_int("unknown_lifetime", 1)
@@ -319,7 +318,7 @@ class RetainZ(Allocator):
         return (forever, steps - f * (big_r - now))
 
     def share_cost(self, s: ZoneSummary, r: float, group: int, now: int, generation: str,
-                   known: bool = True) -> Cost:
+                   free: bool = False) -> Cost:
         """Cost of sharing open zone ``s`` with the other group(s) in flight filling it (module
         docstring, "Saves in flight"), as a plan: from now on both write side by side, through
         ``s`` and then fresh zones, until the smaller is done.
@@ -329,13 +328,11 @@ class RetainZ(Allocator):
         ``R`` (the zone's), ``rem`` free in ``s`` and ``u(n)`` the capacity the last zone is left
         with when ``n`` bytes fill ``rem`` and then fresh zones: ``min(group, X)`` bytes of the
         group that dies first are held from its reclaim step to the other's, and the two tails
-        become one.  With ``r`` known (``known``, :meth:`viewed_reclaim`) the cost is what is held
-        dead, ``min(group, X) * |r - R|``: the open option costs nothing (:meth:`open_cost`), and
-        the capacity the tails leave free stays writable.  With ``r`` an estimate, the tails'
-        unfilled capacity is charged as the open option charges it: ``+ u(group + X) * (max(r, R)
-        - now) - u(X) * (R - now)`` (the others' plan alone is subtracted, so the cost compares
-        with the open option's ``u(group) * (r - now)``).  Equal reclaim steps share at no more
-        than the open option; groups dying far apart stay apart.
+        become one: ``min(group, X) * |r - R| + u(group + X) * (max(r, R) - now) - u(X) * (R -
+        now)`` (the others' plan alone is subtracted, so the cost compares with the open
+        option's ``u(group) * (r - now)``).  Equal reclaim steps share at no more than that;
+        groups dying far apart stay apart.  ``free`` (:meth:`open_cost`): the unfilled capacity
+        is not charged, only ``min(group, X) * |r - R|``.
 
         Returns:
             A :data:`Cost` (bytes held forever, byte-steps): sharing finite data with permanent
@@ -357,23 +354,18 @@ class RetainZ(Allocator):
 
         forever, steps = held(min(group, x), min(rn, big_r), max(rn, big_r))
         end = max(rn, big_r)
-        if not known and end != PERMANENT:
+        if not free and end != PERMANENT:
             steps += unused(group + x) * (end - now) - unused(x) * (big_r - now)
         return (forever, steps)
 
     @staticmethod
-    def open_cost(capacity: int, r: float, group: int, now: int, known: bool = True) -> Cost:
+    def open_cost(capacity: int, r: float, group: int, now: int, free: bool = False) -> Cost:
         """Cost of opening an empty zone of ``capacity`` bytes for the group (``group`` bytes
-        to come, reclaim step ``r``) at step ``now`` (module docstring, "open").
-
-        With ``r`` known (the hint view's own step): nothing.  The capacity the group leaves
-        unfilled stays writable while the zone is open: the store's admission counts it as free
-        (``ZoneBook.free``) and a later group fills it at the join cost, which prices what that
-        costs.  With ``r`` an estimate (``known=False``: no hint step, or a survivor re-estimated),
-        later joins are priced on estimates too, so the unfilled part is charged as held until
-        ``r``: ``max(0, capacity - group) x (r - now)`` byte-steps (0 for permanent data: later
-        permanent saves top the zone up)."""
-        if known or r == PERMANENT:
+        to come, reclaim step ``r``) at step ``now``: the capacity it leaves unfilled,
+        ``max(0, capacity - group) x (r - now)`` byte-steps (0 for permanent data: later
+        permanent saves top the zone up).  ``free``: nothing (``open_unused=false`` and a death the
+        hint view knows; module docstring, "open")."""
+        if free or r == PERMANENT:
             return _ZERO
         return held(capacity - group, now, max(r, now))
 
@@ -420,6 +412,7 @@ class RetainZ(Allocator):
             self._rebuild()
         now = req.now
         r, known = self.viewed_reclaim(req)
+        free = known and not self.open_unused
         group = req.nbytes + req.pending
         gen = req.generation
         self._remember(gen, group, req.gc)
@@ -443,7 +436,7 @@ class RetainZ(Allocator):
             zr = self.zone_reclaim(s)
             busy = t.filled_by_others(s.index, gen)
             if busy:
-                cost = self.share_cost(s, r, group, now, gen, known)
+                cost = self.share_cost(s, r, group, now, gen, free)
                 # a group in flight that dies at another step is joined only when nothing else is
                 # possible (at the active-zone limit); one that dies at ours shares for free
                 last = int(max(zr, now) != max(r, now))
@@ -456,7 +449,7 @@ class RetainZ(Allocator):
             if best is None or key < best[0]:
                 best = (key, Decision(s.index, (), r))
         if e is not None:
-            cost = self.open_cost(cap, r, group, now, known)
+            cost = self.open_cost(cap, r, group, now, free)
             mark = UNCERTAIN_ZONE if own else None
             if not t.max_active or len(t.open) < t.max_active:
                 key = (0, cost, 1, 0.0, e)
