@@ -4,7 +4,8 @@ Saves in flight: keep-latest jobs saving at the same steps on few active zones (
 where RetainZ and the oracle used to give every in-flight save zones of its own and lose to the one
 log.  Serialized: three SmolLM2-135M jobs on a ZN540-like device (TorchTitan keep 3, HF
 save_total_limit 2, Orbax latest 2 plus every 5000; starts 0/100/150) at pressure 0.9, a loss that
-remains (strict xfail: it flips when fixed).  Saves that take time: deletions after a slow save's
+remains under the defaults (strict xfail: it flips when fixed) and is gone with
+``open_unused=false`` (not the default: it moves recorded cases both ways, docs/placement.md).  Saves that take time: deletions after a slow save's
 commit (three jobs of different save sizes; the node map's asynchronous sub-node cell, seed 0), losses
 that remain (strict xfail).
 """
