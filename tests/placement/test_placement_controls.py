@@ -37,7 +37,8 @@ def test_every_policy_is_registered():
     ("bogus", "unknown policy 'bogus'; valid: common, dedicated, greedy, oracle, retainz, "
               "retainz-coarse, retainz-inferred, retainz-nohint, retainz-noisy, zenfs, zenfs-nohint"),
     ("retainz-noisy:sigma=1", "policy retainz-noisy has no parameter 'sigma'; valid: unknown_lifetime, "
-                              "neighbors, wait_frac, wait_steps, recompute, uncertain_saves, error, seed"),
+                              "neighbors, wait_frac, wait_steps, recompute, uncertain_saves, open_unused, error, "
+                              "seed"),
     ("greedy:x=1", "policy greedy has no parameter 'x'; valid: none"),
     ("zenfs:finish_threshold=ten", "policy zenfs: finish_threshold='ten' is not an integer"),
     ("retainz:recompute=maybe", "policy retainz: recompute='maybe' is not a bool"),
@@ -95,7 +96,7 @@ def test_registry_parses_parameters():
     a = make_allocator("retainz-noisy:error=0.25,seed=7")
     assert (a.error, a.seed) == (0.25, 7)
     assert a.describe() == ("retainz-noisy:unknown_lifetime=5000,neighbors=2,wait_frac=0.1,"
-                            "wait_steps=0,recompute=False,uncertain_saves=True,error=0.25,seed=7")
+                            "wait_steps=0,recompute=False,uncertain_saves=True,open_unused=True,error=0.25,seed=7")
 
 
 # -- the hint views --------------------------------------------------------------------------------------

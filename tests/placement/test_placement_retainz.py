@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from retainz.hint import Hint
 from retainz.placement import NO_SPACE, POLICIES, Decision, ExtentRequest, ZoneTable
-from retainz.placement.retainz import UNCERTAIN_ZONE, RetainZ
+from retainz.placement.retainz import UNCERTAIN_ZONE, Oracle, RetainZ
 from tests.store_events import run
 
 M = 1 << 20
@@ -80,6 +80,35 @@ def test_zone_that_outlives_us(group, expect):
     assert a.join_cost(t[0], 6000.0, 30 * M, 1000) == (0, 90_000.0 * M)
     assert a.place(req(30 * M, 6000.0, 1000, pending=group - 30 * M)).zone == expect
 
+
+
+@pytest.mark.parametrize("group", [30 * M, 100 * M])
+def test_with_open_unused_off_a_known_death_opens_rather_than_be_held(group):
+    # the zone above: joining holds our 30 MiB dead 3,000 steps; with open_unused=false opening
+    # holds nothing (the 70 MiB left free stay writable while the zone is open), so we open
+    t = table()
+    put(t, 0, 30 * M, 9000.0, step=1000)
+    a = bound(t, open_unused=False)
+    assert a.open_cost(100 * M, 6000.0, 30 * M, 1000, free=True) == (0, 0.0)
+    assert a.place(req(30 * M, 6000.0, 1000, pending=group - 30 * M)).zone == 1
+    # an estimated death (no hint step: 1000 + 5000) keeps the charge and joins as before
+    assert a.place(req(30 * M, None, 1000, pending=group - 30 * M)).zone == (0 if group == 30 * M else 1)
+
+
+def test_only_a_certain_death_in_view_is_known():
+    # an age estimate, a survivor's re-estimate and an uncertain condition's expected step are
+    # estimates; the oracle's actual step is known whatever the condition
+    a = bound(table(), uncertain_saves=False)
+    assert a.viewed_reclaim(req(30 * M, 1500.0, 1000)) == (1500.0, True)
+    assert a.viewed_reclaim(req(30 * M, None, 1000)) == (6000, False)
+    assert a.viewed_reclaim(req(30 * M, 999.0, 1000, step=400)) == (1600, False)
+    h = Hint(reclaim_step=1500.0, condition="uncertain:earliest=1500,probability=0.8,expected=1500,basis=x",
+             actual_reclaim_step=2500.0)
+    u = ExtentRequest(30 * M, "g", 1000, h, 1000)
+    assert a.viewed_reclaim(u) == (1500.0, False)
+    o = Oracle()
+    o.bind(table())
+    assert o.viewed_reclaim(u) == (2500.0, True)
 
 # -- decisions at the active-zone limit -------------------------------------------------------------
 def limit_table(q_written, q_reclaim):

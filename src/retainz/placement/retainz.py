@@ -22,6 +22,13 @@ still to come, at step ``now``, the options are:
 * **open** the first empty zone (capacity ``C``): *unused capacity* ``max(0, C - E) * (r - now)``,
   the part of the zone our group will not fill, unusable until the zone is reset near ``r``.
   Permanent data pays nothing here: later permanent saves top the zone up.
+  With ``open_unused=false`` a death the hint view knows (:meth:`RetainZ.viewed_reclaim`) pays
+  nothing either: the unfilled part stays writable while the zone is open (the store's admission
+  counts it as free space, ``ZoneBook.free``) and a later group that writes into it pays the join
+  cost above, whereas dead bytes held in a zone come back only with its reset or a GC copy.  An
+  estimated death (no hint step, a survivor re-estimated, an uncertain condition's expected
+  step) keeps the charge: later joins are priced on estimates too.  It removes the loss of
+  docs/placement.md, "A known loss", but moves recorded cases both ways, so it is not the default.
 
 * **finish** ``X`` **then open**, only when the active-zone budget is spent: the open cost plus
   ``rem_X * (R_X - now)``, the capacity finishing wastes until ``X`` is reset, unless ``X`` is
@@ -40,7 +47,7 @@ written and its shards closed, or its commit or abort).  A zone another group in
   both groups write side by side, so ``min(E, X)`` bytes (``X``: what the others still have to
   write, from their latest requests; a group not heard from yet is taken to fill the zone's free
   capacity, never to have stopped) of whichever dies first are held ``|r - R|`` steps, and the two
-  tails become one;
+  tails become one (their unfilled capacity priced as the open option prices it);
 * a zone whose in-flight group dies at our reclaim step is shared like any option: sharing holds
   nothing dead.  Same-step saves of jobs with the same rule (a node's jobs saving at once, the
   ranks of one job) thus fill zones together, as the one log does, instead of each taking zones of
@@ -208,6 +215,9 @@ class RetainZ(Allocator):
         recompute: rebuild the reclaim-step index before every decision (equivalence mode).
         uncertain_saves: a save with an uncertain condition joins only zones of its own group
             (module docstring, "Uncertain deaths").
+        open_unused: charge the open option (and the share plan of a zone in flight) for the
+            capacity a group leaves unfilled; ``False``: not for a death the hint view knows
+            (module docstring, "open").
     """
 
     name = "retainz"
@@ -219,6 +229,7 @@ class RetainZ(Allocator):
     wait_steps: int = 0
     recompute: bool = False
     uncertain_saves: bool = True
+    open_unused: bool = True
 
     def __post_init__(self) -> None:
         self.check_int("unknown_lifetime", 1)
@@ -235,15 +246,23 @@ class RetainZ(Allocator):
 
     def reclaim_of(self, req: ExtentRequest) -> float:
         """The reclaim step this policy places ``req`` by (and records), in steps."""
+        return self.viewed_reclaim(req)[0]
+
+    def viewed_reclaim(self, req: ExtentRequest) -> tuple[float, bool]:
+        """``(reclaim step, known)``: the step this policy places ``req`` by, and whether it is the
+        hint view's own step for a certain condition (``False`` when it is an estimate: an unknown
+        step estimated by age, ``step + unknown_lifetime``; a passed one re-estimated by
+        :func:`survivor_reclaim`; or the expected step of an ``uncertain`` condition, top-k by a
+        metric, under a view that sees the condition: the oracle's actual step is known)."""
         if self.view == "exact":       # the common case, without building the view's kwargs
             r = req.hint.reclaim_step
         else:
             r = view_reclaim_step(req, self.view, **self._view_kwargs())
         if r is None:
-            return req.step + self.unknown_lifetime
+            return req.step + self.unknown_lifetime, False
         if r < req.now:
-            return survivor_reclaim(req.step, req.now)
-        return r
+            return survivor_reclaim(req.step, req.now), False
+        return r, not (self.view in _HINTED and req.hint.kind == "uncertain")
 
     def reclaim_step_of(self, req: ExtentRequest) -> float | None:
         """:meth:`reclaim_of`: the reclaim step this policy places and records by."""
@@ -298,7 +317,8 @@ class RetainZ(Allocator):
             return (forever, steps)
         return (forever, steps - f * (big_r - now))
 
-    def share_cost(self, s: ZoneSummary, r: float, group: int, now: int, generation: str) -> Cost:
+    def share_cost(self, s: ZoneSummary, r: float, group: int, now: int, generation: str,
+                   free: bool = False) -> Cost:
         """Cost of sharing open zone ``s`` with the other group(s) in flight filling it (module
         docstring, "Saves in flight"), as a plan: from now on both write side by side, through
         ``s`` and then fresh zones, until the smaller is done.
@@ -311,7 +331,8 @@ class RetainZ(Allocator):
         become one: ``min(group, X) * |r - R| + u(group + X) * (max(r, R) - now) - u(X) * (R -
         now)`` (the others' plan alone is subtracted, so the cost compares with the open
         option's ``u(group) * (r - now)``).  Equal reclaim steps share at no more than that;
-        groups dying far apart stay apart.
+        groups dying far apart stay apart.  ``free`` (:meth:`open_cost`): the unfilled capacity
+        is not charged, only ``min(group, X) * |r - R|``.
 
         Returns:
             A :data:`Cost` (bytes held forever, byte-steps): sharing finite data with permanent
@@ -333,17 +354,18 @@ class RetainZ(Allocator):
 
         forever, steps = held(min(group, x), min(rn, big_r), max(rn, big_r))
         end = max(rn, big_r)
-        if end != PERMANENT:
+        if not free and end != PERMANENT:
             steps += unused(group + x) * (end - now) - unused(x) * (big_r - now)
         return (forever, steps)
 
     @staticmethod
-    def open_cost(capacity: int, r: float, group: int, now: int) -> Cost:
+    def open_cost(capacity: int, r: float, group: int, now: int, free: bool = False) -> Cost:
         """Cost of opening an empty zone of ``capacity`` bytes for the group (``group`` bytes
         to come, reclaim step ``r``) at step ``now``: the capacity it leaves unfilled,
         ``max(0, capacity - group) x (r - now)`` byte-steps (0 for permanent data: later
-        permanent saves top the zone up)."""
-        if r == PERMANENT:
+        permanent saves top the zone up).  ``free``: nothing (``open_unused=false`` and a death the
+        hint view knows; module docstring, "open")."""
+        if free or r == PERMANENT:
             return _ZERO
         return held(capacity - group, now, max(r, now))
 
@@ -388,7 +410,9 @@ class RetainZ(Allocator):
         t = self.table
         if self.recompute:
             self._rebuild()
-        now, r = req.now, self.reclaim_of(req)
+        now = req.now
+        r, known = self.viewed_reclaim(req)
+        free = known and not self.open_unused
         group = req.nbytes + req.pending
         gen = req.generation
         self._remember(gen, group, req.gc)
@@ -412,7 +436,7 @@ class RetainZ(Allocator):
             zr = self.zone_reclaim(s)
             busy = t.filled_by_others(s.index, gen)
             if busy:
-                cost = self.share_cost(s, r, group, now, gen)
+                cost = self.share_cost(s, r, group, now, gen, free)
                 # a group in flight that dies at another step is joined only when nothing else is
                 # possible (at the active-zone limit); one that dies at ours shares for free
                 last = int(max(zr, now) != max(r, now))
@@ -425,7 +449,7 @@ class RetainZ(Allocator):
             if best is None or key < best[0]:
                 best = (key, Decision(s.index, (), r))
         if e is not None:
-            cost = self.open_cost(cap, r, group, now)
+            cost = self.open_cost(cap, r, group, now, free)
             mark = UNCERTAIN_ZONE if own else None
             if not t.max_active or len(t.open) < t.max_active:
                 key = (0, cost, 1, 0.0, e)
