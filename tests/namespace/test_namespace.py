@@ -696,6 +696,18 @@ def test_a_commit_whose_journal_write_failed_is_absent_after_a_restart(op):
     assert outcomes == {"committed", "refused"}
 
 
+def _tracker_waiting_for_a_rank(ns):
+    """Megatron's save of ``m/iter_0000100`` with rank 1's file still open (written 1,000 bytes) and rank
+    0's closed, and ``latest_checkpointed_iteration.txt`` rewritten from ``50`` to ``100``, its commit
+    queued behind the checkpoint's; returns rank 1's open handle."""
+    _put(ns, "m/latest_checkpointed_iteration.txt", b"50")
+    fh = ns.open_write("m/iter_0000100/mp_rank_01/model_optim_rng.pt")
+    ns.write(fh, b"x" * 1000, 0)
+    _put(ns, "m/iter_0000100/mp_rank_00/model_optim_rng.pt", b"y" * 1000)
+    _put(ns, "m/latest_checkpointed_iteration.txt", b"100")        # queued behind the checkpoint
+    return fh
+
+
 def test_a_tracker_waiting_for_a_checkpoint_that_is_refused_never_commits(store):
     """Megatron's order with one rank still writing: rank 0 rewrites ``latest_checkpointed_iteration.txt``
     while rank 1's file of ``iter_0000100`` is open, so the tracker's commit waits for the checkpoint's.
@@ -703,11 +715,7 @@ def test_a_tracker_waiting_for_a_checkpoint_that_is_refused_never_commits(store)
     it (before, the abort ran the tracker's queued commit: a tracker pointing at a missing iteration);
     the previous tracker stays."""
     ns = _ns(store)
-    _put(ns, "m/latest_checkpointed_iteration.txt", b"50")
-    fh = ns.open_write("m/iter_0000100/mp_rank_01/model_optim_rng.pt")
-    ns.write(fh, b"x" * 1000, 0)
-    _put(ns, "m/iter_0000100/mp_rank_00/model_optim_rng.pt", b"y" * 1000)
-    _put(ns, "m/latest_checkpointed_iteration.txt", b"100")        # queued behind the checkpoint
+    fh = _tracker_waiting_for_a_rank(ns)
     with pytest.raises(NamespaceError) as e:
         ns.write(fh, b"z" * (64 << 20), 1000)                       # more than the device holds
     assert e.value.errno == errno.ENOSPC
@@ -728,11 +736,7 @@ def test_a_tracker_removed_while_waiting_for_its_checkpoint_never_commits(store,
     removed file does not come back (before, its queued commit still ran and published it), and the
     version it replaced, retired by the removal, stays retired.  A rename's destination commits."""
     ns = _ns(store)
-    _put(ns, "m/latest_checkpointed_iteration.txt", b"50")
-    fh = ns.open_write("m/iter_0000100/mp_rank_01/model_optim_rng.pt")
-    ns.write(fh, b"x" * 1000, 0)
-    _put(ns, "m/iter_0000100/mp_rank_00/model_optim_rng.pt", b"y" * 1000)
-    _put(ns, "m/latest_checkpointed_iteration.txt", b"100")        # queued behind the checkpoint
+    fh = _tracker_waiting_for_a_rank(ns)
     assert _get(ns, "m/latest_checkpointed_iteration.txt") == b"100"
     if how == "unlink":
         ns.unlink("m/latest_checkpointed_iteration.txt")
