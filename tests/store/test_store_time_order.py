@@ -49,12 +49,14 @@ def test_the_cli_refuses_both_with_exit_2(tmp_path, capsys):
     capsys.readouterr()
     assert main(["put", str(path), "g", str(f), "--step", "100", "--reclaim-step", "20"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "reclaim step 20 is before its own step 100" in err[0]
+    assert err == ["retainz: error: --reclaim-step 20 is before --step 100 (a generation cannot be retired "
+                   "before it is saved)"]
     assert main(["put", str(path), "g", str(f), "--step", "100", "--reclaim-step", "300"]) == 0
     capsys.readouterr()
     assert main(["rm", str(path), "g", "--step", "10"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "retirement step 10 is before its own step 100" in err[0]
+    assert err == ["retainz: error: --step 10 is before step 100 of generation 'g' (a generation cannot be "
+                   "retired before it is saved)"]
     assert main(["ls", str(path)]) == 0 and "g" in capsys.readouterr().out
 
 
