@@ -85,50 +85,6 @@ def test_whole_extent_requests_are_read_straight_into_the_buffer(ms, monkeypatch
     ms.release("/a.bin", fh)
 
 
-def test_requests_off_the_extent_grid_are_read_straight_into_the_buffer(ms, monkeypatch):
-    """The kernel's read-ahead after a program's first small reads (16, 64, 256 KiB) sends 1 MiB
-    requests that start 336 KiB into an extent (``torch.load``, issue 44.8): each is read straight from
-    the device, the two extents it touches read whole and verified, none through the windows."""
-    given = []
-    real = ms.store.read_shard_into
-
-    def spy(gen_id, name, pos, out):
-        n = real(gen_id, name, pos, out)
-        given.append((pos, n))
-        return n
-
-    monkeypatch.setattr(ms.store, "read_shard_into", spy)
-    fh = ms.open("/a.bin", os.O_RDONLY)
-    d = 336 << 10
-    for at in range(d, 4 * MiB, MiB):
-        assert _read(ms, fh, MiB, at) == DATA[at:at + MiB]
-    assert given == [(at, MiB) for at in range(d, 4 * MiB, MiB)]
-    assert not ms.ns.handle(fh).windows
-    ms.release("/a.bin", fh)
-
-
-@pytest.mark.parametrize("where", [100, MiB - 100])
-def test_a_bad_byte_outside_a_request_fails_the_extent_it_touches(where):
-    """An extent a request covers only in part is verified whole: a flipped byte in the part the
-    request does not return (before it, after it) still refuses the request."""
-    dev = MemoryDevice(GEOM)
-    ms = MountedStore(Store.format(dev))
-    _put(ms, "/a.bin", DATA)
-    gid, shard = _shard(ms, "/a.bin")
-    z, off, _, _ = ms.store.catalog.gens[gid].shards[shard].extents[2]
-    dev._data[z][off + where] ^= 0xFF
-    at = 2 * MiB + (512 << 10) if where < MiB // 2 else MiB + (256 << 10)   # the byte is outside [at, at + 1 MiB)
-    assert not at <= 2 * MiB + where < at + MiB
-    with pytest.raises(ChecksumError):
-        ms.store.read_shard_into(gid, shard, at, bytearray(MiB))
-    fh = ms.open("/a.bin", os.O_RDONLY)
-    with pytest.raises(NamespaceError) as e:
-        ms.read_into(fh, bytearray(MiB), at)
-    assert e.value.errno == errno.EIO
-    ms.release("/a.bin", fh)
-    ms.store.close()
-
-
 @pytest.mark.parametrize("size, offset", [(MiB, 4096), (128 << 10, 3 * MiB - 4096), (MiB + 4096, MiB),
                                           (4096, 5 * MiB + 512), (3 * MiB, 2 * MiB + 1)])
 def test_requests_across_extents_read_the_same_bytes(ms, size, offset):

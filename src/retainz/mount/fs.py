@@ -273,13 +273,12 @@ class MountedStore:
     def read_into(self, fh, out, offset) -> int:
         """Fill ``out`` (a FUSE request's own buffer) from ``offset``; returns the bytes given.
 
-        A read of a committed shard is read straight from the device into ``out``
-        (``read_shard_into`` of the store contract: no bytes object per request, no copy; every extent
-        it touches read whole and verified, the parts outside the request into a scratch buffer, so
-        the kernel's 1 MiB read-ahead requests are served so whether or not they start at an extent:
-        after a program's first small reads they start anywhere, issue 44.8); what it leaves (small
-        requests inside an extent, a shard's last partial block, a durable copy) goes through
-        :meth:`Namespace.read_into` (its verified-extent windows, its errors, the durable copy)."""
+        A read of a committed shard that starts at an extent takes the whole extents in it straight
+        from the device into ``out`` (``read_shard_into`` of the store contract: no bytes object per
+        request, no copy; the kernel's read-ahead sends 1 MiB requests, one extent each, from the
+        file's start); the rest of the request, and every other read, goes through
+        :meth:`Namespace.read_into` (its verified-extent windows for requests across extents, its
+        errors, the durable copy)."""
         n = 0
         h = self.ns.handle(fh)
         if h is not None and not h.write_mode and h.gen is not None and h.durable is None \

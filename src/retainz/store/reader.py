@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import mmap
 import operator
 import threading
 from collections.abc import Callable, Iterator
@@ -30,7 +29,7 @@ from retainz.store.types import GenerationInfo, GenState, ShardInfo
 from retainz.zoned.device import ZonedDevice
 from retainz.zoned.model import round_up
 
-__all__ = ["Reader", "ShardLookup", "ExtentBytes", "CatalogShards", "DeviceExtents", "PARTIAL_READ_MIN", "verified_stream",
+__all__ = ["Reader", "ShardLookup", "ExtentBytes", "CatalogShards", "DeviceExtents", "verified_stream",
            "unknown_message"]
 
 
@@ -94,12 +93,6 @@ class CatalogShards:
         if shard is None:
             raise ShardNotFoundError(f"generation {gen_id!r} has no shard {name!r}")
         return shard
-
-
-#: The smallest ``read_shard_into`` request that reads an extent it covers only in part (the rest of
-#: the extent is read too, for its crc32c): smaller ones are left to the caller's verified windows,
-#: which keep the extent for the next small read.
-PARTIAL_READ_MIN = 256 << 10
 
 
 class DeviceExtents:
@@ -187,7 +180,6 @@ class Reader:
         self.lock = lock
         self._held = lock if lock is not None else contextlib.nullcontext()
         self._starts: dict[tuple[str, str], tuple[tuple, list[int]]] = {}
-        self._local = threading.local()       # each thread's scratch buffer (read_shard_into)
 
     def shard(self, gen_id: str, name: str, allow_unknown: bool = False) -> ShardInfo:
         """The committed shard (of an unknown generation too with ``allow_unknown``).
@@ -262,18 +254,12 @@ class Reader:
             return starts[i], data
 
     def read_shard_into(self, gen_id: str, name: str, pos: int, out) -> int:
-        """Fill ``out`` with the data bytes of a committed shard from byte ``pos``, read straight from
-        the device into it (no bytes object per request: the mount's read requests), every extent they
-        touch read whole and its crc32c verified before this returns.
+        """Fill ``out`` with the whole extents of a committed shard that start at data byte ``pos``, read
+        straight into it (no bytes object, no copy: the mount's read requests) and verified in place.
 
-        An extent the bytes cover whole is read into ``out`` and verified in place.  One they cover
-        only in part (a request that does not start or end at an extent's edge: the kernel's
-        read-ahead after a program's first small reads sends 1 MiB requests at any page, issue 44.8)
-        is read whole too, when ``out`` holds at least :data:`PARTIAL_READ_MIN` bytes: its bytes in
-        the request into ``out``, the rest into a scratch buffer of the calling thread, and the crc32c
-        taken over the parts in order.  The result stops before the first extent that is not a block
-        multiple, or that would be cut off the block grid (the device reads whole blocks), or that is
-        cut by a smaller request; it is 0 when that is the first one, and the caller reads the rest
+        Only whole extents are given, and only block-multiple ones (the device reads whole blocks):
+        the result stops before the first extent that does not fit in ``out`` or is not a block
+        multiple, and is 0 when ``pos`` is not the first byte of an extent; the caller reads the rest
         through :meth:`read_shard_extent`.  The lock, when there is one, is held only to find the
         extents and to check the shard after the reads (as :meth:`read_shard_extent`); without one
         (a served client) the shard is looked up again after a read that fails or an extent that
@@ -293,39 +279,22 @@ class Reader:
         """
         out = memoryview(out).cast("B")
         bs = self.extents.block_size
-        partial = len(out) >= PARTIAL_READ_MIN
         while True:
             shard, ext, starts, i = self._find(gen_id, name, pos)
-            end = min(pos + len(out), shard.size)
+            if starts[i] != pos:
+                return 0
             n = 0
             bad = None
             try:
-                for k in range(i, len(ext)):
-                    z, off, length, ecrc = ext[k]
-                    first = starts[k]
-                    if first >= end:
+                for e in ext[i:]:
+                    z, off, length, ecrc = e
+                    if n + length > len(out) or length % bs:
                         break
-                    a, b = max(pos, first) - first, min(end, first + length) - first   # its bytes given
-                    whole = a == 0 and b == length
-                    if length % bs or a % bs or b % bs or not (whole or partial):
-                        break
-                    part = out[n:n + b - a]
-                    if whole:
-                        self.extents.read_extent_into(z, off, part)
-                        actual = None if ecrc is None else crc32c.crc32c(part)
-                    else:
-                        scratch = self._scratch(length - (b - a))
-                        before, after = scratch[:a], scratch[a:a + length - b]
-                        if a:
-                            self.extents.read_extent_into(z, off, before)
-                        self.extents.read_extent_into(z, off + a, part)
-                        if b < length:
-                            self.extents.read_extent_into(z, off + b, after)
-                        actual = None if ecrc is None else \
-                            crc32c.crc32c(after, crc32c.crc32c(part, crc32c.crc32c(before)))
-                    n += b - a
-                    if actual != ecrc:
-                        bad = ext[k], actual
+                    part = out[n:n + length]
+                    self.extents.read_extent_into(z, off, part)
+                    n += length
+                    if ecrc is not None and crc32c.crc32c(part) != ecrc:
+                        bad = e, crc32c.crc32c(part)
                         break
             except Exception:
                 if self._same(gen_id, name, shard, ext):
@@ -336,15 +305,6 @@ class Reader:
             if bad is not None:
                 raise self._bad(gen_id, name, *bad)
             return n
-
-    def _scratch(self, size: int) -> memoryview:
-        """The calling thread's scratch buffer, at least ``size`` bytes (page-aligned: anonymous
-        ``mmap``; kept for the thread's next request)."""
-        buf = getattr(self._local, "scratch", None)
-        if buf is None or len(buf) < size:
-            buf = memoryview(mmap.mmap(-1, max(size, 1 << 20))).cast("B")
-            self._local.scratch = buf
-        return buf
 
     def _find(self, gen_id: str, name: str, pos) -> tuple[ShardInfo, tuple, list[int], int]:
         """``(shard, its extents, their data start offsets, index of the extent holding pos)``, looked
