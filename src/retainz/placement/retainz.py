@@ -19,16 +19,16 @@ still to come, at step ``now``, the options are:
     own, so we credit ``f * (R - now)``.  No credit while another group in flight is writing into
     the zone (see "Saves in flight"): its free capacity is that group's next bytes.
 
-* **open** the first empty zone (capacity ``C``): *unused capacity* ``max(0, C - E) * (r - now)``,
-  the part of the zone our group will not fill, unusable until the zone is reset near ``r``.
-  Permanent data pays nothing here: later permanent saves top the zone up.
-  With ``open_unused=false`` a death the hint view knows (:meth:`RetainZ.viewed_reclaim`) pays
-  nothing either: the unfilled part stays writable while the zone is open (the store's admission
-  counts it as free space, ``ZoneBook.free``) and a later group that writes into it pays the join
-  cost above, whereas dead bytes held in a zone come back only with its reset or a GC copy.  An
-  estimated death (no hint step, a survivor re-estimated, an uncertain condition's expected
-  step) keeps the charge: later joins are priced on estimates too.  It removes the loss of
-  docs/placement.md, "A known loss", but moves recorded cases both ways, so it is not the default.
+* **open** the first empty zone (capacity ``C``).  For a death the hint view knows
+  (:meth:`RetainZ.viewed_reclaim`): nothing.  The part of the zone our group will not fill is not
+  lost: it stays writable while the zone is open (the store's admission counts it as free space,
+  ``ZoneBook.free``) and a later group that writes into it pays the join cost above, whereas dead
+  bytes held in a zone come back only with its reset or a GC copy.  For an estimated death (no
+  hint step, a survivor re-estimated, an uncertain condition's expected step): *unused capacity*
+  ``max(0, C - E) * (r - now)``, since later joins are priced on estimates too.  Permanent data
+  pays nothing: later permanent saves top the zone up.  ``open_unused=true`` charges known deaths
+  the unused capacity as well (the rule before issue 40; docs/placement.md, "A known loss": it
+  made the oracle lose to a zone per job).
 
 * **finish** ``X`` **then open**, only when the active-zone budget is spent: the open cost plus
   ``rem_X * (R_X - now)``, the capacity finishing wastes until ``X`` is reset, unless ``X`` is
@@ -216,8 +216,8 @@ class RetainZ(Allocator):
         uncertain_saves: a save with an uncertain condition joins only zones of its own group
             (module docstring, "Uncertain deaths").
         open_unused: charge the open option (and the share plan of a zone in flight) for the
-            capacity a group leaves unfilled; ``False``: not for a death the hint view knows
-            (module docstring, "open").
+            capacity a group leaves unfilled also when the hint view knows the death (module
+            docstring, "open"); ``False`` (the default) charges it for estimated deaths only.
     """
 
     name = "retainz"
@@ -229,7 +229,7 @@ class RetainZ(Allocator):
     wait_steps: int = 0
     recompute: bool = False
     uncertain_saves: bool = True
-    open_unused: bool = True
+    open_unused: bool = False
 
     def __post_init__(self) -> None:
         self.check_int("unknown_lifetime", 1)
