@@ -53,8 +53,8 @@ def test_three_smollm2_jobs_serialized_retainz_and_oracle_match_dedicated_zones(
 def test_three_smollm2_jobs_under_the_old_open_charge_lose_to_dedicated_zones(tmp_path, intervals):
     # The old rule (open_unused=true: every unfilled byte of a zone opened for the group charged
     # until its death) is what made the oracle lose here: tails joined other jobs' tail zones, four
-    # full zones held 2,665 MiB dead at step 8150 and forced GC copied them (docs/placement.md, "A
-    # known loss").  Kept so the reason for the default stays measured.
+    # full zones held 2,665 MiB dead at step 8150 and forced GC copied them (docs/placement.md, "The
+    # open charge").  Kept so the reason for the default stays measured.
     path = _mix(tmp_path, intervals)
     for policy in ("retainz:open_unused=true", "oracle:open_unused=true"):
         r = replay(path, ReplayConfig(policy=policy, pressure=0.9, reserve_zones=4, verify_payload=False))

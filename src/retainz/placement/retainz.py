@@ -27,7 +27,7 @@ still to come, at step ``now``, the options are:
   hint step, a survivor re-estimated, an uncertain condition's expected step): *unused capacity*
   ``max(0, C - E) * (r - now)``, since later joins are priced on estimates too.  Permanent data
   pays nothing: later permanent saves top the zone up.  ``open_unused=true`` charges known deaths
-  the unused capacity as well (the rule before issue 40; docs/placement.md, "A known loss": it
+  the unused capacity as well (the rule before issue 40; docs/placement.md, "The open charge": it
   made the oracle lose to a zone per job).
 
 * **finish** ``X`` **then open**, only when the active-zone budget is spent: the open cost plus
