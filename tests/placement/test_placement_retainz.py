@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from retainz.hint import Hint
 from retainz.placement import NO_SPACE, POLICIES, Decision, ExtentRequest, ZoneTable
 from retainz.placement.retainz import UNCERTAIN_ZONE, Oracle, RetainZ
+from retainz.zoned.model import DeviceInfo, Geometry
 from tests.store_events import run
 
 M = 1 << 20
@@ -93,6 +94,18 @@ def test_a_known_death_opens_rather_than_be_held(group):
     assert a.place(req(30 * M, 6000.0, 1000, pending=group - 30 * M)).zone == 1
     # an estimated death (no hint step: 1000 + 5000) keeps the charge and joins as before
     assert a.place(req(30 * M, None, 1000, pending=group - 30 * M)).zone == (0 if group == 30 * M else 1)
+
+
+@pytest.mark.parametrize("kind, spec, zone", [("memory", None, 1), ("linux", None, 1), ("fdp", None, 0),
+                                              ("fdp-nvme", None, 0), ("fdp", False, 1), ("memory", True, 0)])
+def test_the_open_charge_follows_the_device_unless_given(kind, spec, zone):
+    # the zone above: a known death opens (free) on a zoned device and joins (charged: 90,000 against
+    # 350,000 MiB-steps) on an FDP namespace, whose part-written RUs get padded; open_unused given wins
+    t = table()
+    put(t, 0, 30 * M, 9000.0, step=1000)
+    a = bound(t) if spec is None else bound(t, open_unused=spec)
+    a.use_device(DeviceInfo(geometry=Geometry(nr_zones=4, zone_size=100 * M, zone_capacity=100 * M), kind=kind))
+    assert a.place(req(30 * M, 6000.0, 1000)).zone == zone
 
 
 def test_only_a_certain_death_in_view_is_known():
