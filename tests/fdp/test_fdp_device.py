@@ -246,3 +246,34 @@ def test_open_rus_per_reclaim_group():
     assert F.open_rus_per_rg(("PI",) * 8) == 16           # a GC RU per PI handle
     assert F.open_rus_per_rg(("II", "PI", "II")) == 5
     assert F.open_rus_per_rg(("II",) * 8, "host_ru") == 8
+
+
+def test_retainz_keeps_the_unused_capacity_charge_on_an_fdp_namespace(tmp_path):
+    """On a zoned device a zone opened for a known death is not charged for the capacity it leaves
+    (``open_unused=None`` resolves to free); on an FDP namespace it is (``Allocator.use_device``): a zone
+    reset part-written leaves its handle's RU part-filled, and the RUH Update at the next zone's end pads
+    the rest.  Three SmolLM2-135M jobs (tests/placement/test_placement_bound.py) at pressure 0.9: the free
+    rule pads 9.5 GB (device WAF 1.111) where the charge pads 2.3 GB (1.025), 1.111 against 1.063 end to
+    end (store WAF x device WAF)."""
+    from retainz.trace.replay import ReplayConfig, replay
+    from tests.placement.test_placement_bound import _mix
+
+    path = _mix(tmp_path, (500, 500, 1000))
+    run = {}
+    for dev in ("memory", "fdp:spare=0.1,unit=1MiB"):
+        for pol in ("retainz", "retainz:open_unused=true", "retainz:open_unused=false"):
+            r = replay(path, ReplayConfig(policy=pol, pressure=0.9, reserve_zones=4, verify_payload=False, device=dev))
+            assert r["capacity_stop_step"] is None, (dev, pol)
+            run[dev.split(":")[0], pol] = r
+    same = ("waf", "resets", "decisions", "gc_bytes")
+    # the default follows the device: free on the zoned device, charged on the FDP namespace
+    assert [run["memory", "retainz"][k] for k in same] == [run["memory", "retainz:open_unused=false"][k] for k in same]
+    assert [run["fdp", "retainz"][k] for k in same] == [run["fdp", "retainz:open_unused=true"][k] for k in same]
+    assert run["memory", "retainz"]["waf"] == 1.0 < run["fdp", "retainz"]["waf"]
+    charged, free = run["fdp", "retainz"], run["fdp", "retainz:open_unused=false"]
+    assert charged["fdp"]["padding_bytes"] * 2 < free["fdp"]["padding_bytes"]
+
+    def end_to_end(r):
+        return r["waf"] * r["fdp"]["device_waf"]
+
+    assert end_to_end(charged) < end_to_end(free)

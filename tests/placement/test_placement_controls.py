@@ -96,7 +96,7 @@ def test_registry_parses_parameters():
     a = make_allocator("retainz-noisy:error=0.25,seed=7")
     assert (a.error, a.seed) == (0.25, 7)
     assert a.describe() == ("retainz-noisy:unknown_lifetime=5000,neighbors=2,wait_frac=0.1,"
-                            "wait_steps=0,recompute=False,uncertain_saves=True,open_unused=True,error=0.25,seed=7")
+                            "wait_steps=0,recompute=False,uncertain_saves=True,open_unused=None,error=0.25,seed=7")
 
 
 # -- the hint views --------------------------------------------------------------------------------------

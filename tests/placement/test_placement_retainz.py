@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from retainz.hint import Hint
 from retainz.placement import NO_SPACE, POLICIES, Decision, ExtentRequest, ZoneTable
 from retainz.placement.retainz import UNCERTAIN_ZONE, Oracle, RetainZ
+from retainz.zoned.model import DeviceInfo, Geometry
 from tests.store_events import run
 
 M = 1 << 20
@@ -70,29 +71,41 @@ def test_equal_reclaim_steps_share():
 
 
 @pytest.mark.parametrize("group, expect", [(30 * M, 0), (100 * M, 1)])
-def test_zone_that_outlives_us(group, expect):
-    # Z dies at 9000; our 30 MiB die at 6000: held 3,000 steps (90,000 MiB-steps) vs opening a
-    # zone our group leaves 70 MiB of unused for 5,000 steps (350,000); a group that fills the
-    # new zone opens it at no cost
+def test_zone_that_outlives_us_under_the_unused_capacity_charge(group, expect):
+    # open_unused=true (the charge an estimated death always pays): Z dies at 9000; our 30 MiB die
+    # at 6000: held 3,000 steps (90,000 MiB-steps) vs opening a zone our group leaves 70 MiB of
+    # unused for 5,000 steps (350,000); a group that fills the new zone opens it at no cost
     t = table()
     put(t, 0, 30 * M, 9000.0, step=1000)
-    a = bound(t)
+    a = bound(t, open_unused=True)
     assert a.join_cost(t[0], 6000.0, 30 * M, 1000) == (0, 90_000.0 * M)
     assert a.place(req(30 * M, 6000.0, 1000, pending=group - 30 * M)).zone == expect
 
 
 
 @pytest.mark.parametrize("group", [30 * M, 100 * M])
-def test_with_open_unused_off_a_known_death_opens_rather_than_be_held(group):
-    # the zone above: joining holds our 30 MiB dead 3,000 steps; with open_unused=false opening
-    # holds nothing (the 70 MiB left free stay writable while the zone is open), so we open
+def test_a_known_death_opens_rather_than_be_held(group):
+    # the zone above under the defaults (open_unused=false): joining holds our 30 MiB dead 3,000
+    # steps; opening holds nothing (the 70 MiB left free stay writable while the zone is open)
     t = table()
     put(t, 0, 30 * M, 9000.0, step=1000)
-    a = bound(t, open_unused=False)
+    a = bound(t)
     assert a.open_cost(100 * M, 6000.0, 30 * M, 1000, free=True) == (0, 0.0)
     assert a.place(req(30 * M, 6000.0, 1000, pending=group - 30 * M)).zone == 1
     # an estimated death (no hint step: 1000 + 5000) keeps the charge and joins as before
     assert a.place(req(30 * M, None, 1000, pending=group - 30 * M)).zone == (0 if group == 30 * M else 1)
+
+
+@pytest.mark.parametrize("kind, spec, zone", [("memory", None, 1), ("linux", None, 1), ("fdp", None, 0),
+                                              ("fdp-nvme", None, 0), ("fdp", False, 1), ("memory", True, 0)])
+def test_the_open_charge_follows_the_device_unless_given(kind, spec, zone):
+    # the zone above: a known death opens (free) on a zoned device and joins (charged: 90,000 against
+    # 350,000 MiB-steps) on an FDP namespace, whose part-written RUs get padded; open_unused given wins
+    t = table()
+    put(t, 0, 30 * M, 9000.0, step=1000)
+    a = bound(t) if spec is None else bound(t, open_unused=spec)
+    a.use_device(DeviceInfo(geometry=Geometry(nr_zones=4, zone_size=100 * M, zone_capacity=100 * M), kind=kind))
+    assert a.place(req(30 * M, 6000.0, 1000)).zone == zone
 
 
 def test_only_a_certain_death_in_view_is_known():
@@ -190,7 +203,7 @@ OPS = st.lists(st.tuples(st.sampled_from(["write", "kill", "finish", "reset", "p
 
 def brute_force(a: RetainZ, t: ZoneTable, rq: ExtentRequest) -> Decision:
     """Price every open zone, the first empty zone and every finish choice (no index)."""
-    r, now, group = a.reclaim_of(rq), rq.now, rq.nbytes + rq.pending
+    (r, known), now, group = a.viewed_reclaim(rq), rq.now, rq.nbytes + rq.pending
     options = []
     for s in t.open.values():
         zr = a.zone_reclaim(s)
@@ -198,7 +211,7 @@ def brute_force(a: RetainZ, t: ZoneTable, rq: ExtentRequest) -> Decision:
                         Decision(s.index, reclaim_step=r)))
     e = t.first_empty()
     if e is not None:
-        cost = a.open_cost(t[e].capacity, r, group, now)
+        cost = a.open_cost(t[e].capacity, r, group, now, known and not a.open_unused)
         if not t.max_active or len(t.open) < t.max_active:
             options.append(((cost, 1, 0.0, e), Decision(e, reclaim_step=r)))
         else:
@@ -447,7 +460,8 @@ def test_a_known_death_skips_an_uncertain_zone_and_still_prices_the_next():
     t = table(n=3)
     t.on_write(0, 30 * M, reclaim_step=1400.0, lifetime=UNCERTAIN_ZONE, step=1000)   # an uncertain group
     put(t, 1, 30 * M, 1500.0, step=1000)
-    assert bound(t).place(req(30 * M, 1450.0, 1000)) == Decision(1, reclaim_step=1450.0)
+    # under the unused-capacity charge (open_unused=true) joining zone 1 is the least cost
+    assert bound(t, open_unused=True).place(req(30 * M, 1450.0, 1000)) == Decision(1, reclaim_step=1450.0)
 
 
 def test_equal_join_costs_prefer_the_zone_whose_reclaim_step_is_nearest():
@@ -455,7 +469,7 @@ def test_equal_join_costs_prefer_the_zone_whose_reclaim_step_is_nearest():
     t = table(cap=100)
     put(t, 0, 10, 100.0)
     put(t, 1, 10, 500.0)
-    a = bound(t)
+    a = bound(t, open_unused=True)    # opening is charged, so a join is chosen
     assert a.join_cost(t[0], 1500.0, 10, 1000) == a.join_cost(t[1], 1500.0, 10, 1000)
     assert a.place(req(10, 1500.0, 1000)) == Decision(1, reclaim_step=1500.0)
 

@@ -29,7 +29,7 @@ def data(i: int) -> bytes:
 
 
 def workload(s: Store) -> tuple[dict[str, bytes], set[str], list[str]]:
-    """Commits, deletions and forced GC; a call that raises is noted and the workload goes on.
+    """Commits, reads, deletions and forced GC; a call that raises is noted and the workload goes on.
     Returns (acknowledged generations, generations whose deletion raised, errors)."""
     acked: dict[str, bytes] = {}
     unsure: set[str] = set()
@@ -58,6 +58,13 @@ def workload(s: Store) -> tuple[dict[str, bytes], set[str], list[str]]:
                 errors.append(f"delete {g}: {e}")
                 unsure.add(g)
                 del acked[g]
+        if live:
+            # a read of what is live (GC's copies read too, but whether GC has live bytes to copy
+            # depends on the policy's placement)
+            try:
+                assert b"".join(s.read_shard(live[0], "a")) == acked[live[0]]
+            except ZonedDeviceError as e:
+                errors.append(f"read {live[0]}: {e}")
         if i % 3 == 2:
             try:
                 s.gc(force=True)

@@ -50,7 +50,7 @@ def make_allocator(spec: str) -> Allocator:
     """Build an allocator from ``NAME[:param=value,...]`` (:func:`retainz.spec.parse_spec`).
 
     Parameter values are converted to the type of the dataclass field's default (int, float, bool,
-    str).
+    str; a ``bool | None`` field that defaults to None, decided later, as a bool).
 
     Raises:
         ValueError: an item that is not ``param=value``, unknown policy (lists the valid ones), unknown parameter (lists the valid ones)
@@ -68,7 +68,10 @@ def make_allocator(spec: str) -> Allocator:
         if key not in fields:
             raise ValueError(f"policy {name} has no parameter {key!r}; valid: "
                              + (", ".join(fields) or "none"))
-        kwargs[key] = _convert(name, key, value, fields[key].default)
+        f = fields[key]
+        # a bool that defaults to None (decided later, e.g. by the device) converts as a bool
+        default = False if f.default is None and str(f.type) == "bool | None" else f.default
+        kwargs[key] = _convert(name, key, value, default)
     return cls(**kwargs)
 
 

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from retainz.hint import Hint
-from retainz.zoned.model import Geometry, ZoneCond
+from retainz.zoned.model import DeviceInfo, Geometry, ZoneCond
 
 __all__ = [
     "PERMANENT",
@@ -537,6 +537,11 @@ class Allocator(abc.ABC):
         self.table = table
         if type(self).zone_changed is not Allocator.zone_changed:
             table.listeners.append(self.zone_changed)
+
+    def use_device(self, info: DeviceInfo) -> None:  # noqa: B027 - optional hook
+        """Called by the store with the device it places on (``DeviceInfo``: geometry and kind),
+        after :meth:`bind`, for a policy whose costs depend on the kind of device.  The default
+        ignores it."""
 
     def zone_changed(self, zone: ZoneSummary) -> None:  # noqa: B027 - optional hook
         """Called after every change to a zone summary (incremental indexes)."""

@@ -19,16 +19,20 @@ still to come, at step ``now``, the options are:
     own, so we credit ``f * (R - now)``.  No credit while another group in flight is writing into
     the zone (see "Saves in flight"): its free capacity is that group's next bytes.
 
-* **open** the first empty zone (capacity ``C``): *unused capacity* ``max(0, C - E) * (r - now)``,
-  the part of the zone our group will not fill, unusable until the zone is reset near ``r``.
-  Permanent data pays nothing here: later permanent saves top the zone up.
-  With ``open_unused=false`` a death the hint view knows (:meth:`RetainZ.viewed_reclaim`) pays
-  nothing either: the unfilled part stays writable while the zone is open (the store's admission
-  counts it as free space, ``ZoneBook.free``) and a later group that writes into it pays the join
-  cost above, whereas dead bytes held in a zone come back only with its reset or a GC copy.  An
-  estimated death (no hint step, a survivor re-estimated, an uncertain condition's expected
-  step) keeps the charge: later joins are priced on estimates too.  It removes the loss of
-  docs/placement.md, "A known loss", but moves recorded cases both ways, so it is not the default.
+* **open** the first empty zone (capacity ``C``).  For a death the hint view knows
+  (:meth:`RetainZ.viewed_reclaim`): nothing.  The part of the zone our group will not fill is not
+  lost: it stays writable while the zone is open (the store's admission counts it as free space,
+  ``ZoneBook.free``) and a later group that writes into it pays the join cost above, whereas dead
+  bytes held in a zone come back only with its reset or a GC copy.  For an estimated death (no
+  hint step, a survivor re-estimated, an uncertain condition's expected step): *unused capacity*
+  ``max(0, C - E) * (r - now)``, since later joins are priced on estimates too.  Permanent data
+  pays nothing: later permanent saves top the zone up.  ``open_unused=true`` charges known deaths
+  the unused capacity as well (the rule before issue 40; docs/placement.md, "The open charge": it
+  made the oracle lose to a zone per job).  On an FDP namespace (device kind ``fdp``, ``fdp-nvme``)
+  the charge stays for known deaths too, unless ``open_unused=false`` is given: a zone reset while
+  partly written leaves its placement handle's reclaim unit part-filled, and the next zone through
+  that handle ends off the RU boundary, so the RUH Update at its end pads the rest
+  (``retainz.zoned.fdp``): unfilled capacity costs media writes there (docs/fdp.md).
 
 * **finish** ``X`` **then open**, only when the active-zone budget is spent: the open cost plus
   ``rem_X * (R_X - now)``, the capacity finishing wastes until ``X`` is reset, unless ``X`` is
@@ -158,7 +162,7 @@ from retainz.placement.base import (
     ZoneTable,
 )
 from retainz.placement.hints import view_reclaim_step
-from retainz.zoned.model import ZoneCond
+from retainz.zoned.model import DeviceInfo, ZoneCond
 
 _EMPTY, _FULL = ZoneCond.EMPTY, ZoneCond.FULL
 #: The lifetime RetainZ records for a zone opened by a save with an uncertain condition: ZenFS's
@@ -216,8 +220,10 @@ class RetainZ(Allocator):
         uncertain_saves: a save with an uncertain condition joins only zones of its own group
             (module docstring, "Uncertain deaths").
         open_unused: charge the open option (and the share plan of a zone in flight) for the
-            capacity a group leaves unfilled; ``False``: not for a death the hint view knows
-            (module docstring, "open").
+            capacity a group leaves unfilled also when the hint view knows the death (module
+            docstring, "open"); ``False`` charges it for estimated deaths only; ``None`` (the
+            default): by the device (:meth:`use_device`), ``True`` on an FDP namespace, else
+            ``False``.
     """
 
     name = "retainz"
@@ -229,7 +235,7 @@ class RetainZ(Allocator):
     wait_steps: int = 0
     recompute: bool = False
     uncertain_saves: bool = True
-    open_unused: bool = True
+    open_unused: bool | None = None
 
     def __post_init__(self) -> None:
         self.check_int("unknown_lifetime", 1)
@@ -239,6 +245,14 @@ class RetainZ(Allocator):
         self._index: list[tuple[float, int]] = []   # (zone reclaim step, zone) of open zones
         self._key: dict[int, tuple[float, int]] = {}
         self._inflight: dict[str, tuple[int]] = {}  # group in flight -> (bytes still to come,)
+        self._charge_open = bool(self.open_unused)   # open_unused, resolved by use_device when None
+
+    def use_device(self, info: DeviceInfo) -> None:
+        """Resolve ``open_unused=None`` by the device kind: charged on an FDP namespace (``fdp``,
+        ``fdp-nvme``: unfilled capacity of a zone reset part-written is padded later; module
+        docstring, "open"), free on a zoned device."""
+        if self.open_unused is None:
+            self._charge_open = info.kind.startswith("fdp")
 
     # -- the hint view ------------------------------------------------------------------------------
     def _view_kwargs(self) -> dict:
@@ -412,7 +426,7 @@ class RetainZ(Allocator):
             self._rebuild()
         now = req.now
         r, known = self.viewed_reclaim(req)
-        free = known and not self.open_unused
+        free = known and not self._charge_open
         group = req.nbytes + req.pending
         gen = req.generation
         self._remember(gen, group, req.gc)

@@ -322,6 +322,7 @@ class Store:
         self._writers: dict[str, GenerationWriter] = {}
         self.allocator: Allocator = allocator
         allocator.bind(self.zones.table)
+        allocator.use_device(device.info)
         self.write_path = WritePath(self.zones, allocator, self.metrics,
                                     verify=self._verify_summaries if verify else None)
         self.collector = Collector(self.zones, self.catalog, self.log, self.write_path, allocator,
@@ -336,6 +337,7 @@ class Store:
         use it.  Not journaled: a reopen uses the policy given to :meth:`open` or the recorded one."""
         with self.lock:
             allocator.bind(self.zones.table)
+            allocator.use_device(self.device.info)
             self.allocator = self.write_path.allocator = self.collector.allocator = allocator
 
     # -- what the parts expose -----------------------------------------------------------------------
