@@ -10,8 +10,11 @@ the new version, whole); leave no partial output file (``get``).
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
+import signal
+import time
 
 import pytest
 
@@ -193,3 +196,31 @@ def test_the_interrupt_line_stands_alone_when_a_print_is_cut_between_its_text_an
     assert lines[-1] == interrupt.message(sig)
     assert lines[1:-1] == (["g/small.bin: 70,000 bytes, crc32c verified"[:cut]] if cut else [])
     assert not isinstance(sys.stderr, interrupt.LineTrackingStream)     # main() put stderr back
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_that_lands_in_a_finalizer_still_interrupts(sig):
+    # Seen in CI: SIGTERM during `get` arrived while the garbage collector ran tqdm's __del__; the
+    # Interrupted raised there was printed as "Exception ignored in ... __del__" and dropped, and the
+    # command finished as if no signal had come.  The signal must reach the command once the
+    # finalizer has returned.
+    from retainz.cli import interrupt
+
+    finalized = []
+
+    class Finalized:
+        def __del__(self):
+            os.kill(os.getpid(), sig)                  # the signal lands inside the finalizer
+            finalized.append(sum(range(1000)))         # which still runs to its end
+
+    previous = interrupt.install()
+    try:
+        with pytest.raises(interrupt.Interrupted) as raised:
+            obj = Finalized()
+            del obj                                    # runs __del__ here
+            for _ in range(500):                       # the command goes on: the signal arrives now
+                time.sleep(0.01)
+        assert raised.value.signum == sig
+        assert finalized == [499500]
+    finally:
+        interrupt.restore(previous)

@@ -78,7 +78,10 @@ def _get(path, gen, out, capsys) -> bytes:
 def test_repair_restore_and_upgrade_on_a_64_gib_sparse_device(tmp_path, capsys):
     path = str(tmp_path / "big.img")
     assert main(["device", "create", path, "--zones", str(ZONES), "--zone-size", "2GiB"]) == 0
-    assert main(["mkfs", path, "--meta-zones", str(META)]) == 0
+    # the one log (greedy) keeps gen-1's bytes in the zone the later generations fill, so its deleted
+    # data is still on the device when its deletion record is lost (retainz gives its 4 MB, dying
+    # first, a zone of its own and resets it at the deletion: nothing left to bring back)
+    assert main(["mkfs", path, "--meta-zones", str(META), "--policy", "greedy"]) == 0
     assert os.path.getsize(path) > ZONES * ZONE                     # 64 GiB and the label copy at the end
     data = {}
     for i in range(1, 6):

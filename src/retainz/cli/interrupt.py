@@ -35,6 +35,7 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _depth = 0                    # nesting of deferred() regions
 _pending: int | None = None   # a signal received inside a deferred region, not yet raised
 _received: int | None = None  # the first signal received inside the outermost deferred region
+_dropped: int | None = None   # a signal that landed in a finalizer, handled again by _redeliver
 
 
 class Interrupted(KeyboardInterrupt):
@@ -93,9 +94,34 @@ def _hard_exit(signum: int) -> None:
     os._exit(exit_status(signum))
 
 
+def _in_finalizer(frame) -> bool:
+    """Whether ``frame`` runs inside a ``__del__`` (a finalizer the garbage collector called)."""
+    while frame is not None:
+        if frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _redeliver(_alarm: int, frame) -> None:
+    """SIGALRM: handle the signal a finalizer would have swallowed (:func:`_handler`)."""
+    global _dropped
+    signum, _dropped = _dropped, None
+    if signum is not None:
+        _handler(signum, frame)
+
+
 def _handler(signum: int, frame) -> None:
-    global _pending, _received
+    global _pending, _received, _dropped
     if _depth == 0:
+        if _in_finalizer(frame):
+            # Python prints an exception raised in a finalizer ("Exception ignored in ... __del__")
+            # and drops it, so the command would go on as if no signal had come: hold the signal and
+            # handle it again a moment later (SIGALRM), until that lands after the finalizer returned
+            _dropped = signum
+            signal.signal(signal.SIGALRM, _redeliver)
+            signal.setitimer(signal.ITIMER_REAL, 0.001)
+            return
         raise Interrupted(signum)
     if _received is not None:     # a second signal: the first waits for a safe point, or its cleanup runs
         _hard_exit(signum)
