@@ -13,6 +13,9 @@ The rule (docs/cli.md, "Interrupts"):
   the process at once (:func:`_hard_exit`): that is a crash, and the store's recovery (tested by the
   power-cut and black-box kill campaigns) makes it equivalent to the first signal's outcome.
 
+A signal that lands while the garbage collector runs a finalizer (``__del__``, where Python would
+print the exception and drop it) is handled again 1 ms later, once the finalizer has returned.
+
 Either way the command prints one line (``retainz: interrupted`` or ``retainz: terminated``) and
 exits with ``128 + signal number``, as shells report a process a signal ended: 130 for SIGINT, 143
 for SIGTERM.  A signal that arrives before the interpreter has loaded this module ends the process
@@ -152,7 +155,13 @@ def install() -> dict:
 
 
 def restore(previous: dict) -> None:
-    """Put back the handlers :func:`install` returned."""
+    """Put back the handlers :func:`install` returned; a signal a finalizer held that has not been
+    handled again yet (:func:`_redeliver`) is dropped: the command has finished."""
+    global _dropped
+    if _dropped is not None:
+        _dropped = None
+        with contextlib.suppress(ValueError, OSError):
+            signal.setitimer(signal.ITIMER_REAL, 0)
     for s, old in previous.items():
         with contextlib.suppress(ValueError, OSError, TypeError):
             signal.signal(s, old if old is not None else signal.SIG_DFL)
