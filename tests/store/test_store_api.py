@@ -730,3 +730,81 @@ def test_a_placement_without_space_runs_one_forced_gc_pass_and_asks_again(store)
     assert (store.metrics.gc_bytes, store.table.dead, store.table[3].written) == (24 * KiB, 0, 0)
     assert [read(store, g, "s") for g in ("b", "c")] == [blob(24 * KiB, 2), blob(4 * KiB, 3)]
     assert store.fsck().ok
+
+
+class ResetCut:
+    """A device whose ``n``-th zone reset raises KeyboardInterrupt before it happens (Ctrl-C during
+    ``mkfs --force``), every earlier reset done."""
+
+    def __init__(self, dev, n: int):
+        self._dev, self.n, self.resets = dev, n, 0
+
+    def __getattr__(self, name):
+        return getattr(self._dev, name)
+
+    def reset_zone(self, z):
+        if self.resets == self.n:
+            raise KeyboardInterrupt
+        self.resets += 1
+        self._dev.reset_zone(z)
+
+
+FORMAT_GEOM = Geometry(nr_zones=12, zone_size=256 * KiB, zone_capacity=256 * KiB, block_size=4096, max_open=3,
+                       max_active=4)
+
+
+def _rolled_store(meta_zones: int, sequence: int) -> tuple[MemoryDevice, dict[str, bytes]]:
+    """A store whose journal has rolled over to chain ``sequence`` (the previous chain kept as the
+    snapshot's copy, spare superblocks in the other meta zones), holding live generations and
+    deleted ones, with a save and a deletion after the last rollover (the two chains differ)."""
+    dev = MemoryDevice(FORMAT_GEOM)
+    live: dict[str, bytes] = {}
+    with Store.format(dev, meta_zones=meta_zones) as s:
+        for i in range(10_000):
+            seq = s.journal.sb.sequence
+            put(s, f"g{i}", i, {"a": blob(2 * KiB, i)})
+            live[f"g{i}"] = blob(2 * KiB, i)
+            if i >= 2:
+                s.delete(f"g{i - 2}")
+                del live[f"g{i - 2}"]
+            if seq == sequence and s.journal.sb.sequence == seq:
+                break
+        assert s.journal.sb.sequence == sequence
+    return dev, live
+
+
+@pytest.mark.parametrize("meta_zones", [3, 5])
+@pytest.mark.parametrize("sequence", [3, 4])    # the current chain after the previous one, and before it
+def test_an_interrupted_format_force_never_leaves_a_store_that_is_not_one(meta_zones, sequence):
+    """``mkfs --force`` stopped at any zone reset (Ctrl-C, issue 44's trial on 200,000 zones) leaves
+    either the old store as it was (every live generation, nothing deleted back), or no store at all
+    (``mkfs`` says it holds data RetainZ does not recognise: ``mkfs --force`` again), never a half store that sends the user
+    to ``fsck --repair`` ('spare superblocks but no journal chain') or an older state of the journal
+    (the previous chain, kept as a copy, standing in for a current chain already reset)."""
+    dev, live = _rolled_store(meta_zones, sequence)
+    resets = len(dev.report_used_zones())
+    assert resets >= 3
+    outcomes = set()
+    for n in range(resets + 1):
+        dev, live = _rolled_store(meta_zones, sequence)
+        cut = ResetCut(dev, n)
+        try:
+            Store.format(cut, force=True).close()
+        except KeyboardInterrupt:
+            pass
+        if n == resets:                      # not interrupted: the new, empty store
+            with Store.open(dev) as s:
+                assert s.generations() == []
+            outcomes.add("new")
+            continue
+        try:
+            with Store.open(dev, readonly=True) as s:
+                assert {g.id: read(s, g.id, "a") for g in s.generations()} == live, n
+            outcomes.add("old")
+        except ForeignDeviceError as e:
+            assert "holds no RetainZ store" in str(e), (n, e)
+            assert superblock_zones(dev) == []
+            with pytest.raises(ForeignDeviceError, match="does not recognise"):
+                Store.format(dev)           # mkfs: nothing written without --force
+            outcomes.add("none")
+    assert outcomes == {"old", "none", "new"}

@@ -45,7 +45,7 @@ from retainz.placement import DEFAULT_POLICY, make_allocator
 from retainz.placement.base import Allocator, ExtentRequest, ZoneTable
 from retainz.store import check
 from retainz.store.catalog import Catalog
-from retainz.store.format import Superblock, check_id
+from retainz.store.format import SPARE, Superblock, check_id
 from retainz.store.gc import Collector
 from retainz.store.journal import MAX_META_ZONES, Journal, default_meta_zones
 from retainz.store.metalog import MetadataLog
@@ -56,7 +56,7 @@ from retainz.store.types import FsckReport, GCReport, GenerationInfo, GenState, 
 from retainz.store.writer import GenerationWriter, WritePath
 from retainz.store.zonebook import ZoneBook
 from retainz.zoned.device import ZonedDevice
-from retainz.zoned.model import Geometry, round_up
+from retainz.zoned.model import Geometry, ZoneCond, round_up
 
 __all__ = ["Store", "GenerationWriter"]
 
@@ -121,6 +121,38 @@ def superblock_zones(device: ZonedDevice) -> list[int]:
     bs = device.geometry.block_size
     used = device.report_used_zones()[:MAX_META_ZONES]
     return [z.index for z in used if z.wp > z.start and Superblock.has_magic(device.read(z.start, bs))]
+
+
+def _erase_order(device: ZonedDevice, used: list[int]) -> list[int]:
+    """The order in which ``format(force=True)`` resets the non-empty zones ``used``, so that a format
+    stopped at any reset (Ctrl-C, a killed process) leaves either the old store as it was or no store:
+    first the meta zones holding spare superblocks, then the journal chains oldest first (the previous
+    chain, kept as the snapshot's copy, must never outlive the current one and stand in for it: it
+    would bring back what the current chain deleted), the current chain's zones last part first, and
+    only then the data zones.  A chain of several parts cut between its resets is refused by ``open``
+    as a chain missing a part (the old store is then gone either way; ``mkfs --force`` again).
+
+    Args:
+        device: the device being formatted.
+        used: indices of its non-empty zones.
+
+    Returns:
+        ``used`` reordered (the same zones).
+
+    Raises:
+        ZonedDeviceError: a read the device refuses.
+    """
+    g = device.geometry
+    bs = g.block_size
+    rank: dict[int, tuple] = {}
+    for z in superblock_zones(device):
+        start = z * g.zone_size
+        sb = Superblock.decode(device.read(start, bs), g)
+        zone = device.zone(z)
+        if sb is None and (zone.cond == ZoneCond.FULL or zone.wp >= start + 2 * bs):
+            sb = Superblock.decode(device.read(start + bs, bs), g)     # a chain zone's copy 1
+        rank[z] = (0,) if sb is None or sb.flags & SPARE else (1, sb.sequence, -sb.part)
+    return sorted(used, key=lambda z: rank.get(z, (2,)))
 
 
 class Store:
@@ -232,7 +264,7 @@ class Store:
                      f"{device.name} holds data RetainZ does not recognise ({len(used)} non-empty zones, first "
                      f"{used[0]})")
             raise ForeignDeviceError(f"{found}; pass force=True to erase it", found=found)
-        for z in used:
+        for z in _erase_order(device, used):
             device.reset_zone(z)
         sb = Superblock(uuid=uuidlib.uuid4(), sequence=1, part=0, geometry=g, meta_zones=meta_zones,
                         gc_reserve_zones=gc_reserve_zones, policy=policy)
