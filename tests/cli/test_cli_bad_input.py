@@ -57,6 +57,8 @@ def trace(tmp_path):
     (["replay", "{trace}", "--zones", "100000000"], "--zones 100,000,000 is over the limit of 1,048,576 data zones"),
     (["device", "create", "{tmp}", "--zones", "4", "--zone-size", "4MiB"], "{tmp}: a directory, not a device file"),
     (["device", "create", "{tmp}", "--zones", "4", "--zone-size", "4MiB", "--force"], "a directory, not a device file"),
+    (["device", "create", "{tmp}/new.img/", "--zones", "4", "--zone-size", "4MiB"],
+     "{tmp}/new.img/: a path ending in '/' names a directory, not a device file (drop the '/')"),
     (["replay", "{trace}", "--pressure", "0.9", "--zone-capacity", "0"], "zone capacity must be a positive"),
     # every refusal names the flag in the CLI's words, never a configuration field (write_bandwidth)
     (["replay", "{trace}", "--pressure", "0.9", "--write-bandwidth", "0"],
@@ -531,14 +533,21 @@ def test_a_truncated_device_file_is_not_sent_to_a_repair_that_refuses_it(tmp_pat
     assert run(capsys, "put", dev, "g1", f, "--step", 1)[0] == 0
     full = dev.stat().st_size
     os.truncate(dev, 8 << 20)
-    for argv in (["ls", dev], ["fsck", dev], ["fsck", dev, "--repair"], ["put", dev, "g2", f, "--step", 2]):
+    for argv in (["ls", dev], ["fsck", dev], ["fsck", dev, "--repair"], ["put", dev, "g2", f, "--step", 2],
+                 ["mkfs", "--force", dev]):
         code, out, err = run(capsys, *argv)
         assert (code, out) == (1, ""), (argv, err)
         assert one_line(err) == (f"retainz: error: {dev} is {8 << 20} bytes, shorter than its geometry ({full} "
                                  "bytes): the file was cut short (an incomplete copy?) and its missing bytes "
                                  "cannot be rebuilt, `retainz fsck --repair` included; copy it again from its "
-                                 "source\n"), argv
+                                 f"source, or `retainz device create --force {dev} --zones 16 --zone-size 1MiB "
+                                 "--max-open 14 --max-active 14` makes an empty one in its place (`mkfs --force` "
+                                 "cannot: it erases zones, and these are missing)\n"), argv
     assert dev.stat().st_size == 8 << 20           # nothing wrote to it
+    # the way out it names makes the same device again (mkfs --force, the trial's first try, cannot)
+    assert run(capsys, "device", "create", "--force", dev, "--zones", 16, "--zone-size", "1MiB",
+               "--max-open", 14, "--max-active", 14)[0] == 0
+    assert dev.stat().st_size == full and run(capsys, "mkfs", dev)[0] == 0
 
 
 def test_crashtest_workload_help_names_every_workload_it_takes(capsys):

@@ -77,6 +77,22 @@ def state_slot_size(nr_zones: int) -> int:
     return round_up(_SLOT_HEAD.size + 13 * nr_zones + 8, 4096)
 
 
+def _create_flags(g: Geometry) -> str:
+    """The ``retainz device create`` flags that make a device file of geometry ``g`` (sizes in the
+    largest binary unit that divides them)."""
+    def size(n: int) -> str:
+        for unit, name in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+            if n % unit == 0:
+                return f"{n // unit}{name}"
+        return str(n)
+    flags = [f"--zones {g.nr_zones}", f"--zone-size {size(g.zone_size)}"]
+    if g.zone_capacity != g.zone_size:
+        flags.append(f"--zone-capacity {size(g.zone_capacity)}")
+    if g.block_size != 4096:
+        flags.append(f"--block-size {g.block_size}")
+    return " ".join(flags + [f"--max-open {g.max_open}", f"--max-active {g.max_active}"])
+
+
 def not_a_device_file(path: str) -> IsADirectoryError:
     """The one refusal of a directory named where a device file belongs (every command, the mount,
     :meth:`FileDevice.create`)."""
@@ -162,6 +178,9 @@ class FileDevice(EmulatedZonedDevice):
         path = os.fspath(path)
         if os.path.isdir(path):
             raise not_a_device_file(path)
+        if path.endswith(os.sep):
+            raise IsADirectoryError(f"{path}: a path ending in '{os.sep}' names a directory, not a device file "
+                                    f"(drop the '{os.sep}')")
         if os.path.exists(path) and os.path.getsize(path) > 0 and not force:
             raise FileExistsError(f"{path} exists and is not empty; pass force=True to overwrite it")
         slot = state_slot_size(geometry.nr_zones)
@@ -271,7 +290,10 @@ class FileDevice(EmulatedZonedDevice):
         if size < need:
             raise CorruptDeviceError(f"{path} is {size} bytes, shorter than its geometry ({need} bytes): the file "
                                      "was cut short (an incomplete copy?) and its missing bytes cannot be "
-                                     "rebuilt, `retainz fsck --repair` included; copy it again from its source")
+                                     "rebuilt, `retainz fsck --repair` included; copy it again from its source, "
+                                     f"or `retainz device create --force {path} {_create_flags(geometry)}` makes "
+                                     "an empty one in its place (`mkfs --force` cannot: it erases zones, and "
+                                     "these are missing)")
         return (version, notes), geometry, slot, uuidlib.UUID(bytes=raw_uuid)
 
     def _read_state(self) -> tuple[list[ZoneCond], list[int], int]:
