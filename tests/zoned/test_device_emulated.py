@@ -185,6 +185,52 @@ def test_one_corrupt_state_copy_falls_back_to_the_other(tmp_path):
         FileDevice(path)
 
 
+@pytest.mark.parametrize("which", ["newest", "older"])
+def test_a_zeroed_state_copy_is_damage_noted_and_rewritten_by_a_repair(tmp_path, which):
+    """A zone-state copy that reads as zeros (a lost 4 KiB block, issue 41) once its pair has been
+    written is damage like a flipped byte: noted (fsck names it and ``fsck --repair``), and
+    ``repair_metadata`` rewrites it; a read-write open used to take it for a never-written slot, so
+    ``fsck --repair`` said the store was clean and left one copy of the newest zone state."""
+    path = tmp_path / "d.img"
+    with FileDevice.create(path, SMALL) as dev:
+        for i in range(2):                            # both pairs written (sequences 2 and 3)
+            dev.write(i * BS, data(1))
+            dev.flush()
+        seq, slot = dev._seq, dev._slot_size
+    names = ["A", "A'", "B", "B'"]
+    pair = seq % 2 if which == "newest" else (seq + 1) % 2
+    with open(path, "r+b") as f:
+        f.seek(_slot_copy(pair, 0, slot))
+        f.write(bytes(BS))                            # the first copy's 4 KiB block zeroed
+    with FileDevice(path, readonly=True) as dev:
+        assert dev.zone(0).wp == 2 * BS               # the newest state: nothing lost
+        if which == "newest":
+            assert dev.notes == (f"zone-state copy {names[2 * pair]} is damaged; its twin {names[2 * pair + 1]}, "
+                                 f"sequence {seq}, was used (fsck --repair rewrites it)",)
+        else:
+            assert dev.notes == (f"zone-state copy {names[2 * pair]} fails its checksum (a write torn by a power "
+                                 f"cut, or damage); copy {names[2 * (seq % 2)]}, sequence {seq}, was used: writes "
+                                 "after it are not visible",)
+    with FileDevice(path) as dev:
+        assert dev.repair_metadata() == ["rewrote both zone-state slots and their copies"]
+    with FileDevice(path, readonly=True) as dev:
+        assert dev.notes == () and dev.zone(0).wp == 2 * BS
+
+
+def test_a_fresh_device_s_unwritten_state_pair_is_not_damage(tmp_path):
+    """The pair a device has not written yet (B and B' until the state of sequence 3) reads as zeros and
+    is no damage: no note."""
+    path = tmp_path / "d.img"
+    FileDevice.create(path, SMALL).close()
+    with FileDevice(path, readonly=True) as dev:
+        assert dev.notes == ()
+    with FileDevice(path) as dev:
+        dev.write(0, data(1))
+        dev.flush()                                   # sequence 2: pair A again
+    with FileDevice(path, readonly=True) as dev:
+        assert dev.notes == () and dev.zone(0).wp == BS
+
+
 def test_the_note_about_a_bad_state_copy_lasts_until_the_copy_is_rewritten(tmp_path):
     path = tmp_path / "d.img"
     with FileDevice.create(path, SMALL) as dev:

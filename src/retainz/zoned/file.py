@@ -282,15 +282,22 @@ class FileDevice(EmulatedZonedDevice):
         bad = []                           # slots that were written but fail their checksum
         names = ["A", "A'", "B", "B'"] if self._copies == 2 else ["A", "B"]
         seqs = {}
+        zeroed = []                        # slots that read as zeros: never written, or a lost block
         for i, name in enumerate(names):
             raw = os.pread(self._fd, self._slot_size, _LABEL_SIZE + i * self._slot_size)
             head = _check_slot(raw, self._nz)
-            if head is None and raw.strip(b"\0"):
-                bad.append(name)
+            if head is None:
+                (bad if raw.strip(b"\0") else zeroed).append(name)
             if head:
                 seqs[name] = head[0]
             if head and (best is None or head[0] > best[0]):
                 best = (head[0], raw, head[1])
+        # A slot of zeros was written and lost (a zeroed 4 KiB block: issue 41) when its pair must have
+        # been written: pair A at creation (sequence 1), pair B by the persist of sequence 3, so by any
+        # state newer than 2; a zeroed slot is damage as a flipped one is, noted and rewritten by a repair.
+        if best is not None:
+            bad += [n for n in zeroed if n.startswith("A") or best[0] >= 3]
+            bad.sort(key=names.index)
         if best is None:
             if not self._lost_state_ok:
                 raise CorruptDeviceError(f"{self._info.path}: every zone-state copy fails its checksum")
