@@ -231,6 +231,35 @@ def test_a_fresh_device_s_unwritten_state_pair_is_not_damage(tmp_path):
         assert dev.notes == () and dev.zone(0).wp == BS
 
 
+def test_a_version_1_file_is_not_offered_an_upgrade_that_does_not_happen(tmp_path):
+    """A device file of format 1 (one label, slots A and B without copies, zones at 4096 + 2 x slot)
+    is read and written as is: its note used to say `fsck --upgrade` migrates it to version 3, which
+    the upgrade never does (``upgradable`` is false), so the note stayed after every upgrade."""
+    import struct
+
+    import crc32c
+
+    from retainz.zoned.file import _LABEL, FILE_DEVICE_MAGIC, encode_state_slot, state_slot_size
+
+    g, path = SMALL, tmp_path / "v1.img"
+    slot = state_slot_size(g.nr_zones)
+    label = _LABEL.pack(FILE_DEVICE_MAGIC, 1, g.block_size, g.zone_size, g.zone_capacity, g.nr_zones,
+                        g.max_open, g.max_active, slot, bytes(16))
+    label += struct.pack("<I", crc32c.crc32c(label))
+    with open(path, "wb") as f:
+        f.write(label.ljust(_LABEL_SIZE, b"\0"))
+        f.write(encode_state_slot(1, [ZoneCond.EMPTY] * g.nr_zones, [0] * g.nr_zones, slot))
+        f.truncate(_LABEL_SIZE + 2 * slot + g.size)
+    with FileDevice(path) as dev:
+        dev.write(0, data(1))
+        assert not dev.upgradable and dev.upgrade() == []
+    with FileDevice(path, readonly=True) as dev:
+        assert dev.zone(0).wp == BS
+        assert dev.notes == ("device file format version 1 (one label copy, zone-state slots without copies), read "
+                             "and written as is; `retainz fsck --upgrade` cannot migrate it in place (its zones "
+                             "start where version 3 keeps the copies)",)
+
+
 def test_the_note_about_a_bad_state_copy_lasts_until_the_copy_is_rewritten(tmp_path):
     path = tmp_path / "d.img"
     with FileDevice.create(path, SMALL) as dev:

@@ -254,7 +254,11 @@ class FileDevice(EmulatedZonedDevice):
         if damaged:
             notes = (f"device label {' and '.join(damaged)} {'is' if len(damaged) == 1 else 'are'} damaged; "
                      f"{names[good[0]]} was used (fsck --repair rewrites it)",)
-        if version < _VERSION:
+        if version == 1:   # its zones start where version 2 keeps the slot copies: no migration in place
+            notes += ("device file format version 1 (one label copy, zone-state slots without copies), read and "
+                      "written as is; `retainz fsck --upgrade` cannot migrate it in place (its zones start where "
+                      f"version {_VERSION} keeps the copies)",)
+        elif version < _VERSION:
             notes += (f"device file format version {version} (no label copy at the end of the device), read "
                       f"as is; `retainz fsck --upgrade` migrates it to version {_VERSION}",)
         if nz > MAX_ZONES:     # before the slot size is computed from it
