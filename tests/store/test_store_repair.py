@@ -334,3 +334,24 @@ def test_ls_of_a_store_holding_only_unknown_generations_says_so(tmp_path, capsys
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("gen-3\tstep 3\t") and out[1].startswith("4 unknown generations (11.72 KiB) not listed")
     assert len(out) == 2
+
+
+def test_a_lost_replacing_commit_is_named_with_the_step_it_retired_not_a_python_none(tmp_path, capsys):
+    """Both copies of a `put --replace` commit damaged: the repair keeps the old version retired and
+    names the new one as lost; its step was only in the lost record, and the line said
+    ``(step None)`` (issue 41 trial): it says the step is unknown and which step stays retired."""
+    path = make(tmp_path / "dev.img")
+    src = tmp_path / "new.bin"
+    src.write_bytes(b"n" * 3000)
+    assert main(["put", path, "gen-3", str(src), "--step", "7", "--replace"]) == 0
+    for off in copies_of(path, "c", b'"gen-3",7'):
+        damage(path, off)
+    capsys.readouterr()
+    assert main(["fsck", "--repair", path]) == 0
+    lost = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  lost:")]
+    assert len(lost) == 1 and "None" not in lost[0], lost
+    assert lost[0].startswith("  lost: generation 'gen-3' (step unknown: only the lost record held it): "), lost
+    assert "the version of step 3 stays retired" in lost[0]
+    assert listed(path, capsys) == ["gen-2", "gen-4", "gen-5"]
+    rc, rep = fsck_json(path, capsys)
+    assert rc == 0 and rep["dropped"] == []

@@ -580,7 +580,8 @@ def _fsck(args) -> int:
         for n in rep.notes:
             print(f"  note: {n}")
         for d in rep.dropped:
-            who = f"generation {d['id']!r} (step {d['step']})" if d["id"] is not None else "a generation"
+            step = d["step"] if d["step"] is not None else "unknown: only the lost record held it"
+            who = f"generation {d['id']!r} (step {step})" if d["id"] is not None else "a generation"
             print(f"  lost: {who}: {d['reason']}")
         for u in rep.unknown:
             print(f"  unknown: generation {u['id']!r} (step {u['step']}, {format_size(u['bytes'])}): {u['reason']}; "
