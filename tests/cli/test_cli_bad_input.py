@@ -530,15 +530,19 @@ def test_a_truncated_device_file_is_not_sent_to_a_repair_that_refuses_it(tmp_pat
     assert run(capsys, "mkfs", dev)[0] == 0
     assert run(capsys, "put", dev, "g1", f, "--step", 1)[0] == 0
     full = dev.stat().st_size
-    os.truncate(dev, 8 << 20)
+    from retainz.zoned import FileDevice
+    with FileDevice(dev, readonly=True) as d:      # cut into the last zone that holds data (g1's)
+        z = max(z.index for z in d.report_zones() if z.wp > z.start)
+        cut = d._data_offset + z * (1 << 20)
+    os.truncate(dev, cut)
     for argv in (["ls", dev], ["fsck", dev], ["fsck", dev, "--repair"], ["put", dev, "g2", f, "--step", 2]):
         code, out, err = run(capsys, *argv)
         assert (code, out) == (1, ""), (argv, err)
-        assert one_line(err) == (f"retainz: error: {dev} is {8 << 20} bytes, shorter than its geometry ({full} "
-                                 "bytes): the file was cut short (an incomplete copy?) and its missing bytes "
-                                 "cannot be rebuilt, `retainz fsck --repair` included; copy it again from its "
-                                 "source\n"), argv
-    assert dev.stat().st_size == 8 << 20           # nothing wrote to it
+        assert one_line(err) == (f"retainz: error: {dev} is {cut} bytes, shorter than its geometry ({full} "
+                                 f"bytes), and zone {z}'s written bytes reach past its end: the file was cut short (an "
+                                 "incomplete copy?) and its missing bytes cannot be rebuilt, `retainz fsck --repair` "
+                                 "included; copy it again from its source\n"), argv
+    assert dev.stat().st_size == cut               # nothing wrote to it
 
 
 def test_crashtest_workload_help_names_every_workload_it_takes(capsys):

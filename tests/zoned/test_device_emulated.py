@@ -300,11 +300,60 @@ def test_a_zone_state_with_an_impossible_write_pointer_is_refused(tmp_path, writ
 
 
 def test_truncated_device_file_is_detected(tmp_path):
+    """A file cut short into data a zone holds is refused (a file cut short only of unwritten space
+    opens with a note: ``test_a_file_cut_short_of_unwritten_space_only_opens...``)."""
     path = tmp_path / "d.img"
-    FileDevice.create(path, SMALL).close()
+    with FileDevice.create(path, SMALL) as dev:
+        dev.write((SMALL.nr_zones - 1) * SMALL.zone_size, data(SMALL.zone_capacity // BS))   # the last zone full
     os.truncate(path, os.path.getsize(path) - SMALL.zone_size)
     with pytest.raises(errors.CorruptDeviceError, match="shorter"):
         FileDevice(path)
+
+
+@pytest.mark.parametrize("cut", [100, _LABEL_SIZE, SMALL.zone_size])
+def test_a_file_cut_short_of_unwritten_space_only_opens_and_the_repair_restores_it(tmp_path, cut):
+    """A device file whose end was cut off (an interrupted copy, a torn last write of the file) while
+    the bytes missing are only the label copy at the end and space no zone has written: every zone's
+    data is still there, so it opens (read-only and read-write) with a note, and ``repair_metadata``
+    restores the length and the label copy.  It used to be refused as 'cut short ... cannot be rebuilt,
+    fsck --repair included' (issue 41 trial)."""
+    path = tmp_path / "d.img"
+    with FileDevice.create(path, SMALL) as dev:
+        dev.write(0, data(2))                       # zone 0: two blocks; the last zone stays empty
+    full = os.path.getsize(path)
+    os.truncate(path, full - cut)
+    with FileDevice(path, readonly=True) as dev:
+        assert dev.zone(0).wp == 2 * BS and dev.read(0, 2 * BS) == data(2)
+        assert any(n.startswith(f"the file is {cut:,} bytes shorter than its geometry (cut short): only the label "
+                                "copy at its end") for n in dev.notes), dev.notes
+    with FileDevice(path) as dev:
+        done = dev.repair_metadata()
+        assert done[0] == f"restored the file's length ({cut:,} bytes were cut off its end)"
+    assert os.path.getsize(path) == full
+    with FileDevice(path, readonly=True) as dev:
+        assert dev.notes == () and dev.read(0, 2 * BS) == data(2)
+
+
+def test_a_file_cut_into_a_zone_s_written_bytes_is_refused(tmp_path):
+    """The missing bytes held data (the last zone's written blocks): refused, nothing changed."""
+    path = tmp_path / "d.img"
+    last = (SMALL.nr_zones - 1) * SMALL.zone_size
+    with FileDevice.create(path, SMALL) as dev:
+        dev.write(last, data(2))
+    os.truncate(path, os.path.getsize(path) - _LABEL_SIZE - SMALL.zone_size + BS)
+    size = os.path.getsize(path)
+    with pytest.raises(errors.CorruptDeviceError, match=f"zone {SMALL.nr_zones - 1}'s written bytes reach past its end"):
+        FileDevice(path, readonly=True)
+    assert os.path.getsize(path) == size
+
+
+def test_the_end_label_copy_alone_damaged_is_named_in_words(tmp_path):
+    path = tmp_path / "d.img"
+    FileDevice.create(path, SMALL).close()
+    _flip(path, os.path.getsize(path) - _LABEL_SIZE + 20)
+    with FileDevice(path, readonly=True) as dev:
+        assert dev.notes == ("the device label's copy at the end of the device is damaged; copy 0 was used "
+                             "(fsck --repair rewrites it)",)
 
 
 def test_second_writer_is_refused_readers_share(tmp_path):

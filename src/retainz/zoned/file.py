@@ -106,7 +106,7 @@ class FileDevice(EmulatedZonedDevice):
         self.state_lost = False
         path = os.fspath(path)
         label, geometry, slot_size, dev_uuid = self._read_label(path)
-        version, label_note = label
+        version, label_note, self._short = label
         super().__init__(geometry, kind="file", path=path, payload=True)
         self.uuid = dev_uuid
         self.readonly = readonly
@@ -134,7 +134,31 @@ class FileDevice(EmulatedZonedDevice):
             os.close(self._fd)
             self._fd = -1
             raise
+        if self._short:
+            self._check_short(written)
         self._restore(conds, written, self._restore_order)
+
+    def _check_short(self, written: list[int]) -> None:
+        """A file cut short of its geometry by ``self._short`` bytes: readable when every byte a zone
+        holds (its written bytes, from the zone state) is still in the file, so only the label copy at
+        its end and space no zone has written are missing (noted; :meth:`repair_metadata` restores the
+        length and the copy).  Else the missing bytes held data: refused.
+
+        Raises:
+            CorruptDeviceError: a zone's written bytes reach past the end of the file."""
+        size = os.fstat(self._fd).st_size
+        zs = self.geometry.zone_size
+        cut = [z for z, w in enumerate(written) if w and self._data_offset + z * zs + w > size]
+        if cut:
+            os.close(self._fd)
+            self._fd = -1
+            raise CorruptDeviceError(
+                f"{self._info.path} is {size} bytes, shorter than its geometry ({size + self._short} bytes), and "
+                f"zone {cut[0]}'s written bytes reach past its end: the file was cut short (an incomplete copy?) and "
+                "its missing bytes cannot be rebuilt, `retainz fsck --repair` included; copy it again from its source")
+        self._notes += (f"the file is {self._short:,} bytes shorter than its geometry (cut short): only the label "
+                        "copy at its end and space no zone has written are missing, nothing any zone holds "
+                        "(fsck --repair restores its length and the copy)",)
 
     @property
     def notes(self) -> tuple[str, ...]:
@@ -209,15 +233,16 @@ class FileDevice(EmulatedZonedDevice):
         FileDevice._read_label(path)
 
     @staticmethod
-    def _read_label(path: str) -> tuple[tuple[int, tuple[str, ...]], Geometry, int, uuidlib.UUID]:
-        """``((version, notes), geometry, slot size, uuid)`` from the label or, when it fails its
-        checksum, its copy (version 2).
+    def _read_label(path: str) -> tuple[tuple[int, tuple[str, ...], int], Geometry, int, uuidlib.UUID]:
+        """``((version, notes, short), geometry, slot size, uuid)`` from the label or, when it fails its
+        checksum, its copy (version 2); ``short``: bytes the file lacks of its geometry, when it still
+        holds the label and the zone-state slots (the open checks that no zone's data is missing).
 
         Raises:
             NotADeviceError: no label magic in either copy, or an unknown version.
             CorruptDeviceError: both copies fail their checksums, an impossible field (zone count
                 over ``MAX_ZONES``, a geometry ``Geometry`` refuses, a slot size that does not match),
-                or a file shorter than its geometry.
+                or a file shorter than its label and zone-state slots.
         """
         size = os.path.getsize(path)
         with open(path, "rb") as f:
@@ -251,7 +276,10 @@ class FileDevice(EmulatedZonedDevice):
         names = ("copy 0", "copy 1", "the copy at the end of the device")
         expected = [0, 1, 2] if version >= 3 else [0, 1] if version >= 2 else [0]
         damaged = [names[i] for i in expected if i not in good]
-        if damaged:
+        if damaged == [names[2]]:
+            notes = ("the device label's copy at the end of the device is damaged; copy 0 was used (fsck --repair "
+                     "rewrites it)",)
+        elif damaged:
             notes = (f"device label {' and '.join(damaged)} {'is' if len(damaged) == 1 else 'are'} damaged; "
                      f"{names[good[0]]} was used (fsck --repair rewrites it)",)
         if version == 1:   # its zones start where version 2 keeps the slot copies: no migration in place
@@ -271,12 +299,13 @@ class FileDevice(EmulatedZonedDevice):
         if slot != state_slot_size(nz):
             raise CorruptDeviceError(f"{path}: the label's state-slot size {slot} does not match its "
                                      f"{nz} zones")
-        need = _LABEL_SIZE + (4 if version >= 2 else 2) * slot + geometry.size + (_LABEL_SIZE if version >= 3 else 0)
-        if size < need:
+        head = _LABEL_SIZE + (4 if version >= 2 else 2) * slot
+        need = head + geometry.size + (_LABEL_SIZE if version >= 3 else 0)
+        if size < head:
             raise CorruptDeviceError(f"{path} is {size} bytes, shorter than its geometry ({need} bytes): the file "
                                      "was cut short (an incomplete copy?) and its missing bytes cannot be "
                                      "rebuilt, `retainz fsck --repair` included; copy it again from its source")
-        return (version, notes), geometry, slot, uuidlib.UUID(bytes=raw_uuid)
+        return (version, notes, max(0, need - size)), geometry, slot, uuidlib.UUID(bytes=raw_uuid)
 
     def _read_state(self) -> tuple[list[ZoneCond], list[int], int]:
         """``(conditions, written bytes, sequence)`` of the newest valid zone-state slot.  Each copy's
@@ -455,6 +484,10 @@ class FileDevice(EmulatedZonedDevice):
         """
         self._check_rw()
         done = []
+        if self._short:
+            os.ftruncate(self._fd, os.fstat(self._fd).st_size + self._short)
+            done.append(f"restored the file's length ({self._short:,} bytes were cut off its end)")
+            self._short = 0
         if self._version >= 2:
             end = os.fstat(self._fd).st_size - _LABEL_SIZE
             raw = os.pread(self._fd, _LABEL_SIZE, 0)
