@@ -355,3 +355,32 @@ def test_a_lost_replacing_commit_is_named_with_the_step_it_retired_not_a_python_
     assert listed(path, capsys) == ["gen-2", "gen-4", "gen-5"]
     rc, rep = fsck_json(path, capsys)
     assert rc == 0 and rep["dropped"] == []
+
+
+def test_every_device_label_copy_lost_is_rebuilt_from_the_store_superblock(tmp_path, capsys):
+    """Two faults: the file's first block (label copies 0 and 1) and its last (the copy at the end)
+    both lost.  Every command said the file 'is not a RetainZ device file ... Create one with `retainz
+    device create`' (exit 2), ``fsck --repair`` included, though the store's superblock records the
+    geometry (issue 41 trial).  Now they name ``fsck --repair`` (exit 1), which rebuilds the label and
+    keeps every generation."""
+    path = make(tmp_path / "dev.img")
+    size = (tmp_path / "dev.img").stat().st_size
+    with open(path, "r+b") as f:
+        f.write(bytes(_LABEL_SIZE))
+        f.seek(size - _LABEL_SIZE)
+        f.write(bytes(_LABEL_SIZE))
+    capsys.readouterr()
+    assert main(["ls", path]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"retainz: error: {path}: every copy of the device label is lost (its first and last blocks), but "
+                   "it holds a RetainZ store whose superblock gives the geometry; run `retainz fsck --repair "
+                   f"{path}` to rebuild the label"]
+    rc, rep = fsck_json(path, capsys, "--repair")
+    assert rc == 0 and rep["ok"] and rep["dropped"] == []
+    assert rep["notes"][0].startswith("repaired: rebuilt the device label (every copy was lost) from the store's "
+                                      "superblock: 16 zones of 262,144 bytes"), rep["notes"]
+    assert listed(path, capsys) == ["gen-2", "gen-3", "gen-4", "gen-5"]
+    with FileDevice(path, readonly=True) as dev:
+        assert dev.notes == () and dev.geometry.zone_capacity == GEOM.zone_capacity
+    assert main(["get", path, "gen-3", "-o", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "model.pt").read_bytes() == _data(3)

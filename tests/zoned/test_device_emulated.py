@@ -3,6 +3,7 @@ offline zones, payload-less memory, geometry validation and device specification
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -622,3 +623,23 @@ def test_a_zone_state_write_rewrites_only_the_pages_that_changed(tmp_path, monke
     pair = _LABEL_SIZE + (seq % 2) * 2 * slot
     assert raw[pair:pair + slot] == raw[pair + slot:pair + 2 * slot]     # the copy is the slot
     assert filemod.decode_state_slot(raw[pair:pair + slot], 4096)[0] == seq
+
+
+def test_relabel_refuses_a_file_with_an_intact_label_copy_or_of_another_size(tmp_path):
+    path = tmp_path / "d.img"
+    FileDevice.create(path, SMALL).close()
+    before = path.read_bytes()
+    with pytest.raises(ValueError, match="a device label copy is intact"):
+        FileDevice.relabel(path, SMALL)
+    with open(path, "r+b") as f:
+        f.write(bytes(_LABEL_SIZE))
+    with pytest.raises(ValueError, match="a device label copy is intact"):    # the copy at the end
+        FileDevice.relabel(path, SMALL)
+    with open(path, "r+b") as f:
+        f.seek(len(before) - _LABEL_SIZE)
+        f.write(bytes(_LABEL_SIZE))
+    with pytest.raises(ValueError, match="not the .* of a device file of this geometry"):
+        FileDevice.relabel(path, dataclasses.replace(SMALL, nr_zones=SMALL.nr_zones - 1))
+    FileDevice.relabel(path, SMALL)
+    with FileDevice(path, readonly=True) as dev:
+        assert dev.geometry == SMALL and dev.notes == ()

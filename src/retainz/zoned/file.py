@@ -233,6 +233,57 @@ class FileDevice(EmulatedZonedDevice):
         FileDevice._read_label(path)
 
     @staticmethod
+    def relabel(path: str | os.PathLike, geometry: Geometry) -> str:
+        """Write the label block (copies at 0 and 2048) and its copy at the end of a device file whose
+        every label copy is lost, from ``geometry`` (``fsck --repair`` takes it from the store's
+        superblock, which records the zones, their size and capacity and the block size; the open and
+        active zone limits, which only the label held, are the caller's).  A new device uuid.  Returns
+        what was done, one line.
+
+        Raises:
+            ValueError: a label copy is intact, or the file's size is not the layout ``geometry`` gives
+                (format 3, or format 2 without the copy at the end); nothing is changed.
+            OSError: a write failed.
+        """
+        path = os.fspath(path)
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            raw = f.read(_LABEL_SIZE)
+            f.seek(max(0, size - _LABEL_SIZE))
+            tail = f.read(_LABEL_SIZE)
+        n = _LABEL.size + 4
+        for c in (raw[:n], raw[_LABEL_COPY:_LABEL_COPY + n], tail[:n]):
+            if len(c) == n and c[:8] == FILE_DEVICE_MAGIC and \
+                    struct.unpack_from("<I", c, _LABEL.size)[0] == crc32c.crc32c(c[:_LABEL.size]):
+                raise ValueError(f"{path}: a device label copy is intact; nothing to rebuild")
+        g = geometry
+        slot = state_slot_size(g.nr_zones)
+        body = _LABEL_SIZE + 4 * slot + g.size
+        if size not in (body, body + _LABEL_SIZE):
+            raise ValueError(f"{path} is {size} bytes, not the {body + _LABEL_SIZE} of a device file of this geometry; "
+                             "nothing changed")
+        version = 3 if size == body + _LABEL_SIZE else 2
+        label = _LABEL.pack(FILE_DEVICE_MAGIC, version, g.block_size, g.zone_size, g.zone_capacity,
+                            g.nr_zones, g.max_open, g.max_active, slot, uuidlib.uuid4().bytes)
+        label += struct.pack("<I", crc32c.crc32c(label))
+        block = label.ljust(_LABEL_COPY, b"\0") + label.ljust(_LABEL_SIZE - _LABEL_COPY, b"\0")
+        fd = os.open(path, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if version == 3:
+                os.pwrite(fd, block, body)
+            os.pwrite(fd, block, 0)
+            os.fsync(fd)
+        except BlockingIOError:
+            raise DeviceBusyError(f"{path}: the device is in use (another open of it, in this process or "
+                                  "another, holds its lock); nothing was changed") from None
+        finally:
+            os.close(fd)
+        return (f"rebuilt the device label (every copy was lost) from the store's superblock: {g.nr_zones} zones of "
+                f"{g.zone_size:,} bytes; open and active zone limits {g.max_open} and {g.max_active} (only the label "
+                "held them)")
+
+    @staticmethod
     def _read_label(path: str) -> tuple[tuple[int, tuple[str, ...], int], Geometry, int, uuidlib.UUID]:
         """``((version, notes, short), geometry, slot size, uuid)`` from the label or, when it fails its
         checksum, its copy (version 2); ``short``: bytes the file lacks of its geometry, when it still
