@@ -532,18 +532,22 @@ def test_a_truncated_device_file_is_not_sent_to_a_repair_that_refuses_it(tmp_pat
     assert run(capsys, "mkfs", dev)[0] == 0
     assert run(capsys, "put", dev, "g1", f, "--step", 1)[0] == 0
     full = dev.stat().st_size
-    os.truncate(dev, 8 << 20)
+    from retainz.zoned import FileDevice
+    with FileDevice(dev, readonly=True) as d:      # cut into the last zone that holds data (g1's)
+        z = max(z.index for z in d.report_zones() if z.wp > z.start)
+        cut = d._data_offset + z * (1 << 20)
+    os.truncate(dev, cut)
     for argv in (["ls", dev], ["fsck", dev], ["fsck", dev, "--repair"], ["put", dev, "g2", f, "--step", 2],
                  ["mkfs", "--force", dev]):
         code, out, err = run(capsys, *argv)
         assert (code, out) == (1, ""), (argv, err)
-        assert one_line(err) == (f"retainz: error: {dev} is {8 << 20} bytes, shorter than its geometry ({full} "
-                                 "bytes): the file was cut short (an incomplete copy?) and its missing bytes "
-                                 "cannot be rebuilt, `retainz fsck --repair` included; copy it again from its "
-                                 f"source, or `retainz device create --force {dev} --zones 16 --zone-size 1MiB "
-                                 "--max-open 14 --max-active 14` makes an empty one in its place (`mkfs --force` "
-                                 "cannot: it erases zones, and these are missing)\n"), argv
-    assert dev.stat().st_size == 8 << 20           # nothing wrote to it
+        assert one_line(err) == (f"retainz: error: {dev} is {cut} bytes, shorter than its geometry ({full} "
+                                 f"bytes), and zone {z}'s written bytes reach past its end: the file was cut short (an "
+                                 "incomplete copy?) and its missing bytes cannot be rebuilt, `retainz fsck --repair` "
+                                 f"included; copy it again from its source, or `retainz device create --force {dev} "
+                                 "--zones 16 --zone-size 1MiB --max-open 14 --max-active 14` makes an empty one in "
+                                 "its place (`mkfs --force` cannot: it erases zones, and these are missing)\n"), argv
+    assert dev.stat().st_size == cut               # nothing wrote to it
     # the way out it names makes the same device again (mkfs --force, the trial's first try, cannot)
     assert run(capsys, "device", "create", "--force", dev, "--zones", 16, "--zone-size", "1MiB",
                "--max-open", 14, "--max-active", 14)[0] == 0

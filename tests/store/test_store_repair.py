@@ -334,3 +334,53 @@ def test_ls_of_a_store_holding_only_unknown_generations_says_so(tmp_path, capsys
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("gen-3\tstep 3\t") and out[1].startswith("4 unknown generations (11.72 KiB) not listed")
     assert len(out) == 2
+
+
+def test_a_lost_replacing_commit_is_named_with_the_step_it_retired_not_a_python_none(tmp_path, capsys):
+    """Both copies of a `put --replace` commit damaged: the repair keeps the old version retired and
+    names the new one as lost; its step was only in the lost record, and the line said
+    ``(step None)`` (issue 41 trial): it says the step is unknown and which step stays retired."""
+    path = make(tmp_path / "dev.img")
+    src = tmp_path / "new.bin"
+    src.write_bytes(b"n" * 3000)
+    assert main(["put", path, "gen-3", str(src), "--step", "7", "--replace"]) == 0
+    for off in copies_of(path, "c", b'"gen-3",7'):
+        damage(path, off)
+    capsys.readouterr()
+    assert main(["fsck", "--repair", path]) == 0
+    lost = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  lost:")]
+    assert len(lost) == 1 and "None" not in lost[0], lost
+    assert lost[0].startswith("  lost: generation 'gen-3' (step unknown: only the lost record held it): "), lost
+    assert "the version of step 3 stays retired" in lost[0]
+    assert listed(path, capsys) == ["gen-2", "gen-4", "gen-5"]
+    rc, rep = fsck_json(path, capsys)
+    assert rc == 0 and rep["dropped"] == []
+
+
+def test_every_device_label_copy_lost_is_rebuilt_from_the_store_superblock(tmp_path, capsys):
+    """Two faults: the file's first block (label copies 0 and 1) and its last (the copy at the end)
+    both lost.  Every command said the file 'is not a RetainZ device file ... Create one with `retainz
+    device create`' (exit 2), ``fsck --repair`` included, though the store's superblock records the
+    geometry (issue 41 trial).  Now they name ``fsck --repair`` (exit 1), which rebuilds the label and
+    keeps every generation."""
+    path = make(tmp_path / "dev.img")
+    size = (tmp_path / "dev.img").stat().st_size
+    with open(path, "r+b") as f:
+        f.write(bytes(_LABEL_SIZE))
+        f.seek(size - _LABEL_SIZE)
+        f.write(bytes(_LABEL_SIZE))
+    capsys.readouterr()
+    assert main(["ls", path]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"retainz: error: {path}: every copy of the device label is lost (its first and last blocks), but "
+                   "it holds a RetainZ store whose superblock gives the geometry; run `retainz fsck --repair "
+                   f"{path}` to rebuild the label"]
+    rc, rep = fsck_json(path, capsys, "--repair")
+    assert rc == 0 and rep["ok"] and rep["dropped"] == []
+    assert rep["notes"][0].startswith("repaired: rebuilt the device label (every copy was lost) from the store's "
+                                      "superblock: 16 zones of 262,144 bytes"), rep["notes"]
+    assert listed(path, capsys) == ["gen-2", "gen-3", "gen-4", "gen-5"]
+    with FileDevice(path, readonly=True) as dev:
+        assert dev.notes == () and dev.geometry.zone_capacity == GEOM.zone_capacity
+    assert main(["get", path, "gen-3", "-o", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "model.pt").read_bytes() == _data(3)

@@ -3,6 +3,7 @@ offline zones, payload-less memory, geometry validation and device specification
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -185,6 +186,81 @@ def test_one_corrupt_state_copy_falls_back_to_the_other(tmp_path):
         FileDevice(path)
 
 
+@pytest.mark.parametrize("which", ["newest", "older"])
+def test_a_zeroed_state_copy_is_damage_noted_and_rewritten_by_a_repair(tmp_path, which):
+    """A zone-state copy that reads as zeros (a lost 4 KiB block, issue 41) once its pair has been
+    written is damage like a flipped byte: noted (fsck names it and ``fsck --repair``), and
+    ``repair_metadata`` rewrites it; a read-write open used to take it for a never-written slot, so
+    ``fsck --repair`` said the store was clean and left one copy of the newest zone state."""
+    path = tmp_path / "d.img"
+    with FileDevice.create(path, SMALL) as dev:
+        for i in range(2):                            # both pairs written (sequences 2 and 3)
+            dev.write(i * BS, data(1))
+            dev.flush()
+        seq, slot = dev._seq, dev._slot_size
+    names = ["A", "A'", "B", "B'"]
+    pair = seq % 2 if which == "newest" else (seq + 1) % 2
+    with open(path, "r+b") as f:
+        f.seek(_slot_copy(pair, 0, slot))
+        f.write(bytes(BS))                            # the first copy's 4 KiB block zeroed
+    with FileDevice(path, readonly=True) as dev:
+        assert dev.zone(0).wp == 2 * BS               # the newest state: nothing lost
+        if which == "newest":
+            assert dev.notes == (f"zone-state copy {names[2 * pair]} is damaged; its twin {names[2 * pair + 1]}, "
+                                 f"sequence {seq}, was used (fsck --repair rewrites it)",)
+        else:
+            assert dev.notes == (f"zone-state copy {names[2 * pair]} fails its checksum (a write torn by a power "
+                                 f"cut, or damage); copy {names[2 * (seq % 2)]}, sequence {seq}, was used: writes "
+                                 "after it are not visible",)
+    with FileDevice(path) as dev:
+        assert dev.repair_metadata() == ["rewrote both zone-state slots and their copies"]
+    with FileDevice(path, readonly=True) as dev:
+        assert dev.notes == () and dev.zone(0).wp == 2 * BS
+
+
+def test_a_fresh_device_s_unwritten_state_pair_is_not_damage(tmp_path):
+    """The pair a device has not written yet (B and B' until the state of sequence 3) reads as zeros and
+    is no damage: no note."""
+    path = tmp_path / "d.img"
+    FileDevice.create(path, SMALL).close()
+    with FileDevice(path, readonly=True) as dev:
+        assert dev.notes == ()
+    with FileDevice(path) as dev:
+        dev.write(0, data(1))
+        dev.flush()                                   # sequence 2: pair A again
+    with FileDevice(path, readonly=True) as dev:
+        assert dev.notes == () and dev.zone(0).wp == BS
+
+
+def test_a_version_1_file_is_not_offered_an_upgrade_that_does_not_happen(tmp_path):
+    """A device file of format 1 (one label, slots A and B without copies, zones at 4096 + 2 x slot)
+    is read and written as is: its note used to say `fsck --upgrade` migrates it to version 3, which
+    the upgrade never does (``upgradable`` is false), so the note stayed after every upgrade."""
+    import struct
+
+    import crc32c
+
+    from retainz.zoned.file import _LABEL, FILE_DEVICE_MAGIC, encode_state_slot, state_slot_size
+
+    g, path = SMALL, tmp_path / "v1.img"
+    slot = state_slot_size(g.nr_zones)
+    label = _LABEL.pack(FILE_DEVICE_MAGIC, 1, g.block_size, g.zone_size, g.zone_capacity, g.nr_zones,
+                        g.max_open, g.max_active, slot, bytes(16))
+    label += struct.pack("<I", crc32c.crc32c(label))
+    with open(path, "wb") as f:
+        f.write(label.ljust(_LABEL_SIZE, b"\0"))
+        f.write(encode_state_slot(1, [ZoneCond.EMPTY] * g.nr_zones, [0] * g.nr_zones, slot))
+        f.truncate(_LABEL_SIZE + 2 * slot + g.size)
+    with FileDevice(path) as dev:
+        dev.write(0, data(1))
+        assert not dev.upgradable and dev.upgrade() == []
+    with FileDevice(path, readonly=True) as dev:
+        assert dev.zone(0).wp == BS
+        assert dev.notes == ("device file format version 1 (one label copy, zone-state slots without copies), read "
+                             "and written as is; `retainz fsck --upgrade` cannot migrate it in place (its zones "
+                             "start where version 3 keeps the copies)",)
+
+
 def test_the_note_about_a_bad_state_copy_lasts_until_the_copy_is_rewritten(tmp_path):
     path = tmp_path / "d.img"
     with FileDevice.create(path, SMALL) as dev:
@@ -225,11 +301,60 @@ def test_a_zone_state_with_an_impossible_write_pointer_is_refused(tmp_path, writ
 
 
 def test_truncated_device_file_is_detected(tmp_path):
+    """A file cut short into data a zone holds is refused (a file cut short only of unwritten space
+    opens with a note: ``test_a_file_cut_short_of_unwritten_space_only_opens...``)."""
     path = tmp_path / "d.img"
-    FileDevice.create(path, SMALL).close()
+    with FileDevice.create(path, SMALL) as dev:
+        dev.write((SMALL.nr_zones - 1) * SMALL.zone_size, data(SMALL.zone_capacity // BS))   # the last zone full
     os.truncate(path, os.path.getsize(path) - SMALL.zone_size)
     with pytest.raises(errors.CorruptDeviceError, match="shorter"):
         FileDevice(path)
+
+
+@pytest.mark.parametrize("cut", [100, _LABEL_SIZE, SMALL.zone_size])
+def test_a_file_cut_short_of_unwritten_space_only_opens_and_the_repair_restores_it(tmp_path, cut):
+    """A device file whose end was cut off (an interrupted copy, a torn last write of the file) while
+    the bytes missing are only the label copy at the end and space no zone has written: every zone's
+    data is still there, so it opens (read-only and read-write) with a note, and ``repair_metadata``
+    restores the length and the label copy.  It used to be refused as 'cut short ... cannot be rebuilt,
+    fsck --repair included' (issue 41 trial)."""
+    path = tmp_path / "d.img"
+    with FileDevice.create(path, SMALL) as dev:
+        dev.write(0, data(2))                       # zone 0: two blocks; the last zone stays empty
+    full = os.path.getsize(path)
+    os.truncate(path, full - cut)
+    with FileDevice(path, readonly=True) as dev:
+        assert dev.zone(0).wp == 2 * BS and dev.read(0, 2 * BS) == data(2)
+        assert any(n.startswith(f"the file is {cut:,} bytes shorter than its geometry (cut short): only the label "
+                                "copy at its end") for n in dev.notes), dev.notes
+    with FileDevice(path) as dev:
+        done = dev.repair_metadata()
+        assert done[0] == f"restored the file's length ({cut:,} bytes were cut off its end)"
+    assert os.path.getsize(path) == full
+    with FileDevice(path, readonly=True) as dev:
+        assert dev.notes == () and dev.read(0, 2 * BS) == data(2)
+
+
+def test_a_file_cut_into_a_zone_s_written_bytes_is_refused(tmp_path):
+    """The missing bytes held data (the last zone's written blocks): refused, nothing changed."""
+    path = tmp_path / "d.img"
+    last = (SMALL.nr_zones - 1) * SMALL.zone_size
+    with FileDevice.create(path, SMALL) as dev:
+        dev.write(last, data(2))
+    os.truncate(path, os.path.getsize(path) - _LABEL_SIZE - SMALL.zone_size + BS)
+    size = os.path.getsize(path)
+    with pytest.raises(errors.CorruptDeviceError, match=f"zone {SMALL.nr_zones - 1}'s written bytes reach past its end"):
+        FileDevice(path, readonly=True)
+    assert os.path.getsize(path) == size
+
+
+def test_the_end_label_copy_alone_damaged_is_named_in_words(tmp_path):
+    path = tmp_path / "d.img"
+    FileDevice.create(path, SMALL).close()
+    _flip(path, os.path.getsize(path) - _LABEL_SIZE + 20)
+    with FileDevice(path, readonly=True) as dev:
+        assert dev.notes == ("the device label's copy at the end of the device is damaged; copy 0 was used "
+                             "(fsck --repair rewrites it)",)
 
 
 def test_second_writer_is_refused_readers_share(tmp_path):
@@ -498,3 +623,23 @@ def test_a_zone_state_write_rewrites_only_the_pages_that_changed(tmp_path, monke
     pair = _LABEL_SIZE + (seq % 2) * 2 * slot
     assert raw[pair:pair + slot] == raw[pair + slot:pair + 2 * slot]     # the copy is the slot
     assert filemod.decode_state_slot(raw[pair:pair + slot], 4096)[0] == seq
+
+
+def test_relabel_refuses_a_file_with_an_intact_label_copy_or_of_another_size(tmp_path):
+    path = tmp_path / "d.img"
+    FileDevice.create(path, SMALL).close()
+    before = path.read_bytes()
+    with pytest.raises(ValueError, match="a device label copy is intact"):
+        FileDevice.relabel(path, SMALL)
+    with open(path, "r+b") as f:
+        f.write(bytes(_LABEL_SIZE))
+    with pytest.raises(ValueError, match="a device label copy is intact"):    # the copy at the end
+        FileDevice.relabel(path, SMALL)
+    with open(path, "r+b") as f:
+        f.seek(len(before) - _LABEL_SIZE)
+        f.write(bytes(_LABEL_SIZE))
+    with pytest.raises(ValueError, match="not the .* of a device file of this geometry"):
+        FileDevice.relabel(path, dataclasses.replace(SMALL, nr_zones=SMALL.nr_zones - 1))
+    FileDevice.relabel(path, SMALL)
+    with FileDevice(path, readonly=True) as dev:
+        assert dev.geometry == SMALL and dev.notes == ()

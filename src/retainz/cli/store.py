@@ -143,12 +143,69 @@ def repair_hint(e: Exception, spec: str) -> Exception:
     return out
 
 
+def lost_label_geometry(spec: str):
+    """The geometry of a device file whose every label copy is lost, from the store superblock in its
+    zone 0 (issue 41 trial: a lost first block and a lost last block of the file), or ``None``.  Zone 0
+    starts after the label block and four zone-state slots of ``state_slot_size(zones)`` bytes, so the
+    superblock is looked for after each candidate slot size and kept only when its zone count gives that
+    size and the file's length is the layout it gives.  The open and active zone limits, which only the
+    label held, are ``retainz device create``'s defaults."""
+    import types
+
+    from retainz.cli.device import DEFAULT_ZONE_LIMIT
+    from retainz.errors import RetainZError
+    from retainz.store.format import Superblock
+    from retainz.zoned.file import state_slot_size
+    from retainz.zoned.model import Geometry
+
+    path = spec.removeprefix("file:")
+    if not os.path.isfile(path):
+        return None
+    size = os.path.getsize(path)
+    top = state_slot_size(MAX_ZONES) // 4096
+    any_limits = types.SimpleNamespace(max_open=0, max_active=0)
+    with open(path, "rb") as f:
+        for m in range(1, top + 1):
+            start = 4096 + 4 * 4096 * m
+            if start + 4096 > size:
+                return None
+            for copy in (0, 512, 4096):              # superblock copy 0, copy 1 (block size 512 or 4096)
+                f.seek(start + copy)
+                try:
+                    sb = Superblock.decode(f.read(4096), any_limits)
+                except (RetainZError, ValueError):
+                    sb = None
+                if sb is None or copy and copy != sb.geometry.block_size:
+                    continue
+                g = sb.geometry
+                if state_slot_size(g.nr_zones) != 4096 * m or size not in (start + g.size, start + g.size + 4096):
+                    continue
+                limit = min(DEFAULT_ZONE_LIMIT, g.nr_zones)
+                return Geometry(nr_zones=g.nr_zones, zone_size=g.zone_size, zone_capacity=g.zone_capacity,
+                                block_size=g.block_size, max_open=limit, max_active=limit)
+    return None
+
+
+def label_hint(e: Exception, spec: str) -> Exception:
+    """``e`` (a device file without any intact label copy) naming ``fsck --repair`` when the file holds
+    a store whose superblock gives the geometry (:func:`lost_label_geometry`), else ``e``: such a file
+    was called 'not a RetainZ device file' and sent to `retainz device create`."""
+    from retainz.errors import CorruptDeviceError, NotADeviceError
+
+    if not isinstance(e, (NotADeviceError, CorruptDeviceError)) or "label" not in str(e) \
+            or lost_label_geometry(spec) is None:
+        return e
+    return CorruptDeviceError(f"{spec.removeprefix('file:')}: every copy of the device label is lost (its first and "
+                              "last blocks), but it holds a RetainZ store whose superblock gives the geometry; run "
+                              f"`retainz fsck --repair {spec}` to rebuild the label")
+
+
 def _open(spec: str, readonly: bool = False, args=None):
     """The store of ``spec`` and its device: through a node service answering at the device's socket
     (job ``$RETAINZ_JOB``, else ``*``, the whole device: the service's own user; a client of another user
     is refused it with one line), else the device itself (:func:`retainz.jobs.stores.open_store`).
-    Damage that stops the open names the way out (:func:`repair_hint`)."""
-    from retainz.errors import CorruptDeviceError, CorruptJournalError
+    Damage that stops the open names the way out (:func:`repair_hint`, :func:`label_hint`)."""
+    from retainz.errors import CorruptDeviceError, CorruptJournalError, NotADeviceError
     from retainz.jobs.stores import open_store
 
     _persistent(spec)
@@ -158,8 +215,10 @@ def _open(spec: str, readonly: bool = False, args=None):
                                format_blank=False, progress=progress.callback(bar))
     except DeviceBusyError:
         raise _busy(spec) from None
+    except NotADeviceError as e:
+        raise label_hint(e, spec) from None
     except (CorruptJournalError, CorruptDeviceError) as e:
-        raise repair_hint(e, spec) from None
+        raise repair_hint(label_hint(e, spec), spec) from None
     return store, store.device
 
 
@@ -580,7 +639,8 @@ def _fsck(args) -> int:
         for n in rep.notes:
             print(f"  note: {n}")
         for d in rep.dropped:
-            who = f"generation {d['id']!r} (step {d['step']})" if d["id"] is not None else "a generation"
+            step = d["step"] if d["step"] is not None else "unknown: only the lost record held it"
+            who = f"generation {d['id']!r} (step {step})" if d["id"] is not None else "a generation"
             print(f"  lost: {who}: {d['reason']}")
         for u in rep.unknown:
             print(f"  unknown: generation {u['id']!r} (step {u['step']}, {format_size(u['bytes'])}): {u['reason']}; "
@@ -619,6 +679,19 @@ def _repair(spec: str, *, upgrade_only: bool = False, restore: str | None = None
         rep = _nothing_to_repair(spec)
         if rep is not None:
             return rep
+    relabeled = []
+    if not upgrade_only and restore is None:
+        from retainz.errors import NotADeviceError
+
+        where = parse_device(spec)
+        try:
+            if where.is_file and os.path.isfile(where.path):
+                FileDevice.check_label(where.path)
+        except (NotADeviceError, CorruptDeviceError) as e:
+            geometry = lost_label_geometry(spec) if "label" in str(e) else None
+            if geometry is None:
+                raise
+            relabeled.append(FileDevice.relabel(where.path, geometry))
     try:
         dev = open_device(spec)
     except DeviceBusyError:
@@ -645,7 +718,7 @@ def _repair(spec: str, *, upgrade_only: bool = False, restore: str | None = None
                 else:
                     rep.notes.append(f"restored: generation {restore!r} is listed again")
             return rep
-        done = dev.repair_metadata() if hasattr(dev, "repair_metadata") else []
+        done = relabeled + (dev.repair_metadata() if hasattr(dev, "repair_metadata") else [])
         with Store.open(dev, repair=True) as store:
             rep = store.fsck()
             rep.notes += [f"repaired: {line}" for line in done]

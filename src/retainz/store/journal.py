@@ -125,6 +125,9 @@ class ZoneParse:
         lost: damaged records a salvage skipped (one line each; only with ``salvage``).
         lost_at: for each line of ``lost``, the index in ``payloads`` of the ``LOST`` mark standing
             for it.
+        holes: the ``LOST`` marks (indexes in ``payloads``) a valid record follows in the same zone:
+            damage below the zone's write pointer, never a write cut short (a power cut lands a
+            prefix of a zone's writes).
     """
 
     payloads: list[bytes] = field(default_factory=list)
@@ -133,6 +136,7 @@ class ZoneParse:
     notes: list[str] = field(default_factory=list)
     lost: list[str] = field(default_factory=list)
     lost_at: list[int] = field(default_factory=list)
+    holes: list[int] = field(default_factory=list)
 
     def skip(self, problem: str) -> None:
         """A salvage skips a damaged record: ``problem`` listed, one ``LOST`` mark for a run of them."""
@@ -575,7 +579,7 @@ def scan(device: ZonedDevice, *, salvage: bool = False) -> MountScan:
             fallbacks += 1
             continue
         got = _parse_chain(device, zones, chain, sbs)
-        if not _complete(got.payloads):
+        if not _complete(got.payloads, got.holes):
             # an older chain still on the device means this one's roll never completed (the
             # old chain is reset only after the new one is flushed): fall back to it
             gap = gap or (got.lost[0] if got.lost else "")
@@ -584,15 +588,15 @@ def scan(device: ZonedDevice, *, salvage: bool = False) -> MountScan:
         previous = _chain_of(by_seq.get(seq - 1, {})) or []
         payloads, chain_notes = got.payloads, list(got.notes)
         lost_items = list(zip(got.lost_at, got.lost, strict=True))
-        send = next(i for i, p in enumerate(payloads) if kind_of(p) is Kind.SNAP_END)
-        if previous and any(i < send for i, _ in lost_items):
-            cover = _previous_copy(device, zones, previous, sbs, payloads[0])
+        body, head_q = _snapshot_span(payloads)
+        if previous and head_q is not None and any(i < body for i, _ in lost_items):
+            cover = _previous_copy(device, zones, previous, sbs, head_q)
             if cover is not None:
                 chain_notes += [f"{m}; the previous journal chain (sequence {seq - 1}, meta zones {previous}) "
                                 "holds the same records: they were replayed in place of this chain's snapshot"
-                                for i, m in lost_items if i < send]
-                payloads = cover + payloads[send + 1:]
-                lost_items = [(i - send - 1 + len(cover), m) for i, m in lost_items if i > send]
+                                for i, m in lost_items if i < body]
+                payloads = cover + payloads[body:]
+                lost_items = [(i - body + len(cover), m) for i, m in lost_items if i >= body]
         if lost_items and not salvage:
             raise CorruptJournalError(lost_items[0][1])
         stale = [z.index for z in zones[:n_meta] if z.cond != ZoneCond.EMPTY and z.index not in chain
@@ -611,10 +615,54 @@ def _chain_of(parts: dict[int, int]) -> list[int] | None:
     return [parts[p] for p in range(len(parts))]
 
 
-def _complete(payloads: list[bytes]) -> bool:
-    """A chain whose snapshot is complete: a head first, and its end."""
-    return (bool(payloads) and kind_of(payloads[0]) is Kind.SNAP
-            and any(kind_of(p) is Kind.SNAP_END for p in payloads))
+def _complete(payloads: list[bytes], holes: list[int]) -> bool:
+    """A chain that was written whole, so it is the current one: it starts with its snapshot head
+    (or a damaged record standing for it) and holds its snapshot end, or a hole (a damaged record
+    a valid one follows in the same zone: ``ZoneParse.holes``).  A roll cut before its flush leaves
+    a prefix of each zone's writes (a torn tail at most: a power cut lands a prefix of a write,
+    ``zoned.faulty``; the zones of a chain of several parts keep theirs independently), never a
+    hole; so a damaged chain (the head or the end lost with every copy included) is never passed
+    over for an older one, which would lose every record appended since the roll, deletions
+    included (issue 41: "nothing deleted comes back")."""
+    if not payloads or (payloads[0] is not LOST and kind_of(payloads[0]) is not Kind.SNAP):
+        return False
+    return bool(holes) or any(kind_of(p) is Kind.SNAP_END for p in payloads)
+
+
+#: Kinds of the records of a snapshot (the rest are appended after its end).
+_SNAPSHOT_KINDS = (Kind.SNAP, Kind.ZONES, Kind.GENS, Kind.SNAP_END)
+
+
+def _q_of(payload: bytes) -> int | None:
+    """The record sequence number ``q`` of an intact payload, ``None`` when it carries none."""
+    try:
+        return decode(payload).q
+    except (ValueError, KeyError, TypeError, IndexError, RecursionError):
+        return None
+
+
+def _snapshot_span(payloads: list[bytes]) -> tuple[int, int | None]:
+    """``(body, q)`` of a chain's snapshot: ``payloads[:body]`` are its records (``LOST`` marks
+    among them stand for damaged snapshot records) and ``q`` is the sequence number its head
+    carries (``None``: unknown).  The span ends after the snapshot end; when that is lost, at the
+    first appended record if its ``q`` follows the head's (no appended record was lost before it),
+    else after the last intact snapshot record (a ``LOST`` mark after it may hold appended records,
+    and stays a gap for the replay).  A lost head's ``q`` is the first appended record's less one,
+    when that record directly follows the intact snapshot end."""
+    intact = [(i, kind_of(p)) for i, p in enumerate(payloads) if p is not LOST]
+    head_q = _q_of(payloads[0]) if payloads and payloads[0] is not LOST else None
+    send = next((i for i, k in intact if k is Kind.SNAP_END), None)
+    if send is not None:
+        if head_q is None and send + 1 < len(payloads) and payloads[send + 1] is not LOST \
+                and kind_of(payloads[send + 1]) not in _SNAPSHOT_KINDS:
+            q = _q_of(payloads[send + 1])
+            head_q = q - 1 if q is not None else None
+        return send + 1, head_q
+    first = next((i for i, k in intact if k not in _SNAPSHOT_KINDS), None)
+    if first is not None and head_q is not None and _q_of(payloads[first]) == head_q + 1:
+        return first, head_q
+    last = max((i for i, k in intact if k in _SNAPSHOT_KINDS and (first is None or i < first)), default=-1)
+    return last + 1, head_q
 
 
 def _parse_chain(device: ZonedDevice, zones, chain: list[int], sbs: dict[int, Superblock]) -> ZoneParse:
@@ -633,6 +681,7 @@ def _parse_chain(device: ZonedDevice, zones, chain: list[int], sbs: dict[int, Su
         if written < head:   # a roll cut between its superblock copies: a torn tail (rolled over)
             parsed.end, parsed.torn = written, head - written
         out.lost_at += [len(out.payloads) + j for j in parsed.lost_at]
+        out.holes += [len(out.payloads) + j for j in parsed.lost_at if j < len(parsed.payloads) - 1]
         out.lost += parsed.lost
         out.payloads += parsed.payloads
         out.notes += parsed.notes
@@ -641,21 +690,15 @@ def _parse_chain(device: ZonedDevice, zones, chain: list[int], sbs: dict[int, Su
 
 
 def _previous_copy(device: ZonedDevice, zones, previous: list[int], sbs: dict[int, Superblock],
-                   head: bytes) -> list[bytes] | None:
+                   q: int) -> list[bytes] | None:
     """The previous chain's records up to the current chain's snapshot (format version 5, module
     docstring "Previous chain"): the snapshot it replaced and every record appended after it, up to
-    the sequence number ``q`` the current snapshot head ``head`` carries.  Replayed, they give the
+    the sequence number ``q`` the current snapshot head carries.  Replayed, they give the
     state that snapshot holds.  ``None`` when they cannot stand for it: a record of the previous
     chain is damaged (with every copy), its snapshot is incomplete, or its records do not reach
     ``q`` exactly."""
-    try:
-        q = decode(head).q
-    except (ValueError, KeyError, TypeError, IndexError, RecursionError):
-        return None
-    if q is None:
-        return None
     got = _parse_chain(device, zones, previous, sbs)
-    if got.lost or not _complete(got.payloads):
+    if got.lost or not _complete(got.payloads, got.holes):
         return None
     out: list[bytes] = []
     top = None
@@ -862,7 +905,7 @@ class Journal:
         got = _parse_chain(dev, zones, self.previous, sbs)
         out = [f"{m} (in the previous journal chain, the current snapshot's copy; fsck --repair rewrites it)"
                for m in got.lost + got.notes]
-        if not got.lost and not _complete(got.payloads):
+        if not got.lost and not _complete(got.payloads, got.holes):
             out.append(f"meta zones {self.previous}: the previous journal chain's snapshot is incomplete: it is no "
                        "copy of the current snapshot (fsck --repair rewrites it)")
         return out

@@ -277,6 +277,10 @@ def replay(payloads: list[bytes], *, salvage: bool = False, lost: list[str] | No
             last_q = out.q = rec.q
         if gaps.where is not None and rec.lv is not None:
             gaps.settle(rec.lv, rec.q)
+        if rec.lv is not None and rec.lv[2] > cat.commit_seq:
+            # the last commit sequence number handed out before this record: what a lost snapshot
+            # head held when the last commits were deleted before the roll (no number is reused)
+            cat.commit_seq = rec.lv[2]
         for z, a in rec.zones:
             attrs[z] = a
         if rec.open_seq is not None and rec.open_seq > out.open_seq:

@@ -9,7 +9,10 @@ fault at a time on a fresh copy of its device:
   record) is destroyed (reads back as zeros: a lost write, a remapped sector);
 * **byte**: one byte is flipped at every metadata offset: each superblock copy's fields and each
   journal record's header and payload (the zero padding after a record is not covered by its
-  checksum and holds nothing).
+  checksum and holds nothing);
+* **pair**: every run of two adjacent written blocks is destroyed (an 8 KiB loss: two faults, both
+  copies of a superblock, of an appended record, of a snapshot's head or end).  Records may be lost
+  here, but the oracle is the same: nothing deleted comes back and every loss is named.
 
 After each fault the store is opened read-only; if the open refuses, it is repaired
 (``Store.open(repair=True)``, what ``retainz fsck --repair`` runs) and reopened read-only.  The
@@ -172,7 +175,8 @@ def _meta_written(dev: MemoryDevice) -> Iterator[tuple[int, int]]:
 
 def damage_sites(dev: MemoryDevice, kind: str) -> list[tuple[int, int]]:
     """``(zone, byte in the zone)`` of every fault of ``kind``: ``"block"`` and ``"noise"``, each
-    written 4 KiB block of a meta zone that holds data; ``"byte"``, each superblock field byte and
+    written 4 KiB block of a meta zone that holds data (``"pair"``: each such block that is not the
+    zone's last written one, the first of the two); ``"byte"``, each superblock field byte and
     each byte of a journal record's header and payload."""
     g = dev.geometry
     out = []
@@ -180,8 +184,8 @@ def damage_sites(dev: MemoryDevice, kind: str) -> list[tuple[int, int]]:
         buf = dev.read(z * g.zone_size, written)
         for off in range(0, written, BLOCK):
             blk = buf[off:off + BLOCK]
-            if kind in ("block", "noise"):
-                if any(blk):
+            if kind in ("block", "noise", "pair"):
+                if any(blk) and (kind != "pair" or off + BLOCK < written):
                     out.append((z, off))
                 continue
             if blk[:8] == b"RETAINZS":
@@ -199,6 +203,9 @@ def _damaged(dev: MemoryDevice, kind: str, zone: int, off: int) -> MemoryDevice:
     n = len(buf[off:off + BLOCK])
     if kind == "block":
         buf[off:off + BLOCK] = bytes(n)
+    elif kind == "pair":      # two adjacent blocks lost: two faults at once
+        n = len(buf[off:off + 2 * BLOCK])
+        buf[off:off + 2 * BLOCK] = bytes(n)
     elif kind == "noise":     # a block read back as garbage (a misdirected write, a bad sector's contents)
         buf[off:off + BLOCK] = random.Random(f"{zone}/{off}").randbytes(n)
     else:
@@ -299,7 +306,7 @@ def _judge(d: MemoryDevice, truth: Truth, where: str, c: DamageCounts) -> None:
 
 def run_campaign(workload: str, kind: str, *, sample: int | None = None, seed: int = 41) -> DamageCounts:
     """Every fault of ``kind`` (``"block"``: zeroed, ``"noise"``: random bytes, ``"byte"``: one
-    flipped) on the store ``workload`` builds, or a ``sample`` of them (seeded), each checked by
+    flipped, ``"pair"``: two adjacent blocks zeroed) on the store ``workload`` builds, or a ``sample`` of them (seeded), each checked by
     the oracle (module docstring)."""
     dev, truth = build_store(workload, seed)
     sites = damage_sites(dev, kind)

@@ -93,6 +93,17 @@ def _create_flags(g: Geometry) -> str:
     return " ".join(flags + [f"--max-open {g.max_open}", f"--max-active {g.max_active}"])
 
 
+def cut_short(path: str, size: int, need: int, geometry: Geometry, where: str) -> CorruptDeviceError:
+    """The one refusal of a device file cut short into bytes it needs (``where``: which, or ``""``
+    for its zone-state copies): nothing can rebuild them, so it names the two ways out, a copy from
+    the source or a new empty file of the same geometry (``mkfs --force`` erases zones and cannot)."""
+    return CorruptDeviceError(
+        f"{path} is {size} bytes, shorter than its geometry ({need} bytes){where}: the file was cut short (an "
+        "incomplete copy?) and its missing bytes cannot be rebuilt, `retainz fsck --repair` included; copy it "
+        f"again from its source, or `retainz device create --force {path} {_create_flags(geometry)}` makes an "
+        "empty one in its place (`mkfs --force` cannot: it erases zones, and these are missing)")
+
+
 def not_a_device_file(path: str) -> IsADirectoryError:
     """The one refusal of a directory named where a device file belongs (every command, the mount,
     :meth:`FileDevice.create`)."""
@@ -122,7 +133,7 @@ class FileDevice(EmulatedZonedDevice):
         self.state_lost = False
         path = os.fspath(path)
         label, geometry, slot_size, dev_uuid = self._read_label(path)
-        version, label_note = label
+        version, label_note, self._short = label
         super().__init__(geometry, kind="file", path=path, payload=True)
         self.uuid = dev_uuid
         self.readonly = readonly
@@ -150,7 +161,29 @@ class FileDevice(EmulatedZonedDevice):
             os.close(self._fd)
             self._fd = -1
             raise
+        if self._short:
+            self._check_short(written)
         self._restore(conds, written, self._restore_order)
+
+    def _check_short(self, written: list[int]) -> None:
+        """A file cut short of its geometry by ``self._short`` bytes: readable when every byte a zone
+        holds (its written bytes, from the zone state) is still in the file, so only the label copy at
+        its end and space no zone has written are missing (noted; :meth:`repair_metadata` restores the
+        length and the copy).  Else the missing bytes held data: refused.
+
+        Raises:
+            CorruptDeviceError: a zone's written bytes reach past the end of the file."""
+        size = os.fstat(self._fd).st_size
+        zs = self.geometry.zone_size
+        cut = [z for z, w in enumerate(written) if w and self._data_offset + z * zs + w > size]
+        if cut:
+            os.close(self._fd)
+            self._fd = -1
+            raise cut_short(self._info.path, size, size + self._short, self.geometry,
+                            f", and zone {cut[0]}'s written bytes reach past its end")
+        self._notes += (f"the file is {self._short:,} bytes shorter than its geometry (cut short): only the label "
+                        "copy at its end and space no zone has written are missing, nothing any zone holds "
+                        "(fsck --repair restores its length and the copy)",)
 
     @property
     def notes(self) -> tuple[str, ...]:
@@ -228,15 +261,67 @@ class FileDevice(EmulatedZonedDevice):
         FileDevice._read_label(path)
 
     @staticmethod
-    def _read_label(path: str) -> tuple[tuple[int, tuple[str, ...]], Geometry, int, uuidlib.UUID]:
-        """``((version, notes), geometry, slot size, uuid)`` from the label or, when it fails its
-        checksum, its copy (version 2).
+    def relabel(path: str | os.PathLike, geometry: Geometry) -> str:
+        """Write the label block (copies at 0 and 2048) and its copy at the end of a device file whose
+        every label copy is lost, from ``geometry`` (``fsck --repair`` takes it from the store's
+        superblock, which records the zones, their size and capacity and the block size; the open and
+        active zone limits, which only the label held, are the caller's).  A new device uuid.  Returns
+        what was done, one line.
+
+        Raises:
+            ValueError: a label copy is intact, or the file's size is not the layout ``geometry`` gives
+                (format 3, or format 2 without the copy at the end); nothing is changed.
+            OSError: a write failed.
+        """
+        path = os.fspath(path)
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            raw = f.read(_LABEL_SIZE)
+            f.seek(max(0, size - _LABEL_SIZE))
+            tail = f.read(_LABEL_SIZE)
+        n = _LABEL.size + 4
+        for c in (raw[:n], raw[_LABEL_COPY:_LABEL_COPY + n], tail[:n]):
+            if len(c) == n and c[:8] == FILE_DEVICE_MAGIC and \
+                    struct.unpack_from("<I", c, _LABEL.size)[0] == crc32c.crc32c(c[:_LABEL.size]):
+                raise ValueError(f"{path}: a device label copy is intact; nothing to rebuild")
+        g = geometry
+        slot = state_slot_size(g.nr_zones)
+        body = _LABEL_SIZE + 4 * slot + g.size
+        if size not in (body, body + _LABEL_SIZE):
+            raise ValueError(f"{path} is {size} bytes, not the {body + _LABEL_SIZE} of a device file of this geometry; "
+                             "nothing changed")
+        version = 3 if size == body + _LABEL_SIZE else 2
+        label = _LABEL.pack(FILE_DEVICE_MAGIC, version, g.block_size, g.zone_size, g.zone_capacity,
+                            g.nr_zones, g.max_open, g.max_active, slot, uuidlib.uuid4().bytes)
+        label += struct.pack("<I", crc32c.crc32c(label))
+        block = label.ljust(_LABEL_COPY, b"\0") + label.ljust(_LABEL_SIZE - _LABEL_COPY, b"\0")
+        fd = os.open(path, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if version == 3:
+                os.pwrite(fd, block, body)
+            os.pwrite(fd, block, 0)
+            os.fsync(fd)
+        except BlockingIOError:
+            raise DeviceBusyError(f"{path}: the device is in use (another open of it, in this process or "
+                                  "another, holds its lock); nothing was changed") from None
+        finally:
+            os.close(fd)
+        return (f"rebuilt the device label (every copy was lost) from the store's superblock: {g.nr_zones} zones of "
+                f"{g.zone_size:,} bytes; open and active zone limits {g.max_open} and {g.max_active} (only the label "
+                "held them)")
+
+    @staticmethod
+    def _read_label(path: str) -> tuple[tuple[int, tuple[str, ...], int], Geometry, int, uuidlib.UUID]:
+        """``((version, notes, short), geometry, slot size, uuid)`` from the label or, when it fails its
+        checksum, its copy (version 2); ``short``: bytes the file lacks of its geometry, when it still
+        holds the label and the zone-state slots (the open checks that no zone's data is missing).
 
         Raises:
             NotADeviceError: no label magic in either copy, or an unknown version.
             CorruptDeviceError: both copies fail their checksums, an impossible field (zone count
                 over ``MAX_ZONES``, a geometry ``Geometry`` refuses, a slot size that does not match),
-                or a file shorter than its geometry.
+                or a file shorter than its label and zone-state slots.
         """
         size = os.path.getsize(path)
         with open(path, "rb") as f:
@@ -270,10 +355,17 @@ class FileDevice(EmulatedZonedDevice):
         names = ("copy 0", "copy 1", "the copy at the end of the device")
         expected = [0, 1, 2] if version >= 3 else [0, 1] if version >= 2 else [0]
         damaged = [names[i] for i in expected if i not in good]
-        if damaged:
+        if damaged == [names[2]]:
+            notes = ("the device label's copy at the end of the device is damaged; copy 0 was used (fsck --repair "
+                     "rewrites it)",)
+        elif damaged:
             notes = (f"device label {' and '.join(damaged)} {'is' if len(damaged) == 1 else 'are'} damaged; "
                      f"{names[good[0]]} was used (fsck --repair rewrites it)",)
-        if version < _VERSION:
+        if version == 1:   # its zones start where version 2 keeps the slot copies: no migration in place
+            notes += ("device file format version 1 (one label copy, zone-state slots without copies), read and "
+                      "written as is; `retainz fsck --upgrade` cannot migrate it in place (its zones start where "
+                      f"version {_VERSION} keeps the copies)",)
+        elif version < _VERSION:
             notes += (f"device file format version {version} (no label copy at the end of the device), read "
                       f"as is; `retainz fsck --upgrade` migrates it to version {_VERSION}",)
         if nz > MAX_ZONES:     # before the slot size is computed from it
@@ -286,15 +378,11 @@ class FileDevice(EmulatedZonedDevice):
         if slot != state_slot_size(nz):
             raise CorruptDeviceError(f"{path}: the label's state-slot size {slot} does not match its "
                                      f"{nz} zones")
-        need = _LABEL_SIZE + (4 if version >= 2 else 2) * slot + geometry.size + (_LABEL_SIZE if version >= 3 else 0)
-        if size < need:
-            raise CorruptDeviceError(f"{path} is {size} bytes, shorter than its geometry ({need} bytes): the file "
-                                     "was cut short (an incomplete copy?) and its missing bytes cannot be "
-                                     "rebuilt, `retainz fsck --repair` included; copy it again from its source, "
-                                     f"or `retainz device create --force {path} {_create_flags(geometry)}` makes "
-                                     "an empty one in its place (`mkfs --force` cannot: it erases zones, and "
-                                     "these are missing)")
-        return (version, notes), geometry, slot, uuidlib.UUID(bytes=raw_uuid)
+        head = _LABEL_SIZE + (4 if version >= 2 else 2) * slot
+        need = head + geometry.size + (_LABEL_SIZE if version >= 3 else 0)
+        if size < head:
+            raise cut_short(path, size, need, geometry, "")
+        return (version, notes, max(0, need - size)), geometry, slot, uuidlib.UUID(bytes=raw_uuid)
 
     def _read_state(self) -> tuple[list[ZoneCond], list[int], int]:
         """``(conditions, written bytes, sequence)`` of the newest valid zone-state slot.  Each copy's
@@ -304,15 +392,22 @@ class FileDevice(EmulatedZonedDevice):
         bad = []                           # slots that were written but fail their checksum
         names = ["A", "A'", "B", "B'"] if self._copies == 2 else ["A", "B"]
         seqs = {}
+        zeroed = []                        # slots that read as zeros: never written, or a lost block
         for i, name in enumerate(names):
             raw = os.pread(self._fd, self._slot_size, _LABEL_SIZE + i * self._slot_size)
             head = _check_slot(raw, self._nz)
-            if head is None and raw.strip(b"\0"):
-                bad.append(name)
+            if head is None:
+                (bad if raw.strip(b"\0") else zeroed).append(name)
             if head:
                 seqs[name] = head[0]
             if head and (best is None or head[0] > best[0]):
                 best = (head[0], raw, head[1])
+        # A slot of zeros was written and lost (a zeroed 4 KiB block: issue 41) when its pair must have
+        # been written: pair A at creation (sequence 1), pair B by the persist of sequence 3, so by any
+        # state newer than 2; a zeroed slot is damage as a flipped one is, noted and rewritten by a repair.
+        if best is not None:
+            bad += [n for n in zeroed if n.startswith("A") or best[0] >= 3]
+            bad.sort(key=names.index)
         if best is None:
             if not self._lost_state_ok:
                 raise CorruptDeviceError(f"{self._info.path}: every zone-state copy fails its checksum")
@@ -466,6 +561,10 @@ class FileDevice(EmulatedZonedDevice):
         """
         self._check_rw()
         done = []
+        if self._short:
+            os.ftruncate(self._fd, os.fstat(self._fd).st_size + self._short)
+            done.append(f"restored the file's length ({self._short:,} bytes were cut off its end)")
+            self._short = 0
         if self._version >= 2:
             end = os.fstat(self._fd).st_size - _LABEL_SIZE
             raw = os.pread(self._fd, _LABEL_SIZE, 0)
