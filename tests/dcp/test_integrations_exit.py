@@ -65,3 +65,34 @@ def test_a_retainz_path_on_a_busy_device_times_out_with_one_error(tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith(f"TimeoutError: {dev}: device busy in another process for 0 s"), r.stdout
     assert r.stderr == ""
+
+
+def test_a_busy_device_is_not_answered_as_an_absent_file(tmp_path):
+    """``fs.exists`` on a device another process holds raises the busy device's ``TimeoutError``
+    instead of answering ``False``: fsspec's ``AbstractFileSystem.exists`` turns every error of
+    ``info`` into "absent", so DCP's ``FsspecWriter`` took a busy device for one without
+    ``.metadata`` (its ``overwrite=False`` check passed) and went on to write, each call waiting
+    ``wait`` seconds again (found running pytorch's test_file_system_checkpoint.py on
+    ``retainz://``: ranks spawned by a process that held the device hung past the test's timeout)."""
+    dev = tmp_path / "d.img"
+    FileDevice.create(dev, GEOM).close()
+    with FileDevice(dev) as held:
+        Store.format(held).close()
+        r = python(f"""
+            import fsspec
+            fs = fsspec.filesystem("retainz", wait=0.3, skip_instance_cache=True)
+            try:
+                print("exists:", fs.exists({str(dev)!r} + "/ckpt/step-1/.metadata"))
+            except TimeoutError as e:
+                print("TimeoutError:", e)
+        """)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"TimeoutError: {dev}: device busy in another process for 0 s"), r.stdout
+    # a free device answers as before: no file there
+    r = python(f"""
+        import fsspec
+        fs = fsspec.filesystem("retainz", wait=0.3, skip_instance_cache=True)
+        print("exists:", fs.exists({str(dev)!r} + "/ckpt/step-1/.metadata"), fs.exists({str(dev)!r} + "/../x"))
+    """)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "exists: False False", r.stdout

@@ -213,6 +213,20 @@ class RetainZFileSystem(AbstractFileSystem):
         device, inner = self._split(path)
         return self._entry(device, inner)
 
+    def exists(self, path, **kwargs):
+        """Whether ``path`` is a file or directory, as fsspec's ``AbstractFileSystem.exists`` answers
+        (any error of :meth:`info` is "absent"), except a device another process holds: its
+        ``TimeoutError`` (``device busy``, after ``wait`` seconds) is raised, since a busy device says
+        nothing of what it holds (DCP's ``FsspecWriter`` asks ``exists(.metadata)`` before its
+        ``overwrite=False`` check and its writes)."""
+        try:
+            self.info(path, **kwargs)
+            return True
+        except TimeoutError:
+            raise
+        except Exception:
+            return False
+
     def mkdir(self, path, create_parents=True, **kwargs):
         """No-op: directories exist through the files under them (no empty directories, as on an
         object store); a path holding a file is refused."""
