@@ -45,11 +45,10 @@ def test_an_uncaught_error_while_a_dcp_writer_holds_its_store_prints_only_that_e
         assert s.generations() == [] and s.fsck().ok
 
 
-def test_a_retainz_path_on_a_busy_device_times_out_with_one_error(tmp_path):
-    """A ``retainz://`` file opened for writing on a device another process holds waits ``wait``
-    seconds and raises ``TimeoutError``; Python then printed ``Exception ignored ... '_WriteFile'
-    object has no attribute '_done'`` (fsspec's finalizer closed a file whose namespace was never
-    opened)."""
+def _call_on_a_held_device(tmp_path, call: str):
+    """``(device path, completed process)``: ``call`` run in another process through a ``retainz://``
+    filesystem (``fs``, ``DEV``; ``wait`` 0.3 s) while this process holds the device; a
+    ``TimeoutError`` is printed as ``TimeoutError: ...``."""
     dev = tmp_path / "d.img"
     FileDevice.create(dev, GEOM).close()
     with FileDevice(dev) as held:
@@ -57,11 +56,21 @@ def test_a_retainz_path_on_a_busy_device_times_out_with_one_error(tmp_path):
         r = python(f"""
             import fsspec
             fs = fsspec.filesystem("retainz", wait=0.3, skip_instance_cache=True)
+            DEV = {str(dev)!r}
             try:
-                fs.open({str(dev)!r} + "/step-1/a.bin", "wb")
+                {call}
             except TimeoutError as e:
                 print("TimeoutError:", e)
         """)
+    return dev, r
+
+
+def test_a_retainz_path_on_a_busy_device_times_out_with_one_error(tmp_path):
+    """A ``retainz://`` file opened for writing on a device another process holds waits ``wait``
+    seconds and raises ``TimeoutError``; Python then printed ``Exception ignored ... '_WriteFile'
+    object has no attribute '_done'`` (fsspec's finalizer closed a file whose namespace was never
+    opened)."""
+    dev, r = _call_on_a_held_device(tmp_path, 'fs.open(DEV + "/step-1/a.bin", "wb")')
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith(f"TimeoutError: {dev}: device busy in another process for 0 s"), r.stdout
     assert r.stderr == ""
@@ -74,18 +83,7 @@ def test_a_busy_device_is_not_answered_as_an_absent_file(tmp_path):
     ``.metadata`` (its ``overwrite=False`` check passed) and went on to write, each call waiting
     ``wait`` seconds again (found running pytorch's test_file_system_checkpoint.py on
     ``retainz://``: ranks spawned by a process that held the device hung past the test's timeout)."""
-    dev = tmp_path / "d.img"
-    FileDevice.create(dev, GEOM).close()
-    with FileDevice(dev) as held:
-        Store.format(held).close()
-        r = python(f"""
-            import fsspec
-            fs = fsspec.filesystem("retainz", wait=0.3, skip_instance_cache=True)
-            try:
-                print("exists:", fs.exists({str(dev)!r} + "/ckpt/step-1/.metadata"))
-            except TimeoutError as e:
-                print("TimeoutError:", e)
-        """)
+    dev, r = _call_on_a_held_device(tmp_path, 'print("exists:", fs.exists(DEV + "/ckpt/step-1/.metadata"))')
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith(f"TimeoutError: {dev}: device busy in another process for 0 s"), r.stdout
     # a free device answers as before: no file there

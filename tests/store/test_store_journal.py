@@ -1013,18 +1013,19 @@ def test_commits_are_numbered_from_one_in_commit_order_across_reopens():
         assert [(g.id, g.commit_seq) for g in s.generations()] == [("g0000", 1), ("g0001", 2), ("g0002", 3)]
 
 
-def _rolled_then_deleted() -> MemoryDevice:
-    """g0..g3 committed, the journal rolled over (chain [1], previous [0]: 16-block meta zones), then
-    g0 and g1 deleted: their deletions are only in the current chain's appended records."""
-    dev = MemoryDevice(GEOM128)
+def _rolled_then_deleted(geometry=None, committed: int = 4, deleted=("g0", "g1")) -> MemoryDevice:
+    """g0..g{committed-1} committed, the journal rolled over (chain [1], previous [0]; 16-block meta
+    zones by default), then ``deleted`` deleted and the store closed: their deletions are only in the
+    current chain's appended records."""
+    dev = MemoryDevice(geometry or GEOM128)
     s = Store.format(dev)
-    for i in range(4):
+    for i in range(committed):
         w = s.begin_generation(f"g{i}", i)
         w.write_shard("s", [bytes([i + 1]) * 5000])
         w.commit()
     s.journal.roll()
-    s.delete("g0")
-    s.delete("g1")
+    for g in deleted:
+        s.delete(g)
     s.close()
     return dev
 
@@ -1093,15 +1094,7 @@ def test_a_deletion_lost_at_the_end_of_a_full_chain_zone_does_not_come_back():
     """The current chain's last zone written to its capacity, ending in g0's deletion and the close's
     sync record (two copies each); those four blocks zeroed (one 16 KiB run).  g0 must not be listed;
     it is, and nothing is noted (issue 41 trial)."""
-    dev = MemoryDevice(GEOM)
-    s = Store.format(dev)
-    for i in range(2):
-        w = s.begin_generation(f"g{i}", i)
-        w.write_shard("s", [bytes([i + 1]) * 5000])
-        w.commit()
-    s.journal.roll()
-    s.delete("g0")
-    s.close()
+    dev = _rolled_then_deleted(GEOM, committed=2, deleted=("g0",))
     with Store.open(dev, readonly=True) as s:
         assert s.journal.chain == [1] and [g.id for g in s.generations()] == ["g1"]
     assert dev.zone(1).cond == ZoneCond.FULL and dev.zone(1).capacity == 12 * BS
