@@ -251,7 +251,11 @@ def using(device: Any, *, geometry: Geometry | None = None, policy: str | None =
                 break
             except (DeviceBusyError, StoreLockedError) as e:
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"{path}: device busy in another process for {wait:.0f} s ({e})") from e
+                    why = ("; it holds the device without serving it to a job's processes (a process of one "
+                           "rank that used `retainz://` or the DCP plugin, or a store command): a program "
+                           "that starts the ranks after using the device itself calls "
+                           "`RetainZFileSystem.close_all()` first") if share else ""
+                    raise TimeoutError(f"{path}: device busy in another process for {wait:.0f} s ({e}){why}") from e
         time.sleep(delay)
         delay = min(delay * 2, 0.2)
     try:
