@@ -270,6 +270,9 @@ class Store:
                         gc_reserve_zones=gc_reserve_zones, policy=policy)
         block = sb.encode()     # two copies (format version 3), then the empty snapshot
         device.write(0, block * 2 + b"".join(frame(p, g.block_size) for p in empty_snapshot()))
+        # durable before any spare: a spare's finish is durable on completion, and spares without
+        # the chain they stand beside read as a corrupt store, not as no store (a format killed there)
+        device.flush()
         journal = Journal(device, sb, [0], 0)
         if progress is not None:
             progress(1, meta_zones)
