@@ -59,6 +59,9 @@ def trace(tmp_path):
     (["device", "create", "{tmp}", "--zones", "4", "--zone-size", "4MiB", "--force"], "a directory, not a device file"),
     (["device", "create", "{tmp}/new.img/", "--zones", "4", "--zone-size", "4MiB"],
      "{tmp}/new.img/: a path ending in '/' names a directory, not a device file (drop the '/')"),
+    (["device", "create", "mem:zones=4", "--zones", "4", "--zone-size", "4MiB"],
+     "mem:zones=4 names a mem device, not a device file: `retainz device create` makes device files only"),
+    (["device", "create", "zbd:/dev/nullb0", "--zones", "4", "--zone-size", "4MiB"], "names a zbd device"),
     (["replay", "{trace}", "--pressure", "0.9", "--zone-capacity", "0"], "zone capacity must be a positive"),
     # every refusal names the flag in the CLI's words, never a configuration field (write_bandwidth)
     (["replay", "{trace}", "--pressure", "0.9", "--write-bandwidth", "0"],

@@ -238,3 +238,14 @@ def test_demo_refuses_a_device_file_holding_data_it_did_not_write(tmp_path, caps
     assert target.read_bytes() == before
     assert run(capsys, "demo", "--out", str(out), "--force")[0] == 0
     assert run(capsys, "demo", "--out", str(out))[0] == 0                 # its own device: rewritten
+
+
+def test_device_create_reads_its_path_as_every_command_reads_a_device_spec(tmp_path, capsys):
+    """``device create file:PATH`` makes PATH, which ``mkfs file:PATH`` and ``mkfs PATH`` then open;
+    before, it made a file literally named ``file:PATH`` that no command could name (a fresh-user trial)."""
+    img = tmp_path / "fx.img"
+    code, out, err = run(capsys, "device", "create", f"file:{img}", "--zones", "8", "--zone-size", "1MiB")
+    assert code == 0, err
+    assert img.exists() and not (tmp_path / f"file:{img}").exists()
+    assert run(capsys, "mkfs", f"file:{img}")[0] == 0
+    assert run(capsys, "ls", str(img))[0] == 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from retainz.cli import check_blocks, count_arg, geometry_lines, int_arg, plural, print_json, size_arg
-from retainz.zoned import FileDevice, Geometry, ZoneCond, ZoneOp, format_size, open_device
+from retainz.zoned import FileDevice, Geometry, ZoneCond, ZoneOp, format_size, open_device, parse_device
 
 #: Open and active zone limit of a created device unless given (a ZN540's 14).
 DEFAULT_ZONE_LIMIT = 14
@@ -105,8 +105,12 @@ def _create(args: argparse.Namespace) -> int:
                         zone_capacity=args.zone_capacity or args.zone_size, block_size=args.block_size,
                         max_open=default_limit if args.max_open is None else args.max_open,
                         max_active=default_limit if args.max_active is None else args.max_active)
+    spec = parse_device(args.path)     # the spec every other command reads: file:PATH is PATH
+    if spec.kind != "file":
+        raise ValueError(f"{args.path} names a {spec.kind} device, not a device file: `retainz device create` "
+                         "makes device files only")
     try:
-        dev = FileDevice.create(args.path, geometry, force=args.force)
+        dev = FileDevice.create(spec.path, geometry, force=args.force)
     except FileExistsError:         # the API's remedy is force=True: give the flag
         raise FileExistsError(_what_force_overwrites(args.path)) from None
     with dev:
