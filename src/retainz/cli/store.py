@@ -155,20 +155,16 @@ def lost_label_geometry(spec: str):
     from retainz.cli.device import DEFAULT_ZONE_LIMIT
     from retainz.errors import RetainZError
     from retainz.store.format import Superblock
-    from retainz.zoned.file import state_slot_size
+    from retainz.zoned.file import device_file_sizes, state_slot_size, zone0_candidates
     from retainz.zoned.model import Geometry
 
     path = spec.removeprefix("file:")
     if not os.path.isfile(path):
         return None
     size = os.path.getsize(path)
-    top = state_slot_size(MAX_ZONES) // 4096
     any_limits = types.SimpleNamespace(max_open=0, max_active=0)
     with open(path, "rb") as f:
-        for m in range(1, top + 1):
-            start = 4096 + 4 * 4096 * m
-            if start + 4096 > size:
-                return None
+        for start, slot in zone0_candidates(size):
             for copy in (0, 512, 4096):              # superblock copy 0, copy 1 (block size 512 or 4096)
                 f.seek(start + copy)
                 try:
@@ -178,7 +174,7 @@ def lost_label_geometry(spec: str):
                 if sb is None or copy and copy != sb.geometry.block_size:
                     continue
                 g = sb.geometry
-                if state_slot_size(g.nr_zones) != 4096 * m or size not in (start + g.size, start + g.size + 4096):
+                if state_slot_size(g.nr_zones) != slot or size not in device_file_sizes(g):
                     continue
                 limit = min(DEFAULT_ZONE_LIMIT, g.nr_zones)
                 return Geometry(nr_zones=g.nr_zones, zone_size=g.zone_size, zone_capacity=g.zone_capacity,

@@ -47,6 +47,7 @@ import os
 import struct
 import sys
 import uuid as uuidlib
+from collections.abc import Iterator
 
 import crc32c
 import numpy as np  # at import, not inside an open: a CLI command's open bar times the open, not numpy's load
@@ -75,6 +76,25 @@ def state_slot_size(nr_zones: int) -> int:
     per zone, up to one u32 per implicitly open zone, counts and crc32c), in whole 4096-byte pages; the
     module docstring's layout (also :class:`~retainz.zoned.linuxfdp.LinuxFdpDevice`'s zone table)."""
     return round_up(_SLOT_HEAD.size + 13 * nr_zones + 8, 4096)
+
+
+def device_file_sizes(g: Geometry) -> tuple[int, int]:
+    """The lengths of a device file of geometry ``g`` (the module docstring's layout): version 2 (the
+    label block, four zone-state slots, the zones) and version 3 (and the label's copy at the end)."""
+    body = _LABEL_SIZE + 4 * state_slot_size(g.nr_zones) + g.size
+    return body, body + _LABEL_SIZE
+
+
+def zone0_candidates(size: int) -> Iterator[tuple[int, int]]:
+    """``(byte offset of zone 0, zone-state slot size)`` for every slot size a device file of up to
+    ``MAX_ZONES`` zones can have, that fits a file of ``size`` bytes: where zone 0 (a store's first
+    superblock) starts when the label that says which is lost (``fsck --repair``, :meth:`FileDevice.relabel`)."""
+    page = 4096
+    for pages in range(1, state_slot_size(MAX_ZONES) // page + 1):
+        start = _LABEL_SIZE + 4 * pages * page
+        if start + page > size:
+            return
+        yield start, pages * page
 
 
 def _create_flags(g: Geometry) -> str:
@@ -286,11 +306,11 @@ class FileDevice(EmulatedZonedDevice):
                 raise ValueError(f"{path}: a device label copy is intact; nothing to rebuild")
         g = geometry
         slot = state_slot_size(g.nr_zones)
-        body = _LABEL_SIZE + 4 * slot + g.size
-        if size not in (body, body + _LABEL_SIZE):
-            raise ValueError(f"{path} is {size} bytes, not the {body + _LABEL_SIZE} of a device file of this geometry; "
+        body, whole = device_file_sizes(g)
+        if size not in (body, whole):
+            raise ValueError(f"{path} is {size} bytes, not the {whole} of a device file of this geometry; "
                              "nothing changed")
-        version = 3 if size == body + _LABEL_SIZE else 2
+        version = 3 if size == whole else 2
         label = _LABEL.pack(FILE_DEVICE_MAGIC, version, g.block_size, g.zone_size, g.zone_capacity,
                             g.nr_zones, g.max_open, g.max_active, slot, uuidlib.uuid4().bytes)
         label += struct.pack("<I", crc32c.crc32c(label))
