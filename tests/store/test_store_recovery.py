@@ -20,7 +20,7 @@ EXPECTED_CLASSES = {
     "gc": {"shard-data", "commit-record", "delete-record", "gc-copy", "gc-move-record", "rollover-snapshot",
            "sync-record"},
     "rollover": {"shard-data", "commit-record", "delete-record", "rollover-snapshot", "sync-record"},
-    "spill": {"commit-record", "delete-record", "rollover-snapshot", "sync-record"},
+    "spill": {"commit-record", "delete-record", "rollover-snapshot", "sync-record", "zone-close-record"},
     "mixed": {"shard-data", "commit-record", "delete-record", "gc-copy", "gc-move-record",
               "rollover-snapshot", "sync-record"},
     "shared": {"shard-data", "commit-record", "delete-record", "gc-copy", "gc-move-record",

@@ -49,7 +49,8 @@ each appended record with its sequence number and the live-set digest (:mod:`.re
 unknown generations in a snapshot entry; 5 writes every appended record twice (each copy in its own
 blocks) and keeps the previous journal chain as the second copy of the current snapshot
 (:mod:`.records`, "Copies"; :mod:`.journal`, "Previous chain"), so no single lost block loses a
-record.
+record; 6 ends every chain zone it finishes with a close record (:mod:`.records`, "Zone close"), so
+zeroed blocks at the end of a Full chain zone are a lost tail, not padding.
 
 **Bounds** (a device is input): :meth:`Superblock.decode` refuses, with a valid checksum, a geometry
 :class:`~retainz.zoned.model.Geometry` refuses (zone count over ``MAX_ZONES``...), meta zones
@@ -74,9 +75,9 @@ __all__ = ["MAGIC", "FORMAT_VERSION", "READABLE_VERSIONS", "KNOWN_FLAGS", "SPARE
 
 MAGIC = b"RETAINZS"
 #: The format version this code writes.
-FORMAT_VERSION = 5
+FORMAT_VERSION = 6
 #: The format versions this code reads.
-READABLE_VERSIONS = (1, 2, 3, 4, 5)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)
 #: Superblock flag: a spare copy in a meta zone outside the journal chain (version 3).
 SPARE = 1
 #: Superblock flag bits this code knows: any other bit refuses the store.

@@ -72,7 +72,10 @@ from retainz.store.records import (
     LOST,
     Kind,
     append_frames,
+    close_bytes,
+    close_record,
     copy_of,
+    fits,
     decode,
     frame,
     frame_size,
@@ -106,9 +109,9 @@ def default_meta_zones(nr_zones: int, zone_capacity: int, block_size: int, gc_re
     """
     data = max(nr_zones - 3, 1)
     nbytes = data * max(1, zone_capacity // (1 << 20)) * EXTENT_BYTES
-    # format 4's sizing (one copy of the next record): the default does not move with format 5's
-    # record copies, so a device formatted with it keeps its data zones (recorded runs depend on them)
-    z = snapshot_zones(nbytes + nbytes // 8, zone_capacity, block_size, zones=data, next_copies=1)
+    # format 4's sizing (one copy of the next record, no close record): the default does not move with
+    # format 5's record copies nor format 6's close, so a device formatted with it keeps its data zones (recorded runs depend on them)
+    z = snapshot_zones(nbytes + nbytes // 8, zone_capacity, block_size, zones=data, next_copies=1, closing=False)
     m = max(3, min(MAX_META_ZONES, nr_zones // 8, 2 * z))
     return max(2, min(m, nr_zones - gc_reserve_zones - 2))
 
@@ -128,6 +131,8 @@ class ZoneParse:
         holes: the ``LOST`` marks (indexes in ``payloads``) a valid record follows in the same zone:
             damage below the zone's write pointer, never a write cut short (a power cut lands a
             prefix of a zone's writes).
+        closed: the zone's close record was read (format version 6): its records end at ``end``
+            and it takes no more.
     """
 
     payloads: list[bytes] = field(default_factory=list)
@@ -137,6 +142,7 @@ class ZoneParse:
     lost: list[str] = field(default_factory=list)
     lost_at: list[int] = field(default_factory=list)
     holes: list[int] = field(default_factory=list)
+    closed: bool = False
 
     def skip(self, problem: str) -> None:
         """A salvage skips a damaged record: ``problem`` listed, one ``LOST`` mark for a run of them."""
@@ -215,7 +221,8 @@ class ZoneWindow:
 
 
 def parse_zone(buf, start: int, end: int, bs: int, *, zone: int, tail: bool,
-               full: bool = True, limit: int | None = None, salvage: bool = False) -> ZoneParse:
+               full: bool = True, limit: int | None = None, salvage: bool = False,
+               closing: bool = False) -> ZoneParse:
     """Parse the records in the zone's bytes ``[start, end)``.
 
     Args:
@@ -230,6 +237,10 @@ def parse_zone(buf, start: int, end: int, bs: int, *, zone: int, tail: bool,
             default: what fits ``end - start``); a larger claim is damage, refused unread.
         salvage: skip a damaged record to the next valid one (listed in ``lost``) instead of
             raising.
+        closing: the zone is of format version 6 (:mod:`.records`, "Zone close"): a Full zone's
+            records end at its close record, so zeros reached before one are a lost tail (damage),
+            not padding, and what lies between the close's end and the close itself (a write that
+            failed or was torn before the roll) is dropped.
 
     Raises:
         CorruptJournalError: a checksum mismatch inside ``end`` (unless it is one copy of a
@@ -242,6 +253,19 @@ def parse_zone(buf, start: int, end: int, bs: int, *, zone: int, tail: bool,
     out = ZoneParse(end=start)
     pos = start
     prev0 = 0                               # frame bytes of the previous record if it was a copy 0
+    closing = closing and full
+    marks: dict[int, tuple[int, int, int, int]] = {}    # record start -> what was parsed before it
+
+    def close_after() -> int | None:
+        """Where the close record is when it is the next valid frame after ``pos`` and says the
+        records end at or before ``pos`` (at a record start): the bytes up to it were abandoned."""
+        later = later_valid()
+        if later is None:
+            return None
+        n, _, _, view = win.frame(later, bs, limit)
+        payload = bytes(view[FRAME_HEADER:FRAME_HEADER + n])
+        e = _close_end(payload) if kind_of(payload) is Kind.CLOSE else None
+        return later if e is not None and e <= pos and e in marks else None
 
     def later_valid() -> int | None:
         return next((p for p in range(pos + bs, end, bs) if win.frame(p, bs, limit)[2]), None)
@@ -264,11 +288,25 @@ def parse_zone(buf, start: int, end: int, bs: int, *, zone: int, tail: bool,
         return None
 
     while pos + FRAME_HEADER <= end:
+        marks.setdefault(pos, (len(out.payloads), len(out.notes), len(out.lost), len(out.lost_at)))
         n, total, ok, view = win.frame(pos, bs, limit)
         problem = None
+        if closing and (not total or not ok) and copy_skip() is None:
+            at = close_after()
+            if at is not None:              # abandoned bytes before the close: read it
+                pos = at
+                prev0 = 0
+                continue
         if not total:                       # a zero header
             if copy_skip() is None:         # not a zeroed copy of a duplicated record
                 later = later_valid()
+                if closing and later is None:
+                    problem = (f"the records end at byte {pos} of a Full zone with no close record after "
+                               "them: its last records are lost (zeroed blocks): corrupt journal")
+                    if not salvage:
+                        raise CorruptJournalError(f"meta zone {zone}: {problem}")
+                    out.skip(f"meta zone {zone}: {problem}")
+                    break
                 if later is not None or not full:
                     problem = (f"a zeroed block at byte {pos}, below the write pointer ({end})"
                                + (f", hides the valid record at byte {later}" if later is not None else "")
@@ -285,7 +323,7 @@ def parse_zone(buf, start: int, end: int, bs: int, *, zone: int, tail: bool,
             problem = "a zeroed copy"       # its twin is used below
         elif pos + total > end:
             later = later_valid()
-            if tail and later is None:
+            if tail and later is None and not closing:
                 out.torn = end - pos
                 break
             problem = (f"record at byte {pos} claims {n} bytes, past the end of the written area ({end})"
@@ -295,7 +333,7 @@ def parse_zone(buf, start: int, end: int, bs: int, *, zone: int, tail: bool,
             problem = (f"record at byte {pos} claims {n} bytes, more than a record holds ({limit}): "
                        "corrupt journal")
         elif not ok:
-            if tail and full and total > bs and not _holds_data(win, pos + total - bs, end):
+            if tail and full and not closing and total > bs and not _holds_data(win, pos + total - bs, end):
                 # a torn record in a zone finished afterwards (a rollover finishes the old zone):
                 # the blocks it never wrote read as zeros up to the zone's end.  A record's last
                 # block always holds payload, so a record whose last block holds data was written
@@ -322,6 +360,24 @@ def parse_zone(buf, start: int, end: int, bs: int, *, zone: int, tail: bool,
                 continue
             raise CorruptJournalError(f"meta zone {zone}: {problem}")
         payload = bytes(view[FRAME_HEADER:FRAME_HEADER + n])
+        if kind_of(payload) is Kind.CLOSE:
+            e = _close_end(payload)
+            if e is None or e > pos or (e < pos and e not in marks):
+                problem = (f"the close record at byte {pos} says the records end at byte {e}, "
+                           f"{'past it' if e is not None and e > pos else 'not at a record'}: corrupt journal")
+                if not salvage:
+                    raise CorruptJournalError(f"meta zone {zone}: {problem}")
+                out.skip(f"meta zone {zone}: {problem}")
+                break
+            if e < pos:                     # a failed or torn write before the roll: never replayed
+                np_, nn, nl, nla = marks[e]
+                del out.payloads[np_:], out.notes[nn:], out.lost[nl:], out.lost_at[nla:]
+                out.torn = pos - e
+            if decode(payload).q is not None:
+                out.payloads.append(payload)    # the seal settles a gap before it (recovery.replay)
+            out.closed = True
+            out.end = e
+            break
         cp = copy_of(payload)
         if not (cp == 1 and prev0 == total):    # an intact copy 1 after its intact copy 0: replayed once
             out.payloads.append(payload)
@@ -329,6 +385,14 @@ def parse_zone(buf, start: int, end: int, bs: int, *, zone: int, tail: bool,
         pos += total
         out.end = pos
     return out
+
+
+def _close_end(payload: bytes) -> int | None:
+    """A close record's ``e`` (where its zone's records end), ``None`` when it does not decode."""
+    try:
+        return decode(payload).end
+    except (ValueError, KeyError, TypeError, IndexError, RecursionError):
+        return None
 
 
 def _holds_data(win: ZoneWindow, pos: int, end: int) -> bool:
@@ -361,6 +425,8 @@ class MountScan:
         lost: damaged records a salvage skipped (only with ``salvage``).
         previous: meta zones of the previous chain (sequence one lower, complete), kept as the
             second copy of the chain's snapshot (format version 5); empty when there is none.
+        closed: the chain's last zone holds its close record (format version 6; a roll stopped
+            before its finish, or before the new chain was durable): the next append rolls over.
     """
 
     sb: Superblock
@@ -375,6 +441,7 @@ class MountScan:
     damaged: bool = False
     lost: list[str] = field(default_factory=list)
     previous: list[int] = field(default_factory=list)
+    closed: bool = False
 
 
 def _zone_superblock(device: ZonedDevice, z, written: int) -> tuple[Superblock | None, bool, int | None]:
@@ -578,6 +645,14 @@ def scan(device: ZonedDevice, *, salvage: bool = False) -> MountScan:
             gap = gap or f"journal sequence {seq} has parts {sorted(by_seq[seq])}: a part is missing"
             fallbacks += 1
             continue
+        open_part = next((z for z in chain[:-1] if zones[z].cond != ZoneCond.FULL), None)
+        if open_part is not None:
+            # a roll finishes each zone of its chain before it writes the next: a part not Full
+            # before the last is a roll cut before its flush (damage never changes a zone's
+            # condition), and its records may stop anywhere: fall back to the older chain
+            gap = gap or f"journal sequence {seq}: part in meta zone {open_part} is not finished: a rollover cut short"
+            fallbacks += 1
+            continue
         got = _parse_chain(device, zones, chain, sbs)
         if not _complete(got.payloads, got.holes):
             # an older chain still on the device means this one's roll never completed (the
@@ -604,7 +679,7 @@ def scan(device: ZonedDevice, *, salvage: bool = False) -> MountScan:
         return MountScan(sb=sbs[chain[0]], chain=chain, payloads=payloads, end=got.end, torn=got.torn,
                          stale=stale, fallbacks=fallbacks, spares=sorted(spares),
                          notes=notes + chain_notes, damaged=damaged or bool(chain_notes),
-                         lost=[m for _, m in lost_items], previous=previous)
+                         lost=[m for _, m in lost_items], previous=previous, closed=got.closed)
     raise CorruptJournalError(gap or "no journal chain with a complete snapshot: corrupt store")
 
 
@@ -677,7 +752,8 @@ def _parse_chain(device: ZonedDevice, zones, chain: list[int], sbs: dict[int, Su
         head = head_bytes(sbs[zi].version, bs)
         parsed = parse_zone(ZoneWindow.on(device, z.start, written), head, written, bs, zone=zi,
                             tail=i == len(chain) - 1, full=z.cond == ZoneCond.FULL,
-                            limit=record_limit(g.zone_capacity, bs, head), salvage=True)
+                            limit=record_limit(g.zone_capacity, bs, head), salvage=True,
+                            closing=sbs[zi].version >= 6)
         if written < head:   # a roll cut between its superblock copies: a torn tail (rolled over)
             parsed.end, parsed.torn = written, head - written
         out.lost_at += [len(out.payloads) + j for j in parsed.lost_at]
@@ -685,7 +761,7 @@ def _parse_chain(device: ZonedDevice, zones, chain: list[int], sbs: dict[int, Su
         out.lost += parsed.lost
         out.payloads += parsed.payloads
         out.notes += parsed.notes
-        out.end, out.torn = parsed.end, parsed.torn
+        out.end, out.torn, out.closed = parsed.end, parsed.torn, parsed.closed
     return out
 
 
@@ -730,11 +806,17 @@ class Journal:
         previous: meta zones of the previous chain, the second copy of the current snapshot (module
             docstring, "Previous chain"): a roll writes the new chain elsewhere when it can, and
             resets them only once the new chain is durable.
+        closed: the chain's last zone already holds its close record (:attr:`MountScan.closed`).
+
+    Attributes:
+        seal: callable returning ``(q, (count, digest, commit_seq))`` after the last record appended
+            (the store's :class:`~retainz.store.metalog.MetadataLog` sets it): what the close record
+            of the chain's last zone carries (:func:`~retainz.store.records.close_record`).
     """
 
     def __init__(self, device: ZonedDevice, sb: Superblock, chain: list[int], end: int,
                  snapshot: Callable[[], list[bytes]] | None = None, spares: list[int] | None = None,
-                 previous: list[int] | None = None):
+                 previous: list[int] | None = None, closed: bool = False):
         self.device = device
         self.sb = sb
         self.chain = list(chain)
@@ -752,6 +834,9 @@ class Journal:
         self.rollovers = 0
         #: a record write failed: the chain's tail is unknown, so the next append rolls over first
         self.fenced = False
+        #: the chain's last zone holds its close record: it takes no more records
+        self.closed = closed
+        self.seal: Callable[[], tuple[int, tuple[int, int, int]]] | None = None
 
     @property
     def max_record(self) -> int:
@@ -766,9 +851,15 @@ class Journal:
         ``needed`` counts (at most a chain zone's capacity less the superblock copies)."""
         return 2 * frame_size(self.max_record + COPY_MEMBER_BYTES, self.bs)
 
+    @property
+    def tail(self) -> int:
+        """Bytes every zone of this chain keeps free for its close record (format version 6:
+        :func:`~retainz.store.records.close_bytes`; 0 before)."""
+        return close_bytes(self.sb.version, self.bs)
+
     def room(self) -> int:
-        """Bytes left in the chain's last zone."""
-        return self.capacity - self.end
+        """Bytes left in the chain's last zone (0 once it is closed)."""
+        return 0 if self.closed else self.capacity - self.end
 
     def append(self, payload: bytes, *, flush: bool = True) -> None:
         """Append one record (rolling over first if the last zone has no room) and flush.
@@ -789,7 +880,7 @@ class Journal:
                                available=self.max_frame)
         frames = append_frames(payload, self.bs)
         size = sum(map(len, frames))
-        if self.end + size > self.capacity or self.fenced:
+        if not fits(self.end, size, self.capacity, self.tail) or self.fenced or self.closed:
             self.roll(reserve=size)
             self.fenced = False
         at = self.chain[-1] * self.zone_size + self.end
@@ -848,6 +939,7 @@ class Journal:
                 self.spares.discard(z)
         old = self.chain
         if old and dev.zone(old[-1]).cond not in (ZoneCond.FULL, ZoneCond.EMPTY):
+            self._close(old[-1])
             dev.finish_zone(old[-1])
         seq = self.sb.sequence + 1
         # spares first: no meta zone is active now (the old chain's last is finished), so each
@@ -865,9 +957,12 @@ class Journal:
                             policy=self.sb.policy, flags=self.sb.flags)
             block = sb.encode()
             data = block * 2 + b"".join(group)    # two superblock copies (format version 3)
+            closes = part < len(plan) - 1 and self.tail > 0
+            if closes:      # a zone the snapshot spills over and does not fill: finished after its close
+                data += b"".join(append_frames(close_record(len(data)), self.bs))
             dev.write(z * self.zone_size, data)
             self.bytes_written += len(data)
-            self.records += len(group)
+            self.records += len(group) + closes
             new.append(z)
             self.end = len(data)
         dev.flush()
@@ -876,6 +971,7 @@ class Journal:
                              meta_zones=self.sb.meta_zones, gc_reserve_zones=self.sb.gc_reserve_zones,
                              policy=self.sb.policy, flags=self.sb.flags)
         self.chain = new
+        self.closed = False
         self.rollovers += 1
         for z in retired:   # the new chain is durable: the chain before the old one is not needed
             if z not in use:
@@ -884,6 +980,44 @@ class Journal:
                         dev.reset_zone(z)
                 except ZonedDeviceError:
                     pass    # an older chain left behind: stale at mount, reset by the next roll
+
+    def _close(self, zone: int) -> None:
+        """Write the close record of the chain's last zone ``zone`` (format version 6:
+        :func:`~retainz.store.records.close_record`, both copies at its write pointer, flushed so
+        that the finish after it never lands alone) unless it has one.  Its end is :attr:`end`,
+        the end of the last record written whole: a write that failed or was torn since lies
+        between the two and is never replayed.
+
+        Raises:
+            ZonedDeviceError: the write or the flush failed (the chain is fenced: the next roll
+                writes another close after whatever this one left).
+        """
+        if self.closed or not self.tail:
+            return
+        dev = self.device
+        z = dev.zone(zone)
+        at = z.wp - z.start
+        head = head_bytes(self.sb.version, self.bs)
+        writes = []
+        if at < head:       # a roll cut between the zone's superblock copies: the head is completed first
+            sb = dataclasses.replace(self.sb, part=len(self.chain) - 1)
+            writes.append(sb.encode() * ((head - at) // self.bs))
+        writes += append_frames(close_record(max(self.end, head), self.seal() if self.seal is not None else None),
+                                self.bs)
+        size = sum(map(len, writes))
+        if at + size > self.capacity:   # no room (a device that moved the write pointer past the
+            return                      # reserve): the zone reads as a lost tail, never as whole
+        try:
+            for f in writes:
+                dev.write(z.start + at, f)
+                at += len(f)
+            dev.flush()
+        except ZonedDeviceError:
+            self.fenced = True
+            raise
+        self.bytes_written += size
+        self.records += 1
+        self.closed = True
 
     def previous_damage(self) -> list[str]:
         """What is damaged in the previous chain (``fsck``; a mount reads it only when the current

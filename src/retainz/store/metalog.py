@@ -61,7 +61,8 @@ class MetadataLog:
 
     Args:
         journal: the journal, positioned after the last valid record (its ``snapshot`` callable is
-            set to :meth:`snapshot`).
+            set to :meth:`snapshot`, its ``seal`` to the record sequence number and live set after
+            the last record: what its close record carries).
         catalog: the committed generations (what a snapshot holds).
         zones: the zone book (changed zone attributes, the opening counter, logical time).
         metrics: the store's counters (journal bytes, records, rollovers are kept equal to the
@@ -80,6 +81,7 @@ class MetadataLog:
         self.zones = zones
         self.metrics = metrics
         journal.snapshot = self.snapshot
+        journal.seal = lambda: (self.q, self.catalog.live)
         journal.bytes_written, journal.records, journal.rollovers = (metrics.journal_bytes,
                                                                      metrics.journal_records, metrics.rollovers)
         self._entries: dict[str, int] = {}  # committed generation -> bytes of its snapshot entry

@@ -23,6 +23,9 @@ m       GC move: ``s`` ``[[generation, shard, new extent list]...]``, ``r`` vict
         ``now``, ``z``, ``o``
 x       sync (clean close): ``now``, ``metrics``, ``z``, ``o``
 h       hint update (version 2): ``g`` generation id, ``h`` its new hint, ``now``, ``z``, ``o``
+zc      zone close (version 6): ``e``, the byte of the zone where its records end; in the chain's
+        appended zone also ``q`` and ``lv`` of the state after its last record (a seal, not a
+        record of the sequence: its ``q`` is its last record's)
 ======  ==================================================================================
 
 **Copies** (version 3): a snapshot's head (``snap``) and end (``send``) records are written twice,
@@ -45,6 +48,20 @@ held before it: their count, the XOR of a 64-bit hash of each one's id and commi
 (:func:`live_hash`), and the last commit sequence number.  A repair that lost a record knows where (a gap in ``q`` or a damaged frame)
 and, at the next intact record, whether the lost records changed the set of generations (and which
 one, when one deletion explains the digest) (:func:`retainz.store.recovery.replay`).
+
+**Zone close** (version 6): a chain zone is finished only after a ``zc`` record (twice, each copy in
+its own block, flushed) that says where its records end (:func:`close_record`); appends and a
+rollover's packing keep :func:`close_bytes` free in every chain zone for it (an append may instead
+fill the zone exactly: :func:`fits`).  A Full chain zone whose
+records stop before a close has lost its tail: zeros there are no padding, so the generations the
+lost records could concern become unknown instead of the records reading as the journal's end
+(:func:`retainz.store.journal.parse_zone`).  Bytes between ``e`` and the close are what a write that
+failed or was torn left (the writer saw them, and a rollover closed the zone after them): dropped,
+never replayed.  The appended zone's close carries the live set after its last record, so a repair
+that lost the records before it settles the gap as the next record would (a lost deletion found by
+the digest stays deleted).  ZenFS finishes a log zone only at a roll (``ZenFS::RollMetaZoneLocked``)
+and reads its zero tail as the end; a close record is what tells the two apart here, as f2fs's
+checkpoint pack ends with a second copy of its header so that a torn pack is never taken as whole.
 
 **Bounds**: a record's payload is at most :data:`MAX_RECORD_BYTES` and a frame never spans a meta
 zone, so :func:`record_limit` bounds what a mount reads for one record before its checksum.
@@ -86,7 +103,7 @@ __all__ = ["Kind", "Record", "ZoneAttrs", "frame", "frame_size", "unframe", "FRA
            "sync_record", "hint_record", "snapshot_records", "empty_snapshot", "plan_zones", "snapshot_record_limit",
            "snapshot_zones", "pack_zones", "SNAPSHOT_RECORD", "ZONE_ATTR_BYTES", "SNAPSHOT_HEAD_BYTES",
            "EXTENT_BYTES", "ZONES_PER_RECORD", "BATCH_WRAP_BYTES", "SNAPSHOT_END_BYTES", "MAX_RECORD_BYTES",
-           "record_limit", "write_limit", "append_frames", "COPY_MEMBER_BYTES", "copy_of", "copies", "stamp", "live_hash", "LOST"]
+           "record_limit", "write_limit", "append_frames", "close_record", "close_bytes", "fits", "CLOSE_RECORD_BYTES", "COPY_MEMBER_BYTES", "copy_of", "copies", "stamp", "live_hash", "LOST"]
 
 # -- framing -------------------------------------------------------------------------------------------
 _HEADER = struct.Struct("<II")
@@ -117,8 +134,8 @@ COPY_MEMBER_BYTES = 7
 
 def write_limit(zone_capacity: int, block_size: int) -> int:
     """The largest payload (bytes) of a record this version appends: both copies' frames
-    (:func:`append_frames`, format version 5) fit a meta zone after its superblock copies, and at
-    most :data:`MAX_RECORD_BYTES`.  (A mount reads records up to :func:`record_limit`: an older
+    (:func:`append_frames`, format version 5) fit a meta zone after its superblock copies (filling
+    it: :func:`fits`), and at most :data:`MAX_RECORD_BYTES`.  (A mount reads records up to :func:`record_limit`: an older
     version's single copy may be larger.)"""
     half = (zone_capacity - head_bytes(FORMAT_VERSION, block_size)) // 2 // block_size * block_size
     return max(0, min(MAX_RECORD_BYTES, half - FRAME_HEADER - COPY_MEMBER_BYTES))
@@ -180,6 +197,7 @@ class Kind(enum.StrEnum):
     MOVE = "m"
     SYNC = "x"
     HINT = "h"
+    CLOSE = "zc"
 
 
 _dumps = json.JSONEncoder(separators=(",", ":"), allow_nan=True).encode
@@ -240,7 +258,9 @@ class Record:
         count: generations in the snapshot (``send``).
         q: the record's place in the record sequence (version 4; ``snap``: the last before it), or
             ``None``.
-        lv: ``[count, digest, commit_seq]`` of the generations before it (version 4), or ``None``.
+        lv: ``[count, digest, commit_seq]`` of the generations before it (version 4), or ``None``;
+            a close's: after its zone's last record.
+        end: where the zone's records end (``zc``, version 6), else ``None``.
     """
 
     kind: Kind
@@ -258,6 +278,7 @@ class Record:
     hint: tuple[str, Hint] | None = None
     q: int | None = None
     lv: list | None = None
+    end: int | None = None
 
 
 #: Kinds by their payload word (a dict lookup: mount decodes every record of a chain).
@@ -306,6 +327,10 @@ def decode(payload: bytes) -> Record:
         rec.count = body["n"]
     elif kind is Kind.HINT:
         rec.hint = (body["g"], _hint_of(body["h"]))
+    elif kind is Kind.CLOSE:
+        rec.end = body["e"]
+        if not isinstance(rec.end, int) or rec.end < 0:
+            raise TypeError(f"a close record's end {rec.end!r} is not a byte offset")
     return rec
 
 
@@ -400,6 +425,32 @@ def hint_record(gen_id: str, hint: Hint, now: int, zones: list, open_seq: int) -
 def sync_record(now: int, metrics: dict, zones: list, open_seq: int) -> bytes:
     """An ``x`` record (clean close)."""
     return _update(Kind.SYNC, {"now": now, "metrics": metrics}, zones, open_seq)
+
+
+#: The largest payload of a close record (``zc`` with ``cp``, ``e``, ``q`` and ``lv``: about 110 bytes).
+CLOSE_RECORD_BYTES = 192
+
+
+def close_record(end: int, seal: tuple[int, tuple[int, int, int]] | None = None) -> bytes:
+    """A ``zc`` record (version 6, module docstring "Zone close"): the zone's records end at byte
+    ``end``; ``seal`` = ``(q, (count, digest, commit_seq))`` of the state after its last record (the
+    chain's appended zone), ``None`` for a snapshot's zone.  Written twice (:func:`append_frames`)."""
+    body = {"e": end} if seal is None else {"e": end, "q": seal[0], "lv": list(seal[1])}
+    return _rec(Kind.CLOSE, body)
+
+
+def fits(used: int, size: int, zone_capacity: int, tail: int) -> bool:
+    """Whether ``size`` more bytes of records fit a chain zone holding ``used`` bytes whose close
+    record takes ``tail`` bytes (:func:`close_bytes`): they fill it exactly (a zone Full by its
+    records has no zero tail to misread, and needs no close), or leave room for the close (version
+    6, module docstring "Zone close").  Every byte count in bytes."""
+    return used + size == zone_capacity or used + size + tail <= zone_capacity
+
+
+def close_bytes(version: int, block_size: int) -> int:
+    """Bytes a chain zone of format ``version`` keeps free for its close record's two copies (0
+    before version 6)."""
+    return 2 * frame_size(CLOSE_RECORD_BYTES + COPY_MEMBER_BYTES, block_size) if version >= 6 else 0
 
 
 def _rec(kind: Kind, body: dict) -> bytes:
@@ -501,18 +552,23 @@ def snapshot_record_limit(zone_capacity: int, block_size: int) -> int:
 
 def plan_zones(frame_sizes: Iterable[int], zone_capacity: int, block_size: int, reserve: int = 0) -> list[list[int]]:
     """Pack frames into meta zones in order, as a rollover writes them: each zone starts with its
-    superblock copies (:func:`~retainz.store.format.head_bytes`); a frame that does not fit the current zone opens the next; the last zone
+    superblock copies (:func:`~retainz.store.format.head_bytes`); a frame that does not fit the
+    current zone opens the next; the last zone
     keeps ``reserve`` bytes free (else one more, empty zone is planned).  Returns the frame
-    indexes per zone.  The one packing rule: :meth:`Journal.roll` and :func:`pack_zones` use it."""
+    indexes per zone.  Every zone keeps :func:`close_bytes` free for its close record (version 6;
+    unlike an append, :func:`fits`, a frame never fills a zone exactly: more bytes never take fewer
+    zones, so an estimate from larger sizes bounds the real packing).  The one packing rule:
+    :meth:`Journal.roll` and :func:`pack_zones` use it."""
     plan: list[list[int]] = [[]]
     head = used = head_bytes(FORMAT_VERSION, block_size)
+    room = zone_capacity - close_bytes(FORMAT_VERSION, block_size)
     for i, f in enumerate(frame_sizes):
-        if used + f > zone_capacity:
+        if used + f > room:
             plan.append([])
             used = head
         plan[-1].append(i)
         used += f
-    if used + reserve > zone_capacity:
+    if used + reserve > room:
         plan.append([])
     return plan
 
@@ -539,7 +595,7 @@ def pack_zones(entries, zone_capacity: int, block_size: int, *, zones: int = 0, 
 
 
 def snapshot_zones(gen_bytes: int, zone_capacity: int, block_size: int, *, items: int | None = None,
-                   biggest: int = 0, zones: int = 0, next_copies: int = 2) -> int:
+                   biggest: int = 0, zones: int = 0, next_copies: int = 2, closing: bool = True) -> int:
     """Meta zones a snapshot takes when a rollover packs it, with room left for one more record
     (the one that triggers the roll): an O(1) upper bound of :func:`pack_zones`.
 
@@ -552,6 +608,8 @@ def snapshot_zones(gen_bytes: int, zone_capacity: int, block_size: int, *, items
         next_copies: copies of the next record room is kept for (2: format version 5 appends every
             record twice; :func:`retainz.store.journal.default_meta_zones` sizes with 1, format
             4's rule, so that the default meta-zone count does not move).
+        closing: every zone keeps :func:`close_bytes` free (format version 6); ``False``: format 5's
+            rule (:func:`~retainz.store.journal.default_meta_zones`, likewise).
 
     The bound: batching closes a generation record before it passes the limit
     (:func:`snapshot_record_limit`), so each record but the last holds more than ``limit -
@@ -565,7 +623,8 @@ def snapshot_zones(gen_bytes: int, zone_capacity: int, block_size: int, *, items
     ``ceil(T / (capacity - superblock - F))`` zones.
     """
     limit = snapshot_record_limit(zone_capacity, block_size)
-    usable = zone_capacity - head_bytes(FORMAT_VERSION, block_size)
+    usable = zone_capacity - head_bytes(FORMAT_VERSION, block_size) - (close_bytes(FORMAT_VERSION, block_size)
+                                                                       if closing else 0)
     pad = FRAME_HEADER + block_size - 1
     attr_records = -(-zones // ZONES_PER_RECORD)
     attr_frames = zones * ZONE_ATTR_BYTES + attr_records * pad

@@ -268,6 +268,18 @@ def replay(payloads: list[bytes], *, salvage: bool = False, lost: list[str] | No
                 gaps.open(f"journal record {i} (it does not decode)")
                 continue
             raise CorruptJournalError(msg) from None
+        if rec.kind is Kind.CLOSE:
+            # a zone's close (format 6) seals the state after its last record (q): records up to q
+            # missing before it are a gap it settles, as the next record's lv would
+            if rec.q is not None and last_q is not None and rec.q > last_q:
+                where = f"journal records {last_q + 1}..{rec.q} (missing: a zeroed or lost block)"
+                if not salvage:
+                    raise CorruptJournalError(f"{where}: corrupt journal")
+                gaps.open(where)
+                last_q = out.q = rec.q
+            if gaps.where is not None and rec.lv is not None:
+                gaps.settle(rec.lv, rec.q)
+            continue
         if rec.q is not None:
             if last_q is not None and rec.q > last_q + 1 and rec.kind is not Kind.SNAP:
                 where = f"journal records {last_q + 1}..{rec.q - 1} (missing: a zeroed or lost block)"
@@ -546,7 +558,8 @@ def mount(device: ZonedDevice, *, readonly: bool, repair: bool = False, upgrade:
             setattr(metrics, k, v)
     zones = ZoneBook(device, sb.meta_zones, metrics)
     zones.now = state.now
-    journal = Journal(device, sb, found.chain, found.end, spares=found.spares, previous=found.previous)
+    journal = Journal(device, sb, found.chain, found.end, spares=found.spares, previous=found.previous,
+                      closed=found.closed)
     log = MetadataLog(journal, state.catalog, zones, metrics, q=state.q)
     reconcile(zones, state.catalog, state.attrs, state.open_seq, rep, readonly=readonly)
     for z in found.stale:
@@ -563,7 +576,8 @@ def mount(device: ZonedDevice, *, readonly: bool, repair: bool = False, upgrade:
     if repair or found.torn or (old and not readonly) or last.cond == ZoneCond.FULL \
             or journal.room() < 2 * g.block_size:
         if readonly:
-            why = f"drop a torn tail of {found.torn} bytes" if found.torn else "its last zone is full"
+            why = (f"drop a torn tail of {found.torn} bytes" if found.torn else
+                   "its last zone is closed" if found.closed else "its last zone is full")
             rep.repairs.append(f"roll the journal over to a fresh chain ({why})")
         else:
             journal.roll()
