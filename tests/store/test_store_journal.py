@@ -15,7 +15,7 @@ from retainz.hint import Hint
 from retainz.store import Store
 from retainz.store.format import SPARE, Superblock
 from retainz.store.journal import frame, parse_zone, scan
-from retainz.store.records import empty_snapshot, snapshot_records, sync_record, unframe
+from retainz.store.records import FRAME_HEADER, empty_snapshot, snapshot_records, sync_record, unframe
 from retainz.store.types import StoreMetrics
 from retainz.zoned import Geometry, MemoryDevice, ZoneCond
 from retainz.zoned.faulty import FaultyDevice
@@ -1088,16 +1088,59 @@ def test_a_lost_snapshot_head_without_a_previous_copy_is_salvaged_and_keeps_the_
         assert sorted(g.id for g in s.generations()) == ["g1", "g2", "g9"]
 
 
-@pytest.mark.xfail(strict=True, reason="open (docs/format.md, 'One case is not covered'): zeroed blocks at the end "
-                                       "of the current chain's Full last meta zone read as padding")
-def test_a_deletion_lost_at_the_end_of_a_full_chain_zone_does_not_come_back():
-    """The current chain's last zone written to its capacity, ending in g0's deletion and the close's
-    sync record (two copies each); those four blocks zeroed (one 16 KiB run).  g0 must not be listed;
-    it is, and nothing is noted (issue 41 trial)."""
+@pytest.mark.parametrize("lost", [(10, "the sync record"), (8, "the deletion and the sync record")])
+def test_a_deletion_lost_at_the_end_of_a_full_chain_zone_does_not_come_back(lost):
+    """The current chain's last zone filled to its capacity by its records, ending in g0's deletion
+    and the close's sync record (two copies each); the last two or four blocks zeroed (one 8 or 16
+    KiB run).  Up to format 5 a Full zone's zero tail read as padding: g0 was listed again and
+    nothing was noted (issue 41 trial).  In format 6 a Full chain zone ends in a close record or in
+    records up to its capacity, so zeros at its end are a lost tail: a plain open refuses, and a
+    repair keeps out of every listing what the lost records could concern (unknown, named), g0
+    included."""
+    first, what = lost
     dev = _rolled_then_deleted(GEOM, committed=2, deleted=("g0",))
     with Store.open(dev, readonly=True) as s:
         assert s.journal.chain == [1] and [g.id for g in s.generations()] == ["g1"]
     assert dev.zone(1).cond == ZoneCond.FULL and dev.zone(1).capacity == 12 * BS
-    dev._data[1][8 * BS:12 * BS] = bytes(4 * BS)
+    dev._data[1][first * BS:12 * BS] = bytes((12 - first) * BS)
+    with pytest.raises(CorruptJournalError, match="no close record after them: its last records are lost"):
+        Store.open(dev, readonly=True)
+    with Store.open(dev, repair=True) as s:
+        assert s.generations() == [], what
+        named = {d["id"] for d in s.recovery.dropped}
+        assert named == ({"g0", "g1"} if first == 8 else {"g1"})
+        assert all(d.get("unknown") for d in s.recovery.dropped)
     with Store.open(dev, readonly=True) as s:
+        assert s.generations() == [] and s.fsck().ok
+
+
+def test_a_deletion_lost_before_a_zone_close_stays_deleted():
+    """A roll closes the chain's last zone (format 6: a close record sealing the live set after its
+    last record, g0's deletion) and is cut before the new chain is durable (its zone reads empty), so
+    the closed zone's chain is the current one.  Both copies of the deletion zeroed: a plain open
+    refuses; a repair settles the gap with the close's seal, as the next record's digest would: g0
+    stays deleted (named), g1 is kept and readable."""
+    dev = _rolled_then_deleted(committed=2, deleted=())
+    with Store.open(dev) as s:
+        chain = s.journal.chain
+        s.delete("g0")
+        end = s.journal.end
+        s.journal.roll()
+        new = s.journal.chain
+        s.journal.previous = []     # the close must not reset the closed zone
+        s.log.sync = lambda: None   # nor append to the new chain
+    for z in new:
+        dev.reset_zone(z)
+    assert dev.zone(chain[-1]).cond == ZoneCond.FULL
+    zone = dev._data[chain[-1]]
+    assert zone[end + FRAME_HEADER:end + FRAME_HEADER + 3] == b"zc " and zone[end - 2 * BS + FRAME_HEADER] == ord("d")
+    with Store.open(dev, readonly=True) as s:
+        assert s.journal.chain == chain and [g.id for g in s.generations()] == ["g1"]
+    zone[end - 2 * BS:end] = bytes(2 * BS)
+    with pytest.raises(CorruptJournalError, match="zeroed block"):
+        Store.open(dev, readonly=True)
+    with Store.open(dev, repair=True) as s:
         assert [g.id for g in s.generations()] == ["g1"]
+        assert b"".join(s.read_shard("g1", "s")) == bytes([2]) * 5000
+        (d,) = s.recovery.dropped
+        assert d["id"] == "g0" and "live-set digest" in d["reason"] and "stays deleted" in d["reason"]
