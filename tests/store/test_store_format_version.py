@@ -15,7 +15,7 @@ from retainz.cli import main
 from retainz.errors import CorruptJournalError, InvalidIdError, OldFormatError, UnsupportedFormatError
 from retainz.store import Store
 from retainz.store.format import FORMAT_VERSION, READABLE_VERSIONS, Superblock, check_id
-from retainz.store.records import empty_snapshot, frame, stamp, sync_record
+from retainz.store.records import append_frames, empty_snapshot, frame, stamp, sync_record
 from retainz.zoned import FileDevice, Geometry, MemoryDevice
 
 KiB = 1024
@@ -81,20 +81,20 @@ def test_the_cli_says_which_version_it_found_exit_1(tmp_path, capsys, command):
     sb = Superblock.decode(dev.read(0, 4096), dev.geometry)
     dev.close()
     start = raw.index(sb.encode()[:64])
-    raw[start:start + 4096] = dataclasses.replace(sb, version=6).encode()
+    raw[start:start + 4096] = dataclasses.replace(sb, version=7).encode()
     path.write_bytes(raw)
     (tmp_path / "FILE").write_bytes(b"y" * 100)
     argv = [a if a != "FILE" else str(tmp_path / "FILE") for a in command]
     assert main([argv[0], str(path), *argv[1:]]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "format version 6" in err[0] and "reads versions 1, 2, 3" in err[0]
+    assert len(err) == 1 and "format version 7" in err[0] and "reads versions 1, 2, 3" in err[0]
     assert path.read_bytes() == raw
 
 
 def test_a_version_1_store_is_read_as_is_and_migrated_only_by_an_explicit_upgrade():
     """Version policy (issue 41 item 3): an older version is read as is and says so; a read-write
     open refuses it naming ``fsck --upgrade`` (nothing written); only ``upgrade`` migrates it."""
-    assert 1 in READABLE_VERSIONS and FORMAT_VERSION == 5
+    assert 1 in READABLE_VERSIONS and FORMAT_VERSION == 6
     g = GEOM
     dev = MemoryDevice(g)
     sb = Superblock(uuid=__import__("uuid").uuid4(), sequence=1, part=0, geometry=g, meta_zones=3,
@@ -104,25 +104,25 @@ def test_a_version_1_store_is_read_as_is_and_migrated_only_by_an_explicit_upgrad
     before = snapshot(dev)
     with Store.open(dev, readonly=True) as s:
         assert s.format_version == 1 and s.generations() == []
-        assert any("format version 1 is read as is; `retainz fsck --upgrade` migrates it to version 5" in r
+        assert any("format version 1 is read as is; `retainz fsck --upgrade` migrates it to version 6" in r
                    for r in s.recovery.repairs)
     with pytest.raises(OldFormatError, match=r"format version 1 .*`retainz fsck --upgrade memory`"):
         Store.open(dev)
     assert snapshot(dev) == before
     with Store.open(dev, upgrade=True) as s:
-        assert s.format_version == 5 and s.recovery.rolled and s.recovery.upgraded_from == 1
-        assert "upgraded: the store from format version 1 to 5 (its journal rolled over at the new version)" \
+        assert s.format_version == 6 and s.recovery.rolled and s.recovery.upgraded_from == 1
+        assert "upgraded: the store from format version 1 to 6 (its journal rolled over at the new version)" \
             in s.fsck().notes                                   # what `fsck --upgrade` prints
         w = s.begin_generation("g", 1)
         w.write_shard("a", [b"z" * 100])
         w.commit()
     with Store.open(dev, readonly=True) as s:
-        assert s.format_version == 5 and [g.id for g in s.generations()] == ["g"]
+        assert s.format_version == 6 and [g.id for g in s.generations()] == ["g"]
 
 
 def test_a_version_4_store_is_read_as_is_and_its_chain_is_the_previous_chain_after_the_upgrade():
     """Format 4 (every appended record written once) is read as is; `fsck --upgrade` rolls over to
-    format 5, whose appended records are written twice, and keeps the format 4 chain as the new
+    format 6 (format 5's records written twice, and zone closes), whose appended records are written twice, and keeps the format 4 chain as the new
     snapshot's copy (the previous chain) until the next rollover."""
     g, bs = GEOM, GEOM.block_size
     dev = MemoryDevice(g)
@@ -135,12 +135,12 @@ def test_a_version_4_store_is_read_as_is_and_its_chain_is_the_previous_chain_aft
     with Store.open(dev, readonly=True) as s:
         assert s.format_version == 4 and s.generations() == []
         assert s.recovery.repairs == ["nothing: format version 4 is read as is; `retainz fsck --upgrade` migrates "
-                                      "it to version 5"]
+                                      "it to version 6"]
     with pytest.raises(OldFormatError, match=r"format version 4 .*`retainz fsck --upgrade memory`"):
         Store.open(dev)
     assert snapshot(dev) == before
     with Store.open(dev, upgrade=True) as s:
-        assert (s.format_version, s.recovery.upgraded_from, s.journal.chain, s.journal.previous) == (5, 4, [1], [0])
+        assert (s.format_version, s.recovery.upgraded_from, s.journal.chain, s.journal.previous) == (6, 4, [1], [0])
         w = s.begin_generation("g", 2)
         w.write_shard("a", [b"z" * 100])
         w.commit()
@@ -148,7 +148,38 @@ def test_a_version_4_store_is_read_as_is_and_its_chain_is_the_previous_chain_aft
     new = bytes(dev._data[1])
     assert new.count(b'c {"cp":0,"q":2,') == 1 and new.count(b'c {"cp":1,"q":2,') == 1
     with Store.open(dev, readonly=True) as s:
-        assert s.format_version == 5 and [x.id for x in s.generations()] == ["g"] and s.journal.previous == [0]
+        assert s.format_version == 6 and [x.id for x in s.generations()] == ["g"] and s.journal.previous == [0]
+
+
+@pytest.mark.parametrize("version", [5, 6])
+def test_a_format_5_zone_finished_on_zeros_reads_as_whole_and_format_6_calls_it_a_lost_tail(version):
+    """A Full chain zone whose records stop before its capacity with zeros after them and no close
+    record: how a format 5 rollover left every zone it finished (the padding is the end), and in
+    format 6 a lost tail (a format 6 zone ends in a close record or in records up to its capacity).
+    The same bytes under either version: version 5 is read as is (and after the upgrade its chain is
+    the previous chain, still read by its own rule); version 6 is refused, naming the lost tail."""
+    g, bs = GEOM, GEOM.block_size
+    dev = MemoryDevice(g)
+    sb = Superblock(uuid=uuid.uuid4(), sequence=1, part=0, geometry=g, meta_zones=3, gc_reserve_zones=2,
+                    policy="greedy", version=version)
+    records = [*empty_snapshot(), stamp(sync_record(1, {}, [], 0), 1, (0, 0, 0))]
+    dev.write(0, sb.encode() * 2 + b"".join(f for p in records for f in append_frames(p, bs)))
+    dev.finish_zone(0)
+    dev.flush()
+    if version == 6:
+        with pytest.raises(CorruptJournalError, match="no close record after them: its last records are lost"):
+            Store.open(dev, readonly=True)
+        return
+    with Store.open(dev, readonly=True) as s:
+        assert s.format_version == 5 and s.generations() == [] and s.recovery.lost == []
+    with Store.open(dev, upgrade=True) as s:
+        assert (s.format_version, s.journal.chain, s.journal.previous) == (6, [1], [0])
+        assert s.journal.previous_damage() == []
+        w = s.begin_generation("g", 2)
+        w.write_shard("a", [b"z" * 100])
+        w.commit()
+    with Store.open(dev, readonly=True) as s:
+        assert [x.id for x in s.generations()] == ["g"] and s.fsck().ok
 
 
 @pytest.mark.parametrize("torn", [False, True])
@@ -164,17 +195,17 @@ def test_a_read_only_open_says_an_older_version_is_read_as_is_and_why_it_would_r
     dev.flush()
     with Store.open(dev, readonly=True) as s:
         assert s.format_version == 1 and s.recovery.torn_bytes == (g.block_size if torn else 0)
-        said = ["nothing: format version 1 is read as is; `retainz fsck --upgrade` migrates it to version 5"]
+        said = ["nothing: format version 1 is read as is; `retainz fsck --upgrade` migrates it to version 6"]
         if torn:
             said.append(f"roll the journal over to a fresh chain (drop a torn tail of {g.block_size} bytes)")
         assert s.recovery.repairs == said
     with Store.open(dev, upgrade=True) as s:
-        assert s.format_version == 5 and s.recovery.rolled and s.recovery.repairs == []
+        assert s.format_version == 6 and s.recovery.rolled and s.recovery.repairs == []
 
 
 @pytest.mark.parametrize("change, why", [
-    ({"version": 6}, "RetainZ store format version 6; this code reads versions 1, 2, 3, 4, 5 (newer software wrote it?)"),
-    ({"flags": 6}, "RetainZ store with unknown format flags 0x6 (format version 5)")])
+    ({"version": 7}, "RetainZ store format version 7; this code reads versions 1, 2, 3, 4, 5, 6 (newer software wrote it?)"),
+    ({"flags": 6}, "RetainZ store with unknown format flags 0x6 (format version 6)")])
 def test_the_refusal_of_an_unknown_version_or_flag_names_the_zone_and_what_it_found(change, why):
     dev = MemoryDevice(GEOM)
     stored(dev)
@@ -253,7 +284,7 @@ def test_fsck_upgrade_of_a_version_1_store_in_a_device_file_still_migrates_it(tm
     capsys.readouterr()
     assert main(["fsck", "--upgrade", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "note: upgraded: the store from format version 1 to 5 (its journal rolled over at the new version)" \
+    assert "note: upgraded: the store from format version 1 to 6 (its journal rolled over at the new version)" \
         in out, out
     assert "nothing to upgrade" not in out and _sha(path) != before
     with Store.open(FileDevice(path, readonly=True), readonly=True) as s:
