@@ -14,7 +14,7 @@ from retainz.errors import CorruptJournalError, NoSpaceError, PowerCutError
 from retainz.hint import Hint
 from retainz.store import Store
 from retainz.store.format import SPARE, Superblock
-from retainz.store.journal import frame, parse_zone, scan
+from retainz.store.journal import Journal, frame, parse_zone, scan
 from retainz.store.records import FRAME_HEADER, empty_snapshot, snapshot_records, sync_record, unframe
 from retainz.store.types import StoreMetrics
 from retainz.zoned import Geometry, MemoryDevice, ZoneCond
@@ -225,7 +225,7 @@ def test_rollover_writes_a_new_chain_and_resets_the_old():
 def test_snapshot_larger_than_a_meta_zone_spills_across_zones():
     dev = MemoryDevice(Geometry(nr_zones=24, zone_size=64 * 1024, zone_capacity=48 * 1024, max_open=3,
                                 max_active=4))
-    with Store.format(dev, meta_zones=6) as s:
+    with Store.format(dev, meta_zones=8) as s:    # format 6: a 12-block zone holds 8 blocks of snapshot
         _fill(s, 30, names=8, name_len=200, data=False)   # ~ 60 KiB of shard names
         spilled = len(s.log.snapshot()) and sum(map(len, s.log.snapshot())) > 48 * 1024
         assert spilled
@@ -330,7 +330,9 @@ def test_admission_refuses_on_journal_space_so_deleting_everything_still_works()
     200-character names to 14; a format 3 chain zone of 48 KiB keeps 2 blocks fewer for records, its
     second superblock copy and the snapshot head's and end's second copies; format 5: 10, the
     snapshot is written once but the room it keeps for the next record holds both its copies, a
-    block more of a chain zone's 10 blocks of records)."""
+    block more of a chain zone's 10 blocks of records; format 6: 4, a chain zone keeps two more
+    blocks for its close record, so 8 hold the snapshot and the record it keeps room for, and a
+    snapshot of 5 takes a second zone, more than half of the 3)."""
     dev = MemoryDevice(Geometry(nr_zones=40, zone_size=64 * 1024, zone_capacity=48 * 1024, max_open=3,
                                 max_active=4), payload=False)
     s = Store.format(dev, meta_zones=3)
@@ -343,10 +345,10 @@ def test_admission_refuses_on_journal_space_so_deleting_everything_still_works()
                 w.write_counted_shard(name, 4096)
             w.commit()
             n += 1
-    assert n == 10 and "meta zones" in str(err.value)
+    assert n == 4 and "meta zones" in str(err.value)
     assert len(s.generations()) == n and not s._writers
     rolls = s.metrics.rollovers
-    assert rolls == 6      # the catalog grew across rollovers before the refusal (format 4: 4 for 14
+    assert rolls == 1      # the catalog grew across rollovers before the refusal (format 4: 4 for 14
     #                        commits; format 5 writes each commit twice, so a chain zone takes half as many)
     for i in range(n):
         s.delete(f"g{i:04d}", step=n + i)
@@ -407,7 +409,7 @@ def _frame_spans(dev, zone: int) -> list[tuple[int, int, int]]:
     spans, pos = [], HEAD
     while pos + 8 <= written:
         n, total, ok = unframe(buf, pos, written, BS)
-        if not total:
+        if not total or buf[pos + 8:pos + 11] == b"zc ":     # the end, or the zone's close (format 6)
             break
         assert ok
         spans.append((z.start + pos, n, total))
@@ -441,7 +443,9 @@ def test_a_flipped_bit_in_each_of_the_last_records_is_corruption_not_a_torn_tail
             dev.cut_now()
             crash_close(s)
             dev.reboot(dev.unflushed())                 # keep every written block
-            if how == "finished tail zone":
+            if how == "finished tail zone":         # closed (format 6), then finished
+                found = scan(inner)
+                Journal(inner, found.sb, found.chain, found.end).close_zone(found.chain[-1])
                 inner.finish_zone(s.journal.chain[-1])
         return inner, s.journal.chain[-1]
 
@@ -479,18 +483,24 @@ def test_a_flipped_bit_in_each_of_the_last_records_is_corruption_not_a_torn_tail
 
 # -- the snapshot's size: the packing rule and its O(1) bound ----------------------------------------------------
 def test_plan_zones_starts_each_zone_after_its_superblock_and_keeps_the_reserve():
-    from retainz.store.records import plan_zones
+    from retainz.store.format import FORMAT_VERSION
+    from retainz.store.records import close_bytes, fits, plan_zones
 
-    # capacity 10 blocks, two superblock blocks (format 3): frames of 4+4 fill a zone's 8 blocks of
-    # record room, a third opens the next
-    assert plan_zones([4 * BS, 4 * BS, 4 * BS], 10 * BS, BS) == [[0, 1], [2]]
-    assert plan_zones([4 * BS, 4 * BS], 10 * BS, BS) == [[0, 1]]                 # exactly full
-    assert plan_zones([4 * BS, 5 * BS], 10 * BS, BS) == [[0], [1]]               # one block more: two zones
-    assert plan_zones([4 * BS, 4 * BS], 10 * BS, BS, reserve=1) == [[0, 1], []]  # no room left to keep
-    assert plan_zones([4 * BS], 10 * BS, BS, reserve=4 * BS) == [[0]]           # the reserve fills it
-    assert plan_zones([4 * BS], 10 * BS, BS, reserve=4 * BS + 1) == [[0], []]
-    assert plan_zones([8 * BS, 8 * BS], 10 * BS, BS) == [[0], [1]]               # each zone starts after its copies
-    assert plan_zones([], 10 * BS, BS) == [[]]
+    # capacity 12 blocks, two superblock blocks (format 3) and two kept for the close record (format
+    # 6): frames of 4+4 fill a zone's 8 blocks of record room, a third opens the next
+    assert close_bytes(FORMAT_VERSION, BS) == 2 * BS
+    assert plan_zones([4 * BS, 4 * BS, 4 * BS], 12 * BS, BS) == [[0, 1], [2]]
+    assert plan_zones([4 * BS, 4 * BS], 12 * BS, BS) == [[0, 1]]                 # full up to the close
+    assert plan_zones([4 * BS, 5 * BS], 12 * BS, BS) == [[0], [1]]               # one block more: two zones
+    assert plan_zones([4 * BS, 6 * BS], 12 * BS, BS) == [[0], [1]]               # never up to the capacity
+    assert plan_zones([4 * BS, 4 * BS], 12 * BS, BS, reserve=1) == [[0, 1], []]  # no room left to keep
+    assert plan_zones([4 * BS], 12 * BS, BS, reserve=4 * BS) == [[0]]           # the reserve fills it
+    assert plan_zones([4 * BS], 12 * BS, BS, reserve=4 * BS + 1) == [[0], []]
+    assert plan_zones([8 * BS, 8 * BS], 12 * BS, BS) == [[0], [1]]               # each zone starts after its copies
+    assert plan_zones([], 12 * BS, BS) == [[]]
+    # an append may fill a zone exactly (no zero tail to misread), or must leave the close its room
+    assert fits(8 * BS, 4 * BS, 12 * BS, 2 * BS) and fits(6 * BS, 4 * BS, 12 * BS, 2 * BS)
+    assert not fits(7 * BS, 4 * BS, 12 * BS, 2 * BS)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -519,6 +529,9 @@ CAP = GEOM.zone_capacity
 #: A payload whose frame fills a chain zone after its superblock: the 48 KiB zone less two superblock
 #: blocks (format 3) and a frame header, 40952 bytes (``record_limit``, ``Journal.max_record``).
 BIG = CAP - HEAD - 8
+#: A snapshot record whose frame fills a chain zone up to its close record's room (format 6: two
+#: blocks), 32760 bytes.
+SNAP_BIG = BIG - 2 * BS
 
 
 class _Calls:
@@ -563,40 +576,47 @@ def test_roll_without_a_snapshot_source_is_refused():
 
 
 def test_roll_takes_a_record_that_fills_a_zone_and_refuses_one_block_more():
-    """A roll writes two superblock copies then the records (format 3), into the first free meta zone
+    """A roll closes the old chain's zone (format 6: the close record's two copies, flushed, then the
+    finish), writes two superblock copies then the records (format 3), into the first free meta zone
     (an intact spare is reset for it; the other spare is kept, nothing else is written); the old
-    chain stays as the previous chain (format 5) until the next roll resets it; a record
-    whose frame is one block more than the zone's record room is refused, ``needed`` and
-    ``available`` both in frame bytes (40960 = 48 KiB less two superblock blocks)."""
+    chain stays as the previous chain (format 5) until the next roll resets it; a record whose frame
+    is one block more than the zone's record room (its close record's two blocks kept) is refused,
+    ``needed`` and ``available`` both in frame bytes (32768 = 48 KiB less two superblock blocks and
+    two for the close)."""
     j = _journal()
-    seq, records, written = j.sb.sequence, j.records, j.bytes_written
-    j.roll([b"x" * BIG])
-    assert j.chain == [1] and j.end == CAP                         # no reserve asked: no extra zone
+    seq, records, written, end = j.sb.sequence, j.records, j.bytes_written, j.end
+    j.roll([b"x" * SNAP_BIG])
+    assert j.chain == [1] and j.end == CAP - 2 * BS                # no reserve asked: no extra zone
     assert (j.sb.sequence, j.sb.part, j.rollovers) == (seq + 1, 0, 1)
-    assert (j.records, j.bytes_written) == (records + 1, written + CAP)
+    assert (j.records, j.bytes_written) == (records + 2, written + 2 * BS + CAP - 2 * BS)
     assert j.device.read(GEOM.zone_size, BS) == j.device.read(GEOM.zone_size + BS, BS)    # the two copies
-    assert j.device.ops == [("reset", 1), ("finish", 0), ("write", 1), ("flush",)]
+    assert j.device.ops == [("reset", 1), ("write", 0), ("write", 0), ("flush",), ("finish", 0), ("write", 1),
+                            ("flush",)]
+    close = j.device.read(end, BS)[8:]
+    assert close.startswith(b'zc {"cp":0,"e":%d}' % end)                # the old zone's records end there
     assert j.previous == [0] and j.device.zone(0).cond == ZoneCond.FULL     # the previous chain, kept
     j.device.ops.clear()
     j.roll([b"a", b"b"])                                           # two superblock blocks and two records
-    assert (j.records, j.bytes_written, j.end) == (records + 3, written + CAP + 4 * BS, 4 * BS)
+    assert (j.records, j.bytes_written, j.end) == (records + 5, written + CAP + 2 * BS + 4 * BS, 4 * BS)
     # the spare in zone 2 gives way to the new chain (the previous chain's zone is used last), then
-    # the chain before the old one is reset (zone 0, which stays empty until the next roll)
-    assert j.device.ops == [("reset", 2), ("write", 2), ("flush",), ("reset", 0)]     # zone 1 is full
+    # the chain before the old one is reset (zone 0, which stays empty until the next roll); zone 1
+    # is closed (its close record) and finished
+    assert j.device.ops == [("reset", 2), ("write", 1), ("write", 1), ("flush",), ("finish", 1), ("write", 2),
+                            ("flush",), ("reset", 0)]
     assert (j.chain, j.previous, sorted(j.spares)) == ([2], [1], [])
     with pytest.raises(NoSpaceError) as e:
-        j.roll([b"x" * (BIG + 1)])
-    assert str(e.value) == "a journal snapshot record of 45056 bytes does not fit a meta zone"
-    assert (e.value.needed, e.value.available) == (CAP - HEAD + BS, CAP - HEAD) == (45056, 40960)
+        j.roll([b"x" * (SNAP_BIG + 1)])
+    assert str(e.value) == "a journal snapshot record of 36864 bytes does not fit a meta zone"
+    assert (e.value.needed, e.value.available) == (CAP - HEAD - BS, CAP - HEAD - 2 * BS) == (36864, 32768)
 
 
 def test_roll_refuses_a_snapshot_larger_than_the_free_meta_zones_naming_both():
     j = _journal()
     with pytest.raises(NoSpaceError) as e:
-        j.roll([b"x" * BIG] * 3)                   # three zones; two of the three meta zones are free
-    assert str(e.value) == ("journal snapshot of 147456 bytes needs 3 meta zones but 2 are free (3 meta zones of "
+        j.roll([b"x" * SNAP_BIG] * 3)              # three zones; two of the three meta zones are free
+    assert str(e.value) == ("journal snapshot of 122880 bytes needs 3 meta zones but 2 are free (3 meta zones of "
                             "49152 bytes); format with more meta zones")
-    assert (e.value.needed, e.value.available) == (3 * CAP, 2 * CAP)
+    assert (e.value.needed, e.value.available) == (3 * (CAP - 2 * BS), 2 * CAP)
     assert j.device.ops == []                      # nothing written, nothing reset
 
 
@@ -615,10 +635,11 @@ def test_roll_resets_stale_free_zones_finishes_the_old_tail_then_resets_the_old_
     j.roll([b"a"])
     new = j.chain[0]
     assert (old, new) == (0, 1)
+    closed = [("write", old), ("write", old), ("flush",), ("finish", old)]    # format 6: the close record
     if stale == 1:                   # the new chain's zone; the spare in zone 2 is kept
-        assert j.device.ops == [("reset", 1), ("finish", old), ("write", new), ("flush",)]
+        assert j.device.ops == [("reset", 1), *closed, ("write", new), ("flush",)]
     else:                            # the spare in zone 1 gives way to the chain; zone 2 gets a new spare
-        assert j.device.ops == [("reset", 1), ("reset", 2), ("finish", old), ("write", 2), ("finish", 2),
+        assert j.device.ops == [("reset", 1), ("reset", 2), *closed, ("write", 2), ("finish", 2),
                                 ("write", new), ("flush",)]
     spare = Superblock.decode(j.device.read(2 * GEOM.zone_size, BS), GEOM)
     assert (spare.flags, spare.sequence) == (SPARE, j.sb.sequence if stale == 2 else 1)
@@ -868,7 +889,8 @@ def test_default_meta_zones_follow_their_rule_on_every_geometry(nr_zones, capaci
     data = max(nr_zones - 3, 1)                         # every zone but the (at least 3) meta zones
     extents = data * max(1, capacity >> 20)             # one per MiB, or per zone when zones are smaller
     snap = extents * EXTENT_BYTES
-    z = snapshot_zones(snap + snap // 8, capacity, BS, zones=data, next_copies=1)   # format 4's rule, kept
+    # format 4's rule, kept (one copy of the next record, no close record)
+    z = snapshot_zones(snap + snap // 8, capacity, BS, zones=data, next_copies=1, closing=False)
     want = max(2, min(max(3, min(MAX_META_ZONES, nr_zones // 8, 2 * z)), nr_zones - 2 - 2))
     got = default_meta_zones(nr_zones, capacity, BS, 2)
     assert type(got) is int and got == want

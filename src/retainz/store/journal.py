@@ -917,11 +917,11 @@ class Journal:
         # the previous chain's zones last: it stays the current snapshot's copy until the new one is durable
         free = [z for z in self.meta if z not in self.chain and z not in self.previous]
         free += [z for z in self.previous if z not in self.chain]
+        room = self.capacity - close_bytes(FORMAT_VERSION, self.bs)    # the new chain's close keeps its room
         for p, f in zip(payloads, frames, strict=True):
-            if len(p) > record_limit(self.capacity, self.bs):
+            if len(p) > record_limit(room, self.bs):
                 raise NoSpaceError(f"a journal snapshot record of {len(f)} bytes does not fit a meta zone",
-                                   needed=len(f), available=frame_size(record_limit(self.capacity, self.bs),
-                                                                       self.bs))
+                                   needed=len(f), available=frame_size(record_limit(room, self.bs), self.bs))
         plan = [[frames[i] for i in group]
                 for group in plan_zones(map(len, frames), self.capacity, self.bs, reserve)]
         head = head_bytes(FORMAT_VERSION, self.bs)
@@ -939,7 +939,7 @@ class Journal:
                 self.spares.discard(z)
         old = self.chain
         if old and dev.zone(old[-1]).cond not in (ZoneCond.FULL, ZoneCond.EMPTY):
-            self._close(old[-1])
+            self.close_zone(old[-1])
             dev.finish_zone(old[-1])
         seq = self.sb.sequence + 1
         # spares first: no meta zone is active now (the old chain's last is finished), so each
@@ -981,7 +981,7 @@ class Journal:
                 except ZonedDeviceError:
                     pass    # an older chain left behind: stale at mount, reset by the next roll
 
-    def _close(self, zone: int) -> None:
+    def close_zone(self, zone: int) -> None:
         """Write the close record of the chain's last zone ``zone`` (format version 6:
         :func:`~retainz.store.records.close_record`, both copies at its write pointer, flushed so
         that the finish after it never lands alone) unless it has one.  Its end is :attr:`end`,
