@@ -604,33 +604,34 @@ def test_the_journal_estimate_counts_one_extent_per_mib_of_payload_or_per_zone_w
 def test_the_journal_refuses_what_it_could_not_roll_over_and_counts_other_writers_only():
     """Journal admission (MetadataLog.check_room) on 2 meta zones: a new generation is refused when
     the snapshot with it would need both; a commit is checked with the other writers' estimates,
-    not its own (its entry replaces it).  11 shards a generation (16 before store format 5, whose
-    journal keeps room for two copies of the next record beside the snapshot)."""
+    not its own (its entry replaces it).  4 shards a generation (16 before store format 5, whose
+    journal keeps room for two copies of the next record beside the snapshot; 11 before format 6,
+    whose chain zones keep two blocks of their 12 for the close record)."""
     with Store.format(MemoryDevice(GEOM), meta_zones=2) as s:
         for i in range(3):
             w = s.begin_generation(f"g{i}", i)
-            assert w.journal_estimate == (256 + 2 + 48 * 8 if i == 0 else 2395)   # then the mean entry
-            long_named_shards(w, 11)
+            assert w.journal_estimate == (256 + 2 + 48 * 8 if i == 0 else 890)   # then the mean entry
+            long_named_shards(w, 4)
             w.commit()
         w = s.begin_generation("g3", 3)
-        long_named_shards(w, 11)
+        long_named_shards(w, 4)
         entry = len(gen_entry_bytes(w.gen)) + 1
         assert [s.log.need(entry, inflight)[1] for inflight in ([], [w.journal_estimate])] == [1, 2]
         w.commit()                 # fits one meta zone; with its own estimate counted too it would not
-        text = ("generation 'g4': the journal is full: a snapshot with it would take 2 meta zones (16415 "
+        text = ("generation 'g4': the journal is full: a snapshot with it would take 2 meta zones (7950 "
                 "bytes); 2 meta zones of 49152 bytes keep room for 2 x 1 (1 free beside the current chain), "
                 "so deletions can always be journaled; delete generations, or format with more meta zones")
         with pytest.raises(NoSpaceError, match="^" + re.escape(text) + "$") as e:
             s.begin_generation("g4", 4)
-        assert (e.value.needed, e.value.available, e.value.cause) == (16415, 49152, "journal")
+        assert (e.value.needed, e.value.available, e.value.cause) == (7950, 49152, "journal")
         assert e.value.state == s.stop_state() and e.value.state["empty_zones"] == len(s.table.zones)
         s.delete("g3")
         w = s.begin_generation("g3", 3)
         long_named_shards(w, 30)
         with pytest.raises(NoSpaceError, match=r"^commit of generation 'g3': the journal is full: a snapshot "
-                                               r"with it would take 2 meta zones \(18317 bytes\); ") as e:
+                                               r"with it would take 2 meta zones \(13237 bytes\); ") as e:
             w.commit()
-        assert (e.value.needed, e.value.available, e.value.cause) == (18317, 49152, "journal")
+        assert (e.value.needed, e.value.available, e.value.cause) == (13237, 49152, "journal")
         assert w.state is GenState.WRITING and w.gen.commit_seq == 0      # not committed, no number
         w.abort()
         assert [g.id for g in s.generations()] == ["g0", "g1", "g2"] and s.fsck().ok

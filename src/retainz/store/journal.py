@@ -557,12 +557,16 @@ def no_store_error(name: str) -> ForeignDeviceError:
                               f"format it with `retainz mkfs {name}`")
 
 
-def scan(device: ZonedDevice, *, salvage: bool = False) -> MountScan:
+def scan(device: ZonedDevice, *, salvage: bool = False, state_known: bool = True) -> MountScan:
     """Find the current journal chain on ``device`` and read its records.
 
     Args:
         salvage: skip damaged records (:func:`parse_zone`) instead of raising; what was lost is in
             :attr:`MountScan.lost`.
+        state_known: the device reports its zones' conditions and write pointers.  ``False`` (a
+            device file whose every zone-state copy was lost reads every zone as Full until a repair
+            rebuilds the state): zeros end a zone's records, as before format 6, since no Full
+            zone can be told from one cut short.
 
     Raises:
         ForeignDeviceError: no meta zone holds a RetainZ superblock.
@@ -653,7 +657,7 @@ def scan(device: ZonedDevice, *, salvage: bool = False) -> MountScan:
             gap = gap or f"journal sequence {seq}: part in meta zone {open_part} is not finished: a rollover cut short"
             fallbacks += 1
             continue
-        got = _parse_chain(device, zones, chain, sbs)
+        got = _parse_chain(device, zones, chain, sbs, state_known)
         if not _complete(got.payloads, got.holes):
             # an older chain still on the device means this one's roll never completed (the
             # old chain is reset only after the new one is flushed): fall back to it
@@ -740,9 +744,11 @@ def _snapshot_span(payloads: list[bytes]) -> tuple[int, int | None]:
     return last + 1, head_q
 
 
-def _parse_chain(device: ZonedDevice, zones, chain: list[int], sbs: dict[int, Superblock]) -> ZoneParse:
+def _parse_chain(device: ZonedDevice, zones, chain: list[int], sbs: dict[int, Superblock],
+                 state_known: bool = True) -> ZoneParse:
     """Every record of the chain's zones, in order, salvaging (:func:`parse_zone`): ``lost_at``
-    indexes the whole chain's payloads, ``end`` and ``torn`` are its last zone's."""
+    indexes the whole chain's payloads, ``end`` and ``torn`` are its last zone's.  ``state_known``:
+    see :func:`scan`."""
     g = device.geometry
     bs = g.block_size
     out = ZoneParse()
@@ -753,7 +759,7 @@ def _parse_chain(device: ZonedDevice, zones, chain: list[int], sbs: dict[int, Su
         parsed = parse_zone(ZoneWindow.on(device, z.start, written), head, written, bs, zone=zi,
                             tail=i == len(chain) - 1, full=z.cond == ZoneCond.FULL,
                             limit=record_limit(g.zone_capacity, bs, head), salvage=True,
-                            closing=sbs[zi].version >= 6)
+                            closing=sbs[zi].version >= 6 and state_known)
         if written < head:   # a roll cut between its superblock copies: a torn tail (rolled over)
             parsed.end, parsed.torn = written, head - written
         out.lost_at += [len(out.payloads) + j for j in parsed.lost_at]

@@ -533,7 +533,8 @@ def mount(device: ZonedDevice, *, readonly: bool, repair: bool = False, upgrade:
         raise ValueError("a repair writes: it needs a read-write open")
     t0 = time.perf_counter()
     g = device.geometry
-    found = scan(device, salvage=repair)
+    state_lost = getattr(device, "state_lost", False)   # a device file whose zone state a repair rebuilds
+    found = scan(device, salvage=repair, state_known=not state_lost)
     sb = found.sb
     if (sb.geometry.nr_zones, sb.geometry.zone_size, sb.geometry.zone_capacity, sb.geometry.block_size) != \
             (g.nr_zones, g.zone_size, g.zone_capacity, g.block_size):
@@ -548,7 +549,7 @@ def mount(device: ZonedDevice, *, readonly: bool, repair: bool = False, upgrade:
                          copies=list(found.notes), lost=list(found.lost))
     state = replay(found.payloads, salvage=repair, lost=rep.lost, progress=progress)
     rep.dropped = list(state.dropped)
-    if repair and getattr(device, "state_lost", False):
+    if repair and state_lost:
         _rebuild_zone_state(device, found, state.catalog, state.attrs, sb.meta_zones, rep)
     if repair:
         _drop_missing(device, state.catalog, sb.meta_zones, rep)
