@@ -59,9 +59,11 @@ lost records could concern become unknown instead of the records reading as the 
 failed or was torn left (the writer saw them, and a rollover closed the zone after them): dropped,
 never replayed.  The appended zone's close carries the live set after its last record, so a repair
 that lost the records before it settles the gap as the next record would (a lost deletion found by
-the digest stays deleted).  ZenFS finishes a log zone only at a roll (``ZenFS::RollMetaZoneLocked``)
-and reads its zero tail as the end; a close record is what tells the two apart here, as f2fs's
-checkpoint pack ends with a second copy of its header so that a torn pack is never taken as whole.
+the digest stays deleted).  ZenFS writes an end record into its old log zone before it finishes it
+(``ZenFS::RollMetaZoneLocked`` calls ``ZenFS::WriteEndRecord``; ``ZenFS::RecoverFrom`` stops at
+``kEndRecord``); here the close is also required, so that zeros before it are damage and not the
+end, as f2fs's checkpoint pack repeats its header block at its end (``validate_checkpoint``) so that
+a pack cut short is never taken as whole.
 
 **Bounds**: a record's payload is at most :data:`MAX_RECORD_BYTES` and a frame never spans a meta
 zone, so :func:`record_limit` bounds what a mount reads for one record before its checksum.
