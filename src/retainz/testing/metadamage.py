@@ -13,6 +13,10 @@ fault at a time on a fresh copy of its device:
 * **pair**: every run of two adjacent written blocks is destroyed (an 8 KiB loss: two faults, both
   copies of a superblock, of an appended record, of a snapshot's head or end).  Records may be lost
   here, but the oracle is the same: nothing deleted comes back and every loss is named.
+* **tail**: every run from a block of appended records (after the snapshot's end) to the zone's
+  last written block is destroyed (the journal's lost tail of any length: the blocks a drive's write cache lost, a bad region at a zone's
+  end).  Up to store format 5 a Full zone's zeroed tail read as padding, so deletions at the end of
+  the journal were lost silently (issue 41 trial); format 6's close record makes it damage.
 
 After each fault the store is opened read-only; if the open refuses, it is repaired
 (``Store.open(repair=True)``, what ``retainz fsck --repair`` runs) and reopened read-only.  The
@@ -176,16 +180,18 @@ def _meta_written(dev: MemoryDevice) -> Iterator[tuple[int, int]]:
 def damage_sites(dev: MemoryDevice, kind: str) -> list[tuple[int, int]]:
     """``(zone, byte in the zone)`` of every fault of ``kind``: ``"block"`` and ``"noise"``, each
     written 4 KiB block of a meta zone that holds data (``"pair"``: each such block that is not the
-    zone's last written one, the first of the two); ``"byte"``, each superblock field byte and
+    zone's last written one, the first of the two; ``"tail"``: each such block after the zone's
+    snapshot end, the first of the run lost up to the zone's end); ``"byte"``, each superblock field byte and
     each byte of a journal record's header and payload."""
     g = dev.geometry
     out = []
     for z, written in _meta_written(dev):
         buf = dev.read(z * g.zone_size, written)
+        appended = _appended_from(buf, written, g.block_size)
         for off in range(0, written, BLOCK):
             blk = buf[off:off + BLOCK]
-            if kind in ("block", "noise", "pair"):
-                if any(blk) and (kind != "pair" or off + BLOCK < written):
+            if kind in ("block", "noise", "pair", "tail"):
+                if any(blk) and (kind != "pair" or off + BLOCK < written) and (kind != "tail" or off >= appended):
                     out.append((z, off))
                 continue
             if blk[:8] == b"RETAINZS":
@@ -197,6 +203,20 @@ def damage_sites(dev: MemoryDevice, kind: str) -> list[tuple[int, int]]:
     return out
 
 
+def _appended_from(buf, written: int, bs: int) -> int:
+    """Where a meta zone's appended records start: after its snapshot's end record (both copies),
+    or the zone's end when it holds no snapshot end (a spare, a snapshot's earlier part)."""
+    pos, start = 2 * BLOCK, written
+    while pos + FRAME_HEADER <= written:
+        n, total, ok = unframe(buf, pos, written, bs)
+        if not total or not ok:
+            break
+        if bytes(buf[pos + FRAME_HEADER:pos + FRAME_HEADER + 5]) == b"send ":
+            start = pos + total
+        pos += total
+    return start
+
+
 def _damaged(dev: MemoryDevice, kind: str, zone: int, off: int) -> MemoryDevice:
     d = copy.deepcopy(dev)
     buf = d._data[zone]
@@ -206,6 +226,8 @@ def _damaged(dev: MemoryDevice, kind: str, zone: int, off: int) -> MemoryDevice:
     elif kind == "pair":      # two adjacent blocks lost: two faults at once
         n = len(buf[off:off + 2 * BLOCK])
         buf[off:off + 2 * BLOCK] = bytes(n)
+    elif kind == "tail":      # every block from here to the zone's end lost (a lost tail)
+        buf[off:] = bytes(len(buf) - off)
     elif kind == "noise":     # a block read back as garbage (a misdirected write, a bad sector's contents)
         buf[off:off + BLOCK] = random.Random(f"{zone}/{off}").randbytes(n)
     else:
@@ -306,7 +328,7 @@ def _judge(d: MemoryDevice, truth: Truth, where: str, c: DamageCounts) -> None:
 
 def run_campaign(workload: str, kind: str, *, sample: int | None = None, seed: int = 41) -> DamageCounts:
     """Every fault of ``kind`` (``"block"``: zeroed, ``"noise"``: random bytes, ``"byte"``: one
-    flipped, ``"pair"``: two adjacent blocks zeroed) on the store ``workload`` builds, or a ``sample`` of them (seeded), each checked by
+    flipped, ``"pair"``: two adjacent blocks zeroed, ``"tail"``: a zone's blocks zeroed from one to its end) on the store ``workload`` builds, or a ``sample`` of them (seeded), each checked by
     the oracle (module docstring)."""
     dev, truth = build_store(workload, seed)
     sites = damage_sites(dev, kind)
