@@ -264,10 +264,12 @@ def test_a_capacity_stop_records_its_cause_and_state(tmp_path):
 
 def test_zenfs_stops_in_allocation_with_pinned_dead_bytes_that_migrate_all_collects(tmp_path):
     """Checkpoint shards are not .sst files: upstream ZenFS GC moves none of them, so dead bytes stay
-    pinned next to live ones and the stop is the allocation's; ``zenfs:migrate=all`` copies them."""
+    pinned next to live ones and the stop is the allocation's; ``zenfs:migrate=all`` copies them.
+    Four meta zones: on 48 KiB zones store format 6's close record takes 2 of a journal zone's 12
+    blocks, and with 3 the journal's limit came first (step 320, the allocation's at 330)."""
     t = _trace(tmp_path, rule="megatron:save_interval=10,retain_interval=50")
-    sst = replay(t, ReplayConfig(policy="zenfs", pressure=0.7, **GEO32))
-    every = replay(t, ReplayConfig(policy="zenfs:migrate=all", pressure=0.7, **GEO32))
+    sst = replay(t, ReplayConfig(policy="zenfs", pressure=0.7, meta_zones=4, **GEO32))
+    every = replay(t, ReplayConfig(policy="zenfs:migrate=all", pressure=0.7, meta_zones=4, **GEO32))
     assert sst["admission_reserve_zones"] == every["admission_reserve_zones"] == 0
     assert sst["gc_bytes"] == 0 and sst["capacity_stop_cause"] == "allocation"
     assert sst["capacity_stop_state"]["dead_bytes"] > 0 and sst["capacity_stop_state"]["empty_zones"] == 0
