@@ -136,6 +136,10 @@ class _Owned:
     users: int = 0
     #: Held until this process exits: a job's ranks share it (more may come at any time).
     keep: bool = False
+    #: Being closed: its service accepts no new client (those connected are served to their end), and
+    #: a new user waits for the close, then opens the device again.
+    closing: bool = False
+    closed: bool = False
 
     def others(self) -> int:
         """Clients of the service in other processes (the kernel's peer pid)."""
@@ -143,7 +147,10 @@ class _Owned:
 
     def close(self) -> None:
         """End the service's connections (aborting what their clients left open) and remove its socket,
-        then close the store (its journal synced)."""
+        then close the store (its journal synced).  Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
         try:
             if self.service is not None:
                 self.service.close()
@@ -202,15 +209,37 @@ def _open_owned(spec: DeviceSpec, geometry: Geometry | None, policy: str | None,
     return owned
 
 
+def _close_if_unused(owner: _Owned) -> bool:
+    """(``_lock`` held) Whether ``owner`` is to be closed now: no user in this process, no job's ranks,
+    no client of another process.  Its service then stops accepting clients first, and one accepted
+    meanwhile keeps it open until it leaves (:func:`_left`): a client is never cut off mid-use."""
+    if owner.users or owner.keep or owner.others() or _owned.get(owner.key) is not owner:
+        return False
+    owner.closing = True
+    if owner.service is not None:
+        owner.service.stop()
+    return not owner.others()
+
+
+def _closed(owner: _Owned, lock: threading.Lock, owned: dict) -> None:
+    """Close ``owner`` (outside ``_lock``), then forget it (a new user of the device waited meanwhile)."""
+    try:
+        owner.close()
+    finally:
+        with lock:
+            if owned.get(owner.key) is owner:
+                del owned[owner.key]
+
+
 def _left(owner: _Owned) -> None:
-    """A client of ``owner``'s service disconnected: close the device when nothing uses it any more (no
-    user in this process, no client of another, no job's ranks), in a thread of its own (the service's
-    close joins the connection threads, this one too); :func:`_close_owned` waits for it at exit."""
+    """A client of ``owner``'s service disconnected: close the device when nothing uses it any more
+    (:func:`_close_if_unused`), in a thread of its own (the service's close joins the connection
+    threads, this one too); :func:`_close_owned` waits for it at exit."""
     with _lock:
-        if owner.users or owner.keep or owner.others() or _owned.get(owner.key) is not owner:
+        if not _close_if_unused(owner):
             return
-        del _owned[owner.key]
-        closer = threading.Thread(target=owner.close, name="retainz-close-device", daemon=True)
+        closer = threading.Thread(target=_closed, args=(owner, _lock, _owned), name="retainz-close-device",
+                                  daemon=True)
         _closing[:] = [t for t in _closing if t.is_alive()] + [closer]
     closer.start()
 
@@ -223,6 +252,8 @@ def _hold(spec: DeviceSpec, path: str, job: str | None, share: bool, geometry: G
     from retainz.node import NodeStore
 
     owner = _owned.get(spec.key)
+    if owner is not None and owner.closing:
+        raise DeviceBusyError(f"{spec.text}: being closed in this process")      # retried: then opened again
     if owner is None:
         if spec.kind not in ("file", "zbd"):       # nothing to serve it on: opened for this process alone
             return _Held(open_store(path, job=job, geometry=geometry, policy=policy))
@@ -336,7 +367,8 @@ def using(device: Any, *, geometry: Geometry | None = None, policy: str | None =
         return
     from retainz.node import served
 
-    lock, table, owned = _lock, _open, _owned   # the release below may run in a generator's finalizer at shutdown
+    # the release below may run in a generator's finalizer at shutdown
+    lock, table, owned, close_if_unused, closed = _lock, _open, _owned, _close_if_unused, _closed
     spec = parse_device(device)
     servable = spec.kind in ("file", "zbd")     # only a device file or a block device has a socket to serve it on
     share = share and servable
@@ -378,13 +410,11 @@ def using(device: Any, *, geometry: Geometry | None = None, policy: str | None =
                 table.pop(key, None)      # closed at exit already: nothing left to release
                 if owner is not None:
                     owner.users -= 1
-                    if owner.users or owner.others():
+                    if not close_if_unused(owner):
                         owner = None      # still used here, or by another process (closed when it leaves)
-                    else:
-                        owned.pop(spec.key, None)
         if last:
             try:
                 held.close()
             finally:
                 if owner is not None:
-                    owner.close()
+                    closed(owner, lock, owned)

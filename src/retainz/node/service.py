@@ -706,6 +706,9 @@ class Service:
                     return
                 raise
             with self._lock:
+                if self._stopping.is_set():     # stopped meanwhile: close() may have counted the sessions
+                    conn.close()
+                    return
                 busy = len(self._sessions) >= MAX_CONNECTIONS
                 s = None if busy else _Session(self, conn)
                 if s is not None:
