@@ -97,14 +97,16 @@ def test_a_busy_device_is_not_answered_as_an_absent_file(tmp_path):
 
 
 def test_a_rank_that_finds_the_device_held_without_a_service_is_told_how_to_free_it(tmp_path):
-    """A rank of a job (``share``) that finds its device held by a process that does not serve it (a
-    one-rank user of ``retainz://`` that then spawned the ranks: pytorch's own test harness) times out
-    naming what holds it and how to free it; before, the line said only 'device busy'."""
+    """A rank of a job (``share``) that finds its device held by a process that does not serve it (here a
+    program that opened it with ``Store.open`` itself; a process that opened it through ``retainz://`` or
+    ``using`` serves it, tests/jobs/test_jobs_served.py) times out naming what holds it and how to free it;
+    before, the line said only 'device busy'."""
     dev, r = _call_on_a_held_device(tmp_path, "from retainz.jobs import stores; "
                                               "stores.using(DEV, wait=0.3, share=True).__enter__()")
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith(f"TimeoutError: {dev}: device busy in another process for 0 s"), r.stdout
-    assert r.stdout.rstrip().endswith("it holds the device without serving it to a job's processes (a process of "
-                                      "one rank that used `retainz://` or the DCP plugin, or a store command): a "
-                                      "program that starts the ranks after using the device itself calls "
-                                      "`RetainZFileSystem.close_all()` first"), r.stdout
+    assert r.stdout.rstrip().endswith("the process holding it does not serve it to other processes (a store "
+                                      "command, a mount starting or stopping, or a program that opened the device "
+                                      "with `Store.open` itself): let it finish, or have it open the device "
+                                      "through `retainz://`, the DCP plugin or `retainz.jobs.stores.using`, which "
+                                      "serve it"), r.stdout

@@ -131,3 +131,40 @@ def test_ranks_started_by_multiprocessing_spawn_share_the_device_with_nothing_st
     assert "RANK 0 OK" in proc.stdout and "RANK 1 OK" in proc.stdout
     gens = _generations(device)
     assert sorted(gens) == ["ckpt%2Fstep-2"] and {"__0_0.distcp", "__1_0.distcp", ".metadata"} <= set(gens["ckpt%2Fstep-2"])
+
+
+def test_ranks_spawned_by_a_process_that_used_the_device_itself_share_it(device, tmp_path):
+    """A process of one rank writes through ``retainz://DEV`` (a file, a one-rank ``dcp.save``), keeps its
+    filesystem cached (no ``close_all``: it holds the device), then ``torch.multiprocessing.spawn``\\ s two
+    ranks (gloo, ``MASTER_ADDR``/``MASTER_PORT`` set here, as torch's own test harness runs its
+    single-process tests and then its two-rank tests in one parent) that ``dcp.save`` to
+    ``retainz://DEV/ckpt/step-2``; the parent then loads their checkpoint and ``retainz ls`` lists the device
+    while the parent still holds it.  Before, the ranks found the device held and not served and timed out
+    (``device busy``)."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("torch", reason="needs the torch extra (make setup-torch)")
+    root = Path(__file__).resolve().parents[2]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("RETAINZ_JOB", "WORLD_SIZE", "RANK")}
+    # a device left busy fails within 20 s rather than the default wait of 120 s
+    env.update(PYTHONPATH=f"{root}{os.pathsep}{root / 'src'}", OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(port), FSSPEC_RETAINZ_WAIT="20")
+    proc = subprocess.run([sys.executable, str(root / "tests/workers/dcp_spawn_ranks.py"), device, "env",
+                           "--parent-first"], capture_output=True, text=True, timeout=300, env=env, cwd=root)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert "RANK 0 OK" in proc.stdout and "RANK 1 OK" in proc.stdout and "PARENT OK" in proc.stdout, proc.stdout
+    listed = "\n".join(line for line in proc.stdout.splitlines() if line.startswith("LS "))
+    for gen in ("@notes%2Freadme.txt", "solo%2Fstep-1", "ckpt%2Fstep-2"):
+        assert gen in listed, listed
+    gens = _generations(device)
+    assert sorted(gens) == ["@notes%2Freadme.txt", "ckpt%2Fstep-2", "solo%2Fstep-1"], gens
+    assert {"__0_0.distcp", "__1_0.distcp", ".metadata"} <= set(gens["ckpt%2Fstep-2"])
+    assert gens["@notes%2Freadme.txt"] == ["readme.txt"] or len(gens["@notes%2Freadme.txt"]) == 1, gens
+    assert not os.path.exists(device + ".sock")      # the parent closed its service at exit

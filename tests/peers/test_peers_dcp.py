@@ -300,9 +300,10 @@ def test_async_save_in_a_background_process(tmp_path):
     """``dcp.async_save`` in PROCESS mode (torch's ``AsyncCheckpointerType.PROCESS``: the save runs in a
     background process that lives on for the next save, as ``test_async_process_executor`` in torch's
     test/distributed/checkpoint drives it), then a load in the training process: on the mount (one
-    server for every process), and on ``retainz://`` through a node service (without one, a device is
-    held by one process: the background process keeps it, and the load waits "device busy", the
-    documented limit of a device without a service, docs/node.md)."""
+    server for every process), on ``retainz://`` through a node service, and on ``retainz://`` with nothing
+    started: the background process keeps the device open between saves and serves it meanwhile, so the
+    load in the training process is its client (before, it waited "device busy" and timed out,
+    docs/node.md "A process that holds a device serves it")."""
     import subprocess
     import sys
 
@@ -312,8 +313,10 @@ def test_async_save_in_a_background_process(tmp_path):
     require_fuse()
     (tmp_path / "m").mkdir()
     (tmp_path / "r").mkdir()
+    (tmp_path / "n").mkdir()
     mdev = make_device(tmp_path / "m", zones=32)
     rdev = make_device(tmp_path / "r", zones=32)
+    ndev = make_device(tmp_path / "n", zones=32)          # nothing started for it
     svc = start_service(rdev, tmp_path / "service.log")
     try:
         with mounted(mdev, tmp_path / "m" / "mnt") as mnt:
@@ -325,9 +328,16 @@ def test_async_save_in_a_background_process(tmp_path):
             assert r.stdout.split("\n")[:5] == [f"OK {i}" for i in ids] + ["DONE"], r.stdout + r.stderr[-4000:]
     finally:
         stop_service(svc)
+    # nothing started, no RETAINZ_JOB; a device left busy fails within 20 s, not the default 120 s
+    ids = [f"retainz://{ndev}/ck/step-1", f"retainz://{ndev}/ck/step-2"]
+    run_env = {k: v for k, v in env().items() if k != "RETAINZ_JOB"}
+    r = subprocess.run([sys.executable, str(ROOT / "tests/workers/dcp_async_process.py"), str(tmp_path / "pg2"),
+                        *ids], capture_output=True, text=True, timeout=400,
+                       env={**run_env, "OMP_NUM_THREADS": "1", "FSSPEC_RETAINZ_WAIT": "20"})
+    assert r.stdout.split("\n")[:3] == [f"OK {i}" for i in ids] + ["DONE"], r.stdout + r.stderr[-4000:]
     from tests.mountcheck import generations
 
-    for dev in (mdev, rdev):
+    for dev in (mdev, rdev, ndev):
         assert sorted(generations(dev)) == ["ck%2Fstep-1", "ck%2Fstep-2"], dev
         assert fsck_clean(dev)
 

@@ -78,7 +78,6 @@ from retainz.errors import (
 from retainz.hint import Hint, class_bounds
 from retainz.ids import checkpoint_name, members, series_folder, series_generation_id
 from retainz.jobs import life, ranks, stores
-from retainz.node import served
 from retainz.retention.base import parse_rule
 from retainz.retention.durable import StepRate, until_durable
 from retainz.retention.online import rule_hint
@@ -677,7 +676,7 @@ class ZonedStorageWriter(StorageWriter):
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         nodes: dict[str, Any] = {}
         if ("{rank}" not in self.promote and world > 1 and isinstance(path, str | os.PathLike)
-                and served(os.fspath(path)) is None):
+                and not stores.served_by_another(path)):
             # one device per rank, one destination: each rank's device is a node promoting its own
             # shards, and a save is durable once every rank's part is (docs/tiers.md, "Several nodes")
             nodes = {"node": f"rank{self.rank}", "nodes": [f"rank{r}" for r in range(world)]}

@@ -54,9 +54,10 @@ Storage options (``fsspec.filesystem("retainz", retention=...)``, or for runtime
   is served from the durable copy (:mod:`retainz.jobs.tiering`, docs/tiers.md).
 
 A filesystem instance holds each device it touches open until :meth:`RetainZFileSystem.close_devices`
-(or :meth:`RetainZFileSystem.close_all`): a device file is locked by one process at a time, so a
-``retainz://`` device is used by one process, unless a node service serves it (``retainz serve``,
-docs/node.md): then the ranks of a torchrun job writing one checkpoint directory join one generation
+(or :meth:`RetainZFileSystem.close_all`): a device file is locked by one process at a time, and the
+process holding it serves it on its socket meanwhile (:func:`retainz.jobs.stores.using`), so other
+processes (the ranks it spawns, ``retainz ls``) use it as clients of that node service, or of
+``retainz serve``'s (docs/node.md): the ranks of a job writing one checkpoint directory join one generation
 (:func:`~retainz.jobs.ranks.join_token`); a rank other than 0 leaves it once its files there
 are closed, and rank 0's ``.metadata`` commits every rank's files.  The namespace refreshes its view of
 what is committed before each lookup, so other instances' and other processes' commits are seen.

@@ -323,7 +323,9 @@ def serve(device: str, mountpoint: str, *, retention: str | None = None, wait: f
         held.enter_context(_serving_lock(mountpoint))       # released last: after the device is closed
         try:
             # through a node service the mount shows the whole device (its own user's right), or $RETAINZ_JOB's
-            store = held.enter_context(stores.using(device, wait=wait, job=os.environ.get("RETAINZ_JOB", "*")))
+            # (serve=False: _sharing serves it, with the mount's access rules and view refresh)
+            store = held.enter_context(stores.using(device, wait=wait, job=os.environ.get("RETAINZ_JOB", "*"),
+                                                    serve=False))
         except TimeoutError:
             raise DeviceHeldError(_held_message(device)) from None
         tier = None

@@ -645,6 +645,9 @@ class Service:
             raises is logged and the reply stays the request's.
         own_store: :meth:`close` closes the store (``False``: its opener closes it, as the mount
             does after its own unmount).
+        on_leave: called (no arguments, in the ending connection's thread, once :meth:`clients` no
+            longer counts it) when a client's connection ends, so an opener that serves its device only
+            while someone uses it can close it then; an exception it raises is logged.
 
     Raises:
         DeviceBusyError: a service already listens on ``path``.
@@ -653,10 +656,12 @@ class Service:
 
     def __init__(self, store: Store, path: str, *, mode: int = 0o600, group: str | int | None = None,
                  allow_all: bool = False, grants: dict[str, frozenset[str]] | None = None,
-                 on_change: Callable[[], None] | None = None, own_store: bool = True):
+                 on_change: Callable[[], None] | None = None, own_store: bool = True,
+                 on_leave: Callable[[], None] | None = None):
         self.store = store
         self.path = path
         self.on_change = on_change
+        self.on_leave = on_leave
         self.own_store = own_store
         self.owner_uid = os.geteuid()
         self.allow_all = allow_all
@@ -701,6 +706,9 @@ class Service:
                     return
                 raise
             with self._lock:
+                if self._stopping.is_set():     # stopped meanwhile: close() may have counted the sessions
+                    conn.close()
+                    return
                 busy = len(self._sessions) >= MAX_CONNECTIONS
                 s = None if busy else _Session(self, conn)
                 if s is not None:
@@ -725,14 +733,20 @@ class Service:
             except Exception:   # noqa: BLE001 - the request succeeded; its reply must say so
                 log.exception("on_change after a client's change failed")
 
-    def clients(self) -> int:
-        """The clients connected now."""
+    def clients(self, *, besides: int | None = None) -> int:
+        """The clients connected now; ``besides``: not counting those of the process with that pid (the
+        kernel's ``SO_PEERCRED``: a process that serves its own device and uses it through a client too)."""
         with self._lock:
-            return len(self._sessions)
+            return sum(1 for s in self._sessions if besides is None or s.peer[0] != besides)
 
     def _forget(self, s: _Session) -> None:
         with self._lock:
             self._sessions.discard(s)
+        if self.on_leave is not None:
+            try:
+                self.on_leave()
+            except Exception:   # noqa: BLE001 - the connection is gone either way
+                log.exception("on_leave after a client's connection ended failed")
 
     def stop(self) -> None:
         """Make :meth:`serve_forever` return (callable from a signal handler or another thread)."""
