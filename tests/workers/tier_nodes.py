@@ -47,9 +47,15 @@ def main() -> None:
     states = {r.id: r.state for r in w.promoter.status()}
     dist.barrier()
     w.close()
-    print(json.dumps({"rank": rank, "ok": ok, "states": states, "deferred_seen": sorted(seen), "lost": lost,
-                      "node": f"rank{rank}"}), flush=True)
-    dist.barrier()
+    # the ranks share torchrun's stdout: written at once, the two lines could interleave (a line of
+    # both that json cannot read), so each rank writes its line in turn, in one write
+    line = json.dumps({"rank": rank, "ok": ok, "states": states, "deferred_seen": sorted(seen), "lost": lost,
+                       "node": f"rank{rank}"}) + "\n"
+    for turn in range(dist.get_world_size()):
+        if turn == rank:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+        dist.barrier()
     dist.destroy_process_group()
     sys.stdout.flush()
     os._exit(0)   # as tests/workers/dcp_ranks.py: skip torch's c10d teardown at exit
