@@ -268,21 +268,13 @@ def replay(payloads: list[bytes], *, salvage: bool = False, lost: list[str] | No
                 gaps.open(f"journal record {i} (it does not decode)")
                 continue
             raise CorruptJournalError(msg) from None
-        if rec.kind is Kind.CLOSE:
-            # a zone's close (format 6) seals the state after its last record (q): records up to q
-            # missing before it are a gap it settles, as the next record's lv would
-            if rec.q is not None and last_q is not None and rec.q > last_q:
-                where = f"journal records {last_q + 1}..{rec.q} (missing: a zeroed or lost block)"
-                if not salvage:
-                    raise CorruptJournalError(f"{where}: corrupt journal")
-                gaps.open(where)
-                last_q = out.q = rec.q
-            if gaps.where is not None and rec.lv is not None:
-                gaps.settle(rec.lv, rec.q)
-            continue
         if rec.q is not None:
-            if last_q is not None and rec.q > last_q + 1 and rec.kind is not Kind.SNAP:
-                where = f"journal records {last_q + 1}..{rec.q - 1} (missing: a zeroed or lost block)"
+            # the records that must precede it: up to its own q for a zone's close (format 6: it seals
+            # the state after its zone's last record, which it settles a gap with as the next record's
+            # lv would), up to the one before for any other record
+            top = rec.q if rec.kind is Kind.CLOSE else rec.q - 1
+            if last_q is not None and top > last_q and rec.kind is not Kind.SNAP:
+                where = f"journal records {last_q + 1}..{top} (missing: a zeroed or lost block)"
                 if not salvage:
                     raise CorruptJournalError(f"{where}: corrupt journal")
                 gaps.open(where)
