@@ -777,14 +777,20 @@ def _previous_copy(device: ZonedDevice, zones, previous: list[int], sbs: dict[in
     docstring "Previous chain"): the snapshot it replaced and every record appended after it, up to
     the sequence number ``q`` the current snapshot head carries.  Replayed, they give the
     state that snapshot holds.  ``None`` when they cannot stand for it: a record of the previous
-    chain is damaged (with every copy), its snapshot is incomplete, or its records do not reach
-    ``q`` exactly."""
+    chain up to ``q`` is damaged (with every copy), its snapshot is incomplete, or its records do
+    not reach ``q`` exactly.  Damage after the record that reaches ``q`` (a lost tail of its Full
+    zone, its close record lost: format version 6) costs nothing: what lay there came after the
+    current snapshot, which the current chain holds."""
     got = _parse_chain(device, zones, previous, sbs)
-    if got.lost or not _complete(got.payloads, got.holes):
+    if not _complete(got.payloads, got.holes):
         return None
     out: list[bytes] = []
     top = None
     for p in got.payloads:
+        if p is LOST:
+            if top == q:
+                break           # damage after the current snapshot's point: not needed
+            return None
         try:
             rq = decode(p).q
         except (ValueError, KeyError, TypeError, IndexError, RecursionError):
