@@ -1204,3 +1204,42 @@ def test_a_previous_chain_whose_close_record_is_lost_still_stands_for_the_curren
         assert any("previous journal chain (sequence" in n for n in notes), notes
     with Store.open(dev, readonly=True) as s:
         assert sorted(g.id for g in s.generations()) == ["g2", "g3"]
+
+
+@pytest.mark.parametrize("lost", ["end", "snapshot"])
+@pytest.mark.parametrize("mode", ["readonly", "readwrite", "repair"])
+def test_a_deletion_in_the_second_part_of_a_chain_whose_first_part_lost_its_tail_stays_deleted(lost, mode):
+    """A current chain of two parts (its snapshot fills the first, a Full zone ending in a close
+    record; appends go to the second), s4 deleted in the second part, then the first part's last
+    four blocks zeroed (the snapshot end and the close, both copies: one 16 KiB run) or every block
+    after its superblocks.  Records are appended only once a roll is flushed, so the chain was whole:
+    the previous chain stands for its snapshot and the deletion is replayed.  The chain used to be
+    taken for a roll cut short and passed over: s4 was listed and read again, `fsck` said clean and
+    the repair kept it (issue 41: nothing deleted comes back)."""
+    g = Geometry(nr_zones=40, zone_size=40 * 1024, zone_capacity=40 * 1024, block_size=BS, max_open=6,
+                 max_active=8)
+    dev = MemoryDevice(g)
+    Store.format(dev, meta_zones=8).close()
+    for i in range(1, 6):              # the CLI's pattern: one open per put, s2 deleted after s3
+        with Store.open(dev) as s:
+            w = s.begin_generation(f"s{i}", i)
+            for k in range(4):
+                w.write_shard(f"shard_with_a_rather_long_name_number_{k}.bin", [bytes([i]) * 700])
+            w.commit()
+        if i == 3:
+            with Store.open(dev) as s:
+                s.delete("s2")
+    with Store.open(dev) as s:
+        s.delete("s4")
+        chain, previous = s.journal.chain, s.journal.previous
+    assert len(chain) == 2 and len(previous) == 2 and dev.zone(chain[0]).cond == ZoneCond.FULL
+    assert _block_of(dev._data[chain[1]], b"d")          # the deletion is in the second part
+    first = _block_of(dev._data[chain[0]], b"send")[0] if lost == "end" else 2 * BS
+    dev._data[chain[0]][first:] = bytes(len(dev._data[chain[0]]) - first)
+    with Store.open(dev, readonly=mode == "readonly", repair=mode == "repair") as s:
+        assert sorted(g.id for g in s.generations()) == ["s1", "s3", "s5"]
+        assert s.unknown() == []
+        notes = s.fsck().notes
+        assert any("previous journal chain (sequence" in n for n in notes), notes
+    with Store.open(dev, readonly=True) as s:
+        assert sorted(g.id for g in s.generations()) == ["s1", "s3", "s5"]
