@@ -668,6 +668,13 @@ def scan(device: ZonedDevice, *, salvage: bool = False, state_known: bool = True
         payloads, chain_notes = got.payloads, list(got.notes)
         lost_items = list(zip(got.lost_at, got.lost, strict=True))
         body, head_q = _snapshot_span(payloads)
+        if previous and head_q is None and lost_items:
+            # the head lost with its snapshot end: the first appended record's ``q`` less one is
+            # where the previous chain must end (a gap in ``q`` would show a lost record)
+            first = next((i for i, p in enumerate(payloads) if p is not LOST and kind_of(p) in _APPENDED_KINDS), None)
+            q = _q_of(payloads[first]) if first is not None else None
+            if q is not None:
+                body, head_q = first, q - 1
         if previous and head_q is not None and any(i < body for i, _ in lost_items):
             cover = _previous_copy(device, zones, previous, sbs, head_q)
             if cover is not None:
@@ -702,14 +709,20 @@ def _complete(payloads: list[bytes], holes: list[int]) -> bool:
     ``zoned.faulty``; the zones of a chain of several parts keep theirs independently), never a
     hole; so a damaged chain (the head or the end lost with every copy included) is never passed
     over for an older one, which would lose every record appended since the roll, deletions
-    included (issue 41: "nothing deleted comes back")."""
+    included (issue 41: "nothing deleted comes back").  Nor is one holding an appended record
+    (:data:`_APPENDED_KINDS`) after damage in an earlier part: records are appended only once the
+    roll is flushed, so its snapshot was whole (a lost tail of its Full first part, the snapshot end
+    and close lost with every copy, used to pass the chain over and list a generation deleted in its
+    next part again)."""
     if not payloads or (payloads[0] is not LOST and kind_of(payloads[0]) is not Kind.SNAP):
         return False
-    return bool(holes) or any(kind_of(p) is Kind.SNAP_END for p in payloads)
+    return bool(holes) or any(p is not LOST and kind_of(p) in (Kind.SNAP_END, *_APPENDED_KINDS) for p in payloads)
 
 
 #: Kinds of the records of a snapshot (the rest are appended after its end).
 _SNAPSHOT_KINDS = (Kind.SNAP, Kind.ZONES, Kind.GENS, Kind.SNAP_END)
+#: Kinds appended to a chain after its roll was flushed (never part of a snapshot or a close).
+_APPENDED_KINDS = (Kind.COMMIT, Kind.DELETE, Kind.MOVE, Kind.SYNC, Kind.HINT)
 
 
 def _q_of(payload: bytes) -> int | None:
@@ -777,14 +790,20 @@ def _previous_copy(device: ZonedDevice, zones, previous: list[int], sbs: dict[in
     docstring "Previous chain"): the snapshot it replaced and every record appended after it, up to
     the sequence number ``q`` the current snapshot head carries.  Replayed, they give the
     state that snapshot holds.  ``None`` when they cannot stand for it: a record of the previous
-    chain is damaged (with every copy), its snapshot is incomplete, or its records do not reach
-    ``q`` exactly."""
+    chain up to ``q`` is damaged (with every copy), its snapshot is incomplete, or its records do
+    not reach ``q`` exactly.  Damage after the record that reaches ``q`` (a lost tail of its Full
+    zone, its close record lost: format version 6) costs nothing: what lay there came after the
+    current snapshot, which the current chain holds."""
     got = _parse_chain(device, zones, previous, sbs)
-    if got.lost or not _complete(got.payloads, got.holes):
+    if not _complete(got.payloads, got.holes):
         return None
     out: list[bytes] = []
     top = None
     for p in got.payloads:
+        if p is LOST:
+            if top == q:
+                break           # damage after the current snapshot's point: not needed
+            return None
         try:
             rq = decode(p).q
         except (ValueError, KeyError, TypeError, IndexError, RecursionError):
