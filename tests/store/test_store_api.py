@@ -827,3 +827,19 @@ def test_an_interrupted_format_force_never_leaves_a_store_that_is_not_one(meta_z
             break
         n += 1
     assert outcomes == {"old", "none", "new"}
+
+
+def test_an_empty_store_whose_meta_zones_hold_no_generation_says_so_instead_of_delete_generations():
+    """Meta zones of 40 KiB (10 blocks): store format 6 keeps 2 of them for the close record, so on 3
+    meta zones no generation's snapshot fits (the fresh-user trial: every put of an empty store was
+    refused with "delete generations").  The refusal names the way out; 8 meta zones admit it."""
+    g = Geometry(nr_zones=32, zone_size=64 * 1024, zone_capacity=40 * 1024, max_open=3, max_active=4)
+    with Store.format(MemoryDevice(g), meta_zones=3) as s:
+        with pytest.raises(NoSpaceError, match=r"the meta zones are too small for any generation: format "
+                                               r"with more meta zones \(mkfs --meta-zones\) or larger zones$"):
+            s.begin_generation("g0", 0)
+    with Store.format(MemoryDevice(g), meta_zones=8) as s:
+        w = s.begin_generation("g0", 0)
+        w.write_shard("a", [b"x" * 100])
+        w.commit()
+        assert [x.id for x in s.generations()] == ["g0"]

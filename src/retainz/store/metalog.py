@@ -213,8 +213,12 @@ class MetadataLog:
         m, free = len(j.meta), len(j.meta) - len(j.chain)
         if 2 * z > m or z > free:
             cap = j.capacity
+            # an empty store whose meta zones cannot hold one generation: nothing to delete would help
+            way = ("the meta zones are too small for any generation: format with more meta zones (mkfs "
+                   "--meta-zones) or larger zones" if not self._entries and not inflight else
+                   "delete generations, or format with more meta zones")
             raise NoSpaceError(f"{what}: the journal is full: a snapshot with it would take {z} meta zones "
                                f"({nbytes} bytes); {m} meta zones of {cap} bytes keep room for 2 x "
                                f"{m // 2} ({free} free beside the current chain), so deletions can always "
-                               "be journaled; delete generations, or format with more meta zones",
+                               f"be journaled; {way}",
                                needed=nbytes, available=(min(m // 2, free)) * cap, cause="journal")
