@@ -264,8 +264,8 @@ def parse_zone(buf, start: int, end: int, bs: int, *, zone: int, tail: bool,
             return None
         n, _, _, view = win.frame(later, bs, limit)
         payload = bytes(view[FRAME_HEADER:FRAME_HEADER + n])
-        e = _close_end(payload) if kind_of(payload) is Kind.CLOSE else None
-        return later if e is not None and e <= pos and e in marks else None
+        rec = _close_of(payload) if kind_of(payload) is Kind.CLOSE else None
+        return later if rec is not None and rec.end <= pos and rec.end in marks else None
 
     def later_valid() -> int | None:
         return next((p for p in range(pos + bs, end, bs) if win.frame(p, bs, limit)[2]), None)
@@ -361,7 +361,8 @@ def parse_zone(buf, start: int, end: int, bs: int, *, zone: int, tail: bool,
             raise CorruptJournalError(f"meta zone {zone}: {problem}")
         payload = bytes(view[FRAME_HEADER:FRAME_HEADER + n])
         if kind_of(payload) is Kind.CLOSE:
-            e = _close_end(payload)
+            rec = _close_of(payload)
+            e = rec.end if rec is not None else None
             if e is None or e > pos or (e < pos and e not in marks):
                 problem = (f"the close record at byte {pos} says the records end at byte {e}, "
                            f"{'past it' if e is not None and e > pos else 'not at a record'}: corrupt journal")
@@ -373,7 +374,7 @@ def parse_zone(buf, start: int, end: int, bs: int, *, zone: int, tail: bool,
                 np_, nn, nl, nla = marks[e]
                 del out.payloads[np_:], out.notes[nn:], out.lost[nl:], out.lost_at[nla:]
                 out.torn = pos - e
-            if decode(payload).q is not None:
+            if rec.q is not None:
                 out.payloads.append(payload)    # the seal settles a gap before it (recovery.replay)
             out.closed = True
             out.end = e
@@ -387,10 +388,11 @@ def parse_zone(buf, start: int, end: int, bs: int, *, zone: int, tail: bool,
     return out
 
 
-def _close_end(payload: bytes) -> int | None:
-    """A close record's ``e`` (where its zone's records end), ``None`` when it does not decode."""
+def _close_of(payload: bytes):
+    """A close record decoded (its ``end``: where its zone's records end; ``q``, ``lv``: its seal),
+    ``None`` when it does not decode."""
     try:
-        return decode(payload).end
+        return decode(payload)
     except (ValueError, KeyError, TypeError, IndexError, RecursionError):
         return None
 
